@@ -1,0 +1,104 @@
+"""What goes into a diagnosis and what comes out. Standard library only."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+KV_CACHE_INSUFFICIENT = "kv_cache_insufficient"
+GPU_UTIL_EXCEEDS_FREE = "gpu_util_exceeds_free"
+WEIGHTS_LOAD_OOM = "weights_load_oom"
+PROFILING_OOM = "profiling_oom"
+CUDAGRAPH_CAPTURE_OOM = "cudagraph_capture_oom"
+RUNTIME_OOM = "runtime_oom"
+MULTI_GPU_OOM = "multi_gpu_oom"
+HOST_RAM_OOM = "host_ram_oom"
+NOT_OOM = "not_oom"
+UNKNOWN = "unknown"
+
+CAUSES = (KV_CACHE_INSUFFICIENT, GPU_UTIL_EXCEEDS_FREE, WEIGHTS_LOAD_OOM, PROFILING_OOM,
+          CUDAGRAPH_CAPTURE_OOM, RUNTIME_OOM, MULTI_GPU_OOM, HOST_RAM_OOM, NOT_OOM, UNKNOWN)
+MEMORY_CAUSES = CAUSES[:8]
+
+# Engine phases, in the order vLLM goes through them.
+PHASE_LOAD = "load"
+PHASE_PROFILE = "profile"
+PHASE_KV = "kv-allocation"
+PHASE_CAPTURE = "graph-capture"
+PHASE_SERVING = "serving"
+PHASE_UNKNOWN = "unknown"
+PHASES = (PHASE_LOAD, PHASE_PROFILE, PHASE_KV, PHASE_CAPTURE, PHASE_SERVING, PHASE_UNKNOWN)
+
+
+@dataclass
+class GpuInfo:
+    index: int
+    name: str = ""
+    total_bytes: int = 0
+    free_bytes: int = 0
+    used_bytes: int = 0
+
+
+@dataclass
+class GpuProcess:
+    pid: int
+    gpu_index: int
+    used_bytes: int
+    name: str = ""
+
+
+@dataclass
+class GpuSnapshot:
+    """GPU state as NVML saw it; `own_pids` are the processes of the engine itself."""
+    gpus: list[GpuInfo] = field(default_factory=list)
+    processes: list[GpuProcess] = field(default_factory=list)
+    own_pids: list[int] = field(default_factory=list)
+    error: str | None = None  # e.g. "no NVIDIA driver"
+
+    def other_process_bytes(self, gpu_index: int | None = None) -> int:
+        own = set(self.own_pids)
+        return sum(p.used_bytes for p in self.processes
+                   if p.pid not in own and (gpu_index is None or p.gpu_index == gpu_index))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> GpuSnapshot | None:
+        if not data:
+            return None
+        return cls(gpus=[GpuInfo(**g) for g in data.get("gpus", [])],
+                   processes=[GpuProcess(**p) for p in data.get("processes", [])],
+                   own_pids=list(data.get("own_pids", [])), error=data.get("error"))
+
+
+@dataclass
+class Signals:
+    """Everything a dead vLLM container leaves behind, plus what its deployment says."""
+    log: str = ""                        # any length; only the parts that matter are read
+    exit_code: int | None = None
+    signal: int | None = None
+    reason: str | None = None            # container termination reason: OOMKilled, Error, ...
+    termination_message: str | None = None
+    ready_before: bool | None = None     # had the server answered /health before it died?
+    gpu: GpuSnapshot | None = None
+    # Deployment context (from the spec or the command line), used only to break ties.
+    tensor_parallel_size: int | None = None
+    pipeline_parallel_size: int | None = None
+    gpu_count: int | None = None
+    gpu_names: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Diagnosis:
+    cause: str = UNKNOWN
+    phase: str = PHASE_UNKNOWN
+    subtype: str | None = None
+    evidence: list[str] = field(default_factory=list)
+    numbers: dict[str, float | int] = field(default_factory=dict)
+    explanation: str = ""
+    confidence: str = "low"              # high: an explicit vLLM message; medium: inferred; low: guessed
+    source: str = "log"                  # log, exit-state, termination-message, log-tail-only
+
+    @property
+    def is_memory(self) -> bool:
+        return self.cause in MEMORY_CAUSES
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

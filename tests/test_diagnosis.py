@@ -1,0 +1,180 @@
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from vllm_autoheal.diagnosis import CAUSES, MEMORY_CAUSES, GpuProcess, GpuSnapshot, Signals, classify
+from vllm_autoheal.diagnosis.classify import classify_stream, from_termination_message
+from vllm_autoheal.diagnosis.scan import normalize
+
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1] / "bench"))
+from diagnosis_accuracy import context  # noqa: E402
+
+KV_V1 = ("ValueError: To serve at least one request with the model's max seq len (131072), (16.0 GiB KV cache is "
+         "needed, which is larger than the available KV cache memory (3.96 GiB). Based on the available memory, "
+         "the estimated maximum model length is 32464. Try increasing `gpu_memory_utilization`")
+
+
+def test_dev_corpus_accuracy_and_no_false_memory(oom_corpus):
+    results = [(s, classify(Signals(log=s["log"], **context(s))).cause) for s in oom_corpus]
+    right = sum(1 for s, got in results if got == s["label"])
+    assert right / len(results) >= 0.95, [(s["id"], s["label"], g) for s, g in results if g != s["label"]]
+    assert not [s["id"] for s, got in results if s["label"] == "not_oom" and got in MEMORY_CAUSES]
+
+
+@pytest.mark.parametrize("prefix", [
+    "", "vllm-1  | ", "(EngineCore_DP0 pid=972) ERROR 01-28 15:59:42 [core.py:935] ",
+    "(VllmWorker rank=3 pid=1090) ERROR 06-05 06:18:13 [multiproc_executor.py:470] ", "[rank0]: ",
+    "[2026-01-26T17:25:37Z] \x1b[0;36m(EngineCore_DP0 pid=738)\x1b[0;0m \x1b[31mERROR\x1b[0m \x1b[90m01-26 09:25:37"
+    "\x1b[0m \x1b[90m[core.py:935]\x1b[0m ",
+    "^[[0;36m(EngineCore_DP0 pid=738)^[[0;0m ERROR 01-26 09:25:37 [core.py:935] ",
+])
+def test_prefixes_colours_and_carriage_returns_are_handled(prefix):
+    log = "Loading weights\rLoading weights 100%\r\n" + prefix + KV_V1 + "\n" + prefix + \
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n"
+    d = classify(Signals(log=log))
+    assert d.cause == "kv_cache_insufficient"
+    assert d.numbers["estimated_max_model_len"] == 32464
+    assert d.numbers["max_seq_len"] == 131072
+    assert d.numbers["needed_gib"] == 16.0 and d.numbers["available_gib"] == 3.96
+
+
+def test_rank_is_read_from_prefixes():
+    assert normalize("(VllmWorker rank=3 pid=1) ERROR 06-05 06:18:13 [x.py:1] boom") == ("boom", 3)
+    assert normalize("[rank2]: boom")[1] == 2
+    assert normalize("(Worker_TP1 pid=98) INFO 04-09 20:31:09 [a.py:2] boom") == ("boom", 1)
+
+
+def test_old_and_new_wordings_of_the_same_failure():
+    old = classify(Signals(log="ValueError: The model's max seq len (131072) is larger than the maximum number of "
+                               "tokens that can be stored in KV cache (58496). Try increasing"))
+    new = classify(Signals(log=KV_V1))
+    early_v1 = classify(Signals(log="ValueError: To serve at least one request with the models's max seq len "
+                                    "(116160), (4.43 GB KV cache is needed, which is larger than the available KV "
+                                    "cache memory (3.48 GB). Try increasing"))
+    assert old.cause == new.cause == early_v1.cause == "kv_cache_insufficient"
+    assert old.numbers["kv_tokens"] == 58496 and early_v1.numbers["available_gib"] == 3.48
+
+
+def test_free_memory_numbers():
+    d = classify(Signals(log="ValueError: Free memory on device cuda:0 (1.53/22.05 GiB) on startup is less than "
+                             "desired GPU memory utilization (0.9, 19.84 GiB). Decrease GPU memory utilization"))
+    assert d.cause == "gpu_util_exceeds_free"
+    assert d.numbers == {"free_gib": 1.53, "total_gib": 22.05, "util": 0.9, "requested_gib": 19.84}
+
+
+def test_torch_oom_numbers_and_other_process():
+    log = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 246.00 MiB. GPU 0 has a total capacity "
+           "of 23.65 GiB of which 178.06 MiB is free. Process 1 has 12.00 GiB memory in use. Process 2 has 11.40 "
+           "GiB memory in use. Of the allocated memory 10.10 GiB is allocated by PyTorch\n"
+           '  File "x/gpu_model_runner.py", line 1, in load_model\n')
+    d = classify(Signals(log=log))
+    assert d.cause == "gpu_util_exceeds_free" and d.phase == "load"
+    assert d.numbers["tried_gib"] == pytest.approx(0.2402, abs=1e-3)
+    assert d.numbers["gpu_total_gib"] == 23.65
+
+
+def test_gpu_snapshot_turns_no_cache_blocks_into_a_shared_gpu():
+    log = "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization`"
+    assert classify(Signals(log=log)).cause == "kv_cache_insufficient"
+    snap = GpuSnapshot(processes=[GpuProcess(pid=7, gpu_index=0, used_bytes=40 * 2**30)], own_pids=[1])
+    assert classify(Signals(log=log, gpu=snap)).cause == "gpu_util_exceeds_free"
+
+
+def test_exit_states():
+    assert classify(Signals(reason="OOMKilled", exit_code=137)).cause == "host_ram_oom"
+    assert classify(Signals(exit_code=137)).cause == "host_ram_oom"
+    assert classify(Signals(exit_code=1, reason="Error")).cause == "unknown"
+    killed = "ERROR [multiproc_executor.py:1] Worker proc VllmWorker-0 died unexpectedly (exit code: -9), shutting"
+    assert classify(Signals(log=killed, exit_code=1, reason="Error")).cause == "host_ram_oom"
+    # A SIGTERM'd worker after a real root cause does not hide it.
+    kv_then_term = KV_V1 + "\nWorker VllmWorkerProcess pid 645162 died, exit code: -15\n"
+    assert classify(Signals(log=kv_then_term)).cause == "kv_cache_insufficient"
+
+
+def test_runtime_oom_after_startup_even_with_capture_lines_earlier():
+    log = ("Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%\n"
+           "Graph capturing finished in 5 secs, took 0.99 GiB\n"
+           "INFO:     Application startup complete.\n"
+           "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.15 GiB.\n"
+           "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.\n")
+    d = classify(Signals(log=log))
+    assert (d.cause, d.phase) == ("runtime_oom", "serving")
+
+
+def test_unrecognised_error_is_not_memory():
+    log = ('Traceback (most recent call last):\n  File "x/gpu_model_runner.py", line 1, in load_model\n'
+           "KeyError: 'model.layers.0.mlp.gate_proj.weight'\n"
+           "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n")
+    d = classify(Signals(log=log))
+    assert d.cause == "not_oom" and d.subtype == "other_error"
+    assert "KeyError" in d.evidence[0]
+
+
+def test_wrappers_alone_never_decide():
+    log = ("RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n"
+           "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.\n")
+    assert classify(Signals(log=log)).cause == "unknown"
+
+
+def test_launcher_termination_message_is_trusted():
+    msg = json.dumps({"autoheal": 1, "diagnosis": {"cause": "profiling_oom", "phase": "profile",
+                                                   "evidence": ["x"], "numbers": {"dummy_requests": 1024}}})
+    d = classify(Signals(termination_message=msg, log=""))
+    assert d.cause == "profiling_oom" and d.source == "termination-message"
+    assert from_termination_message("not json") is None
+    tail_only = classify(Signals(termination_message=KV_V1))
+    assert tail_only.cause == "kv_cache_insufficient" and tail_only.source == "log-tail-only"
+    assert "log tail" in tail_only.explanation
+
+
+def test_huge_log_cause_near_the_end_streams():
+    filler = "INFO 01-01 00:00:00 [loggers.py:1] Avg prompt throughput: 1.0 tokens/s, GPU KV cache usage: 1%\n"
+    stream = io.StringIO(filler * 200_000 + KV_V1 + "\n" + filler * 50)
+    d = classify_stream(stream)
+    assert d.cause == "kv_cache_insufficient" and d.numbers["estimated_max_model_len"] == 32464
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow], deadline=None)
+@given(log=st.text(max_size=5000) | st.binary(max_size=3000).map(lambda b: b.decode("latin-1")),
+       exit_code=st.none() | st.integers(-300, 300), reason=st.none() | st.text(max_size=20),
+       message=st.none() | st.text(max_size=200))
+def test_classify_never_raises_and_returns_a_cause(log, exit_code, reason, message):
+    d = classify(Signals(log=log, exit_code=exit_code, reason=reason, termination_message=message))
+    assert d.cause in CAUSES
+
+
+@settings(max_examples=5, deadline=None)
+@given(st.integers(1, 3), st.sampled_from([KV_V1, "x" * 100000, "\r" * 50000, "\n" * 50000, "é" * 30000]))
+def test_huge_pathological_inputs(repeat, piece):
+    d = classify(Signals(log=piece * repeat * 20))
+    assert d.cause in CAUSES
+
+
+def test_cli_diagnose_json_and_text(tmp_path):
+    f = tmp_path / "crash.log"
+    f.write_text("noise\n" + KV_V1 + "\n")
+    out = subprocess.run([sys.executable, "-m", "vllm_autoheal", "diagnose", str(f), "--json", "--exit-code", "1"],
+                         capture_output=True, text=True, check=True).stdout
+    data = json.loads(out)
+    assert {"cause", "phase", "subtype", "evidence", "numbers"} <= set(data)
+    assert data["cause"] == "kv_cache_insufficient" and data["numbers"]["exit_code"] == 1
+    text = subprocess.run([sys.executable, "-m", "vllm_autoheal", "diagnose", "-"], input=KV_V1,
+                          capture_output=True, text=True, check=True).stdout
+    assert "cause:    kv_cache_insufficient" in text and "estimated_max_model_len=32464" in text
+    # unreadable input: a clear error, not a traceback
+    bad = subprocess.run([sys.executable, "-m", "vllm_autoheal", "diagnose", str(tmp_path / "nope.log")],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "cannot read" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_cli_bundled_example_is_the_real_h200_failure():
+    out = subprocess.run([sys.executable, "-m", "vllm_autoheal", "diagnose", "--example", "h200-kv-cache-too-small",
+                          "--json"], capture_output=True, text=True, check=True).stdout
+    data = json.loads(out)
+    assert data["cause"] == "kv_cache_insufficient" and data["numbers"]["estimated_max_model_len"] == 32464
