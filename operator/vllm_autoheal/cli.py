@@ -61,6 +61,45 @@ def _diagnose(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plan(args: argparse.Namespace) -> int:
+    from .api import VLLMServiceSpec
+    from .engine import EngineArgsError, parse_args
+    from .gpus import lookup
+    from .memory import shape_from_config
+    from .preflight import preflight
+    from .report import render_plan
+    try:
+        config = json.loads(Path(args.model_config).read_text())
+        shape = shape_from_config(config)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"vllm-autoheal plan: cannot read the model config {args.model_config}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        gpu = lookup(args.gpu or "custom", args.gpu_memory_gib)
+        engine = parse_args(args.flags).engine
+    except (KeyError, EngineArgsError) as exc:
+        print(f"vllm-autoheal plan: {exc.args[0]}", file=sys.stderr)
+        return 2
+    spec = VLLMServiceSpec(model=args.model_config, engine=engine, preflight="Fix" if args.fix else "Warn")
+    result = preflight(spec, gpu, shape, args.gpu_free_gib, entrypoint=args.entrypoint)
+    first = preflight(spec.model_copy(update={"preflight": "Warn"}), gpu, shape, args.gpu_free_gib,
+                      entrypoint=args.entrypoint)
+    if args.json:
+        out = {**first.estimate.to_dict(), "fits": first.fits, "reasons": first.reasons,
+               "gpu": {"name": gpu.name, "memory_gib": gpu.memory_gib, "source": gpu.source},
+               "model": {"architecture": shape.architecture, "params": shape.params()},
+               "suggestion": None}
+        if not first.fits and result.steps:
+            out["suggestion"] = {"fits": result.fits, "flags": " ".join(s.flags() for s in result.steps),
+                                 "steps": [s.to_dict() for s in result.steps],
+                                 "kv_cache_gib": round(result.estimate.kv_cache_gib, 3),
+                                 "max_model_len": result.estimate.max_model_len}
+        print(json.dumps(out, indent=2))
+    else:
+        print(render_plan(shape, gpu, first, result))
+    return 0 if first.fits else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vllm-autoheal",
@@ -91,11 +130,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-memory-gib", type=float, help="memory of one GPU, for the remedy (default: from the log)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=_diagnose)
+
+    p = sub.add_parser("plan", help="say whether a model fits a GPU with given flags, and what would",
+                       description="Estimate weights, KV cache and overheads per GPU for a model config.json on a "
+                                   "GPU, with vLLM's own flags; print a fit table and, when it does not fit, the "
+                                   "flags that would. Exit 0 when it fits, 1 when it does not, 2 on bad input.",
+                       epilog="Engine flags are given as vLLM spells them, after the options, e.g. "
+                              "vllm-autoheal plan --model-config config.json --gpu NVIDIA-L4 --max-model-len 32768")
+    p.add_argument("--model-config", required=True, metavar="PATH", help="the model's Hugging Face config.json")
+    p.add_argument("--gpu", metavar="NAME", help="GPU product label, e.g. NVIDIA-H100-80GB-HBM3, NVIDIA-L4")
+    p.add_argument("--gpu-memory-gib", type=float, metavar="X", help="total GPU memory as the GPU reports it")
+    p.add_argument("--gpu-free-gib", type=float, metavar="X",
+                   help="free before vLLM starts, when another process holds memory (default: all)")
+    p.add_argument("--entrypoint", choices=["server", "llm"], default="server",
+                   help="vllm serve (server) or the LLM class (llm): their batch defaults differ")
+    p.add_argument("--no-fix", dest="fix", action="store_false", help="do not suggest fitting flags")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(run=_plan, flags=[])
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        if args.command != "plan":
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        args.flags = unknown  # engine flags, as vLLM spells them
     run: Command = args.run
     try:
         return run(args)

@@ -48,3 +48,31 @@ def render_diagnosis(diag: Diagnosis, remedy: Any = None) -> str:
     else:
         lines.append(f"change:   {ADVICE.get(diag.cause, ADVICE['unknown'])}")
     return "\n".join(lines)
+
+
+def render_plan(shape: Any, gpu: Any, first: Any, fixed: Any) -> str:
+    """The fit table `vllm-autoheal plan` prints."""
+    est = first.estimate
+    rows = [
+        ("model", f"{shape.architecture}, {shape.params() / 1e9:.2f} B parameters"),
+        ("GPU", f"{gpu.name}: {gpu.memory_gib:g} GiB ({gpu.source}); free at start {est.gpu_free_gib:.2f} GiB"),
+        ("requested", f"{est.requested_gib:.2f} GiB"),
+        ("weights / GPU", f"{est.weights_gib:.2f} GiB"),
+        ("activation peak", f"{est.activation_gib:.2f} GiB (max_num_batched_tokens {est.max_num_batched_tokens:,})"),
+        ("non-torch", f"{est.non_torch_gib:.2f} GiB"),
+        ("CUDA graphs", f"{est.cudagraph_gib:.2f} GiB (outside the budget)"),
+        ("KV cache", f"{est.kv_cache_gib:.2f} GiB = {est.kv_tokens:,} tokens "
+                     f"({est.kv_bytes_per_token:,} bytes/token)"),
+        ("max_model_len", f"{est.max_model_len:,}; largest that fits {est.max_model_len_fit:,}; "
+                          f"concurrency at that length {est.max_concurrency:g}x"),
+        ("fits", "yes" if first.fits else "NO: " + "; ".join(first.reasons)),
+    ]
+    width = max(len(k) for k, _ in rows)
+    lines = [f"{k:<{width}}  {v}" for k, v in rows]
+    if not first.fits and fixed.steps:
+        flags = " ".join(s.flags() for s in fixed.steps)
+        verdict = "fits" if fixed.fits else "still does not fit"
+        lines.append(f"\nsuggestion ({verdict}): {flags}")
+        lines += [f"  - {s.action}: {s.reason}" for s in fixed.steps]
+        lines.append(f"  then: KV cache {fixed.estimate.kv_cache_gib:.2f} GiB = {fixed.estimate.kv_tokens:,} tokens")
+    return "\n".join(lines)

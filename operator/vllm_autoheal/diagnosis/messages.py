@@ -45,6 +45,9 @@ I = re.IGNORECASE
 MESSAGES: tuple[Message, ...] = (
     # --- explicit vLLM memory messages -------------------------------------------------
     _m(MEMORY, r"Free memory on device(?: \S+)? \((?P<free_gib>[\d.]+)/(?P<total_gib>[\d.]+) GiB\) on startup is "
+       r"less than desired CPU memory utilization \((?P<util>[\d.]+), (?P<requested_gib>[\d.]+) GiB\)",
+       m.GPU_UTIL_EXCEEDS_FREE, m.PHASE_LOAD, "cpu_memory_share_exceeds_free"),
+    _m(MEMORY, r"Free memory on device(?: \S+)? \((?P<free_gib>[\d.]+)/(?P<total_gib>[\d.]+) GiB\) on startup is "
        r"less than desired (?:GPU|CPU|XPU)? ?memory utilization \((?P<util>[\d.]+), (?P<requested_gib>[\d.]+) GiB\)",
        m.GPU_UTIL_EXCEEDS_FREE, m.PHASE_LOAD, "free_memory_below_requested"),
     _m(MEMORY, r"Externally held weights on device.*exceed the desired GPU memory utilization",

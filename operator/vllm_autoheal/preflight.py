@@ -1,0 +1,70 @@
+"""Pre-flight: will this spec fit this GPU, and if not, which flags would (Fix mode)?
+
+The memory model predicts the failure vLLM would print; the remedy planner then
+treats that prediction like a real crash. So pre-flight and healing share one
+set of rules, and a `Fix` start is what a heal would have reached, minus the crash.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .api import EngineArgs, VLLMServiceSpec
+from .diagnosis import Diagnosis
+from .gpus import GpuSpec
+from .memory import GIB, Estimate, ModelShape, estimate
+from .remedy import Inventory, Remedy, plan
+
+MAX_FIX_STEPS = 6
+
+
+@dataclass
+class PreflightResult:
+    fits: bool
+    estimate: Estimate
+    engine: EngineArgs                  # the flags to start with (changed only in Fix mode)
+    steps: list[Remedy] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.steps)
+
+
+def predicted_diagnosis(est: Estimate, engine: EngineArgs) -> Diagnosis:
+    """The diagnosis vLLM's own message would give for the memory model's predicted failure."""
+    numbers: dict[str, float | int] = {}
+    if est.failure == "kv_cache_insufficient":
+        numbers = {"max_seq_len": est.max_model_len, "available_gib": round(est.kv_cache_gib, 2),
+                   "needed_gib": round(est.kv_bytes_per_token * est.max_model_len / GIB, 2)}
+        if est.max_model_len_fit > 0:
+            numbers["estimated_max_model_len"] = int(est.max_model_len_fit * 0.97)  # model error margin
+    elif est.failure == "gpu_util_exceeds_free":
+        numbers = {"free_gib": round(est.gpu_free_gib, 2), "total_gib": est.gpu_total_gib,
+                   "util": engine.gpu_memory_utilization, "requested_gib": round(est.requested_gib, 2)}
+    return Diagnosis(cause=est.failure or "unknown", phase="predicted", numbers=numbers,
+                     evidence=est.reasons[:2], confidence="medium", source="memory-model")
+
+
+def preflight(spec: VLLMServiceSpec, gpu: GpuSpec, shape: ModelShape, free_gib: float | None = None,
+              entrypoint: str = "server") -> PreflightResult:
+    engine = spec.engine
+    est = estimate(shape, engine, gpu, free_gib, entrypoint)
+    result = PreflightResult(fits=est.fits, estimate=est, engine=engine, reasons=list(est.reasons))
+    if est.fits or spec.preflight != "Fix":
+        return result
+    inventory = Inventory(gpu_total_gib=gpu.memory_gib, gpu_free_gib=free_gib, shape=shape, entrypoint=entrypoint)
+    history: list[dict] = []
+    for _ in range(MAX_FIX_STEPS):
+        diag = predicted_diagnosis(est, engine)
+        remedy = plan(spec, diag, history, inventory, engine)
+        if remedy.gives_up:
+            result.reasons.append(f"no fitting flags within the heal bounds: {remedy.reason}")
+            break
+        history.append({"cause": diag.cause, "action": remedy.action})
+        engine = remedy.apply(engine)
+        result.steps.append(remedy)
+        est = estimate(shape, engine, gpu, free_gib, entrypoint)
+        if est.fits:
+            break
+    result.engine, result.estimate, result.fits = engine, est, est.fits
+    return result

@@ -1,0 +1,378 @@
+"""plan(spec, diagnosis, history, inventory) -> Remedy: the one flag change that should fit.
+
+Pure. Each cause has an ordered list of actions (shared/DESIGN.md); the first one
+that is allowed, inside the bounds, not already tried for this cause, and
+applicable to what is known, wins. Sizes come from the numbers vLLM printed
+(estimated maximum model length, free/total GiB, tried-to-allocate) and from the
+memory model when it printed none. Blind stepping is the last resort, never the
+first: a model load costs minutes on a real GPU.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+from .api import EngineArgs, HealPolicy, VLLMServiceSpec
+from .diagnosis import Diagnosis
+from .engine import BY_FIELD, parse_args
+from .memory import BLOCK_SIZE, CUDA_CONTEXT_GIB, CUDAGRAPH_GIB, GIB, ModelShape, estimate
+from .gpus import GpuSpec
+from .quantity import format_bytes, parse_quantity
+
+NO_CHANGE = "NoChange"
+GIVE_UP = "GiveUp"
+VPA_RATIO, VPA_MIN_BUMP = 1.2, 100 * 2**20  # Kubernetes VPA's OOM bump (DefaultOOMBumpUpRatio/MinBumpUp)
+
+
+@dataclass
+class Inventory:
+    """What is known about where the engine runs; every field may be unknown."""
+    gpu_total_gib: float | None = None
+    gpu_free_gib: float | None = None        # free before vLLM starts (other processes excluded)
+    shape: ModelShape | None = None
+    memory_limit_bytes: int | None = None    # the container's limit (host RAM)
+    entrypoint: str = "server"
+
+
+@dataclass
+class Remedy:
+    action: str
+    changes: dict[str, Any] = field(default_factory=dict)  # EngineArgs field (or memory_limit/model) -> value
+    reason: str = ""
+    expected: str = ""
+
+    @property
+    def gives_up(self) -> bool:
+        return self.action in (NO_CHANGE, GIVE_UP)
+
+    def flags(self) -> str:
+        out = []
+        for key, value in self.changes.items():
+            flag = BY_FIELD.get(key)
+            if flag is None:
+                out.append(f"{key}={value}")
+            elif flag.kind is bool:
+                out.append(flag.cli if value else f"--no-{flag.cli[2:]}")
+            else:
+                out.append(f"{flag.cli} {value}")
+        return " ".join(out)
+
+    def summary(self) -> str:
+        if self.gives_up:
+            return f"{self.action}: {self.reason}"
+        text = f"{self.action}: {self.flags()} - {self.reason}"
+        return text + (f" Expected: {self.expected}" if self.expected else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def apply(self, engine: EngineArgs) -> EngineArgs:
+        return engine.model_copy(update={k: v for k, v in self.changes.items() if k in EngineArgs.model_fields})
+
+
+@dataclass
+class Context:
+    spec: VLLMServiceSpec
+    engine: EngineArgs
+    diag: Diagnosis
+    inv: Inventory
+    tried: set[str]
+
+    @property
+    def policy(self) -> HealPolicy:
+        return self.spec.heal
+
+    def num(self, key: str) -> float | None:
+        value = self.diag.numbers.get(key)
+        return float(value) if isinstance(value, (int, float)) else None
+
+    @property
+    def total(self) -> float | None:
+        return self.inv.gpu_total_gib or self.num("total_gib") or self.num("gpu_total_gib")
+
+    def free_for_vllm(self) -> float | None:
+        """GPU memory vLLM can ask for: what is free, less its CUDA context and graph headroom."""
+        free = self.inv.gpu_free_gib
+        if free is None and self.total and self.diag.cause != "gpu_util_exceeds_free":
+            free = self.total  # a Kubernetes GPU is the pod's alone
+        if free is None:
+            return None
+        return free - CUDA_CONTEXT_GIB - (0 if self.engine.enforce_eager else CUDAGRAPH_GIB)
+
+
+Step = Callable[[Context], "Remedy | None"]
+
+
+def _util(value: float, down: bool = True) -> float:
+    """Round a utilization to 0.01, in the safe direction."""
+    return (math.floor if down else math.ceil)(round(value * 100, 6)) / 100
+
+
+def _len(value: float) -> int:
+    return int(value // BLOCK_SIZE) * BLOCK_SIZE
+
+
+def _expect(ctx: Context, changes: dict[str, Any]) -> str:
+    """The memory model's verdict on the changed flags, when it knows the model and GPU."""
+    if ctx.inv.shape is None or not ctx.total:
+        return ""
+    after = ctx.engine.model_copy(update={k: v for k, v in changes.items() if k in EngineArgs.model_fields})
+    est = estimate(ctx.inv.shape, after, GpuSpec("gpu", ctx.total), ctx.inv.gpu_free_gib, ctx.inv.entrypoint)
+    verdict = "fits" if est.fits else f"still fails: {'; '.join(est.reasons)}"
+    return f"KV cache {est.kv_cache_gib:.2f} GiB holds {est.kv_tokens:,} tokens for max_model_len " \
+           f"{est.max_model_len:,} ({verdict})."
+
+
+def raise_utilization_for_kv(ctx: Context) -> Remedy | None:
+    needed, available, total = ctx.num("needed_gib"), ctx.num("available_gib"), ctx.total
+    room = ctx.free_for_vllm()
+    if needed is None or available is None or not total or room is None:
+        return None
+    want = _util(ctx.engine.gpu_memory_utilization + (needed - available) / total + 0.01, down=False)
+    limit = min(ctx.policy.bounds.max_gpu_memory_utilization, _util(room / total))
+    if want > limit:
+        return None
+    return Remedy("RaiseGpuMemoryUtilization", {"gpu_memory_utilization": want},
+                  f"the KV cache needs {needed:g} GiB and has {available:g} GiB; the GPU has room for "
+                  f"utilization {want} (free memory allows up to {limit}), so no context is lost.")
+
+
+def lower_max_model_len(ctx: Context) -> Remedy | None:
+    estimated = ctx.num("estimated_max_model_len") or ctx.num("kv_tokens")
+    source = ("the memory model's estimate (3% margin)" if ctx.diag.source == "memory-model" else
+              "vLLM's own estimate") if estimated else ""
+    if not estimated and ctx.inv.shape is not None and ctx.total:
+        est = estimate(ctx.inv.shape, ctx.engine, GpuSpec("gpu", ctx.total), ctx.inv.gpu_free_gib, ctx.inv.entrypoint)
+        estimated, source = est.max_model_len_fit * 0.97, "the memory model (with a 3% margin)"
+    if not estimated:
+        return None
+    new = _len(estimated)
+    current = ctx.engine.max_model_len or int(ctx.num("max_seq_len") or 0) or None
+    if new < ctx.policy.bounds.min_max_model_len or (current is not None and new >= current):
+        return None
+    return Remedy("LowerMaxModelLen", {"max_model_len": new},
+                  f"the KV cache holds {int(estimated):,} tokens by {source}; max_model_len "
+                  f"{current or 'default'} -> {new:,} (a multiple of the {BLOCK_SIZE}-token block).")
+
+
+def raise_utilization_blind(ctx: Context) -> Remedy | None:
+    """No numbers: the cache got no block at all. Give it what the GPU allows, within bounds."""
+    total, room = ctx.total, ctx.free_for_vllm()
+    limit = ctx.policy.bounds.max_gpu_memory_utilization
+    if total and room is not None:
+        limit = min(limit, _util(room / total))
+    if limit <= ctx.engine.gpu_memory_utilization:
+        return None
+    return Remedy("RaiseGpuMemoryUtilization", {"gpu_memory_utilization": limit},
+                  "no memory was left for a single KV block; utilization raised to the most the bounds "
+                  "and free memory allow.")
+
+
+def fp8_kv_cache(ctx: Context) -> Remedy | None:
+    if (ctx.engine.kv_cache_dtype or "auto").startswith("fp8"):
+        return None
+    return Remedy("Fp8KvCache", {"kv_cache_dtype": "fp8"}, "an fp8 KV cache holds twice the tokens per GiB.")
+
+
+def more_tensor_parallel(ctx: Context) -> Remedy | None:
+    tp, limit = ctx.engine.tensor_parallel_size, ctx.policy.bounds.max_tensor_parallel_size
+    if not limit or tp * 2 > limit:
+        return None
+    if ctx.inv.shape is not None and ctx.inv.shape.heads % (tp * 2):
+        return None
+    return Remedy("IncreaseTensorParallel", {"tensor_parallel_size": tp * 2},
+                  f"split the model over {tp * 2} GPUs: half the weights and KV per GPU.")
+
+
+def fit_utilization_to_free(ctx: Context) -> Remedy | None:
+    free, total = ctx.num("free_gib"), ctx.num("total_gib")
+    if free is None or not total:
+        return None
+    cpu = ctx.diag.subtype == "cpu_memory_share_exceeds_free"
+    # Free host memory moves between runs (page cache, NUMA accounting): keep a quarter back there.
+    margin = 0.25 * free if cpu else 1.0 + 0.03 * total
+    new = _util((free - margin) / total)
+    if new < ctx.policy.bounds.min_gpu_memory_utilization or new >= ctx.engine.gpu_memory_utilization:
+        return None
+    return Remedy("LowerGpuMemoryUtilization", {"gpu_memory_utilization": new},
+                  f"only {free:g} of {total:g} GiB was free at start; utilization {new} asks for "
+                  f"{new * total:.2f} GiB, leaving {free - new * total:.2f} GiB of margin.")
+
+
+def fit_kv_bytes_to_free(ctx: Context) -> Remedy | None:
+    free, requested = ctx.num("free_gib"), ctx.num("requested_gib")
+    if free is None:
+        return None
+    if ctx.diag.subtype == "kv_space_exceeds_free_host_memory":
+        new_gib = math.floor((free * 0.75) * 4) / 4  # the KV alone must fit what is free, with margin
+    elif ctx.total and ctx.inv.shape is not None:
+        est = estimate(ctx.inv.shape, ctx.engine, GpuSpec("gpu", ctx.total), None, ctx.inv.entrypoint)
+        new_gib = math.floor((free - est.weights_gib - est.activation_gib - est.non_torch_gib - 1.0) * 4) / 4
+    else:
+        return None
+    if new_gib <= 0 or (requested is not None and new_gib >= requested):
+        return None
+    return Remedy("SetKvCacheMemoryBytes", {"kv_cache_memory_bytes": int(new_gib * GIB)},
+                  f"{free:g} GiB was free; the KV cache is set to {new_gib:g} GiB so that it fits.")
+
+
+def quantized_model(ctx: Context) -> Remedy | None:
+    fb = ctx.policy.quantized_fallback
+    if not fb.allowed or not fb.model or ctx.spec.model == fb.model:
+        return None
+    return Remedy("Quantize", {"model": fb.model, "quantization": fb.method},
+                  f"the weights do not fit; switching to the quantized {fb.model} ({fb.method}) the policy names.")
+
+
+def cpu_offload(ctx: Context) -> Remedy | None:
+    shape, total = ctx.inv.shape, ctx.total
+    if shape is None or not total:
+        return None
+    est = estimate(shape, ctx.engine, GpuSpec("gpu", total), ctx.inv.gpu_free_gib, ctx.inv.entrypoint)
+    budget = est.requested_gib - est.activation_gib - est.non_torch_gib - 0.1 * est.requested_gib
+    over = est.weights_gib - budget
+    if over <= 0:
+        return None
+    gb = math.ceil(over + (ctx.engine.cpu_offload_gb or 0))
+    return Remedy("CpuOffload", {"cpu_offload_gb": float(gb)},
+                  f"the weights exceed the budget by {over:.1f} GiB; {gb} GiB per GPU moves to host RAM (slower).")
+
+
+def _halve(field_name: str, action: str, floor_of: Callable[[Context], int], default: Callable[[Context], int],
+           why: str) -> Step:
+    def step(ctx: Context) -> Remedy | None:
+        current = getattr(ctx.engine, field_name) or default(ctx)
+        new = max(floor_of(ctx), current // 2)
+        if field_name == "max_num_batched_tokens" and ctx.engine.max_num_seqs:
+            new = max(new, ctx.engine.max_num_seqs)
+        if new >= current:
+            return None
+        return Remedy(action, {field_name: new}, why.format(current=current, new=new))
+    return step
+
+
+def _seqs_default(ctx: Context) -> int:
+    dummy = ctx.num("dummy_requests")
+    if dummy:
+        return int(dummy)
+    return 1024 if (ctx.total or 0) >= 70 else 256
+
+
+def _mbt_default(ctx: Context) -> int:
+    from .memory import default_max_num_batched_tokens
+    return default_max_num_batched_tokens(ctx.total or 24, ctx.inv.entrypoint)
+
+
+lower_seqs = _halve("max_num_seqs", "LowerMaxNumSeqs", lambda c: c.policy.bounds.min_max_num_seqs, _seqs_default,
+                    "max_num_seqs {current} -> {new}: fewer sequences in the warm-up batch and at runtime.")
+lower_batched = _halve("max_num_batched_tokens", "LowerMaxNumBatchedTokens", lambda c: 512, _mbt_default,
+                       "max_num_batched_tokens {current} -> {new}: the activation peak shrinks with it.")
+
+
+def enforce_eager(ctx: Context) -> Remedy | None:
+    if ctx.engine.enforce_eager:
+        return None
+    return Remedy("EnforceEager", {"enforce_eager": True},
+                  "skip CUDA-graph capture and the ~1 GiB it takes beyond the budget (some decode speed is lost).")
+
+
+def lower_utilization_step(ctx: Context) -> Remedy | None:
+    """Leave headroom sized from what failed to allocate (or ~1 GiB of graphs), at least 0.02."""
+    if ctx.diag.cause == "gpu_util_exceeds_free" and ctx.num("free_gib") is not None:
+        return None  # the free figure was printed: fit_utilization_to_free sized it; stepping is blind
+    total = ctx.total
+    tried = ctx.num("tried_gib") or 0.0
+    step = 0.02 if not total else max(0.02, _util((tried + 0.5) / total, down=False))
+    new = _util(ctx.engine.gpu_memory_utilization - step)
+    if new < ctx.policy.bounds.min_gpu_memory_utilization:
+        return None
+    basis = f"{tried:g} GiB failed to allocate" if tried else "no allocation size was printed"
+    return Remedy("LowerGpuMemoryUtilization", {"gpu_memory_utilization": new},
+                  f"{basis}; utilization {ctx.engine.gpu_memory_utilization} -> {new} leaves that much headroom.")
+
+
+def raise_memory_limit(ctx: Context) -> Remedy | None:
+    limit_text = ctx.policy.bounds.max_memory_limit
+    used = ctx.inv.memory_limit_bytes
+    if not limit_text or not used:
+        return None
+    new = max(int(used * VPA_RATIO), used + VPA_MIN_BUMP)
+    cap = parse_quantity(limit_text)
+    new = min(new, cap)
+    if new <= used:
+        return None
+    return Remedy("RaiseMemoryLimit", {"memory_limit": format_bytes(new)},
+                  f"the container was killed at its {format_bytes(used)} limit; raised VPA-style to "
+                  f"max(x1.2, +100Mi) = {format_bytes(new)} (bound {limit_text}).")
+
+
+def lower_cpu_offload(ctx: Context) -> Remedy | None:
+    gb = ctx.engine.cpu_offload_gb
+    if not gb:
+        return None
+    new = math.floor(gb / 2)
+    return Remedy("LowerCpuOffload", {"cpu_offload_gb": float(new)},
+                  f"cpu_offload_gb {gb:g} -> {new}: offloaded weights live in host RAM.")
+
+
+def shrink_kv_bytes(ctx: Context) -> Remedy | None:
+    kv = ctx.engine.kv_cache_memory_bytes
+    if not kv:
+        return None
+    new = kv // 2
+    if ctx.inv.memory_limit_bytes:
+        new = min(new, ctx.inv.memory_limit_bytes // 3)
+    new = max(new // 2**20, 1) * 2**20
+    return Remedy("SetKvCacheMemoryBytes", {"kv_cache_memory_bytes": new},
+                  f"host RAM ran out; the KV cache {format_bytes(kv)} -> {format_bytes(new)}.")
+
+
+PLANS: dict[str, list[Step]] = {
+    "kv_cache_insufficient": [raise_utilization_for_kv, lower_max_model_len, raise_utilization_blind,
+                              fp8_kv_cache, more_tensor_parallel],
+    "gpu_util_exceeds_free": [fit_utilization_to_free, fit_kv_bytes_to_free, lower_utilization_step],
+    "weights_load_oom": [quantized_model, more_tensor_parallel, cpu_offload],
+    "profiling_oom": [lower_seqs, lower_batched, lower_utilization_step],
+    "cudagraph_capture_oom": [enforce_eager, lower_utilization_step],
+    "runtime_oom": [lower_utilization_step, lower_seqs, lower_batched],
+    "multi_gpu_oom": [lower_max_model_len, lower_utilization_step, enforce_eager],
+    "host_ram_oom": [raise_memory_limit, lower_cpu_offload, shrink_kv_bytes],
+}
+
+
+def plan(spec: VLLMServiceSpec, diagnosis: Diagnosis, history: list[dict[str, Any]] | None = None,
+         inventory: Inventory | None = None, engine: EngineArgs | None = None) -> Remedy:
+    """The next change for this crash. `history`: earlier heals as {cause, action, ...};
+    `engine`: the args deployed now (default: spec.engine)."""
+    history = history or []
+    inv = inventory or Inventory()
+    engine = engine or spec.engine
+    if diagnosis.cause == "not_oom":
+        return Remedy(NO_CHANGE, reason=f"not a memory failure ({diagnosis.subtype or 'see evidence'}); "
+                                        "memory flags stay as they are.")
+    if diagnosis.cause not in PLANS:
+        return Remedy(NO_CHANGE, reason="the cause is unknown; nothing is changed on a guess.")
+    if not spec.heal.enabled:
+        return Remedy(NO_CHANGE, reason="healing is disabled (spec.heal.enabled=false); diagnosis only.")
+    heals = [h for h in history if h.get("action") not in (NO_CHANGE, GIVE_UP, None)]
+    if len(heals) >= spec.heal.max_attempts:
+        return Remedy(GIVE_UP, reason=f"{len(heals)} heals already, the most spec.heal.maxAttempts allows.")
+    tried = {h["action"] for h in heals if h.get("cause") == diagnosis.cause}
+    ctx = Context(spec, engine, diagnosis, inv, tried)
+    allowed = set(spec.heal.allowed_actions) | {"Quantize"}
+    for step in PLANS[diagnosis.cause]:
+        remedy = step(ctx)
+        if remedy is None or remedy.action in tried or remedy.action not in allowed:
+            continue
+        remedy.expected = remedy.expected or _expect(ctx, remedy.changes)
+        return remedy
+    return Remedy(GIVE_UP, reason=f"no allowed change is left for {diagnosis.cause} within the bounds "
+                                  f"(tried: {', '.join(sorted(tried)) or 'none'}).")
+
+
+def plan_from_command(flags: str, diagnosis: Diagnosis, gpu_memory_gib: float | None = None) -> Remedy:
+    """For `diagnose --engine-args`: a remedy for a plain command line, with the CRD's default policy."""
+    parsed = parse_args(flags)
+    spec = VLLMServiceSpec(model=parsed.model or "model", engine=parsed.engine)
+    return plan(spec, diagnosis, inventory=Inventory(gpu_total_gib=gpu_memory_gib))
