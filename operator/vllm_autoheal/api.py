@@ -312,6 +312,8 @@ class HealRecord(Model):
     phase: str = Field("unknown", description="Engine phase at the crash.")
     evidence: list[str] = Field(default_factory=list, max_length=5, description="Log lines that decided the cause.",
                                 json_schema_extra={"items": {"type": "string", "maxLength": 512}})
+    numbers: dict[str, float] = Field(default_factory=dict, description=(
+        "Figures vLLM printed, e.g. estimated_max_model_len, free_gib, needed_gib."))
     action: str = Field(..., description="What was done: an action name, NoChange or GiveUp.")
     reason: str = Field("", max_length=2048, description="Why, citing the evidence.")
     changes: list[FieldChange] = Field(default_factory=list, description="Each changed field, before and after.")

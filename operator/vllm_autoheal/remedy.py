@@ -20,6 +20,8 @@ from .memory import BLOCK_SIZE, CUDA_CONTEXT_GIB, CUDAGRAPH_GIB, GIB, ModelShape
 from .gpus import GpuSpec
 from .quantity import format_bytes, parse_quantity
 
+# Raising the memory limit again is a new, larger value each time (VPA bumps on every OOM).
+REPEATABLE = {"RaiseMemoryLimit"}
 NO_CHANGE = "NoChange"
 GIVE_UP = "GiveUp"
 VPA_RATIO, VPA_MIN_BUMP = 1.2, 100 * 2**20  # Kubernetes VPA's OOM bump (DefaultOOMBumpUpRatio/MinBumpUp)
@@ -190,8 +192,11 @@ def fit_utilization_to_free(ctx: Context) -> Remedy | None:
     if free is None or not total:
         return None
     cpu = ctx.diag.subtype == "cpu_memory_share_exceeds_free"
-    # Free host memory moves between runs (page cache, NUMA accounting): keep a quarter back there.
-    margin = 0.25 * free if cpu else 1.0 + 0.03 * total
+    # The printed free figure already excludes vLLM's own CUDA context. On a GPU keep room for the
+    # CUDA graphs (captured outside the budget) plus 0.5 GiB and 1%; free host memory moves between
+    # runs (page cache, NUMA accounting), so on the CPU backend keep a quarter back.
+    graphs = 0.0 if ctx.engine.enforce_eager else CUDAGRAPH_GIB
+    margin = 0.25 * free if cpu else graphs + 0.5 + 0.01 * total
     new = _util((free - margin) / total)
     if new < ctx.policy.bounds.min_gpu_memory_utilization or new >= ctx.engine.gpu_memory_utilization:
         return None
@@ -358,7 +363,12 @@ def plan(spec: VLLMServiceSpec, diagnosis: Diagnosis, history: list[dict[str, An
     heals = [h for h in history if h.get("action") not in (NO_CHANGE, GIVE_UP, None)]
     if len(heals) >= spec.heal.max_attempts:
         return Remedy(GIVE_UP, reason=f"{len(heals)} heals already, the most spec.heal.maxAttempts allows.")
-    tried = {h["action"] for h in heals if h.get("cause") == diagnosis.cause}
+    tried = {h["action"] for h in heals if h.get("cause") == diagnosis.cause} - REPEATABLE
+    if inv.gpu_free_gib is None:  # an earlier crash may have printed what was free; remember it
+        printed = [h["numbers"]["free_gib"] for h in history if isinstance(h.get("numbers"), dict)
+                   and h.get("cause") == "gpu_util_exceeds_free" and "free_gib" in h["numbers"]]
+        if printed:
+            inv = Inventory(**{**inv.__dict__, "gpu_free_gib": printed[-1] + CUDA_CONTEXT_GIB})
     ctx = Context(spec, engine, diagnosis, inv, tried)
     allowed = set(spec.heal.allowed_actions) | {"Quantize"}
     for step in PLANS[diagnosis.cause]:

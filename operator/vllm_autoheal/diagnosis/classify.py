@@ -213,7 +213,10 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
     oom = by_kind.get(msg.OOM)
     not_oom = by_kind.get(msg.NOT_OOM)
     if not_oom and not oom and not nccl:
-        return done(m.NOT_OOM, _phase_of_failure(findings, not_oom[0], signals.ready_before), not_oom[0], "high")
+        first = not_oom[0]  # the first failure is the root cause; show its exception line if there is one
+        shown = next((f for f in not_oom if f.message.subtype == first.message.subtype
+                      and _EXCEPTION_LINE.match(f.line.text)), first)
+        return done(m.NOT_OOM, _phase_of_failure(findings, first, signals.ready_before), shown, "high")
     if nccl:
         return done(m.MULTI_GPU_OOM, _phase_of_failure(findings, nccl[0], signals.ready_before), nccl[0], "high")
     if oom:

@@ -44,8 +44,9 @@ I = re.IGNORECASE
 
 MESSAGES: tuple[Message, ...] = (
     # --- explicit vLLM memory messages -------------------------------------------------
-    _m(MEMORY, r"Free memory on device(?: \S+)? \((?P<free_gib>[\d.]+)/(?P<total_gib>[\d.]+) GiB\) on startup is "
-       r"less than desired CPU memory utilization \((?P<util>[\d.]+), (?P<requested_gib>[\d.]+) GiB\)",
+    # CPU backend; vLLM 0.32 words it "Available memory on node N (...) on startup ...".
+    _m(MEMORY, r"(?:Free memory on device(?: \S+)?|Available memory on node \d+) \((?P<free_gib>[\d.]+)/"
+       r"(?P<total_gib>[\d.]+) GiB\) on startup is less than desired CPU memory utilization \((?P<util>[\d.]+), (?P<requested_gib>[\d.]+) GiB\)",
        m.GPU_UTIL_EXCEEDS_FREE, m.PHASE_LOAD, "cpu_memory_share_exceeds_free"),
     _m(MEMORY, r"Free memory on device(?: \S+)? \((?P<free_gib>[\d.]+)/(?P<total_gib>[\d.]+) GiB\) on startup is "
        r"less than desired (?:GPU|CPU|XPU)? ?memory utilization \((?P<util>[\d.]+), (?P<requested_gib>[\d.]+) GiB\)",
