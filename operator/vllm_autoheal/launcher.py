@@ -109,18 +109,28 @@ def termination_message(diagnosis: dict, exit_code: int, gpu_start: dict | None,
     return json.dumps(doc, separators=(",", ":"))
 
 
-def _snapshot() -> dict | None:
+def _snapshot():
     try:
-        from .gpu import compact, snapshot
-        return compact(snapshot())
+        from .gpu import snapshot
+        return snapshot()
     except Exception:  # noqa: BLE001 - the probe is a bonus, never a reason to fail
         return None
 
 
-def _diagnose(text: str, exit_code: int, ready: bool) -> dict:
+def _compact(snap) -> dict | None:
+    try:
+        from .gpu import compact
+        return compact(snap) if snap is not None else None
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _diagnose(text: str, exit_code: int, ready: bool, gpu_start) -> dict:
+    """The start snapshot, taken before vLLM ran, shows what other processes held."""
     try:
         from .diagnosis import Signals, classify
-        return classify(Signals(log=text, exit_code=exit_code, ready_before=ready)).to_dict()
+        gpu = gpu_start if gpu_start is not None and not gpu_start.error else None
+        return classify(Signals(log=text, exit_code=exit_code, ready_before=ready, gpu=gpu)).to_dict()
     except Exception as exc:  # noqa: BLE001
         return {"cause": "unknown", "explanation": f"launcher could not diagnose: {exc}"}
 
@@ -177,8 +187,8 @@ def run(argv: list[str], termination_path: str | None = None) -> int:
         try:
             note = "engine died while the server still answered /health; the launcher ended it" \
                 if ended_dead_engine else None
-            text = termination_message(_diagnose(keeper.text(), exit_code, bool(state["ready"])), exit_code,
-                                       gpu_start, _snapshot(), note)
+            text = termination_message(_diagnose(keeper.text(), exit_code, bool(state["ready"]), gpu_start),
+                                       exit_code, _compact(gpu_start), _compact(_snapshot()), note)
             with open(termination_path, "w", encoding="utf-8") as f:
                 f.write(text)
         except Exception as exc:  # noqa: BLE001 - never worse than no launcher

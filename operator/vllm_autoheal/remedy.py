@@ -91,7 +91,8 @@ class Context:
 
     @property
     def total(self) -> float | None:
-        return self.inv.gpu_total_gib or self.num("total_gib") or self.num("gpu_total_gib")
+        # vLLM's own figure first: NVML's total (140.40 GiB on an H200) is not torch's (139.80).
+        return self.num("total_gib") or self.num("gpu_total_gib") or self.inv.gpu_total_gib
 
     def free_for_vllm(self) -> float | None:
         """GPU memory vLLM can ask for: what is free, less its CUDA context and graph headroom."""
@@ -188,9 +189,11 @@ def more_tensor_parallel(ctx: Context) -> Remedy | None:
 
 
 def fit_utilization_to_free(ctx: Context) -> Remedy | None:
-    free, total = ctx.num("free_gib"), ctx.num("total_gib")
-    if free is None or not total:
-        return None
+    free, total = ctx.num("free_gib"), ctx.total
+    if free is None and ctx.inv.gpu_free_gib is not None:  # not printed: the probe's figure at start
+        free = ctx.inv.gpu_free_gib - CUDA_CONTEXT_GIB
+    if free is None or not total or ctx.engine.kv_cache_memory_bytes:
+        return None  # with kv_cache_memory_bytes set, utilization does not size the KV cache
     cpu = ctx.diag.subtype == "cpu_memory_share_exceeds_free"
     # The printed free figure already excludes vLLM's own CUDA context. On a GPU keep room for the
     # CUDA graphs (captured outside the budget) plus 0.5 GiB and 1%; free host memory moves between

@@ -120,8 +120,15 @@ def _other_process_gib(signals: m.Signals, numbers: dict) -> float:
     if signals.gpu and signals.gpu.processes:
         return signals.gpu.other_process_bytes() / 2**30
     sizes = numbers.get("process_gib") or []
-    if isinstance(sizes, list) and len(sizes) >= 2:
-        return sum(sizes) - max(sizes)
+    if isinstance(sizes, list) and sizes:
+        if "own_gib" in numbers:  # torch named the failing process "this process": the others are others
+            return sum(sizes)
+        # In a container torch may list the failing process itself as "Process N": the largest
+        # entry is then ours when it covers what PyTorch allocated.
+        own = max(sizes)
+        if own + 1.0 < float(numbers.get("torch_allocated_gib") or 0):
+            return sum(sizes)
+        return sum(sizes) - own
     total, initial = numbers.get("total_gib"), numbers.get("initial_usage_gib")
     if total and initial is not None and initial > 0.1 * total:
         return float(initial)

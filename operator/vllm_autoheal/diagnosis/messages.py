@@ -174,6 +174,7 @@ MESSAGES: tuple[Message, ...] = (
     _m(FIGURE, r"the rest of the memory reserved for KV Cache is (?P<kv_reserved_gib>-?[\d.]+) ?GiB"),
     _m(FIGURE, r"Initial free memory:? (?P<initial_free_gib>[\d.]+) GiB"),
     _m(FIGURE, r"(?P<others>(?:Process \d+ has [\d.]+ [GM]iB memory in use\. ?)+)"),
+    _m(FIGURE, r"Including non-PyTorch memory, this process has (?P<own_gib>" + SIZE + r") memory in use"),
     _m(FIGURE, r"Of the allocated memory (?P<torch_allocated_gib>" + SIZE + r") is allocated by PyTorch"
        r"(?:, with (?P<private_pools_gib>" + SIZE + r") allocated in private pools)?"),
     _m(FIGURE, r"Explicitly set \((?P<requested_kv_gib>[\d.]+)/(?P<node_total_gib>[\d.]+)\) GiB for KV cache"),
