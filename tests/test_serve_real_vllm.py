@@ -20,7 +20,7 @@ HERE = Path(__file__).resolve().parent
 
 @pytest.fixture(scope="session")
 def vllm_python() -> str:
-    proc = subprocess.run(["bash", str(HERE / "vllm_cpu" / "env.sh")], capture_output=True, text=True, timeout=3000)
+    proc = subprocess.run(["bash", str(HERE.parent / "scripts" / "vllm-cpu-env.sh")], capture_output=True, text=True, timeout=3000)
     if proc.returncode != 0:
         pytest.skip("SKIPPED LOUDLY: the vllm-cpu environment could not be built here:\n" + proc.stderr[-2000:])
     return proc.stdout.strip().splitlines()[-1]
@@ -29,7 +29,7 @@ def vllm_python() -> str:
 @pytest.fixture(scope="session")
 def engine_env(tmp_path_factory, vllm_python):
     root = tmp_path_factory.mktemp("vllm")
-    model = subprocess.run([vllm_python, str(HERE / "vllm_cpu" / "tiny_model.py"), str(root / "tiny-model")],
+    model = subprocess.run([vllm_python, str(HERE.parent / "scripts" / "tiny_model.py"), str(root / "tiny-model")],
                            capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
     cache = root / "cache"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",

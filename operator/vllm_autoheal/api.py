@@ -326,6 +326,8 @@ class VLLMServiceStatus(Model):
     baseline: EngineArgs | None = Field(None, description="The engine args the user wrote, before any heal.")
     effective: EngineArgs | None = Field(None, description="The engine args deployed now.")
     effective_memory_limit: str | None = Field(None, description="Memory limit deployed now, when a heal raised it.")
+    effective_model: str | None = Field(None, description="Model deployed now, when a heal switched to the "
+                                        "quantized fallback (StatusOverrides mode).")
     heals: list[HealRecord] = Field(default_factory=list, max_length=MAX_HEAL_RECORDS,
                                     description="Recent heals and decisions, oldest first.")
     attempts: int = Field(0, ge=0, description="Heals since the spec was last changed by a person.")

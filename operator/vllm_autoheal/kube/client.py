@@ -1,0 +1,122 @@
+"""The few Kubernetes API calls the operator makes, over the official client's transport.
+
+Plain JSON in and out (no generated models), merge patches only, and "apply" that patches
+only when the live object differs from the desired one, so a resync causes no writes.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+
+from ..api import GROUP, PLURAL, VERSION
+
+MERGE = "application/merge-patch+json"
+_CONFIGURED: dict[str, Any] = {}
+
+
+def configure(host: str | None = None) -> None:
+    """In-cluster config, else kubeconfig; `host` points the client at a test server."""
+    if host:
+        cfg = client.Configuration()
+        cfg.host = host
+        client.Configuration.set_default(cfg)
+    else:
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
+    _CONFIGURED["done"] = True
+
+
+def _plural_path(api_version: str, kind_plural: str, namespace: str | None) -> str:
+    base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    ns = f"/namespaces/{namespace}" if namespace else ""
+    return f"{base}{ns}/{kind_plural}"
+
+
+PLURALS = {"Deployment": "deployments", "Service": "services", "PersistentVolumeClaim": "persistentvolumeclaims",
+           "Pod": "pods", "Event": "events"}
+
+
+class Kube:
+    def __init__(self) -> None:
+        if not _CONFIGURED:
+            configure()
+        self.api = client.ApiClient()
+
+    def request(self, method: str, path: str, body: Any = None, content_type: str = "application/json",
+                query: list[tuple[str, Any]] | None = None, raw: bool = False) -> Any:
+        method, url, headers, payload, _ = self.api.param_serialize(
+            method=method, resource_path=path, query_params=query or [], body=body,
+            header_params={"Content-Type": content_type, "Accept": "application/json, */*"},
+            auth_settings=["BearerToken"])
+        resp = self.api.call_api(method, url, header_params=headers, body=payload)
+        resp.read()
+        data = resp.data.decode("utf-8", "replace") if isinstance(resp.data, bytes) else (resp.data or "")
+        if not 200 <= resp.status < 300:
+            raise ApiException(status=resp.status, reason=f"{resp.reason}: {data[:500]}")
+        if raw:
+            return data
+        return json.loads(data) if data else {}
+
+    def get(self, path: str) -> dict[str, Any] | None:
+        try:
+            return self.request("GET", path)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    # --- owned objects ---------------------------------------------------------------
+    def apply(self, manifest: dict[str, Any]) -> str:
+        """Create, or merge-patch when the live object differs; returns created/patched/unchanged."""
+        meta = manifest["metadata"]
+        collection = _plural_path(manifest["apiVersion"], PLURALS[manifest["kind"]], meta.get("namespace"))
+        live = self.get(f"{collection}/{meta['name']}")
+        if live is None:
+            self.request("POST", collection, manifest)
+            return "created"
+        desired = {"metadata": {"labels": meta.get("labels", {}), "ownerReferences": meta.get("ownerReferences", [])},
+                   "spec": manifest.get("spec", {})}
+        if is_subset(desired, live):
+            return "unchanged"
+        self.request("PATCH", f"{collection}/{meta['name']}", desired, MERGE)
+        return "patched"
+
+    # --- VLLMServices ------------------------------------------------------------------
+    def vsvc_path(self, namespace: str, name: str) -> str:
+        return f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}"
+
+    def get_vsvc(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.get(self.vsvc_path(namespace, name))
+
+    def patch_vsvc(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self.request("PATCH", self.vsvc_path(namespace, name), body, MERGE)
+
+    def patch_vsvc_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        return self.request("PATCH", self.vsvc_path(namespace, name) + "/status", {"status": status}, MERGE)
+
+    def previous_log(self, namespace: str, pod: str, container: str, tail_lines: int = 4000,
+                     limit_bytes: int = 2 * 2**20) -> str:
+        """The crashed container's own output (bounded): where the root cause of a vLLM crash is."""
+        try:
+            return self.request("GET", f"/api/v1/namespaces/{namespace}/pods/{pod}/log",
+                                query=[("container", container), ("previous", "true"),
+                                       ("tailLines", tail_lines), ("limitBytes", limit_bytes)], raw=True)
+        except ApiException:
+            return ""
+
+
+def is_subset(want: Any, have: Any) -> bool:
+    """Every field we set is in the live object with the same value (the server adds defaults)."""
+    if isinstance(want, dict):
+        return isinstance(have, dict) and all(is_subset(v, have.get(k)) for k, v in want.items()
+                                              if v not in ({}, [], None) or k in have)
+    if isinstance(want, list):
+        return isinstance(have, list) and len(want) == len(have) and all(map(is_subset, want, have))
+    if isinstance(want, (int, float)) and isinstance(have, str):
+        return str(want) == have
+    return want == have

