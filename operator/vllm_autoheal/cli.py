@@ -125,6 +125,44 @@ def _serve(args: argparse.Namespace) -> int:
     return supervise(opts)
 
 
+def _render(args: argparse.Namespace) -> int:
+    import yaml
+    from pydantic import ValidationError
+    from .api import VLLMService
+    from .kube.resources import DEFAULT_OPERATOR_IMAGE, render
+    try:
+        with open(args.file, encoding="utf-8") as f:
+            docs = [d for d in yaml.safe_load_all(f) if d]
+        objs = [VLLMService.model_validate(d) for d in docs if d.get("kind") == "VLLMService"]
+    except OSError as exc:
+        print(f"vllm-autoheal render: cannot read {args.file}: {exc.strerror}", file=sys.stderr)
+        return 2
+    except (yaml.YAMLError, ValidationError) as exc:
+        print(f"vllm-autoheal render: {args.file} is not a valid VLLMService:\n{exc}", file=sys.stderr)
+        return 2
+    if not objs:
+        print(f"vllm-autoheal render: no VLLMService in {args.file}", file=sys.stderr)
+        return 2
+    manifests = [m for obj in objs for m in render(obj, args.operator_image or DEFAULT_OPERATOR_IMAGE)]
+    sys.stdout.write(yaml.safe_dump_all(manifests, sort_keys=False))
+    return 0
+
+
+def _operator(args: argparse.Namespace) -> int:
+    import kopf
+    from . import metrics
+    from .kube import client, handlers
+    if args.operator_image:
+        handlers.OPERATOR_IMAGE = args.operator_image
+    client.configure()
+    metrics.serve(args.metrics_port)
+    formats = {"plain": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL, "json": kopf.LogFormat.JSON}
+    kopf.configure(verbose=args.verbose, log_format=formats[args.log_format])
+    kopf.run(clusterwide=not args.namespace, namespaces=args.namespace or (), standalone=not args.peering,
+             peering_name=args.peering or None, liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vllm-autoheal",
@@ -136,6 +174,27 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Print the CRD generated from the API models; identical to "
                                    "crds/vllmservices.vllm.autoheal.dev.yaml.")
     p.set_defaults(run=_crd)
+
+    p = sub.add_parser("operator", allow_abbrev=False, help="run the Kubernetes operator",
+                       description="Watch VLLMServices, run them as Deployments on GPU nodes, and heal their "
+                                   "out-of-memory crashes. Uses the in-cluster service account, else kubeconfig.")
+    p.add_argument("--namespace", "-n", action="append", metavar="NS",
+                   help="watch only this namespace (repeatable); default: all namespaces")
+    p.add_argument("--peering", metavar="NAME", help="kopf peering name, for several replicas (HA); "
+                   "default: standalone (one replica)")
+    p.add_argument("--metrics-port", type=int, default=8080, help="Prometheus /metrics port (default 8080)")
+    p.add_argument("--health-port", type=int, default=8081, help="liveness /healthz port (default 8081)")
+    p.add_argument("--log-format", choices=["plain", "full", "json"], default="plain")
+    p.add_argument("--verbose", action="store_true")
+    p.add_argument("--operator-image", help="image of the launcher init container (default: this version's)")
+    p.set_defaults(run=_operator)
+
+    p = sub.add_parser("render", allow_abbrev=False, help="print the objects the operator would apply",
+                       description="Render a VLLMService file into the Deployment, Service and PVC the operator "
+                                   "applies, as YAML (a dry run with the operator's own code).")
+    p.add_argument("-f", "--file", required=True, help="a YAML file with one or more VLLMServices")
+    p.add_argument("--operator-image", help="image of the launcher init container")
+    p.set_defaults(run=_render)
 
     p = sub.add_parser("diagnose", allow_abbrev=False, help="explain why a vLLM server died, from its log",
                        description="Read a vLLM log (a file, or - for stdin) and name the cause of the crash, "

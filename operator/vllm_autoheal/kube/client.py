@@ -11,6 +11,7 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
+from .. import __version__
 from ..api import GROUP, PLURAL, VERSION
 
 MERGE = "application/merge-patch+json"
@@ -46,6 +47,7 @@ class Kube:
         if not _CONFIGURED:
             configure()
         self.api = client.ApiClient()
+        self.api.user_agent = f"vllm-autoheal/{__version__}"
 
     def request(self, method: str, path: str, body: Any = None, content_type: str = "application/json",
                 query: list[tuple[str, Any]] | None = None, raw: bool = False) -> Any:

@@ -251,7 +251,10 @@ def handle_crash(kube: Kube, namespace: str, name: str, pod: dict[str, Any], cra
     metrics.INCIDENTS.labels(cause=diag.cause).inc()
     recent = [h.wire() for h in cur.heals if h.action not in ("NoChange", "GiveUp")][-cur.attempts:] \
         if cur.attempts else []
-    remedy = plan(obj.spec, diag, st.history(recent), _inventory(obj, memory_limit, diag), engine)
+    spec = obj.spec
+    if os.environ.get("AUTOHEAL_HEAL_ENABLED", "true").lower() == "false":  # the chart's cluster-wide switch
+        spec = spec.model_copy(update={"heal": spec.heal.model_copy(update={"enabled": False})})
+    remedy = plan(spec, diag, st.history(recent), _inventory(obj, memory_limit, diag), engine)
     before = {**engine.model_dump(), "memory_limit": memory_limit, "model": model}
     record = st.heal_record(pod["metadata"]["name"], pod_uid, resources.CONTAINER, crash["restartCount"], diag,
                             remedy, before)

@@ -1,0 +1,53 @@
+{{- define "vllm-autoheal.name" -}}vllm-autoheal{{- end -}}
+{{- define "vllm-autoheal.fullname" -}}
+{{- if contains "vllm-autoheal" .Release.Name -}}{{ .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else -}}{{ printf "%s-vllm-autoheal" .Release.Name | trunc 63 | trimSuffix "-" }}{{- end -}}
+{{- end -}}
+{{- define "vllm-autoheal.labels" -}}
+app.kubernetes.io/name: vllm-autoheal
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/component: operator
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+{{- define "vllm-autoheal.selector" -}}
+app.kubernetes.io/name: vllm-autoheal
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+{{- define "vllm-autoheal.serviceAccount" -}}
+{{- if .Values.serviceAccount.create -}}{{ default (include "vllm-autoheal.fullname" .) .Values.serviceAccount.name }}
+{{- else -}}{{ default "default" .Values.serviceAccount.name }}{{- end -}}
+{{- end -}}
+{{- define "vllm-autoheal.image" -}}
+{{ .Values.image.repository }}:{{ default .Chart.AppVersion .Values.image.tag }}
+{{- end -}}
+{{/* The rules for namespaced objects: exactly what the operator calls (tests/test_chart.py checks). */}}
+{{- define "vllm-autoheal.namespacedRules" -}}
+- apiGroups: ["vllm.autoheal.dev"]
+  resources: ["vllmservices"]
+  verbs: ["get", "list", "watch", "patch"]
+- apiGroups: ["vllm.autoheal.dev"]
+  resources: ["vllmservices/status"]
+  verbs: ["patch"]
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+- apiGroups: [""]
+  resources: ["services", "persistentvolumeclaims"]
+  verbs: ["get", "create", "patch"]
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list", "watch"]
+- apiGroups: [""]
+  resources: ["pods/log"]
+  verbs: ["get"]
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create"]
+{{- if gt (int .Values.replicas) 1 }}
+- apiGroups: ["kopf.dev"]
+  resources: ["kopfpeerings"]
+  verbs: ["get", "list", "watch", "patch"]
+{{- end }}
+{{- end -}}
