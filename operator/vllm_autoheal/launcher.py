@@ -117,6 +117,22 @@ def _snapshot():
         return None
 
 
+def _oom_kills() -> int | None:
+    try:
+        from .cgroups import oom_kills
+        return oom_kills()
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _killed_since(before: int | None) -> bool:
+    try:
+        from .cgroups import killed_since
+        return killed_since(before)
+    except Exception:  # noqa: BLE001
+        return False
+
+
 def _compact(snap) -> dict | None:
     try:
         from .gpu import compact
@@ -125,12 +141,13 @@ def _compact(snap) -> dict | None:
         return None
 
 
-def _diagnose(text: str, exit_code: int, ready: bool, gpu_start) -> dict:
+def _diagnose(text: str, exit_code: int, ready: bool, gpu_start, oom_killed: bool) -> dict:
     """The start snapshot, taken before vLLM ran, shows what other processes held."""
     try:
         from .diagnosis import Signals, classify
         gpu = gpu_start if gpu_start is not None and not gpu_start.error else None
-        return classify(Signals(log=text, exit_code=exit_code, ready_before=ready, gpu=gpu)).to_dict()
+        return classify(Signals(log=text, exit_code=exit_code, ready_before=ready, gpu=gpu,
+                                reason="OOMKilled" if oom_killed else None)).to_dict()
     except Exception as exc:  # noqa: BLE001
         return {"cause": "unknown", "explanation": f"launcher could not diagnose: {exc}"}
 
@@ -138,6 +155,7 @@ def _diagnose(text: str, exit_code: int, ready: bool, gpu_start) -> dict:
 def run(argv: list[str], termination_path: str | None = None) -> int:
     termination_path = termination_path or os.environ.get("AUTOHEAL_TERMINATION_PATH", DEFAULT_TERMINATION_PATH)
     gpu_start = _snapshot()
+    kills_before = _oom_kills()
     keeper = OutputKeeper()
     child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     state = {"stopped_by": None, "engine_dead_at": None, "ready": False}
@@ -187,7 +205,9 @@ def run(argv: list[str], termination_path: str | None = None) -> int:
         try:
             note = "engine died while the server still answered /health; the launcher ended it" \
                 if ended_dead_engine else None
-            text = termination_message(_diagnose(keeper.text(), exit_code, bool(state["ready"]), gpu_start),
+            oom_killed = _killed_since(kills_before)
+            text = termination_message(_diagnose(keeper.text(), exit_code, bool(state["ready"]), gpu_start,
+                                                 oom_killed),
                                        exit_code, _compact(gpu_start), _compact(_snapshot()), note)
             with open(termination_path, "w", encoding="utf-8") as f:
                 f.write(text)

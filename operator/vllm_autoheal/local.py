@@ -22,6 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from . import cgroups
 from .api import EngineArgs, VLLMServiceSpec
 from .diagnosis import Signals, classify
 from .engine import describe, to_command
@@ -50,23 +51,6 @@ def uses_api_server_module(python: str) -> bool:
     return out == "module"
 
 
-def cgroup_memory_limit() -> int | None:
-    """This process's memory limit (cgroup v2 or v1), or None when unlimited."""
-    try:
-        for line in Path("/proc/self/cgroup").read_text().splitlines():
-            hid, controllers, path = line.split(":", 2)
-            if hid == "0" or "memory" in controllers.split(","):
-                for candidate in (Path("/sys/fs/cgroup") / path.lstrip("/") / "memory.max",
-                                  Path("/sys/fs/cgroup/memory") / path.lstrip("/") / "memory.limit_in_bytes"):
-                    if candidate.exists():
-                        text = candidate.read_text().strip()
-                        if text != "max" and int(text) < 2**60:
-                            return int(text)
-    except (OSError, ValueError):
-        pass
-    return None
-
-
 @dataclass
 class ServeOptions:
     model: str
@@ -88,6 +72,7 @@ class Attempt:
     log: str
     engine_dead: bool = False
     interrupted: bool = False
+    oom_killed: bool = False  # the cgroup's OOM killer fired while it ran
 
 
 class Supervisor:
@@ -140,6 +125,7 @@ class Supervisor:
         self.say("starting: " + shlex.join(cmd))
         keeper = OutputKeeper()
         dead = threading.Event()
+        kills_before = cgroups.oom_kills()
 
         def watch(line: str) -> None:
             if ENGINE_DEAD.search(line):
@@ -172,7 +158,7 @@ class Supervisor:
             self.stop()
         code = self.child.wait()
         pumper.join(timeout=10)
-        return Attempt(code, ready, keeper.text(), dead.is_set(), self.stopping)
+        return Attempt(code, ready, keeper.text(), dead.is_set(), self.stopping, cgroups.killed_since(kills_before))
 
     def healthy(self) -> bool:
         try:
@@ -233,10 +219,11 @@ class Supervisor:
                 return 0  # --once done, or vLLM shut down cleanly
             gpu = snapshot(own_pids=[os.getpid()])
             diag = classify(Signals(log=attempt.log, exit_code=attempt.exit_code, ready_before=attempt.ready,
+                                    reason="OOMKilled" if attempt.oom_killed else None,
                                     gpu=None if gpu.error else gpu,
                                     tensor_parallel_size=engine.tensor_parallel_size,
                                     pipeline_parallel_size=engine.pipeline_parallel_size))
-            inventory = Inventory(memory_limit_bytes=cgroup_memory_limit())
+            inventory = Inventory(memory_limit_bytes=cgroups.memory_limit())
             if gpu.gpus:
                 inventory.gpu_total_gib = gpu.gpus[0].total_bytes / 2**30
             remedy = plan(self.opts.spec, diag, heals, inventory, engine)
