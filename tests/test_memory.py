@@ -55,13 +55,15 @@ def test_quantized_weights_are_about_a_quarter():
 
 
 def _cases():
-    path = Path(__file__).resolve().parents[2] / "shared" / "gpu-ground-truth" / "cases.jsonl"
+    from conftest import SHARED
+    path = SHARED / "gpu-ground-truth" / "cases.jsonl"
     if not path.exists():
-        return []
+        return [pytest.param(None, marks=pytest.mark.skip(
+            reason=f"SKIPPED LOUDLY: {path} is missing; set VLLM_AUTOHEAL_SHARED to the shared/ folder"))]
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-@pytest.mark.parametrize("case", _cases(), ids=lambda c: c["case_id"])
+@pytest.mark.parametrize("case", _cases(), ids=lambda c: c["case_id"] if c else "missing")
 def test_calibrated_on_real_h200_runs(case):
     """Every measured run: available KV within 5 % and `fits` exactly as vLLM did."""
     s = shape_from_config(json.loads((CONFIGS / "llama-3.1-8b.json").read_text()))
