@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import io
+from pathlib import Path
 import json
 import subprocess
 import sys
@@ -178,3 +179,30 @@ def test_cli_bundled_example_is_the_real_h200_failure():
                           "--json"], capture_output=True, text=True, check=True).stdout
     data = json.loads(out)
     assert data["cause"] == "kv_cache_insufficient" and data["numbers"]["estimated_max_model_len"] == 32464
+
+
+REAL = Path(__file__).parent / "fixtures" / "vllm-cpu"
+
+
+@pytest.mark.parametrize("name,cause,numbers", [
+    ("kv-cache-too-small", "kv_cache_insufficient", {"estimated_max_model_len": 524160, "max_seq_len": 1048576}),
+    ("kv-larger-than-machine", "gpu_util_exceeds_free", {"free_gib": 9.68, "total_gib": 11.46, "requested_gib": 64.0}),
+    ("memory-share-exceeds-free", "gpu_util_exceeds_free", {"free_gib": 10.13, "util": 0.92, "requested_gib": 10.55}),
+    ("memory-limit-kill", "host_ram_oom", {}),
+    ("model-not-found", "not_oom", {}),
+])
+def test_real_cpu_engine_failures(name, cause, numbers):
+    """Logs of a real vLLM 0.32 engine (CPU build, tiny model) failing for real."""
+    d = classify(Signals(log=(REAL / f"{name}.log").read_text(), exit_code=1))
+    assert d.cause == cause, (d.cause, d.evidence)
+    for key, value in numbers.items():
+        assert d.numbers[key] == value, (key, d.numbers)
+
+
+def test_cli_diagnose_with_engine_args_adds_the_remedy():
+    out = subprocess.run([sys.executable, "-m", "vllm_autoheal", "diagnose", str(REAL / "kv-cache-too-small.log"),
+                          "--json", "--engine-args", "--kv-cache-memory-bytes 1Gi"],
+                         capture_output=True, text=True, check=True).stdout
+    remedy = json.loads(out)["remedy"]
+    assert remedy["action"] == "LowerMaxModelLen" and remedy["changes"] == {"max_model_len": 524160}
+    assert "524,160" in remedy["reason"]

@@ -174,3 +174,53 @@ async def test_status_overrides_never_touch_the_spec(cluster):
     assert "maxModelLen" not in obj["spec"]["engine"]
     assert obj["status"]["effective"]["maxModelLen"] == 524160
     assert resources.ENGINE_HASH in dep["spec"]["template"]["metadata"]["annotations"]
+
+
+async def test_preflight_fix_starts_with_flags_that_fit(cluster):
+    config = (Path(__file__).parent / "fixtures" / "configs" / "llama-3.1-8b.json").read_text()
+    spec = {**SPEC, "preflight": "Fix", "engine": {"maxModelLen": 131072}}
+    await cluster.create_vsvc("fit", spec, annotations={"vllm.autoheal.dev/model-config": config})
+    dep = await wait_for(lambda: cluster.deployment_now("fit"), what="deployment")
+    fitted = int(flag(dep, "--max-model-len"))
+    assert 16384 < fitted < 131072        # an L4 holds ~35k tokens of Llama-8B KV at utilization 0.9
+    obj = await wait_for(lambda: (cluster.vsvc_now("fit").get("status") or {}).get("conditions")
+                         and cluster.vsvc_now("fit"), what="MemoryFit")
+    fit = next(c for c in obj["status"]["conditions"] if c["type"] == "MemoryFit")
+    assert fit["status"] == "True" and fit["reason"] == "FittedByPreflight"
+    assert obj["spec"]["engine"]["maxModelLen"] == 131072          # the spec stays as written
+
+
+async def test_preflight_warn_reports_without_changing(cluster):
+    config = (Path(__file__).parent / "fixtures" / "configs" / "llama-3.1-70b.json").read_text()
+    await cluster.create_vsvc("big", {**SPEC, "preflight": "Warn"},
+                              annotations={"vllm.autoheal.dev/model-config": config})
+    obj = await wait_for(lambda: any(c["type"] == "MemoryFit" for c in
+                                     (cluster.vsvc_now("big").get("status") or {}).get("conditions", []))
+                         and cluster.vsvc_now("big"), what="MemoryFit")
+    fit = next(c for c in obj["status"]["conditions"] if c["type"] == "MemoryFit")
+    assert fit["status"] == "False" and fit["reason"] == "WeightsLoadOom" and "weights need" in fit["message"]
+
+
+def test_metrics_count_incidents_and_heals():
+    from vllm_autoheal import metrics
+    before = metrics.REGISTRY.get_sample_value("vllm_autoheal_incidents_total", {"cause": "kv_cache_insufficient"})
+    assert before and before >= 1   # the heal tests above ran in this process
+    assert metrics.REGISTRY.get_sample_value("vllm_autoheal_heals_total", {"action": "LowerMaxModelLen"}) >= 1
+    assert metrics.REGISTRY.get_sample_value("vllm_autoheal_heal_latency_seconds_count") >= 1
+
+
+def test_render_cli_prints_what_the_operator_applies(tmp_path):
+    import subprocess
+    import sys
+    import yaml
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-m", "vllm_autoheal", "render", "-f", str(root / "examples" /
+                          "llama-8b-one-gpu.yaml")], capture_output=True, text=True, check=True).stdout
+    kinds = [d["kind"] for d in yaml.safe_load_all(out)]
+    assert kinds == ["PersistentVolumeClaim", "Deployment", "Service"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("apiVersion: vllm.autoheal.dev/v1alpha1\nkind: VLLMService\nmetadata: {name: x}\n"
+                   "spec: {engine: {gpuMemoryUtilization: 3}}\n")
+    proc = subprocess.run([sys.executable, "-m", "vllm_autoheal", "render", "-f", str(bad)], capture_output=True,
+                          text=True)
+    assert proc.returncode == 2 and "gpuMemoryUtilization" in proc.stderr and "model" in proc.stderr
