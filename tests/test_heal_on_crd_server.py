@@ -51,7 +51,7 @@ def _kubectl_session(kubectl: str, env: dict, healed: dict, tmp_path: Path) -> s
         assert proc.returncode == 0, f"kubectl {' '.join(args)}: {proc.stderr}"
         return proc.stdout
 
-    k("apply", "--server-side", "-f", str(ROOT / "crds" / "vllmservices.vllm.autoheal.dev.yaml"))
+    k("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds" / "vllmservices.vllm.autoheal.dev.yaml"))
     for _ in range(100):  # (kubectl wait watches; the discovery proxy does not stream)
         conditions = json.loads(k("get", "crd", "vllmservices.vllm.autoheal.dev", "-o", "json"))["status"]
         if any(c["type"] == "Established" and c["status"] == "True" for c in conditions.get("conditions", [])):
@@ -71,11 +71,11 @@ def _kubectl_session(kubectl: str, env: dict, healed: dict, tmp_path: Path) -> s
     stored = json.loads(k("get", "vsvc", "llama-8b", "-o", "json"))
     assert stored["spec"]["engine"]["maxModelLen"] == 524160
     assert stored["status"] == status, "the real API server pruned or changed part of the operator's status"
-    table = k("get", "vsvc")
+    table = k("get", "vsvc", "llama-8b")
     header, row = table.splitlines()[:2]
     assert header.split()[:7] == ["NAME", "MODEL", "PHASE", "GPUS", "HEALS", "LAST", "CAUSE"]
     assert row.split()[:6] == ["llama-8b", "meta-llama/Llama-3.1-8B-Instruct", stored["status"]["phase"], "1", "1",
                                "kv_cache_insufficient"]
     describe = k("describe", "vsvc", "llama-8b")
     assert "Max Model Len:" in describe and "LowerMaxModelLen" in describe
-    return f"\n$ kubectl get vsvc\n{table}\n$ kubectl describe vsvc llama-8b\n{describe}"
+    return f"\n$ kubectl get vsvc llama-8b\n{table}\n$ kubectl describe vsvc llama-8b\n{describe}"
