@@ -12,6 +12,7 @@ import time
 from typing import Any, Callable
 
 import kopf
+import kubernetes
 import kmock as kmocklib
 
 from vllm_autoheal.api import GROUP, KIND, PLURAL, VERSION
@@ -75,7 +76,8 @@ class Cluster:
     def __init__(self, kmock) -> None:
         self.kmock = kmock
         self.kube = kclient.Kube()
-        self.kube.api.user_agent = HARNESS_AGENT  # so RBAC checks can leave the test's own calls out
+        self.kube.api = kubernetes.client.ApiClient()  # its own client, marked so RBAC checks leave it out
+        self.kube.api.user_agent = HARNESS_AGENT
         self._uid = 0
 
     async def call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:

@@ -30,6 +30,7 @@ def configure(host: str | None = None) -> None:
         except config.ConfigException:
             config.load_kube_config()
     _CONFIGURED["done"] = True
+    _CONFIGURED.pop("api", None)  # a new target: a new connection pool
 
 
 def _plural_path(api_version: str, kind_plural: str, namespace: str | None) -> str:
@@ -46,8 +47,10 @@ class Kube:
     def __init__(self) -> None:
         if not _CONFIGURED:
             configure()
-        self.api = client.ApiClient()
-        self.api.user_agent = f"vllm-autoheal/{__version__}"
+        if "api" not in _CONFIGURED:  # one client, one connection pool (urllib3's is thread-safe)
+            _CONFIGURED["api"] = client.ApiClient()
+            _CONFIGURED["api"].user_agent = f"vllm-autoheal/{__version__}"
+        self.api = _CONFIGURED["api"]
 
     def request(self, method: str, path: str, body: Any = None, content_type: str = "application/json",
                 query: list[tuple[str, Any]] | None = None, raw: bool = False) -> Any:

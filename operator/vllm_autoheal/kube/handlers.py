@@ -89,7 +89,7 @@ def _preflight(obj: VLLMService, generation: int | None, conditions: list, statu
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL)
-def reconcile(body: kopf.Body, meta: kopf.Meta, patch: kopf.Patch, logger: logging.Logger, **_: Any) -> None:
+def reconcile(body: kopf.Body, meta: kopf.Meta, logger: logging.Logger, **_: Any) -> None:
     obj = parse(body)
     spec, cur = obj.spec, obj.status
     generation = meta.get("generation")
@@ -104,10 +104,8 @@ def reconcile(body: kopf.Body, meta: kopf.Meta, patch: kopf.Patch, logger: loggi
         new.update(baseline=engine_wire, effective=None, effectiveModel=None, attempts=0)
         if person_edit:
             logger.info("spec.engine changed by a person: new baseline, heal attempts reset")
-    conditions = [c.wire() for c in cur.conditions]
-    if person_edit:
-        conditions = [c for c in conditions if c["type"] not in (st.HEAL_EXHAUSTED, st.HEALING)]
-    conditions = _preflight(_with_status(obj, new), generation, conditions, new)
+    current = [c.wire() for c in cur.conditions]
+    conditions = _preflight(_with_status(obj, new), generation, current, new)
     target = _with_status(obj, new)
     _model, engine, _memory = resources.effective(target)
     kube = Kube()
@@ -115,14 +113,34 @@ def reconcile(body: kopf.Body, meta: kopf.Meta, patch: kopf.Patch, logger: loggi
         outcome = kube.apply(manifest)
         if outcome != "unchanged":
             logger.info(f"{manifest['kind']} {manifest['metadata']['name']} {outcome}")
-    exhausted = any(c["type"] == st.HEAL_EXHAUSTED and c["status"] == "True" for c in conditions)
-    phase = cur.phase if cur.phase in ("Running", "Healing") and not person_edit else "Progressing"
-    new.update(phase="Failed" if exhausted else phase, observedGeneration=generation, gpus=spec.gpu_count(),
-               endpoint=resources.endpoint(obj), effective=engine.wire())
-    if conditions != [c.wire() for c in cur.conditions]:
-        new["conditions"] = conditions  # only when changed here: a heal may have written newer ones
-    patch.status.update(new)
-    metrics.set_phase(f"{meta.get('namespace')}/{meta.get('name')}", new["phase"])
+    fit = next((c for c in conditions if c["type"] == st.MEMORY_FIT), None)  # reconcile's own condition
+    own_conditions = {st.MEMORY_FIT: fit} if fit is not None and fit not in current else {}
+    _write_reconciled(kube, meta.get("namespace"), meta.get("name"), new, own_conditions, person_edit,
+                      dict(generation=generation, gpus=spec.gpu_count(), endpoint=resources.endpoint(obj),
+                           effective=engine.wire()))
+
+
+def _write_reconciled(kube: Kube, namespace: str, name: str, new: dict[str, Any], own: dict[str, dict],
+                      person_edit: bool, fields: dict[str, Any]) -> None:
+    """Status writes are read-modify-write under the object's lock: a merge patch replaces the
+    conditions list whole, so a write from a stale read would drop another handler's condition."""
+    with _lock(f"{namespace}/{name}"):
+        fresh = kube.get_vsvc(namespace, name)
+        if fresh is None:
+            return
+        status = fresh.get("status") or {}
+        conditions = [c for c in status.get("conditions", []) if c.get("type") not in own]
+        if person_edit:
+            conditions = [c for c in conditions if c.get("type") not in (st.HEAL_EXHAUSTED, st.HEALING)]
+        conditions = sorted(conditions + list(own.values()), key=lambda c: st.ORDER.get(c["type"], 9))
+        exhausted = any(c["type"] == st.HEAL_EXHAUSTED and c["status"] == "True" for c in conditions)
+        phase = status.get("phase") if status.get("phase") in ("Running", "Healing") and not person_edit \
+            else "Progressing"
+        update = {**new, "phase": "Failed" if exhausted else phase, "observedGeneration": fields["generation"],
+                  "gpus": fields["gpus"], "endpoint": fields["endpoint"], "effective": fields["effective"],
+                  "conditions": conditions}
+        kube.patch_vsvc_status(namespace, name, update)
+    metrics.set_phase(f"{namespace}/{name}", update["phase"])
 
 
 @kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)

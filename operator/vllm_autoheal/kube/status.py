@@ -15,6 +15,7 @@ from ..diagnosis import Diagnosis
 from ..remedy import Remedy
 
 READY, MEMORY_FIT, HEALING, HEAL_EXHAUSTED = "Ready", "MemoryFit", "Healing", "HealExhausted"
+ORDER = {READY: 0, MEMORY_FIT: 1, HEALING: 2, HEAL_EXHAUSTED: 3}
 
 
 def now() -> str:
@@ -34,8 +35,7 @@ def set_condition(conditions: list[dict[str, Any]], type_: str, status: str, rea
     out.append({"type": type_, "status": status, "reason": reason, "message": message[:1000],
                 "lastTransitionTime": now() if moved else old.get("lastTransitionTime", now()),
                 "observedGeneration": generation})
-    order = {READY: 0, MEMORY_FIT: 1, HEALING: 2, HEAL_EXHAUSTED: 3}
-    return sorted(out, key=lambda c: order.get(c["type"], 9))
+    return sorted(out, key=lambda c: ORDER.get(c["type"], 9))
 
 
 def crash_id(pod_uid: str, container: str, restart_count: int) -> str:
