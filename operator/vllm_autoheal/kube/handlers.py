@@ -12,6 +12,7 @@ import logging
 import os
 import threading
 import time
+from datetime import datetime
 from typing import Any
 
 import kopf
@@ -260,7 +261,6 @@ def handle_crash(kube: Kube, namespace: str, name: str, pod: dict[str, Any], cra
     heal = obj.spec.heal
     last_real = next((h for h in reversed(cur.heals) if h.action not in ("NoChange", "GiveUp")), None)
     if last_real is not None and heal.backoff_seconds:
-        from datetime import datetime
         age = time.time() - datetime.fromisoformat(last_real.time.replace("Z", "+00:00")).timestamp()
         if age < heal.backoff_seconds:
             logger.info(f"within the {heal.backoff_seconds}s heal backoff; will look again on the next restart")
