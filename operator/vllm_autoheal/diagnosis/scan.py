@@ -133,7 +133,7 @@ def scan(source: str | IO[str] | Iterable[str]) -> Scan:
                 if len(tail) == tail.maxlen:
                     dropped = True
                 tail.append(item)
-        raw_tail = (raw_tail + body)[-TAIL_BYTES:]
+        raw_tail = (raw_tail + body[-TAIL_BYTES:])[-TAIL_BYTES:]  # never copy the whole chunk
         base += len(body)
         seen += len(chunk)
     if carry:
