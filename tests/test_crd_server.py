@@ -1,7 +1,6 @@
 """The generated CRD against the real Kubernetes CRD API server (apiextensions-apiserver + etcd)."""
 from __future__ import annotations
 
-import copy
 import json
 import time
 from pathlib import Path

@@ -10,7 +10,6 @@ import textwrap
 import time
 from pathlib import Path
 
-import pytest
 
 from vllm_autoheal.launcher import OutputKeeper, termination_message
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import re
 import subprocess
-from pathlib import Path
 
 import pytest
 import yaml

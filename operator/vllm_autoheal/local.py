@@ -28,7 +28,7 @@ from .diagnosis import Signals, classify
 from .engine import describe, to_command
 from .gpu import snapshot
 from .launcher import ENGINE_DEAD, OutputKeeper, pump
-from .remedy import Inventory, Remedy, plan
+from .remedy import Inventory, plan
 
 STOP_GRACE_S = 30.0
 

@@ -220,7 +220,7 @@ def _diagnose(kube: Kube, namespace: str, pod: dict[str, Any], crash: dict[str, 
     return diag
 
 
-def _inventory(obj: VLLMService, memory_limit: str | None, diag: Diagnosis) -> Inventory:
+def _inventory(obj: VLLMService, memory_limit: str | None) -> Inventory:
     inv = Inventory()
     res = obj.spec.resources
     try:
@@ -272,7 +272,7 @@ def handle_crash(kube: Kube, namespace: str, name: str, pod: dict[str, Any], cra
     spec = obj.spec
     if os.environ.get("AUTOHEAL_HEAL_ENABLED", "true").lower() == "false":  # the chart's cluster-wide switch
         spec = spec.model_copy(update={"heal": spec.heal.model_copy(update={"enabled": False})})
-    remedy = plan(spec, diag, st.history(recent), _inventory(obj, memory_limit, diag), engine)
+    remedy = plan(spec, diag, st.history(recent), _inventory(obj, memory_limit), engine)
     before = {**engine.model_dump(), "memory_limit": memory_limit, "model": model}
     record = st.heal_record(pod["metadata"]["name"], pod_uid, resources.CONTAINER, crash["restartCount"], diag,
                             remedy, before)
