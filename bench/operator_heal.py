@@ -1,16 +1,20 @@
 """Heal latency over many incidents, and operator memory with many VLLMServices.
 
-    python bench/operator_heal.py [--incidents 100] [--services 1000]
+    python bench/operator_heal.py [--incidents 100] [--services 1000] [--after-load 20]
 
 Runs `vllm-autoheal operator` as its own process against kmock (the Kubernetes API
-emulator) through a kubeconfig, like a deployed operator. Each incident: a pod of a
-VLLMService's Deployment gets a real vLLM KV-cache failure in its termination message;
-latency is from the pod update to the VLLMService spec patched (end to end, through
-watches), plus the operator's own heal-latency histogram (crash observed -> patched).
-Then it loads N VLLMServices and reads the operator's resident memory (VmRSS).
-The emulator is one Python process serving every request: at these counts it, not the
-operator, is the bottleneck (it runs at 100% CPU while the operator idles), so latencies
-grow with the emulator's load; the operator's RSS is the figure that speaks for itself.
+emulator) through a kubeconfig, like a deployed operator. Incidents, one at a time, each on
+a VLLMService of its own, alternate: a pod whose termination message is the launcher's real
+vLLM KV-cache diagnosis (-> maxModelLen), and a pod OOMKilled with exit 137 (-> memory limit).
+Latency runs from the pod update to the VLLMService spec patched (end to end, through
+watches); the operator's own heal-latency histogram (crash observed -> resource patched and
+the Deployment re-rendered) is read from its /metrics. Then N VLLMServices are loaded and
+reconciled, the operator's resident memory (VmRSS) is read, and a few more incidents show
+the latency with them loaded.
+The emulator is one Python process serving every request at about 20-40 ms each, so these
+latencies are mostly the emulator's; the operator process stays at a few percent of a core.
+Its request log is bounded (Emulator.bound_request_log): kept whole it makes every request
+slower than the last.
 """
 from __future__ import annotations
 
@@ -47,6 +51,11 @@ def rss_mib(pid: int) -> float:
     return int(re.search(r"VmRSS:\s+(\d+) kB", text).group(1)) / 1024
 
 
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
 async def until(check, timeout: float = 600.0, step: float = 0.1):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -57,9 +66,10 @@ async def until(check, timeout: float = 600.0, step: float = 0.1):
     raise TimeoutError("the operator did not act in time")
 
 
-async def main(incidents: int, services: int) -> int:
+async def main(incidents: int, services: int, after_load: int, log_path: str | None) -> int:
     async with Emulator() as emulator, kmocklib.Server(emulator):
         setup_emulator(emulator)
+        emulator.bound_request_log(64)
         url = str(emulator.url).rstrip("/")
         with tempfile.TemporaryDirectory() as tmp:
             kubeconfig = Path(tmp) / "kubeconfig"
@@ -67,64 +77,95 @@ async def main(incidents: int, services: int) -> int:
                                   "users:\n- name: u\n  user: {token: bench}\ncontexts:\n- name: k\n  context: "
                                   "{cluster: k, user: u, namespace: default}\ncurrent-context: k\n")
             metrics_port = _port()
+            log = open(log_path, "w") if log_path else subprocess.DEVNULL
             env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONPATH": str(ROOT / "operator")}
             proc = subprocess.Popen([sys.executable, "-m", "vllm_autoheal", "operator", "--metrics-port",
-                                     str(metrics_port), "--health-port", str(_port())], env=env,
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                     str(metrics_port), "--health-port", str(_port()), "--log-format", "full"], env=env,
+                                    stdout=subprocess.DEVNULL, stderr=log)
             try:
-                return await run(Cluster(emulator), proc, metrics_port, incidents, services)
+                return await run(Cluster(emulator), proc, metrics_port, incidents, services, after_load)
             finally:
                 proc.terminate()
-                proc.wait(30)
+                await asyncio.to_thread(proc.wait, 30)  # the loop serves kmock meanwhile
 
 
-def forget(c: Cluster, name: str) -> None:
-    """Drop an incident's objects from the emulator's store (not through the API), so that each
-    incident is measured against the same small store: the emulator slows as it grows."""
-    store = c.kmock.objects
-    for key in [k for k in list(store) if k[2] and str(k[2]).startswith(name)]:
-        del store[key]
+# Each incident kind: how the pod dies, and the spec field the heal must change.
+INCIDENTS = {
+    "kv-cache": (dict(message=KV_TERMINATION), lambda v: v["spec"]["engine"].get("maxModelLen")),
+    "OOMKilled": (dict(exit_code=137, reason="OOMKilled"),
+                  lambda v: v["spec"]["resources"]["limits"]["memory"] != SPEC["resources"]["limits"]["memory"]),
+}
 
 
-async def run(c: Cluster, proc: subprocess.Popen, metrics_port: int, incidents: int, services: int) -> int:
-    await asyncio.sleep(2)
-    base_rss = rss_mib(proc.pid)
+async def heal_incidents(c: Cluster, proc: subprocess.Popen, prefix: str, count: int) -> list[float]:
+    """One incident at a time, alternating kinds; each on a VLLMService of its own."""
     spec = {**SPEC, "heal": {**SPEC["heal"], "backoffSeconds": 0}}
     latencies = []
-    for i in range(incidents):
-        name = f"heal-{i:03d}"
+    kinds = list(INCIDENTS)
+    for i in range(count):
+        name = f"{prefix}-{i:03d}"
+        crash, healed = INCIDENTS[kinds[i % len(kinds)]]
         await c.create_vsvc(name, spec)
         await until(lambda: c.deployment_now(name))
         start = time.monotonic()
-        await c.crash_pod(name, f"{name}-pod", message=KV_TERMINATION)
-        await until(lambda: (c.vsvc_now(name)["spec"]["engine"].get("maxModelLen")))
+        await c.crash_pod(name, f"{name}-pod", **crash)
+        await until(lambda: healed(c.vsvc_now(name)))
         latencies.append(time.monotonic() - start)
-        forget(c, name)
+        # the heal is done when it is recorded in status; only then the next incident
+        await until(lambda: (c.vsvc_now(name).get("status") or {}).get("heals"))
         if (i + 1) % 10 == 0:
             print(f"  {i + 1} incidents: median so far {statistics.median(latencies) * 1000:.0f} ms; "
                   f"operator RSS {rss_mib(proc.pid):.0f} MiB", flush=True)
-    await asyncio.sleep(1)  # the operator counts a heal just after patching
-    metrics = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
-    total = float(re.search(r"^vllm_autoheal_heal_latency_seconds_sum (\S+)", metrics, re.M).group(1))
-    count = float(re.search(r"^vllm_autoheal_heal_latency_seconds_count (\S+)", metrics, re.M).group(1))
-    healed = float(re.search(r'^vllm_autoheal_heals_total\{action="LowerMaxModelLen"\} (\S+)', metrics, re.M).group(1))
-    q = statistics.quantiles(latencies, n=20)
-    print(f"incidents: {incidents}, healed: {int(healed)}")
-    print(f"end-to-end heal latency (pod update -> spec patched, through watches): "
-          f"median {statistics.median(latencies) * 1000:.0f} ms, p95 {q[18] * 1000:.0f} ms, "
-          f"max {max(latencies) * 1000:.0f} ms")
-    print(f"operator's own heal latency (crash observed -> resource patched): mean {total / count * 1000:.0f} ms "
-          f"over {int(count)}")
-    started = time.monotonic()
+    return latencies
+
+
+def report(what: str, latencies: list[float]) -> None:
+    q = statistics.quantiles(latencies, n=20, method="inclusive") if len(latencies) > 1 else latencies * 19
+    print(f"{what}: {len(latencies)} incidents ({', '.join(INCIDENTS)} alternating); end-to-end heal latency "
+          f"(pod update -> spec patched, through watches): median {statistics.median(latencies) * 1000:.0f} ms, "
+          f"p95 {q[18] * 1000:.0f} ms, max {max(latencies) * 1000:.0f} ms")
+
+
+def operator_metrics(port: int) -> tuple[float, float, float]:
+    """(heals counted, mean own heal latency s, heal latency histogram count)."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    total = float(re.search(r"^vllm_autoheal_heal_latency_seconds_sum (\S+)", text, re.M).group(1))
+    count = float(re.search(r"^vllm_autoheal_heal_latency_seconds_count (\S+)", text, re.M).group(1))
+    heals = sum(float(v) for v in re.findall(r"^vllm_autoheal_heals_total\{[^}]*\} (\S+)", text, re.M))
+    return heals, total / count if count else float("nan"), count
+
+
+async def run(c: Cluster, proc: subprocess.Popen, metrics_port: int, incidents: int, services: int,
+              after_load: int) -> int:
+    await asyncio.sleep(2)
+    base_rss = rss_mib(proc.pid)
+    cpu, wall = cpu_seconds(proc.pid), time.monotonic()
+    latencies = await heal_incidents(c, proc, "heal", incidents)
+    cpu, wall = cpu_seconds(proc.pid) - cpu, time.monotonic() - wall
+    heals, own_mean, own_count = operator_metrics(metrics_port)
+    report("heals", latencies)
+    print(f"heals counted by the operator: {int(heals)}; its own heal latency (crash observed -> resource "
+          f"patched and Deployment re-rendered): mean {own_mean * 1000:.0f} ms over {int(own_count)}")
+    print(f"operator CPU: {cpu:.1f} s in {wall:.0f} s ({cpu / wall:.0%} of a core), {cpu / incidents * 1000:.0f} ms "
+          f"per incident (its create, reconcile and heal)")
+    if not services:
+        return 0
+    started, cpu = time.monotonic(), cpu_seconds(proc.pid)
     for i in range(services):
         await c.create_vsvc(f"load-{i:04d}", SPEC)
         if (i + 1) % 100 == 0:
             print(f"  {i + 1} VLLMServices created; operator RSS {rss_mib(proc.pid):.0f} MiB", flush=True)
     last = f"load-{services - 1:04d}"
     await until(lambda: (c.vsvc_now(last) or {}).get("status", {}).get("endpoint"), timeout=900, step=0.5)
+    took, cpu = time.monotonic() - started, cpu_seconds(proc.pid) - cpu
     await asyncio.sleep(5)
-    print(f"{services} VLLMServices reconciled in {time.monotonic() - started:.0f} s; operator RSS "
-          f"{rss_mib(proc.pid):.0f} MiB (at start {base_rss:.0f} MiB)")
+    print(f"{services} VLLMServices reconciled (Deployment, Service, status) in {took:.0f} s, operator CPU "
+          f"{cpu:.1f} s ({cpu / services * 1000:.0f} ms each); operator RSS {rss_mib(proc.pid):.0f} MiB "
+          f"(at start {base_rss:.0f} MiB)")
+    if after_load:
+        report(f"heals with {services + incidents} VLLMServices loaded",
+               await heal_incidents(c, proc, "loaded", after_load))
+        print(f"operator RSS at the end: {rss_mib(proc.pid):.0f} MiB")
     return 0
 
 
@@ -132,5 +173,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--incidents", type=int, default=100)
     parser.add_argument("--services", type=int, default=1000)
+    parser.add_argument("--after-load", type=int, default=20, help="incidents with the services loaded")
+    parser.add_argument("--operator-log", help="write the operator's log here (default: discard)")
     args = parser.parse_args()
-    sys.exit(asyncio.run(main(args.incidents, args.services)))
+    sys.exit(asyncio.run(main(args.incidents, args.services, args.after_load, args.operator_log)))

@@ -4,6 +4,7 @@ Deployment would and writes their container statuses."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import copy
 import json
@@ -26,17 +27,33 @@ _login_registered: dict[str, Any] = {}
 
 
 class Emulator(kmocklib.KubernetesEmulator):
-    """kmock, plus the one API-server behaviour the operator relies on that it lacks:
-    `metadata.generateName` (kopf names its Events that way)."""
+    """kmock, plus the API-server behaviours the operator relies on that it lacks:
+    `metadata.generateName` (kopf names its Events that way), and `resourceVersion` and
+    `generation` that move on each write. kopf skips a watch event older than its own last
+    patch by resourceVersion; with kmock's frozen "1" it re-handles stale events, so a status
+    write racing kopf's own patch replays an update handler again and again."""
 
     async def _handle(self, request):  # type: ignore[override]
         data = request.data
-        if request.action == kmocklib.action.CREATE and isinstance(data, dict):
+        if request.resource is not None and isinstance(data, dict) and request.action in (
+                kmocklib.action.CREATE, kmocklib.action.UPDATE):
             meta = data.setdefault("metadata", {})
-            if not meta.get("name") and meta.get("generateName"):
+            if request.action == kmocklib.action.CREATE and not meta.get("name") and meta.get("generateName"):
                 self._generated = getattr(self, "_generated", 0) + 1
                 meta["name"] = f"{meta['generateName']}{self._generated:05d}"
+            self._version = getattr(self, "_version", 1) + 1
+            meta["resourceVersion"] = str(self._version)
+            if request.action == kmocklib.action.UPDATE and "spec" in data and not request.subresource:
+                key = (request.resource, request.namespace, request.name)
+                current = self._objects[key].raw if key in self._objects else {}
+                meta["generation"] = int(current.get("metadata", {}).get("generation") or 1) + 1
         return await super()._handle(request)
+
+    def bound_request_log(self, keep: int = 256) -> None:
+        """Keep only the newest requests. kmock logs every request for assertions and matches
+        each new one against the whole log once per reaction (14 for discovery): quadratic, so
+        a long run (bench/) slows to seconds per request. Tests that assert on requests keep it all."""
+        self._requests = collections.deque(self._requests, maxlen=keep)
 
 
 def setup_emulator(kmock) -> None:

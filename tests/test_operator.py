@@ -10,7 +10,7 @@ from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.launcher import termination_message
 from vllm_autoheal.kube import resources
 
-from operator_harness import Cluster, Emulator, flag, running_operator, setup_emulator, vllm_container, wait_for
+from operator_harness import HARNESS_AGENT, Cluster, Emulator, flag, running_operator, setup_emulator, vllm_container, wait_for
 
 pytestmark = pytest.mark.kmock(cls=Emulator)
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-cpu"
@@ -94,6 +94,35 @@ async def test_the_same_crash_is_healed_once_even_across_an_operator_restart(clu
     await asyncio.sleep(2)
     status = (await cluster.vsvc("once"))["status"]
     assert status["healCount"] == 1 and len(status["heals"]) == 1
+
+
+def operator_writes(kmock, name: str) -> list[tuple[str, str]]:
+    """(method, path) of every write the operator (not the test) made to this service's objects."""
+    return [(str(r.method.value if hasattr(r.method, "value") else r.method), r.url.path) for r in kmock._requests
+            if r.headers.get("User-Agent", "") != HARNESS_AGENT and str(r.method).upper().endswith(("PATCH", "POST", "PUT"))
+            and (r.url.path.rstrip("/").split("/")[-1] == name or f"/{name}/" in r.url.path)]
+
+
+async def test_a_heal_writes_once_and_then_goes_quiet(cluster):
+    """No update storm: the heal's status write, its spec patch and kopf's own bookkeeping each
+    come back as watch events; none of them may wake another round of writes."""
+    await cluster.create_vsvc("calm", SPEC)
+    await wait_for(lambda: cluster.deployment_now("calm"), what="deployment")
+    await asyncio.sleep(1)
+    before = len(operator_writes(cluster.kmock, "calm"))
+    await cluster.crash_pod("calm", "calm-a", message=KV_TERMINATION)
+    obj = await wait_for(lambda: (v := cluster.vsvc_now("calm"))["metadata"]["generation"] == 2
+                         and (v.get("status") or {}).get("observedGeneration") == 2 and v, what="healed generation")
+    assert obj["spec"]["engine"]["maxModelLen"] == 524160
+    await asyncio.sleep(1.5)
+    writes = operator_writes(cluster.kmock, "calm")[before:]
+    await asyncio.sleep(1.5)
+    assert operator_writes(cluster.kmock, "calm")[before:] == writes, "still writing after the heal settled"
+    deployment_writes = [w for w in writes if "/deployments/" in w[1]]
+    assert deployment_writes == [("PATCH", "/apis/apps/v1/namespaces/default/deployments/calm")]
+    spec_patches = [w for w in writes if w[1].endswith("/vllmservices/calm")]
+    # the heal's spec patch, and kopf recording that it handled that change
+    assert len(spec_patches) <= 2, writes
 
 
 async def test_operator_restart_does_not_heal_a_handled_crash(kmock):

@@ -110,10 +110,13 @@ def reconcile(body: kopf.Body, meta: kopf.Meta, logger: logging.Logger, **_: Any
     target = _with_status(obj, new)
     _model, engine, _memory = resources.effective(target)
     kube = Kube()
-    for manifest in resources.render(target, OPERATOR_IMAGE):
-        outcome = kube.apply(manifest)
-        if outcome != "unchanged":
-            logger.info(f"{manifest['kind']} {manifest['metadata']['name']} {outcome}")
+    # Under the object's lock: a heal applies the same objects itself; waiting for it finds
+    # them unchanged instead of writing them a second time.
+    with _lock(f"{meta.get('namespace')}/{meta.get('name')}"):
+        for manifest in resources.render(target, OPERATOR_IMAGE):
+            outcome = kube.apply(manifest)
+            if outcome != "unchanged":
+                logger.info(f"{manifest['kind']} {manifest['metadata']['name']} {outcome}")
     fit = next((c for c in conditions if c["type"] == st.MEMORY_FIT), None)  # reconcile's own condition
     own_conditions = {st.MEMORY_FIT: fit} if fit is not None and fit not in current else {}
     _write_reconciled(kube, meta.get("namespace"), meta.get("name"), new, own_conditions, person_edit,
