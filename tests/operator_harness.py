@@ -56,13 +56,16 @@ class Emulator(kmocklib.KubernetesEmulator):
         self._requests = collections.deque(self._requests, maxlen=keep)
 
 
-def setup_emulator(kmock) -> None:
+def setup_emulator(kmock, api_url: str | None = None) -> None:
+    """Serve the core API and VLLMService discovery from kmock; the operator and the test talk
+    to `api_url` (a proxy in front of kmock and the real CRD server), else to kmock itself."""
     kmock.resources.load_bundled()
     kmock.resources[VSVC] = kmocklib.ResourceInfo(kind=KIND, namespaced=True, singular="vllmservice",
                                                   verbs={"get", "list", "watch", "create", "patch", "delete"},
                                                   subresources={"status"})
-    kclient.configure(host=str(kmock.url).rstrip("/"))
-    _login_registered["url"] = str(kmock.url).rstrip("/")
+    url = api_url or str(kmock.url).rstrip("/")
+    kclient.configure(host=url)
+    _login_registered["url"] = url
     if not _login_registered.get("done"):
         @kopf.on.login()
         def login(**_: Any) -> kopf.ConnectionInfo:
@@ -106,8 +109,8 @@ class Cluster:
 
     async def create_vsvc(self, name: str, spec: dict[str, Any], annotations: dict[str, str] | None = None) -> None:
         body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND,
-                "metadata": {"name": name, "namespace": NS, "uid": self.uid(), "resourceVersion": "1",
-                             "generation": 1, "annotations": annotations or {}},
+                "metadata": {"name": name, "namespace": NS, "uid": self.uid(), "generation": 1,
+                             "annotations": annotations or {}},  # (a real server sets its own uid)
                 "spec": spec}
         await self.call("POST", f"/apis/{GROUP}/{VERSION}/namespaces/{NS}/{PLURAL}", body)
 
@@ -140,7 +143,7 @@ class Cluster:
         template = copy.deepcopy(dep["spec"]["template"])
         uid = uid or self.uid()
         body = {"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": pod, "namespace": NS, "uid": uid, "resourceVersion": "1",
+                "metadata": {"name": pod, "namespace": NS, "uid": uid,
                              "labels": template["metadata"]["labels"],
                              "annotations": template["metadata"]["annotations"]},
                 "spec": template["spec"],

@@ -2,14 +2,12 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
 from vllm_autoheal import api
-from vllm_autoheal.crd import crd
 
 pytestmark = pytest.mark.crdserver
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,28 +16,12 @@ NS = "default"
 
 @pytest.fixture(scope="module")
 def k8s(crd_server):
-    from kubernetes import client, config
-    from kubernetes.client.rest import ApiException
-    apic = config.new_client_from_config(str(crd_server.kubeconfig))
-    ext = client.ApiextensionsV1Api(apic)
-    body = crd()
+    from kubernetes import client
+    from crdserver.server import install_crd
     try:
-        ext.create_custom_resource_definition(body)
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-    name = body["metadata"]["name"]
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        got = ext.read_custom_resource_definition(name)
-        if any(c.type == "Established" and c.status == "True" for c in (got.status.conditions or [])):
-            break
-        time.sleep(0.2)
-    else:
-        pytest.fail("CRD was not established")
-    co = client.CustomObjectsApi(apic)
-    time.sleep(1)  # the CRD handler picks the new schema up asynchronously
-    return co
+        return client.CustomObjectsApi(install_crd(crd_server))
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
 
 
 def _create(co, body):

@@ -14,6 +14,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 
@@ -133,3 +134,26 @@ def _answers(srv: CRDServer) -> bool:
         return True
     except Exception:
         return False
+
+
+def install_crd(srv: CRDServer, timeout: float = 30) -> Any:
+    """Create (or keep) the VLLMService CRD and wait until it is served; returns an ApiClient."""
+    from kubernetes import client, config
+    from kubernetes.client.rest import ApiException
+    from vllm_autoheal.crd import crd
+    apic = config.new_client_from_config(str(srv.kubeconfig))
+    ext = client.ApiextensionsV1Api(apic)
+    body = crd()
+    try:
+        ext.create_custom_resource_definition(body)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = ext.read_custom_resource_definition(body["metadata"]["name"])
+        if any(c.type == "Established" and c.status == "True" for c in (got.status.conditions or [])):
+            time.sleep(1)  # the CRD handler picks the new schema up asynchronously
+            return apic
+        time.sleep(0.2)
+    raise RuntimeError("the VLLMService CRD was not established")

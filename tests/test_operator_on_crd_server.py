@@ -1,0 +1,68 @@
+"""The operator's heal path in a split cluster: VLLMServices in the real CRD API server, the
+core objects (pods, Deployments, Services, Events) in kmock, one proxy in front of both.
+
+The operator runs unmodified against the proxy: it lists and watches VLLMServices on the
+real server (which applies the CRD's defaults, keeps resourceVersion and generation, prunes
+what the schema does not declare, and takes status only through the subresource) and pods
+and Deployments in kmock; the test plays the kubelet there."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from vllm_autoheal.api import GROUP, PLURAL, VERSION
+
+from operator_harness import Cluster, Emulator, flag, running_operator, setup_emulator, wait_for
+from test_operator import KV_TERMINATION, SPEC
+
+pytestmark = [pytest.mark.crdserver, pytest.mark.kmock(cls=Emulator)]
+HEAL_RECORD_FIELDS = {"time", "pod", "podUid", "container", "restartCount", "cause", "phase", "evidence",
+                      "numbers", "action", "reason", "changes"}
+
+
+@pytest.fixture
+async def split(kmock, crd_server):
+    from crdserver.discovery_proxy import DiscoveryProxy
+    from crdserver.server import install_crd
+    await asyncio.to_thread(install_crd, crd_server)
+    with DiscoveryProxy(crd_server.url, crd_server.workdir / "certs", core_url=str(kmock.url)) as proxy:
+        setup_emulator(kmock, api_url=proxy.url)
+        async with running_operator():
+            yield Cluster(kmock)
+
+
+async def test_heal_through_the_real_crd_server(split):
+    c, name = split, "split-llama"
+    path = f"/apis/{GROUP}/{VERSION}/namespaces/default/{PLURAL}/{name}"
+    await c.call("DELETE", path) if await c.get(path) else None  # the server is shared by the session
+    await wait_for(lambda: c.vsvc_now(name) is None, what="a clean start")
+    await c.create_vsvc(name, SPEC)
+    created = await c.vsvc(name)
+    assert created["spec"]["engine"]["tensorParallelSize"] == 1          # the CRD's default, from the server
+    assert created["metadata"]["uid"] != "uid-0001"                      # the server's own uid
+    dep = await wait_for(lambda: c.deployment_now(name), what="deployment in kmock")
+    assert dep["metadata"]["ownerReferences"][0]["uid"] == created["metadata"]["uid"]
+    await wait_for(lambda: (c.vsvc_now(name).get("status") or {}).get("observedGeneration") == 1, what="status")
+
+    await c.crash_pod(name, f"{name}-a", message=KV_TERMINATION)
+    healed = await wait_for(lambda: (v := c.vsvc_now(name))["metadata"]["generation"] == 2
+                            and (v.get("status") or {}).get("observedGeneration") == 2 and v, what="heal")
+    assert healed["spec"]["engine"]["maxModelLen"] == 524160
+    status = healed["status"]
+    assert status["baseline"]["gpuMemoryUtilization"] == 0.9 and "maxModelLen" not in status["baseline"]
+    assert status["healCount"] == 1 and status["attempts"] == 1 and status["lastCause"] == "kv_cache_insufficient"
+    record = status["heals"][-1]
+    assert set(record) == HEAL_RECORD_FIELDS, "the real server pruned part of the heal record"
+    assert record["numbers"]["estimated_max_model_len"] == 524160 and record["evidence"]
+    assert any(cond["type"] == "Healing" and cond["status"] == "True" for cond in status["conditions"])
+    assert f"{GROUP}/healed-engine" in healed["metadata"]["annotations"]
+    await wait_for(lambda: flag(c.deployment_now(name), "--max-model-len") == "524160", what="rollout")
+    events = await wait_for(lambda: [e for e in c.events_now("Healed")
+                                     if e["involvedObject"]["uid"] == created["metadata"]["uid"]], what="event")
+    assert "LowerMaxModelLen" in events[0]["message"]
+
+    await c.crash_pod(name, f"{name}-a", message=KV_TERMINATION)        # the same crash, reported again
+    await asyncio.sleep(2)
+    again = await c.vsvc(name)
+    assert again["status"]["healCount"] == 1 and again["metadata"]["generation"] == 2
