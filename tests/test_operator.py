@@ -252,3 +252,15 @@ def test_render_cli_prints_what_the_operator_applies(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "vllm_autoheal", "render", "-f", str(bad)], capture_output=True,
                           text=True)
     assert proc.returncode == 2 and "gpuMemoryUtilization" in proc.stderr and "model" in proc.stderr
+
+
+@pytest.mark.parametrize("log_format, prefixed", [("plain", True), ("full", True), ("json", False)])
+def test_operator_log_lines_name_their_vllmservice(log_format, prefixed):
+    import subprocess
+    import sys
+    code = ("import logging; from vllm_autoheal.cli import configure_logging; "
+            f"configure_logging({log_format!r}); logging.getLogger('kopf.objects').info("
+            "'Deployment llama patched', extra={'k8s_ref': {'namespace': 'ml', 'name': 'llama'}})")
+    err = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stderr
+    assert "Deployment llama patched" in err
+    assert ("[ml/llama] Deployment llama patched" in err) is prefixed

@@ -148,6 +148,14 @@ def _render(args: argparse.Namespace) -> int:
     return 0
 
 
+def configure_logging(log_format: str, verbose: bool = False) -> None:
+    """kopf's logging; text lines name their VLLMService ("[namespace/name] ..."): one operator
+    serves many. JSON carries the object in its own fields."""
+    import kopf
+    formats = {"plain": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL, "json": kopf.LogFormat.JSON}
+    kopf.configure(verbose=verbose, log_format=formats[log_format], log_prefix=log_format != "json")
+
+
 def _operator(args: argparse.Namespace) -> int:
     import kopf
     from . import metrics
@@ -156,8 +164,7 @@ def _operator(args: argparse.Namespace) -> int:
         handlers.OPERATOR_IMAGE = args.operator_image
     client.configure()
     metrics.serve(args.metrics_port)
-    formats = {"plain": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL, "json": kopf.LogFormat.JSON}
-    kopf.configure(verbose=args.verbose, log_format=formats[args.log_format])
+    configure_logging(args.log_format, args.verbose)
     kopf.run(clusterwide=not args.namespace, namespaces=args.namespace or (), standalone=not args.peering,
              peering_name=args.peering or None, liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz")
     return 0
