@@ -1,6 +1,6 @@
 """Heal latency over many incidents, and operator memory with many VLLMServices.
 
-    python bench/operator_heal.py [--incidents 100] [--services 1000] [--after-load 20]
+    python bench/operator_heal.py [--incidents 100] [--burst 50] [--services 1000] [--after-load 20]
 
 Runs `vllm-autoheal operator` as its own process against kmock (the Kubernetes API
 emulator) through a kubeconfig, like a deployed operator. Incidents, one at a time, each on
@@ -8,11 +8,12 @@ a VLLMService of its own, alternate: a pod whose termination message is the laun
 vLLM KV-cache diagnosis (-> maxModelLen), and a pod OOMKilled with exit 137 (-> memory limit).
 Latency runs from the pod update to the VLLMService spec patched (end to end, through
 watches); the operator's own heal-latency histogram (crash observed -> resource patched and
-the Deployment re-rendered) is read from its /metrics. Then N VLLMServices are loaded and
-reconciled, the operator's resident memory (VmRSS) is read, and a few more incidents show
-the latency with them loaded.
+the Deployment re-rendered) is read from its /metrics. A burst then crashes the pods of
+many VLLMServices at once and times until the last is healed. Then N VLLMServices are
+loaded and reconciled, the operator's resident memory (VmRSS) is read, and a few more
+incidents show the latency with them loaded.
 The emulator is one Python process serving every request at about 20-40 ms each, so these
-latencies are mostly the emulator's; the operator process stays at a few percent of a core.
+latencies are mostly the emulator's; the operator's own CPU time is printed beside them.
 Its request log is bounded (Emulator.bound_request_log): kept whole it makes every request
 slower than the last.
 """
@@ -38,6 +39,7 @@ import kmock as kmocklib  # noqa: E402
 
 from operator_harness import Cluster, Emulator, setup_emulator  # noqa: E402
 from test_operator import KV_TERMINATION, SPEC  # noqa: E402
+from vllm_autoheal.api import GROUP, PLURAL, VERSION  # noqa: E402
 
 
 def _port() -> int:
@@ -66,7 +68,7 @@ async def until(check, timeout: float = 600.0, step: float = 0.1):
     raise TimeoutError("the operator did not act in time")
 
 
-async def main(incidents: int, services: int, after_load: int, log_path: str | None) -> int:
+async def main(incidents: int, burst_size: int, services: int, after_load: int, log_path: str | None) -> int:
     async with Emulator() as emulator, kmocklib.Server(emulator):
         setup_emulator(emulator)
         emulator.bound_request_log(64)
@@ -83,7 +85,7 @@ async def main(incidents: int, services: int, after_load: int, log_path: str | N
                                      str(metrics_port), "--health-port", str(_port()), "--log-format", "full"], env=env,
                                     stdout=subprocess.DEVNULL, stderr=log)
             try:
-                return await run(Cluster(emulator), proc, metrics_port, incidents, services, after_load)
+                return await run(Cluster(emulator), proc, metrics_port, incidents, burst_size, services, after_load)
             finally:
                 proc.terminate()
                 await asyncio.to_thread(proc.wait, 30)  # the loop serves kmock meanwhile
@@ -119,6 +121,31 @@ async def heal_incidents(c: Cluster, proc: subprocess.Popen, prefix: str, count:
     return latencies
 
 
+async def burst(c: Cluster, count: int) -> tuple[float, list[float]]:
+    """`count` pods of as many VLLMServices crash at once (a bad rollout, a node-wide event):
+    seconds to post all the crashes, and each service's time from the first crash to healed."""
+    spec = {**SPEC, "heal": {**SPEC["heal"], "backoffSeconds": 0}}
+    names = [f"burst-{i:03d}" for i in range(count)]
+    kinds = [list(INCIDENTS)[i % len(INCIDENTS)] for i in range(count)]
+    for name in names:
+        await c.create_vsvc(name, spec)
+    for name in names:
+        await until(lambda: c.deployment_now(name))
+    start = time.monotonic()
+    await asyncio.gather(*(c.crash_pod(name, f"{name}-pod", **INCIDENTS[kind][0]) for name, kind in zip(names, kinds)))
+    posted = time.monotonic() - start
+    healed_at: dict[str, float] = {}
+    while len(healed_at) < count and time.monotonic() - start < 600:
+        items = (await c.call("GET", f"/apis/{GROUP}/{VERSION}/namespaces/default/{PLURAL}"))["items"]
+        now = time.monotonic() - start
+        for v in items:
+            name = v["metadata"]["name"]
+            if name in names and name not in healed_at and INCIDENTS[kinds[names.index(name)]][1](v):
+                healed_at[name] = now
+        await asyncio.sleep(0.1)
+    return posted, sorted(healed_at.values())
+
+
 def report(what: str, latencies: list[float]) -> None:
     q = statistics.quantiles(latencies, n=20, method="inclusive") if len(latencies) > 1 else latencies * 19
     print(f"{what}: {len(latencies)} incidents ({', '.join(INCIDENTS)} alternating); end-to-end heal latency "
@@ -135,8 +162,8 @@ def operator_metrics(port: int) -> tuple[float, float, float]:
     return heals, total / count if count else float("nan"), count
 
 
-async def run(c: Cluster, proc: subprocess.Popen, metrics_port: int, incidents: int, services: int,
-              after_load: int) -> int:
+async def run(c: Cluster, proc: subprocess.Popen, metrics_port: int, incidents: int, burst_size: int,
+              services: int, after_load: int) -> int:
     await asyncio.sleep(2)
     base_rss = rss_mib(proc.pid)
     cpu, wall = cpu_seconds(proc.pid), time.monotonic()
@@ -148,6 +175,13 @@ async def run(c: Cluster, proc: subprocess.Popen, metrics_port: int, incidents: 
           f"patched and Deployment re-rendered): mean {own_mean * 1000:.0f} ms over {int(own_count)}")
     print(f"operator CPU: {cpu:.1f} s in {wall:.0f} s ({cpu / wall:.0%} of a core), {cpu / incidents * 1000:.0f} ms "
           f"per incident (its create, reconcile and heal)")
+    if burst_size:
+        cpu = cpu_seconds(proc.pid)
+        posted, healed = await burst(c, burst_size)
+        print(f"burst: {burst_size} pods of {burst_size} VLLMServices crashed at once (posted within "
+              f"{posted * 1000:.0f} ms): {len(healed)} healed; the last {healed[-1]:.1f} s after the first crash, "
+              f"median {statistics.median(healed):.1f} s; operator CPU {cpu_seconds(proc.pid) - cpu:.1f} s "
+              f"(creates, reconciles and heals)")
     if not services:
         return 0
     started, cpu = time.monotonic(), cpu_seconds(proc.pid)
@@ -163,7 +197,7 @@ async def run(c: Cluster, proc: subprocess.Popen, metrics_port: int, incidents: 
           f"{cpu:.1f} s ({cpu / services * 1000:.0f} ms each); operator RSS {rss_mib(proc.pid):.0f} MiB "
           f"(at start {base_rss:.0f} MiB)")
     if after_load:
-        report(f"heals with {services + incidents} VLLMServices loaded",
+        report(f"heals with {services + incidents + burst_size} VLLMServices loaded",
                await heal_incidents(c, proc, "loaded", after_load))
         print(f"operator RSS at the end: {rss_mib(proc.pid):.0f} MiB")
     return 0
@@ -172,8 +206,9 @@ async def run(c: Cluster, proc: subprocess.Popen, metrics_port: int, incidents: 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--incidents", type=int, default=100)
+    parser.add_argument("--burst", type=int, default=50, help="pods that crash at once, after the incidents")
     parser.add_argument("--services", type=int, default=1000)
     parser.add_argument("--after-load", type=int, default=20, help="incidents with the services loaded")
     parser.add_argument("--operator-log", help="write the operator's log here (default: discard)")
     args = parser.parse_args()
-    sys.exit(asyncio.run(main(args.incidents, args.services, args.after_load, args.operator_log)))
+    sys.exit(asyncio.run(main(args.incidents, args.burst, args.services, args.after_load, args.operator_log)))

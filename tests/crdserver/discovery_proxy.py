@@ -110,6 +110,11 @@ class DiscoveryProxy:
         self._loop.run_until_complete(runner.cleanup())
         for session in self._sessions.values():
             self._loop.run_until_complete(session.close())
+        pending = asyncio.all_tasks(self._loop)  # watches still streaming when the test ended
+        for task in pending:
+            task.cancel()
+        self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        self._loop.close()
 
     def __enter__(self) -> "DiscoveryProxy":
         self._thread.start()
@@ -118,4 +123,4 @@ class DiscoveryProxy:
 
     def __exit__(self, *exc: object) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(5)
+        self._thread.join(15)
