@@ -10,7 +10,8 @@ from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.launcher import termination_message
 from vllm_autoheal.kube import resources
 
-from operator_harness import HARNESS_AGENT, Cluster, Emulator, flag, running_operator, setup_emulator, vllm_container, wait_for
+from operator_harness import (HARNESS_AGENT, Cluster, Emulator, flag, running_operator, setup_emulator, vllm_container,
+                              wait_for)
 
 pytestmark = pytest.mark.kmock(cls=Emulator)
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-cpu"
@@ -98,9 +99,14 @@ async def test_the_same_crash_is_healed_once_even_across_an_operator_restart(clu
 
 def operator_writes(kmock, name: str) -> list[tuple[str, str]]:
     """(method, path) of every write the operator (not the test) made to this service's objects."""
-    return [(str(r.method.value if hasattr(r.method, "value") else r.method), r.url.path) for r in kmock._requests
-            if r.headers.get("User-Agent", "") != HARNESS_AGENT and str(r.method).upper().endswith(("PATCH", "POST", "PUT"))
-            and (r.url.path.rstrip("/").split("/")[-1] == name or f"/{name}/" in r.url.path)]
+    writes = []
+    for r in kmock._requests:
+        method = str(getattr(r.method, "value", r.method)).upper()
+        path = r.url.path.rstrip("/")
+        if r.headers.get("User-Agent", "") != HARNESS_AGENT and method in ("PATCH", "POST", "PUT") \
+                and (path.split("/")[-1] == name or f"/{name}/" in path):
+            writes.append((method, path))
+    return writes
 
 
 async def test_a_heal_writes_once_and_then_goes_quiet(cluster):
