@@ -135,6 +135,14 @@ class Cluster:
     async def get(self, path: str) -> dict[str, Any] | None:
         return await asyncio.to_thread(self.kube.get, path)
 
+    async def first_heal(self, name: str, spec: dict[str, Any], pod: str, **crash: Any) -> dict[str, Any]:
+        """Create a VLLMService, crash a pod of its Deployment, and return the object once healed."""
+        await self.create_vsvc(name, spec)
+        await wait_for(lambda: self.deployment_now(name), what="deployment")
+        await self.crash_pod(name, pod, **crash)
+        return await wait_for(lambda: (v := self.vsvc_now(name))["status"].get("healCount") == 1 and v,
+                              what="heal")
+
     async def crash_pod(self, vsvc: str, pod: str, *, exit_code: int = 1, reason: str = "Error",
                         message: str = "", restart_count: int = 1, uid: str | None = None,
                         template_from: dict[str, Any] | None = None) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from operator_harness import Cluster, Emulator, running_operator, setup_emulator, wait_for
+from operator_harness import Cluster, Emulator, running_operator, setup_emulator
 from test_operator import KV_TERMINATION, SPEC
 
 pytestmark = [pytest.mark.crdserver, pytest.mark.kmock(cls=Emulator)]
@@ -31,12 +31,7 @@ def kubectl(k8s_tools) -> str:
 async def test_real_heal_is_accepted_unpruned_and_readable_with_kubectl(kmock, crd_server, kubectl, tmp_path):
     setup_emulator(kmock)
     async with running_operator():
-        c = Cluster(kmock)
-        await c.create_vsvc("llama-8b", SPEC)
-        await wait_for(lambda: c.deployment_now("llama-8b"), what="deployment")
-        await c.crash_pod("llama-8b", "llama-8b-6d9f7c-x2k4q", message=KV_TERMINATION)
-        healed = await wait_for(lambda: (c.vsvc_now("llama-8b")["status"].get("healCount") and
-                                         c.vsvc_now("llama-8b")), what="heal")
+        healed = await Cluster(kmock).first_heal("llama-8b", SPEC, "llama-8b-6d9f7c-x2k4q", message=KV_TERMINATION)
     from crdserver.discovery_proxy import DiscoveryProxy
     with DiscoveryProxy(crd_server.url, crd_server.workdir / "certs") as proxy:
         env = {**os.environ, "KUBECONFIG": str(proxy.kubeconfig(tmp_path / "kubeconfig"))}

@@ -135,10 +135,7 @@ async def test_operator_restart_does_not_heal_a_handled_crash(kmock):
     setup_emulator(kmock)
     async with running_operator():
         c = Cluster(kmock)
-        await c.create_vsvc("restart", SPEC)
-        await wait_for(lambda: c.deployment_now("restart"), what="deployment")
-        await c.crash_pod("restart", "restart-a", message=KV_TERMINATION)
-        await wait_for(lambda: c.vsvc_now("restart")["status"].get("healCount") == 1, what="heal")
+        await c.first_heal("restart", SPEC, "restart-a", message=KV_TERMINATION)
     async with running_operator():  # a new operator process sees the same pod on its first listing
         await asyncio.sleep(3)
         obj = await c.vsvc("restart")

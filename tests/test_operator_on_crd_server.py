@@ -35,7 +35,8 @@ async def split(kmock, crd_server):
 async def test_heal_through_the_real_crd_server(split):
     c, name = split, "split-llama"
     path = f"/apis/{GROUP}/{VERSION}/namespaces/default/{PLURAL}/{name}"
-    await c.call("DELETE", path) if await c.get(path) else None  # the server is shared by the session
+    if await c.get(path):  # the server is shared by the session
+        await c.call("DELETE", path)
     await wait_for(lambda: c.vsvc_now(name) is None, what="a clean start")
     await c.create_vsvc(name, SPEC)
     created = await c.vsvc(name)

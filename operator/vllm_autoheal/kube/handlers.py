@@ -331,16 +331,16 @@ def _apply_heal(kube: Kube, obj: VLLMService, vsvc: dict, namespace: str, name: 
         status.update(effectiveModel=new_model if new_model != obj.spec.model else None,
                       effectiveMemoryLimit=new_memory if new_memory != obj.spec.resources.limits.memory else None)
     # Status first: the spec patch below wakes `reconcile`, which must already see this heal.
-    kube.patch_vsvc_status(namespace, name, status)
+    latest = kube.patch_vsvc_status(namespace, name, status)  # a PATCH answers with the whole object
     if obj.spec.heal.mode == "PatchSpec":
         spec_patch: dict[str, Any] = {"engine": new_engine.wire()}
         if new_model != obj.spec.model:
             spec_patch["model"] = new_model
         if new_memory != obj.spec.resources.limits.memory:
             spec_patch["resources"] = {"limits": {"memory": new_memory}}
-        kube.patch_vsvc(namespace, name, {
+        latest = kube.patch_vsvc(namespace, name, {
             "metadata": {"annotations": {HEALED_ENGINE: json.dumps(new_engine.wire(), sort_keys=True)}},
             "spec": spec_patch})
-    healed = VLLMService.model_validate(kube.get_vsvc(namespace, name) or vsvc)
+    healed = VLLMService.model_validate(latest or vsvc)
     for manifest in resources.render(healed, OPERATOR_IMAGE):
         kube.apply(manifest)
