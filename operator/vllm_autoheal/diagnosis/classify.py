@@ -1,11 +1,19 @@
 """classify(signals) -> Diagnosis: why a vLLM server died. Standard library only.
 
-Order of trust: the container's exit state when it is unambiguous (OOMKilled); an
-explicit vLLM memory message; host-RAM messages; known non-memory failures; NCCL
-out of memory; a generic GPU OOM placed in its phase by traceback frames and
-startup milestones; a worker killed by SIGKILL; a traceback cut before its last
-line. Generic wrappers (`Engine core initialization failed`, `EngineDeadError`)
-never decide. A wrong memory answer is worse than `unknown`.
+What decides, in order of trust:
+1. the container's exit state when it is unambiguous (the kubelet's OOMKilled);
+2. the engine's own lines only: request and response echoes and access lines carry user
+   text and never decide nor appear as evidence (scan.py tags each line's origin);
+3. the failure kind: an explicit vLLM memory message; start-up figures that leave no room for
+   the KV cache; host-RAM messages; known non-memory failures; NCCL out of memory; a generic
+   GPU out-of-memory placed in its phase by the frames of its own traceback and the last
+   start-up milestone before it; a worker killed by SIGKILL; an unrecognised exception;
+4. arithmetic on the engine's figures: weights larger than the whole GPU are a weights
+   problem whatever the last line says;
+5. the deployment context (TP/PP, GPU count, other processes on the GPU).
+Generic wrappers (`Engine core initialization failed`, `EngineDeadError`) never decide. Where
+the signals disagree the answer is `unknown`, with the reason. A wrong memory answer is worse
+than `unknown`.
 """
 from __future__ import annotations
 
@@ -14,9 +22,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from . import figures
 from . import messages as msg
 from . import model as m
-from .scan import Line, scan
+from .scan import ENGINE, Line, scan
 
 PHASE_PRIORITY = (m.PHASE_CAPTURE, m.PHASE_PROFILE, m.PHASE_KV, m.PHASE_LOAD, m.PHASE_SERVING)
 PHASE_ORDER = {p: i for i, p in enumerate((m.PHASE_LOAD, m.PHASE_PROFILE, m.PHASE_KV, m.PHASE_CAPTURE,
@@ -27,8 +36,12 @@ OOM_CAUSE_BY_PHASE = {
     m.PHASE_CAPTURE: m.CUDAGRAPH_CAPTURE_OOM, m.PHASE_SERVING: m.RUNTIME_OOM,
 }
 OTHER_PROCESS_GIB = 1.0
-_EXCEPTION_LINE = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception)\b(?::|\(|$)")
-_PROCESS_GIB = re.compile(r"Process \d+ has ([\d.]+) ([GM])iB")
+WEIGHTS_SHARE_OF_GPU = 0.95   # weights above this share of the whole GPU cannot fit at any utilization
+# Failures that follow another rank's death rather than cause it: they never outvote a memory failure.
+CONSEQUENCES = {"nccl_timeout", "nccl_error", "worker_hang_shm_broadcast"}
+EVIDENCE_CHARS = 400
+_EXCEPTION_LINE = re.compile(r"^(?:[\w.]{1,200}\.)?\w{0,80}(?:Error|Exception)\b(?::|\(|$)")
+_TRACEBACK_START = "Traceback (most recent call last)"
 
 
 @dataclass
@@ -43,11 +56,7 @@ def classify(signals: m.Signals) -> m.Diagnosis:
     try:
         return _classify(signals)
     except Exception as exc:  # noqa: BLE001 - a diagnosis must never crash its caller
-        return m.Diagnosis(explanation=f"could not read the signals: {type(exc).__name__}: {exc}")
-
-
-def classify_text(log: str, **kwargs: Any) -> m.Diagnosis:
-    return classify(m.Signals(log=log, **kwargs))
+        return m.Diagnosis(explanation=f"could not read the signals: {type(exc).__name__}")
 
 
 def classify_stream(stream: Any, **kwargs: Any) -> m.Diagnosis:
@@ -55,7 +64,7 @@ def classify_stream(stream: Any, **kwargs: Any) -> m.Diagnosis:
     try:
         return _classify(m.Signals(**kwargs), scan(stream).lines)
     except Exception as exc:  # noqa: BLE001
-        return m.Diagnosis(explanation=f"could not read the log: {type(exc).__name__}: {exc}")
+        return m.Diagnosis(explanation=f"could not read the log: {type(exc).__name__}")
 
 
 def from_termination_message(text: str | None) -> m.Diagnosis | None:
@@ -78,34 +87,57 @@ def from_termination_message(text: str | None) -> m.Diagnosis | None:
 def _findings(lines: list[Line]) -> list[Finding]:
     out = []
     for line in lines:
+        if line.origin != ENGINE:
+            continue
+        text = line.match_text
+        lowered = text.lower()
         for message in msg.MESSAGES:
-            found = message.regex.search(line.text)
+            found = message.search(text, lowered)
             if found:
                 out.append(Finding(line, message, found))
     return out
 
 
-def _numbers(findings: list[Finding], first: Finding | None) -> dict[str, float | int]:
-    numbers: dict[str, float | int] = {}
-    ordered = ([first] if first else []) + [f for f in findings if f is not first]
+def _device_gib(signals: m.Signals, findings: list[Finding]) -> float | None:
+    if signals.gpu and signals.gpu.gpus:
+        return max(g.total_bytes for g in signals.gpu.gpus) / 2**30 or None
+    for f in findings:
+        for key in ("total_gib", "gpu_total_gib"):
+            value = f.match.groupdict().get(key)
+            if value:
+                size = figures.gib(value)
+                if figures.check("total_gib", size, None) is None and size > 0:
+                    return size
+    return None
+
+
+def _numbers(findings: list[Finding], first: Finding | None, device_gib: float | None,
+             notes: list[str]) -> dict[str, Any]:
+    """The decisive finding's numbers, then each other figure from the one line nearest before
+    the failure. Every number passes figures.check; a dropped one leaves a note."""
+    numbers: dict[str, Any] = {}
+    end = first.line.offset if first else None
+    others = [f for f in findings if f is not first and f.message.kind in (msg.FIGURE, msg.MILESTONE, msg.BUDGET)
+              and (end is None or f.line.offset <= end)]
+    ordered = ([first] if first else []) + sorted(others, key=lambda f: -f.line.offset)
     for f in ordered:
-        for key, value in f.match.groupdict().items():
-            if value is None:
+        for key, text in f.match.groupdict().items():
+            if text is None:
                 continue
             if key == "others":
-                sizes = [float(v) * (1 if u == "G" else 1 / 1024) for v, u in _PROCESS_GIB.findall(value)]
-                numbers.setdefault("process_gib", [round(s, 2) for s in sizes])  # type: ignore[arg-type]
+                numbers.setdefault("process_gib", figures.process_sizes(text))
                 continue
-            key = key.rstrip("2")
-            if key.endswith("_gib"):
-                numbers.setdefault(key, msg.gib(value))
-            elif key in ("util",):
-                numbers.setdefault(key, float(value))
-            else:
-                try:
-                    numbers.setdefault(key, int(value.replace(",", "")))
-                except ValueError:
-                    pass
+            key = key.rstrip("23")
+            if key in numbers:
+                continue
+            value = figures.parse(key, text)
+            if value is None:
+                continue
+            why = figures.check(key, value, device_gib)
+            if why:
+                notes.append(f"ignored {key}={text[:40]}: {why}")
+                continue
+            numbers[key] = value
     return numbers
 
 
@@ -135,17 +167,36 @@ def _other_process_gib(signals: m.Signals, numbers: dict) -> float:
     return 0.0
 
 
+def _weights_exceed_gpu(numbers: dict) -> bool:
+    """The engine's own figures say the weights alone take (nearly) the whole GPU."""
+    weights, total = numbers.get("weights_gib"), numbers.get("total_gib") or numbers.get("gpu_total_gib")
+    return bool(weights and total and weights >= WEIGHTS_SHARE_OF_GPU * total)
+
+
+def _own_frames(findings: list[Finding], failure: Finding, window: int) -> set[str]:
+    """Phases named by the frames of the failure's own traceback: after its `Traceback` line (or
+    the last milestone) and up to the failure line, from the same rank when ranks are known."""
+    start = max((f.line.offset for f in findings if f.line.offset < failure.line.offset
+                 and f.line.text.startswith(_TRACEBACK_START) and f.line.rank == failure.line.rank),
+                default=window)
+    return {f.message.phase for f in findings if f.message.kind == msg.FRAME and f.message.phase
+            and max(start, window) < f.line.offset <= failure.line.offset}
+
+
 def _phase_of_failure(findings: list[Finding], failure: Finding | None, ready_before: bool | None) -> str:
-    """Where it failed. Frames and markers printed after the last start-up milestone before the
-    failure decide (earlier ones belong to steps that completed); else the last milestone reached."""
+    """Where it failed: the frames of the failure's own traceback; else frames printed after the
+    last start-up milestone before the failure (earlier ones belong to steps that completed);
+    else the last milestone reached."""
     end = failure.line.offset if failure else None
     before = [f for f in findings if f.message.kind == msg.MILESTONE and (end is None or f.line.offset < end)]
     window = max((f.line.offset for f in before), default=-1)
-    frames = {f.message.phase for f in findings if f.message.kind == msg.FRAME and f.line.offset > window}
+    frames = _own_frames(findings, failure, window) if failure else set()
+    if not frames:
+        frames = {f.message.phase for f in findings if f.message.kind == msg.FRAME and f.line.offset > window}
     for phase in PHASE_PRIORITY:
         if phase in frames:
             return phase
-    reached = [f.message.phase for f in before]
+    reached = [f.message.phase for f in before if f.message.phase]
     if ready_before or m.PHASE_SERVING in reached:
         return m.PHASE_SERVING
     if reached:
@@ -157,9 +208,14 @@ def _phase_of_failure(findings: list[Finding], failure: Finding | None, ready_be
 def _evidence(*lines: Line | None) -> list[str]:
     out: list[str] = []
     for ln in lines:
-        if ln is not None and ln.text not in out:
-            out.append(ln.text[:400])
+        if ln is not None and ln.origin == ENGINE and ln.text not in out:
+            out.append(ln.text[:EVIDENCE_CHARS])
     return out[:4]
+
+
+def _is_failure(f: Finding) -> bool:
+    """A non-memory finding counts only where the engine reported an error, not a warning."""
+    return not f.line.informational
 
 
 def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosis:
@@ -174,19 +230,24 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
         lines = scan(log).lines
     elif not lines:
         log = ""
+    engine_lines = [ln for ln in lines if ln.origin == ENGINE]
+    ignored = len(lines) - len(engine_lines)
     findings = _findings(lines)
     by_kind: dict[str, list[Finding]] = {}
     for f in findings:
         by_kind.setdefault(f.message.kind, []).append(f)
-    numbers: dict[str, Any]
     diag = m.Diagnosis(source=source)
+    if ignored:
+        diag.notes.append(f"{ignored} request/response or access line(s) ignored: they carry user text")
+    device_gib = _device_gib(signals, findings)
 
     def done(cause: str, phase: str, first: Finding | None, confidence: str, subtype: str | None = None,
              support: Line | None = None, why: str = "") -> m.Diagnosis:
         diag.cause, diag.phase, diag.confidence = cause, phase, confidence
         diag.subtype = subtype or (first.message.subtype if first else None)
         diag.evidence = _evidence(first.line if first else None, support)
-        diag.numbers = {k: v for k, v in _numbers(findings, first).items() if k not in ("tp", "pp")}
+        diag.numbers = {k: v for k, v in _numbers(findings, first, device_gib, diag.notes).items()
+                        if k not in ("tp", "pp")}
         if signals.exit_code is not None:
             diag.numbers["exit_code"] = signals.exit_code
         if first and first.line.rank is not None:
@@ -196,15 +257,22 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
             diag.explanation += " (Read from the log tail in the termination message only.)"
         return diag
 
-    numbers = _numbers(findings, None)
+    numbers = _numbers(findings, None, device_gib, [])
     reason = (signals.reason or "").strip()
     if reason == "OOMKilled":
         return done(m.HOST_RAM_OOM, _phase_of_failure(findings, None, signals.ready_before), None, "high",
                     "container_memory_limit", why="The container hit its memory limit and was OOMKilled.")
-    if memory := by_kind.get(msg.MEMORY):
-        first = min(memory, key=lambda f: msg.MESSAGES.index(f.message))
+    memory = by_kind.get(msg.MEMORY) or by_kind.get(msg.BUDGET)
+    if memory:
+        first = min(memory, key=lambda f: (msg.MESSAGES.index(f.message), f.line.offset))
         cause = first.message.cause or m.UNKNOWN
         if cause == m.KV_CACHE_INSUFFICIENT:
+            nums = _numbers(findings, first, device_gib, [])
+            if _weights_exceed_gpu(nums):
+                return done(m.WEIGHTS_LOAD_OOM, m.PHASE_LOAD, first, "high", "weights_exceed_gpu",
+                            why="The weights alone take nearly the whole GPU (by vLLM's own figures): no "
+                                "utilization leaves room for a KV cache. A quantized checkpoint or more GPUs "
+                                "would fit.")
             if (signals.pipeline_parallel_size or numbers.get("pp") or 1) > 1:
                 return done(m.MULTI_GPU_OOM, m.PHASE_KV, first, "medium", "kv_check_fails_on_smallest_stage",
                             why="The KV-cache check failed on one pipeline stage; under pipeline parallelism "
@@ -212,26 +280,41 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
             if first.message.subtype == "no_cache_blocks" and \
                     _other_process_gib(signals, numbers) > OTHER_PROCESS_GIB:
                 return done(m.GPU_UTIL_EXCEEDS_FREE, m.PHASE_KV, first, "medium", "other_process_holds_gpu")
-        return done(cause, first.message.phase or m.PHASE_UNKNOWN, first, "high")
+        return done(cause, first.message.phase or m.PHASE_UNKNOWN, first,
+                    "high" if first.message.kind == msg.MEMORY else "medium")
     if host := by_kind.get(msg.HOST):
         return done(m.HOST_RAM_OOM, host[0].message.phase or _phase_of_failure(findings, host[0], None),
                     host[0], "high")
     nccl = by_kind.get(msg.NCCL_OOM)
     oom = by_kind.get(msg.OOM)
-    not_oom = by_kind.get(msg.NOT_OOM)
-    if not_oom and not oom and not nccl:
-        first = not_oom[0]  # the first failure is the root cause; show its exception line if there is one
+    not_oom = [f for f in by_kind.get(msg.NOT_OOM, []) if _is_failure(f)]
+    gpu_oom = (nccl or []) + (oom or [])
+    if not not_oom and not gpu_oom:  # a hang or warning the engine logged at INFO/WARNING level
+        not_oom = by_kind.get(msg.NOT_OOM, [])
+    if not_oom:
+        first = min(not_oom, key=lambda f: f.line.offset)  # the first failure is the root cause
         shown = next((f for f in not_oom if f.message.subtype == first.message.subtype
                       and _EXCEPTION_LINE.match(f.line.text)), first)
-        return done(m.NOT_OOM, _phase_of_failure(findings, first, signals.ready_before), shown, "high")
+        if not gpu_oom:
+            return done(m.NOT_OOM, _phase_of_failure(findings, first, signals.ready_before), shown, "high")
+        causes = [f for f in not_oom if f.message.subtype not in CONSEQUENCES]
+        first_oom = min(gpu_oom, key=lambda f: f.line.offset)
+        if causes and min(f.line.offset for f in causes) < first_oom.line.offset:
+            diag.notes.append(f"an out-of-memory error follows a {causes[0].message.subtype} failure")
+            return done(m.UNKNOWN, _phase_of_failure(findings, first, signals.ready_before), causes[0], "low",
+                        "signals_disagree", first_oom.line,
+                        why=f"The engine reported a non-memory failure ({causes[0].message.subtype}) before an "
+                            "out-of-memory error; which one is the root cause cannot be told from the log, so no "
+                            "memory setting is changed.")
     if nccl:
         return done(m.MULTI_GPU_OOM, _phase_of_failure(findings, nccl[0], signals.ready_before), nccl[0], "high")
     if oom:
         first = oom[0]
         phase = _phase_of_failure(findings, first, signals.ready_before)
         frame = next((f.line for f in findings if f.message.kind == msg.FRAME and f.message.phase == phase), None)
+        nums = _numbers(findings, first, device_gib, [])
         if phase in (m.PHASE_LOAD, m.PHASE_PROFILE, m.PHASE_KV, m.PHASE_UNKNOWN) and \
-                _other_process_gib(signals, numbers) > OTHER_PROCESS_GIB:
+                _other_process_gib(signals, nums) > OTHER_PROCESS_GIB:
             return done(m.GPU_UTIL_EXCEEDS_FREE, phase, first, "medium", "other_process_holds_gpu", frame)
         if phase == m.PHASE_UNKNOWN:
             if _multi_gpu(signals, numbers, lines):
@@ -241,20 +324,20 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
                         why=EXPLANATIONS[guess] + " The log does not show where; this is a guess.")
         return done(OOM_CAUSE_BY_PHASE[phase], phase, first, "high" if frame else "medium",
                     f"oom_in_{phase.replace('-', '_')}", frame)
-    if killed := by_kind.get(msg.KILLED):
+    if killed := [f for f in by_kind.get(msg.KILLED, []) if _is_failure(f)]:
         return done(m.HOST_RAM_OOM, _phase_of_failure(findings, killed[0], signals.ready_before), killed[0],
                     "medium", why="A vLLM worker was killed with SIGKILL (exit code -9), which is what the "
                                   "kernel's out-of-memory killer does when host RAM or the container limit runs out.")
     if signals.exit_code == 137 and reason in ("", "OOMKilled"):
         return done(m.HOST_RAM_OOM, m.PHASE_UNKNOWN, None, "low", "sigkill_exit_137",
                     why="The container exited with 137 (SIGKILL) and printed no cause; most often the memory limit.")
-    exception = next((ln for ln in reversed(lines) if _EXCEPTION_LINE.match(ln.text)
-                      and not msg.WRAPPERS.search(ln.text)), None)
+    exception = next((ln for ln in reversed(engine_lines) if _EXCEPTION_LINE.match(ln.match_text)
+                      and not msg.WRAPPERS.search(ln.match_text)), None)
     if exception is not None:
         return done(m.NOT_OOM, _phase_of_failure(findings, None, signals.ready_before), None, "low",
                     "other_error", exception, why="vLLM stopped on an error that is not about memory.")
     frames = [f for f in findings if f.message.kind == msg.FRAME and f.message.phase != m.PHASE_SERVING]
-    if frames and any("Traceback" in ln.text for ln in lines):
+    if frames and any(ln.text.startswith(_TRACEBACK_START) for ln in engine_lines):
         phase = _phase_of_failure(findings, None, signals.ready_before)
         if phase in OOM_CAUSE_BY_PHASE and phase != m.PHASE_SERVING:
             return done(OOM_CAUSE_BY_PHASE[phase], phase, frames[-1], "low", "traceback_cut_before_error",

@@ -21,6 +21,7 @@ OOM = "oom"              # a generic GPU out-of-memory: the phase decides the ca
 KILLED = "killed"        # a worker died of SIGKILL: host RAM unless something stronger
 FRAME = "frame"          # a traceback frame or marker that names the phase of a failure
 MILESTONE = "milestone"  # startup progress: the phase reached so far
+BUDGET = "budget"        # start-up figures showing no room for any KV cache: decide kv_cache_insufficient
 FIGURE = "figure"        # numbers only
 
 
@@ -31,11 +32,104 @@ class Message:
     cause: str | None = None
     phase: str | None = None
     subtype: str | None = None
+    needles: tuple[str, ...] = ()   # one of these literals is in every match; empty: always try
+
+    def search(self, text: str, lowered: str) -> re.Match[str] | None:
+        """The regex runs only on lines holding one of its literal needles (str `in`, C speed)."""
+        if self.needles:
+            hay = lowered if self.regex.flags & re.IGNORECASE else text
+            if not any(n in hay for n in self.needles):
+                return None
+        return self.regex.search(text)
+
+
+_SPECIAL = set("\\.^$*+?{}[]()|")
+_LITERAL_ESCAPES = set(".()[]{}*+?|^$/-'\" ")
+
+
+def _top_level_alternatives(pattern: str) -> list[str]:
+    parts, depth, cls, cur, i = [], 0, False, "", 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            cur += pattern[i:i + 2]
+            i += 2
+            continue
+        if cls:
+            cls = c != "]"
+        elif c == "[":
+            cls = True
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        elif c == "|" and depth == 0:
+            parts.append(cur)
+            cur = ""
+            i += 1
+            continue
+        cur += c
+        i += 1
+    return parts + [cur]
+
+
+def _required_literal(alternative: str) -> str:
+    """The longest run of literal characters that every match of this alternative contains."""
+    runs, run, i, depth, cls = [], "", 0, 0, False
+    while i < len(alternative):
+        c = alternative[i]
+        nxt = alternative[i + 1] if i + 1 < len(alternative) else ""
+        if cls or depth:
+            if cls:
+                cls = c != "]" or alternative[i - 1] == "\\"
+            elif c == "(":
+                depth += 1
+            elif c == ")":
+                depth -= 1
+            elif c == "\\":
+                i += 1
+            elif c == "[":
+                cls = True
+            i += 1
+            continue
+        if c == "\\" and nxt in _LITERAL_ESCAPES:
+            char, width = nxt, 2
+        elif c in _SPECIAL:
+            runs.append(run)
+            run = ""
+            depth += c == "("
+            cls = c == "["
+            i += 1 + (c == "\\")
+            continue
+        else:
+            char, width = c, 1
+        follow = alternative[i + width:i + width + 1]
+        if follow in ("?", "*", "{"):
+            runs.append(run)
+            run = ""
+        elif follow == "+":
+            runs.append(run + char)
+            run = ""
+        else:
+            run += char
+        i += width
+    runs.append(run)
+    return max(runs, key=len)
+
+
+def needles_of(pattern: str, flags: int = 0) -> tuple[str, ...]:
+    found = []
+    for alt in _top_level_alternatives(pattern):
+        lit = _required_literal(alt).strip()
+        if len(lit) < 3:
+            return ()  # one alternative has no usable literal: always run the regex
+        found.append(lit.lower() if flags & re.IGNORECASE else lit)
+    return tuple(dict.fromkeys(found))
 
 
 def _m(kind: str, pattern: str, cause: str | None = None, phase: str | None = None,
        subtype: str | None = None, flags: int = 0) -> Message:
-    return Message(kind, re.compile(pattern, flags), cause, phase, subtype)
+    return Message(kind, re.compile(pattern, flags), cause, phase, subtype, needles_of(pattern, flags))
 
 
 SIZE = r"[\d.,]+\s*(?:[KMGT]i?B|bytes)?"
@@ -51,9 +145,9 @@ MESSAGES: tuple[Message, ...] = (
     _m(MEMORY, r"Free memory on device(?: \S+)? \((?P<free_gib>[\d.]+)/(?P<total_gib>[\d.]+) GiB\) on startup is "
        r"less than desired (?:GPU|CPU|XPU)? ?memory utilization \((?P<util>[\d.]+), (?P<requested_gib>[\d.]+) GiB\)",
        m.GPU_UTIL_EXCEEDS_FREE, m.PHASE_LOAD, "free_memory_below_requested"),
-    _m(MEMORY, r"Externally held weights on device.*exceed the desired GPU memory utilization",
+    _m(MEMORY, r"Externally held weights on device.{0,300}?exceed the desired GPU memory utilization",
        m.GPU_UTIL_EXCEEDS_FREE, m.PHASE_LOAD, "external_weights_exceed_budget"),
-    _m(MEMORY, r"Free memory on device.*less than the engine's budget after excluding",
+    _m(MEMORY, r"Free memory on device.{0,300}?less than the engine's budget after excluding",
        m.GPU_UTIL_EXCEEDS_FREE, m.PHASE_LOAD, "free_memory_below_requested"),
     _m(MEMORY, r"Error in memory profiling\. Initial free memory (?P<initial_free_gib>[\d.]+) GiB, "
        r"current free memory (?P<current_free_gib>[\d.]+) GiB", m.GPU_UTIL_EXCEEDS_FREE, m.PHASE_PROFILE,
@@ -74,16 +168,16 @@ MESSAGES: tuple[Message, ...] = (
        "no_cache_blocks"),
     _m(MEMORY, r"Cannot auto-fit max_model_len: not enough GPU memory", m.KV_CACHE_INSUFFICIENT, m.PHASE_KV,
        "no_room_for_one_token"),
-    _m(MEMORY, r"The worker already uses (?P<worker_gib>[\d.]+) GiB .*more than the (?P<requested_gib>[\d.]+) GiB "
+    _m(MEMORY, r"The worker already uses (?P<worker_gib>[\d.]+) GiB .{0,300}?more than the (?P<requested_gib>[\d.]+) GiB "
        r"of CPU memory reserved", m.KV_CACHE_INSUFFICIENT, m.PHASE_KV, "no_cache_blocks"),
-    _m(MEMORY, r"CUDA out of memory occurred when warming up (?:sampler|pooler).*? with (?P<dummy_requests>\d+) "
+    _m(MEMORY, r"CUDA out of memory occurred when warming up (?:sampler|pooler).{0,200}? with (?P<dummy_requests>\d+) "
        r"dummy requests", m.PROFILING_OOM, m.PHASE_PROFILE, "sampler_warmup_oom"),
     _m(MEMORY, r"Failed to load model - not enough GPU memory", m.WEIGHTS_LOAD_OOM, m.PHASE_LOAD,
        "weights_do_not_fit"),
-    _m(MEMORY, r"Failed to create \w+ (?:linear )?weights: .*out of memory", m.WEIGHTS_LOAD_OOM, m.PHASE_LOAD,
+    _m(MEMORY, r"Failed to create \w{1,40} (?:linear )?weights: .{0,300}?out of memory", m.WEIGHTS_LOAD_OOM, m.PHASE_LOAD,
        "weights_do_not_fit", I),
     # --- host RAM ------------------------------------------------------------------------
-    _m(HOST, r"killed due to memory pressure \(OOM\)|exceeds the memory usage threshold.*Ray killed",
+    _m(HOST, r"killed due to memory pressure \(OOM\)|exceeds the memory usage threshold.{0,400}?Ray killed",
        m.HOST_RAM_OOM, None, "ray_memory_monitor_killed_worker"),
     _m(HOST, r"Aborted due to the lack of CPU swap space", m.HOST_RAM_OOM, m.PHASE_SERVING, "cpu_swap_exhausted"),
     _m(HOST, r"Memory cgroup out of memory|Out of memory: Killed process|oom-kill(?:er)?:|OOMKilled",
@@ -93,20 +187,20 @@ MESSAGES: tuple[Message, ...] = (
     # --- known failures that are not memory ----------------------------------------------
     _m(NOT_OOM, r"an illegal memory access was encountered", subtype="illegal_memory_access"),
     _m(NOT_OOM, r"Watchdog caught collective operation timeout|Some NCCL operations have failed or timed out|"
-       r"NCCL (?:communicator|operation).*timed? ?out", subtype="nccl_timeout"),
+       r"NCCL (?:communicator|operation).{0,200}?timed? ?out", subtype="nccl_timeout"),
     _m(NOT_OOM, r"Total number of attention heads \(\d+\) must be divisible by tensor parallel size|"
        r"must be divisible by (?:tensor|pipeline) parallel size|\d+ is not divisible by \d+|"
        r"is not divisible by group_size", subtype="parallel_size_does_not_divide_model"),
     _m(NOT_OOM, r"Pipeline parallelism is not supported for this model", subtype="pipeline_parallel_unsupported"),
     _m(NOT_OOM, r"Quantization method specified in the model config \(\w+\) does not match|"
        r"Unknown quantization method|is not supported for quantization method|"
-       r"The quantization method \S+ is not supported for the current GPU", subtype="quantization_mismatch"),
+       r"The quantization method \S{1,60} is not supported for the current GPU", subtype="quantization_mismatch"),
     _m(NOT_OOM, r"only supported on GPUs with compute capability|compute capability below [\d.]+ are not supported|"
        r"is not supported on (?:this|the current) GPU", subtype="unsupported_gpu_architecture"),
-    _m(NOT_OOM, r"Model architectures? \[.*\] (?:are|is) not supported|"
+    _m(NOT_OOM, r"Model architectures? \[[^\]]{0,300}\] (?:are|is) not supported|"
        r"Cannot find model module|not supported for now\. Supported architectures", subtype="unsupported_architecture"),
     _m(NOT_OOM, r"Address already in use|EADDRINUSE", subtype="port_in_use"),
-    _m(NOT_OOM, r"(?:creating|attaching to) shared memory segment|/dev/shm.*(?:No space|failed|error)|"
+    _m(NOT_OOM, r"(?:creating|attaching to) shared memory segment|/dev/shm.{0,200}?(?:No space|failed|error)|"
        r"unable to (?:write to|allocate) shared memory|Bus error", subtype="shared_memory_dev_shm", flags=I),
     _m(NOT_OOM, r"No available shared memory broadcast block found", subtype="worker_hang_shm_broadcast"),
     _m(NOT_OOM, r"is too long and exceeds limit of|maximum context length is \d+ tokens|"
@@ -117,15 +211,15 @@ MESSAGES: tuple[Message, ...] = (
     _m(NOT_OOM, r"Workspace is locked but allocation", subtype="workspace_growth_after_lock"),
     _m(NOT_OOM, r"Repository Not Found|is not a valid model identifier|does not appear to have a file named "
        r"config\.json|Can't load the configuration of|HFValidationError|Invalid repository ID|"
-       r"No such file or directory: .*config\.json|(?:model|Model) path .* does not exist|"
+       r"No such file or directory: .{0,300}?config\.json|(?:model|Model) path .{1,300}? does not exist|"
        r"Cannot connect to|We couldn't connect to", subtype="model_not_found"),
     _m(NOT_OOM, r"CUDA driver version is insufficient|no CUDA-capable device is detected|"
        r"Failed to infer device type|NVIDIA driver on your system is too old|CUDA error: no kernel image",
        subtype="driver_or_device"),
-    _m(NOT_OOM, r"NCCL error.*(?:unhandled system error|remote process exited|invalid usage)|"
+    _m(NOT_OOM, r"NCCL error.{0,300}?(?:unhandled system error|remote process exited|invalid usage)|"
        r"ncclSystemError|ncclInternalError|ncclInvalidUsage", subtype="nccl_error"),
     # --- NCCL failing for lack of GPU memory ---------------------------------------------------
-    _m(NCCL_OOM, r"Cuda failure '?out of memory'?|ncclUnhandledCudaError.*out of memory", m.MULTI_GPU_OOM, None,
+    _m(NCCL_OOM, r"Cuda failure '?out of memory'?|ncclUnhandledCudaError.{0,300}?out of memory", m.MULTI_GPU_OOM, None,
        "nccl_cuda_oom", I),
     # --- generic GPU out-of-memory: torch 2.x, older torch, raw CUDA and HIP ---------------------
     _m(OOM, r"(?:CUDA|HIP|XPU) out of memory\.?(?: Tried to allocate (?P<tried_gib>" + SIZE + r"))?"
@@ -134,7 +228,7 @@ MESSAGES: tuple[Message, ...] = (
     _m(OOM, r"OutOfMemoryError|CUDA error: out of memory|CUDA out of\s*(?:\[\.\.\.\])?$|cudaErrorMemoryAllocation|CUBLAS_STATUS_ALLOC_FAILED|"
        r"RESOURCE_EXHAUSTED|out of memory \(HIP\)"),
     # --- worker killed by the kernel (exit -9) ------------------------------------------------
-    _m(KILLED, r"died unexpectedly \(exit code: -9\)|died, exit code: -9|Failed core proc\(s\): \{[^}]*-9|"
+    _m(KILLED, r"died unexpectedly \(exit code: -9\)|died, exit code: -9|Failed core proc\(s\): \{[^}]{0,200}-9|"
        r"died with exit code -9|exit code -9|signal 9\b|SIGKILL", m.HOST_RAM_OOM, None, "worker_sigkill"),
     # --- where a failure happened (traceback frames, markers) ----------------------------------
     _m(FRAME, r"\bin (?:capture_model|_capture_cudagraphs|_warmup_and_capture|capture_end|capture_begin)\b|"
@@ -162,13 +256,30 @@ MESSAGES: tuple[Message, ...] = (
        phase=m.PHASE_PROFILE),
     _m(MILESTONE, r"Loading (?:model )?weights took (?P<weights_gib>[\d.]+) ?GB|"
        r"Model loading took (?P<weights_gib2>[\d.]+) ?GiB", phase=m.PHASE_PROFILE),
-    _m(MILESTONE, r"Available KV cache memory: (?P<available_kv_gib>[\d.]+) GiB|"
+    _m(MILESTONE, r"Available KV cache memory: (?P<available_kv_gib>-?[\d.]+) GiB|"
        r"# (?:GPU|cuda|CPU) blocks: \d+|KV cache size: (?P<kv_cache_tokens>" + NUM + r") tokens|"
        r"Memory profiling takes", phase=m.PHASE_KV),
     _m(MILESTONE, r"Graph capturing finished in|init engine \(profile, create kv cache, warmup model\) took|"
        r"Application startup complete|Uvicorn running on|Avg prompt throughput|Starting vLLM API server",
        phase=m.PHASE_SERVING),
+    # --- start-up figures that prove there is no room for the KV cache (decide on their own) ----
+    _m(BUDGET, r"the rest of the memory reserved for KV Cache is (?P<kv_reserved_gib>-[\d.]+|0(?:\.0+)?) ?GiB",
+       m.KV_CACHE_INSUFFICIENT, m.PHASE_KV, "no_memory_left_for_kv_cache"),
+    _m(BUDGET, r"Available KV cache memory: (?P<available_kv_gib>-[\d.]+|0(?:\.0+)?) GiB",
+       m.KV_CACHE_INSUFFICIENT, m.PHASE_KV, "no_memory_left_for_kv_cache"),
+    _m(BUDGET, r"# (?:GPU|cuda) blocks: (?P<gpu_blocks>0)\b", m.KV_CACHE_INSUFFICIENT, m.PHASE_KV,
+       "zero_gpu_blocks"),
+    _m(BUDGET, r"Maximum concurrency for (?P<max_model_len>[\d,]{1,12}) tokens per request: "
+       r"(?P<max_concurrency>0\.00)x", m.KV_CACHE_INSUFFICIENT, m.PHASE_KV, "kv_cache_below_one_request"),
     # --- figures worth keeping -------------------------------------------------------------
+    _m(FIGURE, r"the current vLLM instance can use total_gpu_memory \((?P<total_gib>[\d.]+) ?GiB\) x "
+       r"gpu_memory_utilization \((?P<util>[\d.]+)\) = (?P<requested_gib>[\d.]+) ?GiB"),
+    _m(FIGURE, r"model weights take (?P<weights_gib>[\d.]+) ?GiB"),
+    _m(FIGURE, r"Initial free memory: (?P<initial_free_gib>[\d.]+) GiB; Requested memory: "
+       r"(?P<util>[\d.]+) \(util\), (?P<requested_gib>[\d.]+) GiB"),
+    _m(FIGURE, r"worker init memory snapshot: .{0,80}?total_memory=(?P<total_gib>[\d.]+)GiB"),
+    _m(FIGURE, r"Maximum concurrency for (?P<max_model_len>[\d,]{1,12}) tokens per request: "
+       r"(?P<max_concurrency>[\d.]+)x"),
     _m(FIGURE, r"Memory profiling results: total_gpu_memory=(?P<total_gib>[\d.]+)GiB "
        r"initial_memory_usage=(?P<initial_usage_gib>[\d.]+)GiB"),
     _m(FIGURE, r"the rest of the memory reserved for KV Cache is (?P<kv_reserved_gib>-?[\d.]+) ?GiB"),
@@ -187,17 +298,3 @@ WRAPPERS = re.compile(
     r"Engine core initialization failed|EngineDeadError|WorkerProc hit an exception|EngineCore failed to start|"
     r"EngineCore encountered a fatal error|Worker failed with error|please check the stack trace above|"
     r"Got fatal signal from worker processes")
-
-_UNIT = {"": 1.0, "B": 2**-30, "bytes": 2**-30, "KB": 1e3 / 2**30, "KiB": 2**-20, "MB": 1e6 / 2**30,
-         "MiB": 2**-10, "GB": 1.0, "GiB": 1.0, "TB": 1e3, "TiB": 1024.0}
-
-
-def gib(text: str) -> float:
-    """'246.00 MiB' -> 0.24; vLLM's 'GB' is really GiB (format_gib), so GB counts as GiB."""
-    t = text.replace(",", "").strip()
-    mt = re.match(r"([\d.]+)\s*([KMGT]i?B|B|bytes)?", t)
-    if not mt:
-        return 0.0
-    unit = mt.group(2) or ""
-    factor = 1.0 if unit == "GB" else _UNIT.get(unit, 1.0)
-    return round(float(mt.group(1)) * factor, 4)

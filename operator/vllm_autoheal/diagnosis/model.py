@@ -95,6 +95,7 @@ class Diagnosis:
     explanation: str = ""
     confidence: str = "low"              # high: an explicit vLLM message; medium: inferred; low: guessed
     source: str = "log"                  # log, exit-state, termination-message, log-tail-only
+    notes: list[str] = field(default_factory=list)  # numbers dropped as implausible, lines ignored, ...
 
     @property
     def is_memory(self) -> bool:

@@ -1,11 +1,19 @@
-"""Read a log of any size in bounded memory and keep only the lines that can matter.
+"""Read a log of any size in bounded time and memory, and keep only the lines that can matter,
+each tagged with who wrote it. Standard library only.
 
-A 100 MB serving log is mostly metrics and access lines. The scan looks for a
-few literal anchors with str.find (C speed), keeps the first and last candidate
-lines plus the raw tail, and normalizes only those: ANSI colours, carriage
-returns, docker-compose / `(EngineCore_DP0 pid=…)` / `[rank0]:` prefixes,
-timestamps and vLLM's `LEVEL MM-DD hh:mm:ss [file.py:N]` headers.
-Standard library only.
+Bounded work: candidate lines (lines holding a literal anchor, found with str.find at C speed)
+are taken only from the first HEAD_BYTES and the last TAIL_BYTES of the input; the bytes in
+between are read and dropped. A crash's root cause sits within a few KiB of the end
+(DESIGN.md, "Where the cause is in the output") and the start-up figures at the start, so the
+windows lose nothing that decides, while a crafted log cannot make the scan do more than a
+fixed amount of per-line work. Each line is matched on at most MATCH_CHARS characters.
+
+Origin: vLLM echoes requests and responses into its log (`--enable-log-requests`,
+`--enable-log-outputs`), and those lines carry user text. They are tagged USER and never
+decide a diagnosis nor appear in its evidence; uvicorn access lines are tagged ACCESS.
+vLLM's formatter repeats the logger header on every line of a multi-line message, and the
+request logger writes prompts with %r (one line), so the header and the message's opening
+words identify them.
 """
 from __future__ import annotations
 
@@ -20,54 +28,88 @@ ANCHORS = (
     "rror", "emory", "illed", "died", "xception", "Traceback", "NCCL", "apture", "cudagraph",
     "took", "oading", "startup", "too long", "context length", "divisible", "in use", "Abort",
     "exit code", "Uvicorn", "load_model", "profile", "dummy", "execute_model", "busy_loop",
-    "determine_", "kv_cache", "KV cache size", "blocks", "Initializing", "not supported",
+    "determine_", "kv_cache", "KV cache", "KV Cache", "blocks", "Initializing", "not supported",
     "capability", "Quantization", "quantization method", "max seq len", "max_model_len", "OOM",
     "Killing", "graph", "model_runner", "swap", "shm", "alloc", "Workspace", "serving_",
     "Process ", "Engine", "bad_alloc", "SIGKILL", "Signal", "found", "No such file",
     "Repository", "does not appear", "timed out", "timeout", "allocate", "get_model", "weights",
+    "concurrency", "Received request", "Generated response", "details: prompt",
 )
-CHUNK = 4 * 2**20
-MAX_LINE = 8192
+CHUNK = 1 * 2**20
+MAX_LINE = 8192       # kept per line (evidence is cut far shorter)
+MATCH_CHARS = 2048    # what patterns see of a line: every decisive vLLM line is shorter
+HEAD_BYTES = 256 * 2**10
+TAIL_BYTES = 1 * 2**20
 HEAD_LINES = 400
 TAIL_LINES = 3000
-TAIL_BYTES = 64 * 2**10
+RAW_TAIL_BYTES = 64 * 2**10   # every line here is kept, anchor or not (traceback frames)
 
-_ANSI = re.compile(r"(?:\x1b|\^\[|#033)\[[0-9;]*[A-Za-z]")
+ENGINE, USER, ACCESS = "engine", "user", "access"
+
+_ANSI = re.compile(r"(?:\x1b|\^\[|#033)\[[0-9;]{0,20}[A-Za-z]")
 _PREFIXES = re.compile(
     r"^(?:"
-    r"\s*\[?\d{4}-\d\d-\d\d[T ][\d:.,]+Z?\]?\s*"                       # ISO timestamps
-    r"|\s*[\w.-]{0,40}\s*\|\s"                                         # docker compose "svc-1  | "
-    r"|\s*\((?P<proc>[\w.-]+)(?:\s+rank=(?P<rank>\d+))?(?:\s+pid=\d+)?(?:\s+ip=[\w.:]+)?\)\s*"
-    r"|\s*\[rank(?P<rank2>\d+)\]:\s*"                                  # torchrun "[rank0]:"
-    r"|\s*(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+\d\d-\d\d\s+[\d:.]+\s+(?:\[[^\]]*\]|[\w.]+:\d+\])\s?"
-    r"|\s*(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s*:\s+"            # uvicorn "INFO:     "
-    r"|\s*[\w.]+\.py:\d+\]\s"                                          # truncated "[file.py:N] "
+    r"\s{0,8}\[?\d{4}-\d\d-\d\d[T ][\d:.,]{1,20}Z?\]?\s{0,8}"                    # ISO timestamps
+    r"|\s{0,8}[\w.-]{0,40}\s{0,8}\|\s"                                            # docker compose "svc-1  | "
+    r"|\s{0,8}\((?P<proc>[\w.-]{1,60})(?:\s+rank=(?P<rank>\d{1,4}))?(?:\s+pid=\d{1,10})?"
+    r"(?:\s+ip=[\w.:]{1,60})?\)\s{0,8}"                                            # (EngineCore_DP0 pid=1)
+    r"|\s{0,8}\[rank(?P<rank2>\d{1,4})\]:\s{0,8}"                                 # torchrun "[rank0]:"
+    r"|\s{0,8}(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s{1,8}\d\d-\d\d\s{1,8}[\d:.]{1,20}\s{1,8}"
+    r"(?:\[(?P<file>[\w.-]{1,80}?)(?::\d{1,6})?\]|(?P<file2>[\w.-]{1,80}):\d{1,6}\])\s?"  # vLLM header
+    r"|\s{0,8}(?P<level2>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s{0,8}:\s+"      # uvicorn "INFO:     "
+    r"|\s{0,8}(?P<file3>[\w.-]{1,80}\.py):\d{1,6}\]\s"                            # truncated "[file.py:N] "
     r")"
 )
-_TP_RANK = re.compile(r"(?:Worker_TP|\[Rank |rank=)(\d+)")
+_TP_RANK = re.compile(r"(?:Worker_TP|\[Rank |rank=)(\d{1,4})")
+# The request logger's and response logger's opening words (vLLM 0.2 to 0.33), and the
+# parsers that log model output; a header naming entrypoints/logger.py is user text too.
+_USER_TEXT = re.compile(
+    r"^(?:Received request \S+:|Generated response \S+|Request \S+ details:|Added request \S+:? .{0,40}prompt)"
+    r"|\b(?:prompt|output|outputs|delta_text|current_text|model_output): ['\"]"
+    r"|\bprompt_token_ids: \[")
+_USER_FILES = re.compile(r"^(?:logger\.py|.*tool_parser.*|.*reasoning.*parser.*|.*_parser\.py)$")
+_ACCESS = re.compile(r'^\[?[\w.:\[\]-]{1,60}:\d{1,5}\]? - "(?:GET|POST|PUT|DELETE|PATCH|HEAD|OPTIONS) ')
 
 
 @dataclass
 class Line:
     offset: int       # position in the input, for ordering
-    text: str         # normalized
+    text: str         # normalized: prefixes and headers removed
     raw: str          # as printed (ANSI removed), for evidence
     rank: int | None  # the worker rank that printed it, when the prefix says
+    origin: str = ENGINE
+    source_file: str | None = None  # the file named in vLLM's logger header, when there is one
+    level: str | None = None        # the logger level in the header (INFO, WARNING, ERROR, ...)
+
+    @property
+    def informational(self) -> bool:
+        """An INFO/DEBUG/WARNING line reports progress or a warning, never the failure itself."""
+        return self.level in ("DEBUG", "INFO", "WARNING", "WARN")
+
+    @property
+    def match_text(self) -> str:
+        return self.text[:MATCH_CHARS]
 
 
 @dataclass
 class Scan:
     lines: list[Line] = field(default_factory=list)
     total_bytes: int = 0
-    truncated: bool = False  # candidate lines were dropped in the middle
+    truncated: bool = False  # candidate lines were left out between the head and the tail
 
     def text(self) -> str:
         return "\n".join(line.text for line in self.lines)
 
 
 def normalize(raw: str) -> tuple[str, int | None]:
+    text, rank, _, _ = _strip(raw)
+    return text, rank
+
+
+def _strip(raw: str) -> tuple[str, int | None, str | None, str | None]:
     text = _ANSI.sub("", raw)
     rank = None
+    source_file = level = None
     for _ in range(6):  # prefixes nest: timestamp, service, process, level header
         m = _PREFIXES.match(text)
         if not m or m.end() == 0:
@@ -78,11 +120,34 @@ def normalize(raw: str) -> tuple[str, int | None]:
             r = t.group(1) if t else None
         if r is not None:
             rank = int(r)
+        source_file = m.group("file") or m.group("file2") or m.group("file3") or source_file
+        level = m.group("level") or m.group("level2") or level
         text = text[m.end():]
     if rank is None:
         t = _TP_RANK.search(raw[:80])
         rank = int(t.group(1)) if t else None
-    return text.strip(), rank
+    return text.strip(), rank, source_file, level
+
+
+def origin_of(text: str, source_file: str | None) -> str:
+    """Who wrote a (normalized) line: the engine, a user (request/response echo), or the access log."""
+    if source_file and _USER_FILES.match(source_file.rsplit("/", 1)[-1]):
+        return USER
+    head = text[:MATCH_CHARS]
+    if _USER_TEXT.search(head):
+        return USER
+    if _ACCESS.match(head):
+        return ACCESS
+    return ENGINE
+
+
+def make_line(offset: int, raw: str) -> Line | None:
+    if not raw.strip():
+        return None
+    text, rank, source_file, level = _strip(raw)
+    if not text:
+        return None
+    return Line(offset, text, _ANSI.sub("", raw).strip(), rank, origin_of(text, source_file), source_file, level)
 
 
 def _chunks(source: str | IO[str] | Iterable[str]) -> Iterable[str]:
@@ -91,7 +156,7 @@ def _chunks(source: str | IO[str] | Iterable[str]) -> Iterable[str]:
             yield source[i:i + CHUNK]
     elif hasattr(source, "read"):
         while True:
-            block = source.read(CHUNK)  # type: ignore[union-attr]
+            block = source.read(CHUNK)
             if not block:
                 return
             yield block
@@ -99,62 +164,65 @@ def _chunks(source: str | IO[str] | Iterable[str]) -> Iterable[str]:
         yield from source
 
 
+def _candidates(body: str, base: int, limit: int | None = None) -> list[tuple[int, str]]:
+    """Lines of `body` holding an anchor, in order; at most `limit` of them (from the start)."""
+    starts: set[int] = set()
+    for anchor in ANCHORS:
+        i = body.find(anchor)
+        while i >= 0:
+            start = body.rfind("\n", 0, i) + 1
+            starts.add(start)
+            nxt = body.find("\n", i)
+            i = body.find(anchor, nxt + 1) if nxt >= 0 else -1
+    out = []
+    for start in sorted(starts):
+        end = body.find("\n", start)
+        out.append((base + start, body[start:end if end >= 0 else len(body)][:MAX_LINE]))
+        if limit is not None and len(out) >= limit:
+            break
+    return out
+
+
 def scan(source: str | IO[str] | Iterable[str]) -> Scan:
-    """Candidate lines of the whole input (first HEAD_LINES, last TAIL_LINES) and every line
-    of its last TAIL_BYTES, in input order, normalized. Memory is bounded by those limits."""
-    head: list[tuple[int, str]] = []
-    tail: deque[tuple[int, str]] = deque(maxlen=TAIL_LINES)
-    raw_tail = ""
+    """Candidate lines of the head and tail windows and every line of the last RAW_TAIL_BYTES,
+    in input order, normalized and tagged with their origin."""
+    head_text = ""
+    tail: deque[str] = deque()  # the last TAIL_BYTES (or a little more), as read
+    tail_len = 0
     seen = 0
-    carry = ""
-    dropped = False
-    base = 0
     for chunk in _chunks(source):
-        block = (carry + chunk).replace("\r\n", "\n").replace("\r", "\n")
-        cut = block.rfind("\n")
-        if cut < 0:
-            carry = block[-MAX_LINE:] if len(block) > MAX_LINE else block
-            continue
-        body, carry = block[:cut + 1], block[cut + 1:][-MAX_LINE:]
-        starts: set[int] = set()
-        for anchor in ANCHORS:
-            i = body.find(anchor)
-            while i >= 0:
-                start = body.rfind("\n", 0, i) + 1
-                starts.add(start)
-                nxt = body.find("\n", i)
-                i = body.find(anchor, nxt + 1) if nxt >= 0 else -1
-        for start in sorted(starts):
-            end = body.find("\n", start)
-            item = (base + start, body[start:end][:MAX_LINE])
-            if len(head) < HEAD_LINES:
-                head.append(item)
-            else:
-                if len(tail) == tail.maxlen:
-                    dropped = True
-                tail.append(item)
-        raw_tail = (raw_tail + body[-TAIL_BYTES:])[-TAIL_BYTES:]  # never copy the whole chunk
-        base += len(body)
+        chunk = chunk.replace("\r\n", "\n").replace("\r", "\n")
+        if len(head_text) < HEAD_BYTES:
+            take = HEAD_BYTES - len(head_text)
+            head_text += chunk[:take]
+        tail.append(chunk)
+        tail_len += len(chunk)
         seen += len(chunk)
-    if carry:
-        tail.append((base, carry[:MAX_LINE]))
-        raw_tail = (raw_tail + carry)[-TAIL_BYTES:]
-        base += len(carry)
+        while tail and tail_len - len(tail[0]) >= TAIL_BYTES:
+            tail_len -= len(tail.popleft())
+    tail_text = "".join(tail)
+    tail_base = seen - len(tail_text)
+    if len(tail_text) > TAIL_BYTES:
+        tail_base += len(tail_text) - TAIL_BYTES
+        tail_text = tail_text[-TAIL_BYTES:]
+    merged: dict[int, str] = {}
+    # Head window: whole lines only (the last one may be cut by the window).
+    cut = head_text.rfind("\n") + 1 if len(head_text) >= HEAD_BYTES else len(head_text)
+    for off, text in _candidates(head_text[:cut], 0, HEAD_LINES):
+        merged[off] = text
+    # Tail window: skip its first (partial) line unless it starts the input.
+    start = 0 if tail_base == 0 else tail_text.find("\n") + 1
+    tail_body = tail_text[start:]
+    tail_lines = _candidates(tail_body, tail_base + start)
+    truncated = tail_base > cut or len(tail_lines) > TAIL_LINES
+    for off, text in tail_lines[-TAIL_LINES:]:
+        merged[off] = text
     # The raw tail: every line, anchors or not (traceback frames, the last words).
-    tail_start = base - len(raw_tail)
-    merged: dict[int, str] = {off: text for off, text in head}
-    merged.update({off: text for off, text in tail})
-    pos = tail_start
-    for n, piece in enumerate(raw_tail.split("\n")):
-        if n > 0 or tail_start == 0:  # the first piece of a cut tail is a partial line
+    raw = tail_body[-RAW_TAIL_BYTES:]
+    pos = tail_base + start + len(tail_body) - len(raw)
+    for n, piece in enumerate(raw.split("\n")):
+        if n > 0 or pos == tail_base + start:  # the first piece of a cut tail is a partial line
             merged.setdefault(pos, piece[:MAX_LINE])
         pos += len(piece) + 1
-    lines = []
-    for off in sorted(merged):
-        raw = merged[off]
-        if not raw.strip():
-            continue
-        text, rank = normalize(raw)
-        if text:
-            lines.append(Line(off, text, _ANSI.sub("", raw).strip(), rank))
-    return Scan(lines=lines, total_bytes=seen, truncated=dropped)
+    lines = [line for off in sorted(merged) if (line := make_line(off, merged[off])) is not None]
+    return Scan(lines=lines, total_bytes=seen, truncated=truncated)

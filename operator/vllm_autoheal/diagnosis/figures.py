@@ -1,0 +1,106 @@
+"""Numbers read from vLLM's messages, each checked for plausibility before anything uses it.
+Standard library only.
+
+One table says what each number is (a size in GiB, a token length, a utilization, a count)
+and so which values are possible. A number outside its range (NaN, infinite, negative where
+vLLM never prints a negative, larger than the GPU, a length of 2^24 or more, a utilization
+outside (0, 1]) is dropped, with a note saying which and why: a remedy sized from a wrong
+number is worse than none.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+SIZE, SIGNED_SIZE, LENGTH, UTIL, COUNT, RATIO = "size", "signed-size", "length", "util", "count", "ratio"
+MAX_GIB = 4096.0          # no device, nor a node's RAM for the CPU backend, is larger
+MAX_LENGTH = 2**24        # no model has a context this long
+MAX_COUNT = 2**31
+
+KIND = {
+    "free_gib": SIZE, "total_gib": SIZE, "requested_gib": SIZE, "needed_gib": SIZE, "available_gib": SIZE,
+    "initial_free_gib": SIZE, "current_free_gib": SIZE, "worker_gib": SIZE, "tried_gib": SIZE,
+    "gpu_total_gib": SIZE, "gpu_free_gib": SIZE, "own_gib": SIZE, "torch_allocated_gib": SIZE,
+    "private_pools_gib": SIZE, "requested_kv_gib": SIZE, "node_total_gib": SIZE, "weights_gib": SIZE,
+    "initial_usage_gib": SIZE, "available_kv_gib": SIGNED_SIZE, "kv_reserved_gib": SIGNED_SIZE,
+    "max_seq_len": LENGTH, "estimated_max_model_len": LENGTH, "kv_tokens": LENGTH, "kv_cache_tokens": LENGTH,
+    "max_model_len": LENGTH, "util": UTIL, "dummy_requests": COUNT, "gpu_blocks": COUNT, "oom_gpu": COUNT,
+    "tp": COUNT, "pp": COUNT, "max_concurrency": RATIO,
+}
+# Sizes of what is on the device, so no larger than it (what was asked for can be larger).
+DEVICE_BOUNDED = {"free_gib", "available_gib", "initial_free_gib", "current_free_gib", "gpu_free_gib",
+                  "own_gib", "torch_allocated_gib", "weights_gib", "available_kv_gib", "kv_reserved_gib"}
+_UNIT = {"": 1.0, "B": 2**-30, "bytes": 2**-30, "KB": 1e3 / 2**30, "KiB": 2**-20, "MB": 1e6 / 2**30,
+         "MiB": 2**-10, "GB": 1.0, "GiB": 1.0, "TB": 1e3, "TiB": 1024.0}
+_SIZE = re.compile(r"(-?[\d.]{1,30})\s*([KMGT]i?B|B|bytes)?")
+_PROCESS_GIB = re.compile(r"Process \d{1,10} has ([\d.]{1,20}) ([GM])iB")
+
+
+def gib(text: str) -> float:
+    """'246.00 MiB' -> 0.24; vLLM's 'GB' is really GiB (format_gib), so GB counts as GiB. NaN if unreadable."""
+    t = text.replace(",", "").strip()
+    mt = _SIZE.match(t)
+    if not mt:
+        return math.nan
+    try:
+        value = float(mt.group(1))
+    except ValueError:
+        return math.nan
+    return round(value * _UNIT.get(mt.group(2) or "", 1.0), 4)
+
+
+def parse(key: str, text: str) -> float | int | None:
+    kind = KIND.get(key)
+    if kind is None:
+        return None
+    if kind in (SIZE, SIGNED_SIZE):
+        return gib(text)
+    try:
+        if kind in (UTIL, RATIO):
+            return float(text)
+        return int(text.replace(",", ""))
+    except ValueError:
+        return None
+
+
+def check(key: str, value: float | int, device_gib: float | None) -> str | None:
+    """Why `value` cannot be what vLLM meant for `key`, or None when it is plausible."""
+    kind = KIND.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "not a number"
+    if not math.isfinite(value):
+        return "not finite"
+    if kind == SIGNED_SIZE:
+        if abs(value) > MAX_GIB:
+            return f"larger than {MAX_GIB:g} GiB"
+    elif value < 0:
+        return "negative"
+    if kind in (SIZE, SIGNED_SIZE):
+        limit = device_gib * 1.02 if device_gib and key in DEVICE_BOUNDED else MAX_GIB
+        if abs(value) > limit:
+            return f"larger than the device ({limit:.1f} GiB)"
+    elif kind == LENGTH:
+        if value >= MAX_LENGTH or (value == 0 and key != "kv_tokens"):
+            return "not a plausible length"
+    elif kind == UTIL:
+        if not 0 < value <= 1:
+            return "outside (0, 1]"
+    elif kind == COUNT:
+        if value >= MAX_COUNT:
+            return "too large"
+    elif kind == RATIO and value > 1e7:
+        return "too large"
+    return None
+
+
+def process_sizes(text: str) -> list[float]:
+    """Sizes of the other processes torch lists in its OOM message ('Process 12 has 3.1 GiB ...')."""
+    sizes = []
+    for value, unit in _PROCESS_GIB.findall(text):
+        try:
+            size = float(value) * (1 if unit == "G" else 1 / 1024)
+        except ValueError:
+            continue
+        if math.isfinite(size) and 0 <= size <= MAX_GIB:
+            sizes.append(round(size, 2))
+    return sizes

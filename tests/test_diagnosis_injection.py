@@ -1,0 +1,142 @@
+"""User text in the log never steers a diagnosis.
+
+vLLM echoes requests and responses into its log (`--enable-log-requests`,
+`--enable-log-outputs`, in every version's own format). Each crafted log below is a real
+crash (a real non-memory failure, or a real out-of-memory) with request or response lines
+inserted that quote one of vLLM's memory errors, with numbers chosen to do harm. The
+diagnosis must be exactly what the real crash alone gives: same cause, phase, evidence and
+numbers (so the same remedy, and none for a non-memory crash), and no request line and no
+prompt text anywhere in it.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vllm_autoheal.diagnosis import MEMORY_CAUSES, Signals, classify
+
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS = {s["id"]: s for s in map(json.loads, (ROOT / "tests/corpus/corpus.jsonl").read_text().splitlines())}
+REAL_CPU = ROOT / "tests/fixtures/vllm-cpu"
+
+# What a user might quote, one per memory cause (with numbers chosen to do harm).
+QUOTES = {
+    "kv_cache_insufficient": "ValueError: To serve at least one request with the model's max seq len (131072), "
+                             "(16.0 GiB KV cache is needed, which is larger than the available KV cache memory "
+                             "(0.01 GiB). Based on the available memory, the estimated maximum model length is 2048.",
+    "gpu_util_exceeds_free": "ValueError: Free memory on device cuda:0 (3.1/79.2 GiB) on startup is less than desired "
+                             "GPU memory utilization (0.9, 71.3 GiB). Decrease GPU memory utilization",
+    "weights_load_oom": "ValueError: Failed to load model - not enough GPU memory",
+    "profiling_oom": "RuntimeError: CUDA out of memory occurred when warming up sampler with 1024 dummy requests.",
+    "cudagraph_capture_oom": 'File "gpu_model_runner.py", line 3362, in capture_model\n'
+                             "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 64.00 GiB.",
+    "runtime_oom": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 10000000000000000000 GiB. "
+                   "GPU 0 has a total capacity of 79.19 GiB of which 1.10 GiB is free.",
+    "multi_gpu_oom": "ncclUnhandledCudaError: Call to CUDA function failed. Last error: Cuda failure 'out of memory'",
+    "host_ram_oom": "Memory cgroup out of memory: Killed process 4242 (python3). A worker died unexpectedly "
+                    "(exit code: -9) OOMKilled",
+}
+
+# The request and response logger's formats, vLLM 0.2 to 0.33 (vllm/entrypoints/logger.py and the
+# older async_llm_engine.py). Prompts and outputs are written with %r: one line, quotes escaped.
+FORMATS = [
+    "INFO 01-10 12:00:00 async_llm_engine.py:379] Received request cmpl-3f1: prompt: {r}, prefix_pos: None,"
+    "sampling_params: SamplingParams(n=1, temperature=0.7, max_tokens=256), prompt_token_ids: [1, 415], "
+    "lora_request: None.",
+    "INFO 10-03 12:00:00 logger.py:36] Received request chat-4a3c: prompt: {r}, params: SamplingParams(n=1, "
+    "temperature=0.7, stop=[], max_tokens=512), prompt_token_ids: [128000, 882], lora_request: None, "
+    "prompt_adapter_request: None.",
+    "INFO 05-12 09:00:00 [logger.py:39] Received request chatcmpl-77e: prompt: {r}, params: SamplingParams(n=1), "
+    "prompt_token_ids: None, prompt_embeds shape: None, lora_request: None, prompt_adapter_request: None.",
+    "(APIServer pid=7) DEBUG 12-01 10:00:01 [logger.py:35] Request chatcmpl-9f2 details: prompt: {r}, "
+    "prompt_token_ids: [151644, 872], prompt_embeds shape: None.",
+    "(APIServer pid=7) INFO 12-01 10:00:05 [logger.py:72] Generated response chatcmpl-9f2: output: {r}, "
+    "output_token_ids: [40, 1079], finish_reason: stop",
+    "(APIServer pid=7) INFO 12-01 10:00:05 [logger.py:72] Generated response chatcmpl-9f2 (streaming delta): "
+    "output: {r}, output_token_ids: [40], finish_reason: None",
+    "(APIServer pid=7) INFO 12-01 10:00:01 [logger.py:41] Received request cmpl-a1: params: SamplingParams(n=1, "
+    "stop=[{r}], max_tokens=16), lora_request: None.",
+]
+ACCESS = '(APIServer pid=7) INFO:     127.0.0.1:40112 - "POST /v1/chat/completions?q={q} HTTP/1.1" 200 OK'
+
+
+def _base(name: str) -> str:
+    if name.endswith(".log"):
+        return (REAL_CPU / name).read_text()
+    return CORPUS[name]["log"]
+
+
+NOT_MEMORY_BASES = ["neg-2734-llama2-70b-tp8-timeout", "neg-52435-tp3-heads", "model-not-found.log",
+                    "neg-6042-watchdog-worker-died"]
+MEMORY_BASES = ["kv-cache-too-small.log", "cg-15228-qwen25-v080", "memory-limit-kill.log", "rt-27466-busy-loop"]
+
+
+def _inject(log: str, quote: str, fmt: str, where: str) -> str:
+    line = fmt.format(r=repr(f"<|user|>my server printed this, why? {quote}<|assistant|>"))
+    access = ACCESS.format(q=quote.replace(" ", "%20").replace("\n", "%0A")[:200])
+    lines = log.splitlines()
+    if where == "start":
+        lines = [line, access] + lines
+    elif where == "middle":
+        lines[len(lines) // 2:len(lines) // 2] = [line, access]
+    else:
+        lines += [line, access]
+    return "\n".join(lines) + "\n"
+
+
+def _same(crafted, base) -> None:
+    got, want = crafted.to_dict(), base.to_dict()
+    got.pop("notes"), want.pop("notes")
+    assert got == want
+
+
+CASES = [(base, cause, i) for i, cause in enumerate(QUOTES) for base in (NOT_MEMORY_BASES[i % 4], MEMORY_BASES[i % 4])]
+
+
+@pytest.mark.parametrize("base_name,quoted_cause,n", CASES, ids=[f"{b}-quotes-{c}" for b, c, _ in CASES])
+def test_quoted_memory_errors_in_prompts_and_outputs_change_nothing(base_name, quoted_cause, n):
+    base_log = _base(base_name) if base_name in CORPUS or base_name.endswith(".log") else None
+    if base_log is None:
+        pytest.fail(f"base crash {base_name} missing from tests/corpus")
+    base = classify(Signals(log=base_log))
+    for k, fmt in enumerate(FORMATS[n % len(FORMATS):] + FORMATS[:n % len(FORMATS)]):
+        where = ("start", "middle", "end")[k % 3]
+        crafted_log = _inject(base_log, QUOTES[quoted_cause], fmt, where)
+        crafted = classify(Signals(log=crafted_log))
+        _same(crafted, base)
+        text = json.dumps(crafted.to_dict())
+        assert "Received request" not in text and "Generated response" not in text and "my server printed" not in text
+        assert any("user text" in note for note in crafted.notes)
+    if base_name in NOT_MEMORY_BASES:
+        assert base.cause not in MEMORY_CAUSES
+
+
+def test_the_bases_are_what_they_claim():
+    """The real crashes under the crafted lines: half not memory, half memory of several kinds."""
+    not_memory = {classify(Signals(log=_base(b))).cause for b in NOT_MEMORY_BASES}
+    memory = {classify(Signals(log=_base(b))).cause for b in MEMORY_BASES}
+    assert not_memory == {"not_oom"}
+    assert memory <= set(MEMORY_CAUSES) and len(memory) >= 3
+
+
+def test_a_prompt_alone_decides_nothing():
+    """Only request lines quoting every memory error: nothing the engine said, so `unknown`."""
+    log = "\n".join(fmt.format(r=repr(q)) for q in QUOTES.values() for fmt in FORMATS)
+    d = classify(Signals(log=log, exit_code=1))
+    assert d.cause == "unknown" and d.evidence == [] and {k for k in d.numbers} <= {"exit_code"}
+
+
+def test_the_hooks_nccl_timeout_with_a_quoted_oom_through_the_cli(tmp_path):
+    log = tmp_path / "inject.log"
+    log.write_text(_inject(CORPUS["neg-6042-watchdog-worker-died"]["log"], QUOTES["runtime_oom"], FORMATS[2], "start"))
+    out = subprocess.run([sys.executable, "-m", "vllm_autoheal", "diagnose", str(log), "--json",
+                          "--engine-args", "--gpu-memory-utilization 0.9 --max-model-len 131072"],
+                         capture_output=True, text=True, check=True).stdout
+    result = json.loads(out)
+    assert result["cause"] == "not_oom"
+    assert "Received request" not in out and "my server printed" not in out
+    assert not (result.get("remedy") or {}).get("changes")
