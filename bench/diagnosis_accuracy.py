@@ -1,80 +1,100 @@
-"""Accuracy of the classifier on a labelled corpus (the format of shared/oom-corpus).
+"""Accuracy of the classifier on the labelled corpus in tests/corpus/ (train and test splits).
 
-    python bench/diagnosis_accuracy.py --corpus ../shared/oom-corpus/oom_logs_dev.jsonl
+    python bench/diagnosis_accuracy.py [--corpus tests/corpus/corpus.jsonl] [--split train|test|all]
+                                       [--show-misses train|test|all]
 
-Each sample is classified from its log plus the deployment context an operator
-knows from the spec (tensor/pipeline parallel size, GPU count and names), read
-from the sample's `engine_args` and `gpu` fields. Accuracy from the log alone is
-printed too.
+Each sample is classified from its log plus the deployment context an operator knows from
+the spec (tensor/pipeline parallel size, GPU count), read from the sample's `engine_args`
+and `gpu` fields. Prints the accuracy of each split, not-memory crashes called memory, the
+test split's confusion matrix, and breakdowns by vLLM version and by source kind. Only the
+train split's misses are listed by default: the test split is never used for tuning.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "operator"))
 from vllm_autoheal.diagnosis import CAUSES, MEMORY_CAUSES, Signals, classify  # noqa: E402
+from vllm_autoheal.diagnosis.corpus import context, load  # noqa: E402
 
 
-def _int(pattern: str, text: str) -> int | None:
-    found = re.search(pattern, text, re.IGNORECASE)
-    return int(found.group(1)) if found else None
+def version_bucket(sample: dict) -> str:
+    found = re.search(r"(\d+)\.(\d+)", sample.get("vllm_version") or "")
+    if not found:
+        return "not stated"
+    major, minor = int(found.group(1)), int(found.group(2))
+    if major == 0 and minor < 4:
+        return "0.1-0.3"
+    if major == 0 and minor < 7:
+        return "0.4-0.6"
+    if major == 0 and minor < 11:
+        return "0.7-0.10"
+    return "0.11+"
 
 
-def context(sample: dict) -> dict:
-    """Deployment facts from the sample's metadata, as the operator would have them."""
-    args, gpu = sample.get("engine_args") or "", sample.get("gpu") or ""
-    names = [n.strip() for n in gpu.split("+")] if "+" in gpu else []
-    count = _int(r"^(\d+)\s*x\s", gpu) or _int(r"(\d+) GPUs", gpu) or (len(names) or None)
-    return {
-        "tensor_parallel_size": _int(r"(?:tensor[_-]parallel[_-]size|-tp|\bTP)\s*[=\s]?\s*(\d+)", args),
-        "pipeline_parallel_size": _int(r"(?:pipeline[_-]parallel[_-]size|-pp|\bPP)\s*[=\s]?\s*(\d+)", args),
-        "gpu_count": count,
-        "gpu_names": names,
-    }
+def classify_all(samples: list[dict]) -> list[tuple[dict, str]]:
+    return [(s, classify(Signals(log=s.get("log") or "", **context(s))).cause) for s in samples]
 
 
-def evaluate(samples: list[dict], with_context: bool) -> tuple[list[tuple[str, str, str]], Counter]:
-    results, confusion = [], Counter()
-    for s in samples:
-        extra = context(s) if with_context else {}
-        got = classify(Signals(log=s.get("log") or "", **extra)).cause
-        results.append((s["id"], s["label"], got))
-        confusion[(s["label"], got)] += 1
-    return results, confusion
+def summary(name: str, results: list[tuple[dict, str]]) -> str:
+    n = len(results)
+    right = sum(1 for s, got in results if got == s["label"])
+    false_memory = sum(1 for s, got in results if s["label"] == "not_oom" and got in MEMORY_CAUSES)
+    missed = sum(1 for s, got in results if s["label"] in MEMORY_CAUSES and got == "not_oom")
+    pct = 100 * right / n if n else 0.0
+    return (f"{name:6} {right:3}/{n:<3} = {pct:5.1f}%   not-memory called memory: {false_memory}   "
+            f"memory called not-memory: {missed}")
+
+
+def confusion(results: list[tuple[dict, str]]) -> list[str]:
+    counts = Counter((s["label"], got) for s, got in results)
+    labels = [c for c in CAUSES if any(c in k for k in counts)]
+    out = [" " * 22 + "".join(f"{c[:9]:>10}" for c in labels)]
+    for want in labels:
+        if any(k[0] == want for k in counts):
+            out.append(f"{want:22}" + "".join(f"{counts[(want, got)] or '.':>10}" for got in labels))
+    return out
+
+
+def breakdown(results: list[tuple[dict, str]], key) -> list[str]:
+    groups: dict[str, list[bool]] = defaultdict(list)
+    for s, got in results:
+        groups[key(s)].append(got == s["label"])
+    return [f"  {g:22} {sum(v):3}/{len(v):<3} = {100 * sum(v) / len(v):5.1f}%" for g, v in sorted(groups.items())]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
-    parser.add_argument("--corpus", required=True, type=Path)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--corpus", type=Path, default=ROOT / "tests" / "corpus" / "corpus.jsonl")
+    parser.add_argument("--show-misses", choices=("train", "test", "all", "none"), default="train")
     args = parser.parse_args(argv)
-    samples = [json.loads(line) for line in args.corpus.read_text().splitlines() if line.strip()]
-    results, confusion = evaluate(samples, with_context=True)
-    log_only, _ = evaluate(samples, with_context=False)
-    n = len(results)
-    right = sum(1 for _, want, got in results if want == got)
-    print(f"samples: {n}")
-    print(f"accuracy: {right}/{n} = {100 * right / n:.1f}%  (log + deployment context)")
-    lo = sum(1 for _, want, got in log_only if want == got)
-    print(f"accuracy, log only: {lo}/{n} = {100 * lo / n:.1f}%")
-    false_memory = [(i, g) for i, w, g in results if w == "not_oom" and g in MEMORY_CAUSES]
-    missed_memory = [(i, w) for i, w, g in results if w in MEMORY_CAUSES and g == "not_oom"]
-    print(f"not_oom classified as a memory cause: {len(false_memory)} (must be 0)")
-    print(f"memory samples classified not_oom: {len(missed_memory)}")
-    labels = [c for c in CAUSES if any(c in k for k in confusion)]
-    short = {c: c[:10] for c in labels}
-    print("\nconfusion matrix (rows: label, columns: classified as)")
-    print(" " * 24 + " ".join(f"{short[c]:>10}" for c in labels))
-    for want in labels:
-        print(f"{want:24}" + " ".join(f"{confusion[(want, got)] or '.':>10}" for got in labels))
-    misses = [(i, w, g) for i, w, g in results if w != g]
-    print(f"\nmisses: {len(misses)}")
-    for i, w, g in misses:
-        print(f"  {i}: label {w}, classified {g}")
+    samples = load(args.corpus)
+    results = classify_all(samples)
+    by_split = {"train": [r for r in results if r[0].get("split", "train") == "train"],
+                "test": [r for r in results if r[0].get("split") == "test"]}
+    print(f"corpus: {len(samples)} samples, {len({s['source_url'] for s in samples})} source threads")
+    print(f"labels: {dict(Counter(s['label'] for s in samples).most_common())}")
+    for name in ("train", "test"):
+        print(summary(name, by_split[name]))
+    print(summary("all", results))
+    print("\ntest split, confusion matrix (rows: label, columns: classified as)")
+    print("\n".join(confusion(by_split["test"])))
+    print("\nby vLLM version (all samples)")
+    print("\n".join(breakdown(results, version_bucket)))
+    print("\nby source kind (all samples)")
+    print("\n".join(breakdown(results, lambda s: s.get("source_kind") or "unknown")))
+    print("\nby engine (all samples)")
+    print("\n".join(breakdown(results, lambda s: s.get("engine") or "not stated")))
+    shown = results if args.show_misses == "all" else [] if args.show_misses == "none" else by_split[args.show_misses]
+    misses = [(s, got) for s, got in shown if got != s["label"]]
+    print(f"\nmisses in {args.show_misses}: {len(misses)}")
+    for s, got in misses:
+        print(f"  {s['id']}: label {s['label']}, classified {got}")
     return 0
 
 

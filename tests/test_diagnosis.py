@@ -13,8 +13,7 @@ from vllm_autoheal.diagnosis import CAUSES, MEMORY_CAUSES, GpuProcess, GpuSnapsh
 from vllm_autoheal.diagnosis.classify import classify_stream, from_termination_message
 from vllm_autoheal.diagnosis.scan import normalize
 
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1] / "bench"))
-from diagnosis_accuracy import context  # noqa: E402
+from vllm_autoheal.diagnosis.corpus import context
 
 KV_V1 = ("ValueError: To serve at least one request with the model's max seq len (131072), (16.0 GiB KV cache is "
          "needed, which is larger than the available KV cache memory (3.96 GiB). Based on the available memory, "

@@ -42,9 +42,10 @@ CONSEQUENCES = {"nccl_timeout", "nccl_error", "worker_hang_shm_broadcast"}
 EVIDENCE_CHARS = 400
 _EXCEPTION_LINE = re.compile(r"^(?:[\w.]{1,200}\.)?\w{0,80}(?:Error|Exception)\b(?::|\(|$)")
 _TRACEBACK_START = "Traceback (most recent call last)"
+_FRAME_LINE = re.compile(r'File "[^"]{1,300}", line \d{1,7}, in ')
 
 
-@dataclass
+@dataclass(eq=False)
 class Finding:
     line: Line
     message: msg.Message
@@ -86,16 +87,40 @@ def from_termination_message(text: str | None) -> m.Diagnosis | None:
 
 def _findings(lines: list[Line]) -> list[Finding]:
     out = []
-    for line in lines:
+    for i, line in enumerate(lines):
         if line.origin != ENGINE:
             continue
         text = line.match_text
         lowered = text.lower()
+        memory = False
         for message in msg.MESSAGES:
             found = message.search(text, lowered)
             if found:
                 out.append(Finding(line, message, found))
+                memory = memory or message.kind == msg.MEMORY
+        if not memory and i + 2 < len(lines) + 1:
+            out += _wrapped(line, lines[i + 1:i + 3])
     return out
+
+
+def _wrapped(line: Line, following: list[Line]) -> list[Finding]:
+    """A memory message a pretty-printer wrapped over the next lines (bare lines, no prefix)."""
+    rest = []
+    for nxt in following:
+        if nxt.origin != ENGINE or nxt.raw != nxt.text or nxt.level:
+            break
+        rest.append(nxt.text)
+    if not rest:
+        return []
+    text = " ".join([line.text] + rest)[:scan_limit()]
+    lowered = text.lower()
+    return [Finding(line, message, found) for message in msg.MESSAGES if message.kind == msg.MEMORY
+            and (found := message.search(text, lowered))]
+
+
+def scan_limit() -> int:
+    from .scan import MATCH_CHARS
+    return MATCH_CHARS
 
 
 def _device_gib(signals: m.Signals, findings: list[Finding]) -> float | None:
@@ -117,8 +142,8 @@ def _numbers(findings: list[Finding], first: Finding | None, device_gib: float |
     the failure. Every number passes figures.check; a dropped one leaves a note."""
     numbers: dict[str, Any] = {}
     end = first.line.offset if first else None
-    others = [f for f in findings if f is not first and f.message.kind in (msg.FIGURE, msg.MILESTONE, msg.BUDGET)
-              and (end is None or f.line.offset <= end)]
+    others = [f for f in findings if f is not first and (f.message.kind in (msg.FIGURE, msg.MILESTONE, msg.BUDGET)
+              or (first is not None and f.line is first.line)) and (end is None or f.line.offset <= end)]
     ordered = ([first] if first else []) + sorted(others, key=lambda f: -f.line.offset)
     for f in ordered:
         for key, text in f.match.groupdict().items():
@@ -161,10 +186,22 @@ def _other_process_gib(signals: m.Signals, numbers: dict) -> float:
         if own + 1.0 < float(numbers.get("torch_allocated_gib") or 0):
             return sum(sizes)
         return sum(sizes) - own
+    # torch's OOM message: what the device has, minus what is free, minus what this process holds.
+    device, free = numbers.get("gpu_total_gib"), numbers.get("gpu_free_gib")
+    own = numbers.get("own_gib") or numbers.get("reserved_gib")
+    if device and free is not None and own is not None:
+        return max(0.0, float(device) - float(free) - float(own))
     total, initial = numbers.get("total_gib"), numbers.get("initial_usage_gib")
     if total and initial is not None and initial > 0.1 * total:
         return float(initial)
     return 0.0
+
+
+def _not_a_shortage(numbers: dict) -> bool:
+    """torch reported an out-of-memory while far more was free than the allocation asked for:
+    an allocator or driver error worded as OOM, not a shortage that a memory flag can fix."""
+    tried, free = numbers.get("tried_gib"), numbers.get("gpu_free_gib")
+    return tried is not None and free is not None and free > 1.0 and tried * 4 < free
 
 
 def _weights_exceed_gpu(numbers: dict) -> bool:
@@ -179,8 +216,14 @@ def _own_frames(findings: list[Finding], failure: Finding, window: int) -> set[s
     start = max((f.line.offset for f in findings if f.line.offset < failure.line.offset
                  and f.line.text.startswith(_TRACEBACK_START) and f.line.rank == failure.line.rank),
                 default=window)
-    return {f.message.phase for f in findings if f.message.kind == msg.FRAME and f.message.phase
-            and max(start, window) < f.line.offset <= failure.line.offset}
+    return _strongest({f for f in findings if f.message.kind == msg.FRAME and f.message.phase
+                       and max(start, window) < f.line.offset <= failure.line.offset})
+
+
+def _strongest(frames: set[Finding]) -> set[str]:
+    """The phases the frames name; frames on several phases' paths count only when alone."""
+    strong = {f.message.phase for f in frames if f.message.subtype != msg.WEAK}
+    return strong or {f.message.phase for f in frames}
 
 
 def _phase_of_failure(findings: list[Finding], failure: Finding | None, ready_before: bool | None) -> str:
@@ -192,7 +235,7 @@ def _phase_of_failure(findings: list[Finding], failure: Finding | None, ready_be
     window = max((f.line.offset for f in before), default=-1)
     frames = _own_frames(findings, failure, window) if failure else set()
     if not frames:
-        frames = {f.message.phase for f in findings if f.message.kind == msg.FRAME and f.line.offset > window}
+        frames = _strongest({f for f in findings if f.message.kind == msg.FRAME and f.line.offset > window})
     for phase in PHASE_PRIORITY:
         if phase in frames:
             return phase
@@ -313,6 +356,11 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
         phase = _phase_of_failure(findings, first, signals.ready_before)
         frame = next((f.line for f in findings if f.message.kind == msg.FRAME and f.message.phase == phase), None)
         nums = _numbers(findings, first, device_gib, [])
+        if _not_a_shortage(nums):
+            return done(m.NOT_OOM, phase, first, "medium", "oom_error_with_memory_free",
+                        why=f"torch reported out of memory for {nums['tried_gib']:g} GiB while "
+                            f"{nums['gpu_free_gib']:g} GiB was free: an allocator or driver error, not a shortage. "
+                            "Memory settings are left alone.")
         if phase in (m.PHASE_LOAD, m.PHASE_PROFILE, m.PHASE_KV, m.PHASE_UNKNOWN) and \
                 _other_process_gib(signals, nums) > OTHER_PROCESS_GIB:
             return done(m.GPU_UTIL_EXCEEDS_FREE, phase, first, "medium", "other_process_holds_gpu", frame)
@@ -337,7 +385,7 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
         return done(m.NOT_OOM, _phase_of_failure(findings, None, signals.ready_before), None, "low",
                     "other_error", exception, why="vLLM stopped on an error that is not about memory.")
     frames = [f for f in findings if f.message.kind == msg.FRAME and f.message.phase != m.PHASE_SERVING]
-    if frames and any(ln.text.startswith(_TRACEBACK_START) for ln in engine_lines):
+    if frames and any(_FRAME_LINE.match(ln.text) or ln.text.startswith(_TRACEBACK_START) for ln in engine_lines):
         phase = _phase_of_failure(findings, None, signals.ready_before)
         if phase in OOM_CAUSE_BY_PHASE and phase != m.PHASE_SERVING:
             return done(OOM_CAUSE_BY_PHASE[phase], phase, frames[-1], "low", "traceback_cut_before_error",

@@ -20,7 +20,7 @@ MAX_COUNT = 2**31
 KIND = {
     "free_gib": SIZE, "total_gib": SIZE, "requested_gib": SIZE, "needed_gib": SIZE, "available_gib": SIZE,
     "initial_free_gib": SIZE, "current_free_gib": SIZE, "worker_gib": SIZE, "tried_gib": SIZE,
-    "gpu_total_gib": SIZE, "gpu_free_gib": SIZE, "own_gib": SIZE, "torch_allocated_gib": SIZE,
+    "gpu_total_gib": SIZE, "gpu_free_gib": SIZE, "own_gib": SIZE, "torch_allocated_gib": SIZE, "reserved_gib": SIZE,
     "private_pools_gib": SIZE, "requested_kv_gib": SIZE, "node_total_gib": SIZE, "weights_gib": SIZE,
     "initial_usage_gib": SIZE, "available_kv_gib": SIGNED_SIZE, "kv_reserved_gib": SIGNED_SIZE,
     "max_seq_len": LENGTH, "estimated_max_model_len": LENGTH, "kv_tokens": LENGTH, "kv_cache_tokens": LENGTH,
@@ -29,7 +29,7 @@ KIND = {
 }
 # Sizes of what is on the device, so no larger than it (what was asked for can be larger).
 DEVICE_BOUNDED = {"free_gib", "available_gib", "initial_free_gib", "current_free_gib", "gpu_free_gib",
-                  "own_gib", "torch_allocated_gib", "weights_gib", "available_kv_gib", "kv_reserved_gib"}
+                  "own_gib", "torch_allocated_gib", "reserved_gib", "weights_gib", "available_kv_gib", "kv_reserved_gib"}
 _UNIT = {"": 1.0, "B": 2**-30, "bytes": 2**-30, "KB": 1e3 / 2**30, "KiB": 2**-20, "MB": 1e6 / 2**30,
          "MiB": 2**-10, "GB": 1.0, "GiB": 1.0, "TB": 1e3, "TiB": 1024.0}
 _SIZE = re.compile(r"(-?[\d.]{1,30})\s*([KMGT]i?B|B|bytes)?")

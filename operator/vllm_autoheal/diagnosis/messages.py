@@ -23,6 +23,7 @@ FRAME = "frame"          # a traceback frame or marker that names the phase of a
 MILESTONE = "milestone"  # startup progress: the phase reached so far
 BUDGET = "budget"        # start-up figures showing no room for any KV cache: decide kv_cache_insufficient
 FIGURE = "figure"        # numbers only
+WEAK = "weak"            # a FRAME subtype: on more than one phase's path
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,7 @@ def _m(kind: str, pattern: str, cause: str | None = None, phase: str | None = No
     return Message(kind, re.compile(pattern, flags), cause, phase, subtype, needles_of(pattern, flags))
 
 
-SIZE = r"[\d.,]+\s*(?:[KMGT]i?B|bytes)?"
+SIZE = r"[\d.,]{1,30}\s{0,4}(?:[KMGT]i?B|bytes)?"
 NUM = r"[\d,]+"
 I = re.IGNORECASE
 
@@ -182,8 +183,12 @@ MESSAGES: tuple[Message, ...] = (
     _m(HOST, r"Aborted due to the lack of CPU swap space", m.HOST_RAM_OOM, m.PHASE_SERVING, "cpu_swap_exhausted"),
     _m(HOST, r"Memory cgroup out of memory|Out of memory: Killed process|oom-kill(?:er)?:|OOMKilled",
        m.HOST_RAM_OOM, None, "kernel_oom_killer"),
-    _m(HOST, r"DefaultCPUAllocator: can't allocate memory|std::bad_alloc|\[Errno 12\] Cannot allocate memory|"
+    _m(HOST, r"DefaultCPUAllocator: can't allocate memory|std::bad_alloc|"
        r"^MemoryError\b", m.HOST_RAM_OOM, None, "host_allocation_failed"),
+    # ENOMEM from a system call (mmap, fork, ...); not from RDMA registration, where it means the
+    # locked-memory limit.
+    _m(HOST, r"^(?!.{0,300}(?:NCCL|ibv_|memlock)).{0,400}?Cannot allocate memory", m.HOST_RAM_OOM, None,
+       "host_allocation_failed"),
     # --- known failures that are not memory ----------------------------------------------
     _m(NOT_OOM, r"an illegal memory access was encountered", subtype="illegal_memory_access"),
     _m(NOT_OOM, r"Watchdog caught collective operation timeout|Some NCCL operations have failed or timed out|"
@@ -216,6 +221,12 @@ MESSAGES: tuple[Message, ...] = (
     _m(NOT_OOM, r"CUDA driver version is insufficient|no CUDA-capable device is detected|"
        r"Failed to infer device type|NVIDIA driver on your system is too old|CUDA error: no kernel image",
        subtype="driver_or_device"),
+    # CUDA's own error names and strings, NCCL's and vLLM's CUDA checks: any error but out-of-memory.
+    _m(NOT_OOM, r"CUDA error: (?!out of memory)[a-z][\w -]{3,80}|\bcudaError(?!MemoryAllocation)[A-Z]\w{2,60}|"
+       r"Cuda failure '(?!out of memory)[^']{3,80}'|\bFailed: \S{1,200}:\d{1,6} '(?!out of memory)[^']{3,80}'|"
+       r"device-side assert triggered", subtype="cuda_error"),
+    _m(NOT_OOM, r"cannot find -l\w{1,40}|collect2: error|ld returned \d+ exit status|"
+       r"(?:InductorError|CompilationError|triton\.compiler\.errors)", subtype="compile_toolchain_error"),
     _m(NOT_OOM, r"NCCL error.{0,300}?(?:unhandled system error|remote process exited|invalid usage)|"
        r"ncclSystemError|ncclInternalError|ncclInvalidUsage", subtype="nccl_error"),
     # --- NCCL failing for lack of GPU memory ---------------------------------------------------
@@ -225,6 +236,9 @@ MESSAGES: tuple[Message, ...] = (
     _m(OOM, r"(?:CUDA|HIP|XPU) out of memory\.?(?: Tried to allocate (?P<tried_gib>" + SIZE + r"))?"
        r"(?:\. GPU (?P<oom_gpu>\d+) has a total capacity of (?P<gpu_total_gib>" + SIZE + r") of which "
        r"(?P<gpu_free_gib>" + SIZE + r") is free)?"),
+    _m(OOM, r"out of memory\. Tried to allocate (?P<tried_gib>" + SIZE + r") \(GPU (?P<oom_gpu>\d+); "
+       r"(?P<gpu_total_gib>" + SIZE + r") total capacity; (?P<torch_allocated_gib>" + SIZE + r") already allocated; "
+       r"(?P<gpu_free_gib>" + SIZE + r") free; (?P<reserved_gib>" + SIZE + r") reserved in total by PyTorch"),
     _m(OOM, r"OutOfMemoryError|CUDA error: out of memory|CUDA out of\s*(?:\[\.\.\.\])?$|cudaErrorMemoryAllocation|CUBLAS_STATUS_ALLOC_FAILED|"
        r"RESOURCE_EXHAUSTED|out of memory \(HIP\)"),
     # --- worker killed by the kernel (exit -9) ------------------------------------------------
@@ -234,18 +248,23 @@ MESSAGES: tuple[Message, ...] = (
     _m(FRAME, r"\bin (?:capture_model|_capture_cudagraphs|_warmup_and_capture|capture_end|capture_begin)\b|"
        r"torch\.cuda\.graph\(|cuda_graph\.capture_end|graph_capture|Capturing CUDA graphs?|"
        r"Capturing cudagraphs|\.capture_model\(|Registering \d+ cuda graph addresses", phase=m.PHASE_CAPTURE),
-    _m(FRAME, r"\bin (?:profile_run|_dummy_run|_dummy_sampler_run|_dummy_pooler_run|determine_available_memory|"
+    _m(FRAME, r"\bin (?:profile_run|_dummy_sampler_run|_dummy_pooler_run|determine_available_memory|"
        r"determine_num_available_blocks|profile_memory|_profile_and_initialize_kv_caches)\b|"
-       r"\.(?:profile_run|_dummy_run|_dummy_sampler_run|determine_available_memory|"
+       r"\.(?:profile_run|_dummy_sampler_run|determine_available_memory|"
        r"determine_num_available_blocks)\(", phase=m.PHASE_PROFILE),
+    # Frames on more than one phase's path: they place a failure only when no other frame does.
+    # (V1's warm-up captures graphs and warms the sampler; its `_dummy_run` serves profiling and capture.)
+    _m(FRAME, r"\bin compile_or_warm_up_model\b", phase=m.PHASE_CAPTURE, subtype=WEAK),
+    _m(FRAME, r"\bin _dummy_run\b|\._dummy_run\(", phase=m.PHASE_PROFILE, subtype=WEAK),
     _m(FRAME, r"\bin (?:initialize_kv_cache|_allocate_kv_cache_tensors|allocate_kv_cache|_init_cache_engine|"
        r"_allocate_kv_cache|initialize_cache|init_kv_cache|reshape_kv_cache_tensors)\b", phase=m.PHASE_KV),
     _m(FRAME, r"\bin (?:load_model|get_model|load_weights|_init_model|initialize_model|make_layers|create_weights|"
        r"_initialize_model|load_state_dict|process_weights_after_loading)\b|Loading safetensors checkpoint shards|"
        r"\.(?:load_model|get_model|load_weights)\(|"
-       r"Failed to create \w+ weights", phase=m.PHASE_LOAD),
+       r"Failed to create \w+ weights|"
+       r"model_executor/(?:models|layers)/[^\"]{1,200}\", line \d{1,6}, in __init__", phase=m.PHASE_LOAD),
     _m(FRAME, r"\bin (?:execute_model|run_busy_loop|_process_engine_step|step_with_batch_queue|"
-       r"create_chat_completion|create_completion|generate|_run_workers_async|sample_tokens)\b|"
+       r"create_chat_completion|create_completion|generate|_run_workers_async|sample_tokens|step_async|engine_step|get_logprobs)\b|"
        r"Error in model execution|EngineDeadError|AsyncEngineDeadError|MQLLMEngine is already dead|"
        r"Engine loop has died|serving_chat\.py|serving_completion\.py|\.(?:run_busy_loop|execute_model)\(",
        phase=m.PHASE_SERVING),

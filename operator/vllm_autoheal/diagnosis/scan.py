@@ -28,7 +28,7 @@ ANCHORS = (
     "rror", "emory", "illed", "died", "xception", "Traceback", "NCCL", "apture", "cudagraph",
     "took", "oading", "startup", "too long", "context length", "divisible", "in use", "Abort",
     "exit code", "Uvicorn", "load_model", "profile", "dummy", "execute_model", "busy_loop",
-    "determine_", "kv_cache", "KV cache", "KV Cache", "blocks", "Initializing", "not supported",
+    "determine_", "kv_cache", "KV cache size", "blocks", "Initializing", "not supported",
     "capability", "Quantization", "quantization method", "max seq len", "max_model_len", "OOM",
     "Killing", "graph", "model_runner", "swap", "shm", "alloc", "Workspace", "serving_",
     "Process ", "Engine", "bad_alloc", "SIGKILL", "Signal", "found", "No such file",
