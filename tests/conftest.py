@@ -2,7 +2,6 @@
 prerequisites cannot be had on this machine."""
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -20,12 +19,6 @@ def shared_path(*parts: str) -> Path:
     if not path.exists():
         pytest.skip(f"SKIPPED LOUDLY: {path} is missing; set VLLM_AUTOHEAL_SHARED to the shared/ folder")
     return path
-
-
-@pytest.fixture(scope="session")
-def oom_corpus() -> list[dict]:
-    path = shared_path("oom-corpus", "oom_logs_dev.jsonl")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 @pytest.fixture(scope="session")

@@ -43,6 +43,8 @@ def render_diagnosis(diag: Diagnosis, remedy: Any = None) -> str:
         lines += [f"  > {e}" for e in diag.evidence]
     if diag.numbers:
         lines.append("numbers:  " + "  ".join(f"{k}={_fmt(v)}" for k, v in diag.numbers.items()))
+    if diag.notes:
+        lines += [f"note:     {n}" for n in diag.notes]
     if remedy is not None:
         lines.append(f"remedy:   {remedy.summary()}")
     else:
