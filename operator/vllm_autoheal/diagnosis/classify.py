@@ -204,10 +204,18 @@ def _not_a_shortage(numbers: dict) -> bool:
     return tried is not None and free is not None and free > 1.0 and tried * 4 < free
 
 
-def _weights_exceed_gpu(numbers: dict) -> bool:
-    """The engine's own figures say the weights alone take (nearly) the whole GPU."""
-    weights, total = numbers.get("weights_gib"), numbers.get("total_gib") or numbers.get("gpu_total_gib")
-    return bool(weights and total and weights >= WEIGHTS_SHARE_OF_GPU * total)
+def _weights_exceed_gpu(numbers: dict, device_gib: float | None) -> bool:
+    """The engine's own figures say that what it holds besides the KV cache (the weights, and the
+    activation peak and non-torch memory when its budget line shows them) takes nearly the whole
+    GPU: no utilization leaves room for a KV cache."""
+    weights = numbers.get("weights_gib")
+    total = numbers.get("total_gib") or numbers.get("gpu_total_gib") or device_gib
+    if not weights or not total:
+        return False
+    requested = numbers.get("requested_gib")
+    kv = numbers.get("available_kv_gib", numbers.get("kv_reserved_gib"))
+    overhead = max(0.0, requested - weights - kv) if requested is not None and kv is not None else 0.0
+    return weights + overhead >= WEIGHTS_SHARE_OF_GPU * total
 
 
 def _own_frames(findings: list[Finding], failure: Finding, window: int) -> set[str]:
@@ -311,7 +319,7 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
         cause = first.message.cause or m.UNKNOWN
         if cause == m.KV_CACHE_INSUFFICIENT:
             nums = _numbers(findings, first, device_gib, [])
-            if _weights_exceed_gpu(nums):
+            if _weights_exceed_gpu(nums, device_gib):
                 return done(m.WEIGHTS_LOAD_OOM, m.PHASE_LOAD, first, "high", "weights_exceed_gpu",
                             why="The weights alone take nearly the whole GPU (by vLLM's own figures): no "
                                 "utilization leaves room for a KV cache. A quantized checkpoint or more GPUs "
