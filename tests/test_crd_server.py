@@ -62,6 +62,24 @@ INVALID = [
     ("batched-below-seqs", {"engine": {"maxNumSeqs": 256, "maxNumBatchedTokens": 128}},
      "spec.engine.maxNumBatchedTokens"),
     ("typed-flag-in-extra-args", {"engine": {"extraArgs": ["--max-model-len=4096"]}}, "spec.engine.extraArgs"),
+    # every spelling vLLM accepts (engine.FLAGS and engine.RESERVED generate these rules)
+    ("typed-flag-underscores", {"engine": {"extraArgs": ["--max_model_len=999999"]}}, "use engine.maxModelLen"),
+    ("typed-flag-short-alias", {"engine": {"extraArgs": ["-tp", "8"]}}, "use engine.tensorParallelSize"),
+    ("typed-flag-underscores-value", {"engine": {"extraArgs": ["--gpu_memory_utilization", "0.99"]}},
+     "use engine.gpuMemoryUtilization"),
+    ("typed-flag-abbreviated", {"engine": {"extraArgs": ["--max-model", "4096"]}}, "use engine.maxModelLen"),
+    ("typed-flag-negated", {"engine": {"extraArgs": ["--no-enforce-eager"]}}, "use engine.enforceEager"),
+    ("quantization-alias", {"engine": {"extraArgs": ["-q", "awq"]}}, "use engine.quantization"),
+    ("config-file", {"engine": {"extraArgs": ["--config", "/models/flags.yaml"]}}, "--config"),
+    ("secret-hf-token", {"engine": {"extraArgs": ["--hf-token", "hf_x"]}}, "spec.hfTokenSecretRef"),
+    ("secret-api-key", {"engine": {"extraArgs": ["--api_key=sk-1"]}}, "Secret"),
+    ("reserved-port", {"engine": {"extraArgs": ["--port=9000"]}}, "set spec.port"),
+    ("shm-unbounded", {"resources": {"shmSize": "1000Ei"}}, "spec.resources.shmSize"),
+    ("cache-hides-launcher", {"modelCache": {"enabled": True, "size": "1Gi", "mountPath": "/autoheal"}},
+     "spec.modelCache.mountPath"),
+    ("cache-hides-image", {"modelCache": {"mountPath": "/usr/lib/python3"}}, "spec.modelCache.mountPath"),
+    ("cache-above-launcher", {"modelCache": {"mountPath": "/"}}, "spec.modelCache.mountPath"),
+    ("cache-path-dotdot", {"modelCache": {"mountPath": "/models/../dev"}}, "spec.modelCache.mountPath"),
     ("gpus-not-tp-times-pp", {"engine": {"tensorParallelSize": 4}, "resources": {"gpus": 2}},
      "spec.resources.gpus"),
     ("bad-memory-quantity", {"resources": {"limits": {"memory": "lots"}}}, "spec.resources.limits.memory"),
@@ -106,6 +124,13 @@ def test_invalid_resource_is_rejected_naming_the_field(k8s, case_id, overrides, 
     assert info.value.status == 422, info.value.body
     message = json.loads(info.value.body)["message"]
     assert field in message, message
+
+
+def test_other_flags_in_every_spelling_are_accepted(k8s):
+    extra = ["--trust-remote-code", "--max-num-partial-prefills", "2", "--model-impl", "vllm", "--config-format",
+             "hf", "--seed", "-1", "--enable_prefix_caching", "--tokenizer=org/tok", "-O3"]
+    created = _create(k8s, _vsvc("good-extra-args", engine={"extraArgs": extra}))
+    assert created["spec"]["engine"]["extraArgs"] == extra
 
 
 def test_invalid_cases_are_distinct():

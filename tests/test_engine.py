@@ -93,3 +93,42 @@ def test_round_trip(engine):
     parsed = parse_args(to_command("org/model", engine))
     assert parsed.model == "org/model"
     assert parsed.engine == engine
+
+
+@pytest.mark.parametrize("token,flag", [
+    ("--max_model_len=999999", "--max-model-len"), ("-tp", "--tensor-parallel-size"),
+    ("-tp=8", "--tensor-parallel-size"), ("--gpu_memory_utilization", "--gpu-memory-utilization"),
+    ("--device-memory-utilization=0.5", "--gpu-memory-utilization"), ("--max-model", "--max-model-len"),
+    ("--no-enforce-eager", "--enforce-eager"), ("-q", "--quantization"), ("-qawq", "--quantization"),
+    ("--config", "--config"), ("--hf-token=hf_x", "--hf-token"), ("--api_key", "--api-key"),
+    ("--served_model_name", "--served-model-name"), ("--port=1", "--port"),
+    ("--trust-remote-code", None), ("--max-num-partial-prefills", None), ("--model-impl", None),
+    ("--config-format", None), ("-1", None), ("vllm", None), ("--max-model-len.x", None), ("-O3", None),
+])
+def test_extra_args_are_read_as_vllm_reads_them(token, flag):
+    from vllm_autoheal.engine import forbidden
+    entry = forbidden(token)
+    assert (entry.cli if entry else None) == flag
+
+
+def test_problems_name_the_field_or_the_secret():
+    from vllm_autoheal.engine import extra_args_problems
+    typed, secret = extra_args_problems(["--seed", "1", "--max_model_len=5", "--hf-token"])
+    assert "use engine.maxModelLen" in typed and "spec.hfTokenSecretRef" in secret
+
+
+@given(st.text(alphabet="-_=.abcdefghijklmnopqrstuvwxyzAPT0123456789", max_size=30))
+def test_the_crd_rule_and_the_parser_agree_on_every_token(token):
+    """The CEL rule's pattern (RE2, as the API server runs it) is generated from the same table
+    and refuses exactly the tokens the parser refuses."""
+    import re2
+    from vllm_autoheal.engine import FLAGS, RESERVED, spelled_by, spelling_pattern
+    for entry in (*FLAGS, *RESERVED):
+        for spelling in entry.spellings:
+            assert bool(re2.search(spelling_pattern(spelling), token)) == spelled_by(token, spelling), spelling
+
+
+def test_other_spellings_of_typed_flags_parse_into_their_fields():
+    p = parse_args("vllm serve m --max_model_len=4096 -tp 2 --gpu_memory_utilization 0.8 --seed 1")
+    assert (p.engine.max_model_len, p.engine.tensor_parallel_size, p.engine.gpu_memory_utilization) == (4096, 2, 0.8)
+    assert p.engine.extra_args == ["--seed", "1"]

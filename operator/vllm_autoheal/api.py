@@ -26,6 +26,15 @@ MAX_OBSERVED_CRASHES = 50
 # A Kubernetes resource quantity (the apimachinery grammar, without exponents).
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+# An absolute path without empty, "." or ".." segments.
+MOUNT_PATH_PATTERN = r"^(/\.{0,2}[A-Za-z0-9_-][A-Za-z0-9._-]*)+$"
+LAUNCHER_MOUNT = "/autoheal"  # the emptyDir the init container copies the launcher into
+# Paths the pod itself needs: a volume there (or above) would hide the launcher, /dev/shm, the
+# termination log, the service-account mount or the image's own Python and vLLM.
+RESERVED_MOUNT_PATHS = (LAUNCHER_MOUNT, "/dev", "/proc", "/sys", "/etc", "/usr", "/bin", "/sbin", "/lib",
+                        "/lib64", "/var/run/secrets")
+# /dev/shm is memory; the pod renders it no larger than the memory limit, and never above this.
+SHM_CEILING = "64Gi"
 
 Quantization = Literal[
     "awq", "awq_marlin", "gptq", "gptq_marlin", "bitsandbytes", "fp8", "fbgemm_fp8",
@@ -79,13 +88,7 @@ class EngineArgs(Model):
              "self.maxNumBatchedTokens >= self.maxNumSeqs",
              "maxNumBatchedTokens must be >= maxNumSeqs (vLLM refuses to start otherwise)",
              ".maxNumBatchedTokens"),
-        rule("!has(self.extraArgs) || !self.extraArgs.exists(a, a.split('=')[0] in ['--gpu-memory-utilization', "
-             "'--max-model-len', '--max-num-seqs', '--max-num-batched-tokens', "
-             "'--tensor-parallel-size', '--pipeline-parallel-size', '--dtype', '--quantization', "
-             "'--kv-cache-dtype', '--kv-cache-memory-bytes', '--cpu-offload-gb', '--enforce-eager', "
-             "'--model', '--port', '--host'])",
-             "extraArgs must not repeat a flag that has its own field (use the field instead)",
-             ".extraArgs"),
+        # extraArgs' rules are generated from engine.py's flag tables (crd.py adds them).
     )
     gpu_memory_utilization: float = Field(
         0.9, gt=0, le=1, description="Share of each GPU's memory vLLM may use (weights, activations, KV cache).")
@@ -140,6 +143,8 @@ class Resources(Model):
         rule(quantity_le("requests.memory", "limits.memory"), "requests.memory must be <= limits.memory",
              ".requests.memory"),
         rule(quantity_le("requests.cpu", "limits.cpu"), "requests.cpu must be <= limits.cpu", ".requests.cpu"),
+        rule(f"!has(self.shmSize) || quantity(self.shmSize).compareTo(quantity('{SHM_CEILING}')) <= 0",
+             f"shmSize must be <= {SHM_CEILING} (/dev/shm is memory on the node)", ".shmSize"),
     )
     gpus: int | None = Field(None, ge=0, le=64, description=(
         "nvidia.com/gpu per pod; unset = tensorParallelSize x pipelineParallelSize."))
@@ -152,8 +157,9 @@ class Resources(Model):
         "Tolerations added to the default nvidia.com/gpu NoSchedule toleration."))
     requests: ComputeAmounts = nested(ComputeAmounts, "CPU and memory requests of the vLLM container.")
     limits: ComputeAmounts = nested(ComputeAmounts, "CPU and memory limits of the vLLM container.")
-    shm_size: str = Field("8Gi", pattern=QUANTITY_PATTERN, description=(
-        "Size of /dev/shm (memory-backed), used by NCCL and vLLM's IPC buffers."))
+    shm_size: str = Field("8Gi", pattern=QUANTITY_PATTERN, max_length=32, description=(
+        f"Size of /dev/shm (memory-backed), used by NCCL and vLLM's IPC buffers; at most {SHM_CEILING}, "
+        "and no more than limits.memory when that is set."))
 
 
 class ModelCache(Model):
@@ -161,12 +167,17 @@ class ModelCache(Model):
     model_config = cel(
         rule("!self.enabled || has(self.claimName) != has(self.size)",
              "set exactly one of claimName (use an existing PVC) or size (create one)", ".claimName"),
+        rule(f"!has(self.mountPath) || !{list(RESERVED_MOUNT_PATHS)!r}.exists(r, self.mountPath == r || "
+             "self.mountPath.startsWith(r + '/') || r.startsWith(self.mountPath + '/'))",
+             f"mountPath must not be, contain or lie under a path the pod needs: {', '.join(RESERVED_MOUNT_PATHS)}",
+             ".mountPath"),
     )
     enabled: bool = Field(False, description="Mount a PVC as the model cache.")
     claim_name: str | None = Field(None, pattern=DNS_LABEL, max_length=63, description="An existing PVC to mount.")
     size: str | None = Field(None, pattern=QUANTITY_PATTERN, description="Size of a PVC the operator creates.")
     storage_class_name: str | None = Field(None, description="Storage class of the created PVC.")
-    mount_path: str = Field("/root/.cache/huggingface", pattern=r"^/", description="Where the cache is mounted.")
+    mount_path: str = Field("/root/.cache/huggingface", pattern=MOUNT_PATH_PATTERN, max_length=256,
+                            description="Where the cache is mounted (not a path the pod itself needs).")
 
 
 class KeyRef(Model):
@@ -265,6 +276,9 @@ class VLLMServiceSpec(Model):
     image: str = Field(DEFAULT_IMAGE, pattern=r"^\S+$", max_length=512, description="vLLM container image.")
     replicas: int = Field(1, ge=0, le=1000, description="Number of vLLM pods.")
     port: int = Field(8000, ge=1, le=65535, description="Port vLLM serves on.")
+    run_as_non_root: bool = Field(False, description=(
+        "Require the vLLM container to run as a non-root user; the image must name one. Off by default "
+        "because vLLM's official images run as root (the pod drops every capability either way)."))
     launcher: bool = Field(True, description=(
         "Wrap vLLM in the autoheal launcher, which writes a diagnosis to the termination message. "
         "Turn off for images without Python."))

@@ -130,16 +130,32 @@ def _render(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
     from .api import VLLMService
     from .kube.resources import DEFAULT_OPERATOR_IMAGE, render
+    from .validation import admit
     try:
         with open(args.file, encoding="utf-8") as f:
             docs = [d for d in yaml.safe_load_all(f) if d]
-        objs = [VLLMService.model_validate(d) for d in docs if d.get("kind") == "VLLMService"]
     except OSError as exc:
         print(f"vllm-autoheal render: cannot read {args.file}: {exc.strerror}", file=sys.stderr)
         return 2
-    except (yaml.YAMLError, ValidationError) as exc:
-        print(f"vllm-autoheal render: {args.file} is not a valid VLLMService:\n{exc}", file=sys.stderr)
+    except yaml.YAMLError as exc:
+        print(f"vllm-autoheal render: {args.file} is not valid YAML:\n{exc}", file=sys.stderr)
         return 2
+    objs = []
+    for doc in docs:
+        if not isinstance(doc, dict) or doc.get("kind") != "VLLMService":
+            continue
+        name = (doc.get("metadata") or {}).get("name", "?") if isinstance(doc.get("metadata"), dict) else "?"
+        # The API server's own checks first (schema, defaults, CEL rules), so render rejects what it rejects.
+        stored, problems = admit(doc)
+        if problems:
+            print(f"vllm-autoheal render: VLLMService {name} in {args.file} would be rejected by the API server:\n"
+                  + "\n".join(f"  {p}" for p in problems), file=sys.stderr)
+            return 2
+        try:
+            objs.append(VLLMService.model_validate(stored))
+        except ValidationError as exc:
+            print(f"vllm-autoheal render: {args.file} is not a valid VLLMService:\n{exc}", file=sys.stderr)
+            return 2
     if not objs:
         print(f"vllm-autoheal render: no VLLMService in {args.file}", file=sys.stderr)
         return 2

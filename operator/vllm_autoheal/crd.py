@@ -13,7 +13,7 @@ import yaml
 from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema
 
-from . import api
+from . import api, engine
 
 # JSON Schema keys that carry over unchanged into an OpenAPI v3 structural schema.
 _KEPT = {"type", "description", "default", "enum", "minimum", "maximum", "minLength", "maxLength",
@@ -81,6 +81,20 @@ class _WithFactoryDefaults(GenerateJsonSchema):
         return super().get_default_value(schema)
 
 
+def _add_extra_args_rules(node: dict[str, Any]) -> None:
+    """Every EngineArgs node (spec.engine, status.baseline, status.effective) refuses the typed,
+    reserved and secret-bearing flags of engine.py's tables in extraArgs, in every spelling."""
+    if "extraArgs" in node.get("properties", {}):
+        generated = [api.rule(*engine.extra_args_rule(entry), ".extraArgs")
+                     for entry in (*engine.FLAGS, *engine.RESERVED)]
+        # a new list: the model's own rules list is shared by every node made from it
+        node["x-kubernetes-validations"] = [*node.get("x-kubernetes-validations", []), *generated]
+    for sub in node.get("properties", {}).values():
+        _add_extra_args_rules(sub)
+    if isinstance(node.get("items"), dict):
+        _add_extra_args_rules(node["items"])
+
+
 def openapi_schema() -> dict[str, Any]:
     raw = api.VLLMService.model_json_schema(by_alias=True, mode="validation",
                                             schema_generator=_WithFactoryDefaults)
@@ -89,6 +103,8 @@ def openapi_schema() -> dict[str, Any]:
     status = structural(defs["VLLMServiceStatus"], defs)
     spec["description"] = api.VLLMServiceSpec.__doc__.strip()
     status["description"] = "What the operator observed and did."
+    _add_extra_args_rules(spec)
+    _add_extra_args_rules(status)
     return {
         "type": "object",
         "description": "A vLLM inference server that vllm-autoheal runs and heals when it runs out of memory.",

@@ -12,6 +12,8 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic.alias_generators import to_camel
+
 from .api import EngineArgs
 
 
@@ -25,17 +27,27 @@ class Flag:
     cli: str              # vLLM's flag
     kind: type            # int, float, str or bool
     since: str = "0.2.0"  # first vLLM release that accepts it (for version-aware rendering)
+    aliases: tuple[str, ...] = ()  # vLLM's short aliases and old spellings
+
+    @property
+    def spellings(self) -> tuple[str, ...]:
+        negation = (f"--no-{self.cli[2:]}",) if self.kind is bool else ()
+        return (self.cli, *self.aliases, *negation)
+
+    @property
+    def advice(self) -> str:
+        return f"use engine.{to_camel(self.field)} instead"
 
 
 FLAGS: tuple[Flag, ...] = (
-    Flag("gpu_memory_utilization", "--gpu-memory-utilization", float),
+    Flag("gpu_memory_utilization", "--gpu-memory-utilization", float, aliases=("--device-memory-utilization",)),
     Flag("max_model_len", "--max-model-len", int),
     Flag("max_num_seqs", "--max-num-seqs", int),
     Flag("max_num_batched_tokens", "--max-num-batched-tokens", int),
-    Flag("tensor_parallel_size", "--tensor-parallel-size", int),
-    Flag("pipeline_parallel_size", "--pipeline-parallel-size", int),
+    Flag("tensor_parallel_size", "--tensor-parallel-size", int, aliases=("-tp",)),
+    Flag("pipeline_parallel_size", "--pipeline-parallel-size", int, aliases=("-pp",)),
     Flag("dtype", "--dtype", str),
-    Flag("quantization", "--quantization", str),
+    Flag("quantization", "--quantization", str, aliases=("-q",)),
     Flag("kv_cache_dtype", "--kv-cache-dtype", str, "0.3.0"),
     Flag("kv_cache_memory_bytes", "--kv-cache-memory-bytes", int, "0.11.0"),
     Flag("cpu_offload_gb", "--cpu-offload-gb", float, "0.5.4"),
@@ -43,9 +55,107 @@ FLAGS: tuple[Flag, ...] = (
 )
 BY_CLI = {f.cli: f for f in FLAGS}
 BY_FIELD = {f.field: f for f in FLAGS}
-# vLLM's short aliases and old spellings, mapped to the canonical flag.
-ALIASES = {"-tp": "--tensor-parallel-size", "-pp": "--pipeline-parallel-size", "-q": "--quantization",
-           "--device-memory-utilization": "--gpu-memory-utilization"}
+
+
+@dataclass(frozen=True)
+class Reserved:
+    """A vLLM flag a VLLMService may not pass in extraArgs, and what to do instead."""
+    cli: str
+    advice: str
+    secret: bool = False  # its value is a credential: it would sit in the pod spec for anyone to read
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def spellings(self) -> tuple[str, ...]:
+        return (self.cli, *self.aliases)
+
+
+RESERVED: tuple[Reserved, ...] = (
+    Reserved("--model", "set spec.model instead"),
+    Reserved("--served-model-name", "set spec.servedModelName instead"),
+    Reserved("--host", "the operator sets it"),
+    Reserved("--port", "set spec.port instead"),
+    Reserved("--config", "a flags file hides its flags from these checks; list each flag in extraArgs or "
+                         "set its field"),
+    Reserved("--hf-token", "put the token in a Secret and name it in spec.hfTokenSecretRef", secret=True),
+    Reserved("--api-key", "put the key in a Secret and pass it as VLLM_API_KEY with "
+                          "spec.env[].valueFrom.secretKeyRef", secret=True),
+)
+
+
+def flag_name(token: str) -> str | None:
+    """The option a command-line token names, as vLLM's parser reads it; None for a value.
+
+    vLLM (FlexibleArgumentParser) accepts `--flag value`, `--flag=value` and underscores for
+    dashes before the first dot; argparse also takes any unambiguous prefix of a long flag, and
+    a single-dash option followed by its value (`-q8`)."""
+    if not token.startswith("-") or token == "-" or _is_number(token):
+        return None
+    name = token.split("=", 1)[0]
+    if name.startswith("--"):
+        head, dot, tail = name.partition(".")
+        return head.replace("_", "-") + dot + tail
+    return name
+
+
+def spelled_by(token: str, spelling: str) -> bool:
+    """Whether vLLM would read `token` as `spelling`: the full flag or a prefix of it (argparse's
+    abbreviations), with underscores; a short alias in any token that starts with its first letter."""
+    name = flag_name(token)
+    if name is None:
+        return False
+    if spelling.startswith("--"):
+        return name.startswith("--") and len(name) > 2 and spelling.startswith(name)
+    return not name.startswith("--") and name[:2] == spelling[:2]
+
+
+def spelling_pattern(spelling: str) -> str:
+    """An RE2 pattern (no backslashes, so it sits in a CEL string as is) matching exactly the
+    tokens `spelled_by` accepts for this spelling: the CRD's rule and this module agree."""
+    if not spelling.startswith("--"):
+        return f"^{spelling[:2]}"
+    chars = ["[-_]" if c == "-" else c for c in spelling[2:]]
+    nested = ""
+    for c in reversed(chars[1:]):
+        nested = f"({c}{nested})?"
+    return f"^--{chars[0]}{nested}(=|$)"
+
+
+def forbidden(token: str) -> Flag | Reserved | None:
+    """The typed or reserved flag a token of extraArgs would set, in any spelling vLLM accepts."""
+    for entry in (*FLAGS, *RESERVED):
+        if any(spelled_by(token, s) for s in entry.spellings):
+            return entry
+    return None
+
+
+def refusal(entry: Flag | Reserved) -> str:
+    """Why extraArgs may not carry this flag and what to do instead (the CRD's message too)."""
+    if isinstance(entry, Flag):
+        spellings = ", ".join(entry.spellings[1:])
+        return (f"extraArgs must not set {entry.cli} in any spelling vLLM accepts (underscores, =value, "
+                f"abbreviations{', ' + spellings if spellings else ''}): {entry.advice}")
+    if entry.secret:
+        return f"extraArgs must not carry {entry.cli}: the pod spec is readable by all who can read the Deployment; " \
+               f"{entry.advice}"
+    return f"extraArgs must not set {entry.cli}: {entry.advice}"
+
+
+def extra_args_problems(extra: list[str]) -> list[str]:
+    """Each offending extraArgs token with the reason, naming the field or Secret to use."""
+    problems = []
+    for token in extra:
+        entry = forbidden(token)
+        if entry is not None:
+            problems.append(f"{token.split('=', 1)[0]!r}: {refusal(entry)}")
+    return problems
+
+
+def extra_args_rule(entry: Flag | Reserved) -> tuple[str, str]:
+    """(CEL rule, message) refusing every spelling of one flag in extraArgs."""
+    pattern = "|".join(f"({spelling_pattern(s)})" for s in entry.spellings)
+    return f"!has(self.extraArgs) || !self.extraArgs.exists(a, a.matches('{pattern}'))", refusal(entry)
+
 
 SERVE_PREFIX = ("vllm", "serve")
 API_SERVER_PREFIX = ("python3", "-m", "vllm.entrypoints.openai.api_server")
@@ -149,10 +259,8 @@ def parse_args(argv: list[str] | str) -> ParsedCommand:
     while i < len(rest):
         token = rest[i]
         name, eq, inline = token.partition("=")
-        name = ALIASES.get(name, name)
-        negated = name.startswith("--no-") and f"--{name[5:]}" in BY_CLI
-        flag = BY_CLI.get(f"--{name[5:]}" if negated else name)
-        if name == "--model" and token.startswith("--model"):
+        flag, negated = _typed(token)
+        if flag_name(token) == "--model":
             model, i = _take_value(rest, i, inline, eq, "--model")
             continue
         if flag is None:
@@ -186,6 +294,18 @@ def parse_args(argv: list[str] | str) -> ParsedCommand:
             for e in exc.errors())  # type: ignore[attr-defined]
         raise EngineArgsError(problems) from None
     return ParsedCommand(model=model, engine=engine, launch=launch)
+
+
+def _typed(token: str) -> tuple[Flag | None, bool]:
+    """The typed flag a token spells exactly (dashes or underscores, an alias, or --no-X), and
+    whether it is the negation. Abbreviations are left to vLLM here: whether one is ambiguous
+    depends on vLLM's whole flag table (extra_args_problems refuses them in a VLLMService)."""
+    name = flag_name(token)
+    for flag in FLAGS:
+        for spelling in flag.spellings:
+            if name == spelling:
+                return flag, spelling.startswith("--no-")
+    return None, False
 
 
 def _take_value(rest: list[str], i: int, inline: str, eq: str, cli: str) -> tuple[str, int]:

@@ -2,20 +2,26 @@
 from __future__ import annotations
 
 import re
+from fractions import Fraction
 
 _SUFFIX = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
-           "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60, "m": 10**-3}
+           "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60, "m": Fraction(1, 1000)}
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
+
+
+def exact_quantity(text: str) -> Fraction:
+    """'1.5Gi' -> its exact value (quantities compare exactly, however large: 1000Ei)."""
+    found = _QUANTITY.match(str(text).strip())
+    if not found:
+        raise ValueError(f"not a Kubernetes quantity: {text!r}")
+    return Fraction(found.group(1)) * Fraction(_SUFFIX[found.group(2) or ""])
 
 
 def parse_quantity(text: str | int) -> int:
     """'64Gi' -> 68719476736; a bad quantity is a ValueError naming it."""
     if isinstance(text, int):
         return text
-    found = _QUANTITY.match(str(text).strip())
-    if not found:
-        raise ValueError(f"not a Kubernetes quantity: {text!r}")
-    return int(float(found.group(1)) * _SUFFIX[found.group(2) or ""])
+    return int(exact_quantity(text))
 
 
 def format_bytes(value: int) -> str:

@@ -12,11 +12,12 @@ import json
 from typing import Any
 
 from .. import __version__
-from ..api import GROUP, KIND, VERSION, EngineArgs, VLLMService
+from ..api import GROUP, KIND, LAUNCHER_MOUNT, SHM_CEILING, VERSION, EngineArgs, VLLMService
 from ..engine import to_command
+from ..quantity import format_bytes, parse_quantity
 
 LAUNCHER_DIR = "/opt/vllm-autoheal"     # where the operator image keeps the package (Dockerfile)
-SHARED_DIR = "/autoheal"                # the emptyDir the init container copies it into
+SHARED_DIR = LAUNCHER_MOUNT             # the emptyDir the init container copies it into
 CONTAINER = "vllm"
 SERVICE_LABEL = f"{GROUP}/service"
 ENGINE_HASH = f"{GROUP}/engine-hash"
@@ -67,8 +68,30 @@ def _metadata(obj: VLLMService, name: str) -> dict[str, Any]:
     return meta
 
 
+def escape(text: str) -> str:
+    """The kubelet expands $(VAR) in a container's command, args and env values: a user string
+    must reach vLLM as written, not as the value of another variable (a Secret's, say)."""
+    return text.replace("$(", "$$(")
+
+
+# The vLLM container: no privilege escalation, no capabilities (vLLM needs none on a GPU node).
+# Non-root is left to spec.runAsNonRoot, since vLLM's official images run as root.
+def container_security(**extra: Any) -> dict[str, Any]:
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, **extra}
+
+
+def shm_size(obj: VLLMService) -> str:
+    """/dev/shm is memory counted against the container: never above its memory limit or the ceiling."""
+    wanted = parse_quantity(obj.spec.resources.shm_size)
+    bound = parse_quantity(SHM_CEILING)
+    memory_limit = effective(obj)[2]
+    if memory_limit:
+        bound = min(bound, parse_quantity(memory_limit))
+    return obj.spec.resources.shm_size if wanted <= bound else format_bytes(bound)
+
+
 def _env(obj: VLLMService) -> list[dict[str, Any]]:
-    env = [e.wire() for e in obj.spec.env]
+    env = [{**e.wire(), "value": escape(e.value)} if e.value is not None else e.wire() for e in obj.spec.env]
     if obj.spec.hf_token_secret_ref:
         ref = obj.spec.hf_token_secret_ref
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
@@ -95,6 +118,7 @@ def deployment(obj: VLLMService, operator_image: str = DEFAULT_OPERATOR_IMAGE) -
     command = to_command(model, engine, serve_args=serve_args)
     if spec.launcher:
         command = ["python3", "-m", "vllm_autoheal.launcher", "--", *command]
+    command = [escape(token) for token in command]
     gpus = spec.gpu_count()
     res = spec.resources
     limits: dict[str, Any] = {GPU_RESOURCE: gpus} if gpus else {}
@@ -106,7 +130,7 @@ def deployment(obj: VLLMService, operator_image: str = DEFAULT_OPERATOR_IMAGE) -
         if value:
             requests[key] = value
     mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
-    volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": res.shm_size}}]
+    volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size(obj)}}]
     if spec.model_cache.enabled:
         mounts.append({"name": "model-cache", "mountPath": spec.model_cache.mount_path})
         volumes.append({"name": "model-cache", "persistentVolumeClaim": {"claimName": cache_claim_name(obj)}})
@@ -117,6 +141,8 @@ def deployment(obj: VLLMService, operator_image: str = DEFAULT_OPERATOR_IMAGE) -
         init.append({"name": "autoheal-launcher", "image": operator_image,
                      "command": ["cp", "-r", f"{LAUNCHER_DIR}/vllm_autoheal", f"{SHARED_DIR}/"],
                      "volumeMounts": [{"name": "autoheal", "mountPath": SHARED_DIR}],
+                     # the operator image runs as a non-root user and only copies files
+                     "securityContext": container_security(readOnlyRootFilesystem=True, runAsNonRoot=True),
                      "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "64Mi"}}})
     container = {
         "name": CONTAINER, "image": spec.image, "command": command,
@@ -127,6 +153,7 @@ def deployment(obj: VLLMService, operator_image: str = DEFAULT_OPERATOR_IMAGE) -
         "startupProbe": _probe("/health", 10, 180), "readinessProbe": _probe("/health", 10, 3),
         "livenessProbe": _probe("/health", 15, 4),
         "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": container_security(**({"runAsNonRoot": True} if spec.run_as_non_root else {})),
     }
     node_selector = dict(res.node_selector)
     if res.gpu_product:
@@ -138,6 +165,9 @@ def deployment(obj: VLLMService, operator_image: str = DEFAULT_OPERATOR_IMAGE) -
         "metadata": {"labels": pod_labels, "annotations": {ENGINE_HASH: engine_hash(model, engine, memory_limit)}},
         "spec": {"initContainers": init, "containers": [container], "volumes": volumes,
                  "nodeSelector": node_selector, "tolerations": tolerations,
+                 # vLLM never talks to the Kubernetes API: no token in the pod for it to leak.
+                 "automountServiceAccountToken": False, "enableServiceLinks": False,
+                 "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
                  "terminationGracePeriodSeconds": 60, "restartPolicy": "Always"},
     }
     return {

@@ -1,0 +1,193 @@
+"""A VLLMService through the API server's own admission steps, offline, for `render`.
+
+The API server prunes unknown fields, applies the schema's defaults, checks the OpenAPI schema
+and then evaluates every CEL rule (x-kubernetes-validations) of the CRD. This module does the
+same with the generated CRD (crd.py) and cel-python, so `render` rejects exactly what a cluster
+would (tests/test_render_agrees_with_server.py runs the same cases through both).
+Pure: a dict in, the problems out, each naming its field as the server does.
+"""
+from __future__ import annotations
+
+import copy
+from functools import lru_cache
+from typing import Any
+
+import celpy
+import re2
+from celpy import celtypes
+
+from .crd import openapi_schema
+from .quantity import exact_quantity
+
+
+class Quantity:
+    """The Kubernetes CEL library's quantity: compareTo/isGreaterThan/isLessThan on exact values."""
+
+    def __init__(self, text: str) -> None:
+        self.value = exact_quantity(str(text))
+
+
+def _quantity(text: celtypes.StringType) -> Quantity:
+    return Quantity(text)
+
+
+def _compare(a: Quantity, b: Quantity) -> celtypes.IntType:
+    return celtypes.IntType((a.value > b.value) - (a.value < b.value))
+
+
+def _is_quantity(text: celtypes.StringType) -> celtypes.BoolType:
+    try:
+        exact_quantity(str(text))
+        return celtypes.BoolType(True)
+    except ValueError:
+        return celtypes.BoolType(False)
+
+
+FUNCTIONS = {"quantity": _quantity, "compareTo": _compare, "isQuantity": _is_quantity,
+             "isGreaterThan": lambda a, b: celtypes.BoolType(a.value > b.value),
+             "isLessThan": lambda a, b: celtypes.BoolType(a.value < b.value)}
+
+
+@lru_cache(maxsize=256)
+def _program(rule: str) -> Any:
+    env = celpy.Environment()
+    return env.program(env.compile(rule), functions=FUNCTIONS)
+
+
+def _to_cel(value: Any, schema: dict[str, Any]) -> Any:
+    """JSON -> CEL values typed by the schema, as the API server types them (a `number` is a
+    double even when written as 1)."""
+    kind = schema.get("type")
+    if kind == "object" or isinstance(value, dict):
+        props = schema.get("properties", {})
+        extra = schema.get("additionalProperties") if isinstance(schema.get("additionalProperties"), dict) else {}
+        return celtypes.MapType({celtypes.StringType(k): _to_cel(v, props.get(k, extra)) for k, v in value.items()})
+    if kind == "array" or isinstance(value, list):
+        return celtypes.ListType([_to_cel(v, schema.get("items", {})) for v in value])
+    if kind == "number":
+        return celtypes.DoubleType(float(value))
+    if isinstance(value, bool):
+        return celtypes.BoolType(value)
+    if isinstance(value, int):
+        return celtypes.IntType(value)
+    if isinstance(value, float):
+        return celtypes.DoubleType(value)
+    return celtypes.StringType(value)
+
+
+_TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "integer": int, "number": (int, float)}
+
+
+def prune_and_default(value: Any, schema: dict[str, Any]) -> Any:
+    """Drop fields the schema does not know, then fill in its defaults (the server's order)."""
+    if isinstance(value, dict) and schema.get("type") == "object":
+        if "properties" in schema:
+            props = schema["properties"]
+            value = {k: prune_and_default(v, props[k]) for k, v in value.items() if k in props}
+            for name, sub in props.items():
+                if name not in value and "default" in sub:
+                    value[name] = prune_and_default(copy.deepcopy(sub["default"]), sub)
+        elif isinstance(schema.get("additionalProperties"), dict):
+            value = {k: prune_and_default(v, schema["additionalProperties"]) for k, v in value.items()}
+    elif isinstance(value, list) and "items" in schema:
+        value = [prune_and_default(v, schema["items"]) for v in value]
+    return value
+
+
+def _type_ok(value: Any, kind: str | None) -> bool:
+    if kind is None:
+        return True
+    if kind in ("integer", "number") and isinstance(value, bool):
+        return False
+    if kind == "integer" and isinstance(value, float):
+        return value.is_integer()
+    return isinstance(value, _TYPES[kind])
+
+
+def schema_problems(value: Any, schema: dict[str, Any], path: str) -> list[str]:
+    """The OpenAPI checks of a structural schema, with the server's field paths."""
+    kind = schema.get("type")
+    if value is None:
+        return [f"{path}: Invalid value: \"null\": must be {kind}"] if kind else []
+    if not _type_ok(value, kind):
+        return [f"{path}: Invalid value: {value!r}: must be of type {kind}"]
+    out: list[str] = []
+    if "enum" in schema and value not in schema["enum"]:
+        out.append(f"{path}: Unsupported value: {value!r}: supported values: {schema['enum']}")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        low, high = schema.get("minimum"), schema.get("maximum")
+        if low is not None and (value < low or (schema.get("exclusiveMinimum") and value == low)):
+            out.append(f"{path}: Invalid value: {value}: must be greater than {'' if schema.get('exclusiveMinimum') else 'or equal to '}{low}")
+        if high is not None and (value > high or (schema.get("exclusiveMaximum") and value == high)):
+            out.append(f"{path}: Invalid value: {value}: must be less than {'' if schema.get('exclusiveMaximum') else 'or equal to '}{high}")
+    if isinstance(value, str):
+        if "maxLength" in schema and len(value) > schema["maxLength"]:
+            out.append(f"{path}: Too long: may not be more than {schema['maxLength']} bytes")
+        if "minLength" in schema and len(value) < schema["minLength"]:
+            out.append(f"{path}: Invalid value: {value!r}: should be at least {schema['minLength']} chars long")
+        if "pattern" in schema and not re2.search(schema["pattern"], value):
+            out.append(f"{path}: Invalid value: {value!r}: should match '{schema['pattern']}'")
+    if isinstance(value, list):
+        if "maxItems" in schema and len(value) > schema["maxItems"]:
+            out.append(f"{path}: Too many: {len(value)}: must have at most {schema['maxItems']} items")
+        if "minItems" in schema and len(value) < schema["minItems"]:
+            out.append(f"{path}: Invalid value: {len(value)}: must have at least {schema['minItems']} items")
+        if schema.get("x-kubernetes-list-type") == "set" and len({repr(v) for v in value}) != len(value):
+            out.append(f"{path}: Duplicate value")
+        for i, item in enumerate(value):
+            out += schema_problems(item, schema.get("items", {}), f"{path}[{i}]")
+    if isinstance(value, dict):
+        for name in schema.get("required", []):
+            if name not in value:
+                out.append(f"{path}.{name}: Required value")
+        props = schema.get("properties", {})
+        extra = schema.get("additionalProperties") if isinstance(schema.get("additionalProperties"), dict) else None
+        for key, sub in value.items():
+            if key in props:
+                out += schema_problems(sub, props[key], f"{path}.{key}")
+            elif extra is not None:
+                out += schema_problems(sub, extra, f"{path}[{key}]")
+    return out
+
+
+def cel_problems(value: Any, schema: dict[str, Any], path: str) -> list[str]:
+    """Every x-kubernetes-validations rule on every node present, `self` bound to that node."""
+    out: list[str] = []
+    for rule in schema.get("x-kubernetes-validations", []):
+        try:
+            ok = _program(rule["rule"]).evaluate({"self": _to_cel(value, schema)})
+        except celpy.CELEvalError as exc:
+            ok, rule = False, {**rule, "message": f"{rule['message']} (rule could not be evaluated: {exc.args[0]})"}
+        if not ok:
+            out.append(f"{path}{rule.get('fieldPath', '')}: Invalid value: \"{schema.get('type', 'object')}\": "
+                       f"{rule['message']}")
+    if isinstance(value, dict):
+        props = schema.get("properties", {})
+        extra = schema.get("additionalProperties") if isinstance(schema.get("additionalProperties"), dict) else None
+        for key, sub in value.items():
+            if key in props:
+                out += cel_problems(sub, props[key], f"{path}.{key}")
+            elif extra is not None:
+                out += cel_problems(sub, extra, f"{path}[{key}]")
+    elif isinstance(value, list) and "items" in schema:
+        for i, item in enumerate(value):
+            out += cel_problems(item, schema["items"], f"{path}[{i}]")
+    return out
+
+
+def admit(obj: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """(the object as the server would store it, the problems it would reject it for).
+
+    Like a create, the status is not taken from the request (it is a subresource)."""
+    schema = openapi_schema()
+    body = {k: v for k, v in obj.items() if k != "status"}
+    spec_schema = schema["properties"]["spec"]
+    if "spec" not in body:
+        return body, ["spec: Required value"]
+    spec = prune_and_default(body["spec"], spec_schema)
+    body["spec"] = spec
+    problems = schema_problems(spec, spec_schema, "spec")
+    if isinstance(spec, dict) and not problems:
+        problems += cel_problems(spec, spec_schema, "spec")
+    return body, problems
+
