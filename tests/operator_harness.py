@@ -12,6 +12,7 @@ import threading
 import time
 from typing import Any, Callable
 
+import attrs
 import kopf
 import kubernetes
 import kmock as kmocklib
@@ -26,14 +27,132 @@ VSVC = f"{GROUP}/{VERSION}/{PLURAL}"
 _login_registered: dict[str, Any] = {}
 
 
+@attrs.frozen
+class ApplyInvalid(kmocklib.KubernetesError):
+    status: int = 422
+    reason: str = "Invalid"
+    message: str = "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch"
+
+
+# Fields an apply configuration names that the server does not track as managed fields.
+_UNMANAGED = {("apiVersion",), ("kind",), ("metadata", "name"), ("metadata", "namespace")}
+
+
+def _leaves(obj: Any, prefix: tuple = ()) -> dict[tuple, Any]:
+    """Field paths of an apply configuration; lists are atomic (one field), as is an empty map."""
+    if isinstance(obj, dict) and obj:
+        out: dict[tuple, Any] = {}
+        for key, value in obj.items():
+            out.update(_leaves(value, (*prefix, key)))
+        return out
+    return {prefix: obj}
+
+
+def _fields_v1(paths: set[tuple]) -> dict[str, Any]:
+    tree: dict[str, Any] = {}
+    for path in paths:
+        node = tree
+        for key in path:
+            node = node.setdefault(f"f:{key}", {})
+    return tree
+
+
+def _paths(tree: dict[str, Any], prefix: tuple = ()) -> set[tuple]:
+    if not tree:
+        return {prefix}
+    return {p for key, sub in tree.items() for p in _paths(sub, (*prefix, key[2:]))}
+
+
+def server_side_apply(live: dict[str, Any], applied: dict[str, Any], manager: str) -> dict[str, Any]:
+    """What the API server stores for an apply by `manager`: the fields of the applied
+    configuration take their applied values; fields this manager applied before and leaves out
+    now are removed; every other field (set by others, or defaulted) is kept."""
+    new = copy.deepcopy(live)
+    entries = (new.get("metadata") or {}).get("managedFields") or []
+    mine = next((e for e in entries if e["manager"] == manager and e["operation"] == "Apply"), None)
+    before = _paths(mine["fieldsV1"]) if mine else set()
+    leaves = {p: v for p, v in _leaves(applied).items() if p not in _UNMANAGED
+              and p[:2] not in (("metadata", "managedFields"), ("metadata", "resourceVersion"))}
+    keep = {p[:i] for p in leaves for i in range(1, len(p) + 1)}
+    for path in sorted(before - set(leaves), key=len, reverse=True):
+        parents = [new]
+        for key in path[:-1]:
+            parents.append(parents[-1].get(key) if isinstance(parents[-1], dict) else None)
+        if isinstance(parents[-1], dict):
+            parents[-1].pop(path[-1], None)
+        for depth in range(len(path) - 1, 0, -1):  # a map left empty, that nothing applies, goes too
+            if parents[depth] == {} and path[:depth] not in keep:
+                parents[depth - 1].pop(path[depth - 1], None)
+    for path, value in leaves.items():
+        node = new
+        for key in path[:-1]:
+            if not isinstance(node.get(key), dict):
+                node[key] = {}
+            node = node[key]
+        node[path[-1]] = copy.deepcopy(value)
+    for key in ("apiVersion", "kind"):
+        new.setdefault(key, applied.get(key))
+    meta = new.setdefault("metadata", {})
+    meta["managedFields"] = [e for e in entries if e is not mine] + [{
+        "manager": manager, "operation": "Apply", "apiVersion": applied.get("apiVersion"),
+        "fieldsType": "FieldsV1", "fieldsV1": _fields_v1(set(leaves))}]
+    return new
+
+
+def merge_diff(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """The JSON merge patch that turns `old` into `new` (kmock stores writes as merge patches)."""
+    out: dict[str, Any] = {k: None for k in old if k not in new}
+    for key, value in new.items():
+        if isinstance(value, dict) and isinstance(old.get(key), dict):
+            sub = merge_diff(old[key], value)
+            if sub:
+                out[key] = sub
+        elif old.get(key, object()) != value:
+            out[key] = value
+    return out
+
+
 class Emulator(kmocklib.KubernetesEmulator):
     """kmock, plus the API-server behaviours the operator relies on that it lacks:
     `metadata.generateName` (kopf names its Events that way), and `resourceVersion` and
     `generation` that move on each write. kopf skips a watch event older than its own last
     patch by resourceVersion; with kmock's frozen "1" it re-handles stale events, so a status
-    write racing kopf's own patch replays an update handler again and again."""
+    write racing kopf's own patch replays an update handler again and again.
+
+    Server-side apply (PATCH application/apply-patch+yaml, fieldManager, force) is emulated for
+    one applier per object, which is how the operator uses it: managed fields are recorded
+    per manager, and an apply removes the fields its manager applied before and leaves out now.
+    Not modelled: conflicts with other managers (force is assumed; a non-forced apply that
+    a real server would refuse succeeds here), ownership of fields written by updates (merge
+    patches, creates), associative lists merged by key (every list is atomic here: the
+    applied list replaces the stored one), and server-side defaulting."""
+
+    async def _server_side_apply(self, request) -> None:
+        manager = request.params.get("fieldManager")
+        if not manager:
+            raise ApplyInvalid()
+        key = (request.resource, request.namespace, request.name)
+        async with self._lock:
+            exists = key in self._objects and not self._objects[key].deleted
+            live = copy.deepcopy(self._objects[key].raw) if exists else {}
+            new = server_side_apply(live, request.data, manager)
+            if not exists:  # an apply creates what is missing
+                new["metadata"].update(uid=f"uid-applied-{len(self._requests)}", generation=1)
+                if key in self._objects:
+                    self._objects[key].create(new)
+                else:
+                    self._objects[key] = new
+                await self._buses[request.resource].put({"type": "ADDED", "object": self._objects[key].raw})
+                diff = {}
+            else:
+                diff = merge_diff(live, new)
+        request.data.clear()
+        request.data.update(diff)  # kmock's update path stores it
 
     async def _handle(self, request):  # type: ignore[override]
+        if request.resource is not None and request.action == kmocklib.action.UPDATE and request.name and \
+                "apply-patch" in request.headers.get("Content-Type", "") and isinstance(request.data, dict):
+            await self._server_side_apply(request)
         data = request.data
         if request.resource is not None and isinstance(data, dict) and request.action in (
                 kmocklib.action.CREATE, kmocklib.action.UPDATE):

@@ -1,11 +1,15 @@
 """The few Kubernetes API calls the operator makes, over the official client's transport.
 
-Plain JSON in and out (no generated models), merge patches only, and "apply" that patches
-only when the live object differs from the desired one, so a resync causes no writes.
+Plain JSON in and out (no generated models). The objects a VLLMService owns are written by
+server-side apply under the operator's own field manager, so a field left out of the manifest
+is removed from the object; an object of the same name that this VLLMService does not control
+is never written. A resync whose manifest is what was last applied, and still in place, writes nothing.
 """
 from __future__ import annotations
 
+import hashlib
 import json
+from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes import client, config
@@ -15,6 +19,9 @@ from .. import __version__
 from ..api import GROUP, PLURAL, VERSION
 
 MERGE = "application/merge-patch+json"
+APPLY = "application/apply-patch+yaml"
+FIELD_MANAGER = "vllm-autoheal"
+APPLIED_HASH = f"{GROUP}/applied-hash"   # the manifest last applied, to skip a resync's no-op apply
 _CONFIGURED: dict[str, Any] = {}
 
 
@@ -76,20 +83,33 @@ class Kube:
             raise
 
     # --- owned objects ---------------------------------------------------------------
+    def apply_all(self, manifests: list[dict[str, Any]]) -> ApplyResult:
+        """Apply every manifest, or none when one of them names an object this VLLMService does
+        not control (a Service of another team, say): that is a conflict for a person to settle."""
+        live = [self.get(_object_path(m)) for m in manifests]
+        result = ApplyResult(conflicts=[describe(m) for m, have in zip(manifests, live)
+                                        if have is not None and not controlled_by_owner(have, m)])
+        if not result.conflicts:
+            result.outcomes = [(m, self._apply(m, have)) for m, have in zip(manifests, live)]
+        return result
+
     def apply(self, manifest: dict[str, Any]) -> str:
-        """Create, or merge-patch when the live object differs; returns created/patched/unchanged."""
-        meta = manifest["metadata"]
-        collection = _plural_path(manifest["apiVersion"], PLURALS[manifest["kind"]], meta.get("namespace"))
-        live = self.get(f"{collection}/{meta['name']}")
-        if live is None:
-            self.request("POST", collection, manifest)
-            return "created"
-        desired = {"metadata": {"labels": meta.get("labels", {}), "ownerReferences": meta.get("ownerReferences", [])},
-                   "spec": manifest.get("spec", {})}
-        if is_subset(desired, live):
+        """Server-side apply of one object: created, applied, unchanged, or conflict (not written)."""
+        live = self.get(_object_path(manifest))
+        if live is not None and not controlled_by_owner(live, manifest):
+            return "conflict"
+        return self._apply(manifest, live)
+
+    def _apply(self, manifest: dict[str, Any], live: dict[str, Any] | None) -> str:
+        body = with_applied_hash(manifest)
+        meta = body["metadata"]
+        if live is not None and (live["metadata"].get("annotations") or {}).get(APPLIED_HASH) == \
+                meta["annotations"][APPLIED_HASH] and is_subset({"metadata": {k: meta[k] for k in (
+                    "labels", "annotations", "ownerReferences") if k in meta}, "spec": body.get("spec", {})}, live):
             return "unchanged"
-        self.request("PATCH", f"{collection}/{meta['name']}", desired, MERGE)
-        return "patched"
+        self.request("PATCH", _object_path(manifest), body, APPLY,
+                     query=[("fieldManager", FIELD_MANAGER), ("force", "true")])
+        return "created" if live is None else "applied"
 
     # --- VLLMServices ------------------------------------------------------------------
     def vsvc_path(self, namespace: str, name: str) -> str:
@@ -113,6 +133,41 @@ class Kube:
                                        ("tailLines", tail_lines), ("limitBytes", limit_bytes)], raw=True)
         except ApiException:
             return ""
+
+
+@dataclass
+class ApplyResult:
+    conflicts: list[str] = field(default_factory=list)       # "Service default/payments", not written
+    outcomes: list[tuple[dict[str, Any], str]] = field(default_factory=list)
+
+
+def _object_path(manifest: dict[str, Any]) -> str:
+    meta = manifest["metadata"]
+    collection = _plural_path(manifest["apiVersion"], PLURALS[manifest["kind"]], meta.get("namespace"))
+    return f"{collection}/{meta['name']}"
+
+
+def describe(manifest: dict[str, Any]) -> str:
+    meta = manifest["metadata"]
+    return f"{manifest['kind']} {meta.get('namespace', '')}/{meta['name']}".replace(" /", " ")
+
+
+def controller_uid(obj: dict[str, Any]) -> str | None:
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return next((r.get("uid") for r in refs if r.get("controller")), None)
+
+
+def controlled_by_owner(live: dict[str, Any], manifest: dict[str, Any]) -> bool:
+    """The live object's controller is the VLLMService the manifest is rendered for."""
+    want = controller_uid(manifest)
+    return want is not None and controller_uid(live) == want
+
+
+def with_applied_hash(manifest: dict[str, Any]) -> dict[str, Any]:
+    digest = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:16]
+    meta = manifest["metadata"]
+    return {**manifest, "metadata": {**meta, "annotations": {**(meta.get("annotations") or {}),
+                                                              APPLIED_HASH: digest}}}
 
 
 def is_subset(want: Any, have: Any) -> bool:

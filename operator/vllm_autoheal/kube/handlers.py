@@ -113,15 +113,27 @@ def reconcile(body: kopf.Body, meta: kopf.Meta, logger: logging.Logger, **_: Any
     # Under the object's lock: a heal applies the same objects itself; waiting for it finds
     # them unchanged instead of writing them a second time.
     with _lock(f"{meta.get('namespace')}/{meta.get('name')}"):
-        for manifest in resources.render(target, OPERATOR_IMAGE):
-            outcome = kube.apply(manifest)
+        applied = kube.apply_all(resources.render(target, OPERATOR_IMAGE))
+        for manifest, outcome in applied.outcomes:
             if outcome != "unchanged":
                 logger.info(f"{manifest['kind']} {manifest['metadata']['name']} {outcome}")
+    if applied.conflicts:  # someone else's object has the name: write nothing, say so, look again later
+        _name_conflict(kube, body, meta, applied.conflicts, current)
     fit = next((c for c in conditions if c["type"] == st.MEMORY_FIT), None)  # reconcile's own condition
     own_conditions = {st.MEMORY_FIT: fit} if fit is not None and fit not in current else {}
     _write_reconciled(kube, meta.get("namespace"), meta.get("name"), new, own_conditions, person_edit,
                       dict(generation=generation, gpus=spec.gpu_count(), endpoint=resources.endpoint(obj),
                            effective=engine.wire()))
+
+
+def _name_conflict(kube: Kube, body: kopf.Body, meta: kopf.Meta, conflicts: list[str], current: list) -> None:
+    message = (f"{', '.join(conflicts)} already exists and is not controlled by this VLLMService; nothing was "
+               "written. Rename the VLLMService or remove that object.")
+    conditions = st.set_condition(current, st.READY, "False", "NameConflict", message, meta.get("generation"))
+    if conditions != current:  # once per conflict, not on every retry
+        kopf.event(body, type="Warning", reason="NameConflict", message=message)
+        kube.patch_vsvc_status(meta.get("namespace"), meta.get("name"), {"conditions": conditions})
+    raise kopf.TemporaryError(message, delay=60)
 
 
 def _write_reconciled(kube: Kube, namespace: str, name: str, new: dict[str, Any], own: dict[str, dict],
