@@ -34,6 +34,7 @@ def test_lint_strict_is_clean(helm):
     assert "0 chart(s) failed" in proc.stdout and "[WARNING]" not in proc.stdout
 
 
+DIGEST = "sha256:" + "a1" * 32
 VALUE_SETS = {
     "default": {},
     "namespaced": {"watchNamespaces": ["team-a", "team-b"]},
@@ -42,6 +43,11 @@ VALUE_SETS = {
                    "dashboard": {"enabled": True}},
     "custom-image": {"image": {"repository": "registry.example.com/ml/vllm-autoheal", "tag": "0.1.0-rc1",
                                "pullPolicy": "Always"}, "imagePullSecrets": [{"name": "regcred"}]},
+    "digest": {"image": {"repository": "registry.example.com/ml/vllm-autoheal", "digest": DIGEST}},
+    "locked-down": {"watchNamespaces": ["team-a"], "networkPolicy": {"enabled": True, "metricsFrom": [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]},
+        "admissionPolicy": {"enabled": True, "allowedImagePrefixes": ["vllm/vllm-openai:"], "maxGpus": 8,
+                            "maxMemory": "512Gi"}},
 }
 
 
@@ -90,9 +96,22 @@ def test_renders_and_validates_offline(helm, tmp_path, name):
     if name == "custom-image":
         assert image == "registry.example.com/ml/vllm-autoheal:0.1.0-rc1"
         assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    elif name == "digest":
+        assert image == f"registry.example.com/ml/vllm-autoheal@{DIGEST}"
     else:
         assert image == "ghcr.io/vllm-autoheal/vllm-autoheal:0.1.0"
     assert f"--operator-image={image}" in c["args"]  # the launcher init container uses the same image
+    policies = by_kind(docs, "ValidatingAdmissionPolicy")
+    networks = by_kind(docs, "NetworkPolicy")
+    if name == "locked-down":
+        binding = by_kind(docs, "ValidatingAdmissionPolicyBinding")[0]
+        assert binding["spec"]["policyName"] == policies[0]["metadata"]["name"]
+        assert binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"][0]["values"] == ["team-a"]
+        ingress = networks[0]["spec"]["ingress"]
+        assert networks[0]["spec"]["podSelector"]["matchLabels"] == dep["spec"]["selector"]["matchLabels"]
+        assert ingress[0]["ports"] == [{"port": "metrics", "protocol": "TCP"}] and len(ingress) == 1
+    else:
+        assert not policies and not networks
 
 
 INVALID = [
@@ -106,6 +125,12 @@ INVALID = [
     ({"image": {"repository": "x", "tag": "latest"}}, "/image/tag"),
     ({"colour": "blue"}, "colour"),
     ({"heal": {"enabled": "yes"}}, "/heal/enabled"),
+    ({"image": {"repository": "x", "digest": "sha256:abc"}}, "/image/digest"),
+    ({"admissionPolicy": {"maxGpus": -1}}, "/admissionPolicy/maxGpus"),
+    ({"admissionPolicy": {"maxMemory": "lots"}}, "/admissionPolicy/maxMemory"),
+    ({"admissionPolicy": {"allowedImagePrefixes": ["x' || true || '"]}}, "/admissionPolicy/allowedImagePrefixes/0"),
+    ({"admissionPolicy": {"validationActions": ["Allow"]}}, "/admissionPolicy/validationActions/0"),
+    ({"networkPolicy": {"enabled": "on"}}, "/networkPolicy/enabled"),
 ]
 
 
@@ -116,6 +141,53 @@ def test_invalid_values_are_rejected_naming_the_value(helm, tmp_path, values, fi
     proc = subprocess.run([helm, "template", "rel", str(CHART), "-f", str(vals)], capture_output=True, text=True)
     assert proc.returncode != 0
     assert field in proc.stderr, proc.stderr
+
+
+def test_network_policy_without_peers_admits_nothing(helm, tmp_path):
+    docs = template(helm, tmp_path, {"networkPolicy": {"enabled": True}})
+    policy = by_kind(docs, "NetworkPolicy")[0]["spec"]
+    assert policy["policyTypes"] == ["Ingress"] and policy["ingress"] == []
+
+
+# (VLLMService spec, the words of the policy's message that must deny it; None = admitted)
+POLICY_CASES = [
+    ({"engine": {"tensorParallelSize": 2}, "resources": {"limits": {"memory": "64Gi"}}}, None),
+    ({"replicas": 4, "engine": {"tensorParallelSize": 2}, "resources": {"limits": {"memory": "128Gi"}},
+      "heal": {"bounds": {"maxMemoryLimit": "128Gi"}}}, None),
+    ({"image": "evil.example.com/miner:1", "resources": {"limits": {"memory": "64Gi"}}}, "spec.image"),
+    ({"replicas": 3, "engine": {"tensorParallelSize": 4}, "resources": {"limits": {"memory": "64Gi"}}},
+     "at most 8 GPUs"),
+    ({"resources": {"gpus": 16, "limits": {"memory": "64Gi"}}, "engine": {"tensorParallelSize": 16}},
+     "at most 8 GPUs"),
+    ({"resources": {"limits": {"memory": "64Gi"}}, "heal": {"allowedActions": ["IncreaseTensorParallel"],
+                                                            "bounds": {"maxTensorParallelSize": 16}}},
+     "maxTensorParallelSize"),
+    ({"replicas": 2, "resources": {"limits": {"memory": "300Gi"}}}, "limits.memory x replicas"),
+    ({}, "limits.memory must be set"),
+    ({"resources": {"limits": {"memory": "64Gi"}}, "heal": {"bounds": {"maxMemoryLimit": "600Gi"}}},
+     "maxMemoryLimit"),
+]
+
+
+@pytest.mark.parametrize("spec,denial", POLICY_CASES)
+def test_admission_policy_bounds_images_gpus_and_memory(helm, tmp_path, spec, denial):
+    """The policy's CEL, evaluated as the API server would (cel-python, the object after the CRD's
+    defaults), admits ordinary VLLMServices and denies each excess with its message."""
+    from vllm_autoheal.validation import admit, evaluate
+    docs = template(helm, tmp_path, VALUE_SETS["locked-down"])
+    policy = by_kind(docs, "ValidatingAdmissionPolicy")[0]["spec"]
+    obj, problems = admit({"apiVersion": "vllm.autoheal.dev/v1alpha1", "kind": "VLLMService",
+                           "metadata": {"name": "x"}, "spec": {"model": "org/m", **spec}})
+    assert problems == []
+    variables: dict = {}
+    for var in policy["variables"]:
+        variables[var["name"]] = evaluate(var["expression"], {"object": obj, "variables": variables})
+    denied = [v["message"] for v in policy["validations"]
+              if not evaluate(v["expression"], {"object": obj, "variables": variables})]
+    if denial is None:
+        assert denied == []
+    else:
+        assert len(denied) == 1 and denial in denied[0], denied
 
 
 def test_chart_crd_is_the_generated_crd():

@@ -45,7 +45,8 @@ def _is_quantity(text: celtypes.StringType) -> celtypes.BoolType:
 
 FUNCTIONS = {"quantity": _quantity, "compareTo": _compare, "isQuantity": _is_quantity,
              "isGreaterThan": lambda a, b: celtypes.BoolType(a.value > b.value),
-             "isLessThan": lambda a, b: celtypes.BoolType(a.value < b.value)}
+             "isLessThan": lambda a, b: celtypes.BoolType(a.value < b.value),
+             "asApproximateFloat": lambda a: celtypes.DoubleType(float(a.value))}
 
 
 @lru_cache(maxsize=256)
@@ -173,6 +174,11 @@ def cel_problems(value: Any, schema: dict[str, Any], path: str) -> list[str]:
         for i, item in enumerate(value):
             out += cel_problems(item, schema["items"], f"{path}[{i}]")
     return out
+
+
+def evaluate(expression: str, activation: dict[str, Any]) -> Any:
+    """One CEL expression over plain JSON values (an admission policy's `object`, `variables`)."""
+    return _program(expression).evaluate({k: celpy.json_to_cel(v) for k, v in activation.items()})
 
 
 def admit(obj: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:

@@ -19,8 +19,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- if .Values.serviceAccount.create -}}{{ default (include "vllm-autoheal.fullname" .) .Values.serviceAccount.name }}
 {{- else -}}{{ default "default" .Values.serviceAccount.name }}{{- end -}}
 {{- end -}}
+{{/* By digest when one is given (what runs is then exactly what was reviewed), else by tag. */}}
 {{- define "vllm-autoheal.image" -}}
-{{ .Values.image.repository }}:{{ default .Chart.AppVersion .Values.image.tag }}
+{{- if .Values.image.digest -}}{{ .Values.image.repository }}@{{ .Values.image.digest }}
+{{- else -}}{{ .Values.image.repository }}:{{ default .Chart.AppVersion .Values.image.tag }}{{- end -}}
 {{- end -}}
 {{/* The rules for namespaced objects: exactly what the operator calls (tests/test_chart.py checks). */}}
 {{- define "vllm-autoheal.namespacedRules" -}}
