@@ -82,7 +82,8 @@ async def main(incidents: int, burst_size: int, services: int, after_load: int, 
             log = open(log_path, "w") if log_path else subprocess.DEVNULL
             env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONPATH": str(ROOT / "operator")}
             proc = subprocess.Popen([sys.executable, "-m", "vllm_autoheal", "operator", "--metrics-port",
-                                     str(metrics_port), "--health-port", str(_port()), "--log-format", "full"],
+                                     str(metrics_port), "--health-port", str(_port()), "--log-format", "full",
+                                     "--hub-endpoint", "off"],  # never the internet from a bench
                                     env=env, stdout=subprocess.DEVNULL, stderr=log)
             try:
                 return await run(Cluster(emulator), proc, metrics_port, incidents, burst_size, services, after_load)

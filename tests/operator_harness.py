@@ -17,6 +17,7 @@ import kopf
 import kubernetes
 import kmock as kmocklib
 
+from vllm_autoheal import model_source
 from vllm_autoheal.api import GROUP, KIND, PLURAL, VERSION
 from vllm_autoheal.kube import client as kclient
 from vllm_autoheal.kube import resources
@@ -183,6 +184,7 @@ def setup_emulator(kmock, api_url: str | None = None) -> None:
                                                   verbs={"get", "list", "watch", "create", "patch", "delete"},
                                                   subresources={"status"})
     url = api_url or str(kmock.url).rstrip("/")
+    model_source.configure(model_source.HubSettings())  # the Hub is off unless a test serves one locally
     kclient.configure(host=url)
     _login_registered["url"] = url
     if not _login_registered.get("done"):

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 from pydantic.alias_generators import to_camel
+
+from . import model_config as mc
 
 GROUP = "vllm.autoheal.dev"
 VERSION = "v1alpha1"
@@ -35,6 +37,7 @@ RESERVED_MOUNT_PATHS = (LAUNCHER_MOUNT, "/dev", "/proc", "/sys", "/etc", "/usr",
                         "/lib64", "/var/run/secrets")
 # /dev/shm is memory; the pod renders it no larger than the memory limit, and never above this.
 SHM_CEILING = "64Gi"
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 
 Quantization = Literal[
     "awq", "awq_marlin", "gptq", "gptq_marlin", "bitsandbytes", "fp8", "fbgemm_fp8",
@@ -209,6 +212,52 @@ class EnvFromSource(Model):
     config_map_ref: NamedRef | None = Field(None, description="All keys of a ConfigMap.")
 
 
+class ConfigJsonBase(BaseModel):
+    """config.json fields keep config.json's own spelling (snake_case), so a file pastes as is."""
+    model_config = ConfigDict(extra="ignore")
+
+
+class QuantizationConfig(ConfigJsonBase):
+    quant_method: str | None = Field(None, max_length=64, description="The checkpoint's quantization method.")
+
+
+# The fields the memory model reads, typed and ranged from the one table in model_config.py.
+ConfigJson = create_model(  # type: ignore[call-overload]
+    "ConfigJson", __base__=ConfigJsonBase, __doc__="The fields of the model's config.json that size it.",
+    **{f.name: (int if f.required else int | None, Field(... if f.required else None, ge=f.low, le=f.high,
+                                                          description=f.description)) for f in mc.FIELDS},
+    **{name: (str | None, Field(None, max_length=limit, description=f"config.json's {name}."))
+       for name, limit in mc.STRINGS.items()},
+    architectures=(list[str] | None, Field(None, max_length=mc.MAX_ARCHITECTURES, description="Architecture names.",
+                                          json_schema_extra={"items": {"type": "string", "maxLength": mc.MAX_NAME}})),
+    tie_word_embeddings=(bool | None, Field(None, description="Input and output embeddings shared.")),
+    attention_bias=(bool | None, Field(None, description="q/k/v projections carry a bias.")),
+    quantization_config=(QuantizationConfig | None, Field(None, description="The checkpoint's quantization.")),
+)
+ConfigJson.model_config["json_schema_extra"] = {"x-kubernetes-validations": [
+    rule("!has(self.num_key_value_heads) || self.num_key_value_heads <= self.num_attention_heads",
+         "num_key_value_heads must be <= num_attention_heads", ".num_key_value_heads")]}
+ConfigJson.model_rebuild(force=True)
+
+
+class ConfigMapKeyRef(Model):
+    name: str = Field(..., pattern=DNS_SUBDOMAIN, max_length=253, description="ConfigMap name.")
+    key: str = Field("config.json", pattern=r"^[-._a-zA-Z0-9]+$", max_length=253,
+                     description="Key holding the config.json text.")
+
+
+class ModelConfigSource(Model):
+    """Where pre-flight and heals read the model's shape; unset = config.json from the Hub."""
+    model_config = cel(
+        rule("!(has(self.inline) && has(self.configMapRef))", "set inline or configMapRef, not both", ".inline"))
+    inline: ConfigJson | None = Field(None, description=(  # type: ignore[valid-type]
+        "config.json's fields, as the file spells them (a multimodal model: its text_config)."))
+    config_map_ref: ConfigMapKeyRef | None = Field(None, description="A ConfigMap key holding config.json "
+                                                   "(at most 1 MiB).")
+    revision: str | None = Field(None, pattern=r"^[\w./-]+$", max_length=128, description=(
+        "Hub revision (branch, tag or commit) of config.json; unset = main."))
+
+
 class HealBounds(Model):
     """The limits no heal may cross; the operator gives up rather than leave them."""
     model_config = cel(
@@ -285,7 +334,11 @@ class VLLMServiceSpec(Model):
     engine: EngineArgs = nested(EngineArgs, "vLLM engine flags.")
     resources: Resources = nested(Resources, "GPUs, placement, CPU and memory.")
     model_cache: ModelCache = nested(ModelCache, "PVC for the model cache.")
-    hf_token_secret_ref: KeyRef | None = Field(None, description="Secret key exposed to vLLM as HF_TOKEN.")
+    hf_token_secret_ref: KeyRef | None = Field(None, description=(
+        "Secret key exposed to vLLM as HF_TOKEN; the operator also uses it to read config.json from the Hub."))
+    model_config_source: ModelConfigSource | None = Field(None, alias="modelConfig", description=(
+        "The model's config.json for pre-flight and heals: inline or a ConfigMap; unset = from the Hub by "
+        "spec.model. Replaces the deprecated vllm.autoheal.dev/model-config annotation."))
     env: list[EnvVar] = Field(default_factory=list, max_length=128, description="Extra environment variables.")
     env_from: list[EnvFromSource] = Field(default_factory=list, max_length=32, description="Environment from objects.")
     heal: HealPolicy = nested(HealPolicy, "Healing policy.")

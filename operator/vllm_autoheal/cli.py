@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Callable
@@ -178,6 +179,9 @@ def _operator(args: argparse.Namespace) -> int:
     from .kube import client, handlers
     if args.operator_image:
         handlers.OPERATOR_IMAGE = args.operator_image
+    from .model_source import HubSettings, configure as configure_hub  # read once, here, not per event
+    configure_hub(HubSettings(endpoint=None if args.hub_endpoint == "off" else args.hub_endpoint.rstrip("/"),
+                              cache_dir=args.hub_cache_dir, timeout_s=args.hub_timeout))
     client.configure()
     metrics.serve(args.metrics_port)
     configure_logging(args.log_format, args.verbose)
@@ -210,6 +214,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-format", choices=["plain", "full", "json"], default="plain")
     p.add_argument("--verbose", action="store_true")
     p.add_argument("--operator-image", help="image of the launcher init container (default: this version's)")
+    p.add_argument("--hub-endpoint", metavar="URL|off",
+                   default=os.environ.get("HF_ENDPOINT") or "https://huggingface.co",
+                   help="where pre-flight reads a model's config.json when spec.modelConfig is unset (a mirror, "
+                        "or off); default $HF_ENDPOINT, else https://huggingface.co")
+    p.add_argument("--hub-cache-dir", metavar="DIR", default=os.environ.get("HF_HUB_CACHE") or
+                   "/tmp/vllm-autoheal/hub", help="cache of the config.json files read (default %(default)s)")
+    p.add_argument("--hub-timeout", type=float, default=5.0, metavar="S",
+                   help="seconds per Hub request, and the longest a handler waits for one (default 5)")
     p.set_defaults(run=_operator)
 
     p = sub.add_parser("render", allow_abbrev=False, help="print the objects the operator would apply",

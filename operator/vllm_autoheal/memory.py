@@ -96,14 +96,22 @@ class ModelShape:
         return self.experts * 3 * h * self.moe_intermediate + h * self.experts + shared
 
     def layer_params(self, index: int) -> int:
-        moe = self.experts > 0 and index >= self.dense_layers
+        return self._layer(moe=self.experts > 0 and index >= self.dense_layers)
+
+    def _layer(self, moe: bool) -> int:
         return self.attention_params() + self.mlp_params(moe) + 2 * self.hidden
 
     def embedding_params(self) -> int:
         return self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
 
+    def stack_params(self, layers: int) -> int:
+        """Parameters of the first `layers` layers: counted, never iterated, so the work does not
+        grow with a (possibly hostile) layer count."""
+        moe_layers = max(0, layers - self.dense_layers) if self.experts else 0
+        return (layers - moe_layers) * self._layer(moe=False) + moe_layers * self._layer(moe=True)
+
     def params(self) -> int:
-        return self.embedding_params() + sum(self.layer_params(i) for i in range(self.layers)) + self.hidden
+        return self.embedding_params() + self.stack_params(self.layers) + self.hidden
 
     def kv_bytes_per_token(self, kv_dtype: str | None = None, tp: int = 1, pp: int = 1) -> int:
         """K and V of one token on one GPU (MLA keeps one compressed latent, replicated per rank)."""
@@ -164,7 +172,7 @@ def weights_bytes_per_gpu(shape: ModelShape, quantization: str | None = None, dt
     quant = quantization or shape.quantization
     linear = QUANT_BYTES.get(quant, dense) if quant else dense
     per_stage = math.ceil(shape.layers / pp)
-    layers = sum(shape.layer_params(i) for i in range(per_stage))
+    layers = shape.stack_params(per_stage)
     embed = shape.embedding_params() if pp == 1 else shape.vocab * shape.hidden  # first or last stage
     return int((layers * linear + embed * dense) / tp + WEIGHT_BUFFERS_GIB * GIB)
 

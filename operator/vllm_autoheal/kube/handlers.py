@@ -18,11 +18,10 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from .. import metrics
+from .. import metrics, model_source
 from ..api import GROUP, PLURAL, VERSION, EngineArgs, VLLMService
 from ..diagnosis import Diagnosis, Signals, classify
 from ..gpus import lookup
-from ..memory import shape_from_config
 from ..preflight import preflight
 from ..quantity import parse_quantity
 from ..remedy import Inventory, Remedy, plan
@@ -31,7 +30,6 @@ from . import status as st
 from .client import Kube
 
 HEALED_ENGINE = f"{GROUP}/healed-engine"      # engine args the operator wrote into spec (PatchSpec)
-MODEL_CONFIG = f"{GROUP}/model-config"        # the model's config.json, for pre-flight
 OPERATOR_IMAGE = os.environ.get("AUTOHEAL_OPERATOR_IMAGE", resources.DEFAULT_OPERATOR_IMAGE)
 _locks: dict[str, threading.Lock] = {}
 _locks_guard = threading.Lock()
@@ -67,13 +65,19 @@ def _with_status(obj: VLLMService, status: dict[str, Any]) -> VLLMService:
 
 def _preflight(obj: VLLMService, generation: int | None, conditions: list, status: dict) -> list:
     spec = obj.spec
-    raw = (obj.metadata.get("annotations") or {}).get(MODEL_CONFIG)
-    if spec.preflight == "Off" or not raw or not (spec.resources.gpu_product or spec.resources.gpu_memory_gib):
+    if spec.preflight == "Off":
         return conditions
+    if not (spec.resources.gpu_product or spec.resources.gpu_memory_gib):
+        return st.set_condition(conditions, st.MEMORY_FIT, "Unknown", "NoGpuProduct", "set resources.gpuProduct "
+                                "or resources.gpuMemoryGiB to check memory before start", generation)
+    model = model_source.for_service(obj, Kube().get)
+    if not model.ok:
+        return st.set_condition(conditions, st.MEMORY_FIT, "Unknown", "ModelConfigUnavailable",
+                                f"no model config, so no pre-flight: {model.error}", generation)
     try:
         gpu = lookup(spec.resources.gpu_product or "custom", spec.resources.gpu_memory_gib)
-        result = preflight(spec, gpu, shape_from_config(json.loads(raw)))
-    except (KeyError, ValueError, TypeError) as exc:
+        result = preflight(spec, gpu, model.shape)
+    except (KeyError, ValueError, TypeError, ArithmeticError) as exc:
         return st.set_condition(conditions, st.MEMORY_FIT, "Unknown", "PreflightFailed", str(exc), generation)
     est = result.estimate
     if result.fits and result.changed:
@@ -243,12 +247,7 @@ def _inventory(obj: VLLMService, memory_limit: str | None) -> Inventory:
             inv.gpu_total_gib = lookup(res.gpu_product or "custom", res.gpu_memory_gib).memory_gib
     except KeyError:
         pass
-    raw = (obj.metadata.get("annotations") or {}).get(MODEL_CONFIG)
-    if raw:
-        try:
-            inv.shape = shape_from_config(json.loads(raw))
-        except (ValueError, KeyError, TypeError):
-            pass
+    inv.shape = model_source.for_service(obj, Kube().get).shape
     if memory_limit:
         inv.memory_limit_bytes = parse_quantity(memory_limit)
     return inv

@@ -1,0 +1,163 @@
+"""A model's config.json as bounded, untrusted input: one table of the fields the memory model
+reads, with the range real models have, used by the CRD schema (`spec.modelConfig.inline`)
+and by the check every resolved config goes through (ConfigMap, Hub, local file, annotation).
+
+Pure and cheap: parsing is capped in size, every number is checked for type and range before
+the memory model sees it, and a failure is a ModelConfigError whose message names the field.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+MAX_CONFIG_BYTES = 1 << 20   # real config.json files are a few KiB; a ConfigMap holds at most 1 MiB
+
+
+class ModelConfigError(ValueError):
+    """The config cannot be used; the message says which field and why."""
+
+
+@dataclass(frozen=True)
+class ConfigField:
+    name: str                        # as config.json spells it
+    low: int
+    high: int
+    description: str
+    aliases: tuple[str, ...] = ()    # older spellings the memory model also reads
+    required: bool = False
+
+
+# Ranges: wide enough for every published model (layers: Llama-3.1-405B 126; hidden: 16384 and
+# up; heads: DeepSeek-V3 128; experts: Kimi-K2 384; vocabulary: Gemma 3 262,144; context: Llama 4
+# Scout 10M), narrow enough that no number makes the arithmetic absurd.
+FIELDS: tuple[ConfigField, ...] = (
+    ConfigField("num_hidden_layers", 1, 1024, "Transformer layers.", ("n_layer",), required=True),
+    ConfigField("hidden_size", 1, 65536, "Width of the residual stream.", ("n_embd", "d_model"), required=True),
+    ConfigField("num_attention_heads", 1, 1024, "Query heads per layer.", ("n_head",), required=True),
+    ConfigField("num_key_value_heads", 1, 1024, "Key/value heads per layer (GQA); unset = the query heads."),
+    ConfigField("head_dim", 1, 4096, "Width of one head; unset = hidden_size / num_attention_heads."),
+    ConfigField("intermediate_size", 0, 1 << 18, "Width of the dense MLP.", ("ffn_dim",)),
+    ConfigField("vocab_size", 1, 1 << 21, "Tokens in the vocabulary.", required=True),
+    ConfigField("max_position_embeddings", 1, 1 << 25, "Longest context the model was trained for."),
+    ConfigField("num_local_experts", 0, 4096, "Routed experts per MoE layer.", ("num_experts", "n_routed_experts")),
+    ConfigField("num_experts_per_tok", 0, 4096, "Experts each token is routed to."),
+    ConfigField("moe_intermediate_size", 0, 1 << 18, "Width of one expert's MLP."),
+    ConfigField("shared_expert_intermediate_size", 0, 1 << 18, "Width of the shared expert's MLP."),
+    ConfigField("n_shared_experts", 0, 64, "Shared experts per MoE layer (DeepSeek)."),
+    ConfigField("first_k_dense_replace", 0, 1024, "Leading dense layers of an MoE (DeepSeek)."),
+    ConfigField("kv_lora_rank", 0, 65536, "Compressed KV width of multi-latent attention."),
+    ConfigField("q_lora_rank", 0, 65536, "Compressed query width of multi-latent attention."),
+    ConfigField("qk_rope_head_dim", 0, 4096, "Rotary part of an MLA head."),
+    ConfigField("qk_nope_head_dim", 0, 4096, "Non-rotary part of an MLA head."),
+    ConfigField("v_head_dim", 0, 4096, "Value width of an MLA head."),
+    ConfigField("sliding_window", 0, 1 << 25, "Sliding attention window, when the model has one."),
+)
+BY_NAME = {f.name: f for f in FIELDS}
+# Text fields the memory model reads, with their longest sane value.
+STRINGS = {"model_type": 64, "torch_dtype": 32, "dtype": 32}
+MAX_ARCHITECTURES, MAX_NAME = 8, 128
+
+
+def _where(field: str, source: str) -> str:
+    return f"{source}: {field}" if source else field
+
+
+def _integer(value: Any, field: ConfigField, key: str, source: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ModelConfigError(f"{_where(key, source)} must be a whole number, got {json.dumps(value)[:40]}")
+    if isinstance(value, float) and (not math.isfinite(value) or not value.is_integer()):
+        raise ModelConfigError(f"{_where(key, source)} must be a whole number, got {value!r}")
+    if not field.low <= value <= field.high:
+        shown = f"{value:g}" if isinstance(value, float) else str(value)
+        raise ModelConfigError(f"{_where(key, source)} is {shown}; real models have {field.low} to {field.high:,}")
+    return int(value)
+
+
+def _text(config: dict[str, Any], source: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, limit in STRINGS.items():
+        value = config.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, str) or len(value) > limit:
+            raise ModelConfigError(f"{_where(key, source)} must be a string of at most {limit} characters")
+        out[key] = value
+    archs = config.get("architectures")
+    if archs is not None:
+        if not isinstance(archs, list) or len(archs) > MAX_ARCHITECTURES or \
+                not all(isinstance(a, str) and 0 < len(a) <= MAX_NAME for a in archs):
+            raise ModelConfigError(f"{_where('architectures', source)} must be a list of at most "
+                                   f"{MAX_ARCHITECTURES} names")
+        out["architectures"] = list(archs)
+    for key in ("tie_word_embeddings", "attention_bias"):
+        if config.get(key) is not None:
+            if not isinstance(config[key], bool):
+                raise ModelConfigError(f"{_where(key, source)} must be true or false")
+            out[key] = config[key]
+    quant = config.get("quantization_config")
+    if quant is not None:
+        method = quant.get("quant_method") if isinstance(quant, dict) else None
+        if not isinstance(quant, dict) or (method is not None and (not isinstance(method, str) or len(method) > 64)):
+            raise ModelConfigError(f"{_where('quantization_config', source)} must be an object whose quant_method "
+                                   "is a short string")
+        if method:
+            out["quantization_config"] = {"quant_method": method}
+    return out
+
+
+def check(config: Any, source: str = "") -> dict[str, Any]:
+    """The fields the memory model reads, type- and range-checked; everything else dropped.
+    A multimodal config's text_config is what counts (as vLLM reads it)."""
+    if not isinstance(config, dict):
+        raise ModelConfigError(f"{source or 'the model config'} must be a JSON object")
+    text = config.get("text_config")
+    if text is not None and not isinstance(text, dict):
+        raise ModelConfigError(f"{_where('text_config', source)} must be an object")
+    merged = {**{k: v for k, v in config.items() if k != "text_config"}, **(text or {})}
+    out = _text(merged, source)
+    for field in FIELDS:
+        for key in (field.name, *field.aliases):
+            if merged.get(key) is not None:
+                out[field.name] = _integer(merged[key], field, key, source)
+                break
+        else:
+            if field.required:
+                raise ModelConfigError(f"{_where(field.name, source)} is missing; it is needed to size the model")
+    heads, kv_heads = out["num_attention_heads"], out.get("num_key_value_heads")
+    if kv_heads is not None and kv_heads > heads:
+        raise ModelConfigError(f"{_where('num_key_value_heads', source)} ({kv_heads}) exceeds num_attention_heads "
+                               f"({heads})")
+    if "head_dim" not in out and out["hidden_size"] < heads:
+        raise ModelConfigError(f"{_where('hidden_size', source)} ({out['hidden_size']}) is smaller than "
+                               f"num_attention_heads ({heads}) and no head_dim is given")
+    if out.get("num_experts_per_tok", 0) > out.get("num_local_experts", 0) > 0:
+        raise ModelConfigError(f"{_where('num_experts_per_tok', source)} exceeds num_local_experts")
+    if out.get("first_k_dense_replace", 0) > out["num_hidden_layers"]:
+        raise ModelConfigError(f"{_where('first_k_dense_replace', source)} exceeds num_hidden_layers")
+    return out
+
+
+def parse(raw: str | bytes, source: str = "") -> dict[str, Any]:
+    """config.json text -> checked fields. Size-capped before parsing; NaN and Infinity refused."""
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ModelConfigError(f"{source or 'the model config'} is {len(raw):,} bytes; at most "
+                               f"{MAX_CONFIG_BYTES:,} are read")
+    def no_constants(name: str) -> Any:
+        raise ModelConfigError(f"{source or 'the model config'} holds {name}, which is not a number JSON allows")
+    try:
+        config = json.loads(raw, parse_constant=no_constants)
+    except RecursionError:
+        raise ModelConfigError(f"{source or 'the model config'} is nested too deeply") from None
+    except ValueError as exc:
+        if isinstance(exc, ModelConfigError):
+            raise
+        raise ModelConfigError(f"{source or 'the model config'} is not JSON: {exc}") from None
+    return check(config, source)
+
+
+def to_shape(fields: dict[str, Any]) -> Any:
+    """Checked fields -> the memory model's ModelShape."""
+    from .memory import shape_from_config  # memory imports api, which imports this table
+    return shape_from_config(fields)

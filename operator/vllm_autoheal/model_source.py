@@ -1,0 +1,262 @@
+"""Where a model's config.json comes from, for `plan`, pre-flight and heals: one place.
+
+Sources, first match wins: for a VLLMService, spec.modelConfig.inline, then its configMapRef,
+then the deprecated annotation, then the Hugging Face Hub (spec.model as a repo id, the token
+from spec.hfTokenSecretRef); for the CLI, a local path (a directory holding config.json, or the
+file), else the Hub. Every config goes through model_config's bounded check.
+
+The Hub is reached with huggingface_hub (config.json only, one HEAD to check its size, then
+hf_hub_download into a cache), at the endpoint the operator was started with (read once; off
+unless configured). A handler never waits longer than the Hub timeout: the fetch runs in a small
+pool, one fetch per (endpoint, model, revision, token), and its result is kept in memory, so
+many VLLMServices of one model cost one request.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import re
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from .model_config import MAX_CONFIG_BYTES, ModelConfigError, check, parse, to_shape
+
+CONFIG_FILE = "config.json"
+DEFAULT_ENDPOINT = "https://huggingface.co"
+DEPRECATED_ANNOTATION = "vllm.autoheal.dev/model-config"
+REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}(/[\w.-]{1,96})?$")
+MAX_TOKEN_CHARS = 512
+OK_TTL_S, ERROR_TTL_S, MAX_CACHED = 3600.0, 60.0, 512
+
+
+@dataclass(frozen=True)
+class HubSettings:
+    endpoint: str | None = None          # None: never ask the Hub
+    cache_dir: str | None = None         # huggingface_hub's cache; None: its default
+    timeout_s: float = 5.0               # per request, and the longest a caller waits
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> "HubSettings":
+        env = dict(os.environ if env is None else env)
+        return cls(endpoint=(env.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/"),
+                   cache_dir=env.get("HF_HUB_CACHE") or None)
+
+
+@dataclass
+class Resolved:
+    """A model's shape and where it came from, or why it could not be had."""
+    source: str
+    fields: dict[str, Any] | None = None
+    error: str | None = None
+    shape: Any = field(default=None, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.shape is not None
+
+
+def _shaped(source: str, load: Callable[[], dict[str, Any]]) -> Resolved:
+    try:
+        fields = load()
+        return Resolved(source=source, fields=fields, shape=to_shape(fields))
+    except ModelConfigError as exc:
+        return Resolved(source=source, error=str(exc))
+    except Exception as exc:  # never raise on untrusted input
+        return Resolved(source=source, error=f"{source}: {type(exc).__name__}: {str(exc)[:200]}")
+
+
+# --- local files -----------------------------------------------------------------------------
+
+def read_capped(path: Path, source: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ModelConfigError(f"cannot read {source}: {exc.strerror or exc}") from None
+    return parse(raw, source)
+
+
+def from_path(path: str | Path) -> dict[str, Any]:
+    """A directory holding config.json, or the file itself."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / CONFIG_FILE
+        if not p.is_file():
+            raise ModelConfigError(f"{path} is a directory without a {CONFIG_FILE}")
+    return read_capped(p, str(p))
+
+
+# --- the Hub ---------------------------------------------------------------------------------
+
+def from_hub(repo_id: str, revision: str | None, hub: HubSettings, token: str | bool | None) -> dict[str, Any]:
+    """config.json of a Hub repo through huggingface_hub; errors say what to do. `token`: a
+    string, False for none, None for huggingface_hub's own lookup (HF_TOKEN, `hf auth login`)."""
+    from huggingface_hub import errors, get_hf_file_metadata, hf_hub_download, hf_hub_url
+    if not hub.endpoint:
+        raise ModelConfigError("Hub lookups are off; give the model config another way")
+    if not REPO_ID.match(repo_id) or ".." in repo_id:
+        raise ModelConfigError(f"{repo_id!r} is neither a local path nor a Hugging Face repo id")
+    where = f"{repo_id}@{revision or 'main'} on {hub.endpoint}"
+    kwargs = dict(revision=revision, endpoint=hub.endpoint, token=token)
+    try:
+        try:
+            meta = get_hf_file_metadata(hf_hub_url(repo_id, CONFIG_FILE, revision=revision, endpoint=hub.endpoint),
+                                        token=token, timeout=hub.timeout_s, endpoint=hub.endpoint)
+        except errors.HfHubHTTPError:
+            raise
+        except Exception:  # the Hub cannot be reached: a copy cached earlier still serves
+            path = hf_hub_download(repo_id, CONFIG_FILE, cache_dir=hub.cache_dir, local_files_only=True, **kwargs)
+        else:
+            if meta.size is not None and meta.size > MAX_CONFIG_BYTES:
+                raise ModelConfigError(f"config.json of {where} is {meta.size:,} bytes; at most "
+                                       f"{MAX_CONFIG_BYTES:,} are read")
+            path = hf_hub_download(repo_id, CONFIG_FILE, cache_dir=hub.cache_dir, etag_timeout=hub.timeout_s,
+                                   **kwargs)
+    except ModelConfigError:
+        raise
+    except errors.GatedRepoError:
+        raise ModelConfigError(f"{where} is gated: accept its terms on the Hub and give a token with access "
+                               "(spec.hfTokenSecretRef, or HF_TOKEN)") from None
+    except errors.RepositoryNotFoundError as exc:
+        status = getattr(getattr(exc, "response", None), "status_code", None)
+        hint = "it is private or gated and no token with access was given" if status == 401 or not token \
+            else "the token has no access to it"
+        raise ModelConfigError(f"{where}: no such model, or {hint} (HTTP {status})") from None
+    except errors.RevisionNotFoundError:
+        raise ModelConfigError(f"{where}: no such revision") from None
+    except errors.LocalEntryNotFoundError:  # (an EntryNotFoundError too: first)
+        raise ModelConfigError(f"{where}: the Hub could not be reached within {hub.timeout_s:g} s "
+                               "and no copy is cached") from None
+    except errors.RemoteEntryNotFoundError:
+        raise ModelConfigError(f"{where} has no {CONFIG_FILE}") from None
+    except errors.HfHubHTTPError as exc:
+        status = getattr(getattr(exc, "response", None), "status_code", "?")
+        raise ModelConfigError(f"{where}: the Hub answered HTTP {status}") from None
+    except Exception as exc:  # timeouts, refused connections, a cache dir that cannot be written
+        raise ModelConfigError(f"{where}: {type(exc).__name__}: {str(exc)[:200]}") from None
+    return read_capped(Path(path), f"config.json of {where}")
+
+
+def resolve_local(model: str, revision: str | None = None, hub: HubSettings | None = None,
+                  token: str | bool | None = None) -> tuple[dict[str, Any], str]:
+    """For the CLI: a local path, else a Hub repo id. Returns (checked fields, source)."""
+    if Path(model).expanduser().exists():
+        return from_path(Path(model).expanduser()), str(model)
+    if model.startswith(("/", "./", "../", "~")):
+        raise ModelConfigError(f"{model}: no such file or directory")
+    hub = hub or HubSettings.from_env()
+    return from_hub(model, revision, hub, token), f"{model}@{revision or 'main'} on {hub.endpoint}"
+
+
+# --- the operator: settings read once, a bounded cache, a deadline ----------------------------
+
+_hub = HubSettings()                 # off until the operator's start-up configures it
+_pool: ThreadPoolExecutor | None = None
+_cache: dict[tuple, tuple[float, Resolved]] = {}
+_inflight: dict[tuple, Future] = {}
+_guard = threading.RLock()   # a done-callback may run inside it
+
+
+def configure(hub: HubSettings) -> None:
+    """Called once at operator start-up (and by tests): where the Hub is, or None for off."""
+    global _hub, _pool
+    with _guard:
+        _hub = hub
+        _cache.clear()
+        _inflight.clear()
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="model-config")
+
+
+def hub_settings() -> HubSettings:
+    return _hub
+
+
+def _store(key: tuple, result: Resolved) -> None:
+    with _guard:
+        if len(_cache) >= MAX_CACHED:
+            _cache.pop(next(iter(_cache)))
+        _cache[key] = (time.monotonic() + (OK_TTL_S if result.ok else ERROR_TTL_S), result)
+        _inflight.pop(key, None)
+
+
+def _hub_cached(repo_id: str, revision: str | None, token: str | None) -> Resolved:
+    hub = _hub
+    source = f"{repo_id}@{revision or 'main'} on the Hub"
+    if not REPO_ID.match(repo_id) or ".." in repo_id:
+        return Resolved(source=source, error=f"spec.model {repo_id[:100]!r} is not a Hub repo id (a path inside "
+                                             "the pod?); set spec.modelConfig to check memory before start")
+    if not hub.endpoint or _pool is None:
+        return Resolved(source=source, error="the operator's Hub lookups are off (--hub-endpoint); "
+                                             "set spec.modelConfig to check memory before start")
+    digest = hashlib.sha256(token.encode()).hexdigest()[:16] if token else None  # never the token itself
+    key = (hub.endpoint, repo_id, revision, digest)
+    with _guard:
+        hit = _cache.get(key)
+        if hit and hit[0] > time.monotonic():
+            return hit[1]
+        future = _inflight.get(key)
+        if future is None:
+            future = _pool.submit(lambda: _shaped(source, lambda: from_hub(repo_id, revision, hub, token or False)))
+            future.add_done_callback(lambda f: _store(key, f.result()))
+            _inflight[key] = future
+    try:
+        return future.result(timeout=hub.timeout_s)
+    except FutureTimeout:
+        return Resolved(source=source, error=f"the Hub did not answer within {hub.timeout_s:g} s; "
+                                             "still trying, the next change of the VLLMService uses the answer")
+
+
+def _secret_token(namespace: str, ref: Any, get: Callable[[str], Any]) -> str | None:
+    """The Hub token from the VLLMService's own Secret; never logged, only its hash is kept."""
+    try:
+        secret = get(f"/api/v1/namespaces/{namespace}/secrets/{ref.name}") or {}
+        value = base64.b64decode((secret.get("data") or {}).get(ref.key) or "", validate=True)
+        token = value.decode("utf-8").strip()
+        return token if 0 < len(token) <= MAX_TOKEN_CHARS else None
+    except Exception:  # a missing or malformed Secret: ask without a token
+        return None
+
+
+def for_service(obj: Any, get: Callable[[str], Any]) -> Resolved:
+    """The shape of a VLLMService's model, or why it cannot be had. `get(path)`: a GET on the
+    Kubernetes API returning the object or None. Never raises."""
+    try:
+        return _for_service(obj, get)
+    except Exception as exc:  # a bug here must cost a condition, never the reconcile
+        return Resolved(source="model config", error=f"{type(exc).__name__}: {str(exc)[:200]}")
+
+
+def _for_service(obj: Any, get: Callable[[str], Any]) -> Resolved:
+    spec, meta = obj.spec, obj.metadata
+    namespace = meta.get("namespace") or "default"
+    source = spec.model_config_source
+    if source is not None and source.inline is not None:
+        return _shaped("spec.modelConfig.inline",
+                       lambda: check(source.inline.model_dump(exclude_none=True), "spec.modelConfig.inline"))
+    if source is not None and source.config_map_ref is not None:
+        ref = source.config_map_ref
+        where = f"ConfigMap {namespace}/{ref.name} key {ref.key}"
+
+        def load() -> dict[str, Any]:
+            cm = get(f"/api/v1/namespaces/{namespace}/configmaps/{ref.name}")
+            if cm is None:
+                raise ModelConfigError(f"{where}: no such ConfigMap")
+            raw = (cm.get("data") or {}).get(ref.key)
+            if not isinstance(raw, str):
+                raise ModelConfigError(f"{where}: no such key")
+            return parse(raw, where)
+        return _shaped(where, load)
+    raw = (meta.get("annotations") or {}).get(DEPRECATED_ANNOTATION)
+    if raw is not None:
+        where = f"annotation {DEPRECATED_ANNOTATION} (deprecated: use spec.modelConfig)"
+        return _shaped(where, lambda: parse(raw if isinstance(raw, str) else "", where))
+    token = _secret_token(namespace, spec.hf_token_secret_ref, get) if spec.hf_token_secret_ref else None
+    revision = source.revision if source is not None else None
+    return _hub_cached(spec.model, revision, token)
