@@ -63,6 +63,8 @@ def test_hostile_configs_are_refused_naming_the_field(config, message):
     ('{"pad": "' + "x" * MAX_CONFIG_BYTES + '"}', "at most 1,048,576 are read"),
     ("{not json", "is not JSON"),
     ('{"num_hidden_layers": ' + "9" * 5000 + "}", "is not JSON"),
+    ('{"num_hidden_layers": ' + "7" * 4000 + ', "hidden_size": 1, "num_attention_heads": 1, "vocab_size": 1}',
+     r"num_hidden_layers is 77777777\.\.\. \(4000 digits\)"),
 ])
 def test_unparseable_configs_are_refused(raw, message):
     with pytest.raises(ModelConfigError, match=message):

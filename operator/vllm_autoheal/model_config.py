@@ -71,6 +71,8 @@ def _integer(value: Any, field: ConfigField, key: str, source: str) -> int:
         raise ModelConfigError(f"{_where(key, source)} must be a whole number, got {value!r}")
     if not field.low <= value <= field.high:
         shown = f"{value:g}" if isinstance(value, float) else str(value)
+        if len(shown) > 24:  # a number of a thousand digits is named, not quoted
+            shown = f"{shown[:8]}... ({len(shown)} digits)"
         raise ModelConfigError(f"{_where(key, source)} is {shown}; real models have {field.low} to {field.high:,}")
     return int(value)
 

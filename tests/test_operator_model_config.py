@@ -1,0 +1,150 @@
+"""Pre-flight in the operator from a resolved model config: the Hub (a local one on 127.0.0.1,
+through the real huggingface_hub client), a ConfigMap, a token from a Secret; and hostile
+configs that cost their own VLLMService a condition and nobody else anything."""
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+
+import pytest
+
+from vllm_autoheal import model_source
+from vllm_autoheal.model_source import HubSettings
+
+from hub_server import GATED_TOKEN, hub  # noqa: F401 - the fixture
+from operator_harness import NS, Cluster, Emulator, flag, running_operator, setup_emulator, wait_for
+
+pytestmark = pytest.mark.kmock(cls=Emulator)
+SMALL = {"num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "vocab_size": 32000}
+
+
+@pytest.fixture
+async def cluster(kmock, hub):  # noqa: F811
+    setup_emulator(kmock)
+    model_source.configure(HubSettings(endpoint=hub.url, cache_dir=hub.cache, timeout_s=5))  # as --hub-endpoint
+    async with running_operator():
+        yield Cluster(kmock)
+    model_source.configure(HubSettings())
+
+
+def memory_fit(obj: dict | None) -> dict | None:
+    return next((c for c in ((obj or {}).get("status") or {}).get("conditions", []) if c["type"] == "MemoryFit"),
+                None)
+
+
+async def wait_fit(cluster: Cluster, name: str) -> dict:
+    return await wait_for(lambda: memory_fit(cluster.vsvc_now(name)), what=f"MemoryFit of {name}")
+
+
+def first_deployment_written(kmock, name: str) -> dict:
+    """The body of the operator's first write of this Deployment (what the first pods would run)."""
+    for r in kmock._requests:
+        path = r.url.path.rstrip("/")
+        method = str(getattr(r.method, "value", r.method)).upper()
+        if method in ("POST", "PATCH", "PUT") and (path.endswith("/deployments") and
+                                                   (r.data or {}).get("metadata", {}).get("name") == name
+                                                   or path.endswith(f"/deployments/{name}")):
+            return r.data
+    raise AssertionError(f"no Deployment {name} written")
+
+
+async def test_only_model_and_gpu_gets_memory_fit_from_the_hub(cluster, hub):  # noqa: F811
+    await cluster.create_vsvc("plain", {"model": "meta-llama/Llama-3.1-8B-Instruct",
+                                        "resources": {"gpuProduct": "NVIDIA-L4"}})
+    fit = await wait_fit(cluster, "plain")
+    # Llama-3.1-8B's own context (131,072, from its config.json) does not fit an L4's KV cache
+    assert fit["status"] == "False" and fit["reason"] == "KvCacheInsufficient", fit
+    assert "< max_model_len 131,072" in fit["message"]
+    assert ("GET", "/meta-llama/Llama-3.1-8B-Instruct/resolve/main/config.json", False) in hub.requests
+
+
+async def test_fix_mode_the_first_deployment_already_fits(cluster):
+    await cluster.create_vsvc("fix", {"model": "meta-llama/Llama-3.1-8B-Instruct", "preflight": "Fix",
+                                      "resources": {"gpuProduct": "NVIDIA-L4"}})
+    fit = await wait_fit(cluster, "fix")
+    assert fit["status"] == "True" and fit["reason"] == "FittedByPreflight", fit
+    first = first_deployment_written(cluster.kmock, "fix")
+    fitted = int(flag(first, "--max-model-len"))
+    assert 16384 < fitted < 131072          # an L4 holds ~35k tokens of Llama-8B KV at utilization 0.9
+    obj = await cluster.vsvc("fix")
+    assert "maxModelLen" not in obj["spec"].get("engine", {})      # the spec stays as written
+
+
+async def test_gated_model_uses_the_token_from_hf_token_secret_ref(cluster, hub):  # noqa: F811
+    token = base64.b64encode(GATED_TOKEN.encode()).decode()
+    await cluster.call("POST", f"/api/v1/namespaces/{NS}/secrets",
+                       {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hf", "namespace": NS},
+                        "data": {"token": token}})
+    spec = {"model": "meta-llama/Llama-3.1-70B-Instruct", "resources": {"gpuProduct": "NVIDIA-H100-80GB-HBM3"}}
+    await cluster.create_vsvc("gated", {**spec, "hfTokenSecretRef": {"name": "hf", "key": "token"}})
+    await cluster.create_vsvc("no-token", spec)
+    fit = await wait_fit(cluster, "gated")
+    assert fit["status"] == "False" and fit["reason"] == "WeightsLoadOom" and "weights need" in fit["message"]
+    refused = await wait_fit(cluster, "no-token")
+    assert refused["status"] == "Unknown" and refused["reason"] == "ModelConfigUnavailable"
+    assert "is gated: accept its terms" in refused["message"] and GATED_TOKEN not in json.dumps(refused)
+
+
+async def test_config_map_ref(cluster, hub):  # noqa: F811
+    from hub_server import CONFIGS
+    await cluster.call("POST", f"/api/v1/namespaces/{NS}/configmaps",
+                       {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "qwen", "namespace": NS},
+                        "data": {"config.json": (CONFIGS / "qwen2.5-32b.json").read_text()}})
+    await cluster.create_vsvc("cm", {"model": "/models/qwen-32b", "modelConfig": {"configMapRef": {"name": "qwen"}},
+                                     "engine": {"maxModelLen": 8192}, "resources": {"gpuProduct": "NVIDIA-H200"}})
+    fit = await wait_fit(cluster, "cm")
+    assert fit["status"] == "True" and fit["reason"] == "Fits", fit
+    await cluster.create_vsvc("cm-missing", {"model": "x/y", "modelConfig": {"configMapRef": {"name": "absent"}},
+                                             "resources": {"gpuProduct": "NVIDIA-H200"}})
+    missing = await wait_fit(cluster, "cm-missing")
+    assert missing["status"] == "Unknown" and "ConfigMap default/absent key config.json: no such ConfigMap" \
+        in missing["message"]
+    assert not [r for r in hub.requests if "x/y" in r[1]]      # a ConfigMap named: the Hub is not asked
+
+
+BIG = {"hidden_size": 8192, "num_attention_heads": 64, "vocab_size": 128256}
+HOSTILE = {  # each: the config text, and what its MemoryFit must name. Every one held a handler
+    # thread forever before the layer count was bounded (the operator has 8).
+    "layers-1e12": (json.dumps({**BIG, "num_hidden_layers": 1e12}), "num_hidden_layers is 1e+12"),
+    "layers-int": (json.dumps({**BIG, "num_hidden_layers": 10**12}), "num_hidden_layers is 1000000000000"),
+    "tied": (json.dumps({**BIG, "num_hidden_layers": 2e12, "tie_word_embeddings": True}),
+             "num_hidden_layers is 2e+12"),
+    "text-config": (json.dumps({"text_config": {**BIG, "num_hidden_layers": 1e11}}), "num_hidden_layers is 1e+11"),
+    "old-spelling": (json.dumps({"n_layer": 1e12, "n_embd": 4096, "n_head": 32, "vocab_size": 50257}),
+                     "n_layer is 1e+12"),
+    "moe": (json.dumps({**BIG, "num_hidden_layers": 10**10, "num_local_experts": 8, "num_experts_per_tok": 2}),
+            "num_hidden_layers is 10000000000"),
+    "pipeline": (json.dumps({**BIG, "num_hidden_layers": 4e11, "max_position_embeddings": 8192}),
+                 "num_hidden_layers is 4e+11"),
+    "also-negative": (json.dumps({**BIG, "num_hidden_layers": 1e12, "head_dim": -128}),
+                      "num_hidden_layers is 1e+12"),
+    "configmap": (json.dumps({**BIG, "num_hidden_layers": 1e12}), "num_hidden_layers is 1e+12"),
+}
+
+
+async def test_hostile_configs_do_not_delay_an_ordinary_service(cluster):
+    """Nine VLLMServices with hostile configs (eight through the deprecated annotation, one through a
+    ConfigMap) and a tenth, ordinary one: it gets its Deployment; each hostile one gets its own
+    Deployment too, and MemoryFit=Unknown naming the field. (Other shapes of hostile config:
+    test_model_config.py.)"""
+    names = list(HOSTILE)
+    base = {"model": "acme/hostile-model", "preflight": "Fix", "resources": {"gpuProduct": "NVIDIA-H200"}}
+    cm_name = names[-1]
+    await cluster.call("POST", f"/api/v1/namespaces/{NS}/configmaps",
+                       {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": cm_name, "namespace": NS},
+                        "data": {"config.json": HOSTILE[cm_name][0]}})
+    await asyncio.gather(*[
+        cluster.create_vsvc(name, {**base, "modelConfig": {"configMapRef": {"name": name}}}) if name == cm_name else
+        cluster.create_vsvc(name, base, annotations={"vllm.autoheal.dev/model-config": HOSTILE[name][0]})
+        for name in names])
+    await cluster.create_vsvc("ordinary", {"model": "meta-llama/Llama-3.1-8B-Instruct",
+                                           "engine": {"maxModelLen": 8192}, "resources": {"gpuProduct": "NVIDIA-L4"}})
+    assert await wait_for(lambda: cluster.deployment_now("ordinary"), what="the ordinary service's Deployment")
+    ordinary = await wait_fit(cluster, "ordinary")
+    assert ordinary["status"] == "True", ordinary
+    for name in names:
+        await wait_for(lambda: cluster.deployment_now(name), what=f"Deployment of {name}")
+        fit = await wait_fit(cluster, name)
+        assert fit["status"] == "Unknown" and fit["reason"] == "ModelConfigUnavailable", (name, fit)
+        assert HOSTILE[name][1] in fit["message"], (name, fit["message"])
