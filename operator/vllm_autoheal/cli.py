@@ -62,18 +62,28 @@ def _diagnose(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plan_shape(args: argparse.Namespace) -> tuple[object, str]:
+    """The model's shape from --model-config (a file) or --model (a local path or a Hub id)."""
+    from .model_config import to_shape
+    from .model_source import from_path, resolve_local
+    if args.model_config:
+        return to_shape(from_path(args.model_config)), args.model_config
+    fields, source = resolve_local(args.model, args.revision, token=os.environ.get("HF_TOKEN") or None)
+    return to_shape(fields), source
+
+
 def _plan(args: argparse.Namespace) -> int:
     from .api import VLLMServiceSpec
     from .engine import EngineArgsError, parse_args
     from .gpus import lookup
-    from .memory import shape_from_config
+    from .model_config import ModelConfigError
+    from .plan_options import options, render_bars, render_options
     from .preflight import preflight
     from .report import render_plan
     try:
-        config = json.loads(Path(args.model_config).read_text())
-        shape = shape_from_config(config)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        print(f"vllm-autoheal plan: cannot read the model config {args.model_config}: {exc}", file=sys.stderr)
+        shape, source = _plan_shape(args)
+    except ModelConfigError as exc:
+        print(f"vllm-autoheal plan: {exc}", file=sys.stderr)
         return 2
     try:
         gpu = lookup(args.gpu or "custom", args.gpu_memory_gib)
@@ -81,15 +91,16 @@ def _plan(args: argparse.Namespace) -> int:
     except (KeyError, EngineArgsError) as exc:
         print(f"vllm-autoheal plan: {exc.args[0]}", file=sys.stderr)
         return 2
-    spec = VLLMServiceSpec(model=args.model_config, engine=engine, preflight="Fix" if args.fix else "Warn")
+    spec = VLLMServiceSpec(model=source[:512], engine=engine, preflight="Fix" if args.fix else "Warn")
     result = preflight(spec, gpu, shape, args.gpu_free_gib, entrypoint=args.entrypoint)
     first = preflight(spec.model_copy(update={"preflight": "Warn"}), gpu, shape, args.gpu_free_gib,
                       entrypoint=args.entrypoint)
+    opts = options(shape, engine, gpu, args.gpu_free_gib, args.entrypoint, args.quantized_variant)
     if args.json:
         out = {**first.estimate.to_dict(), "fits": first.fits, "reasons": first.reasons,
                "gpu": {"name": gpu.name, "memory_gib": gpu.memory_gib, "source": gpu.source},
-               "model": {"architecture": shape.architecture, "params": shape.params()},
-               "suggestion": None}
+               "model": {"architecture": shape.architecture, "params": shape.params(), "source": source},
+               "suggestion": None, "options": [o.to_dict() for o in opts]}
         if not first.fits and result.steps:
             out["suggestion"] = {"fits": result.fits, "flags": " ".join(s.flags() for s in result.steps),
                                  "steps": [s.to_dict() for s in result.steps],
@@ -98,6 +109,12 @@ def _plan(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
     else:
         print(render_plan(shape, gpu, first, result))
+        print()
+        print(render_bars(first.estimate, engine.tensor_parallel_size * engine.pipeline_parallel_size))
+        print()
+        print(f"options on {gpu.name} at max_model_len {first.estimate.max_model_len:,} "
+              f"(the other flags as given):")
+        print(render_options(opts, first.estimate.max_model_len))
     return 0 if first.fits else 1
 
 
@@ -251,12 +268,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_diagnose)
 
     p = sub.add_parser("plan", allow_abbrev=False, help="say whether a model fits a GPU with given flags, and what would",
-                       description="Estimate weights, KV cache and overheads per GPU for a model config.json on a "
-                                   "GPU, with vLLM's own flags; print a fit table and, when it does not fit, the "
-                                   "flags that would. Exit 0 when it fits, 1 when it does not, 2 on bad input.",
+                       description="Estimate weights, KV cache and overheads per GPU for a model on a GPU, with "
+                                   "vLLM's own flags; print a fit table, a memory bar per GPU, the flags that "
+                                   "would fit when these do not, and a table of options (tensor-parallel sizes, "
+                                   "quantized variants, fp8 KV cache) with the smallest that fits marked. "
+                                   "Exit 0 when the flags given fit, 1 when they do not, 2 on bad input.",
                        epilog="Engine flags are given as vLLM spells them, after the options, e.g. "
-                              "vllm-autoheal plan --model-config config.json --gpu NVIDIA-L4 --max-model-len 32768")
-    p.add_argument("--model-config", required=True, metavar="PATH", help="the model's Hugging Face config.json")
+                              "vllm-autoheal plan --model meta-llama/Llama-3.1-70B-Instruct --gpu "
+                              "NVIDIA-H100-80GB-HBM3 --quantized-variant fp8 --max-model-len 32768")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--model", metavar="ID|PATH", help="a Hugging Face repo id (its config.json is read from "
+                       "$HF_ENDPOINT, default the Hub, with $HF_TOKEN) or a local model directory")
+    which.add_argument("--model-config", metavar="PATH", help="the model's Hugging Face config.json")
+    p.add_argument("--revision", metavar="REV", help="Hub branch, tag or commit of --model (default main)")
+    from .api import Quantization
+    p.add_argument("--quantized-variant", action="append", default=[], metavar="METHOD",
+                   choices=list(Quantization.__args__),  # type: ignore[attr-defined]
+                   help="also list options for a checkpoint of this model quantized with METHOD (repeatable), "
+                        "e.g. fp8, awq, gptq")
     p.add_argument("--gpu", metavar="NAME", help="GPU product label, e.g. NVIDIA-H100-80GB-HBM3, NVIDIA-L4")
     p.add_argument("--gpu-memory-gib", type=float, metavar="X", help="total GPU memory as the GPU reports it")
     p.add_argument("--gpu-free-gib", type=float, metavar="X",
