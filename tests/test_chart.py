@@ -48,6 +48,7 @@ VALUE_SETS = {
         {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]},
         "admissionPolicy": {"enabled": True, "allowedImagePrefixes": ["vllm/vllm-openai:"], "maxGpus": 8,
                             "maxMemory": "512Gi"}},
+    "hub-mirror": {"hub": {"endpoint": "https://hf-mirror.example.com", "useSecretTokens": False}},
 }
 
 
@@ -112,6 +113,12 @@ def test_renders_and_validates_offline(helm, tmp_path, name):
         assert ingress[0]["ports"] == [{"port": "metrics", "protocol": "TCP"}] and len(ingress) == 1
     else:
         assert not policies and not networks
+    secrets = any("secrets" in r["resources"] for r in rules)
+    if name == "hub-mirror":   # no Hub tokens: no Secrets read
+        assert "--hub-endpoint=https://hf-mirror.example.com" in c["args"] and "--no-hub-tokens" in c["args"]
+        assert not secrets
+    else:
+        assert "--hub-endpoint=https://huggingface.co" in c["args"] and secrets
 
 
 INVALID = [
@@ -131,6 +138,7 @@ INVALID = [
     ({"admissionPolicy": {"allowedImagePrefixes": ["x' || true || '"]}}, "/admissionPolicy/allowedImagePrefixes/0"),
     ({"admissionPolicy": {"validationActions": ["Allow"]}}, "/admissionPolicy/validationActions/0"),
     ({"networkPolicy": {"enabled": "on"}}, "/networkPolicy/enabled"),
+    ({"hub": {"endpoint": "ftp://mirror"}}, "/hub/endpoint"),
 ]
 
 

@@ -28,6 +28,9 @@ def _create(co, body):
     return co.create_namespaced_custom_object(api.GROUP, api.VERSION, NS, api.PLURAL, body)
 
 
+SMALL_CONFIG = {"num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "vocab_size": 32000}
+
+
 def _vsvc(name: str, **spec) -> dict:
     return {"apiVersion": f"{api.GROUP}/{api.VERSION}", "kind": api.KIND,
             "metadata": {"name": name}, "spec": {"model": "meta-llama/Llama-3.1-8B-Instruct", **spec}}
@@ -110,6 +113,21 @@ INVALID = [
     ("replicas-negative", {"replicas": -1}, "spec.replicas"),
     ("image-with-space", {"image": "vllm/vllm-openai latest"}, "spec.image"),
     ("port-out-of-range", {"port": 70000}, "spec.port"),
+    ("config-layers-1e12", {"modelConfig": {"inline": {**SMALL_CONFIG, "num_hidden_layers": 1e12}}},
+     "spec.modelConfig.inline.num_hidden_layers"),
+    ("config-negative-hidden", {"modelConfig": {"inline": {**SMALL_CONFIG, "hidden_size": -4096}}},
+     "spec.modelConfig.inline.hidden_size"),
+    ("config-string-vocab", {"modelConfig": {"inline": {**SMALL_CONFIG, "vocab_size": "lots"}}},
+     "spec.modelConfig.inline.vocab_size"),
+    ("config-kv-above-heads", {"modelConfig": {"inline": {**SMALL_CONFIG, "num_key_value_heads": 64}}},
+     "spec.modelConfig.inline.num_key_value_heads"),
+    ("config-missing-layers", {"modelConfig": {"inline": {k: v for k, v in SMALL_CONFIG.items()
+                                                          if k != "num_hidden_layers"}}},
+     "spec.modelConfig.inline.num_hidden_layers"),
+    ("config-inline-and-ref", {"modelConfig": {"inline": SMALL_CONFIG, "configMapRef": {"name": "cfg"}}},
+     "spec.modelConfig.inline"),
+    ("config-bad-configmap-name", {"modelConfig": {"configMapRef": {"name": "Not_A_Name"}}},
+     "spec.modelConfig.configMapRef.name"),
 ]
 
 
@@ -131,6 +149,15 @@ def test_other_flags_in_every_spelling_are_accepted(k8s):
              "hf", "--seed", "-1", "--enable_prefix_caching", "--tokenizer=org/tok", "-O3"]
     created = _create(k8s, _vsvc("good-extra-args", engine={"extraArgs": extra}))
     assert created["spec"]["engine"]["extraArgs"] == extra
+
+
+def test_inline_model_config_is_kept_as_config_json_spells_it(k8s):
+    config = json.loads((Path(__file__).parent / "fixtures" / "configs" / "llama-3.1-8b.json").read_text())
+    created = _create(k8s, _vsvc("inline-config", modelConfig={"inline": config}))
+    inline = created["spec"]["modelConfig"]["inline"]
+    assert inline["num_key_value_heads"] == 8 and inline["torch_dtype"] == "bfloat16"
+    assert "rope_scaling" not in inline          # fields the memory model does not read are pruned
+    assert api.VLLMServiceSpec.model_validate(created["spec"]).model_config_source.inline.num_hidden_layers == 32
 
 
 def test_invalid_cases_are_distinct():

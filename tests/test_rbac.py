@@ -3,12 +3,17 @@ exercises each of its code paths, and check the chart's rules grant exactly thos
 from __future__ import annotations
 
 import asyncio
+import base64
 import re
 import subprocess
 
 import pytest
 import yaml
 
+from vllm_autoheal import model_source
+from vllm_autoheal.model_source import HubSettings
+
+from hub_server import CONFIGS, GATED_TOKEN, hub  # noqa: F401 - the fixture
 from operator_harness import HARNESS_AGENT, Cluster, Emulator, running_operator, setup_emulator, wait_for
 from test_chart import CHART, helm  # noqa: F401 - the helm fixture
 from test_operator import KV_LOG, SPEC
@@ -37,10 +42,23 @@ def permissions(method: str, path: str, params: dict, content_type: str = "") ->
     return {(group, what, verb)}
 
 
-async def test_chart_grants_exactly_what_the_operator_uses(kmock, helm, tmp_path):  # noqa: F811
+async def test_chart_grants_exactly_what_the_operator_uses(kmock, helm, hub, tmp_path):  # noqa: F811
     setup_emulator(kmock)
+    model_source.configure(HubSettings(endpoint=hub.url, cache_dir=hub.cache))   # as the chart's hub.endpoint
     async with running_operator():
         c = Cluster(kmock)
+        # pre-flight reads a ConfigMap, and a gated model's token from the service's Secret
+        await c.call("POST", "/api/v1/namespaces/default/configmaps", {"metadata": {"name": "cfg"}, "data": {
+            "config.json": (CONFIGS / "llama-3.1-8b.json").read_text()}})
+        await c.call("POST", "/api/v1/namespaces/default/secrets", {"metadata": {"name": "hf"}, "data": {
+            "token": base64.b64encode(GATED_TOKEN.encode()).decode()}})
+        await c.create_vsvc("rbac-cm", {**SPEC, "modelConfig": {"configMapRef": {"name": "cfg"}}})
+        await c.create_vsvc("rbac-hub", {**SPEC, "model": "meta-llama/Llama-3.1-70B-Instruct",
+                                         "hfTokenSecretRef": {"name": "hf", "key": "token"}})
+        for name in ("rbac-cm", "rbac-hub"):
+            await wait_for(lambda: any(x["type"] == "MemoryFit" and x["status"] != "Unknown" for x in
+                                       (c.vsvc_now(name).get("status") or {}).get("conditions", [])),
+                           what=f"pre-flight of {name}")
         spec = {**SPEC, "launcher": False, "modelCache": {"enabled": True, "size": "50Gi"}}
         await c.create_vsvc("rbac", spec)
         await wait_for(lambda: c.deployment_now("rbac"), what="deployment")
@@ -67,3 +85,4 @@ async def test_chart_grants_exactly_what_the_operator_uses(kmock, helm, tmp_path
                for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
     assert used - granted == set(), f"the operator needs more than the chart grants: {sorted(used - granted)}"
     assert granted - used == set(), f"the chart grants more than the operator uses: {sorted(granted - used)}"
+    model_source.configure(HubSettings())

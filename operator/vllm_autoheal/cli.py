@@ -198,7 +198,8 @@ def _operator(args: argparse.Namespace) -> int:
         handlers.OPERATOR_IMAGE = args.operator_image
     from .model_source import HubSettings, configure as configure_hub  # read once, here, not per event
     configure_hub(HubSettings(endpoint=None if args.hub_endpoint == "off" else args.hub_endpoint.rstrip("/"),
-                              cache_dir=args.hub_cache_dir, timeout_s=args.hub_timeout))
+                              cache_dir=args.hub_cache_dir, timeout_s=args.hub_timeout,
+                              secret_tokens=args.hub_tokens))
     client.configure()
     metrics.serve(args.metrics_port)
     configure_logging(args.log_format, args.verbose)
@@ -239,6 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "/tmp/vllm-autoheal/hub", help="cache of the config.json files read (default %(default)s)")
     p.add_argument("--hub-timeout", type=float, default=5.0, metavar="S",
                    help="seconds per Hub request, and the longest a handler waits for one (default 5)")
+    p.add_argument("--no-hub-tokens", dest="hub_tokens", action="store_false",
+                   help="never read a VLLMService's hfTokenSecretRef (gated models then need spec.modelConfig)")
     p.set_defaults(run=_operator)
 
     p = sub.add_parser("render", allow_abbrev=False, help="print the objects the operator would apply",

@@ -40,6 +40,7 @@ class HubSettings:
     endpoint: str | None = None          # None: never ask the Hub
     cache_dir: str | None = None         # huggingface_hub's cache; None: its default
     timeout_s: float = 5.0               # per request, and the longest a caller waits
+    secret_tokens: bool = True           # the operator may read spec.hfTokenSecretRef for the Hub
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> "HubSettings":
@@ -257,6 +258,7 @@ def _for_service(obj: Any, get: Callable[[str], Any]) -> Resolved:
     if raw is not None:
         where = f"annotation {DEPRECATED_ANNOTATION} (deprecated: use spec.modelConfig)"
         return _shaped(where, lambda: parse(raw if isinstance(raw, str) else "", where))
-    token = _secret_token(namespace, spec.hf_token_secret_ref, get) if spec.hf_token_secret_ref else None
+    token = _secret_token(namespace, spec.hf_token_secret_ref, get) \
+        if spec.hf_token_secret_ref and _hub.endpoint and _hub.secret_tokens and REPO_ID.match(spec.model) else None
     revision = source.revision if source is not None else None
     return _hub_cached(spec.model, revision, token)

@@ -47,6 +47,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
+# spec.modelConfig.configMapRef, and the Hub token of spec.hfTokenSecretRef, for pre-flight
+- apiGroups: [""]
+  resources: [{{ if and .Values.hub.useSecretTokens (ne .Values.hub.endpoint "off") }}"configmaps", "secrets"{{ else }}"configmaps"{{ end }}]
+  verbs: ["get"]
 {{- if gt (int .Values.replicas) 1 }}
 - apiGroups: ["kopf.dev"]
   resources: ["kopfpeerings"]
