@@ -13,6 +13,7 @@ from vllm_autoheal import model_source
 from vllm_autoheal.model_source import HubSettings
 
 from hub_server import GATED_TOKEN, hub  # noqa: F401 - the fixture
+from test_operator import operator_writes
 from operator_harness import NS, Cluster, Emulator, flag, running_operator, setup_emulator, wait_for
 
 pytestmark = pytest.mark.kmock(cls=Emulator)
@@ -37,18 +38,6 @@ async def wait_fit(cluster: Cluster, name: str) -> dict:
     return await wait_for(lambda: memory_fit(cluster.vsvc_now(name)), what=f"MemoryFit of {name}")
 
 
-def first_deployment_written(kmock, name: str) -> dict:
-    """The body of the operator's first write of this Deployment (what the first pods would run)."""
-    for r in kmock._requests:
-        path = r.url.path.rstrip("/")
-        method = str(getattr(r.method, "value", r.method)).upper()
-        if method in ("POST", "PATCH", "PUT") and (path.endswith("/deployments") and
-                                                   (r.data or {}).get("metadata", {}).get("name") == name
-                                                   or path.endswith(f"/deployments/{name}")):
-            return r.data
-    raise AssertionError(f"no Deployment {name} written")
-
-
 async def test_only_model_and_gpu_gets_memory_fit_from_the_hub(cluster, hub):  # noqa: F811
     await cluster.create_vsvc("plain", {"model": "meta-llama/Llama-3.1-8B-Instruct",
                                         "resources": {"gpuProduct": "NVIDIA-L4"}})
@@ -64,9 +53,13 @@ async def test_fix_mode_the_first_deployment_already_fits(cluster):
                                       "resources": {"gpuProduct": "NVIDIA-L4"}})
     fit = await wait_fit(cluster, "fix")
     assert fit["status"] == "True" and fit["reason"] == "FittedByPreflight", fit
-    first = first_deployment_written(cluster.kmock, "fix")
-    fitted = int(flag(first, "--max-model-len"))
+    dep = await wait_for(lambda: cluster.deployment_now("fix"), what="deployment")
+    fitted = int(flag(dep, "--max-model-len"))
     assert 16384 < fitted < 131072          # an L4 holds ~35k tokens of Llama-8B KV at utilization 0.9
+    await asyncio.sleep(1)
+    # written once, so the first pods already ran the fitted flags
+    assert [w for w in operator_writes(cluster.kmock, "fix") if "/deployments/" in w[1]] == \
+        [("PATCH", "/apis/apps/v1/namespaces/default/deployments/fix")]
     obj = await cluster.vsvc("fix")
     assert "maxModelLen" not in obj["spec"].get("engine", {})      # the spec stays as written
 

@@ -13,6 +13,7 @@ from vllm_autoheal.cli import main
 
 pytestmark = pytest.mark.crdserver
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+SMALL_CONFIG = {"num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "vocab_size": 32000}
 
 # (id, spec without the model, None when valid / the field both must name when invalid)
 CASES = [
@@ -60,6 +61,15 @@ CASES = [
     ("too-many-extra-args", {"engine": {"extraArgs": ["--seed=1"] * 65}}, "spec.engine.extraArgs"),
     ("extra-arg-too-long", {"engine": {"extraArgs": ["--chat-template=" + "x" * 600]}}, "spec.engine.extraArgs"),
     ("bad-enum", {"heal": {"mode": "Yolo"}}, "spec.heal.mode"),
+    ("model-config-inline", {"modelConfig": {"inline": {**SMALL_CONFIG, "num_key_value_heads": 8,
+                                                        "torch_dtype": "bfloat16"}}}, None),
+    ("model-config-map", {"modelConfig": {"configMapRef": {"name": "llama.config"}, "revision": "v1.0"}}, None),
+    ("model-config-layers-1e12", {"modelConfig": {"inline": {**SMALL_CONFIG, "num_hidden_layers": 1e12}}},
+     "spec.modelConfig.inline.num_hidden_layers"),
+    ("model-config-kv-above-heads", {"modelConfig": {"inline": {**SMALL_CONFIG, "num_key_value_heads": 64}}},
+     "spec.modelConfig.inline.num_key_value_heads"),
+    ("model-config-both", {"modelConfig": {"inline": SMALL_CONFIG, "configMapRef": {"name": "c"}}},
+     "spec.modelConfig.inline"),
 ]
 
 
