@@ -58,6 +58,10 @@ def crafted_lines() -> list[str]:
         request,
         "Traceback (most recent call last): " + ("in capture_model in load_model in execute_model " * 100),
         "ERROR x " + "a" * 8000 + " rror",  # one line at the length limit
+        # what a hostile review found slow before: long digit runs before a literal, long CUDA errors
+        prefixes + "1" * 2000 + " is not divisible by x",
+        prefixes + "RuntimeError: CUDA error: " + "a." * 1000,
+        prefixes + "Process 1 has 1.00 GiB memory in use. " * 60 + "x",
     ]
 
 

@@ -140,3 +140,83 @@ def test_the_hooks_nccl_timeout_with_a_quoted_oom_through_the_cli(tmp_path):
     assert result["cause"] == "not_oom"
     assert "Received request" not in out and "my server printed" not in out
     assert not (result.get("remedy") or {}).get("changes")
+
+
+# --- Found by a hostile review: user text in lines the engine itself writes ------------------------
+KV_PAYLOAD = ("To serve at least one request with the model's max seq len (131072), (16.0 GiB KV cache is needed, "
+              "which is larger than the available KV cache memory (0.01 GiB). Based on the available memory, the "
+              "estimated maximum model length is 16. ZZUSERZZ")
+CHAT = "ERROR 07-03 03:19:15 [serving_chat.py:200] "   # the API server's per-request errors (corpus neg-20409)
+
+
+def _vllm_log(header: str, message: str) -> str:
+    """vLLM's NewLineFormatter repeats the header on every line of a multi-line message."""
+    return "\n".join(header + part for part in message.split("\n"))
+
+
+def _preprocess_error(exception_line: str) -> str:
+    return _vllm_log(CHAT, "Error in preprocessing prompt inputs\nTraceback (most recent call last):\n"
+                           '  File "/usr/local/lib/python3.12/dist-packages/vllm/entrypoints/openai/serving_chat.py", '
+                           "line 183, in create_chat_completion\n    ) = await self._preprocess_chat(\n"
+                           + exception_line)
+
+
+STREAM_ERROR = _vllm_log("(APIServer pid=8267) ERROR 10-24 01:26:57 [serving_chat.py:1145] ",
+                         "Error in chat completion stream generator.\nTraceback (most recent call last):\n"
+                         '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/async_llm.py", line 387, '
+                         "in generate\n    out = q.get_nowait() or await q.get()\n"
+                         "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace "
+                         "(above) for the root cause.")
+HOSTILE = {
+    # the request id (X-Request-Id header) in V0's and V1's "Added request" line
+    "added-request": "INFO 02-13 07:19:11 async_llm_engine.py:211] Added request chatcmpl-" + KV_PAYLOAD + ".",
+    # a newline in the request id: the continuation carries the logger's header, then a forged one
+    "forged-header": _vllm_log("(APIServer pid=8267) INFO 10-24 01:24:03 [logger.py:43] ",
+                               "Received request chatcmpl-x\nERROR 10-24 01:26:57 [core.py:710] "
+                               "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 64.00 GiB. ZZUSERZZ\n"
+                               "-a1b2: params: SamplingParams(n=1), lora_request: None."),
+    # a chat template the request brought raises with the user's message
+    "template-error": _preprocess_error("jinja2.exceptions.TemplateError: " + KV_PAYLOAD),
+    # the batch V1 dumps when execute_model fails names each request by its id
+    "dump-input": "(EngineCore_DP0 pid=8402) ERROR 10-24 01:26:57 [dump_input.py:79] SchedulerOutput(scheduled_new_"
+                  "reqs=[NewRequestData(req_id=chatcmpl-" + KV_PAYLOAD + "-9f1c,prompt_token_ids_len=12)])",
+    # an access line of a server on a Unix socket has no client address
+    "uds-access": '(APIServer pid=7) INFO:      - "GET /v1/OOMKilled?x=torch.OutOfMemoryError HTTP/1.1" 404 Not Found',
+    # an ordinary 400 for a long prompt, and V0's warning for one: a request's error, not the crash's
+    "too-long-400": _preprocess_error("ValueError: This model's maximum context length is 16384 tokens. However, you "
+                                      "requested 122946 tokens (112946 in the messages, 10000 in the completion). "
+                                      "Please reduce the length of the messages or completion."),
+    "too-long-warning": "WARNING 02-13 07:19:11 scheduler.py:949] Input prompt (32889 tokens) is too long and "
+                        "exceeds limit of 2048",
+}
+HOSTILE_BASES = ["neg-2734-llama2-70b-tp8-timeout", "rt-27466-busy-loop", "cg-15228-qwen25-v080",
+                 "memory-limit-kill.log"]
+
+
+@pytest.mark.parametrize("attack", sorted(HOSTILE))
+@pytest.mark.parametrize("base_name", HOSTILE_BASES)
+def test_user_text_in_lines_the_engine_writes_changes_nothing(attack, base_name):
+    base_log = _base(base_name)
+    base = classify(Signals(log=base_log, exit_code=137 if base_name.endswith(".log") else 1))
+    for where in ("start", "middle", "end"):
+        lines = base_log.splitlines()
+        at = {"start": 0, "middle": len(lines) // 2, "end": len(lines)}[where]
+        lines[at:at] = HOSTILE[attack].splitlines()
+        crafted = classify(Signals(log="\n".join(lines) + "\n", exit_code=137 if base_name.endswith(".log") else 1))
+        _same(crafted, base)
+        assert "ZZUSERZZ" not in json.dumps(crafted.to_dict())
+
+
+def test_a_flood_of_per_request_tracebacks_after_the_crash_keeps_the_root_cause():
+    """Hundreds of streams each log the engine's death; the tail keeps the engine's own lines first."""
+    base_log = _base("rt-27466-busy-loop")
+    base = classify(Signals(log=base_log))
+    flooded = base_log + "\n" + "\n".join([STREAM_ERROR] * 400) + "\n"
+    assert base.cause == "runtime_oom"
+    _same(classify(Signals(log=flooded)), base)
+
+
+def test_a_request_error_alone_still_says_not_memory():
+    """With nothing else in the log, a 400 for a long prompt is reported, as not memory, without its text."""
+    d = classify(Signals(log=HOSTILE["too-long-400"] + "\n"))
+    assert d.cause == "not_oom" and d.subtype == "prompt_too_long" and d.evidence == []

@@ -25,7 +25,7 @@ from typing import Any
 from . import figures
 from . import messages as msg
 from . import model as m
-from .scan import ENGINE, Line, scan
+from .scan import ENGINE, REQUEST, Line, scan
 
 PHASE_PRIORITY = (m.PHASE_CAPTURE, m.PHASE_PROFILE, m.PHASE_KV, m.PHASE_LOAD, m.PHASE_SERVING)
 PHASE_ORDER = {p: i for i, p in enumerate((m.PHASE_LOAD, m.PHASE_PROFILE, m.PHASE_KV, m.PHASE_CAPTURE,
@@ -42,6 +42,8 @@ CONSEQUENCES = {"nccl_timeout", "nccl_error", "worker_hang_shm_broadcast"}
 EVIDENCE_CHARS = 400
 _EXCEPTION_LINE = re.compile(r"^(?:[\w.]{1,200}\.)?\w{0,80}(?:Error|Exception)\b(?::|\(|$)")
 _TRACEBACK_START = "Traceback (most recent call last)"
+_ENGINE_EXCEPTION = re.compile(r"^(?:torch\.(?:cuda\.)?OutOfMemoryError|torch\.AcceleratorError|RuntimeError|"
+                               r"ValueError|MemoryError|torch\.cuda\.CudaError): ")
 _FRAME_LINE = re.compile(r'File "[^"]{1,300}", line \d{1,7}, in ')
 
 
@@ -85,20 +87,30 @@ def from_termination_message(text: str | None) -> m.Diagnosis | None:
     return diag
 
 
+# Kinds that name a failure: only an error the engine reported (not a progress or warning line,
+# not a request's own error) decides with them.
+FAILURE_KINDS = {msg.MEMORY, msg.HOST, msg.NOT_OOM, msg.NCCL_OOM, msg.OOM, msg.KILLED}
+
+
 def _findings(lines: list[Line]) -> list[Finding]:
     out = []
     for i, line in enumerate(lines):
-        if line.origin != ENGINE:
+        if line.origin not in (ENGINE, REQUEST):
             continue
         text = line.match_text
         lowered = text.lower()
         memory = False
+        # A request's traceback (an API-server line) carries the engine's error when the engine
+        # died under it, but its other lines can carry the request's text: there only an error of
+        # a type the engine raises, matched from the start of its message, counts.
+        anchor = _ENGINE_EXCEPTION.match(text) if line.origin == REQUEST else None
         for message in msg.MESSAGES:
             found = message.search(text, lowered)
-            if found:
+            if found and (line.origin == ENGINE or message.kind == msg.NOT_OOM
+                          or (anchor is not None and found.start() == anchor.end())):
                 out.append(Finding(line, message, found))
                 memory = memory or message.kind == msg.MEMORY
-        if not memory and i + 2 < len(lines) + 1:
+        if not memory and line.origin == ENGINE:
             out += _wrapped(line, lines[i + 1:i + 3])
     return out
 
@@ -256,17 +268,15 @@ def _phase_of_failure(findings: list[Finding], failure: Finding | None, ready_be
     return m.PHASE_UNKNOWN
 
 
-def _evidence(*lines: Line | None) -> list[str]:
+def _evidence(*lines: Line | None, engine_error: bool = False) -> list[str]:
     out: list[str] = []
     for ln in lines:
-        if ln is not None and ln.origin == ENGINE and ln.text not in out:
+        # the engine's lines; a request's traceback only where it ends in the engine's own memory error
+        quotable = ln is not None and (ln.origin == ENGINE or (engine_error and ln.origin == REQUEST
+                                                                and _ENGINE_EXCEPTION.match(ln.text)))
+        if ln is not None and quotable and ln.text not in out:
             out.append(ln.text[:EVIDENCE_CHARS])
     return out[:4]
-
-
-def _is_failure(f: Finding) -> bool:
-    """A non-memory finding counts only where the engine reported an error, not a warning."""
-    return not f.line.informational
 
 
 def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosis:
@@ -283,7 +293,13 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
         log = ""
     engine_lines = [ln for ln in lines if ln.origin == ENGINE]
     ignored = len(lines) - len(engine_lines)
-    findings = _findings(lines)
+    found = _findings(lines)
+    # What may decide: the engine's own lines; failure kinds only where it reported an error.
+    # A warning, or a request's own error (a 400), is a last resort: it may say "not memory" when
+    # nothing else in the log says anything, never more.
+    findings = [f for f in found if not (f.message.kind in FAILURE_KINDS and f.line.informational)
+                and (f.line.origin == ENGINE or f.message.kind != msg.NOT_OOM)]
+    last_resort = [f for f in found if f.message.kind == msg.NOT_OOM and f not in findings]
     by_kind: dict[str, list[Finding]] = {}
     for f in findings:
         by_kind.setdefault(f.message.kind, []).append(f)
@@ -296,7 +312,8 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
              support: Line | None = None, why: str = "") -> m.Diagnosis:
         diag.cause, diag.phase, diag.confidence = cause, phase, confidence
         diag.subtype = subtype or (first.message.subtype if first else None)
-        diag.evidence = _evidence(first.line if first else None, support)
+        diag.evidence = _evidence(first.line if first else None, support,
+                                  engine_error=first is not None and first.message.kind != msg.NOT_OOM)
         diag.numbers = {k: v for k, v in _numbers(findings, first, device_gib, diag.notes).items()
                         if k not in ("tp", "pp")}
         if signals.exit_code is not None:
@@ -338,10 +355,8 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
                     host[0], "high")
     nccl = by_kind.get(msg.NCCL_OOM)
     oom = by_kind.get(msg.OOM)
-    not_oom = [f for f in by_kind.get(msg.NOT_OOM, []) if _is_failure(f)]
+    not_oom = by_kind.get(msg.NOT_OOM, [])
     gpu_oom = (nccl or []) + (oom or [])
-    if not not_oom and not gpu_oom:  # a hang or warning the engine logged at INFO/WARNING level
-        not_oom = by_kind.get(msg.NOT_OOM, [])
     if not_oom:
         first = min(not_oom, key=lambda f: f.line.offset)  # the first failure is the root cause
         shown = next((f for f in not_oom if f.message.subtype == first.message.subtype
@@ -380,13 +395,17 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
                         why=EXPLANATIONS[guess] + " The log does not show where; this is a guess.")
         return done(OOM_CAUSE_BY_PHASE[phase], phase, first, "high" if frame else "medium",
                     f"oom_in_{phase.replace('-', '_')}", frame)
-    if killed := [f for f in by_kind.get(msg.KILLED, []) if _is_failure(f)]:
+    if killed := by_kind.get(msg.KILLED):
         return done(m.HOST_RAM_OOM, _phase_of_failure(findings, killed[0], signals.ready_before), killed[0],
                     "medium", why="A vLLM worker was killed with SIGKILL (exit code -9), which is what the "
                                   "kernel's out-of-memory killer does when host RAM or the container limit runs out.")
     if signals.exit_code == 137 and reason in ("", "OOMKilled"):
         return done(m.HOST_RAM_OOM, m.PHASE_UNKNOWN, None, "low", "sigkill_exit_137",
                     why="The container exited with 137 (SIGKILL) and printed no cause; most often the memory limit.")
+    if last_resort:  # a hang the engine logged as a warning, or a request's error, and nothing else
+        first = min(last_resort, key=lambda f: f.line.offset)
+        return done(m.NOT_OOM, _phase_of_failure(findings, None, signals.ready_before), first, "low",
+                    why="The only failure in the log is a warning or a request's own error, not a memory failure.")
     exception = next((ln for ln in reversed(engine_lines) if _EXCEPTION_LINE.match(ln.match_text)
                       and not msg.WRAPPERS.search(ln.match_text)), None)
     if exception is not None:

@@ -129,8 +129,10 @@ def needles_of(pattern: str, flags: int = 0) -> tuple[str, ...]:
 
 
 def _m(kind: str, pattern: str, cause: str | None = None, phase: str | None = None,
-       subtype: str | None = None, flags: int = 0) -> Message:
-    return Message(kind, re.compile(pattern, flags), cause, phase, subtype, needles_of(pattern, flags))
+       subtype: str | None = None, flags: int = 0, needles: tuple[str, ...] | None = None) -> Message:
+    """`needles` overrides the literals read off the pattern, where the pattern starts with a group."""
+    return Message(kind, re.compile(pattern, flags), cause, phase, subtype,
+                   needles if needles is not None else needles_of(pattern, flags))
 
 
 SIZE = r"[\d.,]{1,30}\s{0,4}(?:[KMGT]i?B|bytes)?"
@@ -194,7 +196,7 @@ MESSAGES: tuple[Message, ...] = (
     _m(NOT_OOM, r"Watchdog caught collective operation timeout|Some NCCL operations have failed or timed out|"
        r"NCCL (?:communicator|operation).{0,200}?timed? ?out", subtype="nccl_timeout"),
     _m(NOT_OOM, r"Total number of attention heads \(\d+\) must be divisible by tensor parallel size|"
-       r"must be divisible by (?:tensor|pipeline) parallel size|\d+ is not divisible by \d+|"
+       r"must be divisible by (?:tensor|pipeline) parallel size|\b\d{1,9} is not divisible by \d{1,9}|"
        r"is not divisible by group_size", subtype="parallel_size_does_not_divide_model"),
     _m(NOT_OOM, r"Pipeline parallelism is not supported for this model", subtype="pipeline_parallel_unsupported"),
     _m(NOT_OOM, r"Quantization method specified in the model config \(\w+\) does not match|"
@@ -226,7 +228,9 @@ MESSAGES: tuple[Message, ...] = (
        r"Cuda failure '(?!out of memory)[^']{3,80}'|\bFailed: \S{1,200}:\d{1,6} '(?!out of memory)[^']{3,80}'|"
        r"device-side assert triggered", subtype="cuda_error"),
     _m(NOT_OOM, r"cannot find -l\w{1,40}|collect2: error|ld returned \d+ exit status|"
-       r"(?:InductorError|CompilationError|triton\.compiler\.errors)", subtype="compile_toolchain_error"),
+       r"(?:InductorError|CompilationError|triton\.compiler\.errors)", subtype="compile_toolchain_error",
+       needles=("cannot find -l", "collect2: error", "ld returned", "InductorError", "CompilationError",
+                "triton.compiler.errors")),
     _m(NOT_OOM, r"NCCL error.{0,300}?(?:unhandled system error|remote process exited|invalid usage)|"
        r"ncclSystemError|ncclInternalError|ncclInvalidUsage", subtype="nccl_error"),
     # --- NCCL failing for lack of GPU memory ---------------------------------------------------
@@ -247,27 +251,36 @@ MESSAGES: tuple[Message, ...] = (
     # --- where a failure happened (traceback frames, markers) ----------------------------------
     _m(FRAME, r"\bin (?:capture_model|_capture_cudagraphs|_warmup_and_capture|capture_end|capture_begin)\b|"
        r"torch\.cuda\.graph\(|cuda_graph\.capture_end|graph_capture|Capturing CUDA graphs?|"
-       r"Capturing cudagraphs|\.capture_model\(|Registering \d+ cuda graph addresses", phase=m.PHASE_CAPTURE),
+       r"Capturing cudagraphs|\.capture_model\(|Registering \d+ cuda graph addresses", phase=m.PHASE_CAPTURE,
+       needles=("capture", "Capturing", "cuda.graph(")),
     _m(FRAME, r"\bin (?:profile_run|_dummy_sampler_run|_dummy_pooler_run|determine_available_memory|"
        r"determine_num_available_blocks|profile_memory|_profile_and_initialize_kv_caches)\b|"
        r"\.(?:profile_run|_dummy_sampler_run|determine_available_memory|"
-       r"determine_num_available_blocks)\(", phase=m.PHASE_PROFILE),
+       r"determine_num_available_blocks)\(", phase=m.PHASE_PROFILE,
+       needles=("profile_", "_dummy_", "determine_")),
     # Frames on more than one phase's path: they place a failure only when no other frame does.
     # (V1's warm-up captures graphs and warms the sampler; its `_dummy_run` serves profiling and capture.)
-    _m(FRAME, r"\bin compile_or_warm_up_model\b", phase=m.PHASE_CAPTURE, subtype=WEAK),
-    _m(FRAME, r"\bin _dummy_run\b|\._dummy_run\(", phase=m.PHASE_PROFILE, subtype=WEAK),
+    _m(FRAME, r"\bin compile_or_warm_up_model\b", phase=m.PHASE_CAPTURE, subtype=WEAK,
+       needles=("compile_or_warm_up_model",)),
+    _m(FRAME, r"\bin _dummy_run\b|\._dummy_run\(", phase=m.PHASE_PROFILE, subtype=WEAK, needles=("_dummy_run",)),
     _m(FRAME, r"\bin (?:initialize_kv_cache|_allocate_kv_cache_tensors|allocate_kv_cache|_init_cache_engine|"
-       r"_allocate_kv_cache|initialize_cache|init_kv_cache|reshape_kv_cache_tensors)\b", phase=m.PHASE_KV),
+       r"_allocate_kv_cache|initialize_cache|init_kv_cache|reshape_kv_cache_tensors)\b", phase=m.PHASE_KV,
+       needles=("kv_cache", "cache_engine", "initialize_cache")),
     _m(FRAME, r"\bin (?:load_model|get_model|load_weights|_init_model|initialize_model|make_layers|create_weights|"
        r"_initialize_model|load_state_dict|process_weights_after_loading)\b|Loading safetensors checkpoint shards|"
        r"\.(?:load_model|get_model|load_weights)\(|"
        r"Failed to create \w+ weights|"
-       r"model_executor/(?:models|layers)/[^\"]{1,200}\", line \d{1,6}, in __init__", phase=m.PHASE_LOAD),
+       r"model_executor/(?:models|layers)/[^\"]{1,200}\", line \d{1,6}, in __init__", phase=m.PHASE_LOAD,
+       needles=("load_", "get_model", "_model", "make_layers", "create_weights", "load_state_dict",
+                "process_weights", "Loading safetensors", "Failed to create", "in __init__")),
     _m(FRAME, r"\bin (?:execute_model|run_busy_loop|_process_engine_step|step_with_batch_queue|"
        r"create_chat_completion|create_completion|generate|_run_workers_async|sample_tokens|step_async|engine_step|get_logprobs)\b|"
        r"Error in model execution|EngineDeadError|AsyncEngineDeadError|MQLLMEngine is already dead|"
        r"Engine loop has died|serving_chat\.py|serving_completion\.py|\.(?:run_busy_loop|execute_model)\(",
-       phase=m.PHASE_SERVING),
+       phase=m.PHASE_SERVING, needles=("execute_model", "busy_loop", "engine_step", "step_with_batch_queue",
+                                       "create_chat_completion", "create_completion", "generate", "_run_workers",
+                                       "sample_tokens", "step_async", "get_logprobs", "Error in model execution",
+                                       "EngineDeadError", "MQLLMEngine", "Engine loop", "serving_")),
     # --- startup milestones: the engine got this far --------------------------------------------
     _m(MILESTONE, r"Initializing an? (?:V1 )?LLM engine|Starting to load model|Loading model from|"
        r"Loading weights on", phase=m.PHASE_LOAD),
@@ -303,13 +316,16 @@ MESSAGES: tuple[Message, ...] = (
        r"initial_memory_usage=(?P<initial_usage_gib>[\d.]+)GiB"),
     _m(FIGURE, r"the rest of the memory reserved for KV Cache is (?P<kv_reserved_gib>-?[\d.]+) ?GiB"),
     _m(FIGURE, r"Initial free memory:? (?P<initial_free_gib>[\d.]+) GiB"),
-    _m(FIGURE, r"(?P<others>(?:Process \d+ has [\d.]+ [GM]iB memory in use\. ?)+)"),
+    _m(FIGURE, r"(?P<others>(?:Process \d{1,10} has [\d.]{1,20} [GM]iB memory in use\. ?){1,64})",
+       needles=("memory in use",)),
     _m(FIGURE, r"Including non-PyTorch memory, this process has (?P<own_gib>" + SIZE + r") memory in use"),
     _m(FIGURE, r"Of the allocated memory (?P<torch_allocated_gib>" + SIZE + r") is allocated by PyTorch"
        r"(?:, with (?P<private_pools_gib>" + SIZE + r") allocated in private pools)?"),
     _m(FIGURE, r"Explicitly set \((?P<requested_kv_gib>[\d.]+)/(?P<node_total_gib>[\d.]+)\) GiB for KV cache"),
-    _m(FIGURE, r"(?:tensor_parallel_size|--tensor-parallel-size)[=\s](?P<tp>\d+)"),
-    _m(FIGURE, r"(?:pipeline_parallel_size|--pipeline-parallel-size)[=\s](?P<pp>\d+)"),
+    _m(FIGURE, r"(?:tensor_parallel_size|--tensor-parallel-size)[=\s](?P<tp>\d{1,4})",
+       needles=("tensor_parallel_size", "tensor-parallel-size")),
+    _m(FIGURE, r"(?:pipeline_parallel_size|--pipeline-parallel-size)[=\s](?P<pp>\d{1,4})",
+       needles=("pipeline_parallel_size", "pipeline-parallel-size")),
 )
 
 # A generic wrapper never decides a cause; the root cause above it does.

@@ -44,7 +44,8 @@ HEAD_LINES = 400
 TAIL_LINES = 3000
 RAW_TAIL_BYTES = 64 * 2**10   # every line here is kept, anchor or not (traceback frames)
 
-ENGINE, USER, ACCESS = "engine", "user", "access"
+ENGINE, USER, ACCESS, REQUEST = "engine", "user", "access", "request"
+FORGED = "<second header>"
 
 _ANSI = re.compile(r"(?:\x1b|\^\[|#033)\[[0-9;]{0,20}[A-Za-z]")
 _PREFIXES = re.compile(
@@ -60,6 +61,7 @@ _PREFIXES = re.compile(
     r"|\s{0,8}(?P<file3>[\w.-]{1,80}\.py):\d{1,6}\]\s"                            # truncated "[file.py:N] "
     r")"
 )
+_REQUEST_HINT = re.compile(r"APIServer|\[serving|serving_\w{1,30}\.py:|api_server\.py:")
 _TP_RANK = re.compile(r"(?:Worker_TP|\[Rank |rank=)(\d{1,4})")
 # The request logger's and response logger's opening words (vLLM 0.2 to 0.33), and the
 # parsers that log model output; a header naming entrypoints/logger.py is user text too.
@@ -67,8 +69,17 @@ _USER_TEXT = re.compile(
     r"^(?:Received request \S+:|Generated response \S+|Request \S+ details:|Added request \S+:? .{0,40}prompt)"
     r"|\b(?:prompt|output|outputs|delta_text|current_text|model_output): ['\"]"
     r"|\bprompt_token_ids: \[")
-_USER_FILES = re.compile(r"^(?:logger\.py|.*tool_parser.*|.*reasoning.*parser.*|.*_parser\.py)$")
-_ACCESS = re.compile(r'^\[?[\w.:\[\]-]{1,60}:\d{1,5}\]? - "(?:GET|POST|PUT|DELETE|PATCH|HEAD|OPTIONS) ')
+_USER_FILES = re.compile(r"^(?:logger\.py|dump_input\.py|.*tool_parser.*|.*reasoning.*parser.*|.*_parser\.py|"
+                         r"<second header>)$")
+# Lines that name a request by its id or dump a scheduled batch carry text a client chose (the
+# X-Request-Id header, stop strings), wherever they come from.
+_REQUEST_IDS = re.compile(r"^(?:Added|Aborted|Finished|Abort) request|\b(?:SchedulerOutput|NewRequestData|"
+                          r"CachedRequestData)\(|\breq(?:uest)?_id[=:]")
+# The API server handles requests one by one: its errors (a 400 for a long prompt, a bad chat
+# template) are the request's, carry the request's text, and never decide a crash's cause.
+_REQUEST_FILES = re.compile(r"^(?:serving_\w{1,40}|serving|api_server|protocol|chat_utils|"
+                            r"openai_serving_\w{1,40})\.py$")
+_ACCESS = re.compile(r'^(?:\[?[\w.:\[\]-]{1,60}:\d{1,5}\]? )?- "(?:GET|POST|PUT|DELETE|PATCH|HEAD|OPTIONS) ')
 
 
 @dataclass
@@ -110,18 +121,23 @@ def _strip(raw: str) -> tuple[str, int | None, str | None, str | None]:
     text = _ANSI.sub("", raw)
     rank = None
     source_file = level = None
+    headers = 0
     for _ in range(6):  # prefixes nest: timestamp, service, process, level header
         m = _PREFIXES.match(text)
         if not m or m.end() == 0:
             break
+        if m.group("level"):
+            headers += 1
+            if headers > 1:  # vLLM writes one header a line: a second one came in with user text
+                return text.strip(), rank, FORGED, level
         r = m.group("rank") or m.group("rank2")
         if r is None and m.group("proc"):
             t = _TP_RANK.search(m.group("proc"))
             r = t.group(1) if t else None
         if r is not None:
             rank = int(r)
-        source_file = m.group("file") or m.group("file2") or m.group("file3") or source_file
-        level = m.group("level") or m.group("level2") or level
+        source_file = source_file or m.group("file") or m.group("file2") or m.group("file3")
+        level = level or m.group("level") or m.group("level2")
         text = text[m.end():]
     if rank is None:
         t = _TP_RANK.search(raw[:80])
@@ -131,13 +147,16 @@ def _strip(raw: str) -> tuple[str, int | None, str | None, str | None]:
 
 def origin_of(text: str, source_file: str | None) -> str:
     """Who wrote a (normalized) line: the engine, a user (request/response echo), or the access log."""
-    if source_file and _USER_FILES.match(source_file.rsplit("/", 1)[-1]):
+    name = source_file.rsplit("/", 1)[-1] if source_file else ""
+    if name and _USER_FILES.match(name):
         return USER
     head = text[:MATCH_CHARS]
-    if _USER_TEXT.search(head):
+    if _USER_TEXT.search(head) or _REQUEST_IDS.search(head):
         return USER
     if _ACCESS.match(head):
         return ACCESS
+    if name and _REQUEST_FILES.match(name):
+        return REQUEST
     return ENGINE
 
 
@@ -215,7 +234,16 @@ def scan(source: str | IO[str] | Iterable[str]) -> Scan:
     tail_body = tail_text[start:]
     tail_lines = _candidates(tail_body, tail_base + start)
     truncated = tail_base > cut or len(tail_lines) > TAIL_LINES
-    for off, text in tail_lines[-TAIL_LINES:]:
+    if len(tail_lines) > TAIL_LINES:
+        # A flood of per-request tracebacks after a crash must not push the engine's own lines out:
+        # the API server's lines give way first.
+        engine = [item for item in tail_lines if not _REQUEST_HINT.search(item[1][:200])]
+        keep = engine[-TAIL_LINES:]
+        room = TAIL_LINES - len(keep)
+        if room > 0:
+            keep += [item for item in tail_lines if _REQUEST_HINT.search(item[1][:200])][-room:]
+        tail_lines = keep
+    for off, text in tail_lines:
         merged[off] = text
     # The raw tail: every line, anchors or not (traceback frames, the last words).
     raw = tail_body[-RAW_TAIL_BYTES:]
