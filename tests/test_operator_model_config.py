@@ -141,3 +141,18 @@ async def test_hostile_configs_do_not_delay_an_ordinary_service(cluster):
         fit = await wait_fit(cluster, name)
         assert fit["status"] == "Unknown" and fit["reason"] == "ModelConfigUnavailable", (name, fit)
         assert HOSTILE[name][1] in fit["message"], (name, fit["message"])
+
+
+async def test_a_slow_hub_is_asked_again_without_blocking_the_handler(cluster, hub):  # noqa: F811
+    import threading
+    model_source.configure(HubSettings(endpoint=hub.url, cache_dir=hub.cache, timeout_s=1))
+    hub.stall = threading.Event()          # the Hub holds every request
+    await cluster.create_vsvc("slow", {"model": "Qwen/Qwen2.5-7B-Instruct", "engine": {"maxModelLen": 8192},
+                                       "resources": {"gpuProduct": "NVIDIA-L4"}})
+    waiting = await wait_fit(cluster, "slow")
+    assert waiting["status"] == "Unknown" and waiting["reason"] == "ModelConfigPending", waiting
+    assert await wait_for(lambda: cluster.deployment_now("slow"), what="deployment while the Hub is slow")
+    hub.stall.set()                        # it answers: the retry finds the config
+    fit = await wait_for(lambda: (f := memory_fit(cluster.vsvc_now("slow"))) and f["status"] != "Unknown" and f,
+                         what="MemoryFit once the Hub answered")
+    assert fit["status"] == "True" and fit["reason"] == "Fits", fit

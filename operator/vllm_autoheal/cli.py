@@ -239,7 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hub-cache-dir", metavar="DIR", default=os.environ.get("HF_HUB_CACHE") or
                    "/tmp/vllm-autoheal/hub", help="cache of the config.json files read (default %(default)s)")
     p.add_argument("--hub-timeout", type=float, default=5.0, metavar="S",
-                   help="seconds per Hub request, and the longest a handler waits for one (default 5)")
+                   help="the longest a handler waits for the Hub (default 5); each request may take 4x "
+                        "as long, and a late answer is used on the next look")
     p.add_argument("--no-hub-tokens", dest="hub_tokens", action="store_false",
                    help="never read a VLLMService's hfTokenSecretRef (gated models then need spec.modelConfig)")
     p.set_defaults(run=_operator)

@@ -39,8 +39,13 @@ OK_TTL_S, ERROR_TTL_S, MAX_CACHED = 3600.0, 60.0, 512
 class HubSettings:
     endpoint: str | None = None          # None: never ask the Hub
     cache_dir: str | None = None         # huggingface_hub's cache; None: its default
-    timeout_s: float = 5.0               # per request, and the longest a caller waits
+    timeout_s: float = 5.0               # the longest a handler waits for an answer
     secret_tokens: bool = True           # the operator may read spec.hfTokenSecretRef for the Hub
+
+    @property
+    def request_timeout_s(self) -> float:
+        """Per request: longer than a handler waits, so a slow answer still lands in the cache."""
+        return 4 * self.timeout_s
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> "HubSettings":
@@ -56,6 +61,7 @@ class Resolved:
     fields: dict[str, Any] | None = None
     error: str | None = None
     shape: Any = field(default=None, repr=False)
+    pending: bool = False       # the Hub has not answered yet; asking again later will know
 
     @property
     def ok(self) -> bool:
@@ -108,7 +114,7 @@ def from_hub(repo_id: str, revision: str | None, hub: HubSettings, token: str | 
     try:
         try:
             meta = get_hf_file_metadata(hf_hub_url(repo_id, CONFIG_FILE, revision=revision, endpoint=hub.endpoint),
-                                        token=token, timeout=hub.timeout_s, endpoint=hub.endpoint)
+                                        token=token, timeout=hub.request_timeout_s, endpoint=hub.endpoint)
         except errors.HfHubHTTPError:
             raise
         except Exception:  # the Hub cannot be reached: a copy cached earlier still serves
@@ -117,7 +123,7 @@ def from_hub(repo_id: str, revision: str | None, hub: HubSettings, token: str | 
             if meta.size is not None and meta.size > MAX_CONFIG_BYTES:
                 raise ModelConfigError(f"config.json of {where} is {meta.size:,} bytes; at most "
                                        f"{MAX_CONFIG_BYTES:,} are read")
-            path = hf_hub_download(repo_id, CONFIG_FILE, cache_dir=hub.cache_dir, etag_timeout=hub.timeout_s,
+            path = hf_hub_download(repo_id, CONFIG_FILE, cache_dir=hub.cache_dir, etag_timeout=hub.request_timeout_s,
                                    **kwargs)
     except ModelConfigError:
         raise
@@ -132,7 +138,7 @@ def from_hub(repo_id: str, revision: str | None, hub: HubSettings, token: str | 
     except errors.RevisionNotFoundError:
         raise ModelConfigError(f"{where}: no such revision") from None
     except errors.LocalEntryNotFoundError:  # (an EntryNotFoundError too: first)
-        raise ModelConfigError(f"{where}: the Hub could not be reached within {hub.timeout_s:g} s "
+        raise ModelConfigError(f"{where}: the Hub could not be reached within {hub.request_timeout_s:g} s "
                                "and no copy is cached") from None
     except errors.RemoteEntryNotFoundError:
         raise ModelConfigError(f"{where} has no {CONFIG_FILE}") from None
@@ -175,8 +181,8 @@ def configure(hub: HubSettings) -> None:
             _pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="model-config")
 
 
-def hub_settings() -> HubSettings:
-    return _hub
+def timeout_s() -> float:
+    return _hub.timeout_s
 
 
 def _store(key: tuple, result: Resolved) -> None:
@@ -210,8 +216,8 @@ def _hub_cached(repo_id: str, revision: str | None, token: str | None) -> Resolv
     try:
         return future.result(timeout=hub.timeout_s)
     except FutureTimeout:
-        return Resolved(source=source, error=f"the Hub did not answer within {hub.timeout_s:g} s; "
-                                             "still trying, the next change of the VLLMService uses the answer")
+        return Resolved(source=source, pending=True,
+                        error=f"the Hub did not answer within {hub.timeout_s:g} s; still trying")
 
 
 def _secret_token(namespace: str, ref: Any, get: Callable[[str], Any]) -> str | None:

@@ -72,8 +72,9 @@ def _preflight(obj: VLLMService, generation: int | None, conditions: list, statu
                                 "or resources.gpuMemoryGiB to check memory before start", generation)
     model = model_source.for_service(obj, Kube().get)
     if not model.ok:
-        return st.set_condition(conditions, st.MEMORY_FIT, "Unknown", "ModelConfigUnavailable",
-                                f"no model config, so no pre-flight: {model.error}", generation)
+        return st.set_condition(conditions, st.MEMORY_FIT, "Unknown", "ModelConfigPending" if model.pending else
+                                "ModelConfigUnavailable", f"no model config, so no pre-flight: {model.error}",
+                                generation)
     try:
         gpu = lookup(spec.resources.gpu_product or "custom", spec.resources.gpu_memory_gib)
         result = preflight(spec, gpu, model.shape)
@@ -128,6 +129,8 @@ def reconcile(body: kopf.Body, meta: kopf.Meta, logger: logging.Logger, **_: Any
     _write_reconciled(kube, meta.get("namespace"), meta.get("name"), new, own_conditions, person_edit,
                       dict(generation=generation, gpus=spec.gpu_count(), endpoint=resources.endpoint(obj),
                            effective=engine.wire()))
+    if fit is not None and fit["reason"] == "ModelConfigPending":  # a slow Hub: check again when it answered
+        raise kopf.TemporaryError("the model config is still being fetched", delay=2 * model_source.timeout_s())
 
 
 def _name_conflict(kube: Kube, body: kopf.Body, meta: kopf.Meta, conflicts: list[str], current: list) -> None:
