@@ -78,8 +78,9 @@ def _preflight(obj: VLLMService, generation: int | None, conditions: list, statu
     try:
         gpu = lookup(spec.resources.gpu_product or "custom", spec.resources.gpu_memory_gib)
         result = preflight(spec, gpu, model.shape)
-    except (KeyError, ValueError, TypeError, ArithmeticError) as exc:
-        return st.set_condition(conditions, st.MEMORY_FIT, "Unknown", "PreflightFailed", str(exc), generation)
+    except Exception as exc:  # whatever the spec holds, pre-flight costs a condition, never the reconcile
+        return st.set_condition(conditions, st.MEMORY_FIT, "Unknown", "PreflightFailed",
+                                f"{type(exc).__name__}: {str(exc)[:500]}", generation)
     est = result.estimate
     if result.fits and result.changed:
         status["effective"] = result.engine.wire()
