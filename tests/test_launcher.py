@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 
+from vllm_autoheal.diagnosis import MEMORY_CAUSES
 from vllm_autoheal.launcher import OutputKeeper, termination_message
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-cpu"
@@ -61,7 +62,7 @@ def test_fifty_megabyte_log_still_fits_in_4096_bytes(tmp_path):
     assert json.loads(raw)["diagnosis"]["cause"] == "host_ram_oom"
 
 
-def test_signals_reach_the_child_and_no_diagnosis_on_a_requested_stop(tmp_path):
+def test_signals_reach_the_child_and_a_requested_stop_is_not_a_memory_cause(tmp_path):
     marker = tmp_path / "got-signal"
     cmd, term = launch(tmp_path, f"""
         import signal, sys, time
@@ -76,7 +77,35 @@ def test_signals_reach_the_child_and_no_diagnosis_on_a_requested_stop(tmp_path):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(20) == 143
     assert marker.read_text() == str(int(signal.SIGTERM))
-    assert not term.exists()  # a stop asked for by the kubelet is not a crash
+    doc = json.loads(term.read_text())  # the launcher's own message, saying it was a stop
+    assert doc["autoheal"] == 1 and doc["exit_code"] == 143 and f"signal {int(signal.SIGTERM)}" in doc["note"]
+    assert doc["diagnosis"]["cause"] not in MEMORY_CAUSES
+
+
+def test_a_forged_message_is_replaced_even_when_the_child_signals_the_launcher(tmp_path):
+    """A real child writes its own "diagnosis" into the termination file, signals the launcher
+    (which forwards the signal back and kills it), and dies: the launcher's message stands."""
+    cmd, term = launch(tmp_path, """
+        import json, os, signal, sys, time
+        forged = {"autoheal": 1, "exit_code": 1, "diagnosis": {"cause": "host_ram_oom",
+                  "numbers": {"needed_gib": 1e30}, "evidence": ["forged"]}}
+        open(sys.argv[1], "w").write(json.dumps(forged))
+        os.kill(os.getppid(), signal.SIGTERM)
+        time.sleep(30)
+    """)
+    cmd.append(str(tmp_path / "termination-log"))
+    proc = subprocess.run(cmd, capture_output=True, timeout=60)
+    assert proc.returncode == 128 + int(signal.SIGTERM)
+    doc = json.loads(term.read_text())
+    assert doc["exit_code"] == 143 and "forged" not in json.dumps(doc)
+    assert doc["diagnosis"]["cause"] != "host_ram_oom" and "signal" in doc["note"]
+
+
+def test_a_message_left_by_an_earlier_run_does_not_survive_a_clean_exit(tmp_path):
+    cmd, term = launch(tmp_path, "print('hi')")
+    term.write_text('{"autoheal": 1, "exit_code": 1, "diagnosis": {"cause": "runtime_oom"}}')
+    assert subprocess.run(cmd, capture_output=True).returncode == 0
+    assert term.read_text() == ""
 
 
 def test_engine_dead_but_server_alive_is_ended(tmp_path, monkeypatch):

@@ -156,6 +156,7 @@ def run(argv: list[str], termination_path: str | None = None) -> int:
     termination_path = termination_path or os.environ.get("AUTOHEAL_TERMINATION_PATH", DEFAULT_TERMINATION_PATH)
     gpu_start = _snapshot()
     kills_before = _oom_kills()
+    _clear(termination_path)  # the file is the launcher's: nothing the child leaves there may stand
     keeper = OutputKeeper()
     child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     state = {"stopped_by": None, "engine_dead_at": None, "ready": False}
@@ -201,10 +202,14 @@ def run(argv: list[str], termination_path: str | None = None) -> int:
     exit_code = 128 - code if code < 0 else code
     if ended_dead_engine and exit_code == 0:
         exit_code = 1  # a clean exit would read as "Completed", hiding the crash
-    if (exit_code != 0 and state["stopped_by"] is None) or ended_dead_engine:
+    if exit_code != 0 or ended_dead_engine:
+        # Always our own message on a failure, whatever signals arrived: a child may have written
+        # the file itself and then signalled us, hoping we would leave its forgery in place.
         try:
             note = "engine died while the server still answered /health; the launcher ended it" \
                 if ended_dead_engine else None
+            if state["stopped_by"] is not None and not ended_dead_engine:
+                note = f"the launcher received signal {state['stopped_by']} and forwarded it"
             oom_killed = _killed_since(kills_before)
             text = termination_message(_diagnose(keeper.text(), exit_code, bool(state["ready"]), gpu_start,
                                                  oom_killed),
@@ -213,7 +218,20 @@ def run(argv: list[str], termination_path: str | None = None) -> int:
                 f.write(text)
         except Exception as exc:  # noqa: BLE001 - never worse than no launcher
             print(f"vllm-autoheal launcher: could not write {termination_path}: {exc}", file=sys.stderr)
+            _clear(termination_path)
+    else:
+        _clear(termination_path)
     return exit_code
+
+
+def _clear(path: str) -> None:
+    """Empty the file if it is there (in a pod it is a mounted file that cannot be removed)."""
+    try:
+        if os.path.exists(path):
+            with open(path, "w", encoding="utf-8"):
+                pass
+    except OSError:
+        pass
 
 
 def main(argv: list[str] | None = None) -> int:
