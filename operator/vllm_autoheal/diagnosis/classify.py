@@ -17,7 +17,6 @@ than `unknown`.
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +24,7 @@ from typing import Any
 from . import figures
 from . import messages as msg
 from . import model as m
+from . import termination
 from .scan import ENGINE, REQUEST, Line, scan
 
 PHASE_PRIORITY = (m.PHASE_CAPTURE, m.PHASE_PROFILE, m.PHASE_KV, m.PHASE_LOAD, m.PHASE_SERVING)
@@ -71,16 +71,12 @@ def classify_stream(stream: Any, **kwargs: Any) -> m.Diagnosis:
 
 
 def from_termination_message(text: str | None) -> m.Diagnosis | None:
-    """The launcher's JSON summary, if that is what the termination message holds."""
-    if not text or not text.lstrip().startswith("{"):
+    """The launcher's JSON summary, if that is what the termination message holds and it passes
+    the schema (termination.py); anything else is None."""
+    doc, _note = termination.read(text)
+    if doc is None:
         return None
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return None
-    d = data.get("diagnosis") if isinstance(data, dict) else None
-    if not isinstance(d, dict) or d.get("cause") not in m.CAUSES:
-        return None
+    d = doc["diagnosis"]
     known = {k: d[k] for k in m.Diagnosis.__dataclass_fields__ if k in d}
     diag = m.Diagnosis(**known)
     diag.source = "termination-message"
@@ -286,7 +282,8 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
     log = signals.log or ""
     source = "log"
     if lines is None:
-        if not log.strip() and signals.termination_message:
+        if not log.strip() and signals.termination_message and \
+                not termination.looks_like_ours(signals.termination_message):
             log, source = signals.termination_message, "log-tail-only"
         lines = scan(log).lines
     elif not lines:

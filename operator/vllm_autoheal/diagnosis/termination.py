@@ -1,0 +1,137 @@
+"""The launcher's termination message: its versioned schema, validated on read. Standard library only.
+
+Whatever is in the termination-message file was written inside the tenant's container, so it is
+untrusted: a document is used only when every field has the type, size and range the schema
+gives it; anything else is ignored with a note (and the operator reads the previous log instead).
+
+Version 1:
+  {"autoheal": 1, "exit_code": int (optional), "diagnosis": {"cause": CAUSE, "phase": str, "subtype": str,
+   "confidence": "high"|"medium"|"low", "source": str, "numbers": {name: finite number},
+   "evidence": [str], "explanation": str}, "note": str, "gpu_start": {...}, "gpu_failure": {...}}
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+from . import model as m
+
+SCHEMA_VERSION = 1
+MAX_MESSAGE_BYTES = 16 * 1024          # the kubelet keeps 4 KiB; anything much larger is not ours
+MAX_NUMBERS = 32
+MAX_EVIDENCE = 8
+MAX_TEXT = 2048
+NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+CONFIDENCE = ("high", "medium", "low")
+SOURCES = ("log", "exit-state", "termination-message", "log-tail-only", "memory-model")
+# Plausible ranges of the figures vLLM prints; a number outside them is a forgery or a parse error.
+RANGES: dict[str, tuple[float, float]] = {
+    "util": (0.0, 1.0), "exit_code": (-255, 255), "rank": (0, 65536),
+}
+DEFAULT_RANGE = (0.0, 1e9)             # GiB, tokens, requests: none of them reaches a billion
+GIB_RANGE = (0.0, 1e5)                 # 100 TiB: more than any GPU or host
+
+
+class InvalidMessage(ValueError):
+    """The termination message claims to be the launcher's but breaks the schema."""
+
+
+def _text(value: Any, where: str, limit: int = MAX_TEXT) -> str:
+    if not isinstance(value, str):
+        raise InvalidMessage(f"{where} is not a string")
+    if len(value) > limit:
+        raise InvalidMessage(f"{where} is longer than {limit} characters")
+    return value
+
+
+def _number(name: str, value: Any) -> float | int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidMessage(f"diagnosis.numbers.{name} is not a number")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InvalidMessage(f"diagnosis.numbers.{name} is not finite")
+    low, high = RANGES.get(name, GIB_RANGE if name.endswith("_gib") else DEFAULT_RANGE)
+    if not low <= value <= high:
+        raise InvalidMessage(f"diagnosis.numbers.{name} {value} is outside {low:g}..{high:g}")
+    return value
+
+
+def _diagnosis(d: Any) -> dict[str, Any]:
+    if not isinstance(d, dict):
+        raise InvalidMessage("diagnosis is not an object")
+    out: dict[str, Any] = {}
+    if d.get("cause") not in m.CAUSES:
+        raise InvalidMessage(f"diagnosis.cause {str(d.get('cause'))[:40]!r} is not a known cause")
+    out["cause"] = d["cause"]
+    if "phase" in d:
+        phase = _text(d["phase"], "diagnosis.phase", 32)
+        if phase not in m.PHASES and phase != "predicted":
+            raise InvalidMessage(f"diagnosis.phase {phase[:32]!r} is not a known phase")
+        out["phase"] = phase
+    if d.get("subtype") is not None:
+        subtype = _text(d["subtype"], "diagnosis.subtype", 64)
+        if not NAME.match(subtype):
+            raise InvalidMessage("diagnosis.subtype is not a name")
+        out["subtype"] = subtype
+    if "confidence" in d:
+        if d["confidence"] not in CONFIDENCE:
+            raise InvalidMessage("diagnosis.confidence is not high, medium or low")
+        out["confidence"] = d["confidence"]
+    numbers = d.get("numbers", {})
+    if not isinstance(numbers, dict) or len(numbers) > MAX_NUMBERS:
+        raise InvalidMessage(f"diagnosis.numbers is not an object of at most {MAX_NUMBERS} numbers")
+    for name, value in numbers.items():
+        if not isinstance(name, str) or not NAME.match(name):
+            raise InvalidMessage("diagnosis.numbers has a key that is not a name")
+        _number(name, value)
+    out["numbers"] = dict(numbers)
+    evidence = d.get("evidence", [])
+    if not isinstance(evidence, list) or len(evidence) > MAX_EVIDENCE:
+        raise InvalidMessage(f"diagnosis.evidence is not a list of at most {MAX_EVIDENCE} lines")
+    out["evidence"] = [_text(e, "diagnosis.evidence[]", 1024) for e in evidence]
+    if "explanation" in d:
+        out["explanation"] = _text(d["explanation"], "diagnosis.explanation")
+    return out
+
+
+def looks_like_ours(text: str | None) -> bool:
+    """A JSON object: the launcher's, or a forgery of it; never to be read as a log tail."""
+    return bool(text) and text.lstrip().startswith("{")  # type: ignore[union-attr]
+
+
+def validate(text: str) -> dict[str, Any]:
+    """The validated document (only the fields the schema names); InvalidMessage says what is wrong."""
+    if len(text.encode("utf-8", "replace")) > MAX_MESSAGE_BYTES:
+        raise InvalidMessage(f"larger than {MAX_MESSAGE_BYTES} bytes")
+    try:
+        doc = json.loads(text, parse_constant=lambda c: (_ for _ in ()).throw(InvalidMessage(f"{c} is not JSON")))
+    except InvalidMessage:
+        raise
+    except ValueError as exc:
+        raise InvalidMessage(f"not JSON ({exc.__class__.__name__})") from None
+    if not isinstance(doc, dict):
+        raise InvalidMessage("not a JSON object")
+    version = doc.get("autoheal")
+    if isinstance(version, bool) or version != SCHEMA_VERSION:
+        raise InvalidMessage(f"schema version {str(version)[:16]!r} is not {SCHEMA_VERSION}")
+    code = doc.get("exit_code", 0)
+    if isinstance(code, bool) or not isinstance(code, int) or not -255 <= code <= 255:
+        raise InvalidMessage("exit_code is not an integer exit status")
+    out: dict[str, Any] = {"autoheal": SCHEMA_VERSION, "exit_code": code, "diagnosis": _diagnosis(doc.get("diagnosis"))}
+    if "note" in doc:
+        out["note"] = _text(doc["note"], "note")
+    return out
+
+
+def read(text: str | None) -> tuple[dict[str, Any] | None, str | None]:
+    """(document, None) for a valid launcher message; (None, note) for an invalid one; (None, None)
+    when the message is not JSON at all (a plain log tail)."""
+    if not looks_like_ours(text):
+        return None, None
+    try:
+        return validate(text), None  # type: ignore[arg-type]
+    except InvalidMessage as exc:
+        return None, f"termination message ignored: {exc}"
+    except RecursionError:
+        return None, "termination message ignored: nested too deeply"
