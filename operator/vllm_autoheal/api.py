@@ -24,6 +24,14 @@ SHORT_NAMES = ["vllmsvc", "vsvc"]
 DEFAULT_IMAGE = "vllm/vllm-openai:v0.33.0"
 MAX_HEAL_RECORDS = 20
 MAX_OBSERVED_CRASHES = 50
+MAX_TRIED = 64
+MAX_FAILED_ENGINES = 32
+# The CRD's ranges for the sizes a heal may set: generous, but finite, so an absurd number
+# (1e30 from a forged termination message, 1.49e53 from a runaway estimate) is refused.
+MAX_TOKENS = 2**24                   # 16M tokens of context or batch
+MAX_SEQS = 2**16
+MAX_GPU_BYTES = 2**44                # 16 TiB of KV cache on one GPU
+MAX_OFFLOAD_GIB = 4096.0
 
 # A Kubernetes resource quantity (the apimachinery grammar, without exponents).
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
@@ -48,6 +56,7 @@ KVCacheDtype = Literal["auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_i
 ModelDtype = Literal["auto", "half", "float16", "bfloat16", "float", "float32"]
 HealMode = Literal["PatchSpec", "StatusOverrides"]
 PreflightMode = Literal["Fix", "Warn", "Off"]
+UnschedulablePolicy = Literal["Revert", "Wait"]
 HealAction = Literal[
     "RaiseGpuMemoryUtilization", "LowerGpuMemoryUtilization", "LowerMaxModelLen",
     "LowerMaxNumSeqs", "LowerMaxNumBatchedTokens", "EnforceEager", "Fp8KvCache",
@@ -96,11 +105,11 @@ class EngineArgs(Model):
     gpu_memory_utilization: float = Field(
         0.9, gt=0, le=1, description="Share of each GPU's memory vLLM may use (weights, activations, KV cache).")
     max_model_len: int | None = Field(
-        None, ge=1, description="Longest request (prompt + output) in tokens; unset = the model's own limit.")
+        None, ge=1, le=MAX_TOKENS, description="Longest request (prompt + output) in tokens; unset = the model's own limit.")
     max_num_seqs: int | None = Field(
-        None, ge=1, description="Most sequences batched at once; unset = vLLM's per-GPU default.")
+        None, ge=1, le=MAX_SEQS, description="Most sequences batched at once; unset = vLLM's per-GPU default.")
     max_num_batched_tokens: int | None = Field(
-        None, ge=1, description="Most tokens in one scheduler step; sets the activation peak.")
+        None, ge=1, le=MAX_TOKENS, description="Most tokens in one scheduler step; sets the activation peak.")
     tensor_parallel_size: int = Field(1, ge=1, le=64, description="GPUs one model copy is split across.")
     pipeline_parallel_size: int = Field(1, ge=1, le=64, description="Pipeline stages (GPUs in sequence).")
     dtype: ModelDtype | None = Field(None, description="Weight/activation dtype; unset = vLLM's auto.")
@@ -109,9 +118,9 @@ class EngineArgs(Model):
     kv_cache_dtype: KVCacheDtype | None = Field(
         None, description="KV cache dtype; fp8 halves KV memory per token.")
     kv_cache_memory_bytes: int | None = Field(
-        None, ge=1, description="Fixed KV cache size per GPU in bytes; overrides gpuMemoryUtilization for KV.")
+        None, ge=1, le=MAX_GPU_BYTES, description="Fixed KV cache size per GPU in bytes; overrides gpuMemoryUtilization for KV.")
     cpu_offload_gb: float | None = Field(
-        None, ge=0, description="GiB of weights per GPU kept in host RAM (slower, saves GPU memory).")
+        None, ge=0, le=MAX_OFFLOAD_GIB, description="GiB of weights per GPU kept in host RAM (slower, saves GPU memory).")
     enforce_eager: bool | None = Field(
         None, description="Skip CUDA-graph capture (saves its memory, costs some speed).")
     extra_args: list[str] = Field(
@@ -261,13 +270,21 @@ class ModelConfigSource(Model):
 class HealBounds(Model):
     """The limits no heal may cross; the operator gives up rather than leave them."""
     model_config = cel(
-        rule("self.minGpuMemoryUtilization <= self.maxGpuMemoryUtilization",
+        rule("!has(self.minGpuMemoryUtilization) || self.minGpuMemoryUtilization <= self.maxGpuMemoryUtilization",
              "minGpuMemoryUtilization must be <= maxGpuMemoryUtilization", ".minGpuMemoryUtilization"),
     )
-    min_gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="Lowest utilization a heal may set.")
+    min_gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description=(
+        "Lowest utilization a heal may set; unset = what the weights, activation peak and a KV cache of "
+        "minMaxModelLen need when the model's shape is known, else vLLM's own figures decide."))
     max_gpu_memory_utilization: float = Field(0.95, gt=0, le=1, description="Highest utilization a heal may set.")
-    min_max_model_len: int = Field(2048, ge=1, description="Shortest maxModelLen a heal may set.")
-    min_max_num_seqs: int = Field(8, ge=1, description="Fewest maxNumSeqs a heal may set.")
+    min_max_model_len: int = Field(2048, ge=1, le=MAX_TOKENS, description="Shortest maxModelLen a heal may set.")
+    min_max_num_seqs: int = Field(8, ge=1, le=MAX_SEQS, description="Fewest maxNumSeqs a heal may set.")
+    min_max_num_batched_tokens: int = Field(512, ge=1, le=MAX_TOKENS, description=(
+        "Fewest maxNumBatchedTokens a heal may set."))
+    min_kv_cache_memory_bytes: int = Field(2**28, ge=1, le=MAX_GPU_BYTES, description=(
+        "Smallest kvCacheMemoryBytes a heal may set."))
+    max_cpu_offload_gb: float | None = Field(None, ge=0, le=MAX_OFFLOAD_GIB, description=(
+        "Most cpuOffloadGb a heal may set; unset = no more than the container's memory limit holds."))
     max_tensor_parallel_size: int | None = Field(None, ge=1, le=64, description=(
         "Largest tensorParallelSize a heal may set; unset = never raise it."))
     max_memory_limit: str | None = Field(None, pattern=QUANTITY_PATTERN, description=(
@@ -293,6 +310,11 @@ class HealPolicy(Model):
         "StatusOverrides: keep spec untouched (GitOps) and deploy from status.effective."))
     max_attempts: int = Field(5, ge=1, le=50, description="Heals allowed before giving up (HealExhausted).")
     backoff_seconds: int = Field(30, ge=0, le=3600, description="Least time between two heals.")
+    unschedulable_seconds: int = Field(300, ge=0, le=86400, description=(
+        "How long a healed pod may stay Unschedulable before the heal counts as blocked (HealBlocked)."))
+    on_unschedulable: UnschedulablePolicy = Field("Revert", description=(
+        "When a heal's pods cannot be scheduled: Revert = go back to the last flags that scheduled and try the "
+        "next remedy that needs no more resources; Wait = only report (HealBlocked condition and Event)."))
     allowed_actions: list[HealAction] = Field(
         default_factory=lambda: [a for a in ALL_ACTIONS if a != "IncreaseTensorParallel"],
         max_length=len(ALL_ACTIONS), description="Changes a heal may make.",
@@ -386,6 +408,29 @@ class HealRecord(Model):
     changes: list[FieldChange] = Field(default_factory=list, description="Each changed field, before and after.")
 
 
+class Deployed(Model):
+    """What a pod template runs: the engine args, the model and the container memory limit."""
+    engine: EngineArgs = Field(..., description="Engine args.")
+    model: str = Field(..., max_length=512, description="Model.")
+    memory_limit: str | None = Field(None, pattern=QUANTITY_PATTERN, description="Container memory limit.")
+
+    def gpus(self) -> int:
+        return self.engine.tensor_parallel_size * self.engine.pipeline_parallel_size
+
+
+class HealIntent(Model):
+    """A heal decided and recorded before it is applied, so that an API error or an operator restart
+    between its writes finishes it (reconcile completes it) instead of leaving half of it."""
+    crash: str = Field(..., max_length=512, description="The crash it heals (podUID/container/restartCount).")
+    cause: str = Field(..., max_length=64, description="The diagnosed cause.")
+    action: str = Field(..., max_length=64, description="The action.")
+    summary: str = Field("", max_length=2048, description="What changes and why.")
+    target: Deployed = Field(..., description="What the heal deploys.")
+    previous: Deployed = Field(..., description="What ran before it (scheduled: it ran and crashed).")
+    applied: bool = Field(False, description="The heal's writes are all done; its pods are rolling out.")
+    time: str = Field(..., description="When the heal was decided (RFC 3339).", json_schema_extra={"format": "date-time"})
+
+
 class VLLMServiceStatus(Model):
     phase: Phase | None = Field(None, description="Pending, Progressing, Running, Healing, Degraded or Failed.")
     observed_generation: int | None = Field(None, ge=0, description="The spec generation last acted upon.")
@@ -397,7 +442,15 @@ class VLLMServiceStatus(Model):
                                         "quantized fallback (StatusOverrides mode).")
     heals: list[HealRecord] = Field(default_factory=list, max_length=MAX_HEAL_RECORDS,
                                     description="Recent heals and decisions, oldest first.")
-    attempts: int = Field(0, ge=0, description="Heals since the spec was last changed by a person.")
+    attempts: int = Field(0, ge=0, description=(
+        "Heals since the spec was last changed by a person (a counter: only a person's edit resets it)."))
+    tried: list[str] = Field(default_factory=list, max_length=MAX_TRIED, description=(
+        "cause/action pairs tried since the last edit by a person; none is tried twice."),
+        json_schema_extra={"items": {"type": "string", "maxLength": 160}})
+    failed_engines: list[str] = Field(default_factory=list, max_length=MAX_FAILED_ENGINES, description=(
+        "Fingerprints of the deployed settings that crashed of memory; a heal never goes back to one."),
+        json_schema_extra={"items": {"type": "string", "maxLength": 64}})
+    in_flight: HealIntent | None = Field(None, description="The heal being applied or rolled out.")
     heal_count: int = Field(0, ge=0, description="All heals of this service.")
     last_cause: str | None = Field(None, description="Cause of the last diagnosed crash.")
     observed_crashes: list[str] = Field(default_factory=list, max_length=MAX_OBSERVED_CRASHES, description=(

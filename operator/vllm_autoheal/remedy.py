@@ -1,8 +1,8 @@
 """plan(spec, diagnosis, history, inventory) -> Remedy: the one flag change that should fit.
 
 Pure. Each cause has an ordered list of actions (shared/DESIGN.md); the first one
-that is allowed, inside the bounds, not already tried for this cause, and
-applicable to what is known, wins. Sizes come from the numbers vLLM printed
+that is allowed, not already tried for this cause, applicable to what is known, and
+let through by the safety gate (remedy_gate.py) wins. Sizes come from the numbers vLLM printed
 (estimated maximum model length, free/total GiB, tried-to-allocate) and from the
 memory model when it printed none. Blind stepping is the last resort, never the
 first: a model load costs minutes on a real GPU.
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 from .api import EngineArgs, HealPolicy, VLLMServiceSpec
 from .diagnosis import Diagnosis
@@ -19,6 +19,7 @@ from .engine import BY_FIELD, parse_args
 from .memory import BLOCK_SIZE, CUDA_CONTEXT_GIB, CUDAGRAPH_GIB, GIB, ModelShape, estimate
 from .gpus import GpuSpec
 from .quantity import format_bytes, parse_quantity
+from .remedy_gate import Limits, check, utilization_floor
 
 # Raising the memory limit again is a new, larger value each time (VPA bumps on every OOM).
 REPEATABLE = {"RaiseMemoryLimit"}
@@ -80,14 +81,19 @@ class Context:
     diag: Diagnosis
     inv: Inventory
     tried: set[str]
+    limits: Limits
 
     @property
     def policy(self) -> HealPolicy:
         return self.spec.heal
 
+    @property
+    def floor(self) -> float:
+        """The lowest utilization a heal may set (an explicit bound, else the model's need)."""
+        return self.limits.floor
+
     def num(self, key: str) -> float | None:
-        value = self.diag.numbers.get(key)
-        return float(value) if isinstance(value, (int, float)) else None
+        return _number(self.diag, key)
 
     @property
     def total(self) -> float | None:
@@ -105,6 +111,14 @@ class Context:
 
 
 Step = Callable[[Context], "Remedy | None"]
+
+
+def _number(diag: Diagnosis, key: str) -> float | None:
+    """A figure vLLM printed, when it is a plausible one (finite, not negative)."""
+    value = diag.numbers.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) and value >= 0 else None
 
 
 def _util(value: float, down: bool = True) -> float:
@@ -201,7 +215,7 @@ def fit_utilization_to_free(ctx: Context) -> Remedy | None:
     graphs = 0.0 if ctx.engine.enforce_eager else CUDAGRAPH_GIB
     margin = 0.25 * free if cpu else graphs + 0.5 + 0.01 * total
     new = _util((free - margin) / total)
-    if new < ctx.policy.bounds.min_gpu_memory_utilization or new >= ctx.engine.gpu_memory_utilization:
+    if new < ctx.floor or new >= ctx.engine.gpu_memory_utilization:
         return None
     return Remedy("LowerGpuMemoryUtilization", {"gpu_memory_utilization": new},
                   f"only {free:g} of {total:g} GiB was free at start; utilization {new} asks for "
@@ -219,7 +233,7 @@ def fit_kv_bytes_to_free(ctx: Context) -> Remedy | None:
         new_gib = math.floor((free - est.weights_gib - est.activation_gib - est.non_torch_gib - 1.0) * 4) / 4
     else:
         return None
-    if new_gib <= 0 or (requested is not None and new_gib >= requested):
+    if not math.isfinite(new_gib) or new_gib <= 0 or (requested is not None and new_gib >= requested):
         return None
     return Remedy("SetKvCacheMemoryBytes", {"kv_cache_memory_bytes": int(new_gib * GIB)},
                   f"{free:g} GiB was free; the KV cache is set to {new_gib:g} GiB so that it fits.")
@@ -243,6 +257,9 @@ def cpu_offload(ctx: Context) -> Remedy | None:
     if over <= 0:
         return None
     gb = math.ceil(over + (ctx.engine.cpu_offload_gb or 0))
+    cap = ctx.limits.max_cpu_offload_gb
+    if not math.isfinite(over) or (cap is not None and gb > cap):
+        return None
     return Remedy("CpuOffload", {"cpu_offload_gb": float(gb)},
                   f"the weights exceed the budget by {over:.1f} GiB; {gb} GiB per GPU moves to host RAM (slower).")
 
@@ -274,7 +291,8 @@ def _mbt_default(ctx: Context) -> int:
 
 lower_seqs = _halve("max_num_seqs", "LowerMaxNumSeqs", lambda c: c.policy.bounds.min_max_num_seqs, _seqs_default,
                     "max_num_seqs {current} -> {new}: fewer sequences in the warm-up batch and at runtime.")
-lower_batched = _halve("max_num_batched_tokens", "LowerMaxNumBatchedTokens", lambda c: 512, _mbt_default,
+lower_batched = _halve("max_num_batched_tokens", "LowerMaxNumBatchedTokens",
+                       lambda c: c.policy.bounds.min_max_num_batched_tokens, _mbt_default,
                        "max_num_batched_tokens {current} -> {new}: the activation peak shrinks with it.")
 
 
@@ -293,7 +311,7 @@ def lower_utilization_step(ctx: Context) -> Remedy | None:
     tried = ctx.num("tried_gib") or 0.0
     step = 0.02 if not total else max(0.02, _util((tried + 0.5) / total, down=False))
     new = _util(ctx.engine.gpu_memory_utilization - step)
-    if new < ctx.policy.bounds.min_gpu_memory_utilization:
+    if new < ctx.floor:
         return None
     basis = f"{tried:g} GiB failed to allocate" if tried else "no allocation size was printed"
     return Remedy("LowerGpuMemoryUtilization", {"gpu_memory_utilization": new},
@@ -332,6 +350,7 @@ def shrink_kv_bytes(ctx: Context) -> Remedy | None:
     if ctx.inv.memory_limit_bytes:
         new = min(new, ctx.inv.memory_limit_bytes // 3)
     new = max(new // 2**20, 1) * 2**20
+    new = max(new, ctx.policy.bounds.min_kv_cache_memory_bytes)
     return Remedy("SetKvCacheMemoryBytes", {"kv_cache_memory_bytes": new},
                   f"host RAM ran out; the KV cache {format_bytes(kv)} -> {format_bytes(new)}.")
 
@@ -350,12 +369,18 @@ PLANS: dict[str, list[Step]] = {
 
 
 def plan(spec: VLLMServiceSpec, diagnosis: Diagnosis, history: list[dict[str, Any]] | None = None,
-         inventory: Inventory | None = None, engine: EngineArgs | None = None) -> Remedy:
+         inventory: Inventory | None = None, engine: EngineArgs | None = None, *, attempts: int | None = None,
+         failed: Collection[str] = (), model: str | None = None, memory_limit: str | None = None,
+         exclude: Collection[str] = ()) -> Remedy:
     """The next change for this crash. `history`: earlier heals as {cause, action, ...};
-    `engine`: the args deployed now (default: spec.engine)."""
+    `engine`, `model`, `memory_limit`: what is deployed now (default: the spec's); `attempts`: heals
+    so far (default: those in history); `failed`: fingerprints of settings that crashed of memory;
+    `exclude`: actions not to take now (e.g. those that need more resources than can be scheduled)."""
     history = history or []
     inv = inventory or Inventory()
     engine = engine or spec.engine
+    model = model or spec.model
+    memory_limit = memory_limit if memory_limit is not None else spec.resources.limits.memory
     if diagnosis.cause == "not_oom":
         return Remedy(NO_CHANGE, reason=f"not a memory failure ({diagnosis.subtype or 'see evidence'}); "
                                         "memory flags stay as they are.")
@@ -364,24 +389,34 @@ def plan(spec: VLLMServiceSpec, diagnosis: Diagnosis, history: list[dict[str, An
     if not spec.heal.enabled:
         return Remedy(NO_CHANGE, reason="healing is disabled (spec.heal.enabled=false); diagnosis only.")
     heals = [h for h in history if h.get("action") not in (NO_CHANGE, GIVE_UP, None)]
-    if len(heals) >= spec.heal.max_attempts:
-        return Remedy(GIVE_UP, reason=f"{len(heals)} heals already, the most spec.heal.maxAttempts allows.")
+    done = len(heals) if attempts is None else attempts
+    if done >= spec.heal.max_attempts:
+        return Remedy(GIVE_UP, reason=f"{done} heals already, the most spec.heal.maxAttempts allows.")
     tried = {h["action"] for h in heals if h.get("cause") == diagnosis.cause} - REPEATABLE
     if inv.gpu_free_gib is None:  # an earlier crash may have printed what was free; remember it
         printed = [h["numbers"]["free_gib"] for h in history if isinstance(h.get("numbers"), dict)
                    and h.get("cause") == "gpu_util_exceeds_free" and "free_gib" in h["numbers"]]
         if printed:
             inv = Inventory(**{**inv.__dict__, "gpu_free_gib": printed[-1] + CUDA_CONTEXT_GIB})
-    ctx = Context(spec, engine, diagnosis, inv, tried)
-    allowed = set(spec.heal.allowed_actions) | {"Quantize"}
+    total = _number(diagnosis, "total_gib") or _number(diagnosis, "gpu_total_gib") or inv.gpu_total_gib
+    floor = utilization_floor(spec.heal.bounds, engine, inv.shape, total, inv.entrypoint)
+    limits = Limits(spec.heal.bounds, floor, inv.memory_limit_bytes)
+    ctx = Context(spec, engine, diagnosis, inv, tried, limits)
+    allowed = (set(spec.heal.allowed_actions) | {"Quantize"}) - set(exclude)
+    refused: list[str] = []
     for step in PLANS[diagnosis.cause]:
         remedy = step(ctx)
         if remedy is None or remedy.action in tried or remedy.action not in allowed:
             continue
+        problem = check(diagnosis.cause, remedy.changes, engine, model, memory_limit, limits, failed)
+        if problem is not None:
+            refused.append(f"{remedy.action} refused: {problem}")
+            continue
         remedy.expected = remedy.expected or _expect(ctx, remedy.changes)
         return remedy
+    why = f"; {'; '.join(refused)}" if refused else ""
     return Remedy(GIVE_UP, reason=f"no allowed change is left for {diagnosis.cause} within the bounds "
-                                  f"(tried: {', '.join(sorted(tried)) or 'none'}).")
+                                  f"(tried: {', '.join(sorted(tried)) or 'none'}{why}).")
 
 
 def plan_from_command(flags: str, diagnosis: Diagnosis, gpu_memory_gib: float | None = None) -> Remedy:

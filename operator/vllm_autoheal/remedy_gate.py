@@ -1,0 +1,161 @@
+"""The one safety gate every remedy passes, in the operator, in `serve` and in `diagnose`. Pure.
+
+A remedy gets through only when every value it sets is finite, inside the CRD's ranges and
+`spec.heal.bounds`, moves in the direction its cause calls for, actually changes something,
+and does not go back to settings that already crashed of memory. Otherwise the planner tries
+its next remedy, or gives up with the gate's reason.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Collection
+
+from pydantic import ValidationError
+
+from .api import EngineArgs, HealBounds
+from .memory import GIB, ModelShape, estimate
+from .gpus import GpuSpec
+from .quantity import parse_quantity
+
+UP, DOWN, ANY = 1, -1, 0
+# What each cause calls for: the fields a remedy for it may touch, and which way they may move.
+CALLS_FOR: dict[str, dict[str, int]] = {
+    "kv_cache_insufficient": {"gpu_memory_utilization": UP, "max_model_len": DOWN, "kv_cache_dtype": ANY,
+                              "tensor_parallel_size": UP},
+    "gpu_util_exceeds_free": {"gpu_memory_utilization": DOWN, "kv_cache_memory_bytes": DOWN},
+    "weights_load_oom": {"model": ANY, "quantization": ANY, "tensor_parallel_size": UP, "cpu_offload_gb": UP},
+    "profiling_oom": {"max_num_seqs": DOWN, "max_num_batched_tokens": DOWN, "gpu_memory_utilization": DOWN},
+    "cudagraph_capture_oom": {"enforce_eager": UP, "gpu_memory_utilization": DOWN},
+    "runtime_oom": {"gpu_memory_utilization": DOWN, "max_num_seqs": DOWN, "max_num_batched_tokens": DOWN},
+    "multi_gpu_oom": {"max_model_len": DOWN, "gpu_memory_utilization": DOWN, "enforce_eager": UP},
+    "host_ram_oom": {"memory_limit": UP, "cpu_offload_gb": DOWN, "kv_cache_memory_bytes": DOWN},
+}
+# Actions whose pods ask the scheduler for more than before (more GPUs, more memory).
+NEEDS_MORE_RESOURCES = frozenset({"IncreaseTensorParallel", "RaiseMemoryLimit"})
+MIN_UTILIZATION = 0.01
+
+
+def fingerprint(model: str, engine: EngineArgs, memory_limit: str | None) -> str:
+    """The identity of what a pod template runs (also the template's engine-hash annotation)."""
+    blob = json.dumps([model, engine.model_dump(mode="json"), memory_limit], sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The bounds in force for one decision: spec.heal.bounds, with the utilization floor made concrete."""
+    bounds: HealBounds
+    utilization_floor: float | None = None   # None: no known need; vLLM's own figures decide
+    memory_limit_bytes: int | None = None    # the container's limit now (caps CPU offload when unbounded)
+
+    @property
+    def floor(self) -> float:
+        return self.utilization_floor or MIN_UTILIZATION
+
+    @property
+    def max_cpu_offload_gb(self) -> float | None:
+        if self.bounds.max_cpu_offload_gb is not None:
+            return self.bounds.max_cpu_offload_gb
+        return None if self.memory_limit_bytes is None else self.memory_limit_bytes / GIB
+
+
+def utilization_floor(bounds: HealBounds, engine: EngineArgs, shape: ModelShape | None, total_gib: float | None,
+                      entrypoint: str = "server") -> float | None:
+    """An explicit bound wins; with the model's shape, what holds the weights, the activation peak and
+    a KV cache of minMaxModelLen; without it, None (the numbers vLLM printed decide)."""
+    if bounds.min_gpu_memory_utilization is not None:
+        return bounds.min_gpu_memory_utilization
+    if shape is None or not total_gib:
+        return None
+    need_len = engine.model_copy(update={"max_model_len": bounds.min_max_model_len, "kv_cache_memory_bytes": None})
+    est = estimate(shape, need_len, GpuSpec("gpu", total_gib), None, entrypoint)
+    kv = est.kv_bytes_per_token * bounds.min_max_model_len / GIB
+    need = est.weights_gib + est.activation_gib + est.non_torch_gib + kv
+    return min(1.0, math.ceil(need / total_gib * 100) / 100)
+
+
+def _finite(value: Any) -> bool:
+    return not isinstance(value, float) or math.isfinite(value)
+
+
+def _as_number(field: str, value: Any) -> float | None:
+    if value is None:
+        return None
+    if field == "memory_limit":
+        return float(parse_quantity(value))
+    if isinstance(value, bool):
+        return float(value)
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def _bounds_problem(changes: dict[str, Any], after: EngineArgs, limits: Limits) -> str | None:
+    b = limits.bounds
+    checks: list[tuple[str, Any, float | None, float | None]] = [
+        ("gpu_memory_utilization", after.gpu_memory_utilization, limits.floor, b.max_gpu_memory_utilization),
+        ("max_model_len", after.max_model_len, b.min_max_model_len, None),
+        ("max_num_seqs", after.max_num_seqs, b.min_max_num_seqs, None),
+        ("max_num_batched_tokens", after.max_num_batched_tokens, b.min_max_num_batched_tokens, None),
+        ("kv_cache_memory_bytes", after.kv_cache_memory_bytes, b.min_kv_cache_memory_bytes, None),
+        ("cpu_offload_gb", after.cpu_offload_gb, 0, limits.max_cpu_offload_gb),
+        ("tensor_parallel_size", after.tensor_parallel_size, 1, b.max_tensor_parallel_size or 1),
+    ]
+    for name, value, low, high in checks:
+        if name not in changes or value is None:
+            continue
+        if low is not None and value < low:
+            return f"{name} {value} is below its bound {low}"
+        if high is not None and value > high:
+            return f"{name} {value} is above its bound {high}"
+    if "memory_limit" in changes:
+        if not b.max_memory_limit:
+            return "raising the memory limit needs heal.bounds.maxMemoryLimit"
+        if parse_quantity(changes["memory_limit"]) > parse_quantity(b.max_memory_limit):
+            return f"memory limit {changes['memory_limit']} is above its bound {b.max_memory_limit}"
+    return None
+
+
+def check(cause: str, changes: dict[str, Any], engine: EngineArgs, model: str, memory_limit: str | None,
+          limits: Limits, failed: Collection[str] = ()) -> str | None:
+    """None when the remedy may be applied; else why not, for people."""
+    if not changes:
+        return "it changes nothing"
+    calls_for = CALLS_FOR.get(cause, {})
+    for name, value in changes.items():
+        if not _finite(value):
+            return f"{name} {value!r} is not a finite number"
+        if name not in calls_for:
+            return f"{name} is not what {cause} calls for"
+    engine_changes = {k: v for k, v in changes.items() if k in EngineArgs.model_fields}
+    try:  # the CRD's ranges and rules, from the same models that generate it
+        after = EngineArgs.model_validate({**engine.model_dump(), **engine_changes})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        return f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
+    if after.max_num_seqs and after.max_num_batched_tokens and after.max_num_batched_tokens < after.max_num_seqs:
+        return "max_num_batched_tokens would be below max_num_seqs"
+    try:
+        if problem := _bounds_problem(changes, after, limits):
+            return problem
+        now = {**engine.model_dump(), "model": model, "memory_limit": memory_limit}
+        for name, direction in ((k, calls_for[k]) for k in changes):
+            before, new = _as_number(name, now.get(name)), _as_number(name, changes[name])
+            if direction == ANY or new is None:
+                continue
+            if before is None:  # unset: a vLLM default. Setting a cap where none was is "down";
+                if direction == DOWN:  # raising from unset only counts from zero (offload)
+                    continue
+                before = 0.0
+            if (new - before) * direction <= 0:
+                return f"{name} {now.get(name)} -> {changes[name]} does not move the way {cause} calls for"
+    except ValueError as exc:  # an unreadable quantity
+        return str(exc)
+    new_model = changes.get("model", model)
+    new_memory = changes.get("memory_limit", memory_limit)
+    if fingerprint(new_model, after, new_memory) == fingerprint(model, engine, memory_limit):
+        return "it changes nothing"
+    if fingerprint(new_model, after, new_memory) in failed:
+        return "these settings already crashed of memory"
+    return None
