@@ -119,6 +119,7 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
     from .api import HealBounds, HealPolicy, VLLMServiceSpec
     from .engine import EngineArgsError, parse_args
     from .local import ServeOptions, default_history_path, supervise
@@ -127,9 +128,17 @@ def _serve(args: argparse.Namespace) -> int:
         bounds = HealBounds(min_gpu_memory_utilization=args.min_gpu_memory_utilization,
                             max_gpu_memory_utilization=args.max_gpu_memory_utilization,
                             min_max_model_len=args.min_max_model_len, min_max_num_seqs=args.min_max_num_seqs,
+                            min_max_num_batched_tokens=args.min_max_num_batched_tokens,
+                            min_kv_cache_memory_bytes=args.min_kv_cache_memory_bytes,
+                            max_cpu_offload_gb=args.max_cpu_offload_gb,
                             max_tensor_parallel_size=args.max_tensor_parallel_size)
         spec = VLLMServiceSpec(model=args.model, engine=parsed.engine,
                                heal=HealPolicy(max_attempts=args.max_attempts, bounds=bounds))
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "bounds"
+        print(f"vllm-autoheal serve: {where}: {err['msg']}", file=sys.stderr)
+        return 2
     except (EngineArgsError, ValueError) as exc:
         print(f"vllm-autoheal serve: {exc}", file=sys.stderr)
         return 2
@@ -193,9 +202,9 @@ def configure_logging(log_format: str, verbose: bool = False) -> None:
 def _operator(args: argparse.Namespace) -> int:
     import kopf
     from . import metrics
-    from .kube import client, handlers
-    if args.operator_image:
-        handlers.OPERATOR_IMAGE = args.operator_image
+    from .kube import client, handlers  # noqa: F401 - registers the handlers
+    from .kube.config import OperatorConfig
+    config = OperatorConfig.from_env(operator_image=args.operator_image)
     from .model_source import HubSettings, configure as configure_hub  # read once, here, not per event
     configure_hub(HubSettings(endpoint=None if args.hub_endpoint == "off" else args.hub_endpoint.rstrip("/"),
                               cache_dir=args.hub_cache_dir, timeout_s=args.hub_timeout,
@@ -204,7 +213,8 @@ def _operator(args: argparse.Namespace) -> int:
     metrics.serve(args.metrics_port)
     configure_logging(args.log_format, args.verbose)
     kopf.run(clusterwide=not args.namespace, namespaces=args.namespace or (), standalone=not args.peering,
-             peering_name=args.peering or None, liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz")
+             peering_name=args.peering or None, liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz",
+             memo=kopf.Memo(config=config))
     return 0
 
 
@@ -314,10 +324,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000, help="port vLLM listens on (default 8000)")
     p.add_argument("--python", default=sys.executable, help="the Python that has vLLM (default: this one)")
     p.add_argument("--max-attempts", type=int, default=policy.max_attempts, help="heals before giving up")
-    p.add_argument("--min-gpu-memory-utilization", type=float, default=bounds.min_gpu_memory_utilization)
+    p.add_argument("--min-gpu-memory-utilization", type=float, default=bounds.min_gpu_memory_utilization,
+                   help="lowest utilization a heal may set (default: what the model needs, else vLLM's figures)")
     p.add_argument("--max-gpu-memory-utilization", type=float, default=bounds.max_gpu_memory_utilization)
     p.add_argument("--min-max-model-len", type=int, default=bounds.min_max_model_len)
     p.add_argument("--min-max-num-seqs", type=int, default=bounds.min_max_num_seqs)
+    p.add_argument("--min-max-num-batched-tokens", type=int, default=bounds.min_max_num_batched_tokens)
+    p.add_argument("--min-kv-cache-memory-bytes", type=int, default=bounds.min_kv_cache_memory_bytes)
+    p.add_argument("--max-cpu-offload-gb", type=float, default=None,
+                   help="most CPU offload a heal may set (default: no more than the memory limit holds)")
     p.add_argument("--max-tensor-parallel-size", type=int, default=None)
     p.add_argument("--history", metavar="PATH", help="JSON-lines history (default: "
                    "$XDG_STATE_HOME/vllm-autoheal/history.jsonl)")

@@ -29,6 +29,7 @@ from .engine import describe, to_command
 from .gpu import snapshot
 from .launcher import ENGINE_DEAD, OutputKeeper, pump
 from .remedy import Inventory, plan
+from .remedy_gate import fingerprint
 
 STOP_GRACE_S = 30.0
 
@@ -82,6 +83,7 @@ class Supervisor:
         self.child: subprocess.Popen | None = None
         self.stopping = False
         self.heals: list[dict[str, Any]] = []  # this run's heals, as the planner's history
+        self.failed: set[str] = set()
         self.api_server_module = uses_api_server_module(opts.python)
         self.baseline = opts.spec.engine
         self.key = shlex.join([opts.model, *to_command(opts.model, self.baseline)[3:]])
@@ -226,7 +228,9 @@ class Supervisor:
             inventory = Inventory(memory_limit_bytes=cgroups.memory_limit())
             if gpu.gpus:
                 inventory.gpu_total_gib = gpu.gpus[0].total_bytes / 2**30
-            remedy = plan(self.opts.spec, diag, heals, inventory, engine)
+            if diag.is_memory:  # the gate never goes back to settings that crashed of memory
+                self.failed.add(fingerprint(self.opts.model, engine, None))
+            remedy = plan(self.opts.spec, diag, heals, inventory, engine, failed=self.failed)
             evidence = diag.evidence[0][:200] if diag.evidence else "no evidence line"
             if remedy.gives_up:
                 self.say(f"vLLM exited with {attempt.exit_code}: {diag.cause} ({diag.subtype or diag.phase}) - "

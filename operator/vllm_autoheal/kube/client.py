@@ -51,7 +51,10 @@ PLURALS = {"Deployment": "deployments", "Service": "services", "PersistentVolume
 
 
 class Kube:
-    def __init__(self) -> None:
+    timeout: float | None = None  # seconds per request; None waits as long as the connection lives
+
+    def __init__(self, timeout: float | None = None) -> None:
+        self.timeout = timeout
         if not _CONFIGURED:
             configure()
         if "api" not in _CONFIGURED:  # one client, one connection pool (urllib3's is thread-safe)
@@ -65,7 +68,7 @@ class Kube:
             method=method, resource_path=path, query_params=query or [], body=body,
             header_params={"Content-Type": content_type, "Accept": "application/json, */*"},
             auth_settings=["BearerToken"])
-        resp = self.api.call_api(method, url, header_params=headers, body=payload)
+        resp = self.api.call_api(method, url, header_params=headers, body=payload, _request_timeout=self.timeout)
         resp.read()
         data = resp.data.decode("utf-8", "replace") if isinstance(resp.data, bytes) else (resp.data or "")
         if not 200 <= resp.status < 300:

@@ -7,14 +7,13 @@ operator uses to ignore crashes of pods that still run flags it already healed.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Any
 
 from .. import __version__
 from ..api import GROUP, KIND, LAUNCHER_MOUNT, SHM_CEILING, VERSION, EngineArgs, VLLMService
 from ..engine import to_command
 from ..quantity import format_bytes, parse_quantity
+from ..remedy_gate import fingerprint
 
 LAUNCHER_DIR = "/opt/vllm-autoheal"     # where the operator image keeps the package (Dockerfile)
 SHARED_DIR = LAUNCHER_MOUNT             # the emptyDir the init container copies it into
@@ -37,8 +36,15 @@ def selector(name: str) -> dict[str, str]:
 
 
 def engine_hash(model: str, engine: EngineArgs, memory_limit: str | None) -> str:
-    blob = json.dumps([model, engine.model_dump(mode="json"), memory_limit], sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+    return fingerprint(model, engine, memory_limit)
+
+
+def gpu_count(obj: VLLMService) -> int:
+    """nvidia.com/gpu per pod: always the deployed engine's TP x PP (a heal may have changed it)."""
+    _model, engine, _memory = effective(obj)
+    if obj.spec.resources.gpus is not None and engine == obj.spec.engine:
+        return obj.spec.resources.gpus
+    return engine.tensor_parallel_size * engine.pipeline_parallel_size
 
 
 def effective(obj: VLLMService) -> tuple[str, EngineArgs, str | None]:
@@ -119,7 +125,7 @@ def deployment(obj: VLLMService, operator_image: str = DEFAULT_OPERATOR_IMAGE) -
     if spec.launcher:
         command = ["python3", "-m", "vllm_autoheal.launcher", "--", *command]
     command = [escape(token) for token in command]
-    gpus = spec.gpu_count()
+    gpus = gpu_count(obj)
     res = spec.resources
     limits: dict[str, Any] = {GPU_RESOURCE: gpus} if gpus else {}
     requests: dict[str, Any] = {GPU_RESOURCE: gpus} if gpus else {}

@@ -1,21 +1,27 @@
-"""Conditions, heal records and the crash identity: how the operator writes what it saw and did.
+"""Status as a pure function of what was observed: conditions, the phase, heal records, crash identity.
 
 Conditions follow the Kubernetes API conventions (type, status, CamelCase reason, message
 for people, lastTransitionTime that moves only when status changes, observedGeneration).
+Every status write computes the phase and conditions with `phase_and_conditions`, so there is
+one idea of the phase: Running when the pods are ready, Healing while a heal rolls out, Failed
+only while not ready with the heals spent, else Progressing.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 from pydantic.alias_generators import to_camel
 
-from ..api import MAX_HEAL_RECORDS, MAX_OBSERVED_CRASHES, FieldChange, HealRecord
+from ..api import MAX_FAILED_ENGINES, MAX_HEAL_RECORDS, MAX_OBSERVED_CRASHES, MAX_TRIED, FieldChange, HealRecord
 from ..diagnosis import Diagnosis
 from ..remedy import Remedy
 
-READY, MEMORY_FIT, HEALING, HEAL_EXHAUSTED = "Ready", "MemoryFit", "Healing", "HealExhausted"
-ORDER = {READY: 0, MEMORY_FIT: 1, HEALING: 2, HEAL_EXHAUSTED: 3}
+READY, MEMORY_FIT, HEALING, HEAL_BLOCKED, HEAL_EXHAUSTED = "Ready", "MemoryFit", "Healing", "HealBlocked", \
+    "HealExhausted"
+ORDER = {READY: 0, MEMORY_FIT: 1, HEALING: 2, HEAL_BLOCKED: 3, HEAL_EXHAUSTED: 4}
+RUNNING, HEALING_PHASE, FAILED, PROGRESSING = "Running", "Healing", "Failed", "Progressing"
 
 
 def now() -> str:
@@ -38,12 +44,91 @@ def set_condition(conditions: list[dict[str, Any]], type_: str, status: str, rea
     return sorted(out, key=lambda c: ORDER.get(c["type"], 9))
 
 
+def is_true(conditions: list[dict[str, Any]], type_: str) -> bool:
+    return any(c.get("type") == type_ and c.get("status") == "True" for c in conditions)
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What one handler saw; None means "not observed now: keep what the status says"."""
+    conditions: list[dict[str, Any]]           # as stored
+    generation: int | None = None
+    in_flight: dict[str, Any] | None = None    # status.inFlight after this write
+    ready: bool | None = None                  # the Deployment has its replicas available
+    replicas: str = ""                         # "1/1", for the Ready message
+    exhausted: str | None = None               # a GiveUp's reason: HealExhausted until a person's edit
+    exhausted_reason: str = "NoHealLeft"
+    blocked: str | None = None                 # the scheduler's message; "" = scheduled again
+    memory_fit: dict[str, Any] | None = None   # pre-flight's condition
+    person_edit: bool = False                  # a person changed the spec: heal state starts over
+
+
+def phase_and_conditions(obs: Observed) -> tuple[str, list[dict[str, Any]]]:
+    gen = obs.generation
+    conditions = [dict(c) for c in obs.conditions]
+    if obs.person_edit:
+        conditions = [c for c in conditions if c.get("type") not in (HEALING, HEAL_BLOCKED, HEAL_EXHAUSTED)]
+    if obs.memory_fit is not None:
+        conditions = [c for c in conditions if c.get("type") != MEMORY_FIT] + [obs.memory_fit]
+    if obs.ready is not None:
+        conditions = set_condition(conditions, READY, "True" if obs.ready else "False",
+                                   "Available" if obs.ready else "Progressing",
+                                   f"{obs.replicas} replicas available" if obs.replicas else "", gen)
+    if obs.exhausted is not None:
+        conditions = set_condition(conditions, HEAL_EXHAUSTED, "True", obs.exhausted_reason, obs.exhausted, gen)
+    if obs.blocked:
+        conditions = set_condition(conditions, HEAL_BLOCKED, "True", "Unschedulable", obs.blocked, gen)
+    elif obs.blocked == "" and is_true(conditions, HEAL_BLOCKED):
+        conditions = set_condition(conditions, HEAL_BLOCKED, "False", "Scheduled", "the pods are scheduled", gen)
+    if obs.in_flight is not None:
+        conditions = set_condition(conditions, HEALING, "True", camel(obs.in_flight.get("cause", "")),
+                                   obs.in_flight.get("summary", ""), gen)
+    elif is_true(conditions, HEALING):
+        ready = is_true(conditions, READY)
+        conditions = set_condition(conditions, HEALING, "False", "Healed" if ready else "RolledOut",
+                                   "serving again with the healed flags" if ready else
+                                   "the healed flags are deployed", gen)
+    ready = is_true(conditions, READY)
+    if obs.in_flight is not None:
+        phase = HEALING_PHASE
+    elif ready:
+        phase = RUNNING
+    elif is_true(conditions, HEAL_EXHAUSTED):
+        phase = FAILED
+    else:
+        phase = PROGRESSING
+    return phase, sorted(conditions, key=lambda c: ORDER.get(c.get("type", ""), 9))
+
+
+def settle(update: dict[str, Any], obs: Observed) -> dict[str, Any]:
+    """`update` with the phase and conditions that follow from it (status fields, camelCase)."""
+    phase, conditions = phase_and_conditions(obs)
+    return dict(update, phase=phase, conditions=conditions)
+
+
+def unchanged(update: dict[str, Any], current: dict[str, Any]) -> bool:
+    """Writing `update` would change nothing (so it is not written: no update storm)."""
+    return all(current.get(k) == v or (v is None and k not in current) for k, v in update.items())
+
+
 def crash_id(pod_uid: str, container: str, restart_count: int) -> str:
     return f"{pod_uid}/{container}/{restart_count}"
 
 
+def remember(items: list[str], item: str, limit: int) -> list[str]:
+    return (list(items) + ([item] if item not in items else []))[-limit:]
+
+
 def remember_crash(observed: list[str], crash: str) -> list[str]:
-    return (list(observed) + [crash])[-MAX_OBSERVED_CRASHES:]
+    return remember(observed, crash, MAX_OBSERVED_CRASHES)
+
+
+def remember_tried(tried: list[str], cause: str, action: str) -> list[str]:
+    return remember(tried, f"{cause}/{action}", MAX_TRIED)
+
+
+def remember_failed(failed: list[str], fingerprint: str) -> list[str]:
+    return remember(failed, fingerprint, MAX_FAILED_ENGINES)
 
 
 def _text(value: Any) -> str | None:
@@ -51,13 +136,14 @@ def _text(value: Any) -> str | None:
 
 
 def heal_record(pod: str, pod_uid: str, container: str, restart_count: int, diag: Diagnosis, remedy: Remedy,
-                before: dict[str, Any]) -> dict[str, Any]:
+                before: dict[str, Any], note: str | None = None) -> dict[str, Any]:
     changes = [FieldChange(field=to_camel(k), before=_text(before.get(k)), after=_text(v))
                for k, v in remedy.changes.items()]
-    numbers = {k: float(v) for k, v in diag.numbers.items() if isinstance(v, (int, float))}
+    numbers = {k: float(v) for k, v in diag.numbers.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    reason = f"{remedy.reason} ({note})" if note else remedy.reason
     return HealRecord(time=now(), pod=pod, pod_uid=pod_uid, container=container, restart_count=restart_count,
                       cause=diag.cause, phase=diag.phase, evidence=[e[:500] for e in diag.evidence[:5]],
-                      numbers=numbers, action=remedy.action, reason=remedy.reason[:2000],
+                      numbers=numbers, action=remedy.action, reason=reason[:2000],
                       changes=changes).wire()
 
 
@@ -65,6 +151,9 @@ def append_heal(heals: list[dict[str, Any]], record: dict[str, Any]) -> list[dic
     return (list(heals) + [record])[-MAX_HEAL_RECORDS:]
 
 
-def history(heals: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Heal records as the planner's history (cause, action, numbers)."""
-    return [{"cause": h.get("cause"), "action": h.get("action"), "numbers": h.get("numbers", {})} for h in heals]
+def history(tried: list[str], heals: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The planner's history: what was tried since the last edit (status.tried, never cut short by
+    other records), and the figures earlier crashes printed (status.heals)."""
+    out = [{"cause": t.split("/", 1)[0], "action": t.split("/", 1)[-1]} for t in tried]
+    out += [{"cause": h.get("cause"), "action": None, "numbers": h.get("numbers", {})} for h in heals]
+    return out

@@ -1,0 +1,341 @@
+"""The heal of one crash, built around an Incident (pod, crash, diagnosis, plan).
+
+A heal is planned once and recorded first: one status write (with the object's resourceVersion
+as precondition) holds the crash's identity, the heal record, the counters and the intended
+change (status.inFlight). Then it is applied: in PatchSpec mode a spec patch, in StatusOverrides
+mode nothing more (the status write was the heal). If the process dies or the API fails between
+the two, the intent is in status and `complete` finishes it: from a deferred retry, from
+`reconcile` on the next start, or from the next event. If the first write fails, nothing was
+recorded and the next event plans again.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import kopf
+from pydantic import ValidationError
+
+from .. import metrics, model_source
+from ..api import GROUP, Deployed, HealIntent, VLLMService
+from ..diagnosis import Diagnosis, Signals, classify
+from ..diagnosis import termination
+from ..gpus import lookup
+from ..quantity import parse_quantity
+from ..remedy import GIVE_UP, Inventory, Remedy, plan
+from ..remedy_gate import NEEDS_MORE_RESOURCES, fingerprint
+from . import pods, resources
+from . import status as st
+from .client import Kube
+from .config import OperatorConfig
+from .later import Later
+from .writes import lock, patch_object, transient, update_status
+
+HEALED_ENGINE = f"{GROUP}/healed-engine"      # engine args the operator wrote into spec (PatchSpec)
+REVERT = "RevertUnschedulable"
+
+
+def parse(body: dict[str, Any]) -> VLLMService:
+    try:
+        return VLLMService.model_validate(dict(body))
+    except ValidationError as exc:  # the CRD schema should have stopped it; say what is wrong
+        raise kopf.PermanentError(f"invalid VLLMService: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}")
+
+
+def deployed(obj: VLLMService) -> Deployed:
+    model, engine, memory = resources.effective(obj)
+    return Deployed(engine=engine, model=model, memory_limit=memory)
+
+
+def in_spec(obj: VLLMService) -> Deployed:
+    return Deployed(engine=obj.spec.engine, model=obj.spec.model, memory_limit=obj.spec.resources.limits.memory)
+
+
+def fp(d: Deployed) -> str:
+    return fingerprint(d.model, d.engine, d.memory_limit)
+
+
+@dataclass
+class Incident:
+    namespace: str
+    name: str
+    pod: dict[str, Any]
+    crash: dict[str, Any]
+    diagnosis: Diagnosis = field(default_factory=Diagnosis)
+    note: str | None = None          # why the termination message was not used
+    remedy: Remedy | None = None     # the plan, made once when the crash is recorded
+
+    @property
+    def pod_name(self) -> str:
+        return self.pod["metadata"]["name"]
+
+    @property
+    def pod_uid(self) -> str:
+        return self.pod["metadata"].get("uid") or self.pod_name
+
+    @property
+    def crash_id(self) -> str:
+        return st.crash_id(self.pod_uid, resources.CONTAINER, self.crash["restartCount"])
+
+
+def diagnose(kube: Kube, incident: Incident, obj: VLLMService) -> Diagnosis:
+    engine = deployed(obj).engine
+    signals = dict(exit_code=incident.crash.get("exitCode"), reason=incident.crash.get("reason"),
+                   tensor_parallel_size=engine.tensor_parallel_size,
+                   pipeline_parallel_size=engine.pipeline_parallel_size, gpu_count=resources.gpu_count(obj))
+    message = incident.crash.get("message")
+    _doc, incident.note = termination.read(message)
+    if incident.note:  # written in the tenant's container and not the launcher's: read the log instead
+        message = None
+    diag = classify(Signals(termination_message=message, **signals))
+    if diag.source == "termination-message" or (diag.cause != "unknown" and diag.source == "log"):
+        return diag
+    # The 2 KiB log tail never holds a vLLM root cause: read the crashed container's own log.
+    log = kube.previous_log(incident.namespace, incident.pod_name, resources.CONTAINER)
+    if log:
+        from_log = classify(Signals(log=log, **signals))
+        if from_log.cause != "unknown" or diag.cause == "unknown":
+            return from_log
+    return diag
+
+
+def inventory(kube: Kube, obj: VLLMService, memory_limit: str | None) -> Inventory:
+    inv = Inventory()
+    res = obj.spec.resources
+    try:
+        if res.gpu_product or res.gpu_memory_gib:
+            inv.gpu_total_gib = lookup(res.gpu_product or "custom", res.gpu_memory_gib).memory_gib
+    except KeyError:
+        pass
+    inv.shape = model_source.for_service(obj, kube.get).shape   # the model's shape sets the utilization floor
+    if memory_limit:
+        inv.memory_limit_bytes = parse_quantity(memory_limit)
+    return inv
+
+
+def _plan(kube: Kube, obj: VLLMService, cfg: OperatorConfig, diag: Diagnosis, now: Deployed,
+          exclude: frozenset[str] = frozenset(), extra_tried: tuple[str, ...] = ()) -> Remedy:
+    spec, cur = obj.spec, obj.status
+    if not cfg.heal_enabled:  # the chart's cluster-wide switch
+        spec = spec.model_copy(update={"heal": spec.heal.model_copy(update={"enabled": False})})
+    history = st.history([*cur.tried, *extra_tried], [h.wire() for h in cur.heals])
+    return plan(spec, diag, history, inventory(kube, obj, now.memory_limit), now.engine, attempts=cur.attempts,
+                failed=cur.failed_engines, model=now.model, memory_limit=now.memory_limit, exclude=exclude)
+
+
+def _intent_fields(obj: VLLMService, intent: HealIntent) -> dict[str, Any]:
+    """The status fields that start a heal (and, in StatusOverrides mode, are the heal)."""
+    out: dict[str, Any] = {"inFlight": intent.wire()}
+    if obj.spec.heal.mode == "StatusOverrides":
+        target = intent.target
+        out.update(effective=target.engine.wire(),
+                   effectiveModel=target.model if target.model != obj.spec.model else None,
+                   effectiveMemoryLimit=target.memory_limit
+                   if target.memory_limit != obj.spec.resources.limits.memory else None)
+    return out
+
+
+def record(kube: Kube, incident: Incident, fresh: dict[str, Any], cfg: OperatorConfig,
+           expected: str) -> dict[str, Any] | None:
+    """The one status write that records the crash with its plan (None: already recorded)."""
+    obj = parse(fresh)
+    cur, cid = obj.status, incident.crash_id
+    if cid in cur.observed_crashes:
+        return None
+    now = deployed(obj)
+    update: dict[str, Any] = {"observedCrashes": st.remember_crash(cur.observed_crashes, cid)}
+    if fp(now) != expected:  # a heal or an edit landed since the pod was read: not this crash's to heal
+        return update
+    diag = incident.diagnosis
+    remedy = incident.remedy = _plan(kube, obj, cfg, diag, now)
+    before = {**now.engine.model_dump(), "memory_limit": now.memory_limit, "model": now.model}
+    heal = st.heal_record(incident.pod_name, incident.pod_uid, resources.CONTAINER, incident.crash["restartCount"],
+                          diag, remedy, before, incident.note)
+    update.update(heals=st.append_heal([h.wire() for h in cur.heals], heal), lastCause=diag.cause)
+    if cur.baseline is None:
+        update["baseline"] = obj.spec.engine.wire()
+    if diag.is_memory:
+        update["failedEngines"] = st.remember_failed(cur.failed_engines, fp(now))
+    in_flight = cur.in_flight.wire() if cur.in_flight else None
+    if cur.in_flight is not None and cur.in_flight.applied and fp(cur.in_flight.target) == expected:
+        in_flight = update["inFlight"] = None  # the heal rolled out, and its pods crashed: it is over
+    exhausted = remedy.reason if remedy.action == GIVE_UP else None
+    if not remedy.gives_up:
+        target = Deployed(engine=remedy.apply(now.engine), model=remedy.changes.get("model", now.model),
+                          memory_limit=remedy.changes.get("memory_limit", now.memory_limit))
+        intent = HealIntent(crash=cid, cause=diag.cause, action=remedy.action, summary=remedy.summary()[:2048],
+                            target=target, previous=now, applied=obj.spec.heal.mode == "StatusOverrides",
+                            time=st.now())
+        update.update(_intent_fields(obj, intent), attempts=cur.attempts + 1, healCount=cur.heal_count + 1,
+                      tried=st.remember_tried(cur.tried, diag.cause, remedy.action))
+        in_flight = update["inFlight"]
+    return st.settle(update, st.Observed([c.wire() for c in cur.conditions], obj.metadata.get("generation"),
+                                         in_flight=in_flight, exhausted=exhausted,
+                                         exhausted_reason=st.camel(diag.cause)))
+
+
+def _backing_off(obj: VLLMService) -> bool:
+    backoff = obj.spec.heal.backoff_seconds
+    last = next((h for h in reversed(obj.status.heals) if h.action not in ("NoChange", "GiveUp")), None)
+    if last is None or not backoff:
+        return False
+    return time.time() - datetime.fromisoformat(last.time.replace("Z", "+00:00")).timestamp() < backoff
+
+
+def handle_crash(kube: Kube, cfg: OperatorConfig, later: Later, incident: Incident, logger: logging.Logger) -> None:
+    ns, name = incident.namespace, incident.name
+    started = time.monotonic()
+    vsvc = kube.get_vsvc(ns, name)
+    if vsvc is None:
+        return
+    obj = parse(vsvc)
+    if obj.status.in_flight is not None and not obj.status.in_flight.applied:
+        if not complete(kube, cfg, later, ns, name, logger):  # finish what was started before deciding anew
+            return
+        vsvc = kube.get_vsvc(ns, name)
+        if vsvc is None:
+            return
+        obj = parse(vsvc)
+    if incident.crash_id in obj.status.observed_crashes:
+        return
+    now = fp(deployed(obj))
+    ran = pods.template_hash(incident.pod)
+    if ran and ran != now:
+        logger.info(f"crash of {incident.pod_name} ran flags that were already changed; not healing again")
+        update_status(kube, cfg, ns, name, lambda fresh: record(kube, incident, fresh, cfg, expected=""))
+        return
+    if _backing_off(obj):
+        logger.info(f"within the {obj.spec.heal.backoff_seconds}s heal backoff; will look again on the next restart")
+        return
+    incident.diagnosis = diagnose(kube, incident, obj)
+    try:
+        written = update_status(kube, cfg, ns, name, lambda fresh: record(kube, incident, fresh, cfg, expected=now))
+    except Exception as exc:
+        if not transient(exc):
+            raise
+        # Nothing was recorded: look at this crash again later (the next pod event may come first).
+        later.run(f"crash/{incident.crash_id}", cfg.retry_delay_s,
+                  lambda: handle_crash(kube, cfg, later, incident, logger))
+        logger.warning(f"could not record the crash of {incident.pod_name} ({exc}); will try again")
+        return
+    if written is None or incident.remedy is None:
+        return
+    metrics.INCIDENTS.labels(cause=incident.diagnosis.cause).inc()
+    _events(vsvc, incident)
+    if not incident.remedy.gives_up:
+        complete(kube, cfg, later, ns, name, logger)
+        metrics.HEALS.labels(action=incident.remedy.action).inc()
+        metrics.HEAL_LATENCY.observe(time.monotonic() - started)
+        logger.info(f"healed {incident.diagnosis.cause}: {incident.remedy.summary()}")
+    metrics.set_phase(f"{ns}/{name}", (written.get("status") or {}).get("phase"))
+
+
+def _events(vsvc: dict[str, Any], incident: Incident) -> None:
+    diag, remedy = incident.diagnosis, incident.remedy
+    assert remedy is not None
+    evidence = diag.evidence[0][:300] if diag.evidence else "no evidence line"
+    if incident.note:
+        kopf.event(vsvc, type="Warning", reason="TerminationMessageIgnored", message=incident.note[:1000])
+    if diag.is_memory:
+        kopf.event(vsvc, type="Warning", reason="OOMDetected",
+                   message=f"{diag.cause} ({diag.phase}) in {incident.pod_name}: {evidence}")
+    if remedy.action == GIVE_UP:
+        metrics.EXHAUSTED.inc()
+        kopf.event(vsvc, type="Warning", reason="HealExhausted", message=remedy.reason[:1000])
+    elif diag.cause == "not_oom":
+        kopf.event(vsvc, type="Warning", reason="NotMemory",
+                   message=f"{diag.subtype or 'not a memory failure'}: "
+                           f"{diag.evidence[0][:300] if diag.evidence else ''}; flags left as they are")
+    elif remedy.gives_up:
+        kopf.event(vsvc, type="Warning", reason="CrashNotHealed", message=remedy.reason[:1000])
+    else:
+        kopf.event(vsvc, type="Normal", reason="Healed", message=remedy.summary()[:1000])
+
+
+def spec_patch(obj: VLLMService, target: Deployed) -> dict[str, Any]:
+    """PatchSpec: the engine args, and with them what must follow (model, memory limit, GPU count)."""
+    spec: dict[str, Any] = {"engine": target.engine.wire()}
+    if target.model != obj.spec.model:
+        spec["model"] = target.model
+    res: dict[str, Any] = {}
+    if target.memory_limit != obj.spec.resources.limits.memory:
+        res["limits"] = {"memory": target.memory_limit}
+    if obj.spec.resources.gpus is not None and obj.spec.resources.gpus != target.gpus():
+        res["gpus"] = target.gpus()  # the CRD requires resources.gpus == TP x PP
+    if res:
+        spec["resources"] = res
+    annotation = json.dumps(target.engine.wire(), sort_keys=True)
+    return {"metadata": {"annotations": {HEALED_ENGINE: annotation}}, "spec": spec}
+
+
+def _heal_lock(ns: str, name: str):  # one completion at a time per object (writes take their own lock)
+    return lock(f"heal:{ns}", name)
+
+
+def complete(kube: Kube, cfg: OperatorConfig, later: Later | None, ns: str, name: str,
+             logger: logging.Logger) -> bool:
+    """Finish the recorded heal, whatever was already done of it; idempotent. False on a transient
+    API error: then it tries again later (without `later`, the caller retries: reconcile raises
+    kopf.TemporaryError). The next event and the next start also call it."""
+    try:
+        with _heal_lock(ns, name):
+            _complete(kube, cfg, ns, name, logger)
+        return True
+    except Exception as exc:
+        if not transient(exc):
+            raise
+        logger.warning(f"the heal of {ns}/{name} is recorded but not finished ({exc}); will finish it")
+        if later is not None:
+            later.run(f"complete/{ns}/{name}", cfg.retry_delay_s,
+                      lambda: complete(kube, cfg, later, ns, name, logger))
+        return False
+
+
+def _complete(kube: Kube, cfg: OperatorConfig, ns: str, name: str, logger: logging.Logger) -> None:
+    vsvc = kube.get_vsvc(ns, name)
+    if vsvc is None:
+        return
+    obj = parse(vsvc)
+    intent = obj.status.in_flight
+    if intent is None:
+        return
+    if not intent.applied:
+        if obj.spec.heal.mode == "PatchSpec":
+            written = fp(in_spec(obj))
+            if written == fp(intent.previous):
+                vsvc = patch_object(kube, cfg, ns, name, spec_patch(obj, intent.target))
+            elif written != fp(intent.target):  # a person changed the spec meanwhile: their edit wins
+                logger.info("the spec changed before the heal was applied; the heal is dropped")
+                update_status(kube, cfg, ns, name, lambda fresh: _drop(fresh, intent))
+                return
+        vsvc = update_status(kube, cfg, ns, name, lambda fresh: _mark_applied(fresh, intent)) or vsvc
+    healed = parse(vsvc)
+    if healed.status.in_flight is not None and fp(deployed(healed)) == fp(healed.status.in_flight.target):
+        kube.apply_all(resources.render(healed, cfg.operator_image))  # (a name conflict is reconcile's to report)
+
+
+def _same(fresh: VLLMService, intent: HealIntent) -> bool:
+    cur = fresh.status.in_flight
+    return cur is not None and cur.crash == intent.crash and fp(cur.target) == fp(intent.target)
+
+
+def _mark_applied(fresh_body: dict[str, Any], intent: HealIntent) -> dict[str, Any] | None:
+    fresh = parse(fresh_body)
+    if not _same(fresh, intent) or fresh.status.in_flight.applied:  # type: ignore[union-attr]
+        return None
+    in_flight = {**intent.wire(), "applied": True}
+    return st.settle({"inFlight": in_flight, "effective": intent.target.engine.wire()},
+                     st.Observed([c.wire() for c in fresh.status.conditions], fresh.metadata.get("generation"),
+                                 in_flight=in_flight))
+
+
+def _drop(fresh_body: dict[str, Any], intent: HealIntent) -> dict[str, Any] | None:
+    fresh = parse(fresh_body)
+    if not _same(fresh, intent):
+        return None
+    return st.settle({"inFlight": None}, st.Observed([c.wire() for c in fresh.status.conditions],
+                                                     fresh.metadata.get("generation")))

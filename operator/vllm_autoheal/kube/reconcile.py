@@ -1,0 +1,188 @@
+"""Reconcile a VLLMService into its objects, and follow its Deployment's rollout.
+
+The baseline (the engine args a person wrote) is recorded once; a person's later edit makes a
+new baseline and resets the heal state (attempts, tried, HealExhausted). A heal recorded but
+not finished (status.inFlight not applied) is finished here first: this is what completes a heal
+after an operator restart.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import kopf
+
+from .. import metrics, model_source
+from ..api import VLLMService
+from ..gpus import lookup
+from ..preflight import preflight
+from . import heal, resources
+from . import status as st
+from .client import Kube
+from .config import OperatorConfig
+from .writes import lock, transient, update_status
+
+
+def _with_status(obj: VLLMService, status: dict[str, Any]) -> VLLMService:
+    merged = {**obj.status.wire(), **status}
+    return obj.model_copy(update={"status": type(obj.status).model_validate(merged)})
+
+
+def memory_fit(kube: Kube, obj: VLLMService, generation: int | None, conditions: list, new: dict) -> dict | None:
+    """Pre-flight's MemoryFit condition (and, in Fix mode, fitting flags in `new`)."""
+    spec = obj.spec
+    if spec.preflight == "Off":
+        return None
+    if not (spec.resources.gpu_product or spec.resources.gpu_memory_gib):
+        cond = st.set_condition(conditions, st.MEMORY_FIT, "Unknown", "NoGpuProduct", "set resources.gpuProduct "
+                                "or resources.gpuMemoryGiB to check memory before start", generation)
+        return next(c for c in cond if c["type"] == st.MEMORY_FIT)
+    model = model_source.for_service(obj, kube.get)
+    if not model.ok:
+        cond = st.set_condition(conditions, st.MEMORY_FIT, "Unknown", "ModelConfigPending" if model.pending else
+                                "ModelConfigUnavailable", f"no model config, so no pre-flight: {model.error}",
+                                generation)
+        return next(c for c in cond if c["type"] == st.MEMORY_FIT)
+    try:
+        gpu = lookup(spec.resources.gpu_product or "custom", spec.resources.gpu_memory_gib)
+        result = preflight(spec, gpu, model.shape)
+    except Exception as exc:  # whatever the spec holds, pre-flight costs a condition, never the reconcile
+        cond = st.set_condition(conditions, st.MEMORY_FIT, "Unknown", "PreflightFailed",
+                                f"{type(exc).__name__}: {str(exc)[:500]}", generation)
+    else:
+        est = result.estimate
+        if result.fits and result.changed:
+            new["effective"] = result.engine.wire()
+            msg = f"fitted at start: {' '.join(s.flags() for s in result.steps)}; KV {est.kv_cache_gib:.2f} GiB"
+            cond = st.set_condition(conditions, st.MEMORY_FIT, "True", "FittedByPreflight", msg, generation)
+        elif result.fits:
+            msg = f"KV cache {est.kv_cache_gib:.2f} GiB = {est.kv_tokens:,} tokens; weights {est.weights_gib:.2f} GiB/GPU"
+            cond = st.set_condition(conditions, st.MEMORY_FIT, "True", "Fits", msg, generation)
+        else:
+            cond = st.set_condition(conditions, st.MEMORY_FIT, "False", st.camel(est.failure or "DoesNotFit"),
+                                    "; ".join(result.reasons), generation)
+    return next(c for c in cond if c["type"] == st.MEMORY_FIT)
+
+
+def person_edited(obj: VLLMService) -> bool:
+    """Did a person change spec.engine since the baseline? (The operator's own PatchSpec heal is
+    marked by its annotation; a heal recorded but not yet applied is not an edit.)"""
+    spec, cur = obj.spec, obj.status
+    if cur.baseline is None:
+        return False
+    if spec.heal.mode == "StatusOverrides":
+        return cur.baseline != spec.engine
+    ours = (obj.metadata.get("annotations") or {}).get(heal.HEALED_ENGINE)
+    if cur.in_flight is not None and spec.engine in (cur.in_flight.target.engine, cur.in_flight.previous.engine):
+        return False
+    return cur.effective is not None and cur.effective != spec.engine and \
+        ours != json.dumps(spec.engine.wire(), sort_keys=True)
+
+
+def reconcile(kube: Kube, cfg: OperatorConfig, body: dict[str, Any], logger: logging.Logger) -> None:
+    obj = heal.parse(body)
+    meta = obj.metadata
+    ns, name, generation = meta.get("namespace"), meta.get("name"), meta.get("generation")
+    edit = person_edited(obj)
+    intent = obj.status.in_flight
+    if intent is not None and not intent.applied and not edit:
+        if not heal.complete(kube, cfg, None, ns, name, logger):
+            raise kopf.TemporaryError("the recorded heal is not finished yet", delay=cfg.retry_delay_s)
+        fresh = kube.get_vsvc(ns, name)
+        if fresh is None:
+            return
+        obj = heal.parse(fresh)
+        generation = obj.metadata.get("generation")
+    new: dict[str, Any] = {}
+    if obj.status.baseline is None or edit:
+        new.update(baseline=obj.spec.engine.wire(), effective=None, effectiveModel=None, effectiveMemoryLimit=None,
+                   attempts=0, tried=[], inFlight=None)
+        if edit:
+            logger.info("spec.engine changed by a person: new baseline, heal attempts reset")
+    current = [c.wire() for c in obj.status.conditions]
+    fit = memory_fit(kube, _with_status(obj, new), generation, current, new)
+    target = _with_status(obj, new)
+    _model, engine, _memory = resources.effective(target)
+    try:  # under the object's lock: a heal applies the same objects and must not race this
+        with lock(ns, name):
+            applied = kube.apply_all(resources.render(target, cfg.operator_image))
+            for manifest, outcome in applied.outcomes:
+                if outcome != "unchanged":
+                    logger.info(f"{manifest['kind']} {manifest['metadata']['name']} {outcome}")
+    except Exception as exc:
+        if transient(exc):
+            raise kopf.TemporaryError(f"applying the objects failed: {exc}", delay=cfg.retry_delay_s)
+        raise
+    if applied.conflicts:  # someone else's object has the name: write nothing, say so, look again later
+        _name_conflict(kube, cfg, body, ns, name, generation, applied.conflicts)
+    fields = {**new, "observedGeneration": generation, "gpus": resources.gpu_count(target),
+              "endpoint": resources.endpoint(obj), "effective": engine.wire()}
+
+    def change(fresh: dict[str, Any]) -> dict[str, Any] | None:
+        status = fresh.get("status") or {}
+        in_flight = None if edit else status.get("inFlight")
+        out = st.settle(fields, st.Observed(status.get("conditions", []), generation, in_flight=in_flight,
+                                            memory_fit=fit, person_edit=edit))
+        return None if st.unchanged(out, status) else out
+
+    written = update_status(kube, cfg, ns, name, change)
+    if written is not None:
+        metrics.set_phase(f"{ns}/{name}", (written.get("status") or {}).get("phase"))
+    if fit is not None and fit["reason"] == "ModelConfigPending":  # a slow Hub: check again when it answered
+        raise kopf.TemporaryError("the model config is still being fetched", delay=2 * model_source.timeout_s())
+
+
+def _name_conflict(kube: Kube, cfg: OperatorConfig, body: dict[str, Any], ns: str, name: str,
+                   generation: int | None, conflicts: list[str]) -> None:
+    message = (f"{', '.join(conflicts)} already exists and is not controlled by this VLLMService; nothing was "
+               "written. Rename the VLLMService or remove that object.")
+
+    def change(fresh: dict[str, Any]) -> dict[str, Any] | None:
+        current = (fresh.get("status") or {}).get("conditions", [])
+        conditions = st.set_condition(current, st.READY, "False", "NameConflict", message, generation)
+        return None if conditions == current else {"conditions": conditions}  # once per conflict
+
+    before = (kube.get_vsvc(ns, name) or {}).get("status", {}).get("conditions", [])
+    update_status(kube, cfg, ns, name, change)
+    if not any(c.get("reason") == "NameConflict" for c in before):
+        kopf.event(body, type="Warning", reason="NameConflict", message=message)
+    raise kopf.TemporaryError(message, delay=60)
+
+
+def rollout_done(dep: dict[str, Any]) -> tuple[bool, str]:
+    """(all replicas of the current template available, "have/want")."""
+    want = (dep.get("spec") or {}).get("replicas", 1)
+    status = dep.get("status") or {}
+    have = status.get("availableReplicas") or 0
+    updated = status.get("updatedReplicas")
+    observed = status.get("observedGeneration")
+    current = observed is None or observed >= (dep.get("metadata") or {}).get("generation", 0)
+    ready = want > 0 and have >= want and current and (updated is None or updated >= want)
+    return ready, f"{have}/{want}"
+
+
+def deployment_progress(kube: Kube, cfg: OperatorConfig, ns: str, name: str, dep: dict[str, Any]) -> None:
+    ready, replicas = rollout_done(dep)
+    template = ((dep.get("spec") or {}).get("template") or {}).get("metadata", {}).get("annotations", {}) \
+        .get(resources.ENGINE_HASH)
+
+    def change(fresh_body: dict[str, Any]) -> dict[str, Any] | None:
+        fresh = heal.parse(fresh_body)
+        status = fresh_body.get("status") or {}
+        intent = fresh.status.in_flight
+        in_flight = intent.wire() if intent is not None else None
+        update: dict[str, Any] = {}
+        blocked = None
+        if ready and intent is not None and intent.applied and template == heal.fp(intent.target):
+            in_flight, blocked = None, ""  # the heal rolled out: serving with it
+            update["inFlight"] = None
+        elif ready:
+            blocked = ""
+        out = st.settle(update, st.Observed(status.get("conditions", []), fresh.metadata.get("generation"),
+                                            in_flight=in_flight, ready=ready, replicas=replicas, blocked=blocked))
+        return None if st.unchanged(out, status) else out
+
+    written = update_status(kube, cfg, ns, name, change)
+    if written is not None:
+        metrics.set_phase(f"{ns}/{name}", (written.get("status") or {}).get("phase"))

@@ -1,0 +1,73 @@
+"""Writes to a VLLMService that survive conflicts and transient API errors.
+
+A status write is read-modify-write with the object's resourceVersion as a precondition: a
+merge patch replaces the conditions list whole, so a write from a stale read would drop another
+writer's condition; the API server answers 409 instead and we read again. 409, 429, 5xx and
+timeouts are retried a few times with a growing pause; anything else is raised.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+import urllib3
+from kubernetes.client.rest import ApiException
+
+from .client import MERGE, Kube
+from .config import OperatorConfig
+
+RETRYABLE = {409, 429, 500, 502, 503, 504}
+_locks: dict[str, threading.Lock] = {}
+_locks_guard = threading.Lock()
+
+
+def lock(namespace: str, name: str) -> threading.Lock:
+    """One writer per VLLMService in this process (a heal and a reconcile apply the same objects)."""
+    with _locks_guard:
+        return _locks.setdefault(f"{namespace}/{name}", threading.Lock())
+
+
+def transient(exc: BaseException) -> bool:
+    if isinstance(exc, ApiException):
+        return exc.status in RETRYABLE
+    return isinstance(exc, (urllib3.exceptions.HTTPError, TimeoutError, ConnectionError))
+
+
+def retried(cfg: OperatorConfig, fn: Callable[[], Any]) -> Any:
+    pause = cfg.write_backoff_s
+    for attempt in range(cfg.write_attempts):
+        try:
+            return fn()
+        except Exception as exc:
+            if not transient(exc) or attempt == cfg.write_attempts - 1:
+                raise
+        time.sleep(pause)
+        pause *= 2
+    raise AssertionError("unreachable")
+
+
+def update_status(kube: Kube, cfg: OperatorConfig, namespace: str, name: str,
+                  change: Callable[[dict[str, Any]], dict[str, Any] | None]) -> dict[str, Any] | None:
+    """Read the object, let `change(obj)` say which status fields to write (None or {}: nothing),
+    and write them only if the object did not move meanwhile. Returns the object as written (or as
+    read, when there was nothing to write; None when it is gone)."""
+    def once() -> dict[str, Any] | None:
+        with lock(namespace, name):
+            fresh = kube.get_vsvc(namespace, name)
+            if fresh is None:
+                return None
+            update = change(fresh)
+            if not update:
+                return fresh
+            body = {"metadata": {"resourceVersion": fresh["metadata"].get("resourceVersion")}, "status": update}
+            return kube.request("PATCH", kube.vsvc_path(namespace, name) + "/status", body, MERGE)
+    return retried(cfg, once)
+
+
+def patch_object(kube: Kube, cfg: OperatorConfig, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+    """A merge patch of absolute values: repeating it is harmless, so it is simply retried."""
+    def once() -> dict[str, Any]:
+        with lock(namespace, name):
+            return kube.patch_vsvc(namespace, name, body)
+    return retried(cfg, once)
