@@ -6,7 +6,7 @@ gives it; anything else is ignored with a note (and the operator reads the previ
 
 Version 1:
   {"autoheal": 1, "exit_code": int (optional), "diagnosis": {"cause": CAUSE, "phase": str, "subtype": str,
-   "confidence": "high"|"medium"|"low", "source": str, "numbers": {name: finite number},
+   "confidence": "high"|"medium"|"low", "source": str, "numbers": {name: finite number, or a list of up to 16},
    "evidence": [str], "explanation": str}, "note": str, "gpu_start": {...}, "gpu_failure": {...}}
 """
 from __future__ import annotations
@@ -22,6 +22,7 @@ SCHEMA_VERSION = 1
 MAX_MESSAGE_BYTES = 16 * 1024          # the kubelet keeps 4 KiB; anything much larger is not ours
 MAX_NUMBERS = 32
 MAX_EVIDENCE = 8
+MAX_LIST = 16
 MAX_TEXT = 2048
 NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 CONFIDENCE = ("high", "medium", "low")
@@ -84,7 +85,13 @@ def _diagnosis(d: Any) -> dict[str, Any]:
     for name, value in numbers.items():
         if not isinstance(name, str) or not NAME.match(name):
             raise InvalidMessage("diagnosis.numbers has a key that is not a name")
-        _number(name, value)
+        if isinstance(value, list):  # one figure per process or rank, e.g. process_gib
+            if len(value) > MAX_LIST:
+                raise InvalidMessage(f"diagnosis.numbers.{name} has more than {MAX_LIST} items")
+            for item in value:
+                _number(name, item)
+        else:
+            _number(name, value)
     out["numbers"] = dict(numbers)
     evidence = d.get("evidence", [])
     if not isinstance(evidence, list) or len(evidence) > MAX_EVIDENCE:
