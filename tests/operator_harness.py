@@ -7,6 +7,7 @@ import asyncio
 import collections
 import contextlib
 import copy
+import dataclasses
 import json
 import threading
 import time
@@ -21,6 +22,7 @@ from vllm_autoheal import model_source
 from vllm_autoheal.api import GROUP, KIND, PLURAL, VERSION
 from vllm_autoheal.kube import client as kclient
 from vllm_autoheal.kube import resources
+from vllm_autoheal.kube.config import OperatorConfig
 
 NS = "default"
 HARNESS_AGENT = "vllm-autoheal-test-harness"
@@ -113,6 +115,16 @@ def merge_diff(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+@dataclasses.dataclass
+class Fault:
+    method: str
+    path_suffix: str
+    status: int | None
+    times: int
+    delay: float | None = None
+    hits: int = 0
+
+
 class Emulator(kmocklib.KubernetesEmulator):
     """kmock, plus the API-server behaviours the operator relies on that it lacks:
     `metadata.generateName` (kopf names its Events that way), and `resourceVersion` and
@@ -150,7 +162,30 @@ class Emulator(kmocklib.KubernetesEmulator):
         request.data.clear()
         request.data.update(diff)  # kmock's update path stores it
 
+    faults: list[Fault]
+
+    def fail(self, method: str, path_suffix: str, status: int | None = None, times: int = 1,
+             delay: float | None = None) -> Fault:
+        """Make the operator's next `times` requests `method path...path_suffix` fail with `status`,
+        or answer only after `delay` seconds (the write still happens: a client timeout does not
+        mean the server did nothing)."""
+        fault = Fault(method.upper(), path_suffix, status, times, delay)
+        self.faults = [*getattr(self, "faults", []), fault]
+        return fault
+
     async def _handle(self, request):  # type: ignore[override]
+        method = str(getattr(request.method, "value", request.method)).upper()
+        for fault in getattr(self, "faults", []):
+            if fault.times > 0 and method == fault.method and request.url.path.endswith(fault.path_suffix) \
+                    and request.headers.get("User-Agent", "") != HARNESS_AGENT:
+                fault.times -= 1
+                fault.hits += 1
+                if fault.delay:
+                    await asyncio.sleep(fault.delay)
+                else:
+                    raise kmocklib.KubernetesError(status=fault.status or 500, reason="InjectedFault",
+                                                   message=f"injected {fault.status} for {method} {fault.path_suffix}")
+                break
         if request.resource is not None and request.action == kmocklib.action.UPDATE and request.name and \
                 "apply-patch" in request.headers.get("Content-Type", "") and isinstance(request.data, dict):
             await self._server_side_apply(request)
@@ -194,14 +229,20 @@ def setup_emulator(kmock, api_url: str | None = None) -> None:
         _login_registered["done"] = True
 
 
+# Quick retries, so that tests of failing writes finish in seconds (the defaults are for clusters).
+TEST_CONFIG = OperatorConfig(write_attempts=3, write_backoff_s=0.05, retry_delay_s=0.5, request_timeout_s=5.0)
+
+
 @contextlib.asynccontextmanager
-async def running_operator():
+async def running_operator(config: OperatorConfig = TEST_CONFIG):
     """The operator in its own thread and event loop, as kopf embeds: its shutdown cancels the
-    tasks of its own loop, which must not be the test's (that loop serves kmock)."""
+    tasks of its own loop, which must not be the test's (that loop serves kmock). Its settings
+    reach the handlers through kopf's memo, as `vllm-autoheal operator` passes them."""
     import vllm_autoheal.kube.handlers  # noqa: F401 - registers the handlers
     stop = threading.Event()
+    memo = kopf.Memo(config=config)
     thread = threading.Thread(target=lambda: asyncio.run(kopf.operator(clusterwide=True, standalone=True,
-                                                                       stop_flag=stop)), daemon=True)
+                                                                       stop_flag=stop, memo=memo)), daemon=True)
     thread.start()
     try:
         await asyncio.sleep(0.5)
@@ -263,6 +304,27 @@ class Cluster:
         await self.crash_pod(name, pod, **crash)
         return await wait_for(lambda: (v := self.vsvc_now(name))["status"].get("healCount") == 1 and v,
                               what="heal")
+
+    async def deployment_available(self, name: str, replicas: int = 1) -> None:
+        """Play the Deployment controller: every replica of the current template is available."""
+        dep = await self.deployment(name)
+        status = {"replicas": replicas, "updatedReplicas": replicas, "readyReplicas": replicas,
+                  "availableReplicas": replicas, "observedGeneration": dep["metadata"].get("generation", 1)}
+        await self.call("PATCH", f"/apis/apps/v1/namespaces/{NS}/deployments/{name}", {"status": status},
+                        kclient.MERGE)
+
+    async def pending_pod(self, vsvc: str, pod: str, message: str, since: str = "2026-11-30T03:00:00Z") -> None:
+        """A pod of the VLLMService's current template that the scheduler cannot place."""
+        dep = await self.deployment(vsvc)
+        template = copy.deepcopy(dep["spec"]["template"])
+        body = {"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": pod, "namespace": NS, "uid": self.uid(), "labels": template["metadata"]["labels"],
+                             "annotations": template["metadata"]["annotations"]},
+                "spec": template["spec"],
+                "status": {"phase": "Pending", "conditions": [{
+                    "type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message,
+                    "lastTransitionTime": since}]}}
+        await self.call("POST", f"/api/v1/namespaces/{NS}/pods", body)
 
     async def crash_pod(self, vsvc: str, pod: str, *, exit_code: int = 1, reason: str = "Error",
                         message: str = "", restart_count: int = 1, uid: str | None = None,

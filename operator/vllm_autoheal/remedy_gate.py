@@ -53,7 +53,7 @@ class Limits:
 
     @property
     def floor(self) -> float:
-        return self.utilization_floor or MIN_UTILIZATION
+        return self.utilization_floor or self.bounds.min_gpu_memory_utilization or MIN_UTILIZATION
 
     @property
     def max_cpu_offload_gb(self) -> float | None:

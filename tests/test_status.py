@@ -1,0 +1,64 @@
+"""The phase and conditions as one pure function of what was observed (a table, as KAITO tests its
+status functions)."""
+from __future__ import annotations
+
+import pytest
+
+from vllm_autoheal.kube import status as st
+
+INTENT = {"cause": "runtime_oom", "summary": "LowerGpuMemoryUtilization: --gpu-memory-utilization 0.88"}
+
+
+def cond(type_: str, status: str, reason: str = "R") -> dict:
+    return {"type": type_, "status": status, "reason": reason, "message": "", "lastTransitionTime": "t",
+            "observedGeneration": 1}
+
+
+READY, NOT_READY = cond("Ready", "True", "Available"), cond("Ready", "False", "Progressing")
+EXHAUSTED, HEALING = cond("HealExhausted", "True", "RuntimeOom"), cond("Healing", "True", "RuntimeOom")
+BLOCKED = cond("HealBlocked", "True", "Unschedulable")
+
+
+@pytest.mark.parametrize("name, observed, phase, expect", [
+    ("new service", st.Observed([]), "Progressing", {}),
+    ("pods ready", st.Observed([], ready=True, replicas="1/1"), "Running", {"Ready": "True"}),
+    ("ready from the stored condition", st.Observed([READY]), "Running", {"Ready": "True"}),
+    ("heal rolling out", st.Observed([READY], in_flight=INTENT), "Healing", {"Healing": "True"}),
+    ("heal rolled out and ready", st.Observed([READY, HEALING], ready=True), "Running",
+     {"Healing": "False", "Ready": "True"}),
+    ("healed pods crashed, not ready yet", st.Observed([NOT_READY, HEALING]), "Progressing", {"Healing": "False"}),
+    ("gave up, not ready", st.Observed([NOT_READY], exhausted="no change left"), "Failed",
+     {"HealExhausted": "True"}),
+    ("gave up earlier, ready again: Running, the condition stays",
+     st.Observed([NOT_READY, EXHAUSTED], ready=True), "Running", {"HealExhausted": "True", "Ready": "True"}),
+    ("gave up earlier, still not ready", st.Observed([NOT_READY, EXHAUSTED], ready=False), "Failed",
+     {"HealExhausted": "True"}),
+    ("a person's edit clears the heal state", st.Observed([NOT_READY, EXHAUSTED, HEALING, BLOCKED],
+                                                          person_edit=True), "Progressing",
+     {"HealExhausted": None, "Healing": None, "HealBlocked": None}),
+    ("blocked heal", st.Observed([NOT_READY], in_flight=INTENT, blocked="0/3 nodes are available"), "Healing",
+     {"HealBlocked": "True", "Healing": "True"}),
+    ("scheduled again", st.Observed([READY, BLOCKED], blocked=""), "Running", {"HealBlocked": "False"}),
+    ("pre-flight's condition is kept", st.Observed([], memory_fit=cond("MemoryFit", "False", "WeightsLoadOom")),
+     "Progressing", {"MemoryFit": "False"}),
+])
+def test_phase_and_conditions(name, observed, phase, expect):
+    got_phase, conditions = st.phase_and_conditions(observed)
+    by_type = {c["type"]: c["status"] for c in conditions}
+    assert got_phase == phase, name
+    for type_, status in expect.items():
+        assert by_type.get(type_) == status, (name, type_, by_type)
+    assert [c["type"] for c in conditions] == sorted(by_type, key=lambda t: st.ORDER.get(t, 9))
+
+
+def test_last_transition_time_moves_only_when_the_status_does():
+    _, first = st.phase_and_conditions(st.Observed([READY], ready=True))
+    assert next(c for c in first if c["type"] == "Ready")["lastTransitionTime"] == "t"
+    _, flipped = st.phase_and_conditions(st.Observed([READY], ready=False))
+    assert next(c for c in flipped if c["type"] == "Ready")["lastTransitionTime"] != "t"
+
+
+def test_history_keeps_what_was_tried_beyond_the_record_cap():
+    heals = [{"cause": "not_oom", "action": "NoChange", "numbers": {}}] * 20
+    hist = st.history(["runtime_oom/LowerGpuMemoryUtilization"], heals)
+    assert {"cause": "runtime_oom", "action": "LowerGpuMemoryUtilization"} in hist
