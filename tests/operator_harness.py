@@ -305,11 +305,12 @@ class Cluster:
         return await wait_for(lambda: (v := self.vsvc_now(name))["status"].get("healCount") == 1 and v,
                               what="heal")
 
-    async def deployment_available(self, name: str, replicas: int = 1) -> None:
-        """Play the Deployment controller: every replica of the current template is available."""
+    async def deployment_available(self, name: str, available: int = 1) -> None:
+        """Play the Deployment controller: the current template's pods are rolled out, `available`
+        of them ready (0: they crashed)."""
         dep = await self.deployment(name)
-        status = {"replicas": replicas, "updatedReplicas": replicas, "readyReplicas": replicas,
-                  "availableReplicas": replicas, "observedGeneration": dep["metadata"].get("generation", 1)}
+        status = {"replicas": 1, "updatedReplicas": 1, "readyReplicas": available, "availableReplicas": available,
+                  "observedGeneration": dep["metadata"].get("generation", 1)}
         await self.call("PATCH", f"/apis/apps/v1/namespaces/{NS}/deployments/{name}", {"status": status},
                         kclient.MERGE)
 

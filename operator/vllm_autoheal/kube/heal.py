@@ -132,7 +132,7 @@ def _intent_fields(obj: VLLMService, intent: HealIntent) -> dict[str, Any]:
     out: dict[str, Any] = {"inFlight": intent.wire()}
     if obj.spec.heal.mode == "StatusOverrides":
         target = intent.target
-        out.update(effective=target.engine.wire(),
+        out.update(effective=target.engine.wire(), gpus=target.gpus(),
                    effectiveModel=target.model if target.model != obj.spec.model else None,
                    effectiveMemoryLimit=target.memory_limit
                    if target.memory_limit != obj.spec.resources.limits.memory else None)
@@ -328,7 +328,7 @@ def _mark_applied(fresh_body: dict[str, Any], intent: HealIntent) -> dict[str, A
     if not _same(fresh, intent) or fresh.status.in_flight.applied:  # type: ignore[union-attr]
         return None
     in_flight = {**intent.wire(), "applied": True}
-    return st.settle({"inFlight": in_flight, "effective": intent.target.engine.wire()},
+    return st.settle({"inFlight": in_flight, "effective": intent.target.engine.wire(), "gpus": intent.target.gpus()},
                      st.Observed([c.wire() for c in fresh.status.conditions], fresh.metadata.get("generation"),
                                  in_flight=in_flight))
 

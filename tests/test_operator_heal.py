@@ -1,0 +1,269 @@
+"""Heals that stay inside their bounds, finish what they start, keep GPUs equal to TP x PP, and a
+phase that follows reality: the real kopf operator against kmock, asserting objects."""
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from vllm_autoheal.diagnosis import Signals, classify
+from vllm_autoheal.launcher import termination_message
+
+from operator_harness import NS, Cluster, Emulator, flag, running_operator, setup_emulator, vllm_container, wait_for
+
+pytestmark = pytest.mark.kmock(cls=Emulator)
+FIXTURES = Path(__file__).parent / "fixtures" / "vllm-cpu"
+KV_LOG = (FIXTURES / "kv-cache-too-small.log").read_text()
+KV_TERMINATION = termination_message(classify(Signals(log=KV_LOG, exit_code=1)).to_dict(), 1, None, None)
+H200_FREE = ("ValueError: Free memory on device cuda:0 (38.69/139.8 GiB) on startup is less than desired GPU memory "
+             "utilization (0.9, 125.82 GiB). Decrease GPU memory utilization or reduce GPU memory used by other "
+             "processes.")
+H200_TERMINATION = termination_message(classify(Signals(log=H200_FREE, exit_code=1)).to_dict(), 1, None, None)
+NOT_MEMORY = termination_message(classify(Signals(log=(FIXTURES / "model-not-found.log").read_text(),
+                                                  exit_code=1)).to_dict(), 1, None, None)
+RUNTIME_OOM = termination_message({"cause": "runtime_oom", "phase": "serving", "confidence": "high",
+                                   "numbers": {"tried_gib": 0.5, "gpu_total_gib": 22.0},
+                                   "evidence": ["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+                                                "512.00 MiB."]}, 1, None, None)
+WEIGHTS_OOM = termination_message({"cause": "weights_load_oom", "phase": "load", "confidence": "high",
+                                   "evidence": ["ValueError: Failed to load model - not enough GPU memory"]},
+                                  1, None, None)
+SPEC = {"model": "meta-llama/Llama-3.1-8B-Instruct", "engine": {"gpuMemoryUtilization": 0.9},
+        "resources": {"gpuProduct": "NVIDIA-L4", "limits": {"memory": "32Gi"}}, "heal": {"backoffSeconds": 0}}
+TP_HEAL = {"backoffSeconds": 0, "allowedActions": ["IncreaseTensorParallel"],
+           "bounds": {"maxTensorParallelSize": 2}}
+NO_GPU = "0/4 nodes are available: 4 Insufficient nvidia.com/gpu. preemption: 0/4 nodes are available."
+
+
+@pytest.fixture
+async def cluster(kmock):
+    setup_emulator(kmock)
+    async with running_operator():
+        yield Cluster(kmock)
+
+
+def status(obj: dict) -> dict:
+    return obj.get("status") or {}
+
+
+def condition(obj: dict, type_: str) -> dict | None:
+    return next((c for c in status(obj).get("conditions", []) if c["type"] == type_), None)
+
+
+def gpus(dep: dict) -> int:
+    return vllm_container(dep)["resources"]["limits"]["nvidia.com/gpu"]
+
+
+async def settled(c: Cluster, name: str) -> dict:
+    await wait_for(lambda: c.deployment_now(name), what="deployment")
+    return await wait_for(lambda: status(v := c.vsvc_now(name)).get("observedGeneration") and v, what="status")
+
+
+# --- 3. floors from need: the H200 case heals in one restart with default settings ---------------
+
+async def test_h200_other_process_heals_in_one_restart_with_default_settings(cluster):
+    spec = {**SPEC, "resources": {"gpuProduct": "NVIDIA-H200"}}
+    obj = await cluster.first_heal("h200", spec, "h200-a", message=H200_TERMINATION)
+    assert obj["spec"]["engine"]["gpuMemoryUtilization"] == 0.25
+    assert status(obj)["heals"][-1]["action"] == "LowerGpuMemoryUtilization"
+    await wait_for(lambda: flag(cluster.deployment_now("h200"), "--gpu-memory-utilization") == "0.25", what="rollout")
+
+
+# --- 2. attempts: a counter, across non-memory crashes and operator restarts --------------------
+
+async def test_max_attempts_holds_across_non_memory_crashes_and_restarts(kmock):
+    setup_emulator(kmock)
+    spec = {**SPEC, "heal": {"backoffSeconds": 0, "maxAttempts": 2}}
+    c = Cluster(kmock)
+    async with running_operator():
+        await c.create_vsvc("cap", spec)
+        await settled(c, "cap")
+        await c.crash_pod("cap", "cap-0", message=RUNTIME_OOM)
+        await wait_for(lambda: status(c.vsvc_now("cap")).get("attempts") == 1, what="first heal")
+        await wait_for(lambda: flag(c.deployment_now("cap"), "--gpu-memory-utilization") == "0.85", what="rollout")
+        for i in range(22):   # more than the 20 heal records kept: they push the heal out of status.heals
+            await c.crash_pod("cap", f"cap-n{i}", message=NOT_MEMORY)
+        await wait_for(lambda: len(status(c.vsvc_now("cap")).get("observedCrashes", [])) == 23, what="22 crashes")
+        obj = await c.vsvc("cap")
+        assert all(h["action"] == "NoChange" for h in status(obj)["heals"])     # the heal record is gone...
+        assert status(obj)["attempts"] == 1                                      # ...its count is not
+    async with running_operator():   # a restarted operator counts on
+        await c.crash_pod("cap", "cap-1", message=RUNTIME_OOM)
+        await wait_for(lambda: status(c.vsvc_now("cap")).get("attempts") == 2, what="second heal")
+        await wait_for(lambda: flag(c.deployment_now("cap"), "--max-num-seqs") == "128", what="rollout")
+        healed = (await c.vsvc("cap"))["spec"]["engine"]
+        await c.crash_pod("cap", "cap-2", message=RUNTIME_OOM)
+        obj = await wait_for(lambda: (condition(v := c.vsvc_now("cap"), "HealExhausted") or {}).get("status")
+                             == "True" and v, what="HealExhausted")
+        assert status(obj)["attempts"] == 2 and status(obj)["healCount"] == 2 and obj["spec"]["engine"] == healed
+        assert "maxAttempts" in condition(obj, "HealExhausted")["message"]
+
+
+# --- 4. tensor parallelism consistent everywhere -----------------------------------------------
+
+@pytest.mark.parametrize("mode, resources", [("PatchSpec", {"gpus": 1}), ("StatusOverrides", {})])
+async def test_tensor_parallel_heal_asks_for_tp_x_pp_gpus(cluster, mode, resources):
+    name = f"tp-{mode.lower()}"
+    spec = {**SPEC, "resources": {**SPEC["resources"], **resources}, "heal": {**TP_HEAL, "mode": mode}}
+    obj = await cluster.first_heal(name, spec, f"{name}-a", message=WEIGHTS_OOM)
+    dep = await wait_for(lambda: flag(d := cluster.deployment_now(name), "--tensor-parallel-size") == "2" and d,
+                         what="rollout")
+    assert gpus(dep) == 2 and status(await wait_for(lambda: status(v := cluster.vsvc_now(name)).get("gpus") == 2
+                                                    and v, what="status.gpus"))["gpus"] == 2
+    if mode == "PatchSpec":
+        assert obj["spec"]["engine"]["tensorParallelSize"] == 2 and obj["spec"]["resources"]["gpus"] == 2
+    else:
+        assert "tensorParallelSize" not in obj["spec"]["engine"] and "gpus" not in obj["spec"]["resources"]
+
+
+# --- 5. heals that cannot be scheduled ---------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["PatchSpec", "StatusOverrides"])
+async def test_an_unschedulable_heal_goes_back_to_the_flags_that_scheduled(cluster, mode):
+    name = f"sched-{mode.lower()}"
+    spec = {**SPEC, "resources": {**SPEC["resources"], "gpus": 1} if mode == "PatchSpec" else SPEC["resources"],
+            "heal": {**TP_HEAL, "mode": mode, "unschedulableSeconds": 0}}
+    await cluster.first_heal(name, spec, f"{name}-a", message=WEIGHTS_OOM)
+    await wait_for(lambda: gpus(cluster.deployment_now(name)) == 2, what="the heal's rollout")
+    await cluster.pending_pod(name, f"{name}-b", NO_GPU)
+    obj = await wait_for(lambda: (condition(v := cluster.vsvc_now(name), "HealBlocked") or {}).get("status")
+                         == "True" and v, what="HealBlocked")
+    assert NO_GPU in condition(obj, "HealBlocked")["message"]
+    events = await wait_for(lambda: [e for e in cluster.events_now("HealBlocked") if e["type"] == "Warning"
+                                     and e["involvedObject"]["name"] == name], what="Warning event")
+    assert NO_GPU in events[0]["message"] and "IncreaseTensorParallel" in events[0]["message"]
+    dep = await wait_for(lambda: gpus(d := cluster.deployment_now(name)) == 1 and d, what="back to one GPU")
+    assert flag(dep, "--tensor-parallel-size") == "1"
+    obj = await cluster.vsvc(name)
+    assert status(obj)["heals"][-1]["action"] == "RevertUnschedulable"
+    if mode == "PatchSpec":
+        assert obj["spec"]["engine"]["tensorParallelSize"] == 1 and obj["spec"]["resources"]["gpus"] == 1
+
+
+async def test_wait_policy_only_reports_a_blocked_heal(cluster):
+    spec = {**SPEC, "heal": {**TP_HEAL, "mode": "StatusOverrides", "unschedulableSeconds": 0,
+                             "onUnschedulable": "Wait"}}
+    await cluster.first_heal("patient", spec, "patient-a", message=WEIGHTS_OOM)
+    await wait_for(lambda: gpus(cluster.deployment_now("patient")) == 2, what="the heal's rollout")
+    await cluster.pending_pod("patient", "patient-b", NO_GPU)
+    await wait_for(lambda: (condition(cluster.vsvc_now("patient"), "HealBlocked") or {}).get("status") == "True",
+                   what="HealBlocked")
+    await asyncio.sleep(1)
+    assert gpus(await cluster.deployment("patient")) == 2 and status(await cluster.vsvc("patient"))["phase"] == "Healing"
+
+
+# --- 6. the termination message is validated ---------------------------------------------------
+
+BAD_MESSAGES = {
+    "nan": KV_TERMINATION.replace('"available_gib":1.0', '"available_gib":NaN'),
+    "infinity": KV_TERMINATION.replace('"estimated_max_model_len":524160', '"estimated_max_model_len":Infinity'),
+    "string-numbers": KV_TERMINATION.replace('"numbers":{', '"numbers":"{').replace(',"evidence"', '","evidence"', 1),
+    "integer-evidence": json.dumps({**json.loads(KV_TERMINATION), "diagnosis": {
+        **json.loads(KV_TERMINATION)["diagnosis"], "evidence": [1, 2, 3]}}),
+    "huge": KV_TERMINATION.replace('"estimated_max_model_len":524160', '"estimated_max_model_len":1e30'),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_MESSAGES))
+async def test_an_invalid_termination_message_is_ignored_and_the_previous_log_read(cluster, case):
+    message = BAD_MESSAGES[case]
+    assert message != KV_TERMINATION
+    name = f"msg-{case}"
+    cluster.kmock[f"get /api/v1/namespaces/{NS}/pods/{name}-a/log"] << KV_LOG.encode()
+    obj = await cluster.first_heal(name, SPEC, f"{name}-a", message=message)
+    assert obj["spec"]["engine"]["maxModelLen"] == 524160            # vLLM's own figure, from its log
+    record = status(obj)["heals"][-1]
+    assert "termination message ignored" in record["reason"] and record["numbers"]["estimated_max_model_len"] == 524160
+    assert await wait_for(lambda: [e for e in cluster.events_now("TerminationMessageIgnored")
+                                   if e["involvedObject"]["name"] == name], what="event")
+
+
+# --- 7. heals that finish or never start -------------------------------------------------------
+
+async def test_a_failing_spec_patch_leaves_the_heal_recorded_and_it_is_finished(cluster):
+    await cluster.create_vsvc("sp", SPEC)
+    await settled(cluster, "sp")
+    fault = cluster.kmock.fail("PATCH", "/vllmservices/sp", 500, times=5)   # more than one round of retries
+    await cluster.crash_pod("sp", "sp-a", message=KV_TERMINATION)
+    obj = await wait_for(lambda: status(v := cluster.vsvc_now("sp")).get("inFlight", {}).get("applied") and v,
+                         what="the heal finished")
+    assert fault.hits == 5 and obj["spec"]["engine"]["maxModelLen"] == 524160
+    assert status(obj)["attempts"] == 1 and status(obj)["healCount"] == 1 and len(status(obj)["heals"]) == 1
+    assert "maxModelLen" not in status(obj)["baseline"]       # the completed heal is not taken for a person's edit
+    await wait_for(lambda: flag(cluster.deployment_now("sp"), "--max-model-len") == "524160", what="rollout")
+
+
+@pytest.mark.parametrize("fault", [{"status": 409}, {"status": 500, "times": 2}, {"delay": 7.0}],
+                         ids=["conflict", "server-error", "timeout"])
+async def test_a_failing_status_write_records_the_heal_exactly_once(cluster, fault):
+    name = f"st-{next(iter(fault))}"
+    await cluster.create_vsvc(name, SPEC)
+    await settled(cluster, name)
+    injected = cluster.kmock.fail("PATCH", f"/vllmservices/{name}/status", **fault)
+    await cluster.crash_pod(name, f"{name}-a", message=KV_TERMINATION)
+    obj = await wait_for(lambda: status(v := cluster.vsvc_now(name)).get("inFlight", {}).get("applied") and v,
+                         timeout=30, what="the heal")
+    await asyncio.sleep(fault.get("delay", 0) + 1)     # the write the client gave up on lands now
+    obj = await cluster.vsvc(name)
+    assert injected.hits >= 1 and obj["spec"]["engine"]["maxModelLen"] == 524160
+    assert status(obj)["healCount"] == 1 and status(obj)["attempts"] == 1 and len(status(obj)["heals"]) == 1
+
+
+async def test_a_failed_first_write_leaves_no_trace_until_it_succeeds(cluster):
+    await cluster.create_vsvc("nt", SPEC)
+    before = status(await settled(cluster, "nt"))
+    fault = cluster.kmock.fail("PATCH", "/vllmservices/nt/status", 500, times=1000)
+    await cluster.crash_pod("nt", "nt-a", message=KV_TERMINATION)
+    await wait_for(lambda: fault.hits >= 6, what="two rounds of failed tries")
+    obj = await cluster.vsvc("nt")
+    assert status(obj) == before and "maxModelLen" not in obj["spec"]["engine"]   # nothing of the heal
+    fault.times = 0
+    obj = await wait_for(lambda: status(v := cluster.vsvc_now("nt")).get("healCount") == 1 and v, what="heal")
+    assert len(status(obj)["heals"]) == 1
+
+
+async def test_an_operator_killed_between_the_writes_finishes_the_heal_when_it_starts(kmock):
+    setup_emulator(kmock)
+    c = Cluster(kmock)
+    async with running_operator():
+        await c.create_vsvc("killed", SPEC)
+        await settled(c, "killed")
+        fault = kmock.fail("PATCH", "/vllmservices/killed", 500, times=10**6)   # the spec write never lands
+        await c.crash_pod("killed", "killed-a", message=KV_TERMINATION)
+        half = await wait_for(lambda: status(v := c.vsvc_now("killed")).get("inFlight") and v, what="recorded")
+        await asyncio.sleep(0.5)
+    assert status(half)["inFlight"]["applied"] is False and "maxModelLen" not in half["spec"]["engine"]
+    fault.times = 0
+    async with running_operator():   # a new process: reconcile on resume finishes it
+        obj = await wait_for(lambda: status(v := c.vsvc_now("killed")).get("inFlight", {}).get("applied") and v,
+                             what="finished after the restart")
+        await wait_for(lambda: flag(c.deployment_now("killed"), "--max-model-len") == "524160", what="rollout")
+    assert obj["spec"]["engine"]["maxModelLen"] == 524160
+    assert status(obj)["attempts"] == 1 and status(obj)["healCount"] == 1
+    assert status(obj)["baseline"] == status(half)["baseline"]    # not mistaken for a person's edit
+
+
+# --- 8. the phase follows reality --------------------------------------------------------------
+
+async def test_phase_follows_the_pods_and_exhausted_stays_until_a_person_edits(cluster):
+    spec = {**SPEC, "heal": {"backoffSeconds": 0, "maxAttempts": 1}}
+    await cluster.first_heal("ph", spec, "ph-a", message=KV_TERMINATION)
+    assert status(await cluster.vsvc("ph"))["phase"] == "Healing"
+    await wait_for(lambda: flag(cluster.deployment_now("ph"), "--max-model-len") == "524160", what="rollout")
+    await cluster.deployment_available("ph")
+    obj = await wait_for(lambda: status(v := cluster.vsvc_now("ph"))["phase"] == "Running" and v, what="Running")
+    assert condition(obj, "Healing")["status"] == "False" and "inFlight" not in status(obj)
+    await cluster.crash_pod("ph", "ph-b", message=KV_TERMINATION)              # the healed pods crash: attempts spent
+    await cluster.deployment_available("ph", 0)
+    obj = await wait_for(lambda: status(v := cluster.vsvc_now("ph"))["phase"] == "Failed" and v, what="Failed")
+    assert condition(obj, "HealExhausted")["status"] == "True"
+    await cluster.deployment_available("ph")                                  # ...and then serve again
+    obj = await wait_for(lambda: status(v := cluster.vsvc_now("ph"))["phase"] == "Running" and v, what="Running")
+    assert condition(obj, "HealExhausted")["status"] == "True"                # the condition stays
+    await cluster.call("PATCH", f"/apis/vllm.autoheal.dev/v1alpha1/namespaces/{NS}/vllmservices/ph",
+                       {"spec": {"engine": {"maxModelLen": 4096}}}, "application/merge-patch+json")
+    obj = await wait_for(lambda: condition(v := cluster.vsvc_now("ph"), "HealExhausted") is None and v,
+                         what="a person's edit")
+    assert status(obj)["attempts"] == 0 and status(obj)["baseline"]["maxModelLen"] == 4096
