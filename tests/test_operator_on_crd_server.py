@@ -67,3 +67,58 @@ async def test_heal_through_the_real_crd_server(split):
     await asyncio.sleep(2)
     again = await c.vsvc(name)
     assert again["status"]["healCount"] == 1 and again["metadata"]["generation"] == 2
+
+
+# The heal cases of tests/test_operator_heal.py, with the VLLMService on the real API server: its
+# schema, CEL rules (resources.gpus == TP x PP), defaults, pruning and resourceVersion preconditions.
+from test_operator_heal import (H200_TERMINATION, KV_LOG, NO_GPU, TP_HEAL, WEIGHTS_OOM,  # noqa: E402
+                                BAD_MESSAGES)
+
+CASES = {
+    "h200-default-floor": ({**SPEC, "resources": {"gpuProduct": "NVIDIA-H200"}}, H200_TERMINATION,
+                           lambda o: o["spec"]["engine"]["gpuMemoryUtilization"] == 0.25),
+    "tp-with-gpus": ({**SPEC, "resources": {**SPEC["resources"], "gpus": 1}, "heal": TP_HEAL}, WEIGHTS_OOM,
+                     lambda o: o["spec"]["engine"]["tensorParallelSize"] == 2 and o["spec"]["resources"]["gpus"] == 2),
+    "tp-status-overrides": ({**SPEC, "heal": {**TP_HEAL, "mode": "StatusOverrides"}}, WEIGHTS_OOM,
+                            lambda o: o["status"]["effective"]["tensorParallelSize"] == 2 and o["status"]["gpus"] == 2),
+    "huge-number-in-message": (SPEC, BAD_MESSAGES["huge"], lambda o: o["spec"]["engine"]["maxModelLen"] == 524160),
+}
+
+
+async def _fresh(c, name: str, spec: dict) -> dict:
+    path = f"/apis/{GROUP}/{VERSION}/namespaces/default/{PLURAL}/{name}"
+    if await c.get(path):  # the server is shared by the session
+        await c.call("DELETE", path)
+    await wait_for(lambda: c.vsvc_now(name) is None, what="a clean start")
+    await c.create_vsvc(name, spec)
+    await wait_for(lambda: (c.vsvc_now(name).get("status") or {}).get("observedGeneration") == 1, what="status")
+    return await c.vsvc(name)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+async def test_heal_cases_are_accepted_by_the_real_crd_server(split, case):
+    spec, message, healed = CASES[case]
+    c, name = split, f"case-{case}"
+    await _fresh(c, name, spec)
+    c.kmock[f"get /api/v1/namespaces/default/pods/{name}-a/log"] << KV_LOG.encode()
+    await c.crash_pod(name, f"{name}-a", message=message)
+    obj = await wait_for(lambda: (v := c.vsvc_now(name)).get("status", {}).get("inFlight", {}).get("applied")
+                         and healed(v) and v, what="the heal, accepted")
+    status = obj["status"]
+    assert status["attempts"] == 1 and status["healCount"] == 1 and status["tried"]
+    assert set(status["inFlight"]) >= {"crash", "cause", "action", "target", "previous", "applied", "time"}
+    assert status["failedEngines"] and status["phase"] == "Healing"
+
+
+async def test_an_unschedulable_revert_is_accepted_by_the_real_crd_server(split):
+    c, name = split, "case-unschedulable"
+    spec = {**SPEC, "resources": {**SPEC["resources"], "gpus": 1}, "heal": {**TP_HEAL, "unschedulableSeconds": 0}}
+    await _fresh(c, name, spec)
+    await c.crash_pod(name, f"{name}-a", message=WEIGHTS_OOM)
+    await wait_for(lambda: (c.vsvc_now(name)["spec"]["resources"].get("gpus") == 2), what="the TP heal")
+    await wait_for(lambda: flag(c.deployment_now(name), "--tensor-parallel-size") == "2", what="its rollout")
+    await c.pending_pod(name, f"{name}-b", NO_GPU)
+    obj = await wait_for(lambda: (v := c.vsvc_now(name))["spec"]["resources"]["gpus"] == 1 and v, what="revert")
+    assert obj["spec"]["engine"]["tensorParallelSize"] == 1
+    blocked = next(cond for cond in obj["status"]["conditions"] if cond["type"] == "HealBlocked")
+    assert blocked["status"] == "True" and NO_GPU in blocked["message"]
