@@ -151,6 +151,8 @@ class Emulator(kmocklib.KubernetesEmulator):
             new = server_side_apply(live, request.data, manager)
             if not exists:  # an apply creates what is missing
                 new["metadata"].update(uid=f"uid-applied-{len(self._requests)}", generation=1)
+                if request.namespace:  # the server takes it from the URL
+                    new["metadata"].setdefault("namespace", request.namespace)
                 if key in self._objects:
                     self._objects[key].create(new)
                 else:
