@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -140,6 +141,22 @@ async def test_an_unschedulable_heal_goes_back_to_the_flags_that_scheduled(clust
     assert status(obj)["heals"][-1]["action"] == "RevertUnschedulable"
     if mode == "PatchSpec":
         assert obj["spec"]["engine"]["tensorParallelSize"] == 1 and obj["spec"]["resources"]["gpus"] == 1
+
+
+async def test_a_heal_is_blocked_only_once_its_pods_waited_the_configured_time(cluster):
+    """The pod became Unschedulable just now: the operator looks again when unschedulableSeconds
+    have passed (no further pod event comes), then reports and reverts."""
+    spec = {**SPEC, "heal": {**TP_HEAL, "mode": "StatusOverrides", "unschedulableSeconds": 2}}
+    await cluster.first_heal("later", spec, "later-a", message=WEIGHTS_OOM)
+    await wait_for(lambda: gpus(cluster.deployment_now("later")) == 2, what="the heal's rollout")
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    await cluster.pending_pod("later", "later-b", NO_GPU, since=now)
+    obj = await wait_for(lambda: (condition(v := cluster.vsvc_now("later"), "HealBlocked") or {}).get("status")
+                         == "True" and v, what="HealBlocked after the wait")
+    assert NO_GPU in condition(obj, "HealBlocked")["message"]
+    assert await wait_for(lambda: [e for e in cluster.events_now("HealBlocked")
+                                   if e["involvedObject"]["name"] == "later"], what="Warning event")
+    await wait_for(lambda: gpus(cluster.deployment_now("later")) == 1, what="back to one GPU")
 
 
 async def test_wait_policy_only_reports_a_blocked_heal(cluster):
