@@ -58,3 +58,17 @@ def test_accuracy_does_not_regress(results, split, floor):
     part = [(s, got) for s, got in results if s["split"] == split]
     right = sum(1 for s, got in part if got == s["label"])
     assert right / len(part) >= floor, f"{split}: {right}/{len(part)}"
+
+
+def test_the_launchers_message_of_every_sample_passes_the_schema():
+    """What the launcher writes for any real crash is what the operator accepts: the diagnosis's
+    numbers and texts fit the termination message's schema (negative KV figures included)."""
+    from vllm_autoheal.diagnosis import termination
+    from vllm_autoheal.launcher import termination_message
+
+    for s in CORPUS:
+        diag = classify(Signals(log=s["log"], **context(s)))
+        text = termination_message(diag.to_dict(), 1, None, None)
+        doc, note = termination.read(text)
+        assert note is None and doc is not None, (s["id"], note)
+        assert doc["diagnosis"]["cause"] == diag.cause

@@ -132,8 +132,10 @@ def _serve(args: argparse.Namespace) -> int:
                             min_kv_cache_memory_bytes=args.min_kv_cache_memory_bytes,
                             max_cpu_offload_gb=args.max_cpu_offload_gb,
                             max_tensor_parallel_size=args.max_tensor_parallel_size)
-        spec = VLLMServiceSpec(model=args.model, engine=parsed.engine,
-                               heal=HealPolicy(max_attempts=args.max_attempts, bounds=bounds))
+        policy = HealPolicy(max_attempts=args.max_attempts, bounds=bounds)
+        if args.max_tensor_parallel_size:  # naming the bound is the consent to spread over more GPUs
+            policy.allowed_actions = [*policy.allowed_actions, "IncreaseTensorParallel"]
+        spec = VLLMServiceSpec(model=args.model, engine=parsed.engine, heal=policy)
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(p) for p in err["loc"]) or "bounds"

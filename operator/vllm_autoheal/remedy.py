@@ -16,7 +16,7 @@ from typing import Any, Callable, Collection
 from .api import EngineArgs, HealPolicy, VLLMServiceSpec
 from .diagnosis import Diagnosis
 from .engine import BY_FIELD, parse_args
-from .memory import BLOCK_SIZE, CUDA_CONTEXT_GIB, CUDAGRAPH_GIB, GIB, ModelShape, estimate
+from .memory import BLOCK_SIZE, CUDA_CONTEXT_GIB, CUDAGRAPH_GIB, GIB, ModelShape, default_max_num_seqs, estimate
 from .gpus import GpuSpec
 from .quantity import format_bytes, parse_quantity
 from .remedy_gate import Limits, check, utilization_floor
@@ -289,11 +289,56 @@ def _mbt_default(ctx: Context) -> int:
     return default_max_num_batched_tokens(ctx.total or 24, ctx.inv.entrypoint)
 
 
+def seqs_from_allocation(ctx: Context) -> Remedy | None:
+    """vLLM warms the sampler up with max_num_seqs dummy requests; the failed allocation is that many
+    rows of logits. Size max_num_seqs so the same allocation takes at most a quarter of what was free,
+    as a power of two, and no more than vLLM's default for this GPU (which the warm-up is built for)."""
+    tried, dummy, free = ctx.num("tried_gib"), ctx.num("dummy_requests"), ctx.num("gpu_free_gib")
+    current = ctx.engine.max_num_seqs or (int(dummy) if dummy else None)
+    if not tried or not dummy or not current:
+        return None
+    per_seq = tried / dummy
+    room = (free if free is not None else (ctx.total or 0) * 0.5) * 0.25
+    if room <= 0:
+        return None
+    fits = max(1, int(room / per_seq))
+    new = 2 ** int(math.log2(fits))
+    if ctx.total:
+        new = min(new, default_max_num_seqs(ctx.total))
+    new = max(new, ctx.policy.bounds.min_max_num_seqs)
+    if new >= current:
+        return None
+    return Remedy("LowerMaxNumSeqs", {"max_num_seqs": new},
+                  f"the sampler warm-up with {int(dummy):,} requests asked for {tried:g} GiB "
+                  f"({per_seq * 1024:.3g} MiB per request); max_num_seqs {current:,} -> {new:,} keeps it within a "
+                  f"quarter of the memory that was free.")
+
+
 lower_seqs = _halve("max_num_seqs", "LowerMaxNumSeqs", lambda c: c.policy.bounds.min_max_num_seqs, _seqs_default,
                     "max_num_seqs {current} -> {new}: fewer sequences in the warm-up batch and at runtime.")
 lower_batched = _halve("max_num_batched_tokens", "LowerMaxNumBatchedTokens",
                        lambda c: c.policy.bounds.min_max_num_batched_tokens, _mbt_default,
                        "max_num_batched_tokens {current} -> {new}: the activation peak shrinks with it.")
+
+
+def room_for_graphs(ctx: Context) -> Remedy | None:
+    """CUDA graphs are captured outside the budget: leave them room (about 1 GiB, plus what failed to
+    allocate and 0.5 GiB) below the budget instead of giving them up."""
+    total = ctx.total
+    if not total or ctx.engine.enforce_eager or ctx.engine.kv_cache_memory_bytes:
+        return None
+    current = ctx.engine.gpu_memory_utilization
+    headroom = (1 - current) * total
+    need = CUDAGRAPH_GIB + (ctx.num("tried_gib") or 0.0) + 0.5
+    if headroom >= need + 1.0:
+        return None  # the graphs had room already: something else took it; keep the next step
+    new = min(_util(current - (need - max(headroom, 0.0)) / total), ctx.policy.bounds.max_gpu_memory_utilization)
+    if (ctx.floor is not None and new < ctx.floor) or new >= current:
+        return None
+    return Remedy("LowerGpuMemoryUtilization", {"gpu_memory_utilization": new},
+                  f"CUDA-graph capture ran out of the {headroom:.2f} GiB left outside the budget; utilization "
+                  f"{current} -> {new} leaves {(1 - new) * total:.2f} GiB for the graphs (about "
+                  f"{CUDAGRAPH_GIB:g} GiB) and keeps them.")
 
 
 def enforce_eager(ctx: Context) -> Remedy | None:
@@ -360,8 +405,8 @@ PLANS: dict[str, list[Step]] = {
                               fp8_kv_cache, more_tensor_parallel],
     "gpu_util_exceeds_free": [fit_utilization_to_free, fit_kv_bytes_to_free, lower_utilization_step],
     "weights_load_oom": [quantized_model, more_tensor_parallel, cpu_offload],
-    "profiling_oom": [lower_seqs, lower_batched, lower_utilization_step],
-    "cudagraph_capture_oom": [enforce_eager, lower_utilization_step],
+    "profiling_oom": [seqs_from_allocation, lower_seqs, lower_batched, lower_utilization_step],
+    "cudagraph_capture_oom": [room_for_graphs, enforce_eager, lower_utilization_step],
     "runtime_oom": [lower_utilization_step, lower_seqs, lower_batched],
     "multi_gpu_oom": [lower_max_model_len, lower_utilization_step, enforce_eager],
     "host_ram_oom": [raise_memory_limit, lower_cpu_offload, shrink_kv_bytes],
@@ -408,15 +453,63 @@ def plan(spec: VLLMServiceSpec, diagnosis: Diagnosis, history: list[dict[str, An
         remedy = step(ctx)
         if remedy is None or remedy.action in tried or remedy.action not in allowed:
             continue
-        problem = check(diagnosis.cause, remedy.changes, engine, model, memory_limit, limits, failed)
+        problem = check(diagnosis.cause, remedy.changes, engine, model, memory_limit, limits, failed) \
+            or _cannot_fit(ctx, remedy)
         if problem is not None:
             refused.append(f"{remedy.action} refused: {problem}")
             continue
         remedy.expected = remedy.expected or _expect(ctx, remedy.changes)
         return remedy
     why = f"; {'; '.join(refused)}" if refused else ""
+    advice = what_would_fit(ctx)
     return Remedy(GIVE_UP, reason=f"no allowed change is left for {diagnosis.cause} within the bounds "
-                                  f"(tried: {', '.join(sorted(tried)) or 'none'}{why}).")
+                                  f"(tried: {', '.join(sorted(tried)) or 'none'}{why})."
+                                  + (f" {advice}" if advice else ""))
+
+
+# Changes to the model or the GPU count are not the memory model's to veto: the estimate is per GPU
+# of the current model.
+_NOT_VETOED = {"Quantize", "IncreaseTensorParallel", "RaiseMemoryLimit"}
+_MEMORY_MODEL_CAUSES = {"kv_cache_insufficient", "weights_load_oom", "gpu_util_exceeds_free"}
+
+
+def _cannot_fit(ctx: Context, remedy: Remedy) -> str | None:
+    """A change the memory model says still cannot start is never tried: a restart costs minutes.
+    Only where the model's shape and the GPU are known, and for the causes it predicts well."""
+    if ctx.inv.shape is None or not ctx.total or remedy.action in _NOT_VETOED \
+            or ctx.diag.cause not in _MEMORY_MODEL_CAUSES:
+        return None
+    after = ctx.engine.model_copy(update={k: v for k, v in remedy.changes.items() if k in EngineArgs.model_fields})
+    est = estimate(ctx.inv.shape, after, GpuSpec("gpu", ctx.total), ctx.inv.gpu_free_gib, ctx.inv.entrypoint)
+    if est.fits:
+        return None
+    return f"the memory model says it still does not fit ({'; '.join(est.reasons)[:200]})"
+
+
+def what_would_fit(ctx: Context) -> str:
+    """For a give-up on weights: what would hold them, sized from vLLM's figures (or the memory model)."""
+    if ctx.diag.cause not in ("weights_load_oom", "kv_cache_insufficient"):
+        return ""
+    weights = ctx.num("weights_gib")
+    if weights is None and ctx.inv.shape is not None and ctx.total:
+        weights = estimate(ctx.inv.shape, ctx.engine, GpuSpec("gpu", ctx.total), None,
+                           ctx.inv.entrypoint).weights_gib
+    total = ctx.total
+    if not weights or not total:
+        return ""
+    budget = ctx.policy.bounds.max_gpu_memory_utilization * total - CUDA_CONTEXT_GIB - 2.0  # activations, KV
+    if weights <= budget:
+        return ""
+    tp = ctx.engine.tensor_parallel_size
+    need = tp
+    while need <= 64 and weights * tp / need > budget * 0.75:  # leave a quarter for the KV cache
+        need *= 2
+    options = [f"tensor parallelism {need} ({weights * tp / need:.1f} GiB of weights per GPU; allow it with "
+               f"spec.heal.bounds.maxTensorParallelSize, or serve --max-tensor-parallel-size {need})"]
+    if weights / 2 <= budget * 0.75:
+        options.append(f"an 8-bit checkpoint (about {weights / 2:.1f} GiB; name it in spec.heal.quantizedFallback)")
+    return (f"The weights take {weights:.1f} GiB per GPU, more than the {budget:.1f} GiB this GPU can give them: "
+            f"no flag on {tp} GPU(s) makes them fit. What would: " + ", or ".join(options) + ".")
 
 
 def plan_from_command(flags: str, diagnosis: Diagnosis, gpu_memory_gib: float | None = None) -> Remedy:

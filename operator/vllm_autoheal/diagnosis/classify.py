@@ -150,8 +150,12 @@ def _numbers(findings: list[Finding], first: Finding | None, device_gib: float |
     the failure. Every number passes figures.check; a dropped one leaves a note."""
     numbers: dict[str, Any] = {}
     end = first.line.offset if first else None
+    # The figures printed before the failure, and the out-of-memory error it was raised from (vLLM
+    # wraps torch's OOM in its own message: "The above exception was the direct cause ...").
     others = [f for f in findings if f is not first and (f.message.kind in (msg.FIGURE, msg.MILESTONE, msg.BUDGET)
-              or (first is not None and f.line is first.line)) and (end is None or f.line.offset <= end)]
+              or (first is not None and f.line is first.line)
+              or (first is not None and first.message.kind == msg.MEMORY and f.message.kind == msg.OOM))
+              and (end is None or f.line.offset <= end)]
     ordered = ([first] if first else []) + sorted(others, key=lambda f: -f.line.offset)
     for f in ordered:
         for key, text in f.match.groupdict().items():
@@ -313,6 +317,8 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
                                   engine_error=first is not None and first.message.kind != msg.NOT_OOM)
         diag.numbers = {k: v for k, v in _numbers(findings, first, device_gib, diag.notes).items()
                         if k not in ("tp", "pp")}
+        if isinstance(diag.numbers.get("process_gib"), list):  # numbers are scalars: the others' total
+            diag.numbers["process_gib"] = round(sum(diag.numbers["process_gib"]), 2)
         if signals.exit_code is not None:
             diag.numbers["exit_code"] = signals.exit_code
         if first and first.line.rank is not None:
@@ -375,6 +381,8 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
         first = oom[0]
         phase = _phase_of_failure(findings, first, signals.ready_before)
         frame = next((f.line for f in findings if f.message.kind == msg.FRAME and f.message.phase == phase), None)
+        if phase == m.PHASE_SERVING and signals.ready_before is False:
+            phase = m.PHASE_PROFILE  # it never answered /health: a start-up warm-up ran the model, not a request
         nums = _numbers(findings, first, device_gib, [])
         if _not_a_shortage(nums):
             return done(m.NOT_OOM, phase, first, "medium", "oom_error_with_memory_free",

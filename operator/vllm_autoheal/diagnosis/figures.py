@@ -25,7 +25,7 @@ KIND = {
     "initial_usage_gib": SIZE, "available_kv_gib": SIGNED_SIZE, "kv_reserved_gib": SIGNED_SIZE,
     "max_seq_len": LENGTH, "estimated_max_model_len": LENGTH, "kv_tokens": LENGTH, "kv_cache_tokens": LENGTH,
     "max_model_len": LENGTH, "util": UTIL, "dummy_requests": COUNT, "gpu_blocks": COUNT, "oom_gpu": COUNT,
-    "tp": COUNT, "pp": COUNT, "max_concurrency": RATIO,
+    "tp": COUNT, "pp": COUNT, "max_concurrency": RATIO, "process_gib": SIZE,
 }
 # Sizes of what is on the device, so no larger than it (what was asked for can be larger).
 DEVICE_BOUNDED = {"free_gib", "available_gib", "initial_free_gib", "current_free_gib", "gpu_free_gib",

@@ -16,6 +16,7 @@ import math
 import re
 from typing import Any
 
+from . import figures
 from . import model as m
 
 SCHEMA_VERSION = 1
@@ -52,6 +53,11 @@ def _number(name: str, value: Any) -> float | int:
         raise InvalidMessage(f"diagnosis.numbers.{name} is not a number")
     if isinstance(value, float) and not math.isfinite(value):
         raise InvalidMessage(f"diagnosis.numbers.{name} is not finite")
+    if name in figures.KIND:  # the classifier's own table of what each figure can be
+        problem = figures.check(name, value, None)
+        if problem:
+            raise InvalidMessage(f"diagnosis.numbers.{name} {value}: {problem}")
+        return value
     low, high = RANGES.get(name, GIB_RANGE if name.endswith("_gib") else DEFAULT_RANGE)
     if not low <= value <= high:
         raise InvalidMessage(f"diagnosis.numbers.{name} {value} is outside {low:g}..{high:g}")
