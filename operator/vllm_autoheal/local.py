@@ -32,6 +32,8 @@ from .remedy import Inventory, plan
 from .remedy_gate import fingerprint
 
 STOP_GRACE_S = 30.0
+# How far a start got, by the phase it failed in: a heal whose next start fails earlier made it worse.
+PROGRESS = {"load": 0, "profile": 1, "kv-allocation": 2, "graph-capture": 3, "serving": 4}
 
 
 def default_history_path() -> Path:
@@ -134,7 +136,8 @@ class Supervisor:
                 dead.set()
 
         self.child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-        pumper = threading.Thread(target=pump, args=(self.child.stdout, sys.stdout.buffer, keeper, watch), daemon=True)
+        out = _Mutable(sys.stdout.buffer)
+        pumper = threading.Thread(target=pump, args=(self.child.stdout, out, keeper, watch), daemon=True)
         pumper.start()
         ready = False
         deadline = time.monotonic() + self.opts.startup_timeout
@@ -144,8 +147,11 @@ class Supervisor:
                 self.on_healthy(engine)
                 if self.opts.once:
                     ok = self.complete_one()
+                    out.muted = True  # vLLM's shutdown (tracebacks, leak warnings) is not the result
                     self.stop()
                     pumper.join(timeout=10)
+                    self.say(f"done: {'served a completion' if ok else 'the completion failed'} after "
+                             f"{len(self.heals)} restart(s); vLLM stopped (--once)")
                     return Attempt(0 if ok else 1, True, keeper.text())
             if dead.is_set():
                 self.say("the engine died while the server still answers: stopping it")
@@ -212,6 +218,8 @@ class Supervisor:
             engine = EngineArgs.model_validate(good[-1]["engine"])
             self.say(f"using the flags that worked last time (history {self.opts.history_path}): {describe(engine)}")
         heals = self.heals
+        last: tuple[Any, EngineArgs, int] | None = None  # the crash a heal answered, its flags, how far it got
+        exclude: set[str] = set()
         while True:
             attempt = self.run_once(engine)
             if attempt.interrupted:
@@ -230,7 +238,17 @@ class Supervisor:
                 inventory.gpu_total_gib = gpu.gpus[0].total_bytes / 2**30
             if diag.is_memory:  # the gate never goes back to settings that crashed of memory
                 self.failed.add(fingerprint(self.opts.model, engine, None))
-            remedy = plan(self.opts.spec, diag, heals, inventory, engine, failed=self.failed)
+            progress = PROGRESS.get(diag.phase, -1)
+            if last is not None and heals and (progress < last[2] or (last[0].is_memory and not diag.is_memory)):
+                # The change made it worse (an earlier failure, or a new non-memory crash with the new
+                # flags): go back to the flags that got furthest and try the next remedy for that crash.
+                self.say(f"the last change ({heals[-1]['action']}) made it worse: {diag.cause} in {diag.phase}; "
+                         f"back to {describe(last[1])}, trying the next remedy")
+                self.record(event="undone", action=heals[-1]["action"], cause=diag.cause, phase=diag.phase,
+                            evidence=diag.evidence)
+                exclude.add(heals[-1]["action"])
+                diag, engine = last[0], last[1]
+            remedy = plan(self.opts.spec, diag, heals, inventory, engine, failed=self.failed, exclude=exclude)
             evidence = diag.evidence[0][:200] if diag.evidence else "no evidence line"
             if remedy.gives_up:
                 self.say(f"vLLM exited with {attempt.exit_code}: {diag.cause} ({diag.subtype or diag.phase}) - "
@@ -240,6 +258,7 @@ class Supervisor:
                             reason=remedy.reason, engine=engine.model_dump(mode="json"))
                 return 1
             before = engine
+            last = (diag, before, PROGRESS.get(diag.phase, -1))
             engine = remedy.apply(engine)
             self.say(f"healed {diag.cause}: {evidence} -> {remedy.flags()} ({remedy.reason})")
             heal = {"cause": diag.cause, "action": remedy.action, "numbers": diag.numbers}
@@ -255,6 +274,21 @@ class Supervisor:
         if heals:
             self.say("to keep the healed flags, run:")
             print("  " + shlex.join(self.command(engine)), file=self.out, flush=True)
+
+
+class _Mutable:
+    """vLLM's output on its way to the terminal, silenced once the result is known."""
+
+    def __init__(self, sink: Any) -> None:
+        self.sink, self.muted = sink, False
+
+    def write(self, data: bytes) -> None:
+        if not self.muted:
+            self.sink.write(data)
+
+    def flush(self) -> None:
+        if not self.muted:
+            self.sink.flush()
 
 
 def supervise(opts: ServeOptions) -> int:

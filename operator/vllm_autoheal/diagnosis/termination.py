@@ -88,6 +88,7 @@ def _diagnosis(d: Any) -> dict[str, Any]:
     numbers = d.get("numbers", {})
     if not isinstance(numbers, dict) or len(numbers) > MAX_NUMBERS:
         raise InvalidMessage(f"diagnosis.numbers is not an object of at most {MAX_NUMBERS} numbers")
+    numbers = dict(numbers)
     for name, value in numbers.items():
         if not isinstance(name, str) or not NAME.match(name):
             raise InvalidMessage("diagnosis.numbers has a key that is not a name")
