@@ -29,7 +29,7 @@ MAX_FAILED_ENGINES = 32
 # The CRD's ranges for the sizes a heal may set: generous, but finite, so an absurd number
 # (1e30 from a forged termination message, 1.49e53 from a runaway estimate) is refused.
 MAX_TOKENS = 2**24                   # 16M tokens of context or batch
-MAX_SEQS = 2**16
+MAX_SEQS = 2**20                     # vLLM sets no limit; a million sequences is past any GPU
 MAX_GPU_BYTES = 2**44                # 16 TiB of KV cache on one GPU
 MAX_OFFLOAD_GIB = 4096.0
 

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Real heals on the H200 machine(s) (device tool): `vllm-autoheal serve` supervising real vLLM 0.25
+# (`vllm serve`, dummy weights, so memory is real) through the starts of issues 14 and 16.
+#   bash tests/gpu/heal_runs.sh SCENARIO...     (scenarios below; output under $OUT)
+# Needs: vLLM 0.25 unpacked in $SITE (shared/reference/gpu-payload.sh builds it), the model folders
+# that tests/gpu/make_models.py builds in $MODELS, and this repository's operator/ on PYTHONPATH.
+set -u
+SITE=${SITE:-/scratch/site}; MODELS=${MODELS:-/scratch/models}; CODE=${CODE:-$PWD}
+export PYTHONPATH=$SITE:$CODE/operator PATH=$SITE/bin:$PATH PYTHONUNBUFFERED=1
+export VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1   # never NVLink multicast
+L8=$MODELS/llama-3.1-8b; Q72=$MODELS/qwen2.5-72b
+
+idle() {  # wait until no process holds GPU memory
+  for _ in $(seq 1 60); do
+    used=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | sort -n | tail -1)
+    [ "${used:-0}" -lt 1000 ] && return 0; sleep 2
+  done; echo "GPU still busy: ${used} MiB"
+}
+thief() {  # thief GIB: another process holding GIB GiB of GPU 0, in its own session
+  rm -f /tmp/thief-ready
+  setsid python3 -c "import torch,time; x=torch.empty($1*2**30,dtype=torch.uint8,device='cuda:0'); open('/tmp/thief-ready','w').write('1'); time.sleep(900)" &
+  THIEF=$!; for _ in $(seq 1 120); do [ -f /tmp/thief-ready ] && break; sleep 1; done
+}
+serve() {  # serve NAME MODEL FLAGS...: one supervised run, its output in $OUT/NAME.log
+  local name=$1 model=$2; shift 2
+  local t0=$SECONDS
+  timeout 900 python3 -m vllm_autoheal serve "$model" --python python3 --port 8011 --once --fresh \
+    --history "$OUT/history.jsonl" --startup-timeout 600 --load-format dummy "$@" > "$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "$name: exit $rc in $((SECONDS - t0)) s; $(grep -c '^\[vllm-autoheal\] healed' "$OUT/$name.log") heal(s)" \
+    | tee -a "$OUT/summary.txt"
+  grep '^\[vllm-autoheal\]' "$OUT/$name.log" | cut -c1-400 | tee -a "$OUT/summary.txt"
+  idle
+}
+for scenario in "$@"; do
+  case $scenario in
+    tp2-launcher)  # the launcher's real termination message for 72B bf16 on one GPU
+      t0=$SECONDS
+      CUDA_VISIBLE_DEVICES=0 timeout 600 python3 -m vllm_autoheal.launcher --termination-path "$OUT/tm-72b-tp1.json" -- \
+        vllm serve "$Q72" --load-format dummy --port 8012 > "$OUT/launcher-72b-tp1.log" 2>&1
+      echo "tp2-launcher: exit $? in $((SECONDS - t0)) s" | tee -a "$OUT/summary.txt"; idle ;;
+    tp2)  # 72B bf16 does not fit one H200: heal to tensor parallelism 2 (issue 16)
+      serve tp2 "$Q72" --max-tensor-parallel-size 2 ;;
+    tp1-giveup)  # the same on one GPU without the bound: a clear give-up naming what would fit (issue 14)
+      CUDA_VISIBLE_DEVICES=0 serve tp1-giveup "$Q72" ;;
+    kv)  # 8B, utilization 0.2, context 131072: the KV cache is too small (issue 14, row 1)
+      CUDA_VISIBLE_DEVICES=0 serve kv "$L8" --gpu-memory-utilization 0.2 --max-model-len 131072 ;;
+    thief)  # default utilization with 100 GiB held by another process (row 2)
+      thief 100; CUDA_VISIBLE_DEVICES=0 serve thief "$L8" --max-model-len 8192
+      kill -9 -- -$THIEF 2>/dev/null; idle ;;
+    capture)  # utilization 0.995 with CUDA graphs (row 3)
+      CUDA_VISIBLE_DEVICES=0 serve capture "$L8" --gpu-memory-utilization 0.995 --max-model-len 8192 ;;
+    seqs)  # 131072 sequences: the sampler warm-up runs out (row 4)
+      CUDA_VISIBLE_DEVICES=0 serve seqs "$L8" --max-num-seqs 131072 --max-num-batched-tokens 131072 --max-model-len 8192 ;;
+    *) echo "unknown scenario $scenario" ;;
+  esac
+done
+nvidia-smi --query-gpu=index,memory.used --format=csv | tee -a "$OUT/summary.txt"
