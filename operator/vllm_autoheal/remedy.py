@@ -295,6 +295,8 @@ def seqs_from_allocation(ctx: Context) -> Remedy | None:
     as a power of two, and no more than vLLM's default for this GPU (which the warm-up is built for)."""
     tried, dummy, free = ctx.num("tried_gib"), ctx.num("dummy_requests"), ctx.num("gpu_free_gib")
     current = ctx.engine.max_num_seqs or (int(dummy) if dummy else None)
+    if not dummy and ctx.engine.max_num_seqs and ctx.total and ctx.engine.max_num_seqs > default_max_num_seqs(ctx.total):
+        dummy = ctx.engine.max_num_seqs  # the warm-up batch is max_num_seqs requests (vLLM 0.25 prints no count)
     if not tried or not dummy or not current:
         return None
     per_seq = tried / dummy
