@@ -284,3 +284,20 @@ async def test_phase_follows_the_pods_and_exhausted_stays_until_a_person_edits(c
     obj = await wait_for(lambda: condition(v := cluster.vsvc_now("ph"), "HealExhausted") is None and v,
                          what="a person's edit")
     assert status(obj)["attempts"] == 0 and status(obj)["baseline"]["maxModelLen"] == 4096
+
+
+# --- issue 16: the launcher's real message from 72B bf16 on one H200 (tests/gpu/heal_runs.sh) ------
+
+REAL_72B_ON_ONE_H200 = (Path(__file__).parent / "fixtures" / "gpu" / "heal-runs" / "termination-72b-tp1.json").read_text()
+
+
+async def test_the_real_72b_crash_on_one_h200_heals_to_two_gpus(cluster):
+    spec = {**SPEC, "model": "Qwen/Qwen2.5-72B-Instruct",
+            "resources": {"gpuProduct": "NVIDIA-H200", "limits": {"memory": "64Gi"}}, "heal": TP_HEAL}
+    obj = await cluster.first_heal("qwen72b", spec, "qwen72b-a", message=REAL_72B_ON_ONE_H200)
+    dep = await wait_for(lambda: flag(d := cluster.deployment_now("qwen72b"), "--tensor-parallel-size") == "2" and d,
+                         what="rollout")
+    assert gpus(dep) == 2
+    heal = status(obj)["heals"][-1]
+    assert heal["cause"] == "weights_load_oom" and heal["action"] == "IncreaseTensorParallel"
+    assert obj["spec"]["engine"]["tensorParallelSize"] == 2

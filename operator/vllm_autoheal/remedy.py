@@ -479,13 +479,20 @@ def _cannot_fit(ctx: Context, remedy: Remedy) -> str | None:
     """A change the memory model says still cannot start is never tried: a restart costs minutes.
     Only where the model's shape and the GPU are known, and for the causes it predicts well."""
     if ctx.inv.shape is None or not ctx.total or remedy.action in _NOT_VETOED \
-            or ctx.diag.cause not in _MEMORY_MODEL_CAUSES:
+            or ctx.diag.cause not in _MEMORY_MODEL_CAUSES or _sized_by_vllm(ctx, remedy):
         return None
     after = ctx.engine.model_copy(update={k: v for k, v in remedy.changes.items() if k in EngineArgs.model_fields})
     est = estimate(ctx.inv.shape, after, GpuSpec("gpu", ctx.total), ctx.inv.gpu_free_gib, ctx.inv.entrypoint)
     if est.fits:
         return None
     return f"the memory model says it still does not fit ({'; '.join(est.reasons)[:200]})"
+
+
+def _sized_by_vllm(ctx: Context, remedy: Remedy) -> bool:
+    """vLLM's own figures for this very run outrank the memory model's estimate."""
+    needs = {"LowerMaxModelLen": ("estimated_max_model_len", "kv_tokens"),
+             "RaiseGpuMemoryUtilization": ("needed_gib",), "LowerGpuMemoryUtilization": ("free_gib",)}
+    return any(ctx.num(key) is not None for key in needs.get(remedy.action, ()))
 
 
 def what_would_fit(ctx: Context) -> str:

@@ -56,7 +56,7 @@ def _number(name: str, value: Any) -> float | int:
     if name in figures.KIND:  # the classifier's own table of what each figure can be
         problem = figures.check(name, value, None)
         if problem:
-            raise InvalidMessage(f"diagnosis.numbers.{name} {value}: {problem}")
+            raise InvalidMessage(f"diagnosis.numbers.{name} {value} is outside what vLLM prints ({problem})")
         return value
     low, high = RANGES.get(name, GIB_RANGE if name.endswith("_gib") else DEFAULT_RANGE)
     if not low <= value <= high:
