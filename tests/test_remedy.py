@@ -111,11 +111,14 @@ def test_host_ram_vpa_bump_within_bound():
 def test_weights_quantized_fallback_then_tensor_parallel():
     s = VLLMServiceSpec(model="Qwen/Qwen2.5-32B", heal={
         "quantizedFallback": {"allowed": True, "model": "Qwen/Qwen2.5-32B-AWQ", "method": "awq_marlin"},
-        "bounds": {"maxTensorParallelSize": 4}, "allowedActions": ["IncreaseTensorParallel"]})
+        "bounds": {"maxTensorParallelSize": 4}, "allowedActions": ["Quantize", "IncreaseTensorParallel"]})
     d = Diagnosis(cause="weights_load_oom")
     assert plan(s, d).changes == {"model": "Qwen/Qwen2.5-32B-AWQ", "quantization": "awq_marlin"}
     assert plan(s, d, history=[{"cause": "weights_load_oom", "action": "Quantize"}]).changes == \
         {"tensor_parallel_size": 2}
+    # Quantize is a HealAction like any other: leaving it out of allowedActions disallows it.
+    no_quantize = s.model_copy(update={"heal": s.heal.model_copy(update={"allowed_actions": ["IncreaseTensorParallel"]})})
+    assert plan(no_quantize, d).changes == {"tensor_parallel_size": 2}
 
 
 def test_preflight_fix_starts_with_flags_that_fit():

@@ -8,12 +8,13 @@ the operator, rejects a bad resource, with a message that names the field.
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, create_model
 from pydantic.alias_generators import to_camel
 
 from . import model_config as mc
+from .diagnosis.model import Cause, EnginePhase
 
 GROUP = "vllm.autoheal.dev"
 VERSION = "v1alpha1"
@@ -61,9 +62,12 @@ HealAction = Literal[
     "RaiseGpuMemoryUtilization", "LowerGpuMemoryUtilization", "LowerMaxModelLen",
     "LowerMaxNumSeqs", "LowerMaxNumBatchedTokens", "EnforceEager", "Fp8KvCache",
     "SetKvCacheMemoryBytes", "IncreaseTensorParallel", "CpuOffload", "LowerCpuOffload",
-    "RaiseMemoryLimit",
+    "RaiseMemoryLimit", "Quantize",
 ]
-ALL_ACTIONS: list[str] = list(HealAction.__args__)  # type: ignore[attr-defined]
+ALL_ACTIONS: list[str] = list(get_args(HealAction))
+NoHeal = Literal["NoChange", "GiveUp"]                # the planner's outcomes that change nothing
+OperatorAction = Literal["RevertUnschedulable"]       # the operator's own, decided by heal.unschedulable
+RecordedAction = Literal[HealAction, NoHeal, OperatorAction]
 Phase = Literal["Pending", "Progressing", "Running", "Healing", "Degraded", "Failed"]
 
 
@@ -397,13 +401,13 @@ class HealRecord(Model):
     pod_uid: str = Field("", description="Its uid.")
     container: str = Field("vllm", description="The container that crashed.")
     restart_count: int = Field(0, ge=0, description="Its restart count at the crash.")
-    cause: str = Field(..., description="Diagnosed cause, e.g. kv_cache_insufficient.")
-    phase: str = Field("unknown", description="Engine phase at the crash.")
+    cause: Cause = Field(..., description="Diagnosed cause, e.g. kv_cache_insufficient.")
+    phase: EnginePhase = Field(EnginePhase.UNKNOWN, description="Engine phase at the crash.")
     evidence: list[str] = Field(default_factory=list, max_length=5, description="Log lines that decided the cause.",
                                 json_schema_extra={"items": {"type": "string", "maxLength": 512}})
     numbers: dict[str, float] = Field(default_factory=dict, description=(
         "Figures vLLM printed, e.g. estimated_max_model_len, free_gib, needed_gib."))
-    action: str = Field(..., description="What was done: an action name, NoChange or GiveUp.")
+    action: RecordedAction = Field(..., description="What was done: an action name, NoChange or GiveUp.")
     reason: str = Field("", max_length=2048, description="Why, citing the evidence.")
     changes: list[FieldChange] = Field(default_factory=list, description="Each changed field, before and after.")
 
@@ -422,8 +426,8 @@ class HealIntent(Model):
     """A heal decided and recorded before it is applied, so that an API error or an operator restart
     between its writes finishes it (reconcile completes it) instead of leaving half of it."""
     crash: str = Field(..., max_length=512, description="The crash it heals (podUID/container/restartCount).")
-    cause: str = Field(..., max_length=64, description="The diagnosed cause.")
-    action: str = Field(..., max_length=64, description="The action.")
+    cause: Cause = Field(..., description="The diagnosed cause.")
+    action: RecordedAction = Field(..., description="The action.")
     summary: str = Field("", max_length=2048, description="What changes and why.")
     target: Deployed = Field(..., description="What the heal deploys.")
     previous: Deployed = Field(..., description="What ran before it (scheduled: it ran and crashed).")

@@ -1,7 +1,11 @@
 """Prometheus metrics of the operator, served on its /metrics port."""
 from __future__ import annotations
 
+from typing import get_args
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from .api import Phase
 
 REGISTRY = CollectorRegistry()
 INCIDENTS = Counter("vllm_autoheal_incidents_total", "vLLM crashes diagnosed, by cause.",
@@ -13,7 +17,7 @@ HEAL_LATENCY = Histogram("vllm_autoheal_heal_latency_seconds",
                          "From a crash observed to the resource patched.",
                          buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=REGISTRY)
 SERVICES = Gauge("vllm_autoheal_services", "VLLMServices by phase.", ["phase"], registry=REGISTRY)
-PHASES = ("Pending", "Progressing", "Running", "Healing", "Degraded", "Failed")
+PHASES = get_args(Phase)  # the resource phases, from the API
 _phase_of: dict[str, str] = {}
 
 

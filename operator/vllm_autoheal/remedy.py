@@ -15,8 +15,10 @@ from typing import Any, Callable, Collection
 
 from .api import EngineArgs, HealPolicy, VLLMServiceSpec
 from .diagnosis import Diagnosis
+from .diagnosis.model import Cause
 from .engine import BY_FIELD, parse_args
-from .memory import BLOCK_SIZE, CUDA_CONTEXT_GIB, CUDAGRAPH_GIB, GIB, ModelShape, default_max_num_seqs, estimate
+from .memory import (BLOCK_SIZE, CUDA_CONTEXT_GIB, CUDAGRAPH_GIB, GIB, ModelShape, default_max_num_batched_tokens,
+                     default_max_num_seqs, estimate)
 from .gpus import GpuSpec
 from .quantity import format_bytes, parse_quantity
 from .remedy_gate import Limits, check, utilization_floor
@@ -279,13 +281,10 @@ def _halve(field_name: str, action: str, floor_of: Callable[[Context], int], def
 
 def _seqs_default(ctx: Context) -> int:
     dummy = ctx.num("dummy_requests")
-    if dummy:
-        return int(dummy)
-    return 1024 if (ctx.total or 0) >= 70 else 256
+    return int(dummy) if dummy else default_max_num_seqs(ctx.total or 0)
 
 
 def _mbt_default(ctx: Context) -> int:
-    from .memory import default_max_num_batched_tokens
     return default_max_num_batched_tokens(ctx.total or 24, ctx.inv.entrypoint)
 
 
@@ -402,16 +401,19 @@ def shrink_kv_bytes(ctx: Context) -> Remedy | None:
                   f"host RAM ran out; the KV cache {format_bytes(kv)} -> {format_bytes(new)}.")
 
 
-PLANS: dict[str, list[Step]] = {
-    "kv_cache_insufficient": [raise_utilization_for_kv, lower_max_model_len, raise_utilization_blind,
+# Every cause has a row; an empty one means no change is ever made for it.
+PLANS: dict[Cause, list[Step]] = {
+    Cause.KV_CACHE_INSUFFICIENT: [raise_utilization_for_kv, lower_max_model_len, raise_utilization_blind,
                               fp8_kv_cache, more_tensor_parallel],
-    "gpu_util_exceeds_free": [fit_utilization_to_free, fit_kv_bytes_to_free, lower_utilization_step],
-    "weights_load_oom": [quantized_model, more_tensor_parallel, cpu_offload],
-    "profiling_oom": [seqs_from_allocation, lower_seqs, lower_batched, lower_utilization_step],
-    "cudagraph_capture_oom": [room_for_graphs, enforce_eager, lower_utilization_step],
-    "runtime_oom": [lower_utilization_step, lower_seqs, lower_batched],
-    "multi_gpu_oom": [lower_max_model_len, lower_utilization_step, enforce_eager],
-    "host_ram_oom": [raise_memory_limit, lower_cpu_offload, shrink_kv_bytes],
+    Cause.GPU_UTIL_EXCEEDS_FREE: [fit_utilization_to_free, fit_kv_bytes_to_free, lower_utilization_step],
+    Cause.WEIGHTS_LOAD_OOM: [quantized_model, more_tensor_parallel, cpu_offload],
+    Cause.PROFILING_OOM: [seqs_from_allocation, lower_seqs, lower_batched, lower_utilization_step],
+    Cause.CUDAGRAPH_CAPTURE_OOM: [room_for_graphs, enforce_eager, lower_utilization_step],
+    Cause.RUNTIME_OOM: [lower_utilization_step, lower_seqs, lower_batched],
+    Cause.MULTI_GPU_OOM: [lower_max_model_len, lower_utilization_step, enforce_eager],
+    Cause.HOST_RAM_OOM: [raise_memory_limit, lower_cpu_offload, shrink_kv_bytes],
+    Cause.NOT_OOM: [],
+    Cause.UNKNOWN: [],
 }
 
 
@@ -428,10 +430,10 @@ def plan(spec: VLLMServiceSpec, diagnosis: Diagnosis, history: list[dict[str, An
     engine = engine or spec.engine
     model = model or spec.model
     memory_limit = memory_limit if memory_limit is not None else spec.resources.limits.memory
-    if diagnosis.cause == "not_oom":
+    if diagnosis.cause == Cause.NOT_OOM:
         return Remedy(NO_CHANGE, reason=f"not a memory failure ({diagnosis.subtype or 'see evidence'}); "
                                         "memory flags stay as they are.")
-    if diagnosis.cause not in PLANS:
+    if not PLANS[diagnosis.cause]:
         return Remedy(NO_CHANGE, reason="the cause is unknown; nothing is changed on a guess.")
     if not spec.heal.enabled:
         return Remedy(NO_CHANGE, reason="healing is disabled (spec.heal.enabled=false); diagnosis only.")
@@ -449,7 +451,7 @@ def plan(spec: VLLMServiceSpec, diagnosis: Diagnosis, history: list[dict[str, An
     floor = utilization_floor(spec.heal.bounds, engine, inv.shape, total, inv.entrypoint)
     limits = Limits(spec.heal.bounds, floor, inv.memory_limit_bytes)
     ctx = Context(spec, engine, diagnosis, inv, tried, limits)
-    allowed = (set(spec.heal.allowed_actions) | {"Quantize"}) - set(exclude)
+    allowed = set(spec.heal.allowed_actions) - set(exclude)
     refused: list[str] = []
     for step in PLANS[diagnosis.cause]:
         remedy = step(ctx)

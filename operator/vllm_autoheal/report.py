@@ -4,24 +4,25 @@ from __future__ import annotations
 from typing import Any
 
 from .diagnosis import Diagnosis
+from .diagnosis.model import Cause
 
 # What to change when no engine args were given to size a remedy from.
-ADVICE = {
-    "kv_cache_insufficient": "Lower --max-model-len to the estimate vLLM printed, or raise "
+ADVICE: dict[Cause, str] = {
+    Cause.KV_CACHE_INSUFFICIENT: "Lower --max-model-len to the estimate vLLM printed, or raise "
                              "--gpu-memory-utilization if the GPU has free memory; then --kv-cache-dtype fp8.",
-    "gpu_util_exceeds_free": "Set --gpu-memory-utilization to what is really free (free/total minus a margin), "
+    Cause.GPU_UTIL_EXCEEDS_FREE: "Set --gpu-memory-utilization to what is really free (free/total minus a margin), "
                              "or stop the other process on the GPU.",
-    "weights_load_oom": "The weights do not fit: use more GPUs (--tensor-parallel-size), a quantized checkpoint, "
+    Cause.WEIGHTS_LOAD_OOM: "The weights do not fit: use more GPUs (--tensor-parallel-size), a quantized checkpoint, "
                         "or --cpu-offload-gb.",
-    "profiling_oom": "Lower --max-num-seqs and/or --max-num-batched-tokens (the profiling batch), "
+    Cause.PROFILING_OOM: "Lower --max-num-seqs and/or --max-num-batched-tokens (the profiling batch), "
                      "then --gpu-memory-utilization.",
-    "cudagraph_capture_oom": "Add --enforce-eager (or capture fewer sizes), or lower --gpu-memory-utilization.",
-    "runtime_oom": "Leave headroom: lower --gpu-memory-utilization a step, then --max-num-seqs / "
+    Cause.CUDAGRAPH_CAPTURE_OOM: "Add --enforce-eager (or capture fewer sizes), or lower --gpu-memory-utilization.",
+    Cause.RUNTIME_OOM: "Leave headroom: lower --gpu-memory-utilization a step, then --max-num-seqs / "
                    "--max-num-batched-tokens.",
-    "multi_gpu_oom": "Lower --gpu-memory-utilization for the tight rank, balance the split, or --enforce-eager.",
-    "host_ram_oom": "Raise the container's memory limit, or lower --cpu-offload-gb / KV offload / swap space.",
-    "not_oom": "Do not change memory settings; fix the error shown in the evidence.",
-    "unknown": "No known failure was found; read the full log (the cause sits above the last traceback).",
+    Cause.MULTI_GPU_OOM: "Lower --gpu-memory-utilization for the tight rank, balance the split, or --enforce-eager.",
+    Cause.HOST_RAM_OOM: "Raise the container's memory limit, or lower --cpu-offload-gb / KV offload / swap space.",
+    Cause.NOT_OOM: "Do not change memory settings; fix the error shown in the evidence.",
+    Cause.UNKNOWN: "No known failure was found; read the full log (the cause sits above the last traceback).",
 }
 
 
@@ -48,7 +49,7 @@ def render_diagnosis(diag: Diagnosis, remedy: Any = None) -> str:
     if remedy is not None:
         lines.append(f"remedy:   {remedy.summary()}")
     else:
-        lines.append(f"change:   {ADVICE.get(diag.cause, ADVICE['unknown'])}")
+        lines.append(f"change:   {ADVICE[diag.cause]}")
     return "\n".join(lines)
 
 

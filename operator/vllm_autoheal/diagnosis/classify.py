@@ -311,7 +311,7 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
 
     def done(cause: str, phase: str, first: Finding | None, confidence: str, subtype: str | None = None,
              support: Line | None = None, why: str = "") -> m.Diagnosis:
-        diag.cause, diag.phase, diag.confidence = cause, phase, confidence
+        diag.cause, diag.phase, diag.confidence = m.Cause(cause), m.EnginePhase(phase), confidence
         diag.subtype = subtype or (first.message.subtype if first else None)
         diag.evidence = _evidence(first.line if first else None, support,
                                   engine_error=first is not None and first.message.kind != msg.NOT_OOM)
@@ -427,7 +427,7 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
                 why="No known failure message was found" + (" (empty log)." if not log.strip() else "."))
 
 
-EXPLANATIONS = {
+EXPLANATIONS: dict[m.Cause, str] = {
     m.KV_CACHE_INSUFFICIENT: "The memory left for the KV cache cannot hold one request of max_model_len.",
     m.GPU_UTIL_EXCEEDS_FREE: "vLLM asked for more memory than was free: something else holds part of it.",
     m.WEIGHTS_LOAD_OOM: "The model weights do not fit in the GPU memory vLLM may use.",
@@ -437,4 +437,5 @@ EXPLANATIONS = {
     m.MULTI_GPU_OOM: "Out of memory on one GPU of a multi-GPU deployment.",
     m.HOST_RAM_OOM: "The machine or container ran out of host (CPU) RAM.",
     m.NOT_OOM: "The crash is not about memory; memory settings must not be changed for it.",
+    m.UNKNOWN: "No known failure message was found.",
 }

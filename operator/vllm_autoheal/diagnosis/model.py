@@ -1,32 +1,44 @@
-"""What goes into a diagnosis and what comes out. Standard library only."""
+"""Owns the diagnosis vocabulary: the Cause and EnginePhase tables, Signals in, Diagnosis out. Standard library only."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from typing import Any
 
-KV_CACHE_INSUFFICIENT = "kv_cache_insufficient"
-GPU_UTIL_EXCEEDS_FREE = "gpu_util_exceeds_free"
-WEIGHTS_LOAD_OOM = "weights_load_oom"
-PROFILING_OOM = "profiling_oom"
-CUDAGRAPH_CAPTURE_OOM = "cudagraph_capture_oom"
-RUNTIME_OOM = "runtime_oom"
-MULTI_GPU_OOM = "multi_gpu_oom"
-HOST_RAM_OOM = "host_ram_oom"
-NOT_OOM = "not_oom"
-UNKNOWN = "unknown"
+class Cause(StrEnum):
+    """Every cause a diagnosis can name: the one table the explanation (classify.EXPLANATIONS),
+    advice (report.ADVICE) and remedy (remedy.PLANS) tables are keyed by."""
+    KV_CACHE_INSUFFICIENT = "kv_cache_insufficient"
+    GPU_UTIL_EXCEEDS_FREE = "gpu_util_exceeds_free"
+    WEIGHTS_LOAD_OOM = "weights_load_oom"
+    PROFILING_OOM = "profiling_oom"
+    CUDAGRAPH_CAPTURE_OOM = "cudagraph_capture_oom"
+    RUNTIME_OOM = "runtime_oom"
+    MULTI_GPU_OOM = "multi_gpu_oom"
+    HOST_RAM_OOM = "host_ram_oom"
+    NOT_OOM = "not_oom"
+    UNKNOWN = "unknown"
 
-CAUSES = (KV_CACHE_INSUFFICIENT, GPU_UTIL_EXCEEDS_FREE, WEIGHTS_LOAD_OOM, PROFILING_OOM,
-          CUDAGRAPH_CAPTURE_OOM, RUNTIME_OOM, MULTI_GPU_OOM, HOST_RAM_OOM, NOT_OOM, UNKNOWN)
-MEMORY_CAUSES = CAUSES[:8]
 
-# Engine phases, in the order vLLM goes through them.
-PHASE_LOAD = "load"
-PHASE_PROFILE = "profile"
-PHASE_KV = "kv-allocation"
-PHASE_CAPTURE = "graph-capture"
-PHASE_SERVING = "serving"
-PHASE_UNKNOWN = "unknown"
-PHASES = (PHASE_LOAD, PHASE_PROFILE, PHASE_KV, PHASE_CAPTURE, PHASE_SERVING, PHASE_UNKNOWN)
+class EnginePhase(StrEnum):
+    """Where in vLLM's start-up (or serving) the engine was, in the order vLLM goes through them."""
+    LOAD = "load"
+    PROFILE = "profile"
+    KV = "kv-allocation"
+    CAPTURE = "graph-capture"
+    SERVING = "serving"
+    UNKNOWN = "unknown"
+    PREDICTED = "predicted"  # not a crash: the memory model's verdict before start (pre-flight)
+
+
+# Short names for the members (the same objects, not another table).
+KV_CACHE_INSUFFICIENT, GPU_UTIL_EXCEEDS_FREE, WEIGHTS_LOAD_OOM, PROFILING_OOM, CUDAGRAPH_CAPTURE_OOM, \
+    RUNTIME_OOM, MULTI_GPU_OOM, HOST_RAM_OOM, NOT_OOM, UNKNOWN = tuple(Cause)
+CAUSES = tuple(Cause)
+MEMORY_CAUSES = frozenset(Cause) - {Cause.NOT_OOM, Cause.UNKNOWN}
+
+PHASE_LOAD, PHASE_PROFILE, PHASE_KV, PHASE_CAPTURE, PHASE_SERVING, PHASE_UNKNOWN, PHASE_PREDICTED = tuple(EnginePhase)
+PHASES = tuple(EnginePhase)
 
 
 @dataclass
@@ -87,8 +99,8 @@ class Signals:
 
 @dataclass
 class Diagnosis:
-    cause: str = UNKNOWN
-    phase: str = PHASE_UNKNOWN
+    cause: Cause = Cause.UNKNOWN
+    phase: EnginePhase = EnginePhase.UNKNOWN
     subtype: str | None = None
     evidence: list[str] = field(default_factory=list)
     numbers: dict[str, float | int] = field(default_factory=dict)
@@ -96,6 +108,9 @@ class Diagnosis:
     confidence: str = "low"              # high: an explicit vLLM message; medium: inferred; low: guessed
     source: str = "log"                  # log, exit-state, termination-message, log-tail-only
     notes: list[str] = field(default_factory=list)  # numbers dropped as implausible, lines ignored, ...
+
+    def __post_init__(self) -> None:
+        self.cause, self.phase = Cause(self.cause), EnginePhase(self.phase)  # a bad name is a bug: fail here
 
     @property
     def is_memory(self) -> bool:

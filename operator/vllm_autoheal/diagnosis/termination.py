@@ -73,7 +73,7 @@ def _diagnosis(d: Any) -> dict[str, Any]:
     out["cause"] = d["cause"]
     if "phase" in d:
         phase = _text(d["phase"], "diagnosis.phase", 32)
-        if phase not in m.PHASES and phase != "predicted":
+        if phase not in m.PHASES:
             raise InvalidMessage(f"diagnosis.phase {phase[:32]!r} is not a known phase")
         out["phase"] = phase
     if d.get("subtype") is not None:
