@@ -23,7 +23,8 @@ sys.path.insert(0, str(ROOT / "operator"))
 from vllm_autoheal.api import EngineArgs, VLLMServiceSpec  # noqa: E402
 from vllm_autoheal.diagnosis import Signals, classify  # noqa: E402
 from vllm_autoheal.gpus import lookup  # noqa: E402
-from vllm_autoheal.memory import GIB, estimate, shape_from_config  # noqa: E402
+from vllm_autoheal.diagnosis.units import GIB  # noqa: E402
+from vllm_autoheal.memory import estimate, shape_from_config  # noqa: E402
 from vllm_autoheal.remedy import Inventory, plan  # noqa: E402
 
 MAX_RESTARTS = 30

@@ -4,7 +4,8 @@ import pytest
 from hypothesis import given, strategies as st
 
 from vllm_autoheal.api import EngineArgs
-from vllm_autoheal.engine import (EngineArgsError, changed_fields, parse_args, parse_size, to_args,
+from vllm_autoheal.quantity import parse_size
+from vllm_autoheal.engine import (EngineArgsError, changed_fields, parse_args, to_args,
                                   to_command)
 
 

@@ -68,3 +68,34 @@ def test_a_diagnosis_takes_only_known_names():
     assert Diagnosis(cause="host_ram_oom").cause is Cause.HOST_RAM_OOM
     with pytest.raises(ValueError):
         Diagnosis(cause="out_of_memory")
+
+
+def test_one_set_of_byte_units():
+    """GIB and friends are defined in diagnosis/units.py only; nothing else spells 2**30 or defines a GIB."""
+    import pathlib
+    import re
+
+    package = pathlib.Path(remedy.__file__).parent
+    offenders = [f"{p.relative_to(package)}:{n}" for p in package.rglob("*.py") if p.name != "units.py"
+                 for n, line in enumerate(p.read_text().splitlines(), 1)
+                 if re.search(r"2\s*\*\*\s*30|1024\s*\*\*\s*3|^\s*GIB\s*=", line)]
+    assert not offenders
+
+
+@pytest.mark.parametrize("text, value", [("8Gi", 8 * 2**30), ("8gib", 8 * 2**30), ("8G", 8 * 10**9),
+                                         ("1.5g", 1_500_000_000), ("512MiB", 512 * 2**20), ("1024", 1024)])
+def test_vllm_sizes_share_the_quantity_grammar(text, value):
+    from vllm_autoheal.quantity import parse_quantity, parse_size
+    assert parse_size(text) == value
+    if text[-1] not in "bBg":
+        assert parse_quantity(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "8x", "-1G", "1e3", "G", "inf", "8 Gi Gi"])
+def test_a_bad_size_names_itself(text):
+    from vllm_autoheal.engine import EngineArgsError, parse_args
+    from vllm_autoheal.quantity import parse_size
+    with pytest.raises(ValueError, match="not a size"):
+        parse_size(text)
+    with pytest.raises(EngineArgsError, match="kv-cache-memory-bytes"):
+        parse_args(["--kv-cache-memory-bytes", text or "''"])

@@ -15,6 +15,7 @@ from typing import Any
 from pydantic.alias_generators import to_camel
 
 from .api import EngineArgs
+from .quantity import parse_size
 
 
 class EngineArgsError(ValueError):
@@ -159,19 +160,6 @@ def extra_args_rule(entry: Flag | Reserved) -> tuple[str, str]:
 
 SERVE_PREFIX = ("vllm", "serve")
 API_SERVER_PREFIX = ("python3", "-m", "vllm.entrypoints.openai.api_server")
-
-_SIZE_SUFFIX = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
-                "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
-
-
-def parse_size(text: str) -> int:
-    """vLLM accepts human-readable byte counts for --kv-cache-memory-bytes (8G, 8Gi, 1.5g)."""
-    t = text.strip().lower().removesuffix("b")
-    for suffix in sorted(_SIZE_SUFFIX, key=len, reverse=True):
-        if t.endswith(suffix):
-            return int(float(t[: -len(suffix)]) * _SIZE_SUFFIX[suffix])
-    return int(t)
-
 
 def _version_tuple(v: str) -> tuple[int, ...]:
     parts = []

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from .diagnosis.model import GpuInfo, GpuProcess, GpuSnapshot
+from .diagnosis.units import GIB
 
-GIB = 2**30
 
 
 def _nvml() -> Any | None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from .diagnosis.units import GB, GIB
+
 
 @dataclass(frozen=True)
 class GpuSpec:
@@ -61,7 +63,7 @@ def lookup(name: str, memory_gib: float | None = None) -> GpuSpec:
     key = _key(name)
     mig = _MIG.search(key)
     if mig:  # a MIG slice: its memory is in the profile name (e.g. 3g.40gb)
-        return GpuSpec(name, int(mig.group(2)) * 1e9 / 2**30 - 0.5, "MIG profile")
+        return GpuSpec(name, int(mig.group(2)) * GB / GIB - 0.5, "MIG profile")
     if key in _CATALOG:
         mem, src = _CATALOG[key]
         return GpuSpec(name, mem, src)

@@ -25,6 +25,7 @@ from typing import Any
 from . import cgroups
 from .api import EngineArgs, VLLMServiceSpec
 from .diagnosis import Signals, classify
+from .diagnosis.units import GIB
 from .engine import describe, to_command
 from .gpu import snapshot
 from .launcher import ENGINE_DEAD, OutputKeeper, pump
@@ -235,7 +236,7 @@ class Supervisor:
                                     pipeline_parallel_size=engine.pipeline_parallel_size))
             inventory = Inventory(memory_limit_bytes=cgroups.memory_limit())
             if gpu.gpus:
-                inventory.gpu_total_gib = gpu.gpus[0].total_bytes / 2**30
+                inventory.gpu_total_gib = gpu.gpus[0].total_bytes / GIB
             if diag.is_memory:  # the gate never goes back to settings that crashed of memory
                 self.failed.add(fingerprint(self.opts.model, engine, None))
             progress = PROGRESS.get(diag.phase, -1)

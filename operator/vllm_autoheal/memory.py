@@ -15,9 +15,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .api import EngineArgs
+from .diagnosis.units import GIB
 from .gpus import GpuSpec
 
-GIB = 2**30
 BLOCK_SIZE = 16  # vLLM's default KV block (shared/gpu-ground-truth: KV tokens = blocks x 16)
 
 # Calibrated on vLLM 0.25.0, Llama-3.1-8B, one H200 (shared/gpu-ground-truth/cases.jsonl):

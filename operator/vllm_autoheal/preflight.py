@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from .api import EngineArgs, VLLMServiceSpec
 from .diagnosis import Diagnosis
 from .gpus import GpuSpec
-from .memory import GIB, Estimate, ModelShape, estimate
+from .diagnosis.units import GIB
+from .memory import Estimate, ModelShape, estimate
 from .remedy import Inventory, Remedy, plan
 
 MAX_FIX_STEPS = 6

@@ -1,11 +1,16 @@
-"""Kubernetes resource quantities <-> bytes (the subset memory limits use)."""
+"""Owns size parsing: Kubernetes resource quantities <-> bytes, and vLLM's human-readable sizes."""
 from __future__ import annotations
 
 import re
 from fractions import Fraction
 
-_SUFFIX = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
-           "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60, "m": Fraction(1, 1000)}
+from .diagnosis.units import EB, EIB, GB, GIB, KB, KIB, MB, MIB, PB, PIB, TB, TIB
+
+_SUFFIX = {"": 1, "k": KB, "M": MB, "G": GB, "T": TB, "P": PB, "E": EB,
+           "Ki": KIB, "Mi": MIB, "Gi": GIB, "Ti": TIB, "Pi": PIB, "Ei": EIB, "m": Fraction(1, 1000)}
+# vLLM's sizes are case-insensitive ("8g", "8GiB"): each lower-case suffix is the quantity's suffix.
+_ANY_CASE = {s.lower(): s for s in _SUFFIX if s != "m"}
+_SIZE = re.compile(r"^([0-9.]+)\s*([a-z]*)$")
 _QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
 
 
@@ -30,4 +35,13 @@ def format_bytes(value: int) -> str:
         size = _SUFFIX[unit]
         if value % size == 0:
             return f"{value // size}{unit}"
-    return f"{-(-value // 2**20)}Mi"  # round up to whole MiB
+    return f"{-(-value // MIB)}Mi"  # round up to whole MiB
+
+
+def parse_size(text: str) -> int:
+    """vLLM's human-readable byte counts for --kv-cache-memory-bytes (8G, 8Gi, 1.5g, 8GiB): a quantity
+    in any case with an optional trailing B; a bad one is a ValueError naming it."""
+    found = _SIZE.match(str(text).strip().lower().removesuffix("b"))
+    if not found or found.group(2) not in _ANY_CASE:
+        raise ValueError(f"not a size: {text!r}")
+    return int(exact_quantity(found.group(1) + _ANY_CASE[found.group(2)]))

@@ -17,7 +17,8 @@ from .api import EngineArgs, HealPolicy, VLLMServiceSpec
 from .diagnosis import Diagnosis
 from .diagnosis.model import Cause
 from .engine import BY_FIELD, parse_args
-from .memory import (BLOCK_SIZE, CUDA_CONTEXT_GIB, CUDAGRAPH_GIB, GIB, ModelShape, default_max_num_batched_tokens,
+from .diagnosis.units import GIB, MIB
+from .memory import (BLOCK_SIZE, CUDA_CONTEXT_GIB, CUDAGRAPH_GIB, ModelShape, default_max_num_batched_tokens,
                      default_max_num_seqs, estimate)
 from .gpus import GpuSpec
 from .quantity import format_bytes, parse_quantity
@@ -27,7 +28,7 @@ from .remedy_gate import Limits, check, utilization_floor
 REPEATABLE = {"RaiseMemoryLimit"}
 NO_CHANGE = "NoChange"
 GIVE_UP = "GiveUp"
-VPA_RATIO, VPA_MIN_BUMP = 1.2, 100 * 2**20  # Kubernetes VPA's OOM bump (DefaultOOMBumpUpRatio/MinBumpUp)
+VPA_RATIO, VPA_MIN_BUMP = 1.2, 100 * MIB  # Kubernetes VPA's OOM bump (DefaultOOMBumpUpRatio/MinBumpUp)
 
 
 @dataclass
@@ -395,7 +396,7 @@ def shrink_kv_bytes(ctx: Context) -> Remedy | None:
     new = kv // 2
     if ctx.inv.memory_limit_bytes:
         new = min(new, ctx.inv.memory_limit_bytes // 3)
-    new = max(new // 2**20, 1) * 2**20
+    new = max(new // MIB, 1) * MIB
     new = max(new, ctx.policy.bounds.min_kv_cache_memory_bytes)
     return Remedy("SetKvCacheMemoryBytes", {"kv_cache_memory_bytes": new},
                   f"host RAM ran out; the KV cache {format_bytes(kv)} -> {format_bytes(new)}.")

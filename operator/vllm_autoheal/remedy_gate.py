@@ -16,7 +16,8 @@ from typing import Any, Collection
 from pydantic import ValidationError
 
 from .api import EngineArgs, HealBounds
-from .memory import GIB, ModelShape, estimate
+from .diagnosis.units import GIB
+from .memory import ModelShape, estimate
 from .gpus import GpuSpec
 from .quantity import parse_quantity
 

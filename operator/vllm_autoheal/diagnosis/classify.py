@@ -24,6 +24,7 @@ from typing import Any
 from . import figures
 from . import messages as msg
 from . import model as m
+from .units import GIB
 from . import termination
 from .scan import ENGINE, REQUEST, Line, scan
 
@@ -133,7 +134,7 @@ def scan_limit() -> int:
 
 def _device_gib(signals: m.Signals, findings: list[Finding]) -> float | None:
     if signals.gpu and signals.gpu.gpus:
-        return max(g.total_bytes for g in signals.gpu.gpus) / 2**30 or None
+        return max(g.total_bytes for g in signals.gpu.gpus) / GIB or None
     for f in findings:
         for key in ("total_gib", "gpu_total_gib"):
             value = f.match.groupdict().get(key)
@@ -187,7 +188,7 @@ def _multi_gpu(signals: m.Signals, numbers: dict, lines: list[Line]) -> bool:
 def _other_process_gib(signals: m.Signals, numbers: dict) -> float:
     """GPU memory held by processes other than the engine, from the GPU snapshot or torch's OOM text."""
     if signals.gpu and signals.gpu.processes:
-        return signals.gpu.other_process_bytes() / 2**30
+        return signals.gpu.other_process_bytes() / GIB
     sizes = numbers.get("process_gib") or []
     if isinstance(sizes, list) and sizes:
         if "own_gib" in numbers:  # torch named the failing process "this process": the others are others

@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 import re
 
+from .units import GB, GIB, KB, KIB, MB, MIB, TB, TIB
+
 SIZE, SIGNED_SIZE, LENGTH, UTIL, COUNT, RATIO = "size", "signed-size", "length", "util", "count", "ratio"
 MAX_GIB = 4096.0          # no device, nor a node's RAM for the CPU backend, is larger
 MAX_LENGTH = 2**24        # no model has a context this long
@@ -30,8 +32,9 @@ KIND = {
 # Sizes of what is on the device, so no larger than it (what was asked for can be larger).
 DEVICE_BOUNDED = {"free_gib", "available_gib", "initial_free_gib", "current_free_gib", "gpu_free_gib",
                   "own_gib", "torch_allocated_gib", "reserved_gib", "weights_gib", "available_kv_gib", "kv_reserved_gib"}
-_UNIT = {"": 1.0, "B": 2**-30, "bytes": 2**-30, "KB": 1e3 / 2**30, "KiB": 2**-20, "MB": 1e6 / 2**30,
-         "MiB": 2**-10, "GB": 1.0, "GiB": 1.0, "TB": 1e3, "TiB": 1024.0}
+# vLLM prints GiB as "GB" (format_gib), so GB counts as GiB; the other decimal units are what they say.
+_UNIT = {"": 1.0, "B": 1 / GIB, "bytes": 1 / GIB, "KB": KB / GIB, "KiB": KIB / GIB, "MB": MB / GIB,
+         "MiB": MIB / GIB, "GB": 1.0, "GiB": 1.0, "TB": TB / GB, "TiB": TIB / GIB}
 _SIZE = re.compile(r"(-?[\d.]{1,30})\s*([KMGT]i?B|B|bytes)?")
 _PROCESS_GIB = re.compile(r"Process \d{1,10} has ([\d.]{1,20}) ([GM])iB")
 
