@@ -22,10 +22,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "operator"))
 from vllm_autoheal.api import EngineArgs, VLLMServiceSpec  # noqa: E402
 from vllm_autoheal.diagnosis import Signals, classify  # noqa: E402
-from vllm_autoheal.gpus import lookup  # noqa: E402
+from vllm_autoheal.gpu_catalog import lookup  # noqa: E402
 from vllm_autoheal.diagnosis.units import GIB  # noqa: E402
 from vllm_autoheal.memory import estimate, shape_from_config  # noqa: E402
-from vllm_autoheal.remedy import Inventory, plan  # noqa: E402
+from vllm_autoheal.remedy import Inventory, plan_heal  # noqa: E402
 
 MAX_RESTARTS = 30
 MODELS = ["llama-3.1-8b", "qwen2.5-7b", "mistral-7b-v0.1", "qwen2.5-32b", "mixtral-8x7b", "llama-3.1-70b"]
@@ -74,7 +74,7 @@ def heal(shape, gpu, start: EngineArgs, free: float, tp_bound: int, with_probe: 
         if est.fits:
             return True, restarts, est
         diag = classify(Signals(log=vllm_message(est, engine), tensor_parallel_size=engine.tensor_parallel_size))
-        remedy = plan(spec, diag, history, inventory, engine)
+        remedy = plan_heal(spec, diag, history, inventory, engine)
         if remedy.gives_up:
             return False, restarts, est
         history.append({"cause": diag.cause, "action": remedy.action, "numbers": diag.numbers})
@@ -159,7 +159,7 @@ def host_ram() -> None:
                                heal={"bounds": {"maxMemoryLimit": f"{int(need * 1.5)}Gi"}, "maxAttempts": 30})
         cur, m, history = limit * GIB, 0, []
         while cur < need * GIB and m < MAX_RESTARTS:
-            r = plan(spec, classify(Signals(reason="OOMKilled", exit_code=137)), history,
+            r = plan_heal(spec, classify(Signals(reason="OOMKilled", exit_code=137)), history,
                      Inventory(memory_limit_bytes=int(cur)))
             if r.gives_up:
                 break

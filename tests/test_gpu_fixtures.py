@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from vllm_autoheal.diagnosis import GpuSnapshot, Signals, classify
-from vllm_autoheal.gpu import compact, snapshot
-from vllm_autoheal.remedy import Inventory, plan
+from vllm_autoheal.gpu_probe import compact, snapshot
+from vllm_autoheal.remedy import Inventory, plan_heal
 from vllm_autoheal.api import VLLMServiceSpec
 
 GPU = Path(__file__).parent / "fixtures" / "gpu"
@@ -48,7 +48,7 @@ def test_real_termination_message_from_the_launcher():
     # the operator reads it back as the diagnosis, and the planner can act on it
     d = classify(Signals(termination_message=raw.decode()))
     assert d.source == "termination-message" and d.cause == "gpu_util_exceeds_free"
-    r = plan(VLLMServiceSpec(model="m"), d, inventory=Inventory(gpu_total_gib=140.4, gpu_free_gib=79.29))
+    r = plan_heal(VLLMServiceSpec(model="m"), d, inventory=Inventory(gpu_total_gib=140.4, gpu_free_gib=79.29))
     # (79.29 free - 0.51 context - 0.99 graphs - 0.5 - 1% of 139.8) / 139.8, rounded down
     assert r.action == "LowerGpuMemoryUtilization" and r.changes == {"gpu_memory_utilization": 0.54}
 

@@ -14,7 +14,7 @@ import pytest
 from vllm_autoheal.api import VLLMServiceSpec
 from vllm_autoheal.diagnosis import GpuInfo, GpuSnapshot, Signals, classify
 from vllm_autoheal.engine import parse_args
-from vllm_autoheal.remedy import GIVE_UP, Inventory, plan
+from vllm_autoheal.remedy import GIVE_UP, Inventory, plan_heal
 
 RUNS = Path(__file__).parent / "fixtures" / "gpu" / "heal-runs"
 H200 = GpuSnapshot(gpus=[GpuInfo(index=i, name="NVIDIA H200", total_bytes=143771 * 2**20) for i in range(2)])
@@ -38,7 +38,7 @@ def replan(name: str, **heal) -> tuple:
     diag = classify(Signals(log=output, exit_code=1, ready_before=False, gpu=H200))
     parsed = parse_args(first_start_flags(name))
     spec = VLLMServiceSpec(model="m", engine=parsed.engine, heal=heal)
-    return diag, plan(spec, diag, inventory=Inventory(gpu_total_gib=140.4))
+    return diag, plan_heal(spec, diag, inventory=Inventory(gpu_total_gib=140.4))
 
 
 @pytest.mark.parametrize("name,cause,action,changes", [

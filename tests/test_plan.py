@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from vllm_autoheal.api import EngineArgs
-from vllm_autoheal.gpus import lookup
+from vllm_autoheal.gpu_catalog import lookup
 from vllm_autoheal.memory import shape_from_config
 from vllm_autoheal.plan_options import memory_bar, options, tensor_parallel_sizes
 

@@ -7,10 +7,10 @@ import pytest
 
 from vllm_autoheal.api import VLLMServiceSpec
 from vllm_autoheal.diagnosis import Diagnosis, Signals, classify
-from vllm_autoheal.gpus import lookup
+from vllm_autoheal.gpu_catalog import lookup
 from vllm_autoheal.memory import estimate, shape_from_config
 from vllm_autoheal.preflight import preflight
-from vllm_autoheal.remedy import GIVE_UP, NO_CHANGE, Inventory, plan
+from vllm_autoheal.remedy import GIVE_UP, NO_CHANGE, Inventory, plan_heal
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
 LLAMA8 = shape_from_config(json.loads((CONFIGS / "llama-3.1-8b.json").read_text()))
@@ -25,7 +25,7 @@ def spec(**engine):
 
 def test_kv_raises_utilization_when_the_gpu_has_room_and_it_really_fits():
     s = spec(gpuMemoryUtilization=0.15, maxModelLen=131072)
-    r = plan(s, classify(Signals(log=KV_H200)), inventory=Inventory(gpu_total_gib=139.8, shape=LLAMA8,
+    r = plan_heal(s, classify(Signals(log=KV_H200)), inventory=Inventory(gpu_total_gib=139.8, shape=LLAMA8,
                                                                     entrypoint="llm"))
     assert r.action == "RaiseGpuMemoryUtilization" and r.changes == {"gpu_memory_utilization": 0.25}
     healed = r.apply(s.engine)
@@ -35,7 +35,7 @@ def test_kv_raises_utilization_when_the_gpu_has_room_and_it_really_fits():
 
 def test_kv_lowers_context_to_vllms_estimate_when_the_gpu_is_full():
     s = spec(gpuMemoryUtilization=0.15, maxModelLen=131072)
-    r = plan(s, classify(Signals(log=KV_H200)), inventory=Inventory(gpu_total_gib=139.8, gpu_free_gib=21.5))
+    r = plan_heal(s, classify(Signals(log=KV_H200)), inventory=Inventory(gpu_total_gib=139.8, gpu_free_gib=21.5))
     assert r.action == "LowerMaxModelLen" and r.changes == {"max_model_len": 32464}
     assert "32,464" in r.reason
 
@@ -44,9 +44,9 @@ def test_never_below_the_bound_and_never_repeats():
     s = VLLMServiceSpec(model="m", engine={"maxModelLen": 131072},
                         heal={"bounds": {"minMaxModelLen": 65536}})
     d = classify(Signals(log=KV_H200))
-    r = plan(s, d, inventory=Inventory(gpu_total_gib=139.8, gpu_free_gib=21.5))
+    r = plan_heal(s, d, inventory=Inventory(gpu_total_gib=139.8, gpu_free_gib=21.5))
     assert r.action == "Fp8KvCache"  # the estimate is below the bound; fp8 doubles the tokens instead
-    again = plan(s, d, history=[{"cause": d.cause, "action": "Fp8KvCache"}],
+    again = plan_heal(s, d, history=[{"cause": d.cause, "action": "Fp8KvCache"}],
                  inventory=Inventory(gpu_total_gib=139.8, gpu_free_gib=21.5))
     assert again.action == GIVE_UP and "Fp8KvCache" in again.reason
 
@@ -54,29 +54,29 @@ def test_never_below_the_bound_and_never_repeats():
 def test_allowed_actions_and_attempts():
     d = classify(Signals(log=KV_H200))
     only_eager = VLLMServiceSpec(model="m", heal={"allowedActions": ["EnforceEager"]})
-    assert plan(only_eager, d).action == GIVE_UP
+    assert plan_heal(only_eager, d).action == GIVE_UP
     s = VLLMServiceSpec(model="m", heal={"maxAttempts": 2})
     hist = [{"cause": "runtime_oom", "action": "LowerGpuMemoryUtilization"}, {"cause": "x", "action": "EnforceEager"}]
-    r = plan(s, d, history=hist)
+    r = plan_heal(s, d, history=hist)
     assert r.action == GIVE_UP and "maxAttempts" in r.reason
 
 
 def test_not_oom_and_unknown_change_nothing():
     s = spec()
-    assert plan(s, Diagnosis(cause="not_oom", subtype="port_in_use")).action == NO_CHANGE
-    assert plan(s, Diagnosis(cause="unknown")).action == NO_CHANGE
+    assert plan_heal(s, Diagnosis(cause="not_oom", subtype="port_in_use")).action == NO_CHANGE
+    assert plan_heal(s, Diagnosis(cause="unknown")).action == NO_CHANGE
     disabled = VLLMServiceSpec(model="m", heal={"enabled": False})
-    assert plan(disabled, classify(Signals(log=KV_H200))).action == NO_CHANGE
+    assert plan_heal(disabled, classify(Signals(log=KV_H200))).action == NO_CHANGE
 
 
 def test_free_memory_sizes_utilization_from_the_message():
     d = classify(Signals(log="ValueError: Free memory on device cuda:0 (1.53/22.05 GiB) on startup is less than "
                              "desired GPU memory utilization (0.9, 19.84 GiB)."))
     # 1.53 GiB free of 22: below the 0.3 floor -> it says so instead of starting a doomed engine
-    assert plan(spec(), d).action == GIVE_UP
+    assert plan_heal(spec(), d).action == GIVE_UP
     d2 = classify(Signals(log="ValueError: Free memory on device (31.44/47.38 GiB) on startup is less than desired "
                               "GPU memory utilization (0.95, 45.01 GiB)."))
-    r = plan(spec(gpuMemoryUtilization=0.95), d2)
+    r = plan_heal(spec(gpuMemoryUtilization=0.95), d2)
     assert r.action == "LowerGpuMemoryUtilization"
     assert r.changes["gpu_memory_utilization"] * 47.38 < 31.44 - 1.0
 
@@ -88,7 +88,7 @@ def test_free_memory_sizes_utilization_from_the_message():
     ("multi_gpu_oom", "LowerGpuMemoryUtilization", {}),
 ])
 def test_first_remedy_per_cause(cause, first, numbers):
-    r = plan(spec(), Diagnosis(cause=cause, numbers=numbers))
+    r = plan_heal(spec(), Diagnosis(cause=cause, numbers=numbers))
     assert r.action == first, r
     if cause == "profiling_oom":
         assert r.changes == {"max_num_seqs": 512}
@@ -99,12 +99,12 @@ def test_first_remedy_per_cause(cause, first, numbers):
 def test_host_ram_vpa_bump_within_bound():
     s = VLLMServiceSpec(model="m", resources={"limits": {"memory": "32Gi"}},
                         heal={"bounds": {"maxMemoryLimit": "40Gi"}})
-    r = plan(s, Diagnosis(cause="host_ram_oom"), inventory=Inventory(memory_limit_bytes=32 * 2**30))
+    r = plan_heal(s, Diagnosis(cause="host_ram_oom"), inventory=Inventory(memory_limit_bytes=32 * 2**30))
     assert r.action == "RaiseMemoryLimit" and r.changes == {"memory_limit": "39322Mi"}  # x1.2 of 32Gi
-    capped = plan(s, Diagnosis(cause="host_ram_oom"), inventory=Inventory(memory_limit_bytes=36 * 2**30))
+    capped = plan_heal(s, Diagnosis(cause="host_ram_oom"), inventory=Inventory(memory_limit_bytes=36 * 2**30))
     assert capped.changes == {"memory_limit": "40Gi"}
     kv = VLLMServiceSpec(model="m", engine={"kvCacheMemoryBytes": 4 * 2**30})
-    r = plan(kv, Diagnosis(cause="host_ram_oom"), inventory=Inventory(memory_limit_bytes=3 * 2**30))
+    r = plan_heal(kv, Diagnosis(cause="host_ram_oom"), inventory=Inventory(memory_limit_bytes=3 * 2**30))
     assert r.action == "SetKvCacheMemoryBytes" and r.changes["kv_cache_memory_bytes"] == 2**30
 
 
@@ -113,12 +113,12 @@ def test_weights_quantized_fallback_then_tensor_parallel():
         "quantizedFallback": {"allowed": True, "model": "Qwen/Qwen2.5-32B-AWQ", "method": "awq_marlin"},
         "bounds": {"maxTensorParallelSize": 4}, "allowedActions": ["Quantize", "IncreaseTensorParallel"]})
     d = Diagnosis(cause="weights_load_oom")
-    assert plan(s, d).changes == {"model": "Qwen/Qwen2.5-32B-AWQ", "quantization": "awq_marlin"}
-    assert plan(s, d, history=[{"cause": "weights_load_oom", "action": "Quantize"}]).changes == \
+    assert plan_heal(s, d).changes == {"model": "Qwen/Qwen2.5-32B-AWQ", "quantization": "awq_marlin"}
+    assert plan_heal(s, d, history=[{"cause": "weights_load_oom", "action": "Quantize"}]).changes == \
         {"tensor_parallel_size": 2}
     # Quantize is a HealAction like any other: leaving it out of allowedActions disallows it.
     no_quantize = s.model_copy(update={"heal": s.heal.model_copy(update={"allowed_actions": ["IncreaseTensorParallel"]})})
-    assert plan(no_quantize, d).changes == {"tensor_parallel_size": 2}
+    assert plan_heal(no_quantize, d).changes == {"tensor_parallel_size": 2}
 
 
 def test_preflight_fix_starts_with_flags_that_fit():

@@ -8,7 +8,7 @@ from pathlib import Path
 from vllm_autoheal.api import VLLMServiceSpec
 from vllm_autoheal.diagnosis import GpuInfo, GpuSnapshot, Signals, classify
 from vllm_autoheal.memory import shape_from_config
-from vllm_autoheal.remedy import GIVE_UP, Inventory, plan
+from vllm_autoheal.remedy import GIVE_UP, Inventory, plan_heal
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
 H200 = GpuSnapshot(gpus=[GpuInfo(index=0, name="NVIDIA H200", total_bytes=143771 * 2**20)])
@@ -38,7 +38,7 @@ def spec(heal: dict | None = None, **engine) -> VLLMServiceSpec:
 def test_capture_oom_lowers_utilization_just_enough_and_keeps_graphs():
     d = classify(Signals(log=CAPTURE_OOM, ready_before=False))
     assert d.cause == "cudagraph_capture_oom"
-    r = plan(spec(gpuMemoryUtilization=0.995), d, inventory=Inventory(gpu_total_gib=139.8))
+    r = plan_heal(spec(gpuMemoryUtilization=0.995), d, inventory=Inventory(gpu_total_gib=139.8))
     assert r.action == "LowerGpuMemoryUtilization", r.summary()
     assert 0.95 <= r.changes["gpu_memory_utilization"] < 0.995  # the default bound is 0.95
     assert "enforce_eager" not in r.changes
@@ -46,14 +46,14 @@ def test_capture_oom_lowers_utilization_just_enough_and_keeps_graphs():
 
 def test_capture_oom_with_room_already_gives_up_graphs():
     d = classify(Signals(log=CAPTURE_OOM, ready_before=False))
-    r = plan(spec(gpuMemoryUtilization=0.9), d, inventory=Inventory(gpu_total_gib=139.8))
+    r = plan_heal(spec(gpuMemoryUtilization=0.9), d, inventory=Inventory(gpu_total_gib=139.8))
     assert r.action == "EnforceEager"
 
 
 def test_sampler_oom_sizes_max_num_seqs_from_the_failed_allocation():
     d = classify(Signals(log=SAMPLER_OOM, ready_before=False))
     assert d.cause == "profiling_oom" and d.numbers["dummy_requests"] == 65536
-    r = plan(spec(maxNumSeqs=65536, maxNumBatchedTokens=65536), d, inventory=Inventory(gpu_total_gib=139.8))
+    r = plan_heal(spec(maxNumSeqs=65536, maxNumBatchedTokens=65536), d, inventory=Inventory(gpu_total_gib=139.8))
     assert r.action == "LowerMaxNumSeqs"
     assert r.changes["max_num_seqs"] == 1024  # vLLM's default on this GPU, far below a halving's 65536
     assert "31.31 GiB" in r.reason
@@ -69,7 +69,7 @@ def test_a_warm_up_oom_before_the_server_answered_is_a_start_up_failure():
 def test_weights_larger_than_one_gpu_give_up_at_once_and_say_what_would_fit():
     d = classify(Signals(log=WEIGHTS_72B, gpu=H200))
     assert d.cause == "weights_load_oom"
-    r = plan(spec(), d, inventory=Inventory(gpu_total_gib=140.4))
+    r = plan_heal(spec(), d, inventory=Inventory(gpu_total_gib=140.4))
     assert r.action == GIVE_UP
     assert "tensor parallelism 2" in r.reason and "8-bit checkpoint" in r.reason
 
@@ -78,7 +78,7 @@ def test_weights_larger_than_one_gpu_heal_to_two_gpus_when_allowed():
     d = classify(Signals(log=WEIGHTS_72B, gpu=H200))
     heal = {"bounds": {"maxTensorParallelSize": 2},
             "allowedActions": ["IncreaseTensorParallel", "LowerGpuMemoryUtilization"]}
-    r = plan(spec(heal=heal), d, inventory=Inventory(gpu_total_gib=140.4))
+    r = plan_heal(spec(heal=heal), d, inventory=Inventory(gpu_total_gib=140.4))
     assert r.action == "IncreaseTensorParallel" and r.changes == {"tensor_parallel_size": 2}
 
 
@@ -88,7 +88,7 @@ def test_the_memory_model_vetoes_a_change_that_cannot_fit():
     log = ("ValueError: To serve at least one request with the model's max seq len (131072), (40.0 GiB KV cache is "
            "needed, which is larger than the available KV cache memory (0.5 GiB). Based on the available memory, "
            "the estimated maximum model length is 1600.")
-    r = plan(spec(gpuMemoryUtilization=0.9, maxModelLen=131072), classify(Signals(log=log)),
+    r = plan_heal(spec(gpuMemoryUtilization=0.9, maxModelLen=131072), classify(Signals(log=log)),
              inventory=Inventory(gpu_total_gib=79.2, shape=shape))
     assert r.action == GIVE_UP, r.summary()
     assert "memory model" in r.reason and "tensor parallelism" in r.reason

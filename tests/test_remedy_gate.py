@@ -14,9 +14,9 @@ import pytest
 
 from vllm_autoheal.api import MAX_OFFLOAD_GIB, EngineArgs, HealBounds, VLLMServiceSpec
 from vllm_autoheal.diagnosis import Diagnosis, Signals, classify
-from vllm_autoheal.gpus import lookup
+from vllm_autoheal.gpu_catalog import lookup
 from vllm_autoheal.memory import estimate, shape_from_config
-from vllm_autoheal.remedy import GIVE_UP, Inventory, plan
+from vllm_autoheal.remedy import GIVE_UP, Inventory, plan_heal
 from vllm_autoheal.remedy_gate import Limits, check, fingerprint, utilization_floor
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
@@ -61,7 +61,7 @@ def test_the_gate_passes_a_sound_remedy_and_never_one_that_already_crashed():
 
 def test_h200_other_process_heals_in_one_step_with_default_settings():
     """0.9 of 139.8 GiB asked, 38.69 free: the default bounds leave the fit (0.25) allowed."""
-    r = plan(VLLMServiceSpec(model="meta-llama/Llama-3.1-8B-Instruct"), classify(Signals(log=H200_FREE, exit_code=1)))
+    r = plan_heal(VLLMServiceSpec(model="meta-llama/Llama-3.1-8B-Instruct"), classify(Signals(log=H200_FREE, exit_code=1)))
     assert r.action == "LowerGpuMemoryUtilization" and r.changes == {"gpu_memory_utilization": 0.25}
     assert 0.25 * 139.8 < 38.69 - 1.0
 
@@ -75,14 +75,14 @@ def test_floor_from_need_when_the_model_is_known():
     assert utilization_floor(bounds, EngineArgs(), None, 139.8) is None    # vLLM's own figures decide
     # 70B on one H200 with 30 GiB free: lowering utilization cannot hold the weights; it says so
     d = classify(Signals(log=H200_FREE.replace("38.69", "30.00")))
-    r = plan(VLLMServiceSpec(model="m", heal={"bounds": {"minMaxModelLen": 8192}}), d,
+    r = plan_heal(VLLMServiceSpec(model="m", heal={"bounds": {"minMaxModelLen": 8192}}), d,
              inventory=Inventory(gpu_total_gib=139.8, shape=LLAMA70))
     assert r.action == GIVE_UP and "LowerGpuMemoryUtilization" not in r.reason
 
 
 def test_an_explicit_floor_still_wins():
     spec = VLLMServiceSpec(model="m", heal={"bounds": {"minGpuMemoryUtilization": 0.5}})
-    assert plan(spec, classify(Signals(log=H200_FREE))).action == GIVE_UP
+    assert plan_heal(spec, classify(Signals(log=H200_FREE))).action == GIVE_UP
 
 
 HOSTILE = [
@@ -107,7 +107,7 @@ def test_hostile_numbers_never_make_an_absurd_remedy(diag):
                                                     "LowerGpuMemoryUtilization", "RaiseGpuMemoryUtilization",
                                                     "LowerMaxNumSeqs", "SetKvCacheMemoryBytes", "RaiseMemoryLimit"]})
     for inv in (Inventory(), Inventory(gpu_total_gib=22.0, shape=LLAMA70, memory_limit_bytes=32 * 2**30)):
-        r = plan(spec, diag, inventory=inv)
+        r = plan_heal(spec, diag, inventory=inv)
         if r.gives_up:
             continue
         after = EngineArgs.model_validate(r.apply(spec.engine).model_dump())   # inside the CRD's ranges

@@ -1,4 +1,4 @@
-"""The VLLMService API (vllm.autoheal.dev/v1alpha1) as pydantic v2 models.
+"""Owns the VLLMService API (vllm.autoheal.dev/v1alpha1) as pydantic v2 models, and the HealAction table.
 
 These models are the one source of truth: the CRD in ``crds/`` is generated from
 them (``crd.py``), the operator parses objects with them, and the planner reads

@@ -13,7 +13,7 @@ from . import __version__
 Command = Callable[[argparse.Namespace], int]
 
 
-def _crd(args: argparse.Namespace) -> int:
+def _cmd_crd(args: argparse.Namespace) -> int:
     from .crd import crd_yaml
     sys.stdout.write(crd_yaml())
     return 0
@@ -26,7 +26,7 @@ def _examples() -> dict[str, Path]:
     return {p.stem: p for p in sorted(EXAMPLES_DIR.glob("*.log"))}
 
 
-def _diagnose(args: argparse.Namespace) -> int:
+def _cmd_diagnose(args: argparse.Namespace) -> int:
     from .diagnosis import Signals
     from .diagnosis.classify import classify_stream
     from .report import render_diagnosis
@@ -72,10 +72,10 @@ def _plan_shape(args: argparse.Namespace) -> tuple[object, str]:
     return to_shape(fields), source
 
 
-def _plan(args: argparse.Namespace) -> int:
+def _cmd_plan(args: argparse.Namespace) -> int:
     from .api import VLLMServiceSpec
     from .engine import EngineArgsError, parse_args
-    from .gpus import lookup
+    from .gpu_catalog import lookup
     from .model_config import ModelConfigError
     from .plan_options import options, render_bars, render_options
     from .preflight import preflight
@@ -118,7 +118,7 @@ def _plan(args: argparse.Namespace) -> int:
     return 0 if first.fits else 1
 
 
-def _serve(args: argparse.Namespace) -> int:
+def _cmd_serve(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
     from .api import HealBounds, HealPolicy, VLLMServiceSpec
     from .engine import EngineArgsError, parse_args
@@ -154,7 +154,7 @@ def _serve(args: argparse.Namespace) -> int:
     return supervise(opts)
 
 
-def _render(args: argparse.Namespace) -> int:
+def _cmd_render(args: argparse.Namespace) -> int:
     import yaml
     from pydantic import ValidationError
     from .api import VLLMService
@@ -201,7 +201,7 @@ def configure_logging(log_format: str, verbose: bool = False) -> None:
     kopf.configure(verbose=verbose, log_format=formats[log_format], log_prefix=log_format != "json")
 
 
-def _operator(args: argparse.Namespace) -> int:
+def _cmd_operator(args: argparse.Namespace) -> int:
     import kopf
     from . import metrics
     from .kube import client, handlers  # noqa: F401 - registers the handlers
@@ -230,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("crd", allow_abbrev=False, help="print the VLLMService CustomResourceDefinition (YAML)",
                        description="Print the CRD generated from the API models; identical to "
                                    "crds/vllmservices.vllm.autoheal.dev.yaml.")
-    p.set_defaults(run=_crd)
+    p.set_defaults(run=_cmd_crd)
 
     p = sub.add_parser("operator", allow_abbrev=False, help="run the Kubernetes operator",
                        description="Watch VLLMServices, run them as Deployments on GPU nodes, and heal their "
@@ -255,14 +255,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "as long, and a late answer is used on the next look")
     p.add_argument("--no-hub-tokens", dest="hub_tokens", action="store_false",
                    help="never read a VLLMService's hfTokenSecretRef (gated models then need spec.modelConfig)")
-    p.set_defaults(run=_operator)
+    p.set_defaults(run=_cmd_operator)
 
     p = sub.add_parser("render", allow_abbrev=False, help="print the objects the operator would apply",
                        description="Render a VLLMService file into the Deployment, Service and PVC the operator "
                                    "applies, as YAML (a dry run with the operator's own code).")
     p.add_argument("-f", "--file", required=True, help="a YAML file with one or more VLLMServices")
     p.add_argument("--operator-image", help="image of the launcher init container")
-    p.set_defaults(run=_render)
+    p.set_defaults(run=_cmd_render)
 
     p = sub.add_parser("diagnose", allow_abbrev=False, help="explain why a vLLM server died, from its log",
                        description="Read a vLLM log (a file, or - for stdin) and name the cause of the crash, "
@@ -281,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help='the vLLM flags it ran with, e.g. "--max-model-len 131072"; adds the planned remedy')
     p.add_argument("--gpu-memory-gib", type=float, help="memory of one GPU, for the remedy (default: from the log)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(run=_diagnose)
+    p.set_defaults(run=_cmd_diagnose)
 
     p = sub.add_parser("plan", allow_abbrev=False, help="say whether a model fits a GPU with given flags, and what would",
                        description="Estimate weights, KV cache and overheads per GPU for a model on a GPU, with "
@@ -310,7 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="vllm serve (server) or the LLM class (llm): their batch defaults differ")
     p.add_argument("--no-fix", dest="fix", action="store_false", help="do not suggest fitting flags")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(run=_plan, flags=[])
+    p.set_defaults(run=_cmd_plan, flags=[])
 
     from .api import HealBounds, HealPolicy
     bounds, policy = HealBounds(), HealPolicy()
@@ -342,7 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--once", action="store_true",
                    help="stop after the server is healthy and has answered one completion (scripts, tests)")
     p.add_argument("--startup-timeout", type=float, default=1800.0, help="seconds to wait for /health")
-    p.set_defaults(run=_serve, flags=[])
+    p.set_defaults(run=_cmd_serve, flags=[])
     return parser
 
 

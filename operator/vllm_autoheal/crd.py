@@ -1,4 +1,4 @@
-"""Generate the VLLMService CustomResourceDefinition from the pydantic models.
+"""Owns the generated VLLMService CustomResourceDefinition (from api.py's pydantic models).
 
 pydantic writes JSON Schema 2020-12; the API server wants a *structural* OpenAPI v3
 schema: every node typed, no $ref, no anyOf for optionals, numeric exclusive

@@ -1,4 +1,4 @@
-"""EngineArgs <-> the vLLM command line.
+"""Owns the flag table (FLAGS): EngineArgs <-> the vLLM command line.
 
 The one table that maps vLLM's CLI spelling (``--max-model-len``) to the Python
 spelling (``max_model_len``) lives here and nowhere else. Two launch forms are

@@ -1,4 +1,4 @@
-"""The in-pod launcher: `python -m vllm_autoheal.launcher -- vllm serve MODEL ...`.
+"""Owns the in-pod launcher: `python -m vllm_autoheal.launcher -- vllm serve MODEL ...`.
 
 Runs the command, passes its stdout/stderr through unchanged, forwards signals and
 exits with the child's code. When the child fails it writes one JSON document of at
@@ -111,7 +111,7 @@ def termination_message(diagnosis: dict, exit_code: int, gpu_start: dict | None,
 
 def _snapshot():
     try:
-        from .gpu import snapshot
+        from .gpu_probe import snapshot
         return snapshot()
     except Exception:  # noqa: BLE001 - the probe is a bonus, never a reason to fail
         return None
@@ -135,13 +135,13 @@ def _killed_since(before: int | None) -> bool:
 
 def _compact(snap) -> dict | None:
     try:
-        from .gpu import compact
+        from .gpu_probe import compact
         return compact(snap) if snap is not None else None
     except Exception:  # noqa: BLE001
         return None
 
 
-def _diagnose(text: str, exit_code: int, ready: bool, gpu_start, oom_killed: bool) -> dict:
+def _crash_summary(text: str, exit_code: int, ready: bool, gpu_start, oom_killed: bool) -> dict:
     """The start snapshot, taken before vLLM ran, shows what other processes held."""
     try:
         from .diagnosis import Signals, classify
@@ -211,7 +211,7 @@ def run(argv: list[str], termination_path: str | None = None) -> int:
             if state["stopped_by"] is not None and not ended_dead_engine:
                 note = f"the launcher received signal {state['stopped_by']} and forwarded it"
             oom_killed = _killed_since(kills_before)
-            text = termination_message(_diagnose(keeper.text(), exit_code, bool(state["ready"]), gpu_start,
+            text = termination_message(_crash_summary(keeper.text(), exit_code, bool(state["ready"]), gpu_start,
                                                  oom_killed),
                                        exit_code, _compact(gpu_start), _compact(_snapshot()), note)
             with open(termination_path, "w", encoding="utf-8") as f:

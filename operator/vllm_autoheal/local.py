@@ -27,9 +27,9 @@ from .api import EngineArgs, VLLMServiceSpec
 from .diagnosis import Signals, classify
 from .diagnosis.units import GIB
 from .engine import describe, to_command
-from .gpu import snapshot
+from .gpu_probe import snapshot
 from .launcher import ENGINE_DEAD, OutputKeeper, pump
-from .remedy import Inventory, plan
+from .remedy import Inventory, plan_heal
 from .remedy_gate import fingerprint
 
 STOP_GRACE_S = 30.0
@@ -249,7 +249,7 @@ class Supervisor:
                             evidence=diag.evidence)
                 exclude.add(heals[-1]["action"])
                 diag, engine = last[0], last[1]
-            remedy = plan(self.opts.spec, diag, heals, inventory, engine, failed=self.failed, exclude=exclude)
+            remedy = plan_heal(self.opts.spec, diag, heals, inventory, engine, failed=self.failed, exclude=exclude)
             evidence = diag.evidence[0][:200] if diag.evidence else "no evidence line"
             if remedy.gives_up:
                 self.say(f"vLLM exited with {attempt.exit_code}: {diag.cause} ({diag.subtype or diag.phase}) - "

@@ -1,4 +1,4 @@
-"""A memory model of vLLM: what a model needs on a GPU, and what fits.
+"""Owns the memory model of vLLM: what a model needs on a GPU, and what fits.
 
 Budget, as vLLM (V1) computes it at start-up:
     requested = total x gpu_memory_utilization            (must be <= free at start)
@@ -16,7 +16,7 @@ from typing import Any
 
 from .api import EngineArgs
 from .diagnosis.units import GIB
-from .gpus import GpuSpec
+from .gpu_catalog import GpuSpec
 
 BLOCK_SIZE = 16  # vLLM's default KV block (shared/gpu-ground-truth: KV tokens = blocks x 16)
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .api import EngineArgs
-from .gpus import GpuSpec
+from .gpu_catalog import GpuSpec
 from .memory import Estimate, ModelShape, estimate
 
 MAX_TP = 8

@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 
 from .api import EngineArgs, VLLMServiceSpec
 from .diagnosis import Diagnosis
-from .gpus import GpuSpec
+from .gpu_catalog import GpuSpec
 from .diagnosis.units import GIB
 from .memory import Estimate, ModelShape, estimate
-from .remedy import Inventory, Remedy, plan
+from .remedy import Inventory, Remedy, plan_heal
 
 MAX_FIX_STEPS = 6
 
@@ -57,7 +57,7 @@ def preflight(spec: VLLMServiceSpec, gpu: GpuSpec, shape: ModelShape, free_gib: 
     history: list[dict] = []
     for _ in range(MAX_FIX_STEPS):
         diag = predicted_diagnosis(est, engine)
-        remedy = plan(spec, diag, history, inventory, engine)
+        remedy = plan_heal(spec, diag, history, inventory, engine)
         if remedy.gives_up:
             result.reasons.append(f"no fitting flags within the heal bounds: {remedy.reason}")
             break

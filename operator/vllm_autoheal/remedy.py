@@ -1,4 +1,4 @@
-"""plan(spec, diagnosis, history, inventory) -> Remedy: the one flag change that should fit.
+"""Owns heal planning: plan_heal(spec, diagnosis, history, inventory) -> Remedy, the one flag change that should fit.
 
 Pure. Each cause has an ordered list of actions (shared/DESIGN.md); the first one
 that is allowed, not already tried for this cause, applicable to what is known, and
@@ -20,7 +20,7 @@ from .engine import BY_FIELD, parse_args
 from .diagnosis.units import GIB, MIB
 from .memory import (BLOCK_SIZE, CUDA_CONTEXT_GIB, CUDAGRAPH_GIB, ModelShape, default_max_num_batched_tokens,
                      default_max_num_seqs, estimate)
-from .gpus import GpuSpec
+from .gpu_catalog import GpuSpec
 from .quantity import format_bytes, parse_quantity
 from .remedy_gate import Limits, check, utilization_floor
 
@@ -418,7 +418,7 @@ PLANS: dict[Cause, list[Step]] = {
 }
 
 
-def plan(spec: VLLMServiceSpec, diagnosis: Diagnosis, history: list[dict[str, Any]] | None = None,
+def plan_heal(spec: VLLMServiceSpec, diagnosis: Diagnosis, history: list[dict[str, Any]] | None = None,
          inventory: Inventory | None = None, engine: EngineArgs | None = None, *, attempts: int | None = None,
          failed: Collection[str] = (), model: str | None = None, memory_limit: str | None = None,
          exclude: Collection[str] = ()) -> Remedy:
@@ -528,4 +528,4 @@ def plan_from_command(flags: str, diagnosis: Diagnosis, gpu_memory_gib: float | 
     """For `diagnose --engine-args`: a remedy for a plain command line, with the CRD's default policy."""
     parsed = parse_args(flags)
     spec = VLLMServiceSpec(model=parsed.model or "model", engine=parsed.engine)
-    return plan(spec, diagnosis, inventory=Inventory(gpu_total_gib=gpu_memory_gib))
+    return plan_heal(spec, diagnosis, inventory=Inventory(gpu_total_gib=gpu_memory_gib))

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from .api import EngineArgs, HealBounds
 from .diagnosis.units import GIB
 from .memory import ModelShape, estimate
-from .gpus import GpuSpec
+from .gpu_catalog import GpuSpec
 from .quantity import parse_quantity
 
 UP, DOWN, ANY = 1, -1, 0

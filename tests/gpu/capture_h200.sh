@@ -19,7 +19,7 @@ for i in $(seq 1 120); do [ -f /tmp/holder-ready ] && break; sleep 1; done
 echo "holder pid $HOLDER"
 python3 - <<PY | tee $OUT/probe-second-process-60g.txt
 import json, os
-from vllm_autoheal.gpu import snapshot, describe, compact
+from vllm_autoheal.gpu_probe import snapshot, describe, compact
 s = snapshot(own_pids=[os.getpid()])
 print(describe(s))
 json.dump({"holder_pid": $HOLDER, "snapshot": {"gpus": [g.__dict__ for g in s.gpus],

@@ -24,9 +24,9 @@ from .. import metrics, model_source
 from ..api import GROUP, Deployed, HealIntent, VLLMService
 from ..diagnosis import Diagnosis, Signals, classify
 from ..diagnosis import termination
-from ..gpus import lookup
+from ..gpu_catalog import lookup
 from ..quantity import parse_quantity
-from ..remedy import GIVE_UP, Inventory, Remedy, plan
+from ..remedy import GIVE_UP, Inventory, Remedy, plan_heal
 from ..remedy_gate import NEEDS_MORE_RESOURCES, fingerprint
 from . import pods, resources
 from . import status as st
@@ -117,13 +117,13 @@ def inventory(kube: Kube, obj: VLLMService, memory_limit: str | None) -> Invento
     return inv
 
 
-def _plan(kube: Kube, obj: VLLMService, cfg: OperatorConfig, diag: Diagnosis, now: Deployed,
+def _plan_heal(kube: Kube, obj: VLLMService, cfg: OperatorConfig, diag: Diagnosis, now: Deployed,
           exclude: frozenset[str] = frozenset(), extra_tried: tuple[str, ...] = ()) -> Remedy:
     spec, cur = obj.spec, obj.status
     if not cfg.heal_enabled:  # the chart's cluster-wide switch
         spec = spec.model_copy(update={"heal": spec.heal.model_copy(update={"enabled": False})})
     history = st.history([*cur.tried, *extra_tried], [h.wire() for h in cur.heals])
-    return plan(spec, diag, history, inventory(kube, obj, now.memory_limit), now.engine, attempts=cur.attempts,
+    return plan_heal(spec, diag, history, inventory(kube, obj, now.memory_limit), now.engine, attempts=cur.attempts,
                 failed=cur.failed_engines, model=now.model, memory_limit=now.memory_limit, exclude=exclude)
 
 
@@ -151,7 +151,7 @@ def record(kube: Kube, incident: Incident, fresh: dict[str, Any], cfg: OperatorC
     if fp(now) != expected:  # a heal or an edit landed since the pod was read: not this crash's to heal
         return update
     diag = incident.diagnosis
-    remedy = incident.remedy = _plan(kube, obj, cfg, diag, now)
+    remedy = incident.remedy = _plan_heal(kube, obj, cfg, diag, now)
     before = {**now.engine.model_dump(), "memory_limit": now.memory_limit, "model": now.model}
     heal = st.heal_record(incident.pod_name, incident.pod_uid, resources.CONTAINER, incident.crash["restartCount"],
                           diag, remedy, before, incident.note)

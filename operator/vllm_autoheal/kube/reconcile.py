@@ -15,7 +15,7 @@ import kopf
 
 from .. import metrics, model_source
 from ..api import VLLMService
-from ..gpus import lookup
+from ..gpu_catalog import lookup
 from ..preflight import preflight
 from . import heal, resources
 from . import status as st

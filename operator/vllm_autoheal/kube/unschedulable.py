@@ -22,7 +22,7 @@ from . import pods, resources
 from . import status as st
 from .client import Kube
 from .config import OperatorConfig
-from .heal import REVERT, _intent_fields, _plan, _same, complete, fp, parse
+from .heal import REVERT, _intent_fields, _plan_heal, _same, complete, fp, parse
 from .later import Later
 from .writes import update_status
 
@@ -91,7 +91,7 @@ def _revert(kube: Kube, fresh: VLLMService, cfg: OperatorConfig, intent: HealInt
     cur = fresh.status
     last_good = intent.previous
     diag = _diagnosis(fresh, intent)
-    remedy = _plan(kube, fresh, cfg, diag, last_good, exclude=NEEDS_MORE_RESOURCES,
+    remedy = _plan_heal(kube, fresh, cfg, diag, last_good, exclude=NEEDS_MORE_RESOURCES,
                    extra_tried=(f"{intent.cause}/{intent.action}",))
     update: dict[str, Any] = {}
     if remedy.gives_up:

@@ -1,4 +1,4 @@
-"""GPU inventory through NVML: per GPU its name and total/free/used memory, and the processes
+"""Owns the GPU probe: the inventory through NVML: per GPU its name and total/free/used memory, and the processes
 holding memory. No driver (or no pynvml) gives a snapshot whose `error` says so, never an
 exception. Standard library at import time: pynvml (nvidia-ml-py) is imported when probing,
 falling back to the copy vLLM bundles (vllm.third_party.pynvml) inside vLLM images.
