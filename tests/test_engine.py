@@ -1,12 +1,11 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, strategies as st
-
+from hypothesis import given
+from hypothesis import strategies as st
 from vllm_autoheal.api import EngineArgs
+from vllm_autoheal.engine import EngineArgsError, parse_args, to_command
 from vllm_autoheal.quantity import parse_size
-from vllm_autoheal.engine import (EngineArgsError, changed_fields, parse_args, to_args,
-                                  to_command)
 
 
 def test_serve_form_and_api_server_form():
@@ -57,18 +56,6 @@ def test_boolean_negation_and_sizes():
     assert parse_args("--no-enforce-eager").engine.enforce_eager is False
     assert parse_args("--kv-cache-memory-bytes 8Gi").engine.kv_cache_memory_bytes == 8 * 2**30
     assert parse_size("1.5g") == 1_500_000_000 and parse_size("1024") == 1024
-
-
-def test_version_aware_rendering_refuses_unknown_flags():
-    with pytest.raises(EngineArgsError, match="needs vLLM >= 0.11.0"):
-        to_args(EngineArgs(kv_cache_memory_bytes=2**30), vllm_version="0.8.5")
-    assert "--kv-cache-memory-bytes" in to_args(EngineArgs(kv_cache_memory_bytes=2**30), vllm_version="0.25.0")
-
-
-def test_changed_fields():
-    a = EngineArgs(max_model_len=131072)
-    b = a.model_copy(update={"max_model_len": 32464, "enforce_eager": True})
-    assert changed_fields(a, b) == {"max_model_len": (131072, 32464), "enforce_eager": (None, True)}
 
 
 engine_args = st.builds(

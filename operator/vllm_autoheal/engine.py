@@ -9,7 +9,7 @@ and ``python -m vllm.entrypoints.openai.api_server --model MODEL …`` (the
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic.alias_generators import to_camel
@@ -27,7 +27,6 @@ class Flag:
     field: str            # EngineArgs attribute
     cli: str              # vLLM's flag
     kind: type            # int, float, str or bool
-    since: str = "0.2.0"  # first vLLM release that accepts it (for version-aware rendering)
     aliases: tuple[str, ...] = ()  # vLLM's short aliases and old spellings
 
     @property
@@ -49,9 +48,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("pipeline_parallel_size", "--pipeline-parallel-size", int, aliases=("-pp",)),
     Flag("dtype", "--dtype", str),
     Flag("quantization", "--quantization", str, aliases=("-q",)),
-    Flag("kv_cache_dtype", "--kv-cache-dtype", str, "0.3.0"),
-    Flag("kv_cache_memory_bytes", "--kv-cache-memory-bytes", int, "0.11.0"),
-    Flag("cpu_offload_gb", "--cpu-offload-gb", float, "0.5.4"),
+    Flag("kv_cache_dtype", "--kv-cache-dtype", str),
+    Flag("kv_cache_memory_bytes", "--kv-cache-memory-bytes", int),
+    Flag("cpu_offload_gb", "--cpu-offload-gb", float),
     Flag("enforce_eager", "--enforce-eager", bool),
 )
 BY_CLI = {f.cli: f for f in FLAGS}
@@ -161,29 +160,19 @@ def extra_args_rule(entry: Flag | Reserved) -> tuple[str, str]:
 SERVE_PREFIX = ("vllm", "serve")
 API_SERVER_PREFIX = ("python3", "-m", "vllm.entrypoints.openai.api_server")
 
-def _version_tuple(v: str) -> tuple[int, ...]:
-    parts = []
-    for p in v.lstrip("v").split(".")[:3]:
-        digits = "".join(c for c in p if c.isdigit())
-        parts.append(int(digits or 0))
-    return tuple(parts)
-
-
 def _render_value(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:g}"
     return str(value)
 
 
-def to_args(engine: EngineArgs, vllm_version: str | None = None) -> list[str]:
+def to_args(engine: EngineArgs) -> list[str]:
     """Typed fields that are set, in table order, then extraArgs verbatim."""
     out: list[str] = []
     for flag in FLAGS:
         value = getattr(engine, flag.field)
         if value is None:
             continue
-        if vllm_version and _version_tuple(vllm_version) < _version_tuple(flag.since):
-            raise EngineArgsError(f"{flag.cli} needs vLLM >= {flag.since}, the image has {vllm_version}")
         if flag.kind is bool:
             out.append(flag.cli if value else f"--no-{flag.cli[2:]}")
         else:
@@ -192,10 +181,9 @@ def to_args(engine: EngineArgs, vllm_version: str | None = None) -> list[str]:
 
 
 def to_command(model: str, engine: EngineArgs, *, api_server_module: bool = False,
-               python: str = "python3", serve_args: list[str] | None = None,
-               vllm_version: str | None = None) -> list[str]:
+               python: str = "python3", serve_args: list[str] | None = None) -> list[str]:
     """The full argv that starts vLLM's OpenAI-compatible server."""
-    args = to_args(engine, vllm_version) + list(serve_args or [])
+    args = to_args(engine) + list(serve_args or [])
     if api_server_module:
         return [python, "-m", API_SERVER_PREFIX[2], "--model", model, *args]
     return [*SERVE_PREFIX, model, *args]
@@ -205,7 +193,6 @@ def to_command(model: str, engine: EngineArgs, *, api_server_module: bool = Fals
 class ParsedCommand:
     model: str | None
     engine: EngineArgs
-    launch: list[str] = field(default_factory=list)  # the program part, e.g. ["vllm", "serve"]
 
 
 def _convert(flag: Flag, raw: str) -> Any:
@@ -240,7 +227,7 @@ def parse_args(argv: list[str] | str) -> ParsedCommand:
     raises EngineArgsError naming the flag.
     """
     tokens = shlex.split(argv) if isinstance(argv, str) else list(argv)
-    launch, model, rest = _split_launch(tokens)
+    _program, model, rest = _split_launch(tokens)
     values: dict[str, Any] = {}
     extra: list[str] = []
     i = 0
@@ -281,7 +268,7 @@ def parse_args(argv: list[str] | str) -> ParsedCommand:
             f"{BY_FIELD[str(e['loc'][0])].cli if e['loc'] and str(e['loc'][0]) in BY_FIELD else e['loc']}: {e['msg']}"
             for e in exc.errors())  # type: ignore[attr-defined]
         raise EngineArgsError(problems) from None
-    return ParsedCommand(model=model, engine=engine, launch=launch)
+    return ParsedCommand(model=model, engine=engine)
 
 
 def _typed(token: str) -> tuple[Flag | None, bool]:
@@ -310,12 +297,6 @@ def _is_number(text: str) -> bool:
         return True
     except ValueError:
         return False
-
-
-def changed_fields(before: EngineArgs, after: EngineArgs) -> dict[str, tuple[Any, Any]]:
-    """Fields whose value differs, as {field: (before, after)}."""
-    b, a = before.model_dump(), after.model_dump()
-    return {k: (b[k], a[k]) for k in a if a[k] != b[k]}
 
 
 def describe(engine: EngineArgs) -> str:

@@ -18,9 +18,9 @@ from .api import EngineArgs
 from .diagnosis.units import GIB
 from .gpu_catalog import GpuSpec
 
-BLOCK_SIZE = 16  # vLLM's default KV block (shared/gpu-ground-truth: KV tokens = blocks x 16)
+BLOCK_SIZE = 16  # vLLM's default KV block (measured: KV tokens = blocks x 16)
 
-# Calibrated on vLLM 0.25.0, Llama-3.1-8B, one H200 (shared/gpu-ground-truth/cases.jsonl):
+# Calibrated on vLLM 0.25.0, Llama-3.1-8B, one H200 (tests/fixtures/gpu/ground-truth-cases.jsonl):
 NON_TORCH_GIB_TP1 = 0.22        # "non_torch" in every profiled run
 NON_TORCH_GIB_TPN = 0.6         # TP>1 adds NCCL buffers: llm-d's planner constant (not measured here)
 CUDA_CONTEXT_GIB = 0.51         # 139.80 total - 139.29 free seen by the engine on an idle GPU
@@ -32,7 +32,6 @@ CUDAGRAPH_GIB = 0.99            # "cudagraph_actual" of every graph-mode run
 ACTIVATION_FACTOR = 1.686
 ACTIVATION_BASE_GIB = 0.03
 WEIGHT_BUFFERS_GIB = 0.04       # 15.00 GiB reported vs 14.958 GiB of parameters (rotary caches, buffers)
-UNMEASURED_NOTE = "calibrated on a dense Llama on an H200 only"
 
 DTYPE_BYTES = {"float32": 4.0, "float": 4.0, "bfloat16": 2.0, "float16": 2.0, "half": 2.0, "auto": 2.0,
                "fp8": 1.0, "fp8_e4m3": 1.0, "fp8_e5m2": 1.0, "fp8_inc": 1.0, "fp8_ds_mla": 1.0, "int8": 1.0}

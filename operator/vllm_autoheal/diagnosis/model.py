@@ -85,7 +85,6 @@ class Signals:
     """Everything a dead vLLM container leaves behind, plus what its deployment says."""
     log: str = ""                        # any length; only the parts that matter are read
     exit_code: int | None = None
-    signal: int | None = None
     reason: str | None = None            # container termination reason: OOMKilled, Error, ...
     termination_message: str | None = None
     ready_before: bool | None = None     # had the server answered /health before it died?
@@ -94,7 +93,6 @@ class Signals:
     tensor_parallel_size: int | None = None
     pipeline_parallel_size: int | None = None
     gpu_count: int | None = None
-    gpu_names: list[str] = field(default_factory=list)
 
 
 @dataclass
