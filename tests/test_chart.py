@@ -8,16 +8,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from vllm_autoheal.kube.resources import LAUNCHER_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "charts" / "vllm-autoheal"
-
-
-@pytest.fixture(scope="session")
-def helm(k8s_tools) -> str:
-    return str(k8s_tools / "helm")
 
 
 def template(helm: str, tmp_path: Path, values: dict) -> list[dict]:

@@ -1,19 +1,25 @@
 from __future__ import annotations
 
 import io
-from pathlib import Path
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
-
-from vllm_autoheal.diagnosis import CAUSES, MEMORY_CAUSES, GpuProcess, GpuSnapshot, Signals, classify
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from vllm_autoheal.diagnosis import (
+    CAUSES,
+    MEMORY_CAUSES,
+    GpuProcess,
+    GpuSnapshot,
+    Signals,
+    classify,
+)
 from vllm_autoheal.diagnosis.classify import classify_stream, from_termination_message
-from vllm_autoheal.diagnosis.scan import normalize
-
 from vllm_autoheal.diagnosis.corpus import context, load
+from vllm_autoheal.diagnosis.scan import normalize
 
 KV_V1 = ("ValueError: To serve at least one request with the model's max seq len (131072), (16.0 GiB KV cache is "
          "needed, which is larger than the available KV cache memory (3.96 GiB). Based on the available memory, "

@@ -5,11 +5,10 @@ import json
 from pathlib import Path
 
 import pytest
-
+from vllm_autoheal.api import VLLMServiceSpec
 from vllm_autoheal.diagnosis import GpuSnapshot, Signals, classify
 from vllm_autoheal.gpu_probe import compact, snapshot
 from vllm_autoheal.remedy import Inventory, plan_heal
-from vllm_autoheal.api import VLLMServiceSpec
 
 GPU = Path(__file__).parent / "fixtures" / "gpu"
 

@@ -15,9 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from operator_harness import Cluster, Emulator, running_operator, setup_emulator
-from test_operator import KV_TERMINATION, SPEC
+from samples import KV_TERMINATION, SPEC
 
 pytestmark = [pytest.mark.crdserver, pytest.mark.kmock(cls=Emulator)]
 ROOT = Path(__file__).resolve().parents[1]

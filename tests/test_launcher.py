@@ -10,7 +10,6 @@ import textwrap
 import time
 from pathlib import Path
 
-
 from vllm_autoheal.diagnosis import MEMORY_CAUSES
 from vllm_autoheal.launcher import OutputKeeper, termination_message
 

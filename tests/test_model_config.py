@@ -7,14 +7,24 @@ import threading
 from pathlib import Path
 
 import pytest
-
+from hub_server import GATED_TOKEN, hub  # noqa: F401 - the fixture
 from vllm_autoheal import model_source
 from vllm_autoheal.api import VLLMService
 from vllm_autoheal.memory import ModelShape, shape_from_config
-from vllm_autoheal.model_config import MAX_CONFIG_BYTES, ModelConfigError, check, parse, to_shape
-from vllm_autoheal.model_source import HubSettings, for_service, from_hub, from_path, resolve_local
-
-from hub_server import GATED_TOKEN, hub  # noqa: F401 - the fixture
+from vllm_autoheal.model_config import (
+    MAX_CONFIG_BYTES,
+    ModelConfigError,
+    check,
+    parse,
+    to_shape,
+)
+from vllm_autoheal.model_source import (
+    HubSettings,
+    for_service,
+    from_hub,
+    from_path,
+    resolve_local,
+)
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
 LLAMA8 = json.loads((CONFIGS / "llama-3.1-8b.json").read_text())

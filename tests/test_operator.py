@@ -5,22 +5,22 @@ import asyncio
 from pathlib import Path
 
 import pytest
-
+from operator_harness import (
+    Cluster,
+    Emulator,
+    flag,
+    operator_writes,
+    running_operator,
+    setup_emulator,
+    vllm_container,
+    wait_for,
+)
+from samples import FIXTURES, KV_LOG, KV_TERMINATION, SPEC
 from vllm_autoheal.diagnosis import Signals, classify
-from vllm_autoheal.launcher import termination_message
 from vllm_autoheal.kube import resources
-
-from operator_harness import (HARNESS_AGENT, Cluster, Emulator, flag, running_operator, setup_emulator, vllm_container,
-                              wait_for)
+from vllm_autoheal.launcher import termination_message
 
 pytestmark = pytest.mark.kmock(cls=Emulator)
-FIXTURES = Path(__file__).parent / "fixtures" / "vllm-cpu"
-KV_LOG = (FIXTURES / "kv-cache-too-small.log").read_text()
-# What the in-pod launcher writes when vLLM dies of this (made from the real engine's log).
-KV_TERMINATION = termination_message(classify(Signals(log=KV_LOG, exit_code=1)).to_dict(), 1, None, None)
-SPEC = {"model": "meta-llama/Llama-3.1-8B-Instruct", "engine": {"gpuMemoryUtilization": 0.9},
-        "resources": {"gpuProduct": "NVIDIA-L4", "limits": {"memory": "32Gi"}, "shmSize": "4Gi"},
-        "heal": {"backoffSeconds": 0, "bounds": {"maxMemoryLimit": "40Gi"}}}
 
 
 @pytest.fixture
@@ -95,18 +95,6 @@ async def test_the_same_crash_is_healed_once_even_across_an_operator_restart(clu
     await asyncio.sleep(2)
     status = (await cluster.vsvc("once"))["status"]
     assert status["healCount"] == 1 and len(status["heals"]) == 1
-
-
-def operator_writes(kmock, name: str) -> list[tuple[str, str]]:
-    """(method, path) of every write the operator (not the test) made to this service's objects."""
-    writes = []
-    for r in kmock._requests:
-        method = str(getattr(r.method, "value", r.method)).upper()
-        path = r.url.path.rstrip("/")
-        if r.headers.get("User-Agent", "") != HARNESS_AGENT and method in ("PATCH", "POST", "PUT") \
-                and (path.split("/")[-1] == name or f"/{name}/" in path):
-            writes.append((method, path))
-    return writes
 
 
 async def test_a_heal_writes_once_and_then_goes_quiet(cluster):
@@ -243,6 +231,7 @@ def test_metrics_count_incidents_and_heals():
 def test_render_cli_prints_what_the_operator_applies(tmp_path):
     import subprocess
     import sys
+
     import yaml
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, "-m", "vllm_autoheal", "render", "-f", str(root / "examples" /

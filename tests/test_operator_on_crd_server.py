@@ -10,11 +10,16 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
+from operator_harness import (
+    Cluster,
+    Emulator,
+    flag,
+    running_operator,
+    setup_emulator,
+    wait_for,
+)
+from samples import KV_TERMINATION, SPEC
 from vllm_autoheal.api import GROUP, PLURAL, VERSION
-
-from operator_harness import Cluster, Emulator, flag, running_operator, setup_emulator, wait_for
-from test_operator import KV_TERMINATION, SPEC
 
 pytestmark = [pytest.mark.crdserver, pytest.mark.kmock(cls=Emulator)]
 HEAL_RECORD_FIELDS = {"time", "pod", "podUid", "container", "restartCount", "cause", "phase", "evidence",
@@ -71,8 +76,7 @@ async def test_heal_through_the_real_crd_server(split):
 
 # The heal cases of tests/test_operator_heal.py, with the VLLMService on the real API server: its
 # schema, CEL rules (resources.gpus == TP x PP), defaults, pruning and resourceVersion preconditions.
-from test_operator_heal import (H200_TERMINATION, KV_LOG, NO_GPU, TP_HEAL, WEIGHTS_OOM,  # noqa: E402
-                                BAD_MESSAGES)
+from samples import BAD_MESSAGES, H200_TERMINATION, KV_LOG, NO_GPU, TP_HEAL, WEIGHTS_OOM  # noqa: E402
 
 CASES = {
     "h200-default-floor": ({**SPEC, "resources": {"gpuProduct": "NVIDIA-H200"}}, H200_TERMINATION,

@@ -4,10 +4,17 @@ never modified, adopted or given an owner (kopf in-process against kmock)."""
 from __future__ import annotations
 
 import pytest
-
+from operator_harness import (
+    HARNESS_AGENT,
+    NS,
+    Cluster,
+    Emulator,
+    running_operator,
+    setup_emulator,
+    vllm_container,
+    wait_for,
+)
 from vllm_autoheal.kube.client import FIELD_MANAGER
-
-from operator_harness import HARNESS_AGENT, NS, Cluster, Emulator, running_operator, setup_emulator, vllm_container, wait_for
 
 pytestmark = pytest.mark.kmock(cls=Emulator)
 VSVC = f"/apis/vllm.autoheal.dev/v1alpha1/namespaces/{NS}/vllmservices"

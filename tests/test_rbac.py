@@ -6,17 +6,24 @@ import asyncio
 import base64
 import re
 import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
-
+from hub_server import CONFIGS, GATED_TOKEN, hub  # noqa: F401 - the fixture
+from operator_harness import (
+    HARNESS_AGENT,
+    Cluster,
+    Emulator,
+    running_operator,
+    setup_emulator,
+    wait_for,
+)
+from samples import KV_LOG, SPEC
 from vllm_autoheal import model_source
 from vllm_autoheal.model_source import HubSettings
 
-from hub_server import CONFIGS, GATED_TOKEN, hub  # noqa: F401 - the fixture
-from operator_harness import HARNESS_AGENT, Cluster, Emulator, running_operator, setup_emulator, wait_for
-from test_chart import CHART, helm  # noqa: F401 - the helm fixture
-from test_operator import KV_LOG, SPEC
+CHART = Path(__file__).resolve().parents[1] / "charts" / "vllm-autoheal"
 
 pytestmark = pytest.mark.kmock(cls=Emulator)
 DISCOVERY = re.compile(r"^/(api|apis)(/[^/]+(/v[^/]+)?)?/?$")

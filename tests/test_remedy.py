@@ -4,7 +4,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from vllm_autoheal.api import VLLMServiceSpec
 from vllm_autoheal.diagnosis import Diagnosis, Signals, classify
 from vllm_autoheal.gpu_catalog import lookup

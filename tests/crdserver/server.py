@@ -2,7 +2,7 @@
 
 The binaries come from build.sh (Debian sid sources, cached). Authentication is a
 client certificate in group system:masters, which the delegated authorizer always
-allows (shared/reference/k8s-testing.md §2).
+allows.
 """
 from __future__ import annotations
 

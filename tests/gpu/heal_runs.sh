@@ -2,7 +2,7 @@
 # Real heals on the H200 machine(s) (device tool): `vllm-autoheal serve` supervising real vLLM 0.25
 # (`vllm serve`, dummy weights, so memory is real) through the starts of issues 14 and 16.
 #   bash tests/gpu/heal_runs.sh SCENARIO...     (scenarios below; output under $OUT)
-# Needs: vLLM 0.25 unpacked in $SITE (shared/reference/gpu-payload.sh builds it), the model folders
+# Needs: vLLM 0.25 and its dependencies installed into $SITE (pip install --target $SITE vllm==0.25.0), the model folders
 # that tests/gpu/make_models.py builds in $MODELS, and this repository's operator/ on PYTHONPATH.
 set -u
 SITE=${SITE:-/scratch/site}; MODELS=${MODELS:-/scratch/models}; CODE=${CODE:-$PWD}

@@ -1,4 +1,4 @@
-"""The labelled failure-log corpus format (tests/corpus/, shared/oom-corpus/): one JSON object per
+"""The labelled failure-log corpus format (tests/corpus/): one JSON object per
 line with `id`, `source_url`, `label`, `log`, and what the thread says of the deployment
 (`engine_args`, `gpu`, `vllm_version`, ...). Standard library only.
 

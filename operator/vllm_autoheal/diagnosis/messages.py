@@ -1,7 +1,7 @@
 """Every vLLM/PyTorch/NCCL message the classifier keys on, old and new wordings side by side.
 
-Sources: vLLM 0.33.0's own strings and the older forms (V0 and early V1) listed in
-shared/reference/vllm-memory-messages.md. Named groups carry the numbers; a group
+Sources: vLLM 0.33.0's own strings and the older forms (V0 and early V1) as real logs in the
+corpus (tests/corpus/) print them. Named groups carry the numbers; a group
 ending in `_gib` holds a size (with its unit, or GiB when the message has none).
 Standard library only.
 """

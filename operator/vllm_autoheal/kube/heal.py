@@ -27,7 +27,7 @@ from ..diagnosis import termination
 from ..gpu_catalog import lookup
 from ..quantity import parse_quantity
 from ..remedy import GIVE_UP, Inventory, Remedy, plan_heal
-from ..remedy_gate import NEEDS_MORE_RESOURCES, fingerprint
+from ..remedy_gate import fingerprint
 from . import pods, resources
 from . import status as st
 from .client import Kube
