@@ -10,6 +10,7 @@ shows a failure" leaves out samples whose excerpt holds no failure line at all (
 poster cut it before the error), which the classifier rightly answers `unknown`. Only the
 train split's misses are listed by default: the test split is never used for tuning.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,8 +57,10 @@ def summary(name: str, results: list[tuple[dict, str]]) -> str:
     decided = [(s, got) for s, got in results if s["_decided"]]
     d_right = sum(1 for s, got in decided if got == s["label"])
     d_pct = 100 * d_right / len(decided) if decided else 0.0
-    return (f"{name:6} {right:3}/{n:<3} = {pct:5.1f}%   where the log shows a failure: {d_right}/{len(decided)} = "
-            f"{d_pct:5.1f}%   not-memory called memory: {false_memory}   memory called not-memory: {missed}")
+    return (
+        f"{name:6} {right:3}/{n:<3} = {pct:5.1f}%   where the log shows a failure: {d_right}/{len(decided)} = "
+        f"{d_pct:5.1f}%   not-memory called memory: {false_memory}   memory called not-memory: {missed}"
+    )
 
 
 def confusion(results: list[tuple[dict, str]]) -> list[str]:
@@ -84,8 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     samples = load(args.corpus)
     results = classify_all(samples)
-    by_split = {"train": [r for r in results if r[0].get("split", "train") == "train"],
-                "test": [r for r in results if r[0].get("split") == "test"]}
+    by_split = {
+        "train": [r for r in results if r[0].get("split", "train") == "train"],
+        "test": [r for r in results if r[0].get("split") == "test"],
+    }
     print(f"corpus: {len(samples)} samples, {len({s['source_url'] for s in samples})} source threads")
     print(f"labels: {dict(Counter(s['label'] for s in samples).most_common())}")
     for name in ("train", "test"):

@@ -10,6 +10,7 @@ are streamed from a file (as `vllm-autoheal diagnose FILE` and the operator read
 figure that matters is the ratio of their times per MB (the issue asks for at most 3). The
 big normal log gives MB/s and the peak memory growth (tracemalloc).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,10 +30,12 @@ HEAD = """(EngineCore_DP0 pid=8402) INFO 10-24 01:22:27 [default_loader.py:267] 
 (EngineCore_DP0 pid=8402) INFO 10-24 01:23:12 [gpu_worker.py:298] Available KV cache memory: 6.28 GiB
 (APIServer pid=8267) INFO:     Application startup complete.
 """
-BODY = ("(APIServer pid=8267) INFO 10-24 01:24:{s:02d} [loggers.py:123] Avg prompt throughput: 1234.5 tokens/s, "
-        "Avg generation throughput: 99.1 tokens/s, Running: 12 reqs, Waiting: 0 reqs, GPU KV cache usage: 45.1%, "
-        "Prefix cache hit rate: 12.0%\n"
-        '(APIServer pid=8267) INFO:     127.0.0.1:{p} - "POST /v1/chat/completions HTTP/1.1" 200 OK\n')
+BODY = (
+    "(APIServer pid=8267) INFO 10-24 01:24:{s:02d} [loggers.py:123] Avg prompt throughput: 1234.5 tokens/s, "
+    "Avg generation throughput: 99.1 tokens/s, Running: 12 reqs, Waiting: 0 reqs, GPU KV cache usage: 45.1%, "
+    "Prefix cache hit rate: 12.0%\n"
+    '(APIServer pid=8267) INFO:     127.0.0.1:{p} - "POST /v1/chat/completions HTTP/1.1" 200 OK\n'
+)
 TAIL = """(EngineCore_DP0 pid=8402) ERROR 10-24 01:26:57 [core.py:710] Traceback (most recent call last):
 (EngineCore_DP0 pid=8402) ERROR 10-24 01:26:57 [core.py:710]   File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py", line 701, in run_engine_core
 (EngineCore_DP0 pid=8402) ERROR 10-24 01:26:57 [core.py:710]     engine_core.run_busy_loop()
@@ -45,12 +48,20 @@ def crafted_lines() -> list[str]:
     """Lines that make a scanner and its patterns do as much as they can."""
     needles = " ".join(n for m in msg.MESSAGES for n in m.needles)
     anchors = " ".join(ANCHORS)
-    near_misses = ("Failed to create x weights: " * 40 + "Free memory on device (1.0/2.0 GiB) " * 40
-                   + "Process 1 has 1.00 GiB memory in use. " * 60 + "NCCL error " * 80 + "(" * 200
-                   + "To serve at least one request with the model's max seq len (1), (" * 20)
+    near_misses = (
+        "Failed to create x weights: " * 40
+        + "Free memory on device (1.0/2.0 GiB) " * 40
+        + "Process 1 has 1.00 GiB memory in use. " * 60
+        + "NCCL error " * 80
+        + "(" * 200
+        + "To serve at least one request with the model's max seq len (1), (" * 20
+    )
     prefixes = "(EngineCore_DP0 pid=1) " * 3 + "[rank0]: " * 3 + "ERROR 10-24 01:26:57 [core.py:1] "
-    request = ("(APIServer pid=7) INFO 12-01 10:00:01 [logger.py:41] Received request c: prompt: '"
-               + "CUDA out of memory. Tried to allocate 64.00 GiB. " * 100 + "', params: SamplingParams(n=1)")
+    request = (
+        "(APIServer pid=7) INFO 12-01 10:00:01 [logger.py:41] Received request c: prompt: '"
+        + "CUDA out of memory. Tried to allocate 64.00 GiB. " * 100
+        + "', params: SamplingParams(n=1)"
+    )
     return [
         prefixes + (anchors + " ") * 20,
         prefixes + needles * 2,
@@ -117,8 +128,10 @@ def main(argv: list[str] | None = None) -> int:
             elapsed = time.perf_counter() - t0
             _, peak = tracemalloc.get_traced_memory()
             tracemalloc.stop()
-        print(f"big normal log: {b_size / 1e6:.1f} MB -> {diag.cause} ({diag.phase}); "
-              f"{b_size / 1e6 / elapsed:.1f} MB/s (under tracemalloc); peak memory growth {peak / 2**20:.1f} MiB")
+        print(
+            f"big normal log: {b_size / 1e6:.1f} MB -> {diag.cause} ({diag.phase}); "
+            f"{b_size / 1e6 / elapsed:.1f} MB/s (under tracemalloc); peak memory growth {peak / 2**20:.1f} MiB"
+        )
     return 0 if n_cause == "runtime_oom" and diag.cause == "runtime_oom" else 1
 
 

@@ -17,6 +17,7 @@ latencies are mostly the emulator's; the operator's own CPU time is printed besi
 Its request log is bounded (Emulator.bound_request_log): kept whole it makes every request
 slower than the last.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,16 +76,33 @@ async def main(incidents: int, burst_size: int, services: int, after_load: int, 
         url = str(emulator.url).rstrip("/")
         with tempfile.TemporaryDirectory() as tmp:
             kubeconfig = Path(tmp) / "kubeconfig"
-            kubeconfig.write_text(f"apiVersion: v1\nkind: Config\nclusters:\n- name: k\n  cluster: {{server: '{url}'}}\n"
-                                  "users:\n- name: u\n  user: {token: bench}\ncontexts:\n- name: k\n  context: "
-                                  "{cluster: k, user: u, namespace: default}\ncurrent-context: k\n")
+            kubeconfig.write_text(
+                f"apiVersion: v1\nkind: Config\nclusters:\n- name: k\n  cluster: {{server: '{url}'}}\n"
+                "users:\n- name: u\n  user: {token: bench}\ncontexts:\n- name: k\n  context: "
+                "{cluster: k, user: u, namespace: default}\ncurrent-context: k\n"
+            )
             metrics_port = _port()
             log = open(log_path, "w") if log_path else subprocess.DEVNULL
             env = {**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONPATH": str(ROOT / "operator")}
-            proc = subprocess.Popen([sys.executable, "-m", "vllm_autoheal", "operator", "--metrics-port",
-                                     str(metrics_port), "--health-port", str(_port()), "--log-format", "full",
-                                     "--hub-endpoint", "off"],  # never the internet from a bench
-                                    env=env, stdout=subprocess.DEVNULL, stderr=log)
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "vllm_autoheal",
+                    "operator",
+                    "--metrics-port",
+                    str(metrics_port),
+                    "--health-port",
+                    str(_port()),
+                    "--log-format",
+                    "full",
+                    "--hub-endpoint",
+                    "off",
+                ],  # never the internet from a bench
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
             try:
                 return await run(Cluster(emulator), proc, metrics_port, incidents, burst_size, services, after_load)
             finally:
@@ -95,8 +113,10 @@ async def main(incidents: int, burst_size: int, services: int, after_load: int, 
 # Each incident kind: how the pod dies, and the spec field the heal must change.
 INCIDENTS = {
     "kv-cache": (dict(message=KV_TERMINATION), lambda v: v["spec"]["engine"].get("maxModelLen")),
-    "OOMKilled": (dict(exit_code=137, reason="OOMKilled"),
-                  lambda v: v["spec"]["resources"]["limits"]["memory"] != SPEC["resources"]["limits"]["memory"]),
+    "OOMKilled": (
+        dict(exit_code=137, reason="OOMKilled"),
+        lambda v: v["spec"]["resources"]["limits"]["memory"] != SPEC["resources"]["limits"]["memory"],
+    ),
 }
 
 
@@ -117,8 +137,11 @@ async def heal_incidents(c: Cluster, proc: subprocess.Popen, prefix: str, count:
         # the heal is done when it is recorded in status; only then the next incident
         await until(lambda: (c.vsvc_now(name).get("status") or {}).get("heals"))
         if (i + 1) % 10 == 0:
-            print(f"  {i + 1} incidents: median so far {statistics.median(latencies) * 1000:.0f} ms; "
-                  f"operator RSS {rss_mib(proc.pid):.0f} MiB", flush=True)
+            print(
+                f"  {i + 1} incidents: median so far {statistics.median(latencies) * 1000:.0f} ms; "
+                f"operator RSS {rss_mib(proc.pid):.0f} MiB",
+                flush=True,
+            )
     return latencies
 
 
@@ -149,9 +172,11 @@ async def burst(c: Cluster, count: int) -> tuple[float, list[float]]:
 
 def report(what: str, latencies: list[float]) -> None:
     q = statistics.quantiles(latencies, n=20, method="inclusive") if len(latencies) > 1 else latencies * 19
-    print(f"{what}: {len(latencies)} incidents ({', '.join(INCIDENTS)} alternating); end-to-end heal latency "
-          f"(pod update -> spec patched, through watches): median {statistics.median(latencies) * 1000:.0f} ms, "
-          f"p95 {q[18] * 1000:.0f} ms, max {max(latencies) * 1000:.0f} ms")
+    print(
+        f"{what}: {len(latencies)} incidents ({', '.join(INCIDENTS)} alternating); end-to-end heal latency "
+        f"(pod update -> spec patched, through watches): median {statistics.median(latencies) * 1000:.0f} ms, "
+        f"p95 {q[18] * 1000:.0f} ms, max {max(latencies) * 1000:.0f} ms"
+    )
 
 
 def operator_metrics(port: int) -> tuple[float, float, float]:
@@ -163,8 +188,15 @@ def operator_metrics(port: int) -> tuple[float, float, float]:
     return heals, total / count if count else float("nan"), count
 
 
-async def run(c: Cluster, proc: subprocess.Popen, metrics_port: int, incidents: int, burst_size: int,
-              services: int, after_load: int) -> int:
+async def run(
+    c: Cluster,
+    proc: subprocess.Popen,
+    metrics_port: int,
+    incidents: int,
+    burst_size: int,
+    services: int,
+    after_load: int,
+) -> int:
     await asyncio.sleep(2)
     base_rss = rss_mib(proc.pid)
     cpu, wall = cpu_seconds(proc.pid), time.monotonic()
@@ -172,17 +204,23 @@ async def run(c: Cluster, proc: subprocess.Popen, metrics_port: int, incidents: 
     cpu, wall = cpu_seconds(proc.pid) - cpu, time.monotonic() - wall
     heals, own_mean, own_count = operator_metrics(metrics_port)
     report("heals", latencies)
-    print(f"heals counted by the operator: {int(heals)}; its own heal latency (crash observed -> resource "
-          f"patched and Deployment re-rendered): mean {own_mean * 1000:.0f} ms over {int(own_count)}")
-    print(f"operator CPU: {cpu:.1f} s in {wall:.0f} s ({cpu / wall:.0%} of a core), {cpu / incidents * 1000:.0f} ms "
-          f"per incident (its create, reconcile and heal)")
+    print(
+        f"heals counted by the operator: {int(heals)}; its own heal latency (crash observed -> resource "
+        f"patched and Deployment re-rendered): mean {own_mean * 1000:.0f} ms over {int(own_count)}"
+    )
+    print(
+        f"operator CPU: {cpu:.1f} s in {wall:.0f} s ({cpu / wall:.0%} of a core), {cpu / incidents * 1000:.0f} ms "
+        f"per incident (its create, reconcile and heal)"
+    )
     if burst_size:
         cpu = cpu_seconds(proc.pid)
         posted, healed = await burst(c, burst_size)
-        print(f"burst: {burst_size} pods of {burst_size} VLLMServices crashed at once (posted within "
-              f"{posted * 1000:.0f} ms): {len(healed)} healed; the last {healed[-1]:.1f} s after the first crash, "
-              f"median {statistics.median(healed):.1f} s; operator CPU {cpu_seconds(proc.pid) - cpu:.1f} s "
-              f"(creates, reconciles and heals)")
+        print(
+            f"burst: {burst_size} pods of {burst_size} VLLMServices crashed at once (posted within "
+            f"{posted * 1000:.0f} ms): {len(healed)} healed; the last {healed[-1]:.1f} s after the first crash, "
+            f"median {statistics.median(healed):.1f} s; operator CPU {cpu_seconds(proc.pid) - cpu:.1f} s "
+            f"(creates, reconciles and heals)"
+        )
     if not services:
         return 0
     started, cpu = time.monotonic(), cpu_seconds(proc.pid)
@@ -194,12 +232,16 @@ async def run(c: Cluster, proc: subprocess.Popen, metrics_port: int, incidents: 
     await until(lambda: (c.vsvc_now(last) or {}).get("status", {}).get("endpoint"), timeout=900, step=0.5)
     took, cpu = time.monotonic() - started, cpu_seconds(proc.pid) - cpu
     await asyncio.sleep(5)
-    print(f"{services} VLLMServices reconciled (Deployment, Service, status) in {took:.0f} s, operator CPU "
-          f"{cpu:.1f} s ({cpu / services * 1000:.0f} ms each); operator RSS {rss_mib(proc.pid):.0f} MiB "
-          f"(at start {base_rss:.0f} MiB)")
+    print(
+        f"{services} VLLMServices reconciled (Deployment, Service, status) in {took:.0f} s, operator CPU "
+        f"{cpu:.1f} s ({cpu / services * 1000:.0f} ms each); operator RSS {rss_mib(proc.pid):.0f} MiB "
+        f"(at start {base_rss:.0f} MiB)"
+    )
     if after_load:
-        report(f"heals with {services + incidents + burst_size} VLLMServices loaded",
-               await heal_incidents(c, proc, "loaded", after_load))
+        report(
+            f"heals with {services + incidents + burst_size} VLLMServices loaded",
+            await heal_incidents(c, proc, "loaded", after_load),
+        )
         print(f"operator RSS at the end: {rss_mib(proc.pid):.0f} MiB")
     return 0
 

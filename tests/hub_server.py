@@ -3,6 +3,7 @@
 (file_download.get_hf_file_metadata): X-Repo-Commit, ETag, Content-Length; and errors as the Hub
 marks them (hf_raise_for_status reads X-Error-Code: RepoNotFound, GatedRepo, RevisionNotFound,
 EntryNotFound). Tests drive the real client against it; nothing leaves the machine."""
+
 from __future__ import annotations
 
 import hashlib
@@ -20,7 +21,7 @@ ROUTE = re.compile(r"^/(?P<repo>[^/]+/[^/]+|[^/]+)/resolve/(?P<revision>[^/]+)/(
 @dataclass
 class Repo:
     files: dict[str, bytes]
-    gated_token: str | None = None        # gated: only this token gets the files
+    gated_token: str | None = None  # gated: only this token gets the files
     revisions: tuple[str, ...] = ("main",)
     commit: str = "0123456789abcdef0123456789abcdef01234567"
 
@@ -28,7 +29,7 @@ class Repo:
 @dataclass
 class Hub:
     repos: dict[str, Repo] = field(default_factory=dict)
-    requests: list[tuple[str, str, bool]] = field(default_factory=list)   # (method, path, had a token)
+    requests: list[tuple[str, str, bool]] = field(default_factory=list)  # (method, path, had a token)
     stall: threading.Event | None = None  # set: answer; unset: hold the request (a Hub that hangs)
     url: str = ""
     cache: str = ""
@@ -98,13 +99,18 @@ GATED_TOKEN = "hf_localtesttoken"
 def default_repos() -> dict[str, Repo]:
     return {
         "meta-llama/Llama-3.1-8B-Instruct": Repo({"config.json": (CONFIGS / "llama-3.1-8b.json").read_bytes()}),
-        "meta-llama/Llama-3.1-70B-Instruct": Repo({"config.json": (CONFIGS / "llama-3.1-70b.json").read_bytes()},
-                                                  gated_token=GATED_TOKEN),
+        "meta-llama/Llama-3.1-70B-Instruct": Repo(
+            {"config.json": (CONFIGS / "llama-3.1-70b.json").read_bytes()}, gated_token=GATED_TOKEN
+        ),
         "Qwen/Qwen2.5-7B-Instruct": Repo({"config.json": (CONFIGS / "qwen2.5-7b.json").read_bytes()}),
         "acme/no-config": Repo({"README.md": b"# nothing to see"}),
         "acme/huge": Repo({"config.json": b'{"pad": "' + b"x" * (2 << 20) + b'"}'}),
-        "acme/hostile": Repo({"config.json": b'{"num_hidden_layers": 1e12, "hidden_size": 4096, '
-                                             b'"num_attention_heads": 32, "vocab_size": 32000}'}),
+        "acme/hostile": Repo(
+            {
+                "config.json": b'{"num_hidden_layers": 1e12, "hidden_size": 4096, '
+                b'"num_attention_heads": 32, "vocab_size": 32000}'
+            }
+        ),
     }
 
 

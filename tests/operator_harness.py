@@ -1,6 +1,7 @@
 """Run the real kopf operator in-process against kmock (the Kubernetes API emulator by kopf's
 author). The test plays the Deployment controller and the kubelet: it creates the pods a
 Deployment would and writes their container statuses."""
+
 from __future__ import annotations
 
 import asyncio
@@ -33,7 +34,7 @@ _login_registered: dict[str, Any] = {}
 class ApplyInvalid(kmocklib.KubernetesError):
     status: int = 422
     reason: str = "Invalid"
-    message: str = "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch"
+    message: str = 'PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value: is required for apply patch'
 
 
 # Fields an apply configuration names that the server does not track as managed fields.
@@ -73,8 +74,11 @@ def server_side_apply(live: dict[str, Any], applied: dict[str, Any], manager: st
     entries = (new.get("metadata") or {}).get("managedFields") or []
     mine = next((e for e in entries if e["manager"] == manager and e["operation"] == "Apply"), None)
     before = _paths(mine["fieldsV1"]) if mine else set()
-    leaves = {p: v for p, v in _leaves(applied).items() if p not in _UNMANAGED
-              and p[:2] not in (("metadata", "managedFields"), ("metadata", "resourceVersion"))}
+    leaves = {
+        p: v
+        for p, v in _leaves(applied).items()
+        if p not in _UNMANAGED and p[:2] not in (("metadata", "managedFields"), ("metadata", "resourceVersion"))
+    }
     keep = {p[:i] for p in leaves for i in range(1, len(p) + 1)}
     for path in sorted(before - set(leaves), key=len, reverse=True):
         parents = [new]
@@ -95,9 +99,15 @@ def server_side_apply(live: dict[str, Any], applied: dict[str, Any], manager: st
     for key in ("apiVersion", "kind"):
         new.setdefault(key, applied.get(key))
     meta = new.setdefault("metadata", {})
-    meta["managedFields"] = [e for e in entries if e is not mine] + [{
-        "manager": manager, "operation": "Apply", "apiVersion": applied.get("apiVersion"),
-        "fieldsType": "FieldsV1", "fieldsV1": _fields_v1(set(leaves))}]
+    meta["managedFields"] = [e for e in entries if e is not mine] + [
+        {
+            "manager": manager,
+            "operation": "Apply",
+            "apiVersion": applied.get("apiVersion"),
+            "fieldsType": "FieldsV1",
+            "fieldsV1": _fields_v1(set(leaves)),
+        }
+    ]
     return new
 
 
@@ -165,8 +175,9 @@ class Emulator(kmocklib.KubernetesEmulator):
 
     faults: list[Fault]
 
-    def fail(self, method: str, path_suffix: str, status: int | None = None, times: int = 1,
-             delay: float | None = None) -> Fault:
+    def fail(
+        self, method: str, path_suffix: str, status: int | None = None, times: int = 1, delay: float | None = None
+    ) -> Fault:
         """Make the operator's next `times` requests `method path...path_suffix` fail with `status`,
         or answer only after `delay` seconds (the write still happens: a client timeout does not
         mean the server did nothing)."""
@@ -177,22 +188,37 @@ class Emulator(kmocklib.KubernetesEmulator):
     async def _handle(self, request):  # type: ignore[override]
         method = str(getattr(request.method, "value", request.method)).upper()
         for fault in getattr(self, "faults", []):
-            if fault.times > 0 and method == fault.method and request.url.path.endswith(fault.path_suffix) \
-                    and request.headers.get("User-Agent", "") != HARNESS_AGENT:
+            if (
+                fault.times > 0
+                and method == fault.method
+                and request.url.path.endswith(fault.path_suffix)
+                and request.headers.get("User-Agent", "") != HARNESS_AGENT
+            ):
                 fault.times -= 1
                 fault.hits += 1
                 if fault.delay:
                     await asyncio.sleep(fault.delay)
                 else:
-                    raise kmocklib.KubernetesError(status=fault.status or 500, reason="InjectedFault",
-                                                   message=f"injected {fault.status} for {method} {fault.path_suffix}")
+                    raise kmocklib.KubernetesError(
+                        status=fault.status or 500,
+                        reason="InjectedFault",
+                        message=f"injected {fault.status} for {method} {fault.path_suffix}",
+                    )
                 break
-        if request.resource is not None and request.action == kmocklib.action.UPDATE and request.name and \
-                "apply-patch" in request.headers.get("Content-Type", "") and isinstance(request.data, dict):
+        if (
+            request.resource is not None
+            and request.action == kmocklib.action.UPDATE
+            and request.name
+            and "apply-patch" in request.headers.get("Content-Type", "")
+            and isinstance(request.data, dict)
+        ):
             await self._server_side_apply(request)
         data = request.data
-        if request.resource is not None and isinstance(data, dict) and request.action in (
-                kmocklib.action.CREATE, kmocklib.action.UPDATE):
+        if (
+            request.resource is not None
+            and isinstance(data, dict)
+            and request.action in (kmocklib.action.CREATE, kmocklib.action.UPDATE)
+        ):
             meta = data.setdefault("metadata", {})
             if request.action == kmocklib.action.CREATE and not meta.get("name") and meta.get("generateName"):
                 self._generated = getattr(self, "_generated", 0) + 1
@@ -216,17 +242,23 @@ def setup_emulator(kmock, api_url: str | None = None) -> None:
     """Serve the core API and VLLMService discovery from kmock; the operator and the test talk
     to `api_url` (a proxy in front of kmock and the real CRD server), else to kmock itself."""
     kmock.resources.load_bundled()
-    kmock.resources[VSVC] = kmocklib.ResourceInfo(kind=KIND, namespaced=True, singular="vllmservice",
-                                                  verbs={"get", "list", "watch", "create", "patch", "delete"},
-                                                  subresources={"status"})
+    kmock.resources[VSVC] = kmocklib.ResourceInfo(
+        kind=KIND,
+        namespaced=True,
+        singular="vllmservice",
+        verbs={"get", "list", "watch", "create", "patch", "delete"},
+        subresources={"status"},
+    )
     url = api_url or str(kmock.url).rstrip("/")
     model_source.configure(model_source.HubSettings())  # the Hub is off unless a test serves one locally
     kclient.configure(host=url)
     _login_registered["url"] = url
     if not _login_registered.get("done"):
+
         @kopf.on.login()
         def login(**_: Any) -> kopf.ConnectionInfo:
             return kopf.ConnectionInfo(server=_login_registered["url"], insecure=True)
+
         _login_registered["done"] = True
 
 
@@ -240,10 +272,13 @@ async def running_operator(config: OperatorConfig = TEST_CONFIG):
     tasks of its own loop, which must not be the test's (that loop serves kmock). Its settings
     reach the handlers through kopf's memo, as `vllm-autoheal operator` passes them."""
     import vllm_autoheal.kube.handlers  # noqa: F401 - registers the handlers
+
     stop = threading.Event()
     memo = kopf.Memo(config=config)
-    thread = threading.Thread(target=lambda: asyncio.run(kopf.operator(clusterwide=True, standalone=True,
-                                                                       stop_flag=stop, memo=memo)), daemon=True)
+    thread = threading.Thread(
+        target=lambda: asyncio.run(kopf.operator(clusterwide=True, standalone=True, stop_flag=stop, memo=memo)),
+        daemon=True,
+    )
     thread.start()
     try:
         await asyncio.sleep(0.5)
@@ -271,10 +306,18 @@ class Cluster:
         return f"uid-{self._uid:04d}"
 
     async def create_vsvc(self, name: str, spec: dict[str, Any], annotations: dict[str, str] | None = None) -> None:
-        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND,
-                "metadata": {"name": name, "namespace": NS, "uid": self.uid(), "generation": 1,
-                             "annotations": annotations or {}},  # (a real server sets its own uid)
-                "spec": spec}
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": KIND,
+            "metadata": {
+                "name": name,
+                "namespace": NS,
+                "uid": self.uid(),
+                "generation": 1,
+                "annotations": annotations or {},
+            },  # (a real server sets its own uid)
+            "spec": spec,
+        }
         await self.call("POST", f"/apis/{GROUP}/{VERSION}/namespaces/{NS}/{PLURAL}", body)
 
     # Blocking reads, for checks that run in a worker thread (wait_for): the event loop serves kmock.
@@ -303,54 +346,103 @@ class Cluster:
         await self.create_vsvc(name, spec)
         await wait_for(lambda: self.deployment_now(name), what="deployment")
         await self.crash_pod(name, pod, **crash)
-        return await wait_for(lambda: (v := self.vsvc_now(name))["status"].get("healCount") == 1 and v,
-                              what="heal")
+        return await wait_for(lambda: (v := self.vsvc_now(name))["status"].get("healCount") == 1 and v, what="heal")
 
     async def deployment_available(self, name: str, available: int = 1) -> None:
         """Play the Deployment controller: the current template's pods are rolled out, `available`
         of them ready (0: they crashed)."""
         dep = await self.deployment(name)
-        status = {"replicas": 1, "updatedReplicas": 1, "readyReplicas": available, "availableReplicas": available,
-                  "observedGeneration": dep["metadata"].get("generation", 1)}
-        await self.call("PATCH", f"/apis/apps/v1/namespaces/{NS}/deployments/{name}", {"status": status},
-                        kclient.MERGE)
+        status = {
+            "replicas": 1,
+            "updatedReplicas": 1,
+            "readyReplicas": available,
+            "availableReplicas": available,
+            "observedGeneration": dep["metadata"].get("generation", 1),
+        }
+        await self.call("PATCH", f"/apis/apps/v1/namespaces/{NS}/deployments/{name}", {"status": status}, kclient.MERGE)
 
     async def pending_pod(self, vsvc: str, pod: str, message: str, since: str = "2026-11-30T03:00:00Z") -> None:
         """A pod of the VLLMService's current template that the scheduler cannot place."""
         dep = await self.deployment(vsvc)
         template = copy.deepcopy(dep["spec"]["template"])
-        body = {"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": pod, "namespace": NS, "uid": self.uid(), "labels": template["metadata"]["labels"],
-                             "annotations": template["metadata"]["annotations"]},
-                "spec": template["spec"],
-                "status": {"phase": "Pending", "conditions": [{
-                    "type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message,
-                    "lastTransitionTime": since}]}}
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": pod,
+                "namespace": NS,
+                "uid": self.uid(),
+                "labels": template["metadata"]["labels"],
+                "annotations": template["metadata"]["annotations"],
+            },
+            "spec": template["spec"],
+            "status": {
+                "phase": "Pending",
+                "conditions": [
+                    {
+                        "type": "PodScheduled",
+                        "status": "False",
+                        "reason": "Unschedulable",
+                        "message": message,
+                        "lastTransitionTime": since,
+                    }
+                ],
+            },
+        }
         await self.call("POST", f"/api/v1/namespaces/{NS}/pods", body)
 
-    async def crash_pod(self, vsvc: str, pod: str, *, exit_code: int = 1, reason: str = "Error",
-                        message: str = "", restart_count: int = 1, uid: str | None = None,
-                        template_from: dict[str, Any] | None = None) -> str:
+    async def crash_pod(
+        self,
+        vsvc: str,
+        pod: str,
+        *,
+        exit_code: int = 1,
+        reason: str = "Error",
+        message: str = "",
+        restart_count: int = 1,
+        uid: str | None = None,
+        template_from: dict[str, Any] | None = None,
+    ) -> str:
         """A pod of the VLLMService's Deployment whose vllm container just died."""
         dep = template_from or await self.deployment(vsvc)
         template = copy.deepcopy(dep["spec"]["template"])
         uid = uid or self.uid()
-        body = {"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": pod, "namespace": NS, "uid": uid,
-                             "labels": template["metadata"]["labels"],
-                             "annotations": template["metadata"]["annotations"]},
-                "spec": template["spec"],
-                "status": {"phase": "Running", "containerStatuses": [{
-                    "name": "vllm", "ready": False, "restartCount": restart_count,
-                    "state": {"waiting": {"reason": "CrashLoopBackOff"}},
-                    "lastState": {"terminated": {"exitCode": exit_code, "reason": reason, "message": message,
-                                                 "finishedAt": "2026-11-30T03:00:00Z"}}}]}}
+        body = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": pod,
+                "namespace": NS,
+                "uid": uid,
+                "labels": template["metadata"]["labels"],
+                "annotations": template["metadata"]["annotations"],
+            },
+            "spec": template["spec"],
+            "status": {
+                "phase": "Running",
+                "containerStatuses": [
+                    {
+                        "name": "vllm",
+                        "ready": False,
+                        "restartCount": restart_count,
+                        "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                        "lastState": {
+                            "terminated": {
+                                "exitCode": exit_code,
+                                "reason": reason,
+                                "message": message,
+                                "finishedAt": "2026-11-30T03:00:00Z",
+                            }
+                        },
+                    }
+                ],
+            },
+        }
         existing = await self.get(f"/api/v1/namespaces/{NS}/pods/{pod}")
         if existing is None:
             await self.call("POST", f"/api/v1/namespaces/{NS}/pods", body)
         else:
-            await self.call("PATCH", f"/api/v1/namespaces/{NS}/pods/{pod}", {"status": body["status"]},
-                            kclient.MERGE)
+            await self.call("PATCH", f"/api/v1/namespaces/{NS}/pods/{pod}", {"status": body["status"]}, kclient.MERGE)
         return uid
 
 
@@ -380,7 +472,10 @@ def operator_writes(kmock, name: str) -> list[tuple[str, str]]:
     for r in kmock._requests:
         method = str(getattr(r.method, "value", r.method)).upper()
         path = r.url.path.rstrip("/")
-        if r.headers.get("User-Agent", "") != HARNESS_AGENT and method in ("PATCH", "POST", "PUT") \
-                and (path.split("/")[-1] == name or f"/{name}/" in path):
+        if (
+            r.headers.get("User-Agent", "") != HARNESS_AGENT
+            and method in ("PATCH", "POST", "PUT")
+            and (path.split("/")[-1] == name or f"/{name}/" in path)
+        ):
             writes.append((method, path))
     return writes

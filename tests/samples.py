@@ -1,5 +1,6 @@
 """Crash samples and specs the operator tests share: a test helper, like operator_harness.py.
 Test modules import these from here, never from one another."""
+
 from __future__ import annotations
 
 import json
@@ -12,31 +13,53 @@ FIXTURES = Path(__file__).parent / "fixtures" / "vllm-cpu"
 KV_LOG = (FIXTURES / "kv-cache-too-small.log").read_text()
 # What the in-pod launcher writes when vLLM dies of this (made from the real engine's log).
 KV_TERMINATION = termination_message(classify(Signals(log=KV_LOG, exit_code=1)).to_dict(), 1, None, None)
-SPEC = {"model": "meta-llama/Llama-3.1-8B-Instruct", "engine": {"gpuMemoryUtilization": 0.9},
-        "resources": {"gpuProduct": "NVIDIA-L4", "limits": {"memory": "32Gi"}, "shmSize": "4Gi"},
-        "heal": {"backoffSeconds": 0, "bounds": {"maxMemoryLimit": "40Gi"}}}
-H200_FREE = ("ValueError: Free memory on device cuda:0 (38.69/139.8 GiB) on startup is less than desired GPU memory "
-             "utilization (0.9, 125.82 GiB). Decrease GPU memory utilization or reduce GPU memory used by other "
-             "processes.")
+SPEC = {
+    "model": "meta-llama/Llama-3.1-8B-Instruct",
+    "engine": {"gpuMemoryUtilization": 0.9},
+    "resources": {"gpuProduct": "NVIDIA-L4", "limits": {"memory": "32Gi"}, "shmSize": "4Gi"},
+    "heal": {"backoffSeconds": 0, "bounds": {"maxMemoryLimit": "40Gi"}},
+}
+H200_FREE = (
+    "ValueError: Free memory on device cuda:0 (38.69/139.8 GiB) on startup is less than desired GPU memory "
+    "utilization (0.9, 125.82 GiB). Decrease GPU memory utilization or reduce GPU memory used by other "
+    "processes."
+)
 H200_TERMINATION = termination_message(classify(Signals(log=H200_FREE, exit_code=1)).to_dict(), 1, None, None)
-NOT_MEMORY = termination_message(classify(Signals(log=(FIXTURES / "model-not-found.log").read_text(),
-                                                  exit_code=1)).to_dict(), 1, None, None)
-RUNTIME_OOM = termination_message({"cause": "runtime_oom", "phase": "serving", "confidence": "high",
-                                   "numbers": {"tried_gib": 0.5, "gpu_total_gib": 22.0},
-                                   "evidence": ["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
-                                                "512.00 MiB."]}, 1, None, None)
-WEIGHTS_OOM = termination_message({"cause": "weights_load_oom", "phase": "load", "confidence": "high",
-                                   "evidence": ["ValueError: Failed to load model - not enough GPU memory"]},
-                                  1, None, None)
-TP_HEAL = {"backoffSeconds": 0, "allowedActions": ["IncreaseTensorParallel"],
-           "bounds": {"maxTensorParallelSize": 2}}
+NOT_MEMORY = termination_message(
+    classify(Signals(log=(FIXTURES / "model-not-found.log").read_text(), exit_code=1)).to_dict(), 1, None, None
+)
+RUNTIME_OOM = termination_message(
+    {
+        "cause": "runtime_oom",
+        "phase": "serving",
+        "confidence": "high",
+        "numbers": {"tried_gib": 0.5, "gpu_total_gib": 22.0},
+        "evidence": ["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 512.00 MiB."],
+    },
+    1,
+    None,
+    None,
+)
+WEIGHTS_OOM = termination_message(
+    {
+        "cause": "weights_load_oom",
+        "phase": "load",
+        "confidence": "high",
+        "evidence": ["ValueError: Failed to load model - not enough GPU memory"],
+    },
+    1,
+    None,
+    None,
+)
+TP_HEAL = {"backoffSeconds": 0, "allowedActions": ["IncreaseTensorParallel"], "bounds": {"maxTensorParallelSize": 2}}
 NO_GPU = "0/4 nodes are available: 4 Insufficient nvidia.com/gpu. preemption: 0/4 nodes are available."
 
 BAD_MESSAGES = {
     "nan": KV_TERMINATION.replace('"available_gib":1.0', '"available_gib":NaN'),
     "infinity": KV_TERMINATION.replace('"estimated_max_model_len":524160', '"estimated_max_model_len":Infinity'),
     "string-numbers": KV_TERMINATION.replace('"numbers":{', '"numbers":"{').replace(',"evidence"', '","evidence"', 1),
-    "integer-evidence": json.dumps({**json.loads(KV_TERMINATION), "diagnosis": {
-        **json.loads(KV_TERMINATION)["diagnosis"], "evidence": [1, 2, 3]}}),
+    "integer-evidence": json.dumps(
+        {**json.loads(KV_TERMINATION), "diagnosis": {**json.loads(KV_TERMINATION)["diagnosis"], "evidence": [1, 2, 3]}}
+    ),
     "huge": KV_TERMINATION.replace('"estimated_max_model_len":524160', '"estimated_max_model_len":1e30'),
 }

@@ -15,7 +15,9 @@ CRD_FILE = ROOT / "crds" / "vllmservices.vllm.autoheal.dev.yaml"
 
 def test_committed_crd_is_the_generated_one_byte_for_byte():
     out = subprocess.run([sys.executable, "-m", "vllm_autoheal", "crd"], capture_output=True, check=True).stdout
-    assert out == CRD_FILE.read_bytes(), "crds/ is stale: run `vllm-autoheal crd > " + str(CRD_FILE.relative_to(ROOT)) + "`"
+    assert out == CRD_FILE.read_bytes(), (
+        "crds/ is stale: run `vllm-autoheal crd > " + str(CRD_FILE.relative_to(ROOT)) + "`"
+    )
     assert out.decode() == crd_yaml()
 
 
@@ -60,9 +62,11 @@ def test_gpu_count_is_derived_from_parallelism():
 
 
 def test_cli_help_lists_each_subcommand_with_help():
-    out = subprocess.run([sys.executable, "-m", "vllm_autoheal", "--help"], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "vllm_autoheal", "--help"], capture_output=True, text=True, check=True
+    ).stdout
     from vllm_autoheal.cli import build_parser
+
     sub = next(a for a in build_parser()._actions if a.dest == "command")
     assert sub.choices, "no subcommands"
     for name, parser in sub.choices.items():

@@ -1,4 +1,5 @@
 """The Helm chart with a real helm binary; manifests validated offline; the Dockerfile, statically."""
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,12 @@ CHART = ROOT / "charts" / "vllm-autoheal"
 def template(helm: str, tmp_path: Path, values: dict) -> list[dict]:
     vals = tmp_path / "values.yaml"
     vals.write_text(yaml.safe_dump(values))
-    out = subprocess.run([helm, "template", "rel", str(CHART), "--namespace", "ops", "-f", str(vals)],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [helm, "template", "rel", str(CHART), "--namespace", "ops", "-f", str(vals)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return [d for d in yaml.safe_load_all(out) if d]
 
 
@@ -33,15 +38,28 @@ VALUE_SETS = {
     "default": {},
     "namespaced": {"watchNamespaces": ["team-a", "team-b"]},
     "ha": {"replicas": 3},
-    "monitoring": {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}},
-                   "dashboard": {"enabled": True}},
-    "custom-image": {"image": {"repository": "registry.example.com/ml/vllm-autoheal", "tag": "0.1.0-rc1",
-                               "pullPolicy": "Always"}, "imagePullSecrets": [{"name": "regcred"}]},
+    "monitoring": {
+        "metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}},
+        "dashboard": {"enabled": True},
+    },
+    "custom-image": {
+        "image": {"repository": "registry.example.com/ml/vllm-autoheal", "tag": "0.1.0-rc1", "pullPolicy": "Always"},
+        "imagePullSecrets": [{"name": "regcred"}],
+    },
     "digest": {"image": {"repository": "registry.example.com/ml/vllm-autoheal", "digest": DIGEST}},
-    "locked-down": {"watchNamespaces": ["team-a"], "networkPolicy": {"enabled": True, "metricsFrom": [
-        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]},
-        "admissionPolicy": {"enabled": True, "allowedImagePrefixes": ["vllm/vllm-openai:"], "maxGpus": 8,
-                            "maxMemory": "512Gi"}},
+    "locked-down": {
+        "watchNamespaces": ["team-a"],
+        "networkPolicy": {
+            "enabled": True,
+            "metricsFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+        },
+        "admissionPolicy": {
+            "enabled": True,
+            "allowedImagePrefixes": ["vllm/vllm-openai:"],
+            "maxGpus": 8,
+            "maxMemory": "512Gi",
+        },
+    },
     "hub-mirror": {"hub": {"endpoint": "https://hf-mirror.example.com", "useSecretTokens": False}},
 }
 
@@ -53,6 +71,7 @@ def by_kind(docs, kind):
 @pytest.mark.parametrize("name", VALUE_SETS)
 def test_renders_and_validates_offline(helm, tmp_path, name):
     import kubernetes_validate
+
     docs = template(helm, tmp_path, VALUE_SETS[name])
     for doc in docs:
         if doc["apiVersion"].startswith("monitoring.coreos.com"):
@@ -63,8 +82,11 @@ def test_renders_and_validates_offline(helm, tmp_path, name):
     c = pod["containers"][0]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
-    assert c["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                                    "capabilities": {"drop": ["ALL"]}}
+    assert c["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
     rules = [r for role in by_kind(docs, "ClusterRole") + by_kind(docs, "Role") for r in role["rules"]]
     assert all("*" not in r["verbs"] and "*" not in r["resources"] for r in rules)
     if name == "namespaced":
@@ -82,8 +104,12 @@ def test_renders_and_validates_offline(helm, tmp_path, name):
         assert sm["metadata"]["labels"]["release"] == "prom"
         dash = json.loads(by_kind(docs, "ConfigMap")[0]["data"]["vllm-autoheal.json"])
         exprs = " ".join(t["expr"] for p in dash["panels"] for t in p["targets"])
-        for metric in ("vllm_autoheal_incidents_total", "vllm_autoheal_heals_total",
-                       "vllm_autoheal_heal_latency_seconds_bucket", "vllm_autoheal_services"):
+        for metric in (
+            "vllm_autoheal_incidents_total",
+            "vllm_autoheal_heals_total",
+            "vllm_autoheal_heal_latency_seconds_bucket",
+            "vllm_autoheal_services",
+        ):
             assert metric in exprs
     else:
         assert not by_kind(docs, "ServiceMonitor") and not by_kind(docs, "ConfigMap")
@@ -108,7 +134,7 @@ def test_renders_and_validates_offline(helm, tmp_path, name):
     else:
         assert not policies and not networks
     secrets = any("secrets" in r["resources"] for r in rules)
-    if name == "hub-mirror":   # no Hub tokens: no Secrets read
+    if name == "hub-mirror":  # no Hub tokens: no Secrets read
         assert "--hub-endpoint=https://hf-mirror.example.com" in c["args"] and "--no-hub-tokens" in c["args"]
         assert not secrets
     else:
@@ -154,20 +180,31 @@ def test_network_policy_without_peers_admits_nothing(helm, tmp_path):
 # (VLLMService spec, the words of the policy's message that must deny it; None = admitted)
 POLICY_CASES = [
     ({"engine": {"tensorParallelSize": 2}, "resources": {"limits": {"memory": "64Gi"}}}, None),
-    ({"replicas": 4, "engine": {"tensorParallelSize": 2}, "resources": {"limits": {"memory": "128Gi"}},
-      "heal": {"bounds": {"maxMemoryLimit": "128Gi"}}}, None),
+    (
+        {
+            "replicas": 4,
+            "engine": {"tensorParallelSize": 2},
+            "resources": {"limits": {"memory": "128Gi"}},
+            "heal": {"bounds": {"maxMemoryLimit": "128Gi"}},
+        },
+        None,
+    ),
     ({"image": "evil.example.com/miner:1", "resources": {"limits": {"memory": "64Gi"}}}, "spec.image"),
-    ({"replicas": 3, "engine": {"tensorParallelSize": 4}, "resources": {"limits": {"memory": "64Gi"}}},
-     "at most 8 GPUs"),
-    ({"resources": {"gpus": 16, "limits": {"memory": "64Gi"}}, "engine": {"tensorParallelSize": 16}},
-     "at most 8 GPUs"),
-    ({"resources": {"limits": {"memory": "64Gi"}}, "heal": {"allowedActions": ["IncreaseTensorParallel"],
-                                                            "bounds": {"maxTensorParallelSize": 16}}},
-     "maxTensorParallelSize"),
+    (
+        {"replicas": 3, "engine": {"tensorParallelSize": 4}, "resources": {"limits": {"memory": "64Gi"}}},
+        "at most 8 GPUs",
+    ),
+    ({"resources": {"gpus": 16, "limits": {"memory": "64Gi"}}, "engine": {"tensorParallelSize": 16}}, "at most 8 GPUs"),
+    (
+        {
+            "resources": {"limits": {"memory": "64Gi"}},
+            "heal": {"allowedActions": ["IncreaseTensorParallel"], "bounds": {"maxTensorParallelSize": 16}},
+        },
+        "maxTensorParallelSize",
+    ),
     ({"replicas": 2, "resources": {"limits": {"memory": "300Gi"}}}, "limits.memory x replicas"),
     ({}, "limits.memory must be set"),
-    ({"resources": {"limits": {"memory": "64Gi"}}, "heal": {"bounds": {"maxMemoryLimit": "600Gi"}}},
-     "maxMemoryLimit"),
+    ({"resources": {"limits": {"memory": "64Gi"}}, "heal": {"bounds": {"maxMemoryLimit": "600Gi"}}}, "maxMemoryLimit"),
 ]
 
 
@@ -176,16 +213,26 @@ def test_admission_policy_bounds_images_gpus_and_memory(helm, tmp_path, spec, de
     """The policy's CEL, evaluated as the API server would (cel-python, the object after the CRD's
     defaults), admits ordinary VLLMServices and denies each excess with its message."""
     from vllm_autoheal.validation import admit, evaluate
+
     docs = template(helm, tmp_path, VALUE_SETS["locked-down"])
     policy = by_kind(docs, "ValidatingAdmissionPolicy")[0]["spec"]
-    obj, problems = admit({"apiVersion": "vllm.autoheal.dev/v1alpha1", "kind": "VLLMService",
-                           "metadata": {"name": "x"}, "spec": {"model": "org/m", **spec}})
+    obj, problems = admit(
+        {
+            "apiVersion": "vllm.autoheal.dev/v1alpha1",
+            "kind": "VLLMService",
+            "metadata": {"name": "x"},
+            "spec": {"model": "org/m", **spec},
+        }
+    )
     assert problems == []
     variables: dict = {}
     for var in policy["variables"]:
         variables[var["name"]] = evaluate(var["expression"], {"object": obj, "variables": variables})
-    denied = [v["message"] for v in policy["validations"]
-              if not evaluate(v["expression"], {"object": obj, "variables": variables})]
+    denied = [
+        v["message"]
+        for v in policy["validations"]
+        if not evaluate(v["expression"], {"object": obj, "variables": variables})
+    ]
     if denial is None:
         assert denied == []
     else:
@@ -193,12 +240,14 @@ def test_admission_policy_bounds_images_gpus_and_memory(helm, tmp_path, spec, de
 
 
 def test_chart_crd_is_the_generated_crd():
-    assert (CHART / "crds" / "vllmservices.vllm.autoheal.dev.yaml").read_bytes() == \
-        (ROOT / "crds" / "vllmservices.vllm.autoheal.dev.yaml").read_bytes()
+    assert (CHART / "crds" / "vllmservices.vllm.autoheal.dev.yaml").read_bytes() == (
+        ROOT / "crds" / "vllmservices.vllm.autoheal.dev.yaml"
+    ).read_bytes()
 
 
 def test_chart_version_tied_to_the_package():
     from vllm_autoheal import __version__
+
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert chart["appVersion"] == __version__
     assert re.search(rf'^version = "{re.escape(__version__)}"', (ROOT / "pyproject.toml").read_text(), re.M)
@@ -208,6 +257,7 @@ def test_chart_version_tied_to_the_package():
 def test_chart_crds_are_accepted_by_the_real_crd_server(crd_server):
     from kubernetes import client, config
     from kubernetes.client.rest import ApiException
+
     ext = client.ApiextensionsV1Api(config.new_client_from_config(str(crd_server.kubeconfig)))
     for path in sorted((CHART / "crds").glob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):

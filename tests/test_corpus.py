@@ -1,6 +1,7 @@
 """The labelled corpus in tests/corpus/ (see its README): well formed, split by source thread, and
 classified without ever calling a non-memory crash memory. The accuracy floors guard against
 regressions; bench/diagnosis_accuracy.py prints the figures."""
+
 from __future__ import annotations
 
 import hashlib
@@ -12,8 +13,24 @@ from vllm_autoheal.diagnosis import CAUSES, MEMORY_CAUSES, Signals, classify
 from vllm_autoheal.diagnosis.corpus import context, load
 
 CORPUS = load(Path(__file__).resolve().parent / "corpus" / "corpus.jsonl")
-FIELDS = {"id", "source_url", "vllm_version", "gpu", "model", "engine_args", "label", "subtype", "fix_that_worked",
-          "log", "source_kind", "engine", "executor", "features", "split", "origin"}
+FIELDS = {
+    "id",
+    "source_url",
+    "vllm_version",
+    "gpu",
+    "model",
+    "engine_args",
+    "label",
+    "subtype",
+    "fix_that_worked",
+    "log",
+    "source_kind",
+    "engine",
+    "executor",
+    "features",
+    "split",
+    "origin",
+}
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +63,12 @@ def test_split_by_source_thread():
 def test_no_non_memory_crash_is_called_memory(results):
     """Zero on the split the rules were tuned on. The test split is never tuned on: its count is
     what bench/diagnosis_accuracy.py reports, and here it may only go down."""
-    wrong = {split: [s["id"] for s, got in results if s["split"] == split and s["label"] == "not_oom"
-                     and got in MEMORY_CAUSES] for split in ("train", "test")}
+    wrong = {
+        split: [
+            s["id"] for s, got in results if s["split"] == split and s["label"] == "not_oom" and got in MEMORY_CAUSES
+        ]
+        for split in ("train", "test")
+    }
     assert not wrong["train"]
     assert len(wrong["test"]) <= 2
 

@@ -1,4 +1,5 @@
 """The generated CRD against the real Kubernetes CRD API server (apiextensions-apiserver + etcd)."""
+
 from __future__ import annotations
 
 import json
@@ -17,6 +18,7 @@ NS = "default"
 def k8s(crd_server):
     from crdserver.server import install_crd
     from kubernetes import client
+
     try:
         return client.CustomObjectsApi(install_crd(crd_server))
     except RuntimeError as exc:
@@ -31,8 +33,12 @@ SMALL_CONFIG = {"num_hidden_layers": 32, "hidden_size": 4096, "num_attention_hea
 
 
 def _vsvc(name: str, **spec) -> dict:
-    return {"apiVersion": f"{api.GROUP}/{api.VERSION}", "kind": api.KIND,
-            "metadata": {"name": name}, "spec": {"model": "meta-llama/Llama-3.1-8B-Instruct", **spec}}
+    return {
+        "apiVersion": f"{api.GROUP}/{api.VERSION}",
+        "kind": api.KIND,
+        "metadata": {"name": name},
+        "spec": {"model": "meta-llama/Llama-3.1-8B-Instruct", **spec},
+    }
 
 
 def test_crd_is_accepted_and_established(k8s):
@@ -61,14 +67,20 @@ INVALID = [
     ("bad-quantization", {"engine": {"quantization": "int3"}}, "spec.engine.quantization"),
     ("bad-kv-dtype", {"engine": {"kvCacheDtype": "fp4"}}, "spec.engine.kvCacheDtype"),
     ("bad-dtype", {"engine": {"dtype": "int8"}}, "spec.engine.dtype"),
-    ("batched-below-seqs", {"engine": {"maxNumSeqs": 256, "maxNumBatchedTokens": 128}},
-     "spec.engine.maxNumBatchedTokens"),
+    (
+        "batched-below-seqs",
+        {"engine": {"maxNumSeqs": 256, "maxNumBatchedTokens": 128}},
+        "spec.engine.maxNumBatchedTokens",
+    ),
     ("typed-flag-in-extra-args", {"engine": {"extraArgs": ["--max-model-len=4096"]}}, "spec.engine.extraArgs"),
     # every spelling vLLM accepts (engine.FLAGS and engine.RESERVED generate these rules)
     ("typed-flag-underscores", {"engine": {"extraArgs": ["--max_model_len=999999"]}}, "use engine.maxModelLen"),
     ("typed-flag-short-alias", {"engine": {"extraArgs": ["-tp", "8"]}}, "use engine.tensorParallelSize"),
-    ("typed-flag-underscores-value", {"engine": {"extraArgs": ["--gpu_memory_utilization", "0.99"]}},
-     "use engine.gpuMemoryUtilization"),
+    (
+        "typed-flag-underscores-value",
+        {"engine": {"extraArgs": ["--gpu_memory_utilization", "0.99"]}},
+        "use engine.gpuMemoryUtilization",
+    ),
     ("typed-flag-abbreviated", {"engine": {"extraArgs": ["--max-model", "4096"]}}, "use engine.maxModelLen"),
     ("typed-flag-negated", {"engine": {"extraArgs": ["--no-enforce-eager"]}}, "use engine.enforceEager"),
     ("quantization-alias", {"engine": {"extraArgs": ["-q", "awq"]}}, "use engine.quantization"),
@@ -77,62 +89,98 @@ INVALID = [
     ("secret-api-key", {"engine": {"extraArgs": ["--api_key=sk-1"]}}, "Secret"),
     ("reserved-port", {"engine": {"extraArgs": ["--port=9000"]}}, "set spec.port"),
     ("shm-unbounded", {"resources": {"shmSize": "1000Ei"}}, "spec.resources.shmSize"),
-    ("cache-hides-launcher", {"modelCache": {"enabled": True, "size": "1Gi", "mountPath": "/autoheal"}},
-     "spec.modelCache.mountPath"),
+    (
+        "cache-hides-launcher",
+        {"modelCache": {"enabled": True, "size": "1Gi", "mountPath": "/autoheal"}},
+        "spec.modelCache.mountPath",
+    ),
     ("cache-hides-image", {"modelCache": {"mountPath": "/usr/lib/python3"}}, "spec.modelCache.mountPath"),
     ("cache-above-launcher", {"modelCache": {"mountPath": "/"}}, "spec.modelCache.mountPath"),
     ("cache-path-dotdot", {"modelCache": {"mountPath": "/models/../dev"}}, "spec.modelCache.mountPath"),
-    ("gpus-not-tp-times-pp", {"engine": {"tensorParallelSize": 4}, "resources": {"gpus": 2}},
-     "spec.resources.gpus"),
+    ("gpus-not-tp-times-pp", {"engine": {"tensorParallelSize": 4}, "resources": {"gpus": 2}}, "spec.resources.gpus"),
     ("bad-memory-quantity", {"resources": {"limits": {"memory": "lots"}}}, "spec.resources.limits.memory"),
-    ("request-above-limit", {"resources": {"requests": {"memory": "64Gi"}, "limits": {"memory": "32Gi"}}},
-     "spec.resources.requests.memory"),
+    (
+        "request-above-limit",
+        {"resources": {"requests": {"memory": "64Gi"}, "limits": {"memory": "32Gi"}}},
+        "spec.resources.requests.memory",
+    ),
     ("bad-shm", {"resources": {"shmSize": "-1Gi"}}, "spec.resources.shmSize"),
     ("bad-heal-mode", {"heal": {"mode": "Yolo"}}, "spec.heal.mode"),
     ("bad-action", {"heal": {"allowedActions": ["DeleteNode"]}}, "spec.heal.allowedActions"),
     ("max-attempts-zero", {"heal": {"maxAttempts": 0}}, "spec.heal.maxAttempts"),
-    ("util-bounds-inverted", {"heal": {"bounds": {"minGpuMemoryUtilization": 0.9,
-                                                  "maxGpuMemoryUtilization": 0.5}}},
-     "spec.heal.bounds.minGpuMemoryUtilization"),
-    ("max-tp-below-tp", {"engine": {"tensorParallelSize": 4}, "heal": {"bounds": {"maxTensorParallelSize": 2}}},
-     "spec.heal.bounds.maxTensorParallelSize"),
-    ("memory-bound-below-limit", {"resources": {"limits": {"memory": "64Gi"}},
-                                  "heal": {"bounds": {"maxMemoryLimit": "32Gi"}}},
-     "spec.heal.bounds.maxMemoryLimit"),
-    ("quantize-without-model", {"heal": {"quantizedFallback": {"allowed": True}}},
-     "spec.heal.quantizedFallback.model"),
-    ("tp-action-without-bound", {"heal": {"allowedActions": ["IncreaseTensorParallel"]}},
-     "spec.heal.allowedActions"),
+    (
+        "util-bounds-inverted",
+        {"heal": {"bounds": {"minGpuMemoryUtilization": 0.9, "maxGpuMemoryUtilization": 0.5}}},
+        "spec.heal.bounds.minGpuMemoryUtilization",
+    ),
+    (
+        "max-tp-below-tp",
+        {"engine": {"tensorParallelSize": 4}, "heal": {"bounds": {"maxTensorParallelSize": 2}}},
+        "spec.heal.bounds.maxTensorParallelSize",
+    ),
+    (
+        "memory-bound-below-limit",
+        {"resources": {"limits": {"memory": "64Gi"}}, "heal": {"bounds": {"maxMemoryLimit": "32Gi"}}},
+        "spec.heal.bounds.maxMemoryLimit",
+    ),
+    ("quantize-without-model", {"heal": {"quantizedFallback": {"allowed": True}}}, "spec.heal.quantizedFallback.model"),
+    ("tp-action-without-bound", {"heal": {"allowedActions": ["IncreaseTensorParallel"]}}, "spec.heal.allowedActions"),
     ("bad-preflight", {"preflight": "Maybe"}, "spec.preflight"),
-    ("cache-claim-and-size", {"modelCache": {"enabled": True, "claimName": "models", "size": "100Gi"}},
-     "spec.modelCache.claimName"),
-    ("env-value-and-from", {"env": [{"name": "HF_TOKEN", "value": "x",
-                                     "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}]},
-     "spec.env[0].valueFrom"),
+    (
+        "cache-claim-and-size",
+        {"modelCache": {"enabled": True, "claimName": "models", "size": "100Gi"}},
+        "spec.modelCache.claimName",
+    ),
+    (
+        "env-value-and-from",
+        {"env": [{"name": "HF_TOKEN", "value": "x", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}]},
+        "spec.env[0].valueFrom",
+    ),
     ("replicas-negative", {"replicas": -1}, "spec.replicas"),
     ("image-with-space", {"image": "vllm/vllm-openai latest"}, "spec.image"),
     ("port-out-of-range", {"port": 70000}, "spec.port"),
-    ("config-layers-1e12", {"modelConfig": {"inline": {**SMALL_CONFIG, "num_hidden_layers": 1e12}}},
-     "spec.modelConfig.inline.num_hidden_layers"),
-    ("config-negative-hidden", {"modelConfig": {"inline": {**SMALL_CONFIG, "hidden_size": -4096}}},
-     "spec.modelConfig.inline.hidden_size"),
-    ("config-string-vocab", {"modelConfig": {"inline": {**SMALL_CONFIG, "vocab_size": "lots"}}},
-     "spec.modelConfig.inline.vocab_size"),
-    ("config-kv-above-heads", {"modelConfig": {"inline": {**SMALL_CONFIG, "num_key_value_heads": 64}}},
-     "spec.modelConfig.inline.num_key_value_heads"),
-    ("config-missing-layers", {"modelConfig": {"inline": {k: v for k, v in SMALL_CONFIG.items()
-                                                          if k != "num_hidden_layers"}}},
-     "spec.modelConfig.inline.num_hidden_layers"),
-    ("config-inline-and-ref", {"modelConfig": {"inline": SMALL_CONFIG, "configMapRef": {"name": "cfg"}}},
-     "spec.modelConfig.inline"),
-    ("config-bad-configmap-name", {"modelConfig": {"configMapRef": {"name": "Not_A_Name"}}},
-     "spec.modelConfig.configMapRef.name"),
+    (
+        "config-layers-1e12",
+        {"modelConfig": {"inline": {**SMALL_CONFIG, "num_hidden_layers": 1e12}}},
+        "spec.modelConfig.inline.num_hidden_layers",
+    ),
+    (
+        "config-negative-hidden",
+        {"modelConfig": {"inline": {**SMALL_CONFIG, "hidden_size": -4096}}},
+        "spec.modelConfig.inline.hidden_size",
+    ),
+    (
+        "config-string-vocab",
+        {"modelConfig": {"inline": {**SMALL_CONFIG, "vocab_size": "lots"}}},
+        "spec.modelConfig.inline.vocab_size",
+    ),
+    (
+        "config-kv-above-heads",
+        {"modelConfig": {"inline": {**SMALL_CONFIG, "num_key_value_heads": 64}}},
+        "spec.modelConfig.inline.num_key_value_heads",
+    ),
+    (
+        "config-missing-layers",
+        {"modelConfig": {"inline": {k: v for k, v in SMALL_CONFIG.items() if k != "num_hidden_layers"}}},
+        "spec.modelConfig.inline.num_hidden_layers",
+    ),
+    (
+        "config-inline-and-ref",
+        {"modelConfig": {"inline": SMALL_CONFIG, "configMapRef": {"name": "cfg"}}},
+        "spec.modelConfig.inline",
+    ),
+    (
+        "config-bad-configmap-name",
+        {"modelConfig": {"configMapRef": {"name": "Not_A_Name"}}},
+        "spec.modelConfig.configMapRef.name",
+    ),
 ]
 
 
 @pytest.mark.parametrize("case_id,overrides,field", INVALID, ids=[c[0] for c in INVALID])
 def test_invalid_resource_is_rejected_naming_the_field(k8s, case_id, overrides, field):
     from kubernetes.client.rest import ApiException
+
     body = _vsvc("bad-" + case_id, **overrides)
     if overrides.get("model", "x") is None:
         del body["spec"]["model"]
@@ -144,8 +192,20 @@ def test_invalid_resource_is_rejected_naming_the_field(k8s, case_id, overrides, 
 
 
 def test_other_flags_in_every_spelling_are_accepted(k8s):
-    extra = ["--trust-remote-code", "--max-num-partial-prefills", "2", "--model-impl", "vllm", "--config-format",
-             "hf", "--seed", "-1", "--enable_prefix_caching", "--tokenizer=org/tok", "-O3"]
+    extra = [
+        "--trust-remote-code",
+        "--max-num-partial-prefills",
+        "2",
+        "--model-impl",
+        "vllm",
+        "--config-format",
+        "hf",
+        "--seed",
+        "-1",
+        "--enable_prefix_caching",
+        "--tokenizer=org/tok",
+        "-O3",
+    ]
     created = _create(k8s, _vsvc("good-extra-args", engine={"extraArgs": extra}))
     assert created["spec"]["engine"]["extraArgs"] == extra
 
@@ -155,7 +215,7 @@ def test_inline_model_config_is_kept_as_config_json_spells_it(k8s):
     created = _create(k8s, _vsvc("inline-config", modelConfig={"inline": config}))
     inline = created["spec"]["modelConfig"]["inline"]
     assert inline["num_key_value_heads"] == 8 and inline["torch_dtype"] == "bfloat16"
-    assert "rope_scaling" not in inline          # fields the memory model does not read are pruned
+    assert "rope_scaling" not in inline  # fields the memory model does not read are pruned
     assert api.VLLMServiceSpec.model_validate(created["spec"]).model_config_source.inline.num_hidden_layers == 32
 
 
@@ -189,10 +249,12 @@ def test_unknown_fields_are_pruned(k8s):
 def test_status_changes_only_through_the_subresource(k8s):
     _create(k8s, _vsvc("statusonly"))
     patched = k8s.patch_namespaced_custom_object(
-        api.GROUP, api.VERSION, NS, api.PLURAL, "statusonly", {"status": {"phase": "Running"}})
+        api.GROUP, api.VERSION, NS, api.PLURAL, "statusonly", {"status": {"phase": "Running"}}
+    )
     assert "status" not in patched or patched["status"].get("phase") != "Running"
     patched = k8s.patch_namespaced_custom_object_status(
-        api.GROUP, api.VERSION, NS, api.PLURAL, "statusonly", {"status": {"phase": "Running"}})
+        api.GROUP, api.VERSION, NS, api.PLURAL, "statusonly", {"status": {"phase": "Running"}}
+    )
     assert patched["status"]["phase"] == "Running"
 
 
@@ -201,23 +263,48 @@ def test_operator_status_round_trips_unpruned(k8s):
     engine = api.EngineArgs.model_validate(created["spec"]["engine"])
     healed = engine.model_copy(update={"max_model_len": 32464})
     status = api.VLLMServiceStatus(
-        phase="Healing", observed_generation=created["metadata"]["generation"],
-        conditions=[api.Condition(type="Healing", status="True", reason="KvCacheInsufficient",
-                                  message="max_model_len 131072 -> 32464",
-                                  last_transition_time="2026-11-30T03:00:00Z", observed_generation=1)],
-        baseline=engine, effective=healed, attempts=1, heal_count=1, last_cause="kv_cache_insufficient",
-        observed_crashes=["uid-1/vllm/0"], gpus=1, endpoint="http://roundtrip.default.svc:8000/v1",
-        heals=[api.HealRecord(time="2026-11-30T03:00:00Z", pod="roundtrip-abc", pod_uid="uid-1",
-                              restart_count=0, cause="kv_cache_insufficient", phase="kv-allocation",
-                              evidence=["ValueError: To serve at least one request ..."],
-                              action="LowerMaxModelLen", reason="vLLM estimated 32464 fits",
-                              changes=[api.FieldChange(field="maxModelLen", before="131072", after="32464")])],
-        kopf={"progress": {"reconcile": {"started": "x"}}})
+        phase="Healing",
+        observed_generation=created["metadata"]["generation"],
+        conditions=[
+            api.Condition(
+                type="Healing",
+                status="True",
+                reason="KvCacheInsufficient",
+                message="max_model_len 131072 -> 32464",
+                last_transition_time="2026-11-30T03:00:00Z",
+                observed_generation=1,
+            )
+        ],
+        baseline=engine,
+        effective=healed,
+        attempts=1,
+        heal_count=1,
+        last_cause="kv_cache_insufficient",
+        observed_crashes=["uid-1/vllm/0"],
+        gpus=1,
+        endpoint="http://roundtrip.default.svc:8000/v1",
+        heals=[
+            api.HealRecord(
+                time="2026-11-30T03:00:00Z",
+                pod="roundtrip-abc",
+                pod_uid="uid-1",
+                restart_count=0,
+                cause="kv_cache_insufficient",
+                phase="kv-allocation",
+                evidence=["ValueError: To serve at least one request ..."],
+                action="LowerMaxModelLen",
+                reason="vLLM estimated 32464 fits",
+                changes=[api.FieldChange(field="maxModelLen", before="131072", after="32464")],
+            )
+        ],
+        kopf={"progress": {"reconcile": {"started": "x"}}},
+    )
     body = {"status": status.wire()}
     got = k8s.patch_namespaced_custom_object_status(api.GROUP, api.VERSION, NS, api.PLURAL, "roundtrip", body)
     assert got["status"] == status.wire()
     # and the spec patch a heal makes in PatchSpec mode is accepted as is
-    got = k8s.patch_namespaced_custom_object(api.GROUP, api.VERSION, NS, api.PLURAL, "roundtrip",
-                                             {"spec": {"engine": {"maxModelLen": 32464}}})
+    got = k8s.patch_namespaced_custom_object(
+        api.GROUP, api.VERSION, NS, api.PLURAL, "roundtrip", {"spec": {"engine": {"maxModelLen": 32464}}}
+    )
     assert got["spec"]["engine"]["maxModelLen"] == 32464
     assert got["metadata"]["generation"] == created["metadata"]["generation"] + 1

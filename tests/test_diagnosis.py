@@ -21,9 +21,11 @@ from vllm_autoheal.diagnosis.classify import classify_stream, from_termination_m
 from vllm_autoheal.diagnosis.corpus import context, load
 from vllm_autoheal.diagnosis.scan import normalize
 
-KV_V1 = ("ValueError: To serve at least one request with the model's max seq len (131072), (16.0 GiB KV cache is "
-         "needed, which is larger than the available KV cache memory (3.96 GiB). Based on the available memory, "
-         "the estimated maximum model length is 32464. Try increasing `gpu_memory_utilization`")
+KV_V1 = (
+    "ValueError: To serve at least one request with the model's max seq len (131072), (16.0 GiB KV cache is "
+    "needed, which is larger than the available KV cache memory (3.96 GiB). Based on the available memory, "
+    "the estimated maximum model length is 32464. Try increasing `gpu_memory_utilization`"
+)
 
 
 def test_dev_corpus_accuracy_and_no_false_memory():
@@ -36,16 +38,28 @@ def test_dev_corpus_accuracy_and_no_false_memory():
     assert not [s["id"] for s, got in results if s["label"] == "not_oom" and got in MEMORY_CAUSES]
 
 
-@pytest.mark.parametrize("prefix", [
-    "", "vllm-1  | ", "(EngineCore_DP0 pid=972) ERROR 01-28 15:59:42 [core.py:935] ",
-    "(VllmWorker rank=3 pid=1090) ERROR 06-05 06:18:13 [multiproc_executor.py:470] ", "[rank0]: ",
-    "[2026-01-26T17:25:37Z] \x1b[0;36m(EngineCore_DP0 pid=738)\x1b[0;0m \x1b[31mERROR\x1b[0m \x1b[90m01-26 09:25:37"
-    "\x1b[0m \x1b[90m[core.py:935]\x1b[0m ",
-    "^[[0;36m(EngineCore_DP0 pid=738)^[[0;0m ERROR 01-26 09:25:37 [core.py:935] ",
-])
+@pytest.mark.parametrize(
+    "prefix",
+    [
+        "",
+        "vllm-1  | ",
+        "(EngineCore_DP0 pid=972) ERROR 01-28 15:59:42 [core.py:935] ",
+        "(VllmWorker rank=3 pid=1090) ERROR 06-05 06:18:13 [multiproc_executor.py:470] ",
+        "[rank0]: ",
+        "[2026-01-26T17:25:37Z] \x1b[0;36m(EngineCore_DP0 pid=738)\x1b[0;0m \x1b[31mERROR\x1b[0m \x1b[90m01-26 09:25:37"
+        "\x1b[0m \x1b[90m[core.py:935]\x1b[0m ",
+        "^[[0;36m(EngineCore_DP0 pid=738)^[[0;0m ERROR 01-26 09:25:37 [core.py:935] ",
+    ],
+)
 def test_prefixes_colours_and_carriage_returns_are_handled(prefix):
-    log = "Loading weights\rLoading weights 100%\r\n" + prefix + KV_V1 + "\n" + prefix + \
-        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n"
+    log = (
+        "Loading weights\rLoading weights 100%\r\n"
+        + prefix
+        + KV_V1
+        + "\n"
+        + prefix
+        + "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n"
+    )
     d = classify(Signals(log=log))
     assert d.cause == "kv_cache_insufficient"
     assert d.numbers["estimated_max_model_len"] == 32464
@@ -60,28 +74,42 @@ def test_rank_is_read_from_prefixes():
 
 
 def test_old_and_new_wordings_of_the_same_failure():
-    old = classify(Signals(log="ValueError: The model's max seq len (131072) is larger than the maximum number of "
-                               "tokens that can be stored in KV cache (58496). Try increasing"))
+    old = classify(
+        Signals(
+            log="ValueError: The model's max seq len (131072) is larger than the maximum number of "
+            "tokens that can be stored in KV cache (58496). Try increasing"
+        )
+    )
     new = classify(Signals(log=KV_V1))
-    early_v1 = classify(Signals(log="ValueError: To serve at least one request with the models's max seq len "
-                                    "(116160), (4.43 GB KV cache is needed, which is larger than the available KV "
-                                    "cache memory (3.48 GB). Try increasing"))
+    early_v1 = classify(
+        Signals(
+            log="ValueError: To serve at least one request with the models's max seq len "
+            "(116160), (4.43 GB KV cache is needed, which is larger than the available KV "
+            "cache memory (3.48 GB). Try increasing"
+        )
+    )
     assert old.cause == new.cause == early_v1.cause == "kv_cache_insufficient"
     assert old.numbers["kv_tokens"] == 58496 and early_v1.numbers["available_gib"] == 3.48
 
 
 def test_free_memory_numbers():
-    d = classify(Signals(log="ValueError: Free memory on device cuda:0 (1.53/22.05 GiB) on startup is less than "
-                             "desired GPU memory utilization (0.9, 19.84 GiB). Decrease GPU memory utilization"))
+    d = classify(
+        Signals(
+            log="ValueError: Free memory on device cuda:0 (1.53/22.05 GiB) on startup is less than "
+            "desired GPU memory utilization (0.9, 19.84 GiB). Decrease GPU memory utilization"
+        )
+    )
     assert d.cause == "gpu_util_exceeds_free"
     assert d.numbers == {"free_gib": 1.53, "total_gib": 22.05, "util": 0.9, "requested_gib": 19.84}
 
 
 def test_torch_oom_numbers_and_other_process():
-    log = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 246.00 MiB. GPU 0 has a total capacity "
-           "of 23.65 GiB of which 178.06 MiB is free. Process 1 has 12.00 GiB memory in use. Process 2 has 11.40 "
-           "GiB memory in use. Of the allocated memory 10.10 GiB is allocated by PyTorch\n"
-           '  File "x/gpu_model_runner.py", line 1, in load_model\n')
+    log = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 246.00 MiB. GPU 0 has a total capacity "
+        "of 23.65 GiB of which 178.06 MiB is free. Process 1 has 12.00 GiB memory in use. Process 2 has 11.40 "
+        "GiB memory in use. Of the allocated memory 10.10 GiB is allocated by PyTorch\n"
+        '  File "x/gpu_model_runner.py", line 1, in load_model\n'
+    )
     d = classify(Signals(log=log))
     assert d.cause == "gpu_util_exceeds_free" and d.phase == "load"
     assert d.numbers["tried_gib"] == pytest.approx(0.2402, abs=1e-3)
@@ -107,33 +135,48 @@ def test_exit_states():
 
 
 def test_runtime_oom_after_startup_even_with_capture_lines_earlier():
-    log = ("Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%\n"
-           "Graph capturing finished in 5 secs, took 0.99 GiB\n"
-           "INFO:     Application startup complete.\n"
-           "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.15 GiB.\n"
-           "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.\n")
+    log = (
+        "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%\n"
+        "Graph capturing finished in 5 secs, took 0.99 GiB\n"
+        "INFO:     Application startup complete.\n"
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.15 GiB.\n"
+        "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.\n"
+    )
     d = classify(Signals(log=log))
     assert (d.cause, d.phase) == ("runtime_oom", "serving")
 
 
 def test_unrecognised_error_is_not_memory():
-    log = ('Traceback (most recent call last):\n  File "x/gpu_model_runner.py", line 1, in load_model\n'
-           "KeyError: 'model.layers.0.mlp.gate_proj.weight'\n"
-           "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n")
+    log = (
+        'Traceback (most recent call last):\n  File "x/gpu_model_runner.py", line 1, in load_model\n'
+        "KeyError: 'model.layers.0.mlp.gate_proj.weight'\n"
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n"
+    )
     d = classify(Signals(log=log))
     assert d.cause == "not_oom" and d.subtype == "other_error"
     assert "KeyError" in d.evidence[0]
 
 
 def test_wrappers_alone_never_decide():
-    log = ("RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n"
-           "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.\n")
+    log = (
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n"
+        "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.\n"
+    )
     assert classify(Signals(log=log)).cause == "unknown"
 
 
 def test_launcher_termination_message_is_trusted():
-    msg = json.dumps({"autoheal": 1, "diagnosis": {"cause": "profiling_oom", "phase": "profile",
-                                                   "evidence": ["x"], "numbers": {"dummy_requests": 1024}}})
+    msg = json.dumps(
+        {
+            "autoheal": 1,
+            "diagnosis": {
+                "cause": "profiling_oom",
+                "phase": "profile",
+                "evidence": ["x"],
+                "numbers": {"dummy_requests": 1024},
+            },
+        }
+    )
     d = classify(Signals(termination_message=msg, log=""))
     assert d.cause == "profiling_oom" and d.source == "termination-message"
     assert from_termination_message("not json") is None
@@ -150,9 +193,12 @@ def test_huge_log_cause_near_the_end_streams():
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow], deadline=None)
-@given(log=st.text(max_size=5000) | st.binary(max_size=3000).map(lambda b: b.decode("latin-1")),
-       exit_code=st.none() | st.integers(-300, 300), reason=st.none() | st.text(max_size=20),
-       message=st.none() | st.text(max_size=200))
+@given(
+    log=st.text(max_size=5000) | st.binary(max_size=3000).map(lambda b: b.decode("latin-1")),
+    exit_code=st.none() | st.integers(-300, 300),
+    reason=st.none() | st.text(max_size=20),
+    message=st.none() | st.text(max_size=200),
+)
 def test_classify_never_raises_and_returns_a_cause(log, exit_code, reason, message):
     d = classify(Signals(log=log, exit_code=exit_code, reason=reason, termination_message=message))
     assert d.cause in CAUSES
@@ -168,23 +214,37 @@ def test_huge_pathological_inputs(repeat, piece):
 def test_cli_diagnose_json_and_text(tmp_path):
     f = tmp_path / "crash.log"
     f.write_text("noise\n" + KV_V1 + "\n")
-    out = subprocess.run([sys.executable, "-m", "vllm_autoheal", "diagnose", str(f), "--json", "--exit-code", "1"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "vllm_autoheal", "diagnose", str(f), "--json", "--exit-code", "1"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     data = json.loads(out)
     assert {"cause", "phase", "subtype", "evidence", "numbers"} <= set(data)
     assert data["cause"] == "kv_cache_insufficient" and data["numbers"]["exit_code"] == 1
-    text = subprocess.run([sys.executable, "-m", "vllm_autoheal", "diagnose", "-"], input=KV_V1,
-                          capture_output=True, text=True, check=True).stdout
+    text = subprocess.run(
+        [sys.executable, "-m", "vllm_autoheal", "diagnose", "-"],
+        input=KV_V1,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "cause:    kv_cache_insufficient" in text and "estimated_max_model_len=32464" in text
     # unreadable input: a clear error, not a traceback
-    bad = subprocess.run([sys.executable, "-m", "vllm_autoheal", "diagnose", str(tmp_path / "nope.log")],
-                         capture_output=True, text=True)
+    bad = subprocess.run(
+        [sys.executable, "-m", "vllm_autoheal", "diagnose", str(tmp_path / "nope.log")], capture_output=True, text=True
+    )
     assert bad.returncode == 2 and "cannot read" in bad.stderr and "Traceback" not in bad.stderr
 
 
 def test_cli_bundled_example_is_the_real_h200_failure():
-    out = subprocess.run([sys.executable, "-m", "vllm_autoheal", "diagnose", "--example", "h200-kv-cache-too-small",
-                          "--json"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "vllm_autoheal", "diagnose", "--example", "h200-kv-cache-too-small", "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     data = json.loads(out)
     assert data["cause"] == "kv_cache_insufficient" and data["numbers"]["estimated_max_model_len"] == 32464
 
@@ -192,13 +252,24 @@ def test_cli_bundled_example_is_the_real_h200_failure():
 REAL = Path(__file__).parent / "fixtures" / "vllm-cpu"
 
 
-@pytest.mark.parametrize("name,cause,numbers", [
-    ("kv-cache-too-small", "kv_cache_insufficient", {"estimated_max_model_len": 524160, "max_seq_len": 1048576}),
-    ("kv-larger-than-machine", "gpu_util_exceeds_free", {"free_gib": 9.68, "total_gib": 11.46, "requested_gib": 64.0}),
-    ("memory-share-exceeds-free", "gpu_util_exceeds_free", {"free_gib": 10.13, "util": 0.92, "requested_gib": 10.55}),
-    ("memory-limit-kill", "host_ram_oom", {}),
-    ("model-not-found", "not_oom", {}),
-])
+@pytest.mark.parametrize(
+    "name,cause,numbers",
+    [
+        ("kv-cache-too-small", "kv_cache_insufficient", {"estimated_max_model_len": 524160, "max_seq_len": 1048576}),
+        (
+            "kv-larger-than-machine",
+            "gpu_util_exceeds_free",
+            {"free_gib": 9.68, "total_gib": 11.46, "requested_gib": 64.0},
+        ),
+        (
+            "memory-share-exceeds-free",
+            "gpu_util_exceeds_free",
+            {"free_gib": 10.13, "util": 0.92, "requested_gib": 10.55},
+        ),
+        ("memory-limit-kill", "host_ram_oom", {}),
+        ("model-not-found", "not_oom", {}),
+    ],
+)
 def test_real_cpu_engine_failures(name, cause, numbers):
     """Logs of a real vLLM 0.32 engine (CPU build, tiny model) failing for real."""
     d = classify(Signals(log=(REAL / f"{name}.log").read_text(), exit_code=1))
@@ -208,9 +279,21 @@ def test_real_cpu_engine_failures(name, cause, numbers):
 
 
 def test_cli_diagnose_with_engine_args_adds_the_remedy():
-    out = subprocess.run([sys.executable, "-m", "vllm_autoheal", "diagnose", str(REAL / "kv-cache-too-small.log"),
-                          "--json", "--engine-args", "--kv-cache-memory-bytes 1Gi"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vllm_autoheal",
+            "diagnose",
+            str(REAL / "kv-cache-too-small.log"),
+            "--json",
+            "--engine-args",
+            "--kv-cache-memory-bytes 1Gi",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     remedy = json.loads(out)["remedy"]
     assert remedy["action"] == "LowerMaxModelLen" and remedy["changes"] == {"max_model_len": 524160}
     assert "524,160" in remedy["reason"]
@@ -218,8 +301,10 @@ def test_cli_diagnose_with_engine_args_adds_the_remedy():
 
 def test_implausible_numbers_are_dropped_with_a_note():
     """Numbers that cannot be what vLLM meant never reach a remedy; the diagnosis says which."""
-    log = ("ValueError: Free memory on device cuda:0 (999.0/79.2 GiB) on startup is less than desired GPU memory "
-           "utilization (4.08, 71.3 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.")
+    log = (
+        "ValueError: Free memory on device cuda:0 (999.0/79.2 GiB) on startup is less than desired GPU memory "
+        "utilization (4.08, 71.3 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes."
+    )
     d = classify(Signals(log=log))
     assert d.cause == "gpu_util_exceeds_free"
     assert "util" not in d.numbers and "free_gib" not in d.numbers
@@ -233,50 +318,63 @@ def test_implausible_numbers_are_dropped_with_a_note():
 
 def test_each_number_comes_from_the_failure_or_the_nearest_figure_before_it():
     """A figure printed after the failure (another rank, a later restart) never sizes the remedy."""
-    log = ("INFO 01-01 00:00:01 [gpu_worker.py:1] Available KV cache memory: 3.96 GiB\n" + KV_V1 + "\n"
-           "INFO 01-01 00:00:09 [gpu_worker.py:1] Available KV cache memory: 99.00 GiB\n")
+    log = (
+        "INFO 01-01 00:00:01 [gpu_worker.py:1] Available KV cache memory: 3.96 GiB\n" + KV_V1 + "\n"
+        "INFO 01-01 00:00:09 [gpu_worker.py:1] Available KV cache memory: 99.00 GiB\n"
+    )
     d = classify(Signals(log=log))
     assert d.numbers["available_kv_gib"] == 3.96 and d.numbers["available_gib"] == 3.96
 
 
 def test_weights_larger_than_the_gpu_are_a_weights_problem():
     """vLLM 0.25 on one H200 with 72B bf16 weights: the KV check fails, but no utilization can fit."""
-    log = ("(EngineCore pid=1) INFO 01-01 00:00:01 [gpu_model_runner.py:1] Model loading took 135.43 GiB and 9.1 s\n"
-           "(EngineCore pid=1) DEBUG 01-01 00:00:02 [gpu_worker.py:1] worker init memory snapshot: torch_peak=0.0GiB, "
-           "free_memory=139.29GiB, total_memory=139.8GiB, cuda_memory=0.51GiB\n"
-           "(EngineCore pid=1) INFO 01-01 00:00:03 [gpu_worker.py:2] Available KV cache memory: -11.6 GiB\n"
-           "(EngineCore pid=1) ValueError: No available memory for the cache blocks. Try increasing "
-           "`gpu_memory_utilization` when initializing the engine.\n")
+    log = (
+        "(EngineCore pid=1) INFO 01-01 00:00:01 [gpu_model_runner.py:1] Model loading took 135.43 GiB and 9.1 s\n"
+        "(EngineCore pid=1) DEBUG 01-01 00:00:02 [gpu_worker.py:1] worker init memory snapshot: torch_peak=0.0GiB, "
+        "free_memory=139.29GiB, total_memory=139.8GiB, cuda_memory=0.51GiB\n"
+        "(EngineCore pid=1) INFO 01-01 00:00:03 [gpu_worker.py:2] Available KV cache memory: -11.6 GiB\n"
+        "(EngineCore pid=1) ValueError: No available memory for the cache blocks. Try increasing "
+        "`gpu_memory_utilization` when initializing the engine.\n"
+    )
     d = classify(Signals(log=log))
     assert d.cause == "weights_load_oom" and d.subtype == "weights_exceed_gpu"
     assert d.numbers["weights_gib"] == 135.43 and d.numbers["total_gib"] == 139.8
 
 
 def test_startup_figures_alone_decide_when_the_error_line_is_missing():
-    for figure in ("the rest of the memory reserved for KV Cache is -2.5GiB.",
-                   "Available KV cache memory: -0.42 GiB", "# GPU blocks: 0, # CPU blocks: 2048",
-                   "Maximum concurrency for 131,072 tokens per request: 0.00x"):
+    for figure in (
+        "the rest of the memory reserved for KV Cache is -2.5GiB.",
+        "Available KV cache memory: -0.42 GiB",
+        "# GPU blocks: 0, # CPU blocks: 2048",
+        "Maximum concurrency for 131,072 tokens per request: 0.00x",
+    ):
         d = classify(Signals(log=f"INFO 01-01 00:00:01 [worker.py:1] {figure}\n"))
         assert d.cause == "kv_cache_insufficient", figure
 
 
 def test_an_oom_with_far_more_free_than_asked_is_not_a_shortage():
-    log = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 7 has a total capacity of "
-           "79.11 GiB of which 66.43 GiB is free. Including non-PyTorch memory, this process has 0 bytes memory in use.")
+    log = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 7 has a total capacity of "
+        "79.11 GiB of which 66.43 GiB is free. Including non-PyTorch memory, this process has 0 bytes memory in use."
+    )
     assert classify(Signals(log=log)).cause == "not_oom"
 
 
 def test_other_processes_from_torchs_own_arithmetic():
     """Old torch wording: total - free - reserved by this process = held by others."""
-    log = ("torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.63 GiB (GPU 0; 44.56 GiB total "
-           "capacity; 27.91 GiB already allocated; 565.31 MiB free; 27.93 GiB reserved in total by PyTorch)")
+    log = (
+        "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.63 GiB (GPU 0; 44.56 GiB total "
+        "capacity; 27.91 GiB already allocated; 565.31 MiB free; 27.93 GiB reserved in total by PyTorch)"
+    )
     assert classify(Signals(log=log)).cause == "gpu_util_exceeds_free"
 
 
 def test_errors_that_are_not_out_of_memory():
-    for line in ("RuntimeError: CUDA error: device-side assert triggered",
-                 "Failed: /workspace/csrc/custom_all_reduce.cuh:368 'invalid argument'",
-                 "misc/ibvwrap.cc:183 NCCL WARN Call to ibv_reg_dmabuf_mr failed with error Cannot allocate memory",
-                 "/usr/bin/ld: cannot find -lcuda: No such file or directory"):
+    for line in (
+        "RuntimeError: CUDA error: device-side assert triggered",
+        "Failed: /workspace/csrc/custom_all_reduce.cuh:368 'invalid argument'",
+        "misc/ibvwrap.cc:183 NCCL WARN Call to ibv_reg_dmabuf_mr failed with error Cannot allocate memory",
+        "/usr/bin/ld: cannot find -lcuda: No such file or directory",
+    ):
         assert classify(Signals(log=line + "\n")).cause in ("not_oom", "unknown"), line
     assert classify(Signals(log="RuntimeError: CUDA error: out of memory\n")).cause in MEMORY_CAUSES

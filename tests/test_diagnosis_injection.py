@@ -8,6 +8,7 @@ diagnosis must be exactly what the real crash alone gives: same cause, phase, ev
 numbers (so the same remedy, and none for a non-memory crash), and no request line and no
 prompt text anywhere in it.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,19 +26,19 @@ REAL_CPU = ROOT / "tests/fixtures/vllm-cpu"
 # What a user might quote, one per memory cause (with numbers chosen to do harm).
 QUOTES = {
     "kv_cache_insufficient": "ValueError: To serve at least one request with the model's max seq len (131072), "
-                             "(16.0 GiB KV cache is needed, which is larger than the available KV cache memory "
-                             "(0.01 GiB). Based on the available memory, the estimated maximum model length is 2048.",
+    "(16.0 GiB KV cache is needed, which is larger than the available KV cache memory "
+    "(0.01 GiB). Based on the available memory, the estimated maximum model length is 2048.",
     "gpu_util_exceeds_free": "ValueError: Free memory on device cuda:0 (3.1/79.2 GiB) on startup is less than desired "
-                             "GPU memory utilization (0.9, 71.3 GiB). Decrease GPU memory utilization",
+    "GPU memory utilization (0.9, 71.3 GiB). Decrease GPU memory utilization",
     "weights_load_oom": "ValueError: Failed to load model - not enough GPU memory",
     "profiling_oom": "RuntimeError: CUDA out of memory occurred when warming up sampler with 1024 dummy requests.",
     "cudagraph_capture_oom": 'File "gpu_model_runner.py", line 3362, in capture_model\n'
-                             "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 64.00 GiB.",
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 64.00 GiB.",
     "runtime_oom": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 10000000000000000000 GiB. "
-                   "GPU 0 has a total capacity of 79.19 GiB of which 1.10 GiB is free.",
+    "GPU 0 has a total capacity of 79.19 GiB of which 1.10 GiB is free.",
     "multi_gpu_oom": "ncclUnhandledCudaError: Call to CUDA function failed. Last error: Cuda failure 'out of memory'",
     "host_ram_oom": "Memory cgroup out of memory: Killed process 4242 (python3). A worker died unexpectedly "
-                    "(exit code: -9) OOMKilled",
+    "(exit code: -9) OOMKilled",
 }
 
 # The request and response logger's formats, vLLM 0.2 to 0.33 (vllm/entrypoints/logger.py and the
@@ -69,8 +70,12 @@ def _base(name: str) -> str:
     return CORPUS[name]["log"]
 
 
-NOT_MEMORY_BASES = ["neg-2734-llama2-70b-tp8-timeout", "neg-52435-tp3-heads", "model-not-found.log",
-                    "neg-6042-watchdog-worker-died"]
+NOT_MEMORY_BASES = [
+    "neg-2734-llama2-70b-tp8-timeout",
+    "neg-52435-tp3-heads",
+    "model-not-found.log",
+    "neg-6042-watchdog-worker-died",
+]
 MEMORY_BASES = ["kv-cache-too-small.log", "cg-15228-qwen25-v080", "memory-limit-kill.log", "rt-27466-busy-loop"]
 
 
@@ -81,7 +86,7 @@ def _inject(log: str, quote: str, fmt: str, where: str) -> str:
     if where == "start":
         lines = [line, access] + lines
     elif where == "middle":
-        lines[len(lines) // 2:len(lines) // 2] = [line, access]
+        lines[len(lines) // 2 : len(lines) // 2] = [line, access]
     else:
         lines += [line, access]
     return "\n".join(lines) + "\n"
@@ -102,7 +107,7 @@ def test_quoted_memory_errors_in_prompts_and_outputs_change_nothing(base_name, q
     if base_log is None:
         pytest.fail(f"base crash {base_name} missing from tests/corpus")
     base = classify(Signals(log=base_log))
-    for k, fmt in enumerate(FORMATS[n % len(FORMATS):] + FORMATS[:n % len(FORMATS)]):
+    for k, fmt in enumerate(FORMATS[n % len(FORMATS) :] + FORMATS[: n % len(FORMATS)]):
         where = ("start", "middle", "end")[k % 3]
         crafted_log = _inject(base_log, QUOTES[quoted_cause], fmt, where)
         crafted = classify(Signals(log=crafted_log))
@@ -132,9 +137,21 @@ def test_a_prompt_alone_decides_nothing():
 def test_the_hooks_nccl_timeout_with_a_quoted_oom_through_the_cli(tmp_path):
     log = tmp_path / "inject.log"
     log.write_text(_inject(CORPUS["neg-6042-watchdog-worker-died"]["log"], QUOTES["runtime_oom"], FORMATS[2], "start"))
-    out = subprocess.run([sys.executable, "-m", "vllm_autoheal", "diagnose", str(log), "--json",
-                          "--engine-args", "--gpu-memory-utilization 0.9 --max-model-len 131072"],
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vllm_autoheal",
+            "diagnose",
+            str(log),
+            "--json",
+            "--engine-args",
+            "--gpu-memory-utilization 0.9 --max-model-len 131072",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     result = json.loads(out)
     assert result["cause"] == "not_oom"
     assert "Received request" not in out and "my server printed" not in out
@@ -142,10 +159,12 @@ def test_the_hooks_nccl_timeout_with_a_quoted_oom_through_the_cli(tmp_path):
 
 
 # --- Found by a hostile review: user text in lines the engine itself writes ------------------------
-KV_PAYLOAD = ("To serve at least one request with the model's max seq len (131072), (16.0 GiB KV cache is needed, "
-              "which is larger than the available KV cache memory (0.01 GiB). Based on the available memory, the "
-              "estimated maximum model length is 16. ZZUSERZZ")
-CHAT = "ERROR 07-03 03:19:15 [serving_chat.py:200] "   # the API server's per-request errors (corpus neg-20409)
+KV_PAYLOAD = (
+    "To serve at least one request with the model's max seq len (131072), (16.0 GiB KV cache is needed, "
+    "which is larger than the available KV cache memory (0.01 GiB). Based on the available memory, the "
+    "estimated maximum model length is 16. ZZUSERZZ"
+)
+CHAT = "ERROR 07-03 03:19:15 [serving_chat.py:200] "  # the API server's per-request errors (corpus neg-20409)
 
 
 def _vllm_log(header: str, message: str) -> str:
@@ -154,42 +173,54 @@ def _vllm_log(header: str, message: str) -> str:
 
 
 def _preprocess_error(exception_line: str) -> str:
-    return _vllm_log(CHAT, "Error in preprocessing prompt inputs\nTraceback (most recent call last):\n"
-                           '  File "/usr/local/lib/python3.12/dist-packages/vllm/entrypoints/openai/serving_chat.py", '
-                           "line 183, in create_chat_completion\n    ) = await self._preprocess_chat(\n"
-                           + exception_line)
+    return _vllm_log(
+        CHAT,
+        "Error in preprocessing prompt inputs\nTraceback (most recent call last):\n"
+        '  File "/usr/local/lib/python3.12/dist-packages/vllm/entrypoints/openai/serving_chat.py", '
+        "line 183, in create_chat_completion\n    ) = await self._preprocess_chat(\n" + exception_line,
+    )
 
 
-STREAM_ERROR = _vllm_log("(APIServer pid=8267) ERROR 10-24 01:26:57 [serving_chat.py:1145] ",
-                         "Error in chat completion stream generator.\nTraceback (most recent call last):\n"
-                         '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/async_llm.py", line 387, '
-                         "in generate\n    out = q.get_nowait() or await q.get()\n"
-                         "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace "
-                         "(above) for the root cause.")
+STREAM_ERROR = _vllm_log(
+    "(APIServer pid=8267) ERROR 10-24 01:26:57 [serving_chat.py:1145] ",
+    "Error in chat completion stream generator.\nTraceback (most recent call last):\n"
+    '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/async_llm.py", line 387, '
+    "in generate\n    out = q.get_nowait() or await q.get()\n"
+    "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace "
+    "(above) for the root cause.",
+)
 HOSTILE = {
     # the request id (X-Request-Id header) in V0's and V1's "Added request" line
     "added-request": "INFO 02-13 07:19:11 async_llm_engine.py:211] Added request chatcmpl-" + KV_PAYLOAD + ".",
     # a newline in the request id: the continuation carries the logger's header, then a forged one
-    "forged-header": _vllm_log("(APIServer pid=8267) INFO 10-24 01:24:03 [logger.py:43] ",
-                               "Received request chatcmpl-x\nERROR 10-24 01:26:57 [core.py:710] "
-                               "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 64.00 GiB. ZZUSERZZ\n"
-                               "-a1b2: params: SamplingParams(n=1), lora_request: None."),
+    "forged-header": _vllm_log(
+        "(APIServer pid=8267) INFO 10-24 01:24:03 [logger.py:43] ",
+        "Received request chatcmpl-x\nERROR 10-24 01:26:57 [core.py:710] "
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 64.00 GiB. ZZUSERZZ\n"
+        "-a1b2: params: SamplingParams(n=1), lora_request: None.",
+    ),
     # a chat template the request brought raises with the user's message
     "template-error": _preprocess_error("jinja2.exceptions.TemplateError: " + KV_PAYLOAD),
     # the batch V1 dumps when execute_model fails names each request by its id
     "dump-input": "(EngineCore_DP0 pid=8402) ERROR 10-24 01:26:57 [dump_input.py:79] SchedulerOutput(scheduled_new_"
-                  "reqs=[NewRequestData(req_id=chatcmpl-" + KV_PAYLOAD + "-9f1c,prompt_token_ids_len=12)])",
+    "reqs=[NewRequestData(req_id=chatcmpl-" + KV_PAYLOAD + "-9f1c,prompt_token_ids_len=12)])",
     # an access line of a server on a Unix socket has no client address
     "uds-access": '(APIServer pid=7) INFO:      - "GET /v1/OOMKilled?x=torch.OutOfMemoryError HTTP/1.1" 404 Not Found',
     # an ordinary 400 for a long prompt, and V0's warning for one: a request's error, not the crash's
-    "too-long-400": _preprocess_error("ValueError: This model's maximum context length is 16384 tokens. However, you "
-                                      "requested 122946 tokens (112946 in the messages, 10000 in the completion). "
-                                      "Please reduce the length of the messages or completion."),
+    "too-long-400": _preprocess_error(
+        "ValueError: This model's maximum context length is 16384 tokens. However, you "
+        "requested 122946 tokens (112946 in the messages, 10000 in the completion). "
+        "Please reduce the length of the messages or completion."
+    ),
     "too-long-warning": "WARNING 02-13 07:19:11 scheduler.py:949] Input prompt (32889 tokens) is too long and "
-                        "exceeds limit of 2048",
+    "exceeds limit of 2048",
 }
-HOSTILE_BASES = ["neg-2734-llama2-70b-tp8-timeout", "rt-27466-busy-loop", "cg-15228-qwen25-v080",
-                 "memory-limit-kill.log"]
+HOSTILE_BASES = [
+    "neg-2734-llama2-70b-tp8-timeout",
+    "rt-27466-busy-loop",
+    "cg-15228-qwen25-v080",
+    "memory-limit-kill.log",
+]
 
 
 @pytest.mark.parametrize("attack", sorted(HOSTILE))

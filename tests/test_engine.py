@@ -21,32 +21,53 @@ def test_serve_form_and_api_server_form():
 
 def test_parses_both_launch_forms_to_the_same_args():
     a = parse_args("vllm serve org/model --max-model-len 8192 --gpu-memory-utilization=0.85 -tp 2")
-    b = parse_args("python3 -m vllm.entrypoints.openai.api_server --model org/model "
-                   "--max-model-len=8192 --gpu-memory-utilization 0.85 --tensor-parallel-size 2")
+    b = parse_args(
+        "python3 -m vllm.entrypoints.openai.api_server --model org/model "
+        "--max-model-len=8192 --gpu-memory-utilization 0.85 --tensor-parallel-size 2"
+    )
     assert a.model == b.model == "org/model"
     assert a.engine == b.engine
     assert a.engine.tensor_parallel_size == 2 and a.engine.gpu_memory_utilization == 0.85
 
 
 def test_unknown_flags_are_kept_in_order_with_their_values():
-    p = parse_args(["--trust-remote-code", "--max-model-len", "10", "--served-model-name", "x",
-                    "--block-size=32", "--swap-space", "4"])
-    assert p.engine.extra_args == ["--trust-remote-code", "--served-model-name", "x", "--block-size=32",
-                                   "--swap-space", "4"]
+    p = parse_args(
+        [
+            "--trust-remote-code",
+            "--max-model-len",
+            "10",
+            "--served-model-name",
+            "x",
+            "--block-size=32",
+            "--swap-space",
+            "4",
+        ]
+    )
+    assert p.engine.extra_args == [
+        "--trust-remote-code",
+        "--served-model-name",
+        "x",
+        "--block-size=32",
+        "--swap-space",
+        "4",
+    ]
     assert p.engine.max_model_len == 10
 
 
-@pytest.mark.parametrize("argv,words", [
-    ("--max-model-len 4 --max-model-len 5", "more than once"),
-    ("--max-model-len 4 --max-model-len=5", "more than once"),
-    ("--max-model-len x", "not a valid int"),
-    ("--gpu-memory-utilization high", "not a valid float"),
-    ("--gpu-memory-utilization 1.5", "--gpu-memory-utilization"),
-    ("--max-model-len", "needs a value"),
-    ("--max-model-len --enforce-eager", "needs a value"),
-    ("--enforce-eager=maybe", "not true or false"),
-    ("--tensor-parallel-size 0", "--tensor-parallel-size"),
-])
+@pytest.mark.parametrize(
+    "argv,words",
+    [
+        ("--max-model-len 4 --max-model-len 5", "more than once"),
+        ("--max-model-len 4 --max-model-len=5", "more than once"),
+        ("--max-model-len x", "not a valid int"),
+        ("--gpu-memory-utilization high", "not a valid float"),
+        ("--gpu-memory-utilization 1.5", "--gpu-memory-utilization"),
+        ("--max-model-len", "needs a value"),
+        ("--max-model-len --enforce-eager", "needs a value"),
+        ("--enforce-eager=maybe", "not true or false"),
+        ("--tensor-parallel-size 0", "--tensor-parallel-size"),
+    ],
+)
 def test_bad_command_lines_are_clear_errors(argv, words):
     with pytest.raises(EngineArgsError, match=words.replace("-", r"\-")):
         parse_args(argv)
@@ -71,8 +92,9 @@ engine_args = st.builds(
     kv_cache_memory_bytes=st.none() | st.integers(1, 2**40),
     cpu_offload_gb=st.none() | st.floats(0, 512).map(lambda x: round(x, 2)),
     enforce_eager=st.none() | st.booleans(),
-    extra_args=st.lists(st.sampled_from(["--trust-remote-code", "--enable-prefix-caching",
-                                         "--block-size=32", "--seed=7"]), max_size=4),
+    extra_args=st.lists(
+        st.sampled_from(["--trust-remote-code", "--enable-prefix-caching", "--block-size=32", "--seed=7"]), max_size=4
+    ),
 )
 
 
@@ -83,24 +105,43 @@ def test_round_trip(engine):
     assert parsed.engine == engine
 
 
-@pytest.mark.parametrize("token,flag", [
-    ("--max_model_len=999999", "--max-model-len"), ("-tp", "--tensor-parallel-size"),
-    ("-tp=8", "--tensor-parallel-size"), ("--gpu_memory_utilization", "--gpu-memory-utilization"),
-    ("--device-memory-utilization=0.5", "--gpu-memory-utilization"), ("--max-model", "--max-model-len"),
-    ("--no-enforce-eager", "--enforce-eager"), ("-q", "--quantization"), ("-qawq", "--quantization"),
-    ("--config", "--config"), ("--hf-token=hf_x", "--hf-token"), ("--api_key", "--api-key"),
-    ("--served_model_name", "--served-model-name"), ("--port=1", "--port"),
-    ("--trust-remote-code", None), ("--max-num-partial-prefills", None), ("--model-impl", None),
-    ("--config-format", None), ("-1", None), ("vllm", None), ("--max-model-len.x", None), ("-O3", None),
-])
+@pytest.mark.parametrize(
+    "token,flag",
+    [
+        ("--max_model_len=999999", "--max-model-len"),
+        ("-tp", "--tensor-parallel-size"),
+        ("-tp=8", "--tensor-parallel-size"),
+        ("--gpu_memory_utilization", "--gpu-memory-utilization"),
+        ("--device-memory-utilization=0.5", "--gpu-memory-utilization"),
+        ("--max-model", "--max-model-len"),
+        ("--no-enforce-eager", "--enforce-eager"),
+        ("-q", "--quantization"),
+        ("-qawq", "--quantization"),
+        ("--config", "--config"),
+        ("--hf-token=hf_x", "--hf-token"),
+        ("--api_key", "--api-key"),
+        ("--served_model_name", "--served-model-name"),
+        ("--port=1", "--port"),
+        ("--trust-remote-code", None),
+        ("--max-num-partial-prefills", None),
+        ("--model-impl", None),
+        ("--config-format", None),
+        ("-1", None),
+        ("vllm", None),
+        ("--max-model-len.x", None),
+        ("-O3", None),
+    ],
+)
 def test_extra_args_are_read_as_vllm_reads_them(token, flag):
     from vllm_autoheal.engine import forbidden
+
     entry = forbidden(token)
     assert (entry.cli if entry else None) == flag
 
 
 def test_problems_name_the_field_or_the_secret():
     from vllm_autoheal.engine import extra_args_problems
+
     typed, secret = extra_args_problems(["--seed", "1", "--max_model_len=5", "--hf-token"])
     assert "use engine.maxModelLen" in typed and "spec.hfTokenSecretRef" in secret
 
@@ -111,6 +152,7 @@ def test_the_crd_rule_and_the_parser_agree_on_every_token(token):
     and refuses exactly the tokens the parser refuses."""
     import re2
     from vllm_autoheal.engine import FLAGS, RESERVED, spelled_by, spelling_pattern
+
     for entry in (*FLAGS, *RESERVED):
         for spelling in entry.spellings:
             assert bool(re2.search(spelling_pattern(spelling), token)) == spelled_by(token, spelling), spelling

@@ -1,4 +1,5 @@
 """What the NVML probe and PyTorch said on the project's real H200 (tests/gpu/capture_h200.sh)."""
+
 from __future__ import annotations
 
 import json
@@ -17,7 +18,7 @@ def test_probe_saw_the_second_process_holding_60_gib():
     data = json.loads((GPU / "probe-second-process-60g.json").read_text())
     snap = GpuSnapshot.from_dict(data["snapshot"])
     assert snap.gpus[0].name == "NVIDIA H200"
-    assert 140 < snap.gpus[0].total_bytes / 2**30 < 141          # NVML's total (torch sees 139.80)
+    assert 140 < snap.gpus[0].total_bytes / 2**30 < 141  # NVML's total (torch sees 139.80)
     holder = [p for p in snap.processes if p.pid == data["holder_pid"]]
     assert holder and 60 < holder[0].used_bytes / 2**30 < 61
     assert 59 < snap.other_process_bytes() / 2**30 < 62

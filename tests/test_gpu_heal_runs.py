@@ -3,6 +3,7 @@ fixtures: each run's first failure is diagnosed and planned again here with the 
 with, and must give the decision that healed it on the GPU; the runs themselves show one restart
 to healthy. The 65,536-sequence run is the wrong decision of an earlier planner (halving), kept to
 show the undo and the real sampler-kernel crash it led to."""
+
 from __future__ import annotations
 
 import json
@@ -40,12 +41,15 @@ def replan(name: str, **heal) -> tuple:
     return diag, plan_heal(spec, diag, inventory=Inventory(gpu_total_gib=140.4))
 
 
-@pytest.mark.parametrize("name,cause,action,changes", [
-    ("kv", "kv_cache_insufficient", "RaiseGpuMemoryUtilization", {"gpu_memory_utilization": 0.25}),
-    ("thief", "gpu_util_exceeds_free", "LowerGpuMemoryUtilization", {"gpu_memory_utilization": 0.25}),
-    ("capture", "cudagraph_capture_oom", "LowerGpuMemoryUtilization", {"gpu_memory_utilization": 0.95}),
-    ("seqs", "profiling_oom", "LowerMaxNumSeqs", {"max_num_seqs": 1024}),
-])
+@pytest.mark.parametrize(
+    "name,cause,action,changes",
+    [
+        ("kv", "kv_cache_insufficient", "RaiseGpuMemoryUtilization", {"gpu_memory_utilization": 0.25}),
+        ("thief", "gpu_util_exceeds_free", "LowerGpuMemoryUtilization", {"gpu_memory_utilization": 0.25}),
+        ("capture", "cudagraph_capture_oom", "LowerGpuMemoryUtilization", {"gpu_memory_utilization": 0.95}),
+        ("seqs", "profiling_oom", "LowerMaxNumSeqs", {"max_num_seqs": 1024}),
+    ],
+)
 def test_each_h200_start_is_planned_as_it_healed(name, cause, action, changes):
     diag, remedy = replan(name)
     assert diag.cause == cause, (diag.cause, diag.evidence)
@@ -68,13 +72,17 @@ def test_72b_on_one_h200_is_a_weights_problem_and_the_give_up_says_what_fits():
 
 def test_72b_heals_to_two_gpus_when_the_bound_allows_it():
     """Issue 16: one restart to tensor parallelism 2, then a completion, on two H200s."""
-    diag, remedy = replan("tp2", bounds={"maxTensorParallelSize": 2},
-                          allowedActions=["IncreaseTensorParallel", "LowerGpuMemoryUtilization"])
+    diag, remedy = replan(
+        "tp2",
+        bounds={"maxTensorParallelSize": 2},
+        allowedActions=["IncreaseTensorParallel", "LowerGpuMemoryUtilization"],
+    )
     assert remedy.action == "IncreaseTensorParallel" and remedy.changes == {"tensor_parallel_size": 2}
     starts, ours = attempts("tp2")
     assert "Model loading took 67.8 GiB" in starts[1] and "Available KV cache memory: 56.14 GiB" in starts[1]
-    assert any(x.startswith("healthy: ") and "--tensor-parallel-size 2" in x and "after 1 restart(s)" in x
-               for x in ours)
+    assert any(
+        x.startswith("healthy: ") and "--tensor-parallel-size 2" in x and "after 1 restart(s)" in x for x in ours
+    )
 
 
 def test_the_launchers_real_message_for_72b_on_one_h200():

@@ -5,6 +5,7 @@ VLLMService writes its heal made (the spec patch with its annotation, and the st
 are then applied to the real apiextensions-apiserver: they must be accepted and come
 back unpruned. `kubectl get vsvc` and `kubectl describe` then show the printer columns
 and status as a user would (the README's "How healing works" is this output)."""
+
 from __future__ import annotations
 
 import copy
@@ -32,6 +33,7 @@ async def test_real_heal_is_accepted_unpruned_and_readable_with_kubectl(kmock, c
     async with running_operator():
         healed = await Cluster(kmock).first_heal("llama-8b", SPEC, "llama-8b-6d9f7c-x2k4q", message=KV_TERMINATION)
     from crdserver.discovery_proxy import DiscoveryProxy
+
     with DiscoveryProxy(crd_server.url, crd_server.workdir / "certs") as proxy:
         env = {**os.environ, "KUBECONFIG": str(proxy.kubeconfig(tmp_path / "kubeconfig"))}
         transcript = _kubectl_session(kubectl, env, healed, tmp_path)
@@ -40,8 +42,9 @@ async def test_real_heal_is_accepted_unpruned_and_readable_with_kubectl(kmock, c
 
 def _kubectl_session(kubectl: str, env: dict, healed: dict, tmp_path: Path) -> str:
     def k(*args: str, stdin: str | None = None) -> str:
-        proc = subprocess.run([kubectl, "--request-timeout=20s", *args], input=stdin, capture_output=True,
-                              text=True, env=env, timeout=60)
+        proc = subprocess.run(
+            [kubectl, "--request-timeout=20s", *args], input=stdin, capture_output=True, text=True, env=env, timeout=60
+        )
         assert proc.returncode == 0, f"kubectl {' '.join(args)}: {proc.stderr}"
         return proc.stdout
 
@@ -52,13 +55,22 @@ def _kubectl_session(kubectl: str, env: dict, healed: dict, tmp_path: Path) -> s
             break
         time.sleep(0.2)
     time.sleep(1)
-    user = {"apiVersion": healed["apiVersion"], "kind": healed["kind"],
-            "metadata": {"name": "llama-8b", "namespace": "default"}, "spec": SPEC}
+    user = {
+        "apiVersion": healed["apiVersion"],
+        "kind": healed["kind"],
+        "metadata": {"name": "llama-8b", "namespace": "default"},
+        "spec": SPEC,
+    }
     k("create", "--validate=false", "-f", "-", stdin=json.dumps(user))  # the server validates
     # the operator's writes, as it made them
-    spec_patch = {"metadata": {"annotations": {
-        "vllm.autoheal.dev/healed-engine": healed["metadata"]["annotations"]["vllm.autoheal.dev/healed-engine"]}},
-        "spec": {"engine": healed["spec"]["engine"]}}
+    spec_patch = {
+        "metadata": {
+            "annotations": {
+                "vllm.autoheal.dev/healed-engine": healed["metadata"]["annotations"]["vllm.autoheal.dev/healed-engine"]
+            }
+        },
+        "spec": {"engine": healed["spec"]["engine"]},
+    }
     k("patch", "vsvc", "llama-8b", "--type=merge", "-p", json.dumps(spec_patch))
     status = copy.deepcopy(healed["status"])
     k("patch", "vsvc", "llama-8b", "--subresource=status", "--type=merge", "-p", json.dumps({"status": status}))
@@ -68,8 +80,14 @@ def _kubectl_session(kubectl: str, env: dict, healed: dict, tmp_path: Path) -> s
     table = k("get", "vsvc", "llama-8b")
     header, row = table.splitlines()[:2]
     assert header.split()[:7] == ["NAME", "MODEL", "PHASE", "GPUS", "HEALS", "LAST", "CAUSE"]
-    assert row.split()[:6] == ["llama-8b", "meta-llama/Llama-3.1-8B-Instruct", stored["status"]["phase"], "1", "1",
-                               "kv_cache_insufficient"]
+    assert row.split()[:6] == [
+        "llama-8b",
+        "meta-llama/Llama-3.1-8B-Instruct",
+        stored["status"]["phase"],
+        "1",
+        "1",
+        "kv_cache_insufficient",
+    ]
     describe = k("describe", "vsvc", "llama-8b")
     assert "Max Model Len:" in describe and "LowerMaxModelLen" in describe
     return f"\n$ kubectl get vsvc llama-8b\n{table}\n$ kubectl describe vsvc llama-8b\n{describe}"

@@ -1,4 +1,5 @@
 """The in-pod launcher, with a fake child that prints a real vLLM failure log and exits."""
+
 from __future__ import annotations
 
 import json
@@ -20,22 +21,35 @@ def launch(tmp_path, script: str, *args: str, env=None, **kw):
     child = tmp_path / "child.py"
     child.write_text(textwrap.dedent(script))
     term = tmp_path / "termination-log"
-    cmd = [sys.executable, "-m", "vllm_autoheal.launcher", "--termination-path", str(term), "--",
-           sys.executable, str(child), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm_autoheal.launcher",
+        "--termination-path",
+        str(term),
+        "--",
+        sys.executable,
+        str(child),
+        *args,
+    ]
     return cmd, term
 
 
 def test_failure_writes_a_small_valid_diagnosis_and_keeps_the_exit_code(tmp_path):
     log = FIXTURES / "kv-cache-too-small.log"
-    cmd, term = launch(tmp_path, """
+    cmd, term = launch(
+        tmp_path,
+        """
         import sys
         sys.stdout.buffer.write(open(sys.argv[1], "rb").read()); sys.stdout.flush()
         sys.stderr.write("stderr line\\n")
         sys.exit(3)
-    """, str(log))
+    """,
+        str(log),
+    )
     proc = subprocess.run(cmd, capture_output=True)
     assert proc.returncode == 3
-    assert proc.stdout == log.read_bytes()            # passed through unchanged
+    assert proc.stdout == log.read_bytes()  # passed through unchanged
     assert proc.stderr.endswith(b"stderr line\n")
     doc = json.loads(term.read_text())
     assert len(term.read_bytes()) <= 4096
@@ -45,7 +59,9 @@ def test_failure_writes_a_small_valid_diagnosis_and_keeps_the_exit_code(tmp_path
 
 
 def test_fifty_megabyte_log_still_fits_in_4096_bytes(tmp_path):
-    cmd, term = launch(tmp_path, """
+    cmd, term = launch(
+        tmp_path,
+        """
         import sys
         line = "INFO 01-01 00:00:00 [loggers.py:1] Avg prompt throughput: 1.0 tokens/s, GPU KV cache usage: 1%\\n"
         block = line * 10000
@@ -53,7 +69,9 @@ def test_fifty_megabyte_log_still_fits_in_4096_bytes(tmp_path):
             sys.stdout.write(block)
         sys.stdout.write(open(sys.argv[1]).read())
         sys.exit(1)
-    """, str(FIXTURES / "memory-limit-kill.log"))
+    """,
+        str(FIXTURES / "memory-limit-kill.log"),
+    )
     proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     assert proc.returncode == 1
     raw = term.read_bytes()
@@ -63,14 +81,17 @@ def test_fifty_megabyte_log_still_fits_in_4096_bytes(tmp_path):
 
 def test_signals_reach_the_child_and_a_requested_stop_is_not_a_memory_cause(tmp_path):
     marker = tmp_path / "got-signal"
-    cmd, term = launch(tmp_path, f"""
+    cmd, term = launch(
+        tmp_path,
+        f"""
         import signal, sys, time
         def bye(signum, frame):
             open({str(marker)!r}, "w").write(str(signum)); sys.exit(143)
         signal.signal(signal.SIGTERM, bye)
         print("ready", flush=True)
         time.sleep(60)
-    """)
+    """,
+    )
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE)
     assert proc.stdout.readline() == b"ready\n"
     proc.send_signal(signal.SIGTERM)
@@ -84,14 +105,17 @@ def test_signals_reach_the_child_and_a_requested_stop_is_not_a_memory_cause(tmp_
 def test_a_forged_message_is_replaced_even_when_the_child_signals_the_launcher(tmp_path):
     """A real child writes its own "diagnosis" into the termination file, signals the launcher
     (which forwards the signal back and kills it), and dies: the launcher's message stands."""
-    cmd, term = launch(tmp_path, """
+    cmd, term = launch(
+        tmp_path,
+        """
         import json, os, signal, sys, time
         forged = {"autoheal": 1, "exit_code": 1, "diagnosis": {"cause": "host_ram_oom",
                   "numbers": {"needed_gib": 1e30}, "evidence": ["forged"]}}
         open(sys.argv[1], "w").write(json.dumps(forged))
         os.kill(os.getppid(), signal.SIGTERM)
         time.sleep(30)
-    """)
+    """,
+    )
     cmd.append(str(tmp_path / "termination-log"))
     proc = subprocess.run(cmd, capture_output=True, timeout=60)
     assert proc.returncode == 128 + int(signal.SIGTERM)
@@ -108,13 +132,16 @@ def test_a_message_left_by_an_earlier_run_does_not_survive_a_clean_exit(tmp_path
 
 
 def test_engine_dead_but_server_alive_is_ended(tmp_path, monkeypatch):
-    cmd, term = launch(tmp_path, """
+    cmd, term = launch(
+        tmp_path,
+        """
         import sys, time
         print("INFO:     Application startup complete.", flush=True)
         print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.", flush=True)
         print("vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.", flush=True)
         time.sleep(120)   # the API server would keep answering /health
-    """)
+    """,
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     start = time.monotonic()
     code = subprocess.run(cmd, capture_output=True, env=env, timeout=90).returncode
@@ -130,18 +157,38 @@ def test_success_writes_nothing(tmp_path):
 
 
 def test_missing_command_and_unwritable_path_never_hide_the_exit_code(tmp_path):
-    assert subprocess.run([sys.executable, "-m", "vllm_autoheal.launcher", "--", "/no/such/binary"],
-                          capture_output=True).returncode == 127
+    assert (
+        subprocess.run(
+            [sys.executable, "-m", "vllm_autoheal.launcher", "--", "/no/such/binary"], capture_output=True
+        ).returncode
+        == 127
+    )
     child = tmp_path / "c.py"
     child.write_text("import sys; print('Traceback'); sys.exit(5)")
-    proc = subprocess.run([sys.executable, "-m", "vllm_autoheal.launcher", "--termination-path",
-                           "/proc/forbidden/x", "--", sys.executable, str(child)], capture_output=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vllm_autoheal.launcher",
+            "--termination-path",
+            "/proc/forbidden/x",
+            "--",
+            sys.executable,
+            str(child),
+        ],
+        capture_output=True,
+    )
     assert proc.returncode == 5 and b"could not write" in proc.stderr
 
 
 def test_truncation_keeps_cause_and_numbers():
-    diag = {"cause": "kv_cache_insufficient", "phase": "kv-allocation", "evidence": ["x" * 3000] * 4,
-            "numbers": {"estimated_max_model_len": 32464}, "explanation": "y" * 3000}
+    diag = {
+        "cause": "kv_cache_insufficient",
+        "phase": "kv-allocation",
+        "evidence": ["x" * 3000] * 4,
+        "numbers": {"estimated_max_model_len": 32464},
+        "explanation": "y" * 3000,
+    }
     text = termination_message(diag, 1, {"gpus": [[0, "H200", 139.8, 1.0]] * 30}, None, limit=1024)
     doc = json.loads(text)
     assert len(text.encode()) <= 1024

@@ -72,8 +72,11 @@ def test_calibrated_on_real_h200_runs(case):
     measured = case["memory_gib"]["available_kv_cache"]
     assert abs(est.kv_cache_gib - measured) / measured < 0.05
     if case["kv_cache"]["estimated_max_model_len"]:
-        assert abs(est.max_model_len_fit - case["kv_cache"]["estimated_max_model_len"]) / \
-            case["kv_cache"]["estimated_max_model_len"] < 0.05
+        assert (
+            abs(est.max_model_len_fit - case["kv_cache"]["estimated_max_model_len"])
+            / case["kv_cache"]["estimated_max_model_len"]
+            < 0.05
+        )
 
 
 def test_other_process_and_weights_that_do_not_fit():
@@ -98,8 +101,9 @@ def test_gpu_catalog():
 
 def test_plan_cli_json_keys_and_exit_codes():
     cfg = str(CONFIGS / "llama-3.1-8b.json")
-    run = lambda *a: subprocess.run([sys.executable, "-m", "vllm_autoheal", "plan", "--model-config", cfg, *a],
-                                    capture_output=True, text=True)
+    run = lambda *a: subprocess.run(
+        [sys.executable, "-m", "vllm_autoheal", "plan", "--model-config", cfg, *a], capture_output=True, text=True
+    )
     bad = run("--gpu", "NVIDIA-L4", "--max-model-len", "131072", "--json")
     assert bad.returncode == 1
     data = json.loads(bad.stdout)

@@ -1,5 +1,6 @@
 """The model config as bounded input, and its one resolution module: local files, the Hub
 (the real huggingface_hub client against a local Hub on 127.0.0.1), ConfigMaps, inline."""
+
 from __future__ import annotations
 
 import json
@@ -66,16 +67,21 @@ def test_hostile_configs_are_refused_naming_the_field(config, message):
     assert message in str(err.value)
 
 
-@pytest.mark.parametrize("raw, message", [
-    ('{"num_hidden_layers": NaN}', "NaN, which is not a number JSON allows"),
-    ('{"num_hidden_layers": Infinity}', "Infinity"),
-    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
-    ('{"pad": "' + "x" * MAX_CONFIG_BYTES + '"}', "at most 1,048,576 are read"),
-    ("{not json", "is not JSON"),
-    ('{"num_hidden_layers": ' + "9" * 5000 + "}", "is not JSON"),
-    ('{"num_hidden_layers": ' + "7" * 4000 + ', "hidden_size": 1, "num_attention_heads": 1, "vocab_size": 1}',
-     r"num_hidden_layers is 77777777\.\.\. \(4000 digits\)"),
-])
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        ('{"num_hidden_layers": NaN}', "NaN, which is not a number JSON allows"),
+        ('{"num_hidden_layers": Infinity}', "Infinity"),
+        ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+        ('{"pad": "' + "x" * MAX_CONFIG_BYTES + '"}', "at most 1,048,576 are read"),
+        ("{not json", "is not JSON"),
+        ('{"num_hidden_layers": ' + "9" * 5000 + "}", "is not JSON"),
+        (
+            '{"num_hidden_layers": ' + "7" * 4000 + ', "hidden_size": 1, "num_attention_heads": 1, "vocab_size": 1}',
+            r"num_hidden_layers is 77777777\.\.\. \(4000 digits\)",
+        ),
+    ],
+)
 def test_unparseable_configs_are_refused(raw, message):
     with pytest.raises(ModelConfigError, match=message):
         parse(raw, "cm")
@@ -83,8 +89,20 @@ def test_unparseable_configs_are_refused(raw, message):
 
 def test_the_memory_model_counts_layers_instead_of_iterating_them():
     """Whatever reaches it, the weight count is arithmetic: 10^12 layers is a multiplication."""
-    shape = ModelShape("x", layers=10**12, hidden=8192, heads=64, kv_heads=8, head_dim=128, intermediate=28672,
-                       vocab=128256, experts=8, experts_per_token=2, moe_intermediate=14336, dense_layers=3)
+    shape = ModelShape(
+        "x",
+        layers=10**12,
+        hidden=8192,
+        heads=64,
+        kv_heads=8,
+        head_dim=128,
+        intermediate=28672,
+        vocab=128256,
+        experts=8,
+        experts_per_token=2,
+        moe_intermediate=14336,
+        dense_layers=3,
+    )
     per_layer = shape.layer_params(5)
     assert shape.stack_params(10**12) == 3 * shape.layer_params(0) + (10**12 - 3) * per_layer
     assert shape.params() > (10**12 - 3) * per_layer
@@ -105,7 +123,7 @@ def test_the_hub_through_the_real_client(hub):  # noqa: F811
     fields = from_hub("meta-llama/Llama-3.1-8B-Instruct", None, settings, token=False)
     assert fields["num_hidden_layers"] == 32 and fields["num_key_value_heads"] == 8
     methods = [m for m, path, _ in hub.requests if "Llama-3.1-8B" in path]
-    assert methods == ["HEAD", "HEAD", "GET"]   # our size check, hf_hub_download's own, the file
+    assert methods == ["HEAD", "HEAD", "GET"]  # our size check, hf_hub_download's own, the file
     from_hub("meta-llama/Llama-3.1-8B-Instruct", None, settings, token=False)
     assert [m for m, path, _ in hub.requests if "Llama-3.1-8B" in path].count("GET") == 1  # cached on disk
     assert resolve_local("Qwen/Qwen2.5-7B-Instruct", hub=settings)[0]["num_key_value_heads"] == 4
@@ -118,8 +136,11 @@ def test_hub_errors_say_what_to_do(hub):  # noqa: F811
     with pytest.raises(ModelConfigError, match="is gated"):
         from_hub("meta-llama/Llama-3.1-70B-Instruct", None, settings, token="hf_wrong")
     assert from_hub("meta-llama/Llama-3.1-70B-Instruct", None, settings, GATED_TOKEN)["num_hidden_layers"] == 80
-    with pytest.raises(ModelConfigError, match=r"acme/absent@main .*: no such model, or it is private or gated "
-                                               r"and no token with access was given \(HTTP 401\)"):
+    with pytest.raises(
+        ModelConfigError,
+        match=r"acme/absent@main .*: no such model, or it is private or gated "
+        r"and no token with access was given \(HTTP 401\)",
+    ):
         from_hub("acme/absent", None, settings, token=False)
     with pytest.raises(ModelConfigError, match=r"no such model.*\(HTTP 404\)"):
         from_hub("acme/absent", None, settings, token="hf_some")
@@ -129,7 +150,7 @@ def test_hub_errors_say_what_to_do(hub):  # noqa: F811
         from_hub("Qwen/Qwen2.5-7B-Instruct", "v9", settings, token=False)
     with pytest.raises(ModelConfigError, match="is 2,097,163 bytes; at most 1,048,576"):
         from_hub("acme/huge", None, settings, token=False)
-    assert not [p for m, p, _ in hub.requests if m == "GET" and "huge" in p]   # refused before the download
+    assert not [p for m, p, _ in hub.requests if m == "GET" and "huge" in p]  # refused before the download
     with pytest.raises(ModelConfigError, match="num_hidden_layers is 1e\\+12"):
         from_hub("acme/hostile", None, settings, token=False)
     with pytest.raises(ModelConfigError, match="neither a local path nor a Hugging Face repo id"):
@@ -140,7 +161,8 @@ def test_hub_errors_say_what_to_do(hub):  # noqa: F811
 
 def test_an_unreachable_hub_is_an_error_not_a_hang(tmp_path):
     import socket
-    with socket.socket() as s:   # a port nobody listens on
+
+    with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     settings = HubSettings(endpoint=f"http://127.0.0.1:{port}", cache_dir=str(tmp_path), timeout_s=0.5)
@@ -149,8 +171,12 @@ def test_an_unreachable_hub_is_an_error_not_a_hang(tmp_path):
 
 
 def service(spec: dict, annotations: dict | None = None) -> VLLMService:
-    return VLLMService.model_validate({"metadata": {"name": "s", "namespace": "ml", "annotations": annotations or {}},
-                                       "spec": {"model": "meta-llama/Llama-3.1-8B-Instruct", **spec}})
+    return VLLMService.model_validate(
+        {
+            "metadata": {"name": "s", "namespace": "ml", "annotations": annotations or {}},
+            "spec": {"model": "meta-llama/Llama-3.1-8B-Instruct", **spec},
+        }
+    )
 
 
 class Api:
@@ -174,19 +200,21 @@ def test_for_service_sources_in_order(hub):  # noqa: F811
         assert ref.ok and ref.shape.kv_heads == 8
         bad = for_service(service({"modelConfig": {"configMapRef": {"name": "llama", "key": "other"}}}), Api(cm))
         assert bad.error == "ConfigMap ml/llama key other: no such key"
-        old = for_service(service({}, {"vllm.autoheal.dev/model-config": json.dumps({**SMALL, "hidden_size": -1})}),
-                          Api({}))
+        old = for_service(
+            service({}, {"vllm.autoheal.dev/model-config": json.dumps({**SMALL, "hidden_size": -1})}), Api({})
+        )
         assert "deprecated" in old.error and "hidden_size is -1" in old.error
         api = Api({})
         first = for_service(service({}), api)
         again = for_service(service({}), api)
-        assert first.ok and again is first and api.paths == []          # one fetch, kept in memory
+        assert first.ok and again is first and api.paths == []  # one fetch, kept in memory
         assert [m for m, p, _ in hub.requests].count("GET") == 1
         secret = {"/api/v1/namespaces/ml/secrets/hf": {"data": {"token": "aGZfbG9jYWx0ZXN0dG9rZW4="}}}
-        gated = service({"model": "meta-llama/Llama-3.1-70B-Instruct", "hfTokenSecretRef": {"name": "hf",
-                                                                                              "key": "token"}})
-        assert for_service(gated, Api(secret)).shape.layers == 80       # the token from the Secret
-        assert "is gated" in for_service(gated, Api({})).error          # no Secret: no token
+        gated = service(
+            {"model": "meta-llama/Llama-3.1-70B-Instruct", "hfTokenSecretRef": {"name": "hf", "key": "token"}}
+        )
+        assert for_service(gated, Api(secret)).shape.layers == 80  # the token from the Secret
+        assert "is gated" in for_service(gated, Api({})).error  # no Secret: no token
         assert "not a Hub repo id" in for_service(service({"model": "/models/llama"}), Api({})).error
     finally:
         model_source.configure(HubSettings())
@@ -201,7 +229,7 @@ def test_a_hanging_hub_costs_a_handler_the_timeout_at_most(hub):  # noqa: F811
         assert not waiting.ok and waiting.pending and "did not answer within 1 s; still trying" in waiting.error
         hub.stall.set()
         answered = next(r for r in (for_service(service({}), Api({})) for _ in range(30)) if not r.pending)
-        assert answered.ok       # the late answer was kept: the next look has it
+        assert answered.ok  # the late answer was kept: the next look has it
     finally:
         model_source.configure(HubSettings())
 

@@ -1,4 +1,5 @@
 """The operator loop through Kubernetes objects: kopf in-process against kmock."""
+
 from __future__ import annotations
 
 import asyncio
@@ -31,9 +32,15 @@ async def cluster(kmock):
 
 
 async def test_create_renders_deployment_and_service(cluster):
-    spec = {**SPEC, "engine": {"tensorParallelSize": 2, "maxModelLen": 32768}, "hfTokenSecretRef":
-            {"name": "hf", "key": "token"}, "resources": {**SPEC["resources"], "tolerations":
-            [{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}]}}
+    spec = {
+        **SPEC,
+        "engine": {"tensorParallelSize": 2, "maxModelLen": 32768},
+        "hfTokenSecretRef": {"name": "hf", "key": "token"},
+        "resources": {
+            **SPEC["resources"],
+            "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}],
+        },
+    }
     await cluster.create_vsvc("llama", spec)
     dep = await wait_for(lambda: cluster.deployment_now("llama"), what="deployment")
     c = vllm_container(dep)
@@ -52,8 +59,12 @@ async def test_create_renders_deployment_and_service(cluster):
     assert dep["metadata"]["ownerReferences"][0]["kind"] == "VLLMService"
     svc = await cluster.get("/api/v1/namespaces/default/services/llama")
     assert svc["spec"]["ports"][0]["port"] == 8000
-    st = (await wait_for(lambda: (cluster.vsvc_now("llama").get("status") or {}).get("endpoint") and
-                         cluster.vsvc_now("llama"), what="status")).get("status")
+    st = (
+        await wait_for(
+            lambda: (cluster.vsvc_now("llama").get("status") or {}).get("endpoint") and cluster.vsvc_now("llama"),
+            what="status",
+        )
+    ).get("status")
     assert st["gpus"] == 2 and st["baseline"]["maxModelLen"] == 32768 and st["phase"] == "Progressing"
     assert st["endpoint"] == "http://llama.default.svc:8000/v1"
 
@@ -62,19 +73,27 @@ async def test_kv_crash_patches_spec_records_baseline_and_rolls_out(cluster):
     await cluster.create_vsvc("kv", SPEC)
     before = await wait_for(lambda: cluster.deployment_now("kv"), what="deployment")
     await cluster.crash_pod("kv", "kv-abc", message=KV_TERMINATION)
-    obj = await wait_for(lambda: (cluster.vsvc_now("kv")["spec"]["engine"].get("maxModelLen") and cluster.vsvc_now("kv")),
-                         what="spec patch")
-    assert obj["spec"]["engine"]["maxModelLen"] == 524160          # vLLM's estimate, from the message
+    obj = await wait_for(
+        lambda: cluster.vsvc_now("kv")["spec"]["engine"].get("maxModelLen") and cluster.vsvc_now("kv"),
+        what="spec patch",
+    )
+    assert obj["spec"]["engine"]["maxModelLen"] == 524160  # vLLM's estimate, from the message
     status = obj["status"]
-    assert status["baseline"] == {"gpuMemoryUtilization": 0.9, "tensorParallelSize": 1,
-                                  "pipelineParallelSize": 1, "extraArgs": []}
+    assert status["baseline"] == {
+        "gpuMemoryUtilization": 0.9,
+        "tensorParallelSize": 1,
+        "pipelineParallelSize": 1,
+        "extraArgs": [],
+    }
     heal = status["heals"][-1]
     assert heal["cause"] == "kv_cache_insufficient" and heal["action"] == "LowerMaxModelLen"
     assert heal["changes"] == [{"field": "maxModelLen", "after": "524160"}]  # before: unset (vLLM default)
     assert status["healCount"] == 1 and status["lastCause"] == "kv_cache_insufficient"
     assert any(c["type"] == "Healing" and c["status"] == "True" for c in status["conditions"])
-    dep = await wait_for(lambda: flag(cluster.deployment_now("kv"), "--max-model-len") == "524160"
-                         and cluster.deployment_now("kv"), what="new pod template")
+    dep = await wait_for(
+        lambda: flag(cluster.deployment_now("kv"), "--max-model-len") == "524160" and cluster.deployment_now("kv"),
+        what="new pod template",
+    )
     old_hash = before["spec"]["template"]["metadata"]["annotations"][resources.ENGINE_HASH]
     assert dep["spec"]["template"]["metadata"]["annotations"][resources.ENGINE_HASH] != old_hash
     assert await wait_for(lambda: cluster.events_now("OOMDetected"), what="OOMDetected event")
@@ -105,8 +124,14 @@ async def test_a_heal_writes_once_and_then_goes_quiet(cluster):
     await asyncio.sleep(1)
     before = len(operator_writes(cluster.kmock, "calm"))
     await cluster.crash_pod("calm", "calm-a", message=KV_TERMINATION)
-    obj = await wait_for(lambda: (v := cluster.vsvc_now("calm"))["metadata"]["generation"] == 2
-                         and (v.get("status") or {}).get("observedGeneration") == 2 and v, what="healed generation")
+    obj = await wait_for(
+        lambda: (
+            (v := cluster.vsvc_now("calm"))["metadata"]["generation"] == 2
+            and (v.get("status") or {}).get("observedGeneration") == 2
+            and v
+        ),
+        what="healed generation",
+    )
     assert obj["spec"]["engine"]["maxModelLen"] == 524160
     await asyncio.sleep(1.5)
     writes = operator_writes(cluster.kmock, "calm")[before:]
@@ -134,24 +159,32 @@ async def test_oom_killed_raises_the_memory_limit_vpa_style_within_the_bound(clu
     await cluster.create_vsvc("ram", SPEC)
     await wait_for(lambda: cluster.deployment_now("ram"), what="deployment")
     await cluster.crash_pod("ram", "ram-a", exit_code=137, reason="OOMKilled", message="Killed")
-    obj = await wait_for(lambda: cluster.vsvc_now("ram")["spec"]["resources"]["limits"]["memory"] != "32Gi"
-                         and cluster.vsvc_now("ram"), what="memory limit patch")
-    assert obj["spec"]["resources"]["limits"]["memory"] == "39322Mi"   # 32Gi x 1.2
-    dep = await wait_for(lambda: vllm_container(cluster.deployment_now("ram"))["resources"]["limits"]["memory"]
-                         == "39322Mi" and cluster.deployment_now("ram"), what="deployment limit")
+    obj = await wait_for(
+        lambda: cluster.vsvc_now("ram")["spec"]["resources"]["limits"]["memory"] != "32Gi" and cluster.vsvc_now("ram"),
+        what="memory limit patch",
+    )
+    assert obj["spec"]["resources"]["limits"]["memory"] == "39322Mi"  # 32Gi x 1.2
+    dep = await wait_for(
+        lambda: (
+            vllm_container(cluster.deployment_now("ram"))["resources"]["limits"]["memory"] == "39322Mi"
+            and cluster.deployment_now("ram")
+        ),
+        what="deployment limit",
+    )
     assert dep
 
 
 async def test_not_memory_is_left_alone_with_an_event(cluster):
     await cluster.create_vsvc("nm", SPEC)
     await wait_for(lambda: cluster.deployment_now("nm"), what="deployment")
-    msg = termination_message(classify(Signals(log=(FIXTURES / "model-not-found.log").read_text(),
-                                               exit_code=1)).to_dict(), 1, None, None)
+    msg = termination_message(
+        classify(Signals(log=(FIXTURES / "model-not-found.log").read_text(), exit_code=1)).to_dict(), 1, None, None
+    )
     await cluster.crash_pod("nm", "nm-a", message=msg)
     events = await wait_for(lambda: cluster.events_now("NotMemory"), what="NotMemory event")
     assert "model_not_found" in events[0]["message"]
     obj = await cluster.vsvc("nm")
-    assert obj["spec"]["engine"] == SPEC["engine"]   # as written (kmock applies no CRD defaults)
+    assert obj["spec"]["engine"] == SPEC["engine"]  # as written (kmock applies no CRD defaults)
     assert obj["status"]["heals"][-1]["action"] == "NoChange" and obj["status"].get("healCount", 0) == 0
 
 
@@ -162,8 +195,10 @@ async def test_fallback_log_tail_sends_the_operator_to_the_previous_log(cluster)
     await wait_for(lambda: cluster.deployment_now("tail"), what="deployment")
     cluster.kmock["get /api/v1/namespaces/default/pods/tail-a/log"] << KV_LOG.encode()
     await cluster.crash_pod("tail", "tail-a", message=KV_LOG[-2048:])
-    obj = await wait_for(lambda: cluster.vsvc_now("tail")["spec"]["engine"].get("maxModelLen") and cluster.vsvc_now("tail"),
-                         what="heal from the previous log")
+    obj = await wait_for(
+        lambda: cluster.vsvc_now("tail")["spec"]["engine"].get("maxModelLen") and cluster.vsvc_now("tail"),
+        what="heal from the previous log",
+    )
     assert obj["spec"]["engine"]["maxModelLen"] == 524160
 
 
@@ -174,10 +209,17 @@ async def test_attempts_exhausted_sets_heal_exhausted_and_stops(cluster):
     await wait_for(lambda: cluster.vsvc_now("ex")["status"].get("healCount") == 1, what="first heal")
     await wait_for(lambda: flag(cluster.deployment_now("ex"), "--max-model-len") == "524160", what="rollout")
     engine = dict((await cluster.vsvc("ex"))["spec"]["engine"])
-    await cluster.crash_pod("ex", "ex-b", message=KV_TERMINATION)   # the healed pods crash again
-    obj = await wait_for(lambda: any(c["type"] == "HealExhausted" and c["status"] == "True"
-                                     for c in cluster.vsvc_now("ex")["status"].get("conditions", []))
-                         and cluster.vsvc_now("ex"), what="HealExhausted")
+    await cluster.crash_pod("ex", "ex-b", message=KV_TERMINATION)  # the healed pods crash again
+    obj = await wait_for(
+        lambda: (
+            any(
+                c["type"] == "HealExhausted" and c["status"] == "True"
+                for c in cluster.vsvc_now("ex")["status"].get("conditions", [])
+            )
+            and cluster.vsvc_now("ex")
+        ),
+        what="HealExhausted",
+    )
     assert obj["status"]["phase"] == "Failed" and obj["spec"]["engine"] == engine
     assert await wait_for(lambda: cluster.events_now("HealExhausted"), what="HealExhausted event")
 
@@ -187,8 +229,12 @@ async def test_status_overrides_never_touch_the_spec(cluster):
     await cluster.create_vsvc("gitops", spec)
     await wait_for(lambda: cluster.deployment_now("gitops"), what="deployment")
     await cluster.crash_pod("gitops", "gitops-a", message=KV_TERMINATION)
-    dep = await wait_for(lambda: flag(cluster.deployment_now("gitops"), "--max-model-len") == "524160"
-                         and cluster.deployment_now("gitops"), what="rollout from status")
+    dep = await wait_for(
+        lambda: (
+            flag(cluster.deployment_now("gitops"), "--max-model-len") == "524160" and cluster.deployment_now("gitops")
+        ),
+        what="rollout from status",
+    )
     obj = await cluster.vsvc("gitops")
     assert "maxModelLen" not in obj["spec"]["engine"]
     assert obj["status"]["effective"]["maxModelLen"] == 524160
@@ -201,29 +247,37 @@ async def test_preflight_fix_starts_with_flags_that_fit(cluster):
     await cluster.create_vsvc("fit", spec, annotations={"vllm.autoheal.dev/model-config": config})
     dep = await wait_for(lambda: cluster.deployment_now("fit"), what="deployment")
     fitted = int(flag(dep, "--max-model-len"))
-    assert 16384 < fitted < 131072        # an L4 holds ~35k tokens of Llama-8B KV at utilization 0.9
-    obj = await wait_for(lambda: (cluster.vsvc_now("fit").get("status") or {}).get("conditions")
-                         and cluster.vsvc_now("fit"), what="MemoryFit")
+    assert 16384 < fitted < 131072  # an L4 holds ~35k tokens of Llama-8B KV at utilization 0.9
+    obj = await wait_for(
+        lambda: (cluster.vsvc_now("fit").get("status") or {}).get("conditions") and cluster.vsvc_now("fit"),
+        what="MemoryFit",
+    )
     fit = next(c for c in obj["status"]["conditions"] if c["type"] == "MemoryFit")
     assert fit["status"] == "True" and fit["reason"] == "FittedByPreflight"
-    assert obj["spec"]["engine"]["maxModelLen"] == 131072          # the spec stays as written
+    assert obj["spec"]["engine"]["maxModelLen"] == 131072  # the spec stays as written
 
 
 async def test_preflight_warn_reports_without_changing(cluster):
     config = (Path(__file__).parent / "fixtures" / "configs" / "llama-3.1-70b.json").read_text()
-    await cluster.create_vsvc("big", {**SPEC, "preflight": "Warn"},
-                              annotations={"vllm.autoheal.dev/model-config": config})
-    obj = await wait_for(lambda: any(c["type"] == "MemoryFit" for c in
-                                     (cluster.vsvc_now("big").get("status") or {}).get("conditions", []))
-                         and cluster.vsvc_now("big"), what="MemoryFit")
+    await cluster.create_vsvc(
+        "big", {**SPEC, "preflight": "Warn"}, annotations={"vllm.autoheal.dev/model-config": config}
+    )
+    obj = await wait_for(
+        lambda: (
+            any(c["type"] == "MemoryFit" for c in (cluster.vsvc_now("big").get("status") or {}).get("conditions", []))
+            and cluster.vsvc_now("big")
+        ),
+        what="MemoryFit",
+    )
     fit = next(c for c in obj["status"]["conditions"] if c["type"] == "MemoryFit")
     assert fit["status"] == "False" and fit["reason"] == "WeightsLoadOom" and "weights need" in fit["message"]
 
 
 def test_metrics_count_incidents_and_heals():
     from vllm_autoheal import metrics
+
     before = metrics.REGISTRY.get_sample_value("vllm_autoheal_incidents_total", {"cause": "kv_cache_insufficient"})
-    assert before and before >= 1   # the heal tests above ran in this process
+    assert before and before >= 1  # the heal tests above ran in this process
     assert metrics.REGISTRY.get_sample_value("vllm_autoheal_heals_total", {"action": "LowerMaxModelLen"}) >= 1
     assert metrics.REGISTRY.get_sample_value("vllm_autoheal_heal_latency_seconds_count") >= 1
 
@@ -233,16 +287,24 @@ def test_render_cli_prints_what_the_operator_applies(tmp_path):
     import sys
 
     import yaml
+
     root = Path(__file__).resolve().parents[1]
-    out = subprocess.run([sys.executable, "-m", "vllm_autoheal", "render", "-f", str(root / "examples" /
-                          "llama-8b-one-gpu.yaml")], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "vllm_autoheal", "render", "-f", str(root / "examples" / "llama-8b-one-gpu.yaml")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     kinds = [d["kind"] for d in yaml.safe_load_all(out)]
     assert kinds == ["PersistentVolumeClaim", "Deployment", "Service"]
     bad = tmp_path / "bad.yaml"
-    bad.write_text("apiVersion: vllm.autoheal.dev/v1alpha1\nkind: VLLMService\nmetadata: {name: x}\n"
-                   "spec: {engine: {gpuMemoryUtilization: 3}}\n")
-    proc = subprocess.run([sys.executable, "-m", "vllm_autoheal", "render", "-f", str(bad)], capture_output=True,
-                          text=True)
+    bad.write_text(
+        "apiVersion: vllm.autoheal.dev/v1alpha1\nkind: VLLMService\nmetadata: {name: x}\n"
+        "spec: {engine: {gpuMemoryUtilization: 3}}\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "vllm_autoheal", "render", "-f", str(bad)], capture_output=True, text=True
+    )
     assert proc.returncode == 2 and "gpuMemoryUtilization" in proc.stderr and "model" in proc.stderr
 
 
@@ -250,9 +312,12 @@ def test_render_cli_prints_what_the_operator_applies(tmp_path):
 def test_operator_log_lines_name_their_vllmservice(log_format, prefixed):
     import subprocess
     import sys
-    code = ("import logging; from vllm_autoheal.cli import configure_logging; "
-            f"configure_logging({log_format!r}); logging.getLogger('kopf.objects').info("
-            "'Deployment llama patched', extra={'k8s_ref': {'namespace': 'ml', 'name': 'llama'}})")
+
+    code = (
+        "import logging; from vllm_autoheal.cli import configure_logging; "
+        f"configure_logging({log_format!r}); logging.getLogger('kopf.objects').info("
+        "'Deployment llama patched', extra={'k8s_ref': {'namespace': 'ml', 'name': 'llama'}})"
+    )
     err = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stderr
     assert "Deployment llama patched" in err
     assert ("[ml/llama] Deployment llama patched" in err) is prefixed

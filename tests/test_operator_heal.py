@@ -1,5 +1,6 @@
 """Heals that stay inside their bounds, finish what they start, keep GPUs equal to TP x PP, and a
 phase that follows reality: the real kopf operator against kmock, asserting objects."""
+
 from __future__ import annotations
 
 import asyncio
@@ -30,8 +31,12 @@ from samples import (
 )
 
 pytestmark = pytest.mark.kmock(cls=Emulator)
-SPEC = {"model": "meta-llama/Llama-3.1-8B-Instruct", "engine": {"gpuMemoryUtilization": 0.9},
-        "resources": {"gpuProduct": "NVIDIA-L4", "limits": {"memory": "32Gi"}}, "heal": {"backoffSeconds": 0}}
+SPEC = {
+    "model": "meta-llama/Llama-3.1-8B-Instruct",
+    "engine": {"gpuMemoryUtilization": 0.9},
+    "resources": {"gpuProduct": "NVIDIA-L4", "limits": {"memory": "32Gi"}},
+    "heal": {"backoffSeconds": 0},
+}
 
 
 @pytest.fixture
@@ -60,6 +65,7 @@ async def settled(c: Cluster, name: str) -> dict:
 
 # --- 3. floors from need: the H200 case heals in one restart with default settings ---------------
 
+
 async def test_h200_other_process_heals_in_one_restart_with_default_settings(cluster):
     spec = {**SPEC, "resources": {"gpuProduct": "NVIDIA-H200"}}
     obj = await cluster.first_heal("h200", spec, "h200-a", message=H200_TERMINATION)
@@ -69,6 +75,7 @@ async def test_h200_other_process_heals_in_one_restart_with_default_settings(clu
 
 
 # --- 2. attempts: a counter, across non-memory crashes and operator restarts --------------------
+
 
 async def test_max_attempts_holds_across_non_memory_crashes_and_restarts(kmock):
     setup_emulator(kmock)
@@ -80,35 +87,44 @@ async def test_max_attempts_holds_across_non_memory_crashes_and_restarts(kmock):
         await c.crash_pod("cap", "cap-0", message=RUNTIME_OOM)
         await wait_for(lambda: status(c.vsvc_now("cap")).get("attempts") == 1, what="first heal")
         await wait_for(lambda: flag(c.deployment_now("cap"), "--gpu-memory-utilization") == "0.85", what="rollout")
-        for i in range(22):   # more than the 20 heal records kept: they push the heal out of status.heals
+        for i in range(22):  # more than the 20 heal records kept: they push the heal out of status.heals
             await c.crash_pod("cap", f"cap-n{i}", message=NOT_MEMORY)
         await wait_for(lambda: len(status(c.vsvc_now("cap")).get("observedCrashes", [])) == 23, what="22 crashes")
         obj = await c.vsvc("cap")
-        assert all(h["action"] == "NoChange" for h in status(obj)["heals"])     # the heal record is gone...
-        assert status(obj)["attempts"] == 1                                      # ...its count is not
-    async with running_operator():   # a restarted operator counts on
+        assert all(h["action"] == "NoChange" for h in status(obj)["heals"])  # the heal record is gone...
+        assert status(obj)["attempts"] == 1  # ...its count is not
+    async with running_operator():  # a restarted operator counts on
         await c.crash_pod("cap", "cap-1", message=RUNTIME_OOM)
         await wait_for(lambda: status(c.vsvc_now("cap")).get("attempts") == 2, what="second heal")
         await wait_for(lambda: flag(c.deployment_now("cap"), "--max-num-seqs") == "128", what="rollout")
         healed = (await c.vsvc("cap"))["spec"]["engine"]
         await c.crash_pod("cap", "cap-2", message=RUNTIME_OOM)
-        obj = await wait_for(lambda: (condition(v := c.vsvc_now("cap"), "HealExhausted") or {}).get("status")
-                             == "True" and v, what="HealExhausted")
+        obj = await wait_for(
+            lambda: (condition(v := c.vsvc_now("cap"), "HealExhausted") or {}).get("status") == "True" and v,
+            what="HealExhausted",
+        )
         assert status(obj)["attempts"] == 2 and status(obj)["healCount"] == 2 and obj["spec"]["engine"] == healed
         assert "maxAttempts" in condition(obj, "HealExhausted")["message"]
 
 
 # --- 4. tensor parallelism consistent everywhere -----------------------------------------------
 
+
 @pytest.mark.parametrize("mode, resources", [("PatchSpec", {"gpus": 1}), ("StatusOverrides", {})])
 async def test_tensor_parallel_heal_asks_for_tp_x_pp_gpus(cluster, mode, resources):
     name = f"tp-{mode.lower()}"
     spec = {**SPEC, "resources": {**SPEC["resources"], **resources}, "heal": {**TP_HEAL, "mode": mode}}
     obj = await cluster.first_heal(name, spec, f"{name}-a", message=WEIGHTS_OOM)
-    dep = await wait_for(lambda: flag(d := cluster.deployment_now(name), "--tensor-parallel-size") == "2" and d,
-                         what="rollout")
-    assert gpus(dep) == 2 and status(await wait_for(lambda: status(v := cluster.vsvc_now(name)).get("gpus") == 2
-                                                    and v, what="status.gpus"))["gpus"] == 2
+    dep = await wait_for(
+        lambda: flag(d := cluster.deployment_now(name), "--tensor-parallel-size") == "2" and d, what="rollout"
+    )
+    assert (
+        gpus(dep) == 2
+        and status(
+            await wait_for(lambda: status(v := cluster.vsvc_now(name)).get("gpus") == 2 and v, what="status.gpus")
+        )["gpus"]
+        == 2
+    )
     if mode == "PatchSpec":
         assert obj["spec"]["engine"]["tensorParallelSize"] == 2 and obj["spec"]["resources"]["gpus"] == 2
     else:
@@ -117,19 +133,31 @@ async def test_tensor_parallel_heal_asks_for_tp_x_pp_gpus(cluster, mode, resourc
 
 # --- 5. heals that cannot be scheduled ---------------------------------------------------------
 
+
 @pytest.mark.parametrize("mode", ["PatchSpec", "StatusOverrides"])
 async def test_an_unschedulable_heal_goes_back_to_the_flags_that_scheduled(cluster, mode):
     name = f"sched-{mode.lower()}"
-    spec = {**SPEC, "resources": {**SPEC["resources"], "gpus": 1} if mode == "PatchSpec" else SPEC["resources"],
-            "heal": {**TP_HEAL, "mode": mode, "unschedulableSeconds": 0}}
+    spec = {
+        **SPEC,
+        "resources": {**SPEC["resources"], "gpus": 1} if mode == "PatchSpec" else SPEC["resources"],
+        "heal": {**TP_HEAL, "mode": mode, "unschedulableSeconds": 0},
+    }
     await cluster.first_heal(name, spec, f"{name}-a", message=WEIGHTS_OOM)
     await wait_for(lambda: gpus(cluster.deployment_now(name)) == 2, what="the heal's rollout")
     await cluster.pending_pod(name, f"{name}-b", NO_GPU)
-    obj = await wait_for(lambda: (condition(v := cluster.vsvc_now(name), "HealBlocked") or {}).get("status")
-                         == "True" and v, what="HealBlocked")
+    obj = await wait_for(
+        lambda: (condition(v := cluster.vsvc_now(name), "HealBlocked") or {}).get("status") == "True" and v,
+        what="HealBlocked",
+    )
     assert NO_GPU in condition(obj, "HealBlocked")["message"]
-    events = await wait_for(lambda: [e for e in cluster.events_now("HealBlocked") if e["type"] == "Warning"
-                                     and e["involvedObject"]["name"] == name], what="Warning event")
+    events = await wait_for(
+        lambda: [
+            e
+            for e in cluster.events_now("HealBlocked")
+            if e["type"] == "Warning" and e["involvedObject"]["name"] == name
+        ],
+        what="Warning event",
+    )
     assert NO_GPU in events[0]["message"] and "IncreaseTensorParallel" in events[0]["message"]
     dep = await wait_for(lambda: gpus(d := cluster.deployment_now(name)) == 1 and d, what="back to one GPU")
     assert flag(dep, "--tensor-parallel-size") == "1"
@@ -147,28 +175,37 @@ async def test_a_heal_is_blocked_only_once_its_pods_waited_the_configured_time(c
     await wait_for(lambda: gpus(cluster.deployment_now("later")) == 2, what="the heal's rollout")
     now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     await cluster.pending_pod("later", "later-b", NO_GPU, since=now)
-    obj = await wait_for(lambda: (condition(v := cluster.vsvc_now("later"), "HealBlocked") or {}).get("status")
-                         == "True" and v, what="HealBlocked after the wait")
+    obj = await wait_for(
+        lambda: (condition(v := cluster.vsvc_now("later"), "HealBlocked") or {}).get("status") == "True" and v,
+        what="HealBlocked after the wait",
+    )
     assert NO_GPU in condition(obj, "HealBlocked")["message"]
-    assert await wait_for(lambda: [e for e in cluster.events_now("HealBlocked")
-                                   if e["involvedObject"]["name"] == "later"], what="Warning event")
+    assert await wait_for(
+        lambda: [e for e in cluster.events_now("HealBlocked") if e["involvedObject"]["name"] == "later"],
+        what="Warning event",
+    )
     await wait_for(lambda: gpus(cluster.deployment_now("later")) == 1, what="back to one GPU")
 
 
 async def test_wait_policy_only_reports_a_blocked_heal(cluster):
-    spec = {**SPEC, "heal": {**TP_HEAL, "mode": "StatusOverrides", "unschedulableSeconds": 0,
-                             "onUnschedulable": "Wait"}}
+    spec = {
+        **SPEC,
+        "heal": {**TP_HEAL, "mode": "StatusOverrides", "unschedulableSeconds": 0, "onUnschedulable": "Wait"},
+    }
     await cluster.first_heal("patient", spec, "patient-a", message=WEIGHTS_OOM)
     await wait_for(lambda: gpus(cluster.deployment_now("patient")) == 2, what="the heal's rollout")
     await cluster.pending_pod("patient", "patient-b", NO_GPU)
-    await wait_for(lambda: (condition(cluster.vsvc_now("patient"), "HealBlocked") or {}).get("status") == "True",
-                   what="HealBlocked")
+    await wait_for(
+        lambda: (condition(cluster.vsvc_now("patient"), "HealBlocked") or {}).get("status") == "True",
+        what="HealBlocked",
+    )
     await asyncio.sleep(1)
-    assert gpus(await cluster.deployment("patient")) == 2 and status(await cluster.vsvc("patient"))["phase"] == "Healing"
+    assert (
+        gpus(await cluster.deployment("patient")) == 2 and status(await cluster.vsvc("patient"))["phase"] == "Healing"
+    )
 
 
 # --- 6. the termination message is validated ---------------------------------------------------
-
 
 
 @pytest.mark.parametrize("case", sorted(BAD_MESSAGES))
@@ -178,39 +215,47 @@ async def test_an_invalid_termination_message_is_ignored_and_the_previous_log_re
     name = f"msg-{case}"
     cluster.kmock[f"get /api/v1/namespaces/{NS}/pods/{name}-a/log"] << KV_LOG.encode()
     obj = await cluster.first_heal(name, SPEC, f"{name}-a", message=message)
-    assert obj["spec"]["engine"]["maxModelLen"] == 524160            # vLLM's own figure, from its log
+    assert obj["spec"]["engine"]["maxModelLen"] == 524160  # vLLM's own figure, from its log
     record = status(obj)["heals"][-1]
     assert "termination message ignored" in record["reason"] and record["numbers"]["estimated_max_model_len"] == 524160
-    assert await wait_for(lambda: [e for e in cluster.events_now("TerminationMessageIgnored")
-                                   if e["involvedObject"]["name"] == name], what="event")
+    assert await wait_for(
+        lambda: [e for e in cluster.events_now("TerminationMessageIgnored") if e["involvedObject"]["name"] == name],
+        what="event",
+    )
 
 
 # --- 7. heals that finish or never start -------------------------------------------------------
 
+
 async def test_a_failing_spec_patch_leaves_the_heal_recorded_and_it_is_finished(cluster):
     await cluster.create_vsvc("sp", SPEC)
     await settled(cluster, "sp")
-    fault = cluster.kmock.fail("PATCH", "/vllmservices/sp", 500, times=5)   # more than one round of retries
+    fault = cluster.kmock.fail("PATCH", "/vllmservices/sp", 500, times=5)  # more than one round of retries
     await cluster.crash_pod("sp", "sp-a", message=KV_TERMINATION)
-    obj = await wait_for(lambda: status(v := cluster.vsvc_now("sp")).get("inFlight", {}).get("applied") and v,
-                         what="the heal finished")
+    obj = await wait_for(
+        lambda: status(v := cluster.vsvc_now("sp")).get("inFlight", {}).get("applied") and v, what="the heal finished"
+    )
     assert fault.hits == 5 and obj["spec"]["engine"]["maxModelLen"] == 524160
     assert status(obj)["attempts"] == 1 and status(obj)["healCount"] == 1 and len(status(obj)["heals"]) == 1
-    assert "maxModelLen" not in status(obj)["baseline"]       # the completed heal is not taken for a person's edit
+    assert "maxModelLen" not in status(obj)["baseline"]  # the completed heal is not taken for a person's edit
     await wait_for(lambda: flag(cluster.deployment_now("sp"), "--max-model-len") == "524160", what="rollout")
 
 
-@pytest.mark.parametrize("fault", [{"status": 409}, {"status": 500, "times": 2}, {"delay": 7.0}],
-                         ids=["conflict", "server-error", "timeout"])
+@pytest.mark.parametrize(
+    "fault", [{"status": 409}, {"status": 500, "times": 2}, {"delay": 7.0}], ids=["conflict", "server-error", "timeout"]
+)
 async def test_a_failing_status_write_records_the_heal_exactly_once(cluster, fault):
     name = f"st-{next(iter(fault))}"
     await cluster.create_vsvc(name, SPEC)
     await settled(cluster, name)
     injected = cluster.kmock.fail("PATCH", f"/vllmservices/{name}/status", **fault)
     await cluster.crash_pod(name, f"{name}-a", message=KV_TERMINATION)
-    obj = await wait_for(lambda: status(v := cluster.vsvc_now(name)).get("inFlight", {}).get("applied") and v,
-                         timeout=30, what="the heal")
-    await asyncio.sleep(fault.get("delay", 0) + 1)     # the write the client gave up on lands now
+    obj = await wait_for(
+        lambda: status(v := cluster.vsvc_now(name)).get("inFlight", {}).get("applied") and v,
+        timeout=30,
+        what="the heal",
+    )
+    await asyncio.sleep(fault.get("delay", 0) + 1)  # the write the client gave up on lands now
     obj = await cluster.vsvc(name)
     assert injected.hits >= 1 and obj["spec"]["engine"]["maxModelLen"] == 524160
     assert status(obj)["healCount"] == 1 and status(obj)["attempts"] == 1 and len(status(obj)["heals"]) == 1
@@ -223,7 +268,7 @@ async def test_a_failed_first_write_leaves_no_trace_until_it_succeeds(cluster):
     await cluster.crash_pod("nt", "nt-a", message=KV_TERMINATION)
     await wait_for(lambda: fault.hits >= 6, what="two rounds of failed tries")
     obj = await cluster.vsvc("nt")
-    assert status(obj) == before and "maxModelLen" not in obj["spec"]["engine"]   # nothing of the heal
+    assert status(obj) == before and "maxModelLen" not in obj["spec"]["engine"]  # nothing of the heal
     fault.times = 0
     obj = await wait_for(lambda: status(v := cluster.vsvc_now("nt")).get("healCount") == 1 and v, what="heal")
     assert len(status(obj)["heals"]) == 1
@@ -235,22 +280,25 @@ async def test_an_operator_killed_between_the_writes_finishes_the_heal_when_it_s
     async with running_operator():
         await c.create_vsvc("killed", SPEC)
         await settled(c, "killed")
-        fault = kmock.fail("PATCH", "/vllmservices/killed", 500, times=10**6)   # the spec write never lands
+        fault = kmock.fail("PATCH", "/vllmservices/killed", 500, times=10**6)  # the spec write never lands
         await c.crash_pod("killed", "killed-a", message=KV_TERMINATION)
         half = await wait_for(lambda: status(v := c.vsvc_now("killed")).get("inFlight") and v, what="recorded")
         await asyncio.sleep(0.5)
     assert status(half)["inFlight"]["applied"] is False and "maxModelLen" not in half["spec"]["engine"]
     fault.times = 0
-    async with running_operator():   # a new process: reconcile on resume finishes it
-        obj = await wait_for(lambda: status(v := c.vsvc_now("killed")).get("inFlight", {}).get("applied") and v,
-                             what="finished after the restart")
+    async with running_operator():  # a new process: reconcile on resume finishes it
+        obj = await wait_for(
+            lambda: status(v := c.vsvc_now("killed")).get("inFlight", {}).get("applied") and v,
+            what="finished after the restart",
+        )
         await wait_for(lambda: flag(c.deployment_now("killed"), "--max-model-len") == "524160", what="rollout")
     assert obj["spec"]["engine"]["maxModelLen"] == 524160
     assert status(obj)["attempts"] == 1 and status(obj)["healCount"] == 1
-    assert status(obj)["baseline"] == status(half)["baseline"]    # not mistaken for a person's edit
+    assert status(obj)["baseline"] == status(half)["baseline"]  # not mistaken for a person's edit
 
 
 # --- 8. the phase follows reality --------------------------------------------------------------
+
 
 async def test_phase_follows_the_pods_and_exhausted_stays_until_a_person_edits(cluster):
     spec = {**SPEC, "heal": {"backoffSeconds": 0, "maxAttempts": 1}}
@@ -260,31 +308,43 @@ async def test_phase_follows_the_pods_and_exhausted_stays_until_a_person_edits(c
     await cluster.deployment_available("ph")
     obj = await wait_for(lambda: status(v := cluster.vsvc_now("ph"))["phase"] == "Running" and v, what="Running")
     assert condition(obj, "Healing")["status"] == "False" and "inFlight" not in status(obj)
-    await cluster.crash_pod("ph", "ph-b", message=KV_TERMINATION)              # the healed pods crash: attempts spent
+    await cluster.crash_pod("ph", "ph-b", message=KV_TERMINATION)  # the healed pods crash: attempts spent
     await cluster.deployment_available("ph", 0)
     obj = await wait_for(lambda: status(v := cluster.vsvc_now("ph"))["phase"] == "Failed" and v, what="Failed")
     assert condition(obj, "HealExhausted")["status"] == "True"
-    await cluster.deployment_available("ph")                                  # ...and then serve again
+    await cluster.deployment_available("ph")  # ...and then serve again
     obj = await wait_for(lambda: status(v := cluster.vsvc_now("ph"))["phase"] == "Running" and v, what="Running")
-    assert condition(obj, "HealExhausted")["status"] == "True"                # the condition stays
-    await cluster.call("PATCH", f"/apis/vllm.autoheal.dev/v1alpha1/namespaces/{NS}/vllmservices/ph",
-                       {"spec": {"engine": {"maxModelLen": 4096}}}, "application/merge-patch+json")
-    obj = await wait_for(lambda: condition(v := cluster.vsvc_now("ph"), "HealExhausted") is None and v,
-                         what="a person's edit")
+    assert condition(obj, "HealExhausted")["status"] == "True"  # the condition stays
+    await cluster.call(
+        "PATCH",
+        f"/apis/vllm.autoheal.dev/v1alpha1/namespaces/{NS}/vllmservices/ph",
+        {"spec": {"engine": {"maxModelLen": 4096}}},
+        "application/merge-patch+json",
+    )
+    obj = await wait_for(
+        lambda: condition(v := cluster.vsvc_now("ph"), "HealExhausted") is None and v, what="a person's edit"
+    )
     assert status(obj)["attempts"] == 0 and status(obj)["baseline"]["maxModelLen"] == 4096
 
 
 # --- issue 16: the launcher's real message from 72B bf16 on one H200 (tests/gpu/heal_runs.sh) ------
 
-REAL_72B_ON_ONE_H200 = (Path(__file__).parent / "fixtures" / "gpu" / "heal-runs" / "termination-72b-tp1.json").read_text()
+REAL_72B_ON_ONE_H200 = (
+    Path(__file__).parent / "fixtures" / "gpu" / "heal-runs" / "termination-72b-tp1.json"
+).read_text()
 
 
 async def test_the_real_72b_crash_on_one_h200_heals_to_two_gpus(cluster):
-    spec = {**SPEC, "model": "Qwen/Qwen2.5-72B-Instruct",
-            "resources": {"gpuProduct": "NVIDIA-H200", "limits": {"memory": "64Gi"}}, "heal": TP_HEAL}
+    spec = {
+        **SPEC,
+        "model": "Qwen/Qwen2.5-72B-Instruct",
+        "resources": {"gpuProduct": "NVIDIA-H200", "limits": {"memory": "64Gi"}},
+        "heal": TP_HEAL,
+    }
     obj = await cluster.first_heal("qwen72b", spec, "qwen72b-a", message=REAL_72B_ON_ONE_H200)
-    dep = await wait_for(lambda: flag(d := cluster.deployment_now("qwen72b"), "--tensor-parallel-size") == "2" and d,
-                         what="rollout")
+    dep = await wait_for(
+        lambda: flag(d := cluster.deployment_now("qwen72b"), "--tensor-parallel-size") == "2" and d, what="rollout"
+    )
     assert gpus(dep) == 2
     heal = status(obj)["heals"][-1]
     assert heal["cause"] == "weights_load_oom" and heal["action"] == "IncreaseTensorParallel"

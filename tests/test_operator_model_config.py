@@ -1,6 +1,7 @@
 """Pre-flight in the operator from a resolved model config: the Hub (a local one on 127.0.0.1,
 through the real huggingface_hub client), a ConfigMap, a token from a Secret; and hostile
 configs that cost their own VLLMService a condition and nobody else anything."""
+
 from __future__ import annotations
 
 import asyncio
@@ -36,8 +37,7 @@ async def cluster(kmock, hub):  # noqa: F811
 
 
 def memory_fit(obj: dict | None) -> dict | None:
-    return next((c for c in ((obj or {}).get("status") or {}).get("conditions", []) if c["type"] == "MemoryFit"),
-                None)
+    return next((c for c in ((obj or {}).get("status") or {}).get("conditions", []) if c["type"] == "MemoryFit"), None)
 
 
 async def wait_fit(cluster: Cluster, name: str) -> dict:
@@ -45,8 +45,9 @@ async def wait_fit(cluster: Cluster, name: str) -> dict:
 
 
 async def test_only_model_and_gpu_gets_memory_fit_from_the_hub(cluster, hub):  # noqa: F811
-    await cluster.create_vsvc("plain", {"model": "meta-llama/Llama-3.1-8B-Instruct",
-                                        "resources": {"gpuProduct": "NVIDIA-L4"}})
+    await cluster.create_vsvc(
+        "plain", {"model": "meta-llama/Llama-3.1-8B-Instruct", "resources": {"gpuProduct": "NVIDIA-L4"}}
+    )
     fit = await wait_fit(cluster, "plain")
     # Llama-3.1-8B's own context (131,072, from its config.json) does not fit an L4's KV cache
     assert fit["status"] == "False" and fit["reason"] == "KvCacheInsufficient", fit
@@ -55,26 +56,31 @@ async def test_only_model_and_gpu_gets_memory_fit_from_the_hub(cluster, hub):  #
 
 
 async def test_fix_mode_the_first_deployment_already_fits(cluster):
-    await cluster.create_vsvc("fix", {"model": "meta-llama/Llama-3.1-8B-Instruct", "preflight": "Fix",
-                                      "resources": {"gpuProduct": "NVIDIA-L4"}})
+    await cluster.create_vsvc(
+        "fix",
+        {"model": "meta-llama/Llama-3.1-8B-Instruct", "preflight": "Fix", "resources": {"gpuProduct": "NVIDIA-L4"}},
+    )
     fit = await wait_fit(cluster, "fix")
     assert fit["status"] == "True" and fit["reason"] == "FittedByPreflight", fit
     dep = await wait_for(lambda: cluster.deployment_now("fix"), what="deployment")
     fitted = int(flag(dep, "--max-model-len"))
-    assert 16384 < fitted < 131072          # an L4 holds ~35k tokens of Llama-8B KV at utilization 0.9
+    assert 16384 < fitted < 131072  # an L4 holds ~35k tokens of Llama-8B KV at utilization 0.9
     await asyncio.sleep(1)
     # written once, so the first pods already ran the fitted flags
-    assert [w for w in operator_writes(cluster.kmock, "fix") if "/deployments/" in w[1]] == \
-        [("PATCH", "/apis/apps/v1/namespaces/default/deployments/fix")]
+    assert [w for w in operator_writes(cluster.kmock, "fix") if "/deployments/" in w[1]] == [
+        ("PATCH", "/apis/apps/v1/namespaces/default/deployments/fix")
+    ]
     obj = await cluster.vsvc("fix")
-    assert "maxModelLen" not in obj["spec"].get("engine", {})      # the spec stays as written
+    assert "maxModelLen" not in obj["spec"].get("engine", {})  # the spec stays as written
 
 
 async def test_gated_model_uses_the_token_from_hf_token_secret_ref(cluster, hub):  # noqa: F811
     token = base64.b64encode(GATED_TOKEN.encode()).decode()
-    await cluster.call("POST", f"/api/v1/namespaces/{NS}/secrets",
-                       {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hf", "namespace": NS},
-                        "data": {"token": token}})
+    await cluster.call(
+        "POST",
+        f"/api/v1/namespaces/{NS}/secrets",
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hf", "namespace": NS}, "data": {"token": token}},
+    )
     spec = {"model": "meta-llama/Llama-3.1-70B-Instruct", "resources": {"gpuProduct": "NVIDIA-H100-80GB-HBM3"}}
     await cluster.create_vsvc("gated", {**spec, "hfTokenSecretRef": {"name": "hf", "key": "token"}})
     await cluster.create_vsvc("no-token", spec)
@@ -87,19 +93,42 @@ async def test_gated_model_uses_the_token_from_hf_token_secret_ref(cluster, hub)
 
 async def test_config_map_ref(cluster, hub):  # noqa: F811
     from hub_server import CONFIGS
-    await cluster.call("POST", f"/api/v1/namespaces/{NS}/configmaps",
-                       {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "qwen", "namespace": NS},
-                        "data": {"config.json": (CONFIGS / "qwen2.5-32b.json").read_text()}})
-    await cluster.create_vsvc("cm", {"model": "/models/qwen-32b", "modelConfig": {"configMapRef": {"name": "qwen"}},
-                                     "engine": {"maxModelLen": 8192}, "resources": {"gpuProduct": "NVIDIA-H200"}})
+
+    await cluster.call(
+        "POST",
+        f"/api/v1/namespaces/{NS}/configmaps",
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "qwen", "namespace": NS},
+            "data": {"config.json": (CONFIGS / "qwen2.5-32b.json").read_text()},
+        },
+    )
+    await cluster.create_vsvc(
+        "cm",
+        {
+            "model": "/models/qwen-32b",
+            "modelConfig": {"configMapRef": {"name": "qwen"}},
+            "engine": {"maxModelLen": 8192},
+            "resources": {"gpuProduct": "NVIDIA-H200"},
+        },
+    )
     fit = await wait_fit(cluster, "cm")
     assert fit["status"] == "True" and fit["reason"] == "Fits", fit
-    await cluster.create_vsvc("cm-missing", {"model": "x/y", "modelConfig": {"configMapRef": {"name": "absent"}},
-                                             "resources": {"gpuProduct": "NVIDIA-H200"}})
+    await cluster.create_vsvc(
+        "cm-missing",
+        {
+            "model": "x/y",
+            "modelConfig": {"configMapRef": {"name": "absent"}},
+            "resources": {"gpuProduct": "NVIDIA-H200"},
+        },
+    )
     missing = await wait_fit(cluster, "cm-missing")
-    assert missing["status"] == "Unknown" and "ConfigMap default/absent key config.json: no such ConfigMap" \
-        in missing["message"]
-    assert not [r for r in hub.requests if "x/y" in r[1]]      # a ConfigMap named: the Hub is not asked
+    assert (
+        missing["status"] == "Unknown"
+        and "ConfigMap default/absent key config.json: no such ConfigMap" in missing["message"]
+    )
+    assert not [r for r in hub.requests if "x/y" in r[1]]  # a ConfigMap named: the Hub is not asked
 
 
 BIG = {"hidden_size": 8192, "num_attention_heads": 64, "vocab_size": 128256}
@@ -107,17 +136,21 @@ HOSTILE = {  # each: the config text, and what its MemoryFit must name. Every on
     # thread forever before the layer count was bounded (the operator has 8).
     "layers-1e12": (json.dumps({**BIG, "num_hidden_layers": 1e12}), "num_hidden_layers is 1e+12"),
     "layers-int": (json.dumps({**BIG, "num_hidden_layers": 10**12}), "num_hidden_layers is 1000000000000"),
-    "tied": (json.dumps({**BIG, "num_hidden_layers": 2e12, "tie_word_embeddings": True}),
-             "num_hidden_layers is 2e+12"),
+    "tied": (json.dumps({**BIG, "num_hidden_layers": 2e12, "tie_word_embeddings": True}), "num_hidden_layers is 2e+12"),
     "text-config": (json.dumps({"text_config": {**BIG, "num_hidden_layers": 1e11}}), "num_hidden_layers is 1e+11"),
-    "old-spelling": (json.dumps({"n_layer": 1e12, "n_embd": 4096, "n_head": 32, "vocab_size": 50257}),
-                     "n_layer is 1e+12"),
-    "moe": (json.dumps({**BIG, "num_hidden_layers": 10**10, "num_local_experts": 8, "num_experts_per_tok": 2}),
-            "num_hidden_layers is 10000000000"),
-    "pipeline": (json.dumps({**BIG, "num_hidden_layers": 4e11, "max_position_embeddings": 8192}),
-                 "num_hidden_layers is 4e+11"),
-    "also-negative": (json.dumps({**BIG, "num_hidden_layers": 1e12, "head_dim": -128}),
-                      "num_hidden_layers is 1e+12"),
+    "old-spelling": (
+        json.dumps({"n_layer": 1e12, "n_embd": 4096, "n_head": 32, "vocab_size": 50257}),
+        "n_layer is 1e+12",
+    ),
+    "moe": (
+        json.dumps({**BIG, "num_hidden_layers": 10**10, "num_local_experts": 8, "num_experts_per_tok": 2}),
+        "num_hidden_layers is 10000000000",
+    ),
+    "pipeline": (
+        json.dumps({**BIG, "num_hidden_layers": 4e11, "max_position_embeddings": 8192}),
+        "num_hidden_layers is 4e+11",
+    ),
+    "also-negative": (json.dumps({**BIG, "num_hidden_layers": 1e12, "head_dim": -128}), "num_hidden_layers is 1e+12"),
     "configmap": (json.dumps({**BIG, "num_hidden_layers": 1e12}), "num_hidden_layers is 1e+12"),
 }
 
@@ -130,15 +163,32 @@ async def test_hostile_configs_do_not_delay_an_ordinary_service(cluster):
     names = list(HOSTILE)
     base = {"model": "acme/hostile-model", "preflight": "Fix", "resources": {"gpuProduct": "NVIDIA-H200"}}
     cm_name = names[-1]
-    await cluster.call("POST", f"/api/v1/namespaces/{NS}/configmaps",
-                       {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": cm_name, "namespace": NS},
-                        "data": {"config.json": HOSTILE[cm_name][0]}})
-    await asyncio.gather(*[
-        cluster.create_vsvc(name, {**base, "modelConfig": {"configMapRef": {"name": name}}}) if name == cm_name else
-        cluster.create_vsvc(name, base, annotations={"vllm.autoheal.dev/model-config": HOSTILE[name][0]})
-        for name in names])
-    await cluster.create_vsvc("ordinary", {"model": "meta-llama/Llama-3.1-8B-Instruct",
-                                           "engine": {"maxModelLen": 8192}, "resources": {"gpuProduct": "NVIDIA-L4"}})
+    await cluster.call(
+        "POST",
+        f"/api/v1/namespaces/{NS}/configmaps",
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": cm_name, "namespace": NS},
+            "data": {"config.json": HOSTILE[cm_name][0]},
+        },
+    )
+    await asyncio.gather(
+        *[
+            cluster.create_vsvc(name, {**base, "modelConfig": {"configMapRef": {"name": name}}})
+            if name == cm_name
+            else cluster.create_vsvc(name, base, annotations={"vllm.autoheal.dev/model-config": HOSTILE[name][0]})
+            for name in names
+        ]
+    )
+    await cluster.create_vsvc(
+        "ordinary",
+        {
+            "model": "meta-llama/Llama-3.1-8B-Instruct",
+            "engine": {"maxModelLen": 8192},
+            "resources": {"gpuProduct": "NVIDIA-L4"},
+        },
+    )
     assert await wait_for(lambda: cluster.deployment_now("ordinary"), what="the ordinary service's Deployment")
     ordinary = await wait_fit(cluster, "ordinary")
     assert ordinary["status"] == "True", ordinary
@@ -151,14 +201,23 @@ async def test_hostile_configs_do_not_delay_an_ordinary_service(cluster):
 
 async def test_a_slow_hub_is_asked_again_without_blocking_the_handler(cluster, hub):  # noqa: F811
     import threading
+
     model_source.configure(HubSettings(endpoint=hub.url, cache_dir=hub.cache, timeout_s=1))
-    hub.stall = threading.Event()          # the Hub holds every request
-    await cluster.create_vsvc("slow", {"model": "Qwen/Qwen2.5-7B-Instruct", "engine": {"maxModelLen": 8192},
-                                       "resources": {"gpuProduct": "NVIDIA-L4"}})
+    hub.stall = threading.Event()  # the Hub holds every request
+    await cluster.create_vsvc(
+        "slow",
+        {
+            "model": "Qwen/Qwen2.5-7B-Instruct",
+            "engine": {"maxModelLen": 8192},
+            "resources": {"gpuProduct": "NVIDIA-L4"},
+        },
+    )
     waiting = await wait_fit(cluster, "slow")
     assert waiting["status"] == "Unknown" and waiting["reason"] == "ModelConfigPending", waiting
     assert await wait_for(lambda: cluster.deployment_now("slow"), what="deployment while the Hub is slow")
-    hub.stall.set()                        # it answers: the retry finds the config
-    fit = await wait_for(lambda: (f := memory_fit(cluster.vsvc_now("slow"))) and f["status"] != "Unknown" and f,
-                         what="MemoryFit once the Hub answered")
+    hub.stall.set()  # it answers: the retry finds the config
+    fit = await wait_for(
+        lambda: (f := memory_fit(cluster.vsvc_now("slow"))) and f["status"] != "Unknown" and f,
+        what="MemoryFit once the Hub answered",
+    )
     assert fit["status"] == "True" and fit["reason"] == "Fits", fit

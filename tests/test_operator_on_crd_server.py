@@ -5,6 +5,7 @@ The operator runs unmodified against the proxy: it lists and watches VLLMService
 real server (which applies the CRD's defaults, keeps resourceVersion and generation, prunes
 what the schema does not declare, and takes status only through the subresource) and pods
 and Deployments in kmock; the test plays the kubelet there."""
+
 from __future__ import annotations
 
 import asyncio
@@ -22,14 +23,27 @@ from samples import KV_TERMINATION, SPEC
 from vllm_autoheal.api import GROUP, PLURAL, VERSION
 
 pytestmark = [pytest.mark.crdserver, pytest.mark.kmock(cls=Emulator)]
-HEAL_RECORD_FIELDS = {"time", "pod", "podUid", "container", "restartCount", "cause", "phase", "evidence",
-                      "numbers", "action", "reason", "changes"}
+HEAL_RECORD_FIELDS = {
+    "time",
+    "pod",
+    "podUid",
+    "container",
+    "restartCount",
+    "cause",
+    "phase",
+    "evidence",
+    "numbers",
+    "action",
+    "reason",
+    "changes",
+}
 
 
 @pytest.fixture
 async def split(kmock, crd_server):
     from crdserver.discovery_proxy import DiscoveryProxy
     from crdserver.server import install_crd
+
     await asyncio.to_thread(install_crd, crd_server)
     with DiscoveryProxy(crd_server.url, crd_server.workdir / "certs", core_url=str(kmock.url)) as proxy:
         setup_emulator(kmock, api_url=proxy.url)
@@ -45,15 +59,21 @@ async def test_heal_through_the_real_crd_server(split):
     await wait_for(lambda: c.vsvc_now(name) is None, what="a clean start")
     await c.create_vsvc(name, SPEC)
     created = await c.vsvc(name)
-    assert created["spec"]["engine"]["tensorParallelSize"] == 1          # the CRD's default, from the server
-    assert created["metadata"]["uid"] != "uid-0001"                      # the server's own uid
+    assert created["spec"]["engine"]["tensorParallelSize"] == 1  # the CRD's default, from the server
+    assert created["metadata"]["uid"] != "uid-0001"  # the server's own uid
     dep = await wait_for(lambda: c.deployment_now(name), what="deployment in kmock")
     assert dep["metadata"]["ownerReferences"][0]["uid"] == created["metadata"]["uid"]
     await wait_for(lambda: (c.vsvc_now(name).get("status") or {}).get("observedGeneration") == 1, what="status")
 
     await c.crash_pod(name, f"{name}-a", message=KV_TERMINATION)
-    healed = await wait_for(lambda: (v := c.vsvc_now(name))["metadata"]["generation"] == 2
-                            and (v.get("status") or {}).get("observedGeneration") == 2 and v, what="heal")
+    healed = await wait_for(
+        lambda: (
+            (v := c.vsvc_now(name))["metadata"]["generation"] == 2
+            and (v.get("status") or {}).get("observedGeneration") == 2
+            and v
+        ),
+        what="heal",
+    )
     assert healed["spec"]["engine"]["maxModelLen"] == 524160
     status = healed["status"]
     assert status["baseline"]["gpuMemoryUtilization"] == 0.9 and "maxModelLen" not in status["baseline"]
@@ -64,11 +84,13 @@ async def test_heal_through_the_real_crd_server(split):
     assert any(cond["type"] == "Healing" and cond["status"] == "True" for cond in status["conditions"])
     assert f"{GROUP}/healed-engine" in healed["metadata"]["annotations"]
     await wait_for(lambda: flag(c.deployment_now(name), "--max-model-len") == "524160", what="rollout")
-    events = await wait_for(lambda: [e for e in c.events_now("Healed")
-                                     if e["involvedObject"]["uid"] == created["metadata"]["uid"]], what="event")
+    events = await wait_for(
+        lambda: [e for e in c.events_now("Healed") if e["involvedObject"]["uid"] == created["metadata"]["uid"]],
+        what="event",
+    )
     assert "LowerMaxModelLen" in events[0]["message"]
 
-    await c.crash_pod(name, f"{name}-a", message=KV_TERMINATION)        # the same crash, reported again
+    await c.crash_pod(name, f"{name}-a", message=KV_TERMINATION)  # the same crash, reported again
     await asyncio.sleep(2)
     again = await c.vsvc(name)
     assert again["status"]["healCount"] == 1 and again["metadata"]["generation"] == 2
@@ -79,12 +101,21 @@ async def test_heal_through_the_real_crd_server(split):
 from samples import BAD_MESSAGES, H200_TERMINATION, KV_LOG, NO_GPU, TP_HEAL, WEIGHTS_OOM  # noqa: E402
 
 CASES = {
-    "h200-default-floor": ({**SPEC, "resources": {"gpuProduct": "NVIDIA-H200"}}, H200_TERMINATION,
-                           lambda o: o["spec"]["engine"]["gpuMemoryUtilization"] == 0.25),
-    "tp-with-gpus": ({**SPEC, "resources": {**SPEC["resources"], "gpus": 1}, "heal": TP_HEAL}, WEIGHTS_OOM,
-                     lambda o: o["spec"]["engine"]["tensorParallelSize"] == 2 and o["spec"]["resources"]["gpus"] == 2),
-    "tp-status-overrides": ({**SPEC, "heal": {**TP_HEAL, "mode": "StatusOverrides"}}, WEIGHTS_OOM,
-                            lambda o: o["status"]["effective"]["tensorParallelSize"] == 2 and o["status"]["gpus"] == 2),
+    "h200-default-floor": (
+        {**SPEC, "resources": {"gpuProduct": "NVIDIA-H200"}},
+        H200_TERMINATION,
+        lambda o: o["spec"]["engine"]["gpuMemoryUtilization"] == 0.25,
+    ),
+    "tp-with-gpus": (
+        {**SPEC, "resources": {**SPEC["resources"], "gpus": 1}, "heal": TP_HEAL},
+        WEIGHTS_OOM,
+        lambda o: o["spec"]["engine"]["tensorParallelSize"] == 2 and o["spec"]["resources"]["gpus"] == 2,
+    ),
+    "tp-status-overrides": (
+        {**SPEC, "heal": {**TP_HEAL, "mode": "StatusOverrides"}},
+        WEIGHTS_OOM,
+        lambda o: o["status"]["effective"]["tensorParallelSize"] == 2 and o["status"]["gpus"] == 2,
+    ),
     "huge-number-in-message": (SPEC, BAD_MESSAGES["huge"], lambda o: o["spec"]["engine"]["maxModelLen"] == 524160),
 }
 
@@ -106,8 +137,10 @@ async def test_heal_cases_are_accepted_by_the_real_crd_server(split, case):
     await _fresh(c, name, spec)
     c.kmock[f"get /api/v1/namespaces/default/pods/{name}-a/log"] << KV_LOG.encode()
     await c.crash_pod(name, f"{name}-a", message=message)
-    obj = await wait_for(lambda: (v := c.vsvc_now(name)).get("status", {}).get("inFlight", {}).get("applied")
-                         and healed(v) and v, what="the heal, accepted")
+    obj = await wait_for(
+        lambda: (v := c.vsvc_now(name)).get("status", {}).get("inFlight", {}).get("applied") and healed(v) and v,
+        what="the heal, accepted",
+    )
     status = obj["status"]
     assert status["attempts"] == 1 and status["healCount"] == 1 and status["tried"]
     assert set(status["inFlight"]) >= {"crash", "cause", "action", "target", "previous", "applied", "time"}
@@ -119,7 +152,7 @@ async def test_an_unschedulable_revert_is_accepted_by_the_real_crd_server(split)
     spec = {**SPEC, "resources": {**SPEC["resources"], "gpus": 1}, "heal": {**TP_HEAL, "unschedulableSeconds": 0}}
     await _fresh(c, name, spec)
     await c.crash_pod(name, f"{name}-a", message=WEIGHTS_OOM)
-    await wait_for(lambda: (c.vsvc_now(name)["spec"]["resources"].get("gpus") == 2), what="the TP heal")
+    await wait_for(lambda: c.vsvc_now(name)["spec"]["resources"].get("gpus") == 2, what="the TP heal")
     await wait_for(lambda: flag(c.deployment_now(name), "--tensor-parallel-size") == "2", what="its rollout")
     await c.pending_pod(name, f"{name}-b", NO_GPU)
     obj = await wait_for(lambda: (v := c.vsvc_now(name))["spec"]["resources"]["gpus"] == 1 and v, what="revert")

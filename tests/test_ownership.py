@@ -1,6 +1,7 @@
 """The operator writes only what it owns, by server-side apply: a field removed from the
 VLLMService leaves the Deployment, and an object of the same name that it does not control is
 never modified, adopted or given an owner (kopf in-process against kmock)."""
+
 from __future__ import annotations
 
 import pytest
@@ -18,8 +19,12 @@ from vllm_autoheal.kube.client import FIELD_MANAGER
 
 pytestmark = pytest.mark.kmock(cls=Emulator)
 VSVC = f"/apis/vllm.autoheal.dev/v1alpha1/namespaces/{NS}/vllmservices"
-SPEC = {"model": "meta-llama/Llama-3.1-8B-Instruct", "engine": {"gpuMemoryUtilization": 0.9},
-        "resources": {"limits": {"memory": "32Gi"}, "shmSize": "4Gi"}, "preflight": "Off"}
+SPEC = {
+    "model": "meta-llama/Llama-3.1-8B-Instruct",
+    "engine": {"gpuMemoryUtilization": 0.9},
+    "resources": {"limits": {"memory": "32Gi"}, "shmSize": "4Gi"},
+    "preflight": "Off",
+}
 
 
 @pytest.fixture
@@ -34,25 +39,39 @@ def pod_spec(dep: dict) -> dict:
 
 
 async def test_a_service_of_someone_else_is_left_alone(cluster):
-    payments = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "payments", "namespace": NS},
-                "spec": {"selector": {"app": "payments"}, "ports": [{"name": "https", "port": 443}]}}
+    payments = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "payments", "namespace": NS},
+        "spec": {"selector": {"app": "payments"}, "ports": [{"name": "https", "port": 443}]},
+    }
     await cluster.call("POST", f"/api/v1/namespaces/{NS}/services", payments)
     before = await cluster.get(f"/api/v1/namespaces/{NS}/services/payments")
     await cluster.create_vsvc("payments", SPEC)
-    obj = await wait_for(lambda: any(c["type"] == "Ready" and c["reason"] == "NameConflict" for c in
-                                     (cluster.vsvc_now("payments").get("status") or {}).get("conditions", []))
-                         and cluster.vsvc_now("payments"), what="NameConflict")
+    obj = await wait_for(
+        lambda: (
+            any(
+                c["type"] == "Ready" and c["reason"] == "NameConflict"
+                for c in (cluster.vsvc_now("payments").get("status") or {}).get("conditions", [])
+            )
+            and cluster.vsvc_now("payments")
+        ),
+        what="NameConflict",
+    )
     ready = next(c for c in obj["status"]["conditions"] if c["type"] == "Ready")
     assert ready["status"] == "False" and "Service default/payments" in ready["message"]
     events = await wait_for(lambda: cluster.events_now("NameConflict"), what="NameConflict event")
     assert events[0]["type"] == "Warning" and "Service default/payments" in events[0]["message"]
     after = await cluster.get(f"/api/v1/namespaces/{NS}/services/payments")
-    assert after == before                               # not one field changed, no owner added
+    assert after == before  # not one field changed, no owner added
     assert await cluster.deployment("payments") is None  # and nothing half-deployed beside it
-    operator_writes = [r.url.path for r in cluster.kmock._requests
-                       if r.headers.get("User-Agent", "") != HARNESS_AGENT and getattr(r.method, "value", r.method)
-                       in ("POST", "PATCH", "PUT", "DELETE") and ("/services" in r.url.path or "/deployments"
-                                                                 in r.url.path)]
+    operator_writes = [
+        r.url.path
+        for r in cluster.kmock._requests
+        if r.headers.get("User-Agent", "") != HARNESS_AGENT
+        and getattr(r.method, "value", r.method) in ("POST", "PATCH", "PUT", "DELETE")
+        and ("/services" in r.url.path or "/deployments" in r.url.path)
+    ]
     assert operator_writes == []
 
 
@@ -69,9 +88,16 @@ async def test_an_object_controlled_by_another_vllmservice_is_not_taken_over(clu
 
 
 async def test_fields_removed_from_the_spec_leave_the_deployment(cluster):
-    spec = {**SPEC, "env": [{"name": "KEEP", "value": "1"}, {"name": "DROP", "value": "2"}],
-            "resources": {**SPEC["resources"], "gpuProduct": "NVIDIA-L4", "nodeSelector": {"pool": "a100"},
-                          "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ml"}]}}
+    spec = {
+        **SPEC,
+        "env": [{"name": "KEEP", "value": "1"}, {"name": "DROP", "value": "2"}],
+        "resources": {
+            **SPEC["resources"],
+            "gpuProduct": "NVIDIA-L4",
+            "nodeSelector": {"pool": "a100"},
+            "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ml"}],
+        },
+    }
     await cluster.create_vsvc("trim", spec)
     dep = await wait_for(lambda: cluster.deployment_now("trim"), what="deployment")
     assert pod_spec(dep)["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-L4", "pool": "a100"}
@@ -79,18 +105,33 @@ async def test_fields_removed_from_the_spec_leave_the_deployment(cluster):
     managers = {(m["manager"], m["operation"]) for m in dep["metadata"]["managedFields"]}
     assert managers == {(FIELD_MANAGER, "Apply")}
     # someone else's field on the same object: not the operator's, so it stays
-    await cluster.call("PATCH", f"/apis/apps/v1/namespaces/{NS}/deployments/trim",
-                       {"metadata": {"annotations": {"team.example.com/cost-center": "42"}}},
-                       "application/merge-patch+json")
-    await cluster.call("PATCH", f"{VSVC}/trim", {"spec": {
-        "env": [{"name": "KEEP", "value": "1"}],
-        "resources": {"gpuProduct": None, "nodeSelector": None, "tolerations": None}}},
-        "application/merge-patch+json")
-    dep = await wait_for(lambda: (d := cluster.deployment_now("trim")) and
-                         "nvidia.com/gpu.product" not in pod_spec(d).get("nodeSelector", {}) and d,
-                         what="nodeSelector without the GPU product")
+    await cluster.call(
+        "PATCH",
+        f"/apis/apps/v1/namespaces/{NS}/deployments/trim",
+        {"metadata": {"annotations": {"team.example.com/cost-center": "42"}}},
+        "application/merge-patch+json",
+    )
+    await cluster.call(
+        "PATCH",
+        f"{VSVC}/trim",
+        {
+            "spec": {
+                "env": [{"name": "KEEP", "value": "1"}],
+                "resources": {"gpuProduct": None, "nodeSelector": None, "tolerations": None},
+            }
+        },
+        "application/merge-patch+json",
+    )
+    dep = await wait_for(
+        lambda: (
+            (d := cluster.deployment_now("trim"))
+            and "nvidia.com/gpu.product" not in pod_spec(d).get("nodeSelector", {})
+            and d
+        ),
+        what="nodeSelector without the GPU product",
+    )
     pod = pod_spec(dep)
-    assert not pod.get("nodeSelector")                                   # gpuProduct and pool: both gone
+    assert not pod.get("nodeSelector")  # gpuProduct and pool: both gone
     assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     assert [e["name"] for e in vllm_container(dep)["env"]] == ["KEEP", "PYTHONPATH"]
     assert dep["metadata"]["annotations"]["team.example.com/cost-center"] == "42"
@@ -98,9 +139,11 @@ async def test_fields_removed_from_the_spec_leave_the_deployment(cluster):
 
 def test_apply_emulation_keeps_other_fields_and_drops_its_own():
     from operator_harness import server_side_apply
+
     live = {"metadata": {"name": "d", "annotations": {"theirs": "1"}}, "spec": {"replicas": 1}}
-    first = server_side_apply(live, {"metadata": {"name": "d", "labels": {"a": "1", "b": "2"}},
-                                     "spec": {"replicas": 2, "x": [1, 2]}}, "m")
+    first = server_side_apply(
+        live, {"metadata": {"name": "d", "labels": {"a": "1", "b": "2"}}, "spec": {"replicas": 2, "x": [1, 2]}}, "m"
+    )
     second = server_side_apply(first, {"metadata": {"name": "d", "labels": {"a": "1"}}, "spec": {"x": [3]}}, "m")
     assert second["metadata"]["labels"] == {"a": "1"} and second["spec"] == {"x": [3]}
     assert second["metadata"]["annotations"] == {"theirs": "1"}

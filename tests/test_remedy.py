@@ -13,9 +13,11 @@ from vllm_autoheal.remedy import GIVE_UP, NO_CHANGE, Inventory, plan_heal
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
 LLAMA8 = shape_from_config(json.loads((CONFIGS / "llama-3.1-8b.json").read_text()))
-KV_H200 = ("ValueError: To serve at least one request with the model's max seq len (131072), (16.0 GiB KV cache is "
-           "needed, which is larger than the available KV cache memory (3.96 GiB). Based on the available memory, "
-           "the estimated maximum model length is 32464. Try increasing")
+KV_H200 = (
+    "ValueError: To serve at least one request with the model's max seq len (131072), (16.0 GiB KV cache is "
+    "needed, which is larger than the available KV cache memory (3.96 GiB). Based on the available memory, "
+    "the estimated maximum model length is 32464. Try increasing"
+)
 
 
 def spec(**engine):
@@ -24,8 +26,9 @@ def spec(**engine):
 
 def test_kv_raises_utilization_when_the_gpu_has_room_and_it_really_fits():
     s = spec(gpuMemoryUtilization=0.15, maxModelLen=131072)
-    r = plan_heal(s, classify(Signals(log=KV_H200)), inventory=Inventory(gpu_total_gib=139.8, shape=LLAMA8,
-                                                                    entrypoint="llm"))
+    r = plan_heal(
+        s, classify(Signals(log=KV_H200)), inventory=Inventory(gpu_total_gib=139.8, shape=LLAMA8, entrypoint="llm")
+    )
     assert r.action == "RaiseGpuMemoryUtilization" and r.changes == {"gpu_memory_utilization": 0.25}
     healed = r.apply(s.engine)
     assert estimate(LLAMA8, healed, lookup("NVIDIA-H200"), entrypoint="llm").fits
@@ -40,13 +43,16 @@ def test_kv_lowers_context_to_vllms_estimate_when_the_gpu_is_full():
 
 
 def test_never_below_the_bound_and_never_repeats():
-    s = VLLMServiceSpec(model="m", engine={"maxModelLen": 131072},
-                        heal={"bounds": {"minMaxModelLen": 65536}})
+    s = VLLMServiceSpec(model="m", engine={"maxModelLen": 131072}, heal={"bounds": {"minMaxModelLen": 65536}})
     d = classify(Signals(log=KV_H200))
     r = plan_heal(s, d, inventory=Inventory(gpu_total_gib=139.8, gpu_free_gib=21.5))
     assert r.action == "Fp8KvCache"  # the estimate is below the bound; fp8 doubles the tokens instead
-    again = plan_heal(s, d, history=[{"cause": d.cause, "action": "Fp8KvCache"}],
-                 inventory=Inventory(gpu_total_gib=139.8, gpu_free_gib=21.5))
+    again = plan_heal(
+        s,
+        d,
+        history=[{"cause": d.cause, "action": "Fp8KvCache"}],
+        inventory=Inventory(gpu_total_gib=139.8, gpu_free_gib=21.5),
+    )
     assert again.action == GIVE_UP and "Fp8KvCache" in again.reason
 
 
@@ -69,23 +75,34 @@ def test_not_oom_and_unknown_change_nothing():
 
 
 def test_free_memory_sizes_utilization_from_the_message():
-    d = classify(Signals(log="ValueError: Free memory on device cuda:0 (1.53/22.05 GiB) on startup is less than "
-                             "desired GPU memory utilization (0.9, 19.84 GiB)."))
+    d = classify(
+        Signals(
+            log="ValueError: Free memory on device cuda:0 (1.53/22.05 GiB) on startup is less than "
+            "desired GPU memory utilization (0.9, 19.84 GiB)."
+        )
+    )
     # 1.53 GiB free of 22: below the 0.3 floor -> it says so instead of starting a doomed engine
     assert plan_heal(spec(), d).action == GIVE_UP
-    d2 = classify(Signals(log="ValueError: Free memory on device (31.44/47.38 GiB) on startup is less than desired "
-                              "GPU memory utilization (0.95, 45.01 GiB)."))
+    d2 = classify(
+        Signals(
+            log="ValueError: Free memory on device (31.44/47.38 GiB) on startup is less than desired "
+            "GPU memory utilization (0.95, 45.01 GiB)."
+        )
+    )
     r = plan_heal(spec(gpuMemoryUtilization=0.95), d2)
     assert r.action == "LowerGpuMemoryUtilization"
     assert r.changes["gpu_memory_utilization"] * 47.38 < 31.44 - 1.0
 
 
-@pytest.mark.parametrize("cause,first,numbers", [
-    ("profiling_oom", "LowerMaxNumSeqs", {"dummy_requests": 1024}),
-    ("cudagraph_capture_oom", "EnforceEager", {}),
-    ("runtime_oom", "LowerGpuMemoryUtilization", {"tried_gib": 0.94, "gpu_total_gib": 79.14}),
-    ("multi_gpu_oom", "LowerGpuMemoryUtilization", {}),
-])
+@pytest.mark.parametrize(
+    "cause,first,numbers",
+    [
+        ("profiling_oom", "LowerMaxNumSeqs", {"dummy_requests": 1024}),
+        ("cudagraph_capture_oom", "EnforceEager", {}),
+        ("runtime_oom", "LowerGpuMemoryUtilization", {"tried_gib": 0.94, "gpu_total_gib": 79.14}),
+        ("multi_gpu_oom", "LowerGpuMemoryUtilization", {}),
+    ],
+)
 def test_first_remedy_per_cause(cause, first, numbers):
     r = plan_heal(spec(), Diagnosis(cause=cause, numbers=numbers))
     assert r.action == first, r
@@ -96,8 +113,9 @@ def test_first_remedy_per_cause(cause, first, numbers):
 
 
 def test_host_ram_vpa_bump_within_bound():
-    s = VLLMServiceSpec(model="m", resources={"limits": {"memory": "32Gi"}},
-                        heal={"bounds": {"maxMemoryLimit": "40Gi"}})
+    s = VLLMServiceSpec(
+        model="m", resources={"limits": {"memory": "32Gi"}}, heal={"bounds": {"maxMemoryLimit": "40Gi"}}
+    )
     r = plan_heal(s, Diagnosis(cause="host_ram_oom"), inventory=Inventory(memory_limit_bytes=32 * 2**30))
     assert r.action == "RaiseMemoryLimit" and r.changes == {"memory_limit": "39322Mi"}  # x1.2 of 32Gi
     capped = plan_heal(s, Diagnosis(cause="host_ram_oom"), inventory=Inventory(memory_limit_bytes=36 * 2**30))
@@ -108,15 +126,23 @@ def test_host_ram_vpa_bump_within_bound():
 
 
 def test_weights_quantized_fallback_then_tensor_parallel():
-    s = VLLMServiceSpec(model="Qwen/Qwen2.5-32B", heal={
-        "quantizedFallback": {"allowed": True, "model": "Qwen/Qwen2.5-32B-AWQ", "method": "awq_marlin"},
-        "bounds": {"maxTensorParallelSize": 4}, "allowedActions": ["Quantize", "IncreaseTensorParallel"]})
+    s = VLLMServiceSpec(
+        model="Qwen/Qwen2.5-32B",
+        heal={
+            "quantizedFallback": {"allowed": True, "model": "Qwen/Qwen2.5-32B-AWQ", "method": "awq_marlin"},
+            "bounds": {"maxTensorParallelSize": 4},
+            "allowedActions": ["Quantize", "IncreaseTensorParallel"],
+        },
+    )
     d = Diagnosis(cause="weights_load_oom")
     assert plan_heal(s, d).changes == {"model": "Qwen/Qwen2.5-32B-AWQ", "quantization": "awq_marlin"}
-    assert plan_heal(s, d, history=[{"cause": "weights_load_oom", "action": "Quantize"}]).changes == \
-        {"tensor_parallel_size": 2}
+    assert plan_heal(s, d, history=[{"cause": "weights_load_oom", "action": "Quantize"}]).changes == {
+        "tensor_parallel_size": 2
+    }
     # Quantize is a HealAction like any other: leaving it out of allowedActions disallows it.
-    no_quantize = s.model_copy(update={"heal": s.heal.model_copy(update={"allowed_actions": ["IncreaseTensorParallel"]})})
+    no_quantize = s.model_copy(
+        update={"heal": s.heal.model_copy(update={"allowed_actions": ["IncreaseTensorParallel"]})}
+    )
     assert plan_heal(no_quantize, d).changes == {"tensor_parallel_size": 2}
 
 

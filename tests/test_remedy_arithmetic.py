@@ -1,5 +1,6 @@
 """Remedies sized by arithmetic from what vLLM printed (the H200 starts of issue 14), so that a
 restart is spent only on a change that can work."""
+
 from __future__ import annotations
 
 import json
@@ -20,15 +21,19 @@ CAPTURE_OOM = """(EngineCore_DP0 pid=9) INFO 12-01 10:00:01 [gpu_model_runner.py
 (EngineCore_DP0 pid=9) ERROR 12-01 10:00:40 [core.py:1]     self._capture_cudagraphs(
 (EngineCore_DP0 pid=9) ERROR 12-01 10:00:40 [core.py:1] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 64.00 MiB. GPU 0 has a total capacity of 139.80 GiB of which 28.31 MiB is free.
 """
-SAMPLER_OOM = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 31.31 GiB. GPU 0 has a total capacity "
-               "of 139.80 GiB of which 58.10 GiB is free.\n\n"
-               "The above exception was the direct cause of the following exception:\n\n"
-               "RuntimeError: CUDA out of memory occurred when warming up sampler with 65536 dummy requests. "
-               "Please try lowering `max_num_seqs` or `gpu_memory_utilization` when initializing the engine.\n")
-WEIGHTS_72B = ("(EngineCore_DP0 pid=1) INFO 12-01 10:00:01 [gpu_model_runner.py:1] Model loading took 135.43 GiB and 9 s\n"
-               "(EngineCore_DP0 pid=1) INFO 12-01 10:00:09 [gpu_worker.py:2] Available KV cache memory: -11.6 GiB\n"
-               "(EngineCore_DP0 pid=1) ValueError: No available memory for the cache blocks. Try increasing "
-               "`gpu_memory_utilization` when initializing the engine.\n")
+SAMPLER_OOM = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 31.31 GiB. GPU 0 has a total capacity "
+    "of 139.80 GiB of which 58.10 GiB is free.\n\n"
+    "The above exception was the direct cause of the following exception:\n\n"
+    "RuntimeError: CUDA out of memory occurred when warming up sampler with 65536 dummy requests. "
+    "Please try lowering `max_num_seqs` or `gpu_memory_utilization` when initializing the engine.\n"
+)
+WEIGHTS_72B = (
+    "(EngineCore_DP0 pid=1) INFO 12-01 10:00:01 [gpu_model_runner.py:1] Model loading took 135.43 GiB and 9 s\n"
+    "(EngineCore_DP0 pid=1) INFO 12-01 10:00:09 [gpu_worker.py:2] Available KV cache memory: -11.6 GiB\n"
+    "(EngineCore_DP0 pid=1) ValueError: No available memory for the cache blocks. Try increasing "
+    "`gpu_memory_utilization` when initializing the engine.\n"
+)
 
 
 def spec(heal: dict | None = None, **engine) -> VLLMServiceSpec:
@@ -60,8 +65,10 @@ def test_sampler_oom_sizes_max_num_seqs_from_the_failed_allocation():
 
 
 def test_a_warm_up_oom_before_the_server_answered_is_a_start_up_failure():
-    log = ('File "/v/vllm/v1/worker/gpu_model_runner.py", line 2000, in execute_model\n'
-           "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n")
+    log = (
+        'File "/v/vllm/v1/worker/gpu_model_runner.py", line 2000, in execute_model\n'
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n"
+    )
     assert classify(Signals(log=log, ready_before=False)).cause == "profiling_oom"
     assert classify(Signals(log=log, ready_before=True)).cause == "runtime_oom"
 
@@ -76,8 +83,10 @@ def test_weights_larger_than_one_gpu_give_up_at_once_and_say_what_would_fit():
 
 def test_weights_larger_than_one_gpu_heal_to_two_gpus_when_allowed():
     d = classify(Signals(log=WEIGHTS_72B, gpu=H200))
-    heal = {"bounds": {"maxTensorParallelSize": 2},
-            "allowedActions": ["IncreaseTensorParallel", "LowerGpuMemoryUtilization"]}
+    heal = {
+        "bounds": {"maxTensorParallelSize": 2},
+        "allowedActions": ["IncreaseTensorParallel", "LowerGpuMemoryUtilization"],
+    }
     r = plan_heal(spec(heal=heal), d, inventory=Inventory(gpu_total_gib=140.4))
     assert r.action == "IncreaseTensorParallel" and r.changes == {"tensor_parallel_size": 2}
 
@@ -85,10 +94,15 @@ def test_weights_larger_than_one_gpu_heal_to_two_gpus_when_allowed():
 def test_the_memory_model_vetoes_a_change_that_cannot_fit():
     """70B on one H100: no utilization or context makes the weights fit; none is tried."""
     shape = shape_from_config(json.loads((CONFIGS / "llama-3.1-70b.json").read_text()))
-    log = ("ValueError: To serve at least one request with the model's max seq len (131072), (40.0 GiB KV cache is "
-           "needed, which is larger than the available KV cache memory (0.5 GiB). Based on the available memory, "
-           "the estimated maximum model length is 1600.")
-    r = plan_heal(spec(gpuMemoryUtilization=0.9, maxModelLen=131072), classify(Signals(log=log)),
-             inventory=Inventory(gpu_total_gib=79.2, shape=shape))
+    log = (
+        "ValueError: To serve at least one request with the model's max seq len (131072), (40.0 GiB KV cache is "
+        "needed, which is larger than the available KV cache memory (0.5 GiB). Based on the available memory, "
+        "the estimated maximum model length is 1600."
+    )
+    r = plan_heal(
+        spec(gpuMemoryUtilization=0.9, maxModelLen=131072),
+        classify(Signals(log=log)),
+        inventory=Inventory(gpu_total_gib=79.2, shape=shape),
+    )
     assert r.action == GIVE_UP, r.summary()
     assert "memory model" in r.reason and "tensor parallelism" in r.reason

@@ -1,6 +1,7 @@
 """`vllm-autoheal render` is a dry run of the API server: the same VLLMServices go through
 render and through the real CRD API server (a server-side dry run), and both accept or both
 reject, naming the same field; what both accept, they store with the same defaults."""
+
 from __future__ import annotations
 
 import json
@@ -17,25 +18,76 @@ SMALL_CONFIG = {"num_hidden_layers": 32, "hidden_size": 4096, "num_attention_hea
 # (id, spec without the model, None when valid / the field both must name when invalid)
 CASES = [
     ("minimal", {}, None),
-    ("typed-engine", {"engine": {"maxModelLen": 32768, "gpuMemoryUtilization": 1, "maxNumSeqs": 64,
-                                 "maxNumBatchedTokens": 8192, "enforceEager": True}}, None),
-    ("tp2-pp2-four-gpus", {"engine": {"tensorParallelSize": 2, "pipelineParallelSize": 2},
-                           "resources": {"gpus": 4}}, None),
-    ("other-flags", {"engine": {"extraArgs": ["--trust-remote-code", "--max-num-partial-prefills", "2",
-                                             "--model-impl", "vllm", "--config-format", "hf", "--seed", "-1",
-                                             "--enable_prefix_caching", "-O3"]}}, None),
-    ("placement", {"resources": {"gpuProduct": "NVIDIA-L4", "nodeSelector": {"pool": "gpu"},
-                                 "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ml"}],
-                                 "limits": {"memory": "32Gi"}, "requests": {"memory": "16Gi"},
-                                 "shmSize": "64Gi"}}, None),
-    ("cache-and-env", {"modelCache": {"enabled": True, "size": "100Gi", "mountPath": "/models/.cache"},
-                       "env": [{"name": "GREETING", "value": "$(HOME)"}], "runAsNonRoot": True}, None),
-    ("tp-heal", {"heal": {"allowedActions": ["IncreaseTensorParallel"], "bounds": {"maxTensorParallelSize": 4}}},
-     None),
+    (
+        "typed-engine",
+        {
+            "engine": {
+                "maxModelLen": 32768,
+                "gpuMemoryUtilization": 1,
+                "maxNumSeqs": 64,
+                "maxNumBatchedTokens": 8192,
+                "enforceEager": True,
+            }
+        },
+        None,
+    ),
+    (
+        "tp2-pp2-four-gpus",
+        {"engine": {"tensorParallelSize": 2, "pipelineParallelSize": 2}, "resources": {"gpus": 4}},
+        None,
+    ),
+    (
+        "other-flags",
+        {
+            "engine": {
+                "extraArgs": [
+                    "--trust-remote-code",
+                    "--max-num-partial-prefills",
+                    "2",
+                    "--model-impl",
+                    "vllm",
+                    "--config-format",
+                    "hf",
+                    "--seed",
+                    "-1",
+                    "--enable_prefix_caching",
+                    "-O3",
+                ]
+            }
+        },
+        None,
+    ),
+    (
+        "placement",
+        {
+            "resources": {
+                "gpuProduct": "NVIDIA-L4",
+                "nodeSelector": {"pool": "gpu"},
+                "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ml"}],
+                "limits": {"memory": "32Gi"},
+                "requests": {"memory": "16Gi"},
+                "shmSize": "64Gi",
+            }
+        },
+        None,
+    ),
+    (
+        "cache-and-env",
+        {
+            "modelCache": {"enabled": True, "size": "100Gi", "mountPath": "/models/.cache"},
+            "env": [{"name": "GREETING", "value": "$(HOME)"}],
+            "runAsNonRoot": True,
+        },
+        None,
+    ),
+    ("tp-heal", {"heal": {"allowedActions": ["IncreaseTensorParallel"], "bounds": {"maxTensorParallelSize": 4}}}, None),
     ("underscored-typed-flag", {"engine": {"extraArgs": ["--max_model_len=999999"]}}, "spec.engine.extraArgs"),
     ("short-alias", {"engine": {"extraArgs": ["-tp", "8"]}}, "spec.engine.extraArgs"),
-    ("underscored-utilization", {"engine": {"extraArgs": ["--gpu_memory_utilization", "0.99"]}},
-     "spec.engine.extraArgs"),
+    (
+        "underscored-utilization",
+        {"engine": {"extraArgs": ["--gpu_memory_utilization", "0.99"]}},
+        "spec.engine.extraArgs",
+    ),
     ("abbreviation", {"engine": {"extraArgs": ["--max-num-seq=4"]}}, "spec.engine.extraArgs"),
     ("config-file", {"engine": {"extraArgs": ["--config", "/etc/vllm.yaml"]}}, "spec.engine.extraArgs"),
     ("hf-token", {"engine": {"extraArgs": ["--hf-token", "hf_x"]}}, "spec.engine.extraArgs"),
@@ -48,27 +100,43 @@ CASES = [
     ("utilization-above-one", {"engine": {"gpuMemoryUtilization": 3}}, "spec.engine.gpuMemoryUtilization"),
     ("utilization-zero", {"engine": {"gpuMemoryUtilization": 0}}, "spec.engine.gpuMemoryUtilization"),
     ("replicas-as-text", {"replicas": "2"}, "spec.replicas"),
-    ("request-above-limit", {"resources": {"requests": {"memory": "64Gi"}, "limits": {"memory": "32Gi"}}},
-     "spec.resources.requests.memory"),
-    ("batched-below-seqs", {"engine": {"maxNumSeqs": 256, "maxNumBatchedTokens": 128}},
-     "spec.engine.maxNumBatchedTokens"),
-    ("fallback-without-model", {"heal": {"quantizedFallback": {"allowed": True}}},
-     "spec.heal.quantizedFallback.model"),
+    (
+        "request-above-limit",
+        {"resources": {"requests": {"memory": "64Gi"}, "limits": {"memory": "32Gi"}}},
+        "spec.resources.requests.memory",
+    ),
+    (
+        "batched-below-seqs",
+        {"engine": {"maxNumSeqs": 256, "maxNumBatchedTokens": 128}},
+        "spec.engine.maxNumBatchedTokens",
+    ),
+    ("fallback-without-model", {"heal": {"quantizedFallback": {"allowed": True}}}, "spec.heal.quantizedFallback.model"),
     ("duplicate-actions", {"heal": {"allowedActions": ["EnforceEager", "EnforceEager"]}}, "spec.heal.allowedActions"),
-    ("tp-action-without-bound", {"heal": {"allowedActions": ["IncreaseTensorParallel"]}},
-     "spec.heal.allowedActions"),
+    ("tp-action-without-bound", {"heal": {"allowedActions": ["IncreaseTensorParallel"]}}, "spec.heal.allowedActions"),
     ("too-many-extra-args", {"engine": {"extraArgs": ["--seed=1"] * 65}}, "spec.engine.extraArgs"),
     ("extra-arg-too-long", {"engine": {"extraArgs": ["--chat-template=" + "x" * 600]}}, "spec.engine.extraArgs"),
     ("bad-enum", {"heal": {"mode": "Yolo"}}, "spec.heal.mode"),
-    ("model-config-inline", {"modelConfig": {"inline": {**SMALL_CONFIG, "num_key_value_heads": 8,
-                                                        "torch_dtype": "bfloat16"}}}, None),
+    (
+        "model-config-inline",
+        {"modelConfig": {"inline": {**SMALL_CONFIG, "num_key_value_heads": 8, "torch_dtype": "bfloat16"}}},
+        None,
+    ),
     ("model-config-map", {"modelConfig": {"configMapRef": {"name": "llama.config"}, "revision": "v1.0"}}, None),
-    ("model-config-layers-1e12", {"modelConfig": {"inline": {**SMALL_CONFIG, "num_hidden_layers": 1e12}}},
-     "spec.modelConfig.inline.num_hidden_layers"),
-    ("model-config-kv-above-heads", {"modelConfig": {"inline": {**SMALL_CONFIG, "num_key_value_heads": 64}}},
-     "spec.modelConfig.inline.num_key_value_heads"),
-    ("model-config-both", {"modelConfig": {"inline": SMALL_CONFIG, "configMapRef": {"name": "c"}}},
-     "spec.modelConfig.inline"),
+    (
+        "model-config-layers-1e12",
+        {"modelConfig": {"inline": {**SMALL_CONFIG, "num_hidden_layers": 1e12}}},
+        "spec.modelConfig.inline.num_hidden_layers",
+    ),
+    (
+        "model-config-kv-above-heads",
+        {"modelConfig": {"inline": {**SMALL_CONFIG, "num_key_value_heads": 64}}},
+        "spec.modelConfig.inline.num_key_value_heads",
+    ),
+    (
+        "model-config-both",
+        {"modelConfig": {"inline": SMALL_CONFIG, "configMapRef": {"name": "c"}}},
+        "spec.modelConfig.inline",
+    ),
 ]
 
 
@@ -76,12 +144,17 @@ CASES = [
 def k8s(crd_server):
     from crdserver.server import install_crd
     from kubernetes import client
+
     return client.CustomObjectsApi(install_crd(crd_server))
 
 
 def _body(case_id: str, spec: dict) -> dict:
-    return {"apiVersion": f"{api.GROUP}/{api.VERSION}", "kind": api.KIND,
-            "metadata": {"name": f"agree-{case_id}", "namespace": "default"}, "spec": {"model": MODEL, **spec}}
+    return {
+        "apiVersion": f"{api.GROUP}/{api.VERSION}",
+        "kind": api.KIND,
+        "metadata": {"name": f"agree-{case_id}", "namespace": "default"},
+        "spec": {"model": MODEL, **spec},
+    }
 
 
 def _render(tmp_path, body: dict, capsys) -> tuple[int, str, list[dict]]:
@@ -94,9 +167,9 @@ def _render(tmp_path, body: dict, capsys) -> tuple[int, str, list[dict]]:
 
 def _server(k8s, body: dict) -> tuple[bool, str, dict]:
     from kubernetes.client.rest import ApiException
+
     try:
-        stored = k8s.create_namespaced_custom_object(api.GROUP, api.VERSION, "default", api.PLURAL, body,
-                                                     dry_run="All")
+        stored = k8s.create_namespaced_custom_object(api.GROUP, api.VERSION, "default", api.PLURAL, body, dry_run="All")
         return True, "", stored
     except ApiException as exc:
         assert exc.status == 422, exc.body
@@ -111,6 +184,7 @@ def test_render_and_the_server_agree(k8s, tmp_path, capsys, case_id, spec, field
     assert (code == 0) == accepted, f"render exit {code}: {err}\nserver: {message or 'accepted'}"
     if field is None:
         from vllm_autoheal.validation import admit
+
         assert admit(body)[0]["spec"] == stored["spec"]  # the same defaults as the server's
         assert [m["kind"] for m in manifests][-2:] == ["Deployment", "Service"]
     else:

@@ -1,4 +1,5 @@
 """The pod a VLLMService gets: hardened by default, user strings reach vLLM as written."""
+
 from __future__ import annotations
 
 from vllm_autoheal.api import VLLMService
@@ -6,8 +7,9 @@ from vllm_autoheal.kube.resources import deployment
 
 
 def _pod(**spec) -> dict:
-    obj = VLLMService.model_validate({"metadata": {"name": "s", "namespace": "ml", "uid": "u1"},
-                                      "spec": {"model": "org/m", **spec}})
+    obj = VLLMService.model_validate(
+        {"metadata": {"name": "s", "namespace": "ml", "uid": "u1"}, "spec": {"model": "org/m", **spec}}
+    )
     return deployment(obj)["spec"]["template"]["spec"]
 
 
@@ -19,16 +21,19 @@ def test_pod_is_hardened_by_default():
         assert c["securityContext"]["allowPrivilegeEscalation"] is False
         assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     vllm = pod["containers"][0]
-    assert "runAsNonRoot" not in vllm["securityContext"]       # vLLM's images run as root
+    assert "runAsNonRoot" not in vllm["securityContext"]  # vLLM's images run as root
     assert pod["initContainers"][0]["securityContext"]["runAsNonRoot"] is True
     assert _pod(runAsNonRoot=True)["containers"][0]["securityContext"]["runAsNonRoot"] is True
 
 
 def test_variable_references_in_user_strings_are_not_expanded():
-    pod = _pod(model="org/$(HF_TOKEN)", servedModelName="$(HF_TOKEN)",
-               engine={"extraArgs": ["--chat-template=$(SECRET)"]},
-               env=[{"name": "A", "value": "x$(HF_TOKEN)"}, {"name": "B", "value": "$$(kept)"}],
-               hfTokenSecretRef={"name": "hf", "key": "token"})
+    pod = _pod(
+        model="org/$(HF_TOKEN)",
+        servedModelName="$(HF_TOKEN)",
+        engine={"extraArgs": ["--chat-template=$(SECRET)"]},
+        env=[{"name": "A", "value": "x$(HF_TOKEN)"}, {"name": "B", "value": "$$(kept)"}],
+        hfTokenSecretRef={"name": "hf", "key": "token"},
+    )
     command = pod["containers"][0]["command"]
     assert "org/$$(HF_TOKEN)" in command and "--chat-template=$$(SECRET)" in command
     assert command[command.index("--served-model-name") + 1] == "$$(HF_TOKEN)"
@@ -41,6 +46,7 @@ def test_variable_references_in_user_strings_are_not_expanded():
 def test_shm_is_bounded_by_the_memory_limit():
     def shm(**res) -> str:
         return next(v for v in _pod(resources=res)["volumes"] if v["name"] == "dshm")["emptyDir"]["sizeLimit"]
+
     assert shm() == "8Gi"
     assert shm(limits={"memory": "4Gi"}) == "4Gi"
     assert shm(shmSize="2Gi", limits={"memory": "4Gi"}) == "2Gi"

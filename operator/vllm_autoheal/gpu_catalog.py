@@ -6,6 +6,7 @@ H200 measured on the project's machine (tests/fixtures/gpu/ground-truth-cases.js
 others as printed in real vLLM logs (tests/corpus/) where marked, else the nominal size
 less the ~0.6 GiB the driver keeps (nominal GB -> GiB, minus reserve).
 """
+
 from __future__ import annotations
 
 import re
@@ -67,8 +68,10 @@ def lookup(name: str, memory_gib: float | None = None) -> GpuSpec:
     if key in _CATALOG:
         mem, src = _CATALOG[key]
         return GpuSpec(name, mem, src)
-    raise KeyError(f"unknown GPU {name!r}: give its memory (--gpu-memory-gib / resources.gpuMemoryGiB); "
-                   f"known: {', '.join(sorted(_CATALOG))}")
+    raise KeyError(
+        f"unknown GPU {name!r}: give its memory (--gpu-memory-gib / resources.gpuMemoryGiB); "
+        f"known: {', '.join(sorted(_CATALOG))}"
+    )
 
 
 def known() -> list[str]:

@@ -3,6 +3,7 @@ holding memory. No driver (or no pynvml) gives a snapshot whose `error` says so,
 exception. Standard library at import time: pynvml (nvidia-ml-py) is imported when probing,
 falling back to the copy vLLM bundles (vllm.third_party.pynvml) inside vLLM images.
 """
+
 from __future__ import annotations
 
 import os
@@ -13,15 +14,16 @@ from .diagnosis.model import GpuInfo, GpuProcess, GpuSnapshot
 from .diagnosis.units import GIB
 
 
-
 def _nvml() -> Any | None:
     try:
         import pynvml  # nvidia-ml-py
+
         return pynvml
     except ImportError:
         pass
     try:
         from vllm.third_party import pynvml  # type: ignore[no-redef]
+
         return pynvml
     except ImportError:
         return None
@@ -51,8 +53,15 @@ def snapshot(own_pids: list[int] | None = None) -> GpuSnapshot:
         for index in range(nv.nvmlDeviceGetCount()):
             handle = nv.nvmlDeviceGetHandleByIndex(index)
             mem = nv.nvmlDeviceGetMemoryInfo(handle)
-            snap.gpus.append(GpuInfo(index=index, name=_text(nv.nvmlDeviceGetName(handle)),
-                                     total_bytes=int(mem.total), free_bytes=int(mem.free), used_bytes=int(mem.used)))
+            snap.gpus.append(
+                GpuInfo(
+                    index=index,
+                    name=_text(nv.nvmlDeviceGetName(handle)),
+                    total_bytes=int(mem.total),
+                    free_bytes=int(mem.free),
+                    used_bytes=int(mem.used),
+                )
+            )
             seen: set[int] = set()
             for getter in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
                 try:
@@ -64,8 +73,9 @@ def snapshot(own_pids: list[int] | None = None) -> GpuSnapshot:
                         continue
                     seen.add(p.pid)
                     used = p.usedGpuMemory if isinstance(p.usedGpuMemory, int) else 0
-                    snap.processes.append(GpuProcess(pid=int(p.pid), gpu_index=index, used_bytes=used,
-                                                     name=_process_name(int(p.pid))))
+                    snap.processes.append(
+                        GpuProcess(pid=int(p.pid), gpu_index=index, used_bytes=used, name=_process_name(int(p.pid)))
+                    )
     except Exception as exc:  # noqa: BLE001
         snap.error = f"NVML query failed: {exc}"
     finally:
@@ -82,10 +92,12 @@ def compact(snap: GpuSnapshot) -> dict[str, Any]:
     if snap.error:
         out["error"] = snap.error[:160]
     if snap.gpus:
-        out["gpus"] = [[g.index, g.name[:40], round(g.total_bytes / GIB, 2), round(g.free_bytes / GIB, 2)]
-                       for g in snap.gpus]
-    others = [[p.pid, p.gpu_index, round(p.used_bytes / GIB, 2)] for p in snap.processes
-              if p.pid not in set(snap.own_pids)]
+        out["gpus"] = [
+            [g.index, g.name[:40], round(g.total_bytes / GIB, 2), round(g.free_bytes / GIB, 2)] for g in snap.gpus
+        ]
+    others = [
+        [p.pid, p.gpu_index, round(p.used_bytes / GIB, 2)] for p in snap.processes if p.pid not in set(snap.own_pids)
+    ]
     if others:
         out["other_processes"] = others[:8]
     return out
@@ -94,8 +106,12 @@ def compact(snap: GpuSnapshot) -> dict[str, Any]:
 def describe(snap: GpuSnapshot) -> str:
     if snap.error:
         return snap.error
-    lines = [f"GPU {g.index} {g.name}: {g.total_bytes / GIB:.2f} GiB total, {g.free_bytes / GIB:.2f} GiB free, "
-             f"{g.used_bytes / GIB:.2f} GiB used" for g in snap.gpus]
-    lines += [f"  process {p.pid} {p.name or '?'} on GPU {p.gpu_index}: {p.used_bytes / GIB:.2f} GiB"
-              for p in snap.processes]
+    lines = [
+        f"GPU {g.index} {g.name}: {g.total_bytes / GIB:.2f} GiB total, {g.free_bytes / GIB:.2f} GiB free, "
+        f"{g.used_bytes / GIB:.2f} GiB used"
+        for g in snap.gpus
+    ]
+    lines += [
+        f"  process {p.pid} {p.name or '?'} on GPU {p.gpu_index}: {p.used_bytes / GIB:.2f} GiB" for p in snap.processes
+    ]
     return "\n".join(lines) or "no GPUs"

@@ -13,6 +13,7 @@ It also ends a child whose engine died while its HTTP server still answers /heal
 Standard library only (it runs with the vLLM image's own Python), and it must never
 make things worse: if anything in it fails, vLLM still runs and its exit code stands.
 """
+
 from __future__ import annotations
 
 import json
@@ -65,7 +66,9 @@ class OutputKeeper:
             return "".join(self._head) + gap + "".join(self._tail)
 
 
-def pump(source: IO[bytes], sink: IO[bytes], keeper: OutputKeeper, on_line: Callable[[str], None] | None = None) -> None:
+def pump(
+    source: IO[bytes], sink: IO[bytes], keeper: OutputKeeper, on_line: Callable[[str], None] | None = None
+) -> None:
     """Copy a child's stream byte for byte, keeping a decoded copy of each line."""
     for raw in iter(source.readline, b""):
         try:
@@ -79,8 +82,14 @@ def pump(source: IO[bytes], sink: IO[bytes], keeper: OutputKeeper, on_line: Call
             on_line(line)
 
 
-def termination_message(diagnosis: dict, exit_code: int, gpu_start: dict | None, gpu_failure: dict | None,
-                        note: str | None = None, limit: int = MESSAGE_LIMIT) -> str:
+def termination_message(
+    diagnosis: dict,
+    exit_code: int,
+    gpu_start: dict | None,
+    gpu_failure: dict | None,
+    note: str | None = None,
+    limit: int = MESSAGE_LIMIT,
+) -> str:
     """One JSON document of at most `limit` bytes; the cause and numbers survive any truncation."""
     keep = ("cause", "phase", "subtype", "confidence", "source", "numbers", "evidence", "explanation")
     diag = {k: diagnosis.get(k) for k in keep if diagnosis.get(k) not in (None, "", [], {})}
@@ -112,6 +121,7 @@ def termination_message(diagnosis: dict, exit_code: int, gpu_start: dict | None,
 def _snapshot():
     try:
         from .gpu_probe import snapshot
+
         return snapshot()
     except Exception:  # noqa: BLE001 - the probe is a bonus, never a reason to fail
         return None
@@ -120,6 +130,7 @@ def _snapshot():
 def _oom_kills() -> int | None:
     try:
         from .cgroups import oom_kills
+
         return oom_kills()
     except Exception:  # noqa: BLE001
         return None
@@ -128,6 +139,7 @@ def _oom_kills() -> int | None:
 def _killed_since(before: int | None) -> bool:
     try:
         from .cgroups import killed_since
+
         return killed_since(before)
     except Exception:  # noqa: BLE001
         return False
@@ -136,6 +148,7 @@ def _killed_since(before: int | None) -> bool:
 def _compact(snap) -> dict | None:
     try:
         from .gpu_probe import compact
+
         return compact(snap) if snap is not None else None
     except Exception:  # noqa: BLE001
         return None
@@ -145,9 +158,13 @@ def _crash_summary(text: str, exit_code: int, ready: bool, gpu_start, oom_killed
     """The start snapshot, taken before vLLM ran, shows what other processes held."""
     try:
         from .diagnosis import Signals, classify
+
         gpu = gpu_start if gpu_start is not None and not gpu_start.error else None
-        return classify(Signals(log=text, exit_code=exit_code, ready_before=ready, gpu=gpu,
-                                reason="OOMKilled" if oom_killed else None)).to_dict()
+        return classify(
+            Signals(
+                log=text, exit_code=exit_code, ready_before=ready, gpu=gpu, reason="OOMKilled" if oom_killed else None
+            )
+        ).to_dict()
     except Exception as exc:  # noqa: BLE001
         return {"cause": "unknown", "explanation": f"launcher could not diagnose: {exc}"}
 
@@ -180,8 +197,10 @@ def run(argv: list[str], termination_path: str | None = None) -> int:
         if state["engine_dead_at"] is None and ENGINE_DEAD.search(line):
             state["engine_dead_at"] = time.monotonic()
 
-    threads = [threading.Thread(target=pump, args=(child.stdout, sys.stdout.buffer, keeper, watch), daemon=True),
-               threading.Thread(target=pump, args=(child.stderr, sys.stderr.buffer, keeper, watch), daemon=True)]
+    threads = [
+        threading.Thread(target=pump, args=(child.stdout, sys.stdout.buffer, keeper, watch), daemon=True),
+        threading.Thread(target=pump, args=(child.stderr, sys.stderr.buffer, keeper, watch), daemon=True),
+    ]
     for t in threads:
         t.start()
     ended_dead_engine = False
@@ -206,14 +225,21 @@ def run(argv: list[str], termination_path: str | None = None) -> int:
         # Always our own message on a failure, whatever signals arrived: a child may have written
         # the file itself and then signalled us, hoping we would leave its forgery in place.
         try:
-            note = "engine died while the server still answered /health; the launcher ended it" \
-                if ended_dead_engine else None
+            note = (
+                "engine died while the server still answered /health; the launcher ended it"
+                if ended_dead_engine
+                else None
+            )
             if state["stopped_by"] is not None and not ended_dead_engine:
                 note = f"the launcher received signal {state['stopped_by']} and forwarded it"
             oom_killed = _killed_since(kills_before)
-            text = termination_message(_crash_summary(keeper.text(), exit_code, bool(state["ready"]), gpu_start,
-                                                 oom_killed),
-                                       exit_code, _compact(gpu_start), _compact(_snapshot()), note)
+            text = termination_message(
+                _crash_summary(keeper.text(), exit_code, bool(state["ready"]), gpu_start, oom_killed),
+                exit_code,
+                _compact(gpu_start),
+                _compact(_snapshot()),
+                note,
+            )
             with open(termination_path, "w", encoding="utf-8") as f:
                 f.write(text)
         except Exception as exc:  # noqa: BLE001 - never worse than no launcher

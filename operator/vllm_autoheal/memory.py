@@ -8,6 +8,7 @@ and one request of max_model_len must fit in `tokens`. CUDA graphs are captured
 outside that budget (about 1 GiB more for a dense 8B model on an H200).
 Each constant below names where it came from. Pure: no I/O.
 """
+
 from __future__ import annotations
 
 import math
@@ -21,26 +22,55 @@ from .gpu_catalog import GpuSpec
 BLOCK_SIZE = 16  # vLLM's default KV block (measured: KV tokens = blocks x 16)
 
 # Calibrated on vLLM 0.25.0, Llama-3.1-8B, one H200 (tests/fixtures/gpu/ground-truth-cases.jsonl):
-NON_TORCH_GIB_TP1 = 0.22        # "non_torch" in every profiled run
-NON_TORCH_GIB_TPN = 0.6         # TP>1 adds NCCL buffers: llm-d's planner constant (not measured here)
-CUDA_CONTEXT_GIB = 0.51         # 139.80 total - 139.29 free seen by the engine on an idle GPU
-CUDAGRAPH_GIB = 0.99            # "cudagraph_actual" of every graph-mode run
+NON_TORCH_GIB_TP1 = 0.22  # "non_torch" in every profiled run
+NON_TORCH_GIB_TPN = 0.6  # TP>1 adds NCCL buffers: llm-d's planner constant (not measured here)
+CUDA_CONTEXT_GIB = 0.51  # 139.80 total - 139.29 free seen by the engine on an idle GPU
+CUDAGRAPH_GIB = 0.99  # "cudagraph_actual" of every graph-mode run
 # Peak activation of the profiling run grows linearly with max_num_batched_tokens:
 # 0.24 GiB at 2048, 1.72 at 16384, 6.78 at 65536 -> 1.0294e-4 GiB/token + 0.03 GiB.
 # Per token that is 1.686 x (hidden + 2 x intermediate) x 2 bytes for that model; other
 # shapes scale by their own (hidden + 2 x intermediate / TP).
 ACTIVATION_FACTOR = 1.686
 ACTIVATION_BASE_GIB = 0.03
-WEIGHT_BUFFERS_GIB = 0.04       # 15.00 GiB reported vs 14.958 GiB of parameters (rotary caches, buffers)
+WEIGHT_BUFFERS_GIB = 0.04  # 15.00 GiB reported vs 14.958 GiB of parameters (rotary caches, buffers)
 
-DTYPE_BYTES = {"float32": 4.0, "float": 4.0, "bfloat16": 2.0, "float16": 2.0, "half": 2.0, "auto": 2.0,
-               "fp8": 1.0, "fp8_e4m3": 1.0, "fp8_e5m2": 1.0, "fp8_inc": 1.0, "fp8_ds_mla": 1.0, "int8": 1.0}
+DTYPE_BYTES = {
+    "float32": 4.0,
+    "float": 4.0,
+    "bfloat16": 2.0,
+    "float16": 2.0,
+    "half": 2.0,
+    "auto": 2.0,
+    "fp8": 1.0,
+    "fp8_e4m3": 1.0,
+    "fp8_e5m2": 1.0,
+    "fp8_inc": 1.0,
+    "fp8_ds_mla": 1.0,
+    "int8": 1.0,
+}
 # Bytes per parameter of quantized linear layers, group scales included (4 bits + fp16
 # scale/zero per group of 128 = 4.25 bits; bitsandbytes nf4 keeps blockwise absmax: 4.13).
-QUANT_BYTES = {"awq": 0.531, "awq_marlin": 0.531, "gptq": 0.531, "gptq_marlin": 0.531, "marlin": 0.531,
-               "bitsandbytes": 0.516, "moe_wna16": 0.531, "gguf": 0.563, "fp8": 1.0, "fbgemm_fp8": 1.0,
-               "ptpc_fp8": 1.0, "modelopt": 1.0, "compressed-tensors": 1.0, "experts_int8": 1.0,
-               "mxfp4": 0.531, "modelopt_fp4": 0.563, "torchao": 1.0, "inc": 0.531, "quark": 1.0}
+QUANT_BYTES = {
+    "awq": 0.531,
+    "awq_marlin": 0.531,
+    "gptq": 0.531,
+    "gptq_marlin": 0.531,
+    "marlin": 0.531,
+    "bitsandbytes": 0.516,
+    "moe_wna16": 0.531,
+    "gguf": 0.563,
+    "fp8": 1.0,
+    "fbgemm_fp8": 1.0,
+    "ptpc_fp8": 1.0,
+    "modelopt": 1.0,
+    "compressed-tensors": 1.0,
+    "experts_int8": 1.0,
+    "mxfp4": 0.531,
+    "modelopt_fp4": 0.563,
+    "torchao": 1.0,
+    "inc": 0.531,
+    "quark": 1.0,
+}
 
 
 @dataclass(frozen=True)
@@ -59,8 +89,8 @@ class ModelShape:
     experts_per_token: int = 0
     moe_intermediate: int = 0
     shared_intermediate: int = 0
-    dense_layers: int = 0           # leading dense layers in an MoE (DeepSeek first_k_dense_replace)
-    kv_lora_rank: int = 0           # multi-latent attention (DeepSeek-V2/V3)
+    dense_layers: int = 0  # leading dense layers in an MoE (DeepSeek first_k_dense_replace)
+    kv_lora_rank: int = 0  # multi-latent attention (DeepSeek-V2/V3)
     q_lora_rank: int = 0
     qk_rope_head_dim: int = 0
     qk_nope_head_dim: int = 0
@@ -78,10 +108,16 @@ class ModelShape:
         h = self.hidden
         if self.is_mla:
             qk = self.qk_nope_head_dim + self.qk_rope_head_dim
-            q = (h * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * self.heads * qk
-                 if self.q_lora_rank else h * self.heads * qk)
-            kv = h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank + \
-                self.kv_lora_rank * self.heads * (self.qk_nope_head_dim + self.v_head_dim)
+            q = (
+                h * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * self.heads * qk
+                if self.q_lora_rank
+                else h * self.heads * qk
+            )
+            kv = (
+                h * (self.kv_lora_rank + self.qk_rope_head_dim)
+                + self.kv_lora_rank
+                + self.kv_lora_rank * self.heads * (self.qk_nope_head_dim + self.v_head_dim)
+            )
             return q + kv + self.heads * self.v_head_dim * h
         qkv = h * (self.heads + 2 * self.kv_heads) * self.head_dim
         bias = (self.heads + 2 * self.kv_heads) * self.head_dim if self.qkv_bias else 0
@@ -114,8 +150,11 @@ class ModelShape:
 
     def kv_bytes_per_token(self, kv_dtype: str | None = None, tp: int = 1, pp: int = 1) -> int:
         """K and V of one token on one GPU (MLA keeps one compressed latent, replicated per rank)."""
-        width = DTYPE_BYTES.get(kv_dtype or "auto", 2.0) if kv_dtype not in (None, "auto") else \
-            DTYPE_BYTES.get(self.dtype, 2.0)
+        width = (
+            DTYPE_BYTES.get(kv_dtype or "auto", 2.0)
+            if kv_dtype not in (None, "auto")
+            else DTYPE_BYTES.get(self.dtype, 2.0)
+        )
         layers = math.ceil(self.layers / pp)
         if self.is_mla:
             return int(layers * (self.kv_lora_rank + self.qk_rope_head_dim) * width)
@@ -144,15 +183,25 @@ def shape_from_config(config: dict[str, Any]) -> ModelShape:
     experts = int(_get(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=0) or 0)
     quant = (cfg.get("quantization_config") or {}).get("quant_method")
     return ModelShape(
-        architecture=arch, layers=int(_get(cfg, "num_hidden_layers", "n_layer")), hidden=hidden, heads=heads,
-        kv_heads=kv_heads, head_dim=head_dim, intermediate=int(_get(cfg, "intermediate_size", "ffn_dim")),
-        vocab=int(_get(cfg, "vocab_size")), tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        architecture=arch,
+        layers=int(_get(cfg, "num_hidden_layers", "n_layer")),
+        hidden=hidden,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate=int(_get(cfg, "intermediate_size", "ffn_dim")),
+        vocab=int(_get(cfg, "vocab_size")),
+        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         qkv_bias=bool(cfg.get("attention_bias") or cfg.get("model_type", "").startswith("qwen2")),
-        experts=experts, experts_per_token=int(_get(cfg, "num_experts_per_tok", default=0) or 0),
-        moe_intermediate=int(_get(cfg, "moe_intermediate_size", default=0) or (cfg.get("intermediate_size", 0)
-                                                                                 if experts else 0)),
-        shared_intermediate=int(_get(cfg, "shared_expert_intermediate_size", default=0) or
-                                int(cfg.get("n_shared_experts") or 0) * int(cfg.get("moe_intermediate_size") or 0)),
+        experts=experts,
+        experts_per_token=int(_get(cfg, "num_experts_per_tok", default=0) or 0),
+        moe_intermediate=int(
+            _get(cfg, "moe_intermediate_size", default=0) or (cfg.get("intermediate_size", 0) if experts else 0)
+        ),
+        shared_intermediate=int(
+            _get(cfg, "shared_expert_intermediate_size", default=0)
+            or int(cfg.get("n_shared_experts") or 0) * int(cfg.get("moe_intermediate_size") or 0)
+        ),
         dense_layers=int(_get(cfg, "first_k_dense_replace", default=0) or 0),
         kv_lora_rank=int(_get(cfg, "kv_lora_rank", default=0) or 0),
         q_lora_rank=int(_get(cfg, "q_lora_rank", default=0) or 0),
@@ -161,11 +210,14 @@ def shape_from_config(config: dict[str, Any]) -> ModelShape:
         v_head_dim=int(_get(cfg, "v_head_dim", default=0) or 0),
         sliding_window=cfg.get("sliding_window"),
         max_position_embeddings=int(_get(cfg, "max_position_embeddings", default=0) or 0),
-        dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"), quantization=quant)
+        dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"),
+        quantization=quant,
+    )
 
 
-def weights_bytes_per_gpu(shape: ModelShape, quantization: str | None = None, dtype: str | None = None,
-                          tp: int = 1, pp: int = 1) -> int:
+def weights_bytes_per_gpu(
+    shape: ModelShape, quantization: str | None = None, dtype: str | None = None, tp: int = 1, pp: int = 1
+) -> int:
     """Weights on the busiest GPU: linear layers quantized, embeddings and norms in the model dtype."""
     dense = DTYPE_BYTES.get(dtype or "auto", 2.0) if dtype not in (None, "auto") else DTYPE_BYTES.get(shape.dtype, 2.0)
     quant = quantization or shape.quantization
@@ -188,8 +240,10 @@ def default_max_num_seqs(gpu_total_gib: float) -> int:
 
 
 def activation_bytes(shape: ModelShape, max_num_batched_tokens: int, tp: int = 1) -> int:
-    inter = max(shape.intermediate if shape.experts == 0 or shape.dense_layers else 0,
-                shape.experts_per_token * shape.moe_intermediate)
+    inter = max(
+        shape.intermediate if shape.experts == 0 or shape.dense_layers else 0,
+        shape.experts_per_token * shape.moe_intermediate,
+    )
     per_token = ACTIVATION_FACTOR * (shape.hidden + 2 * inter / tp) * 2
     return int(per_token * max_num_batched_tokens + ACTIVATION_BASE_GIB * GIB)
 
@@ -211,7 +265,7 @@ class Estimate:
     max_concurrency: float
     max_num_batched_tokens: int
     fits: bool
-    failure: str | None = None       # the cause vLLM would report, when it does not fit
+    failure: str | None = None  # the cause vLLM would report, when it does not fit
     reasons: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -224,8 +278,9 @@ def _tokens(kv_bytes: float, per_token: int, block: int = BLOCK_SIZE) -> int:
     return int(kv_bytes // (per_token * block)) * block
 
 
-def estimate(shape: ModelShape, engine: EngineArgs, gpu: GpuSpec, free_gib: float | None = None,
-             entrypoint: str = "server") -> Estimate:
+def estimate(
+    shape: ModelShape, engine: EngineArgs, gpu: GpuSpec, free_gib: float | None = None, entrypoint: str = "server"
+) -> Estimate:
     """What vLLM will do with these flags on this GPU. `free_gib`: free before vLLM starts
     (default: all of it); the engine's own CUDA context takes CUDA_CONTEXT_GIB of that."""
     tp, pp = engine.tensor_parallel_size, engine.pipeline_parallel_size
@@ -245,15 +300,19 @@ def estimate(shape: ModelShape, engine: EngineArgs, gpu: GpuSpec, free_gib: floa
         kv = engine.kv_cache_memory_bytes / GIB
         if requested + graphs > free:
             failure = "gpu_util_exceeds_free"
-            reasons.append(f"kv_cache_memory_bytes {kv:.2f} GiB + weights and overheads {requested - kv:.2f} GiB "
-                           f"exceed the {free:.2f} GiB free")
+            reasons.append(
+                f"kv_cache_memory_bytes {kv:.2f} GiB + weights and overheads {requested - kv:.2f} GiB "
+                f"exceed the {free:.2f} GiB free"
+            )
     else:
         requested = math.ceil(total * engine.gpu_memory_utilization * GIB) / GIB
         kv = requested - weights - act - non_torch
         if requested > free:
             failure = "gpu_util_exceeds_free"
-            reasons.append(f"gpu_memory_utilization {engine.gpu_memory_utilization} asks for {requested:.2f} GiB "
-                           f"but only {free:.2f} GiB is free")
+            reasons.append(
+                f"gpu_memory_utilization {engine.gpu_memory_utilization} asks for {requested:.2f} GiB "
+                f"but only {free:.2f} GiB is free"
+            )
     if failure is None and weights > free:
         failure = "weights_load_oom"
         reasons.append(f"weights need {weights:.2f} GiB per GPU, only {free:.2f} GiB is free")
@@ -261,18 +320,34 @@ def estimate(shape: ModelShape, engine: EngineArgs, gpu: GpuSpec, free_gib: floa
     fit_len = tokens
     if failure is None and tokens <= 0:
         failure = "kv_cache_insufficient"
-        reasons.append(f"no memory left for the KV cache: {requested:.2f} GiB requested, weights {weights:.2f} + "
-                       f"activation {act:.2f} + non-torch {non_torch:.2f} GiB")
+        reasons.append(
+            f"no memory left for the KV cache: {requested:.2f} GiB requested, weights {weights:.2f} + "
+            f"activation {act:.2f} + non-torch {non_torch:.2f} GiB"
+        )
     elif failure is None and tokens < max_len:
         failure = "kv_cache_insufficient"
         reasons.append(f"KV cache {kv:.2f} GiB holds {tokens:,} tokens < max_model_len {max_len:,}")
     if failure is None and not engine.enforce_eager and requested + graphs > free:
         failure = "cudagraph_capture_oom"
-        reasons.append(f"CUDA graphs need about {graphs:.2f} GiB beyond the {requested:.2f} GiB requested; "
-                       f"{free:.2f} GiB is free")
+        reasons.append(
+            f"CUDA graphs need about {graphs:.2f} GiB beyond the {requested:.2f} GiB requested; {free:.2f} GiB is free"
+        )
     return Estimate(
-        gpu_total_gib=total, gpu_free_gib=free + CUDA_CONTEXT_GIB, requested_gib=requested, weights_gib=weights,
-        activation_gib=act, non_torch_gib=non_torch, cudagraph_gib=graphs, kv_cache_gib=max(kv, 0.0),
-        kv_bytes_per_token=per_token, kv_tokens=tokens, max_model_len=max_len, max_model_len_fit=fit_len,
-        max_concurrency=round(tokens / max_len, 2) if max_len else 0.0, max_num_batched_tokens=mbt,
-        fits=failure is None, failure=failure, reasons=reasons)
+        gpu_total_gib=total,
+        gpu_free_gib=free + CUDA_CONTEXT_GIB,
+        requested_gib=requested,
+        weights_gib=weights,
+        activation_gib=act,
+        non_torch_gib=non_torch,
+        cudagraph_gib=graphs,
+        kv_cache_gib=max(kv, 0.0),
+        kv_bytes_per_token=per_token,
+        kv_tokens=tokens,
+        max_model_len=max_len,
+        max_model_len_fit=fit_len,
+        max_concurrency=round(tokens / max_len, 2) if max_len else 0.0,
+        max_num_batched_tokens=mbt,
+        fits=failure is None,
+        failure=failure,
+        reasons=reasons,
+    )

@@ -5,6 +5,7 @@ and by the check every resolved config goes through (ConfigMap, Hub, local file,
 Pure and cheap: parsing is capped in size, every number is checked for type and range before
 the memory model sees it, and a failure is a ModelConfigError whose message names the field.
 """
+
 from __future__ import annotations
 
 import json
@@ -12,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-MAX_CONFIG_BYTES = 1 << 20   # real config.json files are a few KiB; a ConfigMap holds at most 1 MiB
+MAX_CONFIG_BYTES = 1 << 20  # real config.json files are a few KiB; a ConfigMap holds at most 1 MiB
 
 
 class ModelConfigError(ValueError):
@@ -21,11 +22,11 @@ class ModelConfigError(ValueError):
 
 @dataclass(frozen=True)
 class ConfigField:
-    name: str                        # as config.json spells it
+    name: str  # as config.json spells it
     low: int
     high: int
     description: str
-    aliases: tuple[str, ...] = ()    # older spellings the memory model also reads
+    aliases: tuple[str, ...] = ()  # older spellings the memory model also reads
     required: bool = False
 
 
@@ -88,10 +89,14 @@ def _text(config: dict[str, Any], source: str) -> dict[str, Any]:
         out[key] = value
     archs = config.get("architectures")
     if archs is not None:
-        if not isinstance(archs, list) or len(archs) > MAX_ARCHITECTURES or \
-                not all(isinstance(a, str) and 0 < len(a) <= MAX_NAME for a in archs):
-            raise ModelConfigError(f"{_where('architectures', source)} must be a list of at most "
-                                   f"{MAX_ARCHITECTURES} names")
+        if (
+            not isinstance(archs, list)
+            or len(archs) > MAX_ARCHITECTURES
+            or not all(isinstance(a, str) and 0 < len(a) <= MAX_NAME for a in archs)
+        ):
+            raise ModelConfigError(
+                f"{_where('architectures', source)} must be a list of at most {MAX_ARCHITECTURES} names"
+            )
         out["architectures"] = list(archs)
     for key in ("tie_word_embeddings", "attention_bias"):
         if config.get(key) is not None:
@@ -102,8 +107,9 @@ def _text(config: dict[str, Any], source: str) -> dict[str, Any]:
     if quant is not None:
         method = quant.get("quant_method") if isinstance(quant, dict) else None
         if not isinstance(quant, dict) or (method is not None and (not isinstance(method, str) or len(method) > 64)):
-            raise ModelConfigError(f"{_where('quantization_config', source)} must be an object whose quant_method "
-                                   "is a short string")
+            raise ModelConfigError(
+                f"{_where('quantization_config', source)} must be an object whose quant_method is a short string"
+            )
         if method:
             out["quantization_config"] = {"quant_method": method}
     return out
@@ -129,11 +135,14 @@ def check(config: Any, source: str = "") -> dict[str, Any]:
                 raise ModelConfigError(f"{_where(field.name, source)} is missing; it is needed to size the model")
     heads, kv_heads = out["num_attention_heads"], out.get("num_key_value_heads")
     if kv_heads is not None and kv_heads > heads:
-        raise ModelConfigError(f"{_where('num_key_value_heads', source)} ({kv_heads}) exceeds num_attention_heads "
-                               f"({heads})")
+        raise ModelConfigError(
+            f"{_where('num_key_value_heads', source)} ({kv_heads}) exceeds num_attention_heads ({heads})"
+        )
     if "head_dim" not in out and out["hidden_size"] < heads:
-        raise ModelConfigError(f"{_where('hidden_size', source)} ({out['hidden_size']}) is smaller than "
-                               f"num_attention_heads ({heads}) and no head_dim is given")
+        raise ModelConfigError(
+            f"{_where('hidden_size', source)} ({out['hidden_size']}) is smaller than "
+            f"num_attention_heads ({heads}) and no head_dim is given"
+        )
     if out.get("num_experts_per_tok", 0) > out.get("num_local_experts", 0) > 0:
         raise ModelConfigError(f"{_where('num_experts_per_tok', source)} exceeds num_local_experts")
     if out.get("first_k_dense_replace", 0) > out["num_hidden_layers"]:
@@ -144,10 +153,13 @@ def check(config: Any, source: str = "") -> dict[str, Any]:
 def parse(raw: str | bytes, source: str = "") -> dict[str, Any]:
     """config.json text -> checked fields. Size-capped before parsing; NaN and Infinity refused."""
     if len(raw) > MAX_CONFIG_BYTES:
-        raise ModelConfigError(f"{source or 'the model config'} is {len(raw):,} bytes; at most "
-                               f"{MAX_CONFIG_BYTES:,} are read")
+        raise ModelConfigError(
+            f"{source or 'the model config'} is {len(raw):,} bytes; at most {MAX_CONFIG_BYTES:,} are read"
+        )
+
     def no_constants(name: str) -> Any:
         raise ModelConfigError(f"{source or 'the model config'} holds {name}, which is not a number JSON allows")
+
     try:
         config = json.loads(raw, parse_constant=no_constants)
     except RecursionError:
@@ -162,4 +174,5 @@ def parse(raw: str | bytes, source: str = "") -> dict[str, Any]:
 def to_shape(fields: dict[str, Any]) -> Any:
     """Checked fields -> the memory model's ModelShape."""
     from .memory import shape_from_config  # memory imports api, which imports this table
+
     return shape_from_config(fields)

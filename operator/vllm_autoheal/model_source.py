@@ -11,6 +11,7 @@ unless configured). A handler never waits longer than the Hub timeout: the fetch
 pool, one fetch per (endpoint, model, revision, token), and its result is kept in memory, so
 many VLLMServices of one model cost one request.
 """
+
 from __future__ import annotations
 
 import base64
@@ -37,10 +38,10 @@ OK_TTL_S, ERROR_TTL_S, MAX_CACHED = 3600.0, 60.0, 512
 
 @dataclass(frozen=True)
 class HubSettings:
-    endpoint: str | None = None          # None: never ask the Hub
-    cache_dir: str | None = None         # huggingface_hub's cache; None: its default
-    timeout_s: float = 5.0               # the longest a handler waits for an answer
-    secret_tokens: bool = True           # the operator may read spec.hfTokenSecretRef for the Hub
+    endpoint: str | None = None  # None: never ask the Hub
+    cache_dir: str | None = None  # huggingface_hub's cache; None: its default
+    timeout_s: float = 5.0  # the longest a handler waits for an answer
+    secret_tokens: bool = True  # the operator may read spec.hfTokenSecretRef for the Hub
 
     @property
     def request_timeout_s(self) -> float:
@@ -50,18 +51,20 @@ class HubSettings:
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> "HubSettings":
         env = dict(os.environ if env is None else env)
-        return cls(endpoint=(env.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/"),
-                   cache_dir=env.get("HF_HUB_CACHE") or None)
+        return cls(
+            endpoint=(env.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/"), cache_dir=env.get("HF_HUB_CACHE") or None
+        )
 
 
 @dataclass
 class Resolved:
     """A model's shape and where it came from, or why it could not be had."""
+
     source: str
     fields: dict[str, Any] | None = None
     error: str | None = None
     shape: Any = field(default=None, repr=False)
-    pending: bool = False       # the Hub has not answered yet; asking again later will know
+    pending: bool = False  # the Hub has not answered yet; asking again later will know
 
     @property
     def ok(self) -> bool:
@@ -79,6 +82,7 @@ def _shaped(source: str, load: Callable[[], dict[str, Any]]) -> Resolved:
 
 
 # --- local files -----------------------------------------------------------------------------
+
 
 def read_capped(path: Path, source: str) -> dict[str, Any]:
     try:
@@ -101,10 +105,12 @@ def from_path(path: str | Path) -> dict[str, Any]:
 
 # --- the Hub ---------------------------------------------------------------------------------
 
+
 def from_hub(repo_id: str, revision: str | None, hub: HubSettings, token: str | bool | None) -> dict[str, Any]:
     """config.json of a Hub repo through huggingface_hub; errors say what to do. `token`: a
     string, False for none, None for huggingface_hub's own lookup (HF_TOKEN, `hf auth login`)."""
     from huggingface_hub import errors, get_hf_file_metadata, hf_hub_download, hf_hub_url
+
     if not hub.endpoint:
         raise ModelConfigError("Hub lookups are off; give the model config another way")
     if not REPO_ID.match(repo_id) or ".." in repo_id:
@@ -113,33 +119,45 @@ def from_hub(repo_id: str, revision: str | None, hub: HubSettings, token: str | 
     kwargs = dict(revision=revision, endpoint=hub.endpoint, token=token)
     try:
         try:
-            meta = get_hf_file_metadata(hf_hub_url(repo_id, CONFIG_FILE, revision=revision, endpoint=hub.endpoint),
-                                        token=token, timeout=hub.request_timeout_s, endpoint=hub.endpoint)
+            meta = get_hf_file_metadata(
+                hf_hub_url(repo_id, CONFIG_FILE, revision=revision, endpoint=hub.endpoint),
+                token=token,
+                timeout=hub.request_timeout_s,
+                endpoint=hub.endpoint,
+            )
         except errors.HfHubHTTPError:
             raise
         except Exception:  # the Hub cannot be reached: a copy cached earlier still serves
             path = hf_hub_download(repo_id, CONFIG_FILE, cache_dir=hub.cache_dir, local_files_only=True, **kwargs)
         else:
             if meta.size is not None and meta.size > MAX_CONFIG_BYTES:
-                raise ModelConfigError(f"config.json of {where} is {meta.size:,} bytes; at most "
-                                       f"{MAX_CONFIG_BYTES:,} are read")
-            path = hf_hub_download(repo_id, CONFIG_FILE, cache_dir=hub.cache_dir, etag_timeout=hub.request_timeout_s,
-                                   **kwargs)
+                raise ModelConfigError(
+                    f"config.json of {where} is {meta.size:,} bytes; at most {MAX_CONFIG_BYTES:,} are read"
+                )
+            path = hf_hub_download(
+                repo_id, CONFIG_FILE, cache_dir=hub.cache_dir, etag_timeout=hub.request_timeout_s, **kwargs
+            )
     except ModelConfigError:
         raise
     except errors.GatedRepoError:
-        raise ModelConfigError(f"{where} is gated: accept its terms on the Hub and give a token with access "
-                               "(spec.hfTokenSecretRef, or HF_TOKEN)") from None
+        raise ModelConfigError(
+            f"{where} is gated: accept its terms on the Hub and give a token with access "
+            "(spec.hfTokenSecretRef, or HF_TOKEN)"
+        ) from None
     except errors.RepositoryNotFoundError as exc:
         status = getattr(getattr(exc, "response", None), "status_code", None)
-        hint = "it is private or gated and no token with access was given" if status == 401 or not token \
+        hint = (
+            "it is private or gated and no token with access was given"
+            if status == 401 or not token
             else "the token has no access to it"
+        )
         raise ModelConfigError(f"{where}: no such model, or {hint} (HTTP {status})") from None
     except errors.RevisionNotFoundError:
         raise ModelConfigError(f"{where}: no such revision") from None
     except errors.LocalEntryNotFoundError:  # (an EntryNotFoundError too: first)
-        raise ModelConfigError(f"{where}: the Hub could not be reached within {hub.request_timeout_s:g} s "
-                               "and no copy is cached") from None
+        raise ModelConfigError(
+            f"{where}: the Hub could not be reached within {hub.request_timeout_s:g} s and no copy is cached"
+        ) from None
     except errors.RemoteEntryNotFoundError:
         raise ModelConfigError(f"{where} has no {CONFIG_FILE}") from None
     except errors.HfHubHTTPError as exc:
@@ -150,8 +168,9 @@ def from_hub(repo_id: str, revision: str | None, hub: HubSettings, token: str | 
     return read_capped(Path(path), f"config.json of {where}")
 
 
-def resolve_local(model: str, revision: str | None = None, hub: HubSettings | None = None,
-                  token: str | bool | None = None) -> tuple[dict[str, Any], str]:
+def resolve_local(
+    model: str, revision: str | None = None, hub: HubSettings | None = None, token: str | bool | None = None
+) -> tuple[dict[str, Any], str]:
     """For the CLI: a local path, else a Hub repo id. Returns (checked fields, source)."""
     if Path(model).expanduser().exists():
         return from_path(Path(model).expanduser()), str(model)
@@ -163,11 +182,11 @@ def resolve_local(model: str, revision: str | None = None, hub: HubSettings | No
 
 # --- the operator: settings read once, a bounded cache, a deadline ----------------------------
 
-_hub = HubSettings()                 # off until the operator's start-up configures it
+_hub = HubSettings()  # off until the operator's start-up configures it
 _pool: ThreadPoolExecutor | None = None
 _cache: dict[tuple, tuple[float, Resolved]] = {}
 _inflight: dict[tuple, Future] = {}
-_guard = threading.RLock()   # a done-callback may run inside it
+_guard = threading.RLock()  # a done-callback may run inside it
 
 
 def configure(hub: HubSettings) -> None:
@@ -197,11 +216,17 @@ def _hub_cached(repo_id: str, revision: str | None, token: str | None) -> Resolv
     hub = _hub
     source = f"{repo_id}@{revision or 'main'} on the Hub"
     if not REPO_ID.match(repo_id) or ".." in repo_id:
-        return Resolved(source=source, error=f"spec.model {repo_id[:100]!r} is not a Hub repo id (a path inside "
-                                             "the pod?); set spec.modelConfig to check memory before start")
+        return Resolved(
+            source=source,
+            error=f"spec.model {repo_id[:100]!r} is not a Hub repo id (a path inside "
+            "the pod?); set spec.modelConfig to check memory before start",
+        )
     if not hub.endpoint or _pool is None:
-        return Resolved(source=source, error="the operator's Hub lookups are off (--hub-endpoint); "
-                                             "set spec.modelConfig to check memory before start")
+        return Resolved(
+            source=source,
+            error="the operator's Hub lookups are off (--hub-endpoint); "
+            "set spec.modelConfig to check memory before start",
+        )
     digest = hashlib.sha256(token.encode()).hexdigest()[:16] if token else None  # never the token itself
     key = (hub.endpoint, repo_id, revision, digest)
     with _guard:
@@ -216,8 +241,9 @@ def _hub_cached(repo_id: str, revision: str | None, token: str | None) -> Resolv
     try:
         return future.result(timeout=hub.timeout_s)
     except FutureTimeout:
-        return Resolved(source=source, pending=True,
-                        error=f"the Hub did not answer within {hub.timeout_s:g} s; still trying")
+        return Resolved(
+            source=source, pending=True, error=f"the Hub did not answer within {hub.timeout_s:g} s; still trying"
+        )
 
 
 def _secret_token(namespace: str, ref: Any, get: Callable[[str], Any]) -> str | None:
@@ -245,8 +271,10 @@ def _for_service(obj: Any, get: Callable[[str], Any]) -> Resolved:
     namespace = meta.get("namespace") or "default"
     source = spec.model_config_source
     if source is not None and source.inline is not None:
-        return _shaped("spec.modelConfig.inline",
-                       lambda: check(source.inline.model_dump(exclude_none=True), "spec.modelConfig.inline"))
+        return _shaped(
+            "spec.modelConfig.inline",
+            lambda: check(source.inline.model_dump(exclude_none=True), "spec.modelConfig.inline"),
+        )
     if source is not None and source.config_map_ref is not None:
         ref = source.config_map_ref
         where = f"ConfigMap {namespace}/{ref.name} key {ref.key}"
@@ -259,12 +287,16 @@ def _for_service(obj: Any, get: Callable[[str], Any]) -> Resolved:
             if not isinstance(raw, str):
                 raise ModelConfigError(f"{where}: no such key")
             return parse(raw, where)
+
         return _shaped(where, load)
     raw = (meta.get("annotations") or {}).get(DEPRECATED_ANNOTATION)
     if raw is not None:
         where = f"annotation {DEPRECATED_ANNOTATION} (deprecated: use spec.modelConfig)"
         return _shaped(where, lambda: parse(raw if isinstance(raw, str) else "", where))
-    token = _secret_token(namespace, spec.hf_token_secret_ref, get) \
-        if spec.hf_token_secret_ref and _hub.endpoint and _hub.secret_tokens and REPO_ID.match(spec.model) else None
+    token = (
+        _secret_token(namespace, spec.hf_token_secret_ref, get)
+        if spec.hf_token_secret_ref and _hub.endpoint and _hub.secret_tokens and REPO_ID.match(spec.model)
+        else None
+    )
     revision = source.revision if source is not None else None
     return _hub_cached(spec.model, revision, token)

@@ -1,6 +1,7 @@
 """`plan`'s answer to "how many GPUs, which checkpoint": every tensor-parallel size 1-8 that
 divides the heads, the model's own dtype and each quantized variant named, auto and fp8 KV cache,
 each through the memory model; and a one-line memory bar per GPU. Pure."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -14,18 +15,23 @@ MAX_TP = 8
 KV_DTYPES = ("auto", "fp8")
 BAR_WIDTH = 50
 # (label, glyph, Estimate field) in the order vLLM takes the memory
-SEGMENTS = (("weights", "W", "weights_gib"), ("activation", "A", "activation_gib"),
-            ("non-torch", "N", "non_torch_gib"), ("graphs", "G", "cudagraph_gib"), ("KV", "K", "kv_cache_gib"))
+SEGMENTS = (
+    ("weights", "W", "weights_gib"),
+    ("activation", "A", "activation_gib"),
+    ("non-torch", "N", "non_torch_gib"),
+    ("graphs", "G", "cudagraph_gib"),
+    ("KV", "K", "kv_cache_gib"),
+)
 
 
 @dataclass
 class Option:
     tensor_parallel_size: int
-    quantization: str | None      # None: the checkpoint as it is (its dtype, or its own quantization)
+    quantization: str | None  # None: the checkpoint as it is (its dtype, or its own quantization)
     kv_cache_dtype: str
     estimate: Estimate
     pipeline_parallel_size: int = 1
-    model_limit: int = 0          # the model's max_position_embeddings: no longer context is served
+    model_limit: int = 0  # the model's max_position_embeddings: no longer context is served
     smallest: bool = False
 
     @property
@@ -39,11 +45,19 @@ class Option:
 
     def to_dict(self) -> dict[str, Any]:
         e = self.estimate
-        return {"tensor_parallel_size": self.tensor_parallel_size, "quantization": self.quantization,
-                "kv_cache_dtype": self.kv_cache_dtype, "gpus": self.gpus, "fits": e.fits,
-                "weights_gib": round(e.weights_gib, 3), "kv_tokens": e.kv_tokens,
-                "max_model_len_fit": self.max_model_len_fit, "max_concurrency": e.max_concurrency,
-                "failure": e.failure, "smallest": self.smallest}
+        return {
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "quantization": self.quantization,
+            "kv_cache_dtype": self.kv_cache_dtype,
+            "gpus": self.gpus,
+            "fits": e.fits,
+            "weights_gib": round(e.weights_gib, 3),
+            "kv_tokens": e.kv_tokens,
+            "max_model_len_fit": self.max_model_len_fit,
+            "max_concurrency": e.max_concurrency,
+            "failure": e.failure,
+            "smallest": self.smallest,
+        }
 
 
 def tensor_parallel_sizes(shape: ModelShape) -> list[int]:
@@ -51,8 +65,14 @@ def tensor_parallel_sizes(shape: ModelShape) -> list[int]:
     return [tp for tp in range(1, MAX_TP + 1) if shape.heads % tp == 0]
 
 
-def options(shape: ModelShape, engine: EngineArgs, gpu: GpuSpec, free_gib: float | None = None,
-            entrypoint: str = "server", quantized_variants: list[str] | None = None) -> list[Option]:
+def options(
+    shape: ModelShape,
+    engine: EngineArgs,
+    gpu: GpuSpec,
+    free_gib: float | None = None,
+    entrypoint: str = "server",
+    quantized_variants: list[str] | None = None,
+) -> list[Option]:
     """Each combination at the asked flags otherwise; the smallest that fits is marked: fewest
     GPUs, then the checkpoint as it is before a quantized one, then auto KV before fp8."""
     variants = [None, *[q for q in dict.fromkeys(quantized_variants or []) if q != shape.quantization]]
@@ -60,28 +80,45 @@ def options(shape: ModelShape, engine: EngineArgs, gpu: GpuSpec, free_gib: float
     for tp in tensor_parallel_sizes(shape):
         for quant in variants:
             for kv in KV_DTYPES:
-                e = engine.model_copy(update={"tensor_parallel_size": tp, "kv_cache_dtype": kv,
-                                              "quantization": quant or engine.quantization})
-                out.append(Option(tp, quant, kv, estimate(shape, e, gpu, free_gib, entrypoint),
-                                  pipeline_parallel_size=engine.pipeline_parallel_size,
-                                  model_limit=shape.max_position_embeddings))
+                e = engine.model_copy(
+                    update={
+                        "tensor_parallel_size": tp,
+                        "kv_cache_dtype": kv,
+                        "quantization": quant or engine.quantization,
+                    }
+                )
+                out.append(
+                    Option(
+                        tp,
+                        quant,
+                        kv,
+                        estimate(shape, e, gpu, free_gib, entrypoint),
+                        pipeline_parallel_size=engine.pipeline_parallel_size,
+                        model_limit=shape.max_position_embeddings,
+                    )
+                )
     fitting = [o for o in out if o.estimate.fits]
     if fitting:
-        min(fitting, key=lambda o: (o.gpus, variants.index(o.quantization), KV_DTYPES.index(o.kv_cache_dtype))
-            ).smallest = True
+        min(
+            fitting, key=lambda o: (o.gpus, variants.index(o.quantization), KV_DTYPES.index(o.kv_cache_dtype))
+        ).smallest = True
     return out
 
 
 def render_options(opts: list[Option], max_model_len: int) -> str:
-    head = (f"{'':2}{'TP':>3} {'GPUs':>4}  {'weights':<12} {'KV cache':<8} {'weights/GPU':>11} {'KV tokens':>11} "
-            f"{'max len fits':>12} {'conc. @ ' + format(max_model_len, ','):>16}  fits")
+    head = (
+        f"{'':2}{'TP':>3} {'GPUs':>4}  {'weights':<12} {'KV cache':<8} {'weights/GPU':>11} {'KV tokens':>11} "
+        f"{'max len fits':>12} {'conc. @ ' + format(max_model_len, ','):>16}  fits"
+    )
     lines = [head]
     for o in opts:
         e = o.estimate
-        lines.append(f"{'*' if o.smallest else '':2}{o.tensor_parallel_size:>3} {o.gpus:>4}  "
-                     f"{o.quantization or 'as is':<12} {o.kv_cache_dtype:<8} {e.weights_gib:>7.2f} GiB "
-                     f"{e.kv_tokens:>11,} {o.max_model_len_fit:>12,} {e.max_concurrency:>15g}x  "
-                     f"{'yes' if e.fits else 'no: ' + (e.failure or '')}")
+        lines.append(
+            f"{'*' if o.smallest else '':2}{o.tensor_parallel_size:>3} {o.gpus:>4}  "
+            f"{o.quantization or 'as is':<12} {o.kv_cache_dtype:<8} {e.weights_gib:>7.2f} GiB "
+            f"{e.kv_tokens:>11,} {o.max_model_len_fit:>12,} {e.max_concurrency:>15g}x  "
+            f"{'yes' if e.fits else 'no: ' + (e.failure or '')}"
+        )
     lines.append("max len fits: the longest request the KV cache holds, at most the model's own context")
     if any(o.smallest for o in opts):
         lines.append("* the smallest option that fits (fewest GPUs; the checkpoint as it is; auto KV cache)")
@@ -94,7 +131,7 @@ def memory_bar(e: Estimate, width: int = BAR_WIDTH) -> str:
     """One GPU's memory as vLLM takes it: W weights | A activation | N non-torch | G graphs | K KV | . free;
     ! marks what does not fit in the GPU."""
     used = [(glyph, max(getattr(e, attr), 0.0)) for _, glyph, attr in SEGMENTS]
-    taken = sum(g for _, g in used) + (e.gpu_total_gib - e.gpu_free_gib)   # another process's share: x
+    taken = sum(g for _, g in used) + (e.gpu_total_gib - e.gpu_free_gib)  # another process's share: x
     scale = width / max(e.gpu_total_gib, taken, 1e-9)
     bar, edge = "", 0.0
     for glyph, gib in [("x", e.gpu_total_gib - e.gpu_free_gib), *used]:
@@ -103,8 +140,11 @@ def memory_bar(e: Estimate, width: int = BAR_WIDTH) -> str:
     limit = round(e.gpu_total_gib * scale)
     bar = bar[:limit] + "!" * (len(bar) - limit) if len(bar) > limit else bar + "." * (width - len(bar))
     free = e.gpu_total_gib - taken
-    return f"[{bar}] " + " ".join(f"{glyph} {getattr(e, attr):.1f}" for _, glyph, attr in SEGMENTS) + \
-        (f" free {free:.1f} GiB" if free >= 0 else f" over by {-free:.1f} GiB")
+    return (
+        f"[{bar}] "
+        + " ".join(f"{glyph} {getattr(e, attr):.1f}" for _, glyph, attr in SEGMENTS)
+        + (f" free {free:.1f} GiB" if free >= 0 else f" over by {-free:.1f} GiB")
+    )
 
 
 def render_bars(e: Estimate, gpus: int) -> str:

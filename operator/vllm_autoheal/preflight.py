@@ -4,6 +4,7 @@ The memory model predicts the failure vLLM would print; the remedy planner then
 treats that prediction like a real crash. So pre-flight and healing share one
 set of rules, and a `Fix` start is what a heal would have reached, minus the crash.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ MAX_FIX_STEPS = 6
 class PreflightResult:
     fits: bool
     estimate: Estimate
-    engine: EngineArgs                  # the flags to start with (changed only in Fix mode)
+    engine: EngineArgs  # the flags to start with (changed only in Fix mode)
     steps: list[Remedy] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
 
@@ -35,19 +36,33 @@ def predicted_diagnosis(est: Estimate, engine: EngineArgs) -> Diagnosis:
     """The diagnosis vLLM's own message would give for the memory model's predicted failure."""
     numbers: dict[str, float | int] = {}
     if est.failure == "kv_cache_insufficient":
-        numbers = {"max_seq_len": est.max_model_len, "available_gib": round(est.kv_cache_gib, 2),
-                   "needed_gib": round(est.kv_bytes_per_token * est.max_model_len / GIB, 2)}
+        numbers = {
+            "max_seq_len": est.max_model_len,
+            "available_gib": round(est.kv_cache_gib, 2),
+            "needed_gib": round(est.kv_bytes_per_token * est.max_model_len / GIB, 2),
+        }
         if est.max_model_len_fit > 0:
             numbers["estimated_max_model_len"] = int(est.max_model_len_fit * 0.97)  # model error margin
     elif est.failure == "gpu_util_exceeds_free":
-        numbers = {"free_gib": round(est.gpu_free_gib, 2), "total_gib": est.gpu_total_gib,
-                   "util": engine.gpu_memory_utilization, "requested_gib": round(est.requested_gib, 2)}
-    return Diagnosis(cause=est.failure or "unknown", phase="predicted", numbers=numbers,
-                     evidence=est.reasons[:2], confidence="medium", source="memory-model")
+        numbers = {
+            "free_gib": round(est.gpu_free_gib, 2),
+            "total_gib": est.gpu_total_gib,
+            "util": engine.gpu_memory_utilization,
+            "requested_gib": round(est.requested_gib, 2),
+        }
+    return Diagnosis(
+        cause=est.failure or "unknown",
+        phase="predicted",
+        numbers=numbers,
+        evidence=est.reasons[:2],
+        confidence="medium",
+        source="memory-model",
+    )
 
 
-def preflight(spec: VLLMServiceSpec, gpu: GpuSpec, shape: ModelShape, free_gib: float | None = None,
-              entrypoint: str = "server") -> PreflightResult:
+def preflight(
+    spec: VLLMServiceSpec, gpu: GpuSpec, shape: ModelShape, free_gib: float | None = None, entrypoint: str = "server"
+) -> PreflightResult:
     engine = spec.engine
     est = estimate(shape, engine, gpu, free_gib, entrypoint)
     result = PreflightResult(fits=est.fits, estimate=est, engine=engine, reasons=list(est.reasons))

@@ -1,4 +1,5 @@
 """Owns size parsing: Kubernetes resource quantities <-> bytes, and vLLM's human-readable sizes."""
+
 from __future__ import annotations
 
 import re
@@ -6,8 +7,22 @@ from fractions import Fraction
 
 from .diagnosis.units import EB, EIB, GB, GIB, KB, KIB, MB, MIB, PB, PIB, TB, TIB
 
-_SUFFIX = {"": 1, "k": KB, "M": MB, "G": GB, "T": TB, "P": PB, "E": EB,
-           "Ki": KIB, "Mi": MIB, "Gi": GIB, "Ti": TIB, "Pi": PIB, "Ei": EIB, "m": Fraction(1, 1000)}
+_SUFFIX = {
+    "": 1,
+    "k": KB,
+    "M": MB,
+    "G": GB,
+    "T": TB,
+    "P": PB,
+    "E": EB,
+    "Ki": KIB,
+    "Mi": MIB,
+    "Gi": GIB,
+    "Ti": TIB,
+    "Pi": PIB,
+    "Ei": EIB,
+    "m": Fraction(1, 1000),
+}
 # vLLM's sizes are case-insensitive ("8g", "8GiB"): each lower-case suffix is the quantity's suffix.
 _ANY_CASE = {s.lower(): s for s in _SUFFIX if s != "m"}
 _SIZE = re.compile(r"^([0-9.]+)\s*([a-z]*)$")

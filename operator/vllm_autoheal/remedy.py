@@ -7,6 +7,7 @@ let through by the safety gate (remedy_gate.py) wins. Sizes come from the number
 memory model when it printed none. Blind stepping is the last resort, never the
 first: a model load costs minutes on a real GPU.
 """
+
 from __future__ import annotations
 
 import math
@@ -18,8 +19,15 @@ from .diagnosis import Diagnosis
 from .diagnosis.model import Cause
 from .engine import BY_FIELD, parse_args
 from .diagnosis.units import GIB, MIB
-from .memory import (BLOCK_SIZE, CUDA_CONTEXT_GIB, CUDAGRAPH_GIB, ModelShape, default_max_num_batched_tokens,
-                     default_max_num_seqs, estimate)
+from .memory import (
+    BLOCK_SIZE,
+    CUDA_CONTEXT_GIB,
+    CUDAGRAPH_GIB,
+    ModelShape,
+    default_max_num_batched_tokens,
+    default_max_num_seqs,
+    estimate,
+)
 from .gpu_catalog import GpuSpec
 from .quantity import format_bytes, parse_quantity
 from .remedy_gate import Limits, check, utilization_floor
@@ -34,10 +42,11 @@ VPA_RATIO, VPA_MIN_BUMP = 1.2, 100 * MIB  # Kubernetes VPA's OOM bump (DefaultOO
 @dataclass
 class Inventory:
     """What is known about where the engine runs; every field may be unknown."""
+
     gpu_total_gib: float | None = None
-    gpu_free_gib: float | None = None        # free before vLLM starts (other processes excluded)
+    gpu_free_gib: float | None = None  # free before vLLM starts (other processes excluded)
     shape: ModelShape | None = None
-    memory_limit_bytes: int | None = None    # the container's limit (host RAM)
+    memory_limit_bytes: int | None = None  # the container's limit (host RAM)
     entrypoint: str = "server"
 
 
@@ -139,8 +148,10 @@ def _expect(ctx: Context, changes: dict[str, Any]) -> str:
     after = ctx.engine.model_copy(update={k: v for k, v in changes.items() if k in EngineArgs.model_fields})
     est = estimate(ctx.inv.shape, after, GpuSpec("gpu", ctx.total), ctx.inv.gpu_free_gib, ctx.inv.entrypoint)
     verdict = "fits" if est.fits else f"still fails: {'; '.join(est.reasons)}"
-    return f"KV cache {est.kv_cache_gib:.2f} GiB holds {est.kv_tokens:,} tokens for max_model_len " \
-           f"{est.max_model_len:,} ({verdict})."
+    return (
+        f"KV cache {est.kv_cache_gib:.2f} GiB holds {est.kv_tokens:,} tokens for max_model_len "
+        f"{est.max_model_len:,} ({verdict})."
+    )
 
 
 def raise_utilization_for_kv(ctx: Context) -> Remedy | None:
@@ -152,15 +163,21 @@ def raise_utilization_for_kv(ctx: Context) -> Remedy | None:
     limit = min(ctx.policy.bounds.max_gpu_memory_utilization, _util(room / total))
     if want > limit:
         return None
-    return Remedy("RaiseGpuMemoryUtilization", {"gpu_memory_utilization": want},
-                  f"the KV cache needs {needed:g} GiB and has {available:g} GiB; the GPU has room for "
-                  f"utilization {want} (free memory allows up to {limit}), so no context is lost.")
+    return Remedy(
+        "RaiseGpuMemoryUtilization",
+        {"gpu_memory_utilization": want},
+        f"the KV cache needs {needed:g} GiB and has {available:g} GiB; the GPU has room for "
+        f"utilization {want} (free memory allows up to {limit}), so no context is lost.",
+    )
 
 
 def lower_max_model_len(ctx: Context) -> Remedy | None:
     estimated = ctx.num("estimated_max_model_len") or ctx.num("kv_tokens")
-    source = ("the memory model's estimate (3% margin)" if ctx.diag.source == "memory-model" else
-              "vLLM's own estimate") if estimated else ""
+    source = (
+        ("the memory model's estimate (3% margin)" if ctx.diag.source == "memory-model" else "vLLM's own estimate")
+        if estimated
+        else ""
+    )
     if not estimated and ctx.inv.shape is not None and ctx.total:
         est = estimate(ctx.inv.shape, ctx.engine, GpuSpec("gpu", ctx.total), ctx.inv.gpu_free_gib, ctx.inv.entrypoint)
         estimated, source = est.max_model_len_fit * 0.97, "the memory model (with a 3% margin)"
@@ -170,9 +187,12 @@ def lower_max_model_len(ctx: Context) -> Remedy | None:
     current = ctx.engine.max_model_len or int(ctx.num("max_seq_len") or 0) or None
     if new < ctx.policy.bounds.min_max_model_len or (current is not None and new >= current):
         return None
-    return Remedy("LowerMaxModelLen", {"max_model_len": new},
-                  f"the KV cache holds {int(estimated):,} tokens by {source}; max_model_len "
-                  f"{current or 'default'} -> {new:,} (a multiple of the {BLOCK_SIZE}-token block).")
+    return Remedy(
+        "LowerMaxModelLen",
+        {"max_model_len": new},
+        f"the KV cache holds {int(estimated):,} tokens by {source}; max_model_len "
+        f"{current or 'default'} -> {new:,} (a multiple of the {BLOCK_SIZE}-token block).",
+    )
 
 
 def raise_utilization_blind(ctx: Context) -> Remedy | None:
@@ -183,9 +203,11 @@ def raise_utilization_blind(ctx: Context) -> Remedy | None:
         limit = min(limit, _util(room / total))
     if limit <= ctx.engine.gpu_memory_utilization:
         return None
-    return Remedy("RaiseGpuMemoryUtilization", {"gpu_memory_utilization": limit},
-                  "no memory was left for a single KV block; utilization raised to the most the bounds "
-                  "and free memory allow.")
+    return Remedy(
+        "RaiseGpuMemoryUtilization",
+        {"gpu_memory_utilization": limit},
+        "no memory was left for a single KV block; utilization raised to the most the bounds and free memory allow.",
+    )
 
 
 def fp8_kv_cache(ctx: Context) -> Remedy | None:
@@ -200,8 +222,11 @@ def more_tensor_parallel(ctx: Context) -> Remedy | None:
         return None
     if ctx.inv.shape is not None and ctx.inv.shape.heads % (tp * 2):
         return None
-    return Remedy("IncreaseTensorParallel", {"tensor_parallel_size": tp * 2},
-                  f"split the model over {tp * 2} GPUs: half the weights and KV per GPU.")
+    return Remedy(
+        "IncreaseTensorParallel",
+        {"tensor_parallel_size": tp * 2},
+        f"split the model over {tp * 2} GPUs: half the weights and KV per GPU.",
+    )
 
 
 def fit_utilization_to_free(ctx: Context) -> Remedy | None:
@@ -219,9 +244,12 @@ def fit_utilization_to_free(ctx: Context) -> Remedy | None:
     new = _util((free - margin) / total)
     if new < ctx.floor or new >= ctx.engine.gpu_memory_utilization:
         return None
-    return Remedy("LowerGpuMemoryUtilization", {"gpu_memory_utilization": new},
-                  f"only {free:g} of {total:g} GiB was free at start; utilization {new} asks for "
-                  f"{new * total:.2f} GiB, leaving {free - new * total:.2f} GiB of margin.")
+    return Remedy(
+        "LowerGpuMemoryUtilization",
+        {"gpu_memory_utilization": new},
+        f"only {free:g} of {total:g} GiB was free at start; utilization {new} asks for "
+        f"{new * total:.2f} GiB, leaving {free - new * total:.2f} GiB of margin.",
+    )
 
 
 def fit_kv_bytes_to_free(ctx: Context) -> Remedy | None:
@@ -237,16 +265,22 @@ def fit_kv_bytes_to_free(ctx: Context) -> Remedy | None:
         return None
     if not math.isfinite(new_gib) or new_gib <= 0 or (requested is not None and new_gib >= requested):
         return None
-    return Remedy("SetKvCacheMemoryBytes", {"kv_cache_memory_bytes": int(new_gib * GIB)},
-                  f"{free:g} GiB was free; the KV cache is set to {new_gib:g} GiB so that it fits.")
+    return Remedy(
+        "SetKvCacheMemoryBytes",
+        {"kv_cache_memory_bytes": int(new_gib * GIB)},
+        f"{free:g} GiB was free; the KV cache is set to {new_gib:g} GiB so that it fits.",
+    )
 
 
 def quantized_model(ctx: Context) -> Remedy | None:
     fb = ctx.policy.quantized_fallback
     if not fb.allowed or not fb.model or ctx.spec.model == fb.model:
         return None
-    return Remedy("Quantize", {"model": fb.model, "quantization": fb.method},
-                  f"the weights do not fit; switching to the quantized {fb.model} ({fb.method}) the policy names.")
+    return Remedy(
+        "Quantize",
+        {"model": fb.model, "quantization": fb.method},
+        f"the weights do not fit; switching to the quantized {fb.model} ({fb.method}) the policy names.",
+    )
 
 
 def cpu_offload(ctx: Context) -> Remedy | None:
@@ -262,12 +296,16 @@ def cpu_offload(ctx: Context) -> Remedy | None:
     cap = ctx.limits.max_cpu_offload_gb
     if not math.isfinite(over) or (cap is not None and gb > cap):
         return None
-    return Remedy("CpuOffload", {"cpu_offload_gb": float(gb)},
-                  f"the weights exceed the budget by {over:.1f} GiB; {gb} GiB per GPU moves to host RAM (slower).")
+    return Remedy(
+        "CpuOffload",
+        {"cpu_offload_gb": float(gb)},
+        f"the weights exceed the budget by {over:.1f} GiB; {gb} GiB per GPU moves to host RAM (slower).",
+    )
 
 
-def _halve(field_name: str, action: str, floor_of: Callable[[Context], int], default: Callable[[Context], int],
-           why: str) -> Step:
+def _halve(
+    field_name: str, action: str, floor_of: Callable[[Context], int], default: Callable[[Context], int], why: str
+) -> Step:
     def step(ctx: Context) -> Remedy | None:
         current = getattr(ctx.engine, field_name) or default(ctx)
         new = max(floor_of(ctx), current // 2)
@@ -276,6 +314,7 @@ def _halve(field_name: str, action: str, floor_of: Callable[[Context], int], def
         if new >= current:
             return None
         return Remedy(action, {field_name: new}, why.format(current=current, new=new))
+
     return step
 
 
@@ -294,7 +333,12 @@ def seqs_from_allocation(ctx: Context) -> Remedy | None:
     as a power of two, and no more than vLLM's default for this GPU (which the warm-up is built for)."""
     tried, dummy, free = ctx.num("tried_gib"), ctx.num("dummy_requests"), ctx.num("gpu_free_gib")
     current = ctx.engine.max_num_seqs or (int(dummy) if dummy else None)
-    if not dummy and ctx.engine.max_num_seqs and ctx.total and ctx.engine.max_num_seqs > default_max_num_seqs(ctx.total):
+    if (
+        not dummy
+        and ctx.engine.max_num_seqs
+        and ctx.total
+        and ctx.engine.max_num_seqs > default_max_num_seqs(ctx.total)
+    ):
         dummy = ctx.engine.max_num_seqs  # the warm-up batch is max_num_seqs requests (vLLM 0.25 prints no count)
     if not tried or not dummy or not current:
         return None
@@ -309,17 +353,29 @@ def seqs_from_allocation(ctx: Context) -> Remedy | None:
     new = max(new, ctx.policy.bounds.min_max_num_seqs)
     if new >= current:
         return None
-    return Remedy("LowerMaxNumSeqs", {"max_num_seqs": new},
-                  f"the sampler warm-up with {int(dummy):,} requests asked for {tried:g} GiB "
-                  f"({per_seq * 1024:.3g} MiB per request); max_num_seqs {current:,} -> {new:,} keeps it within a "
-                  f"quarter of the memory that was free.")
+    return Remedy(
+        "LowerMaxNumSeqs",
+        {"max_num_seqs": new},
+        f"the sampler warm-up with {int(dummy):,} requests asked for {tried:g} GiB "
+        f"({per_seq * 1024:.3g} MiB per request); max_num_seqs {current:,} -> {new:,} keeps it within a "
+        f"quarter of the memory that was free.",
+    )
 
 
-lower_seqs = _halve("max_num_seqs", "LowerMaxNumSeqs", lambda c: c.policy.bounds.min_max_num_seqs, _seqs_default,
-                    "max_num_seqs {current} -> {new}: fewer sequences in the warm-up batch and at runtime.")
-lower_batched = _halve("max_num_batched_tokens", "LowerMaxNumBatchedTokens",
-                       lambda c: c.policy.bounds.min_max_num_batched_tokens, _mbt_default,
-                       "max_num_batched_tokens {current} -> {new}: the activation peak shrinks with it.")
+lower_seqs = _halve(
+    "max_num_seqs",
+    "LowerMaxNumSeqs",
+    lambda c: c.policy.bounds.min_max_num_seqs,
+    _seqs_default,
+    "max_num_seqs {current} -> {new}: fewer sequences in the warm-up batch and at runtime.",
+)
+lower_batched = _halve(
+    "max_num_batched_tokens",
+    "LowerMaxNumBatchedTokens",
+    lambda c: c.policy.bounds.min_max_num_batched_tokens,
+    _mbt_default,
+    "max_num_batched_tokens {current} -> {new}: the activation peak shrinks with it.",
+)
 
 
 def room_for_graphs(ctx: Context) -> Remedy | None:
@@ -336,17 +392,23 @@ def room_for_graphs(ctx: Context) -> Remedy | None:
     new = min(_util(current - (need - max(headroom, 0.0)) / total), ctx.policy.bounds.max_gpu_memory_utilization)
     if (ctx.floor is not None and new < ctx.floor) or new >= current:
         return None
-    return Remedy("LowerGpuMemoryUtilization", {"gpu_memory_utilization": new},
-                  f"CUDA-graph capture ran out of the {headroom:.2f} GiB left outside the budget; utilization "
-                  f"{current} -> {new} leaves {(1 - new) * total:.2f} GiB for the graphs (about "
-                  f"{CUDAGRAPH_GIB:g} GiB) and keeps them.")
+    return Remedy(
+        "LowerGpuMemoryUtilization",
+        {"gpu_memory_utilization": new},
+        f"CUDA-graph capture ran out of the {headroom:.2f} GiB left outside the budget; utilization "
+        f"{current} -> {new} leaves {(1 - new) * total:.2f} GiB for the graphs (about "
+        f"{CUDAGRAPH_GIB:g} GiB) and keeps them.",
+    )
 
 
 def enforce_eager(ctx: Context) -> Remedy | None:
     if ctx.engine.enforce_eager:
         return None
-    return Remedy("EnforceEager", {"enforce_eager": True},
-                  "skip CUDA-graph capture and the ~1 GiB it takes beyond the budget (some decode speed is lost).")
+    return Remedy(
+        "EnforceEager",
+        {"enforce_eager": True},
+        "skip CUDA-graph capture and the ~1 GiB it takes beyond the budget (some decode speed is lost).",
+    )
 
 
 def lower_utilization_step(ctx: Context) -> Remedy | None:
@@ -360,8 +422,11 @@ def lower_utilization_step(ctx: Context) -> Remedy | None:
     if new < ctx.floor:
         return None
     basis = f"{tried:g} GiB failed to allocate" if tried else "no allocation size was printed"
-    return Remedy("LowerGpuMemoryUtilization", {"gpu_memory_utilization": new},
-                  f"{basis}; utilization {ctx.engine.gpu_memory_utilization} -> {new} leaves that much headroom.")
+    return Remedy(
+        "LowerGpuMemoryUtilization",
+        {"gpu_memory_utilization": new},
+        f"{basis}; utilization {ctx.engine.gpu_memory_utilization} -> {new} leaves that much headroom.",
+    )
 
 
 def raise_memory_limit(ctx: Context) -> Remedy | None:
@@ -374,9 +439,12 @@ def raise_memory_limit(ctx: Context) -> Remedy | None:
     new = min(new, cap)
     if new <= used:
         return None
-    return Remedy("RaiseMemoryLimit", {"memory_limit": format_bytes(new)},
-                  f"the container was killed at its {format_bytes(used)} limit; raised VPA-style to "
-                  f"max(x1.2, +100Mi) = {format_bytes(new)} (bound {limit_text}).")
+    return Remedy(
+        "RaiseMemoryLimit",
+        {"memory_limit": format_bytes(new)},
+        f"the container was killed at its {format_bytes(used)} limit; raised VPA-style to "
+        f"max(x1.2, +100Mi) = {format_bytes(new)} (bound {limit_text}).",
+    )
 
 
 def lower_cpu_offload(ctx: Context) -> Remedy | None:
@@ -384,8 +452,11 @@ def lower_cpu_offload(ctx: Context) -> Remedy | None:
     if not gb:
         return None
     new = math.floor(gb / 2)
-    return Remedy("LowerCpuOffload", {"cpu_offload_gb": float(new)},
-                  f"cpu_offload_gb {gb:g} -> {new}: offloaded weights live in host RAM.")
+    return Remedy(
+        "LowerCpuOffload",
+        {"cpu_offload_gb": float(new)},
+        f"cpu_offload_gb {gb:g} -> {new}: offloaded weights live in host RAM.",
+    )
 
 
 def shrink_kv_bytes(ctx: Context) -> Remedy | None:
@@ -397,14 +468,22 @@ def shrink_kv_bytes(ctx: Context) -> Remedy | None:
         new = min(new, ctx.inv.memory_limit_bytes // 3)
     new = max(new // MIB, 1) * MIB
     new = max(new, ctx.policy.bounds.min_kv_cache_memory_bytes)
-    return Remedy("SetKvCacheMemoryBytes", {"kv_cache_memory_bytes": new},
-                  f"host RAM ran out; the KV cache {format_bytes(kv)} -> {format_bytes(new)}.")
+    return Remedy(
+        "SetKvCacheMemoryBytes",
+        {"kv_cache_memory_bytes": new},
+        f"host RAM ran out; the KV cache {format_bytes(kv)} -> {format_bytes(new)}.",
+    )
 
 
 # Every cause has a row; an empty one means no change is ever made for it.
 PLANS: dict[Cause, list[Step]] = {
-    Cause.KV_CACHE_INSUFFICIENT: [raise_utilization_for_kv, lower_max_model_len, raise_utilization_blind,
-                              fp8_kv_cache, more_tensor_parallel],
+    Cause.KV_CACHE_INSUFFICIENT: [
+        raise_utilization_for_kv,
+        lower_max_model_len,
+        raise_utilization_blind,
+        fp8_kv_cache,
+        more_tensor_parallel,
+    ],
     Cause.GPU_UTIL_EXCEEDS_FREE: [fit_utilization_to_free, fit_kv_bytes_to_free, lower_utilization_step],
     Cause.WEIGHTS_LOAD_OOM: [quantized_model, more_tensor_parallel, cpu_offload],
     Cause.PROFILING_OOM: [seqs_from_allocation, lower_seqs, lower_batched, lower_utilization_step],
@@ -417,10 +496,19 @@ PLANS: dict[Cause, list[Step]] = {
 }
 
 
-def plan_heal(spec: VLLMServiceSpec, diagnosis: Diagnosis, history: list[dict[str, Any]] | None = None,
-         inventory: Inventory | None = None, engine: EngineArgs | None = None, *, attempts: int | None = None,
-         failed: Collection[str] = (), model: str | None = None, memory_limit: str | None = None,
-         exclude: Collection[str] = ()) -> Remedy:
+def plan_heal(
+    spec: VLLMServiceSpec,
+    diagnosis: Diagnosis,
+    history: list[dict[str, Any]] | None = None,
+    inventory: Inventory | None = None,
+    engine: EngineArgs | None = None,
+    *,
+    attempts: int | None = None,
+    failed: Collection[str] = (),
+    model: str | None = None,
+    memory_limit: str | None = None,
+    exclude: Collection[str] = (),
+) -> Remedy:
     """The next change for this crash. `history`: earlier heals as {cause, action, ...};
     `engine`, `model`, `memory_limit`: what is deployed now (default: the spec's); `attempts`: heals
     so far (default: those in history); `failed`: fingerprints of settings that crashed of memory;
@@ -431,8 +519,10 @@ def plan_heal(spec: VLLMServiceSpec, diagnosis: Diagnosis, history: list[dict[st
     model = model or spec.model
     memory_limit = memory_limit if memory_limit is not None else spec.resources.limits.memory
     if diagnosis.cause == Cause.NOT_OOM:
-        return Remedy(NO_CHANGE, reason=f"not a memory failure ({diagnosis.subtype or 'see evidence'}); "
-                                        "memory flags stay as they are.")
+        return Remedy(
+            NO_CHANGE,
+            reason=f"not a memory failure ({diagnosis.subtype or 'see evidence'}); memory flags stay as they are.",
+        )
     if not PLANS[diagnosis.cause]:
         return Remedy(NO_CHANGE, reason="the cause is unknown; nothing is changed on a guess.")
     if not spec.heal.enabled:
@@ -443,8 +533,13 @@ def plan_heal(spec: VLLMServiceSpec, diagnosis: Diagnosis, history: list[dict[st
         return Remedy(GIVE_UP, reason=f"{done} heals already, the most spec.heal.maxAttempts allows.")
     tried = {h["action"] for h in heals if h.get("cause") == diagnosis.cause} - REPEATABLE
     if inv.gpu_free_gib is None:  # an earlier crash may have printed what was free; remember it
-        printed = [h["numbers"]["free_gib"] for h in history if isinstance(h.get("numbers"), dict)
-                   and h.get("cause") == "gpu_util_exceeds_free" and "free_gib" in h["numbers"]]
+        printed = [
+            h["numbers"]["free_gib"]
+            for h in history
+            if isinstance(h.get("numbers"), dict)
+            and h.get("cause") == "gpu_util_exceeds_free"
+            and "free_gib" in h["numbers"]
+        ]
         if printed:
             inv = Inventory(**{**inv.__dict__, "gpu_free_gib": printed[-1] + CUDA_CONTEXT_GIB})
     total = _number(diagnosis, "total_gib") or _number(diagnosis, "gpu_total_gib") or inv.gpu_total_gib
@@ -457,8 +552,9 @@ def plan_heal(spec: VLLMServiceSpec, diagnosis: Diagnosis, history: list[dict[st
         remedy = step(ctx)
         if remedy is None or remedy.action in tried or remedy.action not in allowed:
             continue
-        problem = check(diagnosis.cause, remedy.changes, engine, model, memory_limit, limits, failed) \
-            or _cannot_fit(ctx, remedy)
+        problem = check(diagnosis.cause, remedy.changes, engine, model, memory_limit, limits, failed) or _cannot_fit(
+            ctx, remedy
+        )
         if problem is not None:
             refused.append(f"{remedy.action} refused: {problem}")
             continue
@@ -466,9 +562,11 @@ def plan_heal(spec: VLLMServiceSpec, diagnosis: Diagnosis, history: list[dict[st
         return remedy
     why = f"; {'; '.join(refused)}" if refused else ""
     advice = what_would_fit(ctx)
-    return Remedy(GIVE_UP, reason=f"no allowed change is left for {diagnosis.cause} within the bounds "
-                                  f"(tried: {', '.join(sorted(tried)) or 'none'}{why})."
-                                  + (f" {advice}" if advice else ""))
+    return Remedy(
+        GIVE_UP,
+        reason=f"no allowed change is left for {diagnosis.cause} within the bounds "
+        f"(tried: {', '.join(sorted(tried)) or 'none'}{why})." + (f" {advice}" if advice else ""),
+    )
 
 
 # Changes to the model or the GPU count are not the memory model's to veto: the estimate is per GPU
@@ -480,8 +578,13 @@ _MEMORY_MODEL_CAUSES = {"kv_cache_insufficient", "weights_load_oom", "gpu_util_e
 def _cannot_fit(ctx: Context, remedy: Remedy) -> str | None:
     """A change the memory model says still cannot start is never tried: a restart costs minutes.
     Only where the model's shape and the GPU are known, and for the causes it predicts well."""
-    if ctx.inv.shape is None or not ctx.total or remedy.action in _NOT_VETOED \
-            or ctx.diag.cause not in _MEMORY_MODEL_CAUSES or _sized_by_vllm(ctx, remedy):
+    if (
+        ctx.inv.shape is None
+        or not ctx.total
+        or remedy.action in _NOT_VETOED
+        or ctx.diag.cause not in _MEMORY_MODEL_CAUSES
+        or _sized_by_vllm(ctx, remedy)
+    ):
         return None
     after = ctx.engine.model_copy(update={k: v for k, v in remedy.changes.items() if k in EngineArgs.model_fields})
     est = estimate(ctx.inv.shape, after, GpuSpec("gpu", ctx.total), ctx.inv.gpu_free_gib, ctx.inv.entrypoint)
@@ -492,8 +595,11 @@ def _cannot_fit(ctx: Context, remedy: Remedy) -> str | None:
 
 def _sized_by_vllm(ctx: Context, remedy: Remedy) -> bool:
     """vLLM's own figures for this very run outrank the memory model's estimate."""
-    needs = {"LowerMaxModelLen": ("estimated_max_model_len", "kv_tokens"),
-             "RaiseGpuMemoryUtilization": ("needed_gib",), "LowerGpuMemoryUtilization": ("free_gib",)}
+    needs = {
+        "LowerMaxModelLen": ("estimated_max_model_len", "kv_tokens"),
+        "RaiseGpuMemoryUtilization": ("needed_gib",),
+        "LowerGpuMemoryUtilization": ("free_gib",),
+    }
     return any(ctx.num(key) is not None for key in needs.get(remedy.action, ()))
 
 
@@ -503,8 +609,7 @@ def what_would_fit(ctx: Context) -> str:
         return ""
     weights = ctx.num("weights_gib")
     if weights is None and ctx.inv.shape is not None and ctx.total:
-        weights = estimate(ctx.inv.shape, ctx.engine, GpuSpec("gpu", ctx.total), None,
-                           ctx.inv.entrypoint).weights_gib
+        weights = estimate(ctx.inv.shape, ctx.engine, GpuSpec("gpu", ctx.total), None, ctx.inv.entrypoint).weights_gib
     total = ctx.total
     if not weights or not total:
         return ""
@@ -515,12 +620,16 @@ def what_would_fit(ctx: Context) -> str:
     need = tp
     while need <= 64 and weights * tp / need > budget * 0.75:  # leave a quarter for the KV cache
         need *= 2
-    options = [f"tensor parallelism {need} ({weights * tp / need:.1f} GiB of weights per GPU; allow it with "
-               f"spec.heal.bounds.maxTensorParallelSize, or serve --max-tensor-parallel-size {need})"]
+    options = [
+        f"tensor parallelism {need} ({weights * tp / need:.1f} GiB of weights per GPU; allow it with "
+        f"spec.heal.bounds.maxTensorParallelSize, or serve --max-tensor-parallel-size {need})"
+    ]
     if weights / 2 <= budget * 0.75:
         options.append(f"an 8-bit checkpoint (about {weights / 2:.1f} GiB; name it in spec.heal.quantizedFallback)")
-    return (f"The weights take {weights:.1f} GiB per GPU, more than the {budget:.1f} GiB this GPU can give them: "
-            f"no flag on {tp} GPU(s) makes them fit. What would: " + ", or ".join(options) + ".")
+    return (
+        f"The weights take {weights:.1f} GiB per GPU, more than the {budget:.1f} GiB this GPU can give them: "
+        f"no flag on {tp} GPU(s) makes them fit. What would: " + ", or ".join(options) + "."
+    )
 
 
 def plan_from_command(flags: str, diagnosis: Diagnosis, gpu_memory_gib: float | None = None) -> Remedy:

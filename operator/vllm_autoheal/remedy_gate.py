@@ -5,6 +5,7 @@ A remedy gets through only when every value it sets is finite, inside the CRD's 
 and does not go back to settings that already crashed of memory. Otherwise the planner tries
 its next remedy, or gives up with the gate's reason.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -24,8 +25,12 @@ from .quantity import parse_quantity
 UP, DOWN, ANY = 1, -1, 0
 # What each cause calls for: the fields a remedy for it may touch, and which way they may move.
 CALLS_FOR: dict[str, dict[str, int]] = {
-    "kv_cache_insufficient": {"gpu_memory_utilization": UP, "max_model_len": DOWN, "kv_cache_dtype": ANY,
-                              "tensor_parallel_size": UP},
+    "kv_cache_insufficient": {
+        "gpu_memory_utilization": UP,
+        "max_model_len": DOWN,
+        "kv_cache_dtype": ANY,
+        "tensor_parallel_size": UP,
+    },
     "gpu_util_exceeds_free": {"gpu_memory_utilization": DOWN, "kv_cache_memory_bytes": DOWN},
     "weights_load_oom": {"model": ANY, "quantization": ANY, "tensor_parallel_size": UP, "cpu_offload_gb": UP},
     "profiling_oom": {"max_num_seqs": DOWN, "max_num_batched_tokens": DOWN, "gpu_memory_utilization": DOWN},
@@ -48,9 +53,10 @@ def fingerprint(model: str, engine: EngineArgs, memory_limit: str | None) -> str
 @dataclass(frozen=True)
 class Limits:
     """The bounds in force for one decision: spec.heal.bounds, with the utilization floor made concrete."""
+
     bounds: HealBounds
-    utilization_floor: float | None = None   # None: no known need; vLLM's own figures decide
-    memory_limit_bytes: int | None = None    # the container's limit now (caps CPU offload when unbounded)
+    utilization_floor: float | None = None  # None: no known need; vLLM's own figures decide
+    memory_limit_bytes: int | None = None  # the container's limit now (caps CPU offload when unbounded)
 
     @property
     def floor(self) -> float:
@@ -63,8 +69,13 @@ class Limits:
         return None if self.memory_limit_bytes is None else self.memory_limit_bytes / GIB
 
 
-def utilization_floor(bounds: HealBounds, engine: EngineArgs, shape: ModelShape | None, total_gib: float | None,
-                      entrypoint: str = "server") -> float | None:
+def utilization_floor(
+    bounds: HealBounds,
+    engine: EngineArgs,
+    shape: ModelShape | None,
+    total_gib: float | None,
+    entrypoint: str = "server",
+) -> float | None:
     """An explicit bound wins; with the model's shape, what holds the weights, the activation peak and
     a KV cache of minMaxModelLen; without it, None (the numbers vLLM printed decide)."""
     if bounds.min_gpu_memory_utilization is not None:
@@ -118,8 +129,15 @@ def _bounds_problem(changes: dict[str, Any], after: EngineArgs, limits: Limits) 
     return None
 
 
-def check(cause: str, changes: dict[str, Any], engine: EngineArgs, model: str, memory_limit: str | None,
-          limits: Limits, failed: Collection[str] = ()) -> str | None:
+def check(
+    cause: str,
+    changes: dict[str, Any],
+    engine: EngineArgs,
+    model: str,
+    memory_limit: str | None,
+    limits: Limits,
+    failed: Collection[str] = (),
+) -> str | None:
     """None when the remedy may be applied; else why not, for people."""
     if not changes:
         return "it changes nothing"

@@ -1,4 +1,5 @@
 """Owns the human-readable text for a diagnosis and its remedy, and the ADVICE table (the CLI and `serve` print these)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -9,16 +10,16 @@ from .diagnosis.model import Cause
 # What to change when no engine args were given to size a remedy from.
 ADVICE: dict[Cause, str] = {
     Cause.KV_CACHE_INSUFFICIENT: "Lower --max-model-len to the estimate vLLM printed, or raise "
-                             "--gpu-memory-utilization if the GPU has free memory; then --kv-cache-dtype fp8.",
+    "--gpu-memory-utilization if the GPU has free memory; then --kv-cache-dtype fp8.",
     Cause.GPU_UTIL_EXCEEDS_FREE: "Set --gpu-memory-utilization to what is really free (free/total minus a margin), "
-                             "or stop the other process on the GPU.",
+    "or stop the other process on the GPU.",
     Cause.WEIGHTS_LOAD_OOM: "The weights do not fit: use more GPUs (--tensor-parallel-size), a quantized checkpoint, "
-                        "or --cpu-offload-gb.",
+    "or --cpu-offload-gb.",
     Cause.PROFILING_OOM: "Lower --max-num-seqs and/or --max-num-batched-tokens (the profiling batch), "
-                     "then --gpu-memory-utilization.",
+    "then --gpu-memory-utilization.",
     Cause.CUDAGRAPH_CAPTURE_OOM: "Add --enforce-eager (or capture fewer sizes), or lower --gpu-memory-utilization.",
     Cause.RUNTIME_OOM: "Leave headroom: lower --gpu-memory-utilization a step, then --max-num-seqs / "
-                   "--max-num-batched-tokens.",
+    "--max-num-batched-tokens.",
     Cause.MULTI_GPU_OOM: "Lower --gpu-memory-utilization for the tight rank, balance the split, or --enforce-eager.",
     Cause.HOST_RAM_OOM: "Raise the container's memory limit, or lower --cpu-offload-gb / KV offload / swap space.",
     Cause.NOT_OOM: "Do not change memory settings; fix the error shown in the evidence.",
@@ -64,10 +65,12 @@ def render_plan(shape: Any, gpu: Any, first: Any, fixed: Any) -> str:
         ("activation peak", f"{est.activation_gib:.2f} GiB (max_num_batched_tokens {est.max_num_batched_tokens:,})"),
         ("non-torch", f"{est.non_torch_gib:.2f} GiB"),
         ("CUDA graphs", f"{est.cudagraph_gib:.2f} GiB (outside the budget)"),
-        ("KV cache", f"{est.kv_cache_gib:.2f} GiB = {est.kv_tokens:,} tokens "
-                     f"({est.kv_bytes_per_token:,} bytes/token)"),
-        ("max_model_len", f"{est.max_model_len:,}; largest that fits {est.max_model_len_fit:,}; "
-                          f"concurrency at that length {est.max_concurrency:g}x"),
+        ("KV cache", f"{est.kv_cache_gib:.2f} GiB = {est.kv_tokens:,} tokens ({est.kv_bytes_per_token:,} bytes/token)"),
+        (
+            "max_model_len",
+            f"{est.max_model_len:,}; largest that fits {est.max_model_len_fit:,}; "
+            f"concurrency at that length {est.max_concurrency:g}x",
+        ),
         ("fits", "yes" if first.fits else "NO: " + "; ".join(first.reasons)),
     ]
     width = max(len(k) for k, _ in rows)

@@ -6,6 +6,7 @@ same with the generated CRD (crd.py) and cel-python, so `render` rejects exactly
 would (tests/test_render_agrees_with_server.py runs the same cases through both).
 Pure: a dict in, the problems out, each naming its field as the server does.
 """
+
 from __future__ import annotations
 
 import copy
@@ -43,10 +44,14 @@ def _is_quantity(text: celtypes.StringType) -> celtypes.BoolType:
         return celtypes.BoolType(False)
 
 
-FUNCTIONS = {"quantity": _quantity, "compareTo": _compare, "isQuantity": _is_quantity,
-             "isGreaterThan": lambda a, b: celtypes.BoolType(a.value > b.value),
-             "isLessThan": lambda a, b: celtypes.BoolType(a.value < b.value),
-             "asApproximateFloat": lambda a: celtypes.DoubleType(float(a.value))}
+FUNCTIONS = {
+    "quantity": _quantity,
+    "compareTo": _compare,
+    "isQuantity": _is_quantity,
+    "isGreaterThan": lambda a, b: celtypes.BoolType(a.value > b.value),
+    "isLessThan": lambda a, b: celtypes.BoolType(a.value < b.value),
+    "asApproximateFloat": lambda a: celtypes.DoubleType(float(a.value)),
+}
 
 
 @lru_cache(maxsize=256)
@@ -109,7 +114,7 @@ def schema_problems(value: Any, schema: dict[str, Any], path: str) -> list[str]:
     """The OpenAPI checks of a structural schema, with the server's field paths."""
     kind = schema.get("type")
     if value is None:
-        return [f"{path}: Invalid value: \"null\": must be {kind}"] if kind else []
+        return [f'{path}: Invalid value: "null": must be {kind}'] if kind else []
     if not _type_ok(value, kind):
         return [f"{path}: Invalid value: {value!r}: must be of type {kind}"]
     out: list[str] = []
@@ -118,9 +123,13 @@ def schema_problems(value: Any, schema: dict[str, Any], path: str) -> list[str]:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         low, high = schema.get("minimum"), schema.get("maximum")
         if low is not None and (value < low or (schema.get("exclusiveMinimum") and value == low)):
-            out.append(f"{path}: Invalid value: {value}: must be greater than {'' if schema.get('exclusiveMinimum') else 'or equal to '}{low}")
+            out.append(
+                f"{path}: Invalid value: {value}: must be greater than {'' if schema.get('exclusiveMinimum') else 'or equal to '}{low}"
+            )
         if high is not None and (value > high or (schema.get("exclusiveMaximum") and value == high)):
-            out.append(f"{path}: Invalid value: {value}: must be less than {'' if schema.get('exclusiveMaximum') else 'or equal to '}{high}")
+            out.append(
+                f"{path}: Invalid value: {value}: must be less than {'' if schema.get('exclusiveMaximum') else 'or equal to '}{high}"
+            )
     if isinstance(value, str):
         if "maxLength" in schema and len(value) > schema["maxLength"]:
             out.append(f"{path}: Too long: may not be more than {schema['maxLength']} bytes")
@@ -160,8 +169,9 @@ def cel_problems(value: Any, schema: dict[str, Any], path: str) -> list[str]:
         except celpy.CELEvalError as exc:
             ok, rule = False, {**rule, "message": f"{rule['message']} (rule could not be evaluated: {exc.args[0]})"}
         if not ok:
-            out.append(f"{path}{rule.get('fieldPath', '')}: Invalid value: \"{schema.get('type', 'object')}\": "
-                       f"{rule['message']}")
+            out.append(
+                f'{path}{rule.get("fieldPath", "")}: Invalid value: "{schema.get("type", "object")}": {rule["message"]}'
+            )
     if isinstance(value, dict):
         props = schema.get("properties", {})
         extra = schema.get("additionalProperties") if isinstance(schema.get("additionalProperties"), dict) else None
@@ -196,4 +206,3 @@ def admit(obj: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     if isinstance(spec, dict) and not problems:
         problems += cel_problems(spec, spec_schema, "spec")
     return body, problems
-

@@ -9,6 +9,7 @@ requests go to the real CRD API server (schema, defaults, pruning, resourceVersi
 generation, the status subresource), and everything else (discovery, pods, Deployments,
 Services, Events) to the emulator. Responses stream through, so watches work both ways.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -40,9 +41,11 @@ class DiscoveryProxy:
         self._sessions: dict[bool, ClientSession] = {}
 
     def kubeconfig(self, path: Path) -> Path:
-        path.write_text(f"apiVersion: v1\nkind: Config\nclusters:\n- name: p\n  cluster: {{server: '{self.url}'}}\n"
-                        "contexts:\n- name: p\n  context: {cluster: p, user: u, namespace: default}\n"
-                        "users:\n- name: u\n  user: {}\ncurrent-context: p\n")
+        path.write_text(
+            f"apiVersion: v1\nkind: Config\nclusters:\n- name: p\n  cluster: {{server: '{self.url}'}}\n"
+            "contexts:\n- name: p\n  context: {cluster: p, user: u, namespace: default}\n"
+            "users:\n- name: u\n  user: {}\ncurrent-context: p\n"
+        )
         return path
 
     def _to_server(self, path: str) -> bool:
@@ -56,10 +59,12 @@ class DiscoveryProxy:
         body = await request.read()
         headers = {k: v for k, v in request.headers.items() if k.lower() in PASSED_HEADERS}
         base = self.server if tls else self.core
-        async with self._sessions[tls].request(request.method, base + request.path, data=body or None,
-                                               headers=headers, params=request.query) as resp:
-            out = web.StreamResponse(status=resp.status,
-                                     headers={"Content-Type": resp.headers.get("Content-Type", "application/json")})
+        async with self._sessions[tls].request(
+            request.method, base + request.path, data=body or None, headers=headers, params=request.query
+        ) as resp:
+            out = web.StreamResponse(
+                status=resp.status, headers={"Content-Type": resp.headers.get("Content-Type", "application/json")}
+            )
             await out.prepare(request)
             async for chunk in resp.content.iter_any():  # a watch streams until either side closes
                 await out.write(chunk)
@@ -75,8 +80,13 @@ class DiscoveryProxy:
         if not self._to_server(path):
             return await self._forward(request, tls=False)
         if path == "/api":
-            return web.json_response({"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": [
-                {"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]})
+            return web.json_response(
+                {
+                    "kind": "APIVersions",
+                    "versions": ["v1"],
+                    "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}],
+                }
+            )
         if path == "/api/v1":
             return web.json_response({"kind": "APIResourceList", "groupVersion": "v1", "resources": []})
         if path == "/apis":
@@ -84,16 +94,28 @@ class DiscoveryProxy:
             groups = {"apiextensions.k8s.io": ["v1"]}
             for crd in crds.get("items", []):
                 groups.setdefault(crd["spec"]["group"], [v["name"] for v in crd["spec"]["versions"]])
-            return web.json_response({"kind": "APIGroupList", "apiVersion": "v1", "groups": [
-                {"name": g, "versions": [{"groupVersion": f"{g}/{v}", "version": v} for v in vs],
-                 "preferredVersion": {"groupVersion": f"{g}/{vs[0]}", "version": vs[0]}}
-                for g, vs in groups.items()]})
+            return web.json_response(
+                {
+                    "kind": "APIGroupList",
+                    "apiVersion": "v1",
+                    "groups": [
+                        {
+                            "name": g,
+                            "versions": [{"groupVersion": f"{g}/{v}", "version": v} for v in vs],
+                            "preferredVersion": {"groupVersion": f"{g}/{vs[0]}", "version": vs[0]},
+                        }
+                        for g, vs in groups.items()
+                    ],
+                }
+            )
         return await self._forward(request, tls=True)
 
     async def _start(self) -> web.AppRunner:
         no_limit = ClientTimeout(total=None, sock_read=None)  # watches stay open
-        self._sessions = {True: ClientSession(connector=TCPConnector(ssl=self.ssl), timeout=no_limit),
-                          False: ClientSession(timeout=no_limit)}
+        self._sessions = {
+            True: ClientSession(connector=TCPConnector(ssl=self.ssl), timeout=no_limit),
+            False: ClientSession(timeout=no_limit),
+        }
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self._handle)
         runner = web.AppRunner(app, shutdown_timeout=1.0)  # open watches are cut at exit

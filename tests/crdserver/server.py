@@ -4,6 +4,7 @@ The binaries come from build.sh (Debian sid sources, cached). Authentication is 
 client certificate in group system:masters, which the delegated authorizer always
 allows.
 """
+
 from __future__ import annotations
 
 import os
@@ -65,12 +66,51 @@ def start(bin_dir: Path, timeout: float = 90) -> CRDServer:
     work = Path(tempfile.mkdtemp(prefix="crd-server-"))
     certs = work / "certs"
     certs.mkdir()
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.crt",
-             "-days", "2", "-subj", "/CN=test-ca", cwd=certs)
-    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "client.key", "-out", "client.csr",
-             "-subj", "/CN=admin/O=system:masters", cwd=certs)
-    _openssl("x509", "-req", "-in", "client.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-             "-out", "client.crt", "-days", "2", cwd=certs)
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=test-ca",
+        cwd=certs,
+    )
+    _openssl(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-keyout",
+        "client.key",
+        "-out",
+        "client.csr",
+        "-subj",
+        "/CN=admin/O=system:masters",
+        cwd=certs,
+    )
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        "client.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "client.crt",
+        "-days",
+        "2",
+        cwd=certs,
+    )
     etcd_port, peer_port, metrics_port, api_port = (_free_port() for _ in range(4))
     url = f"https://127.0.0.1:{api_port}"
     kubeconfig = work / "kubeconfig"
@@ -89,24 +129,46 @@ current-context: local
 """)
     log = open(work / "server.log", "w")
     etcd = subprocess.Popen(
-        [str(bin_dir / "etcd"), "--data-dir", str(work / "etcd"),
-         "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",
-         "--advertise-client-urls", f"http://127.0.0.1:{etcd_port}",
-         "--listen-peer-urls", f"http://127.0.0.1:{peer_port}",
-         "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer_port}",
-         "--initial-cluster", f"default=http://127.0.0.1:{peer_port}",
-         "--listen-metrics-urls", f"http://127.0.0.1:{metrics_port}"],
-        stdout=log, stderr=subprocess.STDOUT)
+        [
+            str(bin_dir / "etcd"),
+            "--data-dir",
+            str(work / "etcd"),
+            "--listen-client-urls",
+            f"http://127.0.0.1:{etcd_port}",
+            "--advertise-client-urls",
+            f"http://127.0.0.1:{etcd_port}",
+            "--listen-peer-urls",
+            f"http://127.0.0.1:{peer_port}",
+            "--initial-advertise-peer-urls",
+            f"http://127.0.0.1:{peer_port}",
+            "--initial-cluster",
+            f"default=http://127.0.0.1:{peer_port}",
+            "--listen-metrics-urls",
+            f"http://127.0.0.1:{metrics_port}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     server = subprocess.Popen(
-        [str(bin_dir / "apiextensions-apiserver"), f"--etcd-servers=http://127.0.0.1:{etcd_port}",
-         "--bind-address=127.0.0.1", f"--secure-port={api_port}", f"--cert-dir={certs}",
-         f"--client-ca-file={certs}/ca.crt", "--authentication-skip-lookup",
-         f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
-         f"--kubeconfig={kubeconfig}",
-         "--disable-admission-plugins=NamespaceLifecycle,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,"
-         "ValidatingAdmissionPolicy,MutatingAdmissionPolicy",
-         "--enable-priority-and-fairness=false"],
-        stdout=log, stderr=subprocess.STDOUT, env={**os.environ})
+        [
+            str(bin_dir / "apiextensions-apiserver"),
+            f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={api_port}",
+            f"--cert-dir={certs}",
+            f"--client-ca-file={certs}/ca.crt",
+            "--authentication-skip-lookup",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            f"--kubeconfig={kubeconfig}",
+            "--disable-admission-plugins=NamespaceLifecycle,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,"
+            "ValidatingAdmissionPolicy,MutatingAdmissionPolicy",
+            "--enable-priority-and-fairness=false",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ},
+    )
     srv = CRDServer(work, url, kubeconfig, [etcd, server])
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -128,6 +190,7 @@ current-context: local
 
 def _answers(srv: CRDServer) -> bool:
     from kubernetes import client, config
+
     api = client.ApiextensionsV1Api(config.new_client_from_config(str(srv.kubeconfig)))
     try:
         api.list_custom_resource_definition(_request_timeout=2)
@@ -141,6 +204,7 @@ def install_crd(srv: CRDServer, timeout: float = 30) -> Any:
     from kubernetes import client, config
     from kubernetes.client.rest import ApiException
     from vllm_autoheal.crd import crd
+
     apic = config.new_client_from_config(str(srv.kubeconfig))
     ext = client.ApiextensionsV1Api(apic)
     body = crd()

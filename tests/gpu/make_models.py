@@ -4,6 +4,7 @@ tiny byte-level BPE tokenizer padded with placeholder tokens to the model's voca
 Run with a Python that has `tokenizers` and `transformers` (scripts/vllm-cpu-env.sh's):
     python tests/gpu/make_models.py OUT_DIR
 """
+
 from __future__ import annotations
 
 import json
@@ -13,14 +14,34 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 CONFIGS = HERE.parent / "fixtures" / "configs"
 QWEN25_72B = {  # Qwen/Qwen2.5-72B-Instruct's config.json (the fields vLLM reads)
-    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_act": "silu", "hidden_size": 8192,
-    "intermediate_size": 29568, "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8,
-    "max_position_embeddings": 32768, "max_window_layers": 70, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
-    "sliding_window": 131072, "use_sliding_window": False, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-    "vocab_size": 152064, "bos_token_id": 151643, "eos_token_id": 151645, "attention_dropout": 0.0, "use_cache": True,
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "hidden_act": "silu",
+    "hidden_size": 8192,
+    "intermediate_size": 29568,
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "max_position_embeddings": 32768,
+    "max_window_layers": 70,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "sliding_window": 131072,
+    "use_sliding_window": False,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "vocab_size": 152064,
+    "bos_token_id": 151643,
+    "eos_token_id": 151645,
+    "attention_dropout": 0.0,
+    "use_cache": True,
 }
-SENTENCES = ["The quick brown fox jumps over the lazy dog.", "vLLM serves language models.",
-             "Memory is finite; the KV cache must fit.", "Hello world, this is a tiny model."] * 50
+SENTENCES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "vLLM serves language models.",
+    "Memory is finite; the KV cache must fit.",
+    "Hello world, this is a tiny model.",
+] * 50
 
 
 def tokenizer(out: Path, vocab_size: int) -> None:
@@ -30,8 +51,14 @@ def tokenizer(out: Path, vocab_size: int) -> None:
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(SENTENCES, trainers.BpeTrainer(vocab_size=1024, special_tokens=["<unk>", "<s>", "</s>"],
-                                                           initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train_from_iterator(
+        SENTENCES,
+        trainers.BpeTrainer(
+            vocab_size=1024,
+            special_tokens=["<unk>", "<s>", "</s>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
     tok.add_tokens([f"<pad_{i}>" for i in range(vocab_size - tok.get_vocab_size())])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
     fast.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"

@@ -15,6 +15,7 @@ Generic wrappers (`Engine core initialization failed`, `EngineDeadError`) never 
 the signals disagree the answer is `unknown`, with the reason. A wrong memory answer is worse
 than `unknown`.
 """
+
 from __future__ import annotations
 
 import re
@@ -29,22 +30,27 @@ from . import termination
 from .scan import ENGINE, REQUEST, Line, scan
 
 PHASE_PRIORITY = (m.PHASE_CAPTURE, m.PHASE_PROFILE, m.PHASE_KV, m.PHASE_LOAD, m.PHASE_SERVING)
-PHASE_ORDER = {p: i for i, p in enumerate((m.PHASE_LOAD, m.PHASE_PROFILE, m.PHASE_KV, m.PHASE_CAPTURE,
-                                           m.PHASE_SERVING))}
+PHASE_ORDER = {
+    p: i for i, p in enumerate((m.PHASE_LOAD, m.PHASE_PROFILE, m.PHASE_KV, m.PHASE_CAPTURE, m.PHASE_SERVING))
+}
 OOM_CAUSE_BY_PHASE = {
-    m.PHASE_LOAD: m.WEIGHTS_LOAD_OOM, m.PHASE_PROFILE: m.PROFILING_OOM,
+    m.PHASE_LOAD: m.WEIGHTS_LOAD_OOM,
+    m.PHASE_PROFILE: m.PROFILING_OOM,
     m.PHASE_KV: m.GPU_UTIL_EXCEEDS_FREE,  # memory vanished between profiling and allocation
-    m.PHASE_CAPTURE: m.CUDAGRAPH_CAPTURE_OOM, m.PHASE_SERVING: m.RUNTIME_OOM,
+    m.PHASE_CAPTURE: m.CUDAGRAPH_CAPTURE_OOM,
+    m.PHASE_SERVING: m.RUNTIME_OOM,
 }
 OTHER_PROCESS_GIB = 1.0
-WEIGHTS_SHARE_OF_GPU = 0.95   # weights above this share of the whole GPU cannot fit at any utilization
+WEIGHTS_SHARE_OF_GPU = 0.95  # weights above this share of the whole GPU cannot fit at any utilization
 # Failures that follow another rank's death rather than cause it: they never outvote a memory failure.
 CONSEQUENCES = {"nccl_timeout", "nccl_error", "worker_hang_shm_broadcast"}
 EVIDENCE_CHARS = 400
 _EXCEPTION_LINE = re.compile(r"^(?:[\w.]{1,200}\.)?\w{0,80}(?:Error|Exception)\b(?::|\(|$)")
 _TRACEBACK_START = "Traceback (most recent call last)"
-_ENGINE_EXCEPTION = re.compile(r"^(?:torch\.(?:cuda\.)?OutOfMemoryError|torch\.AcceleratorError|RuntimeError|"
-                               r"ValueError|MemoryError|torch\.cuda\.CudaError): ")
+_ENGINE_EXCEPTION = re.compile(
+    r"^(?:torch\.(?:cuda\.)?OutOfMemoryError|torch\.AcceleratorError|RuntimeError|"
+    r"ValueError|MemoryError|torch\.cuda\.CudaError): "
+)
 _FRAME_LINE = re.compile(r'File "[^"]{1,300}", line \d{1,7}, in ')
 
 
@@ -103,12 +109,15 @@ def _findings(lines: list[Line]) -> list[Finding]:
         anchor = _ENGINE_EXCEPTION.match(text) if line.origin == REQUEST else None
         for message in msg.MESSAGES:
             found = message.search(text, lowered)
-            if found and (line.origin == ENGINE or message.kind == msg.NOT_OOM
-                          or (anchor is not None and found.start() == anchor.end())):
+            if found and (
+                line.origin == ENGINE
+                or message.kind == msg.NOT_OOM
+                or (anchor is not None and found.start() == anchor.end())
+            ):
                 out.append(Finding(line, message, found))
                 memory = memory or message.kind == msg.MEMORY
         if not memory and line.origin == ENGINE:
-            out += _wrapped(line, lines[i + 1:i + 3])
+            out += _wrapped(line, lines[i + 1 : i + 3])
     return out
 
 
@@ -121,14 +130,18 @@ def _wrapped(line: Line, following: list[Line]) -> list[Finding]:
         rest.append(nxt.text)
     if not rest:
         return []
-    text = " ".join([line.text] + rest)[:scan_limit()]
+    text = " ".join([line.text] + rest)[: scan_limit()]
     lowered = text.lower()
-    return [Finding(line, message, found) for message in msg.MESSAGES if message.kind == msg.MEMORY
-            and (found := message.search(text, lowered))]
+    return [
+        Finding(line, message, found)
+        for message in msg.MESSAGES
+        if message.kind == msg.MEMORY and (found := message.search(text, lowered))
+    ]
 
 
 def scan_limit() -> int:
     from .scan import MATCH_CHARS
+
     return MATCH_CHARS
 
 
@@ -145,18 +158,26 @@ def _device_gib(signals: m.Signals, findings: list[Finding]) -> float | None:
     return None
 
 
-def _numbers(findings: list[Finding], first: Finding | None, device_gib: float | None,
-             notes: list[str]) -> dict[str, Any]:
+def _numbers(
+    findings: list[Finding], first: Finding | None, device_gib: float | None, notes: list[str]
+) -> dict[str, Any]:
     """The decisive finding's numbers, then each other figure from the one line nearest before
     the failure. Every number passes figures.check; a dropped one leaves a note."""
     numbers: dict[str, Any] = {}
     end = first.line.offset if first else None
     # The figures printed before the failure, and the out-of-memory error it was raised from (vLLM
     # wraps torch's OOM in its own message: "The above exception was the direct cause ...").
-    others = [f for f in findings if f is not first and (f.message.kind in (msg.FIGURE, msg.MILESTONE, msg.BUDGET)
-              or (first is not None and f.line is first.line)
-              or (first is not None and first.message.kind == msg.MEMORY and f.message.kind == msg.OOM))
-              and (end is None or f.line.offset <= end)]
+    others = [
+        f
+        for f in findings
+        if f is not first
+        and (
+            f.message.kind in (msg.FIGURE, msg.MILESTONE, msg.BUDGET)
+            or (first is not None and f.line is first.line)
+            or (first is not None and first.message.kind == msg.MEMORY and f.message.kind == msg.OOM)
+        )
+        and (end is None or f.line.offset <= end)
+    ]
     ordered = ([first] if first else []) + sorted(others, key=lambda f: -f.line.offset)
     for f in ordered:
         for key, text in f.match.groupdict().items():
@@ -180,8 +201,9 @@ def _numbers(findings: list[Finding], first: Finding | None, device_gib: float |
 
 
 def _multi_gpu(signals: m.Signals, numbers: dict, lines: list[Line]) -> bool:
-    world = (signals.tensor_parallel_size or numbers.get("tp") or 1) * \
-            (signals.pipeline_parallel_size or numbers.get("pp") or 1)
+    world = (signals.tensor_parallel_size or numbers.get("tp") or 1) * (
+        signals.pipeline_parallel_size or numbers.get("pp") or 1
+    )
     return max(world, signals.gpu_count or 1) > 1 or any((ln.rank or 0) > 0 for ln in lines)
 
 
@@ -234,11 +256,25 @@ def _weights_exceed_gpu(numbers: dict, device_gib: float | None) -> bool:
 def _own_frames(findings: list[Finding], failure: Finding, window: int) -> set[str]:
     """Phases named by the frames of the failure's own traceback: after its `Traceback` line (or
     the last milestone) and up to the failure line, from the same rank when ranks are known."""
-    start = max((f.line.offset for f in findings if f.line.offset < failure.line.offset
-                 and f.line.text.startswith(_TRACEBACK_START) and f.line.rank == failure.line.rank),
-                default=window)
-    return _strongest({f for f in findings if f.message.kind == msg.FRAME and f.message.phase
-                       and max(start, window) < f.line.offset <= failure.line.offset})
+    start = max(
+        (
+            f.line.offset
+            for f in findings
+            if f.line.offset < failure.line.offset
+            and f.line.text.startswith(_TRACEBACK_START)
+            and f.line.rank == failure.line.rank
+        ),
+        default=window,
+    )
+    return _strongest(
+        {
+            f
+            for f in findings
+            if f.message.kind == msg.FRAME
+            and f.message.phase
+            and max(start, window) < f.line.offset <= failure.line.offset
+        }
+    )
 
 
 def _strongest(frames: set[Finding]) -> set[str]:
@@ -273,8 +309,9 @@ def _evidence(*lines: Line | None, engine_error: bool = False) -> list[str]:
     out: list[str] = []
     for ln in lines:
         # the engine's lines; a request's traceback only where it ends in the engine's own memory error
-        quotable = ln is not None and (ln.origin == ENGINE or (engine_error and ln.origin == REQUEST
-                                                                and _ENGINE_EXCEPTION.match(ln.text)))
+        quotable = ln is not None and (
+            ln.origin == ENGINE or (engine_error and ln.origin == REQUEST and _ENGINE_EXCEPTION.match(ln.text))
+        )
         if ln is not None and quotable and ln.text not in out:
             out.append(ln.text[:EVIDENCE_CHARS])
     return out[:4]
@@ -287,8 +324,11 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
     log = signals.log or ""
     source = "log"
     if lines is None:
-        if not log.strip() and signals.termination_message and \
-                not termination.looks_like_ours(signals.termination_message):
+        if (
+            not log.strip()
+            and signals.termination_message
+            and not termination.looks_like_ours(signals.termination_message)
+        ):
             log, source = signals.termination_message, "log-tail-only"
         lines = scan(log).lines
     elif not lines:
@@ -299,8 +339,12 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
     # What may decide: the engine's own lines; failure kinds only where it reported an error.
     # A warning, or a request's own error (a 400), is a last resort: it may say "not memory" when
     # nothing else in the log says anything, never more.
-    findings = [f for f in found if not (f.message.kind in FAILURE_KINDS and f.line.informational)
-                and (f.line.origin == ENGINE or f.message.kind != msg.NOT_OOM)]
+    findings = [
+        f
+        for f in found
+        if not (f.message.kind in FAILURE_KINDS and f.line.informational)
+        and (f.line.origin == ENGINE or f.message.kind != msg.NOT_OOM)
+    ]
     last_resort = [f for f in found if f.message.kind == msg.NOT_OOM and f not in findings]
     by_kind: dict[str, list[Finding]] = {}
     for f in findings:
@@ -310,14 +354,23 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
         diag.notes.append(f"{ignored} request/response or access line(s) ignored: they carry user text")
     device_gib = _device_gib(signals, findings)
 
-    def done(cause: str, phase: str, first: Finding | None, confidence: str, subtype: str | None = None,
-             support: Line | None = None, why: str = "") -> m.Diagnosis:
+    def done(
+        cause: str,
+        phase: str,
+        first: Finding | None,
+        confidence: str,
+        subtype: str | None = None,
+        support: Line | None = None,
+        why: str = "",
+    ) -> m.Diagnosis:
         diag.cause, diag.phase, diag.confidence = m.Cause(cause), m.EnginePhase(phase), confidence
         diag.subtype = subtype or (first.message.subtype if first else None)
-        diag.evidence = _evidence(first.line if first else None, support,
-                                  engine_error=first is not None and first.message.kind != msg.NOT_OOM)
-        diag.numbers = {k: v for k, v in _numbers(findings, first, device_gib, diag.notes).items()
-                        if k not in ("tp", "pp")}
+        diag.evidence = _evidence(
+            first.line if first else None, support, engine_error=first is not None and first.message.kind != msg.NOT_OOM
+        )
+        diag.numbers = {
+            k: v for k, v in _numbers(findings, first, device_gib, diag.notes).items() if k not in ("tp", "pp")
+        }
         if isinstance(diag.numbers.get("process_gib"), list):  # numbers are scalars: the others' total
             diag.numbers["process_gib"] = round(sum(diag.numbers["process_gib"]), 2)
         if signals.exit_code is not None:
@@ -332,8 +385,14 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
     numbers = _numbers(findings, None, device_gib, [])
     reason = (signals.reason or "").strip()
     if reason == "OOMKilled":
-        return done(m.HOST_RAM_OOM, _phase_of_failure(findings, None, signals.ready_before), None, "high",
-                    "container_memory_limit", why="The container hit its memory limit and was OOMKilled.")
+        return done(
+            m.HOST_RAM_OOM,
+            _phase_of_failure(findings, None, signals.ready_before),
+            None,
+            "high",
+            "container_memory_limit",
+            why="The container hit its memory limit and was OOMKilled.",
+        )
     memory = by_kind.get(msg.MEMORY) or by_kind.get(msg.BUDGET)
     if memory:
         first = min(memory, key=lambda f: (msg.MESSAGES.index(f.message), f.line.offset))
@@ -341,41 +400,65 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
         if cause == m.KV_CACHE_INSUFFICIENT:
             nums = _numbers(findings, first, device_gib, [])
             if _weights_exceed_gpu(nums, device_gib):
-                return done(m.WEIGHTS_LOAD_OOM, m.PHASE_LOAD, first, "high", "weights_exceed_gpu",
-                            why="The weights alone take nearly the whole GPU (by vLLM's own figures): no "
-                                "utilization leaves room for a KV cache. A quantized checkpoint or more GPUs "
-                                "would fit.")
+                return done(
+                    m.WEIGHTS_LOAD_OOM,
+                    m.PHASE_LOAD,
+                    first,
+                    "high",
+                    "weights_exceed_gpu",
+                    why="The weights alone take nearly the whole GPU (by vLLM's own figures): no "
+                    "utilization leaves room for a KV cache. A quantized checkpoint or more GPUs "
+                    "would fit.",
+                )
             if (signals.pipeline_parallel_size or numbers.get("pp") or 1) > 1:
-                return done(m.MULTI_GPU_OOM, m.PHASE_KV, first, "medium", "kv_check_fails_on_smallest_stage",
-                            why="The KV-cache check failed on one pipeline stage; under pipeline parallelism "
-                                "the stage with the least free memory sets the limit.")
-            if first.message.subtype == "no_cache_blocks" and \
-                    _other_process_gib(signals, numbers) > OTHER_PROCESS_GIB:
+                return done(
+                    m.MULTI_GPU_OOM,
+                    m.PHASE_KV,
+                    first,
+                    "medium",
+                    "kv_check_fails_on_smallest_stage",
+                    why="The KV-cache check failed on one pipeline stage; under pipeline parallelism "
+                    "the stage with the least free memory sets the limit.",
+                )
+            if first.message.subtype == "no_cache_blocks" and _other_process_gib(signals, numbers) > OTHER_PROCESS_GIB:
                 return done(m.GPU_UTIL_EXCEEDS_FREE, m.PHASE_KV, first, "medium", "other_process_holds_gpu")
-        return done(cause, first.message.phase or m.PHASE_UNKNOWN, first,
-                    "high" if first.message.kind == msg.MEMORY else "medium")
+        return done(
+            cause,
+            first.message.phase or m.PHASE_UNKNOWN,
+            first,
+            "high" if first.message.kind == msg.MEMORY else "medium",
+        )
     if host := by_kind.get(msg.HOST):
-        return done(m.HOST_RAM_OOM, host[0].message.phase or _phase_of_failure(findings, host[0], None),
-                    host[0], "high")
+        return done(
+            m.HOST_RAM_OOM, host[0].message.phase or _phase_of_failure(findings, host[0], None), host[0], "high"
+        )
     nccl = by_kind.get(msg.NCCL_OOM)
     oom = by_kind.get(msg.OOM)
     not_oom = by_kind.get(msg.NOT_OOM, [])
     gpu_oom = (nccl or []) + (oom or [])
     if not_oom:
         first = min(not_oom, key=lambda f: f.line.offset)  # the first failure is the root cause
-        shown = next((f for f in not_oom if f.message.subtype == first.message.subtype
-                      and _EXCEPTION_LINE.match(f.line.text)), first)
+        shown = next(
+            (f for f in not_oom if f.message.subtype == first.message.subtype and _EXCEPTION_LINE.match(f.line.text)),
+            first,
+        )
         if not gpu_oom:
             return done(m.NOT_OOM, _phase_of_failure(findings, first, signals.ready_before), shown, "high")
         causes = [f for f in not_oom if f.message.subtype not in CONSEQUENCES]
         first_oom = min(gpu_oom, key=lambda f: f.line.offset)
         if causes and min(f.line.offset for f in causes) < first_oom.line.offset:
             diag.notes.append(f"an out-of-memory error follows a {causes[0].message.subtype} failure")
-            return done(m.UNKNOWN, _phase_of_failure(findings, first, signals.ready_before), causes[0], "low",
-                        "signals_disagree", first_oom.line,
-                        why=f"The engine reported a non-memory failure ({causes[0].message.subtype}) before an "
-                            "out-of-memory error; which one is the root cause cannot be told from the log, so no "
-                            "memory setting is changed.")
+            return done(
+                m.UNKNOWN,
+                _phase_of_failure(findings, first, signals.ready_before),
+                causes[0],
+                "low",
+                "signals_disagree",
+                first_oom.line,
+                why=f"The engine reported a non-memory failure ({causes[0].message.subtype}) before an "
+                "out-of-memory error; which one is the root cause cannot be told from the log, so no "
+                "memory setting is changed.",
+            )
     if nccl:
         return done(m.MULTI_GPU_OOM, _phase_of_failure(findings, nccl[0], signals.ready_before), nccl[0], "high")
     if oom:
@@ -386,46 +469,106 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
             phase = m.PHASE_PROFILE  # it never answered /health: a start-up warm-up ran the model, not a request
         nums = _numbers(findings, first, device_gib, [])
         if _not_a_shortage(nums):
-            return done(m.NOT_OOM, phase, first, "medium", "oom_error_with_memory_free",
-                        why=f"torch reported out of memory for {nums['tried_gib']:g} GiB while "
-                            f"{nums['gpu_free_gib']:g} GiB was free: an allocator or driver error, not a shortage. "
-                            "Memory settings are left alone.")
-        if phase in (m.PHASE_LOAD, m.PHASE_PROFILE, m.PHASE_KV, m.PHASE_UNKNOWN) and \
-                _other_process_gib(signals, nums) > OTHER_PROCESS_GIB:
+            return done(
+                m.NOT_OOM,
+                phase,
+                first,
+                "medium",
+                "oom_error_with_memory_free",
+                why=f"torch reported out of memory for {nums['tried_gib']:g} GiB while "
+                f"{nums['gpu_free_gib']:g} GiB was free: an allocator or driver error, not a shortage. "
+                "Memory settings are left alone.",
+            )
+        if (
+            phase in (m.PHASE_LOAD, m.PHASE_PROFILE, m.PHASE_KV, m.PHASE_UNKNOWN)
+            and _other_process_gib(signals, nums) > OTHER_PROCESS_GIB
+        ):
             return done(m.GPU_UTIL_EXCEEDS_FREE, phase, first, "medium", "other_process_holds_gpu", frame)
         if phase == m.PHASE_UNKNOWN:
             if _multi_gpu(signals, numbers, lines):
                 return done(m.MULTI_GPU_OOM, phase, first, "low", "oom_on_one_rank")
             guess = m.PROFILING_OOM if signals.ready_before is False else m.RUNTIME_OOM
-            return done(guess, phase, first, "low", "oom_phase_unknown",
-                        why=EXPLANATIONS[guess] + " The log does not show where; this is a guess.")
-        return done(OOM_CAUSE_BY_PHASE[phase], phase, first, "high" if frame else "medium",
-                    f"oom_in_{phase.replace('-', '_')}", frame)
+            return done(
+                guess,
+                phase,
+                first,
+                "low",
+                "oom_phase_unknown",
+                why=EXPLANATIONS[guess] + " The log does not show where; this is a guess.",
+            )
+        return done(
+            OOM_CAUSE_BY_PHASE[phase],
+            phase,
+            first,
+            "high" if frame else "medium",
+            f"oom_in_{phase.replace('-', '_')}",
+            frame,
+        )
     if killed := by_kind.get(msg.KILLED):
-        return done(m.HOST_RAM_OOM, _phase_of_failure(findings, killed[0], signals.ready_before), killed[0],
-                    "medium", why="A vLLM worker was killed with SIGKILL (exit code -9), which is what the "
-                                  "kernel's out-of-memory killer does when host RAM or the container limit runs out.")
+        return done(
+            m.HOST_RAM_OOM,
+            _phase_of_failure(findings, killed[0], signals.ready_before),
+            killed[0],
+            "medium",
+            why="A vLLM worker was killed with SIGKILL (exit code -9), which is what the "
+            "kernel's out-of-memory killer does when host RAM or the container limit runs out.",
+        )
     if signals.exit_code == 137 and reason in ("", "OOMKilled"):
-        return done(m.HOST_RAM_OOM, m.PHASE_UNKNOWN, None, "low", "sigkill_exit_137",
-                    why="The container exited with 137 (SIGKILL) and printed no cause; most often the memory limit.")
+        return done(
+            m.HOST_RAM_OOM,
+            m.PHASE_UNKNOWN,
+            None,
+            "low",
+            "sigkill_exit_137",
+            why="The container exited with 137 (SIGKILL) and printed no cause; most often the memory limit.",
+        )
     if last_resort:  # a hang the engine logged as a warning, or a request's error, and nothing else
         first = min(last_resort, key=lambda f: f.line.offset)
-        return done(m.NOT_OOM, _phase_of_failure(findings, None, signals.ready_before), first, "low",
-                    why="The only failure in the log is a warning or a request's own error, not a memory failure.")
-    exception = next((ln for ln in reversed(engine_lines) if _EXCEPTION_LINE.match(ln.match_text)
-                      and not msg.WRAPPERS.search(ln.match_text)), None)
+        return done(
+            m.NOT_OOM,
+            _phase_of_failure(findings, None, signals.ready_before),
+            first,
+            "low",
+            why="The only failure in the log is a warning or a request's own error, not a memory failure.",
+        )
+    exception = next(
+        (
+            ln
+            for ln in reversed(engine_lines)
+            if _EXCEPTION_LINE.match(ln.match_text) and not msg.WRAPPERS.search(ln.match_text)
+        ),
+        None,
+    )
     if exception is not None:
-        return done(m.NOT_OOM, _phase_of_failure(findings, None, signals.ready_before), None, "low",
-                    "other_error", exception, why="vLLM stopped on an error that is not about memory.")
+        return done(
+            m.NOT_OOM,
+            _phase_of_failure(findings, None, signals.ready_before),
+            None,
+            "low",
+            "other_error",
+            exception,
+            why="vLLM stopped on an error that is not about memory.",
+        )
     frames = [f for f in findings if f.message.kind == msg.FRAME and f.message.phase != m.PHASE_SERVING]
     if frames and any(_FRAME_LINE.match(ln.text) or ln.text.startswith(_TRACEBACK_START) for ln in engine_lines):
         phase = _phase_of_failure(findings, None, signals.ready_before)
         if phase in OOM_CAUSE_BY_PHASE and phase != m.PHASE_SERVING:
-            return done(OOM_CAUSE_BY_PHASE[phase], phase, frames[-1], "low", "traceback_cut_before_error",
-                        why=EXPLANATIONS[OOM_CAUSE_BY_PHASE[phase]] + " Inferred from the traceback alone: "
-                            "its last line (the error) is missing.")
-    return done(m.UNKNOWN, m.PHASE_UNKNOWN, None, "low",
-                why="No known failure message was found" + (" (empty log)." if not log.strip() else "."))
+            return done(
+                OOM_CAUSE_BY_PHASE[phase],
+                phase,
+                frames[-1],
+                "low",
+                "traceback_cut_before_error",
+                why=EXPLANATIONS[OOM_CAUSE_BY_PHASE[phase]] + " Inferred from the traceback alone: "
+                "its last line (the error) is missing.",
+            )
+    return done(
+        m.UNKNOWN,
+        m.PHASE_UNKNOWN,
+        None,
+        "low",
+        why="No known failure message was found" + (" (empty log)." if not log.strip() else "."),
+    )
 
 
 EXPLANATIONS: dict[m.Cause, str] = {

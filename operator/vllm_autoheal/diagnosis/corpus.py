@@ -6,6 +6,7 @@ line with `id`, `source_url`, `label`, `log`, and what the thread says of the de
 (tensor/pipeline parallel size, GPU count) out of a sample's free-text fields, so the corpus
 is classified with the same signals the operator has.
 """
+
 from __future__ import annotations
 
 import json

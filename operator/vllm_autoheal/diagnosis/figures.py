@@ -7,6 +7,7 @@ vLLM never prints a negative, larger than the GPU, a length of 2^24 or more, a u
 outside (0, 1]) is dropped, with a note saying which and why: a remedy sized from a wrong
 number is worse than none.
 """
+
 from __future__ import annotations
 
 import math
@@ -15,26 +16,74 @@ import re
 from .units import GB, GIB, KB, KIB, MB, MIB, TB, TIB
 
 SIZE, SIGNED_SIZE, LENGTH, UTIL, COUNT, RATIO = "size", "signed-size", "length", "util", "count", "ratio"
-MAX_GIB = 4096.0          # no device, nor a node's RAM for the CPU backend, is larger
-MAX_LENGTH = 2**24        # no model has a context this long
+MAX_GIB = 4096.0  # no device, nor a node's RAM for the CPU backend, is larger
+MAX_LENGTH = 2**24  # no model has a context this long
 MAX_COUNT = 2**31
 
 KIND = {
-    "free_gib": SIZE, "total_gib": SIZE, "requested_gib": SIZE, "needed_gib": SIZE, "available_gib": SIZE,
-    "initial_free_gib": SIZE, "current_free_gib": SIZE, "worker_gib": SIZE, "tried_gib": SIZE,
-    "gpu_total_gib": SIZE, "gpu_free_gib": SIZE, "own_gib": SIZE, "torch_allocated_gib": SIZE, "reserved_gib": SIZE,
-    "private_pools_gib": SIZE, "requested_kv_gib": SIZE, "node_total_gib": SIZE, "weights_gib": SIZE,
-    "initial_usage_gib": SIZE, "available_kv_gib": SIGNED_SIZE, "kv_reserved_gib": SIGNED_SIZE,
-    "max_seq_len": LENGTH, "estimated_max_model_len": LENGTH, "kv_tokens": LENGTH, "kv_cache_tokens": LENGTH,
-    "max_model_len": LENGTH, "util": UTIL, "dummy_requests": COUNT, "gpu_blocks": COUNT, "oom_gpu": COUNT,
-    "tp": COUNT, "pp": COUNT, "max_concurrency": RATIO, "process_gib": SIZE,
+    "free_gib": SIZE,
+    "total_gib": SIZE,
+    "requested_gib": SIZE,
+    "needed_gib": SIZE,
+    "available_gib": SIZE,
+    "initial_free_gib": SIZE,
+    "current_free_gib": SIZE,
+    "worker_gib": SIZE,
+    "tried_gib": SIZE,
+    "gpu_total_gib": SIZE,
+    "gpu_free_gib": SIZE,
+    "own_gib": SIZE,
+    "torch_allocated_gib": SIZE,
+    "reserved_gib": SIZE,
+    "private_pools_gib": SIZE,
+    "requested_kv_gib": SIZE,
+    "node_total_gib": SIZE,
+    "weights_gib": SIZE,
+    "initial_usage_gib": SIZE,
+    "available_kv_gib": SIGNED_SIZE,
+    "kv_reserved_gib": SIGNED_SIZE,
+    "max_seq_len": LENGTH,
+    "estimated_max_model_len": LENGTH,
+    "kv_tokens": LENGTH,
+    "kv_cache_tokens": LENGTH,
+    "max_model_len": LENGTH,
+    "util": UTIL,
+    "dummy_requests": COUNT,
+    "gpu_blocks": COUNT,
+    "oom_gpu": COUNT,
+    "tp": COUNT,
+    "pp": COUNT,
+    "max_concurrency": RATIO,
+    "process_gib": SIZE,
 }
 # Sizes of what is on the device, so no larger than it (what was asked for can be larger).
-DEVICE_BOUNDED = {"free_gib", "available_gib", "initial_free_gib", "current_free_gib", "gpu_free_gib",
-                  "own_gib", "torch_allocated_gib", "reserved_gib", "weights_gib", "available_kv_gib", "kv_reserved_gib"}
+DEVICE_BOUNDED = {
+    "free_gib",
+    "available_gib",
+    "initial_free_gib",
+    "current_free_gib",
+    "gpu_free_gib",
+    "own_gib",
+    "torch_allocated_gib",
+    "reserved_gib",
+    "weights_gib",
+    "available_kv_gib",
+    "kv_reserved_gib",
+}
 # vLLM prints GiB as "GB" (format_gib), so GB counts as GiB; the other decimal units are what they say.
-_UNIT = {"": 1.0, "B": 1 / GIB, "bytes": 1 / GIB, "KB": KB / GIB, "KiB": KIB / GIB, "MB": MB / GIB,
-         "MiB": MIB / GIB, "GB": 1.0, "GiB": 1.0, "TB": TB / GB, "TiB": TIB / GIB}
+_UNIT = {
+    "": 1.0,
+    "B": 1 / GIB,
+    "bytes": 1 / GIB,
+    "KB": KB / GIB,
+    "KiB": KIB / GIB,
+    "MB": MB / GIB,
+    "MiB": MIB / GIB,
+    "GB": 1.0,
+    "GiB": 1.0,
+    "TB": TB / GB,
+    "TiB": TIB / GIB,
+}
 _SIZE = re.compile(r"(-?[\d.]{1,30})\s*([KMGT]i?B|B|bytes)?")
 _PROCESS_GIB = re.compile(r"Process \d{1,10} has ([\d.]{1,20}) ([GM])iB")
 

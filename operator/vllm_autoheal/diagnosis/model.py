@@ -1,13 +1,16 @@
 """Owns the diagnosis vocabulary: the Cause and EnginePhase tables, Signals in, Diagnosis out. Standard library only."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
+
 class Cause(StrEnum):
     """Every cause a diagnosis can name: the one table the explanation (classify.EXPLANATIONS),
     advice (report.ADVICE) and remedy (remedy.PLANS) tables are keyed by."""
+
     KV_CACHE_INSUFFICIENT = "kv_cache_insufficient"
     GPU_UTIL_EXCEEDS_FREE = "gpu_util_exceeds_free"
     WEIGHTS_LOAD_OOM = "weights_load_oom"
@@ -22,6 +25,7 @@ class Cause(StrEnum):
 
 class EnginePhase(StrEnum):
     """Where in vLLM's start-up (or serving) the engine was, in the order vLLM goes through them."""
+
     LOAD = "load"
     PROFILE = "profile"
     KV = "kv-allocation"
@@ -32,8 +36,18 @@ class EnginePhase(StrEnum):
 
 
 # Short names for the members (the same objects, not another table).
-KV_CACHE_INSUFFICIENT, GPU_UTIL_EXCEEDS_FREE, WEIGHTS_LOAD_OOM, PROFILING_OOM, CUDAGRAPH_CAPTURE_OOM, \
-    RUNTIME_OOM, MULTI_GPU_OOM, HOST_RAM_OOM, NOT_OOM, UNKNOWN = tuple(Cause)
+(
+    KV_CACHE_INSUFFICIENT,
+    GPU_UTIL_EXCEEDS_FREE,
+    WEIGHTS_LOAD_OOM,
+    PROFILING_OOM,
+    CUDAGRAPH_CAPTURE_OOM,
+    RUNTIME_OOM,
+    MULTI_GPU_OOM,
+    HOST_RAM_OOM,
+    NOT_OOM,
+    UNKNOWN,
+) = tuple(Cause)
 CAUSES = tuple(Cause)
 MEMORY_CAUSES = frozenset(Cause) - {Cause.NOT_OOM, Cause.UNKNOWN}
 
@@ -61,6 +75,7 @@ class GpuProcess:
 @dataclass
 class GpuSnapshot:
     """GPU state as NVML saw it; `own_pids` are the processes of the engine itself."""
+
     gpus: list[GpuInfo] = field(default_factory=list)
     processes: list[GpuProcess] = field(default_factory=list)
     own_pids: list[int] = field(default_factory=list)
@@ -68,26 +83,31 @@ class GpuSnapshot:
 
     def other_process_bytes(self, gpu_index: int | None = None) -> int:
         own = set(self.own_pids)
-        return sum(p.used_bytes for p in self.processes
-                   if p.pid not in own and (gpu_index is None or p.gpu_index == gpu_index))
+        return sum(
+            p.used_bytes for p in self.processes if p.pid not in own and (gpu_index is None or p.gpu_index == gpu_index)
+        )
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> GpuSnapshot | None:
         if not data:
             return None
-        return cls(gpus=[GpuInfo(**g) for g in data.get("gpus", [])],
-                   processes=[GpuProcess(**p) for p in data.get("processes", [])],
-                   own_pids=list(data.get("own_pids", [])), error=data.get("error"))
+        return cls(
+            gpus=[GpuInfo(**g) for g in data.get("gpus", [])],
+            processes=[GpuProcess(**p) for p in data.get("processes", [])],
+            own_pids=list(data.get("own_pids", [])),
+            error=data.get("error"),
+        )
 
 
 @dataclass
 class Signals:
     """Everything a dead vLLM container leaves behind, plus what its deployment says."""
-    log: str = ""                        # any length; only the parts that matter are read
+
+    log: str = ""  # any length; only the parts that matter are read
     exit_code: int | None = None
-    reason: str | None = None            # container termination reason: OOMKilled, Error, ...
+    reason: str | None = None  # container termination reason: OOMKilled, Error, ...
     termination_message: str | None = None
-    ready_before: bool | None = None     # had the server answered /health before it died?
+    ready_before: bool | None = None  # had the server answered /health before it died?
     gpu: GpuSnapshot | None = None
     # Deployment context (from the spec or the command line), used only to break ties.
     tensor_parallel_size: int | None = None
@@ -103,8 +123,8 @@ class Diagnosis:
     evidence: list[str] = field(default_factory=list)
     numbers: dict[str, float | int] = field(default_factory=dict)
     explanation: str = ""
-    confidence: str = "low"              # high: an explicit vLLM message; medium: inferred; low: guessed
-    source: str = "log"                  # log, exit-state, termination-message, log-tail-only
+    confidence: str = "low"  # high: an explicit vLLM message; medium: inferred; low: guessed
+    source: str = "log"  # log, exit-state, termination-message, log-tail-only
     notes: list[str] = field(default_factory=list)  # numbers dropped as implausible, lines ignored, ...
 
     def __post_init__(self) -> None:

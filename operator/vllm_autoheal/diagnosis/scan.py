@@ -15,6 +15,7 @@ vLLM's formatter repeats the logger header on every line of a multi-line message
 request logger writes prompts with %r (one line), so the header and the message's opening
 words identify them.
 """
+
 from __future__ import annotations
 
 import re
@@ -25,24 +26,77 @@ from typing import IO, Iterable
 # A candidate line contains one of these (case-sensitive, chosen so that metrics
 # and HTTP access lines, the bulk of a serving log, contain none).
 ANCHORS = (
-    "rror", "emory", "illed", "died", "xception", "Traceback", "NCCL", "apture", "cudagraph",
-    "took", "oading", "startup", "too long", "context length", "divisible", "in use", "Abort",
-    "exit code", "Uvicorn", "load_model", "profile", "dummy", "execute_model", "busy_loop",
-    "determine_", "kv_cache", "KV cache size", "blocks", "Initializing", "not supported",
-    "capability", "Quantization", "quantization method", "max seq len", "max_model_len", "OOM",
-    "Killing", "graph", "model_runner", "swap", "shm", "alloc", "Workspace", "serving_",
-    "Process ", "Engine", "bad_alloc", "SIGKILL", "Signal", "found", "No such file",
-    "Repository", "does not appear", "timed out", "timeout", "allocate", "get_model", "weights",
-    "concurrency", "Received request", "Generated response", "details: prompt",
+    "rror",
+    "emory",
+    "illed",
+    "died",
+    "xception",
+    "Traceback",
+    "NCCL",
+    "apture",
+    "cudagraph",
+    "took",
+    "oading",
+    "startup",
+    "too long",
+    "context length",
+    "divisible",
+    "in use",
+    "Abort",
+    "exit code",
+    "Uvicorn",
+    "load_model",
+    "profile",
+    "dummy",
+    "execute_model",
+    "busy_loop",
+    "determine_",
+    "kv_cache",
+    "KV cache size",
+    "blocks",
+    "Initializing",
+    "not supported",
+    "capability",
+    "Quantization",
+    "quantization method",
+    "max seq len",
+    "max_model_len",
+    "OOM",
+    "Killing",
+    "graph",
+    "model_runner",
+    "swap",
+    "shm",
+    "alloc",
+    "Workspace",
+    "serving_",
+    "Process ",
+    "Engine",
+    "bad_alloc",
+    "SIGKILL",
+    "Signal",
+    "found",
+    "No such file",
+    "Repository",
+    "does not appear",
+    "timed out",
+    "timeout",
+    "allocate",
+    "get_model",
+    "weights",
+    "concurrency",
+    "Received request",
+    "Generated response",
+    "details: prompt",
 )
 CHUNK = 1 * 2**20
-MAX_LINE = 8192       # kept per line (evidence is cut far shorter)
-MATCH_CHARS = 2048    # what patterns see of a line: every decisive vLLM line is shorter
+MAX_LINE = 8192  # kept per line (evidence is cut far shorter)
+MATCH_CHARS = 2048  # what patterns see of a line: every decisive vLLM line is shorter
 HEAD_BYTES = 256 * 2**10
 TAIL_BYTES = 1 * 2**20
 HEAD_LINES = 400
 TAIL_LINES = 3000
-RAW_TAIL_BYTES = 64 * 2**10   # every line here is kept, anchor or not (traceback frames)
+RAW_TAIL_BYTES = 64 * 2**10  # every line here is kept, anchor or not (traceback frames)
 
 ENGINE, USER, ACCESS, REQUEST = "engine", "user", "access", "request"
 FORGED = "<second header>"
@@ -50,15 +104,15 @@ FORGED = "<second header>"
 _ANSI = re.compile(r"(?:\x1b|\^\[|#033)\[[0-9;]{0,20}[A-Za-z]")
 _PREFIXES = re.compile(
     r"^(?:"
-    r"\s{0,8}\[?\d{4}-\d\d-\d\d[T ][\d:.,]{1,20}Z?\]?\s{0,8}"                    # ISO timestamps
-    r"|\s{0,8}[\w.-]{0,40}\s{0,8}\|\s"                                            # docker compose "svc-1  | "
+    r"\s{0,8}\[?\d{4}-\d\d-\d\d[T ][\d:.,]{1,20}Z?\]?\s{0,8}"  # ISO timestamps
+    r"|\s{0,8}[\w.-]{0,40}\s{0,8}\|\s"  # docker compose "svc-1  | "
     r"|\s{0,8}\((?P<proc>[\w.-]{1,60})(?:\s+rank=(?P<rank>\d{1,4}))?(?:\s+pid=\d{1,10})?"
-    r"(?:\s+ip=[\w.:]{1,60})?\)\s{0,8}"                                            # (EngineCore_DP0 pid=1)
-    r"|\s{0,8}\[rank(?P<rank2>\d{1,4})\]:\s{0,8}"                                 # torchrun "[rank0]:"
+    r"(?:\s+ip=[\w.:]{1,60})?\)\s{0,8}"  # (EngineCore_DP0 pid=1)
+    r"|\s{0,8}\[rank(?P<rank2>\d{1,4})\]:\s{0,8}"  # torchrun "[rank0]:"
     r"|\s{0,8}(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s{1,8}\d\d-\d\d\s{1,8}[\d:.]{1,20}\s{1,8}"
     r"(?:\[(?P<file>[\w.-]{1,80}?)(?::\d{1,6})?\]|(?P<file2>[\w.-]{1,80}):\d{1,6}\])\s?"  # vLLM header
-    r"|\s{0,8}(?P<level2>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s{0,8}:\s+"      # uvicorn "INFO:     "
-    r"|\s{0,8}(?P<file3>[\w.-]{1,80}\.py):\d{1,6}\]\s"                            # truncated "[file.py:N] "
+    r"|\s{0,8}(?P<level2>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s{0,8}:\s+"  # uvicorn "INFO:     "
+    r"|\s{0,8}(?P<file3>[\w.-]{1,80}\.py):\d{1,6}\]\s"  # truncated "[file.py:N] "
     r")"
 )
 _REQUEST_HINT = re.compile(r"APIServer|\[serving|serving_\w{1,30}\.py:|api_server\.py:")
@@ -68,29 +122,36 @@ _TP_RANK = re.compile(r"(?:Worker_TP|\[Rank |rank=)(\d{1,4})")
 _USER_TEXT = re.compile(
     r"^(?:Received request \S+:|Generated response \S+|Request \S+ details:|Added request \S+:? .{0,40}prompt)"
     r"|\b(?:prompt|output|outputs|delta_text|current_text|model_output): ['\"]"
-    r"|\bprompt_token_ids: \[")
-_USER_FILES = re.compile(r"^(?:logger\.py|dump_input\.py|.*tool_parser.*|.*reasoning.*parser.*|.*_parser\.py|"
-                         r"<second header>)$")
+    r"|\bprompt_token_ids: \["
+)
+_USER_FILES = re.compile(
+    r"^(?:logger\.py|dump_input\.py|.*tool_parser.*|.*reasoning.*parser.*|.*_parser\.py|"
+    r"<second header>)$"
+)
 # Lines that name a request by its id or dump a scheduled batch carry text a client chose (the
 # X-Request-Id header, stop strings), wherever they come from.
-_REQUEST_IDS = re.compile(r"^(?:Added|Aborted|Finished|Abort) request|\b(?:SchedulerOutput|NewRequestData|"
-                          r"CachedRequestData)\(|\breq(?:uest)?_id[=:]")
+_REQUEST_IDS = re.compile(
+    r"^(?:Added|Aborted|Finished|Abort) request|\b(?:SchedulerOutput|NewRequestData|"
+    r"CachedRequestData)\(|\breq(?:uest)?_id[=:]"
+)
 # The API server handles requests one by one: its errors (a 400 for a long prompt, a bad chat
 # template) are the request's, carry the request's text, and never decide a crash's cause.
-_REQUEST_FILES = re.compile(r"^(?:serving_\w{1,40}|serving|api_server|protocol|chat_utils|"
-                            r"openai_serving_\w{1,40})\.py$")
+_REQUEST_FILES = re.compile(
+    r"^(?:serving_\w{1,40}|serving|api_server|protocol|chat_utils|"
+    r"openai_serving_\w{1,40})\.py$"
+)
 _ACCESS = re.compile(r'^(?:\[?[\w.:\[\]-]{1,60}:\d{1,5}\]? )?- "(?:GET|POST|PUT|DELETE|PATCH|HEAD|OPTIONS) ')
 
 
 @dataclass
 class Line:
-    offset: int       # position in the input, for ordering
-    text: str         # normalized: prefixes and headers removed
-    raw: str          # as printed (ANSI removed), for evidence
+    offset: int  # position in the input, for ordering
+    text: str  # normalized: prefixes and headers removed
+    raw: str  # as printed (ANSI removed), for evidence
     rank: int | None  # the worker rank that printed it, when the prefix says
     origin: str = ENGINE
     source_file: str | None = None  # the file named in vLLM's logger header, when there is one
-    level: str | None = None        # the logger level in the header (INFO, WARNING, ERROR, ...)
+    level: str | None = None  # the logger level in the header (INFO, WARNING, ERROR, ...)
 
     @property
     def informational(self) -> bool:
@@ -138,7 +199,7 @@ def _strip(raw: str) -> tuple[str, int | None, str | None, str | None]:
             rank = int(r)
         source_file = source_file or m.group("file") or m.group("file2") or m.group("file3")
         level = level or m.group("level") or m.group("level2")
-        text = text[m.end():]
+        text = text[m.end() :]
     if rank is None:
         t = _TP_RANK.search(raw[:80])
         rank = int(t.group(1)) if t else None
@@ -172,7 +233,7 @@ def make_line(offset: int, raw: str) -> Line | None:
 def _chunks(source: str | IO[str] | Iterable[str]) -> Iterable[str]:
     if isinstance(source, str):
         for i in range(0, len(source), CHUNK):
-            yield source[i:i + CHUNK]
+            yield source[i : i + CHUNK]
     elif hasattr(source, "read"):
         while True:
             block = source.read(CHUNK)
@@ -196,7 +257,7 @@ def _candidates(body: str, base: int, limit: int | None = None) -> list[tuple[in
     out = []
     for start in sorted(starts):
         end = body.find("\n", start)
-        out.append((base + start, body[start:end if end >= 0 else len(body)][:MAX_LINE]))
+        out.append((base + start, body[start : end if end >= 0 else len(body)][:MAX_LINE]))
         if limit is not None and len(out) >= limit:
             break
     return out

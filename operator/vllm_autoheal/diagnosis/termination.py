@@ -9,6 +9,7 @@ Version 1:
    "confidence": "high"|"medium"|"low", "source": str, "numbers": {name: finite number, or a list of up to 16},
    "evidence": [str], "explanation": str}, "note": str, "gpu_start": {...}, "gpu_failure": {...}}
 """
+
 from __future__ import annotations
 
 import json
@@ -20,7 +21,7 @@ from . import figures
 from . import model as m
 
 SCHEMA_VERSION = 1
-MAX_MESSAGE_BYTES = 16 * 1024          # the kubelet keeps 4 KiB; anything much larger is not ours
+MAX_MESSAGE_BYTES = 16 * 1024  # the kubelet keeps 4 KiB; anything much larger is not ours
 MAX_NUMBERS = 32
 MAX_EVIDENCE = 8
 MAX_LIST = 16
@@ -30,10 +31,12 @@ CONFIDENCE = ("high", "medium", "low")
 SOURCES = ("log", "exit-state", "termination-message", "log-tail-only", "memory-model")
 # Plausible ranges of the figures vLLM prints; a number outside them is a forgery or a parse error.
 RANGES: dict[str, tuple[float, float]] = {
-    "util": (0.0, 1.0), "exit_code": (-255, 255), "rank": (0, 65536),
+    "util": (0.0, 1.0),
+    "exit_code": (-255, 255),
+    "rank": (0, 65536),
 }
-DEFAULT_RANGE = (0.0, 1e9)             # GiB, tokens, requests: none of them reaches a billion
-GIB_RANGE = (0.0, 1e5)                 # 100 TiB: more than any GPU or host
+DEFAULT_RANGE = (0.0, 1e9)  # GiB, tokens, requests: none of them reaches a billion
+GIB_RANGE = (0.0, 1e5)  # 100 TiB: more than any GPU or host
 
 
 class InvalidMessage(ValueError):

@@ -5,6 +5,7 @@ server-side apply under the operator's own field manager, so a field left out of
 is removed from the object; an object of the same name that this VLLMService does not control
 is never written. A resync whose manifest is what was last applied, and still in place, writes nothing.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -21,7 +22,7 @@ from ..api import GROUP, PLURAL, VERSION
 MERGE = "application/merge-patch+json"
 APPLY = "application/apply-patch+yaml"
 FIELD_MANAGER = "vllm-autoheal"
-APPLIED_HASH = f"{GROUP}/applied-hash"   # the manifest last applied, to skip a resync's no-op apply
+APPLIED_HASH = f"{GROUP}/applied-hash"  # the manifest last applied, to skip a resync's no-op apply
 _CONFIGURED: dict[str, Any] = {}
 
 
@@ -46,8 +47,13 @@ def _plural_path(api_version: str, kind_plural: str, namespace: str | None) -> s
     return f"{base}{ns}/{kind_plural}"
 
 
-PLURALS = {"Deployment": "deployments", "Service": "services", "PersistentVolumeClaim": "persistentvolumeclaims",
-           "Pod": "pods", "Event": "events"}
+PLURALS = {
+    "Deployment": "deployments",
+    "Service": "services",
+    "PersistentVolumeClaim": "persistentvolumeclaims",
+    "Pod": "pods",
+    "Event": "events",
+}
 
 
 class Kube:
@@ -62,12 +68,23 @@ class Kube:
             _CONFIGURED["api"].user_agent = f"vllm-autoheal/{__version__}"
         self.api = _CONFIGURED["api"]
 
-    def request(self, method: str, path: str, body: Any = None, content_type: str = "application/json",
-                query: list[tuple[str, Any]] | None = None, raw: bool = False) -> Any:
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        content_type: str = "application/json",
+        query: list[tuple[str, Any]] | None = None,
+        raw: bool = False,
+    ) -> Any:
         method, url, headers, payload, _ = self.api.param_serialize(
-            method=method, resource_path=path, query_params=query or [], body=body,
+            method=method,
+            resource_path=path,
+            query_params=query or [],
+            body=body,
             header_params={"Content-Type": content_type, "Accept": "application/json, */*"},
-            auth_settings=["BearerToken"])
+            auth_settings=["BearerToken"],
+        )
         resp = self.api.call_api(method, url, header_params=headers, body=payload, _request_timeout=self.timeout)
         resp.read()
         data = resp.data.decode("utf-8", "replace") if isinstance(resp.data, bytes) else (resp.data or "")
@@ -90,8 +107,11 @@ class Kube:
         """Apply every manifest, or none when one of them names an object this VLLMService does
         not control (a Service of another team, say): that is a conflict for a person to settle."""
         live = [self.get(_object_path(m)) for m in manifests]
-        result = ApplyResult(conflicts=[describe(m) for m, have in zip(manifests, live)
-                                        if have is not None and not controlled_by_owner(have, m)])
+        result = ApplyResult(
+            conflicts=[
+                describe(m) for m, have in zip(manifests, live) if have is not None and not controlled_by_owner(have, m)
+            ]
+        )
         if not result.conflicts:
             result.outcomes = [(m, self._apply(m, have)) for m, have in zip(manifests, live)]
         return result
@@ -106,12 +126,21 @@ class Kube:
     def _apply(self, manifest: dict[str, Any], live: dict[str, Any] | None) -> str:
         body = with_applied_hash(manifest)
         meta = body["metadata"]
-        if live is not None and (live["metadata"].get("annotations") or {}).get(APPLIED_HASH) == \
-                meta["annotations"][APPLIED_HASH] and is_subset({"metadata": {k: meta[k] for k in (
-                    "labels", "annotations", "ownerReferences") if k in meta}, "spec": body.get("spec", {})}, live):
+        if (
+            live is not None
+            and (live["metadata"].get("annotations") or {}).get(APPLIED_HASH) == meta["annotations"][APPLIED_HASH]
+            and is_subset(
+                {
+                    "metadata": {k: meta[k] for k in ("labels", "annotations", "ownerReferences") if k in meta},
+                    "spec": body.get("spec", {}),
+                },
+                live,
+            )
+        ):
             return "unchanged"
-        self.request("PATCH", _object_path(manifest), body, APPLY,
-                     query=[("fieldManager", FIELD_MANAGER), ("force", "true")])
+        self.request(
+            "PATCH", _object_path(manifest), body, APPLY, query=[("fieldManager", FIELD_MANAGER), ("force", "true")]
+        )
         return "created" if live is None else "applied"
 
     # --- VLLMServices ------------------------------------------------------------------
@@ -127,20 +156,29 @@ class Kube:
     def patch_vsvc_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
         return self.request("PATCH", self.vsvc_path(namespace, name) + "/status", {"status": status}, MERGE)
 
-    def previous_log(self, namespace: str, pod: str, container: str, tail_lines: int = 4000,
-                     limit_bytes: int = 2 * 2**20) -> str:
+    def previous_log(
+        self, namespace: str, pod: str, container: str, tail_lines: int = 4000, limit_bytes: int = 2 * 2**20
+    ) -> str:
         """The crashed container's own output (bounded): where the root cause of a vLLM crash is."""
         try:
-            return self.request("GET", f"/api/v1/namespaces/{namespace}/pods/{pod}/log",
-                                query=[("container", container), ("previous", "true"),
-                                       ("tailLines", tail_lines), ("limitBytes", limit_bytes)], raw=True)
+            return self.request(
+                "GET",
+                f"/api/v1/namespaces/{namespace}/pods/{pod}/log",
+                query=[
+                    ("container", container),
+                    ("previous", "true"),
+                    ("tailLines", tail_lines),
+                    ("limitBytes", limit_bytes),
+                ],
+                raw=True,
+            )
         except ApiException:
             return ""
 
 
 @dataclass
 class ApplyResult:
-    conflicts: list[str] = field(default_factory=list)       # "Service default/payments", not written
+    conflicts: list[str] = field(default_factory=list)  # "Service default/payments", not written
     outcomes: list[tuple[dict[str, Any], str]] = field(default_factory=list)
 
 
@@ -169,15 +207,15 @@ def controlled_by_owner(live: dict[str, Any], manifest: dict[str, Any]) -> bool:
 def with_applied_hash(manifest: dict[str, Any]) -> dict[str, Any]:
     digest = hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()[:16]
     meta = manifest["metadata"]
-    return {**manifest, "metadata": {**meta, "annotations": {**(meta.get("annotations") or {}),
-                                                              APPLIED_HASH: digest}}}
+    return {**manifest, "metadata": {**meta, "annotations": {**(meta.get("annotations") or {}), APPLIED_HASH: digest}}}
 
 
 def is_subset(want: Any, have: Any) -> bool:
     """Every field we set is in the live object with the same value (the server adds defaults)."""
     if isinstance(want, dict):
-        return isinstance(have, dict) and all(is_subset(v, have.get(k)) for k, v in want.items()
-                                              if v not in ({}, [], None) or k in have)
+        return isinstance(have, dict) and all(
+            is_subset(v, have.get(k)) for k, v in want.items() if v not in ({}, [], None) or k in have
+        )
     if isinstance(want, list):
         return isinstance(have, list) and len(want) == len(have) and all(map(is_subset, want, have))
     if isinstance(want, (int, float)) and isinstance(have, str):

@@ -1,4 +1,5 @@
 """OperatorConfig: the operator's settings, built once by the CLI and handed to handlers in kopf's memo."""
+
 from __future__ import annotations
 
 import os
@@ -10,12 +11,12 @@ from .resources import DEFAULT_OPERATOR_IMAGE
 
 @dataclass(frozen=True)
 class OperatorConfig:
-    operator_image: str = DEFAULT_OPERATOR_IMAGE   # the init container that copies the launcher
-    heal_enabled: bool = True                      # the chart's cluster-wide switch (heal.enabled)
-    write_attempts: int = 4                        # tries of one write on a conflict or a transient error
-    write_backoff_s: float = 0.5                   # first pause between tries (doubles)
-    retry_delay_s: float = 10.0                    # kopf.TemporaryError delay; later re-checks of a heal
-    request_timeout_s: float = 30.0                # one API request
+    operator_image: str = DEFAULT_OPERATOR_IMAGE  # the init container that copies the launcher
+    heal_enabled: bool = True  # the chart's cluster-wide switch (heal.enabled)
+    write_attempts: int = 4  # tries of one write on a conflict or a transient error
+    write_backoff_s: float = 0.5  # first pause between tries (doubles)
+    retry_delay_s: float = 10.0  # kopf.TemporaryError delay; later re-checks of a heal
+    request_timeout_s: float = 30.0  # one API request
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> OperatorConfig:

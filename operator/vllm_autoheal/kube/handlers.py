@@ -4,6 +4,7 @@ reconcile.py renders a VLLMService into its objects and follows the rollout; hea
 crash (an Incident); unschedulable.py handles heals whose pods cannot be scheduled; status.py
 computes the phase and conditions. The settings come from the CLI in kopf's memo (OperatorConfig).
 """
+
 from __future__ import annotations
 
 import logging
@@ -37,7 +38,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # (our status schema is closed): keep all of kopf's bookkeeping in annotations instead.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=GROUP, key="last-handled-configuration")
+        prefix=GROUP, key="last-handled-configuration"
+    )
     settings.posting.level = logging.WARNING
     settings.execution.max_workers = 8
     memo.setdefault("config", OperatorConfig())
@@ -69,8 +71,7 @@ def deployment_progress(body: kopf.Body, type: str, namespace: str, memo: kopf.M
 
 
 @kopf.on.event("", "v1", "pods", labels={resources.SERVICE_LABEL: kopf.PRESENT})
-def pod_changed(body: kopf.Body, type: str, namespace: str, memo: kopf.Memo, logger: logging.Logger,
-                **_: Any) -> None:
+def pod_changed(body: kopf.Body, type: str, namespace: str, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
     if type == "DELETED":
         return
     pod = dict(body)

@@ -8,6 +8,7 @@ the two, the intent is in status and `complete` finishes it: from a deferred ret
 `reconcile` on the next start, or from the next event. If the first write fails, nothing was
 recorded and the next event plans again.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,7 +36,7 @@ from .config import OperatorConfig
 from .later import Later
 from .writes import lock, patch_object, transient, update_status
 
-HEALED_ENGINE = f"{GROUP}/healed-engine"      # engine args the operator wrote into spec (PatchSpec)
+HEALED_ENGINE = f"{GROUP}/healed-engine"  # engine args the operator wrote into spec (PatchSpec)
 REVERT = "RevertUnschedulable"
 
 
@@ -66,8 +67,8 @@ class Incident:
     pod: dict[str, Any]
     crash: dict[str, Any]
     diagnosis: Diagnosis = field(default_factory=Diagnosis)
-    note: str | None = None          # why the termination message was not used
-    remedy: Remedy | None = None     # the plan, made once when the crash is recorded
+    note: str | None = None  # why the termination message was not used
+    remedy: Remedy | None = None  # the plan, made once when the crash is recorded
 
     @property
     def pod_name(self) -> str:
@@ -84,9 +85,13 @@ class Incident:
 
 def diagnose(kube: Kube, incident: Incident, obj: VLLMService) -> Diagnosis:
     engine = deployed(obj).engine
-    signals = dict(exit_code=incident.crash.get("exitCode"), reason=incident.crash.get("reason"),
-                   tensor_parallel_size=engine.tensor_parallel_size,
-                   pipeline_parallel_size=engine.pipeline_parallel_size, gpu_count=resources.gpu_count(obj))
+    signals = dict(
+        exit_code=incident.crash.get("exitCode"),
+        reason=incident.crash.get("reason"),
+        tensor_parallel_size=engine.tensor_parallel_size,
+        pipeline_parallel_size=engine.pipeline_parallel_size,
+        gpu_count=resources.gpu_count(obj),
+    )
     message = incident.crash.get("message")
     _doc, incident.note = termination.read(message)
     if incident.note:  # written in the tenant's container and not the launcher's: read the log instead
@@ -111,20 +116,37 @@ def inventory(kube: Kube, obj: VLLMService, memory_limit: str | None) -> Invento
             inv.gpu_total_gib = lookup(res.gpu_product or "custom", res.gpu_memory_gib).memory_gib
     except KeyError:
         pass
-    inv.shape = model_source.for_service(obj, kube.get).shape   # the model's shape sets the utilization floor
+    inv.shape = model_source.for_service(obj, kube.get).shape  # the model's shape sets the utilization floor
     if memory_limit:
         inv.memory_limit_bytes = parse_quantity(memory_limit)
     return inv
 
 
-def _plan_heal(kube: Kube, obj: VLLMService, cfg: OperatorConfig, diag: Diagnosis, now: Deployed,
-          exclude: frozenset[str] = frozenset(), extra_tried: tuple[str, ...] = ()) -> Remedy:
+def _plan_heal(
+    kube: Kube,
+    obj: VLLMService,
+    cfg: OperatorConfig,
+    diag: Diagnosis,
+    now: Deployed,
+    exclude: frozenset[str] = frozenset(),
+    extra_tried: tuple[str, ...] = (),
+) -> Remedy:
     spec, cur = obj.spec, obj.status
     if not cfg.heal_enabled:  # the chart's cluster-wide switch
         spec = spec.model_copy(update={"heal": spec.heal.model_copy(update={"enabled": False})})
     history = st.history([*cur.tried, *extra_tried], [h.wire() for h in cur.heals])
-    return plan_heal(spec, diag, history, inventory(kube, obj, now.memory_limit), now.engine, attempts=cur.attempts,
-                failed=cur.failed_engines, model=now.model, memory_limit=now.memory_limit, exclude=exclude)
+    return plan_heal(
+        spec,
+        diag,
+        history,
+        inventory(kube, obj, now.memory_limit),
+        now.engine,
+        attempts=cur.attempts,
+        failed=cur.failed_engines,
+        model=now.model,
+        memory_limit=now.memory_limit,
+        exclude=exclude,
+    )
 
 
 def _intent_fields(obj: VLLMService, intent: HealIntent) -> dict[str, Any]:
@@ -132,15 +154,20 @@ def _intent_fields(obj: VLLMService, intent: HealIntent) -> dict[str, Any]:
     out: dict[str, Any] = {"inFlight": intent.wire()}
     if obj.spec.heal.mode == "StatusOverrides":
         target = intent.target
-        out.update(effective=target.engine.wire(), gpus=target.gpus(),
-                   effectiveModel=target.model if target.model != obj.spec.model else None,
-                   effectiveMemoryLimit=target.memory_limit
-                   if target.memory_limit != obj.spec.resources.limits.memory else None)
+        out.update(
+            effective=target.engine.wire(),
+            gpus=target.gpus(),
+            effectiveModel=target.model if target.model != obj.spec.model else None,
+            effectiveMemoryLimit=target.memory_limit
+            if target.memory_limit != obj.spec.resources.limits.memory
+            else None,
+        )
     return out
 
 
-def record(kube: Kube, incident: Incident, fresh: dict[str, Any], cfg: OperatorConfig,
-           expected: str) -> dict[str, Any] | None:
+def record(
+    kube: Kube, incident: Incident, fresh: dict[str, Any], cfg: OperatorConfig, expected: str
+) -> dict[str, Any] | None:
     """The one status write that records the crash with its plan (None: already recorded)."""
     obj = parse(fresh)
     cur, cid = obj.status, incident.crash_id
@@ -153,8 +180,16 @@ def record(kube: Kube, incident: Incident, fresh: dict[str, Any], cfg: OperatorC
     diag = incident.diagnosis
     remedy = incident.remedy = _plan_heal(kube, obj, cfg, diag, now)
     before = {**now.engine.model_dump(), "memory_limit": now.memory_limit, "model": now.model}
-    heal = st.heal_record(incident.pod_name, incident.pod_uid, resources.CONTAINER, incident.crash["restartCount"],
-                          diag, remedy, before, incident.note)
+    heal = st.heal_record(
+        incident.pod_name,
+        incident.pod_uid,
+        resources.CONTAINER,
+        incident.crash["restartCount"],
+        diag,
+        remedy,
+        before,
+        incident.note,
+    )
     update.update(heals=st.append_heal([h.wire() for h in cur.heals], heal), lastCause=diag.cause)
     if cur.baseline is None:
         update["baseline"] = obj.spec.engine.wire()
@@ -165,17 +200,38 @@ def record(kube: Kube, incident: Incident, fresh: dict[str, Any], cfg: OperatorC
         in_flight = update["inFlight"] = None  # the heal rolled out, and its pods crashed: it is over
     exhausted = remedy.reason if remedy.action == GIVE_UP else None
     if not remedy.gives_up:
-        target = Deployed(engine=remedy.apply(now.engine), model=remedy.changes.get("model", now.model),
-                          memory_limit=remedy.changes.get("memory_limit", now.memory_limit))
-        intent = HealIntent(crash=cid, cause=diag.cause, action=remedy.action, summary=remedy.summary()[:2048],
-                            target=target, previous=now, applied=obj.spec.heal.mode == "StatusOverrides",
-                            time=st.now())
-        update.update(_intent_fields(obj, intent), attempts=cur.attempts + 1, healCount=cur.heal_count + 1,
-                      tried=st.remember_tried(cur.tried, diag.cause, remedy.action))
+        target = Deployed(
+            engine=remedy.apply(now.engine),
+            model=remedy.changes.get("model", now.model),
+            memory_limit=remedy.changes.get("memory_limit", now.memory_limit),
+        )
+        intent = HealIntent(
+            crash=cid,
+            cause=diag.cause,
+            action=remedy.action,
+            summary=remedy.summary()[:2048],
+            target=target,
+            previous=now,
+            applied=obj.spec.heal.mode == "StatusOverrides",
+            time=st.now(),
+        )
+        update.update(
+            _intent_fields(obj, intent),
+            attempts=cur.attempts + 1,
+            healCount=cur.heal_count + 1,
+            tried=st.remember_tried(cur.tried, diag.cause, remedy.action),
+        )
         in_flight = update["inFlight"]
-    return st.settle(update, st.Observed([c.wire() for c in cur.conditions], obj.metadata.get("generation"),
-                                         in_flight=in_flight, exhausted=exhausted,
-                                         exhausted_reason=st.camel(diag.cause)))
+    return st.settle(
+        update,
+        st.Observed(
+            [c.wire() for c in cur.conditions],
+            obj.metadata.get("generation"),
+            in_flight=in_flight,
+            exhausted=exhausted,
+            exhausted_reason=st.camel(diag.cause),
+        ),
+    )
 
 
 def _backing_off(obj: VLLMService) -> bool:
@@ -218,8 +274,9 @@ def handle_crash(kube: Kube, cfg: OperatorConfig, later: Later, incident: Incide
         if not transient(exc):
             raise
         # Nothing was recorded: look at this crash again later (the next pod event may come first).
-        later.run(f"crash/{incident.crash_id}", cfg.retry_delay_s,
-                  lambda: handle_crash(kube, cfg, later, incident, logger))
+        later.run(
+            f"crash/{incident.crash_id}", cfg.retry_delay_s, lambda: handle_crash(kube, cfg, later, incident, logger)
+        )
         logger.warning(f"could not record the crash of {incident.pod_name} ({exc}); will try again")
         return
     if written is None or incident.remedy is None:
@@ -241,15 +298,23 @@ def _events(vsvc: dict[str, Any], incident: Incident) -> None:
     if incident.note:
         kopf.event(vsvc, type="Warning", reason="TerminationMessageIgnored", message=incident.note[:1000])
     if diag.is_memory:
-        kopf.event(vsvc, type="Warning", reason="OOMDetected",
-                   message=f"{diag.cause} ({diag.phase}) in {incident.pod_name}: {evidence}")
+        kopf.event(
+            vsvc,
+            type="Warning",
+            reason="OOMDetected",
+            message=f"{diag.cause} ({diag.phase}) in {incident.pod_name}: {evidence}",
+        )
     if remedy.action == GIVE_UP:
         metrics.EXHAUSTED.inc()
         kopf.event(vsvc, type="Warning", reason="HealExhausted", message=remedy.reason[:1000])
     elif diag.cause == "not_oom":
-        kopf.event(vsvc, type="Warning", reason="NotMemory",
-                   message=f"{diag.subtype or 'not a memory failure'}: "
-                           f"{diag.evidence[0][:300] if diag.evidence else ''}; flags left as they are")
+        kopf.event(
+            vsvc,
+            type="Warning",
+            reason="NotMemory",
+            message=f"{diag.subtype or 'not a memory failure'}: "
+            f"{diag.evidence[0][:300] if diag.evidence else ''}; flags left as they are",
+        )
     elif remedy.gives_up:
         kopf.event(vsvc, type="Warning", reason="CrashNotHealed", message=remedy.reason[:1000])
     else:
@@ -276,8 +341,7 @@ def _heal_lock(ns: str, name: str):  # one completion at a time per object (writ
     return lock(f"heal:{ns}", name)
 
 
-def complete(kube: Kube, cfg: OperatorConfig, later: Later | None, ns: str, name: str,
-             logger: logging.Logger) -> bool:
+def complete(kube: Kube, cfg: OperatorConfig, later: Later | None, ns: str, name: str, logger: logging.Logger) -> bool:
     """Finish the recorded heal, whatever was already done of it; idempotent. False on a transient
     API error: then it tries again later (without `later`, the caller retries: reconcile raises
     kopf.TemporaryError). The next event and the next start also call it."""
@@ -290,8 +354,7 @@ def complete(kube: Kube, cfg: OperatorConfig, later: Later | None, ns: str, name
             raise
         logger.warning(f"the heal of {ns}/{name} is recorded but not finished ({exc}); will finish it")
         if later is not None:
-            later.run(f"complete/{ns}/{name}", cfg.retry_delay_s,
-                      lambda: complete(kube, cfg, later, ns, name, logger))
+            later.run(f"complete/{ns}/{name}", cfg.retry_delay_s, lambda: complete(kube, cfg, later, ns, name, logger))
         return False
 
 
@@ -328,14 +391,16 @@ def _mark_applied(fresh_body: dict[str, Any], intent: HealIntent) -> dict[str, A
     if not _same(fresh, intent) or fresh.status.in_flight.applied:  # type: ignore[union-attr]
         return None
     in_flight = {**intent.wire(), "applied": True}
-    return st.settle({"inFlight": in_flight, "effective": intent.target.engine.wire(), "gpus": intent.target.gpus()},
-                     st.Observed([c.wire() for c in fresh.status.conditions], fresh.metadata.get("generation"),
-                                 in_flight=in_flight))
+    return st.settle(
+        {"inFlight": in_flight, "effective": intent.target.engine.wire(), "gpus": intent.target.gpus()},
+        st.Observed([c.wire() for c in fresh.status.conditions], fresh.metadata.get("generation"), in_flight=in_flight),
+    )
 
 
 def _drop(fresh_body: dict[str, Any], intent: HealIntent) -> dict[str, Any] | None:
     fresh = parse(fresh_body)
     if not _same(fresh, intent):
         return None
-    return st.settle({"inFlight": None}, st.Observed([c.wire() for c in fresh.status.conditions],
-                                                     fresh.metadata.get("generation")))
+    return st.settle(
+        {"inFlight": None}, st.Observed([c.wire() for c in fresh.status.conditions], fresh.metadata.get("generation"))
+    )

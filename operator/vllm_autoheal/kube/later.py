@@ -1,6 +1,7 @@
 """Run a function again later, in this process: a heal whose write failed, a pod that may stay
 Unschedulable. What must survive a restart is in the VLLMService's status; this only saves waiting
 for the next event."""
+
 from __future__ import annotations
 
 import contextvars

@@ -1,4 +1,5 @@
 """What a pod says about its vLLM container and its scheduling. Pure."""
+
 from __future__ import annotations
 
 from datetime import datetime
@@ -32,8 +33,11 @@ def unschedulable(pod: dict[str, Any]) -> tuple[float, str] | None:
     if status.get("phase") not in (None, "Pending"):
         return None
     for cond in status.get("conditions") or []:
-        if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and \
-                cond.get("reason") == "Unschedulable":
+        if (
+            cond.get("type") == "PodScheduled"
+            and cond.get("status") == "False"
+            and cond.get("reason") == "Unschedulable"
+        ):
             try:
                 since = datetime.fromisoformat(str(cond.get("lastTransitionTime")).replace("Z", "+00:00")).timestamp()
             except ValueError:

@@ -5,6 +5,7 @@ new baseline and resets the heal state (attempts, tried, HealExhausted). A heal 
 not finished (status.inFlight not applied) is finished here first: this is what completes a heal
 after an operator restart.
 """
+
 from __future__ import annotations
 
 import json
@@ -35,21 +36,38 @@ def memory_fit(kube: Kube, obj: VLLMService, generation: int | None, conditions:
     if spec.preflight == "Off":
         return None
     if not (spec.resources.gpu_product or spec.resources.gpu_memory_gib):
-        cond = st.set_condition(conditions, st.MEMORY_FIT, "Unknown", "NoGpuProduct", "set resources.gpuProduct "
-                                "or resources.gpuMemoryGiB to check memory before start", generation)
+        cond = st.set_condition(
+            conditions,
+            st.MEMORY_FIT,
+            "Unknown",
+            "NoGpuProduct",
+            "set resources.gpuProduct or resources.gpuMemoryGiB to check memory before start",
+            generation,
+        )
         return next(c for c in cond if c["type"] == st.MEMORY_FIT)
     model = model_source.for_service(obj, kube.get)
     if not model.ok:
-        cond = st.set_condition(conditions, st.MEMORY_FIT, "Unknown", "ModelConfigPending" if model.pending else
-                                "ModelConfigUnavailable", f"no model config, so no pre-flight: {model.error}",
-                                generation)
+        cond = st.set_condition(
+            conditions,
+            st.MEMORY_FIT,
+            "Unknown",
+            "ModelConfigPending" if model.pending else "ModelConfigUnavailable",
+            f"no model config, so no pre-flight: {model.error}",
+            generation,
+        )
         return next(c for c in cond if c["type"] == st.MEMORY_FIT)
     try:
         gpu = lookup(spec.resources.gpu_product or "custom", spec.resources.gpu_memory_gib)
         result = preflight(spec, gpu, model.shape)
     except Exception as exc:  # whatever the spec holds, pre-flight costs a condition, never the reconcile
-        cond = st.set_condition(conditions, st.MEMORY_FIT, "Unknown", "PreflightFailed",
-                                f"{type(exc).__name__}: {str(exc)[:500]}", generation)
+        cond = st.set_condition(
+            conditions,
+            st.MEMORY_FIT,
+            "Unknown",
+            "PreflightFailed",
+            f"{type(exc).__name__}: {str(exc)[:500]}",
+            generation,
+        )
     else:
         est = result.estimate
         if result.fits and result.changed:
@@ -57,11 +75,19 @@ def memory_fit(kube: Kube, obj: VLLMService, generation: int | None, conditions:
             msg = f"fitted at start: {' '.join(s.flags() for s in result.steps)}; KV {est.kv_cache_gib:.2f} GiB"
             cond = st.set_condition(conditions, st.MEMORY_FIT, "True", "FittedByPreflight", msg, generation)
         elif result.fits:
-            msg = f"KV cache {est.kv_cache_gib:.2f} GiB = {est.kv_tokens:,} tokens; weights {est.weights_gib:.2f} GiB/GPU"
+            msg = (
+                f"KV cache {est.kv_cache_gib:.2f} GiB = {est.kv_tokens:,} tokens; weights {est.weights_gib:.2f} GiB/GPU"
+            )
             cond = st.set_condition(conditions, st.MEMORY_FIT, "True", "Fits", msg, generation)
         else:
-            cond = st.set_condition(conditions, st.MEMORY_FIT, "False", st.camel(est.failure or "DoesNotFit"),
-                                    "; ".join(result.reasons), generation)
+            cond = st.set_condition(
+                conditions,
+                st.MEMORY_FIT,
+                "False",
+                st.camel(est.failure or "DoesNotFit"),
+                "; ".join(result.reasons),
+                generation,
+            )
     return next(c for c in cond if c["type"] == st.MEMORY_FIT)
 
 
@@ -76,8 +102,11 @@ def person_edited(obj: VLLMService) -> bool:
     ours = (obj.metadata.get("annotations") or {}).get(heal.HEALED_ENGINE)
     if cur.in_flight is not None and spec.engine in (cur.in_flight.target.engine, cur.in_flight.previous.engine):
         return False
-    return cur.effective is not None and cur.effective != spec.engine and \
-        ours != json.dumps(spec.engine.wire(), sort_keys=True)
+    return (
+        cur.effective is not None
+        and cur.effective != spec.engine
+        and ours != json.dumps(spec.engine.wire(), sort_keys=True)
+    )
 
 
 def reconcile(kube: Kube, cfg: OperatorConfig, body: dict[str, Any], logger: logging.Logger) -> None:
@@ -96,8 +125,15 @@ def reconcile(kube: Kube, cfg: OperatorConfig, body: dict[str, Any], logger: log
         generation = obj.metadata.get("generation")
     new: dict[str, Any] = {}
     if obj.status.baseline is None or edit:
-        new.update(baseline=obj.spec.engine.wire(), effective=None, effectiveModel=None, effectiveMemoryLimit=None,
-                   attempts=0, tried=[], inFlight=None)
+        new.update(
+            baseline=obj.spec.engine.wire(),
+            effective=None,
+            effectiveModel=None,
+            effectiveMemoryLimit=None,
+            attempts=0,
+            tried=[],
+            inFlight=None,
+        )
         if edit:
             logger.info("spec.engine changed by a person: new baseline, heal attempts reset")
     current = [c.wire() for c in obj.status.conditions]
@@ -116,14 +152,23 @@ def reconcile(kube: Kube, cfg: OperatorConfig, body: dict[str, Any], logger: log
         raise
     if applied.conflicts:  # someone else's object has the name: write nothing, say so, look again later
         _name_conflict(kube, cfg, body, ns, name, generation, applied.conflicts)
-    fields = {**new, "observedGeneration": generation, "gpus": resources.gpu_count(target),
-              "endpoint": resources.endpoint(obj), "effective": engine.wire()}
+    fields = {
+        **new,
+        "observedGeneration": generation,
+        "gpus": resources.gpu_count(target),
+        "endpoint": resources.endpoint(obj),
+        "effective": engine.wire(),
+    }
 
     def change(fresh: dict[str, Any]) -> dict[str, Any] | None:
         status = fresh.get("status") or {}
         in_flight = None if edit else status.get("inFlight")
-        out = st.settle(fields, st.Observed(status.get("conditions", []), generation, in_flight=in_flight,
-                                            memory_fit=fit, person_edit=edit))
+        out = st.settle(
+            fields,
+            st.Observed(
+                status.get("conditions", []), generation, in_flight=in_flight, memory_fit=fit, person_edit=edit
+            ),
+        )
         return None if st.unchanged(out, status) else out
 
     written = update_status(kube, cfg, ns, name, change)
@@ -133,10 +178,19 @@ def reconcile(kube: Kube, cfg: OperatorConfig, body: dict[str, Any], logger: log
         raise kopf.TemporaryError("the model config is still being fetched", delay=2 * model_source.timeout_s())
 
 
-def _name_conflict(kube: Kube, cfg: OperatorConfig, body: dict[str, Any], ns: str, name: str,
-                   generation: int | None, conflicts: list[str]) -> None:
-    message = (f"{', '.join(conflicts)} already exists and is not controlled by this VLLMService; nothing was "
-               "written. Rename the VLLMService or remove that object.")
+def _name_conflict(
+    kube: Kube,
+    cfg: OperatorConfig,
+    body: dict[str, Any],
+    ns: str,
+    name: str,
+    generation: int | None,
+    conflicts: list[str],
+) -> None:
+    message = (
+        f"{', '.join(conflicts)} already exists and is not controlled by this VLLMService; nothing was "
+        "written. Rename the VLLMService or remove that object."
+    )
 
     def change(fresh: dict[str, Any]) -> dict[str, Any] | None:
         current = (fresh.get("status") or {}).get("conditions", [])
@@ -164,8 +218,12 @@ def rollout_done(dep: dict[str, Any]) -> tuple[bool, str]:
 
 def deployment_progress(kube: Kube, cfg: OperatorConfig, ns: str, name: str, dep: dict[str, Any]) -> None:
     ready, replicas = rollout_done(dep)
-    template = ((dep.get("spec") or {}).get("template") or {}).get("metadata", {}).get("annotations", {}) \
+    template = (
+        ((dep.get("spec") or {}).get("template") or {})
+        .get("metadata", {})
+        .get("annotations", {})
         .get(resources.ENGINE_HASH)
+    )
 
     def change(fresh_body: dict[str, Any]) -> dict[str, Any] | None:
         fresh = heal.parse(fresh_body)
@@ -179,8 +237,17 @@ def deployment_progress(kube: Kube, cfg: OperatorConfig, ns: str, name: str, dep
             update["inFlight"] = None
         elif ready:
             blocked = ""
-        out = st.settle(update, st.Observed(status.get("conditions", []), fresh.metadata.get("generation"),
-                                            in_flight=in_flight, ready=ready, replicas=replicas, blocked=blocked))
+        out = st.settle(
+            update,
+            st.Observed(
+                status.get("conditions", []),
+                fresh.metadata.get("generation"),
+                in_flight=in_flight,
+                ready=ready,
+                replicas=replicas,
+                blocked=blocked,
+            ),
+        )
         return None if st.unchanged(out, status) else out
 
     written = update_status(kube, cfg, ns, name, change)

@@ -5,6 +5,7 @@ Only the effective engine args (and model, memory limit) reach the pod template,
 rolls the pods out and nothing else does. The template carries a hash of them, which the
 operator uses to ignore crashes of pods that still run flags it already healed.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -15,8 +16,8 @@ from ..engine import to_command
 from ..quantity import format_bytes, parse_quantity
 from ..remedy_gate import fingerprint
 
-LAUNCHER_DIR = "/opt/vllm-autoheal"     # where the operator image keeps the package (Dockerfile)
-SHARED_DIR = LAUNCHER_MOUNT             # the emptyDir the init container copies it into
+LAUNCHER_DIR = "/opt/vllm-autoheal"  # where the operator image keeps the package (Dockerfile)
+SHARED_DIR = LAUNCHER_MOUNT  # the emptyDir the init container copies it into
 CONTAINER = "vllm"
 SERVICE_LABEL = f"{GROUP}/service"
 ENGINE_HASH = f"{GROUP}/engine-hash"
@@ -26,9 +27,14 @@ DEFAULT_OPERATOR_IMAGE = f"ghcr.io/vllm-autoheal/vllm-autoheal:{__version__}"  #
 
 
 def labels(name: str) -> dict[str, str]:
-    return {"app.kubernetes.io/name": "vllm", "app.kubernetes.io/instance": name,
-            "app.kubernetes.io/component": "inference-server", "app.kubernetes.io/managed-by": "vllm-autoheal",
-            "app.kubernetes.io/part-of": "vllm-autoheal", SERVICE_LABEL: name}
+    return {
+        "app.kubernetes.io/name": "vllm",
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/component": "inference-server",
+        "app.kubernetes.io/managed-by": "vllm-autoheal",
+        "app.kubernetes.io/part-of": "vllm-autoheal",
+        SERVICE_LABEL: name,
+    }
 
 
 def selector(name: str) -> dict[str, str]:
@@ -63,8 +69,16 @@ def effective(obj: VLLMService) -> tuple[str, EngineArgs, str | None]:
 def owner_reference(meta: dict[str, Any]) -> list[dict[str, Any]]:
     if not meta.get("uid"):
         return []  # `render` of a file: not created yet, so nothing to own it
-    return [{"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": meta["name"], "uid": meta["uid"],
-             "controller": True, "blockOwnerDeletion": True}]
+    return [
+        {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": KIND,
+            "name": meta["name"],
+            "uid": meta["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
 
 
 def _metadata(obj: VLLMService, name: str) -> dict[str, Any]:
@@ -107,8 +121,12 @@ def _env(obj: VLLMService) -> list[dict[str, Any]]:
 
 
 def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
-    return {"httpGet": {"path": path, "port": "http"}, "periodSeconds": period, "timeoutSeconds": 5,
-            "failureThreshold": failures}
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period,
+        "timeoutSeconds": 5,
+        "failureThreshold": failures,
+    }
 
 
 def cache_claim_name(obj: VLLMService) -> str:
@@ -144,21 +162,32 @@ def deployment(obj: VLLMService, operator_image: str = DEFAULT_OPERATOR_IMAGE) -
     if spec.launcher:
         mounts.append({"name": "autoheal", "mountPath": SHARED_DIR, "readOnly": True})
         volumes.append({"name": "autoheal", "emptyDir": {"sizeLimit": "64Mi"}})
-        init.append({"name": "autoheal-launcher", "image": operator_image,
-                     "command": ["cp", "-r", f"{LAUNCHER_DIR}/vllm_autoheal", f"{SHARED_DIR}/"],
-                     "volumeMounts": [{"name": "autoheal", "mountPath": SHARED_DIR}],
-                     # the operator image runs as a non-root user and only copies files
-                     "securityContext": container_security(readOnlyRootFilesystem=True, runAsNonRoot=True),
-                     "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "64Mi"}}})
+        init.append(
+            {
+                "name": "autoheal-launcher",
+                "image": operator_image,
+                "command": ["cp", "-r", f"{LAUNCHER_DIR}/vllm_autoheal", f"{SHARED_DIR}/"],
+                "volumeMounts": [{"name": "autoheal", "mountPath": SHARED_DIR}],
+                # the operator image runs as a non-root user and only copies files
+                "securityContext": container_security(readOnlyRootFilesystem=True, runAsNonRoot=True),
+                "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "64Mi"}},
+            }
+        )
     container = {
-        "name": CONTAINER, "image": spec.image, "command": command,
+        "name": CONTAINER,
+        "image": spec.image,
+        "command": command,
         "ports": [{"name": "http", "containerPort": spec.port, "protocol": "TCP"}],
-        "env": _env(obj), "envFrom": [e.wire() for e in spec.env_from],
-        "resources": {"limits": limits, "requests": requests}, "volumeMounts": mounts,
+        "env": _env(obj),
+        "envFrom": [e.wire() for e in spec.env_from],
+        "resources": {"limits": limits, "requests": requests},
+        "volumeMounts": mounts,
         # Model loads take minutes: the startup probe allows 30, then liveness takes over.
-        "startupProbe": _probe("/health", 10, 180), "readinessProbe": _probe("/health", 10, 3),
+        "startupProbe": _probe("/health", 10, 180),
+        "readinessProbe": _probe("/health", 10, 3),
         "livenessProbe": _probe("/health", 15, 4),
-        "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "FallbackToLogsOnError",
+        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": container_security(**({"runAsNonRoot": True} if spec.run_as_non_root else {})),
     }
     node_selector = dict(res.node_selector)
@@ -169,27 +198,46 @@ def deployment(obj: VLLMService, operator_image: str = DEFAULT_OPERATOR_IMAGE) -
     pod_labels = labels(name)
     template = {
         "metadata": {"labels": pod_labels, "annotations": {ENGINE_HASH: engine_hash(model, engine, memory_limit)}},
-        "spec": {"initContainers": init, "containers": [container], "volumes": volumes,
-                 "nodeSelector": node_selector, "tolerations": tolerations,
-                 # vLLM never talks to the Kubernetes API: no token in the pod for it to leak.
-                 "automountServiceAccountToken": False, "enableServiceLinks": False,
-                 "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
-                 "terminationGracePeriodSeconds": 60, "restartPolicy": "Always"},
+        "spec": {
+            "initContainers": init,
+            "containers": [container],
+            "volumes": volumes,
+            "nodeSelector": node_selector,
+            "tolerations": tolerations,
+            # vLLM never talks to the Kubernetes API: no token in the pod for it to leak.
+            "automountServiceAccountToken": False,
+            "enableServiceLinks": False,
+            "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+            "terminationGracePeriodSeconds": 60,
+            "restartPolicy": "Always",
+        },
     }
     return {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": _metadata(obj, name),
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(obj, name),
         # maxSurge 0: a GPU node rarely has a spare GPU for a surge pod; replace in place.
-        "spec": {"replicas": spec.replicas, "selector": {"matchLabels": selector(name)},
-                 "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
-                 "template": template},
+        "spec": {
+            "replicas": spec.replicas,
+            "selector": {"matchLabels": selector(name)},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+            "template": template,
+        },
     }
 
 
 def service(obj: VLLMService) -> dict[str, Any]:
     name = obj.metadata["name"]
-    return {"apiVersion": "v1", "kind": "Service", "metadata": _metadata(obj, name),
-            "spec": {"type": "ClusterIP", "selector": selector(name),
-                     "ports": [{"name": "http", "port": obj.spec.port, "targetPort": "http", "protocol": "TCP"}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(obj, name),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector(name),
+            "ports": [{"name": "http", "port": obj.spec.port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
 
 
 def model_cache_claim(obj: VLLMService) -> dict[str, Any] | None:
@@ -199,8 +247,12 @@ def model_cache_claim(obj: VLLMService) -> dict[str, Any] | None:
     spec: dict[str, Any] = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": cache.size}}}
     if cache.storage_class_name:
         spec["storageClassName"] = cache.storage_class_name
-    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": _metadata(obj, cache_claim_name(obj)),
-            "spec": spec}
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": _metadata(obj, cache_claim_name(obj)),
+        "spec": spec,
+    }
 
 
 def endpoint(obj: VLLMService) -> str:

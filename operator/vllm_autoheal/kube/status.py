@@ -6,6 +6,7 @@ Every status write computes the phase and conditions with `phase_and_conditions`
 one idea of the phase: Running when the pods are ready, Healing while a heal rolls out, Failed
 only while not ready with the heals spent, else Progressing.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -18,8 +19,13 @@ from ..api import MAX_FAILED_ENGINES, MAX_HEAL_RECORDS, MAX_OBSERVED_CRASHES, MA
 from ..diagnosis import Diagnosis
 from ..remedy import Remedy
 
-READY, MEMORY_FIT, HEALING, HEAL_BLOCKED, HEAL_EXHAUSTED = "Ready", "MemoryFit", "Healing", "HealBlocked", \
-    "HealExhausted"
+READY, MEMORY_FIT, HEALING, HEAL_BLOCKED, HEAL_EXHAUSTED = (
+    "Ready",
+    "MemoryFit",
+    "Healing",
+    "HealBlocked",
+    "HealExhausted",
+)
 ORDER = {READY: 0, MEMORY_FIT: 1, HEALING: 2, HEAL_BLOCKED: 3, HEAL_EXHAUSTED: 4}
 RUNNING, HEALING_PHASE, FAILED, PROGRESSING = "Running", "Healing", "Failed", "Progressing"
 
@@ -33,14 +39,22 @@ def camel(cause: str) -> str:
     return "".join(part.capitalize() for part in cause.split("_")) or "Unknown"
 
 
-def set_condition(conditions: list[dict[str, Any]], type_: str, status: str, reason: str, message: str,
-                  generation: int | None) -> list[dict[str, Any]]:
+def set_condition(
+    conditions: list[dict[str, Any]], type_: str, status: str, reason: str, message: str, generation: int | None
+) -> list[dict[str, Any]]:
     out = [dict(c) for c in conditions if c.get("type") != type_]
     old = next((c for c in conditions if c.get("type") == type_), None)
     moved = old is None or old.get("status") != status
-    out.append({"type": type_, "status": status, "reason": reason, "message": message[:1000],
-                "lastTransitionTime": now() if moved else old.get("lastTransitionTime", now()),
-                "observedGeneration": generation})
+    out.append(
+        {
+            "type": type_,
+            "status": status,
+            "reason": reason,
+            "message": message[:1000],
+            "lastTransitionTime": now() if moved else old.get("lastTransitionTime", now()),
+            "observedGeneration": generation,
+        }
+    )
     return sorted(out, key=lambda c: ORDER.get(c["type"], 9))
 
 
@@ -51,16 +65,17 @@ def is_true(conditions: list[dict[str, Any]], type_: str) -> bool:
 @dataclass(frozen=True)
 class Observed:
     """What one handler saw; None means "not observed now: keep what the status says"."""
-    conditions: list[dict[str, Any]]           # as stored
+
+    conditions: list[dict[str, Any]]  # as stored
     generation: int | None = None
-    in_flight: dict[str, Any] | None = None    # status.inFlight after this write
-    ready: bool | None = None                  # the Deployment has its replicas available
-    replicas: str = ""                         # "1/1", for the Ready message
-    exhausted: str | None = None               # a GiveUp's reason: HealExhausted until a person's edit
+    in_flight: dict[str, Any] | None = None  # status.inFlight after this write
+    ready: bool | None = None  # the Deployment has its replicas available
+    replicas: str = ""  # "1/1", for the Ready message
+    exhausted: str | None = None  # a GiveUp's reason: HealExhausted until a person's edit
     exhausted_reason: str = "NoHealLeft"
-    blocked: str | None = None                 # the scheduler's message; "" = scheduled again
-    memory_fit: dict[str, Any] | None = None   # pre-flight's condition
-    person_edit: bool = False                  # a person changed the spec: heal state starts over
+    blocked: str | None = None  # the scheduler's message; "" = scheduled again
+    memory_fit: dict[str, Any] | None = None  # pre-flight's condition
+    person_edit: bool = False  # a person changed the spec: heal state starts over
 
 
 def phase_and_conditions(obs: Observed) -> tuple[str, list[dict[str, Any]]]:
@@ -71,9 +86,14 @@ def phase_and_conditions(obs: Observed) -> tuple[str, list[dict[str, Any]]]:
     if obs.memory_fit is not None:
         conditions = [c for c in conditions if c.get("type") != MEMORY_FIT] + [obs.memory_fit]
     if obs.ready is not None:
-        conditions = set_condition(conditions, READY, "True" if obs.ready else "False",
-                                   "Available" if obs.ready else "Progressing",
-                                   f"{obs.replicas} replicas available" if obs.replicas else "", gen)
+        conditions = set_condition(
+            conditions,
+            READY,
+            "True" if obs.ready else "False",
+            "Available" if obs.ready else "Progressing",
+            f"{obs.replicas} replicas available" if obs.replicas else "",
+            gen,
+        )
     if obs.exhausted is not None:
         conditions = set_condition(conditions, HEAL_EXHAUSTED, "True", obs.exhausted_reason, obs.exhausted, gen)
     if obs.blocked:
@@ -81,13 +101,19 @@ def phase_and_conditions(obs: Observed) -> tuple[str, list[dict[str, Any]]]:
     elif obs.blocked == "" and is_true(conditions, HEAL_BLOCKED):
         conditions = set_condition(conditions, HEAL_BLOCKED, "False", "Scheduled", "the pods are scheduled", gen)
     if obs.in_flight is not None:
-        conditions = set_condition(conditions, HEALING, "True", camel(obs.in_flight.get("cause", "")),
-                                   obs.in_flight.get("summary", ""), gen)
+        conditions = set_condition(
+            conditions, HEALING, "True", camel(obs.in_flight.get("cause", "")), obs.in_flight.get("summary", ""), gen
+        )
     elif is_true(conditions, HEALING):
         ready = is_true(conditions, READY)
-        conditions = set_condition(conditions, HEALING, "False", "Healed" if ready else "RolledOut",
-                                   "serving again with the healed flags" if ready else
-                                   "the healed flags are deployed", gen)
+        conditions = set_condition(
+            conditions,
+            HEALING,
+            "False",
+            "Healed" if ready else "RolledOut",
+            "serving again with the healed flags" if ready else "the healed flags are deployed",
+            gen,
+        )
     ready = is_true(conditions, READY)
     if obs.in_flight is not None:
         phase = HEALING_PHASE
@@ -135,16 +161,35 @@ def _text(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
-def heal_record(pod: str, pod_uid: str, container: str, restart_count: int, diag: Diagnosis, remedy: Remedy,
-                before: dict[str, Any], note: str | None = None) -> dict[str, Any]:
-    changes = [FieldChange(field=to_camel(k), before=_text(before.get(k)), after=_text(v))
-               for k, v in remedy.changes.items()]
+def heal_record(
+    pod: str,
+    pod_uid: str,
+    container: str,
+    restart_count: int,
+    diag: Diagnosis,
+    remedy: Remedy,
+    before: dict[str, Any],
+    note: str | None = None,
+) -> dict[str, Any]:
+    changes = [
+        FieldChange(field=to_camel(k), before=_text(before.get(k)), after=_text(v)) for k, v in remedy.changes.items()
+    ]
     numbers = {k: float(v) for k, v in diag.numbers.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     reason = f"{remedy.reason} ({note})" if note else remedy.reason
-    return HealRecord(time=now(), pod=pod, pod_uid=pod_uid, container=container, restart_count=restart_count,
-                      cause=diag.cause, phase=diag.phase, evidence=[e[:500] for e in diag.evidence[:5]],
-                      numbers=numbers, action=remedy.action, reason=reason[:2000],
-                      changes=changes).wire()
+    return HealRecord(
+        time=now(),
+        pod=pod,
+        pod_uid=pod_uid,
+        container=container,
+        restart_count=restart_count,
+        cause=diag.cause,
+        phase=diag.phase,
+        evidence=[e[:500] for e in diag.evidence[:5]],
+        numbers=numbers,
+        action=remedy.action,
+        reason=reason[:2000],
+        changes=changes,
+    ).wire()
 
 
 def append_heal(heals: list[dict[str, Any]], record: dict[str, Any]) -> list[dict[str, Any]]:

@@ -5,6 +5,7 @@ blocked: a HealBlocked condition and a Warning Event carry the scheduler's messa
 policy decides. Revert (the default) goes back to the flags that last scheduled (the ones that
 ran and crashed) and takes the next remedy that needs no more resources; Wait only reports.
 """
+
 from __future__ import annotations
 
 import logging
@@ -33,15 +34,22 @@ def _bytes(quantity: str | None) -> float:
 
 def needs_more(intent: HealIntent) -> bool:
     """The heal asks the scheduler for more than what ran before it."""
-    return intent.action in NEEDS_MORE_RESOURCES or intent.target.gpus() > intent.previous.gpus() or \
-        _bytes(intent.target.memory_limit) > _bytes(intent.previous.memory_limit)
+    return (
+        intent.action in NEEDS_MORE_RESOURCES
+        or intent.target.gpus() > intent.previous.gpus()
+        or _bytes(intent.target.memory_limit) > _bytes(intent.previous.memory_limit)
+    )
 
 
 def stuck_since(items: list[dict[str, Any]], name: str, template: str) -> tuple[float, str] | None:
     """The longest-waiting Unschedulable pod of this service that runs the heal's template."""
-    waiting = [u for p in items
-               if ((p.get("metadata") or {}).get("labels") or {}).get(resources.SERVICE_LABEL) == name
-               and pods.template_hash(p) == template and (u := pods.unschedulable(p)) is not None]
+    waiting = [
+        u
+        for p in items
+        if ((p.get("metadata") or {}).get("labels") or {}).get(resources.SERVICE_LABEL) == name
+        and pods.template_hash(p) == template
+        and (u := pods.unschedulable(p)) is not None
+    ]
     return min(waiting) if waiting else None
 
 
@@ -54,8 +62,9 @@ def check(kube: Kube, cfg: OperatorConfig, later: Later, ns: str, name: str, log
     intent = obj.status.in_flight
     if intent is None or not intent.applied:
         return
-    items = kube.request("GET", f"/api/v1/namespaces/{ns}/pods",
-                         query=[("labelSelector", f"{resources.SERVICE_LABEL}={name}")]).get("items", [])
+    items = kube.request(
+        "GET", f"/api/v1/namespaces/{ns}/pods", query=[("labelSelector", f"{resources.SERVICE_LABEL}={name}")]
+    ).get("items", [])
     found = stuck_since(items, name, fp(intent.target))
     if found is None:
         return
@@ -82,41 +91,85 @@ def _diagnosis(obj: VLLMService, intent: HealIntent) -> Diagnosis:
     rec = next((h for h in reversed(obj.status.heals) if h.cause == intent.cause), None)
     if rec is None:
         return Diagnosis(cause=intent.cause)
-    return Diagnosis(cause=rec.cause, phase=rec.phase, numbers=dict(rec.numbers), evidence=list(rec.evidence),
-                     source="termination-message")
+    return Diagnosis(
+        cause=rec.cause,
+        phase=rec.phase,
+        numbers=dict(rec.numbers),
+        evidence=list(rec.evidence),
+        source="termination-message",
+    )
 
 
-def _revert(kube: Kube, fresh: VLLMService, cfg: OperatorConfig, intent: HealIntent, message: str,
-            pod: str) -> tuple[dict[str, Any], dict[str, Any]]:
+def _revert(
+    kube: Kube, fresh: VLLMService, cfg: OperatorConfig, intent: HealIntent, message: str, pod: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
     cur = fresh.status
     last_good = intent.previous
     diag = _diagnosis(fresh, intent)
-    remedy = _plan_heal(kube, fresh, cfg, diag, last_good, exclude=NEEDS_MORE_RESOURCES,
-                   extra_tried=(f"{intent.cause}/{intent.action}",))
+    remedy = _plan_heal(
+        kube,
+        fresh,
+        cfg,
+        diag,
+        last_good,
+        exclude=NEEDS_MORE_RESOURCES,
+        extra_tried=(f"{intent.cause}/{intent.action}",),
+    )
     update: dict[str, Any] = {}
     if remedy.gives_up:
         target, action = last_good, REVERT
         summary = f"{REVERT}: back to the flags that last scheduled; {remedy.reason}"
     else:
-        target = Deployed(engine=remedy.apply(last_good.engine), model=remedy.changes.get("model", last_good.model),
-                          memory_limit=remedy.changes.get("memory_limit", last_good.memory_limit))
+        target = Deployed(
+            engine=remedy.apply(last_good.engine),
+            model=remedy.changes.get("model", last_good.model),
+            memory_limit=remedy.changes.get("memory_limit", last_good.memory_limit),
+        )
         action, summary = remedy.action, f"{remedy.summary()} ({intent.action} could not be scheduled)"
-        update.update(attempts=cur.attempts + 1, healCount=cur.heal_count + 1,
-                      tried=st.remember_tried(cur.tried, intent.cause, remedy.action))
-    new = HealIntent(crash=intent.crash, cause=intent.cause, action=action, summary=summary[:2048], target=target,
-                     previous=intent.target, applied=fresh.spec.heal.mode == "StatusOverrides", time=st.now())
+        update.update(
+            attempts=cur.attempts + 1,
+            healCount=cur.heal_count + 1,
+            tried=st.remember_tried(cur.tried, intent.cause, remedy.action),
+        )
+    new = HealIntent(
+        crash=intent.crash,
+        cause=intent.cause,
+        action=action,
+        summary=summary[:2048],
+        target=target,
+        previous=intent.target,
+        applied=fresh.spec.heal.mode == "StatusOverrides",
+        time=st.now(),
+    )
     update.update(_intent_fields(fresh, new))
-    before = {**intent.target.engine.model_dump(), "memory_limit": intent.target.memory_limit,
-              "model": intent.target.model}
-    record = st.heal_record(pod, "", resources.CONTAINER, 0, diag,
-                            Remedy(action, _changes(intent.target, target), f"{summary} Scheduler: {message}"),
-                            before)
+    before = {
+        **intent.target.engine.model_dump(),
+        "memory_limit": intent.target.memory_limit,
+        "model": intent.target.model,
+    }
+    record = st.heal_record(
+        pod,
+        "",
+        resources.CONTAINER,
+        0,
+        diag,
+        Remedy(action, _changes(intent.target, target), f"{summary} Scheduler: {message}"),
+        before,
+    )
     update["heals"] = st.append_heal([h.wire() for h in cur.heals], record)
     return update, update["inFlight"]
 
 
-def blocked(kube: Kube, cfg: OperatorConfig, later: Later, obj: VLLMService, vsvc: dict[str, Any],
-            intent: HealIntent, message: str, logger: logging.Logger) -> None:
+def blocked(
+    kube: Kube,
+    cfg: OperatorConfig,
+    later: Later,
+    obj: VLLMService,
+    vsvc: dict[str, Any],
+    intent: HealIntent,
+    message: str,
+    logger: logging.Logger,
+) -> None:
     ns, name = obj.metadata["namespace"], obj.metadata["name"]
     revert = obj.spec.heal.on_unschedulable == "Revert" and needs_more(intent)
     acted: list[bool] = []
@@ -140,9 +193,9 @@ def blocked(kube: Kube, cfg: OperatorConfig, later: Later, obj: VLLMService, vsv
     written = update_status(kube, cfg, ns, name, change)
     if written is None or not acted:  # gone, or already reported
         return
-    kopf.event(vsvc, type="Warning", reason="HealBlocked",
-               message=f"{intent.action} cannot be scheduled: {message}"[:1000])
+    kopf.event(
+        vsvc, type="Warning", reason="HealBlocked", message=f"{intent.action} cannot be scheduled: {message}"[:1000]
+    )
     if acted[-1]:
         logger.info(f"{intent.action} could not be scheduled; back to the flags that last scheduled")
         complete(kube, cfg, later, ns, name, logger)
-

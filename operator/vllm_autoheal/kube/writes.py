@@ -5,6 +5,7 @@ merge patch replaces the conditions list whole, so a write from a stale read wou
 writer's condition; the API server answers 409 instead and we read again. 409, 429, 5xx and
 timeouts are retried a few times with a growing pause; anything else is raised.
 """
+
 from __future__ import annotations
 
 import threading
@@ -47,11 +48,17 @@ def retried(cfg: OperatorConfig, fn: Callable[[], Any]) -> Any:
     raise AssertionError("unreachable")
 
 
-def update_status(kube: Kube, cfg: OperatorConfig, namespace: str, name: str,
-                  change: Callable[[dict[str, Any]], dict[str, Any] | None]) -> dict[str, Any] | None:
+def update_status(
+    kube: Kube,
+    cfg: OperatorConfig,
+    namespace: str,
+    name: str,
+    change: Callable[[dict[str, Any]], dict[str, Any] | None],
+) -> dict[str, Any] | None:
     """Read the object, let `change(obj)` say which status fields to write (None or {}: nothing),
     and write them only if the object did not move meanwhile. Returns the object as written (or as
     read, when there was nothing to write; None when it is gone)."""
+
     def once() -> dict[str, Any] | None:
         with lock(namespace, name):
             fresh = kube.get_vsvc(namespace, name)
@@ -62,12 +69,15 @@ def update_status(kube: Kube, cfg: OperatorConfig, namespace: str, name: str,
                 return fresh
             body = {"metadata": {"resourceVersion": fresh["metadata"].get("resourceVersion")}, "status": update}
             return kube.request("PATCH", kube.vsvc_path(namespace, name) + "/status", body, MERGE)
+
     return retried(cfg, once)
 
 
 def patch_object(kube: Kube, cfg: OperatorConfig, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
     """A merge patch of absolute values: repeating it is harmless, so it is simply retried."""
+
     def once() -> dict[str, Any]:
         with lock(namespace, name):
             return kube.patch_vsvc(namespace, name, body)
+
     return retried(cfg, once)
