@@ -38,9 +38,10 @@ sys.path[:0] = [str(ROOT / "operator"), str(ROOT / "tests")]
 
 import kmock as kmocklib  # noqa: E402
 
-from operator_harness import Cluster, Emulator, setup_emulator  # noqa: E402
 from test_operator import KV_TERMINATION, SPEC  # noqa: E402
 from vllm_autoheal.api import GROUP, PLURAL, VERSION  # noqa: E402
+
+from operator_harness import Cluster, Emulator, setup_emulator  # noqa: E402
 
 
 def _port() -> int:
@@ -156,7 +157,9 @@ async def burst(c: Cluster, count: int) -> tuple[float, list[float]]:
     for name in names:
         await until(lambda: c.deployment_now(name))
     start = time.monotonic()
-    await asyncio.gather(*(c.crash_pod(name, f"{name}-pod", **INCIDENTS[kind][0]) for name, kind in zip(names, kinds)))
+    await asyncio.gather(
+        *(c.crash_pod(name, f"{name}-pod", **INCIDENTS[kind][0]) for name, kind in zip(names, kinds, strict=True))
+    )
     posted = time.monotonic() - start
     healed_at: dict[str, float] = {}
     while len(healed_at) < count and time.monotonic() - start < 600:

@@ -23,8 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "operator"))
 from vllm_autoheal.api import EngineArgs, VLLMServiceSpec  # noqa: E402
 from vllm_autoheal.diagnosis import Signals, classify  # noqa: E402
-from vllm_autoheal.gpu_catalog import lookup  # noqa: E402
 from vllm_autoheal.diagnosis.units import GIB  # noqa: E402
+from vllm_autoheal.gpu_catalog import lookup  # noqa: E402
 from vllm_autoheal.memory import estimate, shape_from_config  # noqa: E402
 from vllm_autoheal.remedy import Inventory, plan_heal  # noqa: E402
 
@@ -122,7 +122,7 @@ def main() -> int:
     }
     rows = {"autoheal": [], "no probe": [], "ladder": []}
     incidents = 0
-    for model, gpu_name, (label, args), other in itertools.product(MODELS, GPUS, STARTS, OTHERS):
+    for model, gpu_name, (_label, args), other in itertools.product(MODELS, GPUS, STARTS, OTHERS):
         shape, gpu = configs[model], lookup(gpu_name)
         start = EngineArgs(**args)
         free = gpu.memory_gib * (1 - other)

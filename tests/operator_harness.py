@@ -12,12 +12,14 @@ import dataclasses
 import json
 import threading
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import attrs
 import kmock as kmocklib
 import kopf
 import kubernetes
+
 from vllm_autoheal import model_source
 from vllm_autoheal.api import GROUP, KIND, PLURAL, VERSION
 from vllm_autoheal.kube import client as kclient

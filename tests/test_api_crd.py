@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from vllm_autoheal import api
 from vllm_autoheal.crd import crd, crd_yaml
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from vllm_autoheal.kube.resources import LAUNCHER_DIR
 
 ROOT = Path(__file__).resolve().parents[1]

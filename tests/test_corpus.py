@@ -9,6 +9,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+
 from vllm_autoheal.diagnosis import CAUSES, MEMORY_CAUSES, Signals, classify
 from vllm_autoheal.diagnosis.corpus import context, load
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from vllm_autoheal import api
 
 pytestmark = pytest.mark.crdserver
@@ -16,8 +17,9 @@ NS = "default"
 
 @pytest.fixture(scope="module")
 def k8s(crd_server):
-    from crdserver.server import install_crd
     from kubernetes import client
+
+    from crdserver.server import install_crd
 
     try:
         return client.CustomObjectsApi(install_crd(crd_server))

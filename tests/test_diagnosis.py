@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from vllm_autoheal.diagnosis import (
     CAUSES,
     MEMORY_CAUSES,

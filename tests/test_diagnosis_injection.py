@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from vllm_autoheal.diagnosis import MEMORY_CAUSES, Signals, classify
 
 ROOT = Path(__file__).resolve().parents[1]

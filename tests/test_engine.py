@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from vllm_autoheal.api import EngineArgs
 from vllm_autoheal.engine import EngineArgsError, parse_args, to_command
 from vllm_autoheal.quantity import parse_size
@@ -151,6 +152,7 @@ def test_the_crd_rule_and_the_parser_agree_on_every_token(token):
     """The CEL rule's pattern (RE2, as the API server runs it) is generated from the same table
     and refuses exactly the tokens the parser refuses."""
     import re2
+
     from vllm_autoheal.engine import FLAGS, RESERVED, spelled_by, spelling_pattern
 
     for entry in (*FLAGS, *RESERVED):

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from vllm_autoheal.api import VLLMServiceSpec
 from vllm_autoheal.diagnosis import GpuSnapshot, Signals, classify
 from vllm_autoheal.gpu_probe import compact, snapshot

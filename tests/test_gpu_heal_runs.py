@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from vllm_autoheal.api import VLLMServiceSpec
 from vllm_autoheal.diagnosis import GpuInfo, GpuSnapshot, Signals, classify
 from vllm_autoheal.engine import parse_args

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from operator_harness import Cluster, Emulator, running_operator, setup_emulator
 from samples import KV_TERMINATION, SPEC
 

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from vllm_autoheal.api import EngineArgs
 from vllm_autoheal.gpu_catalog import lookup
 from vllm_autoheal.memory import estimate, shape_from_config, weights_bytes_per_gpu

@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from hub_server import GATED_TOKEN, hub  # noqa: F401 - the fixture
+
 from vllm_autoheal import model_source
 from vllm_autoheal.api import VLLMService
 from vllm_autoheal.memory import ModelShape, shape_from_config
@@ -26,6 +26,8 @@ from vllm_autoheal.model_source import (
     from_path,
     resolve_local,
 )
+
+from hub_server import GATED_TOKEN, hub  # noqa: F401 - the fixture
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
 LLAMA8 = json.loads((CONFIGS / "llama-3.1-8b.json").read_text())

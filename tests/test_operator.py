@@ -6,6 +6,11 @@ import asyncio
 from pathlib import Path
 
 import pytest
+
+from vllm_autoheal.diagnosis import Signals, classify
+from vllm_autoheal.kube import resources
+from vllm_autoheal.launcher import termination_message
+
 from operator_harness import (
     Cluster,
     Emulator,
@@ -17,9 +22,6 @@ from operator_harness import (
     wait_for,
 )
 from samples import FIXTURES, KV_LOG, KV_TERMINATION, SPEC
-from vllm_autoheal.diagnosis import Signals, classify
-from vllm_autoheal.kube import resources
-from vllm_autoheal.launcher import termination_message
 
 pytestmark = pytest.mark.kmock(cls=Emulator)
 

@@ -4,10 +4,11 @@ phase that follows reality: the real kopf operator against kmock, asserting obje
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+
 from operator_harness import (
     NS,
     Cluster,
@@ -173,7 +174,7 @@ async def test_a_heal_is_blocked_only_once_its_pods_waited_the_configured_time(c
     spec = {**SPEC, "heal": {**TP_HEAL, "mode": "StatusOverrides", "unschedulableSeconds": 2}}
     await cluster.first_heal("later", spec, "later-a", message=WEIGHTS_OOM)
     await wait_for(lambda: gpus(cluster.deployment_now("later")) == 2, what="the heal's rollout")
-    now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     await cluster.pending_pod("later", "later-b", NO_GPU, since=now)
     obj = await wait_for(
         lambda: (condition(v := cluster.vsvc_now("later"), "HealBlocked") or {}).get("status") == "True" and v,

@@ -9,6 +9,10 @@ import base64
 import json
 
 import pytest
+
+from vllm_autoheal import model_source
+from vllm_autoheal.model_source import HubSettings
+
 from hub_server import GATED_TOKEN, hub  # noqa: F401 - the fixture
 from operator_harness import (
     NS,
@@ -20,8 +24,6 @@ from operator_harness import (
     setup_emulator,
     wait_for,
 )
-from vllm_autoheal import model_source
-from vllm_autoheal.model_source import HubSettings
 
 pytestmark = pytest.mark.kmock(cls=Emulator)
 SMALL = {"num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "vocab_size": 32000}

@@ -11,6 +11,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
+from vllm_autoheal.api import GROUP, PLURAL, VERSION
+
 from operator_harness import (
     Cluster,
     Emulator,
@@ -20,7 +23,6 @@ from operator_harness import (
     wait_for,
 )
 from samples import KV_TERMINATION, SPEC
-from vllm_autoheal.api import GROUP, PLURAL, VERSION
 
 pytestmark = [pytest.mark.crdserver, pytest.mark.kmock(cls=Emulator)]
 HEAL_RECORD_FIELDS = {

@@ -5,6 +5,9 @@ never modified, adopted or given an owner (kopf in-process against kmock)."""
 from __future__ import annotations
 
 import pytest
+
+from vllm_autoheal.kube.client import FIELD_MANAGER
+
 from operator_harness import (
     HARNESS_AGENT,
     NS,
@@ -15,7 +18,6 @@ from operator_harness import (
     vllm_container,
     wait_for,
 )
-from vllm_autoheal.kube.client import FIELD_MANAGER
 
 pytestmark = pytest.mark.kmock(cls=Emulator)
 VSVC = f"/apis/vllm.autoheal.dev/v1alpha1/namespaces/{NS}/vllmservices"

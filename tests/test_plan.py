@@ -10,11 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hub_server import GATED_TOKEN, hub  # noqa: F401 - the fixture
 from vllm_autoheal.api import EngineArgs
 from vllm_autoheal.gpu_catalog import lookup
 from vllm_autoheal.memory import shape_from_config
 from vllm_autoheal.plan_options import memory_bar, options, tensor_parallel_sizes
+
+from hub_server import GATED_TOKEN, hub  # noqa: F401 - the fixture
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
 H100 = "NVIDIA-H100-80GB-HBM3"

@@ -11,6 +11,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+
+from vllm_autoheal import model_source
+from vllm_autoheal.model_source import HubSettings
+
 from hub_server import CONFIGS, GATED_TOKEN, hub  # noqa: F401 - the fixture
 from operator_harness import (
     HARNESS_AGENT,
@@ -21,8 +25,6 @@ from operator_harness import (
     wait_for,
 )
 from samples import KV_LOG, SPEC
-from vllm_autoheal import model_source
-from vllm_autoheal.model_source import HubSettings
 
 CHART = Path(__file__).resolve().parents[1] / "charts" / "vllm-autoheal"
 

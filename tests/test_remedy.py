@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from vllm_autoheal.api import VLLMServiceSpec
 from vllm_autoheal.diagnosis import Diagnosis, Signals, classify
 from vllm_autoheal.gpu_catalog import lookup

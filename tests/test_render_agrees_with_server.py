@@ -8,6 +8,7 @@ import json
 
 import pytest
 import yaml
+
 from vllm_autoheal import api
 from vllm_autoheal.cli import main
 
@@ -142,8 +143,9 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def k8s(crd_server):
-    from crdserver.server import install_crd
     from kubernetes import client
+
+    from crdserver.server import install_crd
 
     return client.CustomObjectsApi(install_crd(crd_server))
 

@@ -4,6 +4,7 @@ status functions)."""
 from __future__ import annotations
 
 import pytest
+
 from vllm_autoheal.kube import status as st
 
 INTENT = {"cause": "runtime_oom", "summary": "LowerGpuMemoryUtilization: --gpu-memory-utilization 0.88"}

@@ -9,6 +9,7 @@ from typing import get_args
 
 import pytest
 from pydantic import ValidationError
+
 from vllm_autoheal import remedy
 from vllm_autoheal.api import (
     ALL_ACTIONS,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.diagnosis.termination import read
 from vllm_autoheal.launcher import termination_message

@@ -6,8 +6,8 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from . import __version__
 
@@ -141,6 +141,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
+
     from .api import HealBounds, HealPolicy, VLLMServiceSpec
     from .engine import EngineArgsError, parse_args
     from .local import ServeOptions, default_history_path, supervise
@@ -190,6 +191,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _cmd_render(args: argparse.Namespace) -> int:
     import yaml
     from pydantic import ValidationError
+
     from .api import VLLMService
     from .kube.resources import DEFAULT_OPERATOR_IMAGE, render
     from .validation import admit
@@ -241,12 +243,14 @@ def configure_logging(log_format: str, verbose: bool = False) -> None:
 
 def _cmd_operator(args: argparse.Namespace) -> int:
     import kopf
+
     from . import metrics
     from .kube import client, handlers  # noqa: F401 - registers the handlers
     from .kube.config import OperatorConfig
 
     config = OperatorConfig.from_env(operator_image=args.operator_image)
-    from .model_source import HubSettings, configure as configure_hub  # read once, here, not per event
+    from .model_source import HubSettings  # read once, here, not per event
+    from .model_source import configure as configure_hub
 
     configure_hub(
         HubSettings(

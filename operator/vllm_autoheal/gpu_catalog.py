@@ -1,4 +1,4 @@
-"""Owns the GPU catalog (memory per product), keyed by the `nvidia.com/gpu.product` label that GPU feature discovery sets.
+"""Owns the GPU catalog (memory per product), keyed by the `nvidia.com/gpu.product` label (GPU feature discovery).
 
 Memory is what CUDA reports as total (torch.cuda.mem_get_info), which is what vLLM
 multiplies by gpu_memory_utilization: a little under the marketing size. Sources:

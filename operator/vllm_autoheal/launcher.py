@@ -24,7 +24,8 @@ import subprocess
 import sys
 import threading
 import time
-from typing import IO, Callable
+from collections.abc import Callable
+from typing import IO
 
 DEFAULT_TERMINATION_PATH = "/dev/termination-log"
 MESSAGE_LIMIT = 4096

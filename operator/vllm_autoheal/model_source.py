@@ -20,11 +20,12 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .model_config import MAX_CONFIG_BYTES, ModelConfigError, check, parse, to_shape
 
@@ -49,7 +50,7 @@ class HubSettings:
         return 4 * self.timeout_s
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> "HubSettings":
+    def from_env(cls, env: dict[str, str] | None = None) -> HubSettings:
         env = dict(os.environ if env is None else env)
         return cls(
             endpoint=(env.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/"), cache_dir=env.get("HF_HUB_CACHE") or None
@@ -77,7 +78,7 @@ def _shaped(source: str, load: Callable[[], dict[str, Any]]) -> Resolved:
         return Resolved(source=source, fields=fields, shape=to_shape(fields))
     except ModelConfigError as exc:
         return Resolved(source=source, error=str(exc))
-    except Exception as exc:  # never raise on untrusted input
+    except Exception as exc:  # noqa: BLE001 - never raise on untrusted input
         return Resolved(source=source, error=f"{source}: {type(exc).__name__}: {str(exc)[:200]}")
 
 
@@ -127,7 +128,7 @@ def from_hub(repo_id: str, revision: str | None, hub: HubSettings, token: str | 
             )
         except errors.HfHubHTTPError:
             raise
-        except Exception:  # the Hub cannot be reached: a copy cached earlier still serves
+        except Exception:  # noqa: BLE001 - the Hub cannot be reached: a copy cached earlier still serves
             path = hf_hub_download(repo_id, CONFIG_FILE, cache_dir=hub.cache_dir, local_files_only=True, **kwargs)
         else:
             if meta.size is not None and meta.size > MAX_CONFIG_BYTES:
@@ -163,7 +164,7 @@ def from_hub(repo_id: str, revision: str | None, hub: HubSettings, token: str | 
     except errors.HfHubHTTPError as exc:
         status = getattr(getattr(exc, "response", None), "status_code", "?")
         raise ModelConfigError(f"{where}: the Hub answered HTTP {status}") from None
-    except Exception as exc:  # timeouts, refused connections, a cache dir that cannot be written
+    except Exception as exc:  # noqa: BLE001 - timeouts, refused connections, a cache dir that cannot be written
         raise ModelConfigError(f"{where}: {type(exc).__name__}: {str(exc)[:200]}") from None
     return read_capped(Path(path), f"config.json of {where}")
 
@@ -253,7 +254,7 @@ def _secret_token(namespace: str, ref: Any, get: Callable[[str], Any]) -> str | 
         value = base64.b64decode((secret.get("data") or {}).get(ref.key) or "", validate=True)
         token = value.decode("utf-8").strip()
         return token if 0 < len(token) <= MAX_TOKEN_CHARS else None
-    except Exception:  # a missing or malformed Secret: ask without a token
+    except Exception:  # noqa: BLE001 - a missing or malformed Secret: ask without a token
         return None
 
 
@@ -262,7 +263,7 @@ def for_service(obj: Any, get: Callable[[str], Any]) -> Resolved:
     Kubernetes API returning the object or None. Never raises."""
     try:
         return _for_service(obj, get)
-    except Exception as exc:  # a bug here must cost a condition, never the reconcile
+    except Exception as exc:  # noqa: BLE001 - a bug here must cost a condition, never the reconcile
         return Resolved(source="model config", error=f"{type(exc).__name__}: {str(exc)[:200]}")
 
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 from .api import EngineArgs, VLLMServiceSpec
 from .diagnosis import Diagnosis
-from .gpu_catalog import GpuSpec
 from .diagnosis.units import GIB
+from .gpu_catalog import GpuSpec
 from .memory import Estimate, ModelShape, estimate
 from .remedy import Inventory, Remedy, plan_heal
 

@@ -11,14 +11,16 @@ first: a model load costs minutes on a real GPU.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Collection
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Collection
+from typing import Any
 
 from .api import EngineArgs, HealPolicy, VLLMServiceSpec
 from .diagnosis import Diagnosis
 from .diagnosis.model import Cause
-from .engine import BY_FIELD, parse_args
 from .diagnosis.units import GIB, MIB
+from .engine import BY_FIELD, parse_args
+from .gpu_catalog import GpuSpec
 from .memory import (
     BLOCK_SIZE,
     CUDA_CONTEXT_GIB,
@@ -28,7 +30,6 @@ from .memory import (
     default_max_num_seqs,
     estimate,
 )
-from .gpu_catalog import GpuSpec
 from .quantity import format_bytes, parse_quantity
 from .remedy_gate import Limits, check, utilization_floor
 

@@ -11,15 +11,16 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any, Collection
+from typing import Any
 
 from pydantic import ValidationError
 
 from .api import EngineArgs, HealBounds
 from .diagnosis.units import GIB
-from .memory import ModelShape, estimate
 from .gpu_catalog import GpuSpec
+from .memory import ModelShape, estimate
 from .quantity import parse_quantity
 
 UP, DOWN, ANY = 1, -1, 0

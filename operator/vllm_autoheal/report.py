@@ -1,4 +1,4 @@
-"""Owns the human-readable text for a diagnosis and its remedy, and the ADVICE table (the CLI and `serve` print these)."""
+"""Owns the human-readable text for a diagnosis and its remedy, and the ADVICE table (the CLI and `serve` print it)."""
 
 from __future__ import annotations
 

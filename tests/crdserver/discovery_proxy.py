@@ -19,6 +19,7 @@ import threading
 from pathlib import Path
 
 from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
+
 from vllm_autoheal.api import GROUP
 
 PASSED_HEADERS = ("content-type", "accept", "user-agent")
@@ -137,7 +138,7 @@ class DiscoveryProxy:
         self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
         self._loop.close()
 
-    def __enter__(self) -> "DiscoveryProxy":
+    def __enter__(self) -> DiscoveryProxy:
         self._thread.start()
         self._ready.wait(10)
         return self

@@ -195,7 +195,7 @@ def _answers(srv: CRDServer) -> bool:
     try:
         api.list_custom_resource_definition(_request_timeout=2)
         return True
-    except Exception:
+    except Exception:  # noqa: BLE001 - not up yet, whatever the reason
         return False
 
 
@@ -203,6 +203,7 @@ def install_crd(srv: CRDServer, timeout: float = 30) -> Any:
     """Create (or keep) the VLLMService CRD and wait until it is served; returns an ApiClient."""
     from kubernetes import client, config
     from kubernetes.client.rest import ApiException
+
     from vllm_autoheal.crd import crd
 
     apic = config.new_client_from_config(str(srv.kubeconfig))

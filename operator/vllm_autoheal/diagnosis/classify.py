@@ -22,12 +22,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from . import figures
+from . import figures, termination
 from . import messages as msg
 from . import model as m
-from .units import GIB
-from . import termination
 from .scan import ENGINE, REQUEST, Line, scan
+from .units import GIB
 
 PHASE_PRIORITY = (m.PHASE_CAPTURE, m.PHASE_PROFILE, m.PHASE_KV, m.PHASE_LOAD, m.PHASE_SERVING)
 PHASE_ORDER = {

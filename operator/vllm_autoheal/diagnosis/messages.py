@@ -151,7 +151,7 @@ def _m(
 
 SIZE = r"[\d.,]{1,30}\s{0,4}(?:[KMGT]i?B|bytes)?"
 NUM = r"[\d,]+"
-I = re.IGNORECASE
+I = re.IGNORECASE  # noqa: E741 - short, as the flag tables below are wide
 
 MESSAGES: tuple[Message, ...] = (
     # --- explicit vLLM memory messages -------------------------------------------------

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import re
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import IO, Iterable
+from typing import IO
 
 # A candidate line contains one of these (case-sensitive, chosen so that metrics
 # and HTTP access lines, the bulk of a serving log, contain none).

@@ -109,11 +109,13 @@ class Kube:
         live = [self.get(_object_path(m)) for m in manifests]
         result = ApplyResult(
             conflicts=[
-                describe(m) for m, have in zip(manifests, live) if have is not None and not controlled_by_owner(have, m)
+                describe(m)
+                for m, have in zip(manifests, live, strict=True)
+                if have is not None and not controlled_by_owner(have, m)
             ]
         )
         if not result.conflicts:
-            result.outcomes = [(m, self._apply(m, have)) for m, have in zip(manifests, live)]
+            result.outcomes = [(m, self._apply(m, have)) for m, have in zip(manifests, live, strict=True)]
         return result
 
     def apply(self, manifest: dict[str, Any]) -> str:

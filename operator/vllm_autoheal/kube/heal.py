@@ -23,8 +23,7 @@ from pydantic import ValidationError
 
 from .. import metrics, model_source
 from ..api import GROUP, Deployed, HealIntent, VLLMService
-from ..diagnosis import Diagnosis, Signals, classify
-from ..diagnosis import termination
+from ..diagnosis import Diagnosis, Signals, classify, termination
 from ..gpu_catalog import lookup
 from ..quantity import parse_quantity
 from ..remedy import GIVE_UP, Inventory, Remedy, plan_heal
@@ -44,7 +43,7 @@ def parse(body: dict[str, Any]) -> VLLMService:
     try:
         return VLLMService.model_validate(dict(body))
     except ValidationError as exc:  # the CRD schema should have stopped it; say what is wrong
-        raise kopf.PermanentError(f"invalid VLLMService: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}")
+        raise kopf.PermanentError(f"invalid VLLMService: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}") from None
 
 
 def deployed(obj: VLLMService) -> Deployed:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 

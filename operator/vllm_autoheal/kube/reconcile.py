@@ -59,7 +59,7 @@ def memory_fit(kube: Kube, obj: VLLMService, generation: int | None, conditions:
     try:
         gpu = lookup(spec.resources.gpu_product or "custom", spec.resources.gpu_memory_gib)
         result = preflight(spec, gpu, model.shape)
-    except Exception as exc:  # whatever the spec holds, pre-flight costs a condition, never the reconcile
+    except Exception as exc:  # noqa: BLE001 - whatever the spec holds, pre-flight costs a condition, never the reconcile
         cond = st.set_condition(
             conditions,
             st.MEMORY_FIT,
@@ -148,7 +148,7 @@ def reconcile(kube: Kube, cfg: OperatorConfig, body: dict[str, Any], logger: log
                     logger.info(f"{manifest['kind']} {manifest['metadata']['name']} {outcome}")
     except Exception as exc:
         if transient(exc):
-            raise kopf.TemporaryError(f"applying the objects failed: {exc}", delay=cfg.retry_delay_s)
+            raise kopf.TemporaryError(f"applying the objects failed: {exc}", delay=cfg.retry_delay_s) from exc
         raise
     if applied.conflicts:  # someone else's object has the name: write nothing, say so, look again later
         _name_conflict(kube, cfg, body, ns, name, generation, applied.conflicts)

@@ -10,7 +10,7 @@ only while not ready with the heals spent, else Progressing.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic.alias_generators import to_camel
@@ -31,7 +31,7 @@ RUNNING, HEALING_PHASE, FAILED, PROGRESSING = "Running", "Healing", "Failed", "P
 
 
 def now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def camel(cause: str) -> str:
