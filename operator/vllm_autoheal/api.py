@@ -108,7 +108,7 @@ RecordedAction = Literal[HealAction, NoHeal, OperatorAction]
 Phase = Literal["Pending", "Progressing", "Running", "Healing", "Degraded", "Failed"]
 
 
-def rule(expr: str, message: str, field_path: str | None = None) -> dict[str, str]:
+def rule(expr: str, message: str, field_path: str | None = None) -> dict[str, Any]:
     """One CEL rule; fieldPath makes the API server name the offending field."""
     out = {"rule": expr, "message": message}
     if field_path:
@@ -116,7 +116,7 @@ def rule(expr: str, message: str, field_path: str | None = None) -> dict[str, st
     return out
 
 
-def cel(*rules: dict[str, str]) -> ConfigDict:
+def cel(*rules: dict[str, Any]) -> ConfigDict:
     """Model config carrying CEL rules (merged with Model's own config by pydantic)."""
     return ConfigDict(json_schema_extra={"x-kubernetes-validations": list(rules)})
 
@@ -382,9 +382,7 @@ class ModelConfigSource(Model):
     )
     inline: ConfigJson | None = Field(
         None,
-        description=(  # type: ignore[valid-type]
-            "config.json's fields, as the file spells them (a multimodal model: its text_config)."
-        ),
+        description=("config.json's fields, as the file spells them (a multimodal model: its text_config)."),
     )
     config_map_ref: ConfigMapKeyRef | None = Field(
         None, description="A ConfigMap key holding config.json (at most 1 MiB)."
@@ -479,7 +477,7 @@ class HealPolicy(Model):
         ),
     )
     allowed_actions: list[HealAction] = Field(
-        default_factory=lambda: [a for a in ALL_ACTIONS if a != "IncreaseTensorParallel"],
+        default_factory=lambda: [a for a in get_args(HealAction) if a != "IncreaseTensorParallel"],
         max_length=len(ALL_ACTIONS),
         description="Changes a heal may make.",
         json_schema_extra={"x-kubernetes-list-type": "set"},

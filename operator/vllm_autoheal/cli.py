@@ -8,8 +8,12 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import __version__
+
+if TYPE_CHECKING:
+    from .memory import ModelShape
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -73,7 +77,7 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
     return 0
 
 
-def _plan_shape(args: argparse.Namespace) -> tuple[object, str]:
+def _plan_shape(args: argparse.Namespace) -> tuple[ModelShape, str]:
     """The model's shape from --model-config (a file) or --model (a local path or a Hub id)."""
     from .model_config import to_shape
     from .model_source import from_path, resolve_local

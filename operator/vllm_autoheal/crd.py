@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 import yaml
-from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema
 
 from . import api, engine
@@ -86,11 +85,11 @@ class _WithFactoryDefaults(GenerateJsonSchema):
     server fills in exactly what the models would. A sub-model's default is its full wire
     value, not `{}`: the server checks CEL rules against a default as written."""
 
-    def get_default_value(self, schema):  # type: ignore[override]
+    def get_default_value(self, schema: Any) -> Any:
         factory = schema.get("default_factory")
         if factory is not None and not schema.get("default_factory_takes_data"):
             value = factory()
-            return value.wire() if isinstance(value, BaseModel) else value
+            return value.wire() if isinstance(value, api.Model) else value
         return super().get_default_value(schema)
 
 
@@ -98,9 +97,7 @@ def _add_extra_args_rules(node: dict[str, Any]) -> None:
     """Every EngineArgs node (spec.engine, status.baseline, status.effective) refuses the typed,
     reserved and secret-bearing flags of engine.py's tables in extraArgs, in every spelling."""
     if "extraArgs" in node.get("properties", {}):
-        generated = [
-            api.rule(*engine.extra_args_rule(entry), ".extraArgs") for entry in (*engine.FLAGS, *engine.RESERVED)
-        ]
+        generated = [api.rule(*engine.extra_args_rule(entry), ".extraArgs") for entry in engine.ENTRIES]
         # a new list: the model's own rules list is shared by every node made from it
         node["x-kubernetes-validations"] = [*node.get("x-kubernetes-validations", []), *generated]
     for sub in node.get("properties", {}).values():
@@ -114,7 +111,7 @@ def openapi_schema() -> dict[str, Any]:
     defs = raw.get("$defs", {})
     spec = structural(raw["properties"]["spec"], defs)
     status = structural(defs["VLLMServiceStatus"], defs)
-    spec["description"] = api.VLLMServiceSpec.__doc__.strip()
+    spec["description"] = (api.VLLMServiceSpec.__doc__ or "").strip()
     status["description"] = "What the operator observed and did."
     _add_extra_args_rules(spec)
     _add_extra_args_rules(status)

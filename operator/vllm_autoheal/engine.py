@@ -13,6 +13,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
 from pydantic.alias_generators import to_camel
 
 from .api import EngineArgs
@@ -87,6 +88,7 @@ RESERVED: tuple[Reserved, ...] = (
         secret=True,
     ),
 )
+ENTRIES: tuple[Flag | Reserved, ...] = (*FLAGS, *RESERVED)  # every flag extraArgs may not set
 
 
 def flag_name(token: str) -> str | None:
@@ -129,7 +131,7 @@ def spelling_pattern(spelling: str) -> str:
 
 def forbidden(token: str) -> Flag | Reserved | None:
     """The typed or reserved flag a token of extraArgs would set, in any spelling vLLM accepts."""
-    for entry in (*FLAGS, *RESERVED):
+    for entry in ENTRIES:
         if any(spelled_by(token, s) for s in entry.spellings):
             return entry
     return None
@@ -280,11 +282,11 @@ def parse_args(argv: list[str] | str) -> ParsedCommand:
         values["extra_args"] = extra
     try:
         engine = EngineArgs(**values)
-    except ValueError as exc:  # pydantic's range checks, reworded with the flag names
+    except ValidationError as exc:  # pydantic's range checks, reworded with the flag names
         problems = "; ".join(
             f"{BY_FIELD[str(e['loc'][0])].cli if e['loc'] and str(e['loc'][0]) in BY_FIELD else e['loc']}: {e['msg']}"
             for e in exc.errors()
-        )  # type: ignore[attr-defined]
+        )
         raise EngineArgsError(problems) from None
     return ParsedCommand(model=model, engine=engine)
 

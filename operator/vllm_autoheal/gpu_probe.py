@@ -22,7 +22,7 @@ def _nvml() -> Any | None:
     except ImportError:
         pass
     try:
-        from vllm.third_party import pynvml  # type: ignore[no-redef]
+        from vllm.third_party import pynvml
 
         return pynvml
     except ImportError:

@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import IO
+from typing import IO, Any
 
 DEFAULT_TERMINATION_PATH = "/dev/termination-log"
 MESSAGE_LIMIT = 4096
@@ -93,7 +93,7 @@ def termination_message(
 ) -> str:
     """One JSON document of at most `limit` bytes; the cause and numbers survive any truncation."""
     keep = ("cause", "phase", "subtype", "confidence", "source", "numbers", "evidence", "explanation")
-    diag = {k: diagnosis.get(k) for k in keep if diagnosis.get(k) not in (None, "", [], {})}
+    diag: dict[str, Any] = {k: diagnosis.get(k) for k in keep if diagnosis.get(k) not in (None, "", [], {})}
     doc: dict = {"autoheal": 1, "exit_code": exit_code, "diagnosis": diag}
     if note:
         doc["note"] = note
@@ -177,7 +177,7 @@ def run(argv: list[str], termination_path: str | None = None) -> int:
     _clear(termination_path)  # the file is the launcher's: nothing the child leaves there may stand
     keeper = OutputKeeper()
     child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    state = {"stopped_by": None, "engine_dead_at": None, "ready": False}
+    state: dict[str, Any] = {"stopped_by": None, "engine_dead_at": None, "ready": False}
 
     def forward(signum: int, _frame: object) -> None:
         state["stopped_by"] = signum

@@ -117,7 +117,7 @@ def from_hub(repo_id: str, revision: str | None, hub: HubSettings, token: str | 
     if not REPO_ID.match(repo_id) or ".." in repo_id:
         raise ModelConfigError(f"{repo_id!r} is neither a local path nor a Hugging Face repo id")
     where = f"{repo_id}@{revision or 'main'} on {hub.endpoint}"
-    kwargs = dict(revision=revision, endpoint=hub.endpoint, token=token)
+    kwargs: dict[str, Any] = dict(revision=revision, endpoint=hub.endpoint, token=token)
     try:
         try:
             meta = get_hf_file_metadata(
@@ -166,7 +166,7 @@ def from_hub(repo_id: str, revision: str | None, hub: HubSettings, token: str | 
         raise ModelConfigError(f"{where}: the Hub answered HTTP {status}") from None
     except Exception as exc:  # noqa: BLE001 - timeouts, refused connections, a cache dir that cannot be written
         raise ModelConfigError(f"{where}: {type(exc).__name__}: {str(exc)[:200]}") from None
-    return read_capped(Path(path), f"config.json of {where}")
+    return read_capped(Path(str(path)), f"config.json of {where}")
 
 
 def resolve_local(

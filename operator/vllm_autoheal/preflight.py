@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from .api import EngineArgs, VLLMServiceSpec
 from .diagnosis import Diagnosis
+from .diagnosis.model import Cause, EnginePhase
 from .diagnosis.units import GIB
 from .gpu_catalog import GpuSpec
 from .memory import Estimate, ModelShape, estimate
@@ -51,8 +52,8 @@ def predicted_diagnosis(est: Estimate, engine: EngineArgs) -> Diagnosis:
             "requested_gib": round(est.requested_gib, 2),
         }
     return Diagnosis(
-        cause=est.failure or "unknown",
-        phase="predicted",
+        cause=Cause(est.failure or Cause.UNKNOWN),
+        phase=EnginePhase.PREDICTED,
         numbers=numbers,
         evidence=est.reasons[:2],
         confidence="medium",

@@ -44,7 +44,7 @@ def _is_quantity(text: celtypes.StringType) -> celtypes.BoolType:
         return celtypes.BoolType(False)
 
 
-FUNCTIONS = {
+FUNCTIONS: dict[str, Any] = {
     "quantity": _quantity,
     "compareTo": _compare,
     "isQuantity": _is_quantity,
@@ -81,7 +81,14 @@ def _to_cel(value: Any, schema: dict[str, Any]) -> Any:
     return celtypes.StringType(value)
 
 
-_TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "integer": int, "number": (int, float)}
+_TYPES: dict[str, type | tuple[type, ...]] = {
+    "object": dict,
+    "array": list,
+    "string": str,
+    "boolean": bool,
+    "integer": int,
+    "number": (int, float),
+}
 
 
 def prune_and_default(value: Any, schema: dict[str, Any]) -> Any:

@@ -252,7 +252,7 @@ def _weights_exceed_gpu(numbers: dict, device_gib: float | None) -> bool:
     return weights + overhead >= WEIGHTS_SHARE_OF_GPU * total
 
 
-def _own_frames(findings: list[Finding], failure: Finding, window: int) -> set[str]:
+def _own_frames(findings: list[Finding], failure: Finding, window: int) -> set[m.EnginePhase | None]:
     """Phases named by the frames of the failure's own traceback: after its `Traceback` line (or
     the last milestone) and up to the failure line, from the same rank when ranks are known."""
     start = max(
@@ -276,13 +276,13 @@ def _own_frames(findings: list[Finding], failure: Finding, window: int) -> set[s
     )
 
 
-def _strongest(frames: set[Finding]) -> set[str]:
+def _strongest(frames: set[Finding]) -> set[m.EnginePhase | None]:
     """The phases the frames name; frames on several phases' paths count only when alone."""
     strong = {f.message.phase for f in frames if f.message.subtype != msg.WEAK}
     return strong or {f.message.phase for f in frames}
 
 
-def _phase_of_failure(findings: list[Finding], failure: Finding | None, ready_before: bool | None) -> str:
+def _phase_of_failure(findings: list[Finding], failure: Finding | None, ready_before: bool | None) -> m.EnginePhase:
     """Where it failed: the frames of the failure's own traceback; else frames printed after the
     last start-up milestone before the failure (earlier ones belong to steps that completed);
     else the last milestone reached."""
@@ -354,15 +354,15 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
     device_gib = _device_gib(signals, findings)
 
     def done(
-        cause: str,
-        phase: str,
+        cause: m.Cause,
+        phase: m.EnginePhase,
         first: Finding | None,
         confidence: str,
         subtype: str | None = None,
         support: Line | None = None,
         why: str = "",
     ) -> m.Diagnosis:
-        diag.cause, diag.phase, diag.confidence = m.Cause(cause), m.EnginePhase(phase), confidence
+        diag.cause, diag.phase, diag.confidence = cause, phase, confidence
         diag.subtype = subtype or (first.message.subtype if first else None)
         diag.evidence = _evidence(
             first.line if first else None, support, engine_error=first is not None and first.message.kind != msg.NOT_OOM
@@ -370,8 +370,9 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
         diag.numbers = {
             k: v for k, v in _numbers(findings, first, device_gib, diag.notes).items() if k not in ("tp", "pp")
         }
-        if isinstance(diag.numbers.get("process_gib"), list):  # numbers are scalars: the others' total
-            diag.numbers["process_gib"] = round(sum(diag.numbers["process_gib"]), 2)
+        per_process: Any = diag.numbers.get("process_gib")
+        if isinstance(per_process, list):  # numbers are scalars: the others' total
+            diag.numbers["process_gib"] = round(sum(per_process), 2)
         if signals.exit_code is not None:
             diag.numbers["exit_code"] = signals.exit_code
         if first and first.line.rank is not None:

@@ -31,8 +31,8 @@ WEAK = "weak"  # a FRAME subtype: on more than one phase's path
 class Message:
     kind: str
     regex: re.Pattern[str]
-    cause: str | None = None
-    phase: str | None = None
+    cause: m.Cause | None = None
+    phase: m.EnginePhase | None = None
     subtype: str | None = None
     needles: tuple[str, ...] = ()  # one of these literals is in every match; empty: always try
 
@@ -132,8 +132,8 @@ def needles_of(pattern: str, flags: int = 0) -> tuple[str, ...]:
 def _m(
     kind: str,
     pattern: str,
-    cause: str | None = None,
-    phase: str | None = None,
+    cause: m.Cause | None = None,
+    phase: m.EnginePhase | None = None,
     subtype: str | None = None,
     flags: int = 0,
     needles: tuple[str, ...] | None = None,

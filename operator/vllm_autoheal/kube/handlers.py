@@ -54,7 +54,7 @@ def stop(memo: kopf.Memo, **_: Any) -> None:
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL)
-def reconcile_service(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+def reconcile_service(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     reconcile.reconcile(_kube(memo), _config(memo), dict(body), logger)
 
 
@@ -64,15 +64,17 @@ def forget(meta: kopf.Meta, **_: Any) -> None:
 
 
 @kopf.on.event("apps", "v1", "deployments", labels={"app.kubernetes.io/managed-by": "vllm-autoheal"})
-def deployment_progress(body: kopf.Body, type: str, namespace: str, memo: kopf.Memo, **_: Any) -> None:
+def deployment_progress(body: kopf.Body, type: str, namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
     name = (body.get("metadata", {}).get("labels") or {}).get(resources.SERVICE_LABEL)
-    if name and type != "DELETED":
+    if name and namespace and type != "DELETED":
         reconcile.deployment_progress(_kube(memo), _config(memo), namespace, name, dict(body))
 
 
 @kopf.on.event("", "v1", "pods", labels={resources.SERVICE_LABEL: kopf.PRESENT})
-def pod_changed(body: kopf.Body, type: str, namespace: str, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
-    if type == "DELETED":
+def pod_changed(
+    body: kopf.Body, type: str, namespace: str | None, memo: kopf.Memo, logger: kopf.Logger, **_: Any
+) -> None:
+    if type == "DELETED" or not namespace:
         return
     pod = dict(body)
     name = pod["metadata"]["labels"][resources.SERVICE_LABEL]

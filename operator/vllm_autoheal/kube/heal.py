@@ -12,7 +12,6 @@ recorded and the next event plans again.
 from __future__ import annotations
 
 import json
-import logging
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -33,7 +32,7 @@ from . import status as st
 from .client import Kube
 from .config import OperatorConfig
 from .later import Later
-from .writes import lock, patch_object, transient, update_status
+from .writes import event, lock, patch_object, transient, update_status
 
 HEALED_ENGINE = f"{GROUP}/healed-engine"  # engine args the operator wrote into spec (PatchSpec)
 REVERT = "RevertUnschedulable"
@@ -84,7 +83,7 @@ class Incident:
 
 def diagnose(kube: Kube, incident: Incident, obj: VLLMService) -> Diagnosis:
     engine = deployed(obj).engine
-    signals = dict(
+    signals: dict[str, Any] = dict(
         exit_code=incident.crash.get("exitCode"),
         reason=incident.crash.get("reason"),
         tensor_parallel_size=engine.tensor_parallel_size,
@@ -241,7 +240,7 @@ def _backing_off(obj: VLLMService) -> bool:
     return time.time() - datetime.fromisoformat(last.time.replace("Z", "+00:00")).timestamp() < backoff
 
 
-def handle_crash(kube: Kube, cfg: OperatorConfig, later: Later, incident: Incident, logger: logging.Logger) -> None:
+def handle_crash(kube: Kube, cfg: OperatorConfig, later: Later, incident: Incident, logger: kopf.Logger) -> None:
     ns, name = incident.namespace, incident.name
     started = time.monotonic()
     vsvc = kube.get_vsvc(ns, name)
@@ -295,9 +294,9 @@ def _events(vsvc: dict[str, Any], incident: Incident) -> None:
     assert remedy is not None
     evidence = diag.evidence[0][:300] if diag.evidence else "no evidence line"
     if incident.note:
-        kopf.event(vsvc, type="Warning", reason="TerminationMessageIgnored", message=incident.note[:1000])
+        event(vsvc, type="Warning", reason="TerminationMessageIgnored", message=incident.note[:1000])
     if diag.is_memory:
-        kopf.event(
+        event(
             vsvc,
             type="Warning",
             reason="OOMDetected",
@@ -305,9 +304,9 @@ def _events(vsvc: dict[str, Any], incident: Incident) -> None:
         )
     if remedy.action == GIVE_UP:
         metrics.EXHAUSTED.inc()
-        kopf.event(vsvc, type="Warning", reason="HealExhausted", message=remedy.reason[:1000])
+        event(vsvc, type="Warning", reason="HealExhausted", message=remedy.reason[:1000])
     elif diag.cause == "not_oom":
-        kopf.event(
+        event(
             vsvc,
             type="Warning",
             reason="NotMemory",
@@ -315,9 +314,9 @@ def _events(vsvc: dict[str, Any], incident: Incident) -> None:
             f"{diag.evidence[0][:300] if diag.evidence else ''}; flags left as they are",
         )
     elif remedy.gives_up:
-        kopf.event(vsvc, type="Warning", reason="CrashNotHealed", message=remedy.reason[:1000])
+        event(vsvc, type="Warning", reason="CrashNotHealed", message=remedy.reason[:1000])
     else:
-        kopf.event(vsvc, type="Normal", reason="Healed", message=remedy.summary()[:1000])
+        event(vsvc, type="Normal", reason="Healed", message=remedy.summary()[:1000])
 
 
 def spec_patch(obj: VLLMService, target: Deployed) -> dict[str, Any]:
@@ -340,7 +339,7 @@ def _heal_lock(ns: str, name: str):  # one completion at a time per object (writ
     return lock(f"heal:{ns}", name)
 
 
-def complete(kube: Kube, cfg: OperatorConfig, later: Later | None, ns: str, name: str, logger: logging.Logger) -> bool:
+def complete(kube: Kube, cfg: OperatorConfig, later: Later | None, ns: str, name: str, logger: kopf.Logger) -> bool:
     """Finish the recorded heal, whatever was already done of it; idempotent. False on a transient
     API error: then it tries again later (without `later`, the caller retries: reconcile raises
     kopf.TemporaryError). The next event and the next start also call it."""
@@ -357,7 +356,7 @@ def complete(kube: Kube, cfg: OperatorConfig, later: Later | None, ns: str, name
         return False
 
 
-def _complete(kube: Kube, cfg: OperatorConfig, ns: str, name: str, logger: logging.Logger) -> None:
+def _complete(kube: Kube, cfg: OperatorConfig, ns: str, name: str, logger: kopf.Logger) -> None:
     vsvc = kube.get_vsvc(ns, name)
     if vsvc is None:
         return

@@ -9,7 +9,6 @@ after an operator restart.
 from __future__ import annotations
 
 import json
-import logging
 from typing import Any
 
 import kopf
@@ -22,7 +21,7 @@ from . import heal, resources
 from . import status as st
 from .client import Kube
 from .config import OperatorConfig
-from .writes import lock, transient, update_status
+from .writes import event, lock, transient, update_status
 
 
 def _with_status(obj: VLLMService, status: dict[str, Any]) -> VLLMService:
@@ -109,10 +108,10 @@ def person_edited(obj: VLLMService) -> bool:
     )
 
 
-def reconcile(kube: Kube, cfg: OperatorConfig, body: dict[str, Any], logger: logging.Logger) -> None:
+def reconcile(kube: Kube, cfg: OperatorConfig, body: dict[str, Any], logger: kopf.Logger) -> None:
     obj = heal.parse(body)
     meta = obj.metadata
-    ns, name, generation = meta.get("namespace"), meta.get("name"), meta.get("generation")
+    ns, name, generation = str(meta.get("namespace")), str(meta.get("name")), meta.get("generation")
     edit = person_edited(obj)
     intent = obj.status.in_flight
     if intent is not None and not intent.applied and not edit:
@@ -200,7 +199,7 @@ def _name_conflict(
     before = (kube.get_vsvc(ns, name) or {}).get("status", {}).get("conditions", [])
     update_status(kube, cfg, ns, name, change)
     if not any(c.get("reason") == "NameConflict" for c in before):
-        kopf.event(body, type="Warning", reason="NameConflict", message=message)
+        event(body, type="Warning", reason="NameConflict", message=message)
     raise kopf.TemporaryError(message, delay=60)
 
 

@@ -153,7 +153,7 @@ def deployment(obj: VLLMService, operator_image: str = DEFAULT_OPERATOR_IMAGE) -
     for key, value in (("cpu", res.requests.cpu), ("memory", res.requests.memory)):
         if value:
             requests[key] = value
-    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": "/dev/shm"}]
     volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size(obj)}}]
     if spec.model_cache.enabled:
         mounts.append({"name": "model-cache", "mountPath": spec.model_cache.mount_path})

@@ -43,8 +43,8 @@ def set_condition(
     conditions: list[dict[str, Any]], type_: str, status: str, reason: str, message: str, generation: int | None
 ) -> list[dict[str, Any]]:
     out = [dict(c) for c in conditions if c.get("type") != type_]
-    old = next((c for c in conditions if c.get("type") == type_), None)
-    moved = old is None or old.get("status") != status
+    old: dict[str, Any] = next((c for c in conditions if c.get("type") == type_), {})
+    moved = not old or old.get("status") != status
     out.append(
         {
             "type": type_,
@@ -199,6 +199,6 @@ def append_heal(heals: list[dict[str, Any]], record: dict[str, Any]) -> list[dic
 def history(tried: list[str], heals: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The planner's history: what was tried since the last edit (status.tried, never cut short by
     other records), and the figures earlier crashes printed (status.heals)."""
-    out = [{"cause": t.split("/", 1)[0], "action": t.split("/", 1)[-1]} for t in tried]
+    out: list[dict[str, Any]] = [{"cause": t.split("/", 1)[0], "action": t.split("/", 1)[-1]} for t in tried]
     out += [{"cause": h.get("cause"), "action": None, "numbers": h.get("numbers", {})} for h in heals]
     return out

@@ -8,7 +8,6 @@ ran and crashed) and takes the next remedy that needs no more resources; Wait on
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import Any
 
@@ -25,7 +24,7 @@ from .client import Kube
 from .config import OperatorConfig
 from .heal import REVERT, _intent_fields, _plan_heal, _same, complete, fp, parse
 from .later import Later
-from .writes import update_status
+from .writes import event, update_status
 
 
 def _bytes(quantity: str | None) -> float:
@@ -53,7 +52,7 @@ def stuck_since(items: list[dict[str, Any]], name: str, template: str) -> tuple[
     return min(waiting) if waiting else None
 
 
-def check(kube: Kube, cfg: OperatorConfig, later: Later, ns: str, name: str, logger: logging.Logger) -> None:
+def check(kube: Kube, cfg: OperatorConfig, later: Later, ns: str, name: str, logger: kopf.Logger) -> None:
     """Look at the heal's pods; act once they have waited long enough, else look again then."""
     vsvc = kube.get_vsvc(ns, name)
     if vsvc is None:
@@ -168,7 +167,7 @@ def blocked(
     vsvc: dict[str, Any],
     intent: HealIntent,
     message: str,
-    logger: logging.Logger,
+    logger: kopf.Logger,
 ) -> None:
     ns, name = obj.metadata["namespace"], obj.metadata["name"]
     revert = obj.spec.heal.on_unschedulable == "Revert" and needs_more(intent)
@@ -193,9 +192,7 @@ def blocked(
     written = update_status(kube, cfg, ns, name, change)
     if written is None or not acted:  # gone, or already reported
         return
-    kopf.event(
-        vsvc, type="Warning", reason="HealBlocked", message=f"{intent.action} cannot be scheduled: {message}"[:1000]
-    )
+    event(vsvc, type="Warning", reason="HealBlocked", message=f"{intent.action} cannot be scheduled: {message}"[:1000])
     if acted[-1]:
         logger.info(f"{intent.action} could not be scheduled; back to the flags that last scheduled")
         complete(kube, cfg, later, ns, name, logger)

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import kopf
 import urllib3
 from kubernetes.client.rest import ApiException
 
@@ -82,3 +83,8 @@ def patch_object(kube: Kube, cfg: OperatorConfig, namespace: str, name: str, bod
             return kube.patch_vsvc(namespace, name, body)
 
     return retried(cfg, once)
+
+
+def event(body: dict[str, Any], type: str, reason: str, message: str) -> None:
+    """kopf.event for the plain dicts the operator holds (kopf reads only their metadata)."""
+    kopf.event(body, type=type, reason=reason, message=message)  # type: ignore[arg-type]  # kopf annotates Body
