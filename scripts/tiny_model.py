@@ -20,14 +20,12 @@ SENTENCES = [
 ] * 50
 
 
-def build(out: Path) -> Path:
-    import torch
+def save_tokenizer(out: Path, vocab_size: int = 1024) -> None:
+    """A byte-level BPE trained on a few sentences, padded with placeholder tokens up to
+    `vocab_size` (a real model's vocabulary, so any id it samples can be detokenized)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast
 
-    out.mkdir(parents=True, exist_ok=True)
-    if (out / "config.json").exists() and (out / "tokenizer.json").exists():
-        return out
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -39,9 +37,21 @@ def build(out: Path) -> Path:
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         ),
     )
+    if vocab_size > tok.get_vocab_size():
+        tok.add_tokens([f"<pad_{i}>" for i in range(vocab_size - tok.get_vocab_size())])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
     fast.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
     fast.save_pretrained(out)
+
+
+def build(out: Path) -> Path:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out.mkdir(parents=True, exist_ok=True)
+    if (out / "config.json").exists() and (out / "tokenizer.json").exists():
+        return out
+    save_tokenizer(out)
     torch.manual_seed(0)
     config = LlamaConfig(
         hidden_size=512,

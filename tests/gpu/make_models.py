@@ -11,6 +11,9 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+from tiny_model import save_tokenizer  # noqa: E402  (scripts/ is no package)
+
 HERE = Path(__file__).resolve().parent
 CONFIGS = HERE.parent / "fixtures" / "configs"
 QWEN25_72B = {  # Qwen/Qwen2.5-72B-Instruct's config.json (the fields vLLM reads)
@@ -36,33 +39,6 @@ QWEN25_72B = {  # Qwen/Qwen2.5-72B-Instruct's config.json (the fields vLLM reads
     "attention_dropout": 0.0,
     "use_cache": True,
 }
-SENTENCES = [
-    "The quick brown fox jumps over the lazy dog.",
-    "vLLM serves language models.",
-    "Memory is finite; the KV cache must fit.",
-    "Hello world, this is a tiny model.",
-] * 50
-
-
-def tokenizer(out: Path, vocab_size: int) -> None:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(
-        SENTENCES,
-        trainers.BpeTrainer(
-            vocab_size=1024,
-            special_tokens=["<unk>", "<s>", "</s>"],
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        ),
-    )
-    tok.add_tokens([f"<pad_{i}>" for i in range(vocab_size - tok.get_vocab_size())])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
-    fast.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
-    fast.save_pretrained(out)
 
 
 def build(root: Path) -> None:
@@ -72,7 +48,7 @@ def build(root: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
         config = {**config, "bos_token_id": 1, "eos_token_id": 2}  # the tiny tokenizer's special ids
         (out / "config.json").write_text(json.dumps(config, indent=1))
-        tokenizer(out, config["vocab_size"])
+        save_tokenizer(out, config["vocab_size"])
         print(out)
 
 
