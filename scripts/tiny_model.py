@@ -20,9 +20,9 @@ SENTENCES = [
 ] * 50
 
 
-def save_tokenizer(out: Path, vocab_size: int = 1024) -> None:
-    """A byte-level BPE trained on a few sentences, padded with placeholder tokens up to
-    `vocab_size` (a real model's vocabulary, so any id it samples can be detokenized)."""
+def save_tokenizer(out: Path, pad_to: int | None = None) -> None:
+    """A byte-level BPE trained on a few sentences; with `pad_to`, padded with placeholder tokens up
+    to that size (a real model's vocabulary, so any id it samples can be detokenized)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -37,8 +37,8 @@ def save_tokenizer(out: Path, vocab_size: int = 1024) -> None:
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         ),
     )
-    if vocab_size > tok.get_vocab_size():
-        tok.add_tokens([f"<pad_{i}>" for i in range(vocab_size - tok.get_vocab_size())])
+    if pad_to and pad_to > tok.get_vocab_size():
+        tok.add_tokens([f"<pad_{i}>" for i in range(pad_to - tok.get_vocab_size())])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
     fast.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
     fast.save_pretrained(out)
