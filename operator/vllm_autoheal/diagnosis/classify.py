@@ -25,7 +25,7 @@ from typing import Any
 from . import figures, termination
 from . import messages as msg
 from . import model as m
-from .scan import ENGINE, REQUEST, Line, scan
+from .scan import ENGINE, MATCH_CHARS, REQUEST, Line, scan
 from .units import GIB
 
 PHASE_PRIORITY = (m.PHASE_CAPTURE, m.PHASE_PROFILE, m.PHASE_KV, m.PHASE_LOAD, m.PHASE_SERVING)
@@ -129,19 +129,13 @@ def _wrapped(line: Line, following: list[Line]) -> list[Finding]:
         rest.append(nxt.text)
     if not rest:
         return []
-    text = " ".join([line.text] + rest)[: scan_limit()]
+    text = " ".join([line.text] + rest)[:MATCH_CHARS]
     lowered = text.lower()
     return [
         Finding(line, message, found)
         for message in msg.MESSAGES
         if message.kind == msg.MEMORY and (found := message.search(text, lowered))
     ]
-
-
-def scan_limit() -> int:
-    from .scan import MATCH_CHARS
-
-    return MATCH_CHARS
 
 
 def _device_gib(signals: m.Signals, findings: list[Finding]) -> float | None:
