@@ -43,3 +43,14 @@ def k8s_tools() -> Path:
 @pytest.fixture(scope="session")
 def helm(k8s_tools) -> str:
     return str(k8s_tools / "helm")
+
+
+@pytest.fixture
+async def cluster(kmock):
+    """The operator in-process (kopf's embedding) against the API emulator; a test module may
+    override it (with a local Hub, say)."""
+    from operator_harness import Cluster, running_operator, setup_emulator
+
+    setup_emulator(kmock)
+    async with running_operator():
+        yield Cluster(kmock)

@@ -63,3 +63,20 @@ BAD_MESSAGES = {
     ),
     "huge": KV_TERMINATION.replace('"estimated_max_model_len":524160', '"estimated_max_model_len":1e30'),
 }
+
+
+# Ordinary vLLM flags in several spellings that extraArgs must accept (the CRD server and render agree).
+ACCEPTED_EXTRA_ARGS = [
+    "--trust-remote-code",
+    "--max-num-partial-prefills",
+    "2",
+    "--model-impl",
+    "vllm",
+    "--config-format",
+    "hf",
+    "--seed",
+    "-1",
+    "--enable_prefix_caching",
+    "--tokenizer=org/tok",
+    "-O3",
+]

@@ -10,6 +10,8 @@ import yaml
 
 from vllm_autoheal import api
 
+from samples import ACCEPTED_EXTRA_ARGS
+
 pytestmark = pytest.mark.crdserver
 ROOT = Path(__file__).resolve().parents[1]
 NS = "default"
@@ -194,20 +196,7 @@ def test_invalid_resource_is_rejected_naming_the_field(k8s, case_id, overrides, 
 
 
 def test_other_flags_in_every_spelling_are_accepted(k8s):
-    extra = [
-        "--trust-remote-code",
-        "--max-num-partial-prefills",
-        "2",
-        "--model-impl",
-        "vllm",
-        "--config-format",
-        "hf",
-        "--seed",
-        "-1",
-        "--enable_prefix_caching",
-        "--tokenizer=org/tok",
-        "-O3",
-    ]
+    extra = ACCEPTED_EXTRA_ARGS
     created = _create(k8s, _vsvc("good-extra-args", engine={"extraArgs": extra}))
     assert created["spec"]["engine"]["extraArgs"] == extra
 

@@ -26,13 +26,6 @@ from samples import FIXTURES, KV_LOG, KV_TERMINATION, SPEC
 pytestmark = pytest.mark.kmock(cls=Emulator)
 
 
-@pytest.fixture
-async def cluster(kmock):
-    setup_emulator(kmock)
-    async with running_operator():
-        yield Cluster(kmock)
-
-
 async def test_create_renders_deployment_and_service(cluster):
     spec = {
         **SPEC,

@@ -40,13 +40,6 @@ SPEC = {
 }
 
 
-@pytest.fixture
-async def cluster(kmock):
-    setup_emulator(kmock)
-    async with running_operator():
-        yield Cluster(kmock)
-
-
 def status(obj: dict) -> dict:
     return obj.get("status") or {}
 

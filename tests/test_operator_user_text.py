@@ -11,7 +11,7 @@ import pytest
 from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.launcher import termination_message
 
-from operator_harness import NS, Cluster, Emulator, running_operator, setup_emulator, wait_for
+from operator_harness import NS, Emulator, wait_for
 
 pytestmark = pytest.mark.kmock(cls=Emulator)
 
@@ -36,13 +36,6 @@ SPEC = {
     "resources": {"gpuProduct": "NVIDIA-L4", "limits": {"memory": "32Gi"}},
     "heal": {"backoffSeconds": 0},
 }
-
-
-@pytest.fixture
-async def cluster(kmock):
-    setup_emulator(kmock)
-    async with running_operator():
-        yield Cluster(kmock)
 
 
 @pytest.mark.parametrize("through", ["launcher", "previous-log"])

@@ -11,10 +11,7 @@ from vllm_autoheal.kube.client import FIELD_MANAGER
 from operator_harness import (
     HARNESS_AGENT,
     NS,
-    Cluster,
     Emulator,
-    running_operator,
-    setup_emulator,
     vllm_container,
     wait_for,
 )
@@ -27,13 +24,6 @@ SPEC = {
     "resources": {"limits": {"memory": "32Gi"}, "shmSize": "4Gi"},
     "preflight": "Off",
 }
-
-
-@pytest.fixture
-async def cluster(kmock):
-    setup_emulator(kmock)
-    async with running_operator():
-        yield Cluster(kmock)
 
 
 def pod_spec(dep: dict) -> dict:

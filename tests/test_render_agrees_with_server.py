@@ -12,6 +12,8 @@ import yaml
 from vllm_autoheal import api
 from vllm_autoheal.cli import main
 
+from samples import ACCEPTED_EXTRA_ARGS
+
 pytestmark = pytest.mark.crdserver
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 SMALL_CONFIG = {"num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "vocab_size": 32000}
@@ -39,23 +41,7 @@ CASES = [
     ),
     (
         "other-flags",
-        {
-            "engine": {
-                "extraArgs": [
-                    "--trust-remote-code",
-                    "--max-num-partial-prefills",
-                    "2",
-                    "--model-impl",
-                    "vllm",
-                    "--config-format",
-                    "hf",
-                    "--seed",
-                    "-1",
-                    "--enable_prefix_caching",
-                    "-O3",
-                ]
-            }
-        },
+        {"engine": {"extraArgs": ACCEPTED_EXTRA_ARGS}},
         None,
     ),
     (
