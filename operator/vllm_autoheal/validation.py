@@ -10,6 +10,7 @@ Pure: a dict in, the problems out, each naming its field as the server does.
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
 from functools import lru_cache
 from typing import Any
 
@@ -151,20 +152,28 @@ def schema_problems(value: Any, schema: dict[str, Any], path: str) -> list[str]:
             out.append(f"{path}: Invalid value: {len(value)}: must have at least {schema['minItems']} items")
         if schema.get("x-kubernetes-list-type") == "set" and len({repr(v) for v in value}) != len(value):
             out.append(f"{path}: Duplicate value")
-        for i, item in enumerate(value):
-            out += schema_problems(item, schema.get("items", {}), f"{path}[{i}]")
     if isinstance(value, dict):
         for name in schema.get("required", []):
             if name not in value:
                 out.append(f"{path}.{name}: Required value")
+    for sub, sub_schema, sub_path in _children(value, schema, path):
+        out += schema_problems(sub, sub_schema, sub_path)
+    return out
+
+
+def _children(value: Any, schema: dict[str, Any], path: str) -> Iterator[tuple[Any, dict[str, Any], str]]:
+    """The nodes below `value` that its schema describes, each with its schema and field path."""
+    if isinstance(value, dict):
         props = schema.get("properties", {})
         extra = schema.get("additionalProperties") if isinstance(schema.get("additionalProperties"), dict) else None
         for key, sub in value.items():
             if key in props:
-                out += schema_problems(sub, props[key], f"{path}.{key}")
+                yield sub, props[key], f"{path}.{key}"
             elif extra is not None:
-                out += schema_problems(sub, extra, f"{path}[{key}]")
-    return out
+                yield sub, extra, f"{path}[{key}]"
+    elif isinstance(value, list) and "items" in schema:
+        for i, item in enumerate(value):
+            yield item, schema["items"], f"{path}[{i}]"
 
 
 def cel_problems(value: Any, schema: dict[str, Any], path: str) -> list[str]:
@@ -179,17 +188,8 @@ def cel_problems(value: Any, schema: dict[str, Any], path: str) -> list[str]:
             out.append(
                 f'{path}{rule.get("fieldPath", "")}: Invalid value: "{schema.get("type", "object")}": {rule["message"]}'
             )
-    if isinstance(value, dict):
-        props = schema.get("properties", {})
-        extra = schema.get("additionalProperties") if isinstance(schema.get("additionalProperties"), dict) else None
-        for key, sub in value.items():
-            if key in props:
-                out += cel_problems(sub, props[key], f"{path}.{key}")
-            elif extra is not None:
-                out += cel_problems(sub, extra, f"{path}[{key}]")
-    elif isinstance(value, list) and "items" in schema:
-        for i, item in enumerate(value):
-            out += cel_problems(item, schema["items"], f"{path}[{i}]")
+    for sub, sub_schema, sub_path in _children(value, schema, path):
+        out += cel_problems(sub, sub_schema, sub_path)
     return out
 
 
