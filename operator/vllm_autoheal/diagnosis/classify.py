@@ -19,45 +19,21 @@ than `unknown`.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any
 
-from . import figures, termination
+from . import arithmetic as ar
 from . import messages as msg
 from . import model as m
-from .scan import ENGINE, MATCH_CHARS, REQUEST, Line, scan
-from .units import GIB
+from . import termination
+from .findings import ENGINE_EXCEPTION, FAILURE_KINDS, Finding, findings_of
+from .phase import OOM_CAUSE_BY_PHASE, TRACEBACK_START, phase_of_failure
+from .scan import ENGINE, REQUEST, Line, scan
 
-PHASE_PRIORITY = (m.PHASE_CAPTURE, m.PHASE_PROFILE, m.PHASE_KV, m.PHASE_LOAD, m.PHASE_SERVING)
-PHASE_ORDER = {
-    p: i for i, p in enumerate((m.PHASE_LOAD, m.PHASE_PROFILE, m.PHASE_KV, m.PHASE_CAPTURE, m.PHASE_SERVING))
-}
-OOM_CAUSE_BY_PHASE = {
-    m.PHASE_LOAD: m.WEIGHTS_LOAD_OOM,
-    m.PHASE_PROFILE: m.PROFILING_OOM,
-    m.PHASE_KV: m.GPU_UTIL_EXCEEDS_FREE,  # memory vanished between profiling and allocation
-    m.PHASE_CAPTURE: m.CUDAGRAPH_CAPTURE_OOM,
-    m.PHASE_SERVING: m.RUNTIME_OOM,
-}
-OTHER_PROCESS_GIB = 1.0
-WEIGHTS_SHARE_OF_GPU = 0.95  # weights above this share of the whole GPU cannot fit at any utilization
 # Failures that follow another rank's death rather than cause it: they never outvote a memory failure.
 CONSEQUENCES = {"nccl_timeout", "nccl_error", "worker_hang_shm_broadcast"}
 EVIDENCE_CHARS = 400
-_EXCEPTION_LINE = re.compile(r"^(?:[\w.]{1,200}\.)?\w{0,80}(?:Error|Exception)\b(?::|\(|$)")
-_TRACEBACK_START = "Traceback (most recent call last)"
-_ENGINE_EXCEPTION = re.compile(
-    r"^(?:torch\.(?:cuda\.)?OutOfMemoryError|torch\.AcceleratorError|RuntimeError|"
-    r"ValueError|MemoryError|torch\.cuda\.CudaError): "
-)
 _FRAME_LINE = re.compile(r'File "[^"]{1,300}", line \d{1,7}, in ')
-
-
-@dataclass(eq=False)
-class Finding:
-    line: Line
-    message: msg.Message
-    match: re.Match[str]
+_EXCEPTION_LINE = re.compile(r"^(?:[\w.]{1,200}\.)?\w{0,80}(?:Error|Exception)\b(?::|\(|$)")
 
 
 def classify(signals: m.Signals) -> m.Diagnosis:
@@ -89,221 +65,12 @@ def from_termination_message(text: str | None) -> m.Diagnosis | None:
     return diag
 
 
-# Kinds that name a failure: only an error the engine reported (not a progress or warning line,
-# not a request's own error) decides with them.
-FAILURE_KINDS = {msg.MEMORY, msg.HOST, msg.NOT_OOM, msg.NCCL_OOM, msg.OOM, msg.KILLED}
-
-
-def _findings(lines: list[Line]) -> list[Finding]:
-    out = []
-    for i, line in enumerate(lines):
-        if line.origin not in (ENGINE, REQUEST):
-            continue
-        text = line.match_text
-        lowered = text.lower()
-        memory = False
-        # A request's traceback (an API-server line) carries the engine's error when the engine
-        # died under it, but its other lines can carry the request's text: there only an error of
-        # a type the engine raises, matched from the start of its message, counts.
-        anchor = _ENGINE_EXCEPTION.match(text) if line.origin == REQUEST else None
-        for message in msg.MESSAGES:
-            found = message.search(text, lowered)
-            if found and (
-                line.origin == ENGINE
-                or message.kind == msg.NOT_OOM
-                or (anchor is not None and found.start() == anchor.end())
-            ):
-                out.append(Finding(line, message, found))
-                memory = memory or message.kind == msg.MEMORY
-        if not memory and line.origin == ENGINE:
-            out += _wrapped(line, lines[i + 1 : i + 3])
-    return out
-
-
-def _wrapped(line: Line, following: list[Line]) -> list[Finding]:
-    """A memory message a pretty-printer wrapped over the next lines (bare lines, no prefix)."""
-    rest = []
-    for nxt in following:
-        if nxt.origin != ENGINE or nxt.raw != nxt.text or nxt.level:
-            break
-        rest.append(nxt.text)
-    if not rest:
-        return []
-    text = " ".join([line.text] + rest)[:MATCH_CHARS]
-    lowered = text.lower()
-    return [
-        Finding(line, message, found)
-        for message in msg.MESSAGES
-        if message.kind == msg.MEMORY and (found := message.search(text, lowered))
-    ]
-
-
-def _device_gib(signals: m.Signals, findings: list[Finding]) -> float | None:
-    if signals.gpu and signals.gpu.gpus:
-        return max(g.total_bytes for g in signals.gpu.gpus) / GIB or None
-    for f in findings:
-        for key in ("total_gib", "gpu_total_gib"):
-            value = f.match.groupdict().get(key)
-            if value:
-                size = figures.gib(value)
-                if figures.check("total_gib", size, None) is None and size > 0:
-                    return size
-    return None
-
-
-def _numbers(
-    findings: list[Finding], first: Finding | None, device_gib: float | None, notes: list[str]
-) -> dict[str, Any]:
-    """The decisive finding's numbers, then each other figure from the one line nearest before
-    the failure. Every number passes figures.check; a dropped one leaves a note."""
-    numbers: dict[str, Any] = {}
-    end = first.line.offset if first else None
-    # The figures printed before the failure, and the out-of-memory error it was raised from (vLLM
-    # wraps torch's OOM in its own message: "The above exception was the direct cause ...").
-    others = [
-        f
-        for f in findings
-        if f is not first
-        and (
-            f.message.kind in (msg.FIGURE, msg.MILESTONE, msg.BUDGET)
-            or (first is not None and f.line is first.line)
-            or (first is not None and first.message.kind == msg.MEMORY and f.message.kind == msg.OOM)
-        )
-        and (end is None or f.line.offset <= end)
-    ]
-    ordered = ([first] if first else []) + sorted(others, key=lambda f: -f.line.offset)
-    for f in ordered:
-        for key, text in f.match.groupdict().items():
-            if text is None:
-                continue
-            if key == "others":
-                numbers.setdefault("process_gib", figures.process_sizes(text))
-                continue
-            key = key.rstrip("23")
-            if key in numbers:
-                continue
-            value = figures.parse(key, text)
-            if value is None:
-                continue
-            why = figures.check(key, value, device_gib)
-            if why:
-                notes.append(f"ignored {key}={text[:40]}: {why}")
-                continue
-            numbers[key] = value
-    return numbers
-
-
-def _multi_gpu(signals: m.Signals, numbers: dict, lines: list[Line]) -> bool:
-    world = (signals.tensor_parallel_size or numbers.get("tp") or 1) * (
-        signals.pipeline_parallel_size or numbers.get("pp") or 1
-    )
-    return max(world, signals.gpu_count or 1) > 1 or any((ln.rank or 0) > 0 for ln in lines)
-
-
-def _other_process_gib(signals: m.Signals, numbers: dict) -> float:
-    """GPU memory held by processes other than the engine, from the GPU snapshot or torch's OOM text."""
-    if signals.gpu and signals.gpu.processes:
-        return signals.gpu.other_process_bytes() / GIB
-    sizes = numbers.get("process_gib") or []
-    if isinstance(sizes, list) and sizes:
-        if "own_gib" in numbers:  # torch named the failing process "this process": the others are others
-            return sum(sizes)
-        # In a container torch may list the failing process itself as "Process N": the largest
-        # entry is then ours when it covers what PyTorch allocated.
-        own = max(sizes)
-        if own + 1.0 < float(numbers.get("torch_allocated_gib") or 0):
-            return sum(sizes)
-        return sum(sizes) - own
-    # torch's OOM message: what the device has, minus what is free, minus what this process holds.
-    device, free = numbers.get("gpu_total_gib"), numbers.get("gpu_free_gib")
-    own = numbers.get("own_gib") or numbers.get("reserved_gib")
-    if device and free is not None and own is not None:
-        return max(0.0, float(device) - float(free) - float(own))
-    total, initial = numbers.get("total_gib"), numbers.get("initial_usage_gib")
-    if total and initial is not None and initial > 0.1 * total:
-        return float(initial)
-    return 0.0
-
-
-def _not_a_shortage(numbers: dict) -> bool:
-    """torch reported an out-of-memory while far more was free than the allocation asked for:
-    an allocator or driver error worded as OOM, not a shortage that a memory flag can fix."""
-    tried, free = numbers.get("tried_gib"), numbers.get("gpu_free_gib")
-    return tried is not None and free is not None and free > 1.0 and tried * 4 < free
-
-
-def _weights_exceed_gpu(numbers: dict, device_gib: float | None) -> bool:
-    """The engine's own figures say that what it holds besides the KV cache (the weights, and the
-    activation peak and non-torch memory when its budget line shows them) takes nearly the whole
-    GPU: no utilization leaves room for a KV cache."""
-    weights = numbers.get("weights_gib")
-    total = numbers.get("total_gib") or numbers.get("gpu_total_gib") or device_gib
-    if not weights or not total:
-        return False
-    requested = numbers.get("requested_gib")
-    kv = numbers.get("available_kv_gib", numbers.get("kv_reserved_gib"))
-    overhead = max(0.0, requested - weights - kv) if requested is not None and kv is not None else 0.0
-    return weights + overhead >= WEIGHTS_SHARE_OF_GPU * total
-
-
-def _own_frames(findings: list[Finding], failure: Finding, window: int) -> set[m.EnginePhase | None]:
-    """Phases named by the frames of the failure's own traceback: after its `Traceback` line (or
-    the last milestone) and up to the failure line, from the same rank when ranks are known."""
-    start = max(
-        (
-            f.line.offset
-            for f in findings
-            if f.line.offset < failure.line.offset
-            and f.line.text.startswith(_TRACEBACK_START)
-            and f.line.rank == failure.line.rank
-        ),
-        default=window,
-    )
-    return _strongest(
-        {
-            f
-            for f in findings
-            if f.message.kind == msg.FRAME
-            and f.message.phase
-            and max(start, window) < f.line.offset <= failure.line.offset
-        }
-    )
-
-
-def _strongest(frames: set[Finding]) -> set[m.EnginePhase | None]:
-    """The phases the frames name; frames on several phases' paths count only when alone."""
-    strong = {f.message.phase for f in frames if f.message.subtype != msg.WEAK}
-    return strong or {f.message.phase for f in frames}
-
-
-def _phase_of_failure(findings: list[Finding], failure: Finding | None, ready_before: bool | None) -> m.EnginePhase:
-    """Where it failed: the frames of the failure's own traceback; else frames printed after the
-    last start-up milestone before the failure (earlier ones belong to steps that completed);
-    else the last milestone reached."""
-    end = failure.line.offset if failure else None
-    before = [f for f in findings if f.message.kind == msg.MILESTONE and (end is None or f.line.offset < end)]
-    window = max((f.line.offset for f in before), default=-1)
-    frames = _own_frames(findings, failure, window) if failure else set()
-    if not frames:
-        frames = _strongest({f for f in findings if f.message.kind == msg.FRAME and f.line.offset > window})
-    for phase in PHASE_PRIORITY:
-        if phase in frames:
-            return phase
-    reached = [f.message.phase for f in before if f.message.phase]
-    if ready_before or m.PHASE_SERVING in reached:
-        return m.PHASE_SERVING
-    if reached:
-        last = max(reached, key=lambda p: PHASE_ORDER[p])
-        return {m.PHASE_KV: m.PHASE_CAPTURE}.get(last, last)  # after KV sizing comes graph capture
-    return m.PHASE_UNKNOWN
-
-
 def _evidence(*lines: Line | None, engine_error: bool = False) -> list[str]:
     out: list[str] = []
     for ln in lines:
         # the engine's lines; a request's traceback only where it ends in the engine's own memory error
         quotable = ln is not None and (
-            ln.origin == ENGINE or (engine_error and ln.origin == REQUEST and _ENGINE_EXCEPTION.match(ln.text))
+            ln.origin == ENGINE or (engine_error and ln.origin == REQUEST and ENGINE_EXCEPTION.match(ln.text))
         )
         if ln is not None and quotable and ln.text not in out:
             out.append(ln.text[:EVIDENCE_CHARS])
@@ -328,7 +95,7 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
         log = ""
     engine_lines = [ln for ln in lines if ln.origin == ENGINE]
     ignored = len(lines) - len(engine_lines)
-    found = _findings(lines)
+    found = findings_of(lines)
     # What may decide: the engine's own lines; failure kinds only where it reported an error.
     # A warning, or a request's own error (a 400), is a last resort: it may say "not memory" when
     # nothing else in the log says anything, never more.
@@ -345,7 +112,7 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
     diag = m.Diagnosis(source=source)
     if ignored:
         diag.notes.append(f"{ignored} request/response or access line(s) ignored: they carry user text")
-    device_gib = _device_gib(signals, findings)
+    device_gib = ar.device_gib(signals, findings)
 
     def done(
         cause: m.Cause,
@@ -362,7 +129,7 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
             first.line if first else None, support, engine_error=first is not None and first.message.kind != msg.NOT_OOM
         )
         diag.numbers = {
-            k: v for k, v in _numbers(findings, first, device_gib, diag.notes).items() if k not in ("tp", "pp")
+            k: v for k, v in ar.numbers(findings, first, device_gib, diag.notes).items() if k not in ("tp", "pp")
         }
         per_process: Any = diag.numbers.get("process_gib")
         if isinstance(per_process, list):  # numbers are scalars: the others' total
@@ -376,12 +143,12 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
             diag.explanation += " (Read from the log tail in the termination message only.)"
         return diag
 
-    numbers = _numbers(findings, None, device_gib, [])
+    numbers = ar.numbers(findings, None, device_gib, [])
     reason = (signals.reason or "").strip()
     if reason == "OOMKilled":
         return done(
             m.HOST_RAM_OOM,
-            _phase_of_failure(findings, None, signals.ready_before),
+            phase_of_failure(findings, None, signals.ready_before),
             None,
             "high",
             "container_memory_limit",
@@ -392,8 +159,8 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
         first = min(memory, key=lambda f: (msg.MESSAGES.index(f.message), f.line.offset))
         cause = first.message.cause or m.UNKNOWN
         if cause == m.KV_CACHE_INSUFFICIENT:
-            nums = _numbers(findings, first, device_gib, [])
-            if _weights_exceed_gpu(nums, device_gib):
+            nums = ar.numbers(findings, first, device_gib, [])
+            if ar.weights_exceed_gpu(nums, device_gib):
                 return done(
                     m.WEIGHTS_LOAD_OOM,
                     m.PHASE_LOAD,
@@ -414,7 +181,10 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
                     why="The KV-cache check failed on one pipeline stage; under pipeline parallelism "
                     "the stage with the least free memory sets the limit.",
                 )
-            if first.message.subtype == "no_cache_blocks" and _other_process_gib(signals, numbers) > OTHER_PROCESS_GIB:
+            if (
+                first.message.subtype == "no_cache_blocks"
+                and ar.other_process_gib(signals, numbers) > ar.OTHER_PROCESS_GIB
+            ):
                 return done(m.GPU_UTIL_EXCEEDS_FREE, m.PHASE_KV, first, "medium", "other_process_holds_gpu")
         return done(
             cause,
@@ -423,9 +193,7 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
             "high" if first.message.kind == msg.MEMORY else "medium",
         )
     if host := by_kind.get(msg.HOST):
-        return done(
-            m.HOST_RAM_OOM, host[0].message.phase or _phase_of_failure(findings, host[0], None), host[0], "high"
-        )
+        return done(m.HOST_RAM_OOM, host[0].message.phase or phase_of_failure(findings, host[0], None), host[0], "high")
     nccl = by_kind.get(msg.NCCL_OOM)
     oom = by_kind.get(msg.OOM)
     not_oom = by_kind.get(msg.NOT_OOM, [])
@@ -437,14 +205,14 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
             first,
         )
         if not gpu_oom:
-            return done(m.NOT_OOM, _phase_of_failure(findings, first, signals.ready_before), shown, "high")
+            return done(m.NOT_OOM, phase_of_failure(findings, first, signals.ready_before), shown, "high")
         causes = [f for f in not_oom if f.message.subtype not in CONSEQUENCES]
         first_oom = min(gpu_oom, key=lambda f: f.line.offset)
         if causes and min(f.line.offset for f in causes) < first_oom.line.offset:
             diag.notes.append(f"an out-of-memory error follows a {causes[0].message.subtype} failure")
             return done(
                 m.UNKNOWN,
-                _phase_of_failure(findings, first, signals.ready_before),
+                phase_of_failure(findings, first, signals.ready_before),
                 causes[0],
                 "low",
                 "signals_disagree",
@@ -454,15 +222,15 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
                 "memory setting is changed.",
             )
     if nccl:
-        return done(m.MULTI_GPU_OOM, _phase_of_failure(findings, nccl[0], signals.ready_before), nccl[0], "high")
+        return done(m.MULTI_GPU_OOM, phase_of_failure(findings, nccl[0], signals.ready_before), nccl[0], "high")
     if oom:
         first = oom[0]
-        phase = _phase_of_failure(findings, first, signals.ready_before)
+        phase = phase_of_failure(findings, first, signals.ready_before)
         frame = next((f.line for f in findings if f.message.kind == msg.FRAME and f.message.phase == phase), None)
         if phase == m.PHASE_SERVING and signals.ready_before is False:
             phase = m.PHASE_PROFILE  # it never answered /health: a start-up warm-up ran the model, not a request
-        nums = _numbers(findings, first, device_gib, [])
-        if _not_a_shortage(nums):
+        nums = ar.numbers(findings, first, device_gib, [])
+        if ar.not_a_shortage(nums):
             return done(
                 m.NOT_OOM,
                 phase,
@@ -475,11 +243,11 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
             )
         if (
             phase in (m.PHASE_LOAD, m.PHASE_PROFILE, m.PHASE_KV, m.PHASE_UNKNOWN)
-            and _other_process_gib(signals, nums) > OTHER_PROCESS_GIB
+            and ar.other_process_gib(signals, nums) > ar.OTHER_PROCESS_GIB
         ):
             return done(m.GPU_UTIL_EXCEEDS_FREE, phase, first, "medium", "other_process_holds_gpu", frame)
         if phase == m.PHASE_UNKNOWN:
-            if _multi_gpu(signals, numbers, lines):
+            if ar.multi_gpu(signals, numbers, lines):
                 return done(m.MULTI_GPU_OOM, phase, first, "low", "oom_on_one_rank")
             guess = m.PROFILING_OOM if signals.ready_before is False else m.RUNTIME_OOM
             return done(
@@ -501,7 +269,7 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
     if killed := by_kind.get(msg.KILLED):
         return done(
             m.HOST_RAM_OOM,
-            _phase_of_failure(findings, killed[0], signals.ready_before),
+            phase_of_failure(findings, killed[0], signals.ready_before),
             killed[0],
             "medium",
             why="A vLLM worker was killed with SIGKILL (exit code -9), which is what the "
@@ -520,7 +288,7 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
         first = min(last_resort, key=lambda f: f.line.offset)
         return done(
             m.NOT_OOM,
-            _phase_of_failure(findings, None, signals.ready_before),
+            phase_of_failure(findings, None, signals.ready_before),
             first,
             "low",
             why="The only failure in the log is a warning or a request's own error, not a memory failure.",
@@ -536,26 +304,25 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
     if exception is not None:
         return done(
             m.NOT_OOM,
-            _phase_of_failure(findings, None, signals.ready_before),
+            phase_of_failure(findings, None, signals.ready_before),
             None,
             "low",
             "other_error",
             exception,
             why="vLLM stopped on an error that is not about memory.",
         )
-    frames = [f for f in findings if f.message.kind == msg.FRAME and f.message.phase != m.PHASE_SERVING]
-    if frames and any(_FRAME_LINE.match(ln.text) or ln.text.startswith(_TRACEBACK_START) for ln in engine_lines):
-        phase = _phase_of_failure(findings, None, signals.ready_before)
-        if phase in OOM_CAUSE_BY_PHASE and phase != m.PHASE_SERVING:
-            return done(
-                OOM_CAUSE_BY_PHASE[phase],
-                phase,
-                frames[-1],
-                "low",
-                "traceback_cut_before_error",
-                why=EXPLANATIONS[OOM_CAUSE_BY_PHASE[phase]] + " Inferred from the traceback alone: "
-                "its last line (the error) is missing.",
-            )
+    # A traceback whose error line is missing (a cut log, a process killed mid-write) names a
+    # phase but no failure: an illegal access there looks the same as an OOM. No memory change.
+    if any(_FRAME_LINE.match(ln.text) or ln.text.startswith(TRACEBACK_START) for ln in engine_lines):
+        return done(
+            m.UNKNOWN,
+            phase_of_failure(findings, None, signals.ready_before),
+            None,
+            "low",
+            "traceback_without_error",
+            why="No known failure message was found: the traceback ends before its error line, "
+            "so what failed cannot be told and no memory setting is changed.",
+        )
     return done(
         m.UNKNOWN,
         m.PHASE_UNKNOWN,

@@ -1,4 +1,6 @@
-"""Every vLLM/PyTorch/NCCL message the classifier keys on, old and new wordings side by side.
+"""Every vLLM/PyTorch/NCCL failure message the classifier keys on, old and new wordings side by
+side; the markers that place a failure are in markers.py, and MESSAGES is both, in order of
+strength.
 
 Sources: vLLM 0.33.0's own strings and the older forms (V0 and early V1) as real logs in the
 corpus (tests/corpus/) print them. Named groups carry the numbers; a group
@@ -9,151 +11,28 @@ Standard library only.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from . import model as m
+from .markers import MARKERS
+from .pattern import (  # noqa: F401 - the kinds are read as messages.KIND by the classifier
+    BUDGET,
+    FIGURE,
+    FRAME,
+    HOST,
+    KILLED,
+    MEMORY,
+    MILESTONE,
+    NCCL_OOM,
+    NOT_OOM,
+    OOM,
+    SIZE,
+    WEAK,
+    I,
+    Message,
+)
+from .pattern import row as _m
 
-# Kinds of message, strongest first.
-MEMORY = "memory"  # an explicit vLLM memory message: decides the cause
-HOST = "host"  # host RAM exhausted: decides host_ram_oom
-NOT_OOM = "not_oom"  # a known non-memory failure (subtype)
-NCCL_OOM = "nccl_oom"  # NCCL's CUDA call failed for lack of memory
-OOM = "oom"  # a generic GPU out-of-memory: the phase decides the cause
-KILLED = "killed"  # a worker died of SIGKILL: host RAM unless something stronger
-FRAME = "frame"  # a traceback frame or marker that names the phase of a failure
-MILESTONE = "milestone"  # startup progress: the phase reached so far
-BUDGET = "budget"  # start-up figures showing no room for any KV cache: decide kv_cache_insufficient
-FIGURE = "figure"  # numbers only
-WEAK = "weak"  # a FRAME subtype: on more than one phase's path
-
-
-@dataclass(frozen=True)
-class Message:
-    kind: str
-    regex: re.Pattern[str]
-    cause: m.Cause | None = None
-    phase: m.EnginePhase | None = None
-    subtype: str | None = None
-    needles: tuple[str, ...] = ()  # one of these literals is in every match; empty: always try
-
-    def search(self, text: str, lowered: str) -> re.Match[str] | None:
-        """The regex runs only on lines holding one of its literal needles (str `in`, C speed)."""
-        if self.needles:
-            hay = lowered if self.regex.flags & re.IGNORECASE else text
-            if not any(n in hay for n in self.needles):
-                return None
-        return self.regex.search(text)
-
-
-_SPECIAL = set("\\.^$*+?{}[]()|")
-_LITERAL_ESCAPES = set(".()[]{}*+?|^$/-'\" ")
-
-
-def _top_level_alternatives(pattern: str) -> list[str]:
-    parts, depth, cls, cur, i = [], 0, False, "", 0
-    while i < len(pattern):
-        c = pattern[i]
-        if c == "\\":
-            cur += pattern[i : i + 2]
-            i += 2
-            continue
-        if cls:
-            cls = c != "]"
-        elif c == "[":
-            cls = True
-        elif c == "(":
-            depth += 1
-        elif c == ")":
-            depth -= 1
-        elif c == "|" and depth == 0:
-            parts.append(cur)
-            cur = ""
-            i += 1
-            continue
-        cur += c
-        i += 1
-    return parts + [cur]
-
-
-def _required_literal(alternative: str) -> str:
-    """The longest run of literal characters that every match of this alternative contains."""
-    runs, run, i, depth, cls = [], "", 0, 0, False
-    while i < len(alternative):
-        c = alternative[i]
-        nxt = alternative[i + 1] if i + 1 < len(alternative) else ""
-        if cls or depth:
-            if cls:
-                cls = c != "]" or alternative[i - 1] == "\\"
-            elif c == "(":
-                depth += 1
-            elif c == ")":
-                depth -= 1
-            elif c == "\\":
-                i += 1
-            elif c == "[":
-                cls = True
-            i += 1
-            continue
-        if c == "\\" and nxt in _LITERAL_ESCAPES:
-            char, width = nxt, 2
-        elif c in _SPECIAL:
-            runs.append(run)
-            run = ""
-            depth += c == "("
-            cls = c == "["
-            i += 1 + (c == "\\")
-            continue
-        else:
-            char, width = c, 1
-        follow = alternative[i + width : i + width + 1]
-        if follow in ("?", "*", "{"):
-            runs.append(run)
-            run = ""
-        elif follow == "+":
-            runs.append(run + char)
-            run = ""
-        else:
-            run += char
-        i += width
-    runs.append(run)
-    return max(runs, key=len)
-
-
-def needles_of(pattern: str, flags: int = 0) -> tuple[str, ...]:
-    found = []
-    for alt in _top_level_alternatives(pattern):
-        lit = _required_literal(alt).strip()
-        if len(lit) < 3:
-            return ()  # one alternative has no usable literal: always run the regex
-        found.append(lit.lower() if flags & re.IGNORECASE else lit)
-    return tuple(dict.fromkeys(found))
-
-
-def _m(
-    kind: str,
-    pattern: str,
-    cause: m.Cause | None = None,
-    phase: m.EnginePhase | None = None,
-    subtype: str | None = None,
-    flags: int = 0,
-    needles: tuple[str, ...] | None = None,
-) -> Message:
-    """`needles` overrides the literals read off the pattern, where the pattern starts with a group."""
-    return Message(
-        kind,
-        re.compile(pattern, flags),
-        cause,
-        phase,
-        subtype,
-        needles if needles is not None else needles_of(pattern, flags),
-    )
-
-
-SIZE = r"[\d.,]{1,30}\s{0,4}(?:[KMGT]i?B|bytes)?"
-NUM = r"[\d,]+"
-I = re.IGNORECASE  # noqa: E741 - short, as the flag tables below are wide
-
-MESSAGES: tuple[Message, ...] = (
+FAILURES: tuple[Message, ...] = (
     # --- explicit vLLM memory messages -------------------------------------------------
     # CPU backend; vLLM 0.32 words it "Available memory on node N (...) on startup ...".
     _m(
@@ -423,191 +302,9 @@ MESSAGES: tuple[Message, ...] = (
         None,
         "worker_sigkill",
     ),
-    # --- where a failure happened (traceback frames, markers) ----------------------------------
-    _m(
-        FRAME,
-        r"\bin (?:capture_model|_capture_cudagraphs|_warmup_and_capture|capture_end|capture_begin)\b|"
-        r"torch\.cuda\.graph\(|cuda_graph\.capture_end|graph_capture|Capturing CUDA graphs?|"
-        r"Capturing cudagraphs|\.capture_model\(|Registering \d+ cuda graph addresses",
-        phase=m.PHASE_CAPTURE,
-        needles=("capture", "Capturing", "cuda.graph("),
-    ),
-    _m(
-        FRAME,
-        r"\bin (?:profile_run|_dummy_sampler_run|_dummy_pooler_run|determine_available_memory|"
-        r"determine_num_available_blocks|profile_memory|_profile_and_initialize_kv_caches)\b|"
-        r"\.(?:profile_run|_dummy_sampler_run|determine_available_memory|"
-        r"determine_num_available_blocks)\(",
-        phase=m.PHASE_PROFILE,
-        needles=("profile_", "_dummy_", "determine_"),
-    ),
-    # Frames on more than one phase's path: they place a failure only when no other frame does.
-    # (V1's warm-up captures graphs and warms the sampler; its `_dummy_run` serves profiling and capture.)
-    _m(
-        FRAME,
-        r"\bin compile_or_warm_up_model\b",
-        phase=m.PHASE_CAPTURE,
-        subtype=WEAK,
-        needles=("compile_or_warm_up_model",),
-    ),
-    _m(FRAME, r"\bin _dummy_run\b|\._dummy_run\(", phase=m.PHASE_PROFILE, subtype=WEAK, needles=("_dummy_run",)),
-    _m(
-        FRAME,
-        r"\bin (?:initialize_kv_cache|_allocate_kv_cache_tensors|allocate_kv_cache|_init_cache_engine|"
-        r"_allocate_kv_cache|initialize_cache|init_kv_cache|reshape_kv_cache_tensors)\b",
-        phase=m.PHASE_KV,
-        needles=("kv_cache", "cache_engine", "initialize_cache"),
-    ),
-    _m(
-        FRAME,
-        r"\bin (?:load_model|get_model|load_weights|_init_model|initialize_model|make_layers|create_weights|"
-        r"_initialize_model|load_state_dict|process_weights_after_loading)\b|Loading safetensors checkpoint shards|"
-        r"\.(?:load_model|get_model|load_weights)\(|"
-        r"Failed to create \w+ weights|"
-        r"model_executor/(?:models|layers)/[^\"]{1,200}\", line \d{1,6}, in __init__",
-        phase=m.PHASE_LOAD,
-        needles=(
-            "load_",
-            "get_model",
-            "_model",
-            "make_layers",
-            "create_weights",
-            "load_state_dict",
-            "process_weights",
-            "Loading safetensors",
-            "Failed to create",
-            "in __init__",
-        ),
-    ),
-    _m(
-        FRAME,
-        r"\bin (?:execute_model|run_busy_loop|_process_engine_step|step_with_batch_queue|"
-        r"create_chat_completion|create_completion|generate|_run_workers_async|sample_tokens|step_async|engine_step|get_logprobs)\b|"
-        r"Error in model execution|EngineDeadError|AsyncEngineDeadError|MQLLMEngine is already dead|"
-        r"Engine loop has died|serving_chat\.py|serving_completion\.py|\.(?:run_busy_loop|execute_model)\(",
-        phase=m.PHASE_SERVING,
-        needles=(
-            "execute_model",
-            "busy_loop",
-            "engine_step",
-            "step_with_batch_queue",
-            "create_chat_completion",
-            "create_completion",
-            "generate",
-            "_run_workers",
-            "sample_tokens",
-            "step_async",
-            "get_logprobs",
-            "Error in model execution",
-            "EngineDeadError",
-            "MQLLMEngine",
-            "Engine loop",
-            "serving_",
-        ),
-    ),
-    # --- startup milestones: the engine got this far --------------------------------------------
-    _m(
-        MILESTONE,
-        r"Initializing an? (?:V1 )?LLM engine|Starting to load model|Loading model from|"
-        r"Loading weights on",
-        phase=m.PHASE_LOAD,
-    ),
-    _m(
-        MILESTONE,
-        r"Starting profile run for multi-modal models|Encoder cache will be initialized with a budget",
-        phase=m.PHASE_PROFILE,
-    ),
-    _m(
-        MILESTONE,
-        r"Loading (?:model )?weights took (?P<weights_gib>[\d.]+) ?GB|"
-        r"Model loading took (?P<weights_gib2>[\d.]+) ?GiB",
-        phase=m.PHASE_PROFILE,
-    ),
-    _m(
-        MILESTONE,
-        r"Available KV cache memory: (?P<available_kv_gib>-?[\d.]+) GiB|"
-        r"# (?:GPU|cuda|CPU) blocks: \d+|KV cache size: (?P<kv_cache_tokens>" + NUM + r") tokens|"
-        r"Memory profiling takes",
-        phase=m.PHASE_KV,
-    ),
-    _m(
-        MILESTONE,
-        r"Graph capturing finished in|init engine \(profile, create kv cache, warmup model\) took|"
-        r"Application startup complete|Uvicorn running on|Avg prompt throughput|Starting vLLM API server",
-        phase=m.PHASE_SERVING,
-    ),
-    # --- start-up figures that prove there is no room for the KV cache (decide on their own) ----
-    _m(
-        BUDGET,
-        r"the rest of the memory reserved for KV Cache is (?P<kv_reserved_gib>-[\d.]+|0(?:\.0+)?) ?GiB",
-        m.KV_CACHE_INSUFFICIENT,
-        m.PHASE_KV,
-        "no_memory_left_for_kv_cache",
-    ),
-    _m(
-        BUDGET,
-        r"Available KV cache memory: (?P<available_kv_gib>-[\d.]+|0(?:\.0+)?) GiB",
-        m.KV_CACHE_INSUFFICIENT,
-        m.PHASE_KV,
-        "no_memory_left_for_kv_cache",
-    ),
-    _m(BUDGET, r"# (?:GPU|cuda) blocks: (?P<gpu_blocks>0)\b", m.KV_CACHE_INSUFFICIENT, m.PHASE_KV, "zero_gpu_blocks"),
-    _m(
-        BUDGET,
-        r"Maximum concurrency for (?P<max_model_len>[\d,]{1,12}) tokens per request: "
-        r"(?P<max_concurrency>0\.00)x",
-        m.KV_CACHE_INSUFFICIENT,
-        m.PHASE_KV,
-        "kv_cache_below_one_request",
-    ),
-    # --- figures worth keeping -------------------------------------------------------------
-    _m(
-        FIGURE,
-        r"the current vLLM instance can use total_gpu_memory \((?P<total_gib>[\d.]+) ?GiB\) x "
-        r"gpu_memory_utilization \((?P<util>[\d.]+)\) = (?P<requested_gib>[\d.]+) ?GiB",
-    ),
-    _m(FIGURE, r"model weights take (?P<weights_gib>[\d.]+) ?GiB"),
-    _m(
-        FIGURE,
-        r"Initial free memory: (?P<initial_free_gib>[\d.]+) GiB; Requested memory: "
-        r"(?P<util>[\d.]+) \(util\), (?P<requested_gib>[\d.]+) GiB",
-    ),
-    _m(FIGURE, r"worker init memory snapshot: .{0,80}?total_memory=(?P<total_gib>[\d.]+)GiB"),
-    _m(
-        FIGURE,
-        r"Maximum concurrency for (?P<max_model_len>[\d,]{1,12}) tokens per request: "
-        r"(?P<max_concurrency>[\d.]+)x",
-    ),
-    _m(
-        FIGURE,
-        r"Memory profiling results: total_gpu_memory=(?P<total_gib>[\d.]+)GiB "
-        r"initial_memory_usage=(?P<initial_usage_gib>[\d.]+)GiB",
-    ),
-    _m(FIGURE, r"the rest of the memory reserved for KV Cache is (?P<kv_reserved_gib>-?[\d.]+) ?GiB"),
-    _m(FIGURE, r"Initial free memory:? (?P<initial_free_gib>[\d.]+) GiB"),
-    _m(
-        FIGURE,
-        r"(?P<others>(?:Process \d{1,10} has [\d.]{1,20} [GM]iB memory in use\. ?){1,64})",
-        needles=("memory in use",),
-    ),
-    _m(FIGURE, r"Including non-PyTorch memory, this process has (?P<own_gib>" + SIZE + r") memory in use"),
-    _m(
-        FIGURE,
-        r"Of the allocated memory (?P<torch_allocated_gib>" + SIZE + r") is allocated by PyTorch"
-        r"(?:, with (?P<private_pools_gib>" + SIZE + r") allocated in private pools)?",
-    ),
-    _m(FIGURE, r"Explicitly set \((?P<requested_kv_gib>[\d.]+)/(?P<node_total_gib>[\d.]+)\) GiB for KV cache"),
-    _m(
-        FIGURE,
-        r"(?:tensor_parallel_size|--tensor-parallel-size)[=\s](?P<tp>\d{1,4})",
-        needles=("tensor_parallel_size", "tensor-parallel-size"),
-    ),
-    _m(
-        FIGURE,
-        r"(?:pipeline_parallel_size|--pipeline-parallel-size)[=\s](?P<pp>\d{1,4})",
-        needles=("pipeline_parallel_size", "pipeline-parallel-size"),
-    ),
 )
+
+MESSAGES: tuple[Message, ...] = FAILURES + MARKERS
 
 # A generic wrapper never decides a cause; the root cause above it does.
 WRAPPERS = re.compile(

@@ -1,0 +1,125 @@
+"""Arithmetic on the engine's own figures: the device size, the numbers of a failure, memory
+held by other processes, and the shapes that say "not a shortage" or "the weights cannot fit".
+Every number passes figures.check first. Standard library only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import figures
+from . import messages as msg
+from . import model as m
+from .findings import Finding
+from .scan import Line
+from .units import GIB
+
+OTHER_PROCESS_GIB = 1.0
+WEIGHTS_SHARE_OF_GPU = 0.95  # weights above this share of the whole GPU cannot fit at any utilization
+
+
+def device_gib(signals: m.Signals, findings: list[Finding]) -> float | None:
+    if signals.gpu and signals.gpu.gpus:
+        return max(g.total_bytes for g in signals.gpu.gpus) / GIB or None
+    for f in findings:
+        for key in ("total_gib", "gpu_total_gib"):
+            value = f.match.groupdict().get(key)
+            if value:
+                size = figures.gib(value)
+                if figures.check("total_gib", size, None) is None and size > 0:
+                    return size
+    return None
+
+
+def numbers(
+    findings: list[Finding], first: Finding | None, device_gib: float | None, notes: list[str]
+) -> dict[str, Any]:
+    """The decisive finding's numbers, then each other figure from the one line nearest before
+    the failure. Every number passes figures.check; a dropped one leaves a note."""
+    numbers: dict[str, Any] = {}
+    end = first.line.offset if first else None
+    # The figures printed before the failure, and the out-of-memory error it was raised from (vLLM
+    # wraps torch's OOM in its own message: "The above exception was the direct cause ...").
+    others = [
+        f
+        for f in findings
+        if f is not first
+        and (
+            f.message.kind in (msg.FIGURE, msg.MILESTONE, msg.BUDGET)
+            or (first is not None and f.line is first.line)
+            or (first is not None and first.message.kind == msg.MEMORY and f.message.kind == msg.OOM)
+        )
+        and (end is None or f.line.offset <= end)
+    ]
+    ordered = ([first] if first else []) + sorted(others, key=lambda f: -f.line.offset)
+    for f in ordered:
+        for key, text in f.match.groupdict().items():
+            if text is None:
+                continue
+            if key == "others":
+                numbers.setdefault("process_gib", figures.process_sizes(text))
+                continue
+            key = key.rstrip("23")
+            if key in numbers:
+                continue
+            value = figures.parse(key, text)
+            if value is None:
+                continue
+            why = figures.check(key, value, device_gib)
+            if why:
+                notes.append(f"ignored {key}={text[:40]}: {why}")
+                continue
+            numbers[key] = value
+    return numbers
+
+
+def multi_gpu(signals: m.Signals, numbers: dict, lines: list[Line]) -> bool:
+    world = (signals.tensor_parallel_size or numbers.get("tp") or 1) * (
+        signals.pipeline_parallel_size or numbers.get("pp") or 1
+    )
+    return max(world, signals.gpu_count or 1) > 1 or any((ln.rank or 0) > 0 for ln in lines)
+
+
+def other_process_gib(signals: m.Signals, numbers: dict) -> float:
+    """GPU memory held by processes other than the engine, from the GPU snapshot or torch's OOM text."""
+    if signals.gpu and signals.gpu.processes:
+        return signals.gpu.other_process_bytes() / GIB
+    sizes = numbers.get("process_gib") or []
+    if isinstance(sizes, list) and sizes:
+        if "own_gib" in numbers:  # torch named the failing process "this process": the others are others
+            return sum(sizes)
+        # In a container torch may list the failing process itself as "Process N": the largest
+        # entry is then ours when it covers what PyTorch allocated.
+        own = max(sizes)
+        if own + 1.0 < float(numbers.get("torch_allocated_gib") or 0):
+            return sum(sizes)
+        return sum(sizes) - own
+    # torch's OOM message: what the device has, minus what is free, minus what this process holds.
+    device, free = numbers.get("gpu_total_gib"), numbers.get("gpu_free_gib")
+    own = numbers.get("own_gib") or numbers.get("reserved_gib")
+    if device and free is not None and own is not None:
+        return max(0.0, float(device) - float(free) - float(own))
+    total, initial = numbers.get("total_gib"), numbers.get("initial_usage_gib")
+    if total and initial is not None and initial > 0.1 * total:
+        return float(initial)
+    return 0.0
+
+
+def not_a_shortage(numbers: dict) -> bool:
+    """torch reported an out-of-memory while far more was free than the allocation asked for:
+    an allocator or driver error worded as OOM, not a shortage that a memory flag can fix."""
+    tried, free = numbers.get("tried_gib"), numbers.get("gpu_free_gib")
+    return tried is not None and free is not None and free > 1.0 and tried * 4 < free
+
+
+def weights_exceed_gpu(numbers: dict, device_gib: float | None) -> bool:
+    """The engine's own figures say that what it holds besides the KV cache (the weights, and the
+    activation peak and non-torch memory when its budget line shows them) takes nearly the whole
+    GPU: no utilization leaves room for a KV cache."""
+    weights = numbers.get("weights_gib")
+    total = numbers.get("total_gib") or numbers.get("gpu_total_gib") or device_gib
+    if not weights or not total:
+        return False
+    requested = numbers.get("requested_gib")
+    kv = numbers.get("available_kv_gib", numbers.get("kv_reserved_gib"))
+    overhead = max(0.0, requested - weights - kv) if requested is not None and kv is not None else 0.0
+    return weights + overhead >= WEIGHTS_SHARE_OF_GPU * total

@@ -1,0 +1,196 @@
+"""Where and how far the engine got: traceback frames that name a phase, start-up milestones,
+the start-up figures that by themselves leave no room for a KV cache, and figures worth keeping.
+They place a failure; they never name one. Standard library only."""
+
+from __future__ import annotations
+
+from . import model as m
+from .pattern import BUDGET, FIGURE, FRAME, MILESTONE, NUM, SIZE, WEAK, Message
+from .pattern import row as _m
+
+MARKERS: tuple[Message, ...] = (
+    # --- where a failure happened (traceback frames, markers) ----------------------------------
+    _m(
+        FRAME,
+        r"\bin (?:capture_model|_capture_cudagraphs|_warmup_and_capture|capture_end|capture_begin)\b|"
+        r"torch\.cuda\.graph\(|cuda_graph\.capture_end|graph_capture|Capturing CUDA graphs?|"
+        r"Capturing cudagraphs|\.capture_model\(|Registering \d+ cuda graph addresses",
+        phase=m.PHASE_CAPTURE,
+        needles=("capture", "Capturing", "cuda.graph("),
+    ),
+    _m(
+        FRAME,
+        r"\bin (?:profile_run|_dummy_sampler_run|_dummy_pooler_run|determine_available_memory|"
+        r"determine_num_available_blocks|profile_memory|_profile_and_initialize_kv_caches)\b|"
+        r"\.(?:profile_run|_dummy_sampler_run|determine_available_memory|"
+        r"determine_num_available_blocks)\(",
+        phase=m.PHASE_PROFILE,
+        needles=("profile_", "_dummy_", "determine_"),
+    ),
+    # Frames on more than one phase's path: they place a failure only when no other frame does.
+    # (V1's warm-up captures graphs and warms the sampler; its `_dummy_run` serves profiling and capture.)
+    _m(
+        FRAME,
+        r"\bin compile_or_warm_up_model\b",
+        phase=m.PHASE_CAPTURE,
+        subtype=WEAK,
+        needles=("compile_or_warm_up_model",),
+    ),
+    _m(FRAME, r"\bin _dummy_run\b|\._dummy_run\(", phase=m.PHASE_PROFILE, subtype=WEAK, needles=("_dummy_run",)),
+    _m(
+        FRAME,
+        r"\bin (?:initialize_kv_cache|_allocate_kv_cache_tensors|allocate_kv_cache|_init_cache_engine|"
+        r"_allocate_kv_cache|initialize_cache|init_kv_cache|reshape_kv_cache_tensors)\b",
+        phase=m.PHASE_KV,
+        needles=("kv_cache", "cache_engine", "initialize_cache"),
+    ),
+    _m(
+        FRAME,
+        r"\bin (?:load_model|get_model|load_weights|_init_model|initialize_model|make_layers|create_weights|"
+        r"_initialize_model|load_state_dict|process_weights_after_loading)\b|Loading safetensors checkpoint shards|"
+        r"\.(?:load_model|get_model|load_weights)\(|"
+        r"Failed to create \w+ weights|"
+        r"model_executor/(?:models|layers)/[^\"]{1,200}\", line \d{1,6}, in __init__",
+        phase=m.PHASE_LOAD,
+        needles=(
+            "load_",
+            "get_model",
+            "_model",
+            "make_layers",
+            "create_weights",
+            "load_state_dict",
+            "process_weights",
+            "Loading safetensors",
+            "Failed to create",
+            "in __init__",
+        ),
+    ),
+    _m(
+        FRAME,
+        r"\bin (?:execute_model|run_busy_loop|_process_engine_step|step_with_batch_queue|"
+        r"create_chat_completion|create_completion|generate|_run_workers_async|sample_tokens|step_async|engine_step|get_logprobs)\b|"
+        r"Error in model execution|EngineDeadError|AsyncEngineDeadError|MQLLMEngine is already dead|"
+        r"Engine loop has died|serving_chat\.py|serving_completion\.py|\.(?:run_busy_loop|execute_model)\(",
+        phase=m.PHASE_SERVING,
+        needles=(
+            "execute_model",
+            "busy_loop",
+            "engine_step",
+            "step_with_batch_queue",
+            "create_chat_completion",
+            "create_completion",
+            "generate",
+            "_run_workers",
+            "sample_tokens",
+            "step_async",
+            "get_logprobs",
+            "Error in model execution",
+            "EngineDeadError",
+            "MQLLMEngine",
+            "Engine loop",
+            "serving_",
+        ),
+    ),
+    # --- startup milestones: the engine got this far --------------------------------------------
+    _m(
+        MILESTONE,
+        r"Initializing an? (?:V1 )?LLM engine|Starting to load model|Loading model from|"
+        r"Loading weights on",
+        phase=m.PHASE_LOAD,
+    ),
+    _m(
+        MILESTONE,
+        r"Starting profile run for multi-modal models|Encoder cache will be initialized with a budget",
+        phase=m.PHASE_PROFILE,
+    ),
+    _m(
+        MILESTONE,
+        r"Loading (?:model )?weights took (?P<weights_gib>[\d.]+) ?GB|"
+        r"Model loading took (?P<weights_gib2>[\d.]+) ?GiB",
+        phase=m.PHASE_PROFILE,
+    ),
+    _m(
+        MILESTONE,
+        r"Available KV cache memory: (?P<available_kv_gib>-?[\d.]+) GiB|"
+        r"# (?:GPU|cuda|CPU) blocks: \d+|KV cache size: (?P<kv_cache_tokens>" + NUM + r") tokens|"
+        r"Memory profiling takes",
+        phase=m.PHASE_KV,
+    ),
+    _m(
+        MILESTONE,
+        r"Graph capturing finished in|init engine \(profile, create kv cache, warmup model\) took|"
+        r"Application startup complete|Uvicorn running on|Avg prompt throughput|Starting vLLM API server",
+        phase=m.PHASE_SERVING,
+    ),
+    # --- start-up figures that prove there is no room for the KV cache (decide on their own) ----
+    _m(
+        BUDGET,
+        r"the rest of the memory reserved for KV Cache is (?P<kv_reserved_gib>-[\d.]+|0(?:\.0+)?) ?GiB",
+        m.KV_CACHE_INSUFFICIENT,
+        m.PHASE_KV,
+        "no_memory_left_for_kv_cache",
+    ),
+    _m(
+        BUDGET,
+        r"Available KV cache memory: (?P<available_kv_gib>-[\d.]+|0(?:\.0+)?) GiB",
+        m.KV_CACHE_INSUFFICIENT,
+        m.PHASE_KV,
+        "no_memory_left_for_kv_cache",
+    ),
+    _m(BUDGET, r"# (?:GPU|cuda) blocks: (?P<gpu_blocks>0)\b", m.KV_CACHE_INSUFFICIENT, m.PHASE_KV, "zero_gpu_blocks"),
+    _m(
+        BUDGET,
+        r"Maximum concurrency for (?P<max_model_len>[\d,]{1,12}) tokens per request: "
+        r"(?P<max_concurrency>0\.00)x",
+        m.KV_CACHE_INSUFFICIENT,
+        m.PHASE_KV,
+        "kv_cache_below_one_request",
+    ),
+    # --- figures worth keeping -------------------------------------------------------------
+    _m(
+        FIGURE,
+        r"the current vLLM instance can use total_gpu_memory \((?P<total_gib>[\d.]+) ?GiB\) x "
+        r"gpu_memory_utilization \((?P<util>[\d.]+)\) = (?P<requested_gib>[\d.]+) ?GiB",
+    ),
+    _m(FIGURE, r"model weights take (?P<weights_gib>[\d.]+) ?GiB"),
+    _m(
+        FIGURE,
+        r"Initial free memory: (?P<initial_free_gib>[\d.]+) GiB; Requested memory: "
+        r"(?P<util>[\d.]+) \(util\), (?P<requested_gib>[\d.]+) GiB",
+    ),
+    _m(FIGURE, r"worker init memory snapshot: .{0,80}?total_memory=(?P<total_gib>[\d.]+)GiB"),
+    _m(
+        FIGURE,
+        r"Maximum concurrency for (?P<max_model_len>[\d,]{1,12}) tokens per request: "
+        r"(?P<max_concurrency>[\d.]+)x",
+    ),
+    _m(
+        FIGURE,
+        r"Memory profiling results: total_gpu_memory=(?P<total_gib>[\d.]+)GiB "
+        r"initial_memory_usage=(?P<initial_usage_gib>[\d.]+)GiB",
+    ),
+    _m(FIGURE, r"the rest of the memory reserved for KV Cache is (?P<kv_reserved_gib>-?[\d.]+) ?GiB"),
+    _m(FIGURE, r"Initial free memory:? (?P<initial_free_gib>[\d.]+) GiB"),
+    _m(
+        FIGURE,
+        r"(?P<others>(?:Process \d{1,10} has [\d.]{1,20} [GM]iB memory in use\. ?){1,64})",
+        needles=("memory in use",),
+    ),
+    _m(FIGURE, r"Including non-PyTorch memory, this process has (?P<own_gib>" + SIZE + r") memory in use"),
+    _m(
+        FIGURE,
+        r"Of the allocated memory (?P<torch_allocated_gib>" + SIZE + r") is allocated by PyTorch"
+        r"(?:, with (?P<private_pools_gib>" + SIZE + r") allocated in private pools)?",
+    ),
+    _m(FIGURE, r"Explicitly set \((?P<requested_kv_gib>[\d.]+)/(?P<node_total_gib>[\d.]+)\) GiB for KV cache"),
+    _m(
+        FIGURE,
+        r"(?:tensor_parallel_size|--tensor-parallel-size)[=\s](?P<tp>\d{1,4})",
+        needles=("tensor_parallel_size", "tensor-parallel-size"),
+    ),
+    _m(
+        FIGURE,
+        r"(?:pipeline_parallel_size|--pipeline-parallel-size)[=\s](?P<pp>\d{1,4})",
+        needles=("pipeline_parallel_size", "pipeline-parallel-size"),
+    ),
+)

@@ -1,0 +1,89 @@
+"""The literal needles of a regex: strings one of which is in every match, so a pattern runs
+only on lines that hold one (str `in` is C speed; most lines hold none). Standard library only."""
+
+from __future__ import annotations
+
+import re
+
+_SPECIAL = set("\\.^$*+?{}[]()|")
+_LITERAL_ESCAPES = set(".()[]{}*+?|^$/-'\" ")
+
+
+def _top_level_alternatives(pattern: str) -> list[str]:
+    parts, depth, cls, cur, i = [], 0, False, "", 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            cur += pattern[i : i + 2]
+            i += 2
+            continue
+        if cls:
+            cls = c != "]"
+        elif c == "[":
+            cls = True
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        elif c == "|" and depth == 0:
+            parts.append(cur)
+            cur = ""
+            i += 1
+            continue
+        cur += c
+        i += 1
+    return parts + [cur]
+
+
+def _required_literal(alternative: str) -> str:
+    """The longest run of literal characters that every match of this alternative contains."""
+    runs, run, i, depth, cls = [], "", 0, 0, False
+    while i < len(alternative):
+        c = alternative[i]
+        nxt = alternative[i + 1] if i + 1 < len(alternative) else ""
+        if cls or depth:
+            if cls:
+                cls = c != "]" or alternative[i - 1] == "\\"
+            elif c == "(":
+                depth += 1
+            elif c == ")":
+                depth -= 1
+            elif c == "\\":
+                i += 1
+            elif c == "[":
+                cls = True
+            i += 1
+            continue
+        if c == "\\" and nxt in _LITERAL_ESCAPES:
+            char, width = nxt, 2
+        elif c in _SPECIAL:
+            runs.append(run)
+            run = ""
+            depth += c == "("
+            cls = c == "["
+            i += 1 + (c == "\\")
+            continue
+        else:
+            char, width = c, 1
+        follow = alternative[i + width : i + width + 1]
+        if follow in ("?", "*", "{"):
+            runs.append(run)
+            run = ""
+        elif follow == "+":
+            runs.append(run + char)
+            run = ""
+        else:
+            run += char
+        i += width
+    runs.append(run)
+    return max(runs, key=len)
+
+
+def needles_of(pattern: str, flags: int = 0) -> tuple[str, ...]:
+    found = []
+    for alt in _top_level_alternatives(pattern):
+        lit = _required_literal(alt).strip()
+        if len(lit) < 3:
+            return ()  # one alternative has no usable literal: always run the regex
+        found.append(lit.lower() if flags & re.IGNORECASE else lit)
+    return tuple(dict.fromkeys(found))

@@ -1,0 +1,66 @@
+"""The vocabulary of the message tables: the kinds of message, a `Message` (a regex with the
+cause, phase and subtype it means), and how a table row is made. Standard library only."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from . import model as m
+from .needles import needles_of
+
+# Kinds of message, strongest first.
+MEMORY = "memory"  # an explicit vLLM memory message: decides the cause
+HOST = "host"  # host RAM exhausted: decides host_ram_oom
+NOT_OOM = "not_oom"  # a known non-memory failure (subtype)
+NCCL_OOM = "nccl_oom"  # NCCL's CUDA call failed for lack of memory
+OOM = "oom"  # a generic GPU out-of-memory: the phase decides the cause
+KILLED = "killed"  # a worker died of SIGKILL: host RAM unless something stronger
+FRAME = "frame"  # a traceback frame or marker that names the phase of a failure
+MILESTONE = "milestone"  # startup progress: the phase reached so far
+BUDGET = "budget"  # start-up figures showing no room for any KV cache: decide kv_cache_insufficient
+FIGURE = "figure"  # numbers only
+WEAK = "weak"  # a FRAME subtype: on more than one phase's path
+
+
+@dataclass(frozen=True)
+class Message:
+    kind: str
+    regex: re.Pattern[str]
+    cause: m.Cause | None = None
+    phase: m.EnginePhase | None = None
+    subtype: str | None = None
+    needles: tuple[str, ...] = ()  # one of these literals is in every match; empty: always try
+
+    def search(self, text: str, lowered: str) -> re.Match[str] | None:
+        """The regex runs only on lines holding one of its literal needles (str `in`, C speed)."""
+        if self.needles:
+            hay = lowered if self.regex.flags & re.IGNORECASE else text
+            if not any(n in hay for n in self.needles):
+                return None
+        return self.regex.search(text)
+
+
+def row(
+    kind: str,
+    pattern: str,
+    cause: m.Cause | None = None,
+    phase: m.EnginePhase | None = None,
+    subtype: str | None = None,
+    flags: int = 0,
+    needles: tuple[str, ...] | None = None,
+) -> Message:
+    """`needles` overrides the literals read off the pattern, where the pattern starts with a group."""
+    return Message(
+        kind,
+        re.compile(pattern, flags),
+        cause,
+        phase,
+        subtype,
+        needles if needles is not None else needles_of(pattern, flags),
+    )
+
+
+SIZE = r"[\d.,]{1,30}\s{0,4}(?:[KMGT]i?B|bytes)?"
+NUM = r"[\d,]+"
+I = re.IGNORECASE  # noqa: E741 - short, as the flag tables below are wide
