@@ -241,7 +241,8 @@ FAILURES: tuple[Message, ...] = (
     # CUDA's own error names and strings, NCCL's and vLLM's CUDA checks: any error but out-of-memory.
     _m(
         NOT_OOM,
-        r"CUDA error: (?!out of memory)[a-z][\w -]{3,80}|\bcudaError(?!MemoryAllocation)[A-Z]\w{2,60}|"
+        r"(?:CUDA|HIP|CUDA driver) [Ee]rror: (?!out of memory)[a-z][\w -]{3,80}|\bcudaError(?!MemoryAllocation)[A-Z]\w{2,60}|"
+        r"\bhipError(?!OutOfMemory)[A-Z]\w{2,60}|"
         r"Cuda failure '(?!out of memory)[^']{3,80}'|\bFailed: \S{1,200}:\d{1,6} '(?!out of memory)[^']{3,80}'|"
         r"device-side assert triggered",
         subtype="cuda_error",
@@ -249,7 +250,9 @@ FAILURES: tuple[Message, ...] = (
     _m(
         NOT_OOM,
         r"cannot find -l\w{1,40}|collect2: error|ld returned \d+ exit status|"
-        r"(?:InductorError|CompilationError|triton\.compiler\.errors)",
+        r"(?:InductorError|CompilationError|triton\.compiler\.errors)|"
+        # a kernel asking for more on-chip shared memory than the GPU has: a kernel config, not VRAM
+        r"OutOfResources: out of resource",
         subtype="compile_toolchain_error",
         needles=(
             "cannot find -l",
@@ -278,7 +281,7 @@ FAILURES: tuple[Message, ...] = (
     # --- generic GPU out-of-memory: torch 2.x, older torch, raw CUDA and HIP ---------------------
     _m(
         OOM,
-        r"(?:CUDA|HIP|XPU) out of memory\.?(?: Tried to allocate (?P<tried_gib>" + SIZE + r"))?"
+        r"(?:CUDA|HIP|XPU|NPU) out of memory\.?(?: Tried to allocate (?P<tried_gib>" + SIZE + r"))?"
         r"(?:\. GPU (?P<oom_gpu>\d+) has a total capacity of (?P<gpu_total_gib>" + SIZE + r") of which "
         r"(?P<gpu_free_gib>" + SIZE + r") is free)?",
     ),
@@ -290,8 +293,11 @@ FAILURES: tuple[Message, ...] = (
     ),
     _m(
         OOM,
-        r"OutOfMemoryError|CUDA error: out of memory|CUDA out of\s*(?:\[\.\.\.\])?$|cudaErrorMemoryAllocation|CUBLAS_STATUS_ALLOC_FAILED|"
-        r"RESOURCE_EXHAUSTED|out of memory \(HIP\)",
+        # The runtime's own "out of memory" as torch, the driver API, vLLM's cumem allocator and ROCm
+        # word it (cudaErrorMemoryAllocation / CUDA_ERROR_OUT_OF_MEMORY / hipErrorOutOfMemory).
+        r"OutOfMemoryError|(?:CUDA|HIP|CUDA driver) [Ee]rror: out of memory|CUDA out of\s*(?:\[\.\.\.\])?$|"
+        r"cudaErrorMemoryAllocation|CUDA_ERROR_OUT_OF_MEMORY|hipErrorOutOfMemory|UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY|"
+        r"CUBLAS_STATUS_ALLOC_FAILED|RESOURCE_EXHAUSTED|out of memory \(HIP\)",
     ),
     # --- worker killed by the kernel (exit -9) ------------------------------------------------
     _m(
