@@ -6,8 +6,9 @@ Each sample is classified from its log plus the deployment context an operator k
 the spec (tensor/pipeline parallel size, GPU count), read from the sample's `engine_args`
 and `gpu` fields. Prints the accuracy of each split, not-memory crashes called memory, the
 test split's confusion matrix, and breakdowns by vLLM version and by source kind. "Where the log
-shows a failure" leaves out samples whose excerpt holds no failure line at all (the thread's
-poster cut it before the error), which the classifier rightly answers `unknown`. Only the
+shows a failure" counts only samples whose `failure_shown` is true: a reviewer who read the
+thread, but never the classifier's answer, judged that the posted log holds the failure itself
+(the poster did not cut it before the error). Only the
 train split's misses are listed by default: the test split is never used for tuning.
 """
 
@@ -43,7 +44,6 @@ def classify_all(samples: list[dict]) -> list[tuple[dict, str]]:
     out = []
     for s in samples:
         diag = classify(Signals(log=s.get("log") or "", **context(s)))
-        s["_decided"] = not (diag.cause == "unknown" and diag.explanation.startswith("No known failure"))
         out.append((s, diag.cause))
     return out
 
@@ -54,7 +54,7 @@ def summary(name: str, results: list[tuple[dict, str]]) -> str:
     false_memory = sum(1 for s, got in results if s["label"] == "not_oom" and got in MEMORY_CAUSES)
     missed = sum(1 for s, got in results if s["label"] in MEMORY_CAUSES and got == "not_oom")
     pct = 100 * right / n if n else 0.0
-    decided = [(s, got) for s, got in results if s["_decided"]]
+    decided = [(s, got) for s, got in results if s["failure_shown"]]
     d_right = sum(1 for s, got in decided if got == s["label"])
     d_pct = 100 * d_right / len(decided) if decided else 0.0
     return (

@@ -29,6 +29,7 @@ FIELDS = {
     "engine",
     "executor",
     "features",
+    "failure_shown",
     "split",
     "origin",
 }
@@ -46,6 +47,7 @@ def test_samples_are_well_formed():
         assert set(s) == FIELDS, s["id"]
         assert s["label"] in CAUSES and s["label"] != "unknown", s["id"]
         assert s["log"].strip() and s["source_url"], s["id"]
+        assert isinstance(s["failure_shown"], bool), s["id"]
     assert Counter(s["label"] for s in CORPUS)["not_oom"] >= len(CORPUS) // 4  # look-alikes are well represented
 
 
@@ -71,12 +73,13 @@ def test_no_non_memory_crash_is_called_memory(results):
         for split in ("train", "test")
     }
     assert not wrong["train"]
-    assert len(wrong["test"]) <= 2
+    assert len(wrong["test"]) <= 1
 
 
-@pytest.mark.parametrize("split,floor", [("train", 0.75), ("test", 0.5)])
+@pytest.mark.parametrize("split,floor", [("train", 0.93), ("test", 0.65)])
 def test_accuracy_does_not_regress(results, split, floor):
-    part = [(s, got) for s, got in results if s["split"] == split]
+    """On the samples whose posted log shows the failure (`failure_shown`, judged blind)."""
+    part = [(s, got) for s, got in results if s["split"] == split and s["failure_shown"]]
     right = sum(1 for s, got in part if got == s["label"])
     assert right / len(part) >= floor, f"{split}: {right}/{len(part)}"
 

@@ -401,3 +401,25 @@ def test_every_runtimes_spelling_of_out_of_memory(line):
     never the "some other CUDA error" that is not memory."""
     log = "ERROR 01-01 00:00:00 core.py:1] EngineCore failed\nERROR 01-01 00:00:00 core.py:1] " + line + "\n"
     assert classify(Signals(log=log)).cause in MEMORY_CAUSES
+
+
+@pytest.mark.parametrize(
+    "method_line, cause",
+    [
+        (
+            "(VllmWorkerProcess pid=42878) ERROR 08-04 16:54:59 [multiproc_worker_utils.py:238] Exception in worker "
+            "VllmWorkerProcess while processing method determine_num_available_blocks.",
+            "profiling_oom",
+        ),
+        (
+            "(RayWorkerWrapper pid=2077) ERROR 06-28 06:11:45 worker_base.py:145] Error executing method load_model. "
+            "This might cause deadlock in distributed execution.",
+            "weights_load_oom",
+        ),
+    ],
+)
+def test_the_rpc_a_worker_ran_places_its_oom(method_line, cause):
+    """V0 and Ray name the method a worker was running when it failed; without frames that places the OOM."""
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.69 GiB."
+    log = f"{method_line}\n[...]\n(VllmWorkerProcess pid=42878) ERROR 08-04 16:54:59 [multiproc_worker_utils.py:238] {oom}\n"
+    assert classify(Signals(log=log)).cause == cause

@@ -10,9 +10,11 @@ from .pattern import row as _m
 
 MARKERS: tuple[Message, ...] = (
     # --- where a failure happened (traceback frames, markers) ----------------------------------
+    # A frame `in NAME`, or the RPC a worker was running when it failed: V0's "Exception in worker
+    # ... while processing method NAME" and Ray's "Error executing method NAME".
     _m(
         FRAME,
-        r"\bin (?:capture_model|_capture_cudagraphs|_warmup_and_capture|capture_end|capture_begin)\b|"
+        r"\b(?:in|method) '?(?:capture_model|_capture_cudagraphs|_warmup_and_capture|capture_end|capture_begin)\b|"
         r"torch\.cuda\.graph\(|cuda_graph\.capture_end|graph_capture|Capturing CUDA graphs?|"
         r"Capturing cudagraphs|\.capture_model\(|Registering \d+ cuda graph addresses",
         phase=m.PHASE_CAPTURE,
@@ -20,7 +22,7 @@ MARKERS: tuple[Message, ...] = (
     ),
     _m(
         FRAME,
-        r"\bin (?:profile_run|_dummy_sampler_run|_dummy_pooler_run|determine_available_memory|"
+        r"\b(?:in|method) '?(?:profile_run|_dummy_sampler_run|_dummy_pooler_run|determine_available_memory|"
         r"determine_num_available_blocks|profile_memory|_profile_and_initialize_kv_caches)\b|"
         r"\.(?:profile_run|_dummy_sampler_run|determine_available_memory|"
         r"determine_num_available_blocks)\(",
@@ -39,14 +41,14 @@ MARKERS: tuple[Message, ...] = (
     _m(FRAME, r"\bin _dummy_run\b|\._dummy_run\(", phase=m.PHASE_PROFILE, subtype=WEAK, needles=("_dummy_run",)),
     _m(
         FRAME,
-        r"\bin (?:initialize_kv_cache|_allocate_kv_cache_tensors|allocate_kv_cache|_init_cache_engine|"
+        r"\b(?:in|method) '?(?:initialize_kv_cache|_allocate_kv_cache_tensors|allocate_kv_cache|_init_cache_engine|"
         r"_allocate_kv_cache|initialize_cache|init_kv_cache|reshape_kv_cache_tensors)\b",
         phase=m.PHASE_KV,
         needles=("kv_cache", "cache_engine", "initialize_cache"),
     ),
     _m(
         FRAME,
-        r"\bin (?:load_model|get_model|load_weights|_init_model|initialize_model|make_layers|create_weights|"
+        r"\b(?:in|method) '?(?:load_model|get_model|load_weights|_init_model|initialize_model|make_layers|create_weights|"
         r"_initialize_model|load_state_dict|process_weights_after_loading)\b|Loading safetensors checkpoint shards|"
         r"\.(?:load_model|get_model|load_weights)\(|"
         r"Failed to create \w+ weights|"
@@ -67,7 +69,7 @@ MARKERS: tuple[Message, ...] = (
     ),
     _m(
         FRAME,
-        r"\bin (?:execute_model|run_busy_loop|_process_engine_step|step_with_batch_queue|"
+        r"\b(?:in|method) '?(?:execute_model|run_busy_loop|_process_engine_step|step_with_batch_queue|"
         r"create_chat_completion|create_completion|generate|_run_workers_async|sample_tokens|step_async|engine_step|get_logprobs)\b|"
         r"Error in model execution|EngineDeadError|AsyncEngineDeadError|MQLLMEngine is already dead|"
         r"Engine loop has died|serving_chat\.py|serving_completion\.py|\.(?:run_busy_loop|execute_model)\(",
