@@ -382,7 +382,21 @@ def test_errors_that_are_not_out_of_memory():
         "triton.runtime.errors.OutOfResources: out of resource: shared memory, Required: 98304, Hardware limit: 65536.",
     ):
         assert classify(Signals(log=line + "\n")).cause in ("not_oom", "unknown"), line
-    assert classify(Signals(log="RuntimeError: CUDA error: out of memory\n")).cause in MEMORY_CAUSES
+    bare = "RuntimeError: CUDA error: out of memory\n"
+    assert classify(Signals(log=bare, ready_before=True)).cause == "runtime_oom"
+    assert classify(Signals(log=bare, ready_before=False)).cause == "profiling_oom"
+
+
+def test_an_oom_that_shows_neither_phase_nor_start_changes_nothing():
+    """Without frames, milestones or whether the server had started, which setting to change
+    cannot be told: `unknown` (the numbers kept). Start-up wrappers or a request handler place it."""
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.50 GiB."
+    alone = classify(Signals(log=oom + "\n"))
+    assert (alone.cause, alone.subtype, alone.numbers["tried_gib"]) == ("unknown", "oom_phase_unknown", 1.5)
+    starting = f"ERROR 01-01 00:00:00 [core.py:1] {oom}\nERROR 01-01 00:00:00 [core.py:2] EngineCore failed to start.\n"
+    assert classify(Signals(log=starting)).cause == "profiling_oom"
+    serving = f"ERROR 01-01 00:00:00 serving_chat.py:661] {oom}\n"
+    assert classify(Signals(log=serving)).cause == "runtime_oom"
 
 
 @pytest.mark.parametrize(
@@ -400,7 +414,7 @@ def test_every_runtimes_spelling_of_out_of_memory(line):
     """CUDA's "out of memory" (cudaErrorMemoryAllocation) as each layer words it is a GPU OOM,
     never the "some other CUDA error" that is not memory."""
     log = "ERROR 01-01 00:00:00 core.py:1] EngineCore failed\nERROR 01-01 00:00:00 core.py:1] " + line + "\n"
-    assert classify(Signals(log=log)).cause in MEMORY_CAUSES
+    assert classify(Signals(log=log, ready_before=True)).cause in MEMORY_CAUSES
 
 
 @pytest.mark.parametrize(

@@ -34,6 +34,12 @@ CONSEQUENCES = {"nccl_timeout", "nccl_error", "worker_hang_shm_broadcast"}
 EVIDENCE_CHARS = 400
 _FRAME_LINE = re.compile(r'File "[^"]{1,300}", line \d{1,7}, in ')
 _EXCEPTION_LINE = re.compile(r"^(?:[\w.]{1,200}\.)?\w{0,80}(?:Error|Exception)\b(?::|\(|$)")
+# Any exception, whatever its name (OutOfResources, BackendCompilerFailed, KeyboardInterrupt), as
+# the line that ends a traceback prints it: `module.Name(Inner): message` or a bare `Name`.
+_RAISED = re.compile(r"^[A-Za-z_][\w.]{0,200}(?:\([\w.]{1,80}\))?(?::\s|$)")
+_CARETS = re.compile(r"^[\s^~]{1,400}$")
+# A C++ exception that ended the process (what() carries its text on the next line).
+_CPP_ABORT = re.compile(r"^terminate called after throwing an instance of ")
 
 
 def classify(signals: m.Signals) -> m.Diagnosis:
@@ -249,7 +255,22 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
         if phase == m.PHASE_UNKNOWN:
             if ar.multi_gpu(signals, numbers, lines):
                 return done(m.MULTI_GPU_OOM, phase, first, "low", "oom_on_one_rank")
-            guess = m.PROFILING_OOM if signals.ready_before is False else m.RUNTIME_OOM
+            # The engine's start-up wrappers and constructors say it never served: then a
+            # start-up run of the model is the likeliest place, as when it never answered /health.
+            started = signals.ready_before
+            if started is None and msg.STARTING in by_kind:
+                started = False
+            if started is None:
+                return done(
+                    m.UNKNOWN,
+                    phase,
+                    first,
+                    "low",
+                    "oom_phase_unknown",
+                    why="The GPU ran out of memory, but the log shows neither where nor whether the "
+                    "server had started: which setting to change cannot be told, so none is changed.",
+                )
+            guess = m.PROFILING_OOM if started is False else m.RUNTIME_OOM
             return done(
                 guess,
                 phase,
@@ -293,14 +314,7 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
             "low",
             why="The only failure in the log is a warning or a request's own error, not a memory failure.",
         )
-    exception = next(
-        (
-            ln
-            for ln in reversed(engine_lines)
-            if _EXCEPTION_LINE.match(ln.match_text) and not msg.WRAPPERS.search(ln.match_text)
-        ),
-        None,
-    )
+    exception = _final_exception(engine_lines)
     if exception is not None:
         return done(
             m.NOT_OOM,
@@ -330,6 +344,26 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
         "low",
         why="No known failure message was found" + (" (empty log)." if not log.strip() else "."),
     )
+
+
+def _final_exception(engine_lines: list[Line]) -> Line | None:
+    """The last exception the engine printed that is not a generic wrapper: a line named like
+    an error, a C++ terminate, or any `Name: message` line where a Python traceback ends (after a
+    frame, its code line and its carets)."""
+    found = None
+    since_frame = 99
+    for ln in engine_lines:
+        text = ln.match_text
+        ends_traceback = 2 <= since_frame <= 3 and _RAISED.match(text) is not None
+        if (ends_traceback or _EXCEPTION_LINE.match(text) or _CPP_ABORT.match(text)) and not msg.WRAPPERS.search(text):
+            found = ln
+        if _FRAME_LINE.match(ln.text):
+            since_frame = 1
+        elif since_frame == 1 or (since_frame == 2 and _CARETS.match(ln.text)):
+            since_frame += 1  # the frame's code line, then its carets
+        else:
+            since_frame = 99
+    return found
 
 
 EXPLANATIONS: dict[m.Cause, str] = {

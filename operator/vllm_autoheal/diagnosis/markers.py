@@ -5,7 +5,7 @@ They place a failure; they never name one. Standard library only."""
 from __future__ import annotations
 
 from . import model as m
-from .pattern import BUDGET, FIGURE, FRAME, MILESTONE, NUM, SIZE, WEAK, Message
+from .pattern import BUDGET, FIGURE, FRAME, MILESTONE, NUM, SIZE, STARTING, WEAK, Message
 from .pattern import row as _m
 
 MARKERS: tuple[Message, ...] = (
@@ -72,7 +72,9 @@ MARKERS: tuple[Message, ...] = (
         r"\b(?:in|method) '?(?:execute_model|run_busy_loop|_process_engine_step|step_with_batch_queue|"
         r"create_chat_completion|create_completion|generate|_run_workers_async|sample_tokens|step_async|engine_step|get_logprobs)\b|"
         r"Error in model execution|EngineDeadError|AsyncEngineDeadError|MQLLMEngine is already dead|"
-        r"Engine loop has died|serving_chat\.py|serving_completion\.py|\.(?:run_busy_loop|execute_model)\(",
+        r"Engine loop has died|serving_chat\.py|serving_completion\.py|\.(?:run_busy_loop|execute_model)\(|"
+        # V0's background loop runs only once the engine is up: its failure is a serving failure
+        r"_log_task_completion|Engine background task failed",
         phase=m.PHASE_SERVING,
         needles=(
             "execute_model",
@@ -91,6 +93,8 @@ MARKERS: tuple[Message, ...] = (
             "MQLLMEngine",
             "Engine loop",
             "serving_",
+            "_log_task_completion",
+            "background task",
         ),
     ),
     # --- startup milestones: the engine got this far --------------------------------------------
@@ -123,6 +127,14 @@ MARKERS: tuple[Message, ...] = (
         r"Graph capturing finished in|init engine \(profile, create kv cache, warmup model\) took|"
         r"Application startup complete|Uvicorn running on|Avg prompt throughput|Starting vLLM API server",
         phase=m.PHASE_SERVING,
+    ),
+    # --- the engine failed while starting: V1's start-up wrappers, and the frames of the
+    # constructors every version starts the engine through (never on a serving path) --------------
+    _m(
+        STARTING,
+        r"EngineCore failed to start|Engine core initialization failed|Engine process failed to start|"
+        r"\bin (?:build_async_engine_client\w{0,40}|from_engine_args|from_vllm_config|_init_executor)\b",
+        needles=("failed to start", "initialization failed", "build_async_engine_client", "from_", "_init_executor"),
     ),
     # --- start-up figures that prove there is no room for the KV cache (decide on their own) ----
     _m(

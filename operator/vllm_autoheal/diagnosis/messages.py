@@ -26,6 +26,7 @@ from .pattern import (  # noqa: F401 - the kinds are read as messages.KIND by th
     NOT_OOM,
     OOM,
     SIZE,
+    STARTING,
     WEAK,
     I,
     Message,
@@ -95,7 +96,7 @@ FAILURES: tuple[Message, ...] = (
     _m(
         MEMORY,
         r"The model's max seq len \((?P<max_seq_len>\d+)\) is larger than the maximum number of tokens "
-        r"that can be stored in KV cache \((?P<kv_tokens>\d+)\)",
+        r"that can be stored in KV cache(?: \((?P<kv_tokens>\d+)\))?",
         m.KV_CACHE_INSUFFICIENT,
         m.PHASE_KV,
         "max_model_len_exceeds_kv_capacity",
@@ -167,7 +168,20 @@ FAILURES: tuple[Message, ...] = (
         "host_allocation_failed",
     ),
     # --- known failures that are not memory ----------------------------------------------
-    _m(NOT_OOM, r"an illegal memory access was encountered", subtype="illegal_memory_access"),
+    # CUDA's illegal access, and ROCm's (the HSA runtime's memory access fault).
+    _m(
+        NOT_OOM,
+        r"an illegal memory access was encountered|Memory access fault by GPU node|"
+        r"HSA_STATUS_ERROR_MEMORY_APERTURE_VIOLATION",
+        subtype="illegal_memory_access",
+    ),
+    # A crash of the process itself (Python's faulthandler, the shell, glog): a bug, never a shortage.
+    _m(
+        NOT_OOM,
+        r"Fatal Python error: (?:Segmentation fault|Bus error|Floating point exception)|"
+        r"Segmentation fault \(core dumped\)|\*\*\* SIGSEGV received|Caught signal 11 \(Segmentation fault",
+        subtype="process_crash",
+    ),
     _m(
         NOT_OOM,
         r"Watchdog caught collective operation timeout|Some NCCL operations have failed or timed out|"
@@ -201,7 +215,7 @@ FAILURES: tuple[Message, ...] = (
         r"Cannot find model module|not supported for now\. Supported architectures",
         subtype="unsupported_architecture",
     ),
-    _m(NOT_OOM, r"Address already in use|EADDRINUSE", subtype="port_in_use"),
+    _m(NOT_OOM, r"[Aa]ddress already in use|EADDRINUSE|\[Errno 98\]", subtype="port_in_use"),
     _m(
         NOT_OOM,
         r"(?:creating|attaching to) shared memory segment|/dev/shm.{0,200}?(?:No space|failed|error)|"
@@ -235,7 +249,8 @@ FAILURES: tuple[Message, ...] = (
     _m(
         NOT_OOM,
         r"CUDA driver version is insufficient|no CUDA-capable device is detected|"
-        r"Failed to infer device type|NVIDIA driver on your system is too old|CUDA error: no kernel image",
+        r"Failed to infer device type|NVIDIA driver on your system is too old|CUDA error: no kernel image|"
+        r"Unexpected error from cudaGetDeviceCount",
         subtype="driver_or_device",
     ),
     # CUDA's own error names and strings, NCCL's and vLLM's CUDA checks: any error but out-of-memory.
@@ -243,7 +258,8 @@ FAILURES: tuple[Message, ...] = (
         NOT_OOM,
         r"(?:CUDA|HIP|CUDA driver) [Ee]rror: (?!out of memory)[a-z][\w -]{3,80}|\bcudaError(?!MemoryAllocation)[A-Z]\w{2,60}|"
         r"\bhipError(?!OutOfMemory)[A-Z]\w{2,60}|"
-        r"Cuda failure '(?!out of memory)[^']{3,80}'|\bFailed: \S{1,200}:\d{1,6} '(?!out of memory)[^']{3,80}'|"
+        r"Cuda failure (?:\d{1,4} )?'(?!out of memory)[^']{3,80}'|"
+        r"\bFailed: (?:Cuda error )?\S{1,200}:\d{1,6} '(?!out of memory)[^']{3,80}'|"
         r"device-side assert triggered",
         subtype="cuda_error",
     ),
@@ -272,7 +288,7 @@ FAILURES: tuple[Message, ...] = (
     # --- NCCL failing for lack of GPU memory ---------------------------------------------------
     _m(
         NCCL_OOM,
-        r"Cuda failure '?out of memory'?|ncclUnhandledCudaError.{0,300}?out of memory",
+        r"Cuda failure (?:\d{1,4} )?'?out of memory'?|ncclUnhandledCudaError.{0,300}?out of memory",
         m.MULTI_GPU_OOM,
         None,
         "nccl_cuda_oom",

@@ -18,6 +18,7 @@ OOM = "oom"  # a generic GPU out-of-memory: the phase decides the cause
 KILLED = "killed"  # a worker died of SIGKILL: host RAM unless something stronger
 FRAME = "frame"  # a traceback frame or marker that names the phase of a failure
 MILESTONE = "milestone"  # startup progress: the phase reached so far
+STARTING = "starting"  # the engine failed while starting (it never served)
 BUDGET = "budget"  # start-up figures showing no room for any KV cache: decide kv_cache_insufficient
 FIGURE = "figure"  # numbers only
 WEAK = "weak"  # a FRAME subtype: on more than one phase's path

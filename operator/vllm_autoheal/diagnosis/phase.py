@@ -6,6 +6,7 @@ from __future__ import annotations
 from . import messages as msg
 from . import model as m
 from .findings import Finding
+from .scan import REQUEST
 
 PHASE_PRIORITY = (m.PHASE_CAPTURE, m.PHASE_PROFILE, m.PHASE_KV, m.PHASE_LOAD, m.PHASE_SERVING)
 PHASE_ORDER = {
@@ -55,6 +56,8 @@ def phase_of_failure(findings: list[Finding], failure: Finding | None, ready_bef
     """Where it failed: the frames of the failure's own traceback; else frames printed after the
     last start-up milestone before the failure (earlier ones belong to steps that completed);
     else the last milestone reached."""
+    if failure is not None and failure.line.origin == REQUEST:
+        return m.PHASE_SERVING  # the API server's handler of a request logged it: it was serving
     end = failure.line.offset if failure else None
     before = [f for f in findings if f.message.kind == msg.MILESTONE and (end is None or f.line.offset < end)]
     window = max((f.line.offset for f in before), default=-1)
