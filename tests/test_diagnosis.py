@@ -437,3 +437,45 @@ def test_the_rpc_a_worker_ran_places_its_oom(method_line, cause):
     oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.69 GiB."
     log = f"{method_line}\n[...]\n(VllmWorkerProcess pid=42878) ERROR 08-04 16:54:59 [multiproc_worker_utils.py:238] {oom}\n"
     assert classify(Signals(log=log)).cause == cause
+
+
+@pytest.mark.parametrize(
+    "line, cause",
+    [
+        ("Killed", "host_ram_oom"),  # the shell's job control after a SIGKILL
+        (
+            "/entrypoint.sh: line 12:    41 Killed                  python3 -m vllm.entrypoints.openai.api_server",
+            "host_ram_oom",
+        ),
+        ("  exitcode  : -9 (pid: 2174)", "host_ram_oom"),  # torchelastic's failure summary
+        ("vllm-1 exited with code 137", "host_ram_oom"),  # docker compose
+        ("ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.", "host_ram_oom"),
+        (
+            "RuntimeError: [enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: not enough memory: "
+            "you tried to allocate 21474836480 bytes.",
+            "host_ram_oom",
+        ),
+        (
+            "AssertionError: Error in memory profiling. This happens when the GPU memory was not properly cleaned "
+            "up before initializing the vLLM instance.",
+            "gpu_util_exceeds_free",
+        ),  # vLLM 0.6, no figures
+        ("Fatal Python error: Aborted", "not_oom"),
+        ("host:44712:44746 [2] transport/nvls.cc:246 NCCL WARN Cuda failure 3 'initialization error'", "not_oom"),
+    ],
+)
+def test_how_the_stack_reports_a_failure(line, cause):
+    assert classify(Signals(log=line + "\n")).cause == cause, line
+
+
+def test_a_killed_rank_is_not_outvoted_by_the_others_timing_out():
+    """When the kernel kills one rank, the others time out in NCCL: the kill is the cause."""
+    log = (
+        "(VllmWorker rank=1 pid=77) ERROR 01-01 00:00:01 [multiproc_executor.py:1] Worker proc VllmWorker-1 "
+        "died unexpectedly (exit code: -9)\n"
+        "[rank0]:[E101 00:10:00.000] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, "
+        "OpType=ALLREDUCE) ran for 600000 milliseconds before timing out.\n"
+    )
+    assert classify(Signals(log=log)).cause == "host_ram_oom"
+    alone = log.splitlines()[1] + "\n"
+    assert classify(Signals(log=alone)).cause == "not_oom"

@@ -210,11 +210,14 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
             (f for f in not_oom if f.message.subtype == first.message.subtype and _EXCEPTION_LINE.match(f.line.text)),
             first,
         )
-        if not gpu_oom:
-            return done(m.NOT_OOM, phase_of_failure(findings, first, signals.ready_before), shown, "high")
         causes = [f for f in not_oom if f.message.subtype not in CONSEQUENCES]
-        first_oom = min(gpu_oom, key=lambda f: f.line.offset)
-        if causes and min(f.line.offset for f in causes) < first_oom.line.offset:
+        # A rank killed by the kernel leaves the others timing out in NCCL or the shm broadcast:
+        # those consequences never outvote the kill.
+        if not gpu_oom:
+            if causes or msg.KILLED not in by_kind:
+                return done(m.NOT_OOM, phase_of_failure(findings, first, signals.ready_before), shown, "high")
+        elif causes and min(f.line.offset for f in causes) < min(f.line.offset for f in gpu_oom):
+            first_oom = min(gpu_oom, key=lambda f: f.line.offset)
             diag.notes.append(f"an out-of-memory error follows a {causes[0].message.subtype} failure")
             return done(
                 m.UNKNOWN,

@@ -68,8 +68,8 @@ FAILURES: tuple[Message, ...] = (
     ),
     _m(
         MEMORY,
-        r"Error in memory profiling\. Initial free memory (?P<initial_free_gib>[\d.]+) GiB, "
-        r"current free memory (?P<current_free_gib>[\d.]+) GiB",
+        r"Error in memory profiling\.(?: Initial free memory (?P<initial_free_gib>[\d.]+) GiB, "
+        r"current free memory (?P<current_free_gib>[\d.]+) GiB)?",
         m.GPU_UTIL_EXCEEDS_FREE,
         m.PHASE_PROFILE,
         "other_process_changed_memory_during_profiling",
@@ -137,7 +137,8 @@ FAILURES: tuple[Message, ...] = (
     # --- host RAM ------------------------------------------------------------------------
     _m(
         HOST,
-        r"killed due to memory pressure \(OOM\)|exceeds the memory usage threshold.{0,400}?Ray killed",
+        r"killed due to memory pressure \(OOM\)|exceeds the memory usage threshold.{0,400}?Ray killed|"
+        r"the node running low on memory",
         m.HOST_RAM_OOM,
         None,
         "ray_memory_monitor_killed_worker",
@@ -152,7 +153,7 @@ FAILURES: tuple[Message, ...] = (
     ),
     _m(
         HOST,
-        r"DefaultCPUAllocator: can't allocate memory|std::bad_alloc|"
+        r"DefaultCPUAllocator: (?:can't allocate memory|not enough memory)|std::bad_alloc|"
         r"^MemoryError\b",
         m.HOST_RAM_OOM,
         None,
@@ -178,7 +179,7 @@ FAILURES: tuple[Message, ...] = (
     # A crash of the process itself (Python's faulthandler, the shell, glog): a bug, never a shortage.
     _m(
         NOT_OOM,
-        r"Fatal Python error: (?:Segmentation fault|Bus error|Floating point exception)|"
+        r"Fatal Python error: (?:Segmentation fault|Bus error|Floating point exception|Aborted)|"
         r"Segmentation fault \(core dumped\)|\*\*\* SIGSEGV received|Caught signal 11 \(Segmentation fault",
         subtype="process_crash",
     ),
@@ -282,7 +283,7 @@ FAILURES: tuple[Message, ...] = (
     _m(
         NOT_OOM,
         r"NCCL error.{0,300}?(?:unhandled system error|remote process exited|invalid usage)|"
-        r"ncclSystemError|ncclInternalError|ncclInvalidUsage",
+        r"ncclSystemError|ncclInternalError|ncclInvalidUsage|NCCL WARN",
         subtype="nccl_error",
     ),
     # --- NCCL failing for lack of GPU memory ---------------------------------------------------
@@ -319,7 +320,8 @@ FAILURES: tuple[Message, ...] = (
     _m(
         KILLED,
         r"died unexpectedly \(exit code: -9\)|died, exit code: -9|Failed core proc\(s\): \{[^}]{0,200}-9|"
-        r"died with exit code -9|exit code -9|signal 9\b|SIGKILL",
+        r"died with exit code -9|exit code -9|signal 9\b|SIGKILL|exitcode\s{0,4}: -9\b|"
+        r"^Killed$|^(?:\S{1,200}: )?line \d{1,7}: {1,4}\d{1,10} Killed\b|exited with code 137\b",
         m.HOST_RAM_OOM,
         None,
         "worker_sigkill",
