@@ -30,14 +30,17 @@ KV_V1 = (
 
 
 def test_dev_corpus_accuracy_and_no_false_memory():
-    """The 38 samples the classifier was first built on (tests/corpus, origin `dev`). Three are
-    tracebacks posted without their error line: they are `unknown` (no memory change)."""
+    """The 38 samples the classifier was first built on (tests/corpus, origin `dev`). Its misses
+    are tracebacks posted without their error line, OOMs that show no phase (`unknown`: no change),
+    and one message whose cause only the thread tells (a second engine on the GPU). None crosses
+    between memory and not-memory."""
     dev = [s for s in load(Path(__file__).resolve().parent / "corpus" / "corpus.jsonl") if s["origin"] == "dev"]
     assert len(dev) == 38
     results = [(s, classify(Signals(log=s["log"], **context(s))).cause) for s in dev]
     right = sum(1 for s, got in results if got == s["label"])
-    assert right / len(results) >= 0.89, [(s["id"], s["label"], g) for s, g in results if g != s["label"]]
-    assert not [s["id"] for s, got in results if s["label"] == "not_oom" and got in MEMORY_CAUSES]
+    assert right / len(results) >= 0.85, [(s["id"], s["label"], g) for s, g in results if g != s["label"]]
+    for s, got in results:
+        assert got == "unknown" or (got in MEMORY_CAUSES) == (s["label"] in MEMORY_CAUSES), (s["id"], got)
 
 
 @pytest.mark.parametrize(
@@ -479,3 +482,50 @@ def test_a_killed_rank_is_not_outvoted_by_the_others_timing_out():
     assert classify(Signals(log=log)).cause == "host_ram_oom"
     alone = log.splitlines()[1] + "\n"
     assert classify(Signals(log=alone)).cause == "not_oom"
+
+
+OOM_LINE = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 450.00 MiB."
+
+
+@pytest.mark.parametrize(
+    "before, cause",
+    [
+        (
+            'INFO:     10.0.0.1:5000 - "POST /v1/chat/completions HTTP/1.1" 200 OK',
+            "runtime_oom",
+        ),  # a request was served
+        ("ERROR 01-01 00:00:00 [core.py:1] EngineCore encountered a fatal error.", "runtime_oom"),  # V1's busy loop
+        ("", "unknown"),  # nothing says where, nor whether it had started
+    ],
+)
+def test_what_shows_the_server_was_serving(before, cause):
+    log = f"{before}\nERROR 01-01 00:00:01 [core.py:2] {OOM_LINE}\n"
+    assert classify(Signals(log=log)).cause == cause
+
+
+def test_tensor_parallelism_alone_does_not_make_an_oom_multi_gpu():
+    """A multi-GPU memory failure needs its own evidence (NCCL's OOM, one stage's KV check): an OOM
+    in a TP deployment is placed like any other."""
+    assert classify(Signals(log=OOM_LINE + "\n", tensor_parallel_size=4, gpu_count=4)).cause == "unknown"
+    assert classify(Signals(log=OOM_LINE + "\n", tensor_parallel_size=4, ready_before=True)).cause == "runtime_oom"
+
+
+def test_a_profiling_check_with_no_memory_taken_is_not_a_shortage():
+    line = (
+        "AssertionError: Error in memory profiling. Initial free memory {} GiB, current free memory {} GiB. "
+        "This happens when other processes sharing the same container release GPU memory while vLLM is profiling"
+    )
+    assert classify(Signals(log=line.format("30.3", "30.3") + "\n")).cause == "not_oom"
+    assert classify(Signals(log=line.format("82.94", "90.17") + "\n")).cause == "not_oom"  # memory was freed
+    assert classify(Signals(log=line.format("70.0", "41.5") + "\n")).cause == "gpu_util_exceeds_free"
+
+
+def test_rays_process_prefixes_are_read():
+    from vllm_autoheal.diagnosis.scan import make_line
+
+    line = make_line(
+        0, "(RayWorkerWrapper pid=361, ip=192.168.100.119) ERROR 02-21 11:25:10 worker_base.py:581] KeyError: 'x'"
+    )
+    assert (line.text, line.level) == ("KeyError: 'x'", "ERROR")
+    served = make_line(0, "(ServeReplica:app:LLM pid=654872) INFO 04-22 16:24:51 llm_engine.py:322] # GPU blocks: 9")
+    assert served.text == "# GPU blocks: 9"

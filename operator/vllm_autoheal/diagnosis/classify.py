@@ -27,7 +27,7 @@ from . import model as m
 from . import termination
 from .findings import ENGINE_EXCEPTION, FAILURE_KINDS, Finding, findings_of
 from .phase import OOM_CAUSE_BY_PHASE, TRACEBACK_START, phase_of_failure
-from .scan import ENGINE, REQUEST, Line, scan
+from .scan import ACCESS, ENGINE, REQUEST, USER, Line, scan
 
 # Failures that follow another rank's death rather than cause it: they never outvote a memory failure.
 CONSEQUENCES = {"nccl_timeout", "nccl_error", "worker_hang_shm_broadcast"}
@@ -164,6 +164,18 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
     if memory:
         first = min(memory, key=lambda f: (msg.MESSAGES.index(f.message), f.line.offset))
         cause = first.message.cause or m.UNKNOWN
+        if first.message.subtype == "other_process_changed_memory_during_profiling":
+            nums = ar.numbers(findings, first, device_gib, [])
+            if nums.get("current_free_gib", -1.0) >= nums.get("initial_free_gib", float("inf")):
+                return done(
+                    m.NOT_OOM,
+                    m.PHASE_PROFILE,
+                    first,
+                    "medium",
+                    "profiling_check_without_shortage",
+                    why="vLLM's profiling check failed while free memory did not shrink (it stayed or "
+                    "grew): nothing took memory from vLLM, so no memory setting helps.",
+                )
         if cause == m.KV_CACHE_INSUFFICIENT:
             nums = ar.numbers(findings, first, device_gib, [])
             if ar.weights_exceed_gpu(nums, device_gib):
@@ -235,6 +247,8 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
     if oom:
         first = oom[0]
         phase = phase_of_failure(findings, first, signals.ready_before)
+        if phase == m.PHASE_UNKNOWN and signals.ready_before is None and _served_before(lines, first.line):
+            phase = m.PHASE_SERVING
         frame = next((f.line for f in findings if f.message.kind == msg.FRAME and f.message.phase == phase), None)
         if phase == m.PHASE_SERVING and signals.ready_before is False:
             phase = m.PHASE_PROFILE  # it never answered /health: a start-up warm-up ran the model, not a request
@@ -256,8 +270,6 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
         ):
             return done(m.GPU_UTIL_EXCEEDS_FREE, phase, first, "medium", "other_process_holds_gpu", frame)
         if phase == m.PHASE_UNKNOWN:
-            if ar.multi_gpu(signals, numbers, lines):
-                return done(m.MULTI_GPU_OOM, phase, first, "low", "oom_on_one_rank")
             # The engine's start-up wrappers and constructors say it never served: then a
             # start-up run of the model is the likeliest place, as when it never answered /health.
             started = signals.ready_before
@@ -347,6 +359,12 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
         "low",
         why="No known failure message was found" + (" (empty log)." if not log.strip() else "."),
     )
+
+
+def _served_before(lines: list[Line], failure: Line) -> bool:
+    """A request reached the server before the failure: an access line or a request's echo was
+    logged (only their presence counts, never their text)."""
+    return any(ln.origin in (ACCESS, USER) for ln in lines if ln.offset < failure.offset)
 
 
 def _final_exception(engine_lines: list[Line]) -> Line | None:

@@ -74,7 +74,9 @@ MARKERS: tuple[Message, ...] = (
         r"Error in model execution|EngineDeadError|AsyncEngineDeadError|MQLLMEngine is already dead|"
         r"Engine loop has died|serving_chat\.py|serving_completion\.py|\.(?:run_busy_loop|execute_model)\(|"
         # V0's background loop runs only once the engine is up: its failure is a serving failure
-        r"_log_task_completion|Engine background task failed",
+        r"_log_task_completion|Engine background task failed|"
+        # V1's busy loop failing (at start-up the wrapper is "EngineCore failed to start")
+        r"EngineCore encountered a fatal error|AsyncLLM output_handler failed",
         phase=m.PHASE_SERVING,
         needles=(
             "execute_model",
@@ -95,6 +97,8 @@ MARKERS: tuple[Message, ...] = (
             "serving_",
             "_log_task_completion",
             "background task",
+            "encountered a fatal error",
+            "output_handler failed",
         ),
     ),
     # --- startup milestones: the engine got this far --------------------------------------------

@@ -107,8 +107,8 @@ _PREFIXES = re.compile(
     r"^(?:"
     r"\s{0,8}\[?\d{4}-\d\d-\d\d[T ][\d:.,]{1,20}Z?\]?\s{0,8}"  # ISO timestamps
     r"|\s{0,8}[\w.-]{0,40}\s{0,8}\|\s"  # docker compose "svc-1  | "
-    r"|\s{0,8}\((?P<proc>[\w.-]{1,60})(?:\s+rank=(?P<rank>\d{1,4}))?(?:\s+pid=\d{1,10})?"
-    r"(?:\s+ip=[\w.:]{1,60})?\)\s{0,8}"  # (EngineCore_DP0 pid=1)
+    r"|\s{0,8}\((?:(?P<proc>[\w.:-]{1,60})(?:\s+rank=(?P<rank>\d{1,4}))?)?(?:,?\s{0,4}pid=\d{1,10})?"
+    r"(?:,?\s{1,4}ip=[\w.:]{1,60})?\)\s{0,8}"  # (EngineCore_DP0 pid=1), Ray's (Name pid=1, ip=h), (pid=1)
     r"|\s{0,8}\[rank(?P<rank2>\d{1,4})\]:\s{0,8}"  # torchrun "[rank0]:"
     r"|\s{0,8}(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s{1,8}\d\d-\d\d\s{1,8}[\d:.]{1,20}\s{1,8}"
     r"(?:\[(?P<file>[\w.-]{1,80}?)(?::\d{1,6})?\]|(?P<file2>[\w.-]{1,80}):\d{1,6}\])\s?"  # vLLM header
