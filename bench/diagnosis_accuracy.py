@@ -63,6 +63,16 @@ def summary(name: str, results: list[tuple[dict, str]]) -> str:
     )
 
 
+def outcomes(name: str, results: list[tuple[dict, str]]) -> str:
+    """What a heal would do with each answer: the right change, none (`unknown`, or `not_oom` for
+    a memory crash: a missed heal), or a wrong memory change (another memory cause, or memory for
+    a crash that is not about memory), which is worse than none."""
+    right = sum(1 for s, got in results if got == s["label"])
+    wrong_change = sum(1 for s, got in results if got != s["label"] and got in MEMORY_CAUSES)
+    no_change = len(results) - right - wrong_change
+    return f"{name:6} right {right}   no change {no_change}   wrong memory change {wrong_change}   (of {len(results)})"
+
+
 def confusion(results: list[tuple[dict, str]]) -> list[str]:
     counts = Counter((s["label"], got) for s, got in results)
     labels = [c for c in CAUSES if any(c in k for k in counts)]
@@ -96,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("train", "test"):
         print(summary(name, by_split[name]))
     print(summary("all", results))
+    print("\nwhat a heal would do")
+    for name in ("train", "test"):
+        print(outcomes(name, by_split[name]))
     print("\ntest split, confusion matrix (rows: label, columns: classified as)")
     print("\n".join(confusion(by_split["test"])))
     print("\nby vLLM version (all samples)")
