@@ -18,28 +18,28 @@ than `unknown`.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from . import arithmetic as ar
 from . import messages as msg
 from . import model as m
 from . import termination
-from .findings import ENGINE_EXCEPTION, FAILURE_KINDS, Finding, findings_of
+from .findings import (
+    ENGINE_EXCEPTION,
+    EXCEPTION_LINE,
+    FAILURE_KINDS,
+    FRAME_LINE,
+    Finding,
+    final_exception,
+    findings_of,
+    served_before,
+)
 from .phase import OOM_CAUSE_BY_PHASE, TRACEBACK_START, phase_of_failure
-from .scan import ACCESS, ENGINE, REQUEST, USER, Line, scan
+from .scan import ENGINE, REQUEST, Line, scan
 
 # Failures that follow another rank's death rather than cause it: they never outvote a memory failure.
 CONSEQUENCES = {"nccl_timeout", "nccl_error", "worker_hang_shm_broadcast"}
 EVIDENCE_CHARS = 400
-_FRAME_LINE = re.compile(r'File "[^"]{1,300}", line \d{1,7}, in ')
-_EXCEPTION_LINE = re.compile(r"^(?:[\w.]{1,200}\.)?\w{0,80}(?:Error|Exception)\b(?::|\(|$)")
-# Any exception, whatever its name (OutOfResources, BackendCompilerFailed, KeyboardInterrupt), as
-# the line that ends a traceback prints it: `module.Name(Inner): message` or a bare `Name`.
-_RAISED = re.compile(r"^[A-Za-z_][\w.]{0,200}(?:\([\w.]{1,80}\))?(?::\s|$)")
-_CARETS = re.compile(r"^[\s^~]{1,400}$")
-# A C++ exception that ended the process (what() carries its text on the next line).
-_CPP_ABORT = re.compile(r"^terminate called after throwing an instance of ")
 
 
 def classify(signals: m.Signals) -> m.Diagnosis:
@@ -219,7 +219,7 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
     if not_oom:
         first = min(not_oom, key=lambda f: f.line.offset)  # the first failure is the root cause
         shown = next(
-            (f for f in not_oom if f.message.subtype == first.message.subtype and _EXCEPTION_LINE.match(f.line.text)),
+            (f for f in not_oom if f.message.subtype == first.message.subtype and EXCEPTION_LINE.match(f.line.text)),
             first,
         )
         causes = [f for f in not_oom if f.message.subtype not in CONSEQUENCES]
@@ -247,7 +247,7 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
     if oom:
         first = oom[0]
         phase = phase_of_failure(findings, first, signals.ready_before)
-        if phase == m.PHASE_UNKNOWN and signals.ready_before is None and _served_before(lines, first.line):
+        if phase == m.PHASE_UNKNOWN and signals.ready_before is None and served_before(lines, first.line):
             phase = m.PHASE_SERVING
         frame = next((f.line for f in findings if f.message.kind == msg.FRAME and f.message.phase == phase), None)
         if phase == m.PHASE_SERVING and signals.ready_before is False:
@@ -329,7 +329,7 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
             "low",
             why="The only failure in the log is a warning or a request's own error, not a memory failure.",
         )
-    exception = _final_exception(engine_lines)
+    exception = final_exception(engine_lines)
     if exception is not None:
         return done(
             m.NOT_OOM,
@@ -342,7 +342,7 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
         )
     # A traceback whose error line is missing (a cut log, a process killed mid-write) names a
     # phase but no failure: an illegal access there looks the same as an OOM. No memory change.
-    if any(_FRAME_LINE.match(ln.text) or ln.text.startswith(TRACEBACK_START) for ln in engine_lines):
+    if any(FRAME_LINE.match(ln.text) or ln.text.startswith(TRACEBACK_START) for ln in engine_lines):
         return done(
             m.UNKNOWN,
             phase_of_failure(findings, None, signals.ready_before),
@@ -359,32 +359,6 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
         "low",
         why="No known failure message was found" + (" (empty log)." if not log.strip() else "."),
     )
-
-
-def _served_before(lines: list[Line], failure: Line) -> bool:
-    """A request reached the server before the failure: an access line or a request's echo was
-    logged (only their presence counts, never their text)."""
-    return any(ln.origin in (ACCESS, USER) for ln in lines if ln.offset < failure.offset)
-
-
-def _final_exception(engine_lines: list[Line]) -> Line | None:
-    """The last exception the engine printed that is not a generic wrapper: a line named like
-    an error, a C++ terminate, or any `Name: message` line where a Python traceback ends (after a
-    frame, its code line and its carets)."""
-    found = None
-    since_frame = 99
-    for ln in engine_lines:
-        text = ln.match_text
-        ends_traceback = 2 <= since_frame <= 3 and _RAISED.match(text) is not None
-        if (ends_traceback or _EXCEPTION_LINE.match(text) or _CPP_ABORT.match(text)) and not msg.WRAPPERS.search(text):
-            found = ln
-        if _FRAME_LINE.match(ln.text):
-            since_frame = 1
-        elif since_frame == 1 or (since_frame == 2 and _CARETS.match(ln.text)):
-            since_frame += 1  # the frame's code line, then its carets
-        else:
-            since_frame = 99
-    return found
 
 
 EXPLANATIONS: dict[m.Cause, str] = {

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 
 from . import messages as msg
-from .scan import ENGINE, MATCH_CHARS, REQUEST, Line
+from .scan import ACCESS, ENGINE, MATCH_CHARS, REQUEST, USER, Line
 
 # Kinds that name a failure: only an error the engine reported (not a progress or warning line,
 # not a request's own error) decides with them.
@@ -21,6 +21,16 @@ ENGINE_EXCEPTION = re.compile(
     r"^(?:torch\.(?:cuda\.)?OutOfMemoryError|torch\.AcceleratorError|RuntimeError|"
     r"ValueError|MemoryError|torch\.cuda\.CudaError): "
 )
+
+
+FRAME_LINE = re.compile(r'File "[^"]{1,300}", line \d{1,7}, in ')
+EXCEPTION_LINE = re.compile(r"^(?:[\w.]{1,200}\.)?\w{0,80}(?:Error|Exception)\b(?::|\(|$)")
+# Any exception, whatever its name (OutOfResources, BackendCompilerFailed, KeyboardInterrupt), as
+# the line that ends a traceback prints it: `module.Name(Inner): message` or a bare `Name`.
+RAISED = re.compile(r"^[A-Za-z_][\w.]{0,200}(?:\([\w.]{1,80}\))?(?::\s|$)")
+CARETS = re.compile(r"^[\s^~]{1,400}$")
+# A C++ exception that ended the process (what() carries its text on the next line).
+CPP_ABORT = re.compile(r"^terminate called after throwing an instance of ")
 
 
 @dataclass(eq=False)
@@ -72,3 +82,29 @@ def _wrapped(line: Line, following: list[Line]) -> list[Finding]:
         for message in msg.MESSAGES
         if message.kind == msg.MEMORY and (found := message.search(text, lowered))
     ]
+
+
+def served_before(lines: list[Line], failure: Line) -> bool:
+    """A request reached the server before the failure: an access line or a request's echo was
+    logged (only their presence counts, never their text)."""
+    return any(ln.origin in (ACCESS, USER) for ln in lines if ln.offset < failure.offset)
+
+
+def final_exception(engine_lines: list[Line]) -> Line | None:
+    """The last exception the engine printed that is not a generic wrapper: a line named like
+    an error, a C++ terminate, or any `Name: message` line where a Python traceback ends (after a
+    frame, its code line and its carets)."""
+    found = None
+    since_frame = 99
+    for ln in engine_lines:
+        text = ln.match_text
+        ends_traceback = 2 <= since_frame <= 3 and RAISED.match(text) is not None
+        if (ends_traceback or EXCEPTION_LINE.match(text) or CPP_ABORT.match(text)) and not msg.WRAPPERS.search(text):
+            found = ln
+        if FRAME_LINE.match(ln.text):
+            since_frame = 1
+        elif since_frame == 1 or (since_frame == 2 and CARETS.match(ln.text)):
+            since_frame += 1  # the frame's code line, then its carets
+        else:
+            since_frame = 99
+    return found
