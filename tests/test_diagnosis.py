@@ -464,6 +464,17 @@ def test_the_rpc_a_worker_ran_places_its_oom(method_line, cause):
             "gpu_util_exceeds_free",
         ),  # vLLM 0.6, no figures
         ("Fatal Python error: Aborted", "not_oom"),
+        (
+            "(ActorModelRayActor pid=8249) Refer to the documentation on how to address the out of memory issue: "
+            "https://docs.ray.io/en/latest/ray-core/scheduling/ray-oom-prevention.html.",
+            "host_ram_oom",
+        ),
+        (
+            "ERROR 03-17 08:02:04 serving_chat.py:596] vllm.engine.multiprocessing.MQEngineDeadError: Engine loop is "
+            "not running. Inspect the stacktrace to find the original error: AssertionError('Error in model "
+            "execution (input dumped to /tmp/err.pkl): ')",
+            "not_oom",
+        ),
         ("host:44712:44746 [2] transport/nvls.cc:246 NCCL WARN Cuda failure 3 'initialization error'", "not_oom"),
     ],
 )

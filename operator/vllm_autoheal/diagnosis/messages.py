@@ -138,7 +138,7 @@ FAILURES: tuple[Message, ...] = (
     _m(
         HOST,
         r"killed due to memory pressure \(OOM\)|exceeds the memory usage threshold.{0,400}?Ray killed|"
-        r"the node running low on memory",
+        r"the node running low on memory|ray-oom-prevention",  # the link only the memory monitor prints
         m.HOST_RAM_OOM,
         None,
         "ray_memory_monitor_killed_worker",
@@ -175,6 +175,13 @@ FAILURES: tuple[Message, ...] = (
         r"an illegal memory access was encountered|Memory access fault by GPU node|"
         r"HSA_STATUS_ERROR_MEMORY_APERTURE_VIOLATION",
         subtype="illegal_memory_access",
+    ),
+    # The engine-dead error a request gets names the engine's own error: another type than OOM.
+    _m(
+        NOT_OOM,
+        r"find the original error: (?!.{0,80}(?:OutOfMemory|out of memory))[\w.]{1,80}(?:Error|Exception)\(",
+        subtype="engine_died_of_other_error",
+        needles=("find the original error",),
     ),
     # A crash of the process itself (Python's faulthandler, the shell, glog): a bug, never a shortage.
     _m(
