@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Real vLLM 0.25 failures on the H200 machine (device tool), each a whole log as an operator reads
+# it, for the corpus (tests/corpus/, source_kind local-run-h200): the cause is known by construction.
+#   bash tests/gpu/failure_logs.sh SCENARIO...     (scenarios below; logs in $OUT/NAME.log)
+# Needs what tests/gpu/heal_runs.sh needs: vLLM 0.25 in $SITE and the model folders of
+# tests/gpu/make_models.py in $MODELS. Plain `vllm serve`, no supervisor: the log is vLLM's alone.
+set -u
+SITE=${SITE:-/scratch/site}; MODELS=${MODELS:-/scratch/models}
+export PYTHONPATH=$SITE PATH=$SITE/bin:$PATH PYTHONUNBUFFERED=1
+export VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1   # never NVLink multicast
+export CUDA_VISIBLE_DEVICES=0
+L8=$MODELS/llama-3.1-8b
+PORT=8013
+
+idle() {  # wait until no process holds GPU memory
+  for _ in $(seq 1 60); do
+    used=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | sort -n | tail -1)
+    [ "${used:-0}" -lt 1000 ] && return 0; sleep 2
+  done; echo "GPU still busy: ${used} MiB"
+}
+run() {  # run NAME SECONDS ARGS...: one `vllm serve`, its output in $OUT/NAME.log
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  timeout "$limit" vllm serve "$@" --host 127.0.0.1 --port $PORT > "$OUT/$name.log" 2>&1
+  echo "$name: exit $? in $((SECONDS - t0)) s: vllm serve $*" | tee -a "$OUT/summary.txt"
+  idle
+}
+healthy() {  # wait for /health, at most $1 seconds
+  for _ in $(seq 1 "$1"); do
+    curl -sf "http://127.0.0.1:$PORT/health" > /dev/null && return 0; sleep 1
+  done; return 1
+}
+for scenario in "$@"; do
+  case $scenario in
+    maxlen)  # a context longer than the model's own: vLLM refuses the config (not memory)
+      run maxlen 240 "$L8" --load-format dummy --max-model-len 1048576 ;;
+    missing)  # a model folder that does not exist (not memory)
+      run missing 240 "$MODELS/no-such-model" ;;
+    quant)  # a quantization the checkpoint does not have (not memory)
+      run quant 240 "$L8" --load-format dummy --quantization awq ;;
+    tp3)  # more tensor-parallel ranks than GPUs (not memory)
+      run tp3 300 "$L8" --load-format dummy --tensor-parallel-size 3 ;;
+    port)  # the port is taken (not memory)
+      python3 -m http.server $PORT --bind 127.0.0.1 > /dev/null 2>&1 & BUSY=$!; sleep 2
+      run port 300 "$L8" --load-format dummy --max-model-len 8192 --enforce-eager
+      kill $BUSY ;;
+    profile)  # a dummy batch of 2M tokens: the start-up profiling forward runs out (profiling_oom)
+      run profile 420 "$L8" --load-format dummy --max-model-len 8192 --max-num-batched-tokens 2097152 \
+        --max-num-seqs 256 --enforce-eager ;;
+    runtime)  # started and serving, then another process takes the free memory: the next batch runs out
+      t0=$SECONDS
+      vllm serve "$L8" --load-format dummy --max-model-len 8192 --gpu-memory-utilization 0.5 --enforce-eager \
+        --host 127.0.0.1 --port $PORT > "$OUT/runtime.log" 2>&1 & SERVER=$!
+      if healthy 400; then
+        rm -f /tmp/taker-ready
+        setsid python3 -c "import torch,time; free=torch.cuda.mem_get_info()[0]; x=torch.empty(free-64*2**20,dtype=torch.uint8,device='cuda:0'); open('/tmp/taker-ready','w').write('1'); time.sleep(600)" &
+        TAKER=$!; for _ in $(seq 1 60); do [ -f /tmp/taker-ready ] && break; sleep 1; done
+        python3 - "$PORT" "$L8" <<'PY'
+import json, sys, threading, urllib.request
+url = f"http://127.0.0.1:{sys.argv[1]}/v1/completions"
+def ask():  # 7000 prompt tokens with their logprobs: memory the start-up profile never measured
+    body = json.dumps({"model": sys.argv[2], "prompt": [100] * 7000, "max_tokens": 16, "prompt_logprobs": 20, "logprobs": 20, "n": 4}).encode()
+    try:
+        urllib.request.urlopen(urllib.request.Request(url, body, {"Content-Type": "application/json"}), timeout=120)
+    except Exception as exc:  # the server dies under it: that is the point
+        print("request:", type(exc).__name__)
+threads = [threading.Thread(target=ask) for _ in range(64)]
+[t.start() for t in threads]; [t.join() for t in threads]
+PY
+        sleep 5; kill -9 -- -$TAKER 2>/dev/null
+      fi
+      kill $SERVER 2>/dev/null; wait $SERVER
+      echo "runtime: exit $? in $((SECONDS - t0)) s" | tee -a "$OUT/summary.txt"; idle ;;
+    *) echo "unknown scenario $scenario" ;;
+  esac
+done
