@@ -404,8 +404,10 @@ class Cluster:
         restart_count: int = 1,
         uid: str | None = None,
         template_from: dict[str, Any] | None = None,
+        ready: str | None = None,
     ) -> str:
-        """A pod of the VLLMService's Deployment whose vllm container just died."""
+        """A pod of the VLLMService's Deployment whose vllm container just died. `ready`, when
+        given, is the pod's Ready condition since then ("False" at the crash of a ready run)."""
         dep = template_from or await self.deployment(vsvc)
         template = copy.deepcopy(dep["spec"]["template"])
         uid = uid or self.uid()
@@ -433,6 +435,7 @@ class Cluster:
                                 "exitCode": exit_code,
                                 "reason": reason,
                                 "message": message,
+                                "startedAt": "2026-11-30T02:50:00Z",
                                 "finishedAt": "2026-11-30T03:00:00Z",
                             }
                         },
@@ -440,6 +443,8 @@ class Cluster:
                 ],
             },
         }
+        if ready is not None:
+            body["status"]["conditions"] = [{"type": "Ready", "status": "False", "lastTransitionTime": ready}]
         existing = await self.get(f"/api/v1/namespaces/{NS}/pods/{pod}")
         if existing is None:
             await self.call("POST", f"/api/v1/namespaces/{NS}/pods", body)

@@ -343,3 +343,38 @@ async def test_the_real_72b_crash_on_one_h200_heals_to_two_gpus(cluster):
     heal = status(obj)["heals"][-1]
     assert heal["cause"] == "weights_load_oom" and heal["action"] == "IncreaseTensorParallel"
     assert obj["spec"]["engine"]["tensorParallelSize"] == 2
+
+
+# The OOM line alone, no frame or milestone: where it failed only the pod's history tells.
+BARE_OOM = (
+    "(EngineCore_DP0 pid=1) ERROR 11-30 03:00:00 [core.py:1] torch.OutOfMemoryError: CUDA out of memory. "
+    "Tried to allocate 512.00 MiB. GPU 0 has a total capacity of 22.05 GiB of which 100.00 MiB is free.\n"
+)
+
+
+@pytest.mark.parametrize(
+    "ready, cause",
+    [
+        ("2026-11-30T03:00:01Z", "runtime_oom"),  # Ready flipped to False at the crash: it had served
+        ("2026-11-30T02:49:00Z", "profiling_oom"),  # not ready since before the run started
+        (None, None),  # the pod does not tell: no memory change
+    ],
+)
+async def test_the_pods_readiness_places_an_oom_the_log_does_not(cluster, kmock, ready, cause):
+    name = f"bare-{cause or 'none'}".replace("_", "-")
+    await cluster.create_vsvc(name, SPEC)
+    await wait_for(lambda: cluster.deployment_now(name), what="deployment")
+    kmock[f"get /api/v1/namespaces/{NS}/pods/{name}-a/log"] << BARE_OOM.encode()
+    await cluster.crash_pod(name, f"{name}-a", message=BARE_OOM, ready=ready)
+    if cause is None:
+        crash = await wait_for(
+            lambda: [e for e in cluster.events_now("CrashNotHealed") if e["involvedObject"]["name"] == name],
+            what="CrashNotHealed event",
+        )
+        obj = await cluster.vsvc(name)
+        assert (obj.get("status") or {}).get("healCount", 0) == 0, crash
+        return
+    obj = await wait_for(
+        lambda: (o := cluster.vsvc_now(name)) and (o.get("status") or {}).get("healCount") and o, what="heal"
+    )
+    assert status(obj)["heals"][-1]["cause"] == cause

@@ -86,6 +86,7 @@ def diagnose(kube: Kube, incident: Incident, obj: VLLMService) -> Diagnosis:
     signals: dict[str, Any] = dict(
         exit_code=incident.crash.get("exitCode"),
         reason=incident.crash.get("reason"),
+        ready_before=pods.ready_before(incident.pod, incident.crash),
         tensor_parallel_size=engine.tensor_parallel_size,
         pipeline_parallel_size=engine.pipeline_parallel_size,
         gpu_count=resources.gpu_count(obj),

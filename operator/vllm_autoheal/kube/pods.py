@@ -23,6 +23,32 @@ def find_crash(pod: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
+# vLLM cannot load a model and answer /health in less; a Ready condition that changed sooner after
+# the container started is the pod's initial one, not a transition of this run.
+READY_AFTER_START_S = 10.0
+
+
+def _time(value: Any) -> float | None:
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def ready_before(pod: dict[str, Any], crash: dict[str, Any]) -> bool | None:
+    """Had the crashed run answered its readiness probe? The pod's Ready condition flips to False
+    when a ready container dies; a run that never became ready leaves it as it was before the run
+    started. None when the pod no longer tells (it became ready again since, or times are missing)."""
+    started, finished = _time(crash.get("startedAt")), _time(crash.get("finishedAt"))
+    ready = next((c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"), None)
+    changed = _time((ready or {}).get("lastTransitionTime"))
+    if started is None or finished is None or changed is None or ready is None:
+        return None
+    if ready.get("status") != "False":
+        return None  # ready again (a later run) or not yet updated: this run's readiness is gone
+    return started + READY_AFTER_START_S <= changed
+
+
 def template_hash(pod: dict[str, Any]) -> str | None:
     return ((pod.get("metadata") or {}).get("annotations") or {}).get(resources.ENGINE_HASH)
 
@@ -38,9 +64,8 @@ def unschedulable(pod: dict[str, Any]) -> tuple[float, str] | None:
             and cond.get("status") == "False"
             and cond.get("reason") == "Unschedulable"
         ):
-            try:
-                since = datetime.fromisoformat(str(cond.get("lastTransitionTime")).replace("Z", "+00:00")).timestamp()
-            except ValueError:
+            since = _time(cond.get("lastTransitionTime"))
+            if since is None:
                 return None
             return since, str(cond.get("message") or "the scheduler found no node")[:1000]
     return None
