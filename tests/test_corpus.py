@@ -95,3 +95,39 @@ def test_the_launchers_message_of_every_sample_passes_the_schema():
         doc, note = termination.read(text)
         assert note is None and doc is not None, (s["id"], note)
         assert doc["diagnosis"]["cause"] == diag.cause
+
+
+def test_corpus_add_appends_with_the_split_and_refuses_what_it_must(tmp_path):
+    """scripts/corpus_add.py: a reviewed sample is appended with its thread's split; a thread
+    already in the corpus, a sample without a verdict and a doubted label are refused."""
+    import json
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(json.dumps(CORPUS[0]) + "\n")
+    base = {k: CORPUS[0][k] for k in CORPUS[0] if k not in ("failure_shown", "split", "origin")}
+    new = [
+        {**base, "id": "ok", "source_url": "https://example.invalid/issues/1"},
+        {**base, "id": "same-thread"},
+        {**base, "id": "no-verdict", "source_url": "https://example.invalid/issues/2"},
+        {**base, "id": "doubted", "source_url": "https://example.invalid/issues/3"},
+    ]
+    (tmp_path / "new.jsonl").write_text("".join(json.dumps(s) + "\n" for s in new))
+    verdicts = [
+        {"id": "ok", "failure_shown": True, "label_ok": True},
+        {"id": "same-thread", "failure_shown": True, "label_ok": True},
+        {"id": "doubted", "failure_shown": True, "label_ok": False},
+    ]
+    (tmp_path / "audit.jsonl").write_text("".join(json.dumps(v) + "\n" for v in verdicts))
+    script = [sys.executable, str(root / "scripts" / "corpus_add.py")]
+    args = [str(tmp_path / "new.jsonl"), "--audit", str(tmp_path / "audit.jsonl"), "--corpus", str(corpus)]
+    done = subprocess.run(script + args, capture_output=True, text=True, check=True)
+    rows = [json.loads(line) for line in corpus.read_text().splitlines()]
+    assert [r["id"] for r in rows] == [CORPUS[0]["id"], "ok"], done.stdout
+    digest = int(hashlib.sha256(b"https://example.invalid/issues/1").hexdigest(), 16)
+    assert rows[1]["split"] == ("test" if digest % 2 else "train") and rows[1]["origin"] == "mined"
+    assert "refused 1: thread or id already in the corpus" in done.stdout and "label doubted" in done.stdout
+    bad = subprocess.run(script + [str(tmp_path / "missing.jsonl")], capture_output=True, text=True)
+    assert bad.returncode == 2 and "cannot read" in bad.stderr and "Traceback" not in bad.stderr
