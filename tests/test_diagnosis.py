@@ -464,6 +464,7 @@ def test_the_rpc_a_worker_ran_places_its_oom(method_line, cause):
             "gpu_util_exceeds_free",
         ),  # vLLM 0.6, no figures
         ("Fatal Python error: Aborted", "not_oom"),
+        ("vllm serve: error: unrecognized arguments: --max-modle-len 4096", "not_oom"),  # argparse
         (
             "(ActorModelRayActor pid=8249) Refer to the documentation on how to address the out of memory issue: "
             "https://docs.ray.io/en/latest/ray-core/scheduling/ray-oom-prevention.html.",

@@ -176,6 +176,13 @@ FAILURES: tuple[Message, ...] = (
         r"HSA_STATUS_ERROR_MEMORY_APERTURE_VIOLATION",
         subtype="illegal_memory_access",
     ),
+    # The command line refused by argparse ("vllm serve: error: unrecognized arguments: ...").
+    _m(
+        NOT_OOM,
+        r"^[\w./-]{1,80}(?: \w{1,30})?: error: (?:unrecognized arguments|argument |the following arguments)",
+        subtype="invalid_arguments",
+        needles=(": error: ",),
+    ),
     # The engine-dead error a request gets names the engine's own error: another type than OOM.
     _m(
         NOT_OOM,
