@@ -45,6 +45,23 @@ for scenario in "$@"; do
       python3 -m http.server $PORT --bind 127.0.0.1 > /dev/null 2>&1 & BUSY=$!; sleep 2
       run port 300 "$L8" --load-format dummy --max-model-len 8192 --enforce-eager
       kill $BUSY ;;
+    badflag)  # a misspelt flag: argparse refuses the command line (not memory)
+      run badflag 120 "$L8" --load-format dummy --max-modle-len 4096 ;;
+    batched)  # a batch budget below the context with chunked prefill off (not memory)
+      run batched 240 "$L8" --load-format dummy --max-model-len 8192 --max-num-batched-tokens 1024 \
+        --no-enable-chunked-prefill --enforce-eager ;;
+    hostram)  # a 1.5 GiB memory cgroup, as a container limit: the kernel kills a vLLM process (host_ram_oom)
+      if mkdir -p /sys/fs/cgroup/vllm-hostram 2>/dev/null && echo 1536M > /sys/fs/cgroup/vllm-hostram/memory.max \
+        && echo 0 > /sys/fs/cgroup/vllm-hostram/memory.swap.max; then
+        t0=$SECONDS
+        sh -c 'echo $$ > /sys/fs/cgroup/vllm-hostram/cgroup.procs && exec timeout 150 vllm serve "$@"' hostram "$L8" \
+          --load-format dummy --max-model-len 8192 --enforce-eager --host 127.0.0.1 --port $PORT > "$OUT/hostram.log" 2>&1
+        echo "hostram: exit $? in $((SECONDS - t0)) s; $(grep oom_kill /sys/fs/cgroup/vllm-hostram/memory.events)" \
+          | tee -a "$OUT/summary.txt"
+        idle
+      else
+        echo "hostram: no writable cgroup v2 memory controller here" | tee -a "$OUT/summary.txt"
+      fi ;;
     profile)  # a dummy batch of 2M tokens: the start-up profiling forward runs out (profiling_oom)
       run profile 420 "$L8" --load-format dummy --max-model-len 8192 --max-num-batched-tokens 2097152 \
         --max-num-seqs 256 --enforce-eager ;;
