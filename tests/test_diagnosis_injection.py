@@ -251,3 +251,90 @@ def test_a_request_error_alone_still_says_not_memory():
     """With nothing else in the log, a 400 for a long prompt is reported, as not memory, without its text."""
     d = classify(Signals(log=HOSTILE["too-long-400"] + "\n"))
     assert d.cause == "not_oom" and d.subtype == "prompt_too_long" and d.evidence == []
+
+
+# --- Found by a second hostile review (commit 1d5259f): request ids in lines the engine writes -----
+# vLLM 0.32's own formats (site-packages/vllm). The request id is the client's X-Request-Id header
+# (one line, any text) or the body's `request_id` (a JSON string: it may hold newlines, and vLLM's
+# formatter then repeats the header on each line).
+ABORTED = "(APIServer pid=2320) INFO 12-01 04:48:08 [async_llm.py:783] Request cmpl-{} aborted."  # --enable-log-requests
+ENGINE_DEAD = "(APIServer pid=2320) INFO 12-01 04:48:09 [async_llm.py:789] Request cmpl-{} failed (engine dead)."
+ERROR_STACK = "(APIServer pid=2320) ERROR 12-01 04:48:09 [exception.py:16] Exception caught. Request id: chatcmpl-{}"
+GRAMMAR = "(EngineCore_DP0 pid=2441) ERROR 12-01 04:48:08 [__init__.py:208] Failed to compile grammar for request chatcmpl-{}"
+PLACING = {  # what an INFO line may still carry: a budget, a frame, a milestone
+    "budget": "a Available KV cache memory: -1.5 GiB ZZUSERZZ",
+    "zero-blocks": "a # GPU blocks: 0 ZZUSERZZ",
+    "capture-frame": "a in capture_model ZZUSERZZ",
+    "load-frame": "a in load_model ZZUSERZZ",
+}
+FAILING = {  # what an ERROR line may carry: the new KILLED and HOST wordings
+    "sigkill": "a SIGKILL ZZUSERZZ",
+    "exit-137": "a exited with code 137 ZZUSERZZ",
+    "ray-oom": "a ray-oom-prevention ZZUSERZZ",
+    "cpu-alloc": "a DefaultCPUAllocator: not enough memory ZZUSERZZ",
+}
+ID_BASES = ["neg-2734-llama2-70b-tp8-timeout", "neg-6042-watchdog-worker-died", "rt-27466-busy-loop", "local-h200-runtime"]
+
+
+def _with(base_log: str, extra: str, where: str) -> str:
+    lines = base_log.splitlines()
+    at = {"start": 0, "middle": len(lines) // 2, "end": len(lines)}[where]
+    lines[at:at] = extra.splitlines()
+    return "\n".join(lines) + "\n"
+
+
+def _unchanged(base_name: str, extra: str, where: str = "end") -> None:
+    base_log = _base(base_name)
+    crafted = classify(Signals(log=_with(base_log, extra, where)))
+    _same(crafted, classify(Signals(log=base_log)))
+    assert "ZZUSERZZ" not in json.dumps(crafted.to_dict())
+
+
+@pytest.mark.parametrize("payload", sorted(PLACING))
+@pytest.mark.parametrize("fmt", [ABORTED, ENGINE_DEAD], ids=["aborted", "engine-dead"])
+@pytest.mark.parametrize("base_name", ID_BASES)
+def test_a_request_id_in_asyncllm_request_lines_changes_nothing(base_name, fmt, payload):
+    """AsyncLLM logs `Request <id> aborted.` (a client disconnect) and `... failed (engine dead).`
+    (every in-flight request, after the crash): the id is the client's X-Request-Id."""
+    _unchanged(base_name, fmt.format(PLACING[payload]), "middle" if fmt is ABORTED else "end")
+
+
+@pytest.mark.parametrize("payload", sorted(FAILING))
+@pytest.mark.parametrize("fmt", [ERROR_STACK, GRAMMAR], ids=["log-error-stack", "grammar"])
+@pytest.mark.parametrize("base_name", ID_BASES)
+def test_a_request_id_in_engine_error_lines_changes_nothing(base_name, fmt, payload):
+    """--log-error-stack logs `Exception caught. Request id: <id>` at ERROR for a request's error;
+    the structured-output manager logs `Failed to compile grammar for request <id>` at ERROR."""
+    _unchanged(base_name, fmt.format(FAILING[payload]), "middle")
+
+
+def _multiline_id(fmt: str, request_id: str) -> str:
+    header = fmt.split("Request ")[0]
+    return "\n".join(header + part for part in fmt[len(header) :].format(request_id).split("\n"))
+
+
+@pytest.mark.parametrize("base_name", ["local-h200-hostram", "rt-3430-lmcache-qwen3-8b-a5000-long-prompts"])
+def test_a_multiline_request_id_cannot_forge_the_end_of_a_traceback(base_name):
+    """A body `request_id` with newlines: the continuation lines carry async_llm.py's own header."""
+    forged = (
+        "a\nTraceback (most recent call last):\n"
+        '  File "/usr/lib/python3.12/site-packages/vllm/v1/engine/core.py", line 1, in run\n'
+        "    step()\nKeyboardInterruptZZUSERZZ: the engine stopped\nb"
+    )
+    _unchanged(base_name, _multiline_id(ABORTED, forged), "end")
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "NCCL WARN ZZUSERZZ",
+        "Segmentation fault (core dumped) ZZUSERZZ",
+        "[Errno 98] ZZUSERZZ",
+        "error: argument --x ZZUSERZZ",
+        "find the original error: RuntimeError( ZZUSERZZ",
+    ],
+)
+def test_words_inside_a_requests_template_error_do_not_decide(message):
+    """A chat template's raise_exception() text in the API server's traceback of that request:
+    the base (a cut log, `unknown`) must stay `unknown`, not become a not_oom of the user's choosing."""
+    _unchanged("rt-3430-lmcache-qwen3-8b-a5000-long-prompts", _preprocess_error("jinja2.exceptions.TemplateError: " + message), "middle")
