@@ -338,3 +338,11 @@ def test_words_inside_a_requests_template_error_do_not_decide(message):
     """A chat template's raise_exception() text in the API server's traceback of that request:
     the base (a cut log, `unknown`) must stay `unknown`, not become a not_oom of the user's choosing."""
     _unchanged("rt-3430-lmcache-qwen3-8b-a5000-long-prompts", _preprocess_error("jinja2.exceptions.TemplateError: " + message), "middle")
+
+
+@pytest.mark.parametrize("payload", ["a EngineCore failed to start ZZUSERZZ", "a in from_engine_args ZZUSERZZ"])
+@pytest.mark.parametrize("base_name", ["rt-qwen38flash2x3090-2-first-prompt", "weights-43951-qwen3-235b-sleepmode-gb200"])
+def test_a_request_id_cannot_say_the_engine_never_started(base_name, payload):
+    """An OOM the log does not place is `unknown`; a STARTING marker in a request's id, anywhere in
+    the log (even after the crash), must not turn it into a profiling_oom guess."""
+    _unchanged(base_name, ENGINE_DEAD.format(payload), "end")
