@@ -120,6 +120,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"crafted log: {c_size / 1e6:.1f} MB in {c_time * 1000:.0f} ms = {c_rate:.1f} MB/s -> {c_cause}")
         ratio = (c_time / c_size) / (n_time / n_size)
         print(f"crafted/normal time per MB: {ratio:.2f} (at most 3 asked)")
+        # The raw tail keeps every line of the last 64 KiB: the worst there is many short lines
+        # that each hold a needle (the per-line cost), against a normal 64 KiB log.
+        small_normal, short = Path(tmp, "small.log"), Path(tmp, "short.log")
+        s_size = write(small_normal, "normal", 64 * 2**10)
+        short.write_text("x load_\n" * (64 * 2**10 // 8))
+        s_time, _ = timed(small_normal)
+        h_time, _ = timed(short)
+        print(
+            f"64 KiB of short lines that each hold a needle: {h_time * 1000:.0f} ms, a normal 64 KiB log "
+            f"{s_time * 1000:.0f} ms ({(h_time / short.stat().st_size) / (s_time / s_size):.1f}x per MB; "
+            "a fixed cost, as only the last 2000 lines are all read)"
+        )
         b_size = write(big, "normal", int(args.big_mb * 1e6))
         with big.open() as f:
             tracemalloc.start()

@@ -508,6 +508,7 @@ OOM_LINE = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 450.00
         ),  # a request was served
         ("ERROR 01-01 00:00:00 [core.py:1] EngineCore encountered a fatal error.", "runtime_oom"),  # V1's busy loop
         ("", "unknown"),  # nothing says where, nor whether it had started
+        ('INFO:     10.0.0.1:5000 - "POST /wake_up HTTP/1.1" 200 OK', "unknown"),  # sleep mode: not a request
     ],
 )
 def test_what_shows_the_server_was_serving(before, cause):

@@ -273,7 +273,7 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
             # The engine's start-up wrappers and constructors say it never served: then a
             # start-up run of the model is the likeliest place, as when it never answered /health.
             started = signals.ready_before
-            if started is None and msg.STARTING in by_kind:
+            if started is None and any(not f.line.informational for f in by_kind.get(msg.STARTING, [])):
                 started = False
             if started is None:
                 return done(

@@ -17,6 +17,11 @@ from .scan import ACCESS, ENGINE, MATCH_CHARS, REQUEST, USER, Line
 # Kinds that name a failure: only an error the engine reported (not a progress or warning line,
 # not a request's own error) decides with them.
 FAILURE_KINDS = {msg.MEMORY, msg.HOST, msg.NOT_OOM, msg.NCCL_OOM, msg.OOM, msg.KILLED}
+INFERENCE_REQUEST = re.compile(r'"POST /(?:v1/|v2/|generate|invocations|pooling|score|classify|rerank|embed)')
+REQUEST_ERROR = re.compile(
+    r"^(?:ValueError|TypeError|OverflowError|NotImplementedError|vllm\.[\w.]{1,80}Error|"
+    r"[\w.]{0,80}(?:ValidationError|BadRequestError)): "
+)
 ENGINE_EXCEPTION = re.compile(
     r"^(?:torch\.(?:cuda\.)?OutOfMemoryError|torch\.AcceleratorError|RuntimeError|"
     r"ValueError|MemoryError|torch\.cuda\.CudaError): "
@@ -40,6 +45,17 @@ class Finding:
     match: re.Match[str]
 
 
+# Each distinct needle of all the messages is looked for once a line (str `in`, C speed), and
+# only the messages whose needles are there run their regex; a line that holds none is skipped.
+_NEEDLES = sorted({n for m in msg.MESSAGES if not m.ignores_case for n in m.needles})
+_NEEDLES_LOWER = sorted({n for m in msg.MESSAGES if m.ignores_case for n in m.needles})
+_KEYS = {id(m): frozenset(("i:" if m.ignores_case else "c:") + n for n in m.needles) for m in msg.MESSAGES}
+
+
+def _present(text: str, lowered: str) -> set[str]:
+    return {"c:" + n for n in _NEEDLES if n in text} | {"i:" + n for n in _NEEDLES_LOWER if n in lowered}
+
+
 def findings_of(lines: list[Line]) -> list[Finding]:
     out = []
     for i, line in enumerate(lines):
@@ -47,16 +63,24 @@ def findings_of(lines: list[Line]) -> list[Finding]:
             continue
         text = line.match_text
         lowered = text.lower()
+        present = _present(text, lowered)
+        if not present:
+            if line.origin == ENGINE:
+                out += _wrapped(line, lines[i + 1 : i + 3])
+            continue
         memory = False
         # A request's traceback (an API-server line) carries the engine's error when the engine
         # died under it, but its other lines can carry the request's text: there only an error of
         # a type the engine raises, matched from the start of its message, counts.
         anchor = ENGINE_EXCEPTION.match(text) if line.origin == REQUEST else None
+        # ... and a non-memory finding only from the errors vLLM raises for a request (a template's
+        # own exception carries whatever its author, or the request, put in it).
+        request_error = line.origin == REQUEST and REQUEST_ERROR.match(text) is not None
         for message in msg.MESSAGES:
-            found = message.search(text, lowered)
+            found = None if _KEYS[id(message)].isdisjoint(present) else message.regex.search(text)
             if found and (
                 line.origin == ENGINE
-                or message.kind == msg.NOT_OOM
+                or (message.kind == msg.NOT_OOM and request_error)
                 or (anchor is not None and found.start() == anchor.end())
             ):
                 out.append(Finding(line, message, found))
@@ -85,9 +109,14 @@ def _wrapped(line: Line, following: list[Line]) -> list[Finding]:
 
 
 def served_before(lines: list[Line], failure: Line) -> bool:
-    """A request reached the server before the failure: an access line or a request's echo was
-    logged (only their presence counts, never their text)."""
-    return any(ln.origin in (ACCESS, USER) for ln in lines if ln.offset < failure.offset)
+    """An inference request reached the server before the failure: its access line or its echo
+    was logged (only their presence counts, never their text). Sleep-mode and admin endpoints
+    (/wake_up, /sleep, /health) do not count: they are answered around start-up too."""
+    return any(
+        (ln.origin == USER or (ln.origin == ACCESS and INFERENCE_REQUEST.search(ln.text[:200])))
+        for ln in lines
+        if ln.offset < failure.offset
+    )
 
 
 def final_exception(engine_lines: list[Line]) -> Line | None:

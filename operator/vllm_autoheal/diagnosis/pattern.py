@@ -33,6 +33,10 @@ class Message:
     subtype: str | None = None
     needles: tuple[str, ...] = ()  # one of these literals is in every match; empty: always try
 
+    @property
+    def ignores_case(self) -> bool:
+        return bool(self.regex.flags & re.IGNORECASE)
+
     def search(self, text: str, lowered: str) -> re.Match[str] | None:
         """The regex runs only on lines holding one of its literal needles (str `in`, C speed)."""
         if self.needles:

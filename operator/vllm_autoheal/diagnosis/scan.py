@@ -98,6 +98,7 @@ TAIL_BYTES = 1 * 2**20
 HEAD_LINES = 400
 TAIL_LINES = 3000
 RAW_TAIL_BYTES = 64 * 2**10  # every line here is kept, anchor or not (traceback frames)
+RAW_TAIL_LINES = 2000  # ... up to this many (a normal 64 KiB tail has a few hundred)
 
 ENGINE, USER, ACCESS, REQUEST = "engine", "user", "access", "request"
 FORGED = "<second header>"
@@ -133,7 +134,16 @@ _USER_FILES = re.compile(
 # X-Request-Id header, stop strings), wherever they come from.
 _REQUEST_IDS = re.compile(
     r"^(?:Added|Aborted|Finished|Abort) request|\b(?:SchedulerOutput|NewRequestData|"
-    r"CachedRequestData)\(|\breq(?:uest)?_id[=:]"
+    r"CachedRequestData)\(|\breq(?:uest)?_ids?[=:]|"
+    # AsyncLLM's "Request <id> aborted/failed ...", --log-error-stack's "Exception caught. Request
+    # id: <id>", and the engine's "... for request <id>" (structured output, KV connectors)
+    r"^Request \S+(?: |$)|^Aborted request\(s\)|[Rr]equest [Ii][Dd]s?\b|\b(?:for|to) request \S"
+)
+# A message that starts with a request's id or text: vLLM's formatter repeats its header on each
+# line of a message, so the lines that follow with that same header are the same user text.
+_USER_MESSAGE = re.compile(
+    r"^(?:Received request|Generated response|Request \S|Added request|Aborted request|Finished request|"
+    r"Abort request|(?:Engine )?Exception caught|Failed to compile grammar)"
 )
 # The API server handles requests one by one: its errors (a 400 for a long prompt, a bad chat
 # template) are the request's, carry the request's text, and never decide a crash's cause.
@@ -153,6 +163,7 @@ class Line:
     origin: str = ENGINE
     source_file: str | None = None  # the file named in vLLM's logger header, when there is one
     level: str | None = None  # the logger level in the header (INFO, WARNING, ERROR, ...)
+    header: str = ""  # the prefixes and logger header as printed, before `text`
 
     @property
     def informational(self) -> bool:
@@ -181,6 +192,11 @@ def normalize(raw: str) -> tuple[str, int | None]:
 
 def _strip(raw: str) -> tuple[str, int | None, str | None, str | None]:
     text = _ANSI.sub("", raw)
+    return _strip_clean(text)
+
+
+def _strip_clean(text: str) -> tuple[str, int | None, str | None, str | None]:
+    raw = text
     rank = None
     source_file = level = None
     headers = 0
@@ -213,7 +229,8 @@ def origin_of(text: str, source_file: str | None) -> str:
     if name and _USER_FILES.match(name):
         return USER
     head = text[:MATCH_CHARS]
-    if _USER_TEXT.search(head) or _REQUEST_IDS.search(head):
+    # (every request-id form holds "eq" or "SchedulerOutput": a cheap test first on long lines)
+    if _USER_TEXT.search(head) or (("eq" in head or "SchedulerOutput" in head) and _REQUEST_IDS.search(head)):
         return USER
     if _ACCESS.match(head):
         return ACCESS
@@ -225,10 +242,23 @@ def origin_of(text: str, source_file: str | None) -> str:
 def make_line(offset: int, raw: str) -> Line | None:
     if not raw.strip():
         return None
-    text, rank, source_file, level = _strip(raw)
+    clean = _ANSI.sub("", raw)
+    text, rank, source_file, level = _strip_clean(clean)
     if not text:
         return None
-    return Line(offset, text, _ANSI.sub("", raw).strip(), rank, origin_of(text, source_file), source_file, level)
+    body = clean.rstrip()
+    header = body[: len(body) - len(text)].strip() if source_file and body.endswith(text) else ""
+    return Line(offset, text, clean.strip(), rank, origin_of(text, source_file), source_file, level, header)
+
+
+def _continuations(lines: list[Line]) -> None:
+    """The lines of one logged message that began with a request's id or text are user text too."""
+    header = None
+    for line in lines:
+        if header is not None and line.header == header:
+            line.origin = USER
+            continue
+        header = line.header if line.header and line.origin == USER and _USER_MESSAGE.match(line.text) else None
 
 
 def _chunks(source: str | IO[str] | Iterable[str]) -> Iterable[str]:
@@ -310,9 +340,12 @@ def scan(source: str | IO[str] | Iterable[str]) -> Scan:
     # The raw tail: every line, anchors or not (traceback frames, the last words).
     raw = tail_body[-RAW_TAIL_BYTES:]
     pos = tail_base + start + len(tail_body) - len(raw)
-    for n, piece in enumerate(raw.split("\n")):
-        if n > 0 or pos == tail_base + start:  # the first piece of a cut tail is a partial line
+    pieces = raw.split("\n")
+    for n, piece in enumerate(pieces):
+        whole = n > 0 or pos == tail_base + start  # the first piece of a cut tail is a partial line
+        if whole and n >= len(pieces) - RAW_TAIL_LINES:
             merged.setdefault(pos, piece[:MAX_LINE])
         pos += len(piece) + 1
     lines = [line for off in sorted(merged) if (line := make_line(off, merged[off])) is not None]
+    _continuations(lines)
     return Scan(lines=lines, total_bytes=seen, truncated=truncated)
