@@ -243,6 +243,21 @@ def test_cli_diagnose_json_and_text(tmp_path):
     assert bad.returncode == 2 and "cannot read" in bad.stderr and "Traceback" not in bad.stderr
 
 
+@pytest.mark.parametrize(
+    "flag, cause", [([], "unknown"), (["--ready-before"], "runtime_oom"), (["--no-ready-before"], "profiling_oom")]
+)
+def test_cli_diagnose_takes_whether_the_server_had_been_ready(flag, cause):
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n"
+    out = subprocess.run(
+        [sys.executable, "-m", "vllm_autoheal", "diagnose", "-", "--json", *flag],
+        input=oom,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert json.loads(out)["cause"] == cause
+
+
 def test_cli_bundled_example_is_the_real_h200_failure():
     out = subprocess.run(
         [sys.executable, "-m", "vllm_autoheal", "diagnose", "--example", "h200-kv-cache-too-small", "--json"],

@@ -257,10 +257,14 @@ def test_a_request_error_alone_still_says_not_memory():
 # vLLM 0.32's own formats (site-packages/vllm). The request id is the client's X-Request-Id header
 # (one line, any text) or the body's `request_id` (a JSON string: it may hold newlines, and vLLM's
 # formatter then repeats the header on each line).
-ABORTED = "(APIServer pid=2320) INFO 12-01 04:48:08 [async_llm.py:783] Request cmpl-{} aborted."  # --enable-log-requests
+ABORTED = (
+    "(APIServer pid=2320) INFO 12-01 04:48:08 [async_llm.py:783] Request cmpl-{} aborted."  # --enable-log-requests
+)
 ENGINE_DEAD = "(APIServer pid=2320) INFO 12-01 04:48:09 [async_llm.py:789] Request cmpl-{} failed (engine dead)."
 ERROR_STACK = "(APIServer pid=2320) ERROR 12-01 04:48:09 [exception.py:16] Exception caught. Request id: chatcmpl-{}"
-GRAMMAR = "(EngineCore_DP0 pid=2441) ERROR 12-01 04:48:08 [__init__.py:208] Failed to compile grammar for request chatcmpl-{}"
+GRAMMAR = (
+    "(EngineCore_DP0 pid=2441) ERROR 12-01 04:48:08 [__init__.py:208] Failed to compile grammar for request chatcmpl-{}"
+)
 PLACING = {  # what an INFO line may still carry: a budget, a frame, a milestone
     "budget": "a Available KV cache memory: -1.5 GiB ZZUSERZZ",
     "zero-blocks": "a # GPU blocks: 0 ZZUSERZZ",
@@ -273,7 +277,12 @@ FAILING = {  # what an ERROR line may carry: the new KILLED and HOST wordings
     "ray-oom": "a ray-oom-prevention ZZUSERZZ",
     "cpu-alloc": "a DefaultCPUAllocator: not enough memory ZZUSERZZ",
 }
-ID_BASES = ["neg-2734-llama2-70b-tp8-timeout", "neg-6042-watchdog-worker-died", "rt-27466-busy-loop", "local-h200-runtime"]
+ID_BASES = [
+    "neg-2734-llama2-70b-tp8-timeout",
+    "neg-6042-watchdog-worker-died",
+    "rt-27466-busy-loop",
+    "local-h200-runtime",
+]
 
 
 def _with(base_log: str, extra: str, where: str) -> str:
@@ -337,11 +346,17 @@ def test_a_multiline_request_id_cannot_forge_the_end_of_a_traceback(base_name):
 def test_words_inside_a_requests_template_error_do_not_decide(message):
     """A chat template's raise_exception() text in the API server's traceback of that request:
     the base (a cut log, `unknown`) must stay `unknown`, not become a not_oom of the user's choosing."""
-    _unchanged("rt-3430-lmcache-qwen3-8b-a5000-long-prompts", _preprocess_error("jinja2.exceptions.TemplateError: " + message), "middle")
+    _unchanged(
+        "rt-3430-lmcache-qwen3-8b-a5000-long-prompts",
+        _preprocess_error("jinja2.exceptions.TemplateError: " + message),
+        "middle",
+    )
 
 
 @pytest.mark.parametrize("payload", ["a EngineCore failed to start ZZUSERZZ", "a in from_engine_args ZZUSERZZ"])
-@pytest.mark.parametrize("base_name", ["rt-qwen38flash2x3090-2-first-prompt", "weights-43951-qwen3-235b-sleepmode-gb200"])
+@pytest.mark.parametrize(
+    "base_name", ["rt-qwen38flash2x3090-2-first-prompt", "weights-43951-qwen3-235b-sleepmode-gb200"]
+)
 def test_a_request_id_cannot_say_the_engine_never_started(base_name, payload):
     """An OOM the log does not place is `unknown`; a STARTING marker in a request's id, anywhere in
     the log (even after the crash), must not turn it into a profiling_oom guess."""

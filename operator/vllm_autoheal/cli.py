@@ -371,7 +371,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--exit-code", type=int, help="the container's or process's exit code")
     p.add_argument("--reason", help="the container's termination reason (OOMKilled, Error, ...)")
     p.add_argument(
-        "--ready-before", action="store_true", default=None, help="the server had answered /health before it died"
+        "--ready-before",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the server had (or, --no-ready-before, had never) answered /health before it died; "
+        "places an OOM whose log does not show where it happened",
     )
     p.add_argument("--tensor-parallel-size", type=int, help="TP of the deployment (breaks ties)")
     p.add_argument("--pipeline-parallel-size", type=int, help="PP of the deployment (breaks ties)")
