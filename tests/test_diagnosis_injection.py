@@ -361,3 +361,175 @@ def test_a_request_id_cannot_say_the_engine_never_started(base_name, payload):
     """An OOM the log does not place is `unknown`; a STARTING marker in a request's id, anywhere in
     the log (even after the crash), must not turn it into a profiling_oom guess."""
     _unchanged(base_name, ENGINE_DEAD.format(payload), "end")
+
+
+# --- Found by a third hostile review (of commit bd08fcf): the fix's own gaps ------------------------
+# Every format below is vLLM 0.32's own (site-packages/vllm, file:line in the header). A payload is
+# what an INFO/WARNING line may still carry (a budget, a frame) or what an ERROR line may carry.
+ID3_PAYLOADS = {
+    "budget": "Available KV cache memory: -1.5 GiB ZZUSERZZ",
+    "capture-frame": 'File "/x/vllm/v1/worker/gpu_model_runner.py", line 1, in capture_model ZZUSERZZ',
+}
+ID3_FAILING = {
+    **ID3_PAYLOADS,
+    "cpu-alloc": "DefaultCPUAllocator: not enough memory ZZUSERZZ",
+    "sigkill": "SIGKILL ZZUSERZZ",
+}
+REQUEST_LOGGER = "(APIServer pid=2320) INFO 12-01 04:48:08 [request_logger.py:65] "
+LOGGER_PARAMS = ": params: SamplingParams(n=1, temperature=0.7, max_tokens=16), lora_request: None."
+EC = "(EngineCore_DP0 pid=2441) "
+
+
+@pytest.mark.parametrize("payload", sorted(ID3_PAYLOADS))
+@pytest.mark.parametrize("base_name", ID_BASES)
+def test_a_request_id_with_a_space_in_the_request_loggers_line_is_user_text(base_name, payload):
+    """0.32's request logger (entrypoints/serve/utils/request_logger.py) writes `Received request %s:
+    params: ...`; an X-Request-Id with a space defeats `^Received request \\S+:` and the line is read
+    as the engine's (runtime_oom -> kv_cache_insufficient / cudagraph_capture_oom)."""
+    _unchanged(
+        base_name, REQUEST_LOGGER + "Received request chatcmpl-a " + ID3_PAYLOADS[payload] + LOGGER_PARAMS, "middle"
+    )
+
+
+@pytest.mark.parametrize("payload", sorted(ID3_PAYLOADS))
+@pytest.mark.parametrize("base_name", ID_BASES)
+def test_a_multiline_request_id_in_the_request_loggers_line_is_user_text(base_name, payload):
+    """A body request_id with a newline: the first line `Received request chatcmpl-a` has no colon, so
+    it is not user text, `_continuations` never starts, and the next line (same header) is the engine's."""
+    _unchanged(
+        base_name,
+        _vllm_log(REQUEST_LOGGER, "Received request chatcmpl-a\n" + ID3_PAYLOADS[payload] + LOGGER_PARAMS),
+        "middle",
+    )
+
+
+@pytest.mark.parametrize("prefix", ["[rank0]: ", "2026-12-01T04:48:08Z ", "svc-1  | ", "(pid=1) "])
+@pytest.mark.parametrize("payload", sorted(ID3_FAILING))
+@pytest.mark.parametrize("base_name", ID_BASES)
+def test_a_prefix_inside_a_multiline_request_id_does_not_end_its_message(base_name, payload, prefix):
+    """A continuation line of `Exception caught. Request id: <id>` whose id line starts with a prefix
+    _PREFIXES strips ([rank0]:, a timestamp, `svc | `, `(pid=1)`): its computed header is longer than
+    the first line's, so `_continuations` stops and the line is the engine's ERROR."""
+    message = "Exception caught. Request id: chatcmpl-a\n" + prefix + ID3_FAILING[payload] + "\nb"
+    _unchanged(base_name, _vllm_log(ERROR_STACK.split("Exception")[0], message), "middle")
+
+
+@pytest.mark.parametrize("payload", sorted(ID3_PAYLOADS))
+@pytest.mark.parametrize("base_name", ID_BASES)
+def test_the_first_line_of_a_multiline_request_id_may_not_be_kept(base_name, payload):
+    """`Request cmpl-a` (the first line of AsyncLLM's `Request %s aborted.` with a newline in the id)
+    holds no anchor: outside the raw tail (64 KiB / 2000 lines) it is dropped, and its continuation
+    lines, which do hold anchors, have no user line before them."""
+    _unchanged(base_name, _multiline_id(ABORTED, "a\n" + ID3_PAYLOADS[payload] + "\n" + "x\n" * 2100 + "b"), "start")
+
+
+def _msg(header: str, message: str) -> str:
+    return _vllm_log(header, message)
+
+
+ID3_FORMATS = {
+    # core.py:2056 logger.exception (ERROR, EngineCore): "pre-processing request" is no request-id form
+    "preprocessing-error": lambda p: (
+        EC + "ERROR 12-01 04:48:08 [core.py:2056] Unexpected error pre-processing request cmpl-" + p + "-0-1a2b3c4d"
+    ),
+    # scheduler.py:1763 (WARNING): "but request %s input" and a client-chosen multimodal UUID (%r)
+    "encoder-cache-request": lambda p: (
+        EC + "WARNING 12-01 04:48:08 [scheduler.py:1763] Encoder cache entry for "
+        "multimodal identifier 'u1' holds 5 embeddings, but request cmpl-" + p + "-0-1a2b input 0 expects 7. A "
+        "client-provided multimodal UUID may have been reused for different content."
+    ),
+    "encoder-cache-uuid": lambda p: (
+        EC + "WARNING 12-01 04:48:08 [scheduler.py:1763] Encoder cache entry for "
+        "multimodal identifier " + repr(p) + " holds 5 embeddings, but request cmpl-a-0-1a2b input 0 expects 7. A "
+        "client-provided multimodal UUID may have been reused for different content."
+    ),
+    # multi-line ids in messages _USER_MESSAGE does not list (their first line is user text, the rest is not)
+    "http-exception": lambda p: _msg(
+        "(APIServer pid=2320) ERROR 12-01 04:48:09 [http.py:18] ", "HTTPException caught. Request id: chatcmpl-a\n" + p
+    ),
+    "validation-error": lambda p: _msg(
+        "(APIServer pid=2320) ERROR 12-01 04:48:09 [validation.py:151] ",
+        "RequestValidationError caught. Request id: chatcmpl-a\n" + p,
+    ),
+    "grammar-rejected": lambda p: _msg(
+        EC + "ERROR 12-01 04:48:08 [scheduler.py:2190] ",
+        "Unexpected: grammar rejected tokens [1, 2] for request chatcmpl-a\n" + p + "-0-1a2b. Terminating request.",
+    ),
+    "fsm-advance": lambda p: _msg(
+        EC + "ERROR 12-01 04:48:08 [backend_xgrammar.py:201] ",
+        "Failed to advance FSM for request chatcmpl-a\n" + p + "-0-1a2b for tokens 5. Please file an issue.",
+    ),
+    "detokenizer": lambda p: _msg(
+        "(APIServer pid=2320) WARNING 12-01 04:48:08 [detokenizer.py:250] ",
+        "Encountered invalid prefix detokenization error for request chatcmpl-a\n"
+        + p
+        + "-0-1a2b, resetting decode stream.",
+    ),
+}
+
+
+@pytest.mark.parametrize("payload", sorted(ID3_FAILING))
+@pytest.mark.parametrize("fmt", sorted(ID3_FORMATS))
+@pytest.mark.parametrize("base_name", ID_BASES)
+def test_request_ids_in_other_vllm_032_lines_change_nothing(base_name, fmt, payload):
+    _unchanged(base_name, ID3_FORMATS[fmt](ID3_FAILING[payload]), "middle")
+
+
+@pytest.mark.parametrize(
+    "base_name",
+    ["rt-2779-lmeval-qwen72b-logprobs-sampler-oom", "rt-15039-lora-long-input", "weights-636-llama2-70b-single-80g"],
+)
+def test_long_request_ids_after_the_crash_do_not_push_the_engines_traceback_out(base_name):
+    """Nine in-flight requests with an 8000-character X-Request-Id each log `Request <id> failed
+    (engine dead).` after the crash: 72 KB, more than the raw tail's 64 KiB, and the engine's
+    traceback frames that placed the OOM are gone (runtime_oom / weights_load_oom -> unknown: the
+    memory remedy is lost). A busy server's ~700 ordinary ids do the same."""
+    base_log = _base(base_name)
+    assert classify(Signals(log=base_log)).cause in MEMORY_CAUSES
+    _unchanged(base_name, "\n".join(ENGINE_DEAD.format(f"{i}-" + "y" * 8000) for i in range(9)), "end")
+
+
+def test_a_log_of_lines_that_run_a_slow_pattern_costs_at_most_3x(tmp_path):
+    """`/dev/shm.{0,200}?(?:No space|failed|error)` runs ~1 ms on a 2048-character line of
+    `/dev/shm(`: 2 MB of such lines took 17x the time per MB of a normal 2 MB log."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import diagnosis_speed as bench
+
+    normal = tmp_path / "normal.log"
+    n_size = bench.write(normal, "normal", 2_000_000)
+    crafted = tmp_path / "crafted.log"
+    line = "(EngineCore_DP0 pid=1) ERROR 10-24 01:26:57 [core.py:1] " + ("/dev/shm(" * 240)[:2100]
+    crafted.write_text(bench.HEAD + (line + "\n") * (2_000_000 // (len(line) + 1)) + bench.TAIL)
+    n_time, _ = bench.timed(normal)
+    c_time, _ = bench.timed(crafted)
+    assert (c_time / crafted.stat().st_size) / (n_time / n_size) <= 3
+
+
+@pytest.mark.parametrize(
+    "base_name",
+    ["rt-2779-lmeval-qwen72b-logprobs-sampler-oom", "rt-15039-lora-long-input", "weights-636-llama2-70b-single-80g"],
+)
+def test_a_busy_servers_in_flight_requests_after_the_crash_keep_the_memory_cause(base_name):
+    """Not even an attack: 700 in-flight requests with vLLM's own ids, each logging `Request <id>
+    failed (engine dead).` after the crash (--enable-log-requests), fill the 64 KiB raw tail."""
+    _unchanged(base_name, "\n".join(ENGINE_DEAD.format(f"{i:04d}-8c1f2a9e7b6d4c3a") for i in range(700)), "end")
+
+
+def _collector_timestamps(log: str) -> str:
+    """`kubectl logs --timestamps`, `docker logs -t`, Loki: each line gets its own RFC 3339 time."""
+    return "\n".join(f"2026-12-01T04:48:08.{k:09d}Z {line}" for k, line in enumerate(log.splitlines())) + "\n"
+
+
+@pytest.mark.parametrize("payload", sorted(ID3_FAILING))
+@pytest.mark.parametrize("base_name", ID_BASES)
+def test_a_collectors_per_line_timestamp_does_not_end_a_multiline_request_id(base_name, payload):
+    """The fix's own attack (`Exception caught. Request id: <id with newlines>`), in a log whose lines
+    a collector stamped: the stamps differ line to line, so no continuation has the first line's
+    header, and the id's lines are the engine's ERROR lines again."""
+    base_log = _base(base_name)
+    extra = _vllm_log(
+        ERROR_STACK.split("Exception")[0], "Exception caught. Request id: chatcmpl-a\n" + ID3_FAILING[payload] + "\nb"
+    )
+    crafted = classify(Signals(log=_collector_timestamps(_with(base_log, extra, "middle"))))
+    _same(crafted, classify(Signals(log=_collector_timestamps(base_log))))
+    assert "ZZUSERZZ" not in json.dumps(crafted.to_dict())
