@@ -132,6 +132,16 @@ def main(argv: list[str] | None = None) -> int:
             f"{s_time * 1000:.0f} ms ({(h_time / short.stat().st_size) / (s_time / s_size):.1f}x per MB; "
             "a fixed cost, as only the last 2000 lines are all read)"
         )
+        # A line that repeats one pattern's literal needle makes that pattern try at every copy:
+        # the worst of all the needles, each in a log of the normal log's size.
+        worst = (0.0, "")
+        for needle in sorted({n for m in msg.MESSAGES for n in m.needles}):
+            line = "(EngineCore_DP0 pid=1) ERROR 10-24 01:26:57 [core.py:1] " + ((needle + "(") * 400)[:2100]
+            repeated = Path(tmp, "repeated.log")
+            repeated.write_text(HEAD + (line + "\n") * (n_size // (len(line) + 1)) + TAIL)
+            r_time, _ = timed(repeated, repeats=1)
+            worst = max(worst, ((r_time / repeated.stat().st_size) / (n_time / n_size), needle))
+        print(f"worst line repeating one needle: {worst[0]:.2f}x per MB ({worst[1]!r})")
         b_size = write(big, "normal", int(args.big_mb * 1e6))
         with big.open() as f:
             tracemalloc.start()

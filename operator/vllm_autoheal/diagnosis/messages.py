@@ -137,7 +137,7 @@ FAILURES: tuple[Message, ...] = (
     # --- host RAM ------------------------------------------------------------------------
     _m(
         HOST,
-        r"killed due to memory pressure \(OOM\)|exceeds the memory usage threshold.{0,400}?Ray killed|"
+        r"killed due to memory pressure \(OOM\)|exceeds the memory usage threshold(?:(?!exceeds the memory).){0,400}?Ray killed|"
         r"the node running low on memory|ray-oom-prevention",  # the link only the memory monitor prints
         m.HOST_RAM_OOM,
         None,
@@ -200,7 +200,7 @@ FAILURES: tuple[Message, ...] = (
     _m(
         NOT_OOM,
         r"Watchdog caught collective operation timeout|Some NCCL operations have failed or timed out|"
-        r"NCCL (?:communicator|operation).{0,200}?timed? ?out",
+        r"NCCL (?:communicator|operation)(?:(?!NCCL ).){0,200}?timed? ?out",
         subtype="nccl_timeout",
     ),
     _m(
@@ -233,7 +233,7 @@ FAILURES: tuple[Message, ...] = (
     _m(NOT_OOM, r"[Aa]ddress already in use|EADDRINUSE|\[Errno 98\]", subtype="port_in_use"),
     _m(
         NOT_OOM,
-        r"(?:creating|attaching to) shared memory segment|/dev/shm.{0,200}?(?:No space|failed|error)|"
+        r"(?:creating|attaching to) shared memory segment|/dev/shm(?:(?!/dev/shm).){0,200}?(?:No space|failed|error)|"
         r"unable to (?:write to|allocate) shared memory|Bus error",
         subtype="shared_memory_dev_shm",
         flags=I,
@@ -257,7 +257,7 @@ FAILURES: tuple[Message, ...] = (
         NOT_OOM,
         r"Repository Not Found|is not a valid model identifier|does not appear to have a file named "
         r"config\.json|Can't load the configuration of|HFValidationError|Invalid repository ID|"
-        r"No such file or directory: .{0,300}?config\.json|(?:model|Model) path .{1,300}? does not exist|"
+        r"No such file or directory: (?:(?!No such file).){0,300}?config\.json|(?:model|Model) path .{1,300}? does not exist|"
         r"Cannot connect to|We couldn't connect to",
         subtype="model_not_found",
     ),
@@ -296,14 +296,14 @@ FAILURES: tuple[Message, ...] = (
     ),
     _m(
         NOT_OOM,
-        r"NCCL error.{0,300}?(?:unhandled system error|remote process exited|invalid usage)|"
+        r"NCCL error(?:(?!NCCL error).){0,300}?(?:unhandled system error|remote process exited|invalid usage)|"
         r"ncclSystemError|ncclInternalError|ncclInvalidUsage|NCCL WARN",
         subtype="nccl_error",
     ),
     # --- NCCL failing for lack of GPU memory ---------------------------------------------------
     _m(
         NCCL_OOM,
-        r"Cuda failure (?:\d{1,4} )?'?out of memory'?|ncclUnhandledCudaError.{0,300}?out of memory",
+        r"Cuda failure (?:\d{1,4} )?'?out of memory'?|ncclUnhandledCudaError(?:(?!ncclUnhandled).){0,300}?out of memory",
         m.MULTI_GPU_OOM,
         None,
         "nccl_cuda_oom",

@@ -89,6 +89,7 @@ ANCHORS = (
     "Received request",
     "Generated response",
     "details: prompt",
+    "equest",  # a line naming a request is user text: keep it, so what continues it is known too
 )
 CHUNK = 1 * 2**20
 MAX_LINE = 8192  # kept per line (evidence is cut far shorter)
@@ -122,7 +123,7 @@ _TP_RANK = re.compile(r"(?:Worker_TP|\[Rank |rank=)(\d{1,4})")
 # The request logger's and response logger's opening words (vLLM 0.2 to 0.33), and the
 # parsers that log model output; a header naming entrypoints/logger.py is user text too.
 _USER_TEXT = re.compile(
-    r"^(?:Received request \S+:|Generated response \S+|Request \S+ details:|Added request \S+:? .{0,40}prompt)"
+    r"^(?:Received request |Generated response |Request \S+ details:|Added request \S+:? .{0,40}prompt)"
     r"|\b(?:prompt|output|outputs|delta_text|current_text|model_output): ['\"]"
     r"|\bprompt_token_ids: \["
 )
@@ -137,7 +138,10 @@ _REQUEST_IDS = re.compile(
     r"CachedRequestData)\(|\breq(?:uest)?_ids?[=:]|"
     # AsyncLLM's "Request <id> aborted/failed ...", --log-error-stack's "Exception caught. Request
     # id: <id>", and the engine's "... for request <id>" (structured output, KV connectors)
-    r"^Request \S+(?: |$)|^Aborted request\(s\)|[Rr]equest [Ii][Dd]s?\b|\b(?:for|to) request \S"
+    r"^Request \S+(?: |$)|^Aborted request\(s\)|[Rr]equest [Ii][Dd]s?\b|\b(?:for|to) request \S|"
+    # any other line naming "request" (an id follows it in every vLLM 0.32 form), but the engine's
+    # own memory figures that speak of one request
+    r"\b[Rr]equest\b(?<!at least one request)(?<!tokens per request)"
 )
 # A message that starts with a request's id or text: vLLM's formatter repeats its header on each
 # line of a message, so the lines that follow with that same header are the same user text.
@@ -217,6 +221,13 @@ def _strip_clean(text: str) -> tuple[str, int | None, str | None, str | None]:
         source_file = source_file or m.group("file") or m.group("file2") or m.group("file3")
         level = level or m.group("level") or m.group("level2")
         text = text[m.end() :]
+        if m.group("level") or m.group("level2") or m.group("file3"):
+            # The logger's header comes last: what follows is the message, even where it looks
+            # like another prefix (a request id can hold "[rank0]: " or "(EngineCore pid=1) ").
+            after = _PREFIXES.match(text)
+            if after is not None and after.end() > 0:
+                return text.strip(), rank, FORGED, level
+            break
     if rank is None:
         t = _TP_RANK.search(raw[:80])
         rank = int(t.group(1)) if t else None
@@ -251,14 +262,32 @@ def make_line(offset: int, raw: str) -> Line | None:
     return Line(offset, text, clean.strip(), rank, origin_of(text, source_file), source_file, level, header)
 
 
+_TIMES = re.compile(r"\d{4}-\d\d-\d\d[T ][\d:.,]{1,20}Z?|\b\d\d-\d\d\s{1,8}[\d:.]{1,20}|\s+")
+
+
 def _continuations(lines: list[Line]) -> None:
-    """The lines of one logged message that began with a request's id or text are user text too."""
-    header = None
+    """The lines of one logged message that began with a request's id or text are user text too:
+    the same process, level and file:line in their header (timestamps aside: a collector may stamp
+    each line), up to the next line of that process with another header."""
+    still_open: set[str] = set()  # headers (times removed) of user messages not yet ended
+    previous = ""
     for line in lines:
-        if header is not None and line.header == header:
+        key = _TIMES.sub("", line.header)
+        if not key:
+            continue  # a line without a header (another process's stderr) ends nothing
+        starts_message, previous = key != previous, key
+        if key in still_open:
             line.origin = USER
             continue
-        header = line.header if line.header and line.origin == USER and _USER_MESSAGE.match(line.text) else None
+        still_open = {k for k in still_open if _process(k) != _process(key)}
+        # A message that starts as user text opens; a user-text line inside a message (a
+        # traceback's code line naming a request) does not make the rest of it user text.
+        if line.origin == USER and starts_message:
+            still_open.add(key)
+
+
+def _process(header: str) -> str:
+    return header.split(")", 1)[0] if header.startswith("(") else ""
 
 
 def _chunks(source: str | IO[str] | Iterable[str]) -> Iterable[str]:
@@ -338,14 +367,18 @@ def scan(source: str | IO[str] | Iterable[str]) -> Scan:
     for off, text in tail_lines:
         merged[off] = text
     # The raw tail: every line, anchors or not (traceback frames, the last words).
-    raw = tail_body[-RAW_TAIL_BYTES:]
-    pos = tail_base + start + len(tail_body) - len(raw)
-    pieces = raw.split("\n")
-    for n, piece in enumerate(pieces):
-        whole = n > 0 or pos == tail_base + start  # the first piece of a cut tail is a partial line
-        if whole and n >= len(pieces) - RAW_TAIL_LINES:
-            merged.setdefault(pos, piece[:MAX_LINE])
-        pos += len(piece) + 1
+    # Lines naming a request are user text (and anchored candidates anyway): a busy server's
+    # in-flight requests, each logged once more after the crash, must not push the engine's
+    # traceback out of it.
+    end, kept, size = len(tail_body), 0, 0
+    while end > 0 and kept < RAW_TAIL_LINES and size < RAW_TAIL_BYTES:
+        begin = tail_body.rfind("\n", 0, end - 1) + 1 if end > 0 else 0
+        piece = tail_body[begin : end - 1 if tail_body[end - 1 : end] == "\n" else end]
+        partial = begin == 0 and start == 0 and tail_base > 0  # a tail window without a line start
+        if not partial and "equest" not in piece:
+            merged.setdefault(tail_base + start + begin, piece[:MAX_LINE])
+            kept, size = kept + 1, size + len(piece) + 1
+        end = begin
     lines = [line for off in sorted(merged) if (line := make_line(off, merged[off])) is not None]
     _continuations(lines)
     return Scan(lines=lines, total_bytes=seen, truncated=truncated)
