@@ -517,3 +517,177 @@ def test_a_collectors_per_line_timestamp_does_not_end_a_multiline_request_id(bas
     crafted = classify(Signals(log=_collector_timestamps(_with(base_log, extra, "middle"))))
     _same(crafted, classify(Signals(log=_collector_timestamps(base_log))))
     assert "ZZUSERZZ" not in json.dumps(crafted.to_dict())
+
+
+# --- Found by a fourth hostile review (of commit 150de73): client text in lines without 'request' ---
+# Every format is vLLM 0.32's own (site-packages/vllm). None of these lines names a request, and
+# none comes from a file _USER_FILES or _REQUEST_FILES lists, so each is read as the engine's.
+ID4_PAYLOADS = {
+    "runtime-oom": "x torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 64.00 GiB. ZZUSERZZ",
+    "kv": "x To serve at least one request with the model's max seq len (131072), (16.0 GiB KV cache is "
+    "needed, which is larger than the available KV cache memory (0.01 GiB). ZZUSERZZ",
+    "util": "x Free memory on device cuda:0 (3.1/79.2 GiB) on startup is less than desired GPU memory "
+    "utilization (0.9, 71.3 GiB). ZZUSERZZ",
+    "host": "x Memory cgroup out of memory: Killed process 4242 ZZUSERZZ",
+    "weights": "x Failed to load model - not enough GPU memory ZZUSERZZ",
+}
+ID4_BASES = ID_BASES + ["cg-15228-qwen25-v080", "rt-3430-lmcache-qwen3-8b-a5000-long-prompts"]
+# EngineCoreProc._invoke_utility_method (v1/engine/core.py:1750): logger.exception("Invocation of %s
+# method failed", name). POST /v1/load_lora_adapter (VLLM_ALLOW_RUNTIME_LORA_UPDATING=True) sends the
+# client's lora_name and lora_path to the engine's add_lora; a path that is not there raises
+# LoRAAdapterNotFoundError (vllm/exceptions.py): "Loading lora {lora_name} failed: No adapter found
+# for {lora_path}", after the FileNotFoundError that names the path. Both are JSON strings.
+ADD_LORA = "(EngineCore_DP0 pid=2441) ERROR 12-01 04:48:08 [core.py:1750] "
+
+
+def _add_lora_failure(name: str, path: str) -> str:
+    return _vllm_log(
+        ADD_LORA,
+        "Invocation of add_lora method failed\nTraceback (most recent call last):\n"
+        '  File "/usr/local/lib/python3.12/dist-packages/vllm/lora/worker_manager.py", line 120, in _load_adapter\n'
+        "    peft_helper = PEFTHelper.from_local_dir(\n"
+        f"FileNotFoundError: [Errno 2] No such file or directory: '{path}/adapter_config.json'\n\n"
+        "The above exception was the direct cause of the following exception:\n\n"
+        "Traceback (most recent call last):\n"
+        '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py", line 1740, in '
+        "_invoke_utility_method\n    result = get_result()\n"
+        f"vllm.exceptions.LoRAAdapterNotFoundError: Loading lora {name} failed: No adapter found for {path}",
+    )
+
+
+@pytest.mark.parametrize("newline", [False, True], ids=["one-line", "multi-line"])
+@pytest.mark.parametrize("payload", sorted(ID4_PAYLOADS))
+@pytest.mark.parametrize("base_name", ID4_BASES)
+def test_a_lora_path_in_the_engines_add_lora_failure_is_user_text(base_name, payload, newline):
+    """not_oom -> runtime_oom / kv_cache_insufficient / gpu_util_exceeds_free / host_ram_oom /
+    weights_load_oom, and runtime_oom -> any other memory cause: the client's path, in an ERROR line
+    of EngineCore with core.py's header, is read as the engine's own failure."""
+    path = "/adapters/a\n" + ID4_PAYLOADS[payload] + "\nb" if newline else "/adapters/a " + ID4_PAYLOADS[payload]
+    _unchanged(base_name, _add_lora_failure("a", path), "middle")
+
+
+# get_adapter_absolute_path (vllm/lora/utils.py:379): a lora_path that is neither absolute nor a
+# local folder is taken for a Hub repo; the Hub's HFValidationError names it, under
+# logger.exception("Error downloading the HuggingFace model") in the engine's (or a worker's) process.
+HF_DOWNLOAD = "(EngineCore_DP0 pid=2441) ERROR 12-01 04:48:08 [utils.py:379] "
+
+
+def _hf_download_failure(path: str) -> str:
+    return _vllm_log(
+        HF_DOWNLOAD,
+        "Error downloading the HuggingFace model\nTraceback (most recent call last):\n"
+        '  File "/usr/local/lib/python3.12/dist-packages/vllm/lora/utils.py", line 376, in '
+        "get_adapter_absolute_path\n    local_snapshot_path = download_fn()\n"
+        "huggingface_hub.errors.HFValidationError: Repo id must use alphanumeric chars or '-', '_', '.', "
+        "'--' and '..' are forbidden, '-' and '.' cannot start or end the name, max length is 96: "
+        f"'{path}'.",
+    )
+
+
+@pytest.mark.parametrize("payload", sorted(ID4_PAYLOADS))
+@pytest.mark.parametrize("base_name", ID4_BASES)
+def test_a_lora_path_in_the_hub_download_error_is_user_text(base_name, payload):
+    _unchanged(base_name, _hf_download_failure(ID4_PAYLOADS[payload]), "middle")
+
+
+@pytest.mark.parametrize("attack", ["add-lora", "hub-download"])
+@pytest.mark.parametrize(
+    "base_name",
+    [
+        "rt-15039-lora-long-input",
+        "rt-2779-lmeval-qwen72b-logprobs-sampler-oom",
+        "local-h200-runtime",
+        "rt-13152-benchmark-serving-80gb",
+    ],
+)
+def test_an_honest_failed_lora_load_does_not_hide_a_real_memory_failure(base_name, attack):
+    """Not even an attack: a mistyped adapter path (load_lora_adapter) before a real runtime OOM.
+    Its 'No such file or directory: .../adapter_config.json' and 'HFValidationError' are read as the
+    engine's model_not_found, and runtime_oom becomes unknown (signals_disagree): the remedy is lost.
+    8 of the corpus's 13 runtime OOMs do so with the add_lora failure halfway through the log."""
+    extra = (
+        _add_lora_failure("my-adapter", "/models/my-adapter")
+        if attack == "add-lora"
+        else _hf_download_failure("my adapter")
+    )
+    _unchanged(base_name, extra, "middle")
+
+
+# The Anthropic Messages API (vllm/entrypoints/anthropic, on by default): a system message's
+# tool_removal block naming a tool not in `tools` raises ValueError(f"{block.type} references tool
+# {name!r}, which is not declared in tools") (serving.py:749) before any request id exists, and
+# api_router.py:75 logs it with logger.exception("Error in create_messages: %s", e). api_router.py is
+# no request file: the message and the traceback's last line are the engine's ERROR lines.
+ANTHROPIC = "(APIServer pid=2320) ERROR 12-01 04:48:09 [api_router.py:75] "
+
+
+def _anthropic_tool_removal(name: str) -> str:
+    e = f"tool_removal references tool {name!r}, which is not declared in tools"
+    return _vllm_log(
+        ANTHROPIC,
+        f"Error in create_messages: {e}\nTraceback (most recent call last):\n"
+        '  File "/usr/local/lib/python3.12/dist-packages/vllm/entrypoints/anthropic/api_router.py", line 73, '
+        "in create_messages\n    generator = await handler.create_messages(request, raw_request)\n"
+        '  File "/usr/local/lib/python3.12/dist-packages/vllm/entrypoints/anthropic/serving.py", line 749, '
+        f"in _resolve_tools\n    raise ValueError(\nValueError: {e}",
+    )
+
+
+@pytest.mark.parametrize("payload", sorted(ID4_PAYLOADS))
+@pytest.mark.parametrize("base_name", ID4_BASES)
+def test_a_tool_name_in_the_anthropic_routers_error_is_user_text(base_name, payload):
+    """The tool's name is the client's: not_oom (or unknown) -> any memory cause, runtime_oom ->
+    another memory cause, with the client's text as evidence. Needs no flag at all."""
+    _unchanged(base_name, _anthropic_tool_removal(ID4_PAYLOADS[payload]), "middle")
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "RuntimeError: CUDA out of memory. Tried to allocate 64.00 GiB. ZZUSERZZ",
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 64.00 GiB. ZZUSERZZ",
+        "ValueError: To serve at least one request with the model's max seq len (131072), (16.0 GiB KV cache "
+        "is needed, which is larger than the available KV cache memory (0.01 GiB). ZZUSERZZ",
+        "ValueError: Free memory on device cuda:0 (3.1/79.2 GiB) on startup is less than desired GPU memory "
+        "utilization (0.9, 71.3 GiB). ZZUSERZZ",
+        "ValueError: Failed to load model - not enough GPU memory ZZUSERZZ",
+        "MemoryError: Memory cgroup out of memory: Killed process 1 ZZUSERZZ",
+    ],
+    ids=["runtime-error", "torch-oom", "kv", "util", "weights", "host"],
+)
+@pytest.mark.parametrize("base_name", ID4_BASES)
+def test_a_line_of_a_requests_error_that_starts_like_the_engines_exception_is_not_the_engines(base_name, line):
+    """A request's traceback (serving_chat.py) may carry the engine's error (ENGINE_EXCEPTION, matched
+    at the start of a line). An exception message with a newline (a template's raise_exception text,
+    any str(e) holding the client's text) puts a line of its own choosing at that start."""
+    _unchanged(base_name, _preprocess_error("jinja2.exceptions.TemplateError: x\n" + line), "middle")
+
+
+def _compose(log: str) -> str:
+    """`docker compose logs`: each line gets the service's prefix, and no line says its process."""
+    return "\n".join("vllm-1  | " + line for line in log.splitlines()) + "\n"
+
+
+@pytest.mark.parametrize("payload", ["runtime-oom", "kv"])
+@pytest.mark.parametrize("base_name", ID4_BASES)
+def test_another_process_writing_inside_a_long_multiline_request_id_does_not_end_it(base_name, payload):
+    """A 5 KB body request_id with newlines is more than one atomic pipe write (PIPE_BUF is 4 KiB): a
+    line of EngineCore can land between its lines. Under a compose prefix every header has process ''
+    (_process wants a header that starts with '('), so that one line closes the user message and the
+    id's next lines are the APIServer's ERROR lines."""
+    base_log = _base(base_name)
+    header = ERROR_STACK.split("Exception")[0]
+    lines = [
+        header + part
+        for part in (
+            "Exception caught. Request id: chatcmpl-a\n"
+            + "y" * 5000
+            + "\n"
+            + ID4_PAYLOADS[payload].lstrip("x ")
+            + "\nb"
+        ).split("\n")
+    ]
+    lines[2:2] = ["(EngineCore_DP0 pid=2441) INFO 12-01 04:48:08 [core.py:300] Batch queue is full"]
+    crafted = classify(Signals(log=_compose(_with(base_log, "\n".join(lines), "middle"))))
+    _same(crafted, classify(Signals(log=_compose(base_log))))
+    assert "ZZUSERZZ" not in json.dumps(crafted.to_dict())
