@@ -691,3 +691,43 @@ def test_another_process_writing_inside_a_long_multiline_request_id_does_not_end
     crafted = classify(Signals(log=_compose(_with(base_log, "\n".join(lines), "middle"))))
     _same(crafted, classify(Signals(log=_compose(base_log))))
     assert "ZZUSERZZ" not in json.dumps(crafted.to_dict())
+
+
+# VLLM_DEBUG_LOG_API_SERVER_RESPONSE=true (entrypoints/serve/middleware/log_response.py) logs each
+# response body at INFO: `response_body={%s}` (the JSON as sent, line 141) and, for a stream,
+# `response_body={streaming_complete: content=%r, chunks=%d}` (line 121). A body holds the client's
+# text verbatim: a completion with echo=true, an error's "The model `<model>` does not exist.".
+# log_response.py is neither a user file nor a request file, so the line is the engine's INFO line,
+# and an INFO line still places a failure (a budget, a frame): runtime_oom -> kv_cache_insufficient,
+# cudagraph_capture_oom, weights_load_oom, gpu_util_exceeds_free.
+LOG_RESPONSE = "(APIServer pid=2320) INFO 12-01 04:48:08 [log_response.py:141] "
+LOG_STREAM = "(APIServer pid=2320) INFO 12-01 04:48:08 [log_response.py:121] "
+
+
+def _response_body(text: str, streaming: bool) -> str:
+    if streaming:
+        return LOG_STREAM + f"response_body={{streaming_complete: content={text!r}, chunks=17}}"
+    body = {
+        "id": "cmpl-1",
+        "object": "text_completion",
+        "created": 1764564488,
+        "model": "m",
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}],
+        "usage": {"prompt_tokens": 5, "total_tokens": 21, "completion_tokens": 16},
+    }
+    return LOG_RESPONSE + "response_body={" + json.dumps(body) + "}"
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["body", "stream"])
+@pytest.mark.parametrize("payload", sorted(PLACING))
+@pytest.mark.parametrize(
+    "base_name",
+    [
+        "rt-15039-lora-long-input",
+        "rt-2779-lmeval-qwen72b-logprobs-sampler-oom",
+        "cg-15228-qwen25-v080",
+        "local-h200-runtime",
+    ],
+)
+def test_a_response_body_logged_by_the_api_server_is_user_text(base_name, payload, streaming):
+    _unchanged(base_name, _response_body(PLACING[payload], streaming), "middle")
