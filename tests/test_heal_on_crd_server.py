@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from operator_harness import Cluster, Emulator, running_operator, setup_emulator
+from operator_harness import Cluster, Emulator, running_operator, setup_emulator, wait_for
 from samples import KV_TERMINATION, SPEC
 
 pytestmark = [pytest.mark.crdserver, pytest.mark.kmock(cls=Emulator)]
@@ -32,7 +32,15 @@ def kubectl(k8s_tools) -> str:
 async def test_real_heal_is_accepted_unpruned_and_readable_with_kubectl(kmock, crd_server, kubectl, tmp_path):
     setup_emulator(kmock)
     async with running_operator():
-        healed = await Cluster(kmock).first_heal("llama-8b", SPEC, "llama-8b-6d9f7c-x2k4q", message=KV_TERMINATION)
+        cluster = Cluster(kmock)
+        await cluster.first_heal("llama-8b", SPEC, "llama-8b-6d9f7c-x2k4q", message=KV_TERMINATION)
+        # the heal is recorded in status first, then the spec is patched with its annotation
+        healed = await wait_for(
+            lambda: (o := cluster.vsvc_now("llama-8b"))
+            and "vllm.autoheal.dev/healed-engine" in (o["metadata"].get("annotations") or {})
+            and o,
+            what="the healed spec",
+        )
     from crdserver.discovery_proxy import DiscoveryProxy
 
     with DiscoveryProxy(crd_server.url, crd_server.workdir / "certs") as proxy:

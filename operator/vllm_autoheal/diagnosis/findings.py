@@ -20,7 +20,8 @@ FAILURE_KINDS = {msg.MEMORY, msg.HOST, msg.NOT_OOM, msg.NCCL_OOM, msg.OOM, msg.K
 INFERENCE_REQUEST = re.compile(r'"POST /(?:v1/|v2/|generate|invocations|pooling|score|classify|rerank|embed)')
 REQUEST_ERROR = re.compile(
     r"^(?:ValueError|TypeError|OverflowError|NotImplementedError|vllm\.[\w.]{1,80}Error|"
-    r"[\w.]{0,80}(?:ValidationError|BadRequestError)): "
+    r"(?:pydantic_core\._pydantic_core\.|pydantic\.|fastapi\.exceptions\.)?(?:Request)?ValidationError|"
+    r"[\w.]{0,80}BadRequestError): "
 )
 ENGINE_EXCEPTION = re.compile(
     r"^(?:torch\.(?:cuda\.)?OutOfMemoryError|torch\.AcceleratorError|RuntimeError|"
@@ -56,11 +57,39 @@ def _present(text: str, lowered: str) -> set[str]:
     return {"c:" + n for n in _NEEDLES if n in text} | {"i:" + n for n in _NEEDLES_LOWER if n in lowered}
 
 
+# A failure quoted inside an exception of another type is that exception's text (a LoRA path, a
+# tool name, a template's message), not the failure: on a line `Type: message`, a memory, host or
+# kill finding counts only for the types that carry those failures (and generic wrappers).
+_EXCEPTION_TYPE = re.compile(r"^([A-Za-z_][\w.]{0,200})(?:\([\w.]{1,80}\))?: ")
+_CARRIES_FAILURES = re.compile(
+    r"(?:^|\.)(?:\w{0,40}OutOfMemoryError|RuntimeError|ValueError|MemoryError|AssertionError|OSError|"
+    r"AcceleratorError|\w{0,40}(?:Cuda|CUDA|Hip|HIP)\w{0,10}Error|DistBackendError|RayTaskError|RayActorError|ActorDiedError|\w{0,40}EngineDeadError|"
+    r"ChildFailedError|InductorError|BackendCompilerFailed|Exception|ncclUnhandledCudaError|ncclInternalError)$"
+)
+DECIDING = {msg.MEMORY, msg.HOST, msg.NCCL_OOM, msg.OOM, msg.KILLED, msg.BUDGET}
+
+
+def _quoted(line: Line, previous: Line | None) -> bool:
+    """The line is text quoted inside an exception, not a failure the engine reports: an exception
+    of a type that carries no such failure, or a further line of the message of the exception
+    line just before it (a newline in a client's id or path; a real traceback goes on with a
+    frame, or a new logged message)."""
+    typed = _EXCEPTION_TYPE.match(line.text)
+    if typed and not _CARRIES_FAILURES.search(typed.group(1)):
+        return True
+    if previous is None or previous.header != line.header or not EXCEPTION_LINE.match(previous.text):
+        return False
+    return not (FRAME_LINE.match(line.text) or line.text.startswith(("Traceback", "The above", "During handling")))
+
+
 def findings_of(lines: list[Line]) -> list[Finding]:
     out = []
+    previous: Line | None = None
     for i, line in enumerate(lines):
+        before, previous = previous, line
         if line.origin not in (ENGINE, REQUEST):
             continue
+        quoted = _quoted(line, before)
         text = line.match_text
         lowered = text.lower()
         present = _present(text, lowered)
@@ -78,10 +107,14 @@ def findings_of(lines: list[Line]) -> list[Finding]:
         request_error = line.origin == REQUEST and REQUEST_ERROR.match(text) is not None
         for message in msg.MESSAGES:
             found = None if _KEYS[id(message)].isdisjoint(present) else message.regex.search(text)
-            if found and (
-                line.origin == ENGINE
-                or (message.kind == msg.NOT_OOM and request_error)
-                or (anchor is not None and found.start() == anchor.end())
+            if (
+                found
+                and not (quoted and message.kind in DECIDING)
+                and (
+                    line.origin == ENGINE
+                    or (message.kind == msg.NOT_OOM and request_error)
+                    or (anchor is not None and found.start() == anchor.end())
+                )
             ):
                 out.append(Finding(line, message, found))
                 memory = memory or message.kind == msg.MEMORY

@@ -128,7 +128,7 @@ _USER_TEXT = re.compile(
     r"|\bprompt_token_ids: \["
 )
 _USER_FILES = re.compile(
-    r"^(?:logger\.py|dump_input\.py|.*tool_parser.*|.*reasoning.*parser.*|.*_parser\.py|"
+    r"^(?:logger\.py|dump_input\.py|log_response\.py|.*tool_parser.*|.*reasoning.*parser.*|.*_parser\.py|"
     r"<second header>)$"
 )
 # Lines that name a request by its id or dump a scheduled batch carry text a client chose (the
@@ -152,7 +152,7 @@ _USER_MESSAGE = re.compile(
 # The API server handles requests one by one: its errors (a 400 for a long prompt, a bad chat
 # template) are the request's, carry the request's text, and never decide a crash's cause.
 _REQUEST_FILES = re.compile(
-    r"^(?:serving_\w{1,40}|serving|api_server|protocol|chat_utils|"
+    r"^(?:serving_\w{1,40}|serving|api_server|api_router|protocol|chat_utils|"
     r"openai_serving_\w{1,40})\.py$"
 )
 _ACCESS = re.compile(r'^(?:\[?[\w.:\[\]-]{1,60}:\d{1,5}\]? )?- "(?:GET|POST|PUT|DELETE|PATCH|HEAD|OPTIONS) ')
@@ -262,6 +262,9 @@ def make_line(offset: int, raw: str) -> Line | None:
     return Line(offset, text, clean.strip(), rank, origin_of(text, source_file), source_file, level, header)
 
 
+# A message that reports a call that failed without stopping the engine (a utility RPC such as
+# add_lora, an adapter's download): what it holds is scoped like a request's error.
+_SCOPED_MESSAGE = re.compile(r"^(?:Invocation of \w{1,60} method failed|Error downloading the HuggingFace model)")
 _TIMES = re.compile(r"\d{4}-\d\d-\d\d[T ][\d:.,]{1,20}Z?|\b\d\d-\d\d\s{1,8}[\d:.]{1,20}|\s+")
 
 
@@ -269,7 +272,7 @@ def _continuations(lines: list[Line]) -> None:
     """The lines of one logged message that began with a request's id or text are user text too:
     the same process, level and file:line in their header (timestamps aside: a collector may stamp
     each line), up to the next line of that process with another header."""
-    still_open: set[str] = set()  # headers (times removed) of user messages not yet ended
+    still_open: dict[str, str] = {}  # header (times removed) -> the origin of the rest of its message
     previous = ""
     for line in lines:
         key = _TIMES.sub("", line.header)
@@ -277,17 +280,23 @@ def _continuations(lines: list[Line]) -> None:
             continue  # a line without a header (another process's stderr) ends nothing
         starts_message, previous = key != previous, key
         if key in still_open:
-            line.origin = USER
+            line.origin = still_open[key] if line.origin == ENGINE else line.origin
             continue
-        still_open = {k for k in still_open if _process(k) != _process(key)}
+        still_open = {k: v for k, v in still_open.items() if _process(k) != _process(key)}
         # A message that starts as user text opens; a user-text line inside a message (a
         # traceback's code line naming a request) does not make the rest of it user text.
         if line.origin == USER and starts_message:
-            still_open.add(key)
+            still_open[key] = USER
+        elif line.origin == ENGINE and _SCOPED_MESSAGE.match(line.text):
+            line.origin = still_open[key] = REQUEST
+
+
+_PROCESS = re.compile(r"\([\w.:-]{1,60}(?:\s+rank=\d{1,4})?,?\s{0,4}pid=\d{1,10}")
 
 
 def _process(header: str) -> str:
-    return header.split(")", 1)[0] if header.startswith("(") else ""
+    found = _PROCESS.search(header)
+    return found.group(0) if found else ""
 
 
 def _chunks(source: str | IO[str] | Iterable[str]) -> Iterable[str]:
