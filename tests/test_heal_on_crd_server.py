@@ -36,9 +36,11 @@ async def test_real_heal_is_accepted_unpruned_and_readable_with_kubectl(kmock, c
         await cluster.first_heal("llama-8b", SPEC, "llama-8b-6d9f7c-x2k4q", message=KV_TERMINATION)
         # the heal is recorded in status first, then the spec is patched with its annotation
         healed = await wait_for(
-            lambda: (o := cluster.vsvc_now("llama-8b"))
-            and "vllm.autoheal.dev/healed-engine" in (o["metadata"].get("annotations") or {})
-            and o,
+            lambda: (
+                (o := cluster.vsvc_now("llama-8b"))
+                and "vllm.autoheal.dev/healed-engine" in (o["metadata"].get("annotations") or {})
+                and o
+            ),
             what="the healed spec",
         )
     from crdserver.discovery_proxy import DiscoveryProxy
