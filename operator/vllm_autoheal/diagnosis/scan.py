@@ -269,7 +269,8 @@ _TIMES = re.compile(r"\d{4}-\d\d-\d\d[T ][\d:.,]{1,20}Z?|\b\d\d-\d\d\s{1,8}[\d:.
 
 
 def _continuations(lines: list[Line]) -> None:
-    """The lines of one logged message that began with a request's id or text are user text too:
+    """The lines of one logged message that began with a request's id or text are user text too,
+    and those of a failed call that did not stop the engine are scoped like a request's error:
     the same process, level and file:line in their header (timestamps aside: a collector may stamp
     each line), up to the next line of that process with another header."""
     still_open: dict[str, str] = {}  # header (times removed) -> the origin of the rest of its message
@@ -381,7 +382,7 @@ def scan(source: str | IO[str] | Iterable[str]) -> Scan:
     # traceback out of it.
     end, kept, size = len(tail_body), 0, 0
     while end > 0 and kept < RAW_TAIL_LINES and size < RAW_TAIL_BYTES:
-        begin = tail_body.rfind("\n", 0, end - 1) + 1 if end > 0 else 0
+        begin = tail_body.rfind("\n", 0, end - 1) + 1
         piece = tail_body[begin : end - 1 if tail_body[end - 1 : end] == "\n" else end]
         partial = begin == 0 and start == 0 and tail_base > 0  # a tail window without a line start
         if not partial and "equest" not in piece:
