@@ -10,7 +10,6 @@ from . import figures
 from . import messages as msg
 from . import model as m
 from .findings import Finding
-from .scan import Line
 from .units import GIB
 
 OTHER_PROCESS_GIB = 1.0
@@ -70,13 +69,6 @@ def numbers(
                 continue
             numbers[key] = value
     return numbers
-
-
-def multi_gpu(signals: m.Signals, numbers: dict, lines: list[Line]) -> bool:
-    world = (signals.tensor_parallel_size or numbers.get("tp") or 1) * (
-        signals.pipeline_parallel_size or numbers.get("pp") or 1
-    )
-    return max(world, signals.gpu_count or 1) > 1 or any((ln.rank or 0) > 0 for ln in lines)
 
 
 def other_process_gib(signals: m.Signals, numbers: dict) -> float:

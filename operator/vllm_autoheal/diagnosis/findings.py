@@ -66,7 +66,7 @@ _CARRIES_FAILURES = re.compile(
     r"AcceleratorError|\w{0,40}(?:Cuda|CUDA|Hip|HIP)\w{0,10}Error|DistBackendError|RayTaskError|RayActorError|ActorDiedError|\w{0,40}EngineDeadError|"
     r"ChildFailedError|InductorError|BackendCompilerFailed|Exception|ncclUnhandledCudaError|ncclInternalError)$"
 )
-DECIDING = {msg.MEMORY, msg.HOST, msg.NCCL_OOM, msg.OOM, msg.KILLED, msg.BUDGET}
+DECIDING = (FAILURE_KINDS - {msg.NOT_OOM}) | {msg.BUDGET}  # what may name a memory cause
 
 
 def _quoted(line: Line, previous: Line | None) -> bool:

@@ -40,7 +40,7 @@ class Message:
     def search(self, text: str, lowered: str) -> re.Match[str] | None:
         """The regex runs only on lines holding one of its literal needles (str `in`, C speed)."""
         if self.needles:
-            hay = lowered if self.regex.flags & re.IGNORECASE else text
+            hay = lowered if self.ignores_case else text
             if not any(n in hay for n in self.needles):
                 return None
         return self.regex.search(text)

@@ -143,12 +143,6 @@ _REQUEST_IDS = re.compile(
     # own memory figures that speak of one request
     r"\b[Rr]equest\b(?<!at least one request)(?<!tokens per request)"
 )
-# A message that starts with a request's id or text: vLLM's formatter repeats its header on each
-# line of a message, so the lines that follow with that same header are the same user text.
-_USER_MESSAGE = re.compile(
-    r"^(?:Received request|Generated response|Request \S|Added request|Aborted request|Finished request|"
-    r"Abort request|(?:Engine )?Exception caught|Failed to compile grammar)"
-)
 # The API server handles requests one by one: its errors (a 400 for a long prompt, a bad chat
 # template) are the request's, carry the request's text, and never decide a crash's cause.
 _REQUEST_FILES = re.compile(
@@ -203,15 +197,10 @@ def _strip_clean(text: str) -> tuple[str, int | None, str | None, str | None]:
     raw = text
     rank = None
     source_file = level = None
-    headers = 0
     for _ in range(6):  # prefixes nest: timestamp, service, process, level header
         m = _PREFIXES.match(text)
         if not m or m.end() == 0:
             break
-        if m.group("level"):
-            headers += 1
-            if headers > 1:  # vLLM writes one header a line: a second one came in with user text
-                return text.strip(), rank, FORGED, level
         r = m.group("rank") or m.group("rank2")
         if r is None and m.group("proc"):
             t = _TP_RANK.search(m.group("proc"))
@@ -222,8 +211,8 @@ def _strip_clean(text: str) -> tuple[str, int | None, str | None, str | None]:
         level = level or m.group("level") or m.group("level2")
         text = text[m.end() :]
         if m.group("level") or m.group("level2") or m.group("file3"):
-            # The logger's header comes last: what follows is the message, even where it looks
-            # like another prefix (a request id can hold "[rank0]: " or "(EngineCore pid=1) ").
+            # The logger's header comes last: what follows is the message. Another prefix there (a
+            # second header, or "[rank0]: " in a request id) came in with user text.
             after = _PREFIXES.match(text)
             if after is not None and after.end() > 0:
                 return text.strip(), rank, FORGED, level
