@@ -479,6 +479,9 @@ def test_the_rpc_a_worker_ran_places_its_oom(method_line, cause):
             "gpu_util_exceeds_free",
         ),  # vLLM 0.6, no figures
         ("Fatal Python error: Aborted", "not_oom"),
+        # CPython's fatal-error banner for any interpreter abort (a C extension's refcount bug here)
+        ("Fatal Python error: none_dealloc: deallocating None: bug likely caused by a refcount error", "not_oom"),
+        ("Fatal Python error: Cannot recover from MemoryErrors while normalizing exceptions.", "unknown"),
         ("vllm serve: error: unrecognized arguments: --max-modle-len 4096", "not_oom"),  # argparse
         (
             "(ActorModelRayActor pid=8249) Refer to the documentation on how to address the out of memory issue: "

@@ -190,10 +190,11 @@ FAILURES: tuple[Message, ...] = (
         subtype="engine_died_of_other_error",
         needles=("find the original error",),
     ),
-    # A crash of the process itself (Python's faulthandler, the shell, glog): a bug, never a shortage.
+    # A crash of the process itself (CPython's fatal-error banner, faulthandler, the shell, glog): a
+    # bug, never a shortage, except CPython's own "Cannot recover from MemoryErrors".
     _m(
         NOT_OOM,
-        r"Fatal Python error: (?:Segmentation fault|Bus error|Floating point exception|Aborted)|"
+        r"Fatal Python error: (?!Cannot recover from MemoryError)|"
         r"Segmentation fault \(core dumped\)|\*\*\* SIGSEGV received|Caught signal 11 \(Segmentation fault",
         subtype="process_crash",
     ),
