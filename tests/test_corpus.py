@@ -83,6 +83,21 @@ def test_accuracy_does_not_regress(results, split, floor):
     assert right / len(part) >= floor, f"{split}: {right}/{len(part)}"
 
 
+@pytest.mark.parametrize(
+    "args, gpu, tp, pp, count",
+    [
+        ("--tensor-parallel-size 4 --pipeline-parallel-size 2", "8 x H100", 4, 2, 8),
+        ("tensor_parallel_size=1, dtype=bfloat16", "A100 + A100", 1, None, 2),
+        ("--pipeline-parallel-size > 1 (works with TP)", "2 GPUs", None, 2, 2),  # a size not stated: > 1
+        ("pipeline parallelism only across 2 nodes x 8 cards", "", None, 2, None),
+        (None, None, None, None, None),
+    ],
+)
+def test_context_reads_the_deployment_a_sample_states(args, gpu, tp, pp, count):
+    got = context({"engine_args": args, "gpu": gpu})
+    assert (got["tensor_parallel_size"], got["pipeline_parallel_size"], got["gpu_count"]) == (tp, pp, count)
+
+
 def test_the_launchers_message_of_every_sample_passes_the_schema():
     """What the launcher writes for any real crash is what the operator accepts: the diagnosis's
     numbers and texts fit the termination message's schema (negative KV figures included)."""

@@ -25,9 +25,12 @@ def context(sample: dict[str, Any]) -> dict[str, Any]:
     args, gpu = sample.get("engine_args") or "", sample.get("gpu") or ""
     names = [n.strip() for n in gpu.split("+")] if "+" in gpu else []
     count = _int(r"^(\d+)\s*x\s", gpu) or _int(r"(\d+) GPUs", gpu) or (len(names) or None)
+    pp = _int(r"(?:pipeline[_-]parallel[_-]size|-pp|\bPP)\s*[=\s]?\s*(\d+)", args)
+    if pp is None and re.search(r"pipeline[ _-]parallel", args, re.IGNORECASE):
+        pp = 2  # the thread says pipeline parallel (or "> 1") without the size: all that is used is > 1
     return {
         "tensor_parallel_size": _int(r"(?:tensor[_-]parallel[_-]size|-tp|\bTP)\s*[=\s]?\s*(\d+)", args),
-        "pipeline_parallel_size": _int(r"(?:pipeline[_-]parallel[_-]size|-pp|\bPP)\s*[=\s]?\s*(\d+)", args),
+        "pipeline_parallel_size": pp,
         "gpu_count": count,
     }
 
