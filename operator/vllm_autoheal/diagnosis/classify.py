@@ -270,29 +270,25 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
         ):
             return done(m.GPU_UTIL_EXCEEDS_FREE, phase, first, "medium", "other_process_holds_gpu", frame)
         if phase == m.PHASE_UNKNOWN:
-            # The engine's start-up wrappers and constructors say it never served: then a
-            # start-up run of the model is the likeliest place, as when it never answered /health.
-            started = signals.ready_before
-            if started is None and any(not f.line.informational for f in by_kind.get(msg.STARTING, [])):
-                started = False
-            if started is None:
-                return done(
-                    m.UNKNOWN,
-                    phase,
-                    first,
-                    "low",
-                    "oom_phase_unknown",
-                    why="The GPU ran out of memory, but the log shows neither where nor whether the "
-                    "server had started: which setting to change cannot be told, so none is changed.",
-                )
-            guess = m.PROFILING_OOM if started is False else m.RUNTIME_OOM
+            # Nothing places the OOM. If the server had served, phase_of_failure says serving; a
+            # start-up failure (the pod never Ready, or the engine's start-up wrappers) may be in
+            # loading, profiling, KV sizing or graph capture, each wanting another change: none.
+            # (Guessing profiling was wrong on 3 of the 4 train logs it decided.)
+            starting = signals.ready_before is False or any(
+                not f.line.informational for f in by_kind.get(msg.STARTING, [])
+            )
+            where = (
+                "while the server was starting, but the log does not show in which step"
+                if starting
+                else "but the log shows neither where nor whether the server had started"
+            )
             return done(
-                guess,
+                m.UNKNOWN,
                 phase,
                 first,
                 "low",
                 "oom_phase_unknown",
-                why=EXPLANATIONS[guess] + " The log does not show where; this is a guess.",
+                why=f"The GPU ran out of memory {where}: which setting to change cannot be told, so none is changed.",
             )
         return done(
             OOM_CAUSE_BY_PHASE[phase],
