@@ -2,9 +2,12 @@
 
     python bench/diagnosis_accuracy.py [--corpus tests/corpus/corpus.jsonl] [--show-misses train|test|all|none]
 
-Each sample is classified from its log plus the deployment context an operator knows from
-the spec (tensor/pipeline parallel size, GPU count), read from the sample's `engine_args`
-and `gpu` fields. Prints the accuracy of each split, not-memory crashes called memory, the
+Each sample is classified twice. "Log alone": from its log plus the deployment context an
+operator knows from the spec (tensor/pipeline parallel size, GPU count), read from the sample's
+`engine_args` and `gpu` fields; this is `vllm-autoheal diagnose FILE`. "With the pod's state":
+plus what the operator also reads off the crashed pod, whether the run had been Ready and how
+the container ended, as a blind reviewer read them from the thread (`ready_before`, `exit`;
+null where the thread does not say); this is what the operator decides on. Prints the accuracy of each split, not-memory crashes called memory, the
 test split's confusion matrix, and breakdowns by vLLM version and by source kind. "Where the log
 shows a failure" counts only samples whose `failure_shown` is true: a reviewer who read the
 thread, but never the classifier's answer, judged that the posted log holds the failure itself
@@ -40,12 +43,19 @@ def version_bucket(sample: dict) -> str:
     return "0.11+"
 
 
-def classify_all(samples: list[dict]) -> list[tuple[dict, str]]:
+def classify_all(samples: list[dict], pod_state: bool = False) -> list[tuple[dict, str]]:
     out = []
     for s in samples:
-        diag = classify(Signals(log=s.get("log") or "", **context(s)))
+        diag = classify(Signals(log=s.get("log") or "", **context(s, pod_state=pod_state)))
         out.append((s, diag.cause))
     return out
+
+
+def splits(results: list[tuple[dict, str]]) -> dict[str, list[tuple[dict, str]]]:
+    return {
+        "train": [r for r in results if r[0].get("split", "train") == "train"],
+        "test": [r for r in results if r[0].get("split") == "test"],
+    }
 
 
 def summary(name: str, results: list[tuple[dict, str]]) -> str:
@@ -96,21 +106,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--show-misses", choices=("train", "test", "all", "none"), default="train")
     args = parser.parse_args(argv)
     samples = load(args.corpus)
-    results = classify_all(samples)
-    by_split = {
-        "train": [r for r in results if r[0].get("split", "train") == "train"],
-        "test": [r for r in results if r[0].get("split") == "test"],
-    }
     print(f"corpus: {len(samples)} samples, {len({s['source_url'] for s in samples})} source threads")
     print(f"labels: {dict(Counter(s['label'] for s in samples).most_common())}")
-    for name in ("train", "test"):
-        print(summary(name, by_split[name]))
-    print(summary("all", results))
-    print("\nwhat a heal would do")
-    for name in ("train", "test"):
-        print(outcomes(name, by_split[name]))
-    print("\ntest split, confusion matrix (rows: label, columns: classified as)")
-    print("\n".join(confusion(by_split["test"])))
+    known = Counter(
+        ("ready" if s.get("ready_before") else "not ready") if isinstance(s.get("ready_before"), bool) else "unknown"
+        for s in samples
+    )
+    exits = sum(1 for s in samples if s.get("exit") is not None)
+    print(f"pod state known: {dict(known)}; exit known: {exits}")
+    for view, pod_state in (("log alone", False), ("with the pod's state", True)):
+        results = classify_all(samples, pod_state)
+        by_split = splits(results)
+        print(f"\n== {view}")
+        for name in ("train", "test"):
+            print(summary(name, by_split[name]))
+        print(summary("all", results))
+        print("what a heal would do")
+        for name in ("train", "test"):
+            print(outcomes(name, by_split[name]))
+        print("test split, confusion matrix (rows: label, columns: classified as)")
+        print("\n".join(confusion(by_split["test"])))
+    # The breakdowns and misses below are of the operator's view (with the pod's state).
     print("\nby vLLM version (all samples)")
     print("\n".join(breakdown(results, version_bucket)))
     print("\nby source kind (all samples)")

@@ -4,8 +4,9 @@
 
 NEW.jsonl holds samples with the miner's fields (id, source_url, vllm_version, gpu, model,
 engine_args, label, subtype, fix_that_worked, log, source_kind, engine, executor, features).
-Each AUDIT.jsonl row (`id`, `failure_shown`, `label_ok`, `label_concern`) is a blind
-reviewer's verdict; a sample without one is refused, as is one whose thread is already in the
+Each AUDIT.jsonl row (`id`, `failure_shown`, `label_ok`, `label_concern`, and optionally the
+pod's state the thread states: `ready_before`, `exit`, `context_why`) is a blind reviewer's
+verdict; a sample without one is refused, as is one whose thread is already in the
 corpus. The split follows the thread (sha256 of source_url, odd: test); origin is `mined`.
 Prints what was added and refused; exit 2 with a message on malformed input.
 """
@@ -41,6 +42,17 @@ def split_of(url: str) -> str:
     return "test" if int(hashlib.sha256(url.encode()).hexdigest(), 16) % 2 else "train"
 
 
+def pod_state(verdict: dict) -> dict:
+    """What the reviewer read of the crashed run (null where the thread does not say); a value of
+    the wrong type is dropped, not guessed."""
+    ready, end = verdict.get("ready_before"), verdict.get("exit")
+    return {
+        "ready_before": ready if isinstance(ready, bool) else None,
+        "exit": end if isinstance(end, (int, str)) and not isinstance(end, bool) else None,
+        "context_why": str(verdict.get("context_why") or "")[:300] or None,
+    }
+
+
 def read_jsonl(path: Path) -> list[dict]:
     try:
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -73,6 +85,7 @@ def main() -> int:
         else:
             row = {k: sample[k] for k in MINED}
             row.update(failure_shown=verdict["failure_shown"], split=split_of(sample["source_url"]), origin="mined")
+            row.update(pod_state(verdict))
             added.append(row)
             threads.add(sample["source_url"])
             ids.add(sample["id"])
