@@ -570,3 +570,18 @@ def test_rays_process_prefixes_are_read():
     assert (line.text, line.level) == ("KeyError: 'x'", "ERROR")
     served = make_line(0, "(ServeReplica:app:LLM pid=654872) INFO 04-22 16:24:51 llm_engine.py:322] # GPU blocks: 9")
     assert served.text == "# GPU blocks: 9"
+
+
+def test_one_allocation_larger_than_the_gpu_before_ready_is_the_profiling_batch():
+    """No weight or CUDA graph is one allocation larger than the whole GPU: before the server was
+    ready, that is the start-up dummy batch's activation. Without the start it stays unknown."""
+    oom = (
+        "torch.OutOfMemoryError: HIP out of memory. Tried to allocate 192.00 GiB. GPU 0 has a total capacity "
+        "of 15.98 GiB of which 11.56 GiB is free. Of the allocated memory 3.97 GiB is allocated by PyTorch, "
+        "and 26.98 MiB is reserved by PyTorch but unallocated.\n"
+    )
+    starting = classify(Signals(log=oom, ready_before=False))
+    assert (starting.cause, starting.subtype) == ("profiling_oom", "allocation_larger_than_gpu")
+    assert classify(Signals(log=oom)).cause == "unknown"
+    small = oom.replace("192.00 GiB", "1.50 GiB").replace("11.56 GiB is free", "0.10 GiB is free")
+    assert classify(Signals(log=small, ready_before=False)).cause == "unknown"

@@ -277,6 +277,21 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
             starting = signals.ready_before is False or any(
                 not f.line.informational for f in by_kind.get(msg.STARTING, [])
             )
+            device = nums.get("gpu_total_gib") or device_gib
+            tried = nums.get("tried_gib")
+            if starting and tried and device and tried > device:
+                # No weight or graph is one allocation larger than the GPU: an activation sized by
+                # the start-up dummy batch is (a multimodal encoder's attention, the sampler's logits).
+                return done(
+                    m.PROFILING_OOM,
+                    m.PHASE_PROFILE,
+                    first,
+                    "medium",
+                    "allocation_larger_than_gpu",
+                    why=f"Before the server was ready, one allocation asked for {tried:g} GiB, more than the "
+                    f"whole GPU ({device:g} GiB): an activation of the start-up profiling run, sized by the "
+                    "dummy batch. A smaller batch fits.",
+                )
             where = (
                 "while the server was starting, but the log does not show in which step"
                 if starting
