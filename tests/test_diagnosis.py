@@ -31,14 +31,15 @@ KV_V1 = (
 
 def test_dev_corpus_accuracy_and_no_false_memory():
     """The 38 samples the classifier was first built on (tests/corpus, origin `dev`). Its misses
-    are tracebacks posted without their error line, OOMs that show no phase (`unknown`: no change),
+    are tracebacks posted without their error line, OOMs that show no phase (`unknown`: no change;
+    one of them after lines the poster left out, where the last milestone is only a lower bound),
     and one message whose cause only the thread tells (a second engine on the GPU). None crosses
     between memory and not-memory."""
     dev = [s for s in load(Path(__file__).resolve().parent / "corpus" / "corpus.jsonl") if s["origin"] == "dev"]
     assert len(dev) == 38
     results = [(s, classify(Signals(log=s["log"], **context(s))).cause) for s in dev]
     right = sum(1 for s, got in results if got == s["label"])
-    assert right / len(results) >= 0.85, [(s["id"], s["label"], g) for s, g in results if g != s["label"]]
+    assert right / len(results) >= 0.84, [(s["id"], s["label"], g) for s, g in results if g != s["label"]]
     for s, got in results:
         assert got == "unknown" or (got in MEMORY_CAUSES) == (s["label"] in MEMORY_CAUSES), (s["id"], got)
 
@@ -585,3 +586,14 @@ def test_one_allocation_larger_than_the_gpu_before_ready_is_the_profiling_batch(
     assert classify(Signals(log=oom)).cause == "unknown"
     small = oom.replace("192.00 GiB", "1.50 GiB").replace("11.56 GiB is free", "0.10 GiB is free")
     assert classify(Signals(log=small, ready_before=False)).cause == "unknown"
+
+
+@pytest.mark.parametrize("gap", ["[...]", "...", "…", "  [ ... ]  "])
+def test_lines_left_out_after_a_milestone_leave_the_phase_open(gap):
+    """A pasted excerpt's "[...]": the engine may have got further than the last milestone shown, so
+    the milestone no longer places a bare OOM (it did when nothing was left out)."""
+    head = "INFO 12-27 08:52:17 llm_engine.py:249] Initializing an LLM engine (v0.6.4) with config: model='m'\n"
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.50 GiB.\n"
+    assert classify(Signals(log=head + oom)).cause == "weights_load_oom"
+    assert classify(Signals(log=head + gap + "\n" + oom)).cause == "unknown"
+    assert classify(Signals(log=gap + "\n" + head + oom)).cause == "weights_load_oom"  # a gap before it: no matter

@@ -5,7 +5,7 @@ They place a failure; they never name one. Standard library only."""
 from __future__ import annotations
 
 from . import model as m
-from .pattern import BUDGET, FIGURE, FRAME, MILESTONE, NUM, SIZE, STARTING, WEAK, Message
+from .pattern import BUDGET, FIGURE, FRAME, GAP, MILESTONE, NUM, SIZE, STARTING, WEAK, Message
 from .pattern import row as _m
 
 MARKERS: tuple[Message, ...] = (
@@ -132,6 +132,9 @@ MARKERS: tuple[Message, ...] = (
         r"Application startup complete|Uvicorn running on|Avg prompt throughput|Starting vLLM API server",
         phase=m.PHASE_SERVING,
     ),
+    # A line that only says lines were left out (a pasted excerpt): the milestones before it are
+    # a lower bound of how far the engine got, not where it failed.
+    _m(GAP, r"^\s*(?:\[\s*(?:\.{3,}|…)\s*\]|\.{3,}|…)\s*$", needles=("...", "…")),
     # --- the engine failed while starting: V1's start-up wrappers, and the frames of the
     # constructors every version starts the engine through (never on a serving path) --------------
     _m(

@@ -18,6 +18,7 @@ from .pattern import (  # noqa: F401 - the kinds are read as messages.KIND by th
     BUDGET,
     FIGURE,
     FRAME,
+    GAP,
     HOST,
     KILLED,
     MEMORY,

@@ -19,6 +19,7 @@ KILLED = "killed"  # a worker died of SIGKILL: host RAM unless something stronge
 FRAME = "frame"  # a traceback frame or marker that names the phase of a failure
 MILESTONE = "milestone"  # startup progress: the phase reached so far
 STARTING = "starting"  # the engine failed while starting (it never served)
+GAP = "gap"  # lines left out here (an excerpt's "[...]"): how far the engine got after it is not known
 BUDGET = "budget"  # start-up figures showing no room for any KV cache: decide kv_cache_insufficient
 FIGURE = "figure"  # numbers only
 WEAK = "weak"  # a FRAME subtype: on more than one phase's path

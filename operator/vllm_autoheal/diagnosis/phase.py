@@ -55,7 +55,8 @@ def _strongest(frames: set[Finding]) -> set[m.EnginePhase | None]:
 def phase_of_failure(findings: list[Finding], failure: Finding | None, ready_before: bool | None) -> m.EnginePhase:
     """Where it failed: the frames of the failure's own traceback; else frames printed after the
     last start-up milestone before the failure (earlier ones belong to steps that completed);
-    else the last milestone reached."""
+    else the last milestone reached, unless lines were left out after it (it is then only a
+    lower bound)."""
     if failure is not None and failure.line.origin == REQUEST:
         return m.PHASE_SERVING  # the API server's handler of a request logged it: it was serving
     end = failure.line.offset if failure else None
@@ -70,7 +71,10 @@ def phase_of_failure(findings: list[Finding], failure: Finding | None, ready_bef
     reached = [f.message.phase for f in before if f.message.phase]
     if ready_before or m.PHASE_SERVING in reached:
         return m.PHASE_SERVING
-    if reached:
+    left_out = any(
+        f.message.kind == msg.GAP and window < f.line.offset and (end is None or f.line.offset < end) for f in findings
+    )
+    if reached and not left_out:
         last = max(reached, key=lambda p: PHASE_ORDER[p])
         return {m.PHASE_KV: m.PHASE_CAPTURE}.get(last, last)  # after KV sizing comes graph capture
     return m.PHASE_UNKNOWN
