@@ -68,7 +68,10 @@ def main() -> int:
     parser.add_argument("--corpus", type=Path, default=ROOT / "tests" / "corpus" / "corpus.jsonl")
     args = parser.parse_args()
     corpus = read_jsonl(args.corpus)
-    verdicts = {row["id"]: row for path in args.audit for row in read_jsonl(path)}
+    verdicts: dict[str, dict] = {}  # one sample's rows from several reviews are merged
+    for path in args.audit:
+        for row in read_jsonl(path):
+            verdicts.setdefault(row.get("id"), {}).update(row)
     threads = {s["source_url"] for s in corpus}
     ids = {s["id"] for s in corpus}
     added, refused = [], Counter()

@@ -176,13 +176,17 @@ def test_corpus_add_appends_with_the_split_and_refuses_what_it_must(tmp_path):
     ]
     (tmp_path / "new.jsonl").write_text("".join(json.dumps(s) + "\n" for s in new))
     verdicts = [
-        {"id": "ok", "failure_shown": True, "label_ok": True, "ready_before": True, "exit": "OOMKilled"},
+        {"id": "ok", "failure_shown": True, "label_ok": True},
         {"id": "same-thread", "failure_shown": True, "label_ok": True},
         {"id": "doubted", "failure_shown": True, "label_ok": False},
     ]
     (tmp_path / "audit.jsonl").write_text("".join(json.dumps(v) + "\n" for v in verdicts))
+    # the pod's state comes from a second, label-blind review: both files are merged per sample
+    state = {"id": "ok", "ready_before": True, "exit": "OOMKilled", "context_why": "ready: 'after 2 hours'"}
+    (tmp_path / "state.jsonl").write_text(json.dumps(state) + "\n")
     script = [sys.executable, str(root / "scripts" / "corpus_add.py")]
-    args = [str(tmp_path / "new.jsonl"), "--audit", str(tmp_path / "audit.jsonl"), "--corpus", str(corpus)]
+    args = [str(tmp_path / "new.jsonl"), "--corpus", str(corpus)]
+    args += ["--audit", str(tmp_path / "audit.jsonl"), "--audit", str(tmp_path / "state.jsonl")]
     done = subprocess.run(script + args, capture_output=True, text=True, check=True)
     rows = [json.loads(line) for line in corpus.read_text().splitlines()]
     assert [r["id"] for r in rows] == [CORPUS[0]["id"], "ok"], done.stdout
