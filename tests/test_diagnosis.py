@@ -490,6 +490,23 @@ def test_the_rpc_a_worker_ran_places_its_oom(method_line, cause):
             "gpu_util_exceeds_free",
         ),  # vLLM 0.6, no figures
         ("Fatal Python error: Aborted", "not_oom"),
+        # a kernel's own assert print, CUDA's and HIP's: a bug or a bad input, not memory
+        (
+            "/w/csrc/sampler.cu:54: kernel: block: [0,0,0], thread: [32,0,0] Assertion `idx < size` failed.",
+            "not_oom",
+        ),
+        (
+            "/w/csrc/rocm/skinny_gemms.hip:497: void wvSplitK_hf_sml_(): Device-side assertion `false' failed.",
+            "not_oom",
+        ),
+        ('ValueError("type fp8e4nv not supported in this architecture. The supported fp8 dtypes are ...")', "not_oom"),
+        # Ray's list of what may have ended a worker is not a kill: nothing is known
+        (
+            "(raylet) A worker died or was killed while executing a task by an unexpected system error. Worker exit "
+            "type: SYSTEM_ERROR There are some potential root causes. (1) The process is killed by SIGKILL by OOM "
+            "killer due to high memory usage. (2) ray stop --force is called.",
+            "unknown",
+        ),
         # CPython's fatal-error banner for any interpreter abort (a C extension's refcount bug here)
         ("Fatal Python error: none_dealloc: deallocating None: bug likely caused by a refcount error", "not_oom"),
         ("Fatal Python error: Cannot recover from MemoryErrors while normalizing exceptions.", "unknown"),

@@ -223,7 +223,7 @@ FAILURES: tuple[Message, ...] = (
     _m(
         NOT_OOM,
         r"only supported on GPUs with compute capability|compute capability below [\d.]+ are not supported|"
-        r"is not supported on (?:this|the current) GPU",
+        r"is not supported on (?:this|the current) GPU|not supported in this architecture",
         subtype="unsupported_gpu_architecture",
     ),
     _m(
@@ -277,7 +277,9 @@ FAILURES: tuple[Message, ...] = (
         r"\bhipError(?!OutOfMemory)[A-Z]\w{2,60}|"
         r"Cuda failure (?:\d{1,4} )?'(?!out of memory)[^']{3,80}'|"
         r"\bFailed: (?:Cuda error )?\S{1,200}:\d{1,6} '(?!out of memory)[^']{3,80}'|"
-        r"device-side assert triggered",
+        r"device-side assert triggered|"
+        # the kernel's own assert print (CUDA: "block: [..], thread: [..] Assertion `x` failed."; HIP)
+        r"Device-side assertion `|\bthread: \[\d{1,6},\d{1,6},\d{1,6}\] Assertion `",
         subtype="cuda_error",
     ),
     _m(
@@ -336,7 +338,8 @@ FAILURES: tuple[Message, ...] = (
     _m(
         KILLED,
         r"died unexpectedly \(exit code: -9\)|died, exit code: -9|Failed core proc\(s\): \{[^}]{0,200}-9|"
-        r"died with exit code -9|exit code -9|signal 9\b|SIGKILL|exitcode\s{0,4}: -9\b|"
+        # (not Ray's list of what may have ended a worker: "(1) ... killed by SIGKILL by OOM killer ...")
+        r"died with exit code -9|exit code -9|signal 9\b|SIGKILL(?! by OOM killer due to)|exitcode\s{0,4}: -9\b|"
         r"^Killed$|^(?:\S{1,200}: )?line \d{1,7}: {1,4}\d{1,10} Killed\b|exited with code 137\b",
         m.HOST_RAM_OOM,
         None,
