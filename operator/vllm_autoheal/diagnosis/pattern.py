@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 
 from . import model as m
 from .needles import needles_of
@@ -33,7 +34,7 @@ class Message:
     subtype: str | None = None
     needles: tuple[str, ...] = ()  # one of these literals is in every match; empty: always try
 
-    @property
+    @cached_property  # read on every line: RegexFlag arithmetic is slow Python (enum) code
     def ignores_case(self) -> bool:
         return bool(self.regex.flags & re.IGNORECASE)
 
