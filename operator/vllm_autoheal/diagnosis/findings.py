@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 
 from . import messages as msg
+from .needles import finder
 from .scan import ACCESS, ENGINE, MATCH_CHARS, REQUEST, USER, Line
 
 # Kinds that name a failure: only an error the engine reported (not a progress or warning line,
@@ -62,8 +63,11 @@ _MEMORY_NEEDLES = [n for m in _MEMORY if not m.ignores_case for n in m.needles]
 _MEMORY_NEEDLES_LOWER = [n for m in _MEMORY if m.ignores_case for n in m.needles]
 
 
+_CASED = finder(_NEEDLES)
+
+
 def _present(text: str, lowered: str) -> set[str]:
-    return {"c:" + n for n in _NEEDLES if n in text} | {"i:" + n for n in _NEEDLES_LOWER if n in lowered}
+    return {"c:" + n for n in _CASED(text)} | {"i:" + n for n in _NEEDLES_LOWER if n in lowered}
 
 
 # A failure quoted inside an exception of another type is that exception's text (a LoRA path, a
@@ -147,11 +151,7 @@ def _wrapped(line: Line, following: list[Line]) -> list[Finding]:
     # (a flood of short bare lines calls this on every line: one pass over the needles first)
     if not any(n in text for n in _MEMORY_NEEDLES) and not any(n in lowered for n in _MEMORY_NEEDLES_LOWER):
         return []
-    return [
-        Finding(line, message, found)
-        for message in _MEMORY
-        if (found := message.search(text, lowered))
-    ]
+    return [Finding(line, message, found) for message in _MEMORY if (found := message.search(text, lowered))]
 
 
 def served_before(lines: list[Line], failure: Line) -> bool:
