@@ -122,10 +122,16 @@ _REQUEST_HINT = re.compile(r"APIServer|\[serving|serving_\w{1,30}\.py:|api_serve
 _TP_RANK = re.compile(r"(?:Worker_TP|\[Rank |rank=)(\d{1,4})")
 # The request logger's and response logger's opening words (vLLM 0.2 to 0.33), and the
 # parsers that log model output; a header naming entrypoints/logger.py is user text too.
-_USER_TEXT = re.compile(
-    r"^(?:Received request |Generated response |Request \S+ details:|Added request \S+:? .{0,40}prompt)"
-    r"|\b(?:prompt|output|outputs|delta_text|current_text|model_output): ['\"]"
-    r"|\bprompt_token_ids: \["
+_USER_START = re.compile(
+    r"(?:Received request |Generated response |Request \S+ details:|Added request \S+:? .{0,40}prompt)"
+)
+# Searched anywhere in a line of up to MATCH_CHARS: every alternative starts with a letter, so
+# the regex engine skips ahead to those letters instead of trying each position. `p(?<!\w.)`
+# is `\bp`: the character before the `p` is no word character.
+_WB = r"(?<!\w.)"
+_USER_QUOTE = re.compile(
+    rf"p{_WB}rompt(?:_token_ids: \[|: ['\"])|o{_WB}utputs?: ['\"]|d{_WB}elta_text: ['\"]|"
+    rf"c{_WB}urrent_text: ['\"]|m{_WB}odel_output: ['\"]"
 )
 _USER_FILES = re.compile(
     r"^(?:logger\.py|dump_input\.py|log_response\.py|.*tool_parser.*|.*reasoning.*parser.*|.*_parser\.py|"
@@ -133,15 +139,19 @@ _USER_FILES = re.compile(
 )
 # Lines that name a request by its id or dump a scheduled batch carry text a client chose (the
 # X-Request-Id header, stop strings), wherever they come from.
-_REQUEST_IDS = re.compile(
-    r"^(?:Added|Aborted|Finished|Abort) request|\b(?:SchedulerOutput|NewRequestData|"
-    r"CachedRequestData)\(|\breq(?:uest)?_ids?[=:]|"
-    # AsyncLLM's "Request <id> aborted/failed ...", --log-error-stack's "Exception caught. Request
-    # id: <id>", and the engine's "... for request <id>" (structured output, KV connectors)
-    r"^Request \S+(?: |$)|^Aborted request\(s\)|[Rr]equest [Ii][Dd]s?\b|\b(?:for|to) request \S|"
-    # any other line naming "request" (an id follows it in every vLLM 0.32 form), but the engine's
-    # own memory figures that speak of one request
-    r"\b[Rr]equest\b(?<!at least one request)(?<!tokens per request)"
+_REQUEST_START = re.compile(
+    # AsyncLLM's "Request <id> aborted/failed ..."
+    r"(?:Added|Aborted|Finished|Abort) request|Request \S+(?: |$)|Aborted request\(s\)"
+)
+_REQUEST_IDS = re.compile(  # (each alternative starts with a letter: see _USER_QUOTE)
+    rf"S{_WB}chedulerOutput\(|N{_WB}ewRequestData\(|C{_WB}achedRequestData\(|r{_WB}eq(?:uest)?_ids?[=:]|"
+    # --log-error-stack's "Exception caught. Request id: <id>"
+    r"Request [Ii][Dd]s?\b|request [Ii][Dd]s?\b|"
+    # any other line naming "request" (an id follows it in every vLLM 0.32 form: the engine's
+    # "... for request <id>" of structured output and KV connectors), but the engine's own memory
+    # figures that speak of one request
+    rf"R{_WB}equest\b(?<!at least one request)(?<!tokens per request)|"
+    rf"r{_WB}equest\b(?<!at least one request)(?<!tokens per request)"
 )
 # The API server handles requests one by one: its errors (a 400 for a long prompt, a bad chat
 # template) are the request's, carry the request's text, and never decide a crash's cause.
@@ -230,7 +240,9 @@ def origin_of(text: str, source_file: str | None) -> str:
         return USER
     head = text[:MATCH_CHARS]
     # (every request-id form holds "eq" or "SchedulerOutput": a cheap test first on long lines)
-    if _USER_TEXT.search(head) or (("eq" in head or "SchedulerOutput" in head) and _REQUEST_IDS.search(head)):
+    if _USER_START.match(head) or _USER_QUOTE.search(head):
+        return USER
+    if _REQUEST_START.match(head) or (("eq" in head or "SchedulerOutput" in head) and _REQUEST_IDS.search(head)):
         return USER
     if _ACCESS.match(head):
         return ACCESS
