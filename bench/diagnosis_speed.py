@@ -22,8 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
 from vllm_autoheal.diagnosis import messages as msg  # noqa: E402
+from vllm_autoheal.diagnosis.candidates import ANCHORS  # noqa: E402
 from vllm_autoheal.diagnosis.classify import classify_stream  # noqa: E402
-from vllm_autoheal.diagnosis.scan import ANCHORS  # noqa: E402
 
 HEAD = """(EngineCore_DP0 pid=8402) INFO 10-24 01:22:27 [default_loader.py:267] Loading weights took 14.57 seconds
 (EngineCore_DP0 pid=8402) INFO 10-24 01:22:28 [gpu_model_runner.py:2653] Model loading took 62.6327 GiB and 14.898300 seconds
