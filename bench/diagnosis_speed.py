@@ -76,6 +76,26 @@ def crafted_lines() -> list[str]:
     ]
 
 
+def other_shapes() -> list[tuple[str, str]]:
+    """Lines that cost the most per byte, found by trying: a line of characters the needles
+    hold (str's search for a needle then steps one character at a time), anchors but no
+    needle, a flood of short lines, every needle at once, words that tell user text."""
+    prefix = "(EngineCore_DP0 pid=1) ERROR 10-24 01:26:57 [core.py:1] "
+    every = " ".join(n for m in msg.MESSAGES for n in m.needles)
+    return [
+        ("a 2 KiB line of '%' and an anchor", prefix + "%" * 2040 + " rror"),
+        ("a 2 KiB line of 'a' and an anchor", prefix + "a" * 2040 + " rror"),
+        ("an anchor every 50 characters", prefix + ("rror" + "a" * 46) * 42),
+        ("a flood of 5-byte anchored lines", "rror"),
+        ("a flood of short engine lines", prefix + "rror"),
+        ("every needle on one line", prefix + every),
+        ("every needle on one line, backwards", prefix + " ".join(every.split(" ")[::-1])),
+        ("'equest' repeated", prefix + "equest " * 300),
+        ("': ' and a quote repeated", prefix + "x: '" * 520),
+        ("'(' repeated after an anchor", prefix + "rror " + "(" * 2040),
+    ]
+
+
 def write(path: Path, kind: str, size: int) -> int:
     with path.open("w") as f:
         f.write(HEAD)
@@ -142,6 +162,12 @@ def main(argv: list[str] | None = None) -> int:
             r_time, _ = timed(repeated, repeats=1)
             worst = max(worst, ((r_time / repeated.stat().st_size) / (n_time / n_size), needle))
         print(f"worst line repeating one needle: {worst[0]:.2f}x per MB ({worst[1]!r})")
+        # Other shapes, each repeated to the normal log's size: what a review found slow.
+        for name, line in other_shapes():
+            shaped = Path(tmp, "shaped.log")
+            shaped.write_text(HEAD + (line + "\n") * (n_size // (len(line) + 1)) + TAIL)
+            t, _ = timed(shaped, repeats=2)
+            print(f"  {name}: {(t / shaped.stat().st_size) / (n_time / n_size):.2f}x per MB")
         b_size = write(big, "normal", int(args.big_mb * 1e6))
         with big.open() as f:
             tracemalloc.start()
