@@ -27,6 +27,7 @@ from .pattern import (  # noqa: F401 - the kinds are read as messages.KIND by th
     OOM,
     SIZE,
     STARTING,
+    WB,
     WEAK,
     I,
     Message,
@@ -271,12 +272,15 @@ FAILURES: tuple[Message, ...] = (
     # CUDA's own error names and strings, NCCL's and vLLM's CUDA checks: any error but out-of-memory.
     _m(
         NOT_OOM,
-        r"(?:CUDA|HIP|CUDA driver) [Ee]rror: (?!out of memory)[a-z][\w -]{3,80}|\bcudaError(?!MemoryAllocation)[A-Z]\w{2,60}|"
-        r"\bhipError(?!OutOfMemory)[A-Z]\w{2,60}|"
+        # (every alternative starts with a literal: see WB)
+        r"CUDA [Ee]rror: (?!out of memory)[a-z][\w -]{3,80}|HIP [Ee]rror: (?!out of memory)[a-z][\w -]{3,80}|"
+        r"CUDA driver [Ee]rror: (?!out of memory)[a-z][\w -]{3,80}|"
+        r"c" + WB + r"udaError(?!MemoryAllocation)[A-Z]\w{2,60}|h" + WB + r"ipError(?!OutOfMemory)[A-Z]\w{2,60}|"
         r"Cuda failure (?:\d{1,4} )?'(?!out of memory)[^']{3,80}'|"
-        r"\bFailed: (?:Cuda error )?\S{1,200}:\d{1,6} '(?!out of memory)[^']{3,80}'|"
+        r"F" + WB + r"ailed: (?:Cuda error )?\S{1,200}:\d{1,6} '(?!out of memory)[^']{3,80}'|"
         r"device-side assert triggered",
         subtype="cuda_error",
+        needles=("rror:", "cudaError", "hipError", "Cuda failure", "Failed:", "device-side assert triggered"),
     ),
     _m(
         NOT_OOM,
@@ -326,9 +330,22 @@ FAILURES: tuple[Message, ...] = (
         OOM,
         # The runtime's own "out of memory" as torch, the driver API, vLLM's cumem allocator and ROCm
         # word it (cudaErrorMemoryAllocation / CUDA_ERROR_OUT_OF_MEMORY / hipErrorOutOfMemory).
-        r"OutOfMemoryError|(?:CUDA|HIP|CUDA driver) [Ee]rror: out of memory|CUDA out of\s*(?:\[\.\.\.\])?$|"
+        r"OutOfMemoryError|CUDA [Ee]rror: out of memory|HIP [Ee]rror: out of memory|CUDA driver [Ee]rror: out of memory|"
+        r"CUDA out of\s*(?:\[\.\.\.\])?$|"
         r"cudaErrorMemoryAllocation|CUDA_ERROR_OUT_OF_MEMORY|hipErrorOutOfMemory|UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY|"
         r"CUBLAS_STATUS_ALLOC_FAILED|RESOURCE_EXHAUSTED|out of memory \(HIP\)",
+        needles=(
+            "OutOfMemoryError",
+            "rror: out of memory",
+            "CUDA out of",
+            "cudaErrorMemoryAllocation",
+            "CUDA_ERROR_OUT_OF_MEMORY",
+            "hipErrorOutOfMemory",
+            "UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY",
+            "CUBLAS_STATUS_ALLOC_FAILED",
+            "RESOURCE_EXHAUSTED",
+            "out of memory (HIP)",
+        ),
     ),
     # --- worker killed by the kernel (exit -9) ------------------------------------------------
     _m(

@@ -68,5 +68,9 @@ def row(
 
 
 SIZE = r"[\d.,]{1,30}\s{0,4}(?:[KMGT]i?B|bytes)?"
+# `\b` before a word character, written after that character: "in" + WB is `\bin` for a regex
+# whose alternatives then all start with a literal, which the regex engine skips ahead to (an
+# alternative led by `\b` or a group makes it try every position of a 2 KiB line).
+WB = r"(?<!\w.)"
 NUM = r"[\d,]+"
 I = re.IGNORECASE  # noqa: E741 - short, as the flag tables below are wide
