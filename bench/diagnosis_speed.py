@@ -78,14 +78,19 @@ def crafted_lines() -> list[str]:
 
 def other_shapes() -> list[tuple[str, str]]:
     """Lines that cost the most per byte, found by trying: a line of characters the needles
-    hold (str's search for a needle then steps one character at a time), anchors but no
-    needle, a flood of short lines, every needle at once, words that tell user text."""
+    hold (str's search for a needle then steps one character at a time), the same after every
+    character of the needles (none can be ruled out by its characters), anchors but no needle,
+    a flood of short lines, every needle at once, words that tell user text."""
     prefix = "(EngineCore_DP0 pid=1) ERROR 10-24 01:26:57 [core.py:1] "
     every = " ".join(n for m in msg.MESSAGES for n in m.needles)
     return [
         ("a 2 KiB line of '%' and an anchor", prefix + "%" * 2040 + " rror"),
         ("a 2 KiB line of 'a' and an anchor", prefix + "a" * 2040 + " rror"),
         ("an anchor every 50 characters", prefix + ("rror" + "a" * 46) * 42),
+        (
+            "every character of the needles, then 'a' and an anchor",
+            prefix + "".join(sorted(set(every))) + "a" * 1960 + " rror",
+        ),
         ("a flood of 5-byte anchored lines", "rror"),
         ("a flood of short engine lines", prefix + "rror"),
         ("every needle on one line", prefix + every),
