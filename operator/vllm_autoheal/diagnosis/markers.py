@@ -208,7 +208,9 @@ MARKERS: tuple[Message, ...] = (
     _m(FIGURE, r"Initial free memory:? (?P<initial_free_gib>[\d.]+) GiB"),
     _m(
         FIGURE,
-        r"(?P<others>(?:Process \d{1,10} has [\d.]{1,20} [GM]iB memory in use\. ?){1,64})",
+        # (X{1,64} written X X{0,63}: the regex then starts with the literal "Process ")
+        r"(?P<others>Process \d{1,10} has [\d.]{1,20} [GM]iB memory in use\. ?"
+        r"(?:Process \d{1,10} has [\d.]{1,20} [GM]iB memory in use\. ?){0,63})",
         needles=("memory in use",),
     ),
     _m(FIGURE, r"Including non-PyTorch memory, this process has (?P<own_gib>" + SIZE + r") memory in use"),

@@ -155,10 +155,11 @@ FAILURES: tuple[Message, ...] = (
     _m(
         HOST,
         r"DefaultCPUAllocator: (?:can't allocate memory|not enough memory)|std::bad_alloc|"
-        r"^MemoryError\b",
+        r"M(?<=^M)emoryError\b",  # ^MemoryError, starting with a literal (see WB)
         m.HOST_RAM_OOM,
         None,
         "host_allocation_failed",
+        needles=("DefaultCPUAllocator:", "std::bad_alloc", "MemoryError"),
     ),
     # ENOMEM from a system call (mmap, fork, ...); not from RDMA registration, where it means the
     # locked-memory limit.
@@ -231,7 +232,12 @@ FAILURES: tuple[Message, ...] = (
         r"Cannot find model module|not supported for now\. Supported architectures",
         subtype="unsupported_architecture",
     ),
-    _m(NOT_OOM, r"[Aa]ddress already in use|EADDRINUSE|\[Errno 98\]", subtype="port_in_use"),
+    _m(
+        NOT_OOM,
+        r"Address already in use|address already in use|EADDRINUSE|\[Errno 98\]",
+        subtype="port_in_use",
+        needles=("ddress already in use", "EADDRINUSE", "[Errno 98]"),
+    ),
     _m(
         NOT_OOM,
         r"(?:creating|attaching to) shared memory segment|/dev/shm(?:(?!/dev/shm).){0,200}?(?:No space|failed|error)|"
@@ -258,7 +264,8 @@ FAILURES: tuple[Message, ...] = (
         NOT_OOM,
         r"Repository Not Found|is not a valid model identifier|does not appear to have a file named "
         r"config\.json|Can't load the configuration of|HFValidationError|Invalid repository ID|"
-        r"No such file or directory: (?:(?!No such file).){0,300}?config\.json|(?:model|Model) path .{1,300}? does not exist|"
+        r"No such file or directory: (?:(?!No such file).){0,300}?config\.json|"
+        r"model path .{1,300}? does not exist|Model path .{1,300}? does not exist|"
         r"Cannot connect to|We couldn't connect to",
         subtype="model_not_found",
     ),
@@ -285,7 +292,7 @@ FAILURES: tuple[Message, ...] = (
     _m(
         NOT_OOM,
         r"cannot find -l\w{1,40}|collect2: error|ld returned \d+ exit status|"
-        r"(?:InductorError|CompilationError|triton\.compiler\.errors)|"
+        r"InductorError|CompilationError|triton\.compiler\.errors|"
         # a kernel asking for more on-chip shared memory than the GPU has: a kernel config, not VRAM
         r"OutOfResources: out of resource",
         subtype="compile_toolchain_error",
