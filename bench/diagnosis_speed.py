@@ -80,7 +80,8 @@ def other_shapes() -> list[tuple[str, str]]:
     """Lines that cost the most per byte, found by trying: a line of characters the needles
     hold (str's search for a needle then steps one character at a time), the same after every
     character of the needles (none can be ruled out by its characters), anchors but no needle,
-    a flood of short lines, every needle at once, words that tell user text."""
+    a flood of short lines, every needle at once (or one of each row's), words that tell user
+    text."""
     prefix = "(EngineCore_DP0 pid=1) ERROR 10-24 01:26:57 [core.py:1] "
     every = " ".join(n for m in msg.MESSAGES for n in m.needles)
     return [
@@ -94,6 +95,11 @@ def other_shapes() -> list[tuple[str, str]]:
         ("a flood of 5-byte anchored lines", "rror"),
         ("a flood of short engine lines", prefix + "rror"),
         ("every needle on one line", prefix + every),
+        # every row's regex runs, and few match early: the worst found
+        (
+            "the shortest needle of every row on one line",
+            prefix + " ".join(min(m.needles, key=len) for m in msg.MESSAGES),
+        ),
         ("every needle on one line, backwards", prefix + " ".join(every.split(" ")[::-1])),
         ("'equest' repeated", prefix + "equest " * 300),
         ("': ' and a quote repeated", prefix + "x: '" * 520),
