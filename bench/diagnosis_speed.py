@@ -22,8 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
 from vllm_autoheal.diagnosis import messages as msg  # noqa: E402
+from vllm_autoheal.diagnosis.candidates import ANCHORS  # noqa: E402
 from vllm_autoheal.diagnosis.classify import classify_stream  # noqa: E402
-from vllm_autoheal.diagnosis.scan import ANCHORS  # noqa: E402
 
 HEAD = """(EngineCore_DP0 pid=8402) INFO 10-24 01:22:27 [default_loader.py:267] Loading weights took 14.57 seconds
 (EngineCore_DP0 pid=8402) INFO 10-24 01:22:28 [gpu_model_runner.py:2653] Model loading took 62.6327 GiB and 14.898300 seconds
@@ -73,6 +73,37 @@ def crafted_lines() -> list[str]:
         prefixes + "1" * 2000 + " is not divisible by x",
         prefixes + "RuntimeError: CUDA error: " + "a." * 1000,
         prefixes + "Process 1 has 1.00 GiB memory in use. " * 60 + "x",
+    ]
+
+
+def other_shapes() -> list[tuple[str, str]]:
+    """Lines that cost the most per byte, found by trying: a line of characters the needles
+    hold (str's search for a needle then steps one character at a time), the same after every
+    character of the needles (none can be ruled out by its characters), anchors but no needle,
+    a flood of short lines, every needle at once (or one of each row's), words that tell user
+    text."""
+    prefix = "(EngineCore_DP0 pid=1) ERROR 10-24 01:26:57 [core.py:1] "
+    every = " ".join(n for m in msg.MESSAGES for n in m.needles)
+    return [
+        ("a 2 KiB line of '%' and an anchor", prefix + "%" * 2040 + " rror"),
+        ("a 2 KiB line of 'a' and an anchor", prefix + "a" * 2040 + " rror"),
+        ("an anchor every 50 characters", prefix + ("rror" + "a" * 46) * 42),
+        (
+            "every character of the needles, then 'a' and an anchor",
+            prefix + "".join(sorted(set(every))) + "a" * 1960 + " rror",
+        ),
+        ("a flood of 5-byte anchored lines", "rror"),
+        ("a flood of short engine lines", prefix + "rror"),
+        ("every needle on one line", prefix + every),
+        # every row's regex runs, and few match early: the worst found
+        (
+            "the shortest needle of every row on one line",
+            prefix + " ".join(min(m.needles, key=len) for m in msg.MESSAGES),
+        ),
+        ("every needle on one line, backwards", prefix + " ".join(every.split(" ")[::-1])),
+        ("'equest' repeated", prefix + "equest " * 300),
+        ("': ' and a quote repeated", prefix + "x: '" * 520),
+        ("'(' repeated after an anchor", prefix + "rror " + "(" * 2040),
     ]
 
 
@@ -142,6 +173,12 @@ def main(argv: list[str] | None = None) -> int:
             r_time, _ = timed(repeated, repeats=1)
             worst = max(worst, ((r_time / repeated.stat().st_size) / (n_time / n_size), needle))
         print(f"worst line repeating one needle: {worst[0]:.2f}x per MB ({worst[1]!r})")
+        # Other shapes, each repeated to the normal log's size: what a review found slow.
+        for name, line in other_shapes():
+            shaped = Path(tmp, "shaped.log")
+            shaped.write_text(HEAD + (line + "\n") * (n_size // (len(line) + 1)) + TAIL)
+            t, _ = timed(shaped, repeats=2)
+            print(f"  {name}: {(t / shaped.stat().st_size) / (n_time / n_size):.2f}x per MB")
         b_size = write(big, "normal", int(args.big_mb * 1e6))
         with big.open() as f:
             tracemalloc.start()

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 
 from . import messages as msg
+from .needles import finder
 from .scan import ACCESS, ENGINE, MATCH_CHARS, REQUEST, USER, Line
 
 # Kinds that name a failure: only an error the engine reported (not a progress or warning line,
@@ -51,10 +52,22 @@ class Finding:
 _NEEDLES = sorted({n for m in msg.MESSAGES if not m.ignores_case for n in m.needles})
 _NEEDLES_LOWER = sorted({n for m in msg.MESSAGES if m.ignores_case for n in m.needles})
 _KEYS = {id(m): frozenset(("i:" if m.ignores_case else "c:") + n for n in m.needles) for m in msg.MESSAGES}
+# needle key -> the positions in MESSAGES of the messages it gates: a line tries only those
+# (in table order), not all of them (on short lines the loop over the table cost most).
+_GATED: dict[str, list[int]] = {}
+for _i, _m in enumerate(msg.MESSAGES):
+    for _k in _KEYS[id(_m)]:
+        _GATED.setdefault(_k, []).append(_i)
+_MEMORY = [m for m in msg.MESSAGES if m.kind == msg.MEMORY]
+_MEMORY_NEEDLES = [n for m in _MEMORY if not m.ignores_case for n in m.needles]
+_MEMORY_NEEDLES_LOWER = [n for m in _MEMORY if m.ignores_case for n in m.needles]
+
+
+_CASED = finder(_NEEDLES)
 
 
 def _present(text: str, lowered: str) -> set[str]:
-    return {"c:" + n for n in _NEEDLES if n in text} | {"i:" + n for n in _NEEDLES_LOWER if n in lowered}
+    return {"c:" + n for n in _CASED(text)} | {"i:" + n for n in _NEEDLES_LOWER if n in lowered}
 
 
 # A failure quoted inside an exception of another type is that exception's text (a LoRA path, a
@@ -105,8 +118,9 @@ def findings_of(lines: list[Line]) -> list[Finding]:
         # ... and a non-memory finding only from the errors vLLM raises for a request (a template's
         # own exception carries whatever its author, or the request, put in it).
         request_error = line.origin == REQUEST and REQUEST_ERROR.match(text) is not None
-        for message in msg.MESSAGES:
-            found = None if _KEYS[id(message)].isdisjoint(present) else message.regex.search(text)
+        for index in sorted({i for key in present for i in _GATED[key]}):
+            message = msg.MESSAGES[index]
+            found = message.regex.search(text)
             if (
                 found
                 and not (quoted and message.kind in DECIDING)
@@ -134,11 +148,10 @@ def _wrapped(line: Line, following: list[Line]) -> list[Finding]:
         return []
     text = " ".join([line.text] + rest)[:MATCH_CHARS]
     lowered = text.lower()
-    return [
-        Finding(line, message, found)
-        for message in msg.MESSAGES
-        if message.kind == msg.MEMORY and (found := message.search(text, lowered))
-    ]
+    # (a flood of short bare lines calls this on every line: one pass over the needles first)
+    if not any(n in text for n in _MEMORY_NEEDLES) and not any(n in lowered for n in _MEMORY_NEEDLES_LOWER):
+        return []
+    return [Finding(line, message, found) for message in _MEMORY if (found := message.search(text, lowered))]
 
 
 def served_before(lines: list[Line], failure: Line) -> bool:

@@ -5,7 +5,7 @@ They place a failure; they never name one. Standard library only."""
 from __future__ import annotations
 
 from . import model as m
-from .pattern import BUDGET, FIGURE, FRAME, GAP, MILESTONE, NUM, SIZE, STARTING, WEAK, Message
+from .pattern import BUDGET, FIGURE, FRAME, GAP, MILESTONE, NUM, SIZE, STARTING, WB, WEAK, Message
 from .pattern import row as _m
 
 MARKERS: tuple[Message, ...] = (
@@ -14,7 +14,8 @@ MARKERS: tuple[Message, ...] = (
     # ... while processing method NAME" and Ray's "Error executing method NAME".
     _m(
         FRAME,
-        r"\b(?:in|method) '?(?:capture_model|_capture_cudagraphs|_warmup_and_capture|capture_end|capture_begin)\b|"
+        r"i" + WB + r"n '?(?:capture_model|_capture_cudagraphs|_warmup_and_capture|capture_end|capture_begin)\b|"
+        r"m" + WB + r"ethod '?(?:capture_model|_capture_cudagraphs|_warmup_and_capture|capture_end|capture_begin)\b|"
         r"torch\.cuda\.graph\(|cuda_graph\.capture_end|graph_capture|Capturing CUDA graphs?|"
         r"Capturing cudagraphs|\.capture_model\(|Registering \d+ cuda graph addresses",
         phase=m.PHASE_CAPTURE,
@@ -22,7 +23,9 @@ MARKERS: tuple[Message, ...] = (
     ),
     _m(
         FRAME,
-        r"\b(?:in|method) '?(?:profile_run|_dummy_sampler_run|_dummy_pooler_run|determine_available_memory|"
+        r"i" + WB + r"n '?(?:profile_run|_dummy_sampler_run|_dummy_pooler_run|determine_available_memory|"
+        r"determine_num_available_blocks|profile_memory|_profile_and_initialize_kv_caches)\b|"
+        r"m" + WB + r"ethod '?(?:profile_run|_dummy_sampler_run|_dummy_pooler_run|determine_available_memory|"
         r"determine_num_available_blocks|profile_memory|_profile_and_initialize_kv_caches)\b|"
         r"\.(?:profile_run|_dummy_sampler_run|determine_available_memory|"
         r"determine_num_available_blocks)\(",
@@ -33,22 +36,34 @@ MARKERS: tuple[Message, ...] = (
     # (V1's warm-up captures graphs and warms the sampler; its `_dummy_run` serves profiling and capture.)
     _m(
         FRAME,
-        r"\bin compile_or_warm_up_model\b",
+        r"i" + WB + r"n compile_or_warm_up_model\b",
         phase=m.PHASE_CAPTURE,
         subtype=WEAK,
         needles=("compile_or_warm_up_model",),
     ),
-    _m(FRAME, r"\bin _dummy_run\b|\._dummy_run\(", phase=m.PHASE_PROFILE, subtype=WEAK, needles=("_dummy_run",)),
     _m(
         FRAME,
-        r"\b(?:in|method) '?(?:initialize_kv_cache|_allocate_kv_cache_tensors|allocate_kv_cache|_init_cache_engine|"
+        r"i" + WB + r"n _dummy_run\b|\._dummy_run\(",
+        phase=m.PHASE_PROFILE,
+        subtype=WEAK,
+        needles=("_dummy_run",),
+    ),
+    _m(
+        FRAME,
+        r"i" + WB + r"n '?(?:initialize_kv_cache|_allocate_kv_cache_tensors|allocate_kv_cache|_init_cache_engine|"
+        r"_allocate_kv_cache|initialize_cache|init_kv_cache|reshape_kv_cache_tensors)\b|"
+        r"m" + WB + r"ethod '?(?:initialize_kv_cache|_allocate_kv_cache_tensors|allocate_kv_cache|_init_cache_engine|"
         r"_allocate_kv_cache|initialize_cache|init_kv_cache|reshape_kv_cache_tensors)\b",
         phase=m.PHASE_KV,
         needles=("kv_cache", "cache_engine", "initialize_cache"),
     ),
     _m(
         FRAME,
-        r"\b(?:in|method) '?(?:load_model|get_model|load_weights|_init_model|initialize_model|make_layers|create_weights|"
+        r"i" + WB + r"n '?(?:load_model|get_model|load_weights|_init_model|initialize_model|make_layers|create_weights|"
+        r"_initialize_model|load_state_dict|process_weights_after_loading)\b|"
+        r"m"
+        + WB
+        + r"ethod '?(?:load_model|get_model|load_weights|_init_model|initialize_model|make_layers|create_weights|"
         r"_initialize_model|load_state_dict|process_weights_after_loading)\b|Loading safetensors checkpoint shards|"
         r"\.(?:load_model|get_model|load_weights)\(|"
         r"Failed to create \w+ weights|"
@@ -69,7 +84,9 @@ MARKERS: tuple[Message, ...] = (
     ),
     _m(
         FRAME,
-        r"\b(?:in|method) '?(?:execute_model|run_busy_loop|_process_engine_step|step_with_batch_queue|"
+        r"i" + WB + r"n '?(?:execute_model|run_busy_loop|_process_engine_step|step_with_batch_queue|"
+        r"create_chat_completion|create_completion|generate|_run_workers_async|sample_tokens|step_async|engine_step|get_logprobs)\b|"
+        r"m" + WB + r"ethod '?(?:execute_model|run_busy_loop|_process_engine_step|step_with_batch_queue|"
         r"create_chat_completion|create_completion|generate|_run_workers_async|sample_tokens|step_async|engine_step|get_logprobs)\b|"
         r"Error in model execution|EngineDeadError|AsyncEngineDeadError|MQLLMEngine is already dead|"
         r"Engine loop has died|serving_chat\.py|serving_completion\.py|\.(?:run_busy_loop|execute_model)\(|"
@@ -140,7 +157,7 @@ MARKERS: tuple[Message, ...] = (
     _m(
         STARTING,
         r"EngineCore failed to start|Engine core initialization failed|Engine process failed to start|"
-        r"\bin (?:build_async_engine_client\w{0,40}|from_engine_args|from_vllm_config|_init_executor)\b",
+        r"i" + WB + r"n (?:build_async_engine_client\w{0,40}|from_engine_args|from_vllm_config|_init_executor)\b",
         needles=("failed to start", "initialization failed", "build_async_engine_client", "from_", "_init_executor"),
     ),
     # --- start-up figures that prove there is no room for the KV cache (decide on their own) ----
@@ -194,7 +211,9 @@ MARKERS: tuple[Message, ...] = (
     _m(FIGURE, r"Initial free memory:? (?P<initial_free_gib>[\d.]+) GiB"),
     _m(
         FIGURE,
-        r"(?P<others>(?:Process \d{1,10} has [\d.]{1,20} [GM]iB memory in use\. ?){1,64})",
+        # (X{1,64} written X X{0,63}: the regex then starts with the literal "Process ")
+        r"(?P<others>Process \d{1,10} has [\d.]{1,20} [GM]iB memory in use\. ?"
+        r"(?:Process \d{1,10} has [\d.]{1,20} [GM]iB memory in use\. ?){0,63})",
         needles=("memory in use",),
     ),
     _m(FIGURE, r"Including non-PyTorch memory, this process has (?P<own_gib>" + SIZE + r") memory in use"),

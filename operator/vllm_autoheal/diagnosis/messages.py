@@ -28,6 +28,7 @@ from .pattern import (  # noqa: F401 - the kinds are read as messages.KIND by th
     OOM,
     SIZE,
     STARTING,
+    WB,
     WEAK,
     I,
     Message,
@@ -155,10 +156,11 @@ FAILURES: tuple[Message, ...] = (
     _m(
         HOST,
         r"DefaultCPUAllocator: (?:can't allocate memory|not enough memory)|std::bad_alloc|"
-        r"^MemoryError\b",
+        r"M(?<=^M)emoryError\b",  # ^MemoryError, starting with a literal (see WB)
         m.HOST_RAM_OOM,
         None,
         "host_allocation_failed",
+        needles=("DefaultCPUAllocator:", "std::bad_alloc", "MemoryError"),
     ),
     # ENOMEM from a system call (mmap, fork, ...); not from RDMA registration, where it means the
     # locked-memory limit.
@@ -232,7 +234,12 @@ FAILURES: tuple[Message, ...] = (
         r"Cannot find model module|not supported for now\. Supported architectures",
         subtype="unsupported_architecture",
     ),
-    _m(NOT_OOM, r"[Aa]ddress already in use|EADDRINUSE|\[Errno 98\]", subtype="port_in_use"),
+    _m(
+        NOT_OOM,
+        r"Address already in use|address already in use|EADDRINUSE|\[Errno 98\]",
+        subtype="port_in_use",
+        needles=("ddress already in use", "EADDRINUSE", "[Errno 98]"),
+    ),
     _m(
         NOT_OOM,
         r"(?:creating|attaching to) shared memory segment|/dev/shm(?:(?!/dev/shm).){0,200}?(?:No space|failed|error)|"
@@ -259,7 +266,8 @@ FAILURES: tuple[Message, ...] = (
         NOT_OOM,
         r"Repository Not Found|is not a valid model identifier|does not appear to have a file named "
         r"config\.json|Can't load the configuration of|HFValidationError|Invalid repository ID|"
-        r"No such file or directory: (?:(?!No such file).){0,300}?config\.json|(?:model|Model) path .{1,300}? does not exist|"
+        r"No such file or directory: (?:(?!No such file).){0,300}?config\.json|"
+        r"model path .{1,300}? does not exist|Model path .{1,300}? does not exist|"
         r"Cannot connect to|We couldn't connect to",
         subtype="model_not_found",
     ),
@@ -273,19 +281,31 @@ FAILURES: tuple[Message, ...] = (
     # CUDA's own error names and strings, NCCL's and vLLM's CUDA checks: any error but out-of-memory.
     _m(
         NOT_OOM,
-        r"(?:CUDA|HIP|CUDA driver) [Ee]rror: (?!out of memory)[a-z][\w -]{3,80}|\bcudaError(?!MemoryAllocation)[A-Z]\w{2,60}|"
-        r"\bhipError(?!OutOfMemory)[A-Z]\w{2,60}|"
+        # (every alternative starts with a literal: see WB)
+        r"CUDA [Ee]rror: (?!out of memory)[a-z][\w -]{3,80}|HIP [Ee]rror: (?!out of memory)[a-z][\w -]{3,80}|"
+        r"CUDA driver [Ee]rror: (?!out of memory)[a-z][\w -]{3,80}|"
+        r"c" + WB + r"udaError(?!MemoryAllocation)[A-Z]\w{2,60}|h" + WB + r"ipError(?!OutOfMemory)[A-Z]\w{2,60}|"
         r"Cuda failure (?:\d{1,4} )?'(?!out of memory)[^']{3,80}'|"
-        r"\bFailed: (?:Cuda error )?\S{1,200}:\d{1,6} '(?!out of memory)[^']{3,80}'|"
+        r"F" + WB + r"ailed: (?:Cuda error )?\S{1,200}:\d{1,6} '(?!out of memory)[^']{3,80}'|"
         r"device-side assert triggered|"
         # the kernel's own assert print (CUDA: "block: [..], thread: [..] Assertion `x` failed."; HIP)
-        r"Device-side assertion `|\bthread: \[\d{1,6},\d{1,6},\d{1,6}\] Assertion `",
+        r"Device-side assertion `|thread: \[\d{1,6},\d{1,6},\d{1,6}\] Assertion `",
         subtype="cuda_error",
+        needles=(
+            "rror:",
+            "cudaError",
+            "hipError",
+            "Cuda failure",
+            "Failed:",
+            "device-side assert triggered",
+            "Device-side assertion `",
+            "] Assertion `",
+        ),
     ),
     _m(
         NOT_OOM,
         r"cannot find -l\w{1,40}|collect2: error|ld returned \d+ exit status|"
-        r"(?:InductorError|CompilationError|triton\.compiler\.errors)|"
+        r"InductorError|CompilationError|triton\.compiler\.errors|"
         # a kernel asking for more on-chip shared memory than the GPU has: a kernel config, not VRAM
         r"OutOfResources: out of resource",
         subtype="compile_toolchain_error",
@@ -330,9 +350,22 @@ FAILURES: tuple[Message, ...] = (
         OOM,
         # The runtime's own "out of memory" as torch, the driver API, vLLM's cumem allocator and ROCm
         # word it (cudaErrorMemoryAllocation / CUDA_ERROR_OUT_OF_MEMORY / hipErrorOutOfMemory).
-        r"OutOfMemoryError|(?:CUDA|HIP|CUDA driver) [Ee]rror: out of memory|CUDA out of\s*(?:\[\.\.\.\])?$|"
+        r"OutOfMemoryError|CUDA [Ee]rror: out of memory|HIP [Ee]rror: out of memory|CUDA driver [Ee]rror: out of memory|"
+        r"CUDA out of\s*(?:\[\.\.\.\])?$|"
         r"cudaErrorMemoryAllocation|CUDA_ERROR_OUT_OF_MEMORY|hipErrorOutOfMemory|UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY|"
         r"CUBLAS_STATUS_ALLOC_FAILED|RESOURCE_EXHAUSTED|out of memory \(HIP\)",
+        needles=(
+            "OutOfMemoryError",
+            "rror: out of memory",
+            "CUDA out of",
+            "cudaErrorMemoryAllocation",
+            "CUDA_ERROR_OUT_OF_MEMORY",
+            "hipErrorOutOfMemory",
+            "UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY",
+            "CUBLAS_STATUS_ALLOC_FAILED",
+            "RESOURCE_EXHAUSTED",
+            "out of memory (HIP)",
+        ),
     ),
     # --- worker killed by the kernel (exit -9) ------------------------------------------------
     _m(

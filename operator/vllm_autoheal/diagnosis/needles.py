@@ -4,6 +4,7 @@ only on lines that hold one (str `in` is C speed; most lines hold none). Standar
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 _SPECIAL = set("\\.^$*+?{}[]()|")
 _LITERAL_ESCAPES = set(".()[]{}*+?|^$/-'\" ")
@@ -87,3 +88,46 @@ def needles_of(pattern: str, flags: int = 0) -> tuple[str, ...]:
             return ()  # one alternative has no usable literal: always run the regex
         found.append(lit.lower() if flags & re.IGNORECASE else lit)
     return tuple(dict.fromkeys(found))
+
+
+def _trie(words: list[str]) -> str:
+    """A regex matching the longest of `words` that starts where it is tried (a greedy trie)."""
+    root: dict[str, dict] = {}
+    for word in words:
+        node = root
+        for ch in word:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+
+    def emit(node: dict[str, dict]) -> str:
+        alts = [re.escape(ch) + emit(child) for ch, child in sorted(node.items()) if ch]
+        if not alts:
+            return ""
+        body = alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
+        return f"(?:{body})?" if "" in node else body
+
+    return emit(root)
+
+
+def finder(needles: list[str]) -> Callable[[str], set[str]]:
+    """Which of `needles` a text holds, in one pass of the regex engine: `n in text` for each
+    needle costs a pass per needle, and up to one step per character per needle when the text is
+    made of characters the needles hold (str's search then cannot skip ahead). The regex finds,
+    at every position where one starts, the longest needle there; the needles starting at the
+    same position are its prefixes."""
+    first = "".join(sorted({re.escape(n[0]) for n in needles}))  # (cheap test before the trie)
+    pattern = re.compile(f"(?=[{first}])(?=({_trie(needles)}))")
+    prefixes = {n: [k for k in needles if n.startswith(k)] for n in needles}
+    letters = [(n, frozenset(n)) for n in needles]
+
+    def present(text: str) -> set[str]:
+        if len(text) > 256:
+            # A needle whose characters are not all in the line is not in it: on a long line
+            # (a crafted one repeats a few characters) that leaves a few to look for with `in`.
+            held = set(text)
+            left = [n for n, chars in letters if chars <= held]
+            if len(left) <= 24:
+                return {n for n in left if n in text}
+        return {k for longest in set(pattern.findall(text)) for k in prefixes[longest]}
+
+    return present

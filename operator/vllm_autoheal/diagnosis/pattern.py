@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 
 from . import model as m
 from .needles import needles_of
@@ -34,7 +35,7 @@ class Message:
     subtype: str | None = None
     needles: tuple[str, ...] = ()  # one of these literals is in every match; empty: always try
 
-    @property
+    @cached_property  # read on every line: RegexFlag arithmetic is slow Python (enum) code
     def ignores_case(self) -> bool:
         return bool(self.regex.flags & re.IGNORECASE)
 
@@ -68,5 +69,9 @@ def row(
 
 
 SIZE = r"[\d.,]{1,30}\s{0,4}(?:[KMGT]i?B|bytes)?"
+# `\b` before a word character, written after that character: "in" + WB is `\bin` for a regex
+# whose alternatives then all start with a literal, which the regex engine skips ahead to (an
+# alternative led by `\b` or a group makes it try every position of a 2 KiB line).
+WB = r"(?<!\w.)"
 NUM = r"[\d,]+"
 I = re.IGNORECASE  # noqa: E741 - short, as the flag tables below are wide

@@ -24,80 +24,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import IO
 
-# A candidate line contains one of these (case-sensitive, chosen so that metrics
-# and HTTP access lines, the bulk of a serving log, contain none).
-ANCHORS = (
-    "rror",
-    "emory",
-    "illed",
-    "died",
-    "xception",
-    "Traceback",
-    "NCCL",
-    "apture",
-    "cudagraph",
-    "took",
-    "oading",
-    "startup",
-    "too long",
-    "context length",
-    "divisible",
-    "in use",
-    "Abort",
-    "exit code",
-    "Uvicorn",
-    "load_model",
-    "profile",
-    "dummy",
-    "execute_model",
-    "busy_loop",
-    "determine_",
-    "kv_cache",
-    "KV cache size",
-    "blocks",
-    "Initializing",
-    "not supported",
-    "capability",
-    "Quantization",
-    "quantization method",
-    "max seq len",
-    "max_model_len",
-    "OOM",
-    "Killing",
-    "graph",
-    "model_runner",
-    "swap",
-    "shm",
-    "alloc",
-    "Workspace",
-    "serving_",
-    "Process ",
-    "Engine",
-    "bad_alloc",
-    "SIGKILL",
-    "Signal",
-    "found",
-    "No such file",
-    "Repository",
-    "does not appear",
-    "timed out",
-    "timeout",
-    "allocate",
-    "get_model",
-    "weights",
-    "concurrency",
-    "Received request",
-    "Generated response",
-    "details: prompt",
-    "equest",  # a line naming a request is user text: keep it, so what continues it is known too
-)
+from .candidates import MAX_LINE, head_candidates, tail_candidates
+
 CHUNK = 1 * 2**20
-MAX_LINE = 8192  # kept per line (evidence is cut far shorter)
 MATCH_CHARS = 2048  # what patterns see of a line: every decisive vLLM line is shorter
 HEAD_BYTES = 256 * 2**10
 TAIL_BYTES = 1 * 2**20
-HEAD_LINES = 400
-TAIL_LINES = 3000
 RAW_TAIL_BYTES = 64 * 2**10  # every line here is kept, anchor or not (traceback frames)
 RAW_TAIL_LINES = 2000  # ... up to this many (a normal 64 KiB tail has a few hundred)
 
@@ -118,14 +50,19 @@ _PREFIXES = re.compile(
     r"|\s{0,8}(?P<file3>[\w.-]{1,80}\.py):\d{1,6}\]\s"  # truncated "[file.py:N] "
     r")"
 )
-_REQUEST_HINT = re.compile(r"APIServer|\[serving|serving_\w{1,30}\.py:|api_server\.py:")
 _TP_RANK = re.compile(r"(?:Worker_TP|\[Rank |rank=)(\d{1,4})")
 # The request logger's and response logger's opening words (vLLM 0.2 to 0.33), and the
 # parsers that log model output; a header naming entrypoints/logger.py is user text too.
-_USER_TEXT = re.compile(
-    r"^(?:Received request |Generated response |Request \S+ details:|Added request \S+:? .{0,40}prompt)"
-    r"|\b(?:prompt|output|outputs|delta_text|current_text|model_output): ['\"]"
-    r"|\bprompt_token_ids: \["
+_USER_START = re.compile(
+    r"(?:Received request |Generated response |Request \S+ details:|Added request \S+:? .{0,40}prompt)"
+)
+# Searched anywhere in a line of up to MATCH_CHARS: every alternative starts with a letter, so
+# the regex engine skips ahead to those letters instead of trying each position. `p(?<!\w.)`
+# is `\bp`: the character before the `p` is no word character.
+_WB = r"(?<!\w.)"
+_USER_QUOTE = re.compile(
+    rf"p{_WB}rompt(?:_token_ids: \[|: ['\"])|o{_WB}utputs?: ['\"]|d{_WB}elta_text: ['\"]|"
+    rf"c{_WB}urrent_text: ['\"]|m{_WB}odel_output: ['\"]"
 )
 _USER_FILES = re.compile(
     r"^(?:logger\.py|dump_input\.py|log_response\.py|.*tool_parser.*|.*reasoning.*parser.*|.*_parser\.py|"
@@ -133,15 +70,19 @@ _USER_FILES = re.compile(
 )
 # Lines that name a request by its id or dump a scheduled batch carry text a client chose (the
 # X-Request-Id header, stop strings), wherever they come from.
-_REQUEST_IDS = re.compile(
-    r"^(?:Added|Aborted|Finished|Abort) request|\b(?:SchedulerOutput|NewRequestData|"
-    r"CachedRequestData)\(|\breq(?:uest)?_ids?[=:]|"
-    # AsyncLLM's "Request <id> aborted/failed ...", --log-error-stack's "Exception caught. Request
-    # id: <id>", and the engine's "... for request <id>" (structured output, KV connectors)
-    r"^Request \S+(?: |$)|^Aborted request\(s\)|[Rr]equest [Ii][Dd]s?\b|\b(?:for|to) request \S|"
-    # any other line naming "request" (an id follows it in every vLLM 0.32 form), but the engine's
-    # own memory figures that speak of one request
-    r"\b[Rr]equest\b(?<!at least one request)(?<!tokens per request)"
+_REQUEST_START = re.compile(
+    # AsyncLLM's "Request <id> aborted/failed ..."
+    r"(?:Added|Aborted|Finished|Abort) request|Request \S+(?: |$)|Aborted request\(s\)"
+)
+_REQUEST_IDS = re.compile(  # (each alternative starts with a letter: see _USER_QUOTE)
+    rf"S{_WB}chedulerOutput\(|N{_WB}ewRequestData\(|C{_WB}achedRequestData\(|r{_WB}eq(?:uest)?_ids?[=:]|"
+    # --log-error-stack's "Exception caught. Request id: <id>"
+    r"Request [Ii][Dd]s?\b|request [Ii][Dd]s?\b|"
+    # any other line naming "request" (an id follows it in every vLLM 0.32 form: the engine's
+    # "... for request <id>" of structured output and KV connectors), but the engine's own memory
+    # figures that speak of one request
+    rf"R{_WB}equest\b(?<!at least one request)(?<!tokens per request)|"
+    rf"r{_WB}equest\b(?<!at least one request)(?<!tokens per request)"
 )
 # The API server handles requests one by one: its errors (a 400 for a long prompt, a bad chat
 # template) are the request's, carry the request's text, and never decide a crash's cause.
@@ -230,7 +171,9 @@ def origin_of(text: str, source_file: str | None) -> str:
         return USER
     head = text[:MATCH_CHARS]
     # (every request-id form holds "eq" or "SchedulerOutput": a cheap test first on long lines)
-    if _USER_TEXT.search(head) or (("eq" in head or "SchedulerOutput" in head) and _REQUEST_IDS.search(head)):
+    if _USER_START.match(head) or _USER_QUOTE.search(head):
+        return USER
+    if _REQUEST_START.match(head) or (("eq" in head or "SchedulerOutput" in head) and _REQUEST_IDS.search(head)):
         return USER
     if _ACCESS.match(head):
         return ACCESS
@@ -303,25 +246,6 @@ def _chunks(source: str | IO[str] | Iterable[str]) -> Iterable[str]:
         yield from source
 
 
-def _candidates(body: str, base: int, limit: int | None = None) -> list[tuple[int, str]]:
-    """Lines of `body` holding an anchor, in order; at most `limit` of them (from the start)."""
-    starts: set[int] = set()
-    for anchor in ANCHORS:
-        i = body.find(anchor)
-        while i >= 0:
-            start = body.rfind("\n", 0, i) + 1
-            starts.add(start)
-            nxt = body.find("\n", i)
-            i = body.find(anchor, nxt + 1) if nxt >= 0 else -1
-    out = []
-    for start in sorted(starts):
-        end = body.find("\n", start)
-        out.append((base + start, body[start : end if end >= 0 else len(body)][:MAX_LINE]))
-        if limit is not None and len(out) >= limit:
-            break
-    return out
-
-
 def scan(source: str | IO[str] | Iterable[str]) -> Scan:
     """Candidate lines of the head and tail windows and every line of the last RAW_TAIL_BYTES,
     in input order, normalized and tagged with their origin."""
@@ -347,22 +271,13 @@ def scan(source: str | IO[str] | Iterable[str]) -> Scan:
     merged: dict[int, str] = {}
     # Head window: whole lines only (the last one may be cut by the window).
     cut = head_text.rfind("\n") + 1 if len(head_text) >= HEAD_BYTES else len(head_text)
-    for off, text in _candidates(head_text[:cut], 0, HEAD_LINES):
+    for off, text in head_candidates(head_text[:cut]):
         merged[off] = text
     # Tail window: skip its first (partial) line unless it starts the input.
     start = 0 if tail_base == 0 else tail_text.find("\n") + 1
     tail_body = tail_text[start:]
-    tail_lines = _candidates(tail_body, tail_base + start)
-    truncated = tail_base > cut or len(tail_lines) > TAIL_LINES
-    if len(tail_lines) > TAIL_LINES:
-        # A flood of per-request tracebacks after a crash must not push the engine's own lines out:
-        # the API server's lines give way first.
-        engine = [item for item in tail_lines if not _REQUEST_HINT.search(item[1][:200])]
-        keep = engine[-TAIL_LINES:]
-        room = TAIL_LINES - len(keep)
-        if room > 0:
-            keep += [item for item in tail_lines if _REQUEST_HINT.search(item[1][:200])][-room:]
-        tail_lines = keep
+    tail_lines, left_out = tail_candidates(tail_body, tail_base + start)
+    truncated = tail_base > cut or left_out
     for off, text in tail_lines:
         merged[off] = text
     # The raw tail: every line, anchors or not (traceback frames, the last words).
