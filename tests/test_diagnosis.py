@@ -614,3 +614,18 @@ def test_lines_left_out_after_a_milestone_leave_the_phase_open(gap):
     assert classify(Signals(log=head + oom)).cause == "weights_load_oom"
     assert classify(Signals(log=head + gap + "\n" + oom)).cause == "unknown"
     assert classify(Signals(log=gap + "\n" + head + oom)).cause == "weights_load_oom"  # a gap before it: no matter
+
+
+def test_a_line_holding_every_rows_needle_is_still_read_from_its_start():
+    """Past the per-line regex budget each row sees only a share of the line (a crafted line of every
+    row's needle cost 20x a normal one): a failure at the line's start is still found."""
+    from vllm_autoheal.diagnosis import messages as msg
+    from vllm_autoheal.diagnosis.findings import ROW_CHAR_BUDGET, findings_of
+    from vllm_autoheal.diagnosis.scan import scan
+
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. "
+    junk = " ".join(min(m.needles, key=len) for m in msg.MESSAGES if m.needles)
+    line = "(EngineCore_DP0 pid=1) ERROR 10-24 01:26:57 [core.py:1] " + oom + junk
+    found = findings_of(scan(line + "\n").lines)
+    assert len({f.message for f in found}) > 1 and len(junk) * 10 > ROW_CHAR_BUDGET  # the budget applies
+    assert any(f.message.kind == msg.OOM and f.match.group("tried_gib") == "2.00 GiB" for f in found)
