@@ -629,3 +629,29 @@ def test_a_line_holding_every_rows_needle_is_still_read_from_its_start():
     found = findings_of(scan(line + "\n").lines)
     assert len({f.message for f in found}) > 1 and len(junk) * 10 > ROW_CHAR_BUDGET  # the budget applies
     assert any(f.message.kind == msg.OOM and f.match.group("tried_gib") == "2.00 GiB" for f in found)
+
+
+def test_the_unread_middle_of_a_long_log_leaves_the_phase_open():
+    """Only the head and the tail of a long log are read: a start-up milestone in the head is a lower
+    bound of how far the engine got, not where a bare OOM in the tail happened. Serving stays serving."""
+    filler = "INFO 01-01 00:00:00 [config.py:1] nothing to see here, a verbose start-up line\n" * 30000  # 2.3 MB
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.50 GiB.\n"
+    loading = "INFO 01-01 00:00:00 [loader.py:1] Starting to load model /models/m...\n"
+    assert classify(Signals(log=loading + oom)).cause == "weights_load_oom"
+    assert classify(Signals(log=loading + filler + oom)).cause == "unknown"
+    started = loading + "INFO:     Application startup complete.\n"
+    assert classify(Signals(log=started + filler + oom)).cause == "runtime_oom"
+
+
+def test_every_needle_holds_an_anchor():
+    """Beyond the raw tail only lines holding an anchor are kept (candidates.py): a needle without
+    one would make its message unreadable in a long log (start-up milestones in the head were)."""
+    from vllm_autoheal.diagnosis import messages as msg
+    from vllm_autoheal.diagnosis.candidates import ANCHORS, UNANCHORED_NEEDLES
+
+    def anchored(needle: str, ignores_case: bool) -> bool:
+        fold = (lambda t: t.lower()) if ignores_case else (lambda t: t)
+        return any(fold(a) in fold(needle) for a in ANCHORS)
+
+    bare = {n for m in msg.MESSAGES for n in m.needles if not anchored(n, m.ignores_case)}
+    assert bare == set(UNANCHORED_NEEDLES)

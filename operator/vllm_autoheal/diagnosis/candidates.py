@@ -72,7 +72,89 @@ ANCHORS = (
     "Generated response",
     "details: prompt",
     "equest",  # a line naming a request is user text: keep it, so what continues it is known too
+    # (below: so that every message's needles hold an anchor; tests/test_diagnosis.py checks it)
+    "aptur",
+    "Starting to load",
+    "Encoder cache",
+    "API server",
+    "egmentation fault",
+    "SIGSEGV",
+    "Caught signal",
+    "EADDRINUSE",
+    "Errno",
+    "maximum model length",
+    "reduce the length",
+    "max_num_seqs",
+    "model identifier",
+    "configuration of",
+    "repository",
+    "does not exist",
+    "connect to",
+    "driver",
+    "CUDA-capable",
+    "device type",
+    "uda failure",
+    "Failed:",
+    "ssert",
+    "cannot find -l",
+    "ld returned",
+    "nccl",
+    "OUT_OF",
+    "ALLOC",
+    "RESOURCE_EXHAUSTED",
+    "Failed core",
+    "signal 9",
+    "exitcode",
+    "exited with code",
+    "cache_engine",
+    "initialize_",
+    "make_layers",
+    "load_state_dict",
+    "ailed to create",
+    "engine_step",
+    "step_with_batch_queue",
+    "create_c",
+    "_run_workers",
+    "sample_tokens",
+    "step_async",
+    "get_logprobs",
+    "_log_task_completion",
+    "background task",
+    "output_handler",
+    "failed to start",
+    "initialization failed",
+    "build_async_engine_client",
+    "_init_executor",
+    "from_engine_args",
+    "from_vllm_config",
+    "ray-oom-prevention",
+    "oom-kill",
+    "DefaultCPUAllocator",
+    "excluding",
+    "stored in KV cache",
+    "for KV cache",
+    "HSA_STATUS",
+    "architecture",
+    "model module",
+    "parallel",
+    "out of",
+    "warm_up",
+    "_init_model",
+    "model_executor/",
 )
+# One pass over the window per anchor: an anchor holding another one finds nothing more.
+_SEARCHED = tuple(a for a in ANCHORS if not any(b != a and b in a for b in ANCHORS))
+# Needles that hold no anchor, and why their lines are found anyway.
+UNANCHORED_NEEDLES = {
+    "Avg prompt throughput": "a metrics line, the bulk of a serving log: serving is told by the startup lines",
+    "generate": "a serving frame; every metrics line says 'generation': the failure's frames are in the raw tail",
+    "...": "an excerpt's gap; the unread middle of a long log gets its own gap line (scan.GAP_LINE)",
+    "…": "as '...'",
+    "load_": "stands for frame names that each hold an anchor (load_model, load_weights, load_state_dict)",
+    "_model": "stands for frame names that each hold an anchor (_init_model, initialize_model, get_model)",
+    "in __init__": "a model's constructor frame: its path holds 'model_executor/'",
+    "from_": "stands for from_engine_args and from_vllm_config, both anchors",
+}
 MAX_LINE = 8192  # kept per line (evidence is cut far shorter)
 HEAD_LINES = 400
 TAIL_LINES = 3000
@@ -82,7 +164,7 @@ _REQUEST_HINT = re.compile(r"APIServer|\[serving|serving_\w{1,30}\.py:|api_serve
 def candidates(body: str, base: int, limit: int | None = None) -> list[tuple[int, str]]:
     """Lines of `body` holding an anchor, in order; at most `limit` of them (from the start)."""
     starts: set[int] = set()
-    for anchor in ANCHORS:
+    for anchor in _SEARCHED:
         i = body.find(anchor)
         while i >= 0:
             start = body.rfind("\n", 0, i) + 1

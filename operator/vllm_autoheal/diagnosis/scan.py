@@ -31,6 +31,7 @@ MATCH_CHARS = 2048  # what patterns see of a line: every decisive vLLM line is s
 HEAD_BYTES = 256 * 2**10
 TAIL_BYTES = 1 * 2**20
 RAW_TAIL_BYTES = 64 * 2**10  # every line here is kept, anchor or not (traceback frames)
+GAP_LINE = "[...]"  # stands for the middle of a long log, left unread (markers.py: a gap)
 RAW_TAIL_LINES = 2000  # ... up to this many (a normal 64 KiB tail has a few hundred)
 
 ENGINE, USER, ACCESS, REQUEST = "engine", "user", "access", "request"
@@ -278,6 +279,8 @@ def scan(source: str | IO[str] | Iterable[str]) -> Scan:
     tail_body = tail_text[start:]
     tail_lines, left_out = tail_candidates(tail_body, tail_base + start)
     truncated = tail_base > cut or left_out
+    if tail_base > cut:  # bytes never looked at: how far the engine got in them is not known
+        merged[cut] = GAP_LINE
     for off, text in tail_lines:
         merged[off] = text
     # The raw tail: every line, anchors or not (traceback frames, the last words).
