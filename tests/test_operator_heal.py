@@ -352,20 +352,26 @@ BARE_OOM = (
 )
 
 
+# One allocation larger than the whole GPU: before the pod was ever ready, the profiling batch.
+HUGE_OOM = BARE_OOM.replace("512.00 MiB", "64.00 GiB")
+
+
 @pytest.mark.parametrize(
-    "ready, cause",
+    "ready, log, cause",
     [
-        ("2026-11-30T03:00:01Z", "runtime_oom"),  # Ready flipped to False at the crash: it had served
-        ("2026-11-30T02:49:00Z", "profiling_oom"),  # not ready since before the run started
-        (None, None),  # the pod does not tell: no memory change
+        ("2026-11-30T03:00:01Z", BARE_OOM, "runtime_oom"),  # Ready flipped to False at the crash: it had served
+        ("2026-11-30T02:49:00Z", BARE_OOM, None),  # never ready: which start-up step, the log does not tell
+        ("2026-11-30T02:49:00Z", HUGE_OOM, "profiling_oom"),  # never ready, and larger than the GPU
+        (None, BARE_OOM, None),  # the pod does not tell: no memory change
     ],
+    ids=["served", "never-ready", "never-ready-huge", "not-told"],
 )
-async def test_the_pods_readiness_places_an_oom_the_log_does_not(cluster, kmock, ready, cause):
-    name = f"bare-{cause or 'none'}".replace("_", "-")
+async def test_the_pods_readiness_places_an_oom_the_log_does_not(cluster, kmock, request, ready, log, cause):
+    name = f"bare-{request.node.callspec.id}"
     await cluster.create_vsvc(name, SPEC)
     await wait_for(lambda: cluster.deployment_now(name), what="deployment")
-    kmock[f"get /api/v1/namespaces/{NS}/pods/{name}-a/log"] << BARE_OOM.encode()
-    await cluster.crash_pod(name, f"{name}-a", message=BARE_OOM, ready=ready)
+    kmock[f"get /api/v1/namespaces/{NS}/pods/{name}-a/log"] << log.encode()
+    await cluster.crash_pod(name, f"{name}-a", message=log, ready=ready)
     if cause is None:
         crash = await wait_for(
             lambda: [e for e in cluster.events_now("CrashNotHealed") if e["involvedObject"]["name"] == name],
