@@ -976,3 +976,18 @@ def test_a_newline_in_the_client_value_does_not_start_an_engine_line(base_name, 
     line = ID5_FORMATS[fmt][1]("a\n" + ID5_FAILING[payload] + "\nb")
     header = line[: line.index("] ") + 2]
     _unchanged(base_name, _vllm_log(header, line[len(header) :]), "middle")
+
+
+@pytest.mark.parametrize("base_name", ["rt-27466-busy-loop", "neg-2734-llama2-70b-tp8-timeout"])
+def test_a_log_full_of_implausible_figures_keeps_the_diagnosis_small(base_name):
+    """Each implausible figure the engine printed (here 6,000 `Available KV cache memory: 5000 GiB`
+    lines, each dropped as larger than any device) added a note of its own: 3,397 notes, 207 KB
+    in the Diagnosis that goes into the VLLMService's status. A note per kind of number is enough."""
+    figures = "\n".join(
+        f"(EngineCore_DP0 pid=2441) INFO 12-01 04:{k // 60 % 60:02d}:{k % 60:02d} [gpu_worker.py:{k}] "
+        f"Available KV cache memory: {5000 + k}.00 GiB"
+        for k in range(6000)
+    )
+    d = classify(Signals(log=figures + "\n" + _base(base_name)))
+    assert d.cause == classify(Signals(log=_base(base_name))).cause
+    assert len(d.notes) <= 16 and len(json.dumps(d.to_dict())) < 16384
