@@ -24,6 +24,7 @@ from .placement import (
     OPENING,
     RAISED,
     TRACEBACK_TEXT,
+    VALUE,
     LoggedMessage,
     Placement,
 )
@@ -93,6 +94,8 @@ def findings_of(lines: list[Line]) -> list[Finding]:
         if line.origin not in (ENGINE, REQUEST):
             continue
         where, opened = placement.of(line)  # where in its message the line is (placement.py)
+        # a value written into a message (an opening progress line is one until it shows the engine's words)
+        line.value = where == VALUE or (where == OPENING and line.informational)
         quoted = _quoted(line, before)
         text = line.match_text
         lowered = text.lower()
@@ -136,6 +139,7 @@ def _placed(found: list[Finding], where: str, opened: LoggedMessage | None) -> l
     opening line's, when it opens with a known message or marker; else only "not memory"."""
     if where == OPENING and opened is not None and any(f.match.start() == 0 for f in found):
         opened.trusted = True  # the message opens with the engine's words: all of it is the engine's
+        found[0].line.value = False
         return found
     return [f for f in found if f.message.kind == msg.NOT_OOM]  # a warning's last resort, never more
 

@@ -12,10 +12,12 @@ So, on a line with a vLLM logger header:
   message opens with a known message or marker; then the whole message is the engine's (its
   figures, its later clauses, its later lines). Otherwise it can say at most "not memory",
   as a last resort (a warning never says more).
-- a traceback's own lines count wherever they are;
-- the lines that continue an exception's message belong to that exception: where its type
-  carries no failure (a validation error quoting the client's input), they name none;
-- any other line that continues a progress or warning message is a value written into it.
+- any other line that continues a progress or warning message is a value written into it,
+  even one shaped like a traceback (a client's newline can write one);
+- elsewhere a traceback's own lines count wherever they are, and the lines that continue an
+  exception's message belong to that exception: where its type carries no failure (a
+  validation error quoting the client's input), they name none.
+A value's lines are no exception of the engine's either (classify's final exception).
 An ERROR line is read further: one that opens a message is read as before (the errors vLLM logs
 put the exception's text, the failure itself, after their opening words: reading only those words
 loses real failures in the corpus), and one that goes on a message is read from its opening words
@@ -78,27 +80,27 @@ class Placement:
         if message is None:
             message = self._open[key] = LoggedMessage()
         text = line.text
+        if line.informational and not first and not message.trusted:
+            return VALUE, message  # a warning goes on with a value, even one shaped like a traceback
         code, message.after_frame = message.after_frame, FRAME_LINE.match(text) is not None
         ends, message.after_code = message.after_code, False
         if text.startswith(TRACEBACK_TEXT) or message.after_frame:
             message.traceback, message.carries = True, True
-            return ANY, message
-        if CARETS.match(text) or (code and message.traceback) or (first and _indent(line) >= 2):
+        elif CARETS.match(text) or (code and message.traceback) or (first and _indent(line) >= 2):
             message.traceback, message.carries, message.after_code = True, True, True
-            return ANY, message
         # An exception line: a type named like an error, its repr, or (where a traceback ends) any name.
-        if EXCEPTION_LINE.match(text) or _REPR.match(text) or (ends and RAISED.match(text)):
+        elif EXCEPTION_LINE.match(text) or _REPR.match(text) or (ends and RAISED.match(text)):
             typed = EXCEPTION_TYPE.match(text)
             message.carries = typed is None or CARRIES_FAILURES.search(typed.group(1)) is not None
             message.traceback = True
-            return ANY, message
-        if first:
+        elif first:
             return (OPENING if line.informational else ANY), message
-        if message.trusted or (message.traceback and message.carries):
-            return ANY, message
-        if not message.carries or line.informational:
-            return VALUE, message  # a value written into the message, or an exception's quoted text
-        return OPENING, message  # an error line may be the same call's next message: its opening words count
+        elif not (message.trusted or (message.traceback and message.carries)):
+            if not message.carries or line.informational:
+                return VALUE, message  # a value written into the message, or an exception's quoted text
+            return OPENING, message  # an error line may be the same call's next message: its opening words count
+        message.trusted = message.trusted or (first and message.carries)  # it opens as a traceback: the engine's
+        return ANY, message
 
 
 def _indent(line: Line) -> int:
