@@ -731,3 +731,309 @@ def _response_body(text: str, streaming: bool) -> str:
 )
 def test_a_response_body_logged_by_the_api_server_is_user_text(base_name, payload, streaming):
     _unchanged(base_name, _response_body(PLACING[payload], streaming), "middle")
+
+
+# --- Found by a fifth hostile review ---
+# vLLM 0.32's logger calls (site-packages/vllm, file:line in each header) whose arguments a client
+# controls, in lines that name no request in a form _REQUEST_IDS knows and come from files neither
+# _USER_FILES nor _REQUEST_FILES lists: each line is read as the engine's own. An INFO, DEBUG or
+# WARNING line still places a failure (a budget, a frame); an ERROR line names one.
+ID5_PLACING = {
+    "budget": "Available KV cache memory: -1.5 GiB ZZUSERZZ",
+    "zero-blocks": "# GPU blocks: 0 ZZUSERZZ",
+    "capture-frame": "a in capture_model ZZUSERZZ",
+    "load-frame": "a in load_model ZZUSERZZ",
+}
+ID5_FAILING = {
+    **ID5_PLACING,
+    "sigkill": "SIGKILL ZZUSERZZ",
+    "oomkilled": "OOMKilled ZZUSERZZ",
+    "cpu-alloc": "DefaultCPUAllocator: not enough memory ZZUSERZZ",
+    "torch-oom": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 64.00 GiB. ZZUSERZZ",
+}
+API5 = "(APIServer pid=2320) "
+
+
+def _realtime_validation_error(value: str) -> str:
+    """A realtime (speech-to-text) websocket event that fails pydantic validation: pydantic's message
+    repeats the client's value (input_value=...), and logger.exception adds the traceback."""
+    detail = (
+        "1 validation error for InputAudioBufferAppend\naudio\n  Input should be a valid string "
+        f"[type=string_type, input_value=[{value!r}], input_type=list]\n"
+        "    For further information visit https://errors.pydantic.dev/2.11/v/string_type"
+    )
+    return _vllm_log(
+        API5 + "ERROR 12-01 04:48:08 [connection.py:77] ",
+        f"Error handling event: {detail}\nTraceback (most recent call last):\n"
+        '  File "/usr/local/lib/python3.12/dist-packages/vllm/entrypoints/speech_to_text/realtime/connection.py", '
+        "line 73, in handle_connection\n    await self.handle_event(event)\n"
+        f"pydantic_core._pydantic_core.ValidationError: {detail}",
+    )
+
+
+# name -> (level the line is logged at, the line for a client value)
+ID5_FORMATS = {
+    # distributed/kv_transfer/kv_connector/v1/lmcache_integration/vllm_v1_adapter.py:1227 (INFO, EngineCore):
+    # "Reqid: %s, Total tokens %d, ..." with the request id (X-Request-Id + vLLM's suffix)
+    "lmcache-reqid": (
+        "INFO",
+        lambda p: (
+            EC + "INFO 12-01 04:48:08 [vllm_v1_adapter.py:1227] Reqid: cmpl-" + p + "-0-1a2b, "
+            "Total tokens 12, LMCache hit tokens: 0, need to load: 0"
+        ),
+    ),
+    # distributed/kv_transfer/kv_connector/v1/hf3fs/hf3fs_connector.py:729 and :442 (INFO, EngineCore)
+    "hf3fs-token-matching": (
+        "INFO",
+        lambda p: (
+            EC + "INFO 12-01 04:48:08 [hf3fs_connector.py:729] Token matching for cmpl-" + p + "-0-1a2b: "
+            "5 matched (1 blocks), 0 new hits, prompt len 12"
+        ),
+    ),
+    "hf3fs-blocks": (
+        "INFO",
+        lambda p: EC + "INFO 12-01 04:48:08 [hf3fs_connector.py:442] load cmpl-" + p + "-0-1a2b: 3 blocks in 0.01s",
+    ),
+    # v1/core/sched/scheduler.py:3182 (DEBUG, EngineCore): the id opens the line
+    "remote-kvs": (
+        "DEBUG",
+        lambda p: (
+            EC + "DEBUG 12-01 04:48:08 [scheduler.py:3182] cmpl-" + p + "-0-1a2b is still in "
+            "WAITING_FOR_REMOTE_KVS state."
+        ),
+    ),
+    # tokenizers/mistral.py:94 (WARNING): an assistant message's tool call id (any length > 9)
+    "mistral-tool-call-id": (
+        "WARNING",
+        lambda p: API5 + "WARNING 12-01 04:48:08 [mistral.py:94] Truncating tool call ID: " + p + " to " + p[-9:],
+    ),
+    # parser/mistral.py:518 (WARNING): tool_choice's function name, %r
+    "mistral-named-tool": (
+        "WARNING",
+        lambda p: (
+            API5 + "WARNING 12-01 04:48:08 [mistral.py:518] Named tool " + repr(p) + " not found in tools "
+            "list; skipping guided schema injection."
+        ),
+    ),
+    # tool_parsers/utils.py:587 (WARNING, header `utils.py`): ast.dump of the model's tool call, text a
+    # prompt steers
+    "tool-call-ast": (
+        "WARNING",
+        lambda p: (
+            API5 + "WARNING 12-01 04:48:08 [utils.py:587] Unsupported AST node type in tool call "
+            "arguments: BinOp(left=Constant(value=" + repr(p) + "), op=Add(), right=Constant(value=1))"
+        ),
+    ),
+    # parser/engine/parser_engine.py:1033 (DEBUG): the first 80 characters of a tool call's arguments
+    "arg-converter": (
+        "DEBUG",
+        lambda p: API5 + "DEBUG 12-01 04:48:08 [parser_engine.py:1033] arg converter failed (streaming): " + p[:80],
+    ),
+    # entrypoints/openai/responses/utils.py:382 and :361 (WARNING): a Responses API input item's id
+    "responses-summary-item": (
+        "WARNING",
+        lambda p: (
+            API5
+            + "WARNING 12-01 04:48:08 [utils.py:382] Using summary text as reasoning content for item "
+            + p
+            + ". Please use content instead of summary for reasoning items."
+        ),
+    ),
+    "responses-tool-call-id": (
+        "WARNING",
+        lambda p: (
+            API5 + "WARNING 12-01 04:48:08 [utils.py:361] Previous assistant message has unknown tool_calls "
+            "format. Tool call merging is skipped and a new assistant message is created. Call " + p
+        ),
+    ),
+    # renderers/params.py:324 (WARNING): the request's `truncation` value in a dict repr
+    "tokenization-kwargs": (
+        "WARNING",
+        lambda p: (
+            API5 + "WARNING 12-01 04:48:08 [params.py:324] The following tokenization arguments are not "
+            "supported by vLLM Renderer and will be ignored: {'truncation': " + repr(p) + "}"
+        ),
+    ),
+    # entrypoints/serve/exception_handling/error_response.py:24 (DEBUG): every error response's text
+    "error-response": (
+        "DEBUG",
+        lambda p: (
+            API5 + "DEBUG 12-01 04:48:08 [error_response.py:24] create_error_response called with "
+            "NotFoundError: The model `" + p + "` does not exist."
+        ),
+    ),
+    # distributed/kv_transfer/kv_connector/v1/mooncake/mooncake_connector.py:1767 (ERROR, EngineCore):
+    # "req %s: ..." (the decode side's request id, from kv_transfer_params)
+    "mooncake-group-mismatch": (
+        "ERROR",
+        lambda p: (
+            EC + "ERROR 12-01 04:48:08 [mooncake_connector.py:1767] req cmpl-" + p + "-0-1a2b: KV group "
+            "count mismatch: local=1, remote=2"
+        ),
+    ),
+    # .../mooncake/store/worker.py:2436 (ERROR): "Async Mooncake lookup failed for %s: %s"
+    "mooncake-lookup": (
+        "ERROR",
+        lambda p: (
+            EC + "ERROR 12-01 04:48:08 [worker.py:2436] Async Mooncake lookup failed for cmpl-" + p + "-0-1a2b: timeout"
+        ),
+    ),
+    # .../moriio/moriio_connector.py:2791 (ERROR): "RDMA read TIMED OUT for req %s after ..."
+    "moriio-rdma-timeout": (
+        "ERROR",
+        lambda p: (
+            EC
+            + "ERROR 12-01 04:48:08 [moriio_connector.py:2791] RDMA read TIMED OUT for req cmpl-"
+            + p
+            + "-0-1a2b after 30.0s (kv_connector_extra_config.recv_abort_timeout=30)"
+        ),
+    ),
+    # .../nixl/push_worker.py:371 (ERROR): "... cannot send registration for %s"
+    "nixl-push-registration": (
+        "ERROR",
+        lambda p: (
+            EC + "ERROR 12-01 04:48:08 [push_worker.py:371] No remote agents for engine e1; cannot send "
+            "registration for cmpl-" + p + "-0-1a2b"
+        ),
+    ),
+    # entrypoints/speech_to_text/realtime/connection.py:77 (ERROR, logger.exception): pydantic's message
+    "realtime-validation": ("ERROR", _realtime_validation_error),
+}
+# An ERROR line that opens a message is still read anywhere in it: vLLM's own errors put the
+# exception's text (the failure itself) after their opening words ("Exception in worker X while
+# processing method M: <error>", "Failed to load model - ... <torch's OOM>"), and reading only the
+# opening words of ERROR lines costs the corpus (train 153 -> 152, test 106 -> 102 of 166) and six
+# existing tests. So a client's value in an ERROR line's own words still decides (a finding that is
+# weaker than the base's, a SIGKILL under a runtime OOM, changes nothing and passes).
+ERROR_OPENING = pytest.mark.xfail(
+    strict=True,
+    reason="a value inside an ERROR line's opening message is read as the engine's: limiting ERROR lines "
+    "to their opening words costs corpus accuracy (placement.py)",
+)
+# the formats whose value sits in the line that opens an ERROR message (the realtime error's value is
+# in pydantic's message, on the lines after it: read as the exception's quoted text, it is fixed)
+ID5_IN_ERROR_OPENING = {"mooncake-group-mismatch", "mooncake-lookup", "moriio-rdma-timeout", "nixl-push-registration"}
+ID5_NO_EFFECT = {  # (base, payload): a failure no stronger than the base's own, so nothing changes
+    ("rt-27466-busy-loop", "sigkill"),
+    ("rt-27466-busy-loop", "torch-oom"),
+    ("local-h200-runtime", "sigkill"),
+}
+ID5_CASES = [
+    pytest.param(
+        base,
+        fmt,
+        payload,
+        id=f"{base}-{fmt}-{payload}",
+        marks=[ERROR_OPENING] if fmt in ID5_IN_ERROR_OPENING and (base, payload) not in ID5_NO_EFFECT else [],
+    )
+    for base in ID_BASES
+    for fmt, (level, _) in sorted(ID5_FORMATS.items())
+    for payload in sorted(ID5_FAILING if level == "ERROR" else ID5_PLACING)
+]
+
+
+@pytest.mark.parametrize("base_name,fmt,payload", ID5_CASES)
+def test_client_text_in_vllm_032_lines_without_a_request_form_changes_nothing(base_name, fmt, payload):
+    """ID_BASES holds two real non-memory crashes (an NCCL timeout, a watchdog) and two real
+    runtime OOMs: the cause, phase, numbers and evidence stay the base's."""
+    _unchanged(base_name, ID5_FORMATS[fmt][1](ID5_FAILING[payload]), "middle")
+
+
+# An ERROR line that goes on a message is read from its opening words (the same call may log again
+# in the same second: a separate message); a line shaped like an exception counts wherever it is (a
+# log cut by its poster starts anywhere in a traceback). A client's newline in an ERROR line's value
+# can still put a failure at the start of a line.
+ERROR_CONTINUATION = pytest.mark.xfail(
+    strict=True,
+    reason="a client's newline in an ERROR line's value opens a line whose opening words count (placement.py)",
+)
+NEWLINE_CASES = [
+    pytest.param(
+        base,
+        fmt,
+        payload,
+        id=f"{base}-{fmt}-{payload}",
+        marks=[ERROR_CONTINUATION]
+        if fmt == "mooncake-group-mismatch"
+        and (base, payload)
+        not in {
+            ("neg-2734-llama2-70b-tp8-timeout", "capture-frame"),  # "a in capture_model": not where the line opens
+            ("rt-27466-busy-loop", "capture-frame"),
+            ("rt-27466-busy-loop", "torch-oom"),  # no stronger than the base's own OOM
+        }
+        else [],
+    )
+    for base in ["neg-2734-llama2-70b-tp8-timeout", "rt-27466-busy-loop"]
+    for fmt in ["mistral-tool-call-id", "responses-summary-item", "mooncake-group-mismatch"]
+    for payload in ["budget", "capture-frame", "torch-oom", "oomkilled"]
+]
+
+
+@pytest.mark.parametrize("base_name,fmt,payload", NEWLINE_CASES)
+def test_a_newline_in_the_client_value_does_not_start_an_engine_line(base_name, fmt, payload):
+    """The value is a JSON string (a tool call id, an item id, kv_transfer_params' id): with a newline
+    in it, vLLM's formatter repeats the header and the client's text opens a line of its own."""
+    line = ID5_FORMATS[fmt][1]("a\n" + ID5_FAILING[payload] + "\nb")
+    header = line[: line.index("] ") + 2]
+    _unchanged(base_name, _vllm_log(header, line[len(header) :]), "middle")
+
+
+@pytest.mark.parametrize("base_name", ["rt-27466-busy-loop", "neg-2734-llama2-70b-tp8-timeout"])
+def test_a_log_full_of_implausible_figures_keeps_the_diagnosis_small(base_name):
+    """Each implausible figure the engine printed (here 6,000 `Available KV cache memory: 5000 GiB`
+    lines, each dropped as larger than any device) added a note of its own: 3,397 notes, 207 KB
+    in the Diagnosis that goes into the VLLMService's status. A note per kind of number is enough."""
+    figures = "\n".join(
+        f"(EngineCore_DP0 pid=2441) INFO 12-01 04:{k // 60 % 60:02d}:{k % 60:02d} [gpu_worker.py:{k}] "
+        f"Available KV cache memory: {5000 + k}.00 GiB"
+        for k in range(6000)
+    )
+    d = classify(Signals(log=figures + "\n" + _base(base_name)))
+    assert d.cause == classify(Signals(log=_base(base_name))).cause
+    assert len(d.notes) <= 16 and len(json.dumps(d.to_dict())) < 16384
+
+
+# A whole traceback in a warning's value (a newline in a tool call id, a KV connector's request id):
+# its frame places the base's OOM in graph capture, its exception line ends the log's traceback.
+FORGED_TRACEBACK = (
+    "Traceback (most recent call last):\n"
+    '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/worker/gpu_model_runner.py", line 1, in capture_model\n'
+    "    x()\ntorch.OutOfMemoryError: CUDA out of memory. ZZUSERZZ"
+)
+FORGED_IN_VALUES = {
+    "forged-traceback": FORGED_TRACEBACK,
+    "forged-exception": "KeyboardInterruptZZUSERZZ: stop",
+    "forged-starting": "EngineCore failed to start ZZUSERZZ",
+}
+
+
+@pytest.mark.parametrize("payload", sorted(FORGED_IN_VALUES))
+@pytest.mark.parametrize("fmt", ["mistral-tool-call-id", "lmcache-reqid", "remote-kvs"])
+@pytest.mark.parametrize(
+    "base_name",
+    [
+        "rt-27466-busy-loop",
+        "neg-2734-llama2-70b-tp8-timeout",
+        "rt-qwen38flash2x3090-2-first-prompt",
+        "rt-3430-lmcache-qwen3-8b-a5000-long-prompts",
+    ],
+)
+def test_a_traceback_inside_a_warnings_value_is_the_value(base_name, fmt, payload):
+    """runtime_oom -> cudagraph_capture_oom, unknown -> cudagraph_capture_oom (a memory change) or
+    not_oom: the forged lines repeat the warning's header, as vLLM's formatter writes them."""
+    line = ID5_FORMATS[fmt][1]("a\n" + FORGED_IN_VALUES[payload] + "\nb")
+    header = line[: line.index("] ") + 2]
+    _unchanged(base_name, _vllm_log(header, line[len(header) :]), "middle")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a warning's known non-memory failure is a last resort when nothing else decides (it may say "
+    "'not memory', never more); dropping it from warnings that do not open with the engine's words costs "
+    "the corpus (test 106 -> 103 of 166)",
+)
+@pytest.mark.parametrize("payload", ["NCCL WARN ZZUSERZZ", "Segmentation fault (core dumped) ZZUSERZZ"])
+@pytest.mark.parametrize("fmt", ["mistral-tool-call-id", "lmcache-reqid"])
+def test_a_non_memory_failure_in_a_warnings_value_does_not_decide(fmt, payload):
+    """unknown -> not_oom: never a memory change, but a cause the client chose."""
+    _unchanged("rt-3430-lmcache-qwen3-8b-a5000-long-prompts", ID5_FORMATS[fmt][1](payload), "middle")

@@ -65,7 +65,9 @@ def numbers(
                 continue
             why = figures.check(key, value, device_gib)
             if why:
-                notes.append(f"ignored {key}={text[:40]}: {why}")
+                # one note per kind of number: a log that repeats a figure must not grow the diagnosis
+                if not any(n.startswith(f"ignored {key}=") for n in notes):
+                    notes.append(f"ignored {key}={text[:40]}: {why}")
                 continue
             numbers[key] = value
     return numbers

@@ -340,7 +340,8 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
             "low",
             why="The only failure in the log is a warning or a request's own error, not a memory failure.",
         )
-    exception = final_exception(engine_lines)
+    own = [ln for ln in engine_lines if not ln.value]  # not a value written into a message
+    exception = final_exception(own)
     if exception is not None:
         return done(
             m.NOT_OOM,
@@ -353,7 +354,7 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
         )
     # A traceback whose error line is missing (a cut log, a process killed mid-write) names a
     # phase but no failure: an illegal access there looks the same as an OOM. No memory change.
-    if any(FRAME_LINE.match(ln.text) or ln.text.startswith(TRACEBACK_START) for ln in engine_lines):
+    if any(FRAME_LINE.match(ln.text) or ln.text.startswith(TRACEBACK_START) for ln in own):
         return done(
             m.UNKNOWN,
             phase_of_failure(findings, None, signals.ready_before),

@@ -4,6 +4,8 @@ A line from the engine decides with any message; a request's traceback (an API-s
 carries the engine's error when the engine died under it, but its other lines can carry the
 request's text: there only an error of a type the engine raises, matched from the start of its
 message, counts (and any known non-memory failure, which can only ever say "not memory").
+Where in its logged message a line is (the engine's opening words, a traceback, a value written
+into the message) is placement.py's.
 """
 
 from __future__ import annotations
@@ -13,6 +15,20 @@ from dataclasses import dataclass
 
 from . import messages as msg
 from .needles import finder
+from .placement import (
+    ANY,
+    CARETS,
+    CARRIES_FAILURES,
+    EXCEPTION_LINE,
+    EXCEPTION_TYPE,
+    FRAME_LINE,
+    OPENING,
+    RAISED,
+    TRACEBACK_TEXT,
+    VALUE,
+    LoggedMessage,
+    Placement,
+)
 from .scan import ACCESS, ENGINE, MATCH_CHARS, REQUEST, USER, Line
 
 # Kinds that name a failure: only an error the engine reported (not a progress or warning line,
@@ -29,13 +45,6 @@ ENGINE_EXCEPTION = re.compile(
     r"ValueError|MemoryError|torch\.cuda\.CudaError): "
 )
 
-
-FRAME_LINE = re.compile(r'File "[^"]{1,300}", line \d{1,7}, in ')
-EXCEPTION_LINE = re.compile(r"^(?:[\w.]{1,200}\.)?\w{0,80}(?:Error|Exception)\b(?::|\(|$)")
-# Any exception, whatever its name (OutOfResources, BackendCompilerFailed, KeyboardInterrupt), as
-# the line that ends a traceback prints it: `module.Name(Inner): message` or a bare `Name`.
-RAISED = re.compile(r"^[A-Za-z_][\w.]{0,200}(?:\([\w.]{1,80}\))?(?::\s|$)")
-CARETS = re.compile(r"^[\s^~]{1,400}$")
 # A C++ exception that ended the process (what() carries its text on the next line).
 CPP_ABORT = re.compile(r"^terminate called after throwing an instance of ")
 
@@ -73,12 +82,6 @@ def _present(text: str, lowered: str) -> set[str]:
 # A failure quoted inside an exception of another type is that exception's text (a LoRA path, a
 # tool name, a template's message), not the failure: on a line `Type: message`, a memory, host or
 # kill finding counts only for the types that carry those failures (and generic wrappers).
-_EXCEPTION_TYPE = re.compile(r"^([A-Za-z_][\w.]{0,200})(?:\([\w.]{1,80}\))?: ")
-_CARRIES_FAILURES = re.compile(
-    r"(?:^|\.)(?:\w{0,40}OutOfMemoryError|RuntimeError|ValueError|MemoryError|AssertionError|OSError|"
-    r"AcceleratorError|\w{0,40}(?:Cuda|CUDA|Hip|HIP)\w{0,10}Error|DistBackendError|RayTaskError|RayActorError|ActorDiedError|\w{0,40}EngineDeadError|"
-    r"ChildFailedError|InductorError|BackendCompilerFailed|Exception|ncclUnhandledCudaError|ncclInternalError)$"
-)
 DECIDING = (FAILURE_KINDS - {msg.NOT_OOM}) | {msg.BUDGET}  # what may name a memory cause
 
 
@@ -87,12 +90,12 @@ def _quoted(line: Line, previous: Line | None) -> bool:
     of a type that carries no such failure, or a further line of the message of the exception
     line just before it (a newline in a client's id or path; a real traceback goes on with a
     frame, or a new logged message)."""
-    typed = _EXCEPTION_TYPE.match(line.text)
-    if typed and not _CARRIES_FAILURES.search(typed.group(1)):
+    typed = EXCEPTION_TYPE.match(line.text)
+    if typed and not CARRIES_FAILURES.search(typed.group(1)):
         return True
     if previous is None or previous.header != line.header or not EXCEPTION_LINE.match(previous.text):
         return False
-    return not (FRAME_LINE.match(line.text) or line.text.startswith(("Traceback", "The above", "During handling")))
+    return not (FRAME_LINE.match(line.text) or line.text.startswith(("Traceback",) + TRACEBACK_TEXT[1:]))
 
 
 ROW_CHAR_BUDGET = 16 * 1024  # characters of regex search a line may cost, over all its rows
@@ -102,19 +105,24 @@ ROW_SHARE_MIN = 256
 def findings_of(lines: list[Line]) -> list[Finding]:
     out = []
     previous: Line | None = None
+    placement = Placement()
     for i, line in enumerate(lines):
         before, previous = previous, line
         if line.origin not in (ENGINE, REQUEST):
             continue
+        where, opened = placement.of(line)  # where in its message the line is (placement.py)
+        # a value written into a message (an opening progress line is one until it shows the engine's words)
+        line.value = where == VALUE or (where == OPENING and line.informational)
         quoted = _quoted(line, before)
         text = line.match_text
         lowered = text.lower()
         present = _present(text, lowered)
         if not present:
-            if line.origin == ENGINE:
+            if line.origin == ENGINE and where == ANY:
                 out += _wrapped(line, lines[i + 1 : i + 3])
             continue
         memory = False
+        mark = len(out)
         # A request's traceback (an API-server line) carries the engine's error when the engine
         # died under it, but its other lines can carry the request's text: there only an error of
         # a type the engine raises, matched from the start of its message, counts.
@@ -141,9 +149,22 @@ def findings_of(lines: list[Line]) -> list[Finding]:
             ):
                 out.append(Finding(line, message, found))
                 memory = memory or message.kind == msg.MEMORY
+        if where != ANY:
+            out[mark:] = _placed(out[mark:], where, opened)
+            continue
         if not memory and line.origin == ENGINE:
             out += _wrapped(line, lines[i + 1 : i + 3])
     return out
+
+
+def _placed(found: list[Finding], where: str, opened: LoggedMessage | None) -> list[Finding]:
+    """The findings that count on a line whose words are not all the engine's (placement.py): an
+    opening line's, when it opens with a known message or marker; else only "not memory"."""
+    if where == OPENING and opened is not None and any(f.match.start() == 0 for f in found):
+        opened.trusted = True  # the message opens with the engine's words: all of it is the engine's
+        found[0].line.value = False
+        return found
+    return [f for f in found if f.message.kind == msg.NOT_OOM]  # a warning's last resort, never more
 
 
 def _wrapped(line: Line, following: list[Line]) -> list[Finding]:

@@ -104,6 +104,7 @@ class Line:
     source_file: str | None = None  # the file named in vLLM's logger header, when there is one
     level: str | None = None  # the logger level in the header (INFO, WARNING, ERROR, ...)
     header: str = ""  # the prefixes and logger header as printed, before `text`
+    value: bool = False  # a value written into a message (placement.py): no exception nor frame of the engine's
 
     @property
     def informational(self) -> bool:
