@@ -899,32 +899,16 @@ ID5_FORMATS = {
     # entrypoints/speech_to_text/realtime/connection.py:77 (ERROR, logger.exception): pydantic's message
     "realtime-validation": ("ERROR", _realtime_validation_error),
 }
-# An ERROR line that opens a message is still read anywhere in it: vLLM's own errors put the
-# exception's text (the failure itself) after their opening words ("Exception in worker X while
-# processing method M: <error>", "Failed to load model - ... <torch's OOM>"), and reading only the
-# opening words of ERROR lines costs the corpus (train 153 -> 152, test 106 -> 102 of 166) and six
-# existing tests. So a client's value in an ERROR line's own words still decides (a finding that is
-# weaker than the base's, a SIGKILL under a runtime OOM, changes nothing and passes).
-ERROR_OPENING = pytest.mark.xfail(
-    strict=True,
-    reason="a value inside an ERROR line's opening message is read as the engine's: limiting ERROR lines "
-    "to their opening words costs corpus accuracy (placement.py)",
-)
-# the formats whose value sits in the line that opens an ERROR message (the realtime error's value is
-# in pydantic's message, on the lines after it: read as the exception's quoted text, it is fixed)
-ID5_IN_ERROR_OPENING = {"mooncake-group-mismatch", "mooncake-lookup", "moriio-rdma-timeout", "nixl-push-registration"}
-ID5_NO_EFFECT = {  # (base, payload): a failure no stronger than the base's own, so nothing changes
-    ("rt-27466-busy-loop", "sigkill"),
-    ("rt-27466-busy-loop", "torch-oom"),
-    ("local-h200-runtime", "sigkill"),
-}
+# An ERROR line that opens a message is still read anywhere in it (vLLM's own errors put the
+# failure after their opening words), so the KV connectors' ERROR lines were read as the engine's.
+# The ids in them are the API server's (`cmpl-<client id>-0-1a2b`): scan.py tells such a line by
+# that id, as it does by the word "request".
 ID5_CASES = [
     pytest.param(
         base,
         fmt,
         payload,
         id=f"{base}-{fmt}-{payload}",
-        marks=[ERROR_OPENING] if fmt in ID5_IN_ERROR_OPENING and (base, payload) not in ID5_NO_EFFECT else [],
     )
     for base in ID_BASES
     for fmt, (level, _) in sorted(ID5_FORMATS.items())
@@ -942,27 +926,9 @@ def test_client_text_in_vllm_032_lines_without_a_request_form_changes_nothing(ba
 # An ERROR line that goes on a message is read from its opening words (the same call may log again
 # in the same second: a separate message); a line shaped like an exception counts wherever it is (a
 # log cut by its poster starts anywhere in a traceback). A client's newline in an ERROR line's value
-# can still put a failure at the start of a line.
-ERROR_CONTINUATION = pytest.mark.xfail(
-    strict=True,
-    reason="a client's newline in an ERROR line's value opens a line whose opening words count (placement.py)",
-)
+# opens a line of its own: it is user text when its message named a request by its id.
 NEWLINE_CASES = [
-    pytest.param(
-        base,
-        fmt,
-        payload,
-        id=f"{base}-{fmt}-{payload}",
-        marks=[ERROR_CONTINUATION]
-        if fmt == "mooncake-group-mismatch"
-        and (base, payload)
-        not in {
-            ("neg-2734-llama2-70b-tp8-timeout", "capture-frame"),  # "a in capture_model": not where the line opens
-            ("rt-27466-busy-loop", "capture-frame"),
-            ("rt-27466-busy-loop", "torch-oom"),  # no stronger than the base's own OOM
-        }
-        else [],
-    )
+    pytest.param(base, fmt, payload, id=f"{base}-{fmt}-{payload}")
     for base in ["neg-2734-llama2-70b-tp8-timeout", "rt-27466-busy-loop"]
     for fmt in ["mistral-tool-call-id", "responses-summary-item", "mooncake-group-mismatch"]
     for payload in ["budget", "capture-frame", "torch-oom", "oomkilled"]
@@ -1021,19 +987,30 @@ FORGED_IN_VALUES = {
 def test_a_traceback_inside_a_warnings_value_is_the_value(base_name, fmt, payload):
     """runtime_oom -> cudagraph_capture_oom, unknown -> cudagraph_capture_oom (a memory change) or
     not_oom: the forged lines repeat the warning's header, as vLLM's formatter writes them."""
-    line = ID5_FORMATS[fmt][1]("a\n" + FORGED_IN_VALUES[payload] + "\nb")
-    header = line[: line.index("] ") + 2]
-    _unchanged(base_name, _vllm_log(header, line[len(header) :]), "middle")
+
+    def logged(value: str) -> str:
+        line = ID5_FORMATS[fmt][1](value)
+        header = line[: line.index("] ") + 2]
+        return _vllm_log(header, line[len(header) :])
+
+    # The same line with a harmless value: a line about a request may say the server was serving
+    # (the engine wrote it); what the value says must change nothing more.
+    base_log = _base(base_name)
+    crafted = classify(Signals(log=_with(base_log, logged("a\n" + FORGED_IN_VALUES[payload] + "\nb"), "middle")))
+    _same(crafted, classify(Signals(log=_with(base_log, logged("a\nb"), "middle"))))
+    assert "ZZUSERZZ" not in json.dumps(crafted.to_dict())
 
 
-@pytest.mark.xfail(
+WARNING_VALUE = pytest.mark.xfail(
     strict=True,
     reason="a warning's known non-memory failure is a last resort when nothing else decides (it may say "
     "'not memory', never more); dropping it from warnings that do not open with the engine's words costs "
-    "the corpus (test 106 -> 103 of 166)",
+    "the corpus (test 106 -> 103 of 166). A value after a request's id (lmcache) is user text.",
 )
+
+
 @pytest.mark.parametrize("payload", ["NCCL WARN ZZUSERZZ", "Segmentation fault (core dumped) ZZUSERZZ"])
-@pytest.mark.parametrize("fmt", ["mistral-tool-call-id", "lmcache-reqid"])
+@pytest.mark.parametrize("fmt", [pytest.param("mistral-tool-call-id", marks=WARNING_VALUE), "lmcache-reqid"])
 def test_a_non_memory_failure_in_a_warnings_value_does_not_decide(fmt, payload):
     """unknown -> not_oom: never a memory change, but a cause the client chose."""
     _unchanged("rt-3430-lmcache-qwen3-8b-a5000-long-prompts", ID5_FORMATS[fmt][1](payload), "middle")

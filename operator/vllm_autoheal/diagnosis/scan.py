@@ -83,8 +83,12 @@ _REQUEST_IDS = re.compile(  # (each alternative starts with a letter: see _USER_
     # "... for request <id>" of structured output and KV connectors), but the engine's own memory
     # figures that speak of one request
     rf"R{_WB}equest\b(?<!at least one request)(?<!tokens per request)|"
-    rf"r{_WB}equest\b(?<!at least one request)(?<!tokens per request)"
+    rf"r{_WB}equest\b(?<!at least one request)(?<!tokens per request)|"
+    # the ids the API server makes, each holding the client's X-Request-Id or body request_id
+    # ("cmpl-<id>-0-1a2b"), as KV connectors log them without the word "request"
+    rf"c{_WB}hatcmpl-|c{_WB}mpl-|e{_WB}mbd-|c{_WB}lassify-|t{_WB}okenize-"
 )
+_ID_HINTS = ("eq", "SchedulerOutput", "mpl-", "mbd-", "lassify-", "okenize-")
 # The API server handles requests one by one: its errors (a 400 for a long prompt, a bad chat
 # template) are the request's, carry the request's text, and never decide a crash's cause.
 _REQUEST_FILES = re.compile(
@@ -172,10 +176,10 @@ def origin_of(text: str, source_file: str | None) -> str:
     if name and _USER_FILES.match(name):
         return USER
     head = text[:MATCH_CHARS]
-    # (every request-id form holds "eq" or "SchedulerOutput": a cheap test first on long lines)
+    # (every request-id form holds one of _ID_HINTS: a cheap test first on long lines)
     if _USER_START.match(head) or _USER_QUOTE.search(head):
         return USER
-    if _REQUEST_START.match(head) or (("eq" in head or "SchedulerOutput" in head) and _REQUEST_IDS.search(head)):
+    if _REQUEST_START.match(head) or (any(h in head for h in _ID_HINTS) and _REQUEST_IDS.search(head)):
         return USER
     if _ACCESS.match(head):
         return ACCESS
