@@ -290,7 +290,7 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
                     "allocation_larger_than_gpu",
                     why=f"Before the server was ready, one allocation asked for {tried:g} GiB, more than the "
                     f"whole GPU ({device:g} GiB): an activation of the start-up profiling run, sized by the "
-                    "dummy batch. A smaller batch fits.",
+                    "dummy batch; a smaller batch shrinks it.",
                 )
             where = (
                 "while the server was starting, but the log does not show in which step"
