@@ -1014,3 +1014,28 @@ WARNING_VALUE = pytest.mark.xfail(
 def test_a_non_memory_failure_in_a_warnings_value_does_not_decide(fmt, payload):
     """unknown -> not_oom: never a memory change, but a cause the client chose."""
     _unchanged("rt-3430-lmcache-qwen3-8b-a5000-long-prompts", ID5_FORMATS[fmt][1](payload), "middle")
+
+
+# --- Found by a sixth hostile review ---
+
+# vLLM 0.32 makes more request ids from the client's X-Request-Id (or body request_id) than
+# cmpl-/chatcmpl-/embd-/classify-/tokenize-: structured decisions ("decision-"), generative scoring
+# ("generative-scoring-"), the realtime endpoint ("rt-"), the Responses API ("resp_"), pooling
+# ("pool-"), transcription ("trsc-"). A KV connector logs any of them without the word "request".
+ID6_PREFIXES = ["decision-", "generative-scoring-", "rt-", "resp_", "pool-", "trsc-"]
+ID6_PAYLOADS = {
+    "oom": "x torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 80.00 GiB. GPU 0 has a total "
+    "capacity of 79.19 GiB of which 1.00 GiB is free. ZZUSERZZ",
+    "kv": "x ValueError: No available memory for the cache blocks. ZZUSERZZ",
+    "nccl": "x NCCL WARN ZZUSERZZ",
+}
+
+
+@pytest.mark.parametrize("payload", sorted(ID6_PAYLOADS))
+@pytest.mark.parametrize("prefix", ID6_PREFIXES)
+def test_every_api_request_id_prefix_is_user_text(prefix, payload):
+    line = (
+        EC + "INFO 12-01 04:48:08 [vllm_v1_adapter.py:1227] Reqid: " + prefix + ID6_PAYLOADS[payload]
+        + "-0-1a2b, Total tokens 12, LMCache hit tokens: 0, need to load: 0"
+    )
+    _unchanged("rt-3430-lmcache-qwen3-8b-a5000-long-prompts", line, "middle")
