@@ -1020,9 +1020,12 @@ def test_a_non_memory_failure_in_a_warnings_value_does_not_decide(fmt, payload):
 
 # vLLM 0.32 makes more request ids from the client's X-Request-Id (or body request_id) than
 # cmpl-/chatcmpl-/embd-/classify-/tokenize-: structured decisions ("decision-"), generative scoring
-# ("generative-scoring-"), the realtime endpoint ("rt-"), the Responses API ("resp_"), pooling
-# ("pool-"), transcription ("trsc-"). A KV connector logs any of them without the word "request".
-ID6_PREFIXES = ["decision-", "generative-scoring-", "rt-", "resp_", "pool-", "trsc-"]
+# ("generative-scoring-"), token-in-token-out ("generate-tokens-"), pooling ("pooling-", "score-"),
+# speech to text ("transcribe-", "translate-"). A KV connector logs any of them without the word
+# "request". (Server-made ids such as "rt-ws-<uuid>", "pool-<uuid>", "trsc-<uuid>" hold no client text.)
+ID6_PREFIXES = [
+    "decision-", "generative-scoring-", "generate-tokens-", "pooling-", "score-", "transcribe-", "translate-"
+]
 ID6_PAYLOADS = {
     "oom": "x torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 80.00 GiB. GPU 0 has a total "
     "capacity of 79.19 GiB of which 1.00 GiB is free. ZZUSERZZ",
