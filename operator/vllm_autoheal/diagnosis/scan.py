@@ -85,10 +85,15 @@ _REQUEST_IDS = re.compile(  # (each alternative starts with a letter: see _USER_
     rf"R{_WB}equest\b(?<!at least one request)(?<!tokens per request)|"
     rf"r{_WB}equest\b(?<!at least one request)(?<!tokens per request)|"
     # the ids the API server makes, each holding the client's X-Request-Id or body request_id
-    # ("cmpl-<id>-0-1a2b"), as KV connectors log them without the word "request"
-    rf"c{_WB}hatcmpl-|c{_WB}mpl-|e{_WB}mbd-|c{_WB}lassify-|t{_WB}okenize-"
+    # ("cmpl-<id>-0-1a2b"), as KV connectors log them without the word "request": every prefix
+    # vLLM 0.32 puts before _base_request_id (pooling's request_id_prefix, speech's task_type)
+    rf"c{_WB}hatcmpl-|c{_WB}mpl-|e{_WB}mbd-|c{_WB}lassify-|t{_WB}okenize-|d{_WB}ecision-|"
+    rf"g{_WB}enerat(?:ive-scoring|e-tokens)-|p{_WB}ooling-|s{_WB}core-|t{_WB}rans(?:cribe|late)-"
 )
-_ID_HINTS = ("eq", "SchedulerOutput", "mpl-", "mbd-", "lassify-", "okenize-")
+_ID_HINTS = (
+    "eq", "SchedulerOutput", "mpl-", "mbd-", "lassify-", "okenize-", "ecision-", "ive-scoring-",
+    "e-tokens-", "ooling-", "core-", "anscribe-", "anslate-",
+)
 # The API server handles requests one by one: its errors (a 400 for a long prompt, a bad chat
 # template) are the request's, carry the request's text, and never decide a crash's cause.
 _REQUEST_FILES = re.compile(
