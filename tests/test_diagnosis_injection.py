@@ -1042,3 +1042,30 @@ def test_every_api_request_id_prefix_is_user_text(prefix, payload):
         + "-0-1a2b, Total tokens 12, LMCache hit tokens: 0, need to load: 0"
     )
     _unchanged("rt-3430-lmcache-qwen3-8b-a5000-long-prompts", line, "middle")
+
+
+# The Responses API hands the body's request_id to the engine as it is, with no prefix
+# (default "resp_<uuid>"): a KV connector's line then holds the client's text bare.
+@pytest.mark.parametrize("payload", sorted(ID6_PAYLOADS))
+def test_a_responses_request_id_is_user_text(payload):
+    line = (
+        EC + "INFO 12-01 04:48:08 [vllm_v1_adapter.py:1227] Reqid: " + ID6_PAYLOADS[payload]
+        + "-0-1a2b, Total tokens 12, LMCache hit tokens: 0, need to load: 0"
+    )
+    _unchanged("rt-3430-lmcache-qwen3-8b-a5000-long-prompts", line, "middle")
+
+
+BARE_ID = pytest.mark.xfail(
+    strict=True,
+    reason="a Responses request_id is the client's whole id, and Mooncake's 'Async Mooncake lookup failed for "
+    "<id>: <error>' names it with no word that says so; no general rule tells it from the engine's words.",
+)
+
+
+@pytest.mark.parametrize("payload", [pytest.param("nccl", marks=BARE_ID)])
+def test_a_bare_responses_request_id_in_mooncakes_lookup_error(payload):
+    line = (
+        EC + "ERROR 12-01 04:48:08 [worker.py:2436] Async Mooncake lookup failed for "
+        + ID6_PAYLOADS[payload] + ": timeout"
+    )
+    _unchanged("rt-3430-lmcache-qwen3-8b-a5000-long-prompts", line, "middle")
