@@ -1069,3 +1069,22 @@ def test_a_bare_responses_request_id_in_mooncakes_lookup_error(payload):
         + ID6_PAYLOADS[payload] + ": timeout"
     )
     _unchanged("rt-3430-lmcache-qwen3-8b-a5000-long-prompts", line, "middle")
+
+
+# Any client can send the realtime endpoint an event that fails validation: the API server logs
+# an ERROR with a traceback (connection.py), a request's error, which must not decide the crash.
+@pytest.mark.parametrize("value", ["hello", ID6_PAYLOADS["oom"], ID6_PAYLOADS["nccl"]])
+def test_a_realtime_events_error_does_not_decide(value):
+    _unchanged("rt-3430-lmcache-qwen3-8b-a5000-long-prompts", ID5_FORMATS["realtime-validation"][1](value), "middle")
+
+
+ID6_WARNING_FORMATS = [
+    "mistral-named-tool", "tool-call-ast", "arg-converter", "responses-summary-item", "responses-tool-call-id",
+    "tokenization-kwargs", "error-response",
+]
+
+
+@pytest.mark.parametrize("fmt", [pytest.param(f, marks=WARNING_VALUE) for f in ID6_WARNING_FORMATS])
+def test_a_non_memory_failure_in_other_warnings_values_does_not_decide(fmt):
+    """unknown -> not_oom, as the mistral tool call id above: the same last resort."""
+    _unchanged("rt-3430-lmcache-qwen3-8b-a5000-long-prompts", ID5_FORMATS[fmt][1](ID6_PAYLOADS["nccl"]), "middle")
