@@ -99,7 +99,8 @@ _ID_HINTS = (
 # The API server handles requests one by one: its errors (a 400 for a long prompt, a bad chat
 # template) are the request's, carry the request's text, and never decide a crash's cause.
 _REQUEST_FILES = re.compile(
-    r"^(?:serving_\w{1,40}|serving|api_server|api_router|protocol|chat_utils|"
+    # (connection.py: the realtime endpoint's websocket, one per client)
+    r"^(?:serving_\w{1,40}|serving|api_server|api_router|protocol|chat_utils|connection|"
     r"openai_serving_\w{1,40})\.py$"
 )
 _ACCESS = re.compile(r'^(?:\[?[\w.:\[\]-]{1,60}:\d{1,5}\]? )?- "(?:GET|POST|PUT|DELETE|PATCH|HEAD|OPTIONS) ')
