@@ -1024,7 +1024,13 @@ def test_a_non_memory_failure_in_a_warnings_value_does_not_decide(fmt, payload):
 # speech to text ("transcribe-", "translate-"). A KV connector logs any of them without the word
 # "request". (Server-made ids such as "rt-ws-<uuid>", "pool-<uuid>", "trsc-<uuid>" hold no client text.)
 ID6_PREFIXES = [
-    "decision-", "generative-scoring-", "generate-tokens-", "pooling-", "score-", "transcribe-", "translate-"
+    "decision-",
+    "generative-scoring-",
+    "generate-tokens-",
+    "pooling-",
+    "score-",
+    "transcribe-",
+    "translate-",
 ]
 ID6_PAYLOADS = {
     "oom": "x torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 80.00 GiB. GPU 0 has a total "
@@ -1038,7 +1044,10 @@ ID6_PAYLOADS = {
 @pytest.mark.parametrize("prefix", ID6_PREFIXES)
 def test_every_api_request_id_prefix_is_user_text(prefix, payload):
     line = (
-        EC + "INFO 12-01 04:48:08 [vllm_v1_adapter.py:1227] Reqid: " + prefix + ID6_PAYLOADS[payload]
+        EC
+        + "INFO 12-01 04:48:08 [vllm_v1_adapter.py:1227] Reqid: "
+        + prefix
+        + ID6_PAYLOADS[payload]
         + "-0-1a2b, Total tokens 12, LMCache hit tokens: 0, need to load: 0"
     )
     _unchanged("rt-3430-lmcache-qwen3-8b-a5000-long-prompts", line, "middle")
@@ -1049,7 +1058,9 @@ def test_every_api_request_id_prefix_is_user_text(prefix, payload):
 @pytest.mark.parametrize("payload", sorted(ID6_PAYLOADS))
 def test_a_responses_request_id_is_user_text(payload):
     line = (
-        EC + "INFO 12-01 04:48:08 [vllm_v1_adapter.py:1227] Reqid: " + ID6_PAYLOADS[payload]
+        EC
+        + "INFO 12-01 04:48:08 [vllm_v1_adapter.py:1227] Reqid: "
+        + ID6_PAYLOADS[payload]
         + "-0-1a2b, Total tokens 12, LMCache hit tokens: 0, need to load: 0"
     )
     _unchanged("rt-3430-lmcache-qwen3-8b-a5000-long-prompts", line, "middle")
@@ -1065,8 +1076,10 @@ BARE_ID = pytest.mark.xfail(
 @pytest.mark.parametrize("payload", [pytest.param("nccl", marks=BARE_ID)])
 def test_a_bare_responses_request_id_in_mooncakes_lookup_error(payload):
     line = (
-        EC + "ERROR 12-01 04:48:08 [worker.py:2436] Async Mooncake lookup failed for "
-        + ID6_PAYLOADS[payload] + ": timeout"
+        EC
+        + "ERROR 12-01 04:48:08 [worker.py:2436] Async Mooncake lookup failed for "
+        + ID6_PAYLOADS[payload]
+        + ": timeout"
     )
     _unchanged("rt-3430-lmcache-qwen3-8b-a5000-long-prompts", line, "middle")
 
@@ -1079,8 +1092,13 @@ def test_a_realtime_events_error_does_not_decide(value):
 
 
 ID6_WARNING_FORMATS = [
-    "mistral-named-tool", "tool-call-ast", "arg-converter", "responses-summary-item", "responses-tool-call-id",
-    "tokenization-kwargs", "error-response",
+    "mistral-named-tool",
+    "tool-call-ast",
+    "arg-converter",
+    "responses-summary-item",
+    "responses-tool-call-id",
+    "tokenization-kwargs",
+    "error-response",
 ]
 
 

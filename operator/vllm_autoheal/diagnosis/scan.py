@@ -93,8 +93,19 @@ _REQUEST_IDS = re.compile(  # (each alternative starts with a letter: see _USER_
     rf"g{_WB}enerat(?:ive-scoring|e-tokens)-|p{_WB}ooling-|s{_WB}core-|t{_WB}rans(?:cribe|late)-"
 )
 _ID_HINTS = (
-    "eq", "SchedulerOutput", "mpl-", "mbd-", "lassify-", "okenize-", "ecision-", "ive-scoring-",
-    "e-tokens-", "ooling-", "core-", "anscribe-", "anslate-",
+    "eq",
+    "SchedulerOutput",
+    "mpl-",
+    "mbd-",
+    "lassify-",
+    "okenize-",
+    "ecision-",
+    "ive-scoring-",
+    "e-tokens-",
+    "ooling-",
+    "core-",
+    "anscribe-",
+    "anslate-",
 )
 # The API server handles requests one by one: its errors (a 400 for a long prompt, a bad chat
 # template) are the request's, carry the request's text, and never decide a crash's cause.
