@@ -75,6 +75,21 @@ _REQUEST_START = re.compile(
     # AsyncLLM's "Request <id> aborted/failed ..."
     r"(?:Added|Aborted|Finished|Abort) request|Request \S+(?: |$)|Aborted request\(s\)"
 )
+# The prefixes vLLM 0.32 puts before _base_request_id (pooling's request_id_prefix, speech's task_type).
+_API_ID_PREFIXES = (
+    "chatcmpl-",
+    "cmpl-",
+    "embd-",
+    "classify-",
+    "tokenize-",
+    "decision-",
+    "generative-scoring-",
+    "generate-tokens-",
+    "pooling-",
+    "score-",
+    "transcribe-",
+    "translate-",
+)
 _REQUEST_IDS = re.compile(  # (each alternative starts with a letter: see _USER_QUOTE)
     rf"S{_WB}chedulerOutput\(|N{_WB}ewRequestData\(|C{_WB}achedRequestData\(|r{_WB}eq(?:uest)?_ids?[=:]|"
     # LMCache's "Reqid: <id>" (a Responses request_id is the client's whole id, with no prefix)
@@ -87,26 +102,11 @@ _REQUEST_IDS = re.compile(  # (each alternative starts with a letter: see _USER_
     rf"R{_WB}equest\b(?<!at least one request)(?<!tokens per request)|"
     rf"r{_WB}equest\b(?<!at least one request)(?<!tokens per request)|"
     # the ids the API server makes, each holding the client's X-Request-Id or body request_id
-    # ("cmpl-<id>-0-1a2b"), as KV connectors log them without the word "request": every prefix
-    # vLLM 0.32 puts before _base_request_id (pooling's request_id_prefix, speech's task_type)
-    rf"c{_WB}hatcmpl-|c{_WB}mpl-|e{_WB}mbd-|c{_WB}lassify-|t{_WB}okenize-|d{_WB}ecision-|"
-    rf"g{_WB}enerat(?:ive-scoring|e-tokens)-|p{_WB}ooling-|s{_WB}core-|t{_WB}rans(?:cribe|late)-"
+    # ("cmpl-<id>-0-1a2b"), as KV connectors log them without the word "request"
+    + "|".join(p[0] + _WB + re.escape(p[1:]) for p in _API_ID_PREFIXES)
 )
-_ID_HINTS = (
-    "eq",
-    "SchedulerOutput",
-    "mpl-",
-    "mbd-",
-    "lassify-",
-    "okenize-",
-    "ecision-",
-    "ive-scoring-",
-    "e-tokens-",
-    "ooling-",
-    "core-",
-    "anscribe-",
-    "anslate-",
-)
+# (every request-id form holds one of these: a cheap test before the regex on long lines)
+_ID_HINTS = ("eq", "SchedulerOutput") + tuple(p[1:] for p in _API_ID_PREFIXES)
 # The API server handles requests one by one: its errors (a 400 for a long prompt, a bad chat
 # template) are the request's, carry the request's text, and never decide a crash's cause.
 _REQUEST_FILES = re.compile(
