@@ -50,6 +50,9 @@ def pod_state(verdict: dict) -> dict:
         "ready_before": ready if isinstance(ready, bool) else None,
         "exit": end if isinstance(end, (int, str)) and not isinstance(end, bool) else None,
         "context_why": str(verdict.get("context_why") or "")[:300] or None,
+        # The model's weights on one GPU are judged in a separate blind pass (tests/corpus/README.md).
+        "weights_gib_per_gpu": None,
+        "weights_basis": None,
     }
 
 

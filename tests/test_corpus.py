@@ -35,9 +35,20 @@ FIELDS = {
     "ready_before",
     "exit",
     "context_why",
+    "weights_gib_per_gpu",
+    "weights_basis",
 }
 # Added by the blind review and by corpus_add.py, not by the miner.
-REVIEWED = {"failure_shown", "split", "origin", "ready_before", "exit", "context_why"}
+REVIEWED = {
+    "failure_shown",
+    "split",
+    "origin",
+    "ready_before",
+    "exit",
+    "context_why",
+    "weights_gib_per_gpu",
+    "weights_basis",
+}
 
 
 # Classified from the log (and the spec's deployment facts), then also with the pod's state.
@@ -64,6 +75,8 @@ def test_samples_are_well_formed():
         assert isinstance(s["failure_shown"], bool), s["id"]
         assert s["ready_before"] in (True, False, None), s["id"]
         assert s["exit"] is None or isinstance(s["exit"], (int, str)), s["id"]
+        weights = s["weights_gib_per_gpu"]
+        assert weights is None or (isinstance(weights, float) and 0 < weights < 4096 and s["weights_basis"]), s["id"]
     assert Counter(s["label"] for s in CORPUS)["not_oom"] >= len(CORPUS) // 4  # look-alikes are well represented
 
 
@@ -137,10 +150,14 @@ def test_context_reads_the_deployment_a_sample_states(args, gpu, tp, pp, count):
 )
 def test_the_pod_state_is_read_only_when_asked(state, signals):
     sample = {"engine_args": None, "gpu": None, **state}
-    assert {k: v for k, v in context(sample, pod_state=True).items() if "parallel" not in k and k != "gpu_count"} == (
-        signals
-    )
-    assert set(context(sample)) == {"tensor_parallel_size", "pipeline_parallel_size", "gpu_count"}
+    deployment = {"tensor_parallel_size", "pipeline_parallel_size", "gpu_count", "weights_gib_per_gpu"}
+    assert {k: v for k, v in context(sample, pod_state=True).items() if k not in deployment} == signals
+    assert set(context(sample)) == deployment
+
+
+def test_the_models_weights_per_gpu_are_deployment_context_in_both_views():
+    sample = {"engine_args": None, "gpu": None, "weights_gib_per_gpu": 134.7, "ready_before": False}
+    assert context(sample)["weights_gib_per_gpu"] == context(sample, pod_state=True)["weights_gib_per_gpu"] == 134.7
 
 
 def test_the_launchers_message_of_every_sample_passes_the_schema():

@@ -4,10 +4,14 @@ phase that follows reality: the real kopf operator against kmock, asserting obje
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+
+from vllm_autoheal.diagnosis import Signals, classify
+from vllm_autoheal.launcher import termination_message
 
 from operator_harness import (
     NS,
@@ -384,3 +388,46 @@ async def test_the_pods_readiness_places_an_oom_the_log_does_not(cluster, kmock,
         lambda: (o := cluster.vsvc_now(name)) and (o.get("status") or {}).get("healCount") and o, what="heal"
     )
     assert status(obj)["heals"][-1]["cause"] == cause
+
+
+# The launcher in the pod does not know the model's size, so a bare OOM is `unknown` there; the
+# operator does (spec.modelConfig), reads the previous log and sees the weights were still loading.
+LLAMA_70B = json.loads((Path(__file__).parent / "fixtures" / "configs" / "llama-3.1-70b.json").read_text())
+LOADING_OOM = (
+    "(EngineCore_DP0 pid=1) ERROR 11-30 03:00:00 [core.py:1] torch.OutOfMemoryError: CUDA out of memory. "
+    "Tried to allocate 448.00 MiB. GPU 0 has a total capacity of 139.81 GiB of which 300.00 MiB is free. "
+    "Including non-PyTorch memory, this process has 139.50 GiB memory in use. Of the allocated memory "
+    "138.90 GiB is allocated by PyTorch, and 20.00 MiB is reserved by PyTorch but unallocated.\n"
+)
+
+
+@pytest.mark.parametrize("sized", [True, False], ids=["model-known", "model-unknown"])
+async def test_the_operator_places_an_oom_by_the_models_weights_that_the_launcher_cannot(cluster, kmock, sized):
+    name = f"load-{'sized' if sized else 'unsized'}"
+    spec = {
+        **SPEC,
+        "model": "meta-llama/Llama-3.1-70B-Instruct",
+        "engine": {"dtype": "float32", "maxModelLen": 8192},  # 262 GiB of weights: more than one H200 holds
+        "resources": {"gpuProduct": "NVIDIA-H200", "limits": {"memory": "64Gi"}},
+        "heal": {**TP_HEAL, "bounds": {"maxTensorParallelSize": 4}},
+        **({"modelConfig": {"inline": LLAMA_70B}} if sized else {}),
+    }
+    launcher_said = termination_message(classify(Signals(log=LOADING_OOM, exit_code=1)).to_dict(), 1, None, None)
+    assert json.loads(launcher_said)["diagnosis"]["cause"] == "unknown"
+    await cluster.create_vsvc(name, spec)
+    await wait_for(lambda: cluster.deployment_now(name), what="deployment")
+    kmock[f"get /api/v1/namespaces/{NS}/pods/{name}-a/log"] << LOADING_OOM.encode()
+    await cluster.crash_pod(name, f"{name}-a", message=launcher_said, ready="2026-11-30T02:49:00Z")
+    if not sized:  # no model config at hand (the Hub is off here): the OOM stays unplaced, nothing changes
+        await wait_for(
+            lambda: [e for e in cluster.events_now("CrashNotHealed") if e["involvedObject"]["name"] == name],
+            what="CrashNotHealed event",
+        )
+        assert (await cluster.vsvc(name))["spec"]["engine"] == spec["engine"]
+        return
+    obj = await wait_for(
+        lambda: (o := cluster.vsvc_now(name)) and (o.get("status") or {}).get("healCount") and o, what="heal"
+    )
+    heal = status(obj)["heals"][-1]
+    assert heal["cause"] == "weights_load_oom" and heal["action"] == "IncreaseTensorParallel", heal
+    assert obj["spec"]["engine"]["tensorParallelSize"] >= 2

@@ -32,6 +32,17 @@ def _examples() -> dict[str, Path]:
     return {p.stem: p for p in sorted(EXAMPLES_DIR.glob("*.log"))}
 
 
+def _gib(text: str) -> float:
+    """A size in GiB for a flag: finite and positive, else argparse's usage error (exit 2)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (0 < value < 1 << 20):  # also false for nan
+        raise argparse.ArgumentTypeError(f"not a plausible size in GiB: {text!r}")
+    return value
+
+
 def _cmd_diagnose(args: argparse.Namespace) -> int:
     from .diagnosis import Signals
     from .diagnosis.classify import classify_stream
@@ -43,6 +54,7 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
         ready_before=args.ready_before,
         tensor_parallel_size=args.tensor_parallel_size,
         pipeline_parallel_size=args.pipeline_parallel_size,
+        weights_gib_per_gpu=args.weights_gib_per_gpu,
     )
     if args.example:
         examples = _examples()
@@ -379,6 +391,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--tensor-parallel-size", type=int, help="TP of the deployment (breaks ties)")
     p.add_argument("--pipeline-parallel-size", type=int, help="PP of the deployment (breaks ties)")
+    p.add_argument(
+        "--weights-gib-per-gpu",
+        type=_gib,
+        metavar="GIB",
+        help="the model's weights on one GPU (as `plan` prints them): places an OOM the log does not",
+    )
     p.add_argument(
         "--engine-args",
         metavar="FLAGS",

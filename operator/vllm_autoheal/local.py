@@ -227,6 +227,20 @@ class Supervisor:
         except ProcessLookupError:
             pass
 
+    def weights_gib(self, engine: EngineArgs) -> float | None:
+        """The model's weights on one GPU, for a model on disk (never a download from here): it lets
+        the classifier place an out-of-memory that the log does not."""
+        try:
+            if not Path(self.opts.model).expanduser().exists():
+                return None
+            from .memory import weights_gib_per_gpu
+            from .model_config import to_shape
+            from .model_source import from_path
+
+            return weights_gib_per_gpu(to_shape(from_path(Path(self.opts.model).expanduser())), engine)
+        except Exception:  # noqa: BLE001 - a model we cannot size only leaves an OOM unplaced
+            return None
+
     # --- the loop --------------------------------------------------------------------
     def serve(self) -> int:
         engine = self.baseline
@@ -255,6 +269,7 @@ class Supervisor:
                     gpu=None if gpu.error else gpu,
                     tensor_parallel_size=engine.tensor_parallel_size,
                     pipeline_parallel_size=engine.pipeline_parallel_size,
+                    weights_gib_per_gpu=self.weights_gib(engine),
                 )
             )
             inventory = Inventory(memory_limit_bytes=cgroups.memory_limit())

@@ -228,6 +228,13 @@ def weights_bytes_per_gpu(
     return int((layers * linear + embed * dense) / tp + WEIGHT_BUFFERS_GIB * GIB)
 
 
+def weights_gib_per_gpu(shape: ModelShape, engine: EngineArgs) -> float:
+    """The weights these flags put on the busiest GPU, in GiB: what the classifier weighs an
+    unplaced out-of-memory against (a process holding less had not finished loading)."""
+    tp, pp = engine.tensor_parallel_size, engine.pipeline_parallel_size
+    return weights_bytes_per_gpu(shape, engine.quantization, engine.dtype, tp, pp) / GIB
+
+
 def default_max_num_batched_tokens(gpu_total_gib: float, entrypoint: str = "server") -> int:
     """vLLM's per-GPU defaults (arg_utils, 0.2x-0.33): the OpenAI server and the LLM class differ."""
     if entrypoint == "llm":
@@ -288,7 +295,7 @@ def estimate(
     free = (total if free_gib is None else free_gib) - CUDA_CONTEXT_GIB
     mbt = engine.max_num_batched_tokens or default_max_num_batched_tokens(total, entrypoint)
     max_len = engine.max_model_len or shape.max_position_embeddings or 4096
-    weights = weights_bytes_per_gpu(shape, engine.quantization, engine.dtype, tp, pp) / GIB
+    weights = weights_gib_per_gpu(shape, engine)
     act = activation_bytes(shape, mbt, tp) / GIB
     non_torch = NON_TORCH_GIB_TP1 if tp * pp == 1 else NON_TORCH_GIB_TPN
     graphs = 0.0 if engine.enforce_eager else CUDAGRAPH_GIB

@@ -23,7 +23,7 @@ from typing import Any
 from . import arithmetic as ar
 from . import messages as msg
 from . import model as m
-from . import termination
+from . import termination, unplaced
 from .findings import (
     ENGINE_EXCEPTION,
     EXCEPTION_LINE,
@@ -270,28 +270,22 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
         ):
             return done(m.GPU_UTIL_EXCEEDS_FREE, phase, first, "medium", "other_process_holds_gpu", frame)
         if phase == m.PHASE_UNKNOWN:
-            # Nothing places the OOM. If the server had served, phase_of_failure says serving; a
-            # start-up failure (the pod never Ready, or the engine's start-up wrappers) may be in
-            # loading, profiling, KV sizing or graph capture, each wanting another change: none.
+            # No frame or milestone places the OOM. If the server had served, phase_of_failure says
+            # serving; a start-up failure (the pod never Ready, or the engine's start-up wrappers)
+            # may be in loading, profiling, KV sizing or graph capture, each wanting another change:
+            # only torch's figures and the model's size can still tell (unplaced.py); else none.
             # (Guessing profiling was wrong on 3 of the 4 train logs it decided.)
             starting = signals.ready_before is False or any(
                 not f.line.informational for f in by_kind.get(msg.STARTING, [])
             )
-            device = nums.get("gpu_total_gib") or device_gib
-            tried = nums.get("tried_gib")
-            if starting and tried and device and tried > device:
-                # No weight or graph is one allocation larger than the GPU: an activation sized by
-                # the start-up dummy batch is (a multimodal encoder's attention, the sampler's logits).
-                return done(
-                    m.PROFILING_OOM,
-                    m.PHASE_PROFILE,
-                    first,
-                    "medium",
-                    "allocation_larger_than_gpu",
-                    why=f"Before the server was ready, one allocation asked for {tried:g} GiB, more than the "
-                    f"whole GPU ({device:g} GiB): an activation of the start-up profiling run, sized by the "
-                    "dummy batch; a smaller batch shrinks it.",
-                )
+            placed = unplaced.place(
+                nums, starting, signals.weights_gib_per_gpu, nums.get("gpu_total_gib") or device_gib
+            )
+            if placed is not None:
+                done(placed.cause, placed.phase, first, "medium", placed.subtype, why=placed.why)
+                if placed.cause == m.WEIGHTS_LOAD_OOM:
+                    diag.numbers["weights_gib_per_gpu"] = signals.weights_gib_per_gpu or 0.0
+                return diag
             where = (
                 "while the server was starting, but the log does not show in which step"
                 if starting

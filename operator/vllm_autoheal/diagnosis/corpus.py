@@ -56,6 +56,9 @@ def context(sample: dict[str, Any], pod_state: bool = False) -> dict[str, Any]:
         "tensor_parallel_size": _int(r"(?:tensor[_-]parallel[_-]size|-tp|\bTP)\s*[=\s]?\s*(\d+)", args),
         "pipeline_parallel_size": pp,
         "gpu_count": count,
+        # The model's weights on one GPU, which the operator's memory model knows from the spec:
+        # judged for the corpus from the thread's model, quantization and TP/PP, blind to the label.
+        "weights_gib_per_gpu": sample.get("weights_gib_per_gpu"),
     }
     return {**deployment, **(_pod_state(sample) if pod_state else {})}
 

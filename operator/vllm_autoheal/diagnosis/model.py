@@ -113,6 +113,7 @@ class Signals:
     tensor_parallel_size: int | None = None
     pipeline_parallel_size: int | None = None
     gpu_count: int | None = None
+    weights_gib_per_gpu: float | None = None  # the model's weights on one GPU, from the memory model
 
 
 @dataclass

@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from .. import metrics, model_source
 from ..api import GROUP, Deployed, HealIntent, VLLMService
-from ..diagnosis import Diagnosis, Signals, classify, termination
+from ..diagnosis import Diagnosis
 from ..gpu_catalog import lookup
 from ..quantity import parse_quantity
 from ..remedy import GIVE_UP, Inventory, Remedy, plan_heal
@@ -31,6 +31,7 @@ from . import pods, resources
 from . import status as st
 from .client import Kube
 from .config import OperatorConfig
+from .crash import diagnose
 from .later import Later
 from .writes import event, lock, patch_object, transient, update_status
 
@@ -79,32 +80,6 @@ class Incident:
     @property
     def crash_id(self) -> str:
         return st.crash_id(self.pod_uid, resources.CONTAINER, self.crash["restartCount"])
-
-
-def diagnose(kube: Kube, incident: Incident, obj: VLLMService) -> Diagnosis:
-    engine = deployed(obj).engine
-    signals: dict[str, Any] = dict(
-        exit_code=incident.crash.get("exitCode"),
-        reason=incident.crash.get("reason"),
-        ready_before=pods.ready_before(incident.pod, incident.crash),
-        tensor_parallel_size=engine.tensor_parallel_size,
-        pipeline_parallel_size=engine.pipeline_parallel_size,
-        gpu_count=resources.gpu_count(obj),
-    )
-    message = incident.crash.get("message")
-    _doc, incident.note = termination.read(message)
-    if incident.note:  # written in the tenant's container and not the launcher's: read the log instead
-        message = None
-    diag = classify(Signals(termination_message=message, **signals))
-    if diag.source == "termination-message" or (diag.cause != "unknown" and diag.source == "log"):
-        return diag
-    # The 2 KiB log tail never holds a vLLM root cause: read the crashed container's own log.
-    log = kube.previous_log(incident.namespace, incident.pod_name, resources.CONTAINER)
-    if log:
-        from_log = classify(Signals(log=log, **signals))
-        if from_log.cause != "unknown" or diag.cause == "unknown":
-            return from_log
-    return diag
 
 
 def inventory(kube: Kube, obj: VLLMService, memory_limit: str | None) -> Inventory:

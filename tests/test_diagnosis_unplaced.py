@@ -1,0 +1,80 @@
+"""An out-of-memory that no frame or milestone places: torch's own figures, and the model's size
+that the deployment knows, still tell loading from later steps (diagnosis/unplaced.py)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from vllm_autoheal.diagnosis import Signals, classify
+from vllm_autoheal.diagnosis.unplaced import plausible_weights
+
+# torch's message as a real WizardLM-2-8x22B start on one A100 80GB printed it (vLLM issue 4408):
+# 78.17 GiB allocated, against 262 GiB of bf16 weights.
+HELD_78 = (
+    "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.50 GiB. GPU 0 has a total capacity "
+    "of 79.15 GiB of which 147.75 MiB is free. Including non-PyTorch memory, this process has 78.98 GiB memory "
+    "in use. Of the allocated memory 78.17 GiB is allocated by PyTorch, and 13.03 MiB is reserved by PyTorch "
+    "but unallocated.\n"
+)
+CUT = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.50 GiB. GPU 0 has a total capacity of 79.15 GiB of which 147.75 MiB is free.\n"  # noqa: E501
+# A real capture-time message (vLLM issue 13045, DeepSeek-R1 on 4090s that started only with --enforce-eager).
+POOLS = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 246.00 MiB. GPU 0 has a total capacity of "
+    "23.65 GiB of which 178.06 MiB is free. Including non-PyTorch memory, this process has 23.46 GiB memory in "
+    "use. Of the allocated memory 21.10 GiB is allocated by PyTorch, with 82.00 MiB allocated in private pools "
+    "(e.g., CUDA Graphs), and 98.34 MiB is reserved by PyTorch but unallocated.\n"
+)
+
+
+def test_a_process_holding_less_than_the_weights_was_still_loading_them():
+    diag = classify(Signals(log=HELD_78, ready_before=False, weights_gib_per_gpu=262.0))
+    assert (diag.cause, diag.phase, diag.subtype) == ("weights_load_oom", "load", "weights_not_yet_resident")
+    assert diag.numbers["weights_gib_per_gpu"] == 262.0 and "78.17 GiB" in diag.explanation
+    # The pod's readiness not known: still loading, since loaded weights never leave.
+    assert classify(Signals(log=HELD_78, weights_gib_per_gpu=262.0)).cause == "weights_load_oom"
+
+
+@pytest.mark.parametrize("weights", [None, 80.0, 91.0])
+def test_weights_resident_or_unknown_leave_the_oom_unplaced(weights):
+    """78.17 GiB held: 80 or 91 GiB of weights are within the estimate's margin, so the weights may be
+    all loaded and the OOM in a later step; and no model size, no guess."""
+    assert classify(Signals(log=HELD_78, ready_before=False, weights_gib_per_gpu=weights)).cause == "unknown"
+
+
+def test_weights_larger_than_the_whole_gpu_never_finish_loading():
+    diag = classify(Signals(log=CUT, ready_before=False, weights_gib_per_gpu=131.0))
+    assert (diag.cause, diag.subtype) == ("weights_load_oom", "weights_larger_than_gpu")
+    assert classify(Signals(log=CUT, ready_before=False, weights_gib_per_gpu=60.0)).cause == "unknown"
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -3.0, 0.0, True, "262", 1e30, [262]])
+def test_an_implausible_model_size_is_ignored_never_raises(bad):
+    assert plausible_weights(bad) is None
+    assert classify(Signals(log=HELD_78, ready_before=False, weights_gib_per_gpu=bad)).cause == "unknown"
+
+
+def test_graph_pools_before_ready_place_the_oom_in_capture():
+    """CUDA-graph pools exist only once capture has begun, the last start-up step."""
+    diag = classify(Signals(log=POOLS, ready_before=False))
+    assert (diag.cause, diag.phase, diag.subtype) == ("cudagraph_capture_oom", "graph-capture", "oom_with_graph_pools")
+    assert classify(Signals(log=POOLS)).cause == "unknown"  # it may have been serving: not told
+    assert classify(Signals(log=POOLS, ready_before=True)).cause == "runtime_oom"
+    without = POOLS.replace(", with 82.00 MiB allocated in private pools (e.g., CUDA Graphs)", "")
+    assert classify(Signals(log=without, ready_before=False)).cause == "unknown"
+
+
+def test_a_prompt_quoting_a_smaller_figure_does_not_place_the_engines_oom():
+    """Figures come from the engine's own lines: a logged prompt that quotes torch's message with a
+    tiny allocation changes nothing, and its text is not evidence."""
+    prompt = HELD_78.strip().replace("78.17 GiB is allocated", "1.00 GiB is allocated").replace('"', "'")
+    request = (
+        "INFO 05-01 10:00:00 [logger.py:41] Received request chatcmpl-9f2c: prompt: "
+        f'"{prompt}", params: SamplingParams(n=1), prompt_token_ids: None, lora_request: None.\n'
+    )
+    real = HELD_78.replace("78.17 GiB is allocated", "75.00 GiB is allocated")
+    diag = classify(Signals(log=request + real, ready_before=False, weights_gib_per_gpu=80.0))
+    assert diag.cause == "unknown" and not any("chatcmpl" in e for e in diag.evidence)
+    flipped = classify(Signals(log=real + request, ready_before=False, weights_gib_per_gpu=80.0))
+    assert flipped.cause == "unknown"
