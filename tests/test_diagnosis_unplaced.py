@@ -78,3 +78,22 @@ def test_a_prompt_quoting_a_smaller_figure_does_not_place_the_engines_oom():
     assert diag.cause == "unknown" and not any("chatcmpl" in e for e in diag.evidence)
     flipped = classify(Signals(log=real + request, ready_before=False, weights_gib_per_gpu=80.0))
     assert flipped.cause == "unknown"
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        "Of the allocated memory 1.00 GiB is allocated by PyTorch, with 5.00 GiB allocated in private pools "
+        "(e.g., CUDA Graphs), and 1.00 MiB is reserved by PyTorch but unallocated.",
+        "GPU 0 has a total capacity of 1.00 GiB of which 0 bytes is free.",
+        "Tried to allocate 500.00 GiB.",
+    ],
+    ids=["held-and-pools", "device", "allocation"],
+)
+def test_only_torchs_own_message_places_it(other):
+    """A line of a multi-line prompt that some app logged raw, or of an earlier run, holds figures
+    torch's message lacks (it was cut): they place nothing."""
+    oom = "torch.OutOfMemoryError: CUDA out of memory.\n"  # cut before its figures
+    log = f"Received prompt: 'x\n{other}'\n{oom}"
+    for weights in (60.0, None):
+        assert classify(Signals(log=log, ready_before=False, weights_gib_per_gpu=weights)).cause == "unknown"

@@ -278,9 +278,11 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
             starting = signals.ready_before is False or any(
                 not f.line.informational for f in by_kind.get(msg.STARTING, [])
             )
-            placed = unplaced.place(
-                nums, starting, signals.weights_gib_per_gpu, nums.get("gpu_total_gib") or device_gib
-            )
+            # Only torch's own message places it: figures of other lines (a prompt's line of a
+            # multi-line log, an earlier run) never do.
+            own = ar.numbers([f for f in findings if f.line is first.line], first, device_gib, [])
+            snapshot = ar.device_gib(signals, []) if signals.gpu else None
+            placed = unplaced.place(own, starting, signals.weights_gib_per_gpu, own.get("gpu_total_gib") or snapshot)
             if placed is not None:
                 done(placed.cause, placed.phase, first, "medium", placed.subtype, why=placed.why)
                 if placed.cause == m.WEIGHTS_LOAD_OOM:
