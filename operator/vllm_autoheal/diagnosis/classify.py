@@ -280,9 +280,9 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
             )
             # Only torch's own message places it: figures of other lines (a prompt's line of a
             # multi-line log, an earlier run) never do.
-            own = ar.numbers([f for f in findings if f.line is first.line], first, device_gib, [])
+            told = ar.numbers([f for f in findings if f.line is first.line], first, device_gib, [])
             snapshot = ar.device_gib(signals, []) if signals.gpu else None
-            placed = unplaced.place(own, starting, signals.weights_gib_per_gpu, own.get("gpu_total_gib") or snapshot)
+            placed = unplaced.place(told, starting, signals.weights_gib_per_gpu, told.get("gpu_total_gib") or snapshot)
             if placed is not None:
                 done(placed.cause, placed.phase, first, "medium", placed.subtype, why=placed.why)
                 if placed.cause == m.WEIGHTS_LOAD_OOM:
