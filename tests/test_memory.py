@@ -118,3 +118,26 @@ def test_plan_cli_json_keys_and_exit_codes():
     assert unknown.returncode == 2 and "give its memory" in unknown.stderr
     shared = run("--gpu", "NVIDIA-H100-80GB-HBM3", "--gpu-free-gib", "40", "--max-model-len", "8192", "--json")
     assert json.loads(shared.stdout)["suggestion"]["steps"][0]["action"] == "LowerGpuMemoryUtilization"
+
+
+@pytest.mark.parametrize(
+    "engine, sized",
+    [
+        ({}, True),
+        ({"tensorParallelSize": 2}, True),
+        ({"cpuOffloadGb": 8}, False),  # part of the weights stays in host RAM
+        ({"extraArgs": ["--enable-expert-parallel", "--data-parallel-size", "2"]}, False),
+        ({"extraArgs": ["--quantization=fp8"]}, False),
+        ({"extraArgs": ["--max-num-seqs", "8"]}, True),
+    ],
+)
+def test_the_classifier_gets_the_weights_only_where_the_flags_place_them_as_counted(engine, sized):
+    """An overestimate would call a later step's OOM a loading one: flags the model does not count
+    (offload, data/expert parallel, another quantization through extra args) give no figure."""
+    from vllm_autoheal.memory import weights_gib_per_gpu, weights_gib_to_diagnose
+
+    args = EngineArgs.model_validate(engine)
+    got = weights_gib_to_diagnose(shape("llama-3.1-70b"), args)
+    assert (got is not None) == sized
+    if sized:
+        assert got == weights_gib_per_gpu(shape("llama-3.1-70b"), args) > 30

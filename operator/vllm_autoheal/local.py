@@ -233,11 +233,11 @@ class Supervisor:
         try:
             if not Path(self.opts.model).expanduser().exists():
                 return None
-            from .memory import weights_gib_per_gpu
+            from .memory import weights_gib_to_diagnose
             from .model_config import to_shape
             from .model_source import from_path
 
-            return weights_gib_per_gpu(to_shape(from_path(Path(self.opts.model).expanduser())), engine)
+            return weights_gib_to_diagnose(to_shape(from_path(Path(self.opts.model).expanduser())), engine)
         except Exception:  # noqa: BLE001 - a model we cannot size only leaves an OOM unplaced
             return None
 

@@ -229,10 +229,23 @@ def weights_bytes_per_gpu(
 
 
 def weights_gib_per_gpu(shape: ModelShape, engine: EngineArgs) -> float:
-    """The weights these flags put on the busiest GPU, in GiB: what the classifier weighs an
-    unplaced out-of-memory against (a process holding less had not finished loading)."""
     tp, pp = engine.tensor_parallel_size, engine.pipeline_parallel_size
     return weights_bytes_per_gpu(shape, engine.quantization, engine.dtype, tp, pp) / GIB
+
+
+# Words of extra flags that move weights off a GPU or spread them in ways this model does not
+# count (data/expert parallel, offload, another checkpoint format or quantization).
+WEIGHT_PLACEMENT_WORDS = ("parallel", "expert", "offload", "quantiz", "load-format", "load_format", "dtype")
+
+
+def weights_gib_to_diagnose(shape: ModelShape, engine: EngineArgs) -> float | None:
+    """The weights these flags put on the busiest GPU, for the classifier to weigh an unplaced
+    out-of-memory against (a process holding less had not finished loading them); None where the
+    flags may place the weights otherwise than this model counts: an overestimate would call a
+    later step's OOM a loading one."""
+    if engine.cpu_offload_gb or any(w in arg.lower() for arg in engine.extra_args for w in WEIGHT_PLACEMENT_WORDS):
+        return None
+    return weights_gib_per_gpu(shape, engine)
 
 
 def default_max_num_batched_tokens(gpu_total_gib: float, entrypoint: str = "server") -> int:

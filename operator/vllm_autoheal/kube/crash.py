@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from .. import model_source
 from ..api import VLLMService
 from ..diagnosis import Diagnosis, Signals, classify, termination
-from ..memory import weights_gib_per_gpu
+from ..memory import weights_gib_to_diagnose
 from . import pods, resources
 from .client import Kube
 from .resources import effective
@@ -55,6 +55,6 @@ def weights_per_gpu(kube: Kube, obj: VLLMService) -> float | None:
         return None
     try:
         shape = model_source.for_service(obj, kube.get).shape
-        return weights_gib_per_gpu(shape, engine) if shape is not None else None
+        return weights_gib_to_diagnose(shape, engine) if shape is not None else None
     except Exception:  # noqa: BLE001 - a model we cannot size only leaves an OOM unplaced
         return None
