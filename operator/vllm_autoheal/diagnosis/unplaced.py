@@ -7,10 +7,10 @@ with a dummy batch; allocate the KV cache; capture CUDA graphs; serve), never fr
 - one allocation larger than the whole GPU is no weight and no graph: it is an activation sized
   by the start-up dummy batch;
 - weights stay allocated once loaded, so a process that held less than the model's weights on
-  its GPU had not finished loading them; weights larger than the whole GPU never finish;
-- CUDA-graph pools exist only once capture has begun, the last step before the server is ready.
-Anything else stays unplaced: each step wants a different change, and a wrong one is worse
-than none.
+  its GPU had not finished loading them; weights larger than the whole GPU never finish.
+Anything else stays unplaced: each step wants a different change, and a wrong one is worse than
+none. (CUDA-graph pools held before the server was ready do not mean capture: vLLM V1 warms the
+sampler up after capture, and a real OOM there, prof-29049 in the corpus, held pools too.)
 """
 
 from __future__ import annotations
@@ -75,15 +75,5 @@ def place(nums: dict, starting: bool, weights_gib: float | None, device_gib: flo
             "weights_larger_than_gpu",
             f"The model's weights on one GPU ({weights:g} GiB, by the deployment's model) are more than "
             f"the whole GPU holds ({device_gib:g} GiB): loading them cannot finish.",
-        )
-    pools = nums.get("private_pools_gib")
-    if starting and pools:
-        return Placement(
-            m.CUDAGRAPH_CAPTURE_OOM,
-            m.PHASE_CAPTURE,
-            "oom_with_graph_pools",
-            f"Before the server was ready, the process already held {pools:g} GiB in CUDA-graph pools, "
-            "which exist only once graph capture has begun, the last start-up step: the OOM came during "
-            "capture.",
         )
     return None
