@@ -141,3 +141,15 @@ def test_the_classifier_gets_the_weights_only_where_the_flags_place_them_as_coun
     assert (got is not None) == sized
     if sized:
         assert got == weights_gib_per_gpu(shape("llama-3.1-70b"), args) > 30
+
+
+def test_a_container_quantization_without_its_bits_gives_the_classifier_no_figure():
+    """compressed-tensors (and modelopt, quark, ...) hold 4- or 8-bit schemes: without the checkpoint's
+    bits the width is a guess, and an overestimate would call a later OOM a loading one."""
+    from vllm_autoheal.memory import weights_gib_to_diagnose
+
+    cfg = json.loads((CONFIGS / "llama-3.1-70b.json").read_text())
+    unknown = shape_from_config({**cfg, "quantization_config": {"quant_method": "compressed-tensors"}})
+    four = shape_from_config({**cfg, "quantization_config": {"quant_method": "compressed-tensors", "bits": 4}})
+    assert weights_gib_to_diagnose(unknown, EngineArgs()) is None
+    assert 33 < weights_gib_to_diagnose(four, EngineArgs()) < 42  # 70.6B x 4.25 bits

@@ -59,6 +59,20 @@ HOSTILE = [
     ({**SMALL, "torch_dtype": "x" * 100}, "torch_dtype must be a string of at most 32"),
     ({"text_config": {**SMALL, "num_hidden_layers": 1e12}}, "num_hidden_layers is 1e+12"),
     ([1, 2], "must be a JSON object"),
+    ({**SMALL, "quantization_config": {"quant_method": "gptq", "bits": 400}}, "quantization_config.bits is 400"),
+    ({**SMALL, "quantization_config": {"quant_method": "awq", "w_bit": "4"}}, "quantization_config.w_bit must be"),
+    (
+        {
+            **SMALL,
+            "quantization_config": {
+                "quant_method": "compressed-tensors",
+                "config_groups": {"g": {"weights": {"num_bits": 0.5}}},
+            },
+        },
+        "config_groups.weights.num_bits must be a whole number",
+    ),
+    ({**SMALL, "interleave_moe_layer_step": 10**6}, "interleave_moe_layer_step is 1000000"),
+    ({**SMALL, "expert_layer_period": 2, "expert_layer_offset": 2}, "expert_layer_offset must be below"),
 ]
 
 
@@ -239,3 +253,43 @@ def test_a_hanging_hub_costs_a_handler_the_timeout_at_most(hub):  # noqa: F811
 def test_check_drops_unknown_fields_and_keeps_what_sizes():
     out = check({**LLAMA8, "rope_scaling": {"factor": 8.0}, "id2label": {str(i): "x" for i in range(100)}})
     assert "rope_scaling" not in out and "id2label" not in out and out["torch_dtype"] == "bfloat16"
+
+
+@pytest.mark.parametrize(
+    "quant, bits",
+    [
+        ({"quant_method": "gptq", "bits": 8}, 8),
+        ({"quant_method": "awq", "w_bit": 4}, 4),
+        ({"quant_method": "compressed-tensors", "config_groups": {"a": {"weights": {"num_bits": 4}}}}, 4),
+        # mixed widths, or a group without its width: the method's usual width, never a guess
+        (
+            {
+                "quant_method": "compressed-tensors",
+                "config_groups": {"a": {"weights": {"num_bits": 4}}, "b": {"weights": {"num_bits": 8}}},
+            },
+            None,
+        ),
+        ({"quant_method": "compressed-tensors", "config_groups": {"a": {"targets": ["Linear"]}}}, None),
+        ({"quant_method": "compressed-tensors", "config_groups": {str(i): {} for i in range(100)}}, None),
+        ({"quant_method": "fp8"}, None),
+    ],
+)
+def test_the_checkpoints_bits_per_weight_are_read_when_it_says_them(quant, bits):
+    checked = check({**SMALL, "quantization_config": quant})
+    assert checked["quantization_config"].get("bits") == bits
+    assert to_shape(checked).quant_bits == bits
+
+
+def test_moe_in_every_second_layer_counts_half_the_experts():
+    """Llama 4 Maverick (interleave_moe_layer_step 2) and Jamba (expert_layer_period 2, offset 1):
+    vLLM builds experts in every second layer only (llama4.py, jamba.py)."""
+    moe = {**SMALL, "num_local_experts": 16, "moe_intermediate_size": 4096, "intermediate_size": 4096}
+    every = to_shape(check(moe))
+    llama4 = to_shape(check({**moe, "interleave_moe_layer_step": 2}))
+    jamba = to_shape(check({**moe, "expert_layer_period": 2, "expert_layer_offset": 1}))
+    expert = every.layer_params(1)
+    assert llama4.stack_params(32) == jamba.stack_params(32) == 16 * expert + 16 * llama4.layer_params(0)
+    assert (
+        llama4.layer_params(1) == expert and llama4.layer_params(0) < expert and every.stack_params(32) == 32 * expert
+    )
+    assert sum(llama4.layer_params(i) for i in range(32)) == llama4.stack_params(32)

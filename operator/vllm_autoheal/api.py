@@ -324,6 +324,9 @@ class ConfigJsonBase(BaseModel):
 
 class QuantizationConfig(ConfigJsonBase):
     quant_method: str | None = Field(None, max_length=64, description="The checkpoint's quantization method.")
+    bits: int | None = Field(
+        None, ge=1, le=32, description="Bits per quantized weight (compressed-tensors: its weights' num_bits)."
+    )
 
 
 # The fields the memory model reads, typed and ranged from the one table in model_config.py.

@@ -48,6 +48,7 @@ DTYPE_BYTES = {
     "fp8_ds_mla": 1.0,
     "int8": 1.0,
 }
+GROUP_SCALE_BYTES = 0.031  # an fp16 scale and zero per group of 128 weights, below 8 bits
 # Bytes per parameter of quantized linear layers, group scales included (4 bits + fp16
 # scale/zero per group of 128 = 4.25 bits; bitsandbytes nf4 keeps blockwise absmax: 4.13).
 QUANT_BYTES = {
@@ -99,6 +100,17 @@ class ModelShape:
     max_position_embeddings: int = 0
     dtype: str = "bfloat16"
     quantization: str | None = None
+    quant_bits: int | None = None  # bits per quantized weight, where the checkpoint's config says
+    # MoE in every `moe_period`-th layer only, at index % moe_period == moe_offset (Llama 4's
+    # interleave_moe_layer_step, Qwen-MoE's decoder_sparse_step, Jamba's expert_layer_period)
+    moe_period: int = 1
+    moe_offset: int = 0
+
+    @property
+    def served_bytes(self) -> float:
+        """Bytes of a weight (or KV element) under --dtype auto: vLLM downcasts a float32
+        checkpoint to 16 bits (config/model.py _resolve_auto_dtype; float16 before 0.6)."""
+        return min(DTYPE_BYTES.get(self.dtype, 2.0), 2.0)
 
     @property
     def is_mla(self) -> bool:
@@ -131,7 +143,8 @@ class ModelShape:
         return self.experts * 3 * h * self.moe_intermediate + h * self.experts + shared
 
     def layer_params(self, index: int) -> int:
-        return self._layer(moe=self.experts > 0 and index >= self.dense_layers)
+        moe = self.experts > 0 and index >= self.dense_layers and index % self.moe_period == self.moe_offset
+        return self._layer(moe=moe)
 
     def _layer(self, moe: bool) -> int:
         return self.attention_params() + self.mlp_params(moe) + 2 * self.hidden
@@ -142,7 +155,7 @@ class ModelShape:
     def stack_params(self, layers: int) -> int:
         """Parameters of the first `layers` layers: counted, never iterated, so the work does not
         grow with a (possibly hostile) layer count."""
-        moe_layers = max(0, layers - self.dense_layers) if self.experts else 0
+        moe_layers = _congruent(self.dense_layers, layers, self.moe_period, self.moe_offset) if self.experts else 0
         return (layers - moe_layers) * self._layer(moe=False) + moe_layers * self._layer(moe=True)
 
     def params(self) -> int:
@@ -150,16 +163,31 @@ class ModelShape:
 
     def kv_bytes_per_token(self, kv_dtype: str | None = None, tp: int = 1, pp: int = 1) -> int:
         """K and V of one token on one GPU (MLA keeps one compressed latent, replicated per rank)."""
-        width = (
-            DTYPE_BYTES.get(kv_dtype or "auto", 2.0)
-            if kv_dtype not in (None, "auto")
-            else DTYPE_BYTES.get(self.dtype, 2.0)
-        )
+        width = DTYPE_BYTES.get(kv_dtype or "auto", 2.0) if kv_dtype not in (None, "auto") else self.served_bytes
         layers = math.ceil(self.layers / pp)
         if self.is_mla:
             return int(layers * (self.kv_lora_rank + self.qk_rope_head_dim) * width)
         kv_heads = max(1, math.ceil(self.kv_heads / tp))
         return int(2 * layers * kv_heads * self.head_dim * width)
+
+
+def _congruent(low: int, high: int, period: int, offset: int) -> int:
+    """How many indices in [low, high) are offset modulo period: counted, not iterated."""
+
+    def below(x: int) -> int:
+        return (x - offset + period - 1) // period if x > offset else 0
+
+    return max(0, below(high) - below(low))
+
+
+def _moe_layers(cfg: dict[str, Any]) -> tuple[int, int]:
+    """(period, offset) of the MoE layers: vLLM's llama4.py and qwen2_moe.py make layer i MoE
+    when (i + 1) % step == 0; jamba.py where i % expert_layer_period == expert_layer_offset."""
+    step = int(_get(cfg, "interleave_moe_layer_step", "decoder_sparse_step", default=1) or 1)
+    if step > 1:
+        return step, step - 1
+    period = int(_get(cfg, "expert_layer_period", default=1) or 1)
+    return period, int(_get(cfg, "expert_layer_offset", default=0) or 0) % period
 
 
 def _get(cfg: dict[str, Any], *names: str, default: Any = 0) -> Any:
@@ -181,7 +209,9 @@ def shape_from_config(config: dict[str, Any]) -> ModelShape:
     head_dim = int(_get(cfg, "head_dim", default=0) or hidden // max(heads, 1))
     arch = (cfg.get("architectures") or [cfg.get("model_type", "unknown")])[0]
     experts = int(_get(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=0) or 0)
-    quant = (cfg.get("quantization_config") or {}).get("quant_method")
+    quant_config = cfg.get("quantization_config") or {}
+    quant = quant_config.get("quant_method")
+    period, offset = _moe_layers(cfg)
     return ModelShape(
         architecture=arch,
         layers=int(_get(cfg, "num_hidden_layers", "n_layer")),
@@ -191,7 +221,9 @@ def shape_from_config(config: dict[str, Any]) -> ModelShape:
         head_dim=head_dim,
         intermediate=int(_get(cfg, "intermediate_size", "ffn_dim")),
         vocab=int(_get(cfg, "vocab_size")),
-        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        # transformers writes config.json as a diff from PretrainedConfig, whose default is True:
+        # a file without the field ties its embeddings (Gemma); untied models say false (Llama).
+        tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
         qkv_bias=bool(cfg.get("attention_bias") or cfg.get("model_type", "").startswith("qwen2")),
         experts=experts,
         experts_per_token=int(_get(cfg, "num_experts_per_tok", default=0) or 0),
@@ -212,6 +244,9 @@ def shape_from_config(config: dict[str, Any]) -> ModelShape:
         max_position_embeddings=int(_get(cfg, "max_position_embeddings", default=0) or 0),
         dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"),
         quantization=quant,
+        quant_bits=quant_config.get("bits"),
+        moe_period=period,
+        moe_offset=offset,
     )
 
 
@@ -219,9 +254,11 @@ def weights_bytes_per_gpu(
     shape: ModelShape, quantization: str | None = None, dtype: str | None = None, tp: int = 1, pp: int = 1
 ) -> int:
     """Weights on the busiest GPU: linear layers quantized, embeddings and norms in the model dtype."""
-    dense = DTYPE_BYTES.get(dtype or "auto", 2.0) if dtype not in (None, "auto") else DTYPE_BYTES.get(shape.dtype, 2.0)
+    dense = DTYPE_BYTES.get(dtype or "auto", 2.0) if dtype not in (None, "auto") else shape.served_bytes
     quant = quantization or shape.quantization
     linear = QUANT_BYTES.get(quant, dense) if quant else dense
+    if quant and quant == shape.quantization and shape.quant_bits:  # the checkpoint's own width
+        linear = shape.quant_bits / 8 + (GROUP_SCALE_BYTES if shape.quant_bits < 8 else 0.0)
     per_stage = math.ceil(shape.layers / pp)
     layers = shape.stack_params(per_stage)
     embed = shape.embedding_params() if pp == 1 else shape.vocab * shape.hidden  # first or last stage
@@ -233,6 +270,9 @@ def weights_gib_per_gpu(shape: ModelShape, engine: EngineArgs) -> float:
     return weights_bytes_per_gpu(shape, engine.quantization, engine.dtype, tp, pp) / GIB
 
 
+# Methods whose width the method alone does not say (a container for several schemes): without the
+# checkpoint's bits their QUANT_BYTES is a guess, too rough to tell loading from later steps.
+VARIABLE_WIDTH = frozenset({"compressed-tensors", "modelopt", "quark", "torchao", "inc", "gptq", "awq"})
 # Words of extra flags that move weights off a GPU or spread them in ways this model does not
 # count (data/expert parallel, offload, another checkpoint format or quantization).
 WEIGHT_PLACEMENT_WORDS = ("parallel", "expert", "offload", "quantiz", "load-format", "load_format", "dtype")
@@ -244,6 +284,9 @@ def weights_gib_to_diagnose(shape: ModelShape, engine: EngineArgs) -> float | No
     flags may place the weights otherwise than this model counts: an overestimate would call a
     later step's OOM a loading one."""
     if engine.cpu_offload_gb or any(w in arg.lower() for arg in engine.extra_args for w in WEIGHT_PLACEMENT_WORDS):
+        return None
+    quant = engine.quantization or shape.quantization
+    if quant in VARIABLE_WIDTH and not (quant == shape.quantization and shape.quant_bits):
         return None
     return weights_gib_per_gpu(shape, engine)
 

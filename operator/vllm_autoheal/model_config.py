@@ -48,6 +48,11 @@ FIELDS: tuple[ConfigField, ...] = (
     ConfigField("shared_expert_intermediate_size", 0, 1 << 18, "Width of the shared expert's MLP."),
     ConfigField("n_shared_experts", 0, 64, "Shared experts per MoE layer (DeepSeek)."),
     ConfigField("first_k_dense_replace", 0, 1024, "Leading dense layers of an MoE (DeepSeek)."),
+    ConfigField(
+        "interleave_moe_layer_step", 0, 1024, "MoE in every n-th layer only (Llama 4).", ("decoder_sparse_step",)
+    ),
+    ConfigField("expert_layer_period", 0, 1024, "MoE in every n-th layer only (Jamba)."),
+    ConfigField("expert_layer_offset", 0, 1024, "The first MoE layer's index (Jamba)."),
     ConfigField("kv_lora_rank", 0, 65536, "Compressed KV width of multi-latent attention."),
     ConfigField("q_lora_rank", 0, 65536, "Compressed query width of multi-latent attention."),
     ConfigField("qk_rope_head_dim", 0, 4096, "Rotary part of an MLA head."),
@@ -112,7 +117,33 @@ def _text(config: dict[str, Any], source: str) -> dict[str, Any]:
             )
         if method:
             out["quantization_config"] = {"quant_method": method}
+            bits = _bits(quant, source)
+            if bits is not None:
+                out["quantization_config"]["bits"] = bits
     return out
+
+
+MAX_GROUPS = 64
+
+
+def _bits(quant: dict[str, Any], source: str) -> int | None:
+    """Bits per quantized weight: GPTQ/AWQ's `bits` (`w_bit`), or compressed-tensors' config_groups
+    weights num_bits when every group agrees (mixed widths: None, the method's usual width)."""
+    field = ConfigField("quantization_config.bits", 1, 32, "Bits per weight.")
+    for key in ("bits", "w_bit"):
+        if quant.get(key) is not None:
+            return _integer(quant[key], field, f"quantization_config.{key}", source)
+    groups = quant.get("config_groups")
+    if not isinstance(groups, dict) or not 0 < len(groups) <= MAX_GROUPS:
+        return None
+    widths = set()
+    for group in groups.values():
+        weights = group.get("weights") if isinstance(group, dict) else None
+        value = weights.get("num_bits") if isinstance(weights, dict) else None
+        if value is None:
+            return None
+        widths.add(_integer(value, field, "quantization_config.config_groups.weights.num_bits", source))
+    return widths.pop() if len(widths) == 1 else None
 
 
 def check(config: Any, source: str = "") -> dict[str, Any]:
@@ -145,6 +176,9 @@ def check(config: Any, source: str = "") -> dict[str, Any]:
         )
     if out.get("num_experts_per_tok", 0) > out.get("num_local_experts", 0) > 0:
         raise ModelConfigError(f"{_where('num_experts_per_tok', source)} exceeds num_local_experts")
+    period = out.get("expert_layer_period") or 1
+    if out.get("expert_layer_offset", 0) >= period > 1:
+        raise ModelConfigError(f"{_where('expert_layer_offset', source)} must be below expert_layer_period")
     if out.get("first_k_dense_replace", 0) > out["num_hidden_layers"]:
         raise ModelConfigError(f"{_where('first_k_dense_replace', source)} exceeds num_hidden_layers")
     return out
