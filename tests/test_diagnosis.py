@@ -655,3 +655,14 @@ def test_every_needle_holds_an_anchor():
 
     bare = {n for m in msg.MESSAGES for n in m.needles if not anchored(n, m.ignores_case)}
     assert bare == set(UNANCHORED_NEEDLES)
+
+
+def test_a_gpu_newer_than_the_pytorch_build_is_not_memory():
+    """PyTorch's own check (torch/cuda/__init__.py) when the GPU's architecture is newer than the
+    build: no memory setting helps (production-stack issue 528, an RTX 5090 with a cu12.4 build)."""
+    log = (
+        "NVIDIA GeForce RTX 5090 with CUDA capability sm_120 is not compatible with the current PyTorch installation.\n"
+        "The current PyTorch install supports CUDA capabilities sm_50 sm_60 sm_70 sm_75 sm_80 sm_86 sm_90.\n"
+    )
+    diag = classify(Signals(log=log, ready_before=False))
+    assert (diag.cause, diag.subtype) == ("not_oom", "unsupported_gpu_architecture")

@@ -225,7 +225,10 @@ FAILURES: tuple[Message, ...] = (
     _m(
         NOT_OOM,
         r"only supported on GPUs with compute capability|compute capability below [\d.]+ are not supported|"
-        r"is not supported on (?:this|the current) GPU|not supported in this architecture",
+        r"is not supported on (?:this|the current) GPU|not supported in this architecture|"
+        # PyTorch's own check of a GPU newer than its build (torch/cuda/__init__.py)
+        # (\s+ keeps "CUDA capability", an anchor, the longest literal: the row's needle)
+        r"with CUDA capability sm_\d{2,3}a? is not compatible\s+with\s+the\s+current\s+PyTorch installation",
         subtype="unsupported_gpu_architecture",
     ),
     _m(
