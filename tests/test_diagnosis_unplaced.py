@@ -95,3 +95,28 @@ def test_only_torchs_own_message_places_it(other):
     log = f"Received prompt: 'x\n{other}'\n{oom}"
     for weights in (60.0, None):
         assert classify(Signals(log=log, ready_before=False, weights_gib_per_gpu=weights)).cause == "unknown"
+
+
+@pytest.mark.parametrize(
+    "log", ["failure-logs/profile.log", "failure-logs/runtime.log", "heal-runs/seqs.log", "heal-runs/capture.log"]
+)
+def test_real_h200_ooms_after_loading_are_never_called_loading(log):
+    """Real vLLM 0.25 OOMs on an H200 (tests/gpu/), all after Llama-3.1-8B's weights were resident
+    (profiling, serving, capture): torch's line alone, with the memory model's weights for that
+    model, never says "still loading"."""
+    import json
+    from pathlib import Path
+
+    from vllm_autoheal.api import EngineArgs
+    from vllm_autoheal.memory import weights_gib_to_diagnose
+    from vllm_autoheal.model_config import parse, to_shape
+
+    fixtures = Path(__file__).parent / "fixtures"
+    shape = to_shape(parse((fixtures / "configs" / "llama-3.1-8b.json").read_text()))
+    weights = weights_gib_to_diagnose(shape, EngineArgs())
+    assert weights is not None and 14 < weights < 16  # vLLM said "Model loading took 15.0 GiB"
+    text = (fixtures / "gpu" / log).read_text()
+    oom = next(line for line in text.splitlines() if "allocated by PyTorch" in line)
+    oom = oom[oom.index("torch.OutOfMemoryError") :] + "\n"
+    diag = classify(Signals(log=oom, ready_before=False, weights_gib_per_gpu=weights))
+    assert diag.subtype not in ("weights_not_yet_resident", "weights_larger_than_gpu"), json.dumps(diag.numbers)
