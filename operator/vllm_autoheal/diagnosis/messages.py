@@ -340,7 +340,8 @@ FAILURES: tuple[Message, ...] = (
     _m(
         OOM,
         r"(?:CUDA|HIP|XPU|NPU) out of memory\.?(?: Tried to allocate (?P<tried_gib>" + SIZE + r"))?"
-        r"(?:\. GPU (?P<oom_gpu>\d+) has a total capacity of (?P<gpu_total_gib>" + SIZE + r") of which "
+        # ("capacty": torch 2.0 and 2.1 printed it so)
+        r"(?:\. GPU (?P<oom_gpu>\d+) has a total capac(?:i)?ty of (?P<gpu_total_gib>" + SIZE + r") of which "
         r"(?P<gpu_free_gib>" + SIZE + r") is free)?",
     ),
     _m(

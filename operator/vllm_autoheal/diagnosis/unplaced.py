@@ -68,7 +68,8 @@ def place(nums: dict, starting: bool, weights_gib: float | None, device_gib: flo
             f"{weights:g} GiB of weights on one GPU (by the deployment's model): it was still loading "
             "them. The weights do not fit in what vLLM may use of this GPU.",
         )
-    if weights is not None and held is None and device_gib and weights > WEIGHTS_SHARE_OF_GPU * device_gib:
+    # (whatever the process held: weights that cannot all fit leave no start-up step to succeed)
+    if weights is not None and device_gib and weights > WEIGHTS_SHARE_OF_GPU * device_gib:
         return Placement(
             m.WEIGHTS_LOAD_OOM,
             m.PHASE_LOAD,
