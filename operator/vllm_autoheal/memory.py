@@ -183,11 +183,17 @@ def _congruent(low: int, high: int, period: int, offset: int) -> int:
 def _moe_layers(cfg: dict[str, Any]) -> tuple[int, int]:
     """(period, offset) of the MoE layers: vLLM's llama4.py and qwen2_moe.py make layer i MoE
     when (i + 1) % step == 0; jamba.py where i % expert_layer_period == expert_layer_offset."""
-    step = int(_get(cfg, "interleave_moe_layer_step", "decoder_sparse_step", default=1) or 1)
+    step = _whole(_get(cfg, "interleave_moe_layer_step", "decoder_sparse_step", default=1)) or 1
     if step > 1:
         return step, step - 1
-    period = int(_get(cfg, "expert_layer_period", default=1) or 1)
-    return period, int(_get(cfg, "expert_layer_offset", default=0) or 0) % period
+    period = max(1, _whole(_get(cfg, "expert_layer_period", default=1)) or 1)
+    return period, (_whole(_get(cfg, "expert_layer_offset", default=0)) or 0) % period
+
+
+def _whole(value: Any) -> int | None:
+    """A positive whole number from an unchecked config value, else None (model_config.check has
+    already refused it on every path from a VLLMService or the CLI)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _get(cfg: dict[str, Any], *names: str, default: Any = 0) -> Any:
@@ -244,7 +250,7 @@ def shape_from_config(config: dict[str, Any]) -> ModelShape:
         max_position_embeddings=int(_get(cfg, "max_position_embeddings", default=0) or 0),
         dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"),
         quantization=quant,
-        quant_bits=quant_config.get("bits"),
+        quant_bits=_whole(quant_config.get("bits")),
         moe_period=period,
         moe_offset=offset,
     )
