@@ -27,7 +27,8 @@ from vllm_autoheal.api import ALL_ACTIONS, EngineArgs, VLLMServiceSpec  # noqa: 
 from vllm_autoheal.diagnosis import Signals, classify  # noqa: E402
 from vllm_autoheal.diagnosis.units import GIB  # noqa: E402
 from vllm_autoheal.gpu_catalog import lookup  # noqa: E402
-from vllm_autoheal.memory import estimate, shape_from_config  # noqa: E402
+from vllm_autoheal.memory import estimate  # noqa: E402
+from vllm_autoheal.model_shape import shape_from_config  # noqa: E402
 from vllm_autoheal.preflight import preflight  # noqa: E402
 from vllm_autoheal.remedy import Inventory, plan_heal  # noqa: E402
 

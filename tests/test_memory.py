@@ -9,7 +9,8 @@ import pytest
 
 from vllm_autoheal.api import EngineArgs
 from vllm_autoheal.gpu_catalog import lookup
-from vllm_autoheal.memory import estimate, shape_from_config, weights_bytes_per_gpu
+from vllm_autoheal.memory import estimate, weights_bytes_per_gpu
+from vllm_autoheal.model_shape import shape_from_config
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
 

@@ -11,7 +11,7 @@ import pytest
 
 from vllm_autoheal import model_source
 from vllm_autoheal.api import VLLMService
-from vllm_autoheal.memory import ModelShape, shape_from_config
+from vllm_autoheal.memory import ModelShape
 from vllm_autoheal.model_config import (
     MAX_CONFIG_BYTES,
     ModelConfigError,
@@ -19,6 +19,7 @@ from vllm_autoheal.model_config import (
     parse,
     to_shape,
 )
+from vllm_autoheal.model_shape import shape_from_config
 from vllm_autoheal.model_source import (
     HubSettings,
     for_service,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from vllm_autoheal.api import EngineArgs
 from vllm_autoheal.gpu_catalog import lookup
-from vllm_autoheal.memory import shape_from_config
+from vllm_autoheal.model_shape import shape_from_config
 from vllm_autoheal.plan_options import memory_bar, options, tensor_parallel_sizes
 
 from hub_server import GATED_TOKEN, hub  # noqa: F401 - the fixture

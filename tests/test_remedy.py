@@ -8,7 +8,8 @@ import pytest
 from vllm_autoheal.api import VLLMServiceSpec
 from vllm_autoheal.diagnosis import Diagnosis, Signals, classify
 from vllm_autoheal.gpu_catalog import lookup
-from vllm_autoheal.memory import estimate, shape_from_config
+from vllm_autoheal.memory import estimate
+from vllm_autoheal.model_shape import shape_from_config
 from vllm_autoheal.preflight import preflight
 from vllm_autoheal.remedy import GIVE_UP, NO_CHANGE, Inventory, plan_heal
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from vllm_autoheal.api import VLLMServiceSpec
 from vllm_autoheal.diagnosis import GpuInfo, GpuSnapshot, Signals, classify
-from vllm_autoheal.memory import shape_from_config
+from vllm_autoheal.model_shape import shape_from_config
 from vllm_autoheal.remedy import GIVE_UP, Inventory, plan_heal
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"

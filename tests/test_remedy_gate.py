@@ -16,7 +16,8 @@ import pytest
 from vllm_autoheal.api import MAX_OFFLOAD_GIB, EngineArgs, HealBounds, VLLMServiceSpec
 from vllm_autoheal.diagnosis import Diagnosis, Signals, classify
 from vllm_autoheal.gpu_catalog import lookup
-from vllm_autoheal.memory import estimate, shape_from_config
+from vllm_autoheal.memory import estimate
+from vllm_autoheal.model_shape import shape_from_config
 from vllm_autoheal.remedy import GIVE_UP, Inventory, plan_heal
 from vllm_autoheal.remedy_gate import Limits, check, fingerprint, utilization_floor
 

@@ -207,6 +207,6 @@ def parse(raw: str | bytes, source: str = "") -> dict[str, Any]:
 
 def to_shape(fields: dict[str, Any]) -> Any:
     """Checked fields -> the memory model's ModelShape."""
-    from .memory import shape_from_config  # memory imports api, which imports this table
+    from .model_shape import shape_from_config
 
     return shape_from_config(fields)

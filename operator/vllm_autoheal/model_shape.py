@@ -1,0 +1,232 @@
+"""A model's shape as the memory model counts it, read from its config.json (multimodal: its
+text_config) the way vLLM builds the model: layers and widths, MoE layers and experts, attention
+kind, dtype as served, quantization width. Pure: no I/O; only model_config's checked fields (or a
+config.json in tests) reach it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+DTYPE_BYTES = {
+    "float32": 4.0,
+    "float": 4.0,
+    "bfloat16": 2.0,
+    "float16": 2.0,
+    "half": 2.0,
+    "auto": 2.0,
+    "fp8": 1.0,
+    "fp8_e4m3": 1.0,
+    "fp8_e5m2": 1.0,
+    "fp8_inc": 1.0,
+    "fp8_ds_mla": 1.0,
+    "int8": 1.0,
+}
+GROUP_SCALE_BYTES = 0.031  # an fp16 scale and zero per group of 128 weights, below 8 bits
+# Bytes per parameter of quantized linear layers, group scales included (4 bits + fp16
+# scale/zero per group of 128 = 4.25 bits; bitsandbytes nf4 keeps blockwise absmax: 4.13).
+QUANT_BYTES = {
+    "awq": 0.531,
+    "awq_marlin": 0.531,
+    "gptq": 0.531,
+    "gptq_marlin": 0.531,
+    "marlin": 0.531,
+    "bitsandbytes": 0.516,
+    "moe_wna16": 0.531,
+    "gguf": 0.563,
+    "fp8": 1.0,
+    "fbgemm_fp8": 1.0,
+    "ptpc_fp8": 1.0,
+    "modelopt": 1.0,
+    "compressed-tensors": 1.0,
+    "experts_int8": 1.0,
+    "mxfp4": 0.531,
+    "modelopt_fp4": 0.563,
+    "torchao": 1.0,
+    "inc": 0.531,
+    "quark": 1.0,
+}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    architecture: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tied_embeddings: bool = False
+    qkv_bias: bool = False
+    experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate: int = 0
+    shared_intermediate: int = 0
+    dense_layers: int = 0  # leading dense layers in an MoE (DeepSeek first_k_dense_replace)
+    kv_lora_rank: int = 0  # multi-latent attention (DeepSeek-V2/V3)
+    q_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
+    sliding_window: int | None = None
+    max_position_embeddings: int = 0
+    dtype: str = "bfloat16"
+    quantization: str | None = None
+    quant_bits: int | None = None  # bits per quantized weight, where the checkpoint's config says
+    # MoE in every `moe_period`-th layer only, at index % moe_period == moe_offset (Llama 4's
+    # interleave_moe_layer_step, Qwen-MoE's decoder_sparse_step, Jamba's expert_layer_period)
+    moe_period: int = 1
+    moe_offset: int = 0
+
+    @property
+    def served_bytes(self) -> float:
+        """Bytes of a weight (or KV element) under --dtype auto: vLLM downcasts a float32
+        checkpoint to 16 bits (config/model.py _resolve_auto_dtype; float16 before 0.6)."""
+        return min(DTYPE_BYTES.get(self.dtype, 2.0), 2.0)
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    def attention_params(self) -> int:
+        h = self.hidden
+        if self.is_mla:
+            qk = self.qk_nope_head_dim + self.qk_rope_head_dim
+            q = (
+                h * self.q_lora_rank + self.q_lora_rank + self.q_lora_rank * self.heads * qk
+                if self.q_lora_rank
+                else h * self.heads * qk
+            )
+            kv = (
+                h * (self.kv_lora_rank + self.qk_rope_head_dim)
+                + self.kv_lora_rank
+                + self.kv_lora_rank * self.heads * (self.qk_nope_head_dim + self.v_head_dim)
+            )
+            return q + kv + self.heads * self.v_head_dim * h
+        qkv = h * (self.heads + 2 * self.kv_heads) * self.head_dim
+        bias = (self.heads + 2 * self.kv_heads) * self.head_dim if self.qkv_bias else 0
+        return qkv + bias + self.heads * self.head_dim * h
+
+    def mlp_params(self, moe: bool) -> int:
+        h = self.hidden
+        if not moe:
+            return 3 * h * self.intermediate
+        shared = 3 * h * self.shared_intermediate + (h if self.shared_intermediate else 0)
+        return self.experts * 3 * h * self.moe_intermediate + h * self.experts + shared
+
+    def layer_params(self, index: int) -> int:
+        moe = self.experts > 0 and index >= self.dense_layers and index % self.moe_period == self.moe_offset
+        return self._layer(moe=moe)
+
+    def _layer(self, moe: bool) -> int:
+        return self.attention_params() + self.mlp_params(moe) + 2 * self.hidden
+
+    def embedding_params(self) -> int:
+        return self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
+
+    def stack_params(self, layers: int) -> int:
+        """Parameters of the first `layers` layers: counted, never iterated, so the work does not
+        grow with a (possibly hostile) layer count."""
+        moe_layers = _congruent(self.dense_layers, layers, self.moe_period, self.moe_offset) if self.experts else 0
+        return (layers - moe_layers) * self._layer(moe=False) + moe_layers * self._layer(moe=True)
+
+    def params(self) -> int:
+        return self.embedding_params() + self.stack_params(self.layers) + self.hidden
+
+    def kv_bytes_per_token(self, kv_dtype: str | None = None, tp: int = 1, pp: int = 1) -> int:
+        """K and V of one token on one GPU (MLA keeps one compressed latent, replicated per rank)."""
+        width = DTYPE_BYTES.get(kv_dtype or "auto", 2.0) if kv_dtype not in (None, "auto") else self.served_bytes
+        layers = math.ceil(self.layers / pp)
+        if self.is_mla:
+            return int(layers * (self.kv_lora_rank + self.qk_rope_head_dim) * width)
+        kv_heads = max(1, math.ceil(self.kv_heads / tp))
+        return int(2 * layers * kv_heads * self.head_dim * width)
+
+
+def _congruent(low: int, high: int, period: int, offset: int) -> int:
+    """How many indices in [low, high) are offset modulo period: counted, not iterated."""
+
+    def below(x: int) -> int:
+        return (x - offset + period - 1) // period if x > offset else 0
+
+    return max(0, below(high) - below(low))
+
+
+def _moe_layers(cfg: dict[str, Any]) -> tuple[int, int]:
+    """(period, offset) of the MoE layers: vLLM's llama4.py and qwen2_moe.py make layer i MoE
+    when (i + 1) % step == 0; jamba.py where i % expert_layer_period == expert_layer_offset."""
+    step = _whole(_get(cfg, "interleave_moe_layer_step", "decoder_sparse_step", default=1)) or 1
+    if step > 1:
+        return step, step - 1
+    period = max(1, _whole(_get(cfg, "expert_layer_period", default=1)) or 1)
+    return period, (_whole(_get(cfg, "expert_layer_offset", default=0)) or 0) % period
+
+
+def _whole(value: Any) -> int | None:
+    """A positive whole number from an unchecked config value, else None (model_config.check has
+    already refused it on every path from a VLLMService or the CLI)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def _get(cfg: dict[str, Any], *names: str, default: Any = 0) -> Any:
+    for n in names:
+        if cfg.get(n) is not None:
+            return cfg[n]
+    return default
+
+
+def shape_from_config(config: dict[str, Any]) -> ModelShape:
+    """An HF config.json (multimodal configs: their text_config) -> ModelShape."""
+    cfg = dict(config.get("text_config") or {}) or config
+    for key in ("quantization_config", "torch_dtype", "architectures", "tie_word_embeddings"):
+        if key not in cfg and key in config:
+            cfg[key] = config[key]
+    hidden = int(_get(cfg, "hidden_size", "n_embd", "d_model"))
+    heads = int(_get(cfg, "num_attention_heads", "n_head"))
+    kv_heads = int(_get(cfg, "num_key_value_heads", default=heads) or heads)
+    head_dim = int(_get(cfg, "head_dim", default=0) or hidden // max(heads, 1))
+    arch = (cfg.get("architectures") or [cfg.get("model_type", "unknown")])[0]
+    experts = int(_get(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=0) or 0)
+    quant_config = cfg.get("quantization_config") or {}
+    quant = quant_config.get("quant_method")
+    period, offset = _moe_layers(cfg)
+    return ModelShape(
+        architecture=arch,
+        layers=int(_get(cfg, "num_hidden_layers", "n_layer")),
+        hidden=hidden,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate=int(_get(cfg, "intermediate_size", "ffn_dim")),
+        vocab=int(_get(cfg, "vocab_size")),
+        # transformers writes config.json as a diff from PretrainedConfig, whose default is True:
+        # a file without the field ties its embeddings (Gemma); untied models say false (Llama).
+        tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+        qkv_bias=bool(cfg.get("attention_bias") or cfg.get("model_type", "").startswith("qwen2")),
+        experts=experts,
+        experts_per_token=int(_get(cfg, "num_experts_per_tok", default=0) or 0),
+        moe_intermediate=int(
+            _get(cfg, "moe_intermediate_size", default=0) or (cfg.get("intermediate_size", 0) if experts else 0)
+        ),
+        shared_intermediate=int(
+            _get(cfg, "shared_expert_intermediate_size", default=0)
+            or int(cfg.get("n_shared_experts") or 0) * int(cfg.get("moe_intermediate_size") or 0)
+        ),
+        dense_layers=int(_get(cfg, "first_k_dense_replace", default=0) or 0),
+        kv_lora_rank=int(_get(cfg, "kv_lora_rank", default=0) or 0),
+        q_lora_rank=int(_get(cfg, "q_lora_rank", default=0) or 0),
+        qk_rope_head_dim=int(_get(cfg, "qk_rope_head_dim", default=0) or 0),
+        qk_nope_head_dim=int(_get(cfg, "qk_nope_head_dim", default=0) or 0),
+        v_head_dim=int(_get(cfg, "v_head_dim", default=0) or 0),
+        sliding_window=cfg.get("sliding_window"),
+        max_position_embeddings=int(_get(cfg, "max_position_embeddings", default=0) or 0),
+        dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"),
+        quantization=quant,
+        quant_bits=_whole(quant_config.get("bits")),
+        moe_period=period,
+        moe_offset=offset,
+    )
