@@ -23,7 +23,7 @@ from . import model as m
 # The memory model's estimate of the weights may be off by a few percent (buffers, a vision tower
 # it does not count): only a clear shortfall says the weights were not yet all resident.
 LOADING_SHARE = 0.85
-WEIGHTS_SHARE_OF_GPU = 0.97  # weights above this share of the whole GPU cannot all be loaded
+LOADABLE_SHARE = 0.97  # weights above this share of the whole GPU cannot all be loaded (the CUDA context)
 MAX_WEIGHTS_GIB = 1 << 20
 
 
@@ -69,7 +69,7 @@ def place(nums: dict, starting: bool, weights_gib: float | None, device_gib: flo
             "them. The weights do not fit in what vLLM may use of this GPU.",
         )
     # (whatever the process held: weights that cannot all fit leave no start-up step to succeed)
-    if weights is not None and device_gib and weights > WEIGHTS_SHARE_OF_GPU * device_gib:
+    if weights is not None and device_gib and weights > LOADABLE_SHARE * device_gib:
         return Placement(
             m.WEIGHTS_LOAD_OOM,
             m.PHASE_LOAD,
