@@ -5,6 +5,7 @@ regressions; bench/diagnosis_accuracy.py prints the figures."""
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 from collections import Counter
 from pathlib import Path
 
@@ -14,31 +15,15 @@ from vllm_autoheal.diagnosis import CAUSES, MEMORY_CAUSES, Signals, classify
 from vllm_autoheal.diagnosis.corpus import context, load
 
 CORPUS = load(Path(__file__).resolve().parent / "corpus" / "corpus.jsonl")
-FIELDS = {
-    "id",
-    "source_url",
-    "vllm_version",
-    "gpu",
-    "model",
-    "engine_args",
-    "label",
-    "subtype",
-    "fix_that_worked",
-    "log",
-    "source_kind",
-    "engine",
-    "executor",
-    "features",
-    "failure_shown",
-    "split",
-    "origin",
-    "ready_before",
-    "exit",
-    "context_why",
-    "weights_gib_per_gpu",
-    "weights_basis",
-}
-# Added by the blind review and by corpus_add.py, not by the miner.
+# The miner's fields (scripts/corpus_add.py's table), then those added by the blind reviews and by
+# corpus_add.py.
+_ADD = importlib.util.spec_from_file_location(
+    "corpus_add", Path(__file__).resolve().parents[1] / "scripts" / "corpus_add.py"
+)
+assert _ADD is not None and _ADD.loader is not None
+corpus_add = importlib.util.module_from_spec(_ADD)
+_ADD.loader.exec_module(corpus_add)
+MINED = set(corpus_add.MINED)
 REVIEWED = {
     "failure_shown",
     "split",
@@ -49,6 +34,7 @@ REVIEWED = {
     "weights_gib_per_gpu",
     "weights_basis",
 }
+FIELDS = MINED | REVIEWED
 
 
 # Classified from the log (and the spec's deployment facts), then also with the pod's state.
