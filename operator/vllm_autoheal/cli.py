@@ -32,13 +32,16 @@ def _examples() -> dict[str, Path]:
     return {p.stem: p for p in sorted(EXAMPLES_DIR.glob("*.log"))}
 
 
-def _gib(text: str) -> float:
-    """A size in GiB for a flag: finite and positive, else argparse's usage error (exit 2)."""
+def _weights_gib(text: str) -> float:
+    """--weights-gib-per-gpu: a size the classifier accepts (unplaced.plausible_weights), else
+    argparse's usage error (exit 2)."""
+    from .diagnosis.unplaced import plausible_weights
+
     try:
-        value = float(text)
+        value = plausible_weights(float(text))
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not (0 < value < 1 << 20):  # also false for nan
+    if value is None:
         raise argparse.ArgumentTypeError(f"not a plausible size in GiB: {text!r}")
     return value
 
@@ -393,7 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pipeline-parallel-size", type=int, help="PP of the deployment (breaks ties)")
     p.add_argument(
         "--weights-gib-per-gpu",
-        type=_gib,
+        type=_weights_gib,
         metavar="GIB",
         help="the model's weights on one GPU (as `plan` prints them): places an OOM the log does not",
     )

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .. import model_source
-from ..api import VLLMService
+from ..api import EngineArgs, VLLMService
 from ..diagnosis import Diagnosis, Signals, classify, termination
 from ..memory import weights_gib_to_diagnose
 from . import pods, resources
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 def diagnose(kube: Kube, incident: Incident, obj: VLLMService) -> Diagnosis:
     """Why the crash happened, from the launcher's termination message, else the container's
     previous log, with the deployment's context."""
-    engine = effective(obj)[1]
+    model, engine, _memory = effective(obj)
     signals: dict[str, Any] = dict(
         exit_code=incident.crash.get("exitCode"),
         reason=incident.crash.get("reason"),
@@ -41,18 +41,16 @@ def diagnose(kube: Kube, incident: Incident, obj: VLLMService) -> Diagnosis:
     # the model's size: read the crashed container's own log, with all the operator knows.
     log = kube.previous_log(incident.namespace, incident.pod_name, resources.CONTAINER)
     if log:
-        from_log = classify(Signals(log=log, weights_gib_per_gpu=weights_per_gpu(kube, obj), **signals))
+        weights = weights_per_gpu(kube, obj, engine) if model == obj.spec.model else None  # a fallback: another size
+        from_log = classify(Signals(log=log, weights_gib_per_gpu=weights, **signals))
         if from_log.cause != "unknown" or diag.cause == "unknown":
             return from_log
     return diag
 
 
-def weights_per_gpu(kube: Kube, obj: VLLMService) -> float | None:
-    """The model's weights on one GPU by the memory model, or None when its config is not at hand
-    (the lookup is cached and bounded by the Hub timeout)."""
-    model, engine, _memory = effective(obj)
-    if model != obj.spec.model:  # a fallback checkpoint runs: the spec's config is not its size
-        return None
+def weights_per_gpu(kube: Kube, obj: VLLMService, engine: EngineArgs) -> float | None:
+    """The spec model's weights on one GPU by the memory model, with the flags that run, or None
+    when its config is not at hand (the lookup is cached and bounded by the Hub timeout)."""
     try:
         shape = model_source.for_service(obj, kube.get).shape
         return weights_gib_to_diagnose(shape, engine) if shape is not None else None
