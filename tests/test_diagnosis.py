@@ -20,7 +20,7 @@ from vllm_autoheal.diagnosis import (
 )
 from vllm_autoheal.diagnosis.classify import classify_stream, from_termination_message
 from vllm_autoheal.diagnosis.corpus import context, load
-from vllm_autoheal.diagnosis.scan import normalize
+from vllm_autoheal.diagnosis.scan import normalize, origin_of
 
 KV_V1 = (
     "ValueError: To serve at least one request with the model's max seq len (131072), (16.0 GiB KV cache is "
@@ -169,6 +169,36 @@ def test_wrappers_alone_never_decide():
         "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.\n"
     )
     assert classify(Signals(log=log)).cause == "unknown"
+
+
+@pytest.mark.parametrize(
+    "wrapper",
+    [
+        # V1's multiproc executor, V1's frontend, V0's engine process: each points at a cause elsewhere
+        "Exception: WorkerProc initialization failed due to an exception in a background process. "
+        "See stack trace for root cause.",
+        "RuntimeError: Frontend process failed during engine core initialization. See root cause above. "
+        "Failed frontend proc(s): {}",
+        "RuntimeError: Engine process failed to start. See stack trace for the root cause.",
+    ],
+)
+def test_an_exception_that_points_at_its_root_cause_elsewhere_is_a_wrapper(wrapper):
+    log = 'Traceback (most recent call last):\n  File "x/v1/engine/core.py", line 1, in run_engine_core\n    f()\n'
+    d = classify(Signals(log=log + wrapper + "\n"))
+    assert (d.cause, d.subtype) == ("unknown", "traceback_without_error")
+
+
+def test_a_hub_error_is_the_engines_own_though_it_names_the_hubs_request_id():
+    # huggingface_hub appends the Hub's id of the failed call; it is not a client's request.
+    log = (
+        'Traceback (most recent call last):\n  File "x/huggingface_hub/utils/_http.py", line 406, in hf_raise_for_status\n'
+        "    response.raise_for_status()\n"
+        "huggingface_hub.errors.GatedRepoError: 401 Client Error. (Request ID: Root=1-6789abcd-01234567;a1b2c3)\n"
+    )
+    d = classify(Signals(log=log))
+    assert (d.cause, d.subtype) == ("not_oom", "other_error") and "GatedRepoError" in d.evidence[0]
+    # ... but a line that names a request in any other way stays the request's
+    assert origin_of("KV load failed for request cmpl-abc-0 (Request ID: Root=1-a)", None) == "user"
 
 
 def test_launcher_termination_message_is_trusted():

@@ -114,6 +114,9 @@ _REQUEST_FILES = re.compile(
     r"^(?:serving_\w{1,40}|serving|api_server|api_router|protocol|chat_utils|connection|"
     r"openai_serving_\w{1,40})\.py$"
 )
+# huggingface_hub ends its HTTP errors with the Hub's own id of the failed call ("401 Client Error.
+# (Request ID: Root=1-...)"): the Hub's, not a client's, so it does not make the line a request's.
+_HUB_REQUEST_ID = re.compile(r" ?\(Request ID: [\w;=.:/+-]{1,200}\)")
 _ACCESS = re.compile(r'^(?:\[?[\w.:\[\]-]{1,60}:\d{1,5}\]? )?- "(?:GET|POST|PUT|DELETE|PATCH|HEAD|OPTIONS) ')
 
 
@@ -195,6 +198,8 @@ def origin_of(text: str, source_file: str | None) -> str:
     if name and _USER_FILES.match(name):
         return USER
     head = text[:MATCH_CHARS]
+    if "(Request ID: " in head:
+        head = _HUB_REQUEST_ID.sub("", head)
     # (every request-id form holds one of _ID_HINTS: a cheap test first on long lines)
     if _USER_START.match(head) or _USER_QUOTE.search(head):
         return USER
