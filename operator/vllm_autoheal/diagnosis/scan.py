@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import IO
 
+from . import collector
 from .candidates import MAX_LINE, head_candidates, tail_candidates
 
 CHUNK = 1 * 2**20
@@ -192,6 +193,16 @@ def _strip_clean(text: str) -> tuple[str, int | None, str | None, str | None]:
     return text.strip(), rank, source_file, level
 
 
+_OWN_STRUCTURE = re.compile(r'\s{0,16}File "|Traceback \(most recent|[\w.]{0,200}(?:Error|Exception)\b')
+
+
+def structured(text: str) -> bool:
+    """The line opens with a structure of its own: a prefix or header this module knows, a
+    traceback's first line or frame, or an exception's name (collector.py cuts no such line)."""
+    found = _PREFIXES.match(text)
+    return (found is not None and found.end() > 0) or _OWN_STRUCTURE.match(text) is not None
+
+
 def origin_of(text: str, source_file: str | None) -> str:
     """Who wrote a (normalized) line: the engine, a user (request/response echo), or the access log."""
     name = source_file.rsplit("/", 1)[-1] if source_file else ""
@@ -325,6 +336,8 @@ def scan(source: str | IO[str] | Iterable[str]) -> Scan:
             merged.setdefault(tail_base + start + begin, piece[:MAX_LINE])
             kept, size = kept + 1, size + len(piece) + 1
         end = begin
-    lines = [line for off in sorted(merged) if (line := make_line(off, merged[off])) is not None]
+    clean = {off: _ANSI.sub("", merged[off]) for off in sorted(merged)}
+    prefix = collector.prefix_of(clean.values(), structured)
+    lines = [line for off, text in clean.items() if (line := make_line(off, collector.cut(text, prefix, structured)))]
     _continuations(lines)
     return Scan(lines=lines, total_bytes=seen, truncated=truncated)

@@ -1,0 +1,67 @@
+"""A log collector's own prefix on every line: stern's `pod container `, `kubectl logs --prefix`'s
+`[pod/name/container] `, journald's `Dec 01 12:00:00 host unit[pid]: `, a compose or CI tag
+`[vllm] `, mpirun's `[1,0]<stdout>:`, a quoted paste's `> `. Standard library only.
+
+vLLM's own headers (scan.py) are recognised one by one; a collector's prefix has no fixed form,
+but it is the same on (nearly) every line, which the engine's lines never are. So a prefix is a
+collector's when it opens at least SHARE of the lines and, once cut, shows the engine's structure
+(a logger header, a traceback) on some of them. It is cut only from lines that show no structure
+of their own: a line that already opens with a header, a frame or an exception is never changed,
+so lines that someone else wrote can hide nothing of the engine's.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable
+
+SHARE = 0.8
+MIN_LINES = 4
+SAMPLE_LINES = 4000  # bounded work: the prefix is judged on at most this many lines
+
+# The shapes a collector's prefix takes: one or two bare tokens (stern: pod then container; a
+# host or service name), a bracketed tag (kubectl --prefix, compose, CI), journald's header,
+# a quoted paste. A token is a name: it holds no `(`, `"` or `:` but a port's.
+_SHAPES = re.compile(
+    r"^(?:"
+    r"[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d [\w.-]{1,63} [\w.@/-]{1,100}(?:\[\d{1,10}\])?: "  # journald
+    r"|\[[\w./@:-]{1,200}\]:? "  # [pod/name/container], [vllm]:
+    r"|\[\d{1,6},\d{1,6}\]<(?:stdout|stderr)>:"  # mpirun --tag-output
+    r"|> "  # a quoted paste
+    r"|(?P<pod>[\w.-]{1,63}(?::\d{1,5})? )(?:[\w.-]{1,63} )?"  # stern "pod container ", a host, a service
+    r")"
+)
+_CONTAINER = r"[\w.-]{1,63} "
+
+
+def prefix_of(lines: Iterable[str], structured: Callable[[str], bool]) -> re.Pattern[str] | None:
+    """The prefix a collector put on the lines (a pattern matching it), or None. `structured(text)`
+    says whether a line shows the engine's structure by itself (a header, a frame, a traceback's
+    or exception's line). The last SAMPLE_LINES lines are judged: the failure is at the end."""
+    sample = [x for x in lines if x.strip()][-SAMPLE_LINES:]
+    if len(sample) < MIN_LINES:
+        return None
+    counts: Counter[str] = Counter()
+    for ln in sample:
+        found = _SHAPES.match(ln)
+        if found is None:
+            continue
+        counts[re.escape(found.group(0))] += 1
+        if found.group("pod") not in (None, found.group(0)):  # stern's pod, when its containers differ
+            counts[re.escape(found.group("pod")) + _CONTAINER] += 1
+    for prefix, n in sorted(counts.items(), key=lambda kv: (-kv[1], -len(kv[0]))):
+        if n < SHARE * len(sample):
+            return None
+        pattern = re.compile(prefix)
+        if any((m := pattern.match(ln)) and structured(ln[m.end() :]) and not structured(ln) for ln in sample):
+            return pattern
+    return None
+
+
+def cut(line: str, prefix: re.Pattern[str] | None, structured: Callable[[str], bool]) -> str:
+    """The line without the collector's prefix; a line with structure of its own is left whole."""
+    found = prefix.match(line) if prefix is not None else None
+    if found is not None and not structured(line):
+        return line[found.end() :]
+    return line

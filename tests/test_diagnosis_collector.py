@@ -1,0 +1,72 @@
+"""A log collector's prefix on every line (stern, kubectl --prefix, journald, mpirun, a tag, a
+quoted paste) is cut, so the engine's traceback underneath is read; a line with structure of its
+own is never changed."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_autoheal.diagnosis import Signals, classify
+from vllm_autoheal.diagnosis.collector import prefix_of
+from vllm_autoheal.diagnosis.scan import scan, structured
+
+TRACEBACK = (
+    "INFO 05-01 12:00:00 [gpu_model_runner.py:100] Starting to load model meta-llama/Llama-3.1-8B...\n"
+    "Traceback (most recent call last):\n"
+    '  File "/usr/lib/python3.12/site-packages/vllm/model_executor/model_loader/utils.py", line 64, in initialize_model\n'
+    "    return model_class(vllm_config=vllm_config, prefix=prefix)\n"
+    "KeyError: 'model.layers.0.mlp.gate_proj.weight'\n"
+)
+KV = (
+    "INFO 05-01 12:00:00 model_runner.py:100] Loading model weights took 14.99 GB\n"
+    "INFO 05-01 12:00:01 gpu_executor.py:83] # GPU blocks: 0, # CPU blocks: 2048\n"
+    "Traceback (most recent call last):\n"
+    '  File "/usr/lib/python3.10/site-packages/vllm/engine/llm_engine.py", line 1, in _initialize_kv_caches\n'
+    "    self.model_executor.initialize_cache(num_gpu_blocks)\n"
+    "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
+    "when initializing the engine.\n"
+)
+COLLECTORS = {
+    "stern": "vllm-7d9f8c-x2x4q vllm ",
+    "kubectl --prefix": "[pod/vllm-7d9f8c-x2x4q/vllm] ",
+    "journald": "Dec 01 12:00:00 gpu-node-3 vllm[41234]: ",
+    "mpirun --tag-output": "[1,0]<stdout>:",
+    "a compose tag": "[vllm]: ",
+    "a quoted paste": "> ",
+}
+
+
+def prefixed(prefix: str, log: str) -> str:
+    return "".join(prefix + line + "\n" for line in log.splitlines())
+
+
+@pytest.mark.parametrize("collector", COLLECTORS)
+def test_the_engine_under_a_collectors_prefix_is_read(collector):
+    plain = classify(Signals(log=TRACEBACK))
+    assert (plain.cause, plain.subtype) == ("not_oom", "other_error")
+    d = classify(Signals(log=prefixed(COLLECTORS[collector], TRACEBACK)))
+    assert (d.cause, d.subtype) == ("not_oom", "other_error") and "KeyError" in d.evidence[0]
+    kv = classify(Signals(log=prefixed(COLLECTORS[collector], KV)))
+    assert kv.cause == "kv_cache_insufficient"
+
+
+def test_stern_pod_prefix_is_cut_when_its_containers_differ():
+    lines = [f"vllm-7d9f8c-x2x4q {c} {t}" for c, t in zip(["vllm", "sidecar"] * 3, TRACEBACK.splitlines())]
+    prefix = prefix_of(lines, structured)
+    assert prefix is not None and all(prefix.match(line).end() == len("vllm-7d9f8c-x2x4q vllm ") for line in lines[::2])
+
+
+def test_no_prefix_on_a_plain_log_nor_on_a_few_lines():
+    assert prefix_of(TRACEBACK.splitlines(), structured) is None
+    assert prefix_of(["x y Traceback (most recent call last):", "x y KeyError: 1"], structured) is None
+
+
+def test_a_prefix_on_most_lines_never_changes_a_line_with_structure_of_its_own():
+    # Someone else's lines (an app printing raw text) all open with "Traceback x": the engine's
+    # own traceback and headed lines are left whole, and the engine's error still decides.
+    noise = "".join(f"Traceback x {i}\n" for i in range(60))
+    d = classify(Signals(log=noise + TRACEBACK))
+    assert (d.cause, d.subtype) == ("not_oom", "other_error")
+    texts = {line.text for line in scan(noise + KV).lines}
+    assert "Traceback (most recent call last):" in texts
+    assert classify(Signals(log=noise + KV)).cause == "kv_cache_insufficient"
