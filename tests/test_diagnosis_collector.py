@@ -51,7 +51,10 @@ def test_the_engine_under_a_collectors_prefix_is_read(collector):
 
 
 def test_stern_pod_prefix_is_cut_when_its_containers_differ():
-    lines = [f"vllm-7d9f8c-x2x4q {c} {t}" for c, t in zip(["vllm", "sidecar"] * 3, TRACEBACK.splitlines())]
+    lines = [
+        f"vllm-7d9f8c-x2x4q {c} {t}"
+        for c, t in zip(["vllm", "sidecar", "vllm", "sidecar", "vllm"], TRACEBACK.splitlines(), strict=True)
+    ]
     prefix = prefix_of(lines, structured)
     assert prefix is not None and all(prefix.match(line).end() == len("vllm-7d9f8c-x2x4q vllm ") for line in lines[::2])
 
