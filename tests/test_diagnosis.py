@@ -180,6 +180,9 @@ def test_wrappers_alone_never_decide():
         "RuntimeError: Frontend process failed during engine core initialization. See root cause above. "
         "Failed frontend proc(s): {}",
         "RuntimeError: Engine process failed to start. See stack trace for the root cause.",
+        # Ray: the actor's process died; its text lists what may have killed it, the OOM killer first
+        "ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.",
+        "ray.exceptions.RayActorError: The actor died unexpectedly before finishing this task.",
     ],
 )
 def test_an_exception_that_points_at_its_root_cause_elsewhere_is_a_wrapper(wrapper):
