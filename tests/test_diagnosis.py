@@ -183,6 +183,8 @@ def test_wrappers_alone_never_decide():
         # Ray: the actor's process died; its text lists what may have killed it, the OOM killer first
         "ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.",
         "ray.exceptions.RayActorError: The actor died unexpectedly before finishing this task.",
+        # a task group's sub-exceptions are printed under it
+        "  | ExceptionGroup: unhandled errors in a TaskGroup (1 sub-exception)",
     ],
 )
 def test_an_exception_that_points_at_its_root_cause_elsewhere_is_a_wrapper(wrapper):
