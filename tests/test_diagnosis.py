@@ -193,6 +193,24 @@ def test_an_exception_that_points_at_its_root_cause_elsewhere_is_a_wrapper(wrapp
     assert (d.cause, d.subtype) == ("unknown", "traceback_without_error")
 
 
+@pytest.mark.parametrize(
+    ("quoted", "cause"),
+    [
+        ("cu_seqlens_q must be on CUDA", "not_oom"),
+        ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB", "unknown"),
+        ("", "unknown"),  # str(MemoryError()) is empty: nothing is known of the worker's failure
+    ],
+)
+def test_v1_executor_quoting_its_workers_error_names_the_failure(quoted, cause):
+    log = (
+        'Traceback (most recent call last):\n  File "x/v1/executor/multiproc_executor.py", line 1, in get_response\n'
+        "    raise RuntimeError(\n"
+        f"RuntimeError: Worker failed with error '{quoted}', please check the stack trace above for the root cause\n"
+    )
+    d = classify(Signals(log=log))
+    assert d.cause == cause  # an OOM the frames do not place stays unplaced (no change), never not_oom
+
+
 def test_a_hub_error_is_the_engines_own_though_it_names_the_hubs_request_id():
     # huggingface_hub appends the Hub's id of the failed call; it is not a client's request.
     log = (

@@ -193,6 +193,14 @@ FAILURES: tuple[Message, ...] = (
         subtype="engine_died_of_other_error",
         needles=("find the original error",),
     ),
+    # V1's executor quotes the failed worker's exception message ("Worker failed with error '<str(e)>',
+    # please check the stack trace above"): a message that is not an out-of-memory one is another failure.
+    _m(
+        NOT_OOM,
+        r"Worker failed with error '(?!')(?!.{0,300}(?:[Oo]ut of memory|OutOfMemory|allocate memory|ENOMEM|RESOURCE_EXHAUSTED))",
+        subtype="worker_failed_of_other_error",
+        needles=("Worker failed with error '",),
+    ),
     # A crash of the process itself (CPython's fatal-error banner, faulthandler, the shell, glog): a
     # bug, never a shortage, except CPython's own "Cannot recover from MemoryErrors".
     _m(

@@ -209,12 +209,11 @@ def origin_of(text: str, source_file: str | None) -> str:
     if name and _USER_FILES.match(name):
         return USER
     head = text[:MATCH_CHARS]
-    if "(Request ID: " in head:
-        head = _HUB_REQUEST_ID.sub("", head)
     # (every request-id form holds one of _ID_HINTS: a cheap test first on long lines)
-    if _USER_START.match(head) or _USER_QUOTE.search(head):
+    if _USER_START.match(head) or _USER_QUOTE.search(head) or _REQUEST_START.match(head):
         return USER
-    if _REQUEST_START.match(head) or (any(h in head for h in _ID_HINTS) and _REQUEST_IDS.search(head)):
+    named = _HUB_REQUEST_ID.sub("", head) if "(Request ID: " in head else head  # (only the Hub's id is let go)
+    if any(h in named for h in _ID_HINTS) and _REQUEST_IDS.search(named):
         return USER
     if _ACCESS.match(head):
         return ACCESS
