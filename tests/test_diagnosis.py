@@ -140,6 +140,27 @@ def test_exit_states():
     assert classify(Signals(log=kv_then_term)).cause == "kv_cache_insufficient"
 
 
+@pytest.mark.parametrize("placed_by", ["milestone", "frames"])
+def test_oom_while_v1_measures_cuda_graph_memory_is_a_capture_oom(placed_by):
+    # V1 (gpu_worker.determine_available_memory) captures a few graphs after the profiling run to
+    # measure their memory: an OOM there wants the capture remedies, not a smaller dummy batch.
+    head = "(EngineCore pid=9) INFO 04-27 05:29:12 [gpu_model_runner.py:4820] Model loading took 14.99 GiB memory\n"
+    if placed_by == "milestone":
+        head += (
+            "(EngineCore pid=9) INFO 04-27 05:29:30 [gpu_model_runner.py:6369] Profiling CUDA graph memory: "
+            "PIECEWISE=51 (largest=512), FULL=35 (largest=256)\n"
+        )
+    else:
+        head += (
+            "Traceback (most recent call last):\n"
+            '  File "/x/vllm/v1/worker/gpu_worker.py", line 704, in determine_available_memory\n'
+            "    cudagraph_memory_estimate = self.model_runner.profile_cudagraph_memory()\n"
+        )
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.53 GiB. GPU 0 has a total capacity of 23.00 GiB of which 1.49 GiB is free.\n"
+    d = classify(Signals(log=head + oom))
+    assert (d.cause, d.phase) == ("cudagraph_capture_oom", "graph-capture")
+
+
 def test_runtime_oom_after_startup_even_with_capture_lines_earlier():
     log = (
         "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%\n"

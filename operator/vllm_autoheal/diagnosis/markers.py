@@ -14,12 +14,15 @@ MARKERS: tuple[Message, ...] = (
     # ... while processing method NAME" and Ray's "Error executing method NAME".
     _m(
         FRAME,
-        r"i" + WB + r"n '?(?:capture_model|_capture_cudagraphs|_warmup_and_capture|capture_end|capture_begin)\b|"
+        # (V1 measures graphs' memory by capturing some, after the profiling run: profile_cudagraph_memory)
+        r"i" + WB + r"n '?(?:capture_model|_capture_cudagraphs|_warmup_and_capture|capture_end|capture_begin|"
+        r"profile_cudagraph_memory)\b|"
         r"m" + WB + r"ethod '?(?:capture_model|_capture_cudagraphs|_warmup_and_capture|capture_end|capture_begin)\b|"
         r"torch\.cuda\.graph\(|cuda_graph\.capture_end|graph_capture|Capturing CUDA graphs?|"
-        r"Capturing cudagraphs|\.capture_model\(|Registering \d+ cuda graph addresses",
+        r"Capturing cudagraphs|\.capture_model\(|Registering \d+ cuda graph addresses|Profiling CUDA graph memory|"
+        r"\.profile_cudagraph_memory\(",
         phase=m.PHASE_CAPTURE,
-        needles=("capture", "Capturing", "cuda.graph("),
+        needles=("capture", "Capturing", "cuda.graph(", "cudagraph_memory", "CUDA graph memory"),
     ),
     _m(
         FRAME,
