@@ -717,6 +717,26 @@ def test_the_unread_middle_of_a_long_log_leaves_the_phase_open():
     assert classify(Signals(log=started + filler + oom)).cause == "runtime_oom"
 
 
+@pytest.mark.parametrize(
+    "error",
+    [
+        "RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`",
+        "RuntimeError: cuDNN error: CUDNN_STATUS_ALLOC_FAILED",
+        "RuntimeError: CUSPARSE_STATUS_ALLOC_FAILED",
+        "RuntimeError: cuFFT error: CUFFT_ALLOC_FAILED",
+        "RuntimeError: HIPBLAS_STATUS_ALLOC_FAILED when calling `hipblasCreate(handle)`",
+        "RuntimeError: miopenStatusAllocFailed",
+    ],
+)
+def test_a_math_librarys_failed_device_allocation_is_an_oom(error):
+    log = (
+        "INFO 05-01 12:00:00 [gpu_model_runner.py:5150] Model loading took 14.99 GiB memory and 10.9 seconds\n"
+        'Traceback (most recent call last):\n  File "/x/vllm/v1/worker/gpu_model_runner.py", line 6000, in profile_run\n'
+        "    hidden_states = self._dummy_run(self.max_num_tokens)\n" + error + "\n"
+    )
+    assert classify(Signals(log=log)).cause == "profiling_oom"
+
+
 def test_every_needle_holds_an_anchor():
     """Beyond the raw tail only lines holding an anchor are kept (candidates.py): a needle without
     one would make its message unreadable in a long log (start-up milestones in the head were)."""

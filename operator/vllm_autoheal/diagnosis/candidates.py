@@ -28,6 +28,8 @@ ANCHORS = (
     "Abort",
     "exit code",
     "Uvicorn",
+    "ALLOC",  # the math libraries' failed allocations (CUBLAS_STATUS_ALLOC_FAILED, ...)
+    "AllocFailed",  # MIOpen's
     "load_model",
     "profile",
     "dummy",

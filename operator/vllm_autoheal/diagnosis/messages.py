@@ -365,7 +365,9 @@ FAILURES: tuple[Message, ...] = (
         r"OutOfMemoryError|CUDA [Ee]rror: out of memory|HIP [Ee]rror: out of memory|CUDA driver [Ee]rror: out of memory|"
         r"CUDA out of\s*(?:\[\.\.\.\])?$|"
         r"cudaErrorMemoryAllocation|CUDA_ERROR_OUT_OF_MEMORY|hipErrorOutOfMemory|UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY|"
-        r"CUBLAS_STATUS_ALLOC_FAILED|RESOURCE_EXHAUSTED|out of memory \(HIP\)",
+        # (the CUDA and ROCm math libraries report a failed device allocation as a status of their own)
+        r"(?:CU|HIP)(?:BLAS|DNN|SPARSE|SOLVER)_STATUS_ALLOC_FAILED|CUFFT_ALLOC_FAILED|CURAND_STATUS_ALLOCATION_FAILED|"
+        r"miopenStatusAllocFailed|rocblas_status_memory_error|RESOURCE_EXHAUSTED|out of memory \(HIP\)",
         needles=(
             "OutOfMemoryError",
             "rror: out of memory",
@@ -374,7 +376,11 @@ FAILURES: tuple[Message, ...] = (
             "CUDA_ERROR_OUT_OF_MEMORY",
             "hipErrorOutOfMemory",
             "UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY",
-            "CUBLAS_STATUS_ALLOC_FAILED",
+            "_STATUS_ALLOC_FAILED",
+            "CUFFT_ALLOC_FAILED",
+            "CURAND_STATUS_ALLOCATION_FAILED",
+            "miopenStatusAllocFailed",
+            "rocblas_status_memory_error",
             "RESOURCE_EXHAUSTED",
             "out of memory (HIP)",
         ),
