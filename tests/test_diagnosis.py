@@ -155,6 +155,10 @@ def test_oom_while_v1_measures_cuda_graph_memory_is_a_capture_oom(placed_by):
             "Traceback (most recent call last):\n"
             '  File "/x/vllm/v1/worker/gpu_worker.py", line 704, in determine_available_memory\n'
             "    cudagraph_memory_estimate = self.model_runner.profile_cudagraph_memory()\n"
+            '  File "/x/vllm/v1/worker/gpu/model_runner.py", line 1040, in profile_cudagraph_memory\n'
+            "    return _profile_cudagraph_memory(self)\n"
+            '  File "/x/vllm/v1/worker/gpu/cudagraph_utils.py", line 500, in _profile_cudagraph_memory\n'
+            "    torch.cuda.synchronize()\n"
         )
     oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.53 GiB. GPU 0 has a total capacity of 23.00 GiB of which 1.49 GiB is free.\n"
     d = classify(Signals(log=head + oom))

@@ -16,7 +16,7 @@ MARKERS: tuple[Message, ...] = (
         FRAME,
         # (V1 measures graphs' memory by capturing some, after the profiling run: profile_cudagraph_memory)
         r"i" + WB + r"n '?(?:capture_model|_capture_cudagraphs|_warmup_and_capture|capture_end|capture_begin|"
-        r"profile_cudagraph_memory)\b|"
+        r"_?profile_cudagraph_memory)\b|"
         r"m" + WB + r"ethod '?(?:capture_model|_capture_cudagraphs|_warmup_and_capture|capture_end|capture_begin)\b|"
         r"torch\.cuda\.graph\(|cuda_graph\.capture_end|graph_capture|Capturing CUDA graphs?|"
         r"Capturing cudagraphs|\.capture_model\(|Registering \d+ cuda graph addresses|Profiling CUDA graph memory|"
