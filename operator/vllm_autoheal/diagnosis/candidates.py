@@ -28,7 +28,6 @@ ANCHORS = (
     "Abort",
     "exit code",
     "Uvicorn",
-    "ALLOC",  # the math libraries' failed allocations (CUBLAS_STATUS_ALLOC_FAILED, ...)
     "AllocFailed",  # MIOpen's
     "load_model",
     "profile",
@@ -102,7 +101,7 @@ ANCHORS = (
     "ld returned",
     "nccl",
     "OUT_OF",
-    "ALLOC",
+    "ALLOC",  # the math libraries' failed allocations (CUBLAS_STATUS_ALLOC_FAILED, ...)
     "RESOURCE_EXHAUSTED",
     "Failed core",
     "signal 9",

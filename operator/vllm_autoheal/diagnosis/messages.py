@@ -195,9 +195,14 @@ FAILURES: tuple[Message, ...] = (
     ),
     # V1's executor quotes the failed worker's exception message ("Worker failed with error '<str(e)>',
     # please check the stack trace above"): a message that is not an out-of-memory one is another failure.
+    # Only a message that ends on the same line: str(e) may go on over more lines (torch's NCCL error
+    # names the CUDA failure, 'out of memory', on its last), and its first line alone tells nothing.
+    # Any wording of a failed allocation (the OOM row's, and rocBLAS's ambiguous memory_error) is let be.
     _m(
         NOT_OOM,
-        r"Worker failed with error '(?!')(?!.{0,300}(?:[Oo]ut of memory|OutOfMemory|allocate memory|ENOMEM|RESOURCE_EXHAUSTED))",
+        r"Worker failed with error '(?!')(?!.{0,300}(?:[Oo]ut of memory|OutOfMemory|OUT_OF_(?:DEVICE_)?MEMORY|"
+        r"allocate memory|ENOMEM|RESOURCE_EXHAUSTED|ALLOC(?:ATION)?_FAILED|AllocFailed|MemoryAllocation|"
+        r"memory_error|bad_alloc|not enough memory))(?=.{0,2000}', please check the stack trace)",
         subtype="worker_failed_of_other_error",
         needles=("Worker failed with error '",),
     ),
@@ -367,7 +372,9 @@ FAILURES: tuple[Message, ...] = (
         r"cudaErrorMemoryAllocation|CUDA_ERROR_OUT_OF_MEMORY|hipErrorOutOfMemory|UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY|"
         # (the CUDA and ROCm math libraries report a failed device allocation as a status of their own)
         r"(?:CU|HIP)(?:BLAS|DNN|SPARSE|SOLVER)_STATUS_ALLOC_FAILED|CUFFT_ALLOC_FAILED|CURAND_STATUS_ALLOCATION_FAILED|"
-        r"miopenStatusAllocFailed|rocblas_status_memory_error|RESOURCE_EXHAUSTED|out of memory \(HIP\)",
+        # (not rocBLAS's rocblas_status_memory_error: "failed internal memory allocation, copy or
+        # dealloc", and what a kernel launch's hipErrorLaunchOutOfResources becomes)
+        r"miopenStatusAllocFailed|RESOURCE_EXHAUSTED|out of memory \(HIP\)",
         needles=(
             "OutOfMemoryError",
             "rror: out of memory",
@@ -380,7 +387,6 @@ FAILURES: tuple[Message, ...] = (
             "CUFFT_ALLOC_FAILED",
             "CURAND_STATUS_ALLOCATION_FAILED",
             "miopenStatusAllocFailed",
-            "rocblas_status_memory_error",
             "RESOURCE_EXHAUSTED",
             "out of memory (HIP)",
         ),

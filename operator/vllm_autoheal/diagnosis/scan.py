@@ -294,7 +294,11 @@ def scan(source: str | IO[str] | Iterable[str]) -> Scan:
     tail_len = 0
     seen = 0
     for chunk in _chunks(source):
-        chunk = chunk.replace("\r\n", "\n").replace("\r", "\n")
+        # A bare "\r" ends no line: vLLM's formatter writes a header after each "\n" of a message
+        # (as "\r\n" + header), never after a "\r", so a "\r" inside a message (a client's JSON
+        # request_id) would start a headerless line of the client's choosing. (A progress bar
+        # redrawn after each "\r" stays one line.) Same length: offsets do not move.
+        chunk = chunk.replace("\r\n", "\n").replace("\r", " ")
         if len(head_text) < HEAD_BYTES:
             take = HEAD_BYTES - len(head_text)
             head_text += chunk[:take]
