@@ -730,9 +730,10 @@ def test_the_unread_middle_of_a_long_log_leaves_the_phase_open():
         "RuntimeError: cuFFT error: CUFFT_ALLOC_FAILED",
         "RuntimeError: HIPBLAS_STATUS_ALLOC_FAILED when calling `hipblasCreate(handle)`",
         "RuntimeError: miopenStatusAllocFailed",
+        "RuntimeError: Triton Error [CUDA]: out of memory",  # a kernel's module load, in Triton's words
     ],
 )
-def test_a_math_librarys_failed_device_allocation_is_an_oom(error):
+def test_a_librarys_failed_device_allocation_is_an_oom(error):
     log = (
         "INFO 05-01 12:00:00 [gpu_model_runner.py:5150] Model loading took 14.99 GiB memory and 10.9 seconds\n"
         'Traceback (most recent call last):\n  File "/x/vllm/v1/worker/gpu_model_runner.py", line 6000, in profile_run\n'

@@ -368,6 +368,7 @@ FAILURES: tuple[Message, ...] = (
         # The runtime's own "out of memory" as torch, the driver API, vLLM's cumem allocator and ROCm
         # word it (cudaErrorMemoryAllocation / CUDA_ERROR_OUT_OF_MEMORY / hipErrorOutOfMemory).
         r"OutOfMemoryError|CUDA [Ee]rror: out of memory|HIP [Ee]rror: out of memory|CUDA driver [Ee]rror: out of memory|"
+        r"Triton Error \[(?:CUDA|HIP)\]: out of memory|"  # Triton's wording of the driver's CUDA_ERROR_OUT_OF_MEMORY
         r"CUDA out of\s*(?:\[\.\.\.\])?$|"
         r"cudaErrorMemoryAllocation|CUDA_ERROR_OUT_OF_MEMORY|hipErrorOutOfMemory|UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY|"
         # (the CUDA and ROCm math libraries report a failed device allocation as a status of their own)
@@ -378,6 +379,7 @@ FAILURES: tuple[Message, ...] = (
         needles=(
             "OutOfMemoryError",
             "rror: out of memory",
+            "]: out of memory",
             "CUDA out of",
             "cudaErrorMemoryAllocation",
             "CUDA_ERROR_OUT_OF_MEMORY",
