@@ -200,7 +200,9 @@ FAILURES: tuple[Message, ...] = (
     # Any wording of a failed allocation (the OOM row's, and rocBLAS's ambiguous memory_error) is let be.
     _m(
         NOT_OOM,
-        r"Worker failed with error '(?!')(?!.{0,300}(?:[Oo]ut of memory|OutOfMemory|OUT_OF_(?:DEVICE_)?MEMORY|"
+        # (anchored where the executor writes it, an exception's message: a line repeating the needle
+        # would otherwise cost a lookahead at every occurrence)
+        r"^(?:[\w.]{1,80}: ){0,2}Worker failed with error '(?!')(?!.{0,300}(?:[Oo]ut of memory|OutOfMemory|OUT_OF_(?:DEVICE_)?MEMORY|"
         r"allocate memory|ENOMEM|RESOURCE_EXHAUSTED|ALLOC(?:ATION)?_FAILED|AllocFailed|MemoryAllocation|"
         r"memory_error|bad_alloc|not enough memory))(?=.{0,2000}', please check the stack trace)",
         subtype="worker_failed_of_other_error",
