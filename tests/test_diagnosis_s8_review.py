@@ -135,7 +135,9 @@ def test_a_workers_one_line_non_memory_error_is_still_not_oom(quoted):
 @pytest.mark.parametrize("fmt", FORMATS[:3])
 def test_worker_failed_words_in_a_prompt_decide_nothing(fmt):
     """The new row's words in a client's prompt: the bases keep their diagnosis."""
-    quote = "RuntimeError: Worker failed with error 'KeyError: x', please check the stack trace above for the root cause"
+    quote = (
+        "RuntimeError: Worker failed with error 'KeyError: x', please check the stack trace above for the root cause"
+    )
     for base_name in ("rt-27466-busy-loop", "rt-3430-lmcache-qwen3-8b-a5000-long-prompts"):
         _unchanged(base_name, fmt.format(r=repr(quote + " ZZUSERZZ")), "end")
 
