@@ -344,11 +344,23 @@ class Cluster:
         return await asyncio.to_thread(self.kube.get, path)
 
     async def first_heal(self, name: str, spec: dict[str, Any], pod: str, **crash: Any) -> dict[str, Any]:
-        """Create a VLLMService, crash a pod of its Deployment, and return the object once healed."""
+        """Create a VLLMService, crash a pod of its Deployment, and return the object once healed: the
+        heal recorded (healCount) and applied (the status write comes first, the spec patch after it;
+        a loaded machine showed a test reading the spec between the two)."""
         await self.create_vsvc(name, spec)
         await wait_for(lambda: self.deployment_now(name), what="deployment")
         await self.crash_pod(name, pod, **crash)
-        return await wait_for(lambda: (v := self.vsvc_now(name))["status"].get("healCount") == 1 and v, what="heal")
+
+        def healed() -> dict[str, Any] | None:
+            v = self.vsvc_now(name)
+            if not v:
+                return None
+            status = v.get("status") or {}
+            in_flight = status.get("inFlight")
+            done = status.get("healCount") == 1 and (not in_flight or in_flight.get("applied"))
+            return v if done else None
+
+        return await wait_for(healed, what="heal")
 
     async def deployment_available(self, name: str, available: int = 1) -> None:
         """Play the Deployment controller: the current template's pods are rolled out, `available`
