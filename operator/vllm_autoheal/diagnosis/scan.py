@@ -223,9 +223,13 @@ def origin_of(text: str, source_file: str | None) -> str:
 
 
 def make_line(offset: int, raw: str) -> Line | None:
-    if not raw.strip():
+    return _line_of(offset, _ANSI.sub("", raw))
+
+
+def _line_of(offset: int, clean: str) -> Line | None:
+    """The Line of a line whose ANSI codes are already removed."""
+    if not clean.strip():
         return None
-    clean = _ANSI.sub("", raw)
     text, rank, source_file, level = _strip_clean(clean)
     if not text:
         return None
@@ -341,6 +345,6 @@ def scan(source: str | IO[str] | Iterable[str]) -> Scan:
         end = begin
     clean = {off: _ANSI.sub("", merged[off]) for off in sorted(merged)}
     prefix = collector.prefix_of(clean.values(), structured)
-    lines = [line for off, text in clean.items() if (line := make_line(off, collector.cut(text, prefix, structured)))]
+    lines = [line for off, text in clean.items() if (line := _line_of(off, collector.cut(text, prefix, structured)))]
     _continuations(lines)
     return Scan(lines=lines, total_bytes=seen, truncated=truncated)
