@@ -36,6 +36,21 @@ def test_a_process_holding_less_than_the_weights_was_still_loading_them():
     assert classify(Signals(log=HELD_78, weights_gib_per_gpu=262.0)).cause == "weights_load_oom"
 
 
+@pytest.mark.parametrize(
+    "slept",
+    [
+        "INFO 05-01 12:00:00 [gpu_worker.py:327] Sleep mode freed 60.12 GiB memory, 2.10 GiB memory is still in use.\n",
+        'Traceback (most recent call last):\n  File "/x/vllm/v1/worker/gpu_worker.py", line 340, in wake_up\n'
+        "    allocator.wake_up(tags)\n",
+    ],
+)
+def test_an_engine_waking_from_sleep_mode_is_not_loading_its_weights(slept):
+    """On wake-up vLLM puts the weights back, so the process holds less than them: no first load.
+    (RL frameworks sleep and wake vLLM between rollouts; a trainer on the GPU is the usual cause.)"""
+    diag = classify(Signals(log=slept + HELD_78, weights_gib_per_gpu=262.0))
+    assert diag.cause == "unknown"
+
+
 @pytest.mark.parametrize("weights", [None, 70.0, 75.0])
 def test_weights_resident_or_unknown_leave_the_oom_unplaced(weights):
     """78.17 GiB held: 70 or 75 GiB of weights (that fit on the 79.15 GiB GPU) are within the

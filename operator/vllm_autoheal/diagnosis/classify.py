@@ -282,7 +282,9 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
             # multi-line log, an earlier run) never do.
             told = ar.numbers([f for f in findings if f.line is first.line], first, device_gib, [])
             snapshot = ar.device_gib(signals, []) if signals.gpu else None
-            placed = unplaced.place(told, starting, signals.weights_gib_per_gpu, told.get("gpu_total_gib") or snapshot)
+            slept = any(unplaced.SLEPT.search(ln.match_text) for ln in engine_lines)
+            device = told.get("gpu_total_gib") or snapshot
+            placed = unplaced.place(told, starting, signals.weights_gib_per_gpu, device, slept)
             if placed is not None:
                 done(placed.cause, placed.phase, first, "medium", placed.subtype, why=placed.why)
                 if placed.cause == m.WEIGHTS_LOAD_OOM:

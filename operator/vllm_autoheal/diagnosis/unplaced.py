@@ -8,6 +8,8 @@ with a dummy batch; allocate the KV cache; capture CUDA graphs; serve), never fr
   by the start-up dummy batch;
 - weights stay allocated once loaded, so a process that held less than the model's weights on
   its GPU had not finished loading them; weights larger than the whole GPU never finish.
+- a process that had been put to sleep (sleep mode) holds less than its weights while waking up,
+  as vLLM puts them back: that is no first load, so the weights rules do not apply to it.
 Anything else stays unplaced: each step wants a different change, and a wrong one is worse than
 none. (CUDA-graph pools held before the server was ready do not mean capture: vLLM V1 warms the
 sampler up after capture, and a real OOM there, prof-29049 in the corpus, held pools too.)
@@ -16,6 +18,7 @@ sampler up after capture, and a real OOM there, prof-29049 in the corpus, held p
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 from . import model as m
@@ -25,6 +28,8 @@ from . import model as m
 LOADING_SHARE = 0.85
 LOADABLE_SHARE = 0.97  # weights above this share of the whole GPU cannot all be loaded (the CUDA context)
 MAX_WEIGHTS_GIB = 1 << 20
+# The engine's own signs of sleep mode: the worker's "Sleep mode freed X GiB memory" and a wake_up frame.
+SLEPT = re.compile(r"Sleep mode freed|\bin wake_up\b|\.wake_up\(")
 
 
 @dataclass(frozen=True)
@@ -43,10 +48,13 @@ def plausible_weights(value: object) -> float | None:
     return value if math.isfinite(value) and 0 < value < MAX_WEIGHTS_GIB else None
 
 
-def place(nums: dict, starting: bool, weights_gib: float | None, device_gib: float | None) -> Placement | None:
+def place(
+    nums: dict, starting: bool, weights_gib: float | None, device_gib: float | None, slept: bool = False
+) -> Placement | None:
     """`nums`: the figures of torch's out-of-memory message (already checked for plausibility);
     `starting`: the server had not been ready; `weights_gib`: the model's weights on one GPU, from
-    the deployment (None when not known); `device_gib`: the GPU's total memory."""
+    the deployment (None when not known); `device_gib`: the GPU's total memory; `slept`: the log
+    shows the engine in sleep mode (SLEPT)."""
     tried = nums.get("tried_gib")
     if starting and tried and device_gib and tried > device_gib:
         return Placement(
@@ -57,7 +65,7 @@ def place(nums: dict, starting: bool, weights_gib: float | None, device_gib: flo
             f"({device_gib:g} GiB): an activation of the start-up profiling run, sized by the dummy batch; "
             "a smaller batch shrinks it.",
         )
-    weights = plausible_weights(weights_gib)
+    weights = None if slept else plausible_weights(weights_gib)
     held = nums.get("torch_allocated_gib")
     if weights is not None and held is not None and held < LOADING_SHARE * weights:
         return Placement(
