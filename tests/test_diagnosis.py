@@ -568,6 +568,10 @@ def test_the_rpc_a_worker_ran_places_its_oom(method_line, cause):
             "gpu_util_exceeds_free",
         ),  # vLLM 0.6, no figures
         ("Fatal Python error: Aborted", "not_oom"),
+        # SIGABRT as the shell reports it: a C++ terminate or an assert (a CUDA OOM there prints its what() first)
+        ("Aborted (core dumped)", "not_oom"),
+        # tvm_ffi's SIGSEGV handler (FlashInfer's kernels load it into vLLM's workers)
+        ('!!!!!!! Segfault encountered !!!!!!!\n  File "<unknown>", line 0, in ucs_topo_cleanup', "not_oom"),
         # a kernel's own assert print, CUDA's and HIP's: a bug or a bad input, not memory
         (
             "/w/csrc/sampler.cu:54: kernel: block: [0,0,0], thread: [32,0,0] Assertion `idx < size` failed.",

@@ -26,6 +26,7 @@ ANCHORS = (
     "divisible",
     "in use",
     "Abort",
+    "egfault",  # tvm_ffi's "Segfault encountered"
     "exit code",
     "Uvicorn",
     "AllocFailed",  # MIOpen's

@@ -213,7 +213,9 @@ FAILURES: tuple[Message, ...] = (
     _m(
         NOT_OOM,
         r"Fatal Python error: (?!Cannot recover from MemoryError)|"
-        r"Segmentation fault \(core dumped\)|\*\*\* SIGSEGV received|Caught signal 11 \(Segmentation fault",
+        # the shell's report of SIGSEGV/SIGABRT, absl's and tvm_ffi's (FlashInfer's) signal handlers
+        r"Segmentation fault \(core dumped\)|Aborted \(core dumped\)|\*\*\* SIGSEGV received|Caught signal 11 \(Segmentation fault|"
+        r"!!!!!!! Segfault encountered !!!!!!!",
         subtype="process_crash",
     ),
     _m(
