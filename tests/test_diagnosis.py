@@ -570,6 +570,31 @@ def test_the_rpc_a_worker_ran_places_its_oom(method_line, cause):
         ("Fatal Python error: Aborted", "not_oom"),
         # SIGABRT as the shell reports it: a C++ terminate or an assert (a CUDA OOM there prints its what() first)
         ("Aborted (core dumped)", "not_oom"),
+        # how the process managers report the kernel's OOM kill, a SIGKILL, or a crash
+        ("    Last State:     Terminated\n      Reason:       OOMKilled\n      Exit Code:    137", "host_ram_oom"),
+        ("vllm.service: A process of this unit has been killed by the OOM killer.", "host_ram_oom"),
+        ("vllm.service: Failed with result 'oom-kill'.", "host_ram_oom"),
+        ("vllm.service: Main process exited, code=killed, status=9/KILL", "host_ram_oom"),
+        (
+            "slurmstepd: error: Detected 1 oom_kill event in StepId=123.0. Some of the step tasks have been OOM Killed.",
+            "host_ram_oom",
+        ),
+        ("RuntimeError: DataLoader worker (pid 123) is killed by signal: Killed.", "host_ram_oom"),
+        (
+            "  exitcode  : -11 (pid: 1234)\n  error_file: <N/A>\n  traceback : Signal 11 (SIGSEGV) received by PID 1234",
+            "not_oom",
+        ),
+        (
+            "ERROR 05-01 10:00:00 multiproc_worker_utils.py:120] Worker VllmWorkerProcess pid 123 died, exit code: -11",
+            "not_oom",
+        ),
+        ("/usr/bin/bash: line 1: 1234 Segmentation fault      (core dumped) vllm serve x", "not_oom"),
+        # a `name: ` opening that no such row owns is an exception type quoting the words: it decides nothing
+        ("jinja2.exceptions.TemplateError: Reason: OOMKilled", "not_oom"),
+        (
+            "jinja2.exceptions.TemplateError: vllm.service: A process of this unit has been killed by the OOM killer.",
+            "not_oom",
+        ),
         # tvm_ffi's SIGSEGV handler (FlashInfer's kernels load it into vLLM's workers)
         ('!!!!!!! Segfault encountered !!!!!!!\n  File "<unknown>", line 0, in ucs_topo_cleanup', "not_oom"),
         # a kernel's own assert print, CUDA's and HIP's: a bug or a bad input, not memory

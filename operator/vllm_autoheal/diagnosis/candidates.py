@@ -27,6 +27,9 @@ ANCHORS = (
     "in use",
     "Abort",
     "egfault",  # tvm_ffi's "Segfault encountered"
+    "Segmentation fault",
+    "received by PID",  # torch elastic's report of a signal
+    "oom_kill",  # Slurm's
     "exit code",
     "Uvicorn",
     "AllocFailed",  # MIOpen's

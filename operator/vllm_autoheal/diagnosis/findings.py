@@ -140,7 +140,8 @@ def findings_of(lines: list[Line]) -> list[Finding]:
             found = message.regex.search(hay)
             if (
                 found
-                and not (quoted and message.kind in DECIDING)
+                # (a row whose pattern opens the line owns its `name: ` opening: systemd's, kubectl's)
+                and not (quoted and message.kind in DECIDING and found.start() > 0)
                 and (
                     line.origin == ENGINE
                     or (message.kind == msg.NOT_OOM and request_error)

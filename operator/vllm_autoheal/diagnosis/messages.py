@@ -148,10 +148,23 @@ FAILURES: tuple[Message, ...] = (
     _m(HOST, r"Aborted due to the lack of CPU swap space", m.HOST_RAM_OOM, m.PHASE_SERVING, "cpu_swap_exhausted"),
     _m(
         HOST,
-        r"Memory cgroup out of memory|Out of memory: Killed process|oom-kill(?:er)?:|OOMKilled",
+        r"Memory cgroup out of memory|Out of memory: Killed process|oom-kill(?:er)?:|OOMKilled|"
+        # as kubectl describe, systemd and Slurm report the kernel's OOM kill (from the line's start:
+        # the `name: ` that opens them is theirs, not an exception type quoting the words)
+        r"^Reason: {1,40}OOMKilled\b|^[\w@.:-]{1,200}\.(?:service|scope): A process of this unit has been killed by the OOM killer|"
+        r"^[\w@.:-]{1,200}\.(?:service|scope): Failed with result 'oom-kill'|"
+        r"^slurmstepd(?:-[\w.-]{1,100})?: error: Detected \d{1,9} oom[-_]kill event",
         m.HOST_RAM_OOM,
         None,
         "kernel_oom_killer",
+        needles=(
+            "Memory cgroup out of memory",
+            "Out of memory: Killed process",
+            "oom-kill",
+            "OOMKilled",
+            "OOM killer",
+            "oom_kill event",
+        ),
     ),
     _m(
         HOST,
@@ -215,8 +228,21 @@ FAILURES: tuple[Message, ...] = (
         r"Fatal Python error: (?!Cannot recover from MemoryError)|"
         # the shell's report of SIGSEGV/SIGABRT, absl's and tvm_ffi's (FlashInfer's) signal handlers
         r"Segmentation fault \(core dumped\)|Aborted \(core dumped\)|\*\*\* SIGSEGV received|Caught signal 11 \(Segmentation fault|"
-        r"!!!!!!! Segfault encountered !!!!!!!",
+        r"!!!!!!! Segfault encountered !!!!!!!|"
+        # torch elastic's and V0's reports of a process ended by SIGSEGV/SIGABRT, and the shell's job report
+        r"Signal (?:6|11) \(SIG(?:ABRT|SEGV)\) received by PID|died, exit code: -(?:6|11)\b|"
+        r"^(?:\S{1,200}: )?line \d{1,7}: {1,4}\d{1,10} (?:Segmentation fault|Aborted)\b",
         subtype="process_crash",
+        needles=(
+            "Fatal Python error: ",
+            "Segmentation fault",
+            "Aborted",
+            "*** SIGSEGV received",
+            "Caught signal 11",
+            "Segfault encountered",
+            "received by PID",
+            "died, exit code: -",
+        ),
     ),
     _m(
         NOT_OOM,
@@ -403,7 +429,9 @@ FAILURES: tuple[Message, ...] = (
         r"died unexpectedly \(exit code: -9\)|died, exit code: -9|Failed core proc\(s\): \{[^}]{0,200}-9|"
         # (not Ray's list of what may have ended a worker: "(1) ... killed by SIGKILL by OOM killer ...")
         r"died with exit code -9|exit code -9|signal 9\b|SIGKILL(?! by OOM killer due to)|exitcode\s{0,4}: -9\b|"
-        r"^Killed$|^(?:\S{1,200}: )?line \d{1,7}: {1,4}\d{1,10} Killed\b|exited with code 137\b",
+        r"^Killed$|^(?:\S{1,200}: )?line \d{1,7}: {1,4}\d{1,10} Killed\b|exited with code 137\b|"
+        r"^[\w@.:-]{1,200}\.service: Main process exited, code=killed, status=9/KILL|"  # systemd
+        r"is killed by signal: Killed\b",  # torch's report of a DataLoader worker
         m.HOST_RAM_OOM,
         None,
         "worker_sigkill",
