@@ -568,6 +568,17 @@ def test_the_rpc_a_worker_ran_places_its_oom(method_line, cause):
             "gpu_util_exceeds_free",
         ),  # vLLM 0.6, no figures
         ("Fatal Python error: Aborted", "not_oom"),
+        (
+            "torch.multiprocessing.spawn.ProcessExitedException: process 0 terminated with signal SIGKILL",
+            "host_ram_oom",
+        ),
+        # XLA's (TPU) out of memory, as JAX raises it: not text quoted in an unrelated exception
+        (
+            "jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Error loading program: Attempting to reserve "
+            "10.00G at the bottom of memory. That was not possible. There are 8.00G free, 0B reserved, and 8.00G "
+            "reservable.",
+            "unknown",  # an OOM, unplaced (nothing says where): no change, but never "not memory"
+        ),
         # SIGABRT as the shell reports it: a C++ terminate or an assert (a CUDA OOM there prints its what() first)
         ("Aborted (core dumped)", "not_oom"),
         # how the process managers report the kernel's OOM kill, a SIGKILL, or a crash

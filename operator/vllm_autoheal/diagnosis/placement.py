@@ -45,7 +45,8 @@ CARRIES_FAILURES = re.compile(
     r"(?:^|\.)(?:\w{0,40}OutOfMemoryError|RuntimeError|ValueError|MemoryError|AssertionError|OSError|"
     r"AcceleratorError|\w{0,40}(?:Cuda|CUDA|Hip|HIP)\w{0,10}Error|DistBackendError|RayTaskError|RayActorError|"
     r"ActorDiedError|\w{0,40}EngineDeadError|ChildFailedError|InductorError|BackendCompilerFailed|Exception|"
-    r"ncclUnhandledCudaError|ncclInternalError)$"
+    r"ncclUnhandledCudaError|ncclInternalError|XlaRuntimeError|"  # (JAX/XLA's, TPU's RESOURCE_EXHAUSTED)
+    r"ProcessExitedException)$"  # torch.multiprocessing's news of a child ended by a signal
 )
 TRACEBACK_TEXT = ("Traceback (most recent call last)", "The above exception", "During handling of the above")
 _REPR = re.compile(r"^[A-Za-z_][\w.]{0,200}(?:Error|Exception)\(")  # `OutOfMemoryError('...')`
