@@ -572,6 +572,27 @@ def test_the_rpc_a_worker_ran_places_its_oom(method_line, cause):
             "torch.multiprocessing.spawn.ProcessExitedException: process 0 terminated with signal SIGKILL",
             "host_ram_oom",
         ),
+        ("Cuda error /workspace/csrc/custom_all_reduce.cuh:143 'invalid resource handle'", "not_oom"),
+        ("Failed: Cuda error /workspace/csrc/custom_all_reduce.cuh:307 'invalid argument'", "not_oom"),
+        ("Cuda error /workspace/csrc/custom_all_reduce.cuh:143 'out of memory'", "unknown"),
+        # Triton's Python backend, behind its glog header: the exception its vLLM model raised
+        (
+            "I1115 02:58:49.477216 1 pb_stub.cc:325] Failed to initialize Python stub: TypeError: 'NoneType' object "
+            "is not subscriptable\n\nAt:\n  /opt/tritonserver/backends/vllm/model.py(75): initialize",
+            "not_oom",
+        ),
+        (
+            'I1216 02:12:49.624943 179 pb_stub.cc:388] "Failed to initialize Python stub: ValueError: No available '
+            'memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine."',
+            "kv_cache_insufficient",
+        ),
+        (
+            "I1115 02:58:49.477216 1 pb_stub.cc:325] Failed to initialize Python stub: OutOfMemoryError: CUDA out of "
+            "memory. Tried to allocate 2.00 GiB.",
+            "unknown",  # an unplaced OOM, never "another failure"
+        ),
+        # a line pasted as Markdown code
+        ("`ConnectionError: The vLLM server can't be reached at 0.0.0.0:8000 after 120.0 seconds.\n`", "not_oom"),
         # XLA's (TPU) out of memory, as JAX raises it: not text quoted in an unrelated exception
         (
             "jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Error loading program: Attempting to reserve "

@@ -29,6 +29,7 @@ ANCHORS = (
     "egfault",  # tvm_ffi's "Segfault encountered"
     "Segmentation fault",
     "received by PID",  # torch elastic's report of a signal
+    "Python stub",  # Triton's Python backend
     "oom_kill",  # Slurm's
     "exit code",
     "Uvicorn",

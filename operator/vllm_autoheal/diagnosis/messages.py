@@ -35,6 +35,14 @@ from .pattern import (  # noqa: F401 - the kinds are read as messages.KIND by th
 )
 from .pattern import row as _m
 
+
+# Every wording of a failed allocation (the OOM row's, and rocBLAS's ambiguous memory_error): a
+# wrapper quoting none of them quotes another failure.
+ALLOCATION_FAILED = (
+    r"[Oo]ut of memory|OutOfMemory|OUT_OF_(?:DEVICE_)?MEMORY|allocate memory|ENOMEM|RESOURCE_EXHAUSTED|"
+    r"ALLOC(?:ATION)?_FAILED|AllocFailed|MemoryAllocation|memory_error|bad_alloc|not enough memory"
+)
+
 FAILURES: tuple[Message, ...] = (
     # --- explicit vLLM memory messages -------------------------------------------------
     # CPU backend; vLLM 0.32 words it "Available memory on node N (...) on startup ...".
@@ -215,11 +223,18 @@ FAILURES: tuple[Message, ...] = (
         NOT_OOM,
         # (anchored where the executor writes it, an exception's message: a line repeating the needle
         # would otherwise cost a lookahead at every occurrence)
-        r"^(?:[\w.]{1,80}: ){0,2}Worker failed with error '(?!')(?!.{0,300}(?:[Oo]ut of memory|OutOfMemory|OUT_OF_(?:DEVICE_)?MEMORY|"
-        r"allocate memory|ENOMEM|RESOURCE_EXHAUSTED|ALLOC(?:ATION)?_FAILED|AllocFailed|MemoryAllocation|"
-        r"memory_error|bad_alloc|not enough memory))(?=.{0,2000}', please check the stack trace)",
+        rf"^(?:[\w.]{{1,80}}: ){{0,2}}Worker failed with error '(?!')(?!.{{0,300}}(?:{ALLOCATION_FAILED}))"
+        r"(?=.{0,2000}', please check the stack trace)",
         subtype="worker_failed_of_other_error",
         needles=("Worker failed with error '",),
+    ),
+    # Triton's Python backend (its vLLM backend) reports an exception its model's initialize() raised
+    # as "Failed to initialize Python stub: <Type>: <message>" (from where its glog header ends).
+    _m(
+        NOT_OOM,
+        rf'^"?Failed to initialize Python stub: (?!.{{0,300}}(?:{ALLOCATION_FAILED}))[A-Za-z_][\w.]{{0,80}}: ',
+        subtype="triton_stub_failed_of_other_error",
+        needles=("Failed to initialize Python stub: ",),
     ),
     # A crash of the process itself (CPython's fatal-error banner, faulthandler, the shell, glog): a
     # bug, never a shortage, except CPython's own "Cannot recover from MemoryErrors".
@@ -333,6 +348,8 @@ FAILURES: tuple[Message, ...] = (
         r"c" + WB + r"udaError(?!MemoryAllocation)[A-Z]\w{2,60}|h" + WB + r"ipError(?!OutOfMemory)[A-Z]\w{2,60}|"
         r"Cuda failure (?:\d{1,4} )?'(?!out of memory)[^']{3,80}'|"
         r"F" + WB + r"ailed: (?:Cuda error )?\S{1,200}:\d{1,6} '(?!out of memory)[^']{3,80}'|"
+        # the CUDACHECK macro's print (vLLM's custom all-reduce, NCCL's tests): "Cuda error <file>:<line> '<error>'"
+        r"C" + WB + r"uda error \S{1,200}:\d{1,6} '(?!out of memory)[^']{3,80}'|"
         r"device-side assert triggered|"
         # the kernel's own assert print (CUDA: "block: [..], thread: [..] Assertion `x` failed."; HIP)
         r"Device-side assertion `|thread: \[\d{1,6},\d{1,6},\d{1,6}\] Assertion `",
@@ -343,6 +360,7 @@ FAILURES: tuple[Message, ...] = (
             "hipError",
             "Cuda failure",
             "Failed:",
+            "Cuda error ",
             "device-side assert triggered",
             "Device-side assertion `",
             "] Assertion `",

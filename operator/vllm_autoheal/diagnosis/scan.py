@@ -50,6 +50,9 @@ _PREFIXES = re.compile(
     r"(?:\[(?P<file>[\w.-]{1,80}?)(?::\d{1,6})?\]|(?P<file2>[\w.-]{1,80}):\d{1,6}\])\s?"  # vLLM header
     r"|\s{0,8}(?P<level2>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s{0,8}:\s+"  # uvicorn "INFO:     "
     r"|\s{0,8}(?P<file3>[\w.-]{1,80}\.py):\d{1,6}\]\s"  # truncated "[file.py:N] "
+    # glog's (Triton's C++ core, absl): "E1115 02:58:51.162611 1 backend_model.cc:634] " (its level
+    # letter is not kept: Triton logs a model's failed initialize() at I)
+    r"|\s{0,8}[IWEF]\d{4}\s\d\d:\d\d:\d\d\.\d{1,9}\s{1,8}\d{1,10}\s(?P<file4>[\w.-]{1,80}):\d{1,6}\]\s"
     r")"
 )
 _TP_RANK = re.compile(r"(?:Worker_TP|\[Rank |rank=)(\d{1,4})")
@@ -164,6 +167,8 @@ def _strip(raw: str) -> tuple[str, int | None, str | None, str | None]:
 
 
 def _strip_clean(text: str) -> tuple[str, int | None, str | None, str | None]:
+    # A line pasted as Markdown code opens with backticks (no logger's line does): they are the paste's.
+    text = text.lstrip(" `") if text[:1] == "`" else text
     raw = text
     rank = None
     source_file = level = None
@@ -177,10 +182,10 @@ def _strip_clean(text: str) -> tuple[str, int | None, str | None, str | None]:
             r = t.group(1) if t else None
         if r is not None:
             rank = int(r)
-        source_file = source_file or m.group("file") or m.group("file2") or m.group("file3")
+        source_file = source_file or m.group("file") or m.group("file2") or m.group("file3") or m.group("file4")
         level = level or m.group("level") or m.group("level2")
         text = text[m.end() :]
-        if m.group("level") or m.group("level2") or m.group("file3"):
+        if m.group("level") or m.group("level2") or m.group("file3") or m.group("file4"):
             # The logger's header comes last: what follows is the message. Another prefix there (a
             # second header, or "[rank0]: " in a request id) came in with user text.
             after = _PREFIXES.match(text)
