@@ -35,7 +35,6 @@ from .pattern import (  # noqa: F401 - the kinds are read as messages.KIND by th
 )
 from .pattern import row as _m
 
-
 # Every wording of a failed allocation (the OOM row's, and rocBLAS's ambiguous memory_error): a
 # wrapper quoting none of them quotes another failure.
 ALLOCATION_FAILED = (
