@@ -591,6 +591,29 @@ def test_the_rpc_a_worker_ran_places_its_oom(method_line, cause):
             "memory. Tried to allocate 2.00 GiB.",
             "unknown",  # an unplaced OOM, never "another failure"
         ),
+        # KServe's model server, behind its logger's header
+        (
+            "2024-07-01 07:28:04.488 1 kserve ERROR [__main__.py:<module>():254] Failed to start model server: "
+            "integer division or modulo by zero",
+            "not_oom",
+        ),
+        (
+            "2024-07-01 07:28:04.488 1 kserve ERROR [__main__.py:<module>():254] Failed to start model server: "
+            "Engine core initialization failed. See root cause above. Failed core proc(s): {}",
+            "unknown",
+        ),
+        (
+            "2024-07-01 07:28:04.488 1 kserve ERROR [__main__.py:<module>():254] Failed to start model server: "
+            "The model's max seq len (32768) is larger than the maximum number of tokens that can be stored in KV "
+            "cache (1000). Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when initializing "
+            "the engine.",
+            "kv_cache_insufficient",
+        ),
+        (
+            "2024-07-01 07:28:04.488 1 kserve ERROR [__main__.py:<module>():254] Failed to start model server: "
+            "CUDA out of memory. Tried to allocate 2.00 GiB.",
+            "unknown",
+        ),
         # a line pasted as Markdown code
         ("`ConnectionError: The vLLM server can't be reached at 0.0.0.0:8000 after 120.0 seconds.\n`", "not_oom"),
         # XLA's (TPU) out of memory, as JAX raises it: not text quoted in an unrelated exception

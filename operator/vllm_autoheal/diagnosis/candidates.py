@@ -30,6 +30,7 @@ ANCHORS = (
     "Segmentation fault",
     "received by PID",  # torch elastic's report of a signal
     "Python stub",  # Triton's Python backend
+    "model server",  # KServe's
     "oom_kill",  # Slurm's
     "exit code",
     "Uvicorn",

@@ -42,6 +42,14 @@ ALLOCATION_FAILED = (
     r"ALLOC(?:ATION)?_FAILED|AllocFailed|MemoryAllocation|memory_error|bad_alloc|not enough memory"
 )
 
+# A generic wrapper's words (WRAPPERS, below, says why).
+WRAPPER_WORDS = (
+    r"Engine core initialization failed|EngineDeadError|WorkerProc hit an exception|EngineCore failed to start|"
+    r"EngineCore encountered a fatal error|Worker failed with error|please check the stack trace above|"
+    r"Got fatal signal from worker processes|[Rr]oot cause|[Ss]ee (?:the )?stack ?trace|"
+    r"(?:ActorDied|RayActor)Error: The actor died|ExceptionGroup: "
+)
+
 FAILURES: tuple[Message, ...] = (
     # --- explicit vLLM memory messages -------------------------------------------------
     # CPU backend; vLLM 0.32 words it "Available memory on node N (...) on startup ...".
@@ -226,6 +234,15 @@ FAILURES: tuple[Message, ...] = (
         r"(?=.{0,2000}', please check the stack trace)",
         subtype="worker_failed_of_other_error",
         needles=("Worker failed with error '",),
+    ),
+    # KServe's model server logs what stopped it as "Failed to start model server: <str(e)>": a message
+    # that is neither an out-of-memory one nor a wrapper's is another failure (an engine's memory
+    # message there is read by its own row, which decides before any non-memory one).
+    _m(
+        NOT_OOM,
+        rf"^Failed to start model server: (?!.{{0,300}}(?:{ALLOCATION_FAILED}|{WRAPPER_WORDS}))\S",
+        subtype="model_server_failed_of_other_error",
+        needles=("Failed to start model server: ",),
     ),
     # Triton's Python backend (its vLLM backend) reports an exception its model's initialize() raised
     # as "Failed to initialize Python stub: <Type>: <message>" (from where its glog header ends).
@@ -462,9 +479,4 @@ MESSAGES: tuple[Message, ...] = FAILURES + MARKERS
 # above", "See stack trace for root cause": V0's engine process, V1's WorkerProc and frontend),
 # and so is Ray's news that an actor died, which only lists what may have killed it, and an
 # exception group (anyio, starlette), whose sub-exceptions are printed under it.
-WRAPPERS = re.compile(
-    r"Engine core initialization failed|EngineDeadError|WorkerProc hit an exception|EngineCore failed to start|"
-    r"EngineCore encountered a fatal error|Worker failed with error|please check the stack trace above|"
-    r"Got fatal signal from worker processes|[Rr]oot cause|[Ss]ee (?:the )?stack ?trace|"
-    r"(?:ActorDied|RayActor)Error: The actor died|ExceptionGroup: "
-)
+WRAPPERS = re.compile(WRAPPER_WORDS)

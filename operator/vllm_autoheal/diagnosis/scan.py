@@ -53,8 +53,13 @@ _PREFIXES = re.compile(
     # glog's (Triton's C++ core, absl): "E1115 02:58:51.162611 1 backend_model.cc:634] " (its level
     # letter is not kept: Triton logs a model's failed initialize() at I)
     r"|\s{0,8}[IWEF]\d{4}\s\d\d:\d\d:\d\d\.\d{1,9}\s{1,8}\d{1,10}\s(?P<file4>[\w.-]{1,80}):\d{1,6}\]\s"
+    # KServe's, after its timestamp: "1 kserve ERROR [__main__.py:<module>():254] "
+    r"|\s{0,8}\d{1,10}\s[\w.-]{1,60}\s(?P<level3>DEBUG|INFO|WARNING|ERROR|CRITICAL)\s"
+    r"\[(?P<file5>[\w.-]{1,80}):[\w<>.]{1,80}\(\):\d{1,6}\]\s"
     r")"
 )
+_FILES = ("file", "file2", "file3", "file4", "file5")
+_HEADERS = ("level", "level2", "level3", "file3", "file4")  # a logger's header: the message follows
 _TP_RANK = re.compile(r"(?:Worker_TP|\[Rank |rank=)(\d{1,4})")
 # The request logger's and response logger's opening words (vLLM 0.2 to 0.33), and the
 # parsers that log model output; a header naming entrypoints/logger.py is user text too.
@@ -182,10 +187,10 @@ def _strip_clean(text: str) -> tuple[str, int | None, str | None, str | None]:
             r = t.group(1) if t else None
         if r is not None:
             rank = int(r)
-        source_file = source_file or m.group("file") or m.group("file2") or m.group("file3") or m.group("file4")
-        level = level or m.group("level") or m.group("level2")
+        source_file = source_file or next((m[g] for g in _FILES if m[g]), None)
+        level = level or m.group("level") or m.group("level2") or m.group("level3")
         text = text[m.end() :]
-        if m.group("level") or m.group("level2") or m.group("file3") or m.group("file4"):
+        if any(m[g] for g in _HEADERS):
             # The logger's header comes last: what follows is the message. Another prefix there (a
             # second header, or "[rank0]: " in a request id) came in with user text.
             after = _PREFIXES.match(text)
