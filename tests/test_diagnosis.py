@@ -452,9 +452,14 @@ def test_startup_figures_alone_decide_when_the_error_line_is_missing():
         "Available KV cache memory: -0.42 GiB",
         "# GPU blocks: 0, # CPU blocks: 2048",
         "Maximum concurrency for 131,072 tokens per request: 0.00x",
+        "Maximum concurrency for 32,768 tokens per request: 0.82x",  # below one request of max_model_len
     ):
         d = classify(Signals(log=f"INFO 01-01 00:00:01 [worker.py:1] {figure}\n"))
         assert d.cause == "kv_cache_insufficient", figure
+    d = classify(
+        Signals(log="INFO 01-01 00:00:01 [worker.py:1] Maximum concurrency for 32,768 tokens per request: 1.20x\n")
+    )
+    assert d.cause == "unknown"
 
 
 def test_an_oom_with_far_more_free_than_asked_is_not_a_shortage():

@@ -179,10 +179,12 @@ MARKERS: tuple[Message, ...] = (
         "no_memory_left_for_kv_cache",
     ),
     _m(BUDGET, r"# (?:GPU|cuda) blocks: (?P<gpu_blocks>0)\b", m.KV_CACHE_INSUFFICIENT, m.PHASE_KV, "zero_gpu_blocks"),
+    # (below 1x, one request of max_model_len does not fit: vLLM's own arithmetic, blocks x block
+    # size over max_model_len, whatever the error that follows, or its absence in a cut log)
     _m(
         BUDGET,
         r"Maximum concurrency for (?P<max_model_len>[\d,]{1,12}) tokens per request: "
-        r"(?P<max_concurrency>0\.00)x",
+        r"(?P<max_concurrency>0\.\d{1,4})x",
         m.KV_CACHE_INSUFFICIENT,
         m.PHASE_KV,
         "kv_cache_below_one_request",
