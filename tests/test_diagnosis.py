@@ -619,6 +619,15 @@ def test_the_rpc_a_worker_ran_places_its_oom(method_line, cause):
             "CUDA out of memory. Tried to allocate 2.00 GiB.",
             "unknown",
         ),
+        # the engine's IPC when the other end died (a worker the kernel killed, say): no failure named
+        ("EOFError", "unknown"),
+        ("BrokenPipeError: [Errno 32] Broken pipe", "unknown"),
+        ("ConnectionResetError: [Errno 104] Connection reset by peer", "unknown"),
+        (
+            "ERROR 05-01 10:00:00 multiproc_worker_utils.py:120] Worker VllmWorkerProcess pid 123 died, exit code: -9\n"
+            "BrokenPipeError: [Errno 32] Broken pipe",
+            "host_ram_oom",
+        ),
         # a line pasted as Markdown code
         ("`ConnectionError: The vLLM server can't be reached at 0.0.0.0:8000 after 120.0 seconds.\n`", "not_oom"),
         # XLA's (TPU) out of memory, as JAX raises it: not text quoted in an unrelated exception

@@ -47,7 +47,9 @@ WRAPPER_WORDS = (
     r"Engine core initialization failed|EngineDeadError|WorkerProc hit an exception|EngineCore failed to start|"
     r"EngineCore encountered a fatal error|Worker failed with error|please check the stack trace above|"
     r"Got fatal signal from worker processes|[Rr]oot cause|[Ss]ee (?:the )?stack ?trace|"
-    r"(?:ActorDied|RayActor)Error: The actor died|ExceptionGroup: "
+    r"(?:ActorDied|RayActor)Error: The actor died|ExceptionGroup: |"
+    # the other end of a pipe or socket went away: the process that died there holds the failure
+    r"^(?:[\w.]{1,80}\.)?(?:EOFError|BrokenPipeError|ConnectionResetError)\b"
 )
 
 FAILURES: tuple[Message, ...] = (
@@ -477,6 +479,7 @@ MESSAGES: tuple[Message, ...] = FAILURES + MARKERS
 # A generic wrapper never decides a cause; the root cause above it does. Besides vLLM's named
 # wrappers, any exception that sends the reader elsewhere for its cause is one ("See root cause
 # above", "See stack trace for root cause": V0's engine process, V1's WorkerProc and frontend),
-# and so is Ray's news that an actor died, which only lists what may have killed it, and an
-# exception group (anyio, starlette), whose sub-exceptions are printed under it.
+# and so is Ray's news that an actor died, which only lists what may have killed it, an
+# exception group (anyio, starlette), whose sub-exceptions are printed under it, and a pipe or
+# socket whose other end died (the engine's IPC when a worker was killed).
 WRAPPERS = re.compile(WRAPPER_WORDS)
