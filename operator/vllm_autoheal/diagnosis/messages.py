@@ -425,9 +425,11 @@ FAILURES: tuple[Message, ...] = (
     ),
     _m(
         OOM,
-        r"out of memory\. Tried to allocate (?P<tried_gib>" + SIZE + r") \(GPU (?P<oom_gpu>\d+); "
+        # (torch before 2.2; torch_npu adds "current active", IPEX's XPU leaves "free" out)
+        r"out of memory\. Tried to allocate (?P<tried_gib>" + SIZE + r") \((?:GPU|NPU|XPU) (?P<oom_gpu>\d+); "
         r"(?P<gpu_total_gib>" + SIZE + r") total capacity; (?P<torch_allocated_gib>" + SIZE + r") already allocated; "
-        r"(?P<gpu_free_gib>" + SIZE + r") free; (?P<reserved_gib>" + SIZE + r") reserved in total by PyTorch",
+        r"(?:" + SIZE + r" current active; )?(?:(?P<gpu_free_gib>" + SIZE + r") free; )?"
+        r"(?P<reserved_gib>" + SIZE + r") reserved in total by PyTorch",
     ),
     _m(
         OOM,
