@@ -36,6 +36,24 @@ def test_a_process_holding_less_than_the_weights_was_still_loading_them():
     assert classify(Signals(log=HELD_78, weights_gib_per_gpu=262.0)).cause == "weights_load_oom"
 
 
+# IPEX's XPU message (ipex-llm issue 12584): a 4-bit 7B model, 3.8 GiB, on a 15.56 GiB Arc A770 under
+# WSL2; nothing of it was allocated when 1.02 GiB could not be.
+XPU_EMPTY = (
+    "RuntimeError: XPU out of memory. Tried to allocate 1.02 GiB (GPU 0; 15.56 GiB total capacity; 0 bytes "
+    "already allocated; 0 bytes reserved in total by PyTorch)\n"
+)
+
+
+def test_weights_that_fit_the_gpu_are_not_what_ran_out_while_loading():
+    """Weights that fit the whole GPU load whatever the utilization: an OOM before they were resident
+    says something else held the memory, and more GPUs or a quantized checkpoint would not help."""
+    diag = classify(Signals(log=XPU_EMPTY, ready_before=False, weights_gib_per_gpu=3.76))
+    assert diag.cause == "unknown", diag.explanation
+    assert diag.numbers["torch_allocated_gib"] == 0.0 and diag.numbers["gpu_total_gib"] == 15.56
+    # the same figures with weights larger than the device: they cannot all load
+    assert classify(Signals(log=XPU_EMPTY, ready_before=False, weights_gib_per_gpu=30.0)).cause == "weights_load_oom"
+
+
 @pytest.mark.parametrize(
     "slept",
     [

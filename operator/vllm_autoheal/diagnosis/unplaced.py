@@ -7,7 +7,8 @@ with a dummy batch; allocate the KV cache; capture CUDA graphs; serve), never fr
 - one allocation larger than the whole GPU is no weight and no graph: it is an activation sized
   by the start-up dummy batch;
 - weights stay allocated once loaded, so a process that held less than the model's weights on
-  its GPU had not finished loading them; weights larger than the whole GPU never finish.
+  its GPU had not finished loading them; weights larger than the whole GPU never finish. (Weights
+  that fit the whole GPU do finish unless something else holds memory: that is not placed.)
 - a process that had been put to sleep (sleep mode) holds less than its weights while waking up,
   as vLLM puts them back: that is no first load, so the weights rules do not apply to it.
 Anything else stays unplaced: each step wants a different change, and a wrong one is worse than
@@ -67,7 +68,10 @@ def place(
         )
     weights = None if slept else plausible_weights(weights_gib)
     held = nums.get("torch_allocated_gib")
-    if weights is not None and held is not None and held < LOADING_SHARE * weights:
+    # Weights that fit the GPU load whatever vLLM's utilization: an OOM while loading them says that
+    # something else held the memory (another process, a WSL2 or vGPU limit), not that they do not fit.
+    fits = weights is not None and device_gib is not None and weights <= LOADABLE_SHARE * device_gib
+    if weights is not None and held is not None and held < LOADING_SHARE * weights and not fits:
         return Placement(
             m.WEIGHTS_LOAD_OOM,
             m.PHASE_LOAD,
