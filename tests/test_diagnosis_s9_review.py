@@ -104,6 +104,13 @@ def test_a_client_line_opening_with_cuda_oom_does_not_turn_a_host_kill_into_a_gp
 # `_quoted` compares the line's header with the exception line's: a client line that starts with a
 # header scan.py now knows gets a header of its own, so it is no longer "a further line" of the
 # exception. (The same line with vLLM's own header did so before this change: pinned here too.)
+VLLM_HEADER_IN_A_MESSAGE = pytest.mark.xfail(
+    strict=True,
+    reason="older than this change: a line that opens with vLLM's own header after an exception printed "
+    "without one is what a new logged message looks like (uvicorn prints a request's traceback without "
+    "vLLM's header; vLLM's next line has it). No general rule tells the two apart; glog's and KServe's "
+    "headers now keep no file name, so they leave the line a further line of the message.",
+)
 FORGED_HEADERS = {
     "glog": "E1115 02:58:51.162611 1 core.cc:1] ",
     "kserve": "2024-07-01 07:28:04.488 1 kserve ERROR [__main__.py:<module>():254] ",
@@ -111,7 +118,10 @@ FORGED_HEADERS = {
 }
 
 
-@pytest.mark.parametrize("header", sorted(FORGED_HEADERS))
+@pytest.mark.parametrize(
+    "header",
+    [pytest.param(h, marks=VLLM_HEADER_IN_A_MESSAGE) if h.startswith("vllm") else h for h in sorted(FORGED_HEADERS)],
+)
 def test_a_logger_header_in_a_client_line_inside_an_exceptions_message_decides_nothing(header):
     line = FORGED_HEADERS[header] + "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 64.00 GiB. ZZUSERZZ"
     _unchanged_by("neg-2734-llama2-70b-tp8-timeout", line)

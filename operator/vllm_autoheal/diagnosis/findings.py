@@ -24,6 +24,7 @@ from .placement import (
     FRAME_LINE,
     OPENING,
     RAISED,
+    REPORTER,
     TRACEBACK_TEXT,
     VALUE,
     LoggedMessage,
@@ -90,9 +91,18 @@ def _quoted(line: Line, previous: Line | None) -> bool:
     of a type that carries no such failure, or a further line of the message of the exception
     line just before it (a newline in a client's id or path; a real traceback goes on with a
     frame, or a new logged message)."""
+    return _of_another_type(line) or continues_message(line, previous)
+
+
+def _of_another_type(line: Line) -> bool:
+    """An exception of a type that carries none of the failures the classifier names."""
     typed = EXCEPTION_TYPE.match(line.text)
-    if typed and not CARRIES_FAILURES.search(typed.group(1)):
-        return True
+    return bool(typed and not CARRIES_FAILURES.search(typed.group(1)) and not REPORTER.match(line.text))
+
+
+def continues_message(line: Line, previous: Line | None) -> bool:
+    """A further line of the message of the exception line just before it (same header, and no
+    frame or traceback line: a real traceback goes on with one, or with a new logged message)."""
     if previous is None or previous.header != line.header or not EXCEPTION_LINE.match(previous.text):
         return False
     return not (FRAME_LINE.match(line.text) or line.text.startswith(("Traceback",) + TRACEBACK_TEXT[1:]))
@@ -118,7 +128,7 @@ def findings_of(lines: list[Line]) -> list[Finding]:
         lowered = text.lower()
         present = _present(text, lowered)
         if not present:
-            if line.origin == ENGINE and where == ANY:
+            if line.origin == ENGINE and where == ANY and not quoted:
                 out += _wrapped(line, lines[i + 1 : i + 3])
             continue
         memory = False
@@ -140,8 +150,7 @@ def findings_of(lines: list[Line]) -> list[Finding]:
             found = message.regex.search(hay)
             if (
                 found
-                # (a row whose pattern opens the line owns its `name: ` opening: systemd's, kubectl's)
-                and not (quoted and message.kind in DECIDING and found.start() > 0)
+                and not (quoted and message.kind in DECIDING)
                 and (
                     line.origin == ENGINE
                     or (message.kind == msg.NOT_OOM and request_error)
@@ -153,7 +162,7 @@ def findings_of(lines: list[Line]) -> list[Finding]:
         if where != ANY:
             out[mark:] = _placed(out[mark:], where, opened)
             continue
-        if not memory and line.origin == ENGINE:
+        if not memory and line.origin == ENGINE and not quoted:
             out += _wrapped(line, lines[i + 1 : i + 3])
     return out
 
@@ -172,7 +181,8 @@ def _wrapped(line: Line, following: list[Line]) -> list[Finding]:
     """A memory message a pretty-printer wrapped over the next lines (bare lines, no prefix)."""
     rest = []
     for nxt in following:
-        if nxt.origin != ENGINE or nxt.raw != nxt.text or nxt.level:
+        # (an exception of another type ends it: what follows is that exception's message)
+        if nxt.origin != ENGINE or nxt.raw != nxt.text or nxt.level or _of_another_type(nxt):
             break
         rest.append(nxt.text)
     if not rest:
@@ -202,10 +212,16 @@ def final_exception(engine_lines: list[Line]) -> Line | None:
     frame, its code line and its carets)."""
     found = None
     since_frame = 99
+    previous = None
     for ln in engine_lines:
         text = ln.match_text
         ends_traceback = 2 <= since_frame <= 3 and RAISED.match(text) is not None
-        if (ends_traceback or EXCEPTION_LINE.match(text) or CPP_ABORT.match(text)) and not msg.WRAPPERS.search(text):
+        # (a further line of an exception's message is that message, whatever it looks like)
+        told = (ends_traceback or EXCEPTION_LINE.match(text) or CPP_ABORT.match(text)) and not continues_message(
+            ln, previous
+        )
+        previous = ln
+        if told and not msg.WRAPPERS.search(text):
             found = ln
         if FRAME_LINE.match(ln.text):
             since_frame = 1

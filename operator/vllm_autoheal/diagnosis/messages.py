@@ -39,7 +39,8 @@ from .pattern import row as _m
 # wrapper quoting none of them quotes another failure.
 ALLOCATION_FAILED = (
     r"[Oo]ut of memory|OutOfMemory|OUT_OF_(?:DEVICE_)?MEMORY|allocate memory|ENOMEM|RESOURCE_EXHAUSTED|"
-    r"ALLOC(?:ATION)?_FAILED|AllocFailed|MemoryAllocation|memory_error|bad_alloc|not enough memory"
+    r"ALLOC(?:ATION)?_FAILED|AllocFailed|MemoryAllocation|memory_error|bad_alloc|not enough memory|"
+    r"MemoryError|[Uu]nable to allocate|[Ff]ailed to allocate|[Aa]llocation failed"  # (numpy's, Gaudi's)
 )
 
 # A generic wrapper's words (WRAPPERS, below, says why).
@@ -47,7 +48,7 @@ WRAPPER_WORDS = (
     r"Engine core initialization failed|EngineDeadError|WorkerProc hit an exception|EngineCore failed to start|"
     r"EngineCore encountered a fatal error|Worker failed with error|please check the stack trace above|"
     r"Got fatal signal from worker processes|[Rr]oot cause|[Ss]ee (?:the )?stack ?trace|"
-    r"(?:ActorDied|RayActor)Error: The actor died|ExceptionGroup: |"
+    r"The actor died|ExceptionGroup: |"  # (Ray's ActorDiedError/RayActorError, with or without its type)
     # the other end of a pipe or socket went away: the process that died there holds the failure
     r"^(?:[\w.]{1,80}\.)?(?:EOFError|BrokenPipeError|ConnectionResetError)\b"
 )
@@ -167,9 +168,12 @@ FAILURES: tuple[Message, ...] = (
         HOST,
         r"Memory cgroup out of memory|Out of memory: Killed process|oom-kill(?:er)?:|OOMKilled|"
         # as kubectl describe, systemd and Slurm report the kernel's OOM kill (from the line's start:
-        # the `name: ` that opens them is theirs, not an exception type quoting the words)
-        r"^Reason: {1,40}OOMKilled\b|^[\w@.:-]{1,200}\.(?:service|scope): A process of this unit has been killed by the OOM killer|"
-        r"^[\w@.:-]{1,200}\.(?:service|scope): Failed with result 'oom-kill'|"
+        # the `name: ` that opens them is theirs, placement.REPORTER, not an exception type's)
+        r"^Reason: {1,40}OOMKilled\b|"
+        # (journalctl puts its "Jun 05 10:00:00 host systemd[1]: " first; systemd 252 words it "The kernel ...")
+        r"^(?:\w{3} [ \d]\d \d\d:\d\d:\d\d \S{1,100} systemd\[\d{1,10}\]: )?[\w@.:-]{1,200}\.(?:service|scope): "
+        r"(?:A process of this unit has been killed by the OOM killer|The kernel OOM killer killed some processes|"
+        r"Failed with result 'oom-kill')|"
         r"^slurmstepd(?:-[\w.-]{1,100})?: error: Detected \d{1,9} oom[-_]kill event",
         m.HOST_RAM_OOM,
         None,
@@ -250,7 +254,7 @@ FAILURES: tuple[Message, ...] = (
     # as "Failed to initialize Python stub: <Type>: <message>" (from where its glog header ends).
     _m(
         NOT_OOM,
-        rf'^"?Failed to initialize Python stub: (?!.{{0,300}}(?:{ALLOCATION_FAILED}))[A-Za-z_][\w.]{{0,80}}: ',
+        rf'^"?Failed to initialize Python stub: (?!.{{0,300}}(?:{ALLOCATION_FAILED}|{WRAPPER_WORDS}))[A-Za-z_][\w.]{{0,80}}: ',
         subtype="triton_stub_failed_of_other_error",
         needles=("Failed to initialize Python stub: ",),
     ),
@@ -258,24 +262,32 @@ FAILURES: tuple[Message, ...] = (
     # bug, never a shortage, except CPython's own "Cannot recover from MemoryErrors".
     _m(
         NOT_OOM,
-        r"Fatal Python error: (?!Cannot recover from MemoryError)|"
-        # the shell's report of SIGSEGV/SIGABRT, absl's and tvm_ffi's (FlashInfer's) signal handlers
-        r"Segmentation fault \(core dumped\)|Aborted \(core dumped\)|\*\*\* SIGSEGV received|Caught signal 11 \(Segmentation fault|"
+        r"Fatal Python error: (?!Cannot recover from MemoryError|Aborted)|"
+        # the shell's report of SIGSEGV, absl's and tvm_ffi's (FlashInfer's) signal handlers
+        r"Segmentation fault \(core dumped\)|\*\*\* SIGSEGV received|Caught signal 11 \(Segmentation fault|"
         r"!!!!!!! Segfault encountered !!!!!!!|"
-        # torch elastic's and V0's reports of a process ended by SIGSEGV/SIGABRT, and the shell's job report
-        r"Signal (?:6|11) \(SIG(?:ABRT|SEGV)\) received by PID|died, exit code: -(?:6|11)\b|"
-        r"^(?:\S{1,200}: )?line \d{1,7}: {1,4}\d{1,10} (?:Segmentation fault|Aborted)\b",
+        # torch elastic's and V0's reports of a process ended by SIGSEGV, and the shell's job report
+        r"Signal 11 \(SIGSEGV\) received by PID|died, exit code: -11\b|"
+        r"^(?:\S{1,200}: )?line \d{1,7}: {1,8}\d{1,10} Segmentation fault\b",
         subtype="process_crash",
         needles=(
             "Fatal Python error: ",
             "Segmentation fault",
-            "Aborted",
             "*** SIGSEGV received",
             "Caught signal 11",
             "Segfault encountered",
             "received by PID",
             "died, exit code: -",
         ),
+    ),
+    # SIGABRT: a C++ terminate or an assert, and what NCCL's watchdog does to the other ranks when one
+    # died (a consequence: classify.CONSEQUENCES). A CUDA OOM there prints its what() first.
+    _m(
+        NOT_OOM,
+        r"Fatal Python error: Aborted|Aborted \(core dumped\)|Signal 6 \(SIGABRT\) received by PID|"
+        r"died, exit code: -6\b|^(?:\S{1,200}: )?line \d{1,7}: {1,8}\d{1,10} Aborted\b",
+        subtype="process_abort",
+        needles=("Fatal Python error: Aborted", "Aborted", "received by PID", "died, exit code: -"),
     ),
     _m(
         NOT_OOM,
@@ -467,8 +479,9 @@ FAILURES: tuple[Message, ...] = (
         r"died unexpectedly \(exit code: -9\)|died, exit code: -9|Failed core proc\(s\): \{[^}]{0,200}-9|"
         # (not Ray's list of what may have ended a worker: "(1) ... killed by SIGKILL by OOM killer ...")
         r"died with exit code -9|exit code -9|signal 9\b|SIGKILL(?! by OOM killer due to)|exitcode\s{0,4}: -9\b|"
-        r"^Killed$|^(?:\S{1,200}: )?line \d{1,7}: {1,4}\d{1,10} Killed\b|exited with code 137\b|"
-        r"^[\w@.:-]{1,200}\.service: Main process exited, code=killed, status=9/KILL|"  # systemd
+        r"^Killed$|^(?:\S{1,200}: )?line \d{1,7}: {1,8}\d{1,10} Killed\b|exited with code 137\b|"
+        r"^(?:\w{3} [ \d]\d \d\d:\d\d:\d\d \S{1,100} systemd\[\d{1,10}\]: )?[\w@.:-]{1,200}\.service: "
+        r"Main process exited, code=killed, status=9/KILL|"  # systemd
         r"is killed by signal: Killed\b",  # torch's report of a DataLoader worker
         m.HOST_RAM_OOM,
         None,

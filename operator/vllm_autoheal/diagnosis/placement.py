@@ -48,6 +48,11 @@ CARRIES_FAILURES = re.compile(
     r"ncclUnhandledCudaError|ncclInternalError|XlaRuntimeError|"  # (JAX/XLA's, TPU's RESOURCE_EXHAUSTED)
     r"ProcessExitedException)$"  # torch.multiprocessing's news of a child ended by a signal
 )
+# Reports whose `name: ` opening is their writer's, not an exception type's: kubectl describe's
+# "Reason: ", a systemd unit's, Slurm's step daemon's, the shell's job report ("bash: line 1: ").
+REPORTER = re.compile(
+    r"^(?:Reason: |[\w@.:-]{1,200}\.(?:service|scope): |slurmstepd(?:-[\w.-]{1,100})?: |\S{1,200}: line \d{1,7}: )"
+)
 TRACEBACK_TEXT = ("Traceback (most recent call last)", "The above exception", "During handling of the above")
 _REPR = re.compile(r"^[A-Za-z_][\w.]{0,200}(?:Error|Exception)\(")  # `OutOfMemoryError('...')`
 _COLLECTOR_TIME = re.compile(r"\d{4}-\d\d-\d\d[T ][\d:.,]{1,20}Z?")  # a collector stamps each line its own

@@ -58,7 +58,9 @@ _PREFIXES = re.compile(
     r"\[(?P<file5>[\w.-]{1,80}):[\w<>.]{1,80}\(\):\d{1,6}\]\s"
     r")"
 )
-_FILES = ("file", "file2", "file3", "file4", "file5")
+# (glog's and KServe's file names are not kept: a header is what tells a new logged message from a
+# further line of an exception's message, and a client can write either into that message)
+_FILES = ("file", "file2", "file3")
 _HEADERS = ("level", "level2", "level3", "file3", "file4")  # a logger's header: the message follows
 _TP_RANK = re.compile(r"(?:Worker_TP|\[Rank |rank=)(\d{1,4})")
 # The request logger's and response logger's opening words (vLLM 0.2 to 0.33), and the
