@@ -227,12 +227,15 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
     not_oom = by_kind.get(msg.NOT_OOM, [])
     gpu_oom = (nccl or []) + (oom or [])
     if not_oom:
-        first = min(not_oom, key=lambda f: f.line.offset)  # the first failure is the root cause
+        causes = [f for f in not_oom if f.message.subtype not in CONSEQUENCES]
+        # The first failure is the root cause; among consequences alone, an abort says least (the
+        # watchdog's timeout that caused it says why).
+        telling = causes or [f for f in not_oom if f.message.subtype != "process_abort"] or not_oom
+        first = min(telling, key=lambda f: f.line.offset)
         shown = next(
             (f for f in not_oom if f.message.subtype == first.message.subtype and EXCEPTION_LINE.match(f.line.text)),
             first,
         )
-        causes = [f for f in not_oom if f.message.subtype not in CONSEQUENCES]
         # A rank killed by the kernel leaves the others timing out in NCCL or the shm broadcast:
         # those consequences never outvote the kill.
         if not gpu_oom:
