@@ -630,6 +630,17 @@ def test_the_rpc_a_worker_ran_places_its_oom(method_line, cause):
         ),
         # a line pasted as Markdown code
         ("`ConnectionError: The vLLM server can't be reached at 0.0.0.0:8000 after 120.0 seconds.\n`", "not_oom"),
+        # torch.compile's and numpy's wrappers of an out of memory
+        (
+            "torch._dynamo.exc.TorchRuntimeError: Failed running call_function <built-in function linear>(*(FakeTensor"
+            "(..., device='cuda:0', size=(8192, 4096)),), **{}): CUDA out of memory. Tried to allocate 2.00 GiB.",
+            "unknown",  # an unplaced OOM, not text quoted in an unrelated exception (not_oom)
+        ),
+        (
+            "numpy.core._exceptions._ArrayMemoryError: Unable to allocate 12.0 GiB for an array with shape "
+            "(3, 1073741824) and data type float32",
+            "host_ram_oom",
+        ),
         # XLA's (TPU) out of memory, as JAX raises it: not text quoted in an unrelated exception
         (
             "jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Error loading program: Attempting to reserve "

@@ -190,11 +190,12 @@ FAILURES: tuple[Message, ...] = (
     _m(
         HOST,
         r"DefaultCPUAllocator: (?:can't allocate memory|not enough memory)|std::bad_alloc|"
+        r"_ArrayMemoryError: Unable to allocate|"  # numpy's
         r"M(?<=^M)emoryError\b",  # ^MemoryError, starting with a literal (see WB)
         m.HOST_RAM_OOM,
         None,
         "host_allocation_failed",
-        needles=("DefaultCPUAllocator:", "std::bad_alloc", "MemoryError"),
+        needles=("DefaultCPUAllocator:", "std::bad_alloc", "MemoryError"),  # (MemoryError: numpy's too)
     ),
     # ENOMEM from a system call (mmap, fork, ...); not from RDMA registration, where it means the
     # locked-memory limit.

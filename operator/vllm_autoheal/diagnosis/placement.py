@@ -42,10 +42,12 @@ CARETS = re.compile(r"^[\s^~]{1,400}$")
 EXCEPTION_TYPE = re.compile(r"^([A-Za-z_][\w.]{0,200})(?:\([\w.]{1,80}\))?: ")
 # The exception types that carry the failures the classifier names (and generic wrappers).
 CARRIES_FAILURES = re.compile(
-    r"(?:^|\.)(?:\w{0,40}OutOfMemoryError|RuntimeError|ValueError|MemoryError|AssertionError|OSError|"
+    # (any *RuntimeError: torch._dynamo's TorchRuntimeError, JAX's XlaRuntimeError/JaxRuntimeError, ...;
+    # any *MemoryError: numpy's _ArrayMemoryError)
+    r"(?:^|\.)(?:\w{0,40}OutOfMemoryError|\w{0,40}RuntimeError|ValueError|\w{0,40}MemoryError|AssertionError|OSError|"
     r"AcceleratorError|\w{0,40}(?:Cuda|CUDA|Hip|HIP)\w{0,10}Error|DistBackendError|RayTaskError|RayActorError|"
     r"ActorDiedError|\w{0,40}EngineDeadError|ChildFailedError|InductorError|BackendCompilerFailed|Exception|"
-    r"ncclUnhandledCudaError|ncclInternalError|XlaRuntimeError|"  # (JAX/XLA's, TPU's RESOURCE_EXHAUSTED)
+    r"ncclUnhandledCudaError|ncclInternalError|"
     r"ProcessExitedException)$"  # torch.multiprocessing's news of a child ended by a signal
 )
 # Reports whose `name: ` opening is their writer's, not an exception type's: kubectl describe's
