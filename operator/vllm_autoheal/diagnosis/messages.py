@@ -53,6 +53,14 @@ WRAPPER_WORDS = (
     r"^(?:[\w.]{1,80}\.)?(?:EOFError|BrokenPipeError|ConnectionResetError)\b"
 )
 
+
+def _quoting(opening: str, needle: str, subtype: str, then: str, wrappers: bool = True) -> Message:
+    """A wrapper that quotes the failure's message from the line's start (`opening`, a regex): a
+    message with no wording of a failed allocation (nor a generic wrapper's words) is another failure."""
+    excluded = ALLOCATION_FAILED + (f"|{WRAPPER_WORDS}" if wrappers else "")
+    return _m(NOT_OOM, rf"^{opening}(?!.{{0,300}}(?:{excluded})){then}", subtype=subtype, needles=(needle,))
+
+
 FAILURES: tuple[Message, ...] = (
     # --- explicit vLLM memory messages -------------------------------------------------
     # CPU backend; vLLM 0.32 words it "Available memory on node N (...) on startup ...".
@@ -233,31 +241,28 @@ FAILURES: tuple[Message, ...] = (
     # Only a message that ends on the same line: str(e) may go on over more lines (torch's NCCL error
     # names the CUDA failure, 'out of memory', on its last), and its first line alone tells nothing.
     # Any wording of a failed allocation (the OOM row's, and rocBLAS's ambiguous memory_error) is let be.
-    _m(
-        NOT_OOM,
-        # (anchored where the executor writes it, an exception's message: a line repeating the needle
-        # would otherwise cost a lookahead at every occurrence)
-        rf"^(?:[\w.]{{1,80}}: ){{0,2}}Worker failed with error '(?!')(?!.{{0,300}}(?:{ALLOCATION_FAILED}))"
-        r"(?=.{0,2000}', please check the stack trace)",
-        subtype="worker_failed_of_other_error",
-        needles=("Worker failed with error '",),
+    # (anchored where the executor writes it, an exception's message: a line repeating the needle
+    # would otherwise cost a lookahead at every occurrence; its own closing words are a wrapper's)
+    _quoting(
+        r"(?:[\w.]{1,80}: ){0,2}Worker failed with error '(?!')",
+        "Worker failed with error '",
+        "worker_failed_of_other_error",
+        then=r"(?=.{0,2000}', please check the stack trace)",
+        wrappers=False,
     ),
     # KServe's model server logs what stopped it as "Failed to start model server: <str(e)>": a message
     # that is neither an out-of-memory one nor a wrapper's is another failure (an engine's memory
     # message there is read by its own row, which decides before any non-memory one).
-    _m(
-        NOT_OOM,
-        rf"^Failed to start model server: (?!.{{0,300}}(?:{ALLOCATION_FAILED}|{WRAPPER_WORDS}))\S",
-        subtype="model_server_failed_of_other_error",
-        needles=("Failed to start model server: ",),
+    _quoting(
+        "Failed to start model server: ", "Failed to start model server: ", "model_server_failed_of_other_error", r"\S"
     ),
     # Triton's Python backend (its vLLM backend) reports an exception its model's initialize() raised
     # as "Failed to initialize Python stub: <Type>: <message>" (from where its glog header ends).
-    _m(
-        NOT_OOM,
-        rf'^"?Failed to initialize Python stub: (?!.{{0,300}}(?:{ALLOCATION_FAILED}|{WRAPPER_WORDS}))[A-Za-z_][\w.]{{0,80}}: ',
-        subtype="triton_stub_failed_of_other_error",
-        needles=("Failed to initialize Python stub: ",),
+    _quoting(
+        '"?Failed to initialize Python stub: ',
+        "Failed to initialize Python stub: ",
+        "triton_stub_failed_of_other_error",
+        r"[A-Za-z_][\w.]{0,80}: ",
     ),
     # A crash of the process itself (CPython's fatal-error banner, faulthandler, the shell, glog): a
     # bug, never a shortage, except CPython's own "Cannot recover from MemoryErrors".
