@@ -37,7 +37,6 @@ from .findings import (
 from .phase import OOM_CAUSE_BY_PHASE, TRACEBACK_START, phase_of_failure
 from .scan import ENGINE, REQUEST, Line, scan
 
-# Failures that follow another rank's death rather than cause it: they never outvote a memory failure.
 # Failures that never outvote one named elsewhere in the log: what the other ranks report when one
 # died (NCCL timing out or aborting them), and a wrapper's quote of a message that may go on over
 # lines it does not read (Triton's, KServe's).

@@ -52,16 +52,16 @@ _PREFIXES = re.compile(
     r"|\s{0,8}(?P<file3>[\w.-]{1,80}\.py):\d{1,6}\]\s"  # truncated "[file.py:N] "
     # glog's (Triton's C++ core, absl): "E1115 02:58:51.162611 1 backend_model.cc:634] " (its level
     # letter is not kept: Triton logs a model's failed initialize() at I)
-    r"|\s{0,8}[IWEF]\d{4}\s\d\d:\d\d:\d\d\.\d{1,9}\s{1,8}\d{1,10}\s(?P<file4>[\w.-]{1,80}):\d{1,6}\]\s"
+    r"|\s{0,8}(?P<glog>[IWEF])\d{4}\s\d\d:\d\d:\d\d\.\d{1,9}\s{1,8}\d{1,10}\s[\w.-]{1,80}:\d{1,6}\]\s"
     # KServe's, after its timestamp: "1 kserve ERROR [__main__.py:<module>():254] "
     r"|\s{0,8}\d{1,10}\s[\w.-]{1,60}\s(?P<level3>DEBUG|INFO|WARNING|ERROR|CRITICAL)\s"
-    r"\[(?P<file5>[\w.-]{1,80}):[\w<>.]{1,80}\(\):\d{1,6}\]\s"
+    r"\[[\w.-]{1,80}:[\w<>.]{1,80}\(\):\d{1,6}\]\s"
     r")"
 )
 # (glog's and KServe's file names are not kept: a header is what tells a new logged message from a
 # further line of an exception's message, and a client can write either into that message)
 _FILES = ("file", "file2", "file3")
-_HEADERS = ("level", "level2", "level3", "file3", "file4")  # a logger's header: the message follows
+_HEADERS = ("level", "level2", "level3", "file3", "glog")  # a logger's header: the message follows
 _TP_RANK = re.compile(r"(?:Worker_TP|\[Rank |rank=)(\d{1,4})")
 # The request logger's and response logger's opening words (vLLM 0.2 to 0.33), and the
 # parsers that log model output; a header naming entrypoints/logger.py is user text too.
