@@ -74,4 +74,8 @@ SIZE = r"[\d.,]{1,30}\s{0,4}(?:[KMGT]i?B|bytes)?"
 # alternative led by `\b` or a group makes it try every position of a 2 KiB line).
 WB = r"(?<!\w.)"
 NUM = r"[\d,]+"
+# The shell's report of a job a signal ended ("bash: line 1:     2 Killed  vllm serve ..."; bash pads
+# the pid to 5 columns), and journalctl's opening of a systemd line ("Jun 05 10:00:00 host systemd[1]: ").
+JOB_REPORT = r"^(?:\S{1,200}: )?line \d{1,7}: {1,8}\d{1,10} "
+SYSTEMD_UNIT = r"^(?:\w{3} [ \d]\d \d\d:\d\d:\d\d \S{1,100} systemd\[\d{1,10}\]: )?[\w@.:-]{1,200}\."
 I = re.IGNORECASE  # noqa: E741 - short, as the flag tables below are wide
