@@ -628,6 +628,19 @@ def test_the_rpc_a_worker_ran_places_its_oom(method_line, cause):
             "BrokenPipeError: [Errno 32] Broken pipe",
             "host_ram_oom",
         ),
+        # NCCL's unhandled cuda error names its CUDA failure on a later line: alone it says neither
+        ("RuntimeError: NCCL error: unhandled cuda error (run with NCCL_DEBUG=INFO for details)", "unknown"),
+        (
+            "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:275, "
+            "unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5\n"
+            "ncclUnhandledCudaError: Call to CUDA function failed.\nLast error:\nCuda failure 'out of memory'",
+            "multi_gpu_oom",
+        ),
+        (
+            "RuntimeError: NCCL error: unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.18.1\n"
+            "ncclUnhandledCudaError: Call to CUDA function failed.\nLast error:\nCuda failure 'invalid argument'",
+            "not_oom",
+        ),
         # a line pasted as Markdown code
         ("`ConnectionError: The vLLM server can't be reached at 0.0.0.0:8000 after 120.0 seconds.\n`", "not_oom"),
         # torch.compile's and numpy's wrappers of an out of memory
