@@ -209,3 +209,46 @@ def test_corpus_add_appends_with_the_split_and_refuses_what_it_must(tmp_path):
     assert "refused 1: thread or id already in the corpus" in done.stdout and "label doubted" in done.stdout
     bad = subprocess.run(script + [str(tmp_path / "missing.jsonl")], capture_output=True, text=True)
     assert bad.returncode == 2 and "cannot read" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_corpus_extend_replaces_a_cut_log_only_with_one_that_holds_it(tmp_path):
+    """scripts/corpus_extend.py: a reviewed longer log that holds the old one verbatim replaces it,
+    with the new review's failure_shown and pod state; the split, label and weights stay. A log that
+    does not hold the old one, one without a verdict and a doubted label leave the sample as it was."""
+    import json
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    samples = [
+        {**CORPUS[0], "id": i, "log": "INFO start\n  File x.py, line 1, in f\n", "failure_shown": False}
+        for i in ("ok", "not-held", "no-verdict", "doubted", "nothing")
+    ]
+    samples[0]["weights_gib_per_gpu"] = 12.5
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps(s) + "\n" for s in samples))
+    longer = samples[0]["log"] + "[...]\nValueError: boom\n"
+    extended = [
+        {"id": "ok", "extended_log": longer, "join": "gap", "evidence": "turn 0"},
+        {"id": "not-held", "extended_log": "ValueError: boom\n", "join": "gap", "evidence": ""},
+        {"id": "no-verdict", "extended_log": longer, "join": "gap", "evidence": ""},
+        {"id": "doubted", "extended_log": longer, "join": "gap", "evidence": ""},
+        {"id": "nothing", "extended_log": None, "join": None, "evidence": ""},
+    ]
+    (tmp_path / "ext.jsonl").write_text("".join(json.dumps(e) + "\n" for e in extended))
+    verdicts = [
+        {"id": i, "failure_shown": True, "label_ok": i != "doubted", "ready_before": False, "exit": 1}
+        for i in ("ok", "not-held", "doubted")
+    ]
+    (tmp_path / "audit.jsonl").write_text("".join(json.dumps(v) + "\n" for v in verdicts))
+    script = [sys.executable, str(root / "scripts" / "corpus_extend.py")]
+    args = [str(tmp_path / "ext.jsonl"), "--corpus", str(corpus), "--audit", str(tmp_path / "audit.jsonl")]
+    done = subprocess.run(script + args, capture_output=True, text=True, check=True)
+    rows = {r["id"]: r for r in (json.loads(line) for line in corpus.read_text().splitlines())}
+    ok = rows.pop("ok")
+    assert ok["log"] == longer and ok["failure_shown"] is True and (ok["ready_before"], ok["exit"]) == (False, 1)
+    assert ok["weights_gib_per_gpu"] == 12.5 and (ok["label"], ok["split"]) == (CORPUS[0]["label"], CORPUS[0]["split"])
+    assert all(r["log"] == samples[0]["log"] and r["failure_shown"] is False for r in rows.values()), done.stdout
+    assert "old log not part of the new one" in done.stdout and "label doubted" in done.stdout
+    bad = subprocess.run(script + [str(tmp_path / "missing.jsonl")], capture_output=True, text=True)
+    assert bad.returncode == 2 and "cannot read" in bad.stderr and "Traceback" not in bad.stderr
