@@ -215,7 +215,7 @@ def test_wrappers_alone_never_decide():
 def test_an_exception_that_points_at_its_root_cause_elsewhere_is_a_wrapper(wrapper):
     log = 'Traceback (most recent call last):\n  File "x/v1/engine/core.py", line 1, in run_engine_core\n    f()\n'
     d = classify(Signals(log=log + wrapper + "\n"))
-    assert (d.cause, d.subtype) == ("unknown", "traceback_without_error")
+    assert (d.cause, d.subtype) == ("unknown", "wrapper_without_cause")
 
 
 @pytest.mark.parametrize(

@@ -33,6 +33,7 @@ from .findings import (
     final_exception,
     findings_of,
     served_before,
+    wrapped_only,
 )
 from .phase import OOM_CAUSE_BY_PHASE, TRACEBACK_START, phase_of_failure
 from .scan import ENGINE, REQUEST, Line, scan
@@ -361,6 +362,17 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
             "other_error",
             exception,
             why="vLLM stopped on an error that is not about memory.",
+        )
+    if wrapped_only(own):
+        return done(
+            m.UNKNOWN,
+            phase_of_failure(findings, None, signals.ready_before),
+            None,
+            "low",
+            "wrapper_without_cause",
+            why="The log's last error only wraps a failure printed elsewhere (its words point to a root cause "
+            "above or in another process), and that failure is not in the log: what failed cannot be told "
+            "and no memory setting is changed.",
         )
     # A traceback whose error line is missing (a cut log, a process killed mid-write) names a
     # phase but no failure: an illegal access there looks the same as an OOM. No memory change.

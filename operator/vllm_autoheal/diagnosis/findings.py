@@ -11,6 +11,7 @@ into the message) is placement.py's.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from . import messages as msg
@@ -206,27 +207,40 @@ def served_before(lines: list[Line], failure: Line) -> bool:
     )
 
 
-def final_exception(engine_lines: list[Line]) -> Line | None:
-    """The last exception the engine printed that is not a generic wrapper: a line named like
-    an error, a C++ terminate, or any `Name: message` line where a Python traceback ends (after a
-    frame, its code line and its carets)."""
-    found = None
+def _exceptions(engine_lines: list[Line]) -> Iterator[Line]:
+    """Each exception line the engine printed: a line named like an error, a C++ terminate, or any
+    `Name: message` line where a Python traceback ends (after a frame, its code line and its carets)."""
     since_frame = 99
     previous = None
     for ln in engine_lines:
         text = ln.match_text
         ends_traceback = 2 <= since_frame <= 3 and RAISED.match(text) is not None
         # (a further line of an exception's message is that message, whatever it looks like)
-        told = (ends_traceback or EXCEPTION_LINE.match(text) or CPP_ABORT.match(text)) and not continues_message(
+        if (ends_traceback or EXCEPTION_LINE.match(text) or CPP_ABORT.match(text)) and not continues_message(
             ln, previous
-        )
+        ):
+            yield ln
         previous = ln
-        if told and not msg.WRAPPERS.search(text):
-            found = ln
         if FRAME_LINE.match(ln.text):
             since_frame = 1
         elif since_frame == 1 or (since_frame == 2 and CARETS.match(ln.text)):
             since_frame += 1  # the frame's code line, then its carets
         else:
             since_frame = 99
+
+
+def final_exception(engine_lines: list[Line]) -> Line | None:
+    """The last exception the engine printed that is not a generic wrapper."""
+    found = None
+    for ln in _exceptions(engine_lines):
+        if not msg.WRAPPERS.search(ln.match_text):
+            found = ln
     return found
+
+
+def wrapped_only(engine_lines: list[Line]) -> bool:
+    """The engine printed a generic wrapper (`See root cause above`, EngineDeadError, ...) and no
+    other exception: the failure it wraps is not in the log."""
+    return final_exception(engine_lines) is None and any(
+        msg.WRAPPERS.search(ln.match_text) for ln in _exceptions(engine_lines)
+    )
