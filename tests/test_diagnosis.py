@@ -887,3 +887,26 @@ def test_a_gpu_newer_than_the_pytorch_build_is_not_memory():
     )
     diag = classify(Signals(log=log, ready_before=False))
     assert (diag.cause, diag.subtype) == ("not_oom", "unsupported_gpu_architecture")
+
+
+SHM_WAIT = (
+    "(EngineCore pid=85) INFO 06-26 22:46:38 [shm_broadcast.py:698] No available shared memory broadcast block "
+    "found in 60 seconds. This typically happens when some processes are hanging or doing some time-consuming "
+    "work (e.g. compilation, weight/kv cache quantization).\n"
+)
+
+
+def test_a_hang_warning_the_engine_went_on_from_is_not_the_failure():
+    """vLLM waits on a long torch.compile: the start-up then goes on (its KV figures follow), so the
+    wait decided nothing; the same wait as the log's last word is a hang (not memory)."""
+    went_on = (
+        SHM_WAIT + "(Worker_TP0 pid=95) INFO 06-26 22:47:13 [gpu_worker.py:466] Available KV cache memory: 10.85 GiB\n"
+    )
+    assert classify(Signals(log=went_on)).cause == "unknown"
+    hung = (
+        "(Worker_TP0 pid=95) INFO 06-26 22:47:13 [gpu_worker.py:466] Available KV cache memory: 10.85 GiB\n" + SHM_WAIT
+    )
+    assert (classify(Signals(log=hung)).cause, classify(Signals(log=hung)).subtype) == (
+        "not_oom",
+        "worker_hang_shm_broadcast",
+    )

@@ -121,7 +121,14 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
         if not (f.message.kind in FAILURE_KINDS and f.line.informational)
         and (f.line.origin == ENGINE or f.message.kind != msg.NOT_OOM)
     ]
-    last_resort = [f for f in found if f.message.kind == msg.NOT_OOM and f not in findings]
+    # A warning after which the engine reached a further milestone was not what stopped it (vLLM's
+    # "No available shared memory broadcast block found in 60 seconds" during a long compile).
+    went_on = [f.line.offset for f in found if f.message.kind == msg.MILESTONE]
+    last_resort = [
+        f
+        for f in found
+        if f.message.kind == msg.NOT_OOM and f not in findings and not any(at > f.line.offset for at in went_on)
+    ]
     by_kind: dict[str, list[Finding]] = {}
     for f in findings:
         by_kind.setdefault(f.message.kind, []).append(f)
