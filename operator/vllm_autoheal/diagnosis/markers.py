@@ -22,7 +22,14 @@ MARKERS: tuple[Message, ...] = (
         r"Capturing cudagraphs|\.capture_model\(|Registering \d+ cuda graph addresses|Profiling CUDA graph memory|"
         r"\.profile_cudagraph_memory\(",
         phase=m.PHASE_CAPTURE,
-        needles=("capture", "Capturing", "cuda.graph(", "cudagraph_memory", "CUDA graph memory"),
+        needles=(
+            "capture",
+            "Capturing",
+            "cuda.graph(",
+            "cudagraph_memory",
+            "CUDA graph memory",
+            "cuda graph addresses",
+        ),
     ),
     _m(
         FRAME,

@@ -239,6 +239,7 @@ NOT_MEMORY: tuple[Message, ...] = (
             "InductorError",
             "CompilationError",
             "triton.compiler.errors",
+            "OutOfResources",
         ),
     ),
     _m(
