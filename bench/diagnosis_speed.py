@@ -179,6 +179,21 @@ def main(argv: list[str] | None = None) -> int:
             shaped.write_text(HEAD + (line + "\n") * (n_size // (len(line) + 1)) + TAIL)
             t, _ = timed(shaped, repeats=2)
             print(f"  {name}: {(t / shaped.stat().st_size) / (n_time / n_size):.2f}x per MB")
+        # Many start-up milestones, then many warnings that only decide as a last resort (and the
+        # other order): whether a last-resort warning came before a milestone must not cost a scan.
+        milestones = "Starting to load model Encoder cache will be initialized with a budget Model loading took 1 GiB"
+        warnings = "No available shared memory broadcast block found in 60 seconds Bus error NCCL WARN"
+        prefix = "(EngineCore_DP0 pid=1) INFO 01-01 00:00:00 [x.py:{}] "
+        half = n_size // 2 // (len(prefix) + len(milestones) + 6)
+        for order, (first, then) in (
+            ("milestones then warnings", (milestones, warnings)),
+            ("the other order", (warnings, milestones)),
+        ):
+            ordered = Path(tmp, "ordered.log")
+            body = [first] * half + [then] * half
+            ordered.write_text("".join(prefix.format(k) + text + "\n" for k, text in enumerate(body)))
+            t, _ = timed(ordered, repeats=2)
+            print(f"  {order}, {half} lines each: {(t / ordered.stat().st_size) / (n_time / n_size):.2f}x per MB")
         b_size = write(big, "normal", int(args.big_mb * 1e6))
         with big.open() as f:
             tracemalloc.start()

@@ -118,17 +118,17 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
     findings = [
         f
         for f in found
-        if not (f.message.kind in FAILURE_KINDS and f.line.informational)
+        if not (f.message.kind in FAILURE_KINDS and (f.line.informational or f.last_resort))
         and (f.line.origin == ENGINE or f.message.kind != msg.NOT_OOM)
     ]
+    kept = {id(f) for f in findings}
     # A warning after which the engine reached a further milestone was not what stopped it (vLLM's
     # "No available shared memory broadcast block found in 60 seconds" during a long compile).
-    went_on = [f.line.offset for f in found if f.message.kind == msg.MILESTONE]
-    last_resort = [
-        f
-        for f in found
-        if f.message.kind == msg.NOT_OOM and f not in findings and not any(at > f.line.offset for at in went_on)
-    ]
+    went_on = max(
+        (f.line.offset for f in found if f.message.kind == msg.MILESTONE and f.line.origin == ENGINE),
+        default=-1,
+    )
+    last_resort = [f for f in found if f.message.kind == msg.NOT_OOM and id(f) not in kept and f.line.offset > went_on]
     by_kind: dict[str, list[Finding]] = {}
     for f in findings:
         by_kind.setdefault(f.message.kind, []).append(f)

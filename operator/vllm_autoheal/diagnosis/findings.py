@@ -56,6 +56,7 @@ class Finding:
     line: Line
     message: msg.Message
     match: re.Match[str]
+    last_resort: bool = False  # decides only when nothing else does (a further line of a message)
 
 
 # Each distinct needle of all the messages is looked for once a line (str `in`, C speed), and
@@ -124,7 +125,11 @@ def findings_of(lines: list[Line]) -> list[Finding]:
         where, opened = placement.of(line)  # where in its message the line is (placement.py)
         # a value written into a message (an opening progress line is one until it shows the engine's words)
         line.value = where == VALUE or (where == OPENING and line.informational)
-        quoted = _quoted(line, before)
+        # A further line of an exception's message is that message's text (a client's, in a request's
+        # traceback): it names no phase, no figure and no memory failure, and it may say "not memory"
+        # only as a last resort. An exception of a type that carries no failure names no memory failure.
+        continued = continues_message(line, before)
+        quoted = _of_another_type(line)
         text = line.match_text
         lowered = text.lower()
         present = _present(text, lowered)
@@ -152,18 +157,20 @@ def findings_of(lines: list[Line]) -> list[Finding]:
             if (
                 found
                 and not (quoted and message.kind in DECIDING)
+                and not (continued and message.kind != msg.NOT_OOM)
                 and (
                     line.origin == ENGINE
                     or (message.kind == msg.NOT_OOM and request_error)
-                    or (anchor is not None and found.start() == anchor.end())
+                    # (the engine's failure a request's traceback carries: no marker of the client's)
+                    or (anchor is not None and found.start() == anchor.end() and message.kind in FAILURE_KINDS)
                 )
             ):
-                out.append(Finding(line, message, found))
+                out.append(Finding(line, message, found, last_resort=continued))
                 memory = memory or message.kind == msg.MEMORY
         if where != ANY:
             out[mark:] = _placed(out[mark:], where, opened)
             continue
-        if not memory and line.origin == ENGINE and not quoted:
+        if not memory and line.origin == ENGINE and not quoted and not continued:
             out += _wrapped(line, lines[i + 1 : i + 3])
     return out
 

@@ -25,7 +25,8 @@ WRAPPER_WORDS = (
     r"Got fatal signal from worker processes|[Rr]oot cause|[Ss]ee (?:the )?stack ?trace|"
     r"The actor died|ExceptionGroup: |"  # (Ray's ActorDiedError/RayActorError, with or without its type)
     # the other end of a pipe or socket went away: the process that died there holds the failure
-    r"^(?:[\w.]{1,80}\.)?(?:EOFError|BrokenPipeError|ConnectionResetError)\b|"
+    # (a bare EOFError: pickle's `EOFError: Ran out of input` on a cut checkpoint is a failure of its own)
+    r"^(?:[\w.]{1,80}\.)?(?:EOFError\s*$|BrokenPipeError\b|ConnectionResetError\b)|"
     # NCCL names the CUDA call's failure on its "Last error:" line ('out of memory' or another)
     r"unhandled cuda error"
 )
