@@ -88,14 +88,6 @@ def _present(text: str, lowered: str) -> set[str]:
 DECIDING = (FAILURE_KINDS - {msg.NOT_OOM}) | {msg.BUDGET}  # what may name a memory cause
 
 
-def _quoted(line: Line, previous: Line | None) -> bool:
-    """The line is text quoted inside an exception, not a failure the engine reports: an exception
-    of a type that carries no such failure, or a further line of the message of the exception
-    line just before it (a newline in a client's id or path; a real traceback goes on with a
-    frame, or a new logged message)."""
-    return _of_another_type(line) or continues_message(line, previous)
-
-
 def _of_another_type(line: Line) -> bool:
     """An exception of a type that carries none of the failures the classifier names."""
     typed = EXCEPTION_TYPE.match(line.text)
