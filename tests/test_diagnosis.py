@@ -55,6 +55,8 @@ def test_dev_corpus_accuracy_and_no_false_memory():
         "[2026-01-26T17:25:37Z] \x1b[0;36m(EngineCore_DP0 pid=738)\x1b[0;0m \x1b[31mERROR\x1b[0m \x1b[90m01-26 09:25:37"
         "\x1b[0m \x1b[90m[core.py:935]\x1b[0m ",
         "^[[0;36m(EngineCore_DP0 pid=738)^[[0;0m ERROR 01-26 09:25:37 [core.py:935] ",
+        # the kubelet's CRI log file (/var/log/pods/...), as a node-level collector ships it
+        "2026-01-26T17:25:37.123456789Z stderr F (EngineCore_DP0 pid=738) ERROR 01-26 09:25:37 [core.py:935] ",
     ],
 )
 def test_prefixes_colours_and_carriage_returns_are_handled(prefix):
@@ -71,6 +73,18 @@ def test_prefixes_colours_and_carriage_returns_are_handled(prefix):
     assert d.numbers["estimated_max_model_len"] == 32464
     assert d.numbers["max_seq_len"] == 131072
     assert d.numbers["needed_gib"] == 16.0 and d.numbers["available_gib"] == 3.96
+
+
+def test_docker_json_file_records_are_read_as_their_lines():
+    """`docker logs` keeps each line as a JSON record (the json-file driver), escapes and colours
+    included: a log copied from the node reads as the lines it holds."""
+    lines = ["\x1b[0;36m(EngineCore_DP0 pid=738)\x1b[0;0m ERROR 01-26 09:25:37 [core.py:935] " + KV_V1, "x"]
+    log = "".join(
+        json.dumps({"log": ln + "\n", "stream": "stderr", "time": "2026-01-26T17:25:37Z"}) + "\n" for ln in lines
+    )
+    d = classify(Signals(log=log + '{"log": not json\n'))
+    assert d.cause == "kv_cache_insufficient" and d.numbers["estimated_max_model_len"] == 32464
+    assert d.evidence and not d.evidence[0].startswith("{")
 
 
 def test_rank_is_read_from_prefixes():
