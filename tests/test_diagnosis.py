@@ -55,8 +55,6 @@ def test_dev_corpus_accuracy_and_no_false_memory():
         "[2026-01-26T17:25:37Z] \x1b[0;36m(EngineCore_DP0 pid=738)\x1b[0;0m \x1b[31mERROR\x1b[0m \x1b[90m01-26 09:25:37"
         "\x1b[0m \x1b[90m[core.py:935]\x1b[0m ",
         "^[[0;36m(EngineCore_DP0 pid=738)^[[0;0m ERROR 01-26 09:25:37 [core.py:935] ",
-        # the kubelet's CRI log file (/var/log/pods/...), as a node-level collector ships it
-        "2026-01-26T17:25:37.123456789Z stderr F (EngineCore_DP0 pid=738) ERROR 01-26 09:25:37 [core.py:935] ",
     ],
 )
 def test_prefixes_colours_and_carriage_returns_are_handled(prefix):
@@ -75,16 +73,71 @@ def test_prefixes_colours_and_carriage_returns_are_handled(prefix):
     assert d.numbers["needed_gib"] == 16.0 and d.numbers["available_gib"] == 3.96
 
 
-def test_docker_json_file_records_are_read_as_their_lines():
-    """`docker logs` keeps each line as a JSON record (the json-file driver), escapes and colours
-    included: a log copied from the node reads as the lines it holds."""
-    lines = ["\x1b[0;36m(EngineCore_DP0 pid=738)\x1b[0;0m ERROR 01-26 09:25:37 [core.py:935] " + KV_V1, "x"]
-    log = "".join(
-        json.dumps({"log": ln + "\n", "stream": "stderr", "time": "2026-01-26T17:25:37Z"}) + "\n" for ln in lines
+PROMPT_LINE = (
+    "(APIServer pid=7) INFO 01-26 09:25:30 [logger.py:41] Received request chatcmpl-1: prompt: '"
+    + "x" * 20000
+    + " torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 64.00 GiB. ZZUSERZZ'"
+)
+NODE_LINES = [
+    "\x1b[0;36m(EngineCore_DP0 pid=738)\x1b[0;0m INFO 01-26 09:25:20 [core.py:1] Application startup complete.",
+    PROMPT_LINE,
+    "(EngineCore_DP0 pid=738) ERROR 01-26 09:25:37 [core.py:935] " + KV_V1,
+]
+
+
+def _records(line: str, size: int = 16384) -> list[str]:
+    """A runtime's pieces of one line: each but the last is partial."""
+    return [line[k : k + size] for k in range(0, len(line), size)] or [""]
+
+
+def _cri(lines: list[str], zone: str = "Z") -> str:
+    out = []
+    for k, line in enumerate(lines):
+        pieces = _records(line)
+        for n, piece in enumerate(pieces):
+            tag = "F" if n == len(pieces) - 1 else "P"
+            out.append(f"2026-01-26T17:25:{k:02d}.123456789{zone} stderr {tag} {piece}\n")
+    return "".join(out)
+
+
+def _docker(lines: list[str]) -> str:
+    out = []
+    for line in lines:
+        pieces = _records(line)
+        for n, piece in enumerate(pieces):
+            text = piece + ("\n" if n == len(pieces) - 1 else "")
+            out.append(json.dumps({"log": text, "stream": "stderr", "time": "2026-01-26T17:25:37Z"}) + "\n")
+    return "".join(out)
+
+
+@pytest.mark.parametrize(
+    "encode",
+    [_cri, lambda lines: _cri(lines, "+01:00"), _docker],
+    ids=["cri", "cri-zone-offset", "docker-json-file"],
+)
+def test_a_log_copied_from_a_node_reads_as_the_lines_the_container_wrote(encode):
+    """The kubelet's CRI files and docker's json-file records hold the container's lines; a line over
+    the runtime's 16 KiB buffer comes in pieces (partial records), joined back: the piece of a long
+    prompt that starts a record is still the prompt's, not a line of its own."""
+    plain = classify(Signals(log="\n".join(NODE_LINES) + "\n"))
+    node = classify(Signals(log=encode(NODE_LINES)))
+    assert plain.cause == "kv_cache_insufficient" and plain.numbers["estimated_max_model_len"] == 32464
+    assert (node.cause, node.subtype, node.numbers, node.evidence) == (
+        plain.cause,
+        plain.subtype,
+        plain.numbers,
+        plain.evidence,
     )
-    d = classify(Signals(log=log + '{"log": not json\n'))
-    assert d.cause == "kv_cache_insufficient" and d.numbers["estimated_max_model_len"] == 32464
-    assert d.evidence and not d.evidence[0].startswith("{")
+    assert "ZZUSERZZ" not in json.dumps(node.to_dict())
+
+
+def test_a_record_that_is_no_json_or_too_deep_is_read_as_text():
+    """A docker-format log whose record does not parse (cut, or nested past the parser's recursion)
+    is read as its text; nothing raises."""
+    lines = [json.dumps({"log": "INFO 01-26 09:25:20 [core.py:1] Application startup complete.\n"})]
+    lines += ['{"log": ' + "[" * 5000, '{"log": "cut', json.dumps({"log": KV_V1 + "\n"})]
+    d = classify(Signals(log="\n".join(lines) + "\n"))
+    assert d.cause == "kv_cache_insufficient"
 
 
 def test_rank_is_read_from_prefixes():

@@ -368,11 +368,14 @@ def test_a_wrapper_quoting_the_real_error_on_its_line_is_not_wrapper_without_cau
     ids=["exception-name", "oom", "text"],
 )
 def test_a_client_line_going_on_a_wrappers_message_is_neither_read_nor_quoted(client):
-    """Found nothing: the engine's EngineDeadError, its message going on over a line a client wrote
-    (same header): still wrapper_without_cause, nothing quoted."""
+    """Found nothing: the API server's EngineDeadError (its handler's header: a request's), its message
+    going on over a line a client wrote: still wrapper_without_cause, nothing quoted. (After the second
+    review a further line of the ENGINE's own exception is read as that exception's message, as NCCL's
+    `Last error:` line must be; EngineDeadError's message is vLLM's fixed text, so no client writes one.)"""
     wrapper = "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) "
-    d = classify(Signals(log=_engine_traceback(wrapper + "for the root cause.\n" + H + client)))
-    assert (d.cause, d.subtype, d.evidence) == ("unknown", "wrapper_without_cause", [])
+    api = "(APIServer pid=1) ERROR 12-01 04:48:08 [serving_chat.py:1] "
+    d = classify(Signals(log=_engine_traceback("KeyError: 0") + api + wrapper + "for the root cause.\n" + api + client))
+    assert (d.cause, d.subtype) == ("not_oom", "other_error")
     assert "ZZUSERZZ" not in json.dumps(d.to_dict())
 
 

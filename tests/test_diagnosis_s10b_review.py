@@ -76,7 +76,6 @@ from test_diagnosis_injection import (  # noqa: E402
     _base,
     _hf_download_failure,
     _preprocess_error,
-    _same,
     _vllm_log,
     _with,
 )
@@ -115,13 +114,17 @@ def _docker(log: str, record: int | None = None) -> str:
     for i, line in enumerate(log.splitlines()):
         text = line + "\n"
         parts = [text[k : k + record] for k in range(0, len(text), record)] if record else [text]
-        out += [json.dumps({"log": p, "stream": "stderr", "time": f"2025-01-01T00:00:{i % 60:02d}.{i:09d}Z"}) for p in parts]
+        out += [
+            json.dumps({"log": p, "stream": "stderr", "time": f"2025-01-01T00:00:{i % 60:02d}.{i:09d}Z"}) for p in parts
+        ]
     return "\n".join(out) + "\n"
 
 
 def _timestamps(log: str) -> str:
     """`kubectl logs --timestamps`: each line its own RFC 3339 time."""
-    return "\n".join(f"2025-01-01T00:00:00.{123456789 + i:09d}Z {line}" for i, line in enumerate(log.splitlines())) + "\n"
+    return (
+        "\n".join(f"2025-01-01T00:00:00.{123456789 + i:09d}Z {line}" for i, line in enumerate(log.splitlines())) + "\n"
+    )
 
 
 def _check(crafted_log: str, harmless_log: str, what: str) -> None:
@@ -155,9 +158,7 @@ def test_the_third_line_of_a_clients_exception_message_is_still_the_clients(base
     traceback line or a new logged message, is the message's."""
     carry = THIRD_LINE_CARRIERS[carrier]
     base_log = _base(base_name)
-    _check(
-        _with(base_log, carry("a\nb\n" + OOM), "middle"), _with(base_log, carry("a\nb\nc"), "middle"), carrier
-    )
+    _check(_with(base_log, carry("a\nb\n" + OOM), "middle"), _with(base_log, carry("a\nb\nc"), "middle"), carrier)
 
 
 def test_the_second_line_of_a_clients_exception_message_stays_closed():
@@ -338,13 +339,11 @@ def test_a_docker_json_spelled_line_in_a_clients_message_is_still_the_message():
     _check(_with(base_log, ASGI + record, "end"), _with(base_log, ASGI + "hello", "end"), "json-spelled")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="one more spelling of the s9 review's known limit (VLLM_HEADER_IN_A_MESSAGE): a line that opens "
-    "with vLLM's own header after a headerless exception line is a new logged message; the record's JSON "
-    "gives a client nothing a bare header did not",
-)
 def test_a_docker_record_with_vllms_header_in_a_clients_message():
+    """Was a strict xfail on 785d0ec (one more spelling of the s9 review's VLLM_HEADER_IN_A_MESSAGE):
+    a docker record inside a plain-text log is no longer unwrapped line by line (a node's log file is
+    told by its first line, for the whole input), so the record is a further line of the client's
+    message, as any text there."""
     base_log = _base("neg-2734-llama2-70b-tp8-timeout")
     forged = "(EngineCore_DP0 pid=1) ERROR 01-01 00:00:00 [core.py:1] " + OOM
     record = json.dumps({"log": forged + "\n", "stream": "stderr", "time": "2025-01-01T00:00:00Z"})
@@ -384,7 +383,9 @@ def test_a_clients_milestone_on_a_request_line_in_a_cri_file_drops_no_hang(base_
     """Found nothing: in a CRI file the add_lora carrier's line is no further line (section 4), but it is
     a REQUEST line, and only the engine's milestones say the engine went on."""
     base_log = _base(base_name)
-    crafted = _cri(_with(base_log, _add_lora_failure("a\nRuntimeError: Application startup complete. ZZUSERZZ", "/a"), "end"))
+    crafted = _cri(
+        _with(base_log, _add_lora_failure("a\nRuntimeError: Application startup complete. ZZUSERZZ", "/a"), "end")
+    )
     harmless = _cri(_with(base_log, _add_lora_failure("a\nRuntimeError: hello", "/a"), "end"))
     _check(crafted, harmless, "milestone")
 
@@ -436,7 +437,9 @@ def test_the_engines_own_oom_right_after_a_clients_exception_line_still_decides(
     base_log = _base("local-h200-runtime")
     lines = base_log.splitlines()
     at = next(i for i, line in enumerate(lines) if "torch.OutOfMemoryError" in line)
-    crafted = "\n".join(lines[:at] + ASGI.replace("TemplateError: x", "TemplateError: ZZUSERZZ").splitlines() + lines[at:])
+    crafted = "\n".join(
+        lines[:at] + ASGI.replace("TemplateError: x", "TemplateError: ZZUSERZZ").splitlines() + lines[at:]
+    )
     d = classify(Signals(log=crafted + "\n"))
     base = classify(Signals(log=base_log))
     assert (d.cause, d.subtype, d.numbers) == (base.cause, base.subtype, base.numbers)

@@ -20,6 +20,7 @@ from .placement import (
     ANY,
     CARETS,
     CARRIES_FAILURES,
+    COLLECTOR_TIME,
     EXCEPTION_LINE,
     EXCEPTION_TYPE,
     FRAME_LINE,
@@ -94,12 +95,45 @@ def _of_another_type(line: Line) -> bool:
     return bool(typed and not CARRIES_FAILURES.search(typed.group(1)) and not REPORTER.match(line.text))
 
 
-def continues_message(line: Line, previous: Line | None) -> bool:
-    """A further line of the message of the exception line just before it (same header, and no
-    frame or traceback line: a real traceback goes on with one, or with a new logged message)."""
-    if previous is None or previous.header != line.header or not EXCEPTION_LINE.match(previous.text):
-        return False
-    return not (FRAME_LINE.match(line.text) or line.text.startswith(("Traceback",) + TRACEBACK_TEXT[1:]))
+# A traceback that runs through the web framework or an API handler is a request's: its exception
+# may carry the request's text, over as many lines as the client likes.
+REQUEST_FRAME = re.compile(r'File "[^"]{0,300}(?:/starlette/|/fastapi/|/uvicorn/|/serving_\w{1,40}\.py")')
+_PROCESS = re.compile(r"\([\w.:-]{1,60}(?:\s+rank=\d{1,4})?,?\s{0,4}pid=\d{1,10}")
+
+
+def _writer(line: Line) -> tuple[str, str, int | None]:
+    """Who printed the line: vLLM's logger header (a collector's per-line time aside), the process
+    prefix and the rank. (glog's and KServe's headers, backticks, are no writer of their own.)"""
+    prefix = line.raw[: len(line.raw) - len(line.text)] if line.raw.endswith(line.text) else ""
+    process = _PROCESS.search(prefix)
+    return COLLECTOR_TIME.sub("", line.header), process.group(0) if process else "", line.rank
+
+
+def mark_continuations(lines: list[Line]) -> None:
+    """Mark each line that goes on the message of an exception line above it (a newline in a
+    client's id, path or template text; NCCL's `Last error:`; a pydantic error's details): the same
+    writer, with no frame or traceback line in between (a real traceback goes on with one, a new
+    logged message with a header of its own). Such a line is the engine's own words only when the
+    exception is: the engine's line, of a type that carries failures, and no request's traceback
+    (NCCL's `unhandled cuda error` names its failure there)."""
+    writer = None
+    engines = in_request = False
+    for line in lines:
+        text = line.text
+        ends = True
+        if text.startswith(TRACEBACK_TEXT):
+            in_request = in_request and text.startswith(TRACEBACK_TEXT[1:])  # (a chained one goes on)
+        elif FRAME_LINE.match(text):
+            in_request = in_request or REQUEST_FRAME.search(text) is not None
+        else:
+            ends = False
+            in_request = in_request or text.startswith("Exception in ASGI application")
+        # (most lines follow no exception line: who wrote them is asked only when one is open)
+        line.continued = writer is not None and not ends and _writer(line) == writer
+        line.engine_message = line.continued and engines
+        if not line.continued:
+            writer = _writer(line) if EXCEPTION_LINE.match(text) else None
+            engines = writer is not None and line.origin == ENGINE and not in_request and not _of_another_type(line)
 
 
 ROW_CHAR_BUDGET = 16 * 1024  # characters of regex search a line may cost, over all its rows
@@ -108,19 +142,20 @@ ROW_SHARE_MIN = 256
 
 def findings_of(lines: list[Line]) -> list[Finding]:
     out = []
-    previous: Line | None = None
     placement = Placement()
+    mark_continuations(lines)
     for i, line in enumerate(lines):
-        before, previous = previous, line
         if line.origin not in (ENGINE, REQUEST):
             continue
         where, opened = placement.of(line)  # where in its message the line is (placement.py)
         # a value written into a message (an opening progress line is one until it shows the engine's words)
         line.value = where == VALUE or (where == OPENING and line.informational)
-        # A further line of an exception's message is that message's text (a client's, in a request's
-        # traceback): it names no phase, no figure and no memory failure, and it may say "not memory"
-        # only as a last resort. An exception of a type that carries no failure names no memory failure.
-        continued = continues_message(line, before)
+        # A further line of an exception's message is that message's text: the engine's own failure
+        # (NCCL's `Last error:` line), or else a client's (a request's traceback), which names no phase,
+        # no figure and no memory failure, and may say "not memory" only as a last resort. An
+        # exception of a type that carries no failure names no memory failure.
+        continued = line.continued
+        untrusted = continued and not line.engine_message
         quoted = _of_another_type(line)
         text = line.match_text
         lowered = text.lower()
@@ -149,7 +184,7 @@ def findings_of(lines: list[Line]) -> list[Finding]:
             if (
                 found
                 and not (quoted and message.kind in DECIDING)
-                and not (continued and message.kind != msg.NOT_OOM)
+                and not (untrusted and message.kind != msg.NOT_OOM)
                 and (
                     line.origin == ENGINE
                     or (message.kind == msg.NOT_OOM and request_error)
@@ -157,7 +192,7 @@ def findings_of(lines: list[Line]) -> list[Finding]:
                     or (anchor is not None and found.start() == anchor.end() and message.kind in FAILURE_KINDS)
                 )
             ):
-                out.append(Finding(line, message, found, last_resort=continued))
+                out.append(Finding(line, message, found, last_resort=untrusted))
                 memory = memory or message.kind == msg.MEMORY
         if where != ANY:
             out[mark:] = _placed(out[mark:], where, opened)
@@ -210,16 +245,12 @@ def _exceptions(engine_lines: list[Line]) -> Iterator[Line]:
     """Each exception line the engine printed: a line named like an error, a C++ terminate, or any
     `Name: message` line where a Python traceback ends (after a frame, its code line and its carets)."""
     since_frame = 99
-    previous = None
     for ln in engine_lines:
         text = ln.match_text
         ends_traceback = 2 <= since_frame <= 3 and RAISED.match(text) is not None
         # (a further line of an exception's message is that message, whatever it looks like)
-        if (ends_traceback or EXCEPTION_LINE.match(text) or CPP_ABORT.match(text)) and not continues_message(
-            ln, previous
-        ):
+        if (ends_traceback or EXCEPTION_LINE.match(text) or CPP_ABORT.match(text)) and not ln.continued:
             yield ln
-        previous = ln
         if FRAME_LINE.match(ln.text):
             since_frame = 1
         elif since_frame == 1 or (since_frame == 2 and CARETS.match(ln.text)):

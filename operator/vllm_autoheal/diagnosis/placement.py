@@ -57,7 +57,7 @@ REPORTER = re.compile(
 )
 TRACEBACK_TEXT = ("Traceback (most recent call last)", "The above exception", "During handling of the above")
 _REPR = re.compile(r"^[A-Za-z_][\w.]{0,200}(?:Error|Exception)\(")  # `OutOfMemoryError('...')`
-_COLLECTOR_TIME = re.compile(r"\d{4}-\d\d-\d\d[T ][\d:.,]{1,20}Z?")  # a collector stamps each line its own
+COLLECTOR_TIME = re.compile(r"\d{4}-\d\d-\d\d[T ][\d:.,]{1,20}Z?")  # a collector stamps each line its own
 
 ANY = "any"  # every finding counts
 OPENING = "opening"  # a progress line that opens a message: it must open with the engine's words
@@ -82,7 +82,7 @@ class Placement:
     def of(self, line: Line) -> tuple[str, LoggedMessage | None]:
         if line.origin != ENGINE or not line.source_file:
             return ANY, None
-        key = _COLLECTOR_TIME.sub("", line.header)
+        key = COLLECTOR_TIME.sub("", line.header)
         message = self._open.get(key)
         first = message is None
         if message is None:

@@ -18,14 +18,13 @@ words identify them.
 
 from __future__ import annotations
 
-import json
 import re
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import IO
 
-from . import collector
+from . import collector, container_log
 from .candidates import MAX_LINE, head_candidates, tail_candidates
 
 CHUNK = 1 * 2**20
@@ -44,7 +43,6 @@ _PREFIXES = re.compile(
     r"^(?:"
     r"\s{0,8}\[?\d{4}-\d\d-\d\d[T ][\d:.,]{1,20}Z?\]?\s{0,8}"  # ISO timestamps
     r"|\s{0,8}[\w.-]{0,40}\s{0,8}\|\s"  # docker compose "svc-1  | "
-    r"|\s{0,8}(?:stdout|stderr)\s[FP]\s"  # the kubelet's CRI log files: "<time> stderr F <line>"
     r"|\s{0,8}\((?:(?P<proc>[\w.:-]{1,60})(?:\s+rank=(?P<rank>\d{1,4}))?)?(?:,?\s{0,4}pid=\d{1,10})?"
     r"(?:,?\s{1,4}ip=[\w.:]{1,60})?\)\s{0,8}"  # (EngineCore_DP0 pid=1), Ray's (Name pid=1, ip=h), (pid=1)
     r"|\s{0,8}\[rank(?P<rank2>\d{1,4})\]:\s{0,8}"  # torchrun "[rank0]:"
@@ -144,6 +142,8 @@ class Line:
     level: str | None = None  # the logger level in the header (INFO, WARNING, ERROR, ...)
     header: str = ""  # the prefixes and logger header as printed, before `text`
     value: bool = False  # a value written into a message (placement.py): no exception nor frame of the engine's
+    continued: bool = False  # goes on the message of an exception line above it (findings.mark_continuations)
+    engine_message: bool = False  # ... of an exception that is the engine's own (not a request's, not quoted)
 
     @property
     def informational(self) -> bool:
@@ -304,19 +304,6 @@ def _chunks(source: str | IO[str] | Iterable[str]) -> Iterable[str]:
         yield from source
 
 
-def _unwrapped(text: str) -> str:
-    """The line a docker json-file record holds ({"log": "<line>\\n", "stream": ..., "time": ...}:
-    one record a line, as `docker logs` keeps them on disk); any other text as it is."""
-    if not text.startswith('{"log":'):
-        return text
-    try:
-        record = json.loads(text)
-    except ValueError:
-        return text
-    line = record.get("log") if isinstance(record, dict) else None
-    return line.rstrip("\n").replace("\n", " ") if isinstance(line, str) else text
-
-
 def scan(source: str | IO[str] | Iterable[str]) -> Scan:
     """Candidate lines of the head and tail windows and every line of the last RAW_TAIL_BYTES,
     in input order, normalized and tagged with their origin."""
@@ -324,7 +311,7 @@ def scan(source: str | IO[str] | Iterable[str]) -> Scan:
     tail: deque[str] = deque()  # the last TAIL_BYTES (or a little more), as read
     tail_len = 0
     seen = 0
-    for chunk in _chunks(source):
+    for chunk in container_log.unpacked(_chunks(source)):  # (a node's log file: the lines it holds)
         # A bare "\r" ends no line: vLLM's formatter writes a header after each "\n" of a message
         # (as "\r\n" + header), never after a "\r", so a "\r" inside a message (a client's JSON
         # request_id) would start a headerless line of the client's choosing. (A progress bar
@@ -370,7 +357,7 @@ def scan(source: str | IO[str] | Iterable[str]) -> Scan:
             merged.setdefault(tail_base + start + begin, piece[:MAX_LINE])
             kept, size = kept + 1, size + len(piece) + 1
         end = begin
-    clean = {off: _ANSI.sub("", _unwrapped(merged[off])) for off in sorted(merged)}
+    clean = {off: _ANSI.sub("", merged[off]) for off in sorted(merged)}
     prefix = collector.prefix_of(clean.values(), structured)
     lines = [line for off, text in clean.items() if (line := _line_of(off, collector.cut(text, prefix, structured)))]
     _continuations(lines)
