@@ -18,8 +18,7 @@ from vllm_autoheal.api import (
     OperatorAction,
     RecordedAction,
 )
-from vllm_autoheal.diagnosis.classify import EXPLANATIONS
-from vllm_autoheal.diagnosis.model import CAUSES, Cause, Diagnosis, EnginePhase
+from vllm_autoheal.diagnosis.model import CAUSES, EXPLANATIONS, Cause, Diagnosis, EnginePhase
 from vllm_autoheal.report import ADVICE
 
 

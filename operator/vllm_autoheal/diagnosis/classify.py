@@ -162,7 +162,7 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
             diag.numbers["exit_code"] = signals.exit_code
         if first and first.line.rank is not None:
             diag.numbers["rank"] = first.line.rank
-        diag.explanation = why or EXPLANATIONS.get(cause, "")
+        diag.explanation = why or m.EXPLANATIONS.get(cause, "")
         if source == "log-tail-only":
             diag.explanation += " (Read from the log tail in the termination message only.)"
         return diag
@@ -401,17 +401,3 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
         "low",
         why="No known failure message was found" + (" (empty log)." if not log.strip() else "."),
     )
-
-
-EXPLANATIONS: dict[m.Cause, str] = {
-    m.KV_CACHE_INSUFFICIENT: "The memory left for the KV cache cannot hold one request of max_model_len.",
-    m.GPU_UTIL_EXCEEDS_FREE: "vLLM asked for more memory than was free: something else holds part of it.",
-    m.WEIGHTS_LOAD_OOM: "The model weights do not fit in the GPU memory vLLM may use.",
-    m.PROFILING_OOM: "Out of memory in the start-up profiling run (the dummy batch or sampler warm-up).",
-    m.CUDAGRAPH_CAPTURE_OOM: "Out of memory while capturing CUDA graphs at the end of start-up.",
-    m.RUNTIME_OOM: "Out of GPU memory while serving requests, after a successful start.",
-    m.MULTI_GPU_OOM: "Out of memory on one GPU of a multi-GPU deployment.",
-    m.HOST_RAM_OOM: "The machine or container ran out of host (CPU) RAM.",
-    m.NOT_OOM: "The crash is not about memory; memory settings must not be changed for it.",
-    m.UNKNOWN: "No known failure message was found.",
-}

@@ -8,7 +8,7 @@ from typing import Any
 
 
 class Cause(StrEnum):
-    """Every cause a diagnosis can name: the one table the explanation (classify.EXPLANATIONS),
+    """Every cause a diagnosis can name: the one table the explanation (EXPLANATIONS below),
     advice (report.ADVICE) and remedy (remedy.PLANS) tables are keyed by."""
 
     KV_CACHE_INSUFFICIENT = "kv_cache_insufficient"
@@ -50,6 +50,20 @@ class EnginePhase(StrEnum):
 ) = tuple(Cause)
 CAUSES = tuple(Cause)
 MEMORY_CAUSES = frozenset(Cause) - {Cause.NOT_OOM, Cause.UNKNOWN}
+
+# What each cause means, in a diagnosis' explanation when nothing more specific is said.
+EXPLANATIONS: dict[Cause, str] = {
+    KV_CACHE_INSUFFICIENT: "The memory left for the KV cache cannot hold one request of max_model_len.",
+    GPU_UTIL_EXCEEDS_FREE: "vLLM asked for more memory than was free: something else holds part of it.",
+    WEIGHTS_LOAD_OOM: "The model weights do not fit in the GPU memory vLLM may use.",
+    PROFILING_OOM: "Out of memory in the start-up profiling run (the dummy batch or sampler warm-up).",
+    CUDAGRAPH_CAPTURE_OOM: "Out of memory while capturing CUDA graphs at the end of start-up.",
+    RUNTIME_OOM: "Out of GPU memory while serving requests, after a successful start.",
+    MULTI_GPU_OOM: "Out of memory on one GPU of a multi-GPU deployment.",
+    HOST_RAM_OOM: "The machine or container ran out of host (CPU) RAM.",
+    NOT_OOM: "The crash is not about memory; memory settings must not be changed for it.",
+    UNKNOWN: "No known failure message was found.",
+}
 
 PHASE_LOAD, PHASE_PROFILE, PHASE_KV, PHASE_CAPTURE, PHASE_SERVING, PHASE_UNKNOWN, PHASE_PREDICTED = tuple(EnginePhase)
 PHASES = tuple(EnginePhase)
