@@ -150,8 +150,8 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
         diag.subtype = subtype or (first.message.subtype if first else None)
         # (a further line of an exception's message may be a client's: it decides "not memory" as a
         # last resort, and is never quoted)
-        quoted = first.line if first and not first.last_resort else None
-        diag.evidence = _evidence(quoted, support, engine_error=first is not None and first.message.kind != msg.NOT_OOM)
+        cited = first.line if first and not first.last_resort else None
+        diag.evidence = _evidence(cited, support, engine_error=first is not None and first.message.kind != msg.NOT_OOM)
         diag.numbers = {
             k: v for k, v in ar.numbers(findings, first, device_gib, diag.notes).items() if k not in ("tp", "pp")
         }

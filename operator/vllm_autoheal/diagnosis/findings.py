@@ -32,7 +32,7 @@ from .placement import (
     LoggedMessage,
     Placement,
 )
-from .scan import ACCESS, ENGINE, MATCH_CHARS, REQUEST, USER, Line
+from .scan import ACCESS, ENGINE, MATCH_CHARS, REQUEST, USER, Line, process_of
 
 # Kinds that name a failure: only an error the engine reported (not a progress or warning line,
 # not a request's own error) decides with them.
@@ -98,15 +98,13 @@ def _of_another_type(line: Line) -> bool:
 # A traceback that runs through the web framework or an API handler is a request's: its exception
 # may carry the request's text, over as many lines as the client likes.
 REQUEST_FRAME = re.compile(r'File "[^"]{0,300}(?:/starlette/|/fastapi/|/uvicorn/|/serving_\w{1,40}\.py")')
-_PROCESS = re.compile(r"\([\w.:-]{1,60}(?:\s+rank=\d{1,4})?,?\s{0,4}pid=\d{1,10}")
 
 
 def _writer(line: Line) -> tuple[str, str, int | None]:
     """Who printed the line: vLLM's logger header (a collector's per-line time aside), the process
     prefix and the rank. (glog's and KServe's headers, backticks, are no writer of their own.)"""
     prefix = line.raw[: len(line.raw) - len(line.text)] if line.raw.endswith(line.text) else ""
-    process = _PROCESS.search(prefix)
-    return COLLECTOR_TIME.sub("", line.header), process.group(0) if process else "", line.rank
+    return COLLECTOR_TIME.sub("", line.header), process_of(prefix), line.rank
 
 
 def mark_continuations(lines: list[Line]) -> None:
@@ -271,6 +269,5 @@ def final_exception(engine_lines: list[Line]) -> Line | None:
 def wrapped_only(engine_lines: list[Line]) -> bool:
     """The engine printed a generic wrapper (`See root cause above`, EngineDeadError, ...) and no
     other exception: the failure it wraps is not in the log."""
-    return final_exception(engine_lines) is None and any(
-        msg.WRAPPERS.search(ln.match_text) for ln in _exceptions(engine_lines)
-    )
+    wrappers = [msg.WRAPPERS.search(ln.match_text) is not None for ln in _exceptions(engine_lines)]
+    return bool(wrappers) and all(wrappers)

@@ -273,7 +273,7 @@ def _continuations(lines: list[Line]) -> None:
         if key in still_open:
             line.origin = still_open[key] if line.origin == ENGINE else line.origin
             continue
-        still_open = {k: v for k, v in still_open.items() if _process(k) != _process(key)}
+        still_open = {k: v for k, v in still_open.items() if process_of(k) != process_of(key)}
         # A message that starts as user text opens; a user-text line inside a message (a
         # traceback's code line naming a request) does not make the rest of it user text.
         if line.origin == USER and starts_message:
@@ -285,7 +285,8 @@ def _continuations(lines: list[Line]) -> None:
 _PROCESS = re.compile(r"\([\w.:-]{1,60}(?:\s+rank=\d{1,4})?,?\s{0,4}pid=\d{1,10}")
 
 
-def _process(header: str) -> str:
+def process_of(header: str) -> str:
+    """The process prefix a header names ('(EngineCore_DP0 pid=1'), or ''."""
     found = _PROCESS.search(header)
     return found.group(0) if found else ""
 
