@@ -56,6 +56,18 @@ asserted); a CRI file with a zone offset or blank lines before its first record 
 Corpus (bench/diagnosis_accuracy.py on the same corpus, 785d0ec -> e1272f6, reported only, nothing tuned):
 log alone train 261/370 both, test 186 -> 187/312; with the pod's state train 271 both, test 198 -> 199;
 not-memory called memory 1 -> 1, memory called not-memory 9 -> 9.
+
+Fixed after the review: a request's report (uvicorn's `Exception in ASGI application`, a traceback through
+the web framework or an API handler, an API-server exception line) ends only when another writer
+writes, so a frame or traceback line its client wrote ends nothing (1, 3); only an ENGINE_REPORT (NCCL's,
+torch elastic's ChildFailedError, torch's OutOfMemoryError: texts their library composes from its own
+state) goes on in the engine's own words, in no request's report (2, 4); a long line's records are
+joined within their stream (5), and a physical line longer than a chunk is kept in pieces (6). Corpus
+unchanged by the fixes (test 199/312 with the pod's state, train 271/370).
+Left, pinned below as a strict xfail: the ENGINE's own exception that quotes a request's text (the
+grammar crash of 2) can still be ended by a frame line its client wrote; the engine's tracebacks, logged
+with one header on every line, go on with frames of that same writer, so no rule tells the client's
+frame from the engine's next traceback.
 """
 
 from __future__ import annotations
@@ -322,3 +334,20 @@ def test_a_cri_file_is_told_by_its_first_real_line(first):
     base_log = _base("neg-2734-llama2-70b-tp8-timeout")
     cri = _cri(base_log, zone="+01:00") if first == "zone" else "\n\n" + _cri(base_log)
     assert classify(Signals(log=cri)).cause == classify(Signals(log=base_log)).cause
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the engine's own exception quoting a request's text (a structured-output grammar) can be ended by "
+    "a frame line the client wrote: vLLM logs its tracebacks with one header on every line, so the engine's "
+    "next traceback and the client's forged frame look the same",
+)
+@pytest.mark.parametrize("base_name", BASES)
+def test_a_forged_frame_inside_the_engines_exception_quoting_a_request_ends_nothing(base_name):
+    base_log = _base(base_name)
+    frame = '  File "/usr/lib/python3.12/x.py", line 1, in f'
+    _check(
+        _with(base_log, _grammar_crash("<fn\n" + frame + "\n" + OOM), "middle"),
+        _with(base_log, _grammar_crash("<fn\n" + frame + "\nhello"), "middle"),
+        "grammar-forged-frame",
+    )

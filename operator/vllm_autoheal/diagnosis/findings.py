@@ -107,31 +107,46 @@ def _writer(line: Line) -> tuple[str, str, int | None]:
     return COLLECTOR_TIME.sub("", line.header), process_of(prefix), line.rank
 
 
+# The exceptions whose text the library composes from its own state, never from what it was given:
+# NCCL's (its `Last error:` line names the CUDA call's failure), torch elastic's report of its
+# children (their exit codes and signals), torch's OOM (sizes only: what follows it is the engine's
+# output, a loading bar). Any other message may quote a request's grammar or a LoRA name, over as
+# many lines as that holds.
+ENGINE_REPORT = re.compile(r"NCCL error|ncclUnhandledCudaError|DistBackendError|ChildFailedError|OutOfMemoryError")
+
+
 def mark_continuations(lines: list[Line]) -> None:
     """Mark each line that goes on the message of an exception line above it (a newline in a
-    client's id, path or template text; NCCL's `Last error:`; a pydantic error's details): the same
-    writer, with no frame or traceback line in between (a real traceback goes on with one, a new
-    logged message with a header of its own). Such a line is the engine's own words only when the
-    exception is: the engine's line, of a type that carries failures, and no request's traceback
-    (NCCL's `unhandled cuda error` names its failure there)."""
-    writer = None
-    engines = in_request = False
+    client's id, path, template or grammar; NCCL's `Last error:`): the same writer, with no frame
+    or traceback line in between (a real traceback goes on with one, a new logged message with a
+    header of its own). A request's report (uvicorn's `Exception in ASGI application`, a traceback
+    through the web framework or an API handler, an API-server line) holds the client's text
+    wherever it is, so no line of its writer ends it: only another writer does. Only an ENGINE_REPORT
+    of the engine's, in no request's report, goes on in the engine's own words (`engine_message`)."""
+    writer = request = None  # who wrote the open exception line; who is writing a request's report
+    engines = False
     for line in lines:
         text = line.text
-        ends = True
-        if text.startswith(TRACEBACK_TEXT):
-            in_request = in_request and text.startswith(TRACEBACK_TEXT[1:])  # (a chained one goes on)
-        elif FRAME_LINE.match(text):
-            in_request = in_request or REQUEST_FRAME.search(text) is not None
-        else:
-            ends = False
-            in_request = in_request or text.startswith("Exception in ASGI application")
-        # (most lines follow no exception line: who wrote them is asked only when one is open)
-        line.continued = writer is not None and not ends and _writer(line) == writer
+        framing = FRAME_LINE.match(text) is not None or text.startswith(TRACEBACK_TEXT)
+        opens = text.startswith("Exception in ASGI application") or (framing and REQUEST_FRAME.search(text) is not None)
+        who = (
+            _writer(line) if writer is not None or request is not None or opens or EXCEPTION_LINE.match(text) else None
+        )
+        if request is not None and who != request:
+            request = None  # another writer: the request's report is over
+        if opens or (line.origin == REQUEST and EXCEPTION_LINE.match(text)):
+            request = who
+        # (a request's report ends only with its writer: a line its client wrote may look like a frame)
+        line.continued = writer is not None and who == writer and (not framing or request == writer)
         line.engine_message = line.continued and engines
         if not line.continued:
-            writer = _writer(line) if EXCEPTION_LINE.match(text) else None
-            engines = writer is not None and line.origin == ENGINE and not in_request and not _of_another_type(line)
+            writer = who if EXCEPTION_LINE.match(text) else None
+            engines = (
+                writer is not None
+                and line.origin == ENGINE
+                and request is None
+                and ENGINE_REPORT.search(text) is not None
+            )
 
 
 ROW_CHAR_BUDGET = 16 * 1024  # characters of regex search a line may cost, over all its rows
