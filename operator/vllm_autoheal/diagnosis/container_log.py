@@ -4,13 +4,15 @@
 format: the kubelet's CRI files (`<RFC 3339 time> <stream> <P|F> <text>`) or docker's json-file
 records (`{"log": "<text>\\n", "stream": ..., "time": ...}`). Both split a line longer than the
 runtime's buffer (16 KiB) into records: partial ones (`P`; a `log` without its newline) and the
-last, with the other stream's records (stdout, stderr) in between. Read record by record, the pieces of a long logged prompt would start lines of the client's
-choosing, so the pieces are joined back into the one line the container wrote. The format is told
-from the first line, for the whole input: a client cannot switch it halfway.
+last, with the other stream's records (stdout, stderr) in between. Read record by record, the
+pieces of a long logged prompt would start lines of the client's choosing, so the pieces are joined
+back, within their stream, into the one line the container wrote. The format is told from the
+first line, for the whole input: a client cannot switch it halfway.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from collections.abc import Iterable, Iterator
@@ -80,7 +82,7 @@ def unpacked(chunks: Iterable[str]) -> Iterator[str]:
     out: list[str] = []
     size = 0
     joined: dict[str, str] = {}  # stream -> its line so far
-    for record in _records(_chain(head, chunks)):
+    for record in _records(itertools.chain((head,), chunks)):
         text, partial, stream = read(record)
         line = joined.pop(stream, "")
         if len(line) < JOINED_MAX:
@@ -96,8 +98,3 @@ def unpacked(chunks: Iterable[str]) -> Iterator[str]:
     out += [line + "\n" for line in joined.values() if line]
     if out:
         yield "".join(out)
-
-
-def _chain(head: str, chunks: Iterator[str]) -> Iterator[str]:
-    yield head
-    yield from chunks
