@@ -13,11 +13,17 @@ shows a failure" counts only samples whose `failure_shown` is true: a reviewer w
 thread, but never the classifier's answer, judged that the posted log holds the failure itself
 (the poster did not cut it before the error). Only the
 train split's misses are listed by default: the test split is never used for tuning.
+
+Last, the vLLM source census (tests/fixtures/census/): vLLM's own memory messages and look-alikes
+from its source, version by version and stack by stack, as a helper who never saw the classifier
+read them; how often the classifier agrees with that reading (tests/test_diagnosis_census.py lists
+where it differs on purpose, and why).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from collections import Counter, defaultdict
@@ -100,6 +106,21 @@ def breakdown(results: list[tuple[dict, str]], key) -> list[str]:
     return [f"  {g:22} {sum(v):3}/{len(v):<3} = {100 * sum(v) / len(v):5.1f}%" for g, v in sorted(groups.items())]
 
 
+def census(path: Path) -> None:
+    """Agreement with the census' reading; an `ambiguous` entry agrees when no memory cause is named."""
+    entries = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    by_engine: dict[str, list[bool]] = defaultdict(list)
+    for e in entries:
+        got = classify(Signals(log=e["log"])).cause
+        by_engine[e["engine"]].append(
+            got == e["expected"] or (e["expected"] == "ambiguous" and got not in MEMORY_CAUSES)
+        )
+    agree = sum(sum(v) for v in by_engine.values())
+    versions = len({e["version"] for e in entries})
+    print(f"\nvLLM source census: {agree}/{len(entries)} agree with the census' reading ({versions} versions)")
+    print("\n".join(f"  {g:22} {sum(v):3}/{len(v):<3}" for g, v in sorted(by_engine.items())))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--corpus", type=Path, default=ROOT / "tests" / "corpus" / "corpus.jsonl")
@@ -133,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(breakdown(results, lambda s: s.get("source_kind") or "unknown")))
     print("\nby engine (all samples)")
     print("\n".join(breakdown(results, lambda s: s.get("engine") or "not stated")))
+    census(ROOT / "tests" / "fixtures" / "census" / "vllm-messages.jsonl")
     shown = results if args.show_misses == "all" else [] if args.show_misses == "none" else by_split[args.show_misses]
     misses = [(s, got) for s, got in shown if got != s["label"]]
     print(f"\nmisses in {args.show_misses}: {len(misses)}")

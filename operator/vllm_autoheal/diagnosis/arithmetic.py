@@ -13,6 +13,10 @@ from .findings import Finding
 from .units import GIB
 
 OTHER_PROCESS_GIB = 1.0
+# What a process holds outside PyTorch's allocator: its CUDA context, the math libraries'
+# workspaces, NCCL's buffers. Torch before 2.2 (and torch_npu) reports only what PyTorch reserved,
+# so the rest of the used memory includes this much of the failing process's own.
+OWN_NON_TORCH_GIB = 2.0
 WEIGHTS_SHARE_OF_GPU = 0.95  # weights above this share of the whole GPU cannot fit at any utilization
 
 
@@ -89,7 +93,9 @@ def other_process_gib(signals: m.Signals, numbers: dict) -> float:
         return sum(sizes) - own
     # torch's OOM message: what the device has, minus what is free, minus what this process holds.
     device, free = numbers.get("gpu_total_gib"), numbers.get("gpu_free_gib")
-    own = numbers.get("own_gib") or numbers.get("reserved_gib")
+    own = numbers.get("own_gib") or None  # (torch in a container may see "0 bytes" of its own: unknown)
+    if own is None and numbers.get("reserved_gib") is not None:
+        own = float(numbers["reserved_gib"]) + OWN_NON_TORCH_GIB  # PyTorch's share only: add the rest
     if device and free is not None and own is not None:
         return max(0.0, float(device) - float(free) - float(own))
     total, initial = numbers.get("total_gib"), numbers.get("initial_usage_gib")

@@ -33,10 +33,11 @@ MARKERS: tuple[Message, ...] = (
     ),
     _m(
         FRAME,
+        # (profile_num_available_blocks: vLLM 0.1 and 0.2)
         r"i" + WB + r"n '?(?:profile_run|_dummy_sampler_run|_dummy_pooler_run|determine_available_memory|"
-        r"determine_num_available_blocks|profile_memory|_profile_and_initialize_kv_caches)\b|"
+        r"determine_num_available_blocks|profile_num_available_blocks|profile_memory|_profile_and_initialize_kv_caches)\b|"
         r"m" + WB + r"ethod '?(?:profile_run|_dummy_sampler_run|_dummy_pooler_run|determine_available_memory|"
-        r"determine_num_available_blocks|profile_memory|_profile_and_initialize_kv_caches)\b|"
+        r"determine_num_available_blocks|profile_num_available_blocks|profile_memory|_profile_and_initialize_kv_caches)\b|"
         r"\.(?:profile_run|_dummy_sampler_run|determine_available_memory|"
         r"determine_num_available_blocks)\(",
         phase=m.PHASE_PROFILE,
@@ -60,12 +61,15 @@ MARKERS: tuple[Message, ...] = (
     ),
     _m(
         FRAME,
-        r"i" + WB + r"n '?(?:initialize_kv_cache|_allocate_kv_cache_tensors|allocate_kv_cache|_init_cache_engine|"
-        r"_allocate_kv_cache|initialize_cache|init_kv_cache|reshape_kv_cache_tensors)\b|"
-        r"m" + WB + r"ethod '?(?:initialize_kv_cache|_allocate_kv_cache_tensors|allocate_kv_cache|_init_cache_engine|"
-        r"_allocate_kv_cache|initialize_cache|init_kv_cache|reshape_kv_cache_tensors)\b",
+        # (init_cache_engine and CacheEngine.allocate_gpu_cache: V0 up to 0.4)
+        r"i"
+        + WB
+        + r"n '?(?:initialize_kv_cache(?:_tensors)?|_allocate_kv_cache_tensors|allocate_kv_cache|_?init_cache_engine|"
+        r"_allocate_kv_cache|initialize_cache|init_kv_cache|reshape_kv_cache_tensors|allocate_gpu_cache)\b|"
+        r"m" + WB + r"ethod '?(?:initialize_kv_cache|_allocate_kv_cache_tensors|allocate_kv_cache|_?init_cache_engine|"
+        r"_allocate_kv_cache|initialize_cache|init_kv_cache|reshape_kv_cache_tensors|allocate_gpu_cache)\b",
         phase=m.PHASE_KV,
-        needles=("kv_cache", "cache_engine", "initialize_cache"),
+        needles=("kv_cache", "cache_engine", "initialize_cache", "allocate_gpu_cache"),
     ),
     _m(
         FRAME,
@@ -185,7 +189,8 @@ MARKERS: tuple[Message, ...] = (
         m.PHASE_KV,
         "no_memory_left_for_kv_cache",
     ),
-    _m(BUDGET, r"# (?:GPU|cuda) blocks: (?P<gpu_blocks>0)\b", m.KV_CACHE_INSUFFICIENT, m.PHASE_KV, "zero_gpu_blocks"),
+    # (vLLM 0.1 printed the count unclamped: a negative one is the budget overdrawn)
+    _m(BUDGET, r"# (?:GPU|cuda) blocks: (?:0|-\d{1,12})\b", m.KV_CACHE_INSUFFICIENT, m.PHASE_KV, "zero_gpu_blocks"),
     # (below 1x, one request of max_model_len does not fit: vLLM's own arithmetic, blocks x block
     # size over max_model_len, whatever the error that follows, or its absence in a cut log)
     _m(

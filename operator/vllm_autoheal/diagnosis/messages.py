@@ -57,10 +57,13 @@ FAILURES: tuple[Message, ...] = (
         m.PHASE_LOAD,
         "free_memory_below_requested",
     ),
+    # The model's own weights, held by an external loader (vLLM 0.32's IPC weight cache), take more
+    # than the whole utilization budget: the weights do not fit what vLLM may use. (Lowering the
+    # utilization, as for another process, would only make it worse.)
     _m(
         MEMORY,
         r"Externally held weights on device.{0,300}?exceed the desired GPU memory utilization",
-        m.GPU_UTIL_EXCEEDS_FREE,
+        m.WEIGHTS_LOAD_OOM,
         m.PHASE_LOAD,
         "external_weights_exceed_budget",
     ),
@@ -79,14 +82,23 @@ FAILURES: tuple[Message, ...] = (
         m.PHASE_PROFILE,
         "other_process_changed_memory_during_profiling",
     ),
-    # CPU backend: KV space requested beyond what the node has free.
+    # CPU backend: KV space requested beyond what the node has free, explicitly ("for kv (40.0 GiB)")
+    # or as the worker's budget less what it already uses ("for kv (98.5/115.66 GiB)", vLLM 0.32).
     _m(
         MEMORY,
         r"Available memory on node \d+ \((?P<free_gib>[\d.]+)/(?P<total_gib>[\d.]+) GiB\) on kv cache "
-        r"allocation is less than requested memory for kv \((?P<requested_gib>[\d.]+) GiB\)",
+        r"allocation is less than requested memory for kv \((?P<requested_gib>[\d.]+)(?:/[\d.]+)? GiB\)",
         m.GPU_UTIL_EXCEEDS_FREE,
         m.PHASE_KV,
         "kv_space_exceeds_free_host_memory",
+    ),
+    # ... the same check when the worker already uses its whole budget: nothing is left for the KV cache.
+    _m(
+        MEMORY,
+        r"on kv cache allocation is less than requested memory for kv \((?:-[\d.]+|0(?:\.0+)?)/[\d.]+ GiB\)",
+        m.KV_CACHE_INSUFFICIENT,
+        m.PHASE_KV,
+        "no_cache_blocks",
     ),
     _m(
         MEMORY,

@@ -1,0 +1,77 @@
+"""vLLM's own messages, version by version, from its source (tests/fixtures/census/).
+
+A helper that never saw the classifier read vLLM's source (0.1.0, 0.2, 0.6.1, 0.8.4, 0.11, a main
+snapshot, the installed 0.32, and vllm-ascend, the CPU, XPU, TPU and HPU workers), found every
+start-up memory check, memory figure and phase a failure can happen in, and wrote each as the log
+of that version would print it, with what the code says it means (`expected`). None of it comes
+from the corpus, so this is how the classifier does on versions and stacks it was not tuned on.
+
+Where the project decided otherwise on purpose, `DESIGNED` says what it answers and why; every
+other entry must get the helper's answer. An `ambiguous` entry (the message alone cannot tell two
+causes apart) must not be given a memory cause unless DESIGNED says which and why.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import FIXTURES
+
+from vllm_autoheal.diagnosis import Signals, classify
+
+CENSUS = [json.loads(line) for line in (FIXTURES / "census" / "vllm-messages.jsonl").read_text().splitlines()]
+
+# id -> (the cause the classifier gives, why the project chose it over the census' reading)
+WRAPPER = "a wrapper whose root cause is not in the log says nothing of memory either way: unknown, no change"
+NO_FAILURE = "no failure is in the log (an INFO or WARNING line alone): unknown, nothing to heal"
+DESIGNED: dict[str, tuple[str, str]] = {
+    "v0.8.4-v0-engine-process-failed-wrapper": ("unknown", WRAPPER),
+    "v0.11-engine-core-init-failed-wrapper": ("unknown", WRAPPER),
+    "v0.32-engine-core-init-failed-wrapper": ("unknown", WRAPPER),
+    "v0.32-engine-dead-wrapper": ("unknown", WRAPPER),
+    "v0.32-kv-cache-memory-bytes-info": ("unknown", NO_FAILURE),
+    "v0.32-cudagraph-profiling-util-note": ("unknown", NO_FAILURE),
+    "v0.32-cpu-block-size-warning": ("unknown", NO_FAILURE),
+    # Since 0.11 the assertion fires when free memory went UP during profiling (another process
+    # released memory): no shortage, and no memory flag fixes it.
+    "v0.11-memory-profiling-assert": ("not_oom", "free memory rose during profiling: no shortage"),
+    "v0.32-memory-profiling-assert": ("not_oom", "free memory rose during profiling: no shortage"),
+    # An OOM while allocating the KV cache that profiling just sized: memory went elsewhere between
+    # the two steps, which is what gpu_util_exceeds_free heals (a lower utilization).
+    "v0.11-kv-cache-alloc-oom": ("gpu_util_exceeds_free", "memory vanished between profiling and allocation"),
+    "v0.32-kv-cache-alloc-oom": ("gpu_util_exceeds_free", "memory vanished between profiling and allocation"),
+    # A worker killed by SIGKILL is the kernel's OOM killer unless something stronger says otherwise.
+    "v0.32-worker-died-sigkill": ("host_ram_oom", "SIGKILL of a worker: the OOM killer's signature"),
+    # On the CPU backend vLLM's budget is host memory sized by --gpu-memory-utilization (or the KV
+    # space): the heal is that flag, which gpu_util_exceeds_free's plan changes; host_ram_oom's
+    # plan (a larger container limit) would not help, as vLLM measures the node's free memory.
+    "v0.32-cpu-startup-memory-below-utilization": ("gpu_util_exceeds_free", "the CPU share is the flag to lower"),
+    "v0.32-cpu-explicit-kv-exceeds-available": ("gpu_util_exceeds_free", "the KV space is the flag to lower"),
+    "v0.32-cpu-auto-kv-exceeds-available": ("gpu_util_exceeds_free", "the CPU share is the flag to lower"),
+    # vLLM compares --swap-space with the host's total RAM, not the container's limit: no heal the
+    # operator has (a larger limit) changes that, so it is not called a memory failure to heal.
+    "v0.6.1-swap-space-too-large": ("not_oom", "a start-up check of a flag against host RAM: no heal fits"),
+}
+
+
+@pytest.mark.parametrize("entry", CENSUS, ids=lambda e: e["id"])
+def test_vllm_source_message(entry):
+    diagnosis = classify(Signals(log=entry["log"]))
+    designed = DESIGNED.get(entry["id"])
+    if designed is not None:
+        assert diagnosis.cause == designed[0], (designed[1], diagnosis.explanation)
+    elif entry["expected"] == "ambiguous":
+        assert not diagnosis.is_memory, (entry["why"], diagnosis.cause, diagnosis.explanation)
+    else:
+        assert diagnosis.cause == entry["expected"], (entry["why"], diagnosis.subtype, diagnosis.explanation)
+
+
+def test_the_census_spans_versions_stacks_and_look_alikes():
+    """The fixture is what the module docstring says: many versions, other stacks, look-alikes."""
+    engines = {e["engine"] for e in CENSUS}
+    assert {"V0", "V1", "cpu", "ascend", "tpu"} <= engines
+    assert len({e["version"] for e in CENSUS}) >= 10
+    assert sum(e["expected"] == "not_oom" for e in CENSUS) >= 15
+    assert len({e["id"] for e in CENSUS}) == len(CENSUS)
+    assert set(DESIGNED) <= {e["id"] for e in CENSUS}
