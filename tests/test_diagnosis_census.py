@@ -16,9 +16,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import FIXTURES
 
 from vllm_autoheal.diagnosis import Signals, classify
+
+from conftest import FIXTURES
 
 CENSUS = [json.loads(line) for line in (FIXTURES / "census" / "vllm-messages.jsonl").read_text().splitlines()]
 
