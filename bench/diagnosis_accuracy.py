@@ -14,9 +14,10 @@ thread, but never the classifier's answer, judged that the posted log holds the 
 (the poster did not cut it before the error). Only the
 train split's misses are listed by default: the test split is never used for tuning.
 
-Last, the vLLM source census (tests/fixtures/census/): vLLM's own memory messages and look-alikes
-from its source, version by version and stack by stack, as a helper who never saw the classifier
-read them; how often the classifier agrees with that reading (tests/test_diagnosis_census.py lists
+Last, the source census (tests/fixtures/census/): vLLM's own memory messages and those of the
+libraries under it (torch, NCCL, the kernel, Ray, ...) with their look-alikes, from their source,
+version by version, as helpers who never saw the classifier read them; how often the classifier
+agrees with that reading (tests/test_diagnosis_census.py lists
 where it differs on purpose, and why).
 """
 
@@ -117,7 +118,7 @@ def census(path: Path) -> None:
         )
     agree = sum(sum(v) for v in by_engine.values())
     versions = len({e["version"] for e in entries})
-    print(f"\nvLLM source census: {agree}/{len(entries)} agree with the census' reading ({versions} versions)")
+    print(f"\ncensus {path.stem}: {agree}/{len(entries)} agree with the census' reading ({versions} versions)")
     print("\n".join(f"  {g:22} {sum(v):3}/{len(v):<3}" for g, v in sorted(by_engine.items())))
 
 
@@ -154,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(breakdown(results, lambda s: s.get("source_kind") or "unknown")))
     print("\nby engine (all samples)")
     print("\n".join(breakdown(results, lambda s: s.get("engine") or "not stated")))
-    census(ROOT / "tests" / "fixtures" / "census" / "vllm-messages.jsonl")
+    for name in ("vllm-messages", "library-messages"):
+        census(ROOT / "tests" / "fixtures" / "census" / f"{name}.jsonl")
     shown = results if args.show_misses == "all" else [] if args.show_misses == "none" else by_split[args.show_misses]
     misses = [(s, got) for s, got in shown if got != s["label"]]
     print(f"\nmisses in {args.show_misses}: {len(misses)}")

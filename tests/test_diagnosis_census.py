@@ -1,14 +1,20 @@
-"""vLLM's own messages, version by version, from its source (tests/fixtures/census/).
+"""How vLLM and the libraries under it report a failure, version by version, from their source
+(tests/fixtures/census/).
 
-A helper that never saw the classifier read vLLM's source (0.1.0, 0.2, 0.6.1, 0.8.4, 0.11, a main
-snapshot, the installed 0.32, and vllm-ascend, the CPU, XPU, TPU and HPU workers), found every
-start-up memory check, memory figure and phase a failure can happen in, and wrote each as the log
-of that version would print it, with what the code says it means (`expected`). None of it comes
-from the corpus, so this is how the classifier does on versions and stacks it was not tuned on.
+Helpers that never saw the classifier read the source and wrote each message as a log would show
+it, with what the code says it means (`expected`). None of it comes from the corpus, so this is
+how the classifier does on versions and stacks it was not tuned on.
+- vLLM's own messages (`vllm-messages.jsonl`): 0.1.0, 0.2, 0.6.1, 0.8.4, 0.11, a main snapshot,
+  the installed 0.32, and vllm-ascend and the CPU, XPU, TPU and HPU workers. Every start-up memory
+  check, memory figure and phase a failure can happen in.
+- The libraries under it (`library-messages.jsonl`): torch's allocator from 1.x to 2.9 (CUDA,
+  ROCm, NPU, XPU), NCCL 2.18 to 2.30, the kernel's OOM killer, Ray's memory monitor, Kubernetes,
+  Python, and their look-alikes. Each is put inside a vLLM traceback of a known phase.
 
-Where the project decided otherwise on purpose, `DESIGNED` says what it answers and why; every
-other entry must get the helper's answer. An `ambiguous` entry (the message alone cannot tell two
-causes apart) must not be given a memory cause unless DESIGNED says which and why.
+Where the project decided otherwise on purpose, `DESIGNED` says what it answers and why. `LIMITS`
+are known misses, kept as strict expected failures. Every other entry must get the helper's
+answer. An `ambiguous` entry (the message alone cannot tell two causes apart) must not be given a
+memory cause unless DESIGNED says which and why.
 """
 
 from __future__ import annotations
@@ -21,7 +27,11 @@ from vllm_autoheal.diagnosis import Signals, classify
 
 from conftest import FIXTURES
 
-CENSUS = [json.loads(line) for line in (FIXTURES / "census" / "vllm-messages.jsonl").read_text().splitlines()]
+CENSUS = [
+    json.loads(line)
+    for name in ("vllm-messages.jsonl", "library-messages.jsonl")
+    for line in (FIXTURES / "census" / name).read_text().splitlines()
+]
 
 # id -> (the cause the classifier gives, why the project chose it over the census' reading)
 WRAPPER = "a wrapper whose root cause is not in the log says nothing of memory either way: unknown, no change"
@@ -53,11 +63,42 @@ DESIGNED: dict[str, tuple[str, str]] = {
     # vLLM compares --swap-space with the host's total RAM, not the container's limit: no heal the
     # operator has (a larger limit) changes that, so it is not called a memory failure to heal.
     "v0.6.1-swap-space-too-large": ("not_oom", "a start-up check of a flag against host RAM: no heal fits"),
+    # --- the libraries' messages
+    "shell-killed-exit-137-no-kernel-evidence": ("host_ram_oom", "SIGKILL: the OOM killer's signature"),
+    # Another process holding 38.5 GiB of a GPU the weights would fit alone is the cause to heal.
+    "torch2.2-2.4-oom-two-processes-weights": ("gpu_util_exceeds_free", "the weights fit the GPU alone"),
+    # ENOMEM is what the kernel says when host memory (or the container's limit) is short; an
+    # address-space or map-count limit says it too, but far less often in a container.
+    "safetensors-mmap-enomem-os-error-12": ("host_ram_oom", "ENOMEM: host memory, as for fork and malloc"),
+    # One client's 89 GiB video failed in the API server's handler: a request's error, logged, not a
+    # crash of the deployment; raising its memory for one request would be wrong.
+    "numpy-arraymemoryerror-video-decode-apiserver": ("unknown", "a request's own error changes nothing"),
+    # `kubectl describe`'s events are not a container's log: the classifier reads what the container
+    # wrote; an eviction is the pod's status, and the Deployment replaces the pod.
+    "k8s-kubelet-eviction-memory-pressure": ("unknown", "an event, not a container's log line"),
+    "k8s-kubelet-eviction-memory-old-format": ("unknown", "an event, not a container's log line"),
+    "k8s-kubelet-eviction-ephemeral-storage": ("unknown", "an event, not a container's log line"),
+}
+
+# id -> why the classifier still misses it (strict: a fix must remove the entry)
+LIMITS: dict[str, str] = {
+    "torch-pinned-host-alloc-cuda-error-oom-swap-space": (
+        "pinned host memory for V0's CPU swap space fails as the GPU's 'CUDA error: out of memory' under "
+        'the KV-cache allocation; only a code line (`_allocate_kv_cache(self.num_cpu_blocks, "cpu")`) '
+        "says it was host memory, so it reads as memory gone between profiling and allocation"
+    ),
 }
 
 
-@pytest.mark.parametrize("entry", CENSUS, ids=lambda e: e["id"])
-def test_vllm_source_message(entry):
+@pytest.mark.parametrize(
+    "entry",
+    [
+        pytest.param(e, marks=pytest.mark.xfail(strict=True, reason=LIMITS[e["id"]])) if e["id"] in LIMITS else e
+        for e in CENSUS
+    ],
+    ids=lambda e: e["id"],
+)
+def test_source_message(entry):
     diagnosis = classify(Signals(log=entry["log"]))
     designed = DESIGNED.get(entry["id"])
     if designed is not None:
@@ -71,8 +112,9 @@ def test_vllm_source_message(entry):
 def test_the_census_spans_versions_stacks_and_look_alikes():
     """The fixture is what the module docstring says: many versions, other stacks, look-alikes."""
     engines = {e["engine"] for e in CENSUS}
-    assert {"V0", "V1", "cpu", "ascend", "tpu"} <= engines
+    assert {"V0", "V1", "cpu", "ascend", "tpu", "torch", "torch-rocm", "nccl", "kernel", "ray"} <= engines
     assert len({e["version"] for e in CENSUS}) >= 10
-    assert sum(e["expected"] == "not_oom" for e in CENSUS) >= 15
+    assert sum(e["expected"] == "not_oom" for e in CENSUS) >= 30
     assert len({e["id"] for e in CENSUS}) == len(CENSUS)
-    assert set(DESIGNED) <= {e["id"] for e in CENSUS}
+    assert set(DESIGNED) | set(LIMITS) <= {e["id"] for e in CENSUS}
+    assert not set(DESIGNED) & set(LIMITS)

@@ -109,6 +109,7 @@ ANCHORS = (
     "OUT_OF",
     "ALLOC",  # the math libraries' failed allocations (CUBLAS_STATUS_ALLOC_FAILED, ...)
     "RESOURCE_EXHAUSTED",
+    "PT_DEVMEM",  # Gaudi's failed device allocation
     "Failed core",
     "signal 9",
     "exitcode",

@@ -110,9 +110,12 @@ def _writer(line: Line) -> tuple[str, str, int | None]:
 # The exceptions whose text the library composes from its own state, never from what it was given:
 # NCCL's (its `Last error:` line names the CUDA call's failure), torch elastic's report of its
 # children (their exit codes and signals), torch's OOM (sizes only: what follows it is the engine's
-# output, a loading bar). Any other message may quote a request's grammar or a LoRA name, over as
-# many lines as that holds.
-ENGINE_REPORT = re.compile(r"NCCL error|ncclUnhandledCudaError|DistBackendError|ChildFailedError|OutOfMemoryError")
+# output, a loading bar), Ray's news that an actor died (its worker's exit type and detail, the
+# memory monitor's report). Any other message may quote a request's grammar or a LoRA name, over
+# as many lines as that holds.
+ENGINE_REPORT = re.compile(
+    r"NCCL error|ncclUnhandledCudaError|DistBackendError|ChildFailedError|OutOfMemoryError|ActorDiedError|RayActorError"
+)
 
 
 def mark_continuations(lines: list[Line]) -> None:

@@ -206,7 +206,9 @@ FAILURES: tuple[Message, ...] = (
     # --- NCCL failing for lack of GPU memory ---------------------------------------------------
     _m(
         NCCL_OOM,
-        r"Cuda failure (?:\d{1,4} )?'?out of memory'?|ncclUnhandledCudaError(?:(?!ncclUnhandled).){0,300}?out of memory",
+        # (NCCL's last warning when its buffer allocation failed: the one `Last error:` keeps)
+        r"Cuda failure (?:\d{1,4} )?'?out of memory'?|ncclUnhandledCudaError(?:(?!ncclUnhandled).){0,300}?out of memory|"
+        r"Failed to CUDA calloc (?:async )?\d{1,20} bytes",
         m.MULTI_GPU_OOM,
         None,
         "nccl_cuda_oom",
@@ -240,7 +242,8 @@ FAILURES: tuple[Message, ...] = (
         r"(?:CU|HIP)(?:BLAS|DNN|SPARSE|SOLVER)_STATUS_ALLOC_FAILED|CUFFT_ALLOC_FAILED|CURAND_STATUS_ALLOCATION_FAILED|"
         # (not rocBLAS's rocblas_status_memory_error: "failed internal memory allocation, copy or
         # dealloc", and what a kernel launch's hipErrorLaunchOutOfResources becomes)
-        r"miopenStatusAllocFailed|RESOURCE_EXHAUSTED|out of memory \(HIP\)",
+        r"miopenStatusAllocFailed|RESOURCE_EXHAUSTED|out of memory \(HIP\)|"
+        r"MODULE:PT_DEVMEM Allocation failed",  # Gaudi's device memory (HabanaAI's vLLM fork)
         needles=(
             "OutOfMemoryError",
             "rror: out of memory",
@@ -256,6 +259,7 @@ FAILURES: tuple[Message, ...] = (
             "miopenStatusAllocFailed",
             "RESOURCE_EXHAUSTED",
             "out of memory (HIP)",
+            "PT_DEVMEM Allocation failed",
         ),
     ),
     # --- worker killed by the kernel (exit -9) ------------------------------------------------
