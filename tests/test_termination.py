@@ -78,3 +78,51 @@ def test_classify_never_trusts_an_invalid_message_nor_reads_it_as_a_log_tail():
     )
     d = classify(Signals(termination_message=forged))
     assert d.cause == "unknown" and d.source != "termination-message" and not d.numbers.get("needed_gib")
+
+
+# --- gpu_start: what the launcher's probe saw before vLLM started ------------------------------
+
+GPU_START = {"gpus": [[0, "NVIDIA H200", 139.8, 79.29]], "other_processes": [[4242, 0, 60.51]]}
+
+
+def with_gpu(gpu_start) -> str:
+    return json.dumps({**GOOD, "gpu_start": gpu_start})
+
+
+def test_a_valid_gpu_snapshot_is_read_as_other_processes_memory():
+    from vllm_autoheal.diagnosis.termination import gpu_snapshot
+
+    got, note = read(with_gpu(GPU_START))
+    assert note is None and got["gpu_start"] == GPU_START
+    snap = gpu_snapshot(got)
+    assert snap.other_process_bytes() == int(60.51 * 2**30) and snap.gpus[0].total_bytes == int(139.8 * 2**30)
+    # what the launcher writes is read back whole
+    real = termination_message(GOOD["diagnosis"], 1, GPU_START, {"gpus": []})
+    assert gpu_snapshot(read(real)[0]).other_process_bytes() == snap.other_process_bytes()
+    # no driver, no GPUs listed, or no snapshot: nothing to read
+    assert gpu_snapshot(read(with_gpu({"error": "no NVIDIA driver"}))[0]) is None
+    assert gpu_snapshot(read(with_gpu({}))[0]) is None and gpu_snapshot(read(json.dumps(GOOD))[0]) is None
+
+
+@pytest.mark.parametrize(
+    "gpu_start, why",
+    [
+        ("60 GiB", "gpu_start is not an object"),
+        ({"gpus": "all"}, "gpu_start.gpus is not a list"),
+        ({"gpus": [[0, "H200", 139.8]]}, "not a row of 4"),
+        ({"gpus": [[0, "H200", 139.8, 79.0]] * 65}, "at most 64"),
+        ({"gpus": [[True, "H200", 139.8, 79.0]]}, "index is not an integer"),
+        ({"gpus": [[0, "H" * 41, 139.8, 79.0]]}, "name is longer"),
+        ({"gpus": [[0, "H200", 1e9, 79.0]]}, "total is not a size"),
+        ({"gpus": [[0, "H200", 139.8, 140.0]]}, "free is not a size"),  # more free than the GPU has
+        ({"gpus": [[0, "H200", 139.8, -1]]}, "free is not a size"),
+        ({"other_processes": [[1, 0, 1.0]] * 9}, "at most 8"),
+        ({"other_processes": [[1, 0, "60"]]}, "gib is not a size"),
+        ({"other_processes": [[-1, 0, 1.0]]}, "pid is not an integer"),
+        ({"other_processes": [[1, 99, 1.0]]}, "gpu is not an integer"),
+        ({"error": ["x"]}, "gpu_start.error is not a string"),
+    ],
+)
+def test_an_invalid_gpu_snapshot_makes_the_message_ignored(gpu_start, why):
+    got, note = read(with_gpu(gpu_start))
+    assert got is None and note.startswith("termination message ignored") and why in note, note

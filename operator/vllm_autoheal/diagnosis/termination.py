@@ -7,7 +7,10 @@ gives it; anything else is ignored with a note (and the operator reads the previ
 Version 1:
   {"autoheal": 1, "exit_code": int (optional), "diagnosis": {"cause": CAUSE, "phase": str, "subtype": str,
    "confidence": "high"|"medium"|"low", "source": str, "numbers": {name: finite number, or a list of up to 16},
-   "evidence": [str], "explanation": str}, "note": str, "gpu_start": {...}, "gpu_failure": {...}}
+   "evidence": [str], "explanation": str}, "note": str, "gpu_start": GPU, "gpu_failure": {...}}
+  GPU (gpu_probe.compact, what NVML showed before vLLM started): {"error": str, "gpus": [[index,
+  name, total GiB, free GiB]], "other_processes": [[pid, gpu index, GiB]]}. Only gpu_start is read
+  (it tells the memory other processes held); gpu_failure is kept for people.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 
 from . import figures
 from . import model as m
+from .units import GIB
 
 SCHEMA_VERSION = 1
 MAX_MESSAGE_BYTES = 16 * 1024  # the kubelet keeps 4 KiB; anything much larger is not ours
@@ -37,6 +41,10 @@ RANGES: dict[str, tuple[float, float]] = {
 }
 DEFAULT_RANGE = (0.0, 1e9)  # GiB, tokens, requests: none of them reaches a billion
 GIB_RANGE = (0.0, 1e5)  # 100 TiB: more than any GPU or host
+
+
+MAX_GPUS = 64
+MAX_PROCESSES = 8  # what the launcher writes at most
 
 
 class InvalidMessage(ValueError):
@@ -112,6 +120,71 @@ def _diagnosis(d: Any) -> dict[str, Any]:
     return out
 
 
+def _int(value: Any, where: str, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= high:
+        raise InvalidMessage(f"{where} is not an integer in 0..{high}")
+    return value
+
+
+def _gib(value: Any, where: str, high: float = GIB_RANGE[1]) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= high:
+        raise InvalidMessage(f"{where} is not a size in 0..{high:g} GiB")
+    return float(value)
+
+
+def _rows(value: Any, where: str, width: int, limit: int) -> list[list[Any]]:
+    if not isinstance(value, list) or len(value) > limit:
+        raise InvalidMessage(f"{where} is not a list of at most {limit} rows")
+    if not all(isinstance(row, list) and len(row) == width for row in value):
+        raise InvalidMessage(f"{where}[] is not a row of {width} fields")
+    return value
+
+
+def _gpu_snapshot(g: Any) -> dict[str, Any]:
+    """gpu_probe.compact's form, field by field: what the GPUs held before vLLM started."""
+    if not isinstance(g, dict):
+        raise InvalidMessage("gpu_start is not an object")
+    out: dict[str, Any] = {}
+    if "error" in g:
+        out["error"] = _text(g["error"], "gpu_start.error", 160)
+    gpus = []
+    for index, name, total, free in _rows(g.get("gpus", []), "gpu_start.gpus", 4, MAX_GPUS):
+        total = _gib(total, "gpu_start.gpus[].total")
+        gpus.append(
+            [
+                _int(index, "gpu_start.gpus[].index", MAX_GPUS),
+                _text(name, "gpu_start.gpus[].name", 40),
+                total,
+                _gib(free, "gpu_start.gpus[].free", total),
+            ]
+        )
+    out["gpus"] = gpus
+    out["other_processes"] = [
+        [
+            _int(pid, "gpu_start.other_processes[].pid", 2**31),
+            _int(index, "gpu_start.other_processes[].gpu", MAX_GPUS),
+            _gib(used, "gpu_start.other_processes[].gib"),
+        ]
+        for pid, index, used in _rows(g.get("other_processes", []), "gpu_start.other_processes", 3, MAX_PROCESSES)
+    ]
+    return out
+
+
+def gpu_snapshot(doc: dict[str, Any] | None) -> m.GpuSnapshot | None:
+    """The validated gpu_start of a launcher's message as a snapshot the classifier reads (the
+    processes it lists are all others': vLLM had not started), or None without a usable one."""
+    g = (doc or {}).get("gpu_start")
+    if not g or g.get("error") or not g.get("gpus"):
+        return None
+    return m.GpuSnapshot(
+        gpus=[
+            m.GpuInfo(i, name, int(total * GIB), int(free * GIB), int((total - free) * GIB))
+            for i, name, total, free in g["gpus"]
+        ],
+        processes=[m.GpuProcess(pid, index, int(used * GIB)) for pid, index, used in g["other_processes"]],
+    )
+
+
 def looks_like_ours(text: str | None) -> bool:
     """A JSON object: the launcher's, or a forgery of it; never to be read as a log tail."""
     return bool(text) and text.lstrip().startswith("{")  # type: ignore[union-attr]
@@ -138,6 +211,8 @@ def validate(text: str) -> dict[str, Any]:
     out: dict[str, Any] = {"autoheal": SCHEMA_VERSION, "exit_code": code, "diagnosis": _diagnosis(doc.get("diagnosis"))}
     if "note" in doc:
         out["note"] = _text(doc["note"], "note")
+    if "gpu_start" in doc:
+        out["gpu_start"] = _gpu_snapshot(doc["gpu_start"])
     return out
 
 

@@ -31,7 +31,7 @@ def diagnose(kube: Kube, incident: Incident, obj: VLLMService) -> Diagnosis:
         gpu_count=resources.gpu_count(obj),
     )
     message = incident.crash.get("message")
-    _doc, incident.note = termination.read(message)
+    doc, incident.note = termination.read(message)
     if incident.note:  # written in the tenant's container and not the launcher's: read the log instead
         message = None
     diag = classify(Signals(termination_message=message, **signals))
@@ -42,7 +42,9 @@ def diagnose(kube: Kube, incident: Incident, obj: VLLMService) -> Diagnosis:
     log = kube.previous_log(incident.namespace, incident.pod_name, resources.CONTAINER)
     if log:
         weights = weights_per_gpu(kube, obj, engine) if model == obj.spec.model else None  # a fallback: another size
-        from_log = classify(Signals(log=log, weights_gib_per_gpu=weights, **signals))
+        # (with what the launcher's probe saw on the GPUs before vLLM started, as the launcher read it)
+        gpu = termination.gpu_snapshot(doc)
+        from_log = classify(Signals(log=log, weights_gib_per_gpu=weights, gpu=gpu, **signals))
         if from_log.cause != "unknown" or diag.cause == "unknown":
             return from_log
     return diag

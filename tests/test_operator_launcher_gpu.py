@@ -1,0 +1,60 @@
+"""What the launcher's GPU probe saw before vLLM started reaches the operator's own reading of the
+log: the real kopf operator against kmock. The launcher reads the log it kept with that snapshot;
+when its reading says nothing (its copy of the output lost the failure), the operator reads the
+container's previous log with the same snapshot, so the two readings agree."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_autoheal.diagnosis import Signals, classify
+from vllm_autoheal.launcher import termination_message
+
+from operator_harness import NS, Emulator, wait_for
+
+pytestmark = pytest.mark.kmock(cls=Emulator)
+SPEC = {
+    "model": "meta-llama/Llama-3.1-8B-Instruct",
+    "engine": {"gpuMemoryUtilization": 0.9},
+    "resources": {"gpuProduct": "NVIDIA-L4", "limits": {"memory": "32Gi"}},
+    "heal": {"backoffSeconds": 0},
+}
+# An OOM at start-up that no frame or milestone places (the pod was never Ready).
+BARE_OOM = (
+    "(EngineCore_DP0 pid=1) ERROR 11-30 03:00:00 [core.py:1] torch.OutOfMemoryError: CUDA out of memory. "
+    "Tried to allocate 512.00 MiB. GPU 0 has a total capacity of 22.05 GiB of which 100.00 MiB is free.\n"
+)
+NEVER_READY = "2026-11-30T02:49:00Z"
+
+
+def launcher_message(other_gib: float | None) -> str:
+    """What the launcher writes when the output it kept shows nothing: its probe's snapshot, with
+    another process holding `other_gib` of GPU 0 (none when None)."""
+    gpu_start = {"gpus": [[0, "NVIDIA L4", 22.05, 22.05 - (other_gib or 0)]]}
+    if other_gib:
+        gpu_start["other_processes"] = [[4242, 0, other_gib]]
+    said = classify(Signals(log="", exit_code=1)).to_dict()
+    assert said["cause"] == "unknown"
+    return termination_message(said, 1, gpu_start, None)
+
+
+@pytest.mark.parametrize("other_gib", [12.0, None], ids=["another-process", "none"])
+async def test_the_launchers_gpu_snapshot_places_the_oom_the_operator_reads(cluster, kmock, other_gib):
+    name = "snap-other" if other_gib else "snap-none"
+    await cluster.create_vsvc(name, SPEC)
+    await wait_for(lambda: cluster.deployment_now(name), what="deployment")
+    kmock[f"get /api/v1/namespaces/{NS}/pods/{name}-a/log"] << BARE_OOM.encode()
+    await cluster.crash_pod(name, f"{name}-a", message=launcher_message(other_gib), ready=NEVER_READY)
+    if other_gib is None:  # nothing else held the GPU: which start-up step failed is not told, no change
+        await wait_for(
+            lambda: [e for e in cluster.events_now("CrashNotHealed") if e["involvedObject"]["name"] == name],
+            what="CrashNotHealed event",
+        )
+        assert (await cluster.vsvc(name))["spec"]["engine"] == SPEC["engine"]
+        return
+    obj = await wait_for(
+        lambda: (o := cluster.vsvc_now(name)) and (o.get("status") or {}).get("healCount") and o, what="heal"
+    )
+    heal = obj["status"]["heals"][-1]
+    assert heal["cause"] == "gpu_util_exceeds_free", heal
+    assert obj["spec"]["engine"]["gpuMemoryUtilization"] < 0.9
