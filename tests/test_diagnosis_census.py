@@ -73,6 +73,10 @@ DESIGNED: dict[str, tuple[str, str]] = {
     # One client's 89 GiB video failed in the API server's handler: a request's error, logged, not a
     # crash of the deployment; raising its memory for one request would be wrong.
     "numpy-arraymemoryerror-video-decode-apiserver": ("unknown", "a request's own error changes nothing"),
+    # NCCL warns "Failed to CUDA calloc N bytes" after any failed allocation (alloc.h: the pointer
+    # stayed null), an OOM or cuMem's "operation not supported"; without NCCL_DEBUG it is all torch's
+    # `Last error:` keeps, so it names no cause (the s11 review).
+    "nccl2.20-oom-no-nccl-debug-last-error-only-profile": ("unknown", "NCCL's calloc warning follows any failure"),
     # `kubectl describe`'s events are not a container's log: the classifier reads what the container
     # wrote; an eviction is the pod's status, and the Deployment replaces the pod.
     "k8s-kubelet-eviction-memory-pressure": ("unknown", "an event, not a container's log line"),

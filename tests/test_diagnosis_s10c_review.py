@@ -64,10 +64,10 @@ torch elastic's ChildFailedError, torch's OutOfMemoryError: texts their library 
 state) goes on in the engine's own words, in no request's report (2, 4); a long line's records are
 joined within their stream (5), and a physical line longer than a chunk is kept in pieces (6). Corpus
 unchanged by the fixes (test 199/312 with the pod's state, train 271/370).
-Left, pinned below as a strict xfail: the ENGINE's own exception that quotes a request's text (the
-grammar crash of 2) can still be ended by a frame line its client wrote; the engine's tracebacks, logged
-with one header on every line, go on with frames of that same writer, so no rule tells the client's
-frame from the engine's next traceback.
+Left, pinned below as a strict xfail until session 11: the ENGINE's own exception that quotes a
+request's text (the grammar crash of 2) could still be ended by a frame line its client wrote. Session 11
+made a traceback through the engine's compiling of a request's grammar a request's report (its text is
+the request's from its first line on), and the test now passes.
 """
 
 from __future__ import annotations
@@ -336,12 +336,8 @@ def test_a_cri_file_is_told_by_its_first_real_line(first):
     assert classify(Signals(log=cri)).cause == classify(Signals(log=base_log)).cause
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the engine's own exception quoting a request's text (a structured-output grammar) can be ended by "
-    "a frame line the client wrote: vLLM logs its tracebacks with one header on every line, so the engine's "
-    "next traceback and the client's forged frame look the same",
-)
+# (Fixed in session 11: the engine's report on compiling a request's grammar, a traceback through
+# vLLM's structured_output code, is the request's text from the first line on: findings.GRAMMAR_FRAME.)
 @pytest.mark.parametrize("base_name", BASES)
 def test_a_forged_frame_inside_the_engines_exception_quoting_a_request_ends_nothing(base_name):
     base_log = _base(base_name)

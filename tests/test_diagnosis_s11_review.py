@@ -79,6 +79,26 @@ and what it should say. Severity in brackets.
    is mostly 0.3-1.5 GiB, so under torch < 2.1 another process of up to ~2.4 GiB (e.g. 79.15 total,
    0.5 free, 75.0 reserved: 1.65 - 2 + ...) now reads as none; a 3 GiB one is still seen (test passes).
 
+Fixed in session 11, after the review (every test here passes now):
+1. A traceback through the engine's compiling of a request's grammar (vLLM's structured_output and
+   guided_decoding code, xgrammar, llguidance, outlines, lm-format-enforcer: findings.GRAMMAR_FRAME) is a
+   request's report from its first line on: its lines name only what a request's line may (a failure
+   anchored at the start of an engine exception's message), never decide by text elsewhere in them, and
+   are never quoted. This also fixes the s10c strict xfail (a forged frame inside that exception).
+2. ENGINE_REPORT is matched at the start of the exception line (its type, torch's `NCCL error` opening,
+   also inside V1's "Worker failed with error '...'"), never anywhere in it.
+3, 4. other_process_gib takes the more of the snapshot's others (on the GPU torch's OOM names, else the
+   GPU where others hold the most) and torch's own report.
+5, 6. On the CPU backend's KV-space check the heal sets the KV size to fit what is free and never sizes
+   the worker's whole budget to that figure (the worker's own memory is not in it); with
+   VLLM_CPU_KVCACHE_SPACE in the spec's env, which vLLM applies over the flag, nothing is changed.
+7. NCCL's "Failed to CUDA calloc N bytes" row is gone: it follows any failed allocation. The census
+   entry is DESIGNED unknown.
+8. A termination message with an integer too large for a float is ignored with a note.
+9. gpu_start must list each GPU once, and each process on a listed GPU, no larger than that GPU.
+10 stays as measured: the 2 GiB allowance is vLLM's own non-PyTorch memory at its largest (NCCL,
+   custom all-reduce buffers); an older torch's report cannot tell a smaller other process from it.
+
 What found nothing (tests that pass): Ray's own ActorDiedError reports (its list "(1) ... killed by
 SIGKILL by OOM killer ...", SYSTEM_ERROR / UNEXPECTED_SYSTEM_EXIT, K8s' "may have exceeded K8s pod memory
 limits"), now trusted as engine words, name no memory cause; the new rows' phrases in every request- and

@@ -156,3 +156,28 @@ def test_preflight_fix_starts_with_flags_that_fit():
     assert estimate(LLAMA8, r.engine, l4).fits
     warn = preflight(s.model_copy(update={"preflight": "Warn"}), l4, LLAMA8)
     assert not warn.fits and not warn.changed and warn.engine.max_model_len == 131072
+
+
+# vLLM 0.32's CPU backend: the KV space asked for is more than the node has free.
+CPU_KV_AUTO = (
+    "ValueError: Available memory on node 0 (12.0/125.72 GiB) on kv cache allocation is less than requested "
+    "memory for kv (98.5/115.66 GiB). Reduce CPU memory used by other processes."
+)
+
+
+def test_the_cpu_kv_space_heal_sets_the_kv_size_and_never_shrinks_the_workers_budget():
+    """The free figure there is what is left after the worker's own memory (115.66 - 98.5 GiB): sized to
+    it, a utilization would not hold the worker. The KV size is set to fit what is free instead."""
+    s = VLLMServiceSpec(model="m", engine={"gpu_memory_utilization": 0.92})
+    r = plan_heal(s, classify(Signals(log=CPU_KV_AUTO)))
+    assert r.action == "SetKvCacheMemoryBytes" and r.changes == {"kv_cache_memory_bytes": 9 * 2**30}, r
+
+
+def test_the_cpu_kv_space_is_left_alone_when_vllm_cpu_kvcache_space_would_override_it():
+    s = VLLMServiceSpec(
+        model="m",
+        engine={"gpu_memory_utilization": 0.92},
+        env=[{"name": "VLLM_CPU_KVCACHE_SPACE", "value": "40"}],
+    )
+    r = plan_heal(s, classify(Signals(log=CPU_KV_AUTO)))
+    assert r.action in (NO_CHANGE, GIVE_UP) and not r.changes, r

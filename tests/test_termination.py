@@ -117,8 +117,8 @@ def test_a_valid_gpu_snapshot_is_read_as_other_processes_memory():
         ({"gpus": [[0, "H200", 139.8, 140.0]]}, "free is not a size"),  # more free than the GPU has
         ({"gpus": [[0, "H200", 139.8, -1]]}, "free is not a size"),
         ({"other_processes": [[1, 0, 1.0]] * 9}, "at most 8"),
-        ({"other_processes": [[1, 0, "60"]]}, "gib is not a size"),
-        ({"other_processes": [[-1, 0, 1.0]]}, "pid is not an integer"),
+        ({**GPU_START, "other_processes": [[1, 0, "60"]]}, "gib is not a size"),
+        ({**GPU_START, "other_processes": [[-1, 0, 1.0]]}, "pid is not an integer"),
         ({"other_processes": [[1, 99, 1.0]]}, "gpu is not an integer"),
         ({"error": ["x"]}, "gpu_start.error is not a string"),
     ],

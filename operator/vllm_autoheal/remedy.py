@@ -231,6 +231,10 @@ def more_tensor_parallel(ctx: Context) -> Remedy | None:
 
 
 def fit_utilization_to_free(ctx: Context) -> Remedy | None:
+    if ctx.diag.subtype == "kv_space_exceeds_free_host_memory":
+        # (the CPU backend's free figure at KV allocation is what is left after the worker's own
+        # memory: sized to it, the worker's whole budget would not hold the worker)
+        return None
     free, total = ctx.num("free_gib"), ctx.total
     if free is None and ctx.inv.gpu_free_gib is not None:  # not printed: the probe's figure at start
         free = ctx.inv.gpu_free_gib - CUDA_CONTEXT_GIB
@@ -253,10 +257,14 @@ def fit_utilization_to_free(ctx: Context) -> Remedy | None:
     )
 
 
+# vLLM's CPU backend sets the KV size from this variable over --kv-cache-memory-bytes (platforms/cpu.py).
+CPU_KV_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+
+
 def fit_kv_bytes_to_free(ctx: Context) -> Remedy | None:
     free, requested = ctx.num("free_gib"), ctx.num("requested_gib")
-    if free is None:
-        return None
+    if free is None or any(e.name == CPU_KV_SPACE_ENV for e in ctx.spec.env):
+        return None  # (the variable would override the flag: the change could not take effect)
     if ctx.diag.subtype == "kv_space_exceeds_free_host_memory":
         new_gib = math.floor((free * 0.75) * 4) / 4  # the KV alone must fit what is free, with margin
     elif ctx.total and ctx.inv.shape is not None:

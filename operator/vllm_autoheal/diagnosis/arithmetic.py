@@ -78,9 +78,26 @@ def numbers(
 
 
 def other_process_gib(signals: m.Signals, numbers: dict) -> float:
-    """GPU memory held by processes other than the engine, from the GPU snapshot or torch's OOM text."""
-    if signals.gpu and signals.gpu.processes:
-        return signals.gpu.other_process_bytes() / GIB
+    """GPU memory held by processes other than the engine: the more of what the GPU snapshot shows
+    and what torch's OOM text says (a snapshot from before the start does not see a process that
+    came later; torch's text may not name them all)."""
+    return max(_snapshot_others_gib(signals.gpu, numbers.get("oom_gpu")), _torch_others_gib(numbers))
+
+
+def _snapshot_others_gib(snap: m.GpuSnapshot | None, oom_gpu: Any) -> float:
+    """Others' memory on the GPU torch's OOM names, else on the GPU where others hold the most
+    (other GPUs' processes do not take this one's memory)."""
+    if snap is None or not snap.processes:
+        return 0.0
+    if isinstance(oom_gpu, int) and any(p.gpu_index == oom_gpu for p in snap.processes):
+        return snap.other_process_bytes(oom_gpu) / GIB
+    if isinstance(oom_gpu, int) and any(g.index == oom_gpu for g in snap.gpus):
+        return 0.0  # the snapshot lists that GPU, and nothing else on it
+    return max(snap.other_process_bytes(i) for i in {p.gpu_index for p in snap.processes}) / GIB
+
+
+def _torch_others_gib(numbers: dict) -> float:
+    """Others' memory by torch's OOM message (or the start-up figures)."""
     sizes = numbers.get("process_gib") or []
     if isinstance(sizes, list) and sizes:
         if "own_gib" in numbers:  # torch named the failing process "this process": the others are others

@@ -96,8 +96,17 @@ def _of_another_type(line: Line) -> bool:
 
 
 # A traceback that runs through the web framework or an API handler is a request's: its exception
-# may carry the request's text, over as many lines as the client likes.
+# may carry the request's text, over as many lines as the client likes. (Its first line may also
+# carry the engine's failure, which the API server reports to the request: EngineDeadError's
+# "original error".)
 REQUEST_FRAME = re.compile(r'File "[^"]{0,300}(?:/starlette/|/fastapi/|/uvicorn/|/serving_\w{1,40}\.py")')
+# The engine compiling a request's structured-output grammar (vLLM's structured_output and
+# guided_decoding, the grammar libraries): no failure of the engine's reaches that code, so the
+# exception it raises is about the request, its text the request's from its first line on.
+GRAMMAR_FRAME = re.compile(
+    r'File "[^"]{0,300}(?:/structured_output/|/guided_decoding/|/xgrammar/|/llguidance/|/outlines(?:_core)?/|'
+    r"/lmformatenforcer/)"
+)
 
 
 def _writer(line: Line) -> tuple[str, str, int | None]:
@@ -113,8 +122,12 @@ def _writer(line: Line) -> tuple[str, str, int | None]:
 # output, a loading bar), Ray's news that an actor died (its worker's exit type and detail, the
 # memory monitor's report). Any other message may quote a request's grammar or a LoRA name, over
 # as many lines as that holds.
+# (Matched at the start of the exception line, by its type or torch's `NCCL error` opening, also as
+# vLLM V1's executor quotes a worker's error: a name anywhere else in the line may be the text the
+# exception quotes.)
 ENGINE_REPORT = re.compile(
-    r"NCCL error|ncclUnhandledCudaError|DistBackendError|ChildFailedError|OutOfMemoryError|ActorDiedError|RayActorError"
+    r"^(?:[\w.]{0,200}\.)?(?:DistBackendError|ChildFailedError|\w{0,40}OutOfMemoryError|ActorDiedError|RayActorError|"
+    r"ncclUnhandledCudaError)\b|^(?:[\w.]{0,200}\.)?\w{0,40}Error: (?:Worker failed with error ')?NCCL error\b"
 )
 
 
@@ -127,28 +140,37 @@ def mark_continuations(lines: list[Line]) -> None:
     wherever it is, so no line of its writer ends it: only another writer does. Only an ENGINE_REPORT
     of the engine's, in no request's report, goes on in the engine's own words (`engine_message`)."""
     writer = request = None  # who wrote the open exception line; who is writing a request's report
-    engines = False
+    engines = compiling = False  # ... the exception is the engine's own report; the report is a grammar's
     for line in lines:
         text = line.text
         framing = FRAME_LINE.match(text) is not None or text.startswith(TRACEBACK_TEXT)
-        opens = text.startswith("Exception in ASGI application") or (framing and REQUEST_FRAME.search(text) is not None)
+        grammar = framing and GRAMMAR_FRAME.search(text) is not None
+        opens = (
+            text.startswith("Exception in ASGI application")
+            or grammar
+            or (framing and REQUEST_FRAME.search(text) is not None)
+        )
         who = (
             _writer(line) if writer is not None or request is not None or opens or EXCEPTION_LINE.match(text) else None
         )
         if request is not None and who != request:
             request = None  # another writer: the request's report is over
         if opens or (line.origin == REQUEST and EXCEPTION_LINE.match(text)):
+            compiling = grammar or (compiling and request == who)
             request = who
+        elif request is None:
+            compiling = False
         # (a request's report ends only with its writer: a line its client wrote may look like a frame)
         line.continued = writer is not None and who == writer and (not framing or request == writer)
         line.engine_message = line.continued and engines
+        line.grammar_report = request is not None and compiling
         if not line.continued:
             writer = who if EXCEPTION_LINE.match(text) else None
             engines = (
                 writer is not None
                 and line.origin == ENGINE
                 and request is None
-                and ENGINE_REPORT.search(text) is not None
+                and ENGINE_REPORT.match(text) is not None
             )
 
 
@@ -177,7 +199,7 @@ def findings_of(lines: list[Line]) -> list[Finding]:
         lowered = text.lower()
         present = _present(text, lowered)
         if not present:
-            if line.origin == ENGINE and where == ANY and not quoted:
+            if line.origin == ENGINE and where == ANY and not quoted and not line.grammar_report:
                 out += _wrapped(line, lines[i + 1 : i + 3])
             continue
         memory = False
@@ -185,10 +207,12 @@ def findings_of(lines: list[Line]) -> list[Finding]:
         # A request's traceback (an API-server line) carries the engine's error when the engine
         # died under it, but its other lines can carry the request's text: there only an error of
         # a type the engine raises, matched from the start of its message, counts.
-        anchor = ENGINE_EXCEPTION.match(text) if line.origin == REQUEST else None
+        # So does a line of the engine's report on compiling a request's grammar (GRAMMAR_FRAME).
+        requests = line.origin == REQUEST or line.grammar_report
+        anchor = ENGINE_EXCEPTION.match(text) if requests else None
         # ... and a non-memory finding only from the errors vLLM raises for a request (a template's
         # own exception carries whatever its author, or the request, put in it).
-        request_error = line.origin == REQUEST and REQUEST_ERROR.match(text) is not None
+        request_error = requests and REQUEST_ERROR.match(text) is not None
         rows = sorted({i for key in present for i in _GATED[key]})
         # The regex work is rows x length. A real line gates at most ~10 rows (the corpus: <= 8 KiB
         # of work); a crafted one holding every row's needle would cost 20x a normal line, so past
@@ -202,7 +226,7 @@ def findings_of(lines: list[Line]) -> list[Finding]:
                 and not (quoted and message.kind in DECIDING)
                 and not (untrusted and message.kind != msg.NOT_OOM)
                 and (
-                    line.origin == ENGINE
+                    (line.origin == ENGINE and not requests)
                     or (message.kind == msg.NOT_OOM and request_error)
                     # (the engine's failure a request's traceback carries: no marker of the client's)
                     or (anchor is not None and found.start() == anchor.end() and message.kind in FAILURE_KINDS)
@@ -213,7 +237,7 @@ def findings_of(lines: list[Line]) -> list[Finding]:
         if where != ANY:
             out[mark:] = _placed(out[mark:], where, opened)
             continue
-        if not memory and line.origin == ENGINE and not quoted and not continued:
+        if not memory and line.origin == ENGINE and not quoted and not continued and not requests:
             out += _wrapped(line, lines[i + 1 : i + 3])
     return out
 

@@ -206,9 +206,9 @@ FAILURES: tuple[Message, ...] = (
     # --- NCCL failing for lack of GPU memory ---------------------------------------------------
     _m(
         NCCL_OOM,
-        # (NCCL's last warning when its buffer allocation failed: the one `Last error:` keeps)
-        r"Cuda failure (?:\d{1,4} )?'?out of memory'?|ncclUnhandledCudaError(?:(?!ncclUnhandled).){0,300}?out of memory|"
-        r"Failed to CUDA calloc (?:async )?\d{1,20} bytes",
+        # (Not NCCL's "Failed to CUDA calloc N bytes": it follows any failed allocation, an OOM or not,
+        # and without NCCL_DEBUG it is all `Last error:` keeps.)
+        r"Cuda failure (?:\d{1,4} )?'?out of memory'?|ncclUnhandledCudaError(?:(?!ncclUnhandled).){0,300}?out of memory",
         m.MULTI_GPU_OOM,
         None,
         "nccl_cuda_oom",

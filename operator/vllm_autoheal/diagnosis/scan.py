@@ -144,6 +144,7 @@ class Line:
     value: bool = False  # a value written into a message (placement.py): no exception nor frame of the engine's
     continued: bool = False  # goes on the message of an exception line above it (findings.mark_continuations)
     engine_message: bool = False  # ... of an exception that is the engine's own (not a request's, not quoted)
+    grammar_report: bool = False  # in the report of a request's grammar the engine compiled: the request's words
 
     @property
     def informational(self) -> bool:

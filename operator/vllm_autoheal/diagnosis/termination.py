@@ -147,26 +147,30 @@ def _gpu_snapshot(g: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if "error" in g:
         out["error"] = _text(g["error"], "gpu_start.error", 160)
-    gpus = []
+    gpus: list[list[Any]] = []
+    totals: dict[int, float] = {}  # GPU index -> its total GiB
     for index, name, total, free in _rows(g.get("gpus", []), "gpu_start.gpus", 4, MAX_GPUS):
-        total = _gib(total, "gpu_start.gpus[].total")
+        index, total = _int(index, "gpu_start.gpus[].index", MAX_GPUS), _gib(total, "gpu_start.gpus[].total")
         gpus.append(
+            [index, _text(name, "gpu_start.gpus[].name", 40), total, _gib(free, "gpu_start.gpus[].free", total)]
+        )
+        totals[index] = total
+    out["gpus"] = gpus
+    if len(totals) != len(gpus):
+        raise InvalidMessage("gpu_start.gpus lists one index twice")
+    others = []
+    for pid, index, used in _rows(g.get("other_processes", []), "gpu_start.other_processes", 3, MAX_PROCESSES):
+        index = _int(index, "gpu_start.other_processes[].gpu", MAX_GPUS)
+        if index not in totals:  # (the probe lists the processes of the GPUs it lists)
+            raise InvalidMessage("gpu_start.other_processes[].gpu is not a GPU gpu_start lists")
+        others.append(
             [
-                _int(index, "gpu_start.gpus[].index", MAX_GPUS),
-                _text(name, "gpu_start.gpus[].name", 40),
-                total,
-                _gib(free, "gpu_start.gpus[].free", total),
+                _int(pid, "gpu_start.other_processes[].pid", 2**31),
+                index,
+                _gib(used, "gpu_start.other_processes[].gib", totals[index]),
             ]
         )
-    out["gpus"] = gpus
-    out["other_processes"] = [
-        [
-            _int(pid, "gpu_start.other_processes[].pid", 2**31),
-            _int(index, "gpu_start.other_processes[].gpu", MAX_GPUS),
-            _gib(used, "gpu_start.other_processes[].gib"),
-        ]
-        for pid, index, used in _rows(g.get("other_processes", []), "gpu_start.other_processes", 3, MAX_PROCESSES)
-    ]
+    out["other_processes"] = others
     return out
 
 
@@ -225,5 +229,7 @@ def read(text: str | None) -> tuple[dict[str, Any] | None, str | None]:
         return validate(text), None  # type: ignore[arg-type]
     except InvalidMessage as exc:
         return None, f"termination message ignored: {exc}"
+    except OverflowError:  # an integer too large for a float (JSON allows any number of digits)
+        return None, "termination message ignored: a number too large"
     except RecursionError:
         return None, "termination message ignored: nested too deeply"
