@@ -343,6 +343,19 @@ class Cluster:
     async def get(self, path: str) -> dict[str, Any] | None:
         return await asyncio.to_thread(self.kube.get, path)
 
+    async def not_healed(self, name: str) -> list[dict[str, Any]]:
+        """The CrashNotHealed Events of the VLLMService, once there is one."""
+        return await wait_for(
+            lambda: [e for e in self.events_now("CrashNotHealed") if e["involvedObject"]["name"] == name],
+            what="CrashNotHealed event",
+        )
+
+    async def heal_recorded(self, name: str) -> dict[str, Any]:
+        """The VLLMService once a heal is recorded in its status (healCount)."""
+        return await wait_for(
+            lambda: (o := self.vsvc_now(name)) and (o.get("status") or {}).get("healCount") and o, what="heal"
+        )
+
     async def first_heal(self, name: str, spec: dict[str, Any], pod: str, **crash: Any) -> dict[str, Any]:
         """Create a VLLMService, crash a pod of its Deployment, and return the object once healed: the
         heal recorded (healCount) and applied (the status write comes first, the spec patch after it;

@@ -377,16 +377,11 @@ async def test_the_pods_readiness_places_an_oom_the_log_does_not(cluster, kmock,
     kmock[f"get /api/v1/namespaces/{NS}/pods/{name}-a/log"] << log.encode()
     await cluster.crash_pod(name, f"{name}-a", message=log, ready=ready)
     if cause is None:
-        crash = await wait_for(
-            lambda: [e for e in cluster.events_now("CrashNotHealed") if e["involvedObject"]["name"] == name],
-            what="CrashNotHealed event",
-        )
+        crash = await cluster.not_healed(name)
         obj = await cluster.vsvc(name)
         assert (obj.get("status") or {}).get("healCount", 0) == 0, crash
         return
-    obj = await wait_for(
-        lambda: (o := cluster.vsvc_now(name)) and (o.get("status") or {}).get("healCount") and o, what="heal"
-    )
+    obj = await cluster.heal_recorded(name)
     assert status(obj)["heals"][-1]["cause"] == cause
 
 
@@ -419,15 +414,10 @@ async def test_the_operator_places_an_oom_by_the_models_weights_that_the_launche
     kmock[f"get /api/v1/namespaces/{NS}/pods/{name}-a/log"] << LOADING_OOM.encode()
     await cluster.crash_pod(name, f"{name}-a", message=launcher_said, ready="2026-11-30T02:49:00Z")
     if not sized:  # no model config at hand (the Hub is off here): the OOM stays unplaced, nothing changes
-        await wait_for(
-            lambda: [e for e in cluster.events_now("CrashNotHealed") if e["involvedObject"]["name"] == name],
-            what="CrashNotHealed event",
-        )
+        await cluster.not_healed(name)
         assert (await cluster.vsvc(name))["spec"]["engine"] == spec["engine"]
         return
-    obj = await wait_for(
-        lambda: (o := cluster.vsvc_now(name)) and (o.get("status") or {}).get("healCount") and o, what="heal"
-    )
+    obj = await cluster.heal_recorded(name)
     heal = status(obj)["heals"][-1]
     assert heal["cause"] == "weights_load_oom" and heal["action"] == "IncreaseTensorParallel", heal
     assert obj["spec"]["engine"]["tensorParallelSize"] >= 2

@@ -46,15 +46,10 @@ async def test_the_launchers_gpu_snapshot_places_the_oom_the_operator_reads(clus
     kmock[f"get /api/v1/namespaces/{NS}/pods/{name}-a/log"] << BARE_OOM.encode()
     await cluster.crash_pod(name, f"{name}-a", message=launcher_message(other_gib), ready=NEVER_READY)
     if other_gib is None:  # nothing else held the GPU: which start-up step failed is not told, no change
-        await wait_for(
-            lambda: [e for e in cluster.events_now("CrashNotHealed") if e["involvedObject"]["name"] == name],
-            what="CrashNotHealed event",
-        )
+        await cluster.not_healed(name)
         assert (await cluster.vsvc(name))["spec"]["engine"] == SPEC["engine"]
         return
-    obj = await wait_for(
-        lambda: (o := cluster.vsvc_now(name)) and (o.get("status") or {}).get("healCount") and o, what="heal"
-    )
+    obj = await cluster.heal_recorded(name)
     heal = obj["status"]["heals"][-1]
     assert heal["cause"] == "gpu_util_exceeds_free", heal
     assert obj["spec"]["engine"]["gpuMemoryUtilization"] < 0.9
