@@ -89,6 +89,27 @@ PY
       fi
       kill $SERVER 2>/dev/null; wait $SERVER
       echo "runtime: exit $? in $((SECONDS - t0)) s" | tee -a "$OUT/summary.txt"; idle ;;
+    capture)  # graphs on at a utilization that leaves them no room: CUDA-graph capture runs out (cudagraph_capture_oom)
+      run capture 420 "$L8" --load-format dummy --max-model-len 8192 --gpu-memory-utilization 0.995 ;;
+    sampler)  # 131,072 sequences: the start-up sampler warm-up asks seqs x vocab x 4 bytes (profiling_oom)
+      run sampler 420 "$L8" --load-format dummy --max-model-len 8192 --max-num-seqs 131072 \
+        --max-num-batched-tokens 131072 --enforce-eager ;;
+    sampler64k)  # 65,536 sequences: the V2 runner's kernel warm-up samples them and runs out (profiling_oom)
+      run sampler64k 420 "$L8" --load-format dummy --max-model-len 8192 --max-num-seqs 65536 \
+        --max-num-batched-tokens 65536 --enforce-eager ;;
+    weights72)  # a 72B bf16 model on one H200: its 135 GiB of weights leave no room for a KV cache (weights_load_oom)
+      run weights72 600 "$MODELS/qwen2.5-72b" --load-format dummy --max-model-len 8192 --enforce-eager ;;
+    kvlen)  # a 131,072-token context in a 0.2 share of the GPU: one request's KV cache does not fit (kv_cache_insufficient)
+      run kvlen 300 "$L8" --load-format dummy --max-model-len 131072 --gpu-memory-utilization 0.2 --enforce-eager ;;
+    freemem)  # another process holds 60 GiB before the start: less is free than 0.9 asks (gpu_util_exceeds_free)
+      rm -f /tmp/holder-ready
+      setsid python3 -c "import torch,time; x=torch.empty(60*2**30,dtype=torch.uint8,device='cuda:0'); open('/tmp/holder-ready','w').write('1'); time.sleep(600)" &
+      HOLDER=$!; for _ in $(seq 1 60); do [ -f /tmp/holder-ready ] && break; sleep 1; done
+      t0=$SECONDS
+      timeout 300 vllm serve "$L8" --load-format dummy --max-model-len 8192 --enforce-eager --host 127.0.0.1 \
+        --port $PORT > "$OUT/freemem.log" 2>&1
+      echo "freemem: exit $? in $((SECONDS - t0)) s, another process holding 60 GiB" | tee -a "$OUT/summary.txt"
+      kill -9 -- -$HOLDER 2>/dev/null; idle ;;
     *) echo "unknown scenario $scenario" ;;
   esac
 done
