@@ -117,6 +117,8 @@ ANCHORS = (
     "cache_engine",
     "initialize_",
     "make_layers",
+    "warmup_kernels",
+    "kernel_warmup",
     "load_state_dict",
     "ailed to create",
     "engine_step",

@@ -33,15 +33,18 @@ MARKERS: tuple[Message, ...] = (
     ),
     _m(
         FRAME,
-        # (profile_num_available_blocks: vLLM 0.1 and 0.2)
+        # (profile_num_available_blocks: vLLM 0.1 and 0.2. The kernel warm-ups run the model and the sampler on
+        # a dummy batch at start-up, through execute_model and sample_tokens: kernel_warmup, and the V2
+        # runner's warmup_kernels, vllm/v1/worker/gpu/warmup.py)
         r"i" + WB + r"n '?(?:profile_run|_dummy_sampler_run|_dummy_pooler_run|determine_available_memory|"
-        r"determine_num_available_blocks|profile_num_available_blocks|profile_memory|_profile_and_initialize_kv_caches)\b|"
+        r"determine_num_available_blocks|profile_num_available_blocks|profile_memory|_profile_and_initialize_kv_caches|"
+        r"_?warmup_kernels|kernel_warmup)\b|"
         r"m" + WB + r"ethod '?(?:profile_run|_dummy_sampler_run|_dummy_pooler_run|determine_available_memory|"
         r"determine_num_available_blocks|profile_num_available_blocks|profile_memory|_profile_and_initialize_kv_caches)\b|"
         r"\.(?:profile_run|_dummy_sampler_run|determine_available_memory|"
         r"determine_num_available_blocks)\(",
         phase=m.PHASE_PROFILE,
-        needles=("profile_", "_dummy_", "determine_"),
+        needles=("profile_", "_dummy_", "determine_", "warmup_kernels", "kernel_warmup"),
     ),
     # Frames on more than one phase's path: they place a failure only when no other frame does.
     # (V1's warm-up captures graphs and warms the sampler; its `_dummy_run` serves profiling and capture.)
