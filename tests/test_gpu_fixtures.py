@@ -60,3 +60,22 @@ def test_probe_without_a_driver_says_so():
         pytest.skip("an NVIDIA driver is present here: this test is for machines without one")
     assert snap.error and ("driver" in snap.error or "NVML" in snap.error)
     assert compact(snap)["error"]
+
+
+def test_a_72b_model_on_one_h200_is_weights_with_the_gpus_size_and_never_more_without_it():
+    """vLLM 0.25 prints the weights (135.43 GiB) and a negative KV budget, but not the GPU's size: the
+    launcher's snapshot (what the probe saw before vLLM started) gives it, and the weights then take
+    nearly the whole GPU. Without it, the reading is the KV check's (the model might fit a larger GPU)."""
+    log = (GPU / "failure-logs" / "weights72.log").read_text()
+    probe = GpuSnapshot.from_dict(json.loads((GPU / "probe-second-process-60g.json").read_text())["snapshot"])
+    alone = GpuSnapshot(gpus=probe.gpus[:1])  # the same H200, with no other process on it
+    with_size = classify(Signals(log=log, gpu=alone, exit_code=1, ready_before=False))
+    assert (with_size.cause, with_size.subtype) == ("weights_load_oom", "weights_exceed_gpu")
+    assert classify(Signals(log=log)).cause == "kv_cache_insufficient"
+
+
+def test_the_v2_runners_kernel_warm_up_is_start_up_not_serving():
+    """vLLM 0.25's warmup_kernels runs execute_model and sample_tokens on a dummy batch before the
+    server is up: an OOM there is the start-up batch's (profiling), even from the log alone."""
+    d = classify(Signals(log=(GPU / "failure-logs" / "sampler64k.log").read_text()))
+    assert (d.cause, d.phase) == ("profiling_oom", "profile")
