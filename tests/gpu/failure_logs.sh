@@ -2,7 +2,7 @@
 # Real vLLM 0.25 failures on the H200 machine (device tool), each a whole log as an operator reads
 # it, for the corpus (tests/corpus/, source_kind local-run-h200): the cause is known by construction.
 #   bash tests/gpu/failure_logs.sh SCENARIO...     (scenarios below; logs in $OUT/NAME.log)
-# Needs what tests/gpu/heal_runs.sh needs: vLLM 0.25 in $SITE and the model folders of
+# Needs what tests/gpu/heal_runs.sh needs: vLLM 0.25 in $SITE (tests/gpu/payload.sh builds it, no network needed there) and the model folders of
 # tests/gpu/make_models.py in $MODELS. Plain `vllm serve`, no supervisor: the log is vLLM's alone.
 set -u
 SITE=${SITE:-/scratch/site}; MODELS=${MODELS:-/scratch/models}
