@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the files that let vLLM 0.25.0 `vllm serve` run on the H200 machine (no network there), from this machine.
-# Run from the repository root; writes .gpu/ (add `/.gpu/` to .gitignore or .git/info/exclude first):
+# Run from the repository root; writes .gpu/ (git-ignored):
 #   .gpu/up1/part_aa, .gpu/up2/part_ab, .gpu/up2/site.sha256   one ~90 MB tar.xz of vLLM + dependencies, in 2 halves
 # On the device: call 1 carries .gpu/up1 and copies part_aa to a work dir (e.g. /scratch); call 2 (machine still warm)
 # carries .gpu/up2, joins the parts, checks the sha256, unpacks into /scratch/site, then
