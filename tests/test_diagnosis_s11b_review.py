@@ -54,6 +54,19 @@ report (a plain second line, a forged frame, a forged `Traceback` + frame, in th
 prefix-only re-print) name nothing and quote nothing; termination.read on more malformed gpu_start forms
 (a process on an unlisted GPU, larger than its GPU, a duplicated index, a 5000-digit integer, a lone
 surrogate) returns a note and raises nothing.
+
+Fixed after the review (every test here passes now):
+1. findings.mark_continuations: a grammar's report printed without vLLM's logger header is a dying engine
+   process re-printing its fatal exception; a line of that process that opens with a logger header
+   goes on with the report (and the exception's message). The s9 limit (an API server's exception
+   printed without a header, whose process goes on logging) stays.
+2. arithmetic.other_process_gib: when torch's OOM text accounts for the whole GPU at the failure (its
+   total, what was free, what this process held), its figure wins over the start snapshot.
+3. remedy.fit_kv_bytes_to_free: the explicit KV-space form (`for kv (40.0 GiB)`), when the spec sets no
+   kvCacheMemoryBytes, came from VLLM_CPU_KVCACHE_SPACE (envFrom, the image): nothing is changed. The
+   automatic form (`for kv (98.5/115.66 GiB)`, its worker_budget_gib) is still healed by the flag.
+4. findings_of: on a line that is the engine's failure carried by a request's report (anchored at the
+   start of its message), the figures of that message count too.
 """
 
 from __future__ import annotations

@@ -265,6 +265,9 @@ def fit_kv_bytes_to_free(ctx: Context) -> Remedy | None:
     free, requested = ctx.num("free_gib"), ctx.num("requested_gib")
     if free is None or any(e.name == CPU_KV_SPACE_ENV for e in ctx.spec.env):
         return None  # (the variable would override the flag: the change could not take effect)
+    explicit = ctx.num("worker_budget_gib") is None  # vLLM was given the KV size, not sizing it itself
+    if ctx.diag.subtype == "kv_space_exceeds_free_host_memory" and explicit and not ctx.engine.kv_cache_memory_bytes:
+        return None  # a size the spec did not set came from the variable (envFrom, the image): it would win again
     if ctx.diag.subtype == "kv_space_exceeds_free_host_memory":
         new_gib = math.floor((free * 0.75) * 4) / 4  # the KV alone must fit what is free, with margin
     elif ctx.total and ctx.inv.shape is not None:

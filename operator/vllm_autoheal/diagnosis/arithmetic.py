@@ -78,10 +78,14 @@ def numbers(
 
 
 def other_process_gib(signals: m.Signals, numbers: dict) -> float:
-    """GPU memory held by processes other than the engine: the more of what the GPU snapshot shows
-    and what torch's OOM text says (a snapshot from before the start does not see a process that
-    came later; torch's text may not name them all)."""
-    return max(_snapshot_others_gib(signals.gpu, numbers.get("oom_gpu")), _torch_others_gib(numbers))
+    """GPU memory held by processes other than the engine. Torch's OOM text, when it accounts for the
+    whole GPU at the failure (its total, what was free, what this process held), says it; else the
+    more of that and the GPU snapshot (taken before the start: it does not see a process that came
+    later, and lists one that may have gone since)."""
+    torch = _torch_others_gib(numbers)
+    if all(numbers.get(k) is not None for k in ("gpu_total_gib", "gpu_free_gib")) and numbers.get("own_gib"):
+        return torch
+    return max(_snapshot_others_gib(signals.gpu, numbers.get("oom_gpu")), torch)
 
 
 def _snapshot_others_gib(snap: m.GpuSnapshot | None, oom_gpu: Any) -> float:

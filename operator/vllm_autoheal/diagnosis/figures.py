@@ -29,6 +29,7 @@ KIND = {
     "initial_free_gib": SIZE,
     "current_free_gib": SIZE,
     "worker_gib": SIZE,
+    "worker_budget_gib": SIZE,  # the CPU worker's whole share, when vLLM sized its KV space from it
     "tried_gib": SIZE,
     "gpu_total_gib": SIZE,
     "gpu_free_gib": SIZE,

@@ -141,6 +141,14 @@ def mark_continuations(lines: list[Line]) -> None:
     of the engine's, in no request's report, goes on in the engine's own words (`engine_message`)."""
     writer = request = None  # who wrote the open exception line; who is writing a request's report
     engines = compiling = False  # ... the exception is the engine's own report; the report is a grammar's
+    # A grammar's report printed without vLLM's logger header is a dying engine process re-printing its
+    # fatal exception (multiprocessing's `Process EngineCore_DP0:`): that process logs nothing after it,
+    # so a line of it that opens with a logger header is the client's text (the grammar's newlines).
+    dying = False
+
+    def same(a: tuple | None, b: tuple | None) -> bool:
+        return a == b or (dying and a is not None and b is not None and a[1:] == b[1:])
+
     for line in lines:
         text = line.text
         framing = FRAME_LINE.match(text) is not None or text.startswith(TRACEBACK_TEXT)
@@ -153,15 +161,16 @@ def mark_continuations(lines: list[Line]) -> None:
         who = (
             _writer(line) if writer is not None or request is not None or opens or EXCEPTION_LINE.match(text) else None
         )
-        if request is not None and who != request:
+        if request is not None and not same(who, request):
             request = None  # another writer: the request's report is over
         if opens or (line.origin == REQUEST and EXCEPTION_LINE.match(text)):
-            compiling = grammar or (compiling and request == who)
-            request = who
+            if not (compiling and same(request, who)):  # (a report goes on: it keeps its writer)
+                compiling, request = grammar, who
+                dying = grammar and not line.level
         elif request is None:
-            compiling = False
+            compiling = dying = False
         # (a request's report ends only with its writer: a line its client wrote may look like a frame)
-        line.continued = writer is not None and who == writer and (not framing or request == writer)
+        line.continued = writer is not None and same(who, writer) and (not framing or same(request, writer))
         line.engine_message = line.continued and engines
         line.grammar_report = request is not None and compiling
         if not line.continued:
@@ -218,9 +227,11 @@ def findings_of(lines: list[Line]) -> list[Finding]:
         # of work); a crafted one holding every row's needle would cost 20x a normal line, so past
         # the budget each row sees only its share of the line, from the start.
         hay = text[: max(ROW_SHARE_MIN, ROW_CHAR_BUDGET // len(rows))]
-        for index in rows:
+        carried = False  # the line is the engine's failure a request's report carries (from its start)
+        for index in rows:  # (table order: the failures' rows come before the figures')
             message = msg.MESSAGES[index]
             found = message.regex.search(hay)
+            anchored = anchor is not None and found is not None and found.start() == anchor.end()
             if (
                 found
                 and not (quoted and message.kind in DECIDING)
@@ -228,12 +239,15 @@ def findings_of(lines: list[Line]) -> list[Finding]:
                 and (
                     (line.origin == ENGINE and not requests)
                     or (message.kind == msg.NOT_OOM and request_error)
-                    # (the engine's failure a request's traceback carries: no marker of the client's)
-                    or (anchor is not None and found.start() == anchor.end() and message.kind in FAILURE_KINDS)
+                    # (the engine's failure a request's traceback carries: no marker of the client's,
+                    # but the figures of that message, which it composed from its own state)
+                    or (anchored and message.kind in FAILURE_KINDS)
+                    or (carried and message.kind == msg.FIGURE)
                 )
             ):
                 out.append(Finding(line, message, found, last_resort=untrusted))
                 memory = memory or message.kind == msg.MEMORY
+                carried = carried or (anchored and message.kind in FAILURE_KINDS)
         if where != ANY:
             out[mark:] = _placed(out[mark:], where, opened)
             continue

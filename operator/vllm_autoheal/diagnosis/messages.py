@@ -87,7 +87,7 @@ FAILURES: tuple[Message, ...] = (
     _m(
         MEMORY,
         r"Available memory on node \d+ \((?P<free_gib>[\d.]+)/(?P<total_gib>[\d.]+) GiB\) on kv cache "
-        r"allocation is less than requested memory for kv \((?P<requested_gib>[\d.]+)(?:/[\d.]+)? GiB\)",
+        r"allocation is less than requested memory for kv \((?P<requested_gib>[\d.]+)(?:/(?P<worker_budget_gib>[\d.]+))? GiB\)",
         m.GPU_UTIL_EXCEEDS_FREE,
         m.PHASE_KV,
         "kv_space_exceeds_free_host_memory",
