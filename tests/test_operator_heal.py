@@ -30,18 +30,14 @@ from samples import (
     KV_TERMINATION,
     NO_GPU,
     NOT_MEMORY,
+    PLAIN_SPEC,
     RUNTIME_OOM,
     TP_HEAL,
     WEIGHTS_OOM,
 )
 
 pytestmark = pytest.mark.kmock(cls=Emulator)
-SPEC = {
-    "model": "meta-llama/Llama-3.1-8B-Instruct",
-    "engine": {"gpuMemoryUtilization": 0.9},
-    "resources": {"gpuProduct": "NVIDIA-L4", "limits": {"memory": "32Gi"}},
-    "heal": {"backoffSeconds": 0},
-}
+SPEC = PLAIN_SPEC
 
 
 def status(obj: dict) -> dict:

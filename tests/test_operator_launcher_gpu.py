@@ -11,14 +11,10 @@ from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.launcher import termination_message
 
 from operator_harness import NS, Emulator, wait_for
+from samples import PLAIN_SPEC
 
 pytestmark = pytest.mark.kmock(cls=Emulator)
-SPEC = {
-    "model": "meta-llama/Llama-3.1-8B-Instruct",
-    "engine": {"gpuMemoryUtilization": 0.9},
-    "resources": {"gpuProduct": "NVIDIA-L4", "limits": {"memory": "32Gi"}},
-    "heal": {"backoffSeconds": 0},
-}
+SPEC = PLAIN_SPEC
 # An OOM at start-up that no frame or milestone places (the pod was never Ready).
 BARE_OOM = (
     "(EngineCore_DP0 pid=1) ERROR 11-30 03:00:00 [core.py:1] torch.OutOfMemoryError: CUDA out of memory. "
