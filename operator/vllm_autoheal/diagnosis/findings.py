@@ -137,8 +137,10 @@ def mark_continuations(lines: list[Line]) -> None:
     or traceback line in between (a real traceback goes on with one, a new logged message with a
     header of its own). A request's report (uvicorn's `Exception in ASGI application`, a traceback
     through the web framework or an API handler, an API-server line) holds the client's text
-    wherever it is, so no line of its writer ends it: only another writer does. Only an ENGINE_REPORT
-    of the engine's, in no request's report, goes on in the engine's own words (`engine_message`)."""
+    wherever it is, so no line of its writer ends it: only another writer does. The engine's report
+    on compiling a request's grammar (GRAMMAR_FRAME) is the request's from its first line on
+    (`grammar_report`). Only an ENGINE_REPORT of the engine's, in no request's report, goes on in the
+    engine's own words (`engine_message`)."""
     writer = request = None  # who wrote the open exception line; who is writing a request's report
     engines = compiling = False  # ... the exception is the engine's own report; the report is a grammar's
     # A grammar's report printed without vLLM's logger header is a dying engine process re-printing its
