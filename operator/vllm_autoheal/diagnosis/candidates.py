@@ -162,7 +162,6 @@ UNANCHORED_NEEDLES = {
     "…": "as '...'",
     "load_": "stands for frame names that each hold an anchor (load_model, load_weights, load_state_dict)",
     "_model": "stands for frame names that each hold an anchor (_init_model, initialize_model, get_model)",
-    "in __init__": "a model's constructor frame: its path holds 'model_executor/'",
     "from_": "stands for from_engine_args and from_vllm_config, both anchors",
     "OutOfResources": "Triton's exception: with its module (triton.runtime.errors) it holds 'rror'; a failure, in the raw tail",
 }

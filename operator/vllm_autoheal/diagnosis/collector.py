@@ -40,18 +40,19 @@ def prefix_of(lines: Iterable[str], structured: Callable[[str], bool]) -> re.Pat
     says whether a line shows the engine's structure by itself (a header, a frame, a traceback's
     or exception's line). The last SAMPLE_LINES lines are judged: the failure is at the end."""
     sample = [x for x in lines if x.strip()][-SAMPLE_LINES:]
-    if len(sample) < MIN_LINES:
-        return None
+    # A few lines (a pasted excerpt) say too little of a bare token; a shape only a collector writes
+    # (journald's header, a tag, a quote) on every one of them is still the collector's.
+    short = len(sample) < MIN_LINES
     counts: Counter[str] = Counter()
     for ln in sample:
         found = _SHAPES.match(ln)
-        if found is None:
+        if found is None or (short and found.group("pod") is not None):
             continue
         counts[re.escape(found.group(0))] += 1
         if found.group("pod") not in (None, found.group(0)):  # stern's pod, when its containers differ
             counts[re.escape(found.group("pod")) + _CONTAINER] += 1
     for prefix, n in sorted(counts.items(), key=lambda kv: (-kv[1], -len(kv[0]))):
-        if n < SHARE * len(sample):
+        if n < (len(sample) if short else SHARE * len(sample)):
             return None
         pattern = re.compile(prefix)
         if any((m := pattern.match(ln)) and structured(ln[m.end() :]) and not structured(ln) for ln in sample):

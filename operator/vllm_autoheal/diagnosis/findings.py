@@ -99,14 +99,14 @@ def _of_another_type(line: Line) -> bool:
 # may carry the request's text, over as many lines as the client likes. (Its first line may also
 # carry the engine's failure, which the API server reports to the request: EngineDeadError's
 # "original error".)
-REQUEST_FRAME = re.compile(r'File "[^"]{0,300}(?:/starlette/|/fastapi/|/uvicorn/|/serving_\w{1,40}\.py")')
+# (Python's frame line, and a notebook's: FRAME_LINE)
+_REQUEST_CODE = r"(?:/starlette/|/fastapi/|/uvicorn/|/serving_\w{1,40}\.py\b)"
+REQUEST_FRAME = re.compile(rf'File "[^"]{{0,300}}{_REQUEST_CODE}|(?:File |^)[^"\s]{{0,300}}{_REQUEST_CODE}')
 # The engine compiling a request's structured-output grammar (vLLM's structured_output and
 # guided_decoding, the grammar libraries): no failure of the engine's reaches that code, so the
 # exception it raises is about the request, its text the request's from its first line on.
-GRAMMAR_FRAME = re.compile(
-    r'File "[^"]{0,300}(?:/structured_output/|/guided_decoding/|/xgrammar/|/llguidance/|/outlines(?:_core)?/|'
-    r"/lmformatenforcer/)"
-)
+_GRAMMAR_CODE = r"(?:/structured_output/|/guided_decoding/|/xgrammar/|/llguidance/|/outlines(?:_core)?/|/lmformatenforcer/)"
+GRAMMAR_FRAME = re.compile(rf'File "[^"]{{0,300}}{_GRAMMAR_CODE}|(?:File |^)[^"\s]{{0,300}}{_GRAMMAR_CODE}')
 
 
 def _writer(line: Line) -> tuple[str, str, int | None]:
@@ -268,12 +268,23 @@ def _placed(found: list[Finding], where: str, opened: LoggedMessage | None) -> l
     return [f for f in found if f.message.kind == msg.NOT_OOM]  # a warning's last resort, never more
 
 
+def _collector_prefix(line: Line) -> str:
+    """What a collector put before the line's text (a per-line time aside: `kubectl logs
+    --timestamps`, compose's service tag), when the line has no logger header of its own."""
+    if line.level or line.source_file or not line.raw.endswith(line.text):
+        return "<header>"
+    return COLLECTOR_TIME.sub("", line.raw[: len(line.raw) - len(line.text)]).strip()
+
+
 def _wrapped(line: Line, following: list[Line]) -> list[Finding]:
-    """A memory message a pretty-printer wrapped over the next lines (bare lines, no prefix)."""
+    """A memory message a pretty-printer wrapped over the next lines: bare lines, or lines with
+    only the prefix a collector put on the first one too (a collector stamps every line)."""
     rest = []
+    prefix = _collector_prefix(line)
     for nxt in following:
         # (an exception of another type ends it: what follows is that exception's message)
-        if nxt.origin != ENGINE or nxt.raw != nxt.text or nxt.level or _of_another_type(nxt):
+        bare = nxt.raw == nxt.text or (prefix != "<header>" and _collector_prefix(nxt) == prefix)
+        if nxt.origin != ENGINE or not bare or nxt.level or _of_another_type(nxt):
             break
         rest.append(nxt.text)
     if not rest:

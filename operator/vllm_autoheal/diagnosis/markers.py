@@ -8,6 +8,9 @@ from . import model as m
 from .pattern import BUDGET, FIGURE, FRAME, GAP, MILESTONE, NUM, SIZE, STARTING, WB, WEAK, Message
 from .pattern import row as _m
 
+# The class a notebook's traceback (IPython 8) names before a frame's function: `in Worker.load_model(self)`.
+QUALIFIED = r"(?:[A-Za-z_]\w{0,79}\.){0,3}"
+
 MARKERS: tuple[Message, ...] = (
     # --- where a failure happened (traceback frames, markers) ----------------------------------
     # A frame `in NAME`, or the RPC a worker was running when it failed: V0's "Exception in worker
@@ -15,7 +18,7 @@ MARKERS: tuple[Message, ...] = (
     _m(
         FRAME,
         # (V1 measures graphs' memory by capturing some, after the profiling run: profile_cudagraph_memory)
-        r"i" + WB + r"n '?(?:capture_model|_capture_cudagraphs|_warmup_and_capture|capture_end|capture_begin|"
+        r"i" + WB + r"n '?" + QUALIFIED + r"(?:capture_model|_capture_cudagraphs|_warmup_and_capture|capture_end|capture_begin|"
         r"_?profile_cudagraph_memory)\b|"
         r"m" + WB + r"ethod '?(?:capture_model|_capture_cudagraphs|_warmup_and_capture|capture_end|capture_begin)\b|"
         r"torch\.cuda\.graph\(|cuda_graph\.capture_end|graph_capture|Capturing CUDA graphs?|"
@@ -36,7 +39,7 @@ MARKERS: tuple[Message, ...] = (
         # (profile_num_available_blocks: vLLM 0.1 and 0.2. The kernel warm-ups run the model and the sampler on
         # a dummy batch at start-up, through execute_model and sample_tokens: kernel_warmup, and the V2
         # runner's warmup_kernels, vllm/v1/worker/gpu/warmup.py)
-        r"i" + WB + r"n '?(?:profile_run|_dummy_sampler_run|_dummy_pooler_run|determine_available_memory|"
+        r"i" + WB + r"n '?" + QUALIFIED + r"(?:profile_run|_dummy_sampler_run|_dummy_pooler_run|determine_available_memory|"
         r"determine_num_available_blocks|profile_num_available_blocks|profile_memory|_profile_and_initialize_kv_caches|"
         r"_?warmup_kernels|kernel_warmup)\b|"
         r"m" + WB + r"ethod '?(?:profile_run|_dummy_sampler_run|_dummy_pooler_run|determine_available_memory|"
@@ -50,14 +53,14 @@ MARKERS: tuple[Message, ...] = (
     # (V1's warm-up captures graphs and warms the sampler; its `_dummy_run` serves profiling and capture.)
     _m(
         FRAME,
-        r"i" + WB + r"n compile_or_warm_up_model\b",
+        r"i" + WB + r"n " + QUALIFIED + r"compile_or_warm_up_model\b",
         phase=m.PHASE_CAPTURE,
         subtype=WEAK,
         needles=("compile_or_warm_up_model",),
     ),
     _m(
         FRAME,
-        r"i" + WB + r"n _dummy_run\b|\._dummy_run\(",
+        r"i" + WB + r"n " + QUALIFIED + r"_dummy_run\b|\._dummy_run\(",
         phase=m.PHASE_PROFILE,
         subtype=WEAK,
         needles=("_dummy_run",),
@@ -67,7 +70,7 @@ MARKERS: tuple[Message, ...] = (
         # (init_cache_engine and CacheEngine.allocate_gpu_cache: V0 up to 0.4)
         r"i"
         + WB
-        + r"n '?(?:initialize_kv_cache(?:_tensors)?|_allocate_kv_cache_tensors|allocate_kv_cache|_?init_cache_engine|"
+        + r"n '?" + QUALIFIED + r"(?:initialize_kv_cache(?:_tensors)?|_allocate_kv_cache_tensors|allocate_kv_cache|_?init_cache_engine|"
         r"_allocate_kv_cache|initialize_cache|init_kv_cache|reshape_kv_cache_tensors|allocate_gpu_cache)\b|"
         r"m" + WB + r"ethod '?(?:initialize_kv_cache|_allocate_kv_cache_tensors|allocate_kv_cache|_?init_cache_engine|"
         r"_allocate_kv_cache|initialize_cache|init_kv_cache|reshape_kv_cache_tensors|allocate_gpu_cache)\b",
@@ -76,7 +79,7 @@ MARKERS: tuple[Message, ...] = (
     ),
     _m(
         FRAME,
-        r"i" + WB + r"n '?(?:load_model|get_model|load_weights|_init_model|initialize_model|make_layers|create_weights|"
+        r"i" + WB + r"n '?" + QUALIFIED + r"(?:load_model|get_model|load_weights|_init_model|initialize_model|make_layers|create_weights|"
         r"_initialize_model|load_state_dict|process_weights_after_loading)\b|"
         r"m"
         + WB
@@ -84,7 +87,7 @@ MARKERS: tuple[Message, ...] = (
         r"_initialize_model|load_state_dict|process_weights_after_loading)\b|Loading safetensors checkpoint shards|"
         r"\.(?:load_model|get_model|load_weights)\(|"
         r"Failed to create \w+ weights|"
-        r"model_executor/(?:models|layers)/[^\"]{1,200}\", line \d{1,6}, in __init__",
+        r"model_executor/(?:models|layers)/(?:[^\"]{1,200}\", line \d{1,6},|\S{1,200}?\.py(?::\d{1,6},)?) in " + QUALIFIED + r"__init__",
         phase=m.PHASE_LOAD,
         needles=(
             "load_",
@@ -96,12 +99,12 @@ MARKERS: tuple[Message, ...] = (
             "process_weights",
             "Loading safetensors",
             "Failed to create",
-            "in __init__",
+            "model_executor/",
         ),
     ),
     _m(
         FRAME,
-        r"i" + WB + r"n '?(?:execute_model|run_busy_loop|_process_engine_step|step_with_batch_queue|"
+        r"i" + WB + r"n '?" + QUALIFIED + r"(?:execute_model|run_busy_loop|_process_engine_step|step_with_batch_queue|"
         r"create_chat_completion|create_completion|generate|_run_workers_async|sample_tokens|step_async|engine_step|get_logprobs)\b|"
         r"m" + WB + r"ethod '?(?:execute_model|run_busy_loop|_process_engine_step|step_with_batch_queue|"
         r"create_chat_completion|create_completion|generate|_run_workers_async|sample_tokens|step_async|engine_step|get_logprobs)\b|"
@@ -174,7 +177,7 @@ MARKERS: tuple[Message, ...] = (
     _m(
         STARTING,
         r"EngineCore failed to start|Engine core initialization failed|Engine process failed to start|"
-        r"i" + WB + r"n (?:build_async_engine_client\w{0,40}|from_engine_args|from_vllm_config|_init_executor)\b",
+        r"i" + WB + r"n " + QUALIFIED + r"(?:build_async_engine_client\w{0,40}|from_engine_args|from_vllm_config|_init_executor)\b",
         needles=("failed to start", "initialization failed", "build_async_engine_client", "from_", "_init_executor"),
     ),
     # --- start-up figures that prove there is no room for the KV cache (decide on their own) ----

@@ -1,0 +1,113 @@
+"""The shapes a log takes on its way to the classifier besides vLLM's own: a collector's stamp on
+every line (`kubectl logs --timestamps`, compose's service tag) under a message a pretty-printer
+wrapped, and a notebook's traceback (IPython 8's `File PATH:LINE, in Class.name(args)`, IPython 7's
+`PATH in name(args)`). Each is read as the same failure without it; each shape is Python's,
+IPython's or the collector's, not a sample's."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_autoheal.diagnosis import Signals, classify
+
+# vLLM's KV check, as a pretty-printer (a notebook, a wrapping console) wrapped it over three lines.
+WRAPPED_KV = (
+    "ValueError: To serve at least one request with the model's max seq len (1048576),\n"
+    "22.5 GiB KV cache is needed, which is larger than the available KV cache memory (17.39 GiB).\n"
+    "Based on the available memory, the estimated maximum model length is 810208.\n"
+)
+STAMPS = {
+    "none": "",
+    "kubectl --timestamps": "2026-11-30T08:01:02.123456789Z ",
+    "compose": "vllm-1  | ",
+    "bracketed time": "[2026-11-30 08:01:02,123] ",
+}
+
+
+def stamped(stamp: str, log: str, second: str | None = None) -> str:
+    lines = log.splitlines()
+    return "".join((stamp if i == 0 or second is None else second) + ln + "\n" for i, ln in enumerate(lines))
+
+
+@pytest.mark.parametrize("stamp", STAMPS)
+def test_a_wrapped_message_under_a_collectors_stamp_on_each_line_is_read_whole(stamp):
+    d = classify(Signals(log=stamped(STAMPS[stamp], WRAPPED_KV)))
+    assert d.cause == "kv_cache_insufficient", (d.cause, d.subtype, d.explanation)
+    assert d.numbers.get("max_seq_len") == 1048576 and d.numbers.get("needed_gib") == 22.5
+
+
+def test_lines_another_writer_stamped_do_not_complete_the_message():
+    """Compose interleaves services: the next lines under another service's tag are not the
+    engine's message, so its figures are not read into it."""
+    d = classify(Signals(log=stamped("vllm-1  | ", WRAPPED_KV, second="client-1  | ")))
+    assert d.cause != "kv_cache_insufficient" and "needed_gib" not in d.numbers
+
+
+SITE8 = "/opt/conda/lib/python3.11/site-packages"
+IPYTHON_8_KV = f"""\
+INFO 01-10 09:13:40 model_runner.py:1008] Loading model weights took 14.99 GB
+---------------------------------------------------------------------------
+OutOfMemoryError                          Traceback (most recent call last)
+Cell In[2], line 3
+      1 from vllm import LLM
+----> 3 llm = LLM(model="meta-llama/Llama-3.1-8B-Instruct", gpu_memory_utilization=0.95)
+
+File {SITE8}/vllm/worker/worker.py:261, in Worker.initialize_cache(self, num_gpu_blocks, num_cpu_blocks)
+    258 self.cache_config.num_cpu_blocks = num_cpu_blocks
+--> 261 self._init_cache_engine()
+
+File {SITE8}/vllm/worker/cache_engine.py:86, in CacheEngine._allocate_kv_cache(self, num_blocks, device)
+     84 for _ in range(self.num_attention_layers):
+---> 86     kv_cache.append(torch.zeros(kv_cache_shape, dtype=self.dtype, pin_memory=pin_memory, device=device))
+
+OutOfMemoryError: CUDA out of memory. Tried to allocate 1.95 GiB. GPU 0 has a total capacity of 23.65 GiB of \
+which 1.20 GiB is free. Including non-PyTorch memory, this process has 22.44 GiB memory in use. Of the allocated \
+memory 21.90 GiB is allocated by PyTorch, and 112.00 MiB is reserved by PyTorch but unallocated.
+"""
+SITE7 = "/usr/local/lib/python3.10/dist-packages"
+IPYTHON_7_LOAD = f"""\
+---------------------------------------------------------------------------
+OutOfMemoryError                          Traceback (most recent call last)
+<ipython-input-2-5b1f3e1c2a4d> in <module>
+----> 1 llm = LLM(model="meta-llama/Llama-2-70b-hf")
+
+{SITE7}/vllm/engine/llm_engine.py in _init_workers(self, distributed_init_method)
+    112         self._run_workers(
+--> 113             "init_model",
+
+{SITE7}/vllm/model_executor/models/llama.py in __init__(self, hidden_size, num_heads, num_kv_heads)
+    101         self.scaling = self.head_dim**-0.5
+--> 103         self.qkv_proj = ColumnParallelLinear(
+
+OutOfMemoryError: CUDA out of memory. Tried to allocate 160.00 MiB (GPU 0; 79.35 GiB total capacity; 78.58 GiB \
+already allocated; 145.19 MiB free; 78.58 GiB reserved in total by PyTorch)
+"""
+
+
+@pytest.mark.parametrize(
+    ("log", "cause", "phase"),
+    [(IPYTHON_8_KV, "gpu_util_exceeds_free", "kv-allocation"), (IPYTHON_7_LOAD, "weights_load_oom", "load")],
+    ids=["ipython-8-kv-allocation", "ipython-7-loading"],
+)
+def test_a_notebooks_traceback_places_the_failure_by_its_frames(log, cause, phase):
+    d = classify(Signals(log=log))
+    assert (d.cause, d.phase) == (cause, phase), (d.subtype, d.evidence, d.explanation)
+
+
+def test_a_notebooks_grammar_frame_makes_the_exception_the_requests():
+    """A client's words in the exception a grammar library raises, under a notebook's frames, name
+    no memory failure (findings.GRAMMAR_FRAME, in IPython's form)."""
+    log = f"""\
+---------------------------------------------------------------------------
+ValueError                                Traceback (most recent call last)
+Cell In[7], line 1
+----> 1 outputs = llm.generate(prompts, params)
+
+File {SITE8}/vllm/v1/structured_output/backend_xgrammar.py:129, in XgrammarBackend.compile_grammar(self, request_type, grammar_spec)
+--> 129     ctx = self.compiler.compile_structural_tag(tags, triggers)
+
+ValueError: Trigger <fn not found in triggers
+CUDA out of memory. Tried to allocate 64.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which 1.00 GiB is free.
+"""
+    d = classify(Signals(log=log))
+    assert not d.is_memory and not any("64.00 GiB" in e for e in d.evidence), (d.cause, d.evidence)
