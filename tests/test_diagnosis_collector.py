@@ -59,9 +59,23 @@ def test_stern_pod_prefix_is_cut_when_its_containers_differ():
     assert prefix is not None and all(prefix.match(line).end() == len("vllm-7d9f8c-x2x4q vllm ") for line in lines[::2])
 
 
-def test_no_prefix_on_a_plain_log_nor_on_a_few_lines():
+def test_no_prefix_on_a_plain_log_nor_a_bare_token_on_a_few_lines():
     assert prefix_of(TRACEBACK.splitlines(), structured) is None
     assert prefix_of(["x y Traceback (most recent call last):", "x y KeyError: 1"], structured) is None
+
+
+LORA = "ValueError: LoRA rank 64 is greater than max_lora_rank 16.\n"
+
+
+@pytest.mark.parametrize("collector", ["journald", "kubectl --prefix", "mpirun --tag-output", "a quoted paste"])
+def test_a_pasted_line_or_two_under_a_shape_only_a_collector_writes_is_read(collector):
+    """A thread's excerpt of one to three lines: too few to tell a bare token (stern's pod name)
+    from the first word of a line, but journald's header, a tag or a quote on each of them is a
+    collector's."""
+    for log in (LORA, "Traceback (most recent call last):\n" + LORA):
+        d = classify(Signals(log=prefixed(COLLECTORS[collector], log)))
+        assert (d.cause, d.subtype) == ("not_oom", "other_error"), (collector, log, d.explanation)
+    assert prefix_of(["> " + LORA.strip(), "ValueError: 1"], structured) is None  # not on every line
 
 
 def test_a_prefix_on_most_lines_never_changes_a_line_with_structure_of_its_own():
