@@ -105,7 +105,19 @@ def other_shapes() -> list[tuple[str, str]]:
         ("'equest' repeated", prefix + "equest " * 300),
         ("': ' and a quote repeated", prefix + "x: '" * 520),
         ("'(' repeated after an anchor", prefix + "rror " + "(" * 2040),
+        # vLLM's JSON records (log_records.py): each printed with a header per line of its message
+        ("JSON records of one-character lines", _record("x\n" * 700)),
+        (
+            "JSON records holding an anchored traceback",
+            _record("rror", "Traceback\n" + '  File "x", line 1, in y\n' * 30),
+        ),
     ]
+
+
+def _record(message: str, exc_info: str | None = None) -> str:
+    record = {"asctime": "2026-12-01 10:00:00,000", "levelname": "ERROR", "name": "vllm.v1.engine.core"}
+    record |= {"processName": "EngineCore_DP0", "process": 1, "message": message}
+    return json.dumps(record | ({"exc_info": exc_info} if exc_info else {}))
 
 
 def write(path: Path, kind: str, size: int) -> int:

@@ -106,6 +106,17 @@ def test_kv_cache_too_small_for_the_default_context(engine_env, tmp_path):
     assert "to keep the healed flags" in proc.stdout and "--max-model-len" in proc.stdout
 
 
+def test_json_logs_heal_the_same(engine_env, tmp_path):
+    """vLLM's JSON log records (--logging-config.formatter json), as a platform that ships logs as
+    JSON sets them: the same diagnosis and the same one heal as the text log."""
+    proc, records = serve(engine_env, tmp_path, "--kv-cache-memory-bytes", "1Gi", "--logging-config.formatter", "json")
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert [(h["cause"], h["action"]) for h in heals(records)] == [("kv_cache_insufficient", "LowerMaxModelLen")]
+    assert heals(records)[0]["changes"] == {"max_model_len": 524160}
+    assert records[-1]["event"] == "healthy" and "completion ok" in proc.stdout
+    assert '"levelname": "ERROR", "name": "vllm.v1.engine.core"' in proc.stdout  # the engine logged JSON
+
+
 def test_kv_cache_larger_than_the_machine(engine_env, tmp_path):
     proc, records = serve(engine_env, tmp_path, "--kv-cache-memory-bytes", "64Gi", "--max-model-len", "4096")
     assert proc.returncode == 0, proc.stdout[-3000:]

@@ -14,6 +14,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from . import log_records
 from . import messages as msg
 from .needles import finder
 from .placement import (
@@ -105,7 +106,9 @@ REQUEST_FRAME = re.compile(rf'File "[^"]{{0,300}}{_REQUEST_CODE}|(?:File |^)[^"\
 # The engine compiling a request's structured-output grammar (vLLM's structured_output and
 # guided_decoding, the grammar libraries): no failure of the engine's reaches that code, so the
 # exception it raises is about the request, its text the request's from its first line on.
-_GRAMMAR_CODE = r"(?:/structured_output/|/guided_decoding/|/xgrammar/|/llguidance/|/outlines(?:_core)?/|/lmformatenforcer/)"
+_GRAMMAR_CODE = (
+    r"(?:/structured_output/|/guided_decoding/|/xgrammar/|/llguidance/|/outlines(?:_core)?/|/lmformatenforcer/)"
+)
 GRAMMAR_FRAME = re.compile(rf'File "[^"]{{0,300}}{_GRAMMAR_CODE}|(?:File |^)[^"\s]{{0,300}}{_GRAMMAR_CODE}')
 
 
@@ -172,7 +175,12 @@ def mark_continuations(lines: list[Line]) -> None:
         elif request is None:
             compiling = dying = False
         # (a request's report ends only with its writer: a line its client wrote may look like a frame)
-        line.continued = writer is not None and same(who, writer) and (not framing or same(request, writer))
+        # (a JSON record's lines inside a message no logger headed are a raw line that parsed as a
+        # record, as a client can write one there: they stay in that message, as the raw line did)
+        line.continued = writer is not None and (
+            (same(who, writer) and (not framing or same(request, writer)))
+            or (not writer[0] and log_records.is_decoded(line.header))
+        )
         line.engine_message = line.continued and engines
         line.grammar_report = request is not None and compiling
         if not line.continued:

@@ -18,7 +18,11 @@ MARKERS: tuple[Message, ...] = (
     _m(
         FRAME,
         # (V1 measures graphs' memory by capturing some, after the profiling run: profile_cudagraph_memory)
-        r"i" + WB + r"n '?" + QUALIFIED + r"(?:capture_model|_capture_cudagraphs|_warmup_and_capture|capture_end|capture_begin|"
+        r"i"
+        + WB
+        + r"n '?"
+        + QUALIFIED
+        + r"(?:capture_model|_capture_cudagraphs|_warmup_and_capture|capture_end|capture_begin|"
         r"_?profile_cudagraph_memory)\b|"
         r"m" + WB + r"ethod '?(?:capture_model|_capture_cudagraphs|_warmup_and_capture|capture_end|capture_begin)\b|"
         r"torch\.cuda\.graph\(|cuda_graph\.capture_end|graph_capture|Capturing CUDA graphs?|"
@@ -39,7 +43,11 @@ MARKERS: tuple[Message, ...] = (
         # (profile_num_available_blocks: vLLM 0.1 and 0.2. The kernel warm-ups run the model and the sampler on
         # a dummy batch at start-up, through execute_model and sample_tokens: kernel_warmup, and the V2
         # runner's warmup_kernels, vllm/v1/worker/gpu/warmup.py)
-        r"i" + WB + r"n '?" + QUALIFIED + r"(?:profile_run|_dummy_sampler_run|_dummy_pooler_run|determine_available_memory|"
+        r"i"
+        + WB
+        + r"n '?"
+        + QUALIFIED
+        + r"(?:profile_run|_dummy_sampler_run|_dummy_pooler_run|determine_available_memory|"
         r"determine_num_available_blocks|profile_num_available_blocks|profile_memory|_profile_and_initialize_kv_caches|"
         r"_?warmup_kernels|kernel_warmup)\b|"
         r"m" + WB + r"ethod '?(?:profile_run|_dummy_sampler_run|_dummy_pooler_run|determine_available_memory|"
@@ -70,7 +78,9 @@ MARKERS: tuple[Message, ...] = (
         # (init_cache_engine and CacheEngine.allocate_gpu_cache: V0 up to 0.4)
         r"i"
         + WB
-        + r"n '?" + QUALIFIED + r"(?:initialize_kv_cache(?:_tensors)?|_allocate_kv_cache_tensors|allocate_kv_cache|_?init_cache_engine|"
+        + r"n '?"
+        + QUALIFIED
+        + r"(?:initialize_kv_cache(?:_tensors)?|_allocate_kv_cache_tensors|allocate_kv_cache|_?init_cache_engine|"
         r"_allocate_kv_cache|initialize_cache|init_kv_cache|reshape_kv_cache_tensors|allocate_gpu_cache)\b|"
         r"m" + WB + r"ethod '?(?:initialize_kv_cache|_allocate_kv_cache_tensors|allocate_kv_cache|_?init_cache_engine|"
         r"_allocate_kv_cache|initialize_cache|init_kv_cache|reshape_kv_cache_tensors|allocate_gpu_cache)\b",
@@ -79,7 +89,11 @@ MARKERS: tuple[Message, ...] = (
     ),
     _m(
         FRAME,
-        r"i" + WB + r"n '?" + QUALIFIED + r"(?:load_model|get_model|load_weights|_init_model|initialize_model|make_layers|create_weights|"
+        r"i"
+        + WB
+        + r"n '?"
+        + QUALIFIED
+        + r"(?:load_model|get_model|load_weights|_init_model|initialize_model|make_layers|create_weights|"
         r"_initialize_model|load_state_dict|process_weights_after_loading)\b|"
         r"m"
         + WB
@@ -87,7 +101,9 @@ MARKERS: tuple[Message, ...] = (
         r"_initialize_model|load_state_dict|process_weights_after_loading)\b|Loading safetensors checkpoint shards|"
         r"\.(?:load_model|get_model|load_weights)\(|"
         r"Failed to create \w+ weights|"
-        r"model_executor/(?:models|layers)/(?:[^\"]{1,200}\", line \d{1,6},|\S{1,200}?\.py(?::\d{1,6},)?) in " + QUALIFIED + r"__init__",
+        r"model_executor/(?:models|layers)/(?:[^\"]{1,200}\", line \d{1,6},|\S{1,200}?\.py(?::\d{1,6},)?) in "
+        + QUALIFIED
+        + r"__init__",
         phase=m.PHASE_LOAD,
         needles=(
             "load_",
@@ -177,7 +193,11 @@ MARKERS: tuple[Message, ...] = (
     _m(
         STARTING,
         r"EngineCore failed to start|Engine core initialization failed|Engine process failed to start|"
-        r"i" + WB + r"n " + QUALIFIED + r"(?:build_async_engine_client\w{0,40}|from_engine_args|from_vllm_config|_init_executor)\b",
+        r"i"
+        + WB
+        + r"n "
+        + QUALIFIED
+        + r"(?:build_async_engine_client\w{0,40}|from_engine_args|from_vllm_config|_init_executor)\b",
         needles=("failed to start", "initialization failed", "build_async_engine_client", "from_", "_init_executor"),
     ),
     # --- start-up figures that prove there is no room for the KV cache (decide on their own) ----

@@ -35,7 +35,9 @@ from .scan import ENGINE, Line
 
 # Python's frame line, and IPython's (8+: `File /path/x.py:12, in Class.name(args)`; 7: `/path/x.py in
 # name(args)`), as a notebook prints a traceback.
-FRAME_LINE = re.compile(r'File "[^"]{1,300}", line \d{1,7}, in |File [^\s"]\S{0,300}?\.py:\d{1,7}, in |[/~]\S{0,300}?\.py in \w')
+FRAME_LINE = re.compile(
+    r'File "[^"]{1,300}", line \d{1,7}, in |File [^\s"]\S{0,300}?\.py:\d{1,7}, in |[/~]\S{0,300}?\.py in \w'
+)
 EXCEPTION_LINE = re.compile(r"^(?:[\w.]{1,200}\.)?\w{0,80}(?:Error|Exception)\b(?::|\(|$)")
 # Any exception, whatever its name (OutOfResources, BackendCompilerFailed, KeyboardInterrupt), as
 # the line that ends a traceback prints it: `module.Name(Inner): message` or a bare `Name`.

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import IO
 
-from . import collector, container_log
+from . import collector, container_log, log_records
 from .candidates import MAX_LINE, head_candidates, tail_candidates
 
 CHUNK = 1 * 2**20
@@ -77,7 +77,7 @@ _USER_QUOTE = re.compile(
     rf"c{_WB}urrent_text: ['\"]|m{_WB}odel_output: ['\"]"
 )
 _USER_FILES = re.compile(
-    r"^(?:logger\.py|dump_input\.py|log_response\.py|.*tool_parser.*|.*reasoning.*parser.*|.*_parser\.py|"
+    r"^(?:(?:request_)?logger\.py|dump_input\.py|log_response\.py|.*tool_parser.*|.*reasoning.*parser.*|.*_parser\.py|"
     r"<second header>)$"
 )
 # Lines that name a request by its id or dump a scheduled batch carry text a client chose (the
@@ -313,7 +313,8 @@ def scan(source: str | IO[str] | Iterable[str]) -> Scan:
     tail: deque[str] = deque()  # the last TAIL_BYTES (or a little more), as read
     tail_len = 0
     seen = 0
-    for chunk in container_log.unpacked(_chunks(source)):  # (a node's log file: the lines it holds)
+    # (a node's log file: the lines it holds; vLLM's JSON records: the lines its text formatter prints)
+    for chunk in log_records.decoded(container_log.unpacked(_chunks(source))):
         # A bare "\r" ends no line: vLLM's formatter writes a header after each "\n" of a message
         # (as "\r\n" + header), never after a "\r", so a "\r" inside a message (a client's JSON
         # request_id) would start a headerless line of the client's choosing. (A progress bar

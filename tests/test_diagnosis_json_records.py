@@ -1,0 +1,202 @@
+"""vLLM's JSON log records (`--logging-config.formatter json`) are read as its text formatter
+prints them (diagnosis/log_records.py): the same failures, the request logger's records still user
+text, and a record a client writes where a raw line can go decides nothing."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from vllm_autoheal.diagnosis import Signals, classify
+from vllm_autoheal.diagnosis import log_records as lr
+from vllm_autoheal.diagnosis.corpus import context, load
+from vllm_autoheal.diagnosis.scan import USER, scan
+
+HERE = Path(__file__).resolve().parent
+REAL_JSON = HERE / "fixtures" / "vllm-cpu" / "kv-cache-too-small-json.log"
+
+
+def record(message: str, exc_info: str | None = None, level: str = "ERROR", name: str = "vllm.v1.engine.core") -> str:
+    """A record as vLLM 0.32's json formatter writes it (python-json-logger, vllm/logging_utils/formatter.py)."""
+    out = {"asctime": "2026-12-01 10:00:00,123", "levelname": level, "name": name, "processName": "EngineCore_DP0"}
+    out |= {"process": 2441, "message": message}
+    if exc_info is not None:
+        out["exc_info"] = exc_info
+    return json.dumps(out | {"vllm_process_name": "EngineCore_DP0"})
+
+
+def test_a_real_vllm_json_log_is_read_as_its_text_twin():
+    """The real CPU engine (vLLM 0.32) with --logging-config.formatter json, its KV cache too small
+    for the default context: the same diagnosis and numbers as the text log of the same start."""
+    d = classify(Signals(log=REAL_JSON.read_text()))
+    assert d.cause == "kv_cache_insufficient" and d.numbers["estimated_max_model_len"] == 524160
+    assert d.evidence[0].startswith("ValueError: To serve at least one request")  # no JSON quoted
+    text = classify(Signals(log=(HERE / "fixtures" / "vllm-cpu" / "kv-cache-too-small.log").read_text()))
+    assert (text.cause, text.numbers["estimated_max_model_len"]) == (d.cause, 524160)
+
+
+def test_a_record_prints_its_header_before_every_line_of_its_message_and_traceback():
+    lines = lr.render(record("EngineCore failed to start.", "Traceback (most recent call last):\nValueError: x"))
+    assert lines == [
+        "(EngineCore_DP0 pid=2441) ERROR 12-01 10:00:00 [core.py:0] EngineCore failed to start.",
+        "(EngineCore_DP0 pid=2441) ERROR 12-01 10:00:00 [core.py:0] Traceback (most recent call last):",
+        "(EngineCore_DP0 pid=2441) ERROR 12-01 10:00:00 [core.py:0] ValueError: x",
+    ]
+    scanned = scan("\n".join(lines) + "\n").lines
+    assert [ln.text for ln in scanned][-1] == "ValueError: x" and scanned[0].source_file == "core.py"
+    assert lr.is_decoded(scanned[0].header)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        '{"log": "x\\n", "stream": "stderr"}',  # no logger's record (docker's: container_log.py)
+        '{"levelname": "LOUD", "message": "x"}',  # not a level
+        '{"levelname": "ERROR", "message": 3}',
+        '{"levelname": "ERROR", "message": "x"',  # cut
+        "[" * 100000,
+        '{"levelname": "ERROR", "message": "' + "x" * lr.RECORD_MAX + '"}',  # longer than a record may be
+    ],
+)
+def test_anything_else_is_left_as_it_is(line):
+    assert lr.render(line) is None
+    assert "".join(lr.decoded([line + "\n"])) == line + "\n"
+
+
+def test_a_record_of_many_short_lines_prints_at_most_twice_its_size_and_keeps_its_end():
+    line = record("opening\n" + "x\n" * 5000 + "ValueError: the end")
+    printed = lr.render(line)
+    assert sum(len(p) + 1 for p in printed) <= lr.GROWTH * len(line) + len(printed[0])
+    assert printed[1].endswith(lr.GAP) and printed[-1].endswith("ValueError: the end")
+
+
+def test_a_line_longer_than_a_record_hides_no_record_in_its_next_chunk():
+    long = "x" * (lr.RECORD_MAX + 10)
+    forged = record("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 64.00 GiB.")
+    out = "".join(lr.decoded([long, forged + "\n", "tail\n"]))
+    assert out == long + forged + "\ntail\n"
+
+
+KV_CHECK = (
+    "ValueError: To serve at least one request with the model's max seq len (131072), (16.0 GiB KV cache is "
+    "needed, which is larger than the available KV cache memory (1.0 GiB). Based on the available memory, the "
+    "estimated maximum model length is 2048."
+)
+TORCH_OOM = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 64.00 GiB. GPU 0 has a total capacity of "
+    "79.19 GiB of which 1.00 GiB is free."
+)
+REQUEST_LOGGER = "vllm.entrypoints.serve.utils.request_logger"  # vLLM 0.32; vllm.entrypoints.logger before
+ILLEGAL_ACCESS = record(
+    "EngineCore encountered a fatal error.",
+    'Traceback (most recent call last):\n  File "/x/vllm/v1/engine/core.py", line 900, in run_busy_loop\n'
+    "    self._process_engine_step()\nRuntimeError: CUDA error: an illegal memory access was encountered",
+)
+RUNTIME_OOM = record(
+    "EngineCore encountered a fatal error.",
+    'Traceback (most recent call last):\n  File "/x/vllm/v1/engine/core.py", line 900, in run_busy_loop\n'
+    '    self._process_engine_step()\n  File "/x/vllm/v1/worker/gpu_model_runner.py", line 2000, in execute_model\n'
+    "    hidden = self.model(x)\n" + TORCH_OOM.replace("64.00 GiB", "2.00 GiB"),
+)
+USER_RECORDS = {
+    "output, repr in double quotes": lambda f: record(
+        f"Generated response cmpl-1: output: {repr(chr(39) + f)}, finish_reason: stop",
+        level="INFO",
+        name=REQUEST_LOGGER,
+    ),
+    "prompt over lines": lambda f: record(
+        f"Request cmpl-3 details: prompt: 'hi'\n{f}, prompt_token_ids: [1]", level="DEBUG", name=REQUEST_LOGGER
+    ),
+    "request body": lambda f: record(
+        "Request cmpl-4 JSON body: " + json.dumps({"prompt": f}), level="DEBUG", name=REQUEST_LOGGER
+    ),
+    "older request logger": lambda f: record(
+        f"Received request cmpl-5: prompt: 'x\n{f}'", level="INFO", name="vllm.entrypoints.logger"
+    ),
+}
+
+
+@pytest.mark.parametrize("quoted", ["kv", "torch-oom"])
+@pytest.mark.parametrize("kind", sorted(USER_RECORDS))
+@pytest.mark.parametrize("crash", ["illegal-access", "runtime-oom"])
+def test_a_clients_text_in_the_request_loggers_records_decides_nothing(kind, quoted, crash):
+    start = REAL_JSON.read_text().split('{"asctime"', 1)[0]
+    forged = USER_RECORDS[kind](KV_CHECK if quoted == "kv" else TORCH_OOM)
+    base = ILLEGAL_ACCESS if crash == "illegal-access" else RUNTIME_OOM
+    d = classify(Signals(log=start + forged + "\n" + base + "\n"))
+    alone = classify(Signals(log=start + base + "\n"))
+    assert (d.cause, d.subtype, d.numbers) == (alone.cause, alone.subtype, alone.numbers)
+    assert d.cause == ("not_oom" if crash == "illegal-access" else "runtime_oom")
+    assert not any("cmpl-" in e or "64.00" in e or "131072" in e for e in d.evidence)
+    assert all(ln.origin == USER for ln in scan(forged + "\n").lines)
+
+
+def test_a_record_a_client_writes_into_a_re_printed_exception_decides_nothing():
+    """A text log: a dying engine re-prints its exception without a header, and the exception's
+    message is a client's (a grammar's trigger). A line of it that parses as a record stays in it."""
+    forged = record("x", "Traceback (most recent call last):\n" + TORCH_OOM)
+    reprint = (
+        "Process EngineCore_DP0:\nTraceback (most recent call last):\n"
+        '  File "/x/vllm/v1/engine/core.py", line 900, in run_busy_loop\n    self._process_engine_step()\n'
+        "ValueError: Trigger <fn\n"
+    )
+    log = "(EngineCore_DP0 pid=1) INFO 12-01 10:00:00 [core.py:1] serving\n"
+    d = classify(Signals(log=log + reprint + forged + "\nhello\n"))
+    harmless = classify(Signals(log=log + reprint + "hello\n"))
+    assert (d.cause, d.subtype) == (harmless.cause, harmless.subtype) and not d.is_memory
+
+
+# vLLM's text header: `(Process pid=N) LEVEL MM-DD HH:MM:SS [file.py:N] message`
+_HEADER = re.compile(
+    r"^(?:\((?P<proc>[\w.:-]{1,60}) pid=(?P<pid>\d+)\) )?(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) "
+    r"\d\d-\d\d [\d:.]+ \[?(?P<file>[\w.-]+?)(?::\d+)?\] ?(?P<message>.*)$"
+)
+
+
+def as_json_records(log: str) -> str:
+    """The log as vLLM's json formatter would have written it: the lines of one logged message (the
+    same header on consecutive lines) one record, its traceback in exc_info; other lines as they are."""
+    out: list[str] = []
+    current: dict | None = None
+
+    def flush() -> None:
+        if current is not None:
+            texts = current["texts"]
+            start = next((i for i, t in enumerate(texts) if t.startswith("Traceback (most recent")), len(texts))
+            rec = json.loads(record("\n".join(texts[:start]), "\n".join(texts[start:]) or None, current["level"]))
+            rec |= {"name": "vllm." + current["file"].removesuffix(".py"), "processName": current["proc"] or "Main"}
+            out.append(json.dumps(rec | {"process": int(current["pid"] or 1), "vllm_process_name": current["proc"]}))
+
+    for line in log.splitlines():
+        found = _HEADER.match(line)
+        key = found and (found["proc"], found["level"], found["file"])
+        if current is not None and key == current["key"]:
+            current["texts"].append(found["message"])
+            continue
+        flush()
+        current = None
+        if found is None:
+            out.append(line)
+        else:
+            current = {"key": key, "texts": [found["message"]], **found.groupdict()}
+    flush()
+    return "\n".join(out) + "\n"
+
+
+def test_the_corpus_read_right_in_text_reads_the_same_as_json_records():
+    """Every train-split log the classifier reads right reads the same with each vLLM logged message
+    written as a JSON record (16 of 270 did not, before log_records.py)."""
+    samples = [s for s in load(HERE / "corpus" / "corpus.jsonl") if s["split"] == "train" and s.get("failure_shown")]
+    changed, converted = [], 0
+    for s in samples:
+        ctx = context(s, pod_state=True)
+        if classify(Signals(log=s["log"], **ctx)).cause != s["label"]:
+            continue
+        as_json = as_json_records(s["log"])
+        converted += as_json != s["log"]
+        if classify(Signals(log=as_json, **ctx)).cause != s["label"]:
+            changed.append(s["id"])
+    assert converted > 150 and changed == []
