@@ -86,4 +86,6 @@ ACCEPTED_EXTRA_ARGS = [
     "--enable_prefix_caching",
     "--tokenizer=org/tok",
     "-O3",
+    "--logging-config.formatter",  # JSON log records (diagnosis/log_records.py reads them)
+    "json",
 ]
