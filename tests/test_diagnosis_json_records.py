@@ -16,7 +16,8 @@ from vllm_autoheal.diagnosis.corpus import context, load
 from vllm_autoheal.diagnosis.scan import USER, scan
 
 HERE = Path(__file__).resolve().parent
-REAL_JSON = HERE / "fixtures" / "vllm-cpu" / "kv-cache-too-small-json.log"
+REAL = HERE / "fixtures" / "vllm-cpu"
+REAL_JSON = REAL / "kv-cache-too-small-json.log"
 
 
 def record(message: str, exc_info: str | None = None, level: str = "ERROR", name: str = "vllm.v1.engine.core") -> str:
@@ -28,14 +29,17 @@ def record(message: str, exc_info: str | None = None, level: str = "ERROR", name
     return json.dumps(out | {"vllm_process_name": "EngineCore_DP0"})
 
 
-def test_a_real_vllm_json_log_is_read_as_its_text_twin():
-    """The real CPU engine (vLLM 0.32) with --logging-config.formatter json, its KV cache too small
-    for the default context: the same diagnosis and numbers as the text log of the same start."""
-    d = classify(Signals(log=REAL_JSON.read_text()))
-    assert d.cause == "kv_cache_insufficient" and d.numbers["estimated_max_model_len"] == 524160
-    assert d.evidence[0].startswith("ValueError: To serve at least one request")  # no JSON quoted
-    text = classify(Signals(log=(HERE / "fixtures" / "vllm-cpu" / "kv-cache-too-small.log").read_text()))
-    assert (text.cause, text.numbers["estimated_max_model_len"]) == (d.cause, 524160)
+@pytest.mark.parametrize("name", ["kv-cache-too-small", "kv-larger-than-machine", "memory-share-exceeds-free"])
+def test_a_real_vllm_json_log_is_read_as_its_text_twin(name):
+    """The real CPU engine (vLLM 0.32) with --logging-config.formatter json, started as for the text
+    log of the same name (tests/test_serve_real_vllm.py's cases): the same cause, subtype and figures
+    (the machine's sizes aside), and the engine's own line as evidence, not its JSON."""
+    d = classify(Signals(log=(REAL / f"{name}-json.log").read_text()))
+    text = classify(Signals(log=(REAL / f"{name}.log").read_text()))
+    assert (d.cause, d.subtype, sorted(d.numbers)) == (text.cause, text.subtype, sorted(text.numbers))
+    assert d.is_memory and d.evidence[0].startswith("ValueError: ")
+    if name == "kv-cache-too-small":
+        assert d.numbers["estimated_max_model_len"] == 524160
 
 
 def test_a_record_prints_its_header_before_every_line_of_its_message_and_traceback():

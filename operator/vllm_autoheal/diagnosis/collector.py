@@ -66,3 +66,40 @@ def cut(line: str, prefix: re.Pattern[str] | None, structured: Callable[[str], b
     if found is not None and not structured(line):
         return line[found.end() :]
     return line
+
+
+# vLLM's own lines open with its process prefix (with a pid) or its logger header; VLLM_LOGGING_PREFIX
+# puts a word or two of the operator's choosing before its header ("[llama-70b] "), on vLLM's lines
+# only: before the process prefix (vLLM 0.32) or after it (older versions add it to a worker's output).
+_PROCESS = r"\([\w.:-]{1,60}(?:\s+rank=\d{1,4})?,?\s{0,4}pid=\d{1,10}\)\s{1,8}"
+_HEADER = r"(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s{1,8}\d\d-\d\d\s{1,8}[\d:.]{1,20}\s{1,8}\[?[\w.-]{1,80}:\d"
+_VLLM_AFTER = rf"(?=(?:{_PROCESS})?{_HEADER})"
+_LOGGING_PREFIX = re.compile(rf"^(?P<process>{_PROCESS})?(?P<prefix>(?:[^\s(]\S{{0,39}}\s{{1,4}}){{1,2}}){_VLLM_AFTER}")
+_VLLM_LINE = re.compile(rf"^(?:{_PROCESS})?{_HEADER}")
+
+
+def logging_prefix_of(lines: Iterable[str]) -> re.Pattern[str] | None:
+    """The VLLM_LOGGING_PREFIX on vLLM's lines (a pattern matching it, after the process prefix where
+    there is one), or None: the same word or two on at least SHARE of vLLM's logged lines (those that
+    open with its header, with it or without), on MIN_LINES of them. A client's words before a forged header are not that
+    prefix, so they are not cut."""
+    counts: Counter[str] = Counter()
+    bare = 0
+    for ln in [x for x in lines if x.strip()][-SAMPLE_LINES:]:
+        found = _LOGGING_PREFIX.match(ln)
+        if found is not None:
+            counts[found.group("prefix")] += 1
+        elif _VLLM_LINE.match(ln):
+            bare += 1
+    if not counts:
+        return None
+    prefix, n = counts.most_common(1)[0]
+    if n < MIN_LINES or n < SHARE * (sum(counts.values()) + bare):
+        return None
+    return re.compile(rf"^(?P<process>{_PROCESS})?{re.escape(prefix)}{_VLLM_AFTER}")
+
+
+def cut_logging_prefix(line: str, prefix: re.Pattern[str] | None) -> str:
+    """The line without the VLLM_LOGGING_PREFIX (its process prefix kept)."""
+    found = prefix.match(line) if prefix is not None else None
+    return line if found is None else (found.group("process") or "") + line[found.end() :]

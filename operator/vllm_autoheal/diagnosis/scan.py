@@ -237,6 +237,18 @@ def origin_of(text: str, source_file: str | None) -> str:
     return ENGINE
 
 
+# A terminal UI's box around each line (k9s's log view: "│ <line><padding> │").
+_BOX = "\u2502"
+
+
+def _unframed(text: str) -> str:
+    if text[:1] != _BOX:
+        return text
+    body = text.rstrip()
+    body = body[1 : -1 if body.endswith(_BOX) and len(body) > 1 else None].rstrip()
+    return body[1:] if body[:1] == " " else body
+
+
 def make_line(offset: int, raw: str) -> Line | None:
     return _line_of(offset, _ANSI.sub("", raw))
 
@@ -360,8 +372,12 @@ def scan(source: str | IO[str] | Iterable[str]) -> Scan:
             merged.setdefault(tail_base + start + begin, piece[:MAX_LINE])
             kept, size = kept + 1, size + len(piece) + 1
         end = begin
-    clean = {off: _ANSI.sub("", merged[off]) for off in sorted(merged)}
+    clean = {off: _unframed(_ANSI.sub("", merged[off])) for off in sorted(merged)}
     prefix = collector.prefix_of(clean.values(), structured)
-    lines = [line for off, text in clean.items() if (line := _line_of(off, collector.cut(text, prefix, structured)))]
+    cut = {off: collector.cut(text, prefix, structured) for off, text in clean.items()}
+    logging_prefix = collector.logging_prefix_of(cut.values())
+    lines = [
+        line for off, text in cut.items() if (line := _line_of(off, collector.cut_logging_prefix(text, logging_prefix)))
+    ]
     _continuations(lines)
     return Scan(lines=lines, total_bytes=seen, truncated=truncated)
