@@ -374,10 +374,12 @@ def scan(source: str | IO[str] | Iterable[str]) -> Scan:
         end = begin
     clean = {off: _unframed(_ANSI.sub("", merged[off])) for off in sorted(merged)}
     prefix = collector.prefix_of(clean.values(), structured)
-    cut = {off: collector.cut(text, prefix, structured) for off, text in clean.items()}
-    logging_prefix = collector.logging_prefix_of(cut.values())
+    uncut = {off: collector.cut(text, prefix, structured) for off, text in clean.items()}
+    logging_prefix = collector.logging_prefix_of(uncut.values())
     lines = [
-        line for off, text in cut.items() if (line := _line_of(off, collector.cut_logging_prefix(text, logging_prefix)))
+        line
+        for off, text in uncut.items()
+        if (line := _line_of(off, collector.cut_logging_prefix(text, logging_prefix)))
     ]
     _continuations(lines)
     return Scan(lines=lines, total_bytes=seen, truncated=truncated)
