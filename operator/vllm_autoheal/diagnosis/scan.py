@@ -374,11 +374,11 @@ def scan(source: str | IO[str] | Iterable[str]) -> Scan:
         end = begin
     clean = {off: _unframed(_ANSI.sub("", merged[off])) for off in sorted(merged)}
     prefix = collector.prefix_of(clean.values(), structured)
-    uncut = {off: collector.cut(text, prefix, structured) for off, text in clean.items()}
-    logging_prefix = collector.logging_prefix_of(uncut.values())
+    no_collector = {off: collector.cut(text, prefix, structured) for off, text in clean.items()}
+    logging_prefix = collector.logging_prefix_of(no_collector.values())
     lines = [
         line
-        for off, text in uncut.items()
+        for off, text in no_collector.items()
         if (line := _line_of(off, collector.cut_logging_prefix(text, logging_prefix)))
     ]
     _continuations(lines)
