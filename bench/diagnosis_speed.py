@@ -111,6 +111,9 @@ def other_shapes() -> list[tuple[str, str]]:
             "JSON records holding an anchored traceback",
             _record("rror", "Traceback\n" + '  File "x", line 1, in y\n' * 30),
         ),
+        ("4-byte lines that open a JSON object", '{"}'),
+        ("the smallest JSON records", '{"levelname":"INFO","message":"x"}'),
+        ("lines naming a record's keys that do not parse", '{"levelname": "INFO", "message" x}'),
     ]
 
 

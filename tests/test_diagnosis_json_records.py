@@ -45,10 +45,11 @@ def test_a_real_vllm_json_log_is_read_as_its_text_twin(name):
 def test_a_record_prints_its_header_before_every_line_of_its_message_and_traceback():
     lines = lr.render(record("EngineCore failed to start.", "Traceback (most recent call last):\nValueError: x"))
     assert lines == [
-        "(EngineCore_DP0 pid=2441) ERROR 12-01 10:00:00 [core.py:0] EngineCore failed to start.",
-        "(EngineCore_DP0 pid=2441) ERROR 12-01 10:00:00 [core.py:0] Traceback (most recent call last):",
-        "(EngineCore_DP0 pid=2441) ERROR 12-01 10:00:00 [core.py:0] ValueError: x",
+        "(EngineCore_DP0 pid=2441) ERROR 12-01 10:00:00 [core.py:000000] EngineCore failed to start.",
+        "(EngineCore_DP0 pid=2441) ERROR 12-01 10:00:00 [core.py:000000] Traceback (most recent call last):",
+        "(EngineCore_DP0 pid=2441) ERROR 12-01 10:00:00 [core.py:000000] ValueError: x",
     ]
+    assert lr.render(record("x"), 7)[0].endswith("[core.py:000007] x")  # (each record a message of its own)
     scanned = scan("\n".join(lines) + "\n").lines
     assert [ln.text for ln in scanned][-1] == "ValueError: x" and scanned[0].source_file == "core.py"
     assert lr.is_decoded(scanned[0].header)
@@ -70,11 +71,12 @@ def test_anything_else_is_left_as_it_is(line):
     assert "".join(lr.decoded([line + "\n"])) == line + "\n"
 
 
-def test_a_record_of_many_short_lines_prints_at_most_twice_its_size_and_keeps_its_end():
+def test_a_record_of_many_short_lines_prints_at_most_three_times_its_size_and_keeps_both_ends():
     line = record("opening\n" + "x\n" * 5000 + "ValueError: the end")
     printed = lr.render(line)
     assert sum(len(p) + 1 for p in printed) <= lr.GROWTH * len(line) + len(printed[0])
-    assert printed[1].endswith(lr.GAP) and printed[-1].endswith("ValueError: the end")
+    assert printed[0].endswith("opening") and printed[-1].endswith("ValueError: the end")
+    assert sum(p.endswith(lr.GAP) for p in printed) == 1
 
 
 def test_a_line_longer_than_a_record_hides_no_record_in_its_next_chunk():

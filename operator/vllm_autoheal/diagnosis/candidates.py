@@ -171,10 +171,32 @@ TAIL_LINES = 3000
 _REQUEST_HINT = re.compile(r"APIServer|\[serving|serving_\w{1,30}\.py:|api_server\.py:")
 
 
-def candidates(body: str, base: int, limit: int | None = None) -> list[tuple[int, str]]:
-    """Lines of `body` holding an anchor, in order; at most `limit` of them (from the start)."""
+# The words of a frame that opens a request's report (findings.REQUEST_FRAME, GRAMMAR_FRAME): what
+# follows is a client's text, however long. The last OPENERS_MAX such lines of the tail window are
+# kept whatever else it holds, so a client's text cannot push out the line that says it is one.
+OPENERS = (
+    "structured_output",
+    "guided_decoding",
+    "xgrammar",
+    "llguidance",
+    "outlines",
+    "lmformatenforcer",
+    "starlette",
+    "fastapi",
+    "uvicorn",
+    "serving_",
+    "ASGI",
+)
+OPENERS_MAX = 200
+
+
+def candidates(
+    body: str, base: int, limit: int | None = None, anchors: tuple[str, ...] | None = None
+) -> list[tuple[int, str]]:
+    """Lines of `body` holding an anchor (of `anchors`, else ANCHORS), in order; at most `limit` of
+    them (from the start)."""
     starts: set[int] = set()
-    for anchor in _SEARCHED:
+    for anchor in _SEARCHED if anchors is None else anchors:
         i = body.find(anchor)
         while i >= 0:
             start = body.rfind("\n", 0, i) + 1
@@ -219,10 +241,15 @@ def tail_candidates(body: str, base: int) -> tuple[list[tuple[int, str]], bool]:
         engine += sum(1 for item in part if not _REQUEST_HINT.search(item[1][:200]))
         found[:0] = part
         end, size = begin, size * 2
+    openers = candidates(body, base, anchors=OPENERS)[-OPENERS_MAX:]
     if len(found) <= TAIL_LINES:
-        return found, False
+        return _with_openers(found, openers), False
     kept = [item for item in found if not _REQUEST_HINT.search(item[1][:200])][-TAIL_LINES:]
     room = TAIL_LINES - len(kept)
     if room > 0:
         kept += [item for item in found if _REQUEST_HINT.search(item[1][:200])][-room:]
-    return kept, True
+    return _with_openers(kept, openers), True
+
+
+def _with_openers(kept: list[tuple[int, str]], openers: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    return sorted({**dict(openers), **dict(kept)}.items())

@@ -144,7 +144,9 @@ def mark_continuations(lines: list[Line]) -> None:
     on compiling a request's grammar (GRAMMAR_FRAME) is the request's from its first line on
     (`grammar_report`). Only an ENGINE_REPORT of the engine's, in no request's report, goes on in the
     engine's own words (`engine_message`)."""
-    writer = request = None  # who wrote the open exception line; who is writing a request's report
+    Writer = tuple[str, str, int | None]
+    writer: Writer | None = None  # who wrote the open exception line
+    request: Writer | None = None  # who is writing a request's report
     engines = compiling = False  # ... the exception is the engine's own report; the report is a grammar's
     # A grammar's report printed without vLLM's logger header is a dying engine process re-printing its
     # fatal exception (multiprocessing's `Process EngineCore_DP0:`): that process logs nothing after it,
@@ -152,36 +154,42 @@ def mark_continuations(lines: list[Line]) -> None:
     dying = False
 
     def same(a: tuple | None, b: tuple | None) -> bool:
-        return a == b or (dying and a is not None and b is not None and a[1:] == b[1:])
+        # (a re-print without any process prefix, the CPU engine's and every JSON-mode log's, names no
+        # process: a line of the client's that writes one is still the dying process's)
+        return a == b or (dying and a is not None and b is not None and (a[1:] == b[1:] or not a[1] or not b[1]))
 
     for line in lines:
         text = line.text
-        framing = FRAME_LINE.match(text) is not None or text.startswith(TRACEBACK_TEXT)
+        # A JSON record's lines inside a message or report that no logger headed: a raw line that parsed
+        # as a record, as a client can write one there. They are that message's, and open or end nothing.
+        held: Writer | None = request if request is not None else writer
+        absorbed = held is not None and not held[0] and log_records.is_decoded(line.header)
+        framing = not absorbed and (FRAME_LINE.match(text) is not None or text.startswith(TRACEBACK_TEXT))
         grammar = framing and GRAMMAR_FRAME.search(text) is not None
-        opens = (
+        opens = not absorbed and (
             text.startswith("Exception in ASGI application")
             or grammar
             or (framing and REQUEST_FRAME.search(text) is not None)
         )
-        who = (
-            _writer(line) if writer is not None or request is not None or opens or EXCEPTION_LINE.match(text) else None
-        )
+        if absorbed:
+            who = held
+        elif writer is not None or request is not None or opens or EXCEPTION_LINE.match(text):
+            who = _writer(line)
+        else:
+            who = None
         if request is not None and not same(who, request):
             request = None  # another writer: the request's report is over
-        if opens or (line.origin == REQUEST and EXCEPTION_LINE.match(text)):
+        if opens or (not absorbed and line.origin == REQUEST and EXCEPTION_LINE.match(text)):
             if not (compiling and same(request, who)):  # (a report goes on: it keeps its writer)
                 compiling, request = grammar, who
                 dying = grammar and not line.level
         elif request is None:
             compiling = dying = False
         # (a request's report ends only with its writer: a line its client wrote may look like a frame)
-        # (a JSON record's lines inside a message no logger headed are a raw line that parsed as a
-        # record, as a client can write one there: they stay in that message, as the raw line did)
-        line.continued = writer is not None and (
-            (same(who, writer) and (not framing or same(request, writer)))
-            or (not writer[0] and log_records.is_decoded(line.header))
+        line.continued = absorbed or (
+            writer is not None and same(who, writer) and (not framing or same(request, writer))
         )
-        line.engine_message = line.continued and engines
+        line.engine_message = line.continued and engines and not absorbed
         line.grammar_report = request is not None and compiling
         if not line.continued:
             writer = who if EXCEPTION_LINE.match(text) else None
@@ -218,7 +226,8 @@ def findings_of(lines: list[Line]) -> list[Finding]:
         lowered = text.lower()
         present = _present(text, lowered)
         if not present:
-            if line.origin == ENGINE and where == ANY and not quoted and not line.grammar_report:
+            trusted = not line.continued or line.engine_message
+            if line.origin == ENGINE and where == ANY and not quoted and not line.grammar_report and trusted:
                 out += _wrapped(line, lines[i + 1 : i + 3])
             continue
         memory = False
@@ -278,31 +287,39 @@ def _placed(found: list[Finding], where: str, opened: LoggedMessage | None) -> l
 
 def _collector_prefix(line: Line) -> str:
     """What a collector put before the line's text (a per-line time aside: `kubectl logs
-    --timestamps`, compose's service tag), when the line has no logger header of its own."""
+    --timestamps`, compose's service tag), when the line has no logger header of its own nor a
+    process prefix (a process's re-print goes on with frames and code lines under it: no wrapping)."""
     if line.level or line.source_file or not line.raw.endswith(line.text):
         return "<header>"
-    return COLLECTOR_TIME.sub("", line.raw[: len(line.raw) - len(line.text)]).strip()
+    prefix = line.raw[: len(line.raw) - len(line.text)]
+    return "<header>" if process_of(prefix) else COLLECTOR_TIME.sub("", prefix).strip()
 
 
 def _wrapped(line: Line, following: list[Line]) -> list[Finding]:
     """A memory message a pretty-printer wrapped over the next lines: bare lines, or lines with
     only the prefix a collector put on the first one too (a collector stamps every line)."""
-    rest = []
+    rest: list[Line] = []
     prefix = _collector_prefix(line)
     for nxt in following:
         # (an exception of another type ends it: what follows is that exception's message)
         bare = nxt.raw == nxt.text or (prefix != "<header>" and _collector_prefix(nxt) == prefix)
         if nxt.origin != ENGINE or not bare or nxt.level or _of_another_type(nxt):
             break
-        rest.append(nxt.text)
+        rest.append(nxt)
     if not rest:
         return []
-    text = " ".join([line.text] + rest)[:MATCH_CHARS]
+    text = " ".join([line.text] + [nxt.text for nxt in rest])[:MATCH_CHARS]
     lowered = text.lower()
     # (a flood of short bare lines calls this on every line: one pass over the needles first)
     if not any(n in text for n in _MEMORY_NEEDLES) and not any(n in lowered for n in _MEMORY_NEEDLES_LOWER):
         return []
-    return [Finding(line, message, found) for message in _MEMORY if (found := message.search(text, lowered))]
+    found = [Finding(line, message, match) for message in _MEMORY if (match := message.search(text, lowered))]
+    # A further line of an exception's message may be a client's: joined with one, only a message
+    # that opens where the exception's own message does is the engine's (its wording, wrapped).
+    if any(nxt.continued and not nxt.engine_message for nxt in rest):
+        typed = EXCEPTION_TYPE.match(line.text)
+        found = [f for f in found if typed is not None and f.match.start() == typed.end()]
+    return found
 
 
 def served_before(lines: list[Line], failure: Line) -> bool:

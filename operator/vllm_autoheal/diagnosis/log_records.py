@@ -20,13 +20,16 @@ last lines, with a gap between).
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Iterable, Iterator
 
 RECORD_MAX = 256 * 2**10  # a longer line is left as it is
-GROWTH = 2  # a record prints at most this many times its own length (and a header's worth)
-DECODED_LINE = 0  # the line number a decoded record's header names
+GROWTH = 3  # a record prints at most this many times its own length (a traceback's: about 2)
+# A decoded record's header names line 0NNNNN (no logger prints a leading 0): NNNNN counts the records,
+# so each record is a logged message of its own, as a text log's file:line tells two apart.
+RECORD_COUNT = 100000
 GAP = "[...]"  # scan.GAP_LINE: lines left out here
 
 _LEVELS = frozenset({"DEBUG", "INFO", "WARNING", "WARN", "ERROR", "CRITICAL"})
@@ -34,70 +37,106 @@ _NAME = re.compile(r"[\w.-]{1,200}")
 _PROCESS = re.compile(r"[\w.:-]{1,60}")
 _ASCTIME = re.compile(r"\d{4}-(\d\d-\d\d)[T ](\d\d:\d\d:\d\d)")
 _OPENING = '{"'
+_LEVEL_KEYS = ('"levelname": "', '"levelname":"')
+MIN_RECORD = len('{"levelname":"INFO","message":""}')
+
+
+_DECODED = re.compile(r":0\d{5}\]$")
 
 
 def is_decoded(header: str) -> bool:
     """The header (scan.Line.header) is one this module printed for a JSON record."""
-    return header.endswith(f":{DECODED_LINE}]")
+    return _DECODED.search(header) is not None
 
 
-def _field(record: dict, key: str) -> str | None:
+def _text(record: dict, key: str) -> str | None:
     value = record.get(key)
     return value if isinstance(value, str) else None
 
 
-def _header(record: dict) -> str | None:
-    level = _field(record, "levelname")
-    if level is None or level not in _LEVELS:
-        return None
-    name = _field(record, "name") or ""
-    module = name.rsplit(".", 1)[-1] if _NAME.fullmatch(name) else "record"
-    when = _ASCTIME.match(_field(record, "asctime") or "")
-    stamp = f"{when.group(1)} {when.group(2)}" if when else "01-01 00:00:00"
-    process = _field(record, "vllm_process_name") or _field(record, "processName") or ""
+def _head(record: dict) -> str | None:
+    """The header before its line number: `(Process pid=N) LEVEL MM-DD HH:MM:SS [module.py:`, or
+    None when the record names no level."""
     pid = record.get("process")
+    return _head_of(
+        _text(record, "levelname"),
+        _text(record, "name"),
+        _text(record, "asctime"),
+        _text(record, "vllm_process_name") or _text(record, "processName"),
+        pid if isinstance(pid, int) and not isinstance(pid, bool) and 0 <= pid < 10**10 else None,
+    )
+
+
+@functools.lru_cache(maxsize=4096)  # (a log's records share a few heads: a flood of records costs less)
+def _head_of(
+    level: str | None, name: str | None, asctime: str | None, process: str | None, pid: int | None
+) -> str | None:
+    if level not in _LEVELS:
+        return None
+    module = name.rsplit(".", 1)[-1] if name and _NAME.fullmatch(name) else "record"
+    when = _ASCTIME.match(asctime or "")
+    stamp = f"{when.group(1)} {when.group(2)}" if when else "01-01 00:00:00"
     prefix = ""
-    if _PROCESS.fullmatch(process):
-        prefix = f"({process} pid={pid}) " if isinstance(pid, int) and 0 <= pid < 10**10 else f"({process}) "
-    return f"{prefix}{level} {stamp} [{module}.py:{DECODED_LINE}] "
+    if process and _PROCESS.fullmatch(process):
+        prefix = f"({process} pid={pid}) " if pid is not None else f"({process}) "
+    return f"{prefix}{level} {stamp} [{module}.py:"
 
 
-def render(line: str) -> list[str] | None:
-    """The text lines a JSON record line prints as, or None when the line is no record."""
+def render(line: str, number: int = 0) -> list[str] | None:
+    """The text lines a JSON record line prints as (the `number`th record), or None when the line is
+    no record."""
     if not line.startswith(_OPENING) or len(line) > RECORD_MAX or not line.rstrip().endswith("}"):
+        return None
+    # (a cheap test first: a flood of short lines that open with `{"` costs no parse each)
+    if len(line) < MIN_RECORD or not any(k in line for k in _LEVEL_KEYS):
         return None
     try:
         record = json.loads(line)
     except (ValueError, RecursionError):  # (a deeply nested value exhausts the parser's recursion)
         return None
-    message = _field(record, "message") if isinstance(record, dict) else None
-    header = _header(record) if message is not None else None
-    if header is None or message is None:
+    if not isinstance(record, dict):
         return None
+    message = _text(record, "message")
+    head = _head(record) if message is not None else None
+    if head is None or message is None:
+        return None
+    header = f"{head}0{number % RECORD_COUNT:05d}] "
+    extras = [e for e in (_text(record, "exc_info"), _text(record, "stack_info")) if e]
+    if not extras and "\n" not in message and "\r" not in message:
+        return [header + message]
     texts = message.split("\n")
-    for key in ("exc_info", "stack_info"):
-        extra = _field(record, key)
-        if extra:
-            texts += extra.split("\n")
+    for extra in extras:
+        texts += extra.split("\n")
     texts = [t.replace("\r", " ") for t in texts]
     budget = GROWTH * len(line) + len(header)
-    if sum(len(header) + len(t) + 1 for t in texts) <= budget:
+    cost = [len(header) + len(t) + 1 for t in texts]
+    if sum(cost) <= budget:
         return [header + t for t in texts]
-    # Too many short lines for what the record holds: its first line and as many of its last as fit.
-    kept: list[str] = []
-    used = 2 * (len(header) + 1) + len(texts[0]) + len(GAP)
-    for t in reversed(texts[1:]):
-        used += len(header) + len(t) + 1
-        if used > budget:
-            break
-        kept.append(header + t)
-    return [header + texts[0], header + GAP, *reversed(kept)]
+    # Too many short lines for what the record holds: as many of its first lines as fill half the
+    # budget (where a traceback opens: its frames say whose report it is), a gap, as many of its last.
+    first = last = 0
+    used = len(header) + len(GAP) + 1
+    while first < len(texts) and used + cost[first] <= budget / 2:
+        used, first = used + cost[first], first + 1
+    while last < len(texts) - first and used + cost[-1 - last] <= budget:
+        used, last = used + cost[-1 - last], last + 1
+    kept = texts[:first] + [GAP] + texts[len(texts) - last :]
+    return [header + t for t in kept]
+
+
+# A collector's stamp before a record (kubectl logs --timestamps, compose's service tag, stern's pod
+# and container, a bracketed tag): printed again before each line the record prints as.
+_STAMP = re.compile(
+    r"(?:\d{4}-\d\d-\d\d[T ][\d:.,]{1,20}Z?|[\w.-]{1,63}\s{0,8}\||\[[\w./@:-]{1,200}\]:?|[\w.-]{1,63}(?: [\w.-]{1,63})?) "
+)
+STAMP_MAX = 100
 
 
 def decoded(chunks: Iterable[str]) -> Iterator[str]:
     """The input with each JSON record line printed as text lines; every other line as it is."""
     pending = ""  # the start of a line not yet ended
     skipping = False  # inside a line longer than RECORD_MAX: no record, handed on as it is
+    count = [0]  # records printed so far
     for chunk in chunks:
         if skipping:
             end = chunk.find("\n")
@@ -110,19 +149,25 @@ def decoded(chunks: Iterable[str]) -> Iterator[str]:
         cut = text.rfind("\n") + 1
         whole, pending = text[:cut], text[cut:]
         if whole:
-            yield _decode_lines(whole)
+            yield _decode_lines(whole, count)
         if len(pending) > RECORD_MAX:
             yield pending
             pending, skipping = "", True
     if pending:
-        yield _decode_lines(pending)
+        yield _decode_lines(pending, count)
 
 
-def _decode_lines(text: str) -> str:
-    if _OPENING not in text:
+def _decode_lines(text: str, count: list[int]) -> str:
+    if not any(k in text for k in _LEVEL_KEYS):
         return text
     out = []
     for line in text.split("\n"):
-        rendered = render(line) if line.startswith(_OPENING) else None
-        out.append(line if rendered is None else "\n".join(rendered))
+        at = line.find(_OPENING, 0, STAMP_MAX + len(_OPENING))
+        stamp = line[:at] if at > 0 and _STAMP.fullmatch(line[:at]) else ""
+        rendered = render(line[len(stamp) :], count[0]) if at == 0 or stamp else None
+        if rendered is None:
+            out.append(line)
+        else:
+            count[0] += 1
+            out.append("\n".join(stamp + r for r in rendered))
     return "\n".join(out)

@@ -368,9 +368,12 @@ def scan(source: str | IO[str] | Iterable[str]) -> Scan:
         begin = tail_body.rfind("\n", 0, end - 1) + 1
         piece = tail_body[begin : end - 1 if tail_body[end - 1 : end] == "\n" else end]
         partial = begin == 0 and start == 0 and tail_base > 0  # a tail window without a line start
+        # (a blank line is no line: a flood of them must not push a traceback's frames out)
         if not partial and "equest" not in piece:
-            merged.setdefault(tail_base + start + begin, piece[:MAX_LINE])
-            kept, size = kept + 1, size + len(piece) + 1
+            if piece.strip():
+                merged.setdefault(tail_base + start + begin, piece[:MAX_LINE])
+                kept += 1
+            size += len(piece) + 1
         end = begin
     clean = {off: _unframed(_ANSI.sub("", merged[off])) for off in sorted(merged)}
     prefix = collector.prefix_of(clean.values(), structured)
