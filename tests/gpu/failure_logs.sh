@@ -2,6 +2,8 @@
 # Real vLLM 0.25 failures on the H200 machine (device tool), each a whole log as an operator reads
 # it, for the corpus (tests/corpus/, source_kind local-run-h200): the cause is known by construction.
 #   bash tests/gpu/failure_logs.sh SCENARIO...     (scenarios below; logs in $OUT/NAME.log)
+#   JSON_LOGS=1 bash tests/gpu/failure_logs.sh ... (vLLM logs JSON records, as vLLM 0.32's
+#   --logging-config.formatter json writes them, through VLLM_LOGGING_CONFIG_PATH; logs in $OUT/NAME-json.log)
 # Needs what tests/gpu/heal_runs.sh needs: vLLM 0.25 in $SITE (tests/gpu/payload.sh builds it, no network needed there) and the model folders of
 # tests/gpu/make_models.py in $MODELS. Plain `vllm serve`, no supervisor: the log is vLLM's alone.
 set -u
@@ -12,6 +14,18 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export CUDA_VISIBLE_DEVICES=0
 L8=$MODELS/llama-3.1-8b
 PORT=8013
+SUFFIX=""
+if [ "${JSON_LOGS:-0}" = 1 ]; then  # vLLM 0.32's json formatter (vllm/logging_utils/formatter.py JSON_FORMAT)
+  SUFFIX=-json
+  export VLLM_LOGGING_CONFIG_PATH=/tmp/vllm-json-logging.json
+  cat > "$VLLM_LOGGING_CONFIG_PATH" <<'JSON'
+{"version": 1, "disable_existing_loggers": false,
+ "formatters": {"json": {"class": "pythonjsonlogger.json.JsonFormatter",
+   "format": "%(asctime)s %(levelname)s %(name)s %(processName)s %(process)d %(message)s"}},
+ "handlers": {"vllm": {"class": "logging.StreamHandler", "formatter": "json", "level": "INFO", "stream": "ext://sys.stdout"}},
+ "loggers": {"vllm": {"handlers": ["vllm"], "level": "INFO", "propagate": false}}}
+JSON
+fi
 
 idle() {  # wait until no process holds GPU memory
   for _ in $(seq 1 60); do
@@ -19,10 +33,10 @@ idle() {  # wait until no process holds GPU memory
     [ "${used:-0}" -lt 1000 ] && return 0; sleep 2
   done; echo "GPU still busy: ${used} MiB"
 }
-run() {  # run NAME SECONDS ARGS...: one `vllm serve`, its output in $OUT/NAME.log
+run() {  # run NAME SECONDS ARGS...: one `vllm serve`, its output in $OUT/NAME$SUFFIX.log
   local name=$1 limit=$2; shift 2
   local t0=$SECONDS
-  timeout "$limit" vllm serve "$@" --host 127.0.0.1 --port $PORT > "$OUT/$name.log" 2>&1
+  timeout "$limit" vllm serve "$@" --host 127.0.0.1 --port $PORT > "$OUT/$name$SUFFIX.log" 2>&1
   echo "$name: exit $? in $((SECONDS - t0)) s: vllm serve $*" | tee -a "$OUT/summary.txt"
   idle
 }
@@ -55,7 +69,7 @@ for scenario in "$@"; do
         && echo 0 > /sys/fs/cgroup/vllm-hostram/memory.swap.max; then
         t0=$SECONDS
         sh -c 'echo $$ > /sys/fs/cgroup/vllm-hostram/cgroup.procs && exec timeout 150 vllm serve "$@"' hostram "$L8" \
-          --load-format dummy --max-model-len 8192 --enforce-eager --host 127.0.0.1 --port $PORT > "$OUT/hostram.log" 2>&1
+          --load-format dummy --max-model-len 8192 --enforce-eager --host 127.0.0.1 --port $PORT > "$OUT/hostram$SUFFIX.log" 2>&1
         echo "hostram: exit $? in $((SECONDS - t0)) s; $(grep oom_kill /sys/fs/cgroup/vllm-hostram/memory.events)" \
           | tee -a "$OUT/summary.txt"
         idle
@@ -68,7 +82,7 @@ for scenario in "$@"; do
     runtime)  # started and serving, then another process takes the free memory: the next batch runs out
       t0=$SECONDS
       vllm serve "$L8" --load-format dummy --max-model-len 8192 --gpu-memory-utilization 0.5 --enforce-eager \
-        --host 127.0.0.1 --port $PORT > "$OUT/runtime.log" 2>&1 & SERVER=$!
+        --host 127.0.0.1 --port $PORT > "$OUT/runtime$SUFFIX.log" 2>&1 & SERVER=$!
       if healthy 400; then
         rm -f /tmp/taker-ready
         setsid python3 -c "import torch,time; free=torch.cuda.mem_get_info()[0]; x=torch.empty(free-64*2**20,dtype=torch.uint8,device='cuda:0'); open('/tmp/taker-ready','w').write('1'); time.sleep(600)" &
@@ -107,7 +121,7 @@ PY
       HOLDER=$!; for _ in $(seq 1 60); do [ -f /tmp/holder-ready ] && break; sleep 1; done
       t0=$SECONDS
       timeout 300 vllm serve "$L8" --load-format dummy --max-model-len 8192 --enforce-eager --host 127.0.0.1 \
-        --port $PORT > "$OUT/freemem.log" 2>&1
+        --port $PORT > "$OUT/freemem$SUFFIX.log" 2>&1
       echo "freemem: exit $? in $((SECONDS - t0)) s, another process holding 60 GiB" | tee -a "$OUT/summary.txt"
       kill -9 -- -$HOLDER 2>/dev/null; idle ;;
     *) echo "unknown scenario $scenario" ;;
