@@ -22,7 +22,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "operator"))
 sys.path.insert(0, str(ROOT / "tests"))
 from test_diagnosis_json_records import as_json_records  # noqa: E402
-
 from vllm_autoheal.diagnosis import Signals, classify  # noqa: E402
 from vllm_autoheal.diagnosis.corpus import context, load  # noqa: E402
 

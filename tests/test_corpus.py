@@ -100,8 +100,11 @@ def test_no_non_memory_crash_is_called_memory(results):
     assert not wrong["test"]
 
 
-FLOORS = {  # (December 2026, 688 samples: train 88.2 % / 90.9 %, test 73.0 % / 77.7 %)
-    ("log-alone", "train"): 0.88,
+# (December 2026, 688 samples: train 87.9 % / 90.6 %, test 73.4 % / 78.1 %. Session 12 gave up one train
+# log, host-1471: a swap-space failure quoted inside a request's traceback, where a client's words may be
+# the same words: a line of a request's report names a failure only from the start of its exception)
+FLOORS = {
+    ("log-alone", "train"): 0.87,
     ("log-alone", "test"): 0.69,
     ("with-pod-state", "train"): 0.90,
     ("with-pod-state", "test"): 0.74,

@@ -45,11 +45,11 @@ def test_a_real_vllm_json_log_is_read_as_its_text_twin(name):
 def test_a_record_prints_its_header_before_every_line_of_its_message_and_traceback():
     lines = lr.render(record("EngineCore failed to start.", "Traceback (most recent call last):\nValueError: x"))
     assert lines == [
-        "(EngineCore_DP0 pid=2441) ERROR 12-01 10:00:00 [core.py:000000] EngineCore failed to start.",
-        "(EngineCore_DP0 pid=2441) ERROR 12-01 10:00:00 [core.py:000000] Traceback (most recent call last):",
-        "(EngineCore_DP0 pid=2441) ERROR 12-01 10:00:00 [core.py:000000] ValueError: x",
+        "(EngineCore_DP0 pid=2441) ERROR 12-01 10:00:00 [core.py:0000000] EngineCore failed to start.",
+        "(EngineCore_DP0 pid=2441) ERROR 12-01 10:00:00 [core.py:0000000] Traceback (most recent call last):",
+        "(EngineCore_DP0 pid=2441) ERROR 12-01 10:00:00 [core.py:0000000] ValueError: x",
     ]
-    assert lr.render(record("x"), 7)[0].endswith("[core.py:000007] x")  # (each record a message of its own)
+    assert lr.render(record("x"), 7)[0].endswith("[core.py:0000007] x")  # (each record a message of its own)
     scanned = scan("\n".join(lines) + "\n").lines
     assert [ln.text for ln in scanned][-1] == "ValueError: x" and scanned[0].source_file == "core.py"
     assert lr.is_decoded(scanned[0].header)
@@ -147,6 +147,8 @@ def test_a_record_a_client_writes_into_a_re_printed_exception_decides_nothing():
     reprint = (
         "Process EngineCore_DP0:\nTraceback (most recent call last):\n"
         '  File "/x/vllm/v1/engine/core.py", line 900, in run_busy_loop\n    self._process_engine_step()\n'
+        '  File "/x/vllm/v1/structured_output/backend_xgrammar.py", line 129, in compile_grammar\n'
+        "    ctx = self.compiler.compile_structural_tag(tags, triggers)\n"
         "ValueError: Trigger <fn\n"
     )
     log = "(EngineCore_DP0 pid=1) INFO 12-01 10:00:00 [core.py:1] serving\n"
@@ -206,3 +208,27 @@ def test_the_corpus_read_right_in_text_reads_the_same_as_json_records():
         if classify(Signals(log=as_json, **ctx)).cause != s["label"]:
             changed.append(s["id"])
     assert converted > 150 and changed == []
+
+
+GPU_LOGS = HERE / "fixtures" / "gpu" / "failure-logs"
+H200_JSON = {  # the scenario (tests/gpu/failure_logs.sh, JSON_LOGS=1) -> its cause, by construction
+    "kvlen": "kv_cache_insufficient",
+    "capture": "cudagraph_capture_oom",
+    "profile": "profiling_oom",
+    "runtime": "runtime_oom",
+    "freemem": "gpu_util_exceeds_free",
+}
+
+
+@pytest.mark.parametrize("name", sorted(H200_JSON))
+def test_real_h200_failures_logged_as_json_records_read_as_their_cause(name):
+    """vLLM 0.25 on an H200, each line of its processes `(EngineCore pid=N) {record}` (the stdout
+    decorator's prefix before the record): the cause the scenario made, the same as its text log's,
+    and the engine's own line as evidence. (Before the prefix was read, 4 of the 5: the runtime OOM,
+    logged only as a record, read as unknown.)"""
+    log = (GPU_LOGS / f"{name}-json.log").read_text()
+    assert log.count('{"asctime"') > 15 and "exc_info" in log
+    d = classify(Signals(log=log, ready_before=name == "runtime"))
+    text = classify(Signals(log=(GPU_LOGS / f"{name}.log").read_text(), ready_before=name == "runtime"))
+    assert d.cause == H200_JSON[name] == text.cause and d.subtype == text.subtype
+    assert d.evidence and not d.evidence[0].startswith("{") and '"asctime"' not in " ".join(d.evidence)

@@ -4,9 +4,15 @@ head and tail of a record too long to print, candidates.OPENERS, blank lines out
 start-position rule of findings._wrapped, each record's own line number (0NNNNN), records after a
 collector's stamp, collector.logging_prefix_of (VLLM_LOGGING_PREFIX) and scan._unframed (k9s's box).
 
-Each finding that reproduced is an xfail(strict=True) test: it FAILS on 168cd8b and says what the
+Each finding that reproduced was an xfail(strict=True) test: it FAILED on 168cd8b and says what the
 classifier said and what it should say. Severity in brackets; "older" marks a hole that an earlier commit
-had too.
+had too. Fixed in this session: 2 (a record ends any message but a request's report), 3 (a line of a
+request's report names a failure only from the start of an exception's message, findings' `requests`
+rule, as in a grammar's report), 4 (VLLM_LOGGING_PREFIX is judged on the lines before the first
+exception, where no client's text is), 5 (a 7-digit line number: a million records), and 1 where vLLM's
+stdout decorator prefixes each line (its GPU deployments): a record after a prefix of another process
+than the report's ends it. 1 stays an xfail where no line carries a process prefix (a limit: see its
+reason). 6 is measured in bench/diagnosis_speed.py.
 
 1. [high; older in JSON mode (9cbf841, 7610fcf alike), kept by 168cd8b's `absorbed`] A headerless report stays open while every
    line after it is a decoded JSON record: `absorbed` holds any record inside a message or request report
@@ -131,7 +137,12 @@ BETWEEN = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason="168cd8b: a headerless report absorbs every later decoded record")
+@pytest.mark.xfail(
+    strict=True,
+    reason="a limit: in a log with no process prefix, a record in uvicorn's text report cannot be told from a "
+    "client's line that parses as one (vLLM 0.32's json formatter writes uvicorn's report as a record too; a "
+    "logging config of one's own for vLLM's loggers alone does not)",
+)
 @pytest.mark.parametrize("collector", ["plain", "kubectl-timestamps"])
 @pytest.mark.parametrize("between", sorted(BETWEEN))
 @pytest.mark.parametrize("crash", ["runtime-oom", "illegal-access"])
@@ -144,6 +155,34 @@ def test_a_requests_report_does_not_absorb_the_engines_later_records(crash, betw
     _same_as_alone(log, fatal, f"{between}/{collector}")
 
 
+PREFIX = {"api": "(APIServer pid=7) ", "engine": "(EngineCore pid=9) "}
+
+
+@pytest.mark.parametrize("between", sorted(BETWEEN))
+@pytest.mark.parametrize("crash", ["runtime-oom", "illegal-access"])
+def test_a_requests_report_ends_at_another_processs_record(crash, between):
+    """Fixed for logs whose lines vLLM's stdout decorator prefixes (its GPU workers, the engine core and
+    the API server, as tests/fixtures/gpu/failure-logs/*-json.log show): the engine core's record after
+    the API server's report is not the report's."""
+    fatal = RUNTIME_OOM if crash == "runtime-oom" else ILLEGAL_ACCESS
+    report = "".join(PREFIX["api"] + ln + "\n" for ln in CLIENT_ASGI.splitlines())
+    log = JSON_START + report + BETWEEN[between]() + PREFIX["engine"] + fatal + "\n"
+    alone = classify(Signals(log=JSON_START + PREFIX["engine"] + fatal + "\n"))
+    d = classify(Signals(log=log))
+    assert (d.cause, d.subtype) == (alone.cause, alone.subtype) and d.evidence[:1] == alone.evidence[:1]
+    assert "ZZUSERZZ" not in json.dumps(d.to_dict())
+
+
+def test_a_forged_record_in_a_prefixed_report_is_the_reports():
+    """The client's line gets the report's own process prefix first: its record stays in the report."""
+    forged = record("x", "Traceback (most recent call last):\n" + OOM)
+    crafted = CLIENT_ASGI.replace("TemplateError: ZZUSERZZ\n", "TemplateError: ZZUSERZZ\n" + forged + "\n")
+    report = lambda text: "".join(PREFIX["api"] + ln + "\n" for ln in text.splitlines())  # noqa: E731
+    d = classify(Signals(log=JSON_START + report(crafted)))
+    harmless = classify(Signals(log=JSON_START + report(CLIENT_ASGI)))
+    assert (d.cause, d.subtype) == (harmless.cause, harmless.subtype) and not d.is_memory
+
+
 # --- 2. ... and so does any raw traceback (medium, no client needed) --------------------------------------
 THREAD_TRACEBACK = (
     "Exception in thread Thread-3 (_report_usage_worker):\nTraceback (most recent call last):\n"
@@ -153,7 +192,6 @@ THREAD_TRACEBACK = (
 )
 
 
-@pytest.mark.xfail(strict=True, reason="168cd8b: a headerless exception line absorbs every later decoded record")
 @pytest.mark.parametrize("crash", ["runtime-oom", "illegal-access"])
 def test_a_raw_traceback_does_not_absorb_the_engines_later_records(crash):
     """168cd8b: weights_load_oom -> not_oom other_error quoting the ConnectionError; the illegal access loses
@@ -190,7 +228,6 @@ def _served(exception_line: str) -> str:
     )
 
 
-@pytest.mark.xfail(strict=True, reason="older: a headerless request report's exception line is matched anywhere")
 @pytest.mark.parametrize("form", sorted(MID_LINE))
 @pytest.mark.parametrize("base_name", [BASE, "neg-6042-watchdog-worker-died"])
 def test_a_requests_exception_line_names_a_memory_failure_only_from_its_start(base_name, form):
@@ -233,7 +270,6 @@ def _prefixed_serving_log(client_report: str, tool_line: str, prefix: str = LOGG
 FLOOD = "\n".join(f"ERROR 12-01 10:00:00 [x.py:1] out of tokens {i}" for i in range(300))
 
 
-@pytest.mark.xfail(strict=True, reason="older: a client's bare headers keep VLLM_LOGGING_PREFIX from being found")
 def test_a_flood_of_bare_headers_does_not_unmask_a_tool_parsers_line():
     """168cd8b: not_oom illegal_memory_access -> runtime_oom oom_in_serving, tried_gib 64, quoting
     `[llama-70b] (APIServer pid=2320) ERROR ... [hermes_tool_parser.py:120] torch.OutOfMemoryError: ...
@@ -252,7 +288,6 @@ def test_a_flood_of_bare_headers_does_not_unmask_a_tool_parsers_line():
 SMALLEST = '{"levelname": "INFO", "message": "x"}\n'
 
 
-@pytest.mark.xfail(strict=True, reason="168cd8b: record N and record N + 100000 print the same header")
 def test_the_record_counter_does_not_wrap_into_an_open_user_message():
     """168cd8b: weights_load_oom oom_in_load -> unknown, nothing quoted (with 99998 records between: the
     OOM, asserted). Should: the OOM."""

@@ -86,7 +86,7 @@ def _evidence(*lines: Line | None, engine_error: bool = False) -> list[str]:
     for ln in lines:
         # the engine's lines; a request's traceback only where it ends in the engine's own memory error
         quotable = ln is not None and (
-            (ln.origin == ENGINE and not ln.grammar_report)
+            (ln.origin == ENGINE and not ln.request_report)
             or (engine_error and ln.origin in (ENGINE, REQUEST) and ENGINE_EXCEPTION.match(ln.text))
         )
         if ln is not None and quotable and ln.text not in out:

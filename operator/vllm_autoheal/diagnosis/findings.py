@@ -160,10 +160,19 @@ def mark_continuations(lines: list[Line]) -> None:
 
     for line in lines:
         text = line.text
-        # A JSON record's lines inside a message or report that no logger headed: a raw line that parsed
-        # as a record, as a client can write one there. They are that message's, and open or end nothing.
-        held: Writer | None = request if request is not None else writer
-        absorbed = held is not None and not held[0] and log_records.is_decoded(line.header)
+        # A JSON record's lines inside a request's report that no logger headed: a raw line that parsed as
+        # a record, as the client can write one there. They are the report's, and open or end nothing,
+        # unless vLLM's stdout decorator put another process's prefix before the record (a client's line
+        # in the report gets the report's own process prefix first). (In any other message a record is a
+        # new logged message, as a headed line is in a text log: a thread's traceback must not hide the
+        # engine's records after it.)
+        held = request
+        absorbed = (
+            held is not None
+            and not held[0]
+            and log_records.is_decoded(line.header)
+            and not (held[1] and log_records.process_outside(line.header) and _writer(line)[1] != held[1])
+        )
         framing = not absorbed and (FRAME_LINE.match(text) is not None or text.startswith(TRACEBACK_TEXT))
         grammar = framing and GRAMMAR_FRAME.search(text) is not None
         opens = not absorbed and (
@@ -191,6 +200,7 @@ def mark_continuations(lines: list[Line]) -> None:
         )
         line.engine_message = line.continued and engines and not absorbed
         line.grammar_report = request is not None and compiling
+        line.request_report = request is not None
         if not line.continued:
             writer = who if EXCEPTION_LINE.match(text) else None
             engines = (
@@ -227,7 +237,7 @@ def findings_of(lines: list[Line]) -> list[Finding]:
         present = _present(text, lowered)
         if not present:
             trusted = not line.continued or line.engine_message
-            if line.origin == ENGINE and where == ANY and not quoted and not line.grammar_report and trusted:
+            if line.origin == ENGINE and where == ANY and not quoted and not line.request_report and trusted:
                 out += _wrapped(line, lines[i + 1 : i + 3])
             continue
         memory = False
@@ -236,7 +246,7 @@ def findings_of(lines: list[Line]) -> list[Finding]:
         # died under it, but its other lines can carry the request's text: there only an error of
         # a type the engine raises, matched from the start of its message, counts.
         # So does a line of the engine's report on compiling a request's grammar (GRAMMAR_FRAME).
-        requests = line.origin == REQUEST or line.grammar_report
+        requests = line.origin == REQUEST or line.request_report
         anchor = ENGINE_EXCEPTION.match(text) if requests else None
         # ... and a non-memory finding only from the errors vLLM raises for a request (a template's
         # own exception carries whatever its author, or the request, put in it).

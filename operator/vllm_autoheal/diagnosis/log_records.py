@@ -27,9 +27,12 @@ from collections.abc import Iterable, Iterator
 
 RECORD_MAX = 256 * 2**10  # a longer line is left as it is
 GROWTH = 3  # a record prints at most this many times its own length (a traceback's: about 2)
-# A decoded record's header names line 0NNNNN (no logger prints a leading 0): NNNNN counts the records,
-# so each record is a logged message of its own, as a text log's file:line tells two apart.
-RECORD_COUNT = 100000
+# A decoded record's header names a 7-digit line number (no source file of vLLM's has a million lines):
+# its first digit says where the process prefix before it came from (1: the line's own, as vLLM's
+# stdout decorator writes it before the record; 0: the record's fields, which anyone who writes the
+# record chose), the other six count the records, so each record is a logged message of its own, as a
+# text log's file:line tells two apart.
+RECORD_COUNT = 10**6
 GAP = "[...]"  # scan.GAP_LINE: lines left out here
 
 _LEVELS = frozenset({"DEBUG", "INFO", "WARNING", "WARN", "ERROR", "CRITICAL"})
@@ -41,7 +44,7 @@ _LEVEL_KEYS = ('"levelname": "', '"levelname":"')
 MIN_RECORD = len('{"levelname":"INFO","message":""}')
 
 
-_DECODED = re.compile(r":0\d{5}\]$")
+_DECODED = re.compile(r":([01])\d{6}\]$")
 
 
 def is_decoded(header: str) -> bool:
@@ -49,20 +52,26 @@ def is_decoded(header: str) -> bool:
     return _DECODED.search(header) is not None
 
 
+def process_outside(header: str) -> bool:
+    """The decoded record's process prefix is the one printed before the record on its line."""
+    found = _DECODED.search(header)
+    return found is not None and found.group(1) == "1"
+
+
 def _text(record: dict, key: str) -> str | None:
     value = record.get(key)
     return value if isinstance(value, str) else None
 
 
-def _head(record: dict) -> str | None:
-    """The header before its line number: `(Process pid=N) LEVEL MM-DD HH:MM:SS [module.py:`, or
-    None when the record names no level."""
+def _head(record: dict, outside: bool) -> str | None:
+    """The header before its line number: `(Process pid=N) LEVEL MM-DD HH:MM:SS [module.py:` (without
+    the process when it is printed outside the record), or None when the record names no level."""
     pid = record.get("process")
     return _head_of(
         _text(record, "levelname"),
         _text(record, "name"),
         _text(record, "asctime"),
-        _text(record, "vllm_process_name") or _text(record, "processName"),
+        None if outside else _text(record, "vllm_process_name") or _text(record, "processName"),
         pid if isinstance(pid, int) and not isinstance(pid, bool) and 0 <= pid < 10**10 else None,
     )
 
@@ -82,9 +91,10 @@ def _head_of(
     return f"{prefix}{level} {stamp} [{module}.py:"
 
 
-def render(line: str, number: int = 0) -> list[str] | None:
+def render(line: str, number: int = 0, outside: bool = False) -> list[str] | None:
     """The text lines a JSON record line prints as (the `number`th record), or None when the line is
-    no record."""
+    no record. `outside`: a process prefix is printed before the record on its line; the record's own
+    process is not printed then."""
     if not line.startswith(_OPENING) or len(line) > RECORD_MAX or not line.rstrip().endswith("}"):
         return None
     # (a cheap test first: a flood of short lines that open with `{"` costs no parse each)
@@ -97,10 +107,10 @@ def render(line: str, number: int = 0) -> list[str] | None:
     if not isinstance(record, dict):
         return None
     message = _text(record, "message")
-    head = _head(record) if message is not None else None
+    head = _head(record, outside) if message is not None else None
     if head is None or message is None:
         return None
-    header = f"{head}0{number % RECORD_COUNT:05d}] "
+    header = f"{head}{int(outside)}{number % RECORD_COUNT:06d}] "
     extras = [e for e in (_text(record, "exc_info"), _text(record, "stack_info")) if e]
     if not extras and "\n" not in message and "\r" not in message:
         return [header + message]
@@ -128,6 +138,11 @@ def render(line: str, number: int = 0) -> list[str] | None:
 # and container, a bracketed tag): printed again before each line the record prints as.
 _STAMP = re.compile(
     r"(?:\d{4}-\d\d-\d\d[T ][\d:.,]{1,20}Z?|[\w.-]{1,63}\s{0,8}\||\[[\w./@:-]{1,200}\]:?|[\w.-]{1,63}(?: [\w.-]{1,63})?) "
+)
+# vLLM's stdout decorator (a worker, the engine core, the API server): `(EngineCore pid=1467) ` before
+# each line a process writes, a JSON record included; after a collector's stamp, if any.
+_PROCESS_PREFIX = re.compile(
+    r"(?P<stamp>.{0,100}?)(?P<process>\([\w.:-]{1,60}(?:\s+rank=\d{1,4})?,?\s{0,4}pid=\d{1,10}\) )"
 )
 STAMP_MAX = 100
 
@@ -163,8 +178,11 @@ def _decode_lines(text: str, count: list[int]) -> str:
     out = []
     for line in text.split("\n"):
         at = line.find(_OPENING, 0, STAMP_MAX + len(_OPENING))
-        stamp = line[:at] if at > 0 and _STAMP.fullmatch(line[:at]) else ""
-        rendered = render(line[len(stamp) :], count[0]) if at == 0 or stamp else None
+        before = line[:at] if at > 0 else ""
+        process = _PROCESS_PREFIX.fullmatch(before) if before.endswith(") ") else None
+        known = process is not None and (not process["stamp"] or _STAMP.fullmatch(process["stamp"]) is not None)
+        stamp = before if known or (before and _STAMP.fullmatch(before)) else ""
+        rendered = render(line[len(stamp) :], count[0], outside=known) if at == 0 or stamp else None
         if rendered is None:
             out.append(line)
         else:

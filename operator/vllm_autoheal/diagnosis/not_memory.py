@@ -57,7 +57,8 @@ NOT_MEMORY: tuple[Message, ...] = (
     # The engine-dead error a request gets names the engine's own error: another type than OOM.
     _m(
         NOT_OOM,
-        r"find the original error: (?!.{0,80}(?:OutOfMemory|out of memory))[\w.]{1,80}(?:Error|Exception)\(",
+        # (V0's CPU swap space running out is the engine's memory failure too: cpu_swap_exhausted)
+        r"find the original error: (?!.{0,80}(?:OutOfMemory|out of memory|swap space))[\w.]{1,80}(?:Error|Exception)\(",
         subtype="engine_died_of_other_error",
         needles=("find the original error",),
     ),

@@ -47,7 +47,8 @@ _PREFIXES = re.compile(
     r"(?:,?\s{1,4}ip=[\w.:]{1,60})?\)\s{0,8}"  # (EngineCore_DP0 pid=1), Ray's (Name pid=1, ip=h), (pid=1)
     r"|\s{0,8}\[rank(?P<rank2>\d{1,4})\]:\s{0,8}"  # torchrun "[rank0]:"
     r"|\s{0,8}(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s{1,8}\d\d-\d\d\s{1,8}[\d:.]{1,20}\s{1,8}"
-    r"(?:\[(?P<file>[\w.-]{1,80}?)(?::\d{1,6})?\]|(?P<file2>[\w.-]{1,80}):\d{1,6}\])\s?"  # vLLM header
+    # (a decoded JSON record's line number has 7 digits: log_records.py)
+    r"(?:\[(?P<file>[\w.-]{1,80}?)(?::\d{1,7})?\]|(?P<file2>[\w.-]{1,80}):\d{1,6}\])\s?"  # vLLM header
     r"|\s{0,8}(?P<level2>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s{0,8}:\s+"  # uvicorn "INFO:     "
     r"|\s{0,8}(?P<file3>[\w.-]{1,80}\.py):\d{1,6}\]\s"  # truncated "[file.py:N] "
     # glog's (Triton's C++ core, absl): "E1115 02:58:51.162611 1 backend_model.cc:634] " (its level
@@ -145,6 +146,7 @@ class Line:
     continued: bool = False  # goes on the message of an exception line above it (findings.mark_continuations)
     engine_message: bool = False  # ... of an exception that is the engine's own (not a request's, not quoted)
     grammar_report: bool = False  # in the report of a request's grammar the engine compiled: the request's words
+    request_report: bool = False  # in a request's report (its grammar's, the web framework's, an API handler's)
 
     @property
     def informational(self) -> bool:
@@ -208,6 +210,7 @@ def _strip_clean(text: str) -> tuple[str, int | None, str | None, str | None]:
     return text.strip(), rank, source_file, level
 
 
+_ERROR_TEXT = re.compile(r"Traceback \(most recent|Exception in ASGI|\w(?:Error|Exception)\b")
 _OWN_STRUCTURE = re.compile(r'\s{0,16}File "|Traceback \(most recent|[\w.]{0,200}(?:Error|Exception)\b')
 
 
@@ -378,7 +381,12 @@ def scan(source: str | IO[str] | Iterable[str]) -> Scan:
     clean = {off: _unframed(_ANSI.sub("", merged[off])) for off in sorted(merged)}
     prefix = collector.prefix_of(clean.values(), structured)
     no_collector = {off: collector.cut(text, prefix, structured) for off, text in clean.items()}
-    logging_prefix = collector.logging_prefix_of(no_collector.values())
+    # (judged on the lines before the first exception, where a client's text cannot be (it is in an
+    # exception's message, or a request line that carries the prefix too), and else on all: a
+    # client's lines in a request's error may outnumber the engine's near the end)
+    texts = list(no_collector.values())
+    first_error = next((i for i, t in enumerate(texts) if _ERROR_TEXT.search(t)), len(texts))
+    logging_prefix = collector.logging_prefix_of(texts[:first_error]) or collector.logging_prefix_of(texts)
     lines = [
         line
         for off, text in no_collector.items()
