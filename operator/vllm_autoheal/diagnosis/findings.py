@@ -112,7 +112,10 @@ _GRAMMAR_CODE = (
 GRAMMAR_FRAME = re.compile(rf'File "[^"]{{0,300}}{_GRAMMAR_CODE}|(?:File |^)[^"\s]{{0,300}}{_GRAMMAR_CODE}')
 
 
-def _writer(line: Line) -> tuple[str, str, int | None]:
+Writer = tuple[str, str, int | None]  # a line's logger header (times aside), process prefix and rank
+
+
+def _writer(line: Line) -> Writer:
     """Who printed the line: vLLM's logger header (a collector's per-line time aside), the process
     prefix and the rank. (glog's and KServe's headers, backticks, are no writer of their own.)"""
     prefix = line.raw[: len(line.raw) - len(line.text)] if line.raw.endswith(line.text) else ""
@@ -142,9 +145,10 @@ def mark_continuations(lines: list[Line]) -> None:
     through the web framework or an API handler, an API-server line) holds the client's text
     wherever it is, so no line of its writer ends it: only another writer does. The engine's report
     on compiling a request's grammar (GRAMMAR_FRAME) is the request's from its first line on
-    (`grammar_report`). Only an ENGINE_REPORT of the engine's, in no request's report, goes on in the
-    engine's own words (`engine_message`)."""
-    Writer = tuple[str, str, int | None]
+    (`grammar_report`); any request's report is the request's (`request_report`), where only a failure
+    that opens an exception's message counts (findings_of). A JSON record's lines inside a request's
+    report are the report's (`absorbed`, below). Only an ENGINE_REPORT of the engine's, in no request's
+    report, goes on in the engine's own words (`engine_message`)."""
     writer: Writer | None = None  # who wrote the open exception line
     request: Writer | None = None  # who is writing a request's report
     engines = compiling = False  # ... the exception is the engine's own report; the report is a grammar's
@@ -166,12 +170,11 @@ def mark_continuations(lines: list[Line]) -> None:
         # in the report gets the report's own process prefix first). (In any other message a record is a
         # new logged message, as a headed line is in a text log: a thread's traceback must not hide the
         # engine's records after it.)
-        held = request
         absorbed = (
-            held is not None
-            and not held[0]
+            request is not None
+            and not request[0]
             and log_records.is_decoded(line.header)
-            and not (held[1] and log_records.process_outside(line.header) and _writer(line)[1] != held[1])
+            and not (request[1] and log_records.process_outside(line.header) and _writer(line)[1] != request[1])
         )
         framing = not absorbed and (FRAME_LINE.match(text) is not None or text.startswith(TRACEBACK_TEXT))
         grammar = framing and GRAMMAR_FRAME.search(text) is not None
@@ -181,7 +184,7 @@ def mark_continuations(lines: list[Line]) -> None:
             or (framing and REQUEST_FRAME.search(text) is not None)
         )
         if absorbed:
-            who = held
+            who = request
         elif writer is not None or request is not None or opens or EXCEPTION_LINE.match(text):
             who = _writer(line)
         else:
@@ -245,7 +248,8 @@ def findings_of(lines: list[Line]) -> list[Finding]:
         # A request's traceback (an API-server line) carries the engine's error when the engine
         # died under it, but its other lines can carry the request's text: there only an error of
         # a type the engine raises, matched from the start of its message, counts.
-        # So does a line of the engine's report on compiling a request's grammar (GRAMMAR_FRAME).
+        # So does any line of a request's report (the web framework's, an API handler's, the engine's
+        # report on compiling a request's grammar: GRAMMAR_FRAME).
         requests = line.origin == REQUEST or line.request_report
         anchor = ENGINE_EXCEPTION.match(text) if requests else None
         # ... and a non-memory finding only from the errors vLLM raises for a request (a template's

@@ -6,16 +6,16 @@ with python-json-logger) every record the engine logs is one JSON object on one 
 "process": ..., "message": ..., "exc_info": "Traceback ...", "vllm_process_name": ...}`. A
 traceback is escaped inside `exc_info`, where no line of it is a line of the log. Each record is
 printed here as the text formatter prints it: its header (`(Process pid=N) LEVEL MM-DD HH:MM:SS
-[file.py:0] `) before every line of its message and traceback, so the rest of the classifier reads
-a JSON log as it reads a text one, the logger's name telling the request logger's lines (user text)
-as the file name does.
+[module.py:NNNNNNN] `) before every line of its message and traceback, so the rest of the classifier
+reads a JSON log as it reads a text one, the logger's name telling the request logger's lines (user
+text) as the file name does. Where vLLM's stdout decorator (a GPU deployment's processes) or a
+collector put a prefix before the record, it is printed before each of those lines instead.
 
-Line 0 in the header marks a decoded record (no logger prints line 0). A text log's client can
-write a raw line that parses as a record (in an exception message that a dying process re-prints
-without a header): findings.mark_continuations keeps such a record's lines in the open message,
-as the raw line was. Work is bounded: only lines up to RECORD_MAX are parsed, and what a record
-prints is at most GROWTH times its own size (a record of many short lines keeps its first and
-last lines, with a gap between).
+The 7-digit line number marks a decoded record (RECORD_COUNT, below). A client can write a raw line
+that parses as a record (in a request's report, a dying process's re-print): findings.mark_continuations
+keeps such a record's lines in the report. Work is bounded: only lines up to RECORD_MAX holding a
+`"levelname"` key are parsed, and what a record prints is at most GROWTH times its own size (a record
+of many short lines keeps its first lines and its last, with a gap between).
 """
 
 from __future__ import annotations
