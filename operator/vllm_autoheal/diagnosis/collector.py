@@ -71,7 +71,10 @@ def cut(line: str, prefix: re.Pattern[str] | None, structured: Callable[[str], b
 # vLLM's own lines open with its process prefix (with a pid) or its logger header; VLLM_LOGGING_PREFIX
 # puts a word or two of the operator's choosing before its header ("[llama-70b] "), on vLLM's lines
 # only: before the process prefix (vLLM 0.32) or after it (older versions add it to a worker's output).
-_PROCESS = r"\([\w.:-]{1,60}(?:\s+rank=\d{1,4})?,?\s{0,4}pid=\d{1,10}\)\s{1,8}"
+# vLLM's process prefix with its pid, `(EngineCore_DP0 pid=1)` (without its closing parenthesis): the
+# one pattern scan.process_of, log_records and the VLLM_LOGGING_PREFIX rules below share.
+PROCESS_WITH_PID = r"\([\w.:-]{1,60}(?:\s+rank=\d{1,4})?,?\s{0,4}pid=\d{1,10}"
+_PROCESS = PROCESS_WITH_PID + r"\)\s{1,8}"
 _HEADER = r"(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s{1,8}\d\d-\d\d\s{1,8}[\d:.]{1,20}\s{1,8}\[?[\w.-]{1,80}:\d"
 _VLLM_AFTER = rf"(?=(?:{_PROCESS})?{_HEADER})"
 _LOGGING_PREFIX = re.compile(rf"^(?P<process>{_PROCESS})?(?P<prefix>(?:[^\s(]\S{{0,39}}\s{{1,4}}){{1,2}}){_VLLM_AFTER}")

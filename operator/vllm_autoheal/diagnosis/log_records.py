@@ -25,6 +25,8 @@ import json
 import re
 from collections.abc import Iterable, Iterator
 
+from .collector import PROCESS_WITH_PID
+
 RECORD_MAX = 256 * 2**10  # a longer line is left as it is
 GROWTH = 3  # a record prints at most this many times its own length (a traceback's: about 2)
 # A decoded record's header names a 7-digit line number (no source file of vLLM's has a million lines):
@@ -141,9 +143,7 @@ _STAMP = re.compile(
 )
 # vLLM's stdout decorator (a worker, the engine core, the API server): `(EngineCore pid=1467) ` before
 # each line a process writes, a JSON record included; after a collector's stamp, if any.
-_PROCESS_PREFIX = re.compile(
-    r"(?P<stamp>.{0,100}?)(?P<process>\([\w.:-]{1,60}(?:\s+rank=\d{1,4})?,?\s{0,4}pid=\d{1,10}\) )"
-)
+_PROCESS_PREFIX = re.compile(r"(?P<stamp>.{0,100}?)(?P<process>" + PROCESS_WITH_PID + r"\) )")
 STAMP_MAX = 100
 
 

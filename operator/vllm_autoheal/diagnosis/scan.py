@@ -298,7 +298,7 @@ def _continuations(lines: list[Line]) -> None:
             line.origin = still_open[key] = REQUEST
 
 
-_PROCESS = re.compile(r"\([\w.:-]{1,60}(?:\s+rank=\d{1,4})?,?\s{0,4}pid=\d{1,10}")
+_PROCESS = re.compile(collector.PROCESS_WITH_PID)
 
 
 def process_of(header: str) -> str:
