@@ -18,6 +18,7 @@ than `unknown`.
 
 from __future__ import annotations
 
+from itertools import takewhile
 from typing import Any
 
 from . import arithmetic as ar
@@ -50,6 +51,7 @@ CONSEQUENCES = {
     "model_server_failed_of_other_error",
 }
 EVIDENCE_CHARS = 400
+MESSAGE_LINES = 20  # of an exception's message, read for a failed allocation
 
 
 def classify(signals: m.Signals) -> m.Diagnosis:
@@ -92,6 +94,18 @@ def _evidence(*lines: Line | None, engine_error: bool = False) -> list[str]:
         if ln is not None and quotable and ln.text not in out:
             out.append(ln.text[:EVIDENCE_CHARS])
     return out[:4]
+
+
+def _names_allocation_failure(exception: Line, own: list[Line]) -> bool:
+    """The exception's message (its line and the lines that go on it) names a failed allocation.
+    Only the engine's own words count: a request's report, or a further line that may be a client's,
+    must not move the answer (even from "not memory" to "unknown")."""
+    if exception.request_report or exception.grammar_report:
+        return False
+    at = own.index(exception)
+    further = takewhile(lambda ln: ln.continued, own[at + 1 : at + 1 + MESSAGE_LINES])
+    message = [exception, *(ln for ln in further if ln.engine_message)]
+    return any(msg.ALLOCATION.search(ln.match_text) for ln in message)
 
 
 def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosis:
@@ -362,6 +376,17 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
         )
     own = [ln for ln in engine_lines if not ln.value]  # not a value written into a message
     exception = final_exception(own)
+    if exception is not None and _names_allocation_failure(exception, own):
+        return done(
+            m.UNKNOWN,
+            phase_of_failure(findings, None, signals.ready_before),
+            None,
+            "low",
+            "allocation_failure_unplaced",
+            exception,
+            why="vLLM stopped on an error whose message says an allocation failed, in words that do not "
+            "tell which memory ran out: it is not called 'not memory', and no memory setting is changed.",
+        )
     if exception is not None:
         return done(
             m.NOT_OOM,

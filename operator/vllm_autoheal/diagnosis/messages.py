@@ -14,7 +14,7 @@ import re
 
 from . import model as m
 from .markers import MARKERS
-from .not_memory import NOT_MEMORY, WRAPPER_WORDS
+from .not_memory import ALLOCATION_FAILED, NOT_MEMORY, WRAPPER_WORDS
 from .pattern import (  # noqa: F401 - the kinds are read as messages.KIND by the classifier
     BUDGET,
     FIGURE,
@@ -286,3 +286,6 @@ MESSAGES: tuple[Message, ...] = FAILURES + MARKERS
 # exception group (anyio, starlette), whose sub-exceptions are printed under it, and a pipe or
 # socket whose other end died (the engine's IPC when a worker was killed).
 WRAPPERS = re.compile(WRAPPER_WORDS)
+# Any wording of a failed allocation: an exception that names one is not known to be "not memory",
+# even where no row places it (an NPU's or a library's own words for it).
+ALLOCATION = re.compile(ALLOCATION_FAILED)
