@@ -89,6 +89,17 @@ def hard_wrap(width: int) -> Callable[[str], str]:
     return shape
 
 
+def nccl_debug_info(lines: int) -> Callable[[str], str]:
+    """NCCL_DEBUG=INFO: thousands of NCCL's own INFO lines (rings, channels, transports) before the
+    rest, as every rank prints them while its communicators come up."""
+    noise = "".join(
+        f"gpu-node-3:4121:4188 [{i % 8}] NCCL INFO Channel {i % 32:02d}/32 : {i % 8}[{i % 8}] -> "
+        f"{(i + 1) % 8}[{(i + 1) % 8}] via P2P/CUMEM/read\n"
+        for i in range(lines)
+    )
+    return lambda log: noise + log
+
+
 SHAPES: dict[str, Callable[[str], str]] = {
     "CRLF line ends": lambda log: log.replace("\n", "\r\n"),
     "kubectl logs --timestamps": stamped,
@@ -102,6 +113,7 @@ SHAPES: dict[str, Callable[[str], str]] = {
     "VLLM_LOGGING_PREFIX, before the process prefix": logging_prefix(first=True),
     "VLLM_LOGGING_PREFIX, after it": logging_prefix(first=False),
     "a notebook's traceback (IPython 8 frames)": ipython,
+    "NCCL_DEBUG=INFO (8,000 NCCL lines first, ~0.8 MB)": nccl_debug_info(8000),
     "(limit) a terminal's hard wrap at 200 columns": hard_wrap(200),
     "(limit) newest line first": lambda log: "\n".join(reversed(log.splitlines())) + "\n",
 }
