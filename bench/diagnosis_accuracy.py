@@ -100,6 +100,41 @@ def confusion(results: list[tuple[dict, str]]) -> list[str]:
     return out
 
 
+UNKNOWN_WHY = {
+    "traceback_without_error": "a traceback that stops before its error line",
+    "wrapper_without_cause": "only a wrapper of a failure printed elsewhere",
+    "oom_phase_unknown": "an out-of-memory error that nothing places",
+    "signals_disagree": "a non-memory failure before an out-of-memory error",
+    "allocation_failure_unplaced": "an allocation failure in words that do not say which memory",
+    None: "no failure message at all",
+}
+
+
+def miss_reasons(samples: list[dict]) -> list[str]:
+    """The misses of each split (with the pod's state), by what the log showed and what was answered:
+    counts only, so the test split's are read without reading its logs."""
+    counts: dict[str, Counter] = {"train": Counter(), "test": Counter()}
+    for s in samples:
+        diag = classify(Signals(log=s.get("log") or "", **context(s, pod_state=True)))
+        if diag.cause == s["label"]:
+            continue
+        if diag.cause == "unknown":
+            answer = "unknown: " + UNKNOWN_WHY.get(diag.subtype, str(diag.subtype))
+        elif diag.cause == "not_oom":
+            answer = "a memory failure called not-memory"
+        elif s["label"] == "not_oom":
+            answer = "a not-memory crash called memory"
+        else:
+            answer = "another memory cause"
+        shown = "shows its failure" if s.get("failure_shown") else "cut before it"
+        counts[s.get("split", "train")][f"{shown:18s} {answer}"] += 1
+    return [
+        f"  {split:5} {n:4}  {why}"
+        for split, c in counts.items()
+        for why, n in sorted(c.items(), key=lambda kv: -kv[1])
+    ]
+
+
 def breakdown(results: list[tuple[dict, str]], key) -> list[str]:
     groups: dict[str, list[bool]] = defaultdict(list)
     for s, got in results:
@@ -155,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(breakdown(results, lambda s: s.get("source_kind") or "unknown")))
     print("\nby engine (all samples)")
     print("\n".join(breakdown(results, lambda s: s.get("engine") or "not stated")))
+    print("\nmisses by what the log showed and what was answered (with the pod's state)")
+    print("\n".join(miss_reasons(samples)))
     for name in ("vllm-messages", "library-messages"):
         census(ROOT / "tests" / "fixtures" / "census" / f"{name}.jsonl")
     shown = results if args.show_misses == "all" else [] if args.show_misses == "none" else by_split[args.show_misses]

@@ -1,6 +1,7 @@
-"""The last resort: an exception no row names. It says "not memory" only when its message does not say
-that an allocation failed; one that does (an accelerator's or a library's own words for it) is
-`unknown`, since which memory ran out cannot be told, and never a memory change."""
+"""The engine's last words where no vLLM message names the failure. An exception no row names says
+"not memory" only when its message does not say that an allocation failed; one that does (an
+accelerator's or a library's own words for it) is `unknown`, since which memory ran out cannot be
+told, and never a memory change. A failed status printed on its own line is the failure itself."""
 
 from __future__ import annotations
 
@@ -74,3 +75,14 @@ def test_a_further_line_that_may_be_a_clients_does_not_move_the_answer():
     diag = classify(Signals(log=log))
     assert (diag.cause, diag.subtype) == ("not_oom", "other_error")
     assert "ZZUSERZZ" not in " ".join(diag.evidence)
+
+
+def test_xlas_status_on_its_own_line_is_the_failure_not_a_quote():
+    """absl/XLA print a failed status as `RESOURCE_EXHAUSTED: <message>`: the status name is the
+    failure (the out-of-memory row's own word), not an exception type quoting one."""
+    line = (
+        "RESOURCE_EXHAUSTED: Error loading program 'jit__multi_slice': Attempting to reserve 6.14G at the "
+        "bottom of memory. That was not possible.\n"
+    )
+    assert classify(Signals(log=line)).subtype == "oom_phase_unknown"  # an OOM; where, the line does not say
+    assert classify(Signals(log=line, ready_before=True)).cause == "runtime_oom"

@@ -52,7 +52,9 @@ CARRIES_FAILURES = re.compile(
     r"AcceleratorError|\w{0,40}(?:Cuda|CUDA|Hip|HIP)\w{0,10}Error|DistBackendError|RayTaskError|RayActorError|"
     r"ActorDiedError|\w{0,40}EngineDeadError|ChildFailedError|InductorError|BackendCompilerFailed|Exception|"
     r"ncclUnhandledCudaError|ncclInternalError|"
-    r"ProcessExitedException)$"  # torch.multiprocessing's news of a child ended by a signal
+    r"ProcessExitedException|"  # torch.multiprocessing's news of a child ended by a signal
+    # XLA's (absl's) status, printed as `CODE: message` on its own: the status is the failure's name
+    r"RESOURCE_EXHAUSTED)$"
 )
 # Reports whose `name: ` opening is their writer's, not an exception type's: kubectl describe's
 # "Reason: ", a systemd unit's, Slurm's step daemon's, the shell's job report ("bash: line 1: ").
