@@ -43,7 +43,7 @@ def test_an_unplaced_allocation_failure_is_not_called_not_memory(message):
     diag = classify(Signals(log=_log(*message)))
     assert diag.cause == "unknown"
     assert diag.subtype == "allocation_failure_unplaced"
-    assert diag.evidence and diag.evidence[-1].endswith(message[0])
+    assert diag.evidence and diag.evidence[-1].endswith(message[-1])  # the words that named it
 
 
 @pytest.mark.parametrize(
@@ -86,3 +86,26 @@ def test_xlas_status_on_its_own_line_is_the_failure_not_a_quote():
     )
     assert classify(Signals(log=line)).subtype == "oom_phase_unknown"  # an OOM; where, the line does not say
     assert classify(Signals(log=line, ready_before=True)).cause == "runtime_oom"
+
+
+CUT = TRACEBACK  # the engine's traceback, cut before its error line: what failed is not shown
+REQUEST_REPORT = (
+    "ERROR:    Exception in ASGI application\n"
+    "Traceback (most recent call last):\n"
+    '  File "/usr/local/lib/python3.11/site-packages/uvicorn/protocols/http/httptools_impl.py", line 409, '
+    "in run_asgi\n"
+    "    result = await app(  # type: ignore[func-returns-value]\n"
+    '  File "/usr/local/lib/python3.11/site-packages/vllm/entrypoints/openai/serving_chat.py", line 201, '
+    "in create_chat_completion\n"
+    "    raise TemplateError(message)\n"
+    "jinja2.exceptions.TemplateError: ZZUSERZZ\n"
+)
+
+
+def test_a_requests_report_never_says_not_memory_for_the_engine():
+    """A request's exception (its report, which a client can cause at will) after an engine failure the
+    log does not name: the crash stays `unknown`, as without the report, and nothing of it is quoted."""
+    alone = classify(Signals(log=CUT))
+    crafted = classify(Signals(log=CUT + REQUEST_REPORT))
+    assert (crafted.cause, crafted.subtype) == (alone.cause, alone.subtype) == ("unknown", "traceback_without_error")
+    assert "ZZUSERZZ" not in " ".join(crafted.evidence)

@@ -33,6 +33,7 @@ from .findings import (
     Finding,
     final_exception,
     findings_of,
+    of_another_type,
     served_before,
     wrapped_only,
 )
@@ -96,16 +97,21 @@ def _evidence(*lines: Line | None, engine_error: bool = False) -> list[str]:
     return out[:4]
 
 
-def _names_allocation_failure(exception: Line, own: list[Line]) -> bool:
-    """The exception's message (its line and the lines that go on it) names a failed allocation.
-    Only the engine's own words count: a request's report, or a further line that may be a client's,
-    must not move the answer (even from "not memory" to "unknown")."""
-    if exception.request_report or exception.grammar_report:
-        return False
-    at = own.index(exception)
-    further = takewhile(lambda ln: ln.continued, own[at + 1 : at + 1 + MESSAGE_LINES])
-    message = [exception, *(ln for ln in further if ln.engine_message)]
-    return any(msg.ALLOCATION.search(ln.match_text) for ln in message)
+def _allocation_failure(engine: list[Line], exception: Line) -> Line | None:
+    """The line of the engine's last exception that names a failed allocation: the exception's line or
+    one of the lines that go on its message, or None. `engine`: the engine's own lines outside any
+    request's report; `exception`: the last exception among them (final_exception). Only the engine's
+    own words count: an exception of a type that carries no failure (its message is what it was given:
+    a request's id, a path) and a further line a client may have written are passed over, so that no
+    client's text moves the answer, even from "not memory" to "unknown"."""
+    if of_another_type(exception):
+        return None
+    at = engine.index(exception)
+    further = takewhile(lambda ln: ln.continued, engine[at + 1 : at + 1 + MESSAGE_LINES])
+    return next(
+        (ln for ln in (exception, *(f for f in further if f.engine_message)) if msg.ALLOCATION.search(ln.match_text)),
+        None,
+    )
 
 
 def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosis:
@@ -375,15 +381,20 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
             why="The only failure in the log is a warning or a request's own error, not a memory failure.",
         )
     own = [ln for ln in engine_lines if not ln.value]  # not a value written into a message
-    exception = final_exception(own)
-    if exception is not None and _names_allocation_failure(exception, own):
+    # The last resort reads the engine's own exceptions: one in a request's report (which a client can
+    # cause at will, and which V0 prints for each stream it drops after the engine died) says nothing
+    # of the engine's failure.
+    unreported = [ln for ln in own if not (ln.request_report or ln.grammar_report)]
+    exception = final_exception(unreported)
+    allocation = _allocation_failure(unreported, exception) if exception is not None else None
+    if allocation is not None:
         return done(
             m.UNKNOWN,
             phase_of_failure(findings, None, signals.ready_before),
             None,
             "low",
             "allocation_failure_unplaced",
-            exception,
+            allocation,
             why="vLLM stopped on an error whose message says an allocation failed, in words that do not "
             "tell which memory ran out: it is not called 'not memory', and no memory setting is changed.",
         )

@@ -90,7 +90,7 @@ def _present(text: str, lowered: str) -> set[str]:
 DECIDING = (FAILURE_KINDS - {msg.NOT_OOM}) | {msg.BUDGET}  # what may name a memory cause
 
 
-def _of_another_type(line: Line) -> bool:
+def of_another_type(line: Line) -> bool:
     """An exception of a type that carries none of the failures the classifier names."""
     typed = EXCEPTION_TYPE.match(line.text)
     return bool(typed and not CARRIES_FAILURES.search(typed.group(1)) and not REPORTER.match(line.text))
@@ -234,7 +234,7 @@ def findings_of(lines: list[Line]) -> list[Finding]:
         # exception of a type that carries no failure names no memory failure.
         continued = line.continued
         untrusted = continued and not line.engine_message
-        quoted = _of_another_type(line)
+        quoted = of_another_type(line)
         text = line.match_text
         lowered = text.lower()
         present = _present(text, lowered)
@@ -317,7 +317,7 @@ def _wrapped(line: Line, following: list[Line]) -> list[Finding]:
     for nxt in following:
         # (an exception of another type ends it: what follows is that exception's message)
         bare = nxt.raw == nxt.text or (prefix != "<header>" and _collector_prefix(nxt) == prefix)
-        if nxt.origin != ENGINE or not bare or nxt.level or _of_another_type(nxt):
+        if nxt.origin != ENGINE or not bare or nxt.level or of_another_type(nxt):
             break
         rest.append(nxt)
     if not rest:

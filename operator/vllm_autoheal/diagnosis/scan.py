@@ -43,8 +43,9 @@ _PREFIXES = re.compile(
     r"^(?:"
     r"\s{0,8}\[?\d{4}-\d\d-\d\d[T ][\d:.,]{1,20}Z?\]?\s{0,8}"  # ISO timestamps
     r"|\s{0,8}[\w.-]{0,40}\s{0,8}\|\s"  # docker compose "svc-1  | "
-    r"|\s{0,8}\((?:(?P<proc>[\w.:-]{1,60})(?:\s+rank=(?P<rank>\d{1,4}))?)?(?:,?\s{0,4}pid=\d{1,10})?"
-    r"(?:,?\s{1,4}ip=[\w.:]{1,60})?\)\s{0,8}"  # (EngineCore_DP0 pid=1), Ray's (Name pid=1, ip=h), (pid=1)
+    r"|\s{0,8}\((?:(?P<proc>[\w.:-]{1,60}(?: \w{1,30}(?= pid=))?)(?:\s+rank=(?P<rank>\d{1,4}))?)?"
+    r"(?:,?\s{0,4}pid=\d{1,10})?(?:,?\s{1,4}ip=[\w.:]{1,60})?\)\s{0,8}"
+    # (EngineCore_DP0 pid=1), vLLM 0.10's (VllmWorker TP0 pid=1), Ray's (Name pid=1, ip=h), (pid=1)
     r"|\s{0,8}\[rank(?P<rank2>\d{1,4})\]:\s{0,8}"  # torchrun "[rank0]:"
     r"|\s{0,8}(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s{1,8}\d\d-\d\d\s{1,8}[\d:.]{1,20}\s{1,8}"
     # (a decoded JSON record's line number has 7 digits: log_records.py)
@@ -63,7 +64,7 @@ _PREFIXES = re.compile(
 # further line of an exception's message, and a client can write either into that message)
 _FILES = ("file", "file2", "file3")
 _HEADERS = ("level", "level2", "level3", "file3", "glog")  # a logger's header: the message follows
-_TP_RANK = re.compile(r"(?:Worker_TP|\[Rank |rank=)(\d{1,4})")
+_TP_RANK = re.compile(r"(?:Worker_TP|Worker TP|_TP|\[Rank |rank=)(\d{1,4})")
 # The request logger's and response logger's opening words (vLLM 0.2 to 0.33), and the
 # parsers that log model output; a header naming entrypoints/logger.py is user text too.
 _USER_START = re.compile(
