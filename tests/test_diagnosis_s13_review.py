@@ -351,3 +351,33 @@ def test_near_misses_on_every_read_line_cost_no_more_than_a_plain_log():
     near_s, plain_s = cost(near), cost(plain)
     assert near_s < 1.0
     assert near_s < 3 * plain_s + 0.01
+
+
+# Found while fixing 5: the same hole under torchrun --tee's "[default0]:" (its role, then the local rank,
+# and no space), which RL frameworks that launch vLLM with torchrun print on every line. Each prefix below
+# is one a real launcher, executor or actor writes before a worker's lines: under none may a client's text
+# in a worker's KeyError name a memory cause.
+LAUNCHER_PREFIXES = [
+    "[default0]:",
+    "[default0]: ",
+    "[rank3]:",
+    "(VllmWorkerProcess pid=77) ",
+    "(VllmWorker rank=1 pid=7) ",
+    "(VllmWorker TP1 pid=7) ",
+    "(VllmWorker PP0_TP1 pid=7) ",
+    "(Worker_PP1_TP0 pid=3) ",
+    "(EngineCore_DP0 pid=1) (Worker_TP0_EP0 pid=2) ",
+    "(RayWorkerWrapper pid=77, ip=10.0.0.1) ",
+    "(RayWorkerWrapper pid=77, ip=10.0.0.1) [rank3]:",
+    "\x1b[36m(RayWorkerWrapper pid=77)\x1b[0m ",
+    "(ServeReplica:default:LLMServer:qwen pid=77) ",
+    "(WorkerDict pid=9, ip=10.1.1.1) ",
+    "[1,0]<stderr>:",
+]
+
+
+@pytest.mark.parametrize("prefix", LAUNCHER_PREFIXES)
+def test_no_launchers_prefix_lets_a_workers_quoted_client_text_name_memory(prefix):
+    d = classify(Signals(log=_worker_key_error(prefix, CLIENT_OOM_KEY)))
+    assert (d.cause, d.subtype) == ("not_oom", "other_error")
+    assert "ZZUSERZZ" not in json.dumps(d.to_dict())

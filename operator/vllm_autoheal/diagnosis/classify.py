@@ -38,6 +38,7 @@ from .findings import (
     wrapped_only,
 )
 from .phase import OOM_CAUSE_BY_PHASE, TRACEBACK_START, phase_of_failure
+from .placement import EXCEPTION_TYPE
 from .scan import ENGINE, REQUEST, Line, scan
 
 # Failures that never outvote one named elsewhere in the log: what the other ranks report when one
@@ -52,6 +53,7 @@ CONSEQUENCES = {
     "model_server_failed_of_other_error",
 }
 EVIDENCE_CHARS = 400
+WITHHELD = "(message not quoted: an exception of this type may carry a request's text)"
 MESSAGE_LINES = 20  # of an exception's message, read for a failed allocation
 
 
@@ -92,8 +94,14 @@ def _evidence(*lines: Line | None, engine_error: bool = False) -> list[str]:
             (ln.origin == ENGINE and not ln.request_report)
             or (engine_error and ln.origin in (ENGINE, REQUEST) and ENGINE_EXCEPTION.match(ln.text))
         )
-        if ln is not None and quotable and ln.text not in out:
-            out.append(ln.text[:EVIDENCE_CHARS])
+        if ln is None or not quotable:
+            continue
+        # An exception of a type that carries no failure holds what it was given (a request's id, a
+        # key, a path): its type is the engine's word, its message may be a client's.
+        typed = EXCEPTION_TYPE.match(ln.text) if of_another_type(ln) else None
+        text = f"{typed.group(1)}: {WITHHELD}" if typed else ln.text
+        if text not in out:
+            out.append(text[:EVIDENCE_CHARS])
     return out[:4]
 
 
