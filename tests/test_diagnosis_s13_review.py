@@ -374,10 +374,27 @@ LAUNCHER_PREFIXES = [
     "(WorkerDict pid=9, ip=10.1.1.1) ",
     "[1,0]<stderr>:",
 ]
+# Prefixes no rule cuts (srun --label's padded task number, a CRI line read raw, a wrapper's own logging
+# format, Ray's autoscaler tag): the failure may go unread (`unknown`), but the first exception named on
+# a line is the engine's, and the client's text in its message names nothing and is never quoted.
+UNKNOWN_PREFIXES = [
+    "  0: ",
+    "2024-06-01T10:00:00.123456789Z stdout F ",
+    "2024-06-01 10:00:00,123 - INFO - ",
+    "INFO 2024-06-01 10:00:00 ",
+    "(autoscaler +5s) ",
+]
 
 
 @pytest.mark.parametrize("prefix", LAUNCHER_PREFIXES)
 def test_no_launchers_prefix_lets_a_workers_quoted_client_text_name_memory(prefix):
     d = classify(Signals(log=_worker_key_error(prefix, CLIENT_OOM_KEY)))
     assert (d.cause, d.subtype) == ("not_oom", "other_error")
+    assert "ZZUSERZZ" not in json.dumps(d.to_dict())
+
+
+@pytest.mark.parametrize("prefix", UNKNOWN_PREFIXES)
+def test_under_a_prefix_no_rule_knows_a_workers_quoted_client_text_names_nothing(prefix):
+    d = classify(Signals(log=_worker_key_error(prefix, CLIENT_OOM_KEY)))
+    assert d.cause not in MEMORY_CAUSES
     assert "ZZUSERZZ" not in json.dumps(d.to_dict())

@@ -90,10 +90,26 @@ def _present(text: str, lowered: str) -> set[str]:
 DECIDING = (FAILURE_KINDS - {msg.NOT_OOM}) | {msg.BUDGET}  # what may name a memory cause
 
 
+# The first exception named like an error in a line's opening, after whatever prefix the line still
+# has (a launcher's or collector's that no rule cut: srun's padded "  0: ", a wrapper's own logging
+# format): the client's text in that exception's message comes after it, so the first one is the
+# engine's.
+FIRST_TYPED = re.compile(r"(?:^|(?<=[\s\]\)>|:]))([A-Za-z_][\w.]{0,120}(?:Error|Exception))(?:\([\w.]{1,80}\))?: ")
+TYPED_WITHIN = 160  # characters of a line's opening where that exception may start
+
+
 def of_another_type(line: Line) -> bool:
-    """An exception of a type that carries none of the failures the classifier names."""
-    typed = EXCEPTION_TYPE.match(line.text)
-    return bool(typed and not CARRIES_FAILURES.search(typed.group(1)) and not REPORTER.match(line.text))
+    """An exception of a type that carries none of the failures the classifier names: the line opens
+    with it, or names it first within its opening (after a prefix no rule knows)."""
+    if REPORTER.match(line.text):
+        return False
+    head = line.text[: TYPED_WITHIN + 140]
+    typed = EXCEPTION_TYPE.match(head) or (
+        FIRST_TYPED.search(head)
+        if "Error" in head or "Exception" in head
+        else None  # (the search only where it can match)
+    )
+    return bool(typed and typed.start() <= TYPED_WITHIN and not CARRIES_FAILURES.search(typed.group(1)))
 
 
 # A traceback that runs through the web framework or an API handler is a request's: its exception
