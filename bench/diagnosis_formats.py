@@ -106,6 +106,7 @@ SHAPES: dict[str, Callable[[str], str]] = {
     "docker compose's service tag": each_line("vllm-1  | "),
     "kubectl logs --prefix": each_line("[pod/vllm-7d9f8c-x2x4q/vllm] "),
     "journald": each_line("Dec 01 12:00:00 gpu-node-3 vllm[41234]: "),
+    "srun --label (task 3 of 16: padded)": each_line(" 3: "),
     "a quoted paste": each_line("> "),
     "k9s's log view": k9s,
     "a node's docker json-file": docker_json,

@@ -87,3 +87,12 @@ def test_a_prefix_on_most_lines_never_changes_a_line_with_structure_of_its_own()
     texts = {line.text for line in scan(noise + KV).lines}
     assert "Traceback (most recent call last):" in texts
     assert classify(Signals(log=noise + KV)).cause == "kv_cache_insufficient"
+
+
+def test_srun_labels_every_tasks_lines_with_its_number_and_all_are_cut():
+    """srun --label puts the task's number (padded to the widest) before each line; tasks interleave,
+    so no one number opens 80 % of the lines: the label's shape is the prefix."""
+    lines = KV.splitlines()
+    log = "".join(f"{(i % 3) * 5:>2}: {line}\n" for i, line in enumerate(lines))  # tasks 0, 5, 10
+    assert classify(Signals(log=log)).cause == "kv_cache_insufficient"
+    assert classify(Signals(log=prefixed(" 3: ", TRACEBACK))).cause == "not_oom"

@@ -1,6 +1,6 @@
 """A log collector's own prefix on every line: stern's `pod container `, `kubectl logs --prefix`'s
 `[pod/name/container] `, journald's `Dec 01 12:00:00 host unit[pid]: `, a compose or CI tag
-`[vllm] `, mpirun's `[1,0]<stdout>:`, a quoted paste's `> `. Standard library only.
+`[vllm] `, mpirun's `[1,0]<stdout>:`, srun --label's `  0: `, a quoted paste's `> `. Standard library only.
 
 vLLM's own headers (scan.py) are recognised one by one; a collector's prefix has no fixed form,
 but it is the same on (nearly) every line, which the engine's lines never are. So a prefix is a
@@ -29,10 +29,12 @@ _SHAPES = re.compile(
     r"|\[[\w./@:-]{1,200}\]:? "  # [pod/name/container], [vllm]:
     r"|\[\d{1,6},\d{1,6}\]<(?:stdout|stderr)>:"  # mpirun --tag-output
     r"|> "  # a quoted paste
+    r"|(?P<task>\s{0,6}\d{1,6}: )"  # srun --label: the task's number, padded to the widest
     r"|(?P<pod>[\w.-]{1,63}(?::\d{1,5})? )(?:[\w.-]{1,63} )?"  # stern "pod container ", a host, a service
     r")"
 )
 _CONTAINER = r"[\w.-]{1,63} "
+_TASK = r"\s{0,6}\d{1,6}: "
 
 
 def prefix_of(lines: Iterable[str], structured: Callable[[str], bool]) -> re.Pattern[str] | None:
@@ -47,6 +49,9 @@ def prefix_of(lines: Iterable[str], structured: Callable[[str], bool]) -> re.Pat
     for ln in sample:
         found = _SHAPES.match(ln)
         if found is None or (short and found.group("pod") is not None):
+            continue
+        if found.group("task") is not None:  # (srun: every task's number is the one prefix)
+            counts[_TASK] += 1
             continue
         counts[re.escape(found.group(0))] += 1
         if found.group("pod") not in (None, found.group(0)):  # stern's pod, when its containers differ
