@@ -373,6 +373,9 @@ LAUNCHER_PREFIXES = [
     "(ServeReplica:default:LLMServer:qwen pid=77) ",
     "(WorkerDict pid=9, ip=10.1.1.1) ",
     "[1,0]<stderr>:",
+    "(task, pid=1234) ",  # SkyPilot's, one node
+    "(node-0, worker1, rank=1, pid=22755, ip=172.31.81.91) ",  # SkyPilot's, a worker node (skypilot#1380)
+    "(worker1, rank=1, pid=22755, ip=172.31.81.91) ",
 ]
 # Prefixes no rule cuts (srun --label's padded task number, a CRI line read raw, a wrapper's own logging
 # format, Ray's autoscaler tag): the failure may go unread (`unknown`), but the first exception named on

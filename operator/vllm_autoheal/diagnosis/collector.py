@@ -79,7 +79,10 @@ def cut(line: str, prefix: re.Pattern[str] | None, structured: Callable[[str], b
 # vLLM's process prefix with its pid, `(EngineCore_DP0 pid=1)` (without its closing parenthesis): the
 # one pattern scan.process_of, log_records and the VLLM_LOGGING_PREFIX rules below share.
 # (vLLM 0.10's workers name their parallel rank after a space: `(VllmWorker TP0 pid=1)`, `(VllmWorker PP0_TP1 pid=1)`)
-PROCESS_WITH_PID = r"\([\w.:-]{1,60}(?: \w{1,30})?(?:\s+rank=\d{1,4})?,?\s{0,4}pid=\d{1,10}"
+# (SkyPilot names a node's task before its rank: `(node-0, worker1, rank=1, pid=2, ip=h)`)
+PROCESS_WITH_PID = (
+    r"\([\w.:-]{1,60}(?: \w{1,30})?(?:,\s{0,4}[\w.:-]{1,60}){0,2}(?:,?\s{1,4}rank=\d{1,4})?,?\s{0,4}pid=\d{1,10}"
+)
 _PROCESS = PROCESS_WITH_PID + r"\)\s{1,8}"
 _HEADER = r"(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s{1,8}\d\d-\d\d\s{1,8}[\d:.]{1,20}\s{1,8}\[?[\w.-]{1,80}:\d"
 _VLLM_AFTER = rf"(?=(?:{_PROCESS})?{_HEADER})"

@@ -43,9 +43,10 @@ _PREFIXES = re.compile(
     r"^(?:"
     r"\s{0,8}\[?\d{4}-\d\d-\d\d[T ][\d:.,]{1,20}Z?\]?\s{0,8}"  # ISO timestamps
     r"|\s{0,8}[\w.-]{0,40}\s{0,8}\|\s"  # docker compose "svc-1  | "
-    r"|\s{0,8}\((?:(?P<proc>[\w.:-]{1,60}(?: \w{1,30}(?= pid=))?)(?:\s+rank=(?P<rank>\d{1,4}))?)?"
-    r"(?:,?\s{0,4}pid=\d{1,10})?(?:,?\s{1,4}ip=[\w.:]{1,60})?\)\s{0,8}"
-    # (EngineCore_DP0 pid=1), vLLM 0.10's (VllmWorker TP0 pid=1), Ray's (Name pid=1, ip=h), (pid=1)
+    r"|\s{0,8}\((?:(?P<proc>[\w.:-]{1,60}(?: \w{1,30}(?= pid=))?)(?:,\s{0,4}[\w.:-]{1,60}){0,2}"
+    r"(?:,?\s{1,4}rank=(?P<rank>\d{1,4}))?)?(?:,?\s{0,4}pid=\d{1,10})?(?:,?\s{1,4}ip=[\w.:]{1,60})?\)\s{0,8}"
+    # (EngineCore_DP0 pid=1), vLLM 0.10's (VllmWorker TP0 pid=1), Ray's (Name pid=1, ip=h), (pid=1),
+    # SkyPilot's (node-0, worker1, rank=1, pid=2, ip=h)
     # torch.distributed's "[rank0]:", torchrun --tee's "[default0]:" (its role's name, then the local rank)
     r"|\s{0,8}\[(?:rank|[A-Za-z_][A-Za-z_]{0,29})(?P<rank2>\d{1,4})\]:\s{0,8}"
     r"|\s{0,8}(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s{1,8}\d\d-\d\d\s{1,8}[\d:.]{1,20}\s{1,8}"
