@@ -108,6 +108,9 @@ SHAPES: dict[str, Callable[[str], str]] = {
     "journald": each_line("Dec 01 12:00:00 gpu-node-3 vllm[41234]: "),
     "srun --label (task 3 of 16: padded)": each_line(" 3: "),
     "a quoted paste": each_line("> "),
+    "a launcher's prefix no rule names (`<job-7 12:00:0N> `)": lambda log: "".join(
+        f"<job-7 12:00:0{i % 10}> {line}\n" for i, line in enumerate(log.splitlines())
+    ),
     "k9s's log view": k9s,
     "a node's docker json-file": docker_json,
     "vLLM's JSON records (--logging-config.formatter json)": as_json_records,

@@ -96,3 +96,24 @@ def test_srun_labels_every_tasks_lines_with_its_number_and_all_are_cut():
     log = "".join(f"{(i % 3) * 5:>2}: {line}\n" for i, line in enumerate(lines))  # tasks 0, 5, 10
     assert classify(Signals(log=log)).cause == "kv_cache_insufficient"
     assert classify(Signals(log=prefixed(" 3: ", TRACEBACK))).cause == "not_oom"
+
+
+@pytest.mark.parametrize(
+    "prefix",
+    ["<launcher 12:00:0{i}> ", "job-4711 step {i} :: ", "[gpu-node-{i}]| ", "rollout.{i} >> "],
+)
+def test_any_collectors_prefix_the_same_words_digits_aside_is_cut(prefix):
+    """A prefix of a shape no rule names: the same words on every line, only its digits differ."""
+
+    def shaped(log: str) -> str:
+        return "".join(prefix.format(i=i % 10) + line + "\n" for i, line in enumerate(log.splitlines()))
+
+    assert classify(Signals(log=shaped(KV))).cause == "kv_cache_insufficient"
+    d = classify(Signals(log=shaped(TRACEBACK)))
+    assert (d.cause, d.subtype) == ("not_oom", "other_error") and d.evidence[0].startswith("KeyError")
+
+
+def test_no_generic_prefix_where_the_engines_lines_open_with_its_own_structure():
+    """vLLM's headed lines share their opening words ('INFO 05-01 12:00:0'): that is no prefix."""
+    lines = [f"INFO 05-01 12:00:0{i} [core.py:1] step {i}" for i in range(8)] + ["plain text"] * 2
+    assert prefix_of(lines, structured) is None

@@ -58,8 +58,34 @@ def prefix_of(lines: Iterable[str], structured: Callable[[str], bool]) -> re.Pat
             counts[re.escape(found.group("pod")) + _CONTAINER] += 1
     for prefix, n in sorted(counts.items(), key=lambda kv: (-kv[1], -len(kv[0]))):
         if n < (len(sample) if short else SHARE * len(sample)):
-            return None
+            break
         pattern = re.compile(prefix)
+        if any((m := pattern.match(ln)) and structured(ln[m.end() :]) and not structured(ln) for ln in sample):
+            return pattern
+    return None if short else _any_prefix(sample[-GENERIC_LINES:], structured)
+
+
+# Any other collector or wrapper (a launcher's own logging format, a tool's tag): the same words,
+# digits aside (its time, a task's number), end to end before the engine's lines. Judged on the
+# last GENERIC_LINES lines, at the places a prefix can end (after a blank, `:`, `]`, `)`, `|`, `>`),
+# within its first GENERIC_CHARS characters; only where most lines show no structure of their own.
+GENERIC_LINES = 400
+GENERIC_CHARS = 80
+_DIGITS = re.compile(r"\d+")
+_ENDS = re.compile(r"[\s:\]\)|>]")
+
+
+def _any_prefix(sample: list[str], structured: Callable[[str], bool]) -> re.Pattern[str] | None:
+    if len(sample) < MIN_LINES or sum(map(structured, sample)) > len(sample) // 2:
+        return None  # the engine's lines open with its own structure: no prefix before them
+    counts: Counter[str] = Counter()
+    for ln in sample:
+        shape = _DIGITS.sub("0", ln[:GENERIC_CHARS])  # (each run of digits one 0: its width varies)
+        counts.update({shape[: m.end()] for m in _ENDS.finditer(shape) if m.end() < len(shape)})
+    for shape, n in sorted(counts.items(), key=lambda kv: (-len(kv[0]), -kv[1])):
+        if n < SHARE * len(sample) or not shape.strip():
+            continue
+        pattern = re.compile("".join(r"\d+" if part == "0" else re.escape(part) for part in re.split("(0)", shape)))
         if any((m := pattern.match(ln)) and structured(ln[m.end() :]) and not structured(ln) for ln in sample):
             return pattern
     return None
