@@ -82,7 +82,7 @@ def _any_prefix(sample: list[str], structured: Callable[[str], bool]) -> re.Patt
     for ln in sample:
         shape = _DIGITS.sub("0", ln[:GENERIC_CHARS])  # (each run of digits one 0: its width varies)
         counts.update({shape[: m.end()] for m in _ENDS.finditer(shape) if m.end() < len(shape)})
-    for shape, n in sorted(counts.items(), key=lambda kv: (-len(kv[0]), -kv[1])):
+    for shape, n in sorted(counts.items(), key=lambda kv: (len(kv[0]), -kv[1])):  # (the shortest that shows the engine)
         if n < SHARE * len(sample) or not shape.strip():
             continue
         pattern = re.compile("".join(r"\d+" if part == "0" else re.escape(part) for part in re.split("(0)", shape)))
