@@ -394,27 +394,19 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
     # of the engine's failure.
     unreported = [ln for ln in own if not (ln.request_report or ln.grammar_report)]
     exception = final_exception(unreported)
-    allocation = _allocation_failure(unreported, exception) if exception is not None else None
-    if allocation is not None:
-        return done(
-            m.UNKNOWN,
-            phase_of_failure(findings, None, signals.ready_before),
-            None,
-            "low",
-            "allocation_failure_unplaced",
-            allocation,
-            why="vLLM stopped on an error whose message says an allocation failed, in words that do not "
-            "tell which memory ran out: it is not called 'not memory', and no memory setting is changed.",
-        )
     if exception is not None:
+        allocation = _allocation_failure(unreported, exception)
         return done(
-            m.NOT_OOM,
+            m.UNKNOWN if allocation else m.NOT_OOM,
             phase_of_failure(findings, None, signals.ready_before),
             None,
             "low",
-            "other_error",
-            exception,
-            why="vLLM stopped on an error that is not about memory.",
+            "allocation_failure_unplaced" if allocation else "other_error",
+            allocation or exception,
+            why="vLLM stopped on an error whose message says an allocation failed, in words that do not tell "
+            "which memory ran out: it is not called 'not memory', and no memory setting is changed."
+            if allocation
+            else "vLLM stopped on an error that is not about memory.",
         )
     if wrapped_only(own):
         return done(
