@@ -18,7 +18,6 @@ than `unknown`.
 
 from __future__ import annotations
 
-from itertools import takewhile
 from typing import Any
 
 from . import arithmetic as ar
@@ -29,15 +28,13 @@ from .findings import (
     ENGINE_EXCEPTION,
     EXCEPTION_LINE,
     FAILURE_KINDS,
-    FRAME_LINE,
     Finding,
-    final_exception,
     findings_of,
     of_another_type,
     served_before,
-    wrapped_only,
 )
-from .phase import OOM_CAUSE_BY_PHASE, TRACEBACK_START, phase_of_failure
+from .last_resort import last_words
+from .phase import OOM_CAUSE_BY_PHASE, phase_of_failure
 from .placement import EXCEPTION_TYPE
 from .scan import ENGINE, REQUEST, Line, scan
 
@@ -54,7 +51,6 @@ CONSEQUENCES = {
 }
 EVIDENCE_CHARS = 400
 WITHHELD = "(message not quoted: an exception of this type may carry a request's text)"
-MESSAGE_LINES = 20  # of an exception's message, read for a failed allocation
 
 
 def classify(signals: m.Signals) -> m.Diagnosis:
@@ -103,23 +99,6 @@ def _evidence(*lines: Line | None, engine_error: bool = False) -> list[str]:
         if text not in out:
             out.append(text[:EVIDENCE_CHARS])
     return out[:4]
-
-
-def _allocation_failure(engine: list[Line], exception: Line) -> Line | None:
-    """The line of the engine's last exception that names a failed allocation: the exception's line or
-    one of the lines that go on its message, or None. `engine`: the engine's own lines outside any
-    request's report; `exception`: the last exception among them (final_exception). Only the engine's
-    own words count: an exception of a type that carries no failure (its message is what it was given:
-    a request's id, a path) and a further line a client may have written are passed over, so that no
-    client's text moves the answer, even from "not memory" to "unknown"."""
-    if of_another_type(exception):
-        return None
-    at = engine.index(exception)
-    further = takewhile(lambda ln: ln.continued, engine[at + 1 : at + 1 + MESSAGE_LINES])
-    return next(
-        (ln for ln in (exception, *(f for f in further if f.engine_message)) if msg.ALLOCATION.search(ln.match_text)),
-        None,
-    )
 
 
 def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosis:
@@ -389,48 +368,10 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
             why="The only failure in the log is a warning or a request's own error, not a memory failure.",
         )
     own = [ln for ln in engine_lines if not ln.value]  # not a value written into a message
-    # The last resort reads the engine's own exceptions: one in a request's report (which a client can
-    # cause at will, and which V0 prints for each stream it drops after the engine died) says nothing
-    # of the engine's failure.
-    unreported = [ln for ln in own if not (ln.request_report or ln.grammar_report)]
-    exception = final_exception(unreported)
-    if exception is not None:
-        allocation = _allocation_failure(unreported, exception)
-        return done(
-            m.UNKNOWN if allocation else m.NOT_OOM,
-            phase_of_failure(findings, None, signals.ready_before),
-            None,
-            "low",
-            "allocation_failure_unplaced" if allocation else "other_error",
-            allocation or exception,
-            why="vLLM stopped on an error whose message says an allocation failed, in words that do not tell "
-            "which memory ran out: it is not called 'not memory', and no memory setting is changed."
-            if allocation
-            else "vLLM stopped on an error that is not about memory.",
-        )
-    if wrapped_only(own):
-        return done(
-            m.UNKNOWN,
-            phase_of_failure(findings, None, signals.ready_before),
-            None,
-            "low",
-            "wrapper_without_cause",
-            why="The log's last error only wraps a failure printed elsewhere (its words point to a root cause "
-            "above or in another process), and that failure is not in the log: what failed cannot be told "
-            "and no memory setting is changed.",
-        )
-    # A traceback whose error line is missing (a cut log, a process killed mid-write) names a
-    # phase but no failure: an illegal access there looks the same as an OOM. No memory change.
-    if any(FRAME_LINE.match(ln.text) or ln.text.startswith(TRACEBACK_START) for ln in own):
-        return done(
-            m.UNKNOWN,
-            phase_of_failure(findings, None, signals.ready_before),
-            None,
-            "low",
-            "traceback_without_error",
-            why="No known failure message was found: the traceback ends before its error line, "
-            "so what failed cannot be told and no memory setting is changed.",
-        )
+    words = last_words(own)
+    if words is not None:
+        phase = phase_of_failure(findings, None, signals.ready_before)
+        return done(words.cause, phase, None, "low", words.subtype, words.line, why=words.why)
     return done(
         m.UNKNOWN,
         m.PHASE_UNKNOWN,
