@@ -109,3 +109,13 @@ def test_a_requests_report_never_says_not_memory_for_the_engine():
     crafted = classify(Signals(log=CUT + REQUEST_REPORT))
     assert (crafted.cause, crafted.subtype) == (alone.cause, alone.subtype) == ("unknown", "traceback_without_error")
     assert "ZZUSERZZ" not in " ".join(crafted.evidence)
+
+
+def test_a_bare_error_word_in_a_message_is_no_exception_type():
+    """`Failed to load model with Error: unable to mmap ...: Cannot allocate memory`: the bare word `Error`
+    names no exception, so the host's allocation failure in the message still counts."""
+    line = (
+        "Failed to load model with Error: unable to mmap 4965799096 bytes from file "
+        "<model-00001-of-00002.safetensors>: Cannot allocate memory\n"
+    )
+    assert classify(Signals(log=line)).cause == "host_ram_oom"

@@ -29,13 +29,12 @@ from .findings import (
     EXCEPTION_LINE,
     FAILURE_KINDS,
     Finding,
+    error_of_another_type,
     findings_of,
-    of_another_type,
     served_before,
 )
 from .last_resort import last_words
 from .phase import OOM_CAUSE_BY_PHASE, phase_of_failure
-from .placement import EXCEPTION_TYPE
 from .scan import ENGINE, REQUEST, Line, scan
 
 # Failures that never outvote one named elsewhere in the log: what the other ranks report when one
@@ -94,8 +93,8 @@ def _evidence(*lines: Line | None, engine_error: bool = False) -> list[str]:
             continue
         # An exception of a type that carries no failure holds what it was given (a request's id, a
         # key, a path): its type is the engine's word, its message may be a client's.
-        typed = EXCEPTION_TYPE.match(ln.text) if of_another_type(ln) else None
-        text = f"{typed.group(1)}: {WITHHELD}" if typed else ln.text
+        withheld = error_of_another_type(ln)
+        text = f"{withheld}: {WITHHELD}" if withheld else ln.text
         if text not in out:
             out.append(text[:EVIDENCE_CHARS])
     return out[:4]

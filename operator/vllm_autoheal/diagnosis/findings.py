@@ -93,23 +93,59 @@ DECIDING = (FAILURE_KINDS - {msg.NOT_OOM}) | {msg.BUDGET}  # what may name a mem
 # The first exception named like an error in a line's opening, after whatever prefix the line still
 # has (a launcher's or collector's that no rule cut: srun's padded "  0: ", a wrapper's own logging
 # format): the client's text in that exception's message comes after it, so the first one is the
-# engine's.
-FIRST_TYPED = re.compile(r"(?:^|(?<=[\s\]\)>|:]))([A-Za-z_][\w.]{0,120}(?:Error|Exception))(?:\([\w.]{1,80}\))?: ")
+# engine's. Found from where its name ends (a literal), then back to where the name starts: linear.
+_NAMED_END = re.compile(r"(?:Error|Exception)(?:\([\w.]{1,80}\))?: ")
+_NAME = re.compile(r"[A-Za-z_][\w.]{0,120}")
+_BEFORE_NAME = frozenset(" \t])>|:")
 TYPED_WITHIN = 160  # characters of a line's opening where that exception may start
+NAME_CHARS = 120
+
+
+def first_named_exception(text: str) -> str | None:
+    """The name of the first exception named like an error (`...Error: `, `...Exception: `) that starts
+    within the line's first TYPED_WITHIN characters, at the line's start or after a blank or a
+    separator; None if there is none."""
+    head = text[: TYPED_WITHIN + NAME_CHARS + 20]
+    for end in _NAMED_END.finditer(head):
+        word_end = end.start() + (5 if head.startswith("Error", end.start()) else 9)
+        start = word_end
+        while start > 0 and word_end - start <= NAME_CHARS and (head[start - 1].isalnum() or head[start - 1] in "._"):
+            start -= 1
+        if start > TYPED_WITHIN:
+            return None
+        name = _NAME.match(head, start)
+        # (a bare `Error: ` or `Exception: ` is a word of the message, "failed with Error: ...", no type)
+        if name is None or name.end() != word_end or name.group(0) in ("Error", "Exception"):
+            continue
+        if start == 0 or head[start - 1] in _BEFORE_NAME:
+            return name.group(0)
+    return None
+
+
+def exception_of_another_type(line: Line) -> str | None:
+    """The name of the exception the line opens with (or names first in its opening, after a prefix no
+    rule knows), when that type carries none of the failures the classifier names; else None."""
+    if REPORTER.match(line.text):
+        return None
+    typed = EXCEPTION_TYPE.match(line.text[:300])
+    name = typed.group(1) if typed else first_named_exception(line.text)
+    return name if name is not None and not CARRIES_FAILURES.search(name) else None
+
+
+def error_of_another_type(line: Line) -> str | None:
+    """The name of the first exception named like an error in the line's opening, when its type carries
+    none of the failures the classifier names: its message is what it was given (a key, a template's
+    text), which evidence never quotes. (Not `name: ` openings that name no error: argparse's
+    `main.py: error: ...` and `Failed: Cuda error ...` are the engine's own words.)"""
+    if REPORTER.match(line.text):
+        return None
+    name = first_named_exception(line.text)
+    return name if name is not None and not CARRIES_FAILURES.search(name) else None
 
 
 def of_another_type(line: Line) -> bool:
-    """An exception of a type that carries none of the failures the classifier names: the line opens
-    with it, or names it first within its opening (after a prefix no rule knows)."""
-    if REPORTER.match(line.text):
-        return False
-    head = line.text[: TYPED_WITHIN + 140]
-    typed = EXCEPTION_TYPE.match(head) or (
-        FIRST_TYPED.search(head)
-        if "Error" in head or "Exception" in head
-        else None  # (the search only where it can match)
-    )
-    return bool(typed and typed.start() <= TYPED_WITHIN and not CARRIES_FAILURES.search(typed.group(1)))
+    """An exception of a type that carries none of the failures the classifier names."""
+    return exception_of_another_type(line) is not None
 
 
 # A traceback that runs through the web framework or an API handler is a request's: its exception
