@@ -4,7 +4,7 @@ findings.of_another_type, the withheld message in classify._evidence, srun --lab
 prefix rule collector._any_prefix.
 
 Each finding was a strict xfail that failed on 69660b1; all three are fixed in the same session: the evidence
-names the first exception named like an error in the line's opening (findings.error_of_another_type), and
+names the first exception named like an error in the line's opening (findings.exception_of_another_type), and
 withholds nothing of a `name: ` opening that names no error; that exception is found from where its name ends
 (linear). The cost of finding 3 is measured in bench/diagnosis_speed.py, not asserted here (the project
 measures speed in bench/: these machines are noisy). The others pin properties that were checked and hold.

@@ -29,7 +29,7 @@ from .findings import (
     EXCEPTION_LINE,
     FAILURE_KINDS,
     Finding,
-    error_of_another_type,
+    exception_of_another_type,
     findings_of,
     served_before,
 )
@@ -93,7 +93,7 @@ def _evidence(*lines: Line | None, engine_error: bool = False) -> list[str]:
             continue
         # An exception of a type that carries no failure holds what it was given (a request's id, a
         # key, a path): its type is the engine's word, its message may be a client's.
-        withheld = error_of_another_type(ln)
+        withheld = exception_of_another_type(ln, named_like_an_error=True)
         text = f"{withheld}: {WITHHELD}" if withheld else ln.text
         if text not in out:
             out.append(text[:EVIDENCE_CHARS])

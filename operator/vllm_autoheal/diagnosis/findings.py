@@ -122,29 +122,22 @@ def first_named_exception(text: str) -> str | None:
     return None
 
 
-def exception_of_another_type(line: Line) -> str | None:
+def exception_of_another_type(line: Line, named_like_an_error: bool = False) -> str | None:
     """The name of the exception the line opens with (or names first in its opening, after a prefix no
-    rule knows), when that type carries none of the failures the classifier names; else None."""
+    rule knows), when that type carries none of the failures the classifier names; else None. With
+    `named_like_an_error`, only an exception named `...Error`/`...Exception` counts: a `name: ` opening
+    that names no error (argparse's `main.py: error: ...`, `Failed: Cuda error ...`) is the engine's
+    own words, which evidence may quote."""
     if REPORTER.match(line.text):
         return None
-    typed = EXCEPTION_TYPE.match(line.text[:300])
+    typed = None if named_like_an_error else EXCEPTION_TYPE.match(line.text)
     name = typed.group(1) if typed else first_named_exception(line.text)
     return name if name is not None and not CARRIES_FAILURES.search(name) else None
 
 
-def error_of_another_type(line: Line) -> str | None:
-    """The name of the first exception named like an error in the line's opening, when its type carries
-    none of the failures the classifier names: its message is what it was given (a key, a template's
-    text), which evidence never quotes. (Not `name: ` openings that name no error: argparse's
-    `main.py: error: ...` and `Failed: Cuda error ...` are the engine's own words.)"""
-    if REPORTER.match(line.text):
-        return None
-    name = first_named_exception(line.text)
-    return name if name is not None and not CARRIES_FAILURES.search(name) else None
-
-
 def of_another_type(line: Line) -> bool:
-    """An exception of a type that carries none of the failures the classifier names."""
+    """An exception of a type that carries none of the failures the classifier names: its message is
+    what it was given (a key, a path, a template's text), which names no failure."""
     return exception_of_another_type(line) is not None
 
 
