@@ -66,7 +66,7 @@ _PREFIXES = re.compile(
 # further line of an exception's message, and a client can write either into that message)
 _FILES = ("file", "file2", "file3")
 _HEADERS = ("level", "level2", "level3", "file3", "glog")  # a logger's header: the message follows
-_TP_RANK = re.compile(r"(?:Worker_TP|Worker TP|_TP|\[Rank |rank=)(\d{1,4})")
+_TP_RANK = re.compile(r"(?:[_ ]TP|\[Rank |rank=)(\d{1,4})")  # Worker_TP0, VllmWorker TP0, PP0_TP1
 # The request logger's and response logger's opening words (vLLM 0.2 to 0.33), and the
 # parsers that log model output; a header naming entrypoints/logger.py is user text too.
 _USER_START = re.compile(
