@@ -32,7 +32,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "operator"))
-from vllm_autoheal.diagnosis import CAUSES, MEMORY_CAUSES, Signals, classify  # noqa: E402
+from vllm_autoheal.diagnosis import CAUSES, MEMORY_CAUSES, Diagnosis, Signals, classify  # noqa: E402
 from vllm_autoheal.diagnosis.corpus import context, load  # noqa: E402
 
 
@@ -50,12 +50,8 @@ def version_bucket(sample: dict) -> str:
     return "0.11+"
 
 
-def classify_all(samples: list[dict], pod_state: bool = False) -> list[tuple[dict, str]]:
-    out = []
-    for s in samples:
-        diag = classify(Signals(log=s.get("log") or "", **context(s, pod_state=pod_state)))
-        out.append((s, diag.cause))
-    return out
+def diagnose_all(samples: list[dict], pod_state: bool = False) -> list[tuple[dict, Diagnosis]]:
+    return [(s, classify(Signals(log=s.get("log") or "", **context(s, pod_state=pod_state)))) for s in samples]
 
 
 def splits(results: list[tuple[dict, str]]) -> dict[str, list[tuple[dict, str]]]:
@@ -110,12 +106,11 @@ UNKNOWN_WHY = {
 }
 
 
-def miss_reasons(samples: list[dict]) -> list[str]:
-    """The misses of each split (with the pod's state), by what the log showed and what was answered:
-    counts only, so the test split's are read without reading its logs."""
+def miss_reasons(diagnosed: list[tuple[dict, Diagnosis]]) -> list[str]:
+    """The misses of each split, by what the log showed and what was answered: counts only, so the
+    test split's are read without reading its logs."""
     counts: dict[str, Counter] = {"train": Counter(), "test": Counter()}
-    for s in samples:
-        diag = classify(Signals(log=s.get("log") or "", **context(s, pod_state=True)))
+    for s, diag in diagnosed:
         if diag.cause == s["label"]:
             continue
         if diag.cause == "unknown":
@@ -172,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     exits = sum(1 for s in samples if s.get("exit") is not None)
     print(f"pod state known: {dict(known)}; exit known: {exits}")
     for view, pod_state in (("log alone", False), ("with the pod's state", True)):
-        results = classify_all(samples, pod_state)
+        diagnosed = diagnose_all(samples, pod_state)
+        results = [(s, diag.cause) for s, diag in diagnosed]
         by_split = splits(results)
         print(f"\n== {view}")
         for name in ("train", "test"):
@@ -191,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\nby engine (all samples)")
     print("\n".join(breakdown(results, lambda s: s.get("engine") or "not stated")))
     print("\nmisses by what the log showed and what was answered (with the pod's state)")
-    print("\n".join(miss_reasons(samples)))
+    print("\n".join(miss_reasons(diagnosed)))
     for name in ("vllm-messages", "library-messages"):
         census(ROOT / "tests" / "fixtures" / "census" / f"{name}.jsonl")
     shown = results if args.show_misses == "all" else [] if args.show_misses == "none" else by_split[args.show_misses]
