@@ -102,6 +102,7 @@ UNKNOWN_WHY = {
     "oom_phase_unknown": "an out-of-memory error that nothing places",
     "signals_disagree": "a non-memory failure before an out-of-memory error",
     "allocation_failure_unplaced": "an allocation failure in words that do not say which memory",
+    "oom_of_torch_or_ray": "an OutOfMemoryError named only by its class, under Ray",
     None: "no failure message at all",
 }
 

@@ -35,7 +35,7 @@ from .findings import (
 )
 from .last_resort import last_words
 from .phase import OOM_CAUSE_BY_PHASE, phase_of_failure
-from .scan import ENGINE, REQUEST, Line, scan
+from .scan import ENGINE, MATCH_CHARS, REQUEST, Line, scan
 
 # Failures that never outvote one named elsewhere in the log: what the other ranks report when one
 # died (NCCL timing out or aborting them), and a wrapper's quote of a message that may go on over
@@ -274,6 +274,17 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
         return done(m.MULTI_GPU_OOM, phase_of_failure(findings, nccl[0], signals.ready_before), nccl[0], "high")
     if oom:
         first = oom[0]
+        if _named_only(oom) and any(msg.RAY_RUNS_WORKERS.search(ln.raw[:MATCH_CHARS]) for ln in engine_lines):
+            return done(
+                m.UNKNOWN,
+                phase_of_failure(findings, None, signals.ready_before),
+                first,
+                "low",
+                "oom_of_torch_or_ray",
+                why="The log names an OutOfMemoryError only by its class's bare name, and Ray runs the "
+                "workers: Ray's memory monitor (host RAM) raises an error of that name too, and its message, "
+                "which would tell, is not in the log. No memory setting is changed.",
+            )
         phase = phase_of_failure(findings, first, signals.ready_before)
         if phase == m.PHASE_UNKNOWN and signals.ready_before is None and served_before(lines, first.line):
             phase = m.PHASE_SERVING
@@ -377,4 +388,13 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
         None,
         "low",
         why="No known failure message was found" + (" (empty log)." if not log.strip() else "."),
+    )
+
+
+def _named_only(oom: list[Finding]) -> bool:
+    """Every out-of-memory error of the log is known only by its class's bare name (no `torch.`
+    before it, no other out-of-memory wording): torch's and Ray's share that name."""
+    return all(
+        f.match.group(0) == msg.BARE_OOM_TYPE and f.match.string[max(0, f.match.start() - 1) : f.match.start()] != "."
+        for f in oom
     )

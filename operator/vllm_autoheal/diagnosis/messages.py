@@ -155,7 +155,9 @@ FAILURES: tuple[Message, ...] = (
     _m(
         HOST,
         r"killed due to memory pressure \(OOM\)|exceeds the memory usage threshold(?:(?!exceeds the memory).){0,400}?Ray killed|"
-        r"the node running low on memory|ray-oom-prevention",  # the link only the memory monitor prints
+        r"the node running low on memory|ray-oom-prevention|"  # the link only the memory monitor prints
+        # (Ray raises its own OutOfMemoryError only from its memory monitor, whatever the message)
+        r"ray\.exceptions\.OutOfMemoryError",
         m.HOST_RAM_OOM,
         None,
         "ray_memory_monitor_killed_worker",
@@ -234,7 +236,7 @@ FAILURES: tuple[Message, ...] = (
         OOM,
         # The runtime's own "out of memory" as torch, the driver API, vLLM's cumem allocator and ROCm
         # word it (cudaErrorMemoryAllocation / CUDA_ERROR_OUT_OF_MEMORY / hipErrorOutOfMemory).
-        r"OutOfMemoryError|CUDA [Ee]rror: out of memory|HIP [Ee]rror: out of memory|CUDA driver [Ee]rror: out of memory|"
+        r"(?<!ray\.exceptions\.)OutOfMemoryError|CUDA [Ee]rror: out of memory|HIP [Ee]rror: out of memory|CUDA driver [Ee]rror: out of memory|"
         r"Triton Error \[(?:CUDA|HIP)\]: out of memory|"  # Triton's wording of the driver's CUDA_ERROR_OUT_OF_MEMORY
         r"CUDA out of\s*(?:\[\.\.\.\])?$|"
         r"cudaErrorMemoryAllocation|CUDA_ERROR_OUT_OF_MEMORY|hipErrorOutOfMemory|UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY|"
@@ -286,6 +288,15 @@ MESSAGES: tuple[Message, ...] = FAILURES + MARKERS
 # exception group (anyio, starlette), whose sub-exceptions are printed under it, and a pipe or
 # socket whose other end died (the engine's IPC when a worker was killed).
 WRAPPERS = re.compile(WRAPPER_WORDS)
+# Signs that Ray runs the workers (its executor, its actors' prefixes, its own exceptions and
+# daemons). Ray's memory monitor raises an OutOfMemoryError too: where Ray runs them, the class's
+# bare name (a notebook's traceback header, with its message cut) does not tell torch's from Ray's.
+RAY_RUNS_WORKERS = re.compile(
+    r"\(Ray\w{0,40} pid=|\(raylet\)|ray\.exceptions\.|/ray/_private/|Ray\w{0,20}Executor|ray_\w{0,20}executor|"
+    r"distributed_executor_backend=.?ray\b|Started a local Ray instance|Connected to Ray cluster|Ray cluster"
+)
+# The class's name alone, without torch's module and without torch's message after it.
+BARE_OOM_TYPE = "OutOfMemoryError"
 # Any wording of a failed allocation: an exception that names one is not known to be "not memory",
 # even where no row places it (an NPU's or a library's own words for it).
 ALLOCATION = re.compile(ALLOCATION_FAILED)
