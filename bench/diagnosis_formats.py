@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "operator"))
 sys.path.insert(0, str(ROOT / "tests"))
 from test_diagnosis_json_records import as_json_records  # noqa: E402
+from test_diagnosis_log_format import FORMATS  # noqa: E402
 from vllm_autoheal.diagnosis import Signals, classify  # noqa: E402
 from vllm_autoheal.diagnosis.corpus import context, load  # noqa: E402
 
@@ -117,6 +118,8 @@ SHAPES: dict[str, Callable[[str], str]] = {
     "VLLM_LOGGING_PREFIX, before the process prefix": logging_prefix(first=True),
     "VLLM_LOGGING_PREFIX, after it": logging_prefix(first=False),
     "a notebook's traceback (IPython 8 frames)": ipython,
+    # logging formats of the operator's choosing (--logging-config.pylogging_config_file), and a wrapper's
+    **{f"logging format: {name}": shape for name, shape in FORMATS.items()},
     "NCCL_DEBUG=INFO (8,000 NCCL lines first, ~0.8 MB)": nccl_debug_info(8000),
     "(limit) a terminal's hard wrap at 200 columns": hard_wrap(200),
     "(limit) newest line first": lambda log: "\n".join(reversed(log.splitlines())) + "\n",

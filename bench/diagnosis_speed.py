@@ -119,6 +119,11 @@ def other_shapes() -> list[tuple[str, str]]:
         # process prefixes that almost parse (scan._PREFIXES, collector.PROCESS_WITH_PID)
         ("a process prefix that almost parses", "(" + ", ".join(["n" * 59] * 40) + " pid=1"),
         ("SkyPilot's prefix repeated", "(node-0, worker1, rank=1, pid=2, ip=h) " * 6 + "KeyError: x"),
+        # a logging format of the operator's choosing, learned from the log (log_format.py)
+        ("a custom logging header on every line", "2026-12-01 10:00:00,123 - vllm.v1.engine.core - ERROR - rror x"),
+        ("a wrapper's header before vLLM's", "2026-12-01 10:00:00,123 - supervisor - INFO - " + prefix + "rror"),
+        ("separators, then a level word late", "- | : [ ] ( ) < > , " * 4 + "ERROR - rror " + "-|" * 900),
+        ("a vLLM logger's name of many parts", "ERROR:vllm" + ".a" * 8 + ":rror" + ".b1" * 600),
     ]
 
 

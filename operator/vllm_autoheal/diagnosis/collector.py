@@ -141,3 +141,16 @@ def cut_logging_prefix(line: str, prefix: re.Pattern[str] | None) -> str:
     """The line without the VLLM_LOGGING_PREFIX (its process prefix kept)."""
     found = prefix.match(line) if prefix is not None else None
     return line if found is None else (found.group("process") or "") + line[found.end() :]
+
+
+# A terminal UI's box around each line (k9s's log view: "│ <line><padding> │").
+_BOX = "\u2502"
+
+
+def unframed(text: str) -> str:
+    """The line without the box a terminal UI drew around it."""
+    if text[:1] != _BOX:
+        return text
+    body = text.rstrip()
+    body = body[1 : -1 if body.endswith(_BOX) and len(body) > 1 else None].rstrip()
+    return body[1:] if body[:1] == " " else body

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import IO
 
-from . import collector, container_log, log_records
+from . import collector, container_log, log_format, log_records
 from .candidates import MAX_LINE, head_candidates, tail_candidates
 
 CHUNK = 1 * 2**20
@@ -181,13 +181,23 @@ def _strip(raw: str) -> tuple[str, int | None, str | None, str | None]:
     return _strip_clean(text)
 
 
-def _strip_clean(text: str) -> tuple[str, int | None, str | None, str | None]:
+def _strip_clean(text: str, own: log_format.Header | None = None) -> tuple[str, int | None, str | None, str | None]:
+    """`own`: the log's own logging header, where it is not vLLM's (log_format.py)."""
     # A line pasted as Markdown code opens with backticks (no logger's line does): they are the paste's.
     text = text.lstrip(" `") if text[:1] == "`" else text
     raw = text
     rank = None
     source_file = level = None
     for _ in range(6):  # prefixes nest: timestamp, service, process, level header
+        if own is not None and (custom := own.pattern.match(text)):
+            text = text[custom.end() :]
+            if own.wraps_vllm:
+                continue  # a wrapper's header: vLLM's own follows
+            source_file, level = log_format.source_of(custom), custom.group("level")
+            after = _PREFIXES.match(text)
+            if after is not None and after.end() > 0:
+                return text.strip(), rank, FORGED, level
+            break
         m = _PREFIXES.match(text)
         if not m or m.end() == 0:
             break
@@ -243,27 +253,15 @@ def origin_of(text: str, source_file: str | None) -> str:
     return ENGINE
 
 
-# A terminal UI's box around each line (k9s's log view: "│ <line><padding> │").
-_BOX = "\u2502"
-
-
-def _unframed(text: str) -> str:
-    if text[:1] != _BOX:
-        return text
-    body = text.rstrip()
-    body = body[1 : -1 if body.endswith(_BOX) and len(body) > 1 else None].rstrip()
-    return body[1:] if body[:1] == " " else body
-
-
 def make_line(offset: int, raw: str) -> Line | None:
     return _line_of(offset, _ANSI.sub("", raw))
 
 
-def _line_of(offset: int, clean: str) -> Line | None:
+def _line_of(offset: int, clean: str, own: log_format.Header | None = None) -> Line | None:
     """The Line of a line whose ANSI codes are already removed."""
     if not clean.strip():
         return None
-    text, rank, source_file, level = _strip_clean(clean)
+    text, rank, source_file, level = _strip_clean(clean, own)
     if not text:
         return None
     body = clean.rstrip()
@@ -302,6 +300,11 @@ def _continuations(lines: list[Line]) -> None:
 
 
 _PROCESS = re.compile(collector.PROCESS_WITH_PID)
+
+
+def _opens_with_vllm_header(text: str) -> bool:
+    """After any prefixes scan knows, the line opens with vLLM's own logger header (its file)."""
+    return _strip_clean(text)[2] not in (None, FORGED)
 
 
 def process_of(header: str) -> str:
@@ -381,7 +384,7 @@ def scan(source: str | IO[str] | Iterable[str]) -> Scan:
                 kept += 1
             size += len(piece) + 1
         end = begin
-    clean = {off: _unframed(_ANSI.sub("", merged[off])) for off in sorted(merged)}
+    clean = {off: collector.unframed(_ANSI.sub("", merged[off])) for off in sorted(merged)}
     prefix = collector.prefix_of(clean.values(), structured)
     no_collector = {off: collector.cut(text, prefix, structured) for off, text in clean.items()}
     # (judged on the lines before the first exception, where a client's text cannot be (it is in an
@@ -390,10 +393,9 @@ def scan(source: str | IO[str] | Iterable[str]) -> Scan:
     texts = list(no_collector.values())
     first_error = next((i for i, t in enumerate(texts) if _ERROR_TEXT.search(t)), len(texts))
     logging_prefix = collector.logging_prefix_of(texts[:first_error]) or collector.logging_prefix_of(texts)
-    lines = [
-        line
-        for off, text in no_collector.items()
-        if (line := _line_of(off, collector.cut_logging_prefix(text, logging_prefix)))
-    ]
+    texts = [collector.cut_logging_prefix(text, logging_prefix) for text in texts]
+    # (confirmed on the lines before the first error, where no client's text can be: log_format.py)
+    own = log_format.header_of(texts, first_error, _opens_with_vllm_header, structured)
+    lines = [line for off, text in zip(no_collector, texts, strict=True) if (line := _line_of(off, text, own))]
     _continuations(lines)
     return Scan(lines=lines, total_bytes=seen, truncated=truncated)
