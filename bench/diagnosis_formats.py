@@ -112,6 +112,23 @@ SHAPES: dict[str, Callable[[str], str]] = {
     "a launcher's prefix no rule names (`<job-7 12:00:0N> `)": lambda log: "".join(
         f"<job-7 12:00:0{i % 10}> {line}\n" for i, line in enumerate(log.splitlines())
     ),
+    # log shippers' exports: a timestamp, then the shipper's own tags
+    "journalctl -o short-iso": lambda log: "".join(
+        f"2026-12-01T10:00:{i % 60:02d}+0000 gpu-node-3 vllm[41234]: {line}\n"
+        for i, line in enumerate(log.splitlines())
+    ),
+    "Loki's logcli query": lambda log: "".join(
+        f'2026-12-01T10:00:{i % 60:02d}Z {{app="vllm", pod="vllm-7d9f8c-x2x4q"}} {line}\n'
+        for i, line in enumerate(log.splitlines())
+    ),
+    "aws logs tail (CloudWatch)": lambda log: "".join(
+        f"2026-12-01T10:00:{i % 60:02d}.000000+00:00 vllm/vllm/3f2a9c {line}\n"
+        for i, line in enumerate(log.splitlines())
+    ),
+    "stern --timestamps": lambda log: "".join(
+        f"vllm-7d9f8c-x2x4q vllm 2026-12-01T10:00:{i % 60:02d}.000000000Z {line}\n"
+        for i, line in enumerate(log.splitlines())
+    ),
     "k9s's log view": k9s,
     "a node's docker json-file": docker_json,
     "vLLM's JSON records (--logging-config.formatter json)": as_json_records,

@@ -117,3 +117,25 @@ def test_no_generic_prefix_where_the_engines_lines_open_with_its_own_structure()
     """vLLM's headed lines share their opening words ('INFO 05-01 12:00:0'): that is no prefix."""
     lines = [f"INFO 05-01 12:00:0{i} [core.py:1] step {i}" for i in range(8)] + ["plain text"] * 2
     assert prefix_of(lines, structured) is None
+
+
+@pytest.mark.parametrize(
+    "prefix",
+    [
+        "2026-12-01T10:00:0{i}+0000 gpu-node-3 vllm[41234]: ",  # journalctl -o short-iso
+        '2026-12-01T10:00:0{i}Z {{app="vllm", pod="vllm-7d9f8c-x2x4q"}} ',  # Loki's logcli
+        "2026-12-01T10:00:0{i}.000000+00:00 vllm/vllm/3f2a9c ",  # aws logs tail (CloudWatch)
+    ],
+)
+def test_a_log_shippers_tags_after_its_timestamp_are_cut(prefix):
+    """A timestamp is a collector's, not the engine's structure: the tags a shipper writes after it
+    are a prefix like any other (they were not cut while the timestamp counted as structure)."""
+
+    def shaped(log: str) -> str:
+        return "".join(prefix.format(i=i % 10) + line + "\n" for i, line in enumerate(log.splitlines()))
+
+    assert classify(Signals(log=shaped(KV))).cause == "kv_cache_insufficient"
+    d = classify(Signals(log=shaped(TRACEBACK)))
+    assert (d.cause, d.subtype) == ("not_oom", "other_error") and d.evidence[0].startswith("KeyError")
+    assert not structured("2026-12-01T10:00:00Z gpu-node-3 vllm[1]: plain")
+    assert structured("2026-12-01T10:00:00Z INFO 05-01 12:00:00 [core.py:1] x")  # kubectl --timestamps

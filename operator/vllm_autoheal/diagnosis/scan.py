@@ -39,10 +39,11 @@ ENGINE, USER, ACCESS, REQUEST = "engine", "user", "access", "request"
 FORGED = "<second header>"
 
 _ANSI = re.compile(r"(?:\x1b|\^\[|#033)\[[0-9;]{0,20}[A-Za-z]")
+_TIMESTAMP = r"\s{0,8}\[?\d{4}-\d\d-\d\d[T ][\d:.,]{1,20}Z?\]?\s{0,8}"  # ISO timestamps
 _PREFIXES = re.compile(
     r"^(?:"
-    r"\s{0,8}\[?\d{4}-\d\d-\d\d[T ][\d:.,]{1,20}Z?\]?\s{0,8}"  # ISO timestamps
-    r"|\s{0,8}[\w.-]{0,40}\s{0,8}\|\s"  # docker compose "svc-1  | "
+    + _TIMESTAMP  # (ISO timestamps)
+    + r"|\s{0,8}[\w.-]{0,40}\s{0,8}\|\s"  # docker compose "svc-1  | "
     r"|\s{0,8}\((?:(?P<proc>[\w.:-]{1,60}(?: \w{1,30}(?= pid=))?)(?:,\s{0,4}[\w.:-]{1,60}){0,2}"
     r"(?:,?\s{1,4}rank=(?P<rank>\d{1,4}))?)?(?:,?\s{0,4}pid=\d{1,10})?(?:,?\s{1,4}ip=[\w.:]{1,60})?\)\s{0,8}"
     # (EngineCore_DP0 pid=1), vLLM 0.10's (VllmWorker TP0 pid=1), Ray's (Name pid=1, ip=h), (pid=1),
@@ -227,9 +228,15 @@ _ERROR_TEXT = re.compile(r"Traceback \(most recent|Exception in ASGI|\w(?:Error|
 _OWN_STRUCTURE = re.compile(r'\s{0,16}File "|Traceback \(most recent|[\w.]{0,200}(?:Error|Exception)\b')
 
 
+_STAMP = re.compile(_TIMESTAMP)
+
+
 def structured(text: str) -> bool:
     """The line opens with a structure of its own: a prefix or header this module knows, a
-    traceback's first line or frame, or an exception's name (collector.py cuts no such line)."""
+    traceback's first line or frame, or an exception's name (collector.py cuts no such line). A
+    timestamp is none: a collector writes it (journald's, Loki's, CloudWatch's before their tags)."""
+    stamp = _STAMP.match(text)
+    text = text[stamp.end() :] if stamp else text
     found = _PREFIXES.match(text)
     return (found is not None and found.end() > 0) or _OWN_STRUCTURE.match(text) is not None
 
