@@ -123,6 +123,11 @@ def other_shapes() -> list[tuple[str, str]]:
         ("a custom logging header on every line", "2026-12-01 10:00:00,123 - vllm.v1.engine.core - ERROR - rror x"),
         ("a wrapper's header before vLLM's", "2026-12-01 10:00:00,123 - supervisor - INFO - " + prefix + "rror"),
         ("separators, then a level word late", "- | : [ ] ( ) < > , " * 4 + "ERROR - rror " + "-|" * 900),
+        # (a hostile review's: lines that teach a header of 84 blanks, then lines of 83 that almost match it)
+        (
+            "a learned header of a run of blanks",
+            "\n".join([" " * 84 + "ERROR - (x) y"] * 2 + [" " * 83 + "X rror"] * 40 + [" " * 84 + "ERROR - (x) y"] * 2),
+        ),
         ("a vLLM logger's name of many parts", "ERROR:vllm" + ".a" * 8 + ":rror" + ".b1" * 600),
     ]
 

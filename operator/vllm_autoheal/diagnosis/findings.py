@@ -33,7 +33,7 @@ from .placement import (
     LoggedMessage,
     Placement,
 )
-from .scan import ACCESS, ENGINE, MATCH_CHARS, REQUEST, USER, Line, process_of
+from .scan import ACCESS, ENGINE, GAP_LINE, MATCH_CHARS, REQUEST, USER, Line, process_of
 
 # Kinds that name a failure: only an error the engine reported (not a progress or warning line,
 # not a request's own error) decides with them.
@@ -201,6 +201,7 @@ def mark_continuations(lines: list[Line]) -> None:
     # fatal exception (multiprocessing's `Process EngineCore_DP0:`): that process logs nothing after it,
     # so a line of it that opens with a logger header is the client's text (the grammar's newlines).
     dying = False
+    after_gap = False  # the line before was a gap (`[...]`): lines were left out there
 
     def same(a: tuple | None, b: tuple | None) -> bool:
         # (a re-print without any process prefix, the CPU engine's and every JSON-mode log's, names no
@@ -209,6 +210,12 @@ def mark_continuations(lines: list[Line]) -> None:
 
     for line in lines:
         text = line.text
+        if after_gap and line.origin == REQUEST:
+            # After a gap (the operator's tail of the log, the launcher's kept head and tail) a request's report
+            # may go on whose opening and exception line were left out: its lines, up to another writer's,
+            # are that exception's further lines (a client's), whatever they look like.
+            writer = request = _writer(line)
+        after_gap = text == GAP_LINE
         # A JSON record's lines inside a request's report that no logger headed: a raw line that parsed as
         # a record, as the client can write one there. They are the report's, and open or end nothing,
         # unless vLLM's stdout decorator put another process's prefix before the record (a client's line
@@ -232,6 +239,12 @@ def mark_continuations(lines: list[Line]) -> None:
             who = request
         elif writer is not None or request is not None or opens or EXCEPTION_LINE.match(text):
             who = _writer(line)
+            open_without_header = next((w for w in (writer, request) if w is not None and not w[0]), None)
+            if line.learned_header and open_without_header is not None and who[1:] == open_without_header[1:]:
+                # A header learned from the log (log_format.py) is no writer of its own inside an exception's
+                # message or a request's report printed without one, as glog's and KServe's are not: a client's
+                # line may open with it there (vLLM's own header there is s9's known limit).
+                who = open_without_header
         else:
             who = None
         if request is not None and not same(who, request):

@@ -49,8 +49,8 @@ _PATTERN = {
     "\x01": rf"(?P<level>{'|'.join(LEVELS)})",
     "\x02": r"(?P<logger>vllm(?:\.\w{1,60}){1,8}(?::[\w<>]{1,60}:\d{1,7})?)",
     "\x03": r"(?P<file>[\w-]{1,80}\.py)(?::\d{1,7})?",
-    "0": r"\d{1,20}",
-    " ": r"\s{1,12}",
+    "0": rf"\d{{1,{HEADER_CHARS}}}",
+    " ": rf"\s{{1,{HEADER_CHARS}}}",
 }
 # After the level word a header goes on only with separators and placeholders: the first letter
 # (or other character) begins the message.
@@ -81,6 +81,8 @@ def shape_of(text: str) -> str | None:
     level_seen = False
     for token in _TOKEN.finditer(text, 0, HEADER_CHARS):
         kind = token.lastgroup or "other"
+        if kind in ("space", "digits") and out and out[-1] == _PLACEHOLDER[kind]:
+            continue  # (one group for a run: adjacent groups of one class would backtrack through every split)
         if kind == "level" and not level_seen:
             level_seen = True
         elif level_seen and kind == "level":

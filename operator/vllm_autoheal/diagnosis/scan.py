@@ -151,6 +151,7 @@ class Line:
     engine_message: bool = False  # ... of an exception that is the engine's own (not a request's, not quoted)
     grammar_report: bool = False  # in the report of a request's grammar the engine compiled: the request's words
     request_report: bool = False  # in a request's report (its grammar's, the web framework's, an API handler's)
+    learned_header: bool = False  # its header is the log's own learned one (log_format.py), not vLLM's
 
     @property
     def informational(self) -> bool:
@@ -173,17 +174,15 @@ class Scan:
 
 
 def normalize(raw: str) -> tuple[str, int | None]:
-    text, rank, _, _ = _strip(raw)
+    text, rank, *_ = _strip_clean(_ANSI.sub("", raw))
     return text, rank
 
 
-def _strip(raw: str) -> tuple[str, int | None, str | None, str | None]:
-    text = _ANSI.sub("", raw)
-    return _strip_clean(text)
-
-
-def _strip_clean(text: str, own: log_format.Header | None = None) -> tuple[str, int | None, str | None, str | None]:
-    """`own`: the log's own logging header, where it is not vLLM's (log_format.py)."""
+def _strip_clean(
+    text: str, own: log_format.Header | None = None
+) -> tuple[str, int | None, str | None, str | None, bool]:
+    """The message, the rank, the file and level the logger header names, and whether that header
+    is the log's own learned one (`own`, where it is not vLLM's: log_format.py)."""
     # A line pasted as Markdown code opens with backticks (no logger's line does): they are the paste's.
     text = text.lstrip(" `") if text[:1] == "`" else text
     raw = text
@@ -194,11 +193,9 @@ def _strip_clean(text: str, own: log_format.Header | None = None) -> tuple[str, 
             text = text[custom.end() :]
             if own.wraps_vllm:
                 continue  # a wrapper's header: vLLM's own follows
-            source_file, level = log_format.source_of(custom), custom.group("level")
             after = _PREFIXES.match(text)
-            if after is not None and after.end() > 0:
-                return text.strip(), rank, FORGED, level
-            break
+            forged = after is not None and after.end() > 0
+            return text.strip(), rank, FORGED if forged else log_format.source_of(custom), custom["level"], True
         m = _PREFIXES.match(text)
         if not m or m.end() == 0:
             break
@@ -216,12 +213,12 @@ def _strip_clean(text: str, own: log_format.Header | None = None) -> tuple[str, 
             # second header, or "[rank0]: " in a request id) came in with user text.
             after = _PREFIXES.match(text)
             if after is not None and after.end() > 0:
-                return text.strip(), rank, FORGED, level
+                return text.strip(), rank, FORGED, level, False
             break
     if rank is None:
         t = _TP_RANK.search(raw[:80])
         rank = int(t.group(1)) if t else None
-    return text.strip(), rank, source_file, level
+    return text.strip(), rank, source_file, level, False
 
 
 _ERROR_TEXT = re.compile(r"Traceback \(most recent|Exception in ASGI|\w(?:Error|Exception)\b")
@@ -268,12 +265,14 @@ def _line_of(offset: int, clean: str, own: log_format.Header | None = None) -> L
     """The Line of a line whose ANSI codes are already removed."""
     if not clean.strip():
         return None
-    text, rank, source_file, level = _strip_clean(clean, own)
+    text, rank, source_file, level, learned = _strip_clean(clean, own)
     if not text:
         return None
     body = clean.rstrip()
     header = body[: len(body) - len(text)].strip() if source_file and body.endswith(text) else ""
-    return Line(offset, text, clean.strip(), rank, origin_of(text, source_file), source_file, level, header)
+    line = Line(offset, text, clean.strip(), rank, origin_of(text, source_file), source_file, level, header)
+    line.learned_header = learned
+    return line
 
 
 # A message that reports a call that failed without stopping the engine (a utility RPC such as
@@ -311,7 +310,7 @@ _PROCESS = re.compile(collector.PROCESS_WITH_PID)
 
 def _opens_with_vllm_header(text: str) -> bool:
     """After any prefixes scan knows, the line opens with vLLM's own logger header (its file)."""
-    return _strip_clean(text)[2] not in (None, FORGED)
+    return _strip_clean(text)[2] is not None  # (a second header after it too: that is the client's, not a format)
 
 
 def process_of(header: str) -> str:

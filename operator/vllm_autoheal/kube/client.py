@@ -18,11 +18,17 @@ from kubernetes.client.rest import ApiException
 
 from .. import __version__
 from ..api import GROUP, PLURAL, VERSION
+from ..diagnosis.scan import GAP_LINE
 
 MERGE = "application/merge-patch+json"
 APPLY = "application/apply-patch+yaml"
 FIELD_MANAGER = "vllm-autoheal"
 APPLIED_HASH = f"{GROUP}/applied-hash"  # the manifest last applied, to skip a resync's no-op apply
+# A crashed container's log: its last lines, bounded in bytes (the kubelet may return a little more or less).
+LOG_TAIL_LINES = 4000
+LOG_MIN_TAIL_LINES = 60
+LOG_LIMIT_BYTES = 2 * 2**20
+LOG_LIMIT_SLACK = 64 * 2**10
 _CONFIGURED: dict[str, Any] = {}
 
 
@@ -158,24 +164,33 @@ class Kube:
     def patch_vsvc_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
         return self.request("PATCH", self.vsvc_path(namespace, name) + "/status", {"status": status}, MERGE)
 
-    def previous_log(
-        self, namespace: str, pod: str, container: str, tail_lines: int = 4000, limit_bytes: int = 2 * 2**20
-    ) -> str:
-        """The crashed container's own output (bounded): where the root cause of a vLLM crash is."""
-        try:
-            return self.request(
-                "GET",
-                f"/api/v1/namespaces/{namespace}/pods/{pod}/log",
-                query=[
-                    ("container", container),
-                    ("previous", "true"),
-                    ("tailLines", tail_lines),
-                    ("limitBytes", limit_bytes),
-                ],
-                raw=True,
-            )
-        except ApiException:
-            return ""
+    def previous_log(self, namespace: str, pod: str, container: str) -> str:
+        """The crashed container's own output (bounded), its end always: where the root cause of a vLLM
+        crash is. The kubelet keeps the first `limitBytes` of the last `tailLines`, so where those lines
+        overflow the limit (long request lines), fewer are asked for. A log that is not whole opens with
+        a gap line (`[...]`): what follows it may be the middle of a message (diagnosis reads it so)."""
+        lines, text = LOG_TAIL_LINES, ""
+        while True:
+            try:
+                text = self.request(
+                    "GET",
+                    f"/api/v1/namespaces/{namespace}/pods/{pod}/log",
+                    query=[
+                        ("container", container),
+                        ("previous", "true"),
+                        ("tailLines", lines),
+                        ("limitBytes", LOG_LIMIT_BYTES),
+                    ],
+                    raw=True,
+                )
+            except ApiException:
+                return ""
+            overflowed = len(text.encode()) >= LOG_LIMIT_BYTES - LOG_LIMIT_SLACK
+            if not overflowed or lines <= LOG_MIN_TAIL_LINES:
+                break
+            lines = max(LOG_MIN_TAIL_LINES, lines // 4)
+        cut = overflowed or text.count("\n") >= lines
+        return GAP_LINE + "\n" + text if cut and text else text
 
 
 @dataclass

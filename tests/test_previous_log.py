@@ -1,0 +1,54 @@
+"""The operator reads a crashed container's log through the kubelet, which keeps the first
+`limitBytes` of the last `tailLines`: the end of the log, where a vLLM crash's root cause is, must
+survive long lines, and a log that is not whole is marked so (its first lines may be the middle of a
+message, a client's)."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_autoheal.diagnosis import Signals, classify
+from vllm_autoheal.diagnosis.scan import GAP_LINE
+from vllm_autoheal.kube import client as kc
+
+
+class Kubelet(kc.Kube):
+    """A kubelet's log endpoint, as it serves tailLines and limitBytes, over `output`."""
+
+    def __init__(self, output: str) -> None:  # (no cluster: only the log endpoint is served)
+        self.output, self.asked = output, []
+
+    def request(self, method, path, body=None, content_type="", query=None, raw=False):
+        options = dict(query or [])
+        self.asked.append(options["tailLines"])
+        lines = self.output.splitlines(keepends=True)[-options["tailLines"] :]
+        return "".join(lines).encode()[: options["limitBytes"]].decode("utf-8", "replace")
+
+
+CRASH = "ERROR 12-01 10:00:09 [core.py:1] RuntimeError: CUDA error: an illegal memory access was encountered\n"
+
+
+def test_a_short_log_is_read_whole_and_unmarked():
+    output = "INFO 12-01 10:00:00 [core.py:1] starting\n" * 10 + CRASH
+    kube = Kubelet(output)
+    assert kube.previous_log("ns", "pod", "vllm") == output
+    assert kube.asked == [kc.LOG_TAIL_LINES]
+
+
+def test_the_end_survives_lines_too_long_for_the_byte_limit():
+    """4,000 request lines of 2 KiB overflow 2 MiB: the kubelet would keep their first 2 MiB and cut
+    the crash off. Fewer lines are asked for until the end fits."""
+    echo = "INFO 12-01 10:00:00 [logger.py:39] Received request cmpl-1: prompt: '" + "x" * 2000 + "'\n"
+    kube = Kubelet(echo * 6000 + CRASH)
+    log = kube.previous_log("ns", "pod", "vllm")
+    assert log.endswith(CRASH) and log.startswith(GAP_LINE + "\n")
+    assert kube.asked == [4000, 1000, 250]
+    assert classify(Signals(log=log)).subtype == "illegal_memory_access"
+
+
+@pytest.mark.parametrize("lines", [kc.LOG_TAIL_LINES, kc.LOG_TAIL_LINES + 1, 10 * kc.LOG_TAIL_LINES])
+def test_a_log_cut_at_its_head_opens_with_a_gap(lines):
+    output = "INFO 12-01 10:00:00 [core.py:1] step\n" * (lines - 1) + CRASH
+    log = Kubelet(output).previous_log("ns", "pod", "vllm")
+    assert log.startswith(GAP_LINE + "\n") and log.endswith(CRASH)
+    assert log.count("\n") == kc.LOG_TAIL_LINES + 1
