@@ -13,9 +13,13 @@ collector's prefix:
 
 A header is the same shape (digits, the level word, vLLM's logger and file names aside) on at
 least SHARE of the lines that carry one, and it names a vLLM logger or a vLLM file, or vLLM's own
-header follows it (so NCCL's `NCCL INFO` lines are no logger header). It must also open most of
-the lines before the log's first error: a client's text can sit in an exception's message, never
-there, so no client can teach the reader a header.
+header (or the engine's traceback) follows it (so NCCL's `NCCL INFO` lines are no logger header).
+A line that opens with vLLM's own header counts against it, also where a second header follows
+(a client's line in a request's report). It must also open most of the lines before the log's
+first error: a client's text can sit in an exception's message, never there, so no client can
+teach the reader a header (a wrapper's is taken without that only from a log pasted from its error
+on, which has no such lines: cutting it gives no line a header it did not have). Inside a message
+printed without a header, a learned header is no writer of its own (findings.mark_continuations).
 """
 
 from __future__ import annotations
