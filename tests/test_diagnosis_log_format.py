@@ -223,3 +223,25 @@ def test_nccls_own_info_lines_are_no_logger_header():
 )
 def test_the_shape_of_a_header(line, shape):
     assert shape_of(line) == shape
+
+
+GPU_LOGS = FIXTURES / "gpu" / "failure-logs"
+H200_CUSTOM = {  # the scenario (tests/gpu/failure_logs.sh, CUSTOM_LOGS=1) -> its cause, by construction
+    "kvlen": "kv_cache_insufficient",
+    "freemem": "gpu_util_exceeds_free",
+    "profile": "profiling_oom",
+}
+
+
+@pytest.mark.parametrize("name", sorted(H200_CUSTOM))
+def test_real_h200_failures_under_the_operators_format_read_as_their_cause(name):
+    """vLLM 0.25 on an H200 under `%(asctime)s - %(name)s - %(levelname)s - %(message)s` (each engine
+    line after its process prefix, `(EngineCore pid=N) 2026-... - vllm.v1.engine.core - ERROR - `): the
+    cause the scenario made, the same as its text log's, with the header learned."""
+    log = (GPU_LOGS / f"{name}-custom.log").read_text()
+    assert " - vllm.v1.engine.core - ERROR - " in log
+    d = classify(Signals(log=log))
+    text = classify(Signals(log=(GPU_LOGS / f"{name}.log").read_text()))
+    assert d.cause == H200_CUSTOM[name] == text.cause and d.subtype == text.subtype
+    failed = next(ln for ln in scan(log).lines if ln.text == "EngineCore failed to start.")
+    assert (failed.level, failed.source_file) == ("ERROR", "core.py")

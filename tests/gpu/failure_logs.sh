@@ -4,6 +4,8 @@
 #   bash tests/gpu/failure_logs.sh SCENARIO...     (scenarios below; logs in $OUT/NAME.log)
 #   JSON_LOGS=1 bash tests/gpu/failure_logs.sh ... (vLLM logs JSON records, as vLLM 0.32's
 #   --logging-config.formatter json writes them, through VLLM_LOGGING_CONFIG_PATH; logs in $OUT/NAME-json.log)
+#   CUSTOM_LOGS=1 bash tests/gpu/failure_logs.sh ... (vLLM's loggers under a Python logging format of the
+#   operator's own, `%(asctime)s - %(name)s - %(levelname)s - %(message)s`; logs in $OUT/NAME-custom.log)
 # Needs what tests/gpu/heal_runs.sh needs: vLLM 0.25 in $SITE (tests/gpu/payload.sh builds it, no network needed there) and the model folders of
 # tests/gpu/make_models.py in $MODELS. Plain `vllm serve`, no supervisor: the log is vLLM's alone.
 set -u
@@ -23,6 +25,17 @@ if [ "${JSON_LOGS:-0}" = 1 ]; then  # vLLM 0.32's json formatter (vllm/logging_u
  "formatters": {"json": {"class": "pythonjsonlogger.json.JsonFormatter",
    "format": "%(asctime)s %(levelname)s %(name)s %(processName)s %(process)d %(message)s"}},
  "handlers": {"vllm": {"class": "logging.StreamHandler", "formatter": "json", "level": "INFO", "stream": "ext://sys.stdout"}},
+ "loggers": {"vllm": {"handlers": ["vllm"], "level": "INFO", "propagate": false}}}
+JSON
+fi
+
+if [ "${CUSTOM_LOGS:-0}" = 1 ]; then  # a logging format of the operator's own (diagnosis/log_format.py)
+  SUFFIX=-custom
+  export VLLM_LOGGING_CONFIG_PATH=/tmp/vllm-custom-logging.json
+  cat > "$VLLM_LOGGING_CONFIG_PATH" <<'JSON'
+{"version": 1, "disable_existing_loggers": false,
+ "formatters": {"plain": {"format": "%(asctime)s - %(name)s - %(levelname)s - %(message)s"}},
+ "handlers": {"vllm": {"class": "logging.StreamHandler", "formatter": "plain", "level": "INFO", "stream": "ext://sys.stdout"}},
  "loggers": {"vllm": {"handlers": ["vllm"], "level": "INFO", "propagate": false}}}
 JSON
 fi
