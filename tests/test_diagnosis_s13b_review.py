@@ -138,11 +138,12 @@ def test_a_client_prefix_flood_forges_no_headerless_engine_line(base_name, prefi
 @pytest.mark.parametrize("prefix", CLIENT_PREFIXES)
 @pytest.mark.parametrize("base_name", BASES)
 def test_a_client_prefix_flood_forges_no_more_than_a_raw_header_does(base_name, prefix):
-    """The forged vLLM header under a cut prefix decides exactly what it decides without one (the known limit)."""
+    """The forged vLLM header under a cut prefix decides exactly what it decides without one (the known limit),
+    or nothing (session 14: a prefix the lines before the first error do not open is not learned)."""
     base = _base(base_name)
     raw = _diag(_with(base, ASGI + HEADER + OOM, "end"))
     crafted = _diag(_flooded(base, prefix, [HEADER + OOM]))
-    assert (crafted.cause, crafted.subtype) == (raw.cause, raw.subtype)
+    assert (crafted.cause, crafted.subtype) == (raw.cause, raw.subtype) or not crafted.is_memory
 
 
 # --- what held: corpus answers, srun labels, wrappers quoting a real OOM ------------------------------------

@@ -4,8 +4,23 @@ after it) and 643f4b7 (the fixes of the first review: FORGED lines are vLLM's ow
 request's report whose opening was left out, a learned header inside a headerless report, one group for a run,
 kube/client.previous_log asking fewer lines and prefixing `[...]` when the log is not whole).
 
-Each finding is an xfail(strict=True) test that FAILS on 643f4b7 and says what the classifier (or the operator's
-log read) does and what it should. Severity in brackets; "new" means 8fb0ed9 (the session's start) answered right
+Each finding was an xfail(strict=True) test that FAILED on 643f4b7 and said what the classifier (or the operator's
+log read) did and what it should. Outcome, in the same session:
+- 1 fixed: after a gap, a line whose header is a request handler's or the request logger's (whatever its words)
+  opens the cut report (scan.a_requests_file).
+- 2 fixed for the operator's window: a log whose earlier lines were not read opens with scan.HEAD_CUT_LINE, and
+  any writer's message the window cuts is then no one's (the window opens 4,000 lines before the end, far from the
+  crash). After a gap in the middle of a log (the launcher's, scan's, a paster's `[...]`) it stays a strict xfail, a
+  limit: a headerless line cannot be told from the engine's own raw output (a dying engine's traceback is headerless
+  too); making every headerless line after any gap no one's cost 20 train answers.
+- 3 fixed: lines are counted, not newlines (kube/client.previous_log).
+- 4 fixed: fewer lines down to one, then as many as fit (a few more calls, at most LOG_REFINE).
+- 5 is the price of the first review's fix 2, asserted as designed (below): behind a gap, a request's report is the
+  client's, the engine's OOM it may carry (V0) included.
+- 6 stays a strict xfail: the general rule now asks that its prefix open most lines before the first error where
+  there are MIN_LINES of them (collector._any_prefix), but the candidate lines kept from a long log's head are few,
+  and the VLLM_LOGGING_PREFIX rule learns the same prefix from the flood; either way the client only reaches s9's
+  limit, which it can reach by writing vLLM's header directly. Severity in brackets; "new" means 8fb0ed9 (the session's start) answered right
 on the same input, "older" means 8fb0ed9 already answered wrong (the fix of 643f4b7 is then incomplete).
 
 1. [critical, older: 643f4b7's fix 2 is incomplete] The gap rule (findings.mark_continuations: after a gap line, a
@@ -100,7 +115,7 @@ from pathlib import Path
 import pytest
 
 from vllm_autoheal.diagnosis import Signals, classify
-from vllm_autoheal.diagnosis.scan import GAP_LINE
+from vllm_autoheal.diagnosis.scan import GAP_LINE, HEAD_CUT_LINE
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_diagnosis_log_format import ASGI, reformatted  # noqa: E402
@@ -129,7 +144,6 @@ FIRST_LINES = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason="s14b-1: the gap rule only fires when the line after the gap is a REQUEST's")
 @pytest.mark.parametrize("first", sorted(FIRST_LINES))
 @pytest.mark.parametrize("base_name", sorted(FORGED_BASES))
 def test_after_a_gap_a_report_that_opens_on_a_user_looking_line_decides_nothing(base_name, first):
@@ -158,15 +172,25 @@ HEADERLESS_BASES = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason="s14b-2: after a gap, a headerless client line is the engine's own")
+MID_LOG_GAP = pytest.mark.xfail(
+    strict=True,
+    reason="s14b-2, a limit: after a gap in the middle of a log (the launcher's kept head and tail, scan's unread "
+    "middle, a paster's `[...]`), a headerless line cannot be told from the engine's own raw output (a dying engine's "
+    "traceback is headerless too); making it no one's cost 20 train answers",
+)
+
+
+@pytest.mark.parametrize("gap", [HEAD_CUT_LINE, pytest.param(GAP_LINE, marks=MID_LOG_GAP)], ids=["operator", "mid-log"])
 @pytest.mark.parametrize("base_name", sorted(HEADERLESS_BASES))
-def test_after_a_gap_a_headerless_clients_line_decides_nothing(base_name):
+def test_after_a_gap_a_headerless_clients_line_decides_nothing(base_name, gap):
+    """Fixed for the operator's window (its log opens with HEAD_CUT_LINE when its earlier lines were not read:
+    then any writer's message that the window cuts is no one's); a limit after a gap in the middle of a log."""
     base = HEADERLESS_BASES[base_name]()
 
     def log(last: str) -> str:
         # the window opens in the message of uvicorn's report (or of a logger.exception under logging.Formatter):
         # the client's lines are raw
-        return GAP_LINE + "\n" + "hello\n" * 50 + last + "\n" + base
+        return gap + "\n" + "hello\n" * 50 + last + "\n" + base
 
     harmless = classify(Signals(log=log("bye")))
     assert harmless.cause == "not_oom"
@@ -179,12 +203,11 @@ def test_after_a_gap_a_headerless_clients_line_decides_nothing(base_name):
 CRASH_NO_NEWLINE = "ERROR 12-01 10:00:09 [core.py:1] RuntimeError: CUDA error: an illegal memory access was encountered"
 
 
-@pytest.mark.xfail(strict=True, reason="s14b-3: a log cut at its head is not marked when its last line has no newline")
 def test_a_log_cut_at_its_head_whose_last_line_has_no_newline_opens_with_a_gap():
     output = "INFO 12-01 10:00:00 [core.py:1] step\n" * 5000 + CRASH_NO_NEWLINE
     log = Kubelet(output).previous_log("ns", "pod", "vllm")
     assert log.endswith(CRASH_NO_NEWLINE)
-    assert log.startswith(GAP_LINE + "\n")
+    assert log.startswith(HEAD_CUT_LINE + "\n")
 
 
 # --- 4. previous_log: the last 60 lines overflow limitBytes (medium, older) -----------------------------------
@@ -199,9 +222,6 @@ OOM_TRACEBACK = (
 )
 
 
-@pytest.mark.xfail(
-    strict=True, reason="s14b-4: the kubelet keeps the first 2 MiB of the last 60 lines: the crash is cut"
-)
 def test_the_end_survives_when_the_last_60_lines_overflow_the_byte_limit():
     ids = ", ".join(["12345"] * 16000)  # a 16k-token prompt's ids, as the request logger prints them
     echo = (
@@ -220,11 +240,12 @@ def test_the_end_survives_when_the_last_60_lines_overflow_the_byte_limit():
 
 
 # --- 5. A real V0 report carrying the engine's OOM, behind a gap (low, new) -----------------------------------
-@pytest.mark.xfail(strict=True, reason="s14b-5: behind a gap, the engine's OOM a V0 report carries is the client's")
-def test_a_real_v0_report_carrying_the_engines_oom_behind_a_gap_keeps_its_answer():
+def test_behind_a_gap_a_requests_report_is_the_clients_even_a_v0_one_carrying_the_engines_oom():
+    """Designed (finding 5): behind a gap line, a request's report whose opening was left out is the client's,
+    whatever it carries; as a paste (no gap) the corpus' rt-13100 keeps its answer."""
     log = _corpus("rt-13100-mistral-large")
     assert _key(classify(Signals(log=log))) == ("runtime_oom", "oom_in_serving")  # as a paste
-    assert _key(classify(Signals(log=GAP_LINE + "\n" + log))) == ("runtime_oom", "oom_in_serving")
+    assert classify(Signals(log=GAP_LINE + "\n" + log)).cause == "unknown"
 
 
 # --- 6. A client's stamped lines teach the general prefix rule a prefix (low, new) ----------------------------

@@ -37,7 +37,9 @@ _CONTAINER = r"[\w.-]{1,63} "
 _TASK = r"\s{0,6}\d{1,6}: "
 
 
-def prefix_of(lines: Iterable[str], structured: Callable[[str], bool]) -> re.Pattern[str] | None:
+def prefix_of(
+    lines: Iterable[str], structured: Callable[[str], bool], before: list[str] | None = None
+) -> re.Pattern[str] | None:
     """The prefix a collector put on the lines (a pattern matching it), or None. `structured(text)`
     says whether a line shows the engine's structure by itself (a header, a frame, a traceback's
     or exception's line). The last SAMPLE_LINES lines are judged: the failure is at the end."""
@@ -62,7 +64,7 @@ def prefix_of(lines: Iterable[str], structured: Callable[[str], bool]) -> re.Pat
         pattern = re.compile(prefix)
         if any((m := pattern.match(ln)) and structured(ln[m.end() :]) and not structured(ln) for ln in sample):
             return pattern
-    return None if short else _any_prefix(sample[-GENERIC_LINES:], structured)
+    return None if short else _any_prefix(sample[-GENERIC_LINES:], structured, before or [])
 
 
 # Any other collector or wrapper (a launcher's own logging format, a tool's tag): the same words,
@@ -75,7 +77,10 @@ _DIGITS = re.compile(r"\d+")
 _ENDS = re.compile(r"[\s:\]\)|>]")
 
 
-def _any_prefix(sample: list[str], structured: Callable[[str], bool]) -> re.Pattern[str] | None:
+def _any_prefix(sample: list[str], structured: Callable[[str], bool], before: list[str]) -> re.Pattern[str] | None:
+    """`before`: the lines before the log's first error, where no client's text can be: a prefix must
+    open most of them too (where there are MIN_LINES), so that a client's lines after it teach none."""
+    before = [x for x in before if x.strip()][-GENERIC_LINES:]
     if len(sample) < MIN_LINES or sum(map(structured, sample)) > len(sample) // 2:
         return None  # the engine's lines open with its own structure: no prefix before them
     counts: Counter[str] = Counter()
@@ -86,6 +91,8 @@ def _any_prefix(sample: list[str], structured: Callable[[str], bool]) -> re.Patt
         if n < SHARE * len(sample) or not shape.strip():
             continue
         pattern = re.compile("".join(r"\d+" if part == "0" else re.escape(part) for part in re.split("(0)", shape)))
+        if len(before) >= MIN_LINES and sum(pattern.match(ln) is not None for ln in before) < SHARE * len(before):
+            continue
         if any((m := pattern.match(ln)) and structured(ln[m.end() :]) and not structured(ln) for ln in sample):
             return pattern
     return None

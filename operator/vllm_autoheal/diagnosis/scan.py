@@ -33,6 +33,9 @@ HEAD_BYTES = 256 * 2**10
 TAIL_BYTES = 1 * 2**20
 RAW_TAIL_BYTES = 64 * 2**10  # every line here is kept, anchor or not (traceback frames)
 GAP_LINE = "[...]"  # stands for the middle of a long log, left unread (markers.py: a gap)
+# The first line of a log whose earlier lines were not read (the operator's window on a long log):
+# what follows may be the middle of anyone's message (findings.mark_continuations).
+HEAD_CUT_LINE = "[... earlier lines not read ...]"
 RAW_TAIL_LINES = 2000  # ... up to this many (a normal 64 KiB tail has a few hundred)
 
 ENGINE, USER, ACCESS, REQUEST = "engine", "user", "access", "request"
@@ -238,6 +241,13 @@ def structured(text: str) -> bool:
     return (found is not None and found.end() > 0) or _OWN_STRUCTURE.match(text) is not None
 
 
+def a_requests_file(source_file: str | None) -> bool:
+    """The logger header names a file that reports requests (the API server's handlers, the request
+    logger): whatever one of its lines says, the report is a request's."""
+    name = source_file.rsplit("/", 1)[-1] if source_file else ""
+    return bool(name) and (_REQUEST_FILES.match(name) is not None or _USER_FILES.match(name) is not None)
+
+
 def origin_of(text: str, source_file: str | None) -> str:
     """Who wrote a (normalized) line: the engine, a user (request/response echo), or the access log."""
     name = source_file.rsplit("/", 1)[-1] if source_file else ""
@@ -391,7 +401,9 @@ def scan(source: str | IO[str] | Iterable[str]) -> Scan:
             size += len(piece) + 1
         end = begin
     clean = {off: collector.unframed(_ANSI.sub("", merged[off])) for off in sorted(merged)}
-    prefix = collector.prefix_of(clean.values(), structured)
+    raw_texts = list(clean.values())
+    raw_error = next((i for i, t in enumerate(raw_texts) if _ERROR_TEXT.search(t)), len(raw_texts))
+    prefix = collector.prefix_of(raw_texts, structured, raw_texts[:raw_error])
     no_collector = {off: collector.cut(text, prefix, structured) for off, text in clean.items()}
     # (judged on the lines before the first exception, where a client's text cannot be (it is in an
     # exception's message, or a request line that carries the prefix too), and else on all: a

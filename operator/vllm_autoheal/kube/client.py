@@ -18,7 +18,7 @@ from kubernetes.client.rest import ApiException
 
 from .. import __version__
 from ..api import GROUP, PLURAL, VERSION
-from ..diagnosis.scan import GAP_LINE
+from ..diagnosis.scan import HEAD_CUT_LINE
 
 MERGE = "application/merge-patch+json"
 APPLY = "application/apply-patch+yaml"
@@ -26,7 +26,7 @@ FIELD_MANAGER = "vllm-autoheal"
 APPLIED_HASH = f"{GROUP}/applied-hash"  # the manifest last applied, to skip a resync's no-op apply
 # A crashed container's log: its last lines, bounded in bytes (the kubelet may return a little more or less).
 LOG_TAIL_LINES = 4000
-LOG_MIN_TAIL_LINES = 60
+LOG_REFINE = 4  # calls that look for the most lines that fit, once fewer did
 LOG_LIMIT_BYTES = 2 * 2**20
 LOG_LIMIT_SLACK = 64 * 2**10
 _CONFIGURED: dict[str, Any] = {}
@@ -167,30 +167,46 @@ class Kube:
     def previous_log(self, namespace: str, pod: str, container: str) -> str:
         """The crashed container's own output (bounded), its end always: where the root cause of a vLLM
         crash is. The kubelet keeps the first `limitBytes` of the last `tailLines`, so where those lines
-        overflow the limit (long request lines), fewer are asked for. A log that is not whole opens with
-        a gap line (`[...]`): what follows it may be the middle of a message (diagnosis reads it so)."""
-        lines, text = LOG_TAIL_LINES, ""
-        while True:
-            try:
-                text = self.request(
-                    "GET",
-                    f"/api/v1/namespaces/{namespace}/pods/{pod}/log",
-                    query=[
-                        ("container", container),
-                        ("previous", "true"),
-                        ("tailLines", lines),
-                        ("limitBytes", LOG_LIMIT_BYTES),
-                    ],
-                    raw=True,
-                )
-            except ApiException:
-                return ""
-            overflowed = len(text.encode()) >= LOG_LIMIT_BYTES - LOG_LIMIT_SLACK
-            if not overflowed or lines <= LOG_MIN_TAIL_LINES:
-                break
-            lines = max(LOG_MIN_TAIL_LINES, lines // 4)
-        cut = overflowed or text.count("\n") >= lines
-        return GAP_LINE + "\n" + text if cut and text else text
+        overflow the limit (long request lines), fewer are asked for, then as many as fit (a few more
+        calls, at most LOG_REFINE). A log that is not whole opens with a line that says so
+        (scan.HEAD_CUT_LINE): what follows it may be the middle of anyone's message (diagnosis reads it so)."""
+
+        def tail(lines: int) -> str | None:  # the last `lines` lines, or None where they overflow the limit
+            text = self.request(
+                "GET",
+                f"/api/v1/namespaces/{namespace}/pods/{pod}/log",
+                query=[
+                    ("container", container),
+                    ("previous", "true"),
+                    ("tailLines", lines),
+                    ("limitBytes", LOG_LIMIT_BYTES),
+                ],
+                raw=True,
+            )
+            return None if len(text.encode()) >= LOG_LIMIT_BYTES - LOG_LIMIT_SLACK else text
+
+        try:
+            lines, text, overflowing = LOG_TAIL_LINES, tail(LOG_TAIL_LINES), None
+            while text is None and lines > 1:
+                overflowing, lines = lines, max(1, lines // 4)
+                text = tail(lines)
+            above = overflowing or 0  # (the fewest lines known to overflow, once fewer were asked for)
+            for _ in range(LOG_REFINE if text is not None and above else 0):
+                middle = (lines + above) // 2
+                if middle <= lines:
+                    break
+                more = tail(middle)
+                if more is None:
+                    above = middle
+                else:
+                    lines, text = middle, more
+        except ApiException:
+            return ""
+        if text is None:
+            return ""  # (one line over the limit: nothing whole to read)
+        # (a process killed mid-line leaves its last line without a newline)
+        cut = overflowing is not None or text.count("\n") + (not text.endswith("\n")) >= lines
+        return HEAD_CUT_LINE + "\n" + text if cut and text else text
 
 
 @dataclass
