@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from vllm_autoheal.diagnosis import Signals, classify
-from vllm_autoheal.diagnosis.scan import HEAD_CUT_LINE
+from vllm_autoheal.diagnosis.scan import GAP_LINE
 from vllm_autoheal.kube import client as kc
 
 
@@ -41,7 +41,7 @@ def test_the_end_survives_lines_too_long_for_the_byte_limit():
     echo = "INFO 12-01 10:00:00 [logger.py:39] Received request cmpl-1: prompt: '" + "x" * 2000 + "'\n"
     kube = Kubelet(echo * 6000 + CRASH)
     log = kube.previous_log("ns", "pod", "vllm")
-    assert log.endswith(CRASH) and log.startswith(HEAD_CUT_LINE + "\n")
+    assert log.endswith(CRASH) and log.startswith(GAP_LINE + "\n")
     assert kube.asked[:3] == [4000, 1000, 250] and len(kube.asked) <= 3 + kc.LOG_REFINE
     kept = log.count("\n") - 1  # (the gap line aside)
     assert 250 < kept < 1000 and len(log.encode()) < kc.LOG_LIMIT_BYTES  # as many lines as fit, found in a few calls
@@ -52,5 +52,5 @@ def test_the_end_survives_lines_too_long_for_the_byte_limit():
 def test_a_log_cut_at_its_head_opens_with_a_gap(lines):
     output = "INFO 12-01 10:00:00 [core.py:1] step\n" * (lines - 1) + CRASH
     log = Kubelet(output).previous_log("ns", "pod", "vllm")
-    assert log.startswith(HEAD_CUT_LINE + "\n") and log.endswith(CRASH)
+    assert log.startswith(GAP_LINE + "\n") and log.endswith(CRASH)
     assert log.count("\n") == kc.LOG_TAIL_LINES + 1

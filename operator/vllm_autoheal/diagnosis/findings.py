@@ -33,7 +33,7 @@ from .placement import (
     LoggedMessage,
     Placement,
 )
-from .scan import ACCESS, ENGINE, GAP_LINE, HEAD_CUT_LINE, MATCH_CHARS, REQUEST, USER, Line, a_requests_file, process_of
+from .scan import ACCESS, ENGINE, GAP_LINE, MATCH_CHARS, REQUEST, USER, Line, a_requests_file, process_of
 
 # Kinds that name a failure: only an error the engine reported (not a progress or warning line,
 # not a request's own error) decides with them.
@@ -201,9 +201,7 @@ def mark_continuations(lines: list[Line]) -> None:
     # fatal exception (multiprocessing's `Process EngineCore_DP0:`): that process logs nothing after it,
     # so a line of it that opens with a logger header is the client's text (the grammar's newlines).
     dying = False
-    after_gap = head_cut = (
-        False  # the line before was a gap (`[...]`), ... the log's first, saying its earlier lines were not read
-    )
+    after_gap = False  # the line before was a gap (`[...]`): lines were left out there
 
     def same(a: tuple | None, b: tuple | None) -> bool:
         # (a re-print without any process prefix, the CPU engine's and every JSON-mode log's, names no
@@ -212,16 +210,14 @@ def mark_continuations(lines: list[Line]) -> None:
 
     for line in lines:
         text = line.text
-        if after_gap and (line.origin == REQUEST or a_requests_file(line.source_file) or head_cut):
-            # After a gap (the operator's tail of the log, the launcher's kept head and tail) a request's report
-            # may go on whose opening and exception line were left out: its lines, up to another writer's,
-            # are that exception's further lines (a client's), whatever they look like (the first one too:
-            # its header is the request handler's, its words may be a client's). After the line that says the log's
-            # earlier lines were not read (the operator's window on a long log opens 4,000 lines before its end, far
-            # from the crash) so is any writer's message, a headerless one too.
+        if after_gap and (line.origin == REQUEST or a_requests_file(line.source_file)):
+            # After a gap (the operator's window on a long log, the launcher's kept head and tail) a request's
+            # report may go on whose opening and exception line were left out: its lines, up to another writer's,
+            # are that exception's further lines (a client's), whatever they look like (the first one too: its
+            # header is the request handler's, its words may be a client's). (Any writer's message cut there is
+            # not: the window can open in the engine's own traceback, and the engine's lines must decide.)
             writer = request = _writer(line)
-        head_cut = line is lines[0] and text == HEAD_CUT_LINE
-        after_gap = text == GAP_LINE or head_cut
+        after_gap = text == GAP_LINE
         # A JSON record's lines inside a request's report that no logger headed: a raw line that parsed as
         # a record, as the client can write one there. They are the report's, and open or end nothing,
         # unless vLLM's stdout decorator put another process's prefix before the record (a client's line

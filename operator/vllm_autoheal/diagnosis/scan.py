@@ -33,9 +33,6 @@ HEAD_BYTES = 256 * 2**10
 TAIL_BYTES = 1 * 2**20
 RAW_TAIL_BYTES = 64 * 2**10  # every line here is kept, anchor or not (traceback frames)
 GAP_LINE = "[...]"  # stands for the middle of a long log, left unread (markers.py: a gap)
-# The first line of a log whose earlier lines were not read (the operator's window on a long log):
-# what follows may be the middle of anyone's message (findings.mark_continuations).
-HEAD_CUT_LINE = "[... earlier lines not read ...]"
 RAW_TAIL_LINES = 2000  # ... up to this many (a normal 64 KiB tail has a few hundred)
 
 ENGINE, USER, ACCESS, REQUEST = "engine", "user", "access", "request"
@@ -375,6 +372,8 @@ def scan(source: str | IO[str] | Iterable[str]) -> Scan:
     cut = head_text.rfind("\n") + 1 if len(head_text) >= HEAD_BYTES else len(head_text)
     for off, text in head_candidates(head_text[:cut]):
         merged[off] = text
+    if head_text.startswith(GAP_LINE + "\n"):  # (the operator's window on a long log: kube/client.previous_log)
+        merged[0] = GAP_LINE
     # Tail window: skip its first (partial) line unless it starts the input.
     start = 0 if tail_base == 0 else tail_text.find("\n") + 1
     tail_body = tail_text[start:]

@@ -18,7 +18,7 @@ from kubernetes.client.rest import ApiException
 
 from .. import __version__
 from ..api import GROUP, PLURAL, VERSION
-from ..diagnosis.scan import HEAD_CUT_LINE
+from ..diagnosis.scan import GAP_LINE
 
 MERGE = "application/merge-patch+json"
 APPLY = "application/apply-patch+yaml"
@@ -168,8 +168,8 @@ class Kube:
         """The crashed container's own output (bounded), its end always: where the root cause of a vLLM
         crash is. The kubelet keeps the first `limitBytes` of the last `tailLines`, so where those lines
         overflow the limit (long request lines), fewer are asked for, then as many as fit (a few more
-        calls, at most LOG_REFINE). A log that is not whole opens with a line that says so
-        (scan.HEAD_CUT_LINE): what follows it may be the middle of anyone's message (diagnosis reads it so)."""
+        calls, at most LOG_REFINE). A log that is not whole opens with a gap
+        line (`[...]`): a request's report that follows it may have lost its opening (diagnosis reads it so)."""
 
         def tail(lines: int) -> str | None:  # the last `lines` lines, or None where they overflow the limit
             text = self.request(
@@ -206,7 +206,7 @@ class Kube:
             return ""  # (one line over the limit: nothing whole to read)
         # (a process killed mid-line leaves its last line without a newline)
         cut = overflowing is not None or text.count("\n") + (not text.endswith("\n")) >= lines
-        return HEAD_CUT_LINE + "\n" + text if cut and text else text
+        return GAP_LINE + "\n" + text if cut and text else text
 
 
 @dataclass
