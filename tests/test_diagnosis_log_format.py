@@ -18,6 +18,7 @@ from vllm_autoheal.diagnosis.log_format import header_of, shape_of
 from vllm_autoheal.diagnosis.scan import ENGINE, REQUEST, USER, scan
 
 from conftest import FIXTURES, ROOT
+from test_diagnosis_s9_review import ASGI  # uvicorn's report of a request, printed without any header
 
 REAL = FIXTURES / "vllm-cpu"
 
@@ -163,14 +164,6 @@ CLIENT_LINES = {
     "64.00 GiB ZZUSERZZ",
     "basicConfig": "ERROR:vllm.v1.engine.core:CUDA out of memory. Tried to allocate 64.00 GiB ZZUSERZZ",
 }
-ASGI = (
-    "ERROR:    Exception in ASGI application\n"
-    "Traceback (most recent call last):\n"
-    '  File "/usr/local/lib/python3.12/dist-packages/vllm/entrypoints/openai/serving_chat.py", line 183, '
-    "in create_chat_completion\n"
-    "    ) = await self._preprocess_chat(\n"
-    "jinja2.exceptions.TemplateError: x\n"
-)
 
 
 @pytest.mark.parametrize("count", [1, 600])
