@@ -138,9 +138,10 @@ def header_of(
     """The log's own header, or None. `lines`: the log's lines (what follows their process prefixes is judged);
     `first_error`: the index of the first that shows an error; `vllm_header(text)`: the text opens
     with vLLM's own header; `structured(text)`: it opens with the engine's structure (a header,
-    a frame, an exception). The header must open most of the lines that carry one, both over the
-    last SAMPLE_LINES and before the first error (where no client's text can be: so a client's
-    lines in an exception's message can never make a header of their own)."""
+    a frame, an exception). The header must open most of the lines that carry one over the last
+    SAMPLE_LINES, and most of those before the first error (where no client's text can be: so a
+    client's lines in an exception's message can never make a header of their own); a wrapper's is
+    also taken from a log that has no line before its first error (a paste from the error on)."""
     lines = [_without_process(ln) for ln in lines]
     counts, own = _shapes([ln for ln in lines if ln.strip()][-SAMPLE_LINES:], vllm_header)
     if not counts:

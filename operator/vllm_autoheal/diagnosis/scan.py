@@ -188,14 +188,16 @@ def _strip_clean(
     raw = text
     rank = None
     source_file = level = None
+    learned = False
     for _ in range(6):  # prefixes nest: timestamp, service, process, level header
         if own is not None and (custom := own.pattern.match(text)):
             text = text[custom.end() :]
             if own.wraps_vllm:
                 continue  # a wrapper's header: vLLM's own follows
-            after = _PREFIXES.match(text)
-            forged = after is not None and after.end() > 0
-            return text.strip(), rank, FORGED if forged else log_format.source_of(custom), custom["level"], True
+            after = _PREFIXES.match(text)  # (another prefix after the header came in with user text, as below)
+            source_file = FORGED if after is not None and after.end() > 0 else log_format.source_of(custom)
+            level, learned = custom["level"], True
+            break
         m = _PREFIXES.match(text)
         if not m or m.end() == 0:
             break
@@ -218,7 +220,7 @@ def _strip_clean(
     if rank is None:
         t = _TP_RANK.search(raw[:80])
         rank = int(t.group(1)) if t else None
-    return text.strip(), rank, source_file, level, False
+    return text.strip(), rank, source_file, level, learned
 
 
 _ERROR_TEXT = re.compile(r"Traceback \(most recent|Exception in ASGI|\w(?:Error|Exception)\b")
