@@ -34,7 +34,10 @@ FRAME = re.compile(r'^(\s*)File "([^"]+)", line (\d+), in (\S+)\s*$')
 
 
 def each_line(prefix: str) -> Callable[[str], str]:
-    return lambda log: "".join(prefix + line + "\n" for line in log.splitlines())
+    """`prefix` before every line; `{s}` in it is the line's second (its number modulo 60), `{d}` its last digit."""
+    return lambda log: "".join(
+        prefix.format(s=f"{i % 60:02d}", d=i % 10) + line + "\n" for i, line in enumerate(log.splitlines())
+    )
 
 
 def stamped(log: str) -> str:
@@ -109,26 +112,12 @@ SHAPES: dict[str, Callable[[str], str]] = {
     "journald": each_line("Dec 01 12:00:00 gpu-node-3 vllm[41234]: "),
     "srun --label (task 3 of 16: padded)": each_line(" 3: "),
     "a quoted paste": each_line("> "),
-    "a launcher's prefix no rule names (`<job-7 12:00:0N> `)": lambda log: "".join(
-        f"<job-7 12:00:0{i % 10}> {line}\n" for i, line in enumerate(log.splitlines())
-    ),
+    "a launcher's prefix no rule names (`<job-7 12:00:0N> `)": each_line("<job-7 12:00:0{d}> "),
     # log shippers' exports: a timestamp, then the shipper's own tags
-    "journalctl -o short-iso": lambda log: "".join(
-        f"2026-12-01T10:00:{i % 60:02d}+0000 gpu-node-3 vllm[41234]: {line}\n"
-        for i, line in enumerate(log.splitlines())
-    ),
-    "Loki's logcli query": lambda log: "".join(
-        f'2026-12-01T10:00:{i % 60:02d}Z {{app="vllm", pod="vllm-7d9f8c-x2x4q"}} {line}\n'
-        for i, line in enumerate(log.splitlines())
-    ),
-    "aws logs tail (CloudWatch)": lambda log: "".join(
-        f"2026-12-01T10:00:{i % 60:02d}.000000+00:00 vllm/vllm/3f2a9c {line}\n"
-        for i, line in enumerate(log.splitlines())
-    ),
-    "stern --timestamps": lambda log: "".join(
-        f"vllm-7d9f8c-x2x4q vllm 2026-12-01T10:00:{i % 60:02d}.000000000Z {line}\n"
-        for i, line in enumerate(log.splitlines())
-    ),
+    "journalctl -o short-iso": each_line("2026-12-01T10:00:{s}+0000 gpu-node-3 vllm[41234]: "),
+    "Loki's logcli query": each_line('2026-12-01T10:00:{s}Z {{app="vllm", pod="vllm-7d9f8c-x2x4q"}} '),
+    "aws logs tail (CloudWatch)": each_line("2026-12-01T10:00:{s}.000000+00:00 vllm/vllm/3f2a9c "),
+    "stern --timestamps": each_line("vllm-7d9f8c-x2x4q vllm 2026-12-01T10:00:{s}.000000000Z "),
     "k9s's log view": k9s,
     "a node's docker json-file": docker_json,
     "vLLM's JSON records (--logging-config.formatter json)": as_json_records,

@@ -196,16 +196,22 @@ TORCH_OOM = (
 )
 
 
+def _cut_window(chat: str, base: str, after: int, last: str, opening: tuple[str, ...] = ()) -> str:
+    """A log as the operator passes one whose tail was cut at its head (after a gap line, kube/client.previous_log):
+    it opens inside a client's report (`opening`: the client's first lines there), then the base's crash, then,
+    where `after`, one more report of the client's."""
+    before = ["[...]"] + _report(chat, [*opening, *["hello"] * 50, last])[5:]
+    later = _report(chat, ["bye"]) if after else []
+    return "\n".join(before) + "\n" + base + ("\n".join(later) + "\n" if later else "")
+
+
 @pytest.mark.parametrize("base_name", sorted(FORGED_BASES))
 def test_a_window_that_opens_inside_a_clients_report_does_not_let_its_lines_decide(base_name):
     make, chat, _, after = FORGED_BASES[base_name]
     base = make()
 
     def log(last: str) -> str:
-        # (as the operator passes a log its tail cut at the head: after a gap line, kube/client.previous_log)
-        before = ["[...]"] + _report(chat, ["hello"] * 50 + [last])[5:]
-        later = _report(chat, ["bye"]) if after else []
-        return "\n".join(before) + "\n" + base + ("\n".join(later) + "\n" if later else "")
+        return _cut_window(chat, base, after, last)
 
     harmless = classify(Signals(log=log("bye")))
     assert harmless.cause == "not_oom"

@@ -124,9 +124,9 @@ from test_diagnosis_s14_review import (  # noqa: E402
     PAYLOADS,
     TORCH_OOM,
     _corpus,
+    _cut_window,
     _illegal_access,
     _key,
-    _report,
 )
 from test_previous_log import Kubelet  # noqa: E402
 
@@ -151,9 +151,7 @@ def test_after_a_gap_a_report_that_opens_on_a_user_looking_line_decides_nothing(
 
     def log(last: str) -> str:
         # the window opens inside the client's report (its opening cut), on a line the client chose
-        before = [GAP_LINE] + _report(chat, [FIRST_LINES[first]] + ["hello"] * 50 + [last])[5:]
-        later = _report(chat, ["bye"]) if after else []
-        return "\n".join(before) + "\n" + base + ("\n".join(later) + "\n" if later else "")
+        return _cut_window(chat, base, after, last, opening=(FIRST_LINES[first],))
 
     harmless = classify(Signals(log=log("bye")))
     assert harmless.cause == "not_oom"

@@ -73,6 +73,21 @@ def _clean(d) -> bool:
     return "ZZUSERZZ" not in json.dumps(d.to_dict())
 
 
+def _decides_nothing_through_previous_log(output) -> None:
+    """`output(last)`: a container's whole output, the client's line `last` in it; read as the operator reads it
+    (a 4,000-line window, opening with a gap line), the client's torch OOM changes nothing and is never quoted."""
+    logs = {}
+    for last in ("bye", TORCH_OOM):
+        kube = Kubelet(output(last))
+        logs[last] = kube.previous_log("ns", "pod", "vllm")
+        assert kube.asked == [4000] and logs[last].startswith(GAP_LINE + "\n")
+    harmless = classify(Signals(log=logs["bye"]))
+    assert _key(harmless) == ("not_oom", "illegal_memory_access")
+    crafted = classify(Signals(log=logs[TORCH_OOM]))
+    assert _key(crafted) == _key(harmless)
+    assert _clean(crafted)
+
+
 # --- 1. The head cut is dropped by scan on the operator's real window (critical, older) ------------------------
 @pytest.mark.xfail(
     strict=True,
@@ -94,16 +109,7 @@ def test_through_previous_log_a_headerless_clients_line_in_a_4000_line_window_de
             + base
         )
 
-    logs = {}
-    for last in ("bye", TORCH_OOM):
-        kube = Kubelet(output(last))
-        logs[last] = kube.previous_log("ns", "pod", "vllm")
-        assert kube.asked == [4000] and logs[last].startswith(GAP_LINE + "\n")
-    harmless = classify(Signals(log=logs["bye"]))
-    assert _key(harmless) == ("not_oom", "illegal_memory_access")
-    crafted = classify(Signals(log=logs[TORCH_OOM]))  # on a1fb98b: runtime_oom, ZZUSERZZ in its evidence
-    assert _key(crafted) == _key(harmless)
-    assert _clean(crafted)
+    _decides_nothing_through_previous_log(output)  # on a1fb98b: runtime_oom, ZZUSERZZ in its evidence
 
 
 @pytest.mark.xfail(
@@ -201,13 +207,4 @@ def test_through_previous_log_a_request_handlers_report_in_a_4000_line_window_de
         report = "".join(chat + x + "\n" for x in ["hello"] * 2500 + [last] + ["hello"] * 1300)
         return "INFO 12-01 10:00:00 [core.py:1] step\n" * 100 + report + base
 
-    logs = {}
-    for last in ("bye", TORCH_OOM):
-        kube = Kubelet(output(last))
-        logs[last] = kube.previous_log("ns", "pod", "vllm")
-        assert kube.asked == [4000] and logs[last].startswith(GAP_LINE + "\n")
-    harmless = classify(Signals(log=logs["bye"]))
-    assert _key(harmless) == ("not_oom", "illegal_memory_access")
-    crafted = classify(Signals(log=logs[TORCH_OOM]))
-    assert _key(crafted) == _key(harmless)
-    assert _clean(crafted)
+    _decides_nothing_through_previous_log(output)
