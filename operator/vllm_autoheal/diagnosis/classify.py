@@ -34,7 +34,6 @@ from .findings import (
     served_before,
 )
 from .last_resort import last_words
-from .outlived import outlived
 from .phase import OOM_CAUSE_BY_PHASE, phase_of_failure
 from .scan import ENGINE, MATCH_CHARS, REQUEST, Line, scan
 
@@ -123,15 +122,12 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
     # What may decide: the engine's own lines; failure kinds only where it reported an error.
     # A warning, or a request's own error (a 400), is a last resort: it may say "not memory" when
     # nothing else in the log says anything, never more.
-    findings, survived = outlived(
-        found,
-        [
-            f
-            for f in found
-            if not (f.message.kind in FAILURE_KINDS and (f.line.informational or f.last_resort))
-            and (f.line.origin == ENGINE or f.message.kind != msg.NOT_OOM)
-        ],
-    )
+    findings = [
+        f
+        for f in found
+        if not (f.message.kind in FAILURE_KINDS and (f.line.informational or f.last_resort))
+        and (f.line.origin == ENGINE or f.message.kind != msg.NOT_OOM)
+    ]
     kept = {id(f) for f in findings}
     # A warning after which the engine reached a further milestone was not what stopped it (vLLM's
     # "No available shared memory broadcast block found in 60 seconds" during a long compile).
@@ -146,8 +142,6 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
     diag = m.Diagnosis(source=source)
     if ignored:
         diag.notes.append(f"{ignored} request/response or access line(s) ignored: they carry user text")
-    if survived:
-        diag.notes.append(f"{survived} failure line(s) set aside: the server came up or served after them")
     device_gib = ar.device_gib(signals, findings)
 
     def done(

@@ -5,7 +5,7 @@ They place a failure; they never name one. Standard library only."""
 from __future__ import annotations
 
 from . import model as m
-from .pattern import BUDGET, FIGURE, FRAME, GAP, MILESTONE, NUM, SERVER_UP, SIZE, STARTING, WB, WEAK, Message
+from .pattern import BUDGET, FIGURE, FRAME, GAP, MILESTONE, NUM, SIZE, STARTING, WB, WEAK, Message
 from .pattern import row as _m
 
 # The class a notebook's traceback (IPython 8) names before a frame's function: `in Worker.load_model(self)`.
@@ -179,15 +179,11 @@ MARKERS: tuple[Message, ...] = (
         r"Memory profiling takes",
         phase=m.PHASE_KV,
     ),
-    _m(MILESTONE, r"Graph capturing finished in|Starting vLLM API server", phase=m.PHASE_SERVING),
-    # The whole server is up, or served: printed once every rank's start-up succeeded, never by one
-    # rank alone (each rank prints its own graph capture).
     _m(
         MILESTONE,
-        r"init engine \(profile, create kv cache, warmup model\) took|Application startup complete|"
-        r"Uvicorn running on|Avg prompt throughput",
+        r"Graph capturing finished in|init engine \(profile, create kv cache, warmup model\) took|"
+        r"Application startup complete|Uvicorn running on|Avg prompt throughput|Starting vLLM API server",
         phase=m.PHASE_SERVING,
-        subtype=SERVER_UP,
     ),
     # A line that only says lines were left out (a pasted excerpt): the milestones before it are
     # a lower bound of how far the engine got, not where it failed.

@@ -28,7 +28,6 @@ from .pattern import (  # noqa: F401 - the kinds are read as messages.KIND by th
     NCCL_OOM,
     NOT_OOM,
     OOM,
-    SERVER_UP,
     SIZE,
     STARTING,
     SYSTEMD_UNIT,

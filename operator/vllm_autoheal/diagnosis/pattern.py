@@ -23,7 +23,6 @@ STARTING = "starting"  # the engine failed while starting (it never served)
 GAP = "gap"  # lines left out here (an excerpt's "[...]"): how far the engine got after it is not known
 BUDGET = "budget"  # start-up figures showing no room for any KV cache: decide kv_cache_insufficient
 FIGURE = "figure"  # numbers only
-SERVER_UP = "server_up"  # a MILESTONE subtype: the whole server started, or served
 WEAK = "weak"  # a FRAME subtype: on more than one phase's path
 
 
