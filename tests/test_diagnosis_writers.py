@@ -1,0 +1,148 @@
+"""Which process wrote a line (diagnosis/writers.py): a GPU memory failure on a raw line of vLLM's API server,
+where the engine runs in processes of its own, is a client's text in a request's report, never the engine's.
+
+vLLM V1 prefixes every line each of its processes writes (`(APIServer pid=1)`, `(EngineCore_DP0 pid=2)`, `(VllmWorker
+TP0 pid=3)`), a web framework's report and the newlines of a client's text in it included. The operator's window on a
+long log may open inside such a report, whose opening line then is gone: without the writer, the client's raw
+`torch.OutOfMemoryError ...` read as the engine's (s15-3). On the corpus the rule changes no answer.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from vllm_autoheal.diagnosis import Signals, classify
+from vllm_autoheal.diagnosis.scan import GAP_LINE, scan
+from vllm_autoheal.diagnosis.writers import engine_apart, writer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_diagnosis_s14_review import _illegal_access  # noqa: E402
+
+GPU = Path(__file__).resolve().parent / "fixtures" / "gpu" / "failure-logs"
+API = "(APIServer pid=2320) "
+USER = "ZZUSERZZ"
+KV = (
+    "ValueError: To serve at least one request with the model's max seq len (131072), (16.0 GiB KV cache is needed, "
+    "which is larger than the available KV cache memory (1.00 GiB). Based on the available memory, the estimated "
+    "maximum model length is 8192. Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when "
+    "initializing the engine. "
+)
+QUOTES = {  # each GPU memory cause's message, as a client's text quotes it
+    "torch-oom": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 64.00 GiB. GPU 0 has a total "
+    "capacity of 139.80 GiB of which 1.00 GiB is free. " + USER,
+    "kv-length": KV + USER,
+    "free-memory": "ValueError: Free memory on device (10.0/139.8 GiB) on startup is less than desired GPU memory "
+    "utilization (0.9, 125.8 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes. "
+    + USER,
+    "nccl-oom": "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled cuda "
+    "error, NCCL version 2.21.5 ncclUnhandledCudaError: Call to CUDA function failed. Last error: Cuda failure "
+    "'out of memory' " + USER,
+}
+
+
+def _key(d) -> tuple:
+    return d.cause, d.subtype
+
+
+def _clean(d) -> bool:
+    return USER not in json.dumps(d.to_dict())
+
+
+def _window(quote: str, base: str) -> str:
+    """The operator's window opens in uvicorn's report of a client's request (its opening cut): the client's lines,
+    prefixed by the API server as V1 prints them; then the rest of a real log."""
+    return GAP_LINE + "\n" + (API + "hello\n") * 50 + API + quote + "\n" + base
+
+
+def _tail(name: str, first: str) -> str:
+    """A real log from its line holding `first` on (no start-up: the window of a server that served a while)."""
+    lines = (GPU / name).read_text().splitlines(keepends=True) if name.endswith(".log") else name.splitlines(True)
+    return "".join(lines[next(i for i, ln in enumerate(lines) if first in ln) :])
+
+
+@pytest.mark.parametrize("quote", sorted(QUOTES))
+def test_after_a_gap_an_api_servers_raw_memory_error_does_not_turn_a_real_crash_into_memory(quote):
+    base = _tail(_illegal_access(), "[dump_input.py:")  # a real H200 log, its final error an illegal memory access
+    harmless = classify(Signals(log=_window("bye", base)))
+    assert _key(harmless) == ("not_oom", "illegal_memory_access")
+    crafted = classify(Signals(log=_window(QUOTES[quote], base)))
+    assert _key(crafted) == _key(harmless)
+    assert _clean(crafted)
+
+
+@pytest.mark.parametrize("quote", sorted(QUOTES))
+def test_after_a_gap_an_api_servers_raw_memory_error_does_not_change_a_real_ooms_answer(quote):
+    base = _tail("runtime.log", "[dump_input.py:")  # a real serving OOM on an H200 (vLLM 0.25)
+    want = classify(Signals(log=base))
+    assert _key(want) == ("runtime_oom", "oom_in_serving")
+    crafted = classify(Signals(log=_window(QUOTES[quote], base)))
+    assert _key(crafted) == _key(want) and crafted.numbers == want.numbers
+    assert _clean(crafted)
+
+
+@pytest.mark.parametrize(
+    ("name", "want"),
+    [("port.log", "not_oom"), ("maxlen.log", "not_oom"), ("batched.log", "not_oom"), ("missing.log", "not_oom")],
+)
+def test_the_api_servers_own_raw_errors_still_decide(name, want):
+    # real H200 failures the API server printed raw: a busy port, bad flags, a missing model
+    assert classify(Signals(log=(GPU / name).read_text())).cause == want
+
+
+def test_the_engines_raw_lines_still_decide_under_every_prefix():
+    # the engine core's raw re-print (`Process EngineCore:` and its traceback) of a real KV failure; under Ray the
+    # driver's prefix comes first, the actor's last: the writer is the innermost
+    log = (GPU / "kvlen.log").read_text()
+    want = classify(Signals(log=log))
+    assert want.cause == "kv_cache_insufficient"
+    nested = log.replace("(EngineCore pid=744) ", API + "(EngineCore pid=744) ")
+    assert _key(classify(Signals(log=nested))) == _key(want)
+
+
+def test_a_kv_check_raised_in_the_api_servers_process_decides_where_only_workers_run_apart():
+    # the engine core in the API server's process (VLLM_ENABLE_V1_MULTIPROCESSING=0), its workers apart: vLLM's KV
+    # check is raised, raw, in the API server's process
+    log = (
+        "(VllmWorker TP0 pid=3) INFO 12-01 10:00:00 [gpu_worker.py:1] Available KV cache memory: 1.00 GiB\n"
+        + API
+        + "Traceback (most recent call last):\n"
+        + API
+        + '  File "/usr/lib/vllm/v1/core/kv_cache_utils.py", line 1, in check_enough_kv_cache_memory\n'
+        + API
+        + KV
+        + "\n"
+    )
+    assert classify(Signals(log=log)).cause == "kv_cache_insufficient"
+    # with an engine core of its own, the same raw line of the API server's is no engine's
+    apart = "(EngineCore_DP0 pid=2) INFO 12-01 10:00:00 [core.py:1] starting\n" + log
+    assert classify(Signals(log=apart)).cause != "kv_cache_insufficient"
+
+
+@pytest.mark.parametrize(
+    ("raw", "name"),
+    [
+        ("(APIServer pid=1) hello", "APIServer"),
+        ("(APIServer pid=1) (DPEngineCoreActor pid=2) hello", "DPEngineCoreActor"),
+        ("(VllmWorker TP0 pid=3) INFO 12-01 10:00:00 [gpu_worker.py:1] hi", "VllmWorker"),
+        ("(RayWorkerWrapper pid=5, ip=10.0.0.1) hello", "RayWorkerWrapper"),
+        ("hello (APIServer pid=1) later on the line", ""),
+        ("hello", ""),
+    ],
+)
+def test_the_writer_is_the_innermost_process_prefix_before_the_text(raw, name):
+    (line,) = scan(raw + "\n").lines
+    assert writer(line) == name
+
+
+def test_which_parts_run_apart():
+    def parts(*raws: str) -> frozenset[str]:
+        return engine_apart(scan("".join(r + "\n" for r in raws)).lines)
+
+    assert parts("(APIServer pid=1) a", "plain") == frozenset()
+    assert parts("(APIServer pid=1) a", "(VllmWorker TP0 pid=3) b") == {"model"}
+    assert parts("(APIServer pid=1) a", "(EngineCore_DP0 pid=2) b") == {"model", "core"}
+    assert parts("(ApiServer_1 pid=1) a") == frozenset()
