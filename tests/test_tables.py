@@ -10,6 +10,7 @@ from typing import get_args
 import pytest
 from pydantic import ValidationError
 
+import vllm_autoheal
 from vllm_autoheal import remedy
 from vllm_autoheal.api import (
     ALL_ACTIONS,
@@ -19,6 +20,7 @@ from vllm_autoheal.api import (
     RecordedAction,
 )
 from vllm_autoheal.diagnosis.model import CAUSES, EXPLANATIONS, Cause, Diagnosis, EnginePhase
+from vllm_autoheal.remedy import steps
 from vllm_autoheal.report import ADVICE
 
 
@@ -28,9 +30,9 @@ def test_every_cause_has_an_entry_and_nothing_else(table):
 
 
 def _emitted_actions() -> set[str]:
-    """Every action name a Remedy is built with in remedy.py (the first argument of Remedy(...),
+    """Every action name a Remedy is built with in remedy/steps.py (the first argument of Remedy(...),
     or the `action` argument of a _halve(...) step), read from the source so a new step is seen."""
-    tree = ast.parse(inspect.getsource(remedy))
+    tree = ast.parse(inspect.getsource(steps))
     names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
@@ -81,7 +83,7 @@ def test_one_set_of_byte_units():
     import pathlib
     import re
 
-    package = pathlib.Path(remedy.__file__).parent
+    package = pathlib.Path(vllm_autoheal.__file__).parent
     offenders = [
         f"{p.relative_to(package)}:{n}"
         for p in package.rglob("*.py")

@@ -1,136 +1,25 @@
-"""Owns heal planning: plan_heal(spec, diagnosis, history, inventory) -> Remedy, the one flag change that should fit.
-
-Pure. Each cause has an ordered list of actions (PLANS); the first one
-that is allowed, not already tried for this cause, applicable to what is known, and
-let through by the safety gate (remedy_gate.py) wins. Sizes come from the numbers vLLM printed
-(estimated maximum model length, free/total GiB, tried-to-allocate) and from the
-memory model when it printed none. Blind stepping is the last resort, never the
-first: a model load costs minutes on a real GPU.
-"""
+"""The steps a heal plan is made of: each sizes one change for a crash from vLLM's figures or the
+memory model, or returns None when it does not apply. Which step serves which cause is plan.py's PLANS."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Collection
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from collections.abc import Callable
 
-from .api import EngineArgs, HealPolicy, VLLMServiceSpec
-from .diagnosis import Diagnosis
-from .diagnosis.model import Cause
-from .diagnosis.units import GIB, MIB
-from .engine import BY_FIELD, parse_args
-from .gpu_catalog import GpuSpec
-from .memory import (
+from ..diagnosis.units import GIB, MIB
+from ..gpu_catalog import GpuSpec
+from ..memory import (
     BLOCK_SIZE,
     CUDA_CONTEXT_GIB,
     CUDAGRAPH_GIB,
-    ModelShape,
     default_max_num_batched_tokens,
     default_max_num_seqs,
     estimate,
 )
-from .quantity import format_bytes, parse_quantity
-from .remedy_gate import Limits, check, utilization_floor
+from ..quantity import format_bytes, parse_quantity
+from .model import Context, Remedy, Step
 
-# Raising the memory limit again is a new, larger value each time (VPA bumps on every OOM).
-REPEATABLE = {"RaiseMemoryLimit"}
-NO_CHANGE = "NoChange"
-GIVE_UP = "GiveUp"
 VPA_RATIO, VPA_MIN_BUMP = 1.2, 100 * MIB  # Kubernetes VPA's OOM bump (DefaultOOMBumpUpRatio/MinBumpUp)
-
-
-@dataclass
-class Inventory:
-    """What is known about where the engine runs; every field may be unknown."""
-
-    gpu_total_gib: float | None = None
-    gpu_free_gib: float | None = None  # free before vLLM starts (other processes excluded)
-    shape: ModelShape | None = None
-    memory_limit_bytes: int | None = None  # the container's limit (host RAM)
-    entrypoint: str = "server"
-
-
-@dataclass
-class Remedy:
-    action: str
-    changes: dict[str, Any] = field(default_factory=dict)  # EngineArgs field (or memory_limit/model) -> value
-    reason: str = ""
-    expected: str = ""
-
-    @property
-    def gives_up(self) -> bool:
-        return self.action in (NO_CHANGE, GIVE_UP)
-
-    def flags(self) -> str:
-        out = []
-        for key, value in self.changes.items():
-            flag = BY_FIELD.get(key)
-            if flag is None:
-                out.append(f"{key}={value}")
-            elif flag.kind is bool:
-                out.append(flag.cli if value else f"--no-{flag.cli[2:]}")
-            else:
-                out.append(f"{flag.cli} {value}")
-        return " ".join(out)
-
-    def summary(self) -> str:
-        if self.gives_up:
-            return f"{self.action}: {self.reason}"
-        text = f"{self.action}: {self.flags()} - {self.reason}"
-        return text + (f" Expected: {self.expected}" if self.expected else "")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def apply(self, engine: EngineArgs) -> EngineArgs:
-        return engine.model_copy(update={k: v for k, v in self.changes.items() if k in EngineArgs.model_fields})
-
-
-@dataclass
-class Context:
-    spec: VLLMServiceSpec
-    engine: EngineArgs
-    diag: Diagnosis
-    inv: Inventory
-    limits: Limits
-
-    @property
-    def policy(self) -> HealPolicy:
-        return self.spec.heal
-
-    @property
-    def floor(self) -> float:
-        """The lowest utilization a heal may set (an explicit bound, else the model's need)."""
-        return self.limits.floor
-
-    def num(self, key: str) -> float | None:
-        return _number(self.diag, key)
-
-    @property
-    def total(self) -> float | None:
-        # vLLM's own figure first: NVML's total (140.40 GiB on an H200) is not torch's (139.80).
-        return self.num("total_gib") or self.num("gpu_total_gib") or self.inv.gpu_total_gib
-
-    def free_for_vllm(self) -> float | None:
-        """GPU memory vLLM can ask for: what is free, less its CUDA context and graph headroom."""
-        free = self.inv.gpu_free_gib
-        if free is None and self.total and self.diag.cause != "gpu_util_exceeds_free":
-            free = self.total  # a Kubernetes GPU is the pod's alone
-        if free is None:
-            return None
-        return free - CUDA_CONTEXT_GIB - (0 if self.engine.enforce_eager else CUDAGRAPH_GIB)
-
-
-Step = Callable[[Context], "Remedy | None"]
-
-
-def _number(diag: Diagnosis, key: str) -> float | None:
-    """A figure vLLM printed, when it is a plausible one (finite, not negative)."""
-    value = diag.numbers.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) and value >= 0 else None
 
 
 def _util(value: float, down: bool = True) -> float:
@@ -140,19 +29,6 @@ def _util(value: float, down: bool = True) -> float:
 
 def _len(value: float) -> int:
     return int(value // BLOCK_SIZE) * BLOCK_SIZE
-
-
-def _expect(ctx: Context, changes: dict[str, Any]) -> str:
-    """The memory model's verdict on the changed flags, when it knows the model and GPU."""
-    if ctx.inv.shape is None or not ctx.total:
-        return ""
-    after = ctx.engine.model_copy(update={k: v for k, v in changes.items() if k in EngineArgs.model_fields})
-    est = estimate(ctx.inv.shape, after, GpuSpec("gpu", ctx.total), ctx.inv.gpu_free_gib, ctx.inv.entrypoint)
-    verdict = "fits" if est.fits else f"still fails: {'; '.join(est.reasons)}"
-    return (
-        f"KV cache {est.kv_cache_gib:.2f} GiB holds {est.kv_tokens:,} tokens for max_model_len "
-        f"{est.max_model_len:,} ({verdict})."
-    )
 
 
 def raise_utilization_for_kv(ctx: Context) -> Remedy | None:
@@ -485,167 +361,3 @@ def shrink_kv_bytes(ctx: Context) -> Remedy | None:
         {"kv_cache_memory_bytes": new},
         f"host RAM ran out; the KV cache {format_bytes(kv)} -> {format_bytes(new)}.",
     )
-
-
-# Every cause has a row; an empty one means no change is ever made for it.
-PLANS: dict[Cause, list[Step]] = {
-    Cause.KV_CACHE_INSUFFICIENT: [
-        raise_utilization_for_kv,
-        lower_max_model_len,
-        raise_utilization_blind,
-        fp8_kv_cache,
-        more_tensor_parallel,
-    ],
-    Cause.GPU_UTIL_EXCEEDS_FREE: [fit_utilization_to_free, fit_kv_bytes_to_free, lower_utilization_step],
-    Cause.WEIGHTS_LOAD_OOM: [quantized_model, more_tensor_parallel, cpu_offload],
-    Cause.PROFILING_OOM: [seqs_from_allocation, lower_seqs, lower_batched, lower_utilization_step],
-    Cause.CUDAGRAPH_CAPTURE_OOM: [room_for_graphs, enforce_eager, lower_utilization_step],
-    Cause.RUNTIME_OOM: [lower_utilization_step, lower_seqs, lower_batched],
-    Cause.MULTI_GPU_OOM: [lower_max_model_len, lower_utilization_step, enforce_eager],
-    Cause.HOST_RAM_OOM: [raise_memory_limit, lower_cpu_offload, shrink_kv_bytes],
-    Cause.NOT_OOM: [],
-    Cause.UNKNOWN: [],
-}
-
-
-def plan_heal(
-    spec: VLLMServiceSpec,
-    diagnosis: Diagnosis,
-    history: list[dict[str, Any]] | None = None,
-    inventory: Inventory | None = None,
-    engine: EngineArgs | None = None,
-    *,
-    attempts: int | None = None,
-    failed: Collection[str] = (),
-    model: str | None = None,
-    memory_limit: str | None = None,
-    exclude: Collection[str] = (),
-) -> Remedy:
-    """The next change for this crash. `history`: earlier heals as {cause, action, ...};
-    `engine`, `model`, `memory_limit`: what is deployed now (default: the spec's); `attempts`: heals
-    so far (default: those in history); `failed`: fingerprints of settings that crashed of memory;
-    `exclude`: actions not to take now (e.g. those that need more resources than can be scheduled)."""
-    history = history or []
-    inv = inventory or Inventory()
-    engine = engine or spec.engine
-    model = model or spec.model
-    memory_limit = memory_limit if memory_limit is not None else spec.resources.limits.memory
-    if diagnosis.cause == Cause.NOT_OOM:
-        return Remedy(
-            NO_CHANGE,
-            reason=f"not a memory failure ({diagnosis.subtype or 'see evidence'}); memory flags stay as they are.",
-        )
-    if not PLANS[diagnosis.cause]:
-        return Remedy(NO_CHANGE, reason="the cause is unknown; nothing is changed on a guess.")
-    if not spec.heal.enabled:
-        return Remedy(NO_CHANGE, reason="healing is disabled (spec.heal.enabled=false); diagnosis only.")
-    heals = [h for h in history if h.get("action") not in (NO_CHANGE, GIVE_UP, None)]
-    done = len(heals) if attempts is None else attempts
-    if done >= spec.heal.max_attempts:
-        return Remedy(GIVE_UP, reason=f"{done} heals already, the most spec.heal.maxAttempts allows.")
-    tried = {h["action"] for h in heals if h.get("cause") == diagnosis.cause} - REPEATABLE
-    if inv.gpu_free_gib is None:  # an earlier crash may have printed what was free; remember it
-        printed = [
-            h["numbers"]["free_gib"]
-            for h in history
-            if isinstance(h.get("numbers"), dict)
-            and h.get("cause") == "gpu_util_exceeds_free"
-            and "free_gib" in h["numbers"]
-        ]
-        if printed:
-            inv = Inventory(**{**inv.__dict__, "gpu_free_gib": printed[-1] + CUDA_CONTEXT_GIB})
-    total = _number(diagnosis, "total_gib") or _number(diagnosis, "gpu_total_gib") or inv.gpu_total_gib
-    floor = utilization_floor(spec.heal.bounds, engine, inv.shape, total, inv.entrypoint)
-    limits = Limits(spec.heal.bounds, floor, inv.memory_limit_bytes)
-    ctx = Context(spec, engine, diagnosis, inv, limits)
-    allowed = set(spec.heal.allowed_actions) - set(exclude)
-    refused: list[str] = []
-    for step in PLANS[diagnosis.cause]:
-        remedy = step(ctx)
-        if remedy is None or remedy.action in tried or remedy.action not in allowed:
-            continue
-        problem = check(diagnosis.cause, remedy.changes, engine, model, memory_limit, limits, failed) or _cannot_fit(
-            ctx, remedy
-        )
-        if problem is not None:
-            refused.append(f"{remedy.action} refused: {problem}")
-            continue
-        remedy.expected = remedy.expected or _expect(ctx, remedy.changes)
-        return remedy
-    why = f"; {'; '.join(refused)}" if refused else ""
-    advice = what_would_fit(ctx)
-    return Remedy(
-        GIVE_UP,
-        reason=f"no allowed change is left for {diagnosis.cause} within the bounds "
-        f"(tried: {', '.join(sorted(tried)) or 'none'}{why})." + (f" {advice}" if advice else ""),
-    )
-
-
-# Changes to the model or the GPU count are not the memory model's to veto: the estimate is per GPU
-# of the current model.
-_NOT_VETOED = {"Quantize", "IncreaseTensorParallel", "RaiseMemoryLimit"}
-_MEMORY_MODEL_CAUSES = {"kv_cache_insufficient", "weights_load_oom", "gpu_util_exceeds_free"}
-
-
-def _cannot_fit(ctx: Context, remedy: Remedy) -> str | None:
-    """A change the memory model says still cannot start is never tried: a restart costs minutes.
-    Only where the model's shape and the GPU are known, and for the causes it predicts well."""
-    if (
-        ctx.inv.shape is None
-        or not ctx.total
-        or remedy.action in _NOT_VETOED
-        or ctx.diag.cause not in _MEMORY_MODEL_CAUSES
-        or _sized_by_vllm(ctx, remedy)
-    ):
-        return None
-    after = ctx.engine.model_copy(update={k: v for k, v in remedy.changes.items() if k in EngineArgs.model_fields})
-    est = estimate(ctx.inv.shape, after, GpuSpec("gpu", ctx.total), ctx.inv.gpu_free_gib, ctx.inv.entrypoint)
-    if est.fits:
-        return None
-    return f"the memory model says it still does not fit ({'; '.join(est.reasons)[:200]})"
-
-
-def _sized_by_vllm(ctx: Context, remedy: Remedy) -> bool:
-    """vLLM's own figures for this very run outrank the memory model's estimate."""
-    needs = {
-        "LowerMaxModelLen": ("estimated_max_model_len", "kv_tokens"),
-        "RaiseGpuMemoryUtilization": ("needed_gib",),
-        "LowerGpuMemoryUtilization": ("free_gib",),
-    }
-    return any(ctx.num(key) is not None for key in needs.get(remedy.action, ()))
-
-
-def what_would_fit(ctx: Context) -> str:
-    """For a give-up on weights: what would hold them, sized from vLLM's figures (or the memory model)."""
-    if ctx.diag.cause not in ("weights_load_oom", "kv_cache_insufficient"):
-        return ""
-    weights = ctx.num("weights_gib")
-    if weights is None and ctx.inv.shape is not None and ctx.total:
-        weights = estimate(ctx.inv.shape, ctx.engine, GpuSpec("gpu", ctx.total), None, ctx.inv.entrypoint).weights_gib
-    total = ctx.total
-    if not weights or not total:
-        return ""
-    budget = ctx.policy.bounds.max_gpu_memory_utilization * total - CUDA_CONTEXT_GIB - 2.0  # activations, KV
-    if weights <= budget:
-        return ""
-    tp = ctx.engine.tensor_parallel_size
-    need = tp
-    while need <= 64 and weights * tp / need > budget * 0.75:  # leave a quarter for the KV cache
-        need *= 2
-    options = [
-        f"tensor parallelism {need} ({weights * tp / need:.1f} GiB of weights per GPU; allow it with "
-        f"spec.heal.bounds.maxTensorParallelSize, or serve --max-tensor-parallel-size {need})"
-    ]
-    if weights / 2 <= budget * 0.75:
-        options.append(f"an 8-bit checkpoint (about {weights / 2:.1f} GiB; name it in spec.heal.quantizedFallback)")
-    return (
-        f"The weights take {weights:.1f} GiB per GPU, more than the {budget:.1f} GiB this GPU can give them: "
-        f"no flag on {tp} GPU(s) makes them fit. What would: " + ", or ".join(options) + "."
-    )
-
-
-def plan_from_command(flags: str, diagnosis: Diagnosis, gpu_memory_gib: float | None = None) -> Remedy:
-    """For `diagnose --engine-args`: a remedy for a plain command line, with the CRD's default policy."""
-    parsed = parse_args(flags)
-    spec = VLLMServiceSpec(model=parsed.model or "model", engine=parsed.engine)
-    return plan_heal(spec, diagnosis, inventory=Inventory(gpu_total_gib=gpu_memory_gib))

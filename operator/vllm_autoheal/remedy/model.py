@@ -1,0 +1,111 @@
+"""What a remedy is and what it is planned from: the Remedy (one change), the Inventory (what is
+known about where the engine runs) and the Context every step reads."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..api import EngineArgs, HealPolicy, VLLMServiceSpec
+from ..diagnosis import Diagnosis
+from ..engine import BY_FIELD
+from ..memory import CUDA_CONTEXT_GIB, CUDAGRAPH_GIB, ModelShape
+from ..remedy_gate import Limits
+
+NO_CHANGE = "NoChange"
+GIVE_UP = "GiveUp"
+
+
+@dataclass
+class Inventory:
+    """What is known about where the engine runs; every field may be unknown."""
+
+    gpu_total_gib: float | None = None
+    gpu_free_gib: float | None = None  # free before vLLM starts (other processes excluded)
+    shape: ModelShape | None = None
+    memory_limit_bytes: int | None = None  # the container's limit (host RAM)
+    entrypoint: str = "server"
+
+
+@dataclass
+class Remedy:
+    action: str
+    changes: dict[str, Any] = field(default_factory=dict)  # EngineArgs field (or memory_limit/model) -> value
+    reason: str = ""
+    expected: str = ""
+
+    @property
+    def gives_up(self) -> bool:
+        return self.action in (NO_CHANGE, GIVE_UP)
+
+    def flags(self) -> str:
+        out = []
+        for key, value in self.changes.items():
+            flag = BY_FIELD.get(key)
+            if flag is None:
+                out.append(f"{key}={value}")
+            elif flag.kind is bool:
+                out.append(flag.cli if value else f"--no-{flag.cli[2:]}")
+            else:
+                out.append(f"{flag.cli} {value}")
+        return " ".join(out)
+
+    def summary(self) -> str:
+        if self.gives_up:
+            return f"{self.action}: {self.reason}"
+        text = f"{self.action}: {self.flags()} - {self.reason}"
+        return text + (f" Expected: {self.expected}" if self.expected else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def apply(self, engine: EngineArgs) -> EngineArgs:
+        return engine.model_copy(update={k: v for k, v in self.changes.items() if k in EngineArgs.model_fields})
+
+
+@dataclass
+class Context:
+    spec: VLLMServiceSpec
+    engine: EngineArgs
+    diag: Diagnosis
+    inv: Inventory
+    limits: Limits
+
+    @property
+    def policy(self) -> HealPolicy:
+        return self.spec.heal
+
+    @property
+    def floor(self) -> float:
+        """The lowest utilization a heal may set (an explicit bound, else the model's need)."""
+        return self.limits.floor
+
+    def num(self, key: str) -> float | None:
+        return printed_figure(self.diag, key)
+
+    @property
+    def total(self) -> float | None:
+        # vLLM's own figure first: NVML's total (140.40 GiB on an H200) is not torch's (139.80).
+        return self.num("total_gib") or self.num("gpu_total_gib") or self.inv.gpu_total_gib
+
+    def free_for_vllm(self) -> float | None:
+        """GPU memory vLLM can ask for: what is free, less its CUDA context and graph headroom."""
+        free = self.inv.gpu_free_gib
+        if free is None and self.total and self.diag.cause != "gpu_util_exceeds_free":
+            free = self.total  # a Kubernetes GPU is the pod's alone
+        if free is None:
+            return None
+        return free - CUDA_CONTEXT_GIB - (0 if self.engine.enforce_eager else CUDAGRAPH_GIB)
+
+
+Step = Callable[[Context], "Remedy | None"]
+
+
+def printed_figure(diag: Diagnosis, key: str) -> float | None:
+    """A figure vLLM printed, when it is a plausible one (finite, not negative)."""
+    value = diag.numbers.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) and value >= 0 else None

@@ -1,0 +1,222 @@
+"""Owns heal planning: plan_heal(spec, diagnosis, history, inventory) -> Remedy, the one flag change that should fit.
+
+Pure. Each cause has an ordered list of steps (PLANS, the steps in steps.py); the first one
+that is allowed, not already tried for this cause, applicable to what is known, and
+let through by the safety gate (remedy_gate.py) wins. Sizes come from the numbers vLLM printed
+(estimated maximum model length, free/total GiB, tried-to-allocate) and from the
+memory model when it printed none. Blind stepping is the last resort, never the
+first: a model load costs minutes on a real GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import Any
+
+from ..api import EngineArgs, VLLMServiceSpec
+from ..diagnosis import Diagnosis
+from ..diagnosis.model import Cause
+from ..engine import parse_args
+from ..gpu_catalog import GpuSpec
+from ..memory import CUDA_CONTEXT_GIB, estimate
+from ..remedy_gate import Limits, check, utilization_floor
+from .model import GIVE_UP, NO_CHANGE, Context, Inventory, Remedy, Step, printed_figure
+from .steps import (
+    cpu_offload,
+    enforce_eager,
+    fit_kv_bytes_to_free,
+    fit_utilization_to_free,
+    fp8_kv_cache,
+    lower_batched,
+    lower_cpu_offload,
+    lower_max_model_len,
+    lower_seqs,
+    lower_utilization_step,
+    more_tensor_parallel,
+    quantized_model,
+    raise_memory_limit,
+    raise_utilization_blind,
+    raise_utilization_for_kv,
+    room_for_graphs,
+    seqs_from_allocation,
+    shrink_kv_bytes,
+)
+
+# Raising the memory limit again is a new, larger value each time (VPA bumps on every OOM).
+REPEATABLE = {"RaiseMemoryLimit"}
+
+# Every cause has a row; an empty one means no change is ever made for it.
+PLANS: dict[Cause, list[Step]] = {
+    Cause.KV_CACHE_INSUFFICIENT: [
+        raise_utilization_for_kv,
+        lower_max_model_len,
+        raise_utilization_blind,
+        fp8_kv_cache,
+        more_tensor_parallel,
+    ],
+    Cause.GPU_UTIL_EXCEEDS_FREE: [fit_utilization_to_free, fit_kv_bytes_to_free, lower_utilization_step],
+    Cause.WEIGHTS_LOAD_OOM: [quantized_model, more_tensor_parallel, cpu_offload],
+    Cause.PROFILING_OOM: [seqs_from_allocation, lower_seqs, lower_batched, lower_utilization_step],
+    Cause.CUDAGRAPH_CAPTURE_OOM: [room_for_graphs, enforce_eager, lower_utilization_step],
+    Cause.RUNTIME_OOM: [lower_utilization_step, lower_seqs, lower_batched],
+    Cause.MULTI_GPU_OOM: [lower_max_model_len, lower_utilization_step, enforce_eager],
+    Cause.HOST_RAM_OOM: [raise_memory_limit, lower_cpu_offload, shrink_kv_bytes],
+    Cause.NOT_OOM: [],
+    Cause.UNKNOWN: [],
+}
+
+
+def plan_heal(
+    spec: VLLMServiceSpec,
+    diagnosis: Diagnosis,
+    history: list[dict[str, Any]] | None = None,
+    inventory: Inventory | None = None,
+    engine: EngineArgs | None = None,
+    *,
+    attempts: int | None = None,
+    failed: Collection[str] = (),
+    model: str | None = None,
+    memory_limit: str | None = None,
+    exclude: Collection[str] = (),
+) -> Remedy:
+    """The next change for this crash. `history`: earlier heals as {cause, action, ...};
+    `engine`, `model`, `memory_limit`: what is deployed now (default: the spec's); `attempts`: heals
+    so far (default: those in history); `failed`: fingerprints of settings that crashed of memory;
+    `exclude`: actions not to take now (e.g. those that need more resources than can be scheduled)."""
+    history = history or []
+    inv = inventory or Inventory()
+    engine = engine or spec.engine
+    model = model or spec.model
+    memory_limit = memory_limit if memory_limit is not None else spec.resources.limits.memory
+    if diagnosis.cause == Cause.NOT_OOM:
+        return Remedy(
+            NO_CHANGE,
+            reason=f"not a memory failure ({diagnosis.subtype or 'see evidence'}); memory flags stay as they are.",
+        )
+    if not PLANS[diagnosis.cause]:
+        return Remedy(NO_CHANGE, reason="the cause is unknown; nothing is changed on a guess.")
+    if not spec.heal.enabled:
+        return Remedy(NO_CHANGE, reason="healing is disabled (spec.heal.enabled=false); diagnosis only.")
+    heals = [h for h in history if h.get("action") not in (NO_CHANGE, GIVE_UP, None)]
+    done = len(heals) if attempts is None else attempts
+    if done >= spec.heal.max_attempts:
+        return Remedy(GIVE_UP, reason=f"{done} heals already, the most spec.heal.maxAttempts allows.")
+    tried = {h["action"] for h in heals if h.get("cause") == diagnosis.cause} - REPEATABLE
+    if inv.gpu_free_gib is None:  # an earlier crash may have printed what was free; remember it
+        printed = [
+            h["numbers"]["free_gib"]
+            for h in history
+            if isinstance(h.get("numbers"), dict)
+            and h.get("cause") == "gpu_util_exceeds_free"
+            and "free_gib" in h["numbers"]
+        ]
+        if printed:
+            inv = Inventory(**{**inv.__dict__, "gpu_free_gib": printed[-1] + CUDA_CONTEXT_GIB})
+    total = printed_figure(diagnosis, "total_gib") or printed_figure(diagnosis, "gpu_total_gib") or inv.gpu_total_gib
+    floor = utilization_floor(spec.heal.bounds, engine, inv.shape, total, inv.entrypoint)
+    limits = Limits(spec.heal.bounds, floor, inv.memory_limit_bytes)
+    ctx = Context(spec, engine, diagnosis, inv, limits)
+    allowed = set(spec.heal.allowed_actions) - set(exclude)
+    refused: list[str] = []
+    for step in PLANS[diagnosis.cause]:
+        remedy = step(ctx)
+        if remedy is None or remedy.action in tried or remedy.action not in allowed:
+            continue
+        problem = check(diagnosis.cause, remedy.changes, engine, model, memory_limit, limits, failed) or _cannot_fit(
+            ctx, remedy
+        )
+        if problem is not None:
+            refused.append(f"{remedy.action} refused: {problem}")
+            continue
+        remedy.expected = remedy.expected or _expect(ctx, remedy.changes)
+        return remedy
+    why = f"; {'; '.join(refused)}" if refused else ""
+    advice = what_would_fit(ctx)
+    return Remedy(
+        GIVE_UP,
+        reason=f"no allowed change is left for {diagnosis.cause} within the bounds "
+        f"(tried: {', '.join(sorted(tried)) or 'none'}{why})." + (f" {advice}" if advice else ""),
+    )
+
+
+def _expect(ctx: Context, changes: dict[str, Any]) -> str:
+    """The memory model's verdict on the changed flags, when it knows the model and GPU."""
+    if ctx.inv.shape is None or not ctx.total:
+        return ""
+    after = ctx.engine.model_copy(update={k: v for k, v in changes.items() if k in EngineArgs.model_fields})
+    est = estimate(ctx.inv.shape, after, GpuSpec("gpu", ctx.total), ctx.inv.gpu_free_gib, ctx.inv.entrypoint)
+    verdict = "fits" if est.fits else f"still fails: {'; '.join(est.reasons)}"
+    return (
+        f"KV cache {est.kv_cache_gib:.2f} GiB holds {est.kv_tokens:,} tokens for max_model_len "
+        f"{est.max_model_len:,} ({verdict})."
+    )
+
+
+# Changes to the model or the GPU count are not the memory model's to veto: the estimate is per GPU
+# of the current model.
+_NOT_VETOED = {"Quantize", "IncreaseTensorParallel", "RaiseMemoryLimit"}
+_MEMORY_MODEL_CAUSES = {"kv_cache_insufficient", "weights_load_oom", "gpu_util_exceeds_free"}
+
+
+def _cannot_fit(ctx: Context, remedy: Remedy) -> str | None:
+    """A change the memory model says still cannot start is never tried: a restart costs minutes.
+    Only where the model's shape and the GPU are known, and for the causes it predicts well."""
+    if (
+        ctx.inv.shape is None
+        or not ctx.total
+        or remedy.action in _NOT_VETOED
+        or ctx.diag.cause not in _MEMORY_MODEL_CAUSES
+        or _sized_by_vllm(ctx, remedy)
+    ):
+        return None
+    after = ctx.engine.model_copy(update={k: v for k, v in remedy.changes.items() if k in EngineArgs.model_fields})
+    est = estimate(ctx.inv.shape, after, GpuSpec("gpu", ctx.total), ctx.inv.gpu_free_gib, ctx.inv.entrypoint)
+    if est.fits:
+        return None
+    return f"the memory model says it still does not fit ({'; '.join(est.reasons)[:200]})"
+
+
+def _sized_by_vllm(ctx: Context, remedy: Remedy) -> bool:
+    """vLLM's own figures for this very run outrank the memory model's estimate."""
+    needs = {
+        "LowerMaxModelLen": ("estimated_max_model_len", "kv_tokens"),
+        "RaiseGpuMemoryUtilization": ("needed_gib",),
+        "LowerGpuMemoryUtilization": ("free_gib",),
+    }
+    return any(ctx.num(key) is not None for key in needs.get(remedy.action, ()))
+
+
+def what_would_fit(ctx: Context) -> str:
+    """For a give-up on weights: what would hold them, sized from vLLM's figures (or the memory model)."""
+    if ctx.diag.cause not in ("weights_load_oom", "kv_cache_insufficient"):
+        return ""
+    weights = ctx.num("weights_gib")
+    if weights is None and ctx.inv.shape is not None and ctx.total:
+        weights = estimate(ctx.inv.shape, ctx.engine, GpuSpec("gpu", ctx.total), None, ctx.inv.entrypoint).weights_gib
+    total = ctx.total
+    if not weights or not total:
+        return ""
+    budget = ctx.policy.bounds.max_gpu_memory_utilization * total - CUDA_CONTEXT_GIB - 2.0  # activations, KV
+    if weights <= budget:
+        return ""
+    tp = ctx.engine.tensor_parallel_size
+    need = tp
+    while need <= 64 and weights * tp / need > budget * 0.75:  # leave a quarter for the KV cache
+        need *= 2
+    options = [
+        f"tensor parallelism {need} ({weights * tp / need:.1f} GiB of weights per GPU; allow it with "
+        f"spec.heal.bounds.maxTensorParallelSize, or serve --max-tensor-parallel-size {need})"
+    ]
+    if weights / 2 <= budget * 0.75:
+        options.append(f"an 8-bit checkpoint (about {weights / 2:.1f} GiB; name it in spec.heal.quantizedFallback)")
+    return (
+        f"The weights take {weights:.1f} GiB per GPU, more than the {budget:.1f} GiB this GPU can give them: "
+        f"no flag on {tp} GPU(s) makes them fit. What would: " + ", or ".join(options) + "."
+    )
+
+
+def plan_from_command(flags: str, diagnosis: Diagnosis, gpu_memory_gib: float | None = None) -> Remedy:
+    """For `diagnose --engine-args`: a remedy for a plain command line, with the CRD's default policy."""
+    parsed = parse_args(flags)
+    spec = VLLMServiceSpec(model=parsed.model or "model", engine=parsed.engine)
+    return plan_heal(spec, diagnosis, inventory=Inventory(gpu_total_gib=gpu_memory_gib))
