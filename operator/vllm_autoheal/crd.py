@@ -1,9 +1,9 @@
-"""Owns the generated VLLMService CustomResourceDefinition (from api.py's pydantic models).
+"""Owns the generated VLLMService CustomResourceDefinition (from the api/ package's pydantic models).
 
 pydantic writes JSON Schema 2020-12; the API server wants a *structural* OpenAPI v3
 schema: every node typed, no $ref, no anyOf for optionals, numeric exclusive
 bounds as booleans. This module does that translation and nothing else, so the
-committed CRD is always exactly what ``api.py`` says (a test compares them).
+committed CRD is always exactly what ``api/`` says (a test compares them).
 """
 
 from __future__ import annotations

@@ -1,0 +1,93 @@
+"""The model's config.json as a VLLMService carries it (inline, or a ConfigMap key) for pre-flight
+and heals: the fields that size the model, typed and ranged from model_config.py's table."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from .. import model_config as mc
+from .schema import Model, cel, rule
+
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+
+
+class ConfigJsonBase(BaseModel):
+    """config.json fields keep config.json's own spelling (snake_case), so a file pastes as is."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class QuantizationConfig(ConfigJsonBase):
+    quant_method: str | None = Field(None, max_length=64, description="The checkpoint's quantization method.")
+    bits: int | None = Field(
+        None, ge=1, le=32, description="Bits per quantized weight (compressed-tensors: its weights' num_bits)."
+    )
+
+
+# The fields the memory model reads, typed and ranged from the one table in model_config.py.
+ConfigJson = create_model(  # type: ignore[call-overload]
+    "ConfigJson",
+    __base__=ConfigJsonBase,
+    __doc__="The fields of the model's config.json that size it.",
+    **{
+        f.name: (
+            int if f.required else int | None,
+            Field(... if f.required else None, ge=f.low, le=f.high, description=f.description),
+        )
+        for f in mc.FIELDS
+    },
+    **{
+        name: (str | None, Field(None, max_length=limit, description=f"config.json's {name}."))
+        for name, limit in mc.STRINGS.items()
+    },
+    architectures=(
+        list[str] | None,
+        Field(
+            None,
+            max_length=mc.MAX_ARCHITECTURES,
+            description="Architecture names.",
+            json_schema_extra={"items": {"type": "string", "maxLength": mc.MAX_NAME}},
+        ),
+    ),
+    tie_word_embeddings=(bool | None, Field(None, description="Input and output embeddings shared.")),
+    attention_bias=(bool | None, Field(None, description="q/k/v projections carry a bias.")),
+    quantization_config=(QuantizationConfig | None, Field(None, description="The checkpoint's quantization.")),
+)
+ConfigJson.model_config["json_schema_extra"] = {
+    "x-kubernetes-validations": [
+        rule(
+            "!has(self.num_key_value_heads) || self.num_key_value_heads <= self.num_attention_heads",
+            "num_key_value_heads must be <= num_attention_heads",
+            ".num_key_value_heads",
+        )
+    ]
+}
+ConfigJson.model_rebuild(force=True)
+
+
+class ConfigMapKeyRef(Model):
+    name: str = Field(..., pattern=DNS_SUBDOMAIN, max_length=253, description="ConfigMap name.")
+    key: str = Field(
+        "config.json", pattern=r"^[-._a-zA-Z0-9]+$", max_length=253, description="Key holding the config.json text."
+    )
+
+
+class ModelConfigSource(Model):
+    """Where pre-flight and heals read the model's shape; unset = config.json from the Hub."""
+
+    model_config = cel(
+        rule("!(has(self.inline) && has(self.configMapRef))", "set inline or configMapRef, not both", ".inline")
+    )
+    inline: ConfigJson | None = Field(
+        None,
+        description=("config.json's fields, as the file spells them (a multimodal model: its text_config)."),
+    )
+    config_map_ref: ConfigMapKeyRef | None = Field(
+        None, description="A ConfigMap key holding config.json (at most 1 MiB)."
+    )
+    revision: str | None = Field(
+        None,
+        pattern=r"^[\w./-]+$",
+        max_length=128,
+        description=("Hub revision (branch, tag or commit) of config.json; unset = main."),
+    )

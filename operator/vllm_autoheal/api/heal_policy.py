@@ -1,0 +1,121 @@
+"""How, how often and how far a heal may change the engine: the HealAction table, the bounds no heal
+may cross, and the quantized fallback."""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+from pydantic import Field
+
+from .engine_args import MAX_GPU_BYTES, MAX_OFFLOAD_GIB, MAX_SEQS, MAX_TOKENS, Quantization
+from .schema import QUANTITY_PATTERN, Model, cel, nested, rule
+
+HealMode = Literal["PatchSpec", "StatusOverrides"]
+UnschedulablePolicy = Literal["Revert", "Wait"]
+HealAction = Literal[
+    "RaiseGpuMemoryUtilization",
+    "LowerGpuMemoryUtilization",
+    "LowerMaxModelLen",
+    "LowerMaxNumSeqs",
+    "LowerMaxNumBatchedTokens",
+    "EnforceEager",
+    "Fp8KvCache",
+    "SetKvCacheMemoryBytes",
+    "IncreaseTensorParallel",
+    "CpuOffload",
+    "LowerCpuOffload",
+    "RaiseMemoryLimit",
+    "Quantize",
+]
+ALL_ACTIONS: list[str] = list(get_args(HealAction))
+
+
+class HealBounds(Model):
+    """The limits no heal may cross; the operator gives up rather than leave them."""
+
+    model_config = cel(
+        rule(
+            "!has(self.minGpuMemoryUtilization) || self.minGpuMemoryUtilization <= self.maxGpuMemoryUtilization",
+            "minGpuMemoryUtilization must be <= maxGpuMemoryUtilization",
+            ".minGpuMemoryUtilization",
+        ),
+    )
+    min_gpu_memory_utilization: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description=(
+            "Lowest utilization a heal may set; unset = what the weights, activation peak and a KV cache of "
+            "minMaxModelLen need when the model's shape is known, else vLLM's own figures decide."
+        ),
+    )
+    max_gpu_memory_utilization: float = Field(0.95, gt=0, le=1, description="Highest utilization a heal may set.")
+    min_max_model_len: int = Field(2048, ge=1, le=MAX_TOKENS, description="Shortest maxModelLen a heal may set.")
+    min_max_num_seqs: int = Field(8, ge=1, le=MAX_SEQS, description="Fewest maxNumSeqs a heal may set.")
+    min_max_num_batched_tokens: int = Field(
+        512, ge=1, le=MAX_TOKENS, description=("Fewest maxNumBatchedTokens a heal may set.")
+    )
+    min_kv_cache_memory_bytes: int = Field(
+        2**28, ge=1, le=MAX_GPU_BYTES, description=("Smallest kvCacheMemoryBytes a heal may set.")
+    )
+    max_cpu_offload_gb: float | None = Field(
+        None,
+        ge=0,
+        le=MAX_OFFLOAD_GIB,
+        description=("Most cpuOffloadGb a heal may set; unset = no more than the container's memory limit holds."),
+    )
+    max_tensor_parallel_size: int | None = Field(
+        None, ge=1, le=64, description=("Largest tensorParallelSize a heal may set; unset = never raise it.")
+    )
+    max_memory_limit: str | None = Field(
+        None,
+        pattern=QUANTITY_PATTERN,
+        description=("Largest container memory limit a host-RAM heal may set; unset = never raise it."),
+    )
+
+
+class QuantizedFallback(Model):
+    """A quantized checkpoint to switch to when the weights do not fit."""
+
+    model_config = cel(
+        rule("!self.allowed || (has(self.model) && has(self.method))", "allowed needs both model and method", ".model"),
+    )
+    allowed: bool = Field(False, description="May a heal switch to the quantized model?")
+    model: str | None = Field(None, min_length=1, max_length=512, description="The quantized model (HF id or path).")
+    method: Quantization | None = Field(None, description="Its quantization method.")
+
+
+class HealPolicy(Model):
+    """How, how often and how far the operator may change the engine flags."""
+
+    enabled: bool = Field(True, description="Heal memory crashes; false = only diagnose and report.")
+    mode: HealMode = Field(
+        "PatchSpec",
+        description=(
+            "PatchSpec: write the healed flags into spec.engine. "
+            "StatusOverrides: keep spec untouched (GitOps) and deploy from status.effective."
+        ),
+    )
+    max_attempts: int = Field(5, ge=1, le=50, description="Heals allowed before giving up (HealExhausted).")
+    backoff_seconds: int = Field(30, ge=0, le=3600, description="Least time between two heals.")
+    unschedulable_seconds: int = Field(
+        300,
+        ge=0,
+        le=86400,
+        description=("How long a healed pod may stay Unschedulable before the heal counts as blocked (HealBlocked)."),
+    )
+    on_unschedulable: UnschedulablePolicy = Field(
+        "Revert",
+        description=(
+            "When a heal's pods cannot be scheduled: Revert = go back to the last flags that scheduled and try the "
+            "next remedy that needs no more resources; Wait = only report (HealBlocked condition and Event)."
+        ),
+    )
+    allowed_actions: list[HealAction] = Field(
+        default_factory=lambda: [a for a in get_args(HealAction) if a != "IncreaseTensorParallel"],
+        max_length=len(ALL_ACTIONS),
+        description="Changes a heal may make.",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+    bounds: HealBounds = nested(HealBounds, "Limits no heal may cross.")
+    quantized_fallback: QuantizedFallback = nested(QuantizedFallback, "Quantized model to switch to.")
