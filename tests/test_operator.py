@@ -309,7 +309,7 @@ def test_operator_log_lines_name_their_vllmservice(log_format, prefixed):
     import sys
 
     code = (
-        "import logging; from vllm_autoheal.cli import configure_logging; "
+        "import logging; from vllm_autoheal.cli_commands import configure_logging; "
         f"configure_logging({log_format!r}); logging.getLogger('kopf.objects').info("
         "'Deployment llama patched', extra={'k8s_ref': {'namespace': 'ml', 'name': 'llama'}})"
     )

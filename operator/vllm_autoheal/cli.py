@@ -1,35 +1,17 @@
-"""The `vllm-autoheal` command: one subcommand per job, each a thin shell over the pure core."""
+"""The `vllm-autoheal` command line: its parser (one subcommand per job) and main. What each
+subcommand does is in cli_commands.py."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Callable
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 from . import __version__
-
-if TYPE_CHECKING:
-    from .memory import ModelShape
+from .cli_commands import bundled_examples, run_crd, run_diagnose, run_operator, run_plan, run_render, run_serve
 
 Command = Callable[[argparse.Namespace], int]
-
-
-def _cmd_crd(args: argparse.Namespace) -> int:
-    from .crd import crd_yaml
-
-    sys.stdout.write(crd_yaml())
-    return 0
-
-
-EXAMPLES_DIR = Path(__file__).resolve().parent / "examples"
-
-
-def _examples() -> dict[str, Path]:
-    return {p.stem: p for p in sorted(EXAMPLES_DIR.glob("*.log"))}
 
 
 def _weights_gib(text: str) -> float:
@@ -46,253 +28,6 @@ def _weights_gib(text: str) -> float:
     return value
 
 
-def _cmd_diagnose(args: argparse.Namespace) -> int:
-    from .diagnosis import Signals
-    from .diagnosis.classify import classify_stream
-    from .report import render_diagnosis
-
-    signals = dict(
-        exit_code=args.exit_code,
-        reason=args.reason,
-        ready_before=args.ready_before,
-        tensor_parallel_size=args.tensor_parallel_size,
-        pipeline_parallel_size=args.pipeline_parallel_size,
-        weights_gib_per_gpu=args.weights_gib_per_gpu,
-    )
-    if args.example:
-        examples = _examples()
-        if args.example not in examples:
-            print(f"no example {args.example!r}; bundled: {', '.join(examples)}", file=sys.stderr)
-            return 2
-        args.file = str(examples[args.example])
-    try:
-        if args.file in (None, "-"):
-            diag = classify_stream(sys.stdin, **signals)
-        else:
-            with open(args.file, encoding="utf-8", errors="replace") as f:
-                diag = classify_stream(f, **signals)
-    except OSError as exc:
-        print(f"vllm-autoheal diagnose: cannot read {args.file}: {exc.strerror}", file=sys.stderr)
-        return 2
-    remedy = None
-    if args.engine_args is not None:
-        from .remedy import plan_from_command
-
-        remedy = plan_from_command(args.engine_args, diag, gpu_memory_gib=args.gpu_memory_gib)
-    if args.json:
-        out = {
-            **diag.to_dict(),
-            "signals": {k: v for k, v in Signals(**signals).__dict__.items() if v not in (None, [], "") and k != "log"},
-        }
-        if remedy is not None:
-            out["remedy"] = remedy.to_dict()
-        print(json.dumps(out, indent=2))
-    else:
-        print(render_diagnosis(diag, remedy))
-    return 0
-
-
-def _plan_shape(args: argparse.Namespace) -> tuple[ModelShape, str]:
-    """The model's shape from --model-config (a file) or --model (a local path or a Hub id)."""
-    from .model_config import to_shape
-    from .model_source import from_path, resolve_local
-
-    if args.model_config:
-        return to_shape(from_path(args.model_config)), args.model_config
-    fields, source = resolve_local(args.model, args.revision, token=os.environ.get("HF_TOKEN") or None)
-    return to_shape(fields), source
-
-
-def _cmd_plan(args: argparse.Namespace) -> int:
-    from .api import VLLMServiceSpec
-    from .engine import EngineArgsError, parse_args
-    from .gpu_catalog import lookup
-    from .model_config import ModelConfigError
-    from .plan_options import options, render_bars, render_options
-    from .preflight import preflight
-    from .report import render_plan
-
-    try:
-        shape, source = _plan_shape(args)
-    except ModelConfigError as exc:
-        print(f"vllm-autoheal plan: {exc}", file=sys.stderr)
-        return 2
-    try:
-        gpu = lookup(args.gpu or "custom", args.gpu_memory_gib)
-        engine = parse_args(args.flags).engine
-    except (KeyError, EngineArgsError) as exc:
-        print(f"vllm-autoheal plan: {exc.args[0]}", file=sys.stderr)
-        return 2
-    spec = VLLMServiceSpec(model=source[:512], engine=engine, preflight="Fix" if args.fix else "Warn")
-    result = preflight(spec, gpu, shape, args.gpu_free_gib, entrypoint=args.entrypoint)
-    first = preflight(
-        spec.model_copy(update={"preflight": "Warn"}), gpu, shape, args.gpu_free_gib, entrypoint=args.entrypoint
-    )
-    opts = options(shape, engine, gpu, args.gpu_free_gib, args.entrypoint, args.quantized_variant)
-    if args.json:
-        out = {
-            **first.estimate.to_dict(),
-            "fits": first.fits,
-            "reasons": first.reasons,
-            "gpu": {"name": gpu.name, "memory_gib": gpu.memory_gib, "source": gpu.source},
-            "model": {"architecture": shape.architecture, "params": shape.params(), "source": source},
-            "suggestion": None,
-            "options": [o.to_dict() for o in opts],
-        }
-        if not first.fits and result.steps:
-            out["suggestion"] = {
-                "fits": result.fits,
-                "flags": " ".join(s.flags() for s in result.steps),
-                "steps": [s.to_dict() for s in result.steps],
-                "kv_cache_gib": round(result.estimate.kv_cache_gib, 3),
-                "max_model_len": result.estimate.max_model_len,
-            }
-        print(json.dumps(out, indent=2))
-    else:
-        print(render_plan(shape, gpu, first, result))
-        print()
-        print(render_bars(first.estimate, engine.tensor_parallel_size * engine.pipeline_parallel_size))
-        print()
-        print(f"options on {gpu.name} at max_model_len {first.estimate.max_model_len:,} (the other flags as given):")
-        print(render_options(opts, first.estimate.max_model_len))
-    return 0 if first.fits else 1
-
-
-def _cmd_serve(args: argparse.Namespace) -> int:
-    from pydantic import ValidationError
-
-    from .api import HealBounds, HealPolicy, VLLMServiceSpec
-    from .engine import EngineArgsError, parse_args
-    from .local import ServeOptions, default_history_path, supervise
-
-    try:
-        parsed = parse_args(args.flags)
-        bounds = HealBounds(
-            min_gpu_memory_utilization=args.min_gpu_memory_utilization,
-            max_gpu_memory_utilization=args.max_gpu_memory_utilization,
-            min_max_model_len=args.min_max_model_len,
-            min_max_num_seqs=args.min_max_num_seqs,
-            min_max_num_batched_tokens=args.min_max_num_batched_tokens,
-            min_kv_cache_memory_bytes=args.min_kv_cache_memory_bytes,
-            max_cpu_offload_gb=args.max_cpu_offload_gb,
-            max_tensor_parallel_size=args.max_tensor_parallel_size,
-        )
-        policy = HealPolicy(max_attempts=args.max_attempts, bounds=bounds)
-        if args.max_tensor_parallel_size:  # naming the bound is the consent to spread over more GPUs
-            policy.allowed_actions = [*policy.allowed_actions, "IncreaseTensorParallel"]
-        spec = VLLMServiceSpec(model=args.model, engine=parsed.engine, heal=policy)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"]) or "bounds"
-        print(f"vllm-autoheal serve: {where}: {err['msg']}", file=sys.stderr)
-        return 2
-    except (EngineArgsError, ValueError) as exc:
-        print(f"vllm-autoheal serve: {exc}", file=sys.stderr)
-        return 2
-    extra = parsed.engine.extra_args
-    if "--served-model-name" in extra[:-1]:
-        spec.served_model_name = extra[extra.index("--served-model-name") + 1]
-    opts = ServeOptions(
-        model=args.model,
-        spec=spec,
-        serve_args=["--host", args.host, "--port", str(args.port)],
-        host=args.host,
-        port=args.port,
-        python=args.python,
-        once=args.once,
-        fresh=args.fresh,
-        history_path=Path(args.history) if args.history else default_history_path(),
-        startup_timeout=args.startup_timeout,
-    )
-    return supervise(opts)
-
-
-def _cmd_render(args: argparse.Namespace) -> int:
-    import yaml
-    from pydantic import ValidationError
-
-    from .api import VLLMService
-    from .kube.resources import DEFAULT_OPERATOR_IMAGE, render
-    from .validation import admit
-
-    try:
-        with open(args.file, encoding="utf-8") as f:
-            docs = [d for d in yaml.safe_load_all(f) if d]
-    except OSError as exc:
-        print(f"vllm-autoheal render: cannot read {args.file}: {exc.strerror}", file=sys.stderr)
-        return 2
-    except yaml.YAMLError as exc:
-        print(f"vllm-autoheal render: {args.file} is not valid YAML:\n{exc}", file=sys.stderr)
-        return 2
-    objs = []
-    for doc in docs:
-        if not isinstance(doc, dict) or doc.get("kind") != "VLLMService":
-            continue
-        name = (doc.get("metadata") or {}).get("name", "?") if isinstance(doc.get("metadata"), dict) else "?"
-        # The API server's own checks first (schema, defaults, CEL rules), so render rejects what it rejects.
-        stored, problems = admit(doc)
-        if problems:
-            print(
-                f"vllm-autoheal render: VLLMService {name} in {args.file} would be rejected by the API server:\n"
-                + "\n".join(f"  {p}" for p in problems),
-                file=sys.stderr,
-            )
-            return 2
-        try:
-            objs.append(VLLMService.model_validate(stored))
-        except ValidationError as exc:
-            print(f"vllm-autoheal render: {args.file} is not a valid VLLMService:\n{exc}", file=sys.stderr)
-            return 2
-    if not objs:
-        print(f"vllm-autoheal render: no VLLMService in {args.file}", file=sys.stderr)
-        return 2
-    manifests = [m for obj in objs for m in render(obj, args.operator_image or DEFAULT_OPERATOR_IMAGE)]
-    sys.stdout.write(yaml.safe_dump_all(manifests, sort_keys=False))
-    return 0
-
-
-def configure_logging(log_format: str, verbose: bool = False) -> None:
-    """kopf's logging; text lines name their VLLMService ("[namespace/name] ..."): one operator
-    serves many. JSON carries the object in its own fields."""
-    import kopf
-
-    formats = {"plain": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL, "json": kopf.LogFormat.JSON}
-    kopf.configure(verbose=verbose, log_format=formats[log_format], log_prefix=log_format != "json")
-
-
-def _cmd_operator(args: argparse.Namespace) -> int:
-    import kopf
-
-    from . import metrics
-    from .kube import client, handlers  # noqa: F401 - registers the handlers
-    from .kube.config import OperatorConfig
-
-    config = OperatorConfig.from_env(operator_image=args.operator_image)
-    from .model_source import HubSettings  # read once, here, not per event
-    from .model_source import configure as configure_hub
-
-    configure_hub(
-        HubSettings(
-            endpoint=None if args.hub_endpoint == "off" else args.hub_endpoint.rstrip("/"),
-            cache_dir=args.hub_cache_dir,
-            timeout_s=args.hub_timeout,
-            secret_tokens=args.hub_tokens,
-        )
-    )
-    client.configure()
-    metrics.serve(args.metrics_port)
-    configure_logging(args.log_format, args.verbose)
-    kopf.run(
-        clusterwide=not args.namespace,
-        namespaces=args.namespace or (),
-        standalone=not args.peering,
-        peering_name=args.peering or None,
-        liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz",
-        memo=kopf.Memo(config=config),
-    )
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vllm-autoheal", description="Keep vLLM servers alive through out-of-memory crashes: diagnose, plan, heal."
@@ -307,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Print the CRD generated from the API models; identical to "
         "crds/vllmservices.vllm.autoheal.dev.yaml.",
     )
-    p.set_defaults(run=_cmd_crd)
+    p.set_defaults(run=run_crd)
 
     p = sub.add_parser(
         "operator",
@@ -360,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_false",
         help="never read a VLLMService's hfTokenSecretRef (gated models then need spec.modelConfig)",
     )
-    p.set_defaults(run=_cmd_operator)
+    p.set_defaults(run=run_operator)
 
     p = sub.add_parser(
         "render",
@@ -371,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("-f", "--file", required=True, help="a YAML file with one or more VLLMServices")
     p.add_argument("--operator-image", help="image of the launcher init container")
-    p.set_defaults(run=_cmd_render)
+    p.set_defaults(run=run_render)
 
     p = sub.add_parser(
         "diagnose",
@@ -382,7 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
         "Exits 0 whenever the input could be read, whatever the cause.",
     )
     p.add_argument("file", nargs="?", metavar="FILE|-", help="log file; - or nothing reads stdin")
-    p.add_argument("--example", metavar="NAME", help="diagnose a bundled real log instead: " + ", ".join(_examples()))
+    p.add_argument(
+        "--example", metavar="NAME", help="diagnose a bundled real log instead: " + ", ".join(bundled_examples())
+    )
     p.add_argument("--exit-code", type=int, help="the container's or process's exit code")
     p.add_argument("--reason", help="the container's termination reason (OOMKilled, Error, ...)")
     p.add_argument(
@@ -407,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--gpu-memory-gib", type=float, help="memory of one GPU, for the remedy (default: from the log)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(run=_cmd_diagnose)
+    p.set_defaults(run=run_diagnose)
 
     p = sub.add_parser(
         "plan",
@@ -457,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-fix", dest="fix", action="store_false", help="do not suggest fitting flags")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(run=_cmd_plan, flags=[])
+    p.set_defaults(run=run_plan, flags=[])
 
     from .api import HealBounds, HealPolicy
 
@@ -506,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="stop after the server is healthy and has answered one completion (scripts, tests)",
     )
     p.add_argument("--startup-timeout", type=float, default=1800.0, help="seconds to wait for /health")
-    p.set_defaults(run=_cmd_serve, flags=[])
+    p.set_defaults(run=run_serve, flags=[])
     return parser
 
 
