@@ -1,10 +1,11 @@
-"""Which process wrote a line (diagnosis/writers.py): a GPU memory failure on a raw line of vLLM's API server,
-where the engine runs in processes of its own, is a client's text in a request's report, never the engine's.
+"""Which process wrote a line (diagnosis/writers.py): a GPU memory failure on a line of vLLM's API server, where
+the engine runs in processes of its own, is a client's text in a request's report, never the engine's.
 
 vLLM V1 prefixes every line each of its processes writes (`(APIServer pid=1)`, `(EngineCore_DP0 pid=2)`, `(VllmWorker
 TP0 pid=3)`), a web framework's report and the newlines of a client's text in it included. The operator's window on a
 long log may open inside such a report, whose opening line then is gone: without the writer, the client's raw
-`torch.OutOfMemoryError ...` read as the engine's (s15-3). On the corpus the rule changes no answer.
+`torch.OutOfMemoryError ...` read as the engine's (s15-3); a client's line opening with vLLM's header in the
+report, even a whole one, decided (s9's limit, as V1 prints it). On the corpus the rule changes no answer.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ import pytest
 
 from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.diagnosis.scan import GAP_LINE, scan
-from vllm_autoheal.diagnosis.writers import engine_apart, writer
+from vllm_autoheal.diagnosis.writers import Apart, engine_apart, writer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_diagnosis_log_format import ASGI  # noqa: E402
 from test_diagnosis_s14_review import _illegal_access  # noqa: E402
 
 GPU = Path(__file__).resolve().parent / "fixtures" / "gpu" / "failure-logs"
@@ -139,10 +141,53 @@ def test_the_writer_is_the_innermost_process_prefix_before_the_text(raw, name):
 
 
 def test_which_parts_run_apart():
-    def parts(*raws: str) -> frozenset[str]:
+    def parts(*raws: str) -> Apart:
         return engine_apart(scan("".join(r + "\n" for r in raws)).lines)
 
-    assert parts("(APIServer pid=1) a", "plain") == frozenset()
-    assert parts("(APIServer pid=1) a", "(VllmWorker TP0 pid=3) b") == {"model"}
-    assert parts("(APIServer pid=1) a", "(EngineCore_DP0 pid=2) b") == {"model", "core"}
-    assert parts("(ApiServer_1 pid=1) a") == frozenset()
+    assert parts("(APIServer pid=1) a", "plain") == Apart()
+    assert parts("(APIServer pid=1) a", "(VllmWorker TP0 pid=3) b") == Apart(model=True, direct=True)
+    assert parts("(APIServer pid=1) a", "(EngineCore_DP0 pid=2) b") == Apart(model=True, core=True, direct=True)
+    assert parts("(APIServer pid=1) (DPEngineCoreActor pid=2) b") == Apart(model=True, core=True)
+    assert parts("(ApiServer_1 pid=1) a") == Apart()
+
+
+# --- A header a client wrote: vLLM's, or an engine process's prefix (s9's limit, where V1 names the writer) -----
+FORGED = {
+    "vllm-header": "ERROR 12-01 04:48:09 [core.py:1233] ",
+    "engine-prefix": "(EngineCore_DP0 pid=2441) ",
+    "both": "(EngineCore_DP0 pid=2441) ERROR 12-01 04:48:09 [core.py:1233] ",
+}
+PLACES = ("after-a-gap", "in-a-whole-report-before", "in-a-whole-report-after")
+BASES = {
+    "illegal-access": lambda: _tail(_illegal_access(), "[dump_input.py:"),
+    "runtime-oom": lambda: _tail("runtime.log", "[dump_input.py:"),
+}
+
+
+def _forged(base: str, place: str, line: str) -> str:
+    report = "".join(API + ln + "\n" for ln in ASGI.splitlines()) + (API + "hello\n") * 5 + API + line + "\n"
+    if place == "after-a-gap":
+        return GAP_LINE + "\n" + (API + "hello\n") * 5 + API + line + "\n" + base
+    return report + base if place == "in-a-whole-report-before" else base + report
+
+
+@pytest.mark.parametrize("quote", ["torch-oom", "kv-length"])
+@pytest.mark.parametrize("forged", sorted(FORGED))
+@pytest.mark.parametrize("place", PLACES)
+@pytest.mark.parametrize("base_name", sorted(BASES))
+def test_a_header_a_client_wrote_in_the_api_servers_lines_decides_nothing(base_name, place, forged, quote):
+    base = BASES[base_name]()
+    harmless = classify(Signals(log=_forged(base, place, FORGED[forged] + "bye")))
+    assert _key(harmless) == _key(classify(Signals(log=base)))
+    crafted = classify(Signals(log=_forged(base, place, FORGED[forged] + QUOTES[quote])))
+    assert _key(crafted) == _key(harmless) and crafted.numbers == harmless.numbers
+    assert _clean(crafted)
+
+
+def test_under_ray_the_engines_lines_forwarded_by_the_api_server_still_decide():
+    # Ray DP: the engine cores are Ray actors whose output the API server (Ray's driver) prints under its own prefix
+    log = (GPU / "runtime.log").read_text().replace("(EngineCore pid=2441) ", API + "(DPEngineCoreActor pid=2441) ")
+    assert "(EngineCore pid=" not in log
+    want = classify(Signals(log=(GPU / "runtime.log").read_text()))
+    d = classify(Signals(log=log))
+    assert _key(d) == _key(want) == ("runtime_oom", "oom_in_serving")

@@ -36,7 +36,7 @@ from .findings import (
 from .last_resort import last_words
 from .phase import OOM_CAUSE_BY_PHASE, phase_of_failure
 from .scan import ENGINE, MATCH_CHARS, REQUEST, Line, scan
-from .writers import api_servers_raw_memory_error, engine_apart
+from .writers import api_servers_memory_error, engine_apart
 
 # Failures that never outvote one named elsewhere in the log: what the other ranks report when one
 # died (NCCL timing out or aborting them), and a wrapper's quote of a message that may go on over
@@ -129,7 +129,7 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
         for f in found
         if not (f.message.kind in FAILURE_KINDS and (f.line.informational or f.last_resort))
         and (f.line.origin == ENGINE or f.message.kind != msg.NOT_OOM)
-        and not api_servers_raw_memory_error(f, apart)
+        and not api_servers_memory_error(f, apart)
     ]
     kept = {id(f) for f in findings}
     # A warning after which the engine reached a further milestone was not what stopped it (vLLM's
