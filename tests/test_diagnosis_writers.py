@@ -18,7 +18,7 @@ import pytest
 
 from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.diagnosis.scan import GAP_LINE, scan
-from vllm_autoheal.diagnosis.writers import Apart, engine_apart, writer
+from vllm_autoheal.diagnosis.writers import engine_writes_directly, writer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_diagnosis_log_format import ASGI  # noqa: E402
@@ -105,23 +105,25 @@ def test_the_engines_raw_lines_still_decide_under_every_prefix():
     assert _key(classify(Signals(log=nested))) == _key(want)
 
 
-def test_a_kv_check_raised_in_the_api_servers_process_decides_where_only_workers_run_apart():
-    # the engine core in the API server's process (VLLM_ENABLE_V1_MULTIPROCESSING=0), its workers apart: vLLM's KV
-    # check is raised, raw, in the API server's process
-    log = (
-        "(VllmWorker TP0 pid=3) INFO 12-01 10:00:00 [gpu_worker.py:1] Available KV cache memory: 1.00 GiB\n"
-        + API
-        + "Traceback (most recent call last):\n"
-        + API
-        + '  File "/usr/lib/vllm/v1/core/kv_cache_utils.py", line 1, in check_enough_kv_cache_memory\n'
-        + API
-        + KV
-        + "\n"
-    )
-    assert classify(Signals(log=log)).cause == "kv_cache_insufficient"
-    # with an engine core of its own, the same raw line of the API server's is no engine's
-    apart = "(EngineCore_DP0 pid=2) INFO 12-01 10:00:00 [core.py:1] starting\n" + log
-    assert classify(Signals(log=apart)).cause != "kv_cache_insufficient"
+def test_a_kv_check_decides_where_no_api_server_writes_it():
+    # the OpenAI server always runs the engine core apart (AsyncLLM refuses an in-process core): a KV check the API
+    # server wrote is a client's; the same lines of a process that names no API server (the offline LLM class, a
+    # worker) are the engine's
+    def log(prefix: str) -> str:
+        return (
+            "(VllmWorker TP0 pid=3) INFO 12-01 10:00:00 [gpu_worker.py:1] Available KV cache memory: 1.00 GiB\n"
+            + prefix
+            + "Traceback (most recent call last):\n"
+            + prefix
+            + '  File "/usr/lib/vllm/v1/core/kv_cache_utils.py", line 1, in check_enough_kv_cache_memory\n'
+            + prefix
+            + KV
+            + "\n"
+        )
+
+    assert classify(Signals(log=log(""))).cause == "kv_cache_insufficient"
+    assert classify(Signals(log=log("(EngineCore_DP0 pid=2) "))).cause == "kv_cache_insufficient"
+    assert classify(Signals(log=log(API))).cause != "kv_cache_insufficient"
 
 
 @pytest.mark.parametrize(
@@ -140,15 +142,15 @@ def test_the_writer_is_the_innermost_process_prefix_before_the_text(raw, name):
     assert writer(line) == name
 
 
-def test_which_parts_run_apart():
-    def parts(*raws: str) -> Apart:
-        return engine_apart(scan("".join(r + "\n" for r in raws)).lines)
+def test_an_engine_writes_directly_where_a_lines_outermost_writer_is_not_the_api_server():
+    def direct(*raws: str) -> bool:
+        return engine_writes_directly(scan("".join(r + "\n" for r in raws)).lines)
 
-    assert parts("(APIServer pid=1) a", "plain") == Apart()
-    assert parts("(APIServer pid=1) a", "(VllmWorker TP0 pid=3) b") == Apart(model=True, direct=True)
-    assert parts("(APIServer pid=1) a", "(EngineCore_DP0 pid=2) b") == Apart(model=True, core=True, direct=True)
-    assert parts("(APIServer pid=1) (DPEngineCoreActor pid=2) b") == Apart(model=True, core=True)
-    assert parts("(ApiServer_1 pid=1) a") == Apart()
+    assert not direct("(APIServer pid=1) a", "plain")
+    assert direct("(APIServer pid=1) a", "(VllmWorker TP0 pid=3) b")
+    assert direct("(APIServer pid=1) a", "(EngineCore_DP0 pid=2) b")
+    assert not direct("(APIServer pid=1) (DPEngineCoreActor pid=2) b")  # Ray: through the API server
+    assert not direct("(ApiServer_1 pid=1) a", "(ExternalLBRank0 pid=4) b", "(DPServer-rank1 pid=5) c")
 
 
 # --- A header a client wrote: vLLM's, or an engine process's prefix (s9's limit, where V1 names the writer) -----

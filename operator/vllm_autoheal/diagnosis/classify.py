@@ -36,7 +36,7 @@ from .findings import (
 from .last_resort import last_words
 from .phase import OOM_CAUSE_BY_PHASE, phase_of_failure
 from .scan import ENGINE, MATCH_CHARS, REQUEST, Line, scan
-from .writers import api_servers_memory_error, engine_apart
+from .writers import api_servers_memory_error, engine_writes_directly
 
 # Failures that never outvote one named elsewhere in the log: what the other ranks report when one
 # died (NCCL timing out or aborting them), and a wrapper's quote of a message that may go on over
@@ -123,13 +123,15 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
     # What may decide: the engine's own lines; failure kinds only where it reported an error.
     # A warning, or a request's own error (a 400), is a last resort: it may say "not memory" when
     # nothing else in the log says anything, never more.
-    apart = engine_apart(lines)
+    # (a GPU memory failure the API server wrote is a client's text: writers.py)
+    direct = engine_writes_directly(lines)
+    clients = {id(f.line) for f in found if api_servers_memory_error(f, direct)}
     findings = [
         f
         for f in found
         if not (f.message.kind in FAILURE_KINDS and (f.line.informational or f.last_resort))
         and (f.line.origin == ENGINE or f.message.kind != msg.NOT_OOM)
-        and not api_servers_memory_error(f, apart)
+        and id(f.line) not in clients
     ]
     kept = {id(f) for f in findings}
     # A warning after which the engine reached a further milestone was not what stopped it (vLLM's
@@ -380,7 +382,7 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
             "low",
             why="The only failure in the log is a warning or a request's own error, not a memory failure.",
         )
-    own = [ln for ln in engine_lines if not ln.value]  # not a value written into a message
+    own = [ln for ln in engine_lines if not ln.value and id(ln) not in clients]  # (nor a client's)
     words = last_words(own)
     if words is not None:
         phase = phase_of_failure(findings, None, signals.ready_before)

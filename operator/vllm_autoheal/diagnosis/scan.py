@@ -38,7 +38,9 @@ RAW_TAIL_LINES = 2000  # ... up to this many (a normal 64 KiB tail has a few hun
 ENGINE, USER, ACCESS, REQUEST = "engine", "user", "access", "request"
 FORGED = "<second header>"
 
-_ANSI = re.compile(r"(?:\x1b|\^\[|#033)\[[0-9;]{0,20}[A-Za-z]")
+# (a colour code as a tool wrote it escaped, `\u001b[` / `\033[`, or with its ESC byte dropped: then only a
+# colour's `[0;36m` form is taken, never a bracket a line may open with)
+_ANSI = re.compile(r"(?:\x1b|\^\[|#033|\\u001b|\\033|\\x1b)\[[0-9;]{0,20}[A-Za-z]|\[\d{1,3}(?:;\d{1,3}){0,4}m")
 _TIMESTAMP = r"\s{0,8}\[?\d{4}-\d\d-\d\d[T ][\d:.,]{1,20}Z?\]?\s{0,8}"  # ISO timestamps
 _PREFIXES = re.compile(
     r"^(?:"
