@@ -6,7 +6,9 @@ Each finding is an xfail(strict=True) test that FAILS on 20bc70d (and on 5d91441
 after it) and says what the classifier said and what it should say. Severity in brackets; "new" means 20bc70d~1
 (889c2e4) answered right on the same input, "older" means it already answered wrong (the fix does not reach it).
 
-Outcome, in the same session: 1-4 are fixed and their tests plain. The API server's prefix alone now says the
+Outcome, in the same session: 1-4 are fixed and their tests plain (the Ray exception of 1 was dropped again after
+the s15c review: a client can write an actor's prefix byte for byte, so under Ray DP the engine's own forwarded
+lines are set aside too, a safe miss, a strict xfail here and in test_diagnosis_writers.py). The API server's prefix alone now says the
 engine runs apart (2); the writer is the outermost prefix, a further one Ray's only where no engine process writes to
 the log itself (1, with e55d0bf: any GPU memory failure the API server wrote, headed or not, is a client's); the
 API server's other names are known (3); a colour code a tool escaped or stripped of its ESC byte is removed (4; it
@@ -98,7 +100,7 @@ import pytest
 from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.diagnosis.findings import findings_of
 from vllm_autoheal.diagnosis.scan import GAP_LINE, scan
-from vllm_autoheal.diagnosis.writers import api_servers_memory_error, engine_writes_directly, writer
+from vllm_autoheal.diagnosis.writers import api_servers_memory_error, writer, writers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_diagnosis_s14_review import CORPUS, TORCH_OOM, _corpus  # noqa: E402
@@ -184,7 +186,7 @@ NAMELESS_CRASHES = {"cpp-abort": _cpp_abort, "core-killed": _core_killed}
 
 def test_the_nameless_crashes_name_no_engine_process():
     for crash in NAMELESS_CRASHES.values():
-        assert not engine_writes_directly(scan(_window("bye", crash())).lines)
+        assert not any(n and n[0] != "APIServer" for n in (writers(ln) for ln in scan(_window("bye", crash())).lines))
 
 
 @pytest.mark.parametrize("crash", sorted(NAMELESS_CRASHES))
@@ -281,6 +283,11 @@ def test_the_api_servers_copy_of_a_ray_actors_oom_decides_when_the_actors_copy_i
 
 
 # --- What held ----------------------------------------------------------------------------------------------------
+@pytest.mark.xfail(
+    strict=True,
+    reason="a limit since the s15c review, safe: under Ray DP every line of the engine's comes through the API server "
+    "(its prefix outermost), and a client can write an actor's prefix byte for byte: set aside, the OOM is missed",
+)
 def test_the_ray_dp_shape_with_the_actors_copy_still_decides():
     log = _ray(RAY_START, ACTORS_COPY, API_SERVERS_COPY)
     assert _key(classify(Signals(log=log))) == ("weights_load_oom", "oom_in_load")
@@ -291,8 +298,7 @@ def test_the_rule_drops_no_finding_of_any_train_log():
         if sample["split"] != "train":
             continue
         lines = scan(sample["log"]).lines
-        direct = engine_writes_directly(lines)
-        dropped = [f.line.text[:80] for f in findings_of(lines) if api_servers_memory_error(f, direct)]
+        dropped = [f.line.text[:80] for f in findings_of(lines) if api_servers_memory_error(f)]
         assert dropped == [], name
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.diagnosis.scan import GAP_LINE, scan
-from vllm_autoheal.diagnosis.writers import engine_writes_directly, writer
+from vllm_autoheal.diagnosis.writers import writer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_diagnosis_log_format import ASGI  # noqa: E402
@@ -95,14 +95,12 @@ def test_the_api_servers_own_raw_errors_still_decide(name, want):
     assert classify(Signals(log=(GPU / name).read_text())).cause == want
 
 
-def test_the_engines_raw_lines_still_decide_under_every_prefix():
-    # the engine core's raw re-print (`Process EngineCore:` and its traceback) of a real KV failure; under Ray the
-    # driver's prefix comes first, the actor's last: the writer is the innermost
+def test_the_engines_raw_lines_still_decide():
+    # the engine core's raw re-print (`Process EngineCore:` and its traceback) of a real KV failure, beside the API
+    # server's own lines
     log = (GPU / "kvlen.log").read_text()
-    want = classify(Signals(log=log))
-    assert want.cause == "kv_cache_insufficient"
-    nested = log.replace("(EngineCore pid=744) ", API + "(EngineCore pid=744) ")
-    assert _key(classify(Signals(log=nested))) == _key(want)
+    assert "(APIServer pid=" in log
+    assert classify(Signals(log=log)).cause == "kv_cache_insufficient"
 
 
 def test_a_kv_check_decides_where_no_api_server_writes_it():
@@ -142,17 +140,6 @@ def test_the_writer_is_the_innermost_process_prefix_before_the_text(raw, name):
     assert writer(line) == name
 
 
-def test_an_engine_writes_directly_where_a_lines_outermost_writer_is_not_the_api_server():
-    def direct(*raws: str) -> bool:
-        return engine_writes_directly(scan("".join(r + "\n" for r in raws)).lines)
-
-    assert not direct("(APIServer pid=1) a", "plain")
-    assert direct("(APIServer pid=1) a", "(VllmWorker TP0 pid=3) b")
-    assert direct("(APIServer pid=1) a", "(EngineCore_DP0 pid=2) b")
-    assert not direct("(APIServer pid=1) (DPEngineCoreActor pid=2) b")  # Ray: through the API server
-    assert not direct("(ApiServer_1 pid=1) a", "(ExternalLBRank0 pid=4) b", "(DPServer-rank1 pid=5) c")
-
-
 # --- A header a client wrote: vLLM's, or an engine process's prefix (s9's limit, where V1 names the writer) -----
 FORGED = {
     "vllm-header": "ERROR 12-01 04:48:09 [core.py:1233] ",
@@ -186,6 +173,15 @@ def test_a_header_a_client_wrote_in_the_api_servers_lines_decides_nothing(base_n
     assert _clean(crafted)
 
 
+RAY_DP_LIMIT = pytest.mark.xfail(
+    strict=True,
+    reason="a limit, safe: under the Ray DP backend the engine cores are Ray actors whose output the API server "
+    "prints under its own prefix first, and a client can write the same inner prefix byte for byte (the s15c "
+    "review), so those lines are set aside too: a real OOM there is unknown, never a client's text the cause",
+)
+
+
+@RAY_DP_LIMIT
 def test_under_ray_the_engines_lines_forwarded_by_the_api_server_still_decide():
     # Ray DP: the engine cores are Ray actors whose output the API server (Ray's driver) prints under its own prefix
     log = (GPU / "runtime.log").read_text().replace("(EngineCore pid=2441) ", API + "(DPEngineCoreActor pid=2441) ")

@@ -36,7 +36,7 @@ from .findings import (
 from .last_resort import last_words
 from .phase import OOM_CAUSE_BY_PHASE, phase_of_failure
 from .scan import ENGINE, MATCH_CHARS, REQUEST, Line, scan
-from .writers import api_servers_memory_error, engine_writes_directly
+from .writers import api_servers_memory_error
 
 # Failures that never outvote one named elsewhere in the log: what the other ranks report when one
 # died (NCCL timing out or aborting them), and a wrapper's quote of a message that may go on over
@@ -124,8 +124,7 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
     # A warning, or a request's own error (a 400), is a last resort: it may say "not memory" when
     # nothing else in the log says anything, never more.
     # (a GPU memory failure the API server wrote is a client's text: writers.py)
-    direct = engine_writes_directly(lines)
-    clients = {id(f.line) for f in found if api_servers_memory_error(f, direct)}
+    clients = {id(f.line) for f in found if api_servers_memory_error(f)}
     findings = [
         f
         for f in found
