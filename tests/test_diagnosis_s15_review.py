@@ -96,6 +96,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_diagnosis_log_format import reformatted  # noqa: E402
 from test_diagnosis_s9_review import ASGI  # noqa: E402  (uvicorn's report of a request, printed without any header)
 from test_diagnosis_s14_review import CUSTOM, TORCH_OOM, _corpus, _illegal_access  # noqa: E402
+from test_diagnosis_s14_review import _report as s14_report  # noqa: E402
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 GPU = FIXTURES / "gpu" / "failure-logs"
@@ -397,18 +398,10 @@ def test_a_clients_json_record_of_a_server_up_line_in_a_prefixed_report_sets_not
 def test_a_forged_header_in_a_headed_report_sets_nothing_aside():
     """serving_chat.py's logger.exception under NewLineFormatter: a second header after its own is the client's."""
     chat = "(APIServer pid=2320) ERROR 12-01 04:48:09 [serving_chat.py:200] "
-    opening = [
-        "Error in preprocessing prompt inputs",
-        "Traceback (most recent call last):",
-        '  File "/usr/local/lib/python3.12/dist-packages/vllm/entrypoints/openai/serving_chat.py", line 183, in '
-        "create_chat_completion",
-        "    ) = await self._preprocess_chat(",
-        "jinja2.exceptions.TemplateError: x",
-    ]
     base = _runtime()
     want = classify(Signals(log=base))
     for up in (FORGED_UP["init-engine"], "INFO:     Application startup complete."):
-        report = "".join(chat + ln + "\n" for ln in [*opening, up, ILLEGAL_QUOTE])
+        report = "".join(ln + "\n" for ln in s14_report(chat, [up, ILLEGAL_QUOTE]))
         d = classify(Signals(log=base + report))
         assert _key(d) == _key(want) and _clean(d)
 
