@@ -100,7 +100,7 @@ import pytest
 from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.diagnosis.findings import findings_of
 from vllm_autoheal.diagnosis.scan import GAP_LINE, scan
-from vllm_autoheal.diagnosis.writers import api_servers_memory_error, writer, writers
+from vllm_autoheal.diagnosis.writers import api_servers_memory_error, writers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_diagnosis_s14_review import CORPUS, TORCH_OOM, _corpus  # noqa: E402
@@ -356,6 +356,6 @@ def test_a_clients_mark_that_names_no_process_leaves_the_line_the_api_servers(ma
 
 
 def test_the_writer_of_a_client_line_with_a_forged_inner_prefix_is_the_clients():
-    """The mechanism of finding 1, pinned: the innermost prefix wins."""
+    """The mechanism of finding 1, pinned: the client's prefix is the innermost, the API server's the outermost."""
     (line,) = scan(API + "(EngineCore_DP0 pid=7) " + TORCH_OOM + "\n").lines
-    assert writer(line) == "EngineCore_DP0"
+    assert writers(line) == ["APIServer", "EngineCore_DP0"]

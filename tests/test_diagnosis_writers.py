@@ -18,7 +18,7 @@ import pytest
 
 from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.diagnosis.scan import GAP_LINE, scan
-from vllm_autoheal.diagnosis.writers import writer
+from vllm_autoheal.diagnosis.writers import writers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_diagnosis_log_format import ASGI  # noqa: E402
@@ -125,19 +125,19 @@ def test_a_kv_check_decides_where_no_api_server_writes_it():
 
 
 @pytest.mark.parametrize(
-    ("raw", "name"),
+    ("raw", "names"),
     [
-        ("(APIServer pid=1) hello", "APIServer"),
-        ("(APIServer pid=1) (DPEngineCoreActor pid=2) hello", "DPEngineCoreActor"),
-        ("(VllmWorker TP0 pid=3) INFO 12-01 10:00:00 [gpu_worker.py:1] hi", "VllmWorker"),
-        ("(RayWorkerWrapper pid=5, ip=10.0.0.1) hello", "RayWorkerWrapper"),
-        ("hello (APIServer pid=1) later on the line", ""),
-        ("hello", ""),
+        ("(APIServer pid=1) hello", ["APIServer"]),
+        ("(APIServer pid=1) (DPEngineCoreActor pid=2) hello", ["APIServer", "DPEngineCoreActor"]),
+        ("(VllmWorker TP0 pid=3) INFO 12-01 10:00:00 [gpu_worker.py:1] hi", ["VllmWorker"]),
+        ("(RayWorkerWrapper pid=5, ip=10.0.0.1) hello", ["RayWorkerWrapper"]),
+        ("hello (APIServer pid=1) later on the line", []),
+        ("hello", []),
     ],
 )
-def test_the_writer_is_the_innermost_process_prefix_before_the_text(raw, name):
+def test_the_writers_are_the_process_prefixes_before_the_text_outermost_first(raw, names):
     (line,) = scan(raw + "\n").lines
-    assert writer(line) == name
+    assert writers(line) == names
 
 
 # --- A header a client wrote: vLLM's, or an engine process's prefix (s9's limit, where V1 names the writer) -----

@@ -43,12 +43,6 @@ def writers(line: Line) -> list[str]:
     return [name.group(1) for name in found if name]
 
 
-def writer(line: Line) -> str:
-    """The innermost writer ('EngineCore_DP0'; under Ray the actor's), or ''."""
-    names = writers(line)
-    return names[-1] if names else ""
-
-
 def api_server(name: str) -> bool:
     return bool(_API_SERVER.fullmatch(name))
 
