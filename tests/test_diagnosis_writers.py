@@ -1,8 +1,10 @@
 """Which process wrote a line (diagnosis/writers.py): a GPU memory failure on a line of vLLM's API server, where
 the engine runs in processes of its own, is a client's text in a request's report, never the engine's.
 
-vLLM V1 prefixes every line each of its processes writes (`(APIServer pid=1)`, `(EngineCore_DP0 pid=2)`, `(VllmWorker
-TP0 pid=3)`), a web framework's report and the newlines of a client's text in it included. The operator's window on a
+vLLM V1 prefixes the lines each of its processes writes (`(APIServer pid=1)`, `(EngineCore_DP0 pid=2)`, `(VllmWorker
+TP0 pid=3)`); in some versions uvicorn's reports and the newlines of a client's text in them too (vLLM 0.25 on the
+H200: tests/fixtures/gpu/failure-logs/runtime.log; 0.32 on the CPU leaves uvicorn's lines bare, where the older limits
+stand: the s14b/s15 strict xfails). These tests take the shape 0.25 prints. The operator's window on a
 long log may open inside such a report, whose opening line then is gone: without the writer, the client's raw
 `torch.OutOfMemoryError ...` read as the engine's (s15-3); a client's line opening with vLLM's header in the
 report, even a whole one, decided (s9's limit, as V1 prints it). On the corpus the rule changes no answer.

@@ -1,9 +1,11 @@
 """Which process wrote a line, where vLLM's process prefixes say: the API server's lines are no GPU
 memory failure of the engine's. Standard library only.
 
-vLLM prefixes every line its OpenAI server writes with the process's name (`(APIServer pid=1)`;
+vLLM prefixes the lines its OpenAI server writes with the process's name (`(APIServer pid=1)`;
 `ApiServer_N` with several, `ExternalLBRankN` / `DPServer-rankN` under an external load balancer),
-a web framework's report and the newlines of a client's text in it included. That server always
+in some versions uvicorn's reports and the newlines of a client's text in them included (vLLM 0.25
+on the H200 prefixes uvicorn's lines; 0.32 on the CPU does not, and there a client's raw lines name
+no writer, so this rule cannot reach them and the older limits stand). That server always
 runs the engine core in processes of its own (AsyncLLM refuses an in-process core), so it holds no
 model: GPU out-of-memory errors (torch's, NCCL's) are raised in the engine's processes and vLLM's
 KV-cache and free-memory checks in its engine core, and printed there; the API server gets only
