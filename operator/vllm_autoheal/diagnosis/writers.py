@@ -45,7 +45,7 @@ def writers(line: Line) -> list[str]:
     return [name.group(1) for name in found if name]
 
 
-def api_server(name: str) -> bool:
+def _api_server(name: str) -> bool:
     return bool(_API_SERVER.fullmatch(name))
 
 
@@ -54,4 +54,4 @@ def api_servers_memory_error(f: Finding) -> bool:
     if f.message.kind not in GPU_MEMORY_KINDS:
         return False
     names = writers(f.line)
-    return bool(names) and api_server(names[0])
+    return bool(names) and _api_server(names[0])
