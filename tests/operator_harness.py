@@ -350,30 +350,38 @@ class Cluster:
             what="CrashNotHealed event",
         )
 
-    async def heal_recorded(self, name: str) -> dict[str, Any]:
-        """The VLLMService once a heal is recorded in its status (healCount)."""
-        return await wait_for(
-            lambda: (o := self.vsvc_now(name)) and (o.get("status") or {}).get("healCount") and o, what="heal"
-        )
-
-    async def first_heal(self, name: str, spec: dict[str, Any], pod: str, **crash: Any) -> dict[str, Any]:
-        """Create a VLLMService, crash a pod of its Deployment, and return the object once healed: the
-        heal recorded (healCount) and applied (the status write comes first, the spec patch after it;
-        a loaded machine showed a test reading the spec between the two)."""
-        await self.create_vsvc(name, spec)
-        await wait_for(lambda: self.deployment_now(name), what="deployment")
-        await self.crash_pod(name, pod, **crash)
+    async def heal_recorded(self, name: str, heals: int = 1) -> dict[str, Any]:
+        """The VLLMService once `heals` heals are recorded (healCount) and the last one applied: the
+        status write comes first, the spec patch after it, and a loaded machine (CI) showed a test
+        reading the spec between the two."""
 
         def healed() -> dict[str, Any] | None:
             v = self.vsvc_now(name)
-            if not v:
-                return None
-            status = v.get("status") or {}
+            status = (v or {}).get("status") or {}
             in_flight = status.get("inFlight")
-            done = status.get("healCount") == 1 and (not in_flight or in_flight.get("applied"))
+            done = (status.get("healCount") or 0) >= heals and (not in_flight or in_flight.get("applied"))
             return v if done else None
 
         return await wait_for(healed, what="heal")
+
+    async def with_condition(self, name: str, type_: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The VLLMService and its condition `type_`, once written (another handler may write other
+        conditions first)."""
+
+        def written() -> tuple[dict[str, Any], dict[str, Any]] | None:
+            v = self.vsvc_now(name) or {}
+            found = [c for c in (v.get("status") or {}).get("conditions", []) if c.get("type") == type_]
+            return (v, found[0]) if found else None
+
+        return await wait_for(written, what=f"condition {type_}")
+
+    async def first_heal(self, name: str, spec: dict[str, Any], pod: str, **crash: Any) -> dict[str, Any]:
+        """Create a VLLMService, crash a pod of its Deployment, and return the object once its first
+        heal is recorded and applied."""
+        await self.create_vsvc(name, spec)
+        await wait_for(lambda: self.deployment_now(name), what="deployment")
+        await self.crash_pod(name, pod, **crash)
+        return await self.heal_recorded(name)
 
     async def deployment_available(self, name: str, available: int = 1) -> None:
         """Play the Deployment controller: the current template's pods are rolled out, `available`

@@ -243,11 +243,7 @@ async def test_preflight_fix_starts_with_flags_that_fit(cluster):
     dep = await wait_for(lambda: cluster.deployment_now("fit"), what="deployment")
     fitted = int(flag(dep, "--max-model-len"))
     assert 16384 < fitted < 131072  # an L4 holds ~35k tokens of Llama-8B KV at utilization 0.9
-    obj = await wait_for(
-        lambda: (cluster.vsvc_now("fit").get("status") or {}).get("conditions") and cluster.vsvc_now("fit"),
-        what="MemoryFit",
-    )
-    fit = next(c for c in obj["status"]["conditions"] if c["type"] == "MemoryFit")
+    obj, fit = await cluster.with_condition("fit", "MemoryFit")
     assert fit["status"] == "True" and fit["reason"] == "FittedByPreflight"
     assert obj["spec"]["engine"]["maxModelLen"] == 131072  # the spec stays as written
 
@@ -257,14 +253,7 @@ async def test_preflight_warn_reports_without_changing(cluster):
     await cluster.create_vsvc(
         "big", {**SPEC, "preflight": "Warn"}, annotations={"vllm.autoheal.dev/model-config": config}
     )
-    obj = await wait_for(
-        lambda: (
-            any(c["type"] == "MemoryFit" for c in (cluster.vsvc_now("big").get("status") or {}).get("conditions", []))
-            and cluster.vsvc_now("big")
-        ),
-        what="MemoryFit",
-    )
-    fit = next(c for c in obj["status"]["conditions"] if c["type"] == "MemoryFit")
+    _obj, fit = await cluster.with_condition("big", "MemoryFit")
     assert fit["status"] == "False" and fit["reason"] == "WeightsLoadOom" and "weights need" in fit["message"]
 
 
