@@ -3,9 +3,14 @@ memory failure of the engine's. Standard library only.
 
 vLLM prefixes the lines its OpenAI server writes with the process's name (`(APIServer pid=1)`;
 `ApiServer_N` with several, `ExternalLBRankN` / `DPServer-rankN` under an external load balancer),
-in some versions uvicorn's reports and the newlines of a client's text in them included (vLLM 0.25
-on the H200 prefixes uvicorn's lines; 0.32 on the CPU does not, and there a client's raw lines name
-no writer, so this rule cannot reach them and the older limits stand). That server always
+in some versions uvicorn's reports and the newlines of a client's text in them included. By version
+(read from vLLM's sources): up to 0.4.1 no prefixes; 0.4.2 to 0.10.0 wrap the output streams of
+multiprocessing workers, data-parallel engine cores and extra API servers only, not the single API
+server's; 0.10.1 to 0.30 wrap every process's streams (`decorate_logs`), so uvicorn's reports and raw
+tracebacks carry the API server's prefix (seen on 0.25 on the H200); from 0.31 (vLLM PR #57957) the
+name is a field of vLLM's own log records, printed by vLLM's formatter only, so uvicorn's lines are
+bare (seen on 0.32 on the CPU). This rule reaches a client's raw lines in 0.10.1 to 0.30; elsewhere
+they name no writer and the older limits stand. That server always
 runs the engine core in processes of its own (AsyncLLM refuses an in-process core), so it holds no
 model: GPU out-of-memory errors (torch's, NCCL's) are raised in the engine's processes and vLLM's
 KV-cache and free-memory checks in its engine core, and printed there; the API server gets only
