@@ -114,7 +114,7 @@ def other_shapes() -> list[tuple[str, str]]:
         ("4-byte lines that open a JSON object", '{"}'),
         ("the smallest JSON records", '{"levelname":"INFO","message":"x"}'),
         ("lines naming a record's keys that do not parse", '{"levelname": "INFO", "message" x}'),
-        # the first exception named in a line's opening (findings.first_named_exception), after word runs
+        # the first exception named in a line's opening (quoted.first_named_exception), after word runs
         ("word runs, then an exception named late", (" " + "a" * 119) * 2 + " xError zz KeyError: " + "b" * 100),
         # process prefixes that almost parse (scan._PREFIXES, collector.PROCESS_WITH_PID)
         ("a process prefix that almost parses", "(" + ", ".join(["n" * 59] * 40) + " pid=1"),

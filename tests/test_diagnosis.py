@@ -18,9 +18,11 @@ from vllm_autoheal.diagnosis import (
     Signals,
     classify,
 )
-from vllm_autoheal.diagnosis.classify import classify_stream, from_termination_message
+from vllm_autoheal.diagnosis.classify import classify_stream
 from vllm_autoheal.diagnosis.corpus import context, load
-from vllm_autoheal.diagnosis.scan import normalize, origin_of
+from vllm_autoheal.diagnosis.origin import origin_of
+from vllm_autoheal.diagnosis.scan import normalize
+from vllm_autoheal.diagnosis.termination import from_termination_message
 
 KV_V1 = (
     "ValueError: To serve at least one request with the model's max seq len (131072), (16.0 GiB KV cache is "

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from vllm_autoheal.diagnosis import Signals, classify
-from vllm_autoheal.diagnosis.scan import USER, scan
+from vllm_autoheal.diagnosis.origin import USER
+from vllm_autoheal.diagnosis.scan import scan
 
 # vLLM's KV check, as a pretty-printer (a notebook, a wrapping console) wrapped it over three lines.
 WRAPPED_KV = (
@@ -99,7 +100,7 @@ def test_a_notebooks_traceback_places_the_failure_by_its_frames(log, cause, phas
 
 def test_a_notebooks_grammar_frame_makes_the_exception_the_requests():
     """A client's words in the exception a grammar library raises, under a notebook's frames, name
-    no memory failure (findings.GRAMMAR_FRAME, in IPython's form)."""
+    no memory failure (quoted.GRAMMAR_FRAME, in IPython's form)."""
     log = f"""\
 ---------------------------------------------------------------------------
 ValueError                                Traceback (most recent call last)

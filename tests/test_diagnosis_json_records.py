@@ -13,7 +13,8 @@ import pytest
 from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.diagnosis import log_records as lr
 from vllm_autoheal.diagnosis.corpus import context, load
-from vllm_autoheal.diagnosis.scan import USER, scan
+from vllm_autoheal.diagnosis.origin import USER
+from vllm_autoheal.diagnosis.scan import scan
 
 HERE = Path(__file__).resolve().parent
 REAL = HERE / "fixtures" / "vllm-cpu"

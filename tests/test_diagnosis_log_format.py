@@ -16,7 +16,8 @@ from test_diagnosis_s9_review import ASGI  # uvicorn's report of a request, prin
 from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.diagnosis.corpus import load
 from vllm_autoheal.diagnosis.log_format import header_of, shape_of
-from vllm_autoheal.diagnosis.scan import ENGINE, REQUEST, USER, scan
+from vllm_autoheal.diagnosis.origin import ENGINE, REQUEST, USER
+from vllm_autoheal.diagnosis.scan import scan
 
 from conftest import FIXTURES, ROOT
 

@@ -113,7 +113,8 @@ import pytest
 from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.diagnosis import log_records as lr
 from vllm_autoheal.diagnosis.corpus import context, load
-from vllm_autoheal.diagnosis.scan import CHUNK, USER, scan
+from vllm_autoheal.diagnosis.origin import USER
+from vllm_autoheal.diagnosis.scan import CHUNK, scan
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_diagnosis_injection import _base, _with  # noqa: E402

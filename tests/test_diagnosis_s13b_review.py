@@ -180,7 +180,7 @@ WRAPPED_OOM = {
 @pytest.mark.parametrize("shape", sorted(WRAPPED_OOM))
 def test_a_wrapper_quoting_torchs_oom_after_a_carrying_type_still_names_memory(shape):
     assert _diag(WRAPPED_OOM[shape] + "\n").cause in MEMORY_CAUSES | {"unknown"}
-    from vllm_autoheal.diagnosis.findings import of_another_type
+    from vllm_autoheal.diagnosis.quoted import of_another_type
     from vllm_autoheal.diagnosis.scan import make_line
 
     assert not of_another_type(make_line(0, WRAPPED_OOM[shape]))

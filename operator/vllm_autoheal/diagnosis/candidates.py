@@ -171,7 +171,7 @@ TAIL_LINES = 3000
 _REQUEST_HINT = re.compile(r"APIServer|\[serving|serving_\w{1,30}\.py:|api_server\.py:")
 
 
-# The words of a frame that opens a request's report (findings.REQUEST_FRAME, GRAMMAR_FRAME): what
+# The words of a frame that opens a request's report (quoted.REQUEST_FRAME, GRAMMAR_FRAME): what
 # follows is a client's text, however long. The last OPENERS_MAX such lines of the tail window are
 # kept whatever else it holds, so a client's text cannot push out the line that says it is one.
 OPENERS = (

@@ -3,7 +3,7 @@
 What decides, in order of trust:
 1. the container's exit state when it is unambiguous (the kubelet's OOMKilled);
 2. the engine's own lines only: request and response echoes and access lines carry user
-   text and never decide nor appear as evidence (scan.py tags each line's origin);
+   text and never decide nor appear as evidence (origin.py tells each line's origin);
 3. the failure kind: an explicit vLLM memory message; start-up figures that leave no room for
    the KV cache; host-RAM messages; known non-memory failures; NCCL out of memory; a generic
    GPU out-of-memory placed in its phase by the frames of its own traceback and the last
@@ -24,18 +24,13 @@ from . import arithmetic as ar
 from . import messages as msg
 from . import model as m
 from . import termination, unplaced
-from .findings import (
-    ENGINE_EXCEPTION,
-    EXCEPTION_LINE,
-    FAILURE_KINDS,
-    Finding,
-    exception_of_another_type,
-    findings_of,
-    served_before,
-)
+from .findings import ENGINE_EXCEPTION, EXCEPTION_LINE, FAILURE_KINDS, Finding, findings_of, served_before
 from .last_resort import last_words
+from .origin import ENGINE, MATCH_CHARS, REQUEST
 from .phase import OOM_CAUSE_BY_PHASE, phase_of_failure
-from .scan import ENGINE, MATCH_CHARS, REQUEST, Line, scan
+from .quoted import exception_of_another_type
+from .scan import Line, scan
+from .termination import from_termination_message
 from .writers import api_servers_memory_error
 
 # Failures that never outvote one named elsewhere in the log: what the other ranks report when one
@@ -67,19 +62,6 @@ def classify_stream(stream: Any, **kwargs: Any) -> m.Diagnosis:
         return _classify(m.Signals(**kwargs), scan(stream).lines)
     except Exception as exc:  # noqa: BLE001
         return m.Diagnosis(explanation=f"could not read the log: {type(exc).__name__}")
-
-
-def from_termination_message(text: str | None) -> m.Diagnosis | None:
-    """The launcher's JSON summary, if that is what the termination message holds and it passes
-    the schema (termination.py); anything else is None."""
-    doc, _note = termination.read(text)
-    if doc is None:
-        return None
-    d = doc["diagnosis"]
-    known = {k: d[k] for k in m.Diagnosis.__dataclass_fields__ if k in d}
-    diag = m.Diagnosis(**known)
-    diag.source = "termination-message"
-    return diag
 
 
 def _evidence(*lines: Line | None, engine_error: bool = False) -> list[str]:

@@ -13,8 +13,9 @@ from itertools import takewhile
 
 from . import messages as msg
 from . import model as m
-from .findings import FRAME_LINE, final_exception, of_another_type, wrapped_only
+from .findings import FRAME_LINE, final_exception, wrapped_only
 from .phase import TRACEBACK_START
+from .quoted import of_another_type
 from .scan import Line
 
 MESSAGE_LINES = 20  # of an exception's message, read for a failed allocation

@@ -19,7 +19,7 @@ A line that opens with vLLM's own header counts against it, also where a second 
 first error: a client's text can sit in an exception's message, never there, so no client can
 teach the reader a header (a wrapper's is taken without that only from a log pasted from its error
 on, which has no such lines: cutting it gives no line a header it did not have). Inside a message
-printed without a header, a learned header is no writer of its own (findings.mark_continuations).
+printed without a header, a learned header is no writer of its own (quoted.mark_continuations).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ text) as the file name does. Where vLLM's stdout decorator (a GPU deployment's p
 collector put a prefix before the record, it is printed before each of those lines instead.
 
 The 7-digit line number marks a decoded record (RECORD_COUNT, below). A client can write a raw line
-that parses as a record (in a request's report, a dying process's re-print): findings.mark_continuations
+that parses as a record (in a request's report, a dying process's re-print): quoted.mark_continuations
 keeps such a record's lines in the report. Work is bounded: only lines up to RECORD_MAX holding a
 `"levelname"` key are parsed, and what a record prints is at most GROWTH times its own size (a record
 of many short lines keeps its first lines and its last, with a gap between).

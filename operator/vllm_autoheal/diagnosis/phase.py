@@ -6,7 +6,7 @@ from __future__ import annotations
 from . import messages as msg
 from . import model as m
 from .findings import Finding
-from .scan import REQUEST
+from .origin import REQUEST
 
 PHASE_PRIORITY = (m.PHASE_CAPTURE, m.PHASE_PROFILE, m.PHASE_KV, m.PHASE_LOAD, m.PHASE_SERVING)
 PHASE_ORDER = {

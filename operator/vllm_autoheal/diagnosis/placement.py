@@ -31,7 +31,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .scan import ENGINE, Line
+from .origin import ENGINE
+from .scan import Line
 
 # Python's frame line, and IPython's (8+: `File /path/x.py:12, in Class.name(args)`; 7: `/path/x.py in
 # name(args)`), as a notebook prints a traceback.

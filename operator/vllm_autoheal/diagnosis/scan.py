@@ -8,12 +8,9 @@ between are read and dropped. A crash's root cause sits within a few KiB of the 
 windows lose nothing that decides, while a crafted log cannot make the scan do more than a
 fixed amount of per-line work. Each line is matched on at most MATCH_CHARS characters.
 
-Origin: vLLM echoes requests and responses into its log (`--enable-log-requests`,
-`--enable-log-outputs`), and those lines carry user text. They are tagged USER and never
-decide a diagnosis nor appear in its evidence; uvicorn access lines are tagged ACCESS.
-vLLM's formatter repeats the logger header on every line of a multi-line message, and the
-request logger writes prompts with %r (one line), so the header and the message's opening
-words identify them.
+Who wrote a line (its origin: the engine, user text, access, a request's) is origin.py's; the
+further lines of a logged message that opened as user text, or as a failed call that did not
+stop the engine, take that message's origin here (_continuations).
 """
 
 from __future__ import annotations
@@ -26,17 +23,14 @@ from typing import IO
 
 from . import collector, container_log, log_format, log_records
 from .candidates import MAX_LINE, head_candidates, tail_candidates
+from .origin import ENGINE, FORGED, MATCH_CHARS, REQUEST, USER, origin_of
 
 CHUNK = 1 * 2**20
-MATCH_CHARS = 2048  # what patterns see of a line: every decisive vLLM line is shorter
 HEAD_BYTES = 256 * 2**10
 TAIL_BYTES = 1 * 2**20
 RAW_TAIL_BYTES = 64 * 2**10  # every line here is kept, anchor or not (traceback frames)
 GAP_LINE = "[...]"  # stands for the middle of a long log, left unread (markers.py: a gap)
 RAW_TAIL_LINES = 2000  # ... up to this many (a normal 64 KiB tail has a few hundred)
-
-ENGINE, USER, ACCESS, REQUEST = "engine", "user", "access", "request"
-FORGED = "<second header>"
 
 # (a colour code as a tool wrote it escaped, `\u001b[` / `\033[`, or with its ESC byte dropped: then only a
 # colour's `[0;36m` form is taken, never a bracket a line may open with)
@@ -70,72 +64,6 @@ _PREFIXES = re.compile(
 _FILES = ("file", "file2", "file3")
 _HEADERS = ("level", "level2", "level3", "file3", "glog")  # a logger's header: the message follows
 _TP_RANK = re.compile(r"(?:[_ ]TP|\[Rank |rank=)(\d{1,4})")  # Worker_TP0, VllmWorker TP0, PP0_TP1
-# The request logger's and response logger's opening words (vLLM 0.2 to 0.33), and the
-# parsers that log model output; a header naming entrypoints/logger.py is user text too.
-_USER_START = re.compile(
-    r"(?:Received request |Generated response |Request \S+ details:|Added request \S+:? .{0,40}prompt)"
-)
-# Searched anywhere in a line of up to MATCH_CHARS: every alternative starts with a letter, so
-# the regex engine skips ahead to those letters instead of trying each position. `p(?<!\w.)`
-# is `\bp`: the character before the `p` is no word character.
-_WB = r"(?<!\w.)"
-_USER_QUOTE = re.compile(
-    rf"p{_WB}rompt(?:_token_ids: \[|: ['\"])|o{_WB}utputs?: ['\"]|d{_WB}elta_text: ['\"]|"
-    rf"c{_WB}urrent_text: ['\"]|m{_WB}odel_output: ['\"]"
-)
-_USER_FILES = re.compile(
-    r"^(?:(?:request_)?logger\.py|dump_input\.py|log_response\.py|.*tool_parser.*|.*reasoning.*parser.*|.*_parser\.py|"
-    r"<second header>)$"
-)
-# Lines that name a request by its id or dump a scheduled batch carry text a client chose (the
-# X-Request-Id header, stop strings), wherever they come from.
-_REQUEST_START = re.compile(
-    # AsyncLLM's "Request <id> aborted/failed ..."
-    r"(?:Added|Aborted|Finished|Abort) request|Request \S+(?: |$)|Aborted request\(s\)"
-)
-# The prefixes vLLM 0.32 puts before _base_request_id (pooling's request_id_prefix, speech's task_type).
-_API_ID_PREFIXES = (
-    "chatcmpl-",
-    "cmpl-",
-    "embd-",
-    "classify-",
-    "tokenize-",
-    "decision-",
-    "generative-scoring-",
-    "generate-tokens-",
-    "pooling-",
-    "score-",
-    "transcribe-",
-    "translate-",
-)
-_REQUEST_IDS = re.compile(  # (each alternative starts with a letter: see _USER_QUOTE)
-    rf"S{_WB}chedulerOutput\(|N{_WB}ewRequestData\(|C{_WB}achedRequestData\(|r{_WB}eq(?:uest)?_ids?[=:]|"
-    # LMCache's "Reqid: <id>" (a Responses request_id is the client's whole id, with no prefix)
-    rf"R{_WB}eq_?[Ii][Dd]s?\b|r{_WB}eq_?[Ii][Dd]s?\b|"
-    # --log-error-stack's "Exception caught. Request id: <id>"
-    r"Request [Ii][Dd]s?\b|request [Ii][Dd]s?\b|"
-    # any other line naming "request" (an id follows it in every vLLM 0.32 form: the engine's
-    # "... for request <id>" of structured output and KV connectors), but the engine's own memory
-    # figures that speak of one request
-    rf"R{_WB}equest\b(?<!at least one request)(?<!tokens per request)|"
-    rf"r{_WB}equest\b(?<!at least one request)(?<!tokens per request)|"
-    # the ids the API server makes, each holding the client's X-Request-Id or body request_id
-    # ("cmpl-<id>-0-1a2b"), as KV connectors log them without the word "request"
-    + "|".join(p[0] + _WB + re.escape(p[1:]) for p in _API_ID_PREFIXES)
-)
-# (every request-id form holds one of these: a cheap test before the regex on long lines)
-_ID_HINTS = ("eq", "SchedulerOutput") + tuple(p[1:] for p in _API_ID_PREFIXES)
-# The API server handles requests one by one: its errors (a 400 for a long prompt, a bad chat
-# template) are the request's, carry the request's text, and never decide a crash's cause.
-_REQUEST_FILES = re.compile(
-    # (connection.py: the realtime endpoint's websocket, one per client)
-    r"^(?:serving_\w{1,40}|serving|api_server|api_router|protocol|chat_utils|connection|"
-    r"openai_serving_\w{1,40})\.py$"
-)
-# huggingface_hub ends its HTTP errors with the Hub's own id of the failed call ("401 Client Error.
-# (Request ID: Root=1-...)"): the Hub's, not a client's, so it does not make the line a request's.
-_HUB_REQUEST_ID = re.compile(r" ?\(Request ID: [\w;=.:/+-]{1,200}\)")
-_ACCESS = re.compile(r'^(?:\[?[\w.:\[\]-]{1,60}:\d{1,5}\]? )?- "(?:GET|POST|PUT|DELETE|PATCH|HEAD|OPTIONS) ')
 
 
 @dataclass
@@ -149,7 +77,7 @@ class Line:
     level: str | None = None  # the logger level in the header (INFO, WARNING, ERROR, ...)
     header: str = ""  # the prefixes and logger header as printed, before `text`
     value: bool = False  # a value written into a message (placement.py): no exception nor frame of the engine's
-    continued: bool = False  # goes on the message of an exception line above it (findings.mark_continuations)
+    continued: bool = False  # goes on the message of an exception line above it (quoted.mark_continuations)
     engine_message: bool = False  # ... of an exception that is the engine's own (not a request's, not quoted)
     grammar_report: bool = False  # in the report of a request's grammar the engine compiled: the request's words
     request_report: bool = False  # in a request's report (its grammar's, the web framework's, an API handler's)
@@ -240,32 +168,6 @@ def structured(text: str) -> bool:
     text = text[stamp.end() :] if stamp else text
     found = _PREFIXES.match(text)
     return (found is not None and found.end() > 0) or _OWN_STRUCTURE.match(text) is not None
-
-
-def a_requests_file(source_file: str | None) -> bool:
-    """The logger header names a file that reports requests (the API server's handlers, the request
-    logger): whatever one of its lines says, the report is a request's."""
-    name = source_file.rsplit("/", 1)[-1] if source_file else ""
-    return bool(name) and (_REQUEST_FILES.match(name) is not None or _USER_FILES.match(name) is not None)
-
-
-def origin_of(text: str, source_file: str | None) -> str:
-    """Who wrote a (normalized) line: the engine, a user (request/response echo), or the access log."""
-    name = source_file.rsplit("/", 1)[-1] if source_file else ""
-    if name and _USER_FILES.match(name):
-        return USER
-    head = text[:MATCH_CHARS]
-    # (every request-id form holds one of _ID_HINTS: a cheap test first on long lines)
-    if _USER_START.match(head) or _USER_QUOTE.search(head) or _REQUEST_START.match(head):
-        return USER
-    named = _HUB_REQUEST_ID.sub("", head) if "(Request ID: " in head else head  # (only the Hub's id is let go)
-    if any(h in named for h in _ID_HINTS) and _REQUEST_IDS.search(named):
-        return USER
-    if _ACCESS.match(head):
-        return ACCESS
-    if name and _REQUEST_FILES.match(name):
-        return REQUEST
-    return ENGINE
 
 
 def make_line(offset: int, raw: str) -> Line | None:

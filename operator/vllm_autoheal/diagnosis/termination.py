@@ -233,3 +233,16 @@ def read(text: str | None) -> tuple[dict[str, Any] | None, str | None]:
         return None, "termination message ignored: a number too large"
     except RecursionError:
         return None, "termination message ignored: nested too deeply"
+
+
+def from_termination_message(text: str | None) -> m.Diagnosis | None:
+    """The launcher's JSON summary as a Diagnosis, if that is what the termination message holds and
+    it passes the schema; anything else is None."""
+    doc, _note = read(text)
+    if doc is None:
+        return None
+    d = doc["diagnosis"]
+    known = {k: d[k] for k in m.Diagnosis.__dataclass_fields__ if k in d}
+    diag = m.Diagnosis(**known)
+    diag.source = "termination-message"
+    return diag
