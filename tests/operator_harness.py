@@ -29,6 +29,8 @@ from vllm_autoheal.kube.config import OperatorConfig
 NS = "default"
 HARNESS_AGENT = "vllm-autoheal-test-harness"
 VSVC = f"{GROUP}/{VERSION}/{PLURAL}"
+# kopf's record of the spec it last handled (its diffbase; handlers.configure keeps it here)
+KOPF_HANDLED = f"{GROUP}/last-handled-configuration"
 _login_registered: dict[str, Any] = {}
 
 
@@ -134,6 +136,7 @@ class Fault:
     times: int
     delay: float | None = None
     hits: int = 0
+    pending: int = 0  # delayed requests not yet served (the write has not landed)
 
 
 class Emulator(kmocklib.KubernetesEmulator):
@@ -182,12 +185,20 @@ class Emulator(kmocklib.KubernetesEmulator):
     ) -> Fault:
         """Make the operator's next `times` requests `method path...path_suffix` fail with `status`,
         or answer only after `delay` seconds (the write still happens: a client timeout does not
-        mean the server did nothing)."""
+        mean the server did nothing; `pending` counts those not served yet)."""
         fault = Fault(method.upper(), path_suffix, status, times, delay)
         self.faults = [*getattr(self, "faults", []), fault]
         return fault
 
     async def _handle(self, request):  # type: ignore[override]
+        delayed: list[Fault] = []
+        try:
+            return await self._handle_faulted(request, delayed)
+        finally:
+            for fault in delayed:  # served (its write landed), or failed
+                fault.pending -= 1
+
+    async def _handle_faulted(self, request, delayed: list[Fault]):
         method = str(getattr(request.method, "value", request.method)).upper()
         for fault in getattr(self, "faults", []):
             if (
@@ -199,6 +210,8 @@ class Emulator(kmocklib.KubernetesEmulator):
                 fault.times -= 1
                 fault.hits += 1
                 if fault.delay:
+                    fault.pending += 1
+                    delayed.append(fault)
                     await asyncio.sleep(fault.delay)
                 else:
                     raise kmocklib.KubernetesError(
@@ -288,6 +301,8 @@ async def running_operator(config: OperatorConfig = TEST_CONFIG):
     finally:
         stop.set()
         await asyncio.to_thread(thread.join, 20)
+    # (else it would go on handling events beside the next operator a test starts)
+    assert not thread.is_alive(), "the operator did not stop within 20 s"
 
 
 class Cluster:
@@ -350,6 +365,47 @@ class Cluster:
             what="CrashNotHealed event",
         )
 
+    async def settled(self, name: str) -> dict[str, Any]:
+        """The VLLMService once the operator is done with its current spec: reconciled (its
+        Deployment and Service applied, then its status written: observedGeneration), the
+        Deployment's handler has written Ready, and kopf has recorded the spec as handled. These
+        are separate writes, the status after the objects: a test that crashes a pod once the
+        Deployment exists races them (the reconcile's status write may land after the heal's,
+        and a fault a test injects may hit one of them instead of the write it is meant for)."""
+
+        def done() -> dict[str, Any] | None:
+            v = self.vsvc_now(name)
+            if not v or not self.deployment_now(name):
+                return None
+            status = v.get("status") or {}
+            handled = (v["metadata"].get("annotations") or {}).get(KOPF_HANDLED)
+            return (
+                v
+                if status.get("observedGeneration") == v["metadata"].get("generation")
+                and any(c.get("type") == "Ready" for c in status.get("conditions", []))
+                and handled
+                and json.loads(handled).get("spec") == v.get("spec")
+                else None
+            )
+
+        return await wait_for(done, what=f"{name} reconciled")
+
+    async def quiet(self, name: str, for_s: float = 1.5, timeout: float = 20.0) -> list[tuple[str, str]]:
+        """The operator's writes to this service's objects (operator_writes) once none has come for
+        `for_s` seconds; an operator that keeps writing (an update storm) fails. Waiting for the
+        writes to stop, rather than for a fixed time, keeps a slow write on a loaded machine from
+        being counted in the wrong window."""
+        deadline = time.monotonic() + timeout
+        last, since = operator_writes(self.kmock, name), time.monotonic()
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+            now = operator_writes(self.kmock, name)
+            if now != last:
+                last, since = now, time.monotonic()
+            elif time.monotonic() - since >= for_s:
+                return now
+        raise AssertionError(f"still writing after {timeout} s: {last[-10:]}")
+
     async def heal_recorded(self, name: str, heals: int = 1) -> dict[str, Any]:
         """The VLLMService once `heals` heals are recorded (healCount) and the last one applied: the
         status write comes first, the spec patch after it, and a loaded machine (CI) showed a test
@@ -376,10 +432,10 @@ class Cluster:
         return await wait_for(written, what=f"condition {type_}")
 
     async def first_heal(self, name: str, spec: dict[str, Any], pod: str, **crash: Any) -> dict[str, Any]:
-        """Create a VLLMService, crash a pod of its Deployment, and return the object once its first
-        heal is recorded and applied."""
+        """Create a VLLMService, crash a pod of its Deployment once it is settled, and return the
+        object once its first heal is recorded and applied."""
         await self.create_vsvc(name, spec)
-        await wait_for(lambda: self.deployment_now(name), what="deployment")
+        await self.settled(name)
         await self.crash_pod(name, pod, **crash)
         return await self.heal_recorded(name)
 

@@ -15,7 +15,6 @@ from operator_harness import (
     Cluster,
     Emulator,
     flag,
-    operator_writes,
     running_operator,
     setup_emulator,
     vllm_container,
@@ -52,7 +51,8 @@ async def test_create_renders_deployment_and_service(cluster):
     assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}} in c["env"]
     assert dep["metadata"]["ownerReferences"][0]["kind"] == "VLLMService"
-    svc = await cluster.get("/api/v1/namespaces/default/services/llama")
+    # applied after the Deployment, in its own request
+    svc = await wait_for(lambda: cluster.kube.get("/api/v1/namespaces/default/services/llama"), what="service")
     assert svc["spec"]["ports"][0]["port"] == 8000
     st = (
         await wait_for(
@@ -66,7 +66,8 @@ async def test_create_renders_deployment_and_service(cluster):
 
 async def test_kv_crash_patches_spec_records_baseline_and_rolls_out(cluster):
     await cluster.create_vsvc("kv", SPEC)
-    before = await wait_for(lambda: cluster.deployment_now("kv"), what="deployment")
+    await cluster.settled("kv")
+    before = await cluster.deployment("kv")
     await cluster.crash_pod("kv", "kv-abc", message=KV_TERMINATION)
     obj = await wait_for(
         lambda: cluster.vsvc_now("kv")["spec"]["engine"].get("maxModelLen") and cluster.vsvc_now("kv"),
@@ -98,15 +99,19 @@ async def test_kv_crash_patches_spec_records_baseline_and_rolls_out(cluster):
 
 async def test_the_same_crash_is_healed_once_even_across_an_operator_restart(cluster):
     await cluster.create_vsvc("once", SPEC)
-    await wait_for(lambda: cluster.deployment_now("once"), what="deployment")
+    await cluster.settled("once")
     first = await cluster.deployment("once")
     uid = await cluster.crash_pod("once", "once-a", message=KV_TERMINATION)
     await wait_for(lambda: cluster.vsvc_now("once")["status"].get("healCount") == 1, what="first heal")
     # The same crash reported again (another status update of the same pod), and a second pod
     # of the old template crashing for the same reason: neither heals again.
     await cluster.crash_pod("once", "once-a", message=KV_TERMINATION, uid=uid)
-    await cluster.crash_pod("once", "once-b", message=KV_TERMINATION, template_from=first)
-    await asyncio.sleep(2)
+    second = await cluster.crash_pod("once", "once-b", message=KV_TERMINATION, template_from=first)
+    await wait_for(
+        lambda: any(c.startswith(f"{second}/") for c in cluster.vsvc_now("once")["status"].get("observedCrashes", [])),
+        what="the second pod's crash, looked at",
+    )
+    await asyncio.sleep(2)  # (the repeated report changes nothing that could be waited for)
     status = (await cluster.vsvc("once"))["status"]
     assert status["healCount"] == 1 and len(status["heals"]) == 1
 
@@ -115,9 +120,8 @@ async def test_a_heal_writes_once_and_then_goes_quiet(cluster):
     """No update storm: the heal's status write, its spec patch and kopf's own bookkeeping each
     come back as watch events; none of them may wake another round of writes."""
     await cluster.create_vsvc("calm", SPEC)
-    await wait_for(lambda: cluster.deployment_now("calm"), what="deployment")
-    await asyncio.sleep(1)
-    before = len(operator_writes(cluster.kmock, "calm"))
+    await cluster.settled("calm")
+    before = len(await cluster.quiet("calm"))
     await cluster.crash_pod("calm", "calm-a", message=KV_TERMINATION)
     obj = await wait_for(
         lambda: (
@@ -128,10 +132,7 @@ async def test_a_heal_writes_once_and_then_goes_quiet(cluster):
         what="healed generation",
     )
     assert obj["spec"]["engine"]["maxModelLen"] == 524160
-    await asyncio.sleep(1.5)
-    writes = operator_writes(cluster.kmock, "calm")[before:]
-    await asyncio.sleep(1.5)
-    assert operator_writes(cluster.kmock, "calm")[before:] == writes, "still writing after the heal settled"
+    writes = (await cluster.quiet("calm"))[before:]  # an update storm never goes quiet
     deployment_writes = [w for w in writes if "/deployments/" in w[1]]
     assert deployment_writes == [("PATCH", "/apis/apps/v1/namespaces/default/deployments/calm")]
     spec_patches = [w for w in writes if w[1].endswith("/vllmservices/calm")]
@@ -152,7 +153,7 @@ async def test_operator_restart_does_not_heal_a_handled_crash(kmock):
 
 async def test_oom_killed_raises_the_memory_limit_vpa_style_within_the_bound(cluster):
     await cluster.create_vsvc("ram", SPEC)
-    await wait_for(lambda: cluster.deployment_now("ram"), what="deployment")
+    await cluster.settled("ram")
     await cluster.crash_pod("ram", "ram-a", exit_code=137, reason="OOMKilled", message="Killed")
     obj = await wait_for(
         lambda: cluster.vsvc_now("ram")["spec"]["resources"]["limits"]["memory"] != "32Gi" and cluster.vsvc_now("ram"),
@@ -171,7 +172,7 @@ async def test_oom_killed_raises_the_memory_limit_vpa_style_within_the_bound(clu
 
 async def test_not_memory_is_left_alone_with_an_event(cluster):
     await cluster.create_vsvc("nm", SPEC)
-    await wait_for(lambda: cluster.deployment_now("nm"), what="deployment")
+    await cluster.settled("nm")
     msg = termination_message(
         classify(Signals(log=(FIXTURES / "model-not-found.log").read_text(), exit_code=1)).to_dict(), 1, None, None
     )
@@ -187,7 +188,7 @@ async def test_fallback_log_tail_sends_the_operator_to_the_previous_log(cluster)
     """Without the launcher, the 2 KiB tail holds only the API server's traceback: the operator
     reads the crashed container's log through the API and finds the root cause there."""
     await cluster.create_vsvc("tail", {**SPEC, "launcher": False})
-    await wait_for(lambda: cluster.deployment_now("tail"), what="deployment")
+    await cluster.settled("tail")
     cluster.kmock["get /api/v1/namespaces/default/pods/tail-a/log"] << KV_LOG.encode()
     await cluster.crash_pod("tail", "tail-a", message=KV_LOG[-2048:])
     obj = await wait_for(
@@ -199,7 +200,7 @@ async def test_fallback_log_tail_sends_the_operator_to_the_previous_log(cluster)
 
 async def test_attempts_exhausted_sets_heal_exhausted_and_stops(cluster):
     await cluster.create_vsvc("ex", {**SPEC, "heal": {**SPEC["heal"], "maxAttempts": 1}})
-    await wait_for(lambda: cluster.deployment_now("ex"), what="deployment")
+    await cluster.settled("ex")
     await cluster.crash_pod("ex", "ex-a", message=KV_TERMINATION)
     await wait_for(lambda: cluster.vsvc_now("ex")["status"].get("healCount") == 1, what="first heal")
     await wait_for(lambda: flag(cluster.deployment_now("ex"), "--max-model-len") == "524160", what="rollout")
@@ -222,7 +223,7 @@ async def test_attempts_exhausted_sets_heal_exhausted_and_stops(cluster):
 async def test_status_overrides_never_touch_the_spec(cluster):
     spec = {**SPEC, "heal": {**SPEC["heal"], "mode": "StatusOverrides"}}
     await cluster.create_vsvc("gitops", spec)
-    await wait_for(lambda: cluster.deployment_now("gitops"), what="deployment")
+    await cluster.settled("gitops")
     await cluster.crash_pod("gitops", "gitops-a", message=KV_TERMINATION)
     dep = await wait_for(
         lambda: (
@@ -257,13 +258,22 @@ async def test_preflight_warn_reports_without_changing(cluster):
     assert fit["status"] == "False" and fit["reason"] == "WeightsLoadOom" and "weights need" in fit["message"]
 
 
-def test_metrics_count_incidents_and_heals():
+async def test_metrics_count_incidents_and_heals(cluster):
     from vllm_autoheal import metrics
 
-    before = metrics.REGISTRY.get_sample_value("vllm_autoheal_incidents_total", {"cause": "kv_cache_insufficient"})
-    assert before and before >= 1  # the heal tests above ran in this process
-    assert metrics.REGISTRY.get_sample_value("vllm_autoheal_heals_total", {"action": "LowerMaxModelLen"}) >= 1
-    assert metrics.REGISTRY.get_sample_value("vllm_autoheal_heal_latency_seconds_count") >= 1
+    samples = [
+        ("vllm_autoheal_incidents_total", {"cause": "kv_cache_insufficient"}),
+        ("vllm_autoheal_heals_total", {"action": "LowerMaxModelLen"}),
+        ("vllm_autoheal_heal_latency_seconds_count", {}),
+    ]
+
+    def values() -> list[float]:
+        return [metrics.REGISTRY.get_sample_value(name, labels) or 0.0 for name, labels in samples]
+
+    before = values()  # (other tests of this process healed too)
+    await cluster.first_heal("counted", SPEC, "counted-a", message=KV_TERMINATION)
+    # counted after the heal's writes (the heal and its latency once it is applied)
+    await wait_for(lambda: all(v >= b + 1 for v, b in zip(values(), before, strict=True)), what="the heal counted")
 
 
 def test_render_cli_prints_what_the_operator_applies(tmp_path):

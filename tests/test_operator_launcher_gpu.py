@@ -10,7 +10,7 @@ import pytest
 from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.launcher import termination_message
 
-from operator_harness import NS, Emulator, wait_for
+from operator_harness import NS, Emulator
 from samples import PLAIN_SPEC
 
 pytestmark = pytest.mark.kmock(cls=Emulator)
@@ -38,7 +38,7 @@ def launcher_message(other_gib: float | None) -> str:
 async def test_the_launchers_gpu_snapshot_places_the_oom_the_operator_reads(cluster, kmock, other_gib):
     name = "snap-other" if other_gib else "snap-none"
     await cluster.create_vsvc(name, SPEC)
-    await wait_for(lambda: cluster.deployment_now(name), what="deployment")
+    await cluster.settled(name)
     kmock[f"get /api/v1/namespaces/{NS}/pods/{name}-a/log"] << BARE_OOM.encode()
     await cluster.crash_pod(name, f"{name}-a", message=launcher_message(other_gib), ready=NEVER_READY)
     if other_gib is None:  # nothing else held the GPU: which start-up step failed is not told, no change

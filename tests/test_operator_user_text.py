@@ -42,7 +42,7 @@ SPEC = {
 async def test_a_prompt_quoting_a_memory_error_changes_nothing(cluster, kmock, through):
     name = f"prompt-{through}"
     await cluster.create_vsvc(name, SPEC)
-    await wait_for(lambda: cluster.deployment_now(name), what="deployment")
+    await cluster.settled(name)
     if through == "launcher":
         message = termination_message(classify(Signals(log=LOG, exit_code=1)).to_dict(), 1, None, None)
     else:  # no launcher: the operator reads the crashed container's previous log
