@@ -285,12 +285,6 @@ async def test_an_operator_killed_between_the_writes_finishes_the_heal_when_it_s
 
 
 @pytest.mark.parametrize("mode", ["PatchSpec", "StatusOverrides"])
-@pytest.mark.xfail(
-    strict=True,
-    reason="operator bug: the first reconcile writes the heal state it computed from the object as kopf "
-    "delivered it (no baseline yet: inFlight, attempts and tried reset), over a heal recorded between its "
-    "apply and its status write",
-)
 async def test_a_heal_recorded_during_the_first_reconcile_is_kept(cluster, monkeypatch, mode):
     """A crash recorded while the first reconcile is between its apply (the Deployment exists, so
     its pods may crash) and its status write. Held here at that point; a loaded machine holds it
@@ -315,6 +309,43 @@ async def test_a_heal_recorded_during_the_first_reconcile_is_kept(cluster, monke
     obj = await cluster.settled(name)
     assert status(obj)["attempts"] == 1 and status(obj)["tried"] == ["kv_cache_insufficient/LowerMaxModelLen"]
     assert status(obj)["effective"]["maxModelLen"] == 524160
+
+
+async def test_a_heal_applied_while_a_reconcile_renders_is_applied_again(cluster, monkeypatch):
+    """StatusOverrides: a crash healed (its Deployment applied) while a reconcile that read the
+    object before the heal is still rendering; that reconcile's apply of the old flags lands last.
+    Nothing else re-applies in this mode (no spec change), so the reconcile must."""
+    import threading
+
+    from vllm_autoheal.kube import heal, reconcile, resources
+
+    from operator_harness import TEST_CONFIG
+
+    gate, real = threading.Event(), reconcile.lock
+
+    def held(ns: str, name: str):
+        gate.wait(20)
+        return real(ns, name)
+
+    monkeypatch.setattr(reconcile, "lock", held)
+    name = "stale-apply"
+    await cluster.create_vsvc(name, {**SPEC, "heal": {**SPEC["heal"], "mode": "StatusOverrides"}})
+    vsvc = await wait_for(lambda: cluster.vsvc_now(name), what="the object")
+    rendered = resources.render(heal.parse(vsvc), TEST_CONFIG.operator_image)
+    template = next(m for m in rendered if m["kind"] == "Deployment")
+    await cluster.crash_pod(name, f"{name}-a", message=KV_TERMINATION, template_from=template)
+
+    def healed() -> bool:
+        dep = cluster.deployment_now(name)
+        return dep is not None and flag(dep, "--max-model-len") == "524160"
+
+    await wait_for(healed, what="the heal applied")
+    gate.set()
+    await cluster.settled(name)
+    await cluster.quiet(name)
+    assert flag(await cluster.deployment(name), "--max-model-len") == "524160"
+    obj = await cluster.vsvc(name)
+    assert status(obj)["attempts"] == 1 and status(obj)["effective"]["maxModelLen"] == 524160
 
 
 # --- 8. the phase follows reality --------------------------------------------------------------

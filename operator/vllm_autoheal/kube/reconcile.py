@@ -3,7 +3,9 @@
 The baseline (the engine args a person wrote) is recorded once; a person's later edit makes a
 new baseline and resets the heal state (attempts, tried, HealExhausted). A heal recorded but
 not finished (status.inFlight not applied) is finished here first: this is what completes a heal
-after an operator restart.
+after an operator restart. A heal recorded while a reconcile runs on the body it read before
+(the Deployment exists, so its pods may crash) keeps the heal state it wrote, and its objects are
+applied again over the reconcile's.
 """
 
 from __future__ import annotations
@@ -22,6 +24,11 @@ from . import status as st
 from .client import Kube
 from .config import OperatorConfig
 from .writes import event, lock, transient, update_status
+
+# What a heal writes into status; a reconcile that read the object before a heal leaves it alone.
+HEAL_STATE = frozenset(
+    {"baseline", "effective", "effectiveModel", "effectiveMemoryLimit", "gpus", "attempts", "tried", "inFlight"}
+)
 
 
 def _with_status(obj: VLLMService, status: dict[str, Any]) -> VLLMService:
@@ -159,11 +166,19 @@ def reconcile(kube: Kube, cfg: OperatorConfig, body: dict[str, Any], logger: kop
         "effective": engine.wire(),
     }
 
+    healed_since: list[bool] = []
+
     def change(fresh: dict[str, Any]) -> dict[str, Any] | None:
         status = fresh.get("status") or {}
         in_flight = None if edit else status.get("inFlight")
+        own = fields
+        if not edit and (status.get("healCount") or 0) != obj.status.heal_count:
+            # A crash was healed since the body was read (the Deployment existed before this write):
+            # the heal state it wrote stands; this reconcile's copy of it is stale.
+            own = {k: v for k, v in fields.items() if k not in HEAL_STATE}
+            healed_since.append(True)
         out = st.settle(
-            fields,
+            own,
             st.Observed(
                 status.get("conditions", []), generation, in_flight=in_flight, memory_fit=fit, person_edit=edit
             ),
@@ -173,6 +188,8 @@ def reconcile(kube: Kube, cfg: OperatorConfig, body: dict[str, Any], logger: kop
     written = update_status(kube, cfg, ns, name, change)
     if written is not None:
         metrics.set_phase(f"{ns}/{name}", (written.get("status") or {}).get("phase"))
+    if healed_since and not heal.complete(kube, cfg, None, ns, name, logger):  # objects applied above may be stale
+        raise kopf.TemporaryError("a heal landed during this reconcile; applying it again", delay=cfg.retry_delay_s)
     if fit is not None and fit["reason"] == "ModelConfigPending":  # a slow Hub: check again when it answered
         raise kopf.TemporaryError("the model config is still being fetched", delay=2 * model_source.timeout_s())
 
