@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from vllm_autoheal.api import GROUP, PLURAL, VERSION
 from vllm_autoheal.diagnosis import Signals, classify
+from vllm_autoheal.kube.client import MERGE
 from vllm_autoheal.launcher import termination_message
 
 from operator_harness import (
@@ -46,6 +48,10 @@ def status(obj: dict) -> dict:
 
 def condition(obj: dict, type_: str) -> dict | None:
     return next((c for c in status(obj).get("conditions", []) if c["type"] == type_), None)
+
+
+def vsvc_path(name: str) -> str:
+    return f"/apis/{GROUP}/{VERSION}/namespaces/{NS}/{PLURAL}/{name}"
 
 
 def gpus(dep: dict) -> int:
@@ -346,6 +352,42 @@ async def test_a_heal_applied_while_a_reconcile_renders_is_applied_again(cluster
     assert flag(await cluster.deployment(name), "--max-model-len") == "524160"
     obj = await cluster.vsvc(name)
     assert status(obj)["attempts"] == 1 and status(obj)["effective"]["maxModelLen"] == 524160
+
+
+async def test_a_blocked_heal_reverted_while_a_reconcile_renders_is_applied_again(cluster, monkeypatch):
+    """StatusOverrides: a reconcile (here a label or annotation change; a restart's resume does the
+    same) read the object with the TP=2 heal; the heal's pods cannot be scheduled and it is reverted
+    to TP=1 with nothing left to try. That revert moves no counter (healCount stays), yet it changes
+    status.effective and the Deployment: the reconcile must neither write back its TP=2 copy nor
+    leave its apply of TP=2 last."""
+    import threading
+
+    from vllm_autoheal.kube import reconcile
+
+    name = "revert-race"
+    spec = {**SPEC, "heal": {**TP_HEAL, "mode": "StatusOverrides", "unschedulableSeconds": 0}}
+    await cluster.first_heal(name, spec, f"{name}-a", message=WEIGHTS_OOM)
+    await wait_for(lambda: gpus(cluster.deployment_now(name)) == 2, what="the heal's rollout")
+    await cluster.settled(name)
+    gate, entered, real = threading.Event(), threading.Event(), reconcile.lock
+
+    def held(ns: str, name: str):
+        entered.set()
+        gate.wait(20)
+        return real(ns, name)
+
+    monkeypatch.setattr(reconcile, "lock", held)
+    await cluster.call("PATCH", vsvc_path(name), {"metadata": {"annotations": {"example.com/owner": "a"}}}, MERGE)
+    await wait_for(entered.is_set, what="a reconcile holding the object it read")
+    await cluster.pending_pod(name, f"{name}-b", NO_GPU)
+    await wait_for(lambda: gpus(cluster.deployment_now(name)) == 1, what="the revert applied")
+    gate.set()
+    await cluster.settled(name)
+    await cluster.quiet(name)
+    assert gpus(await cluster.deployment(name)) == 1
+    obj = await cluster.vsvc(name)
+    assert status(obj)["heals"][-1]["action"] == "RevertUnschedulable"
+    assert status(obj)["effective"]["tensorParallelSize"] == 1 and status(obj)["gpus"] == 1
 
 
 # --- 8. the phase follows reality --------------------------------------------------------------

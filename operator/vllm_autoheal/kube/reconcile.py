@@ -115,6 +115,17 @@ def person_edited(obj: VLLMService) -> bool:
     )
 
 
+def _healed_since(read: VLLMService, fresh: dict[str, Any]) -> bool:
+    """Did a heal write its state after `read` was read? Every heal and every revert of a blocked
+    heal writes a new status.inFlight (a revert that finds nothing left to try moves no counter),
+    and a heal also moves healCount (its inFlight may be cleared again by a rollout meanwhile).
+    A cleared inFlight alone (a rollout, a dropped heal, a crash that gave up) changes no flags."""
+    now = heal.parse(fresh).status
+    return now.heal_count != read.status.heal_count or (
+        now.in_flight is not None and now.in_flight != read.status.in_flight
+    )
+
+
 def reconcile(kube: Kube, cfg: OperatorConfig, body: dict[str, Any], logger: kopf.Logger) -> None:
     obj = heal.parse(body)
     meta = obj.metadata
@@ -172,9 +183,9 @@ def reconcile(kube: Kube, cfg: OperatorConfig, body: dict[str, Any], logger: kop
         status = fresh.get("status") or {}
         in_flight = None if edit else status.get("inFlight")
         own = fields
-        if not edit and (status.get("healCount") or 0) != obj.status.heal_count:
-            # A crash was healed since the body was read (the Deployment existed before this write):
-            # the heal state it wrote stands; this reconcile's copy of it is stale.
+        if not edit and _healed_since(obj, fresh):
+            # A crash was healed (or a blocked heal reverted) since the body was read (the Deployment
+            # existed before this write): the heal state it wrote stands; this copy of it is stale.
             own = {k: v for k, v in fields.items() if k not in HEAL_STATE}
             healed_since.append(True)
         out = st.settle(
