@@ -390,6 +390,32 @@ async def test_a_blocked_heal_reverted_while_a_reconcile_renders_is_applied_agai
     assert status(obj)["effective"]["tensorParallelSize"] == 1 and status(obj)["gpus"] == 1
 
 
+async def test_preflight_fix_does_not_undo_a_status_overrides_heal_on_a_later_reconcile(cluster):
+    """Fix mode fits the flags at start; a heal in StatusOverrides mode then changes status.effective.
+    A later reconcile (an annotation change here; every resume after an operator restart too)
+    must not put pre-flight's flags, the ones that crashed, back."""
+    config = (Path(__file__).parent / "fixtures" / "configs" / "llama-3.1-8b.json").read_text()
+    name = "fix-overrides"
+    spec = {
+        **SPEC,
+        "preflight": "Fix",
+        "engine": {"maxModelLen": 131072},
+        "heal": {"backoffSeconds": 0, "mode": "StatusOverrides"},
+    }
+    await cluster.create_vsvc(name, spec, annotations={"vllm.autoheal.dev/model-config": config})
+    fitted = status(await cluster.settled(name))["effective"]
+    assert fitted["maxModelLen"] < 131072
+    await cluster.crash_pod(name, f"{name}-a", message=RUNTIME_OOM)
+    healed = status(await cluster.heal_recorded(name))["effective"]
+    assert healed == {**fitted, "gpuMemoryUtilization": 0.85}
+    await wait_for(lambda: flag(cluster.deployment_now(name), "--gpu-memory-utilization") == "0.85", what="rollout")
+    await cluster.call("PATCH", vsvc_path(name), {"metadata": {"annotations": {"example.com/owner": "a"}}}, MERGE)
+    await cluster.settled(name)  # (kopf has handled the annotation: the reconcile ran)
+    await cluster.quiet(name)
+    assert status(await cluster.vsvc(name))["effective"] == healed
+    assert flag(await cluster.deployment(name), "--gpu-memory-utilization") == "0.85"
+
+
 # --- 8. the phase follows reality --------------------------------------------------------------
 
 

@@ -5,7 +5,8 @@ new baseline and resets the heal state (attempts, tried, HealExhausted). A heal 
 not finished (status.inFlight not applied) is finished here first: this is what completes a heal
 after an operator restart. A heal recorded while a reconcile runs on the body it read before
 (the Deployment exists, so its pods may crash) keeps the heal state it wrote, and its objects are
-applied again over the reconcile's.
+applied again over the reconcile's. Pre-flight's fitting flags (Fix mode) are where heals start:
+they are written with a new baseline, or while no heal has been made, never over a heal.
 """
 
 from __future__ import annotations
@@ -154,7 +155,10 @@ def reconcile(kube: Kube, cfg: OperatorConfig, body: dict[str, Any], logger: kop
         if edit:
             logger.info("spec.engine changed by a person: new baseline, heal attempts reset")
     current = [c.wire() for c in obj.status.conditions]
-    fit = memory_fit(kube, _with_status(obj, new), generation, current, new)
+    fitted: dict[str, Any] = {}
+    fit = memory_fit(kube, _with_status(obj, new), generation, current, fitted)
+    if "baseline" in new or (obj.status.attempts == 0 and obj.status.in_flight is None):
+        new.update(fitted)  # pre-flight's flags are where heals start, never over a heal's
     target = _with_status(obj, new)
     _model, engine, _memory = resources.effective(target)
     try:  # under the object's lock: a heal applies the same objects and must not race this
