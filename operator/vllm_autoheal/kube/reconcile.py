@@ -161,7 +161,7 @@ def reconcile(kube: Kube, cfg: OperatorConfig, body: dict[str, Any], logger: kop
         new.update(fitted)  # pre-flight's flags are where heals start, never over a heal's
     target = _with_status(obj, new)
     _model, engine, _memory = resources.effective(target)
-    try:  # under the object's lock: a heal applies the same objects and must not race this
+    try:  # under the object's lock, one writer at a time; a heal's apply runs apart: re-applied below if it landed
         with lock(ns, name):
             applied = kube.apply_all(resources.render(target, cfg.operator_image))
             for manifest, outcome in applied.outcomes:
