@@ -27,16 +27,17 @@ from ..gpu_catalog import lookup
 from ..quantity import parse_quantity
 from ..remedy import GIVE_UP, Inventory, Remedy, plan_heal
 from ..remedy_gate import fingerprint
-from . import pods, resources
+from . import heal_events, pods, resources
 from . import status as st
 from .client import Kube
 from .config import OperatorConfig
 from .crash import diagnose
 from .later import Later
-from .writes import event, lock, patch_object, transient, update_status
+from .writes import lock, patch_object, transient, update_status
 
 HEALED_ENGINE = f"{GROUP}/healed-engine"  # engine args the operator wrote into spec (PatchSpec)
 REVERT = "RevertUnschedulable"
+EDIT_WAIT_S, EDIT_WAITS = 0.5, 120  # a reconcile writes its baseline right after its apply: wait up to a minute
 
 
 def parse(body: dict[str, Any]) -> VLLMService:
@@ -68,6 +69,7 @@ class Incident:
     diagnosis: Diagnosis = field(default_factory=Diagnosis)
     note: str | None = None  # why the termination message was not used
     remedy: Remedy | None = None  # the plan, made once when the crash is recorded
+    waits: int = 0  # looks deferred until a person's edit had its new baseline written
 
     @property
     def pod_name(self) -> str:
@@ -208,6 +210,24 @@ def record(
     )
 
 
+def person_edited(obj: VLLMService) -> bool:
+    """Did a person change spec.engine since the baseline? (The operator's own PatchSpec heal is
+    marked by its annotation; a heal recorded but not yet applied is not an edit.)"""
+    spec, cur = obj.spec, obj.status
+    if cur.baseline is None:
+        return False
+    if spec.heal.mode == "StatusOverrides":
+        return cur.baseline != spec.engine
+    ours = (obj.metadata.get("annotations") or {}).get(HEALED_ENGINE)
+    if cur.in_flight is not None and spec.engine in (cur.in_flight.target.engine, cur.in_flight.previous.engine):
+        return False
+    return (
+        cur.effective is not None
+        and cur.effective != spec.engine
+        and ours != json.dumps(spec.engine.wire(), sort_keys=True)
+    )
+
+
 def _backing_off(obj: VLLMService) -> bool:
     backoff = obj.spec.heal.backoff_seconds
     last = next((h for h in reversed(obj.status.heals) if h.action not in ("NoChange", "GiveUp")), None)
@@ -231,6 +251,12 @@ def handle_crash(kube: Kube, cfg: OperatorConfig, later: Later, incident: Incide
             return
         obj = parse(vsvc)
     if incident.crash_id in obj.status.observed_crashes:
+        return
+    if person_edited(obj) and incident.waits < EDIT_WAITS:
+        # The edit's reconcile has applied its flags but not yet written its new baseline: planned
+        # now, the heal would start from the old one and that write would then undo it.
+        incident.waits += 1
+        later.run(f"crash/{incident.crash_id}", EDIT_WAIT_S, lambda: handle_crash(kube, cfg, later, incident, logger))
         return
     now = fp(deployed(obj))
     ran = pods.template_hash(incident.pod)
@@ -256,43 +282,13 @@ def handle_crash(kube: Kube, cfg: OperatorConfig, later: Later, incident: Incide
     if written is None or incident.remedy is None:
         return
     metrics.INCIDENTS.labels(cause=incident.diagnosis.cause).inc()
-    _events(vsvc, incident)
+    heal_events.post(vsvc, incident.diagnosis, incident.remedy, incident.pod_name, incident.note)
     if not incident.remedy.gives_up:
         complete(kube, cfg, later, ns, name, logger)
         metrics.HEALS.labels(action=incident.remedy.action).inc()
         metrics.HEAL_LATENCY.observe(time.monotonic() - started)
         logger.info(f"healed {incident.diagnosis.cause}: {incident.remedy.summary()}")
     metrics.set_phase(f"{ns}/{name}", (written.get("status") or {}).get("phase"))
-
-
-def _events(vsvc: dict[str, Any], incident: Incident) -> None:
-    diag, remedy = incident.diagnosis, incident.remedy
-    assert remedy is not None
-    evidence = diag.evidence[0][:300] if diag.evidence else "no evidence line"
-    if incident.note:
-        event(vsvc, type="Warning", reason="TerminationMessageIgnored", message=incident.note[:1000])
-    if diag.is_memory:
-        event(
-            vsvc,
-            type="Warning",
-            reason="OOMDetected",
-            message=f"{diag.cause} ({diag.phase}) in {incident.pod_name}: {evidence}",
-        )
-    if remedy.action == GIVE_UP:
-        metrics.EXHAUSTED.inc()
-        event(vsvc, type="Warning", reason="HealExhausted", message=remedy.reason[:1000])
-    elif diag.cause == "not_oom":
-        event(
-            vsvc,
-            type="Warning",
-            reason="NotMemory",
-            message=f"{diag.subtype or 'not a memory failure'}: "
-            f"{diag.evidence[0][:300] if diag.evidence else ''}; flags left as they are",
-        )
-    elif remedy.gives_up:
-        event(vsvc, type="Warning", reason="CrashNotHealed", message=remedy.reason[:1000])
-    else:
-        event(vsvc, type="Normal", reason="Healed", message=remedy.summary()[:1000])
 
 
 def spec_patch(obj: VLLMService, target: Deployed) -> dict[str, Any]:

@@ -11,7 +11,6 @@ they are written with a new baseline, or while no heal has been made, never over
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import kopf
@@ -98,24 +97,6 @@ def memory_fit(kube: Kube, obj: VLLMService, generation: int | None, conditions:
     return next(c for c in cond if c["type"] == st.MEMORY_FIT)
 
 
-def person_edited(obj: VLLMService) -> bool:
-    """Did a person change spec.engine since the baseline? (The operator's own PatchSpec heal is
-    marked by its annotation; a heal recorded but not yet applied is not an edit.)"""
-    spec, cur = obj.spec, obj.status
-    if cur.baseline is None:
-        return False
-    if spec.heal.mode == "StatusOverrides":
-        return cur.baseline != spec.engine
-    ours = (obj.metadata.get("annotations") or {}).get(heal.HEALED_ENGINE)
-    if cur.in_flight is not None and spec.engine in (cur.in_flight.target.engine, cur.in_flight.previous.engine):
-        return False
-    return (
-        cur.effective is not None
-        and cur.effective != spec.engine
-        and ours != json.dumps(spec.engine.wire(), sort_keys=True)
-    )
-
-
 def _healed_since(read: VLLMService, fresh: dict[str, Any]) -> bool:
     """Did a heal write its state after `read` was read? Every heal and every revert of a blocked
     heal writes a new status.inFlight (a revert that finds nothing left to try moves no counter),
@@ -131,7 +112,7 @@ def reconcile(kube: Kube, cfg: OperatorConfig, body: dict[str, Any], logger: kop
     obj = heal.parse(body)
     meta = obj.metadata
     ns, name, generation = str(meta.get("namespace")), str(meta.get("name")), meta.get("generation")
-    edit = person_edited(obj)
+    edit = heal.person_edited(obj)
     intent = obj.status.in_flight
     if intent is not None and not intent.applied and not edit:
         if not heal.complete(kube, cfg, None, ns, name, logger):
