@@ -585,3 +585,41 @@ async def test_the_operator_places_an_oom_by_the_models_weights_that_the_launche
     heal = status(obj)["heals"][-1]
     assert heal["cause"] == "weights_load_oom" and heal["action"] == "IncreaseTensorParallel", heal
     assert obj["spec"]["engine"]["tensorParallelSize"] >= 2
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="3c95a73 regression: PatchSpec + preflight Fix (flags changed) makes person_edited() true with no "
+    "edit (status.effective = fitted != spec.engine, no HEALED_ENGINE annotation), so each crash waits the "
+    "full EDIT_WAITS x EDIT_WAIT_S (measured ~70 s) before it is healed; passes on 3c95a73^",
+)
+async def test_review_preflight_fix_in_patch_spec_does_not_defer_every_crash(cluster, monkeypatch):
+    """Review of 3c95a73: in PatchSpec mode Fix writes status.effective = the fitted flags, which
+    differ from spec.engine and carry no HEALED_ENGINE annotation, so person_edited() holds with no
+    edit at all; every crash then waits EDIT_WAITS x EDIT_WAIT_S (a minute) before its heal."""
+    import threading
+
+    from vllm_autoheal.kube.later import Later
+
+    deferred, run = threading.Event(), Later.run
+
+    def spied(self, key, delay, fn):
+        if key.startswith("crash/"):
+            deferred.set()
+        return run(self, key, delay, fn)
+
+    monkeypatch.setattr(Later, "run", spied)
+    config = (Path(__file__).parent / "fixtures" / "configs" / "llama-3.1-8b.json").read_text()
+    name = "fix-patchspec"
+    spec = {
+        **SPEC,
+        "preflight": "Fix",
+        "engine": {"maxModelLen": 131072},
+        "heal": {"backoffSeconds": 0, "mode": "PatchSpec"},
+    }
+    await cluster.create_vsvc(name, spec, annotations={"vllm.autoheal.dev/model-config": config})
+    fitted = status(await cluster.settled(name))["effective"]
+    assert fitted["maxModelLen"] < 131072
+    await cluster.crash_pod(name, f"{name}-a", message=RUNTIME_OOM)
+    await wait_for(lambda: status(cluster.vsvc_now(name)).get("healCount") == 1, what="the heal recorded")
+    assert not deferred.is_set(), "a crash with no edit was deferred as if a person had edited spec.engine"
