@@ -587,16 +587,10 @@ async def test_the_operator_places_an_oom_by_the_models_weights_that_the_launche
     assert obj["spec"]["engine"]["tensorParallelSize"] >= 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="3c95a73 regression: PatchSpec + preflight Fix (flags changed) makes person_edited() true with no "
-    "edit (status.effective = fitted != spec.engine, no HEALED_ENGINE annotation), so each crash waits the "
-    "full EDIT_WAITS x EDIT_WAIT_S (measured ~70 s) before it is healed; passes on 3c95a73^",
-)
-async def test_review_preflight_fix_in_patch_spec_does_not_defer_every_crash(cluster, monkeypatch):
-    """Review of 3c95a73: in PatchSpec mode Fix writes status.effective = the fitted flags, which
-    differ from spec.engine and carry no HEALED_ENGINE annotation, so person_edited() holds with no
-    edit at all; every crash then waits EDIT_WAITS x EDIT_WAIT_S (a minute) before its heal."""
+async def test_preflight_fix_in_patch_spec_is_no_edit_and_defers_no_crash(cluster, monkeypatch):
+    """PatchSpec with pre-flight Fix: status.effective holds the fitted flags, which differ from
+    spec.engine and carry no HEALED_ENGINE annotation. That is no person's edit: a crash is healed
+    at once, not deferred a minute as if an edit's baseline were pending (a review of 3c95a73)."""
     import threading
 
     from vllm_autoheal.kube.later import Later

@@ -218,6 +218,8 @@ def person_edited(obj: VLLMService) -> bool:
         return False
     if spec.heal.mode == "StatusOverrides":
         return cur.baseline != spec.engine
+    if cur.baseline == spec.engine and cur.attempts == 0 and cur.in_flight is None:
+        return False  # status.effective is pre-flight's fitting flags for this very spec (Fix mode)
     ours = (obj.metadata.get("annotations") or {}).get(HEALED_ENGINE)
     if cur.in_flight is not None and spec.engine in (cur.in_flight.target.engine, cur.in_flight.previous.engine):
         return False
