@@ -494,6 +494,7 @@ class Cluster:
         uid: str | None = None,
         template_from: dict[str, Any] | None = None,
         ready: str | None = None,
+        finished_at: str = "2026-11-30T03:00:00Z",
     ) -> str:
         """A pod of the VLLMService's Deployment whose vllm container just died. `ready`, when
         given, is the pod's Ready condition since then ("False" at the crash of a ready run)."""
@@ -525,7 +526,7 @@ class Cluster:
                                 "reason": reason,
                                 "message": message,
                                 "startedAt": "2026-11-30T02:50:00Z",
-                                "finishedAt": "2026-11-30T03:00:00Z",
+                                "finishedAt": finished_at,
                             }
                         },
                     }

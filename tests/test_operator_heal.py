@@ -447,7 +447,8 @@ async def test_a_heal_of_a_persons_new_flags_during_the_edits_reconcile_is_kept(
     monkeypatch.setattr(reconcile, "update_status", held)
     await cluster.call("PATCH", vsvc_path(name), {"spec": {"engine": {"gpuMemoryUtilization": 0.8}}}, MERGE)
     await wait_for(lambda: flag(cluster.deployment_now(name), "--gpu-memory-utilization") == "0.8", what="the edit")
-    await cluster.crash_pod(name, f"{name}-a", message=RUNTIME_OOM)
+    just_now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")  # a crash long past is no edit's to wait for
+    await cluster.crash_pod(name, f"{name}-a", message=RUNTIME_OOM, finished_at=just_now)
     await wait_for(deferred.is_set, what="the crash deferred until the edit's baseline is written")
     assert status(await cluster.vsvc(name)).get("healCount", 0) == 0
     gate.set()
@@ -614,6 +615,7 @@ async def test_preflight_fix_in_patch_spec_is_no_edit_and_defers_no_crash(cluste
     await cluster.create_vsvc(name, spec, annotations={"vllm.autoheal.dev/model-config": config})
     fitted = status(await cluster.settled(name))["effective"]
     assert fitted["maxModelLen"] < 131072
-    await cluster.crash_pod(name, f"{name}-a", message=RUNTIME_OOM)
+    just_now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")  # recent enough to be waited for, were it an edit
+    await cluster.crash_pod(name, f"{name}-a", message=RUNTIME_OOM, finished_at=just_now)
     await wait_for(lambda: status(cluster.vsvc_now(name)).get("healCount") == 1, what="the heal recorded")
     assert not deferred.is_set(), "a crash with no edit was deferred as if a person had edited spec.engine"

@@ -230,6 +230,13 @@ def person_edited(obj: VLLMService) -> bool:
     )
 
 
+def _recent(crash: dict[str, Any]) -> bool:
+    """Within the edit wait of the crash's end: each pod event makes a new Incident, so the count of
+    waits alone would start over; the crash's own end time bounds them all."""
+    ended = pods.finished_at(crash)
+    return ended is None or time.time() - ended < EDIT_WAIT_S * EDIT_WAITS
+
+
 def _backing_off(obj: VLLMService) -> bool:
     backoff = obj.spec.heal.backoff_seconds
     last = next((h for h in reversed(obj.status.heals) if h.action not in ("NoChange", "GiveUp")), None)
@@ -254,7 +261,7 @@ def handle_crash(kube: Kube, cfg: OperatorConfig, later: Later, incident: Incide
         obj = parse(vsvc)
     if incident.crash_id in obj.status.observed_crashes:
         return
-    if person_edited(obj) and incident.waits < EDIT_WAITS:
+    if person_edited(obj) and incident.waits < EDIT_WAITS and _recent(incident.crash):
         # The edit's reconcile has applied its flags but not yet written its new baseline: planned
         # now, the heal would start from the old one and that write would then undo it.
         incident.waits += 1

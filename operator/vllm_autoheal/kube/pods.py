@@ -35,6 +35,11 @@ def _time(value: Any) -> float | None:
         return None
 
 
+def finished_at(crash: dict[str, Any]) -> float | None:
+    """When the crashed run ended (the kubelet's clock), or None where the pod does not say."""
+    return _time(crash.get("finishedAt"))
+
+
 def ready_before(pod: dict[str, Any], crash: dict[str, Any]) -> bool | None:
     """Had the crashed run answered its readiness probe? The pod's Ready condition flips to False
     when a ready container dies; a run that never became ready leaves it as it was before the run
