@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 from vllm_autoheal.api import GROUP, PLURAL, VERSION
 from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.kube.client import MERGE
+from vllm_autoheal.kube.later import Later
 from vllm_autoheal.launcher import termination_message
 
 from operator_harness import (
@@ -40,6 +42,38 @@ from samples import (
 
 pytestmark = pytest.mark.kmock(cls=Emulator)
 SPEC = PLAIN_SPEC
+
+
+def just_now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def crash_deferrals(monkeypatch) -> threading.Event:
+    """Set when a crash's heal is put off (Later.run under a crash's key)."""
+    deferred, run = threading.Event(), Later.run
+
+    def spied(self, key, delay, fn):
+        if key.startswith("crash/"):
+            deferred.set()
+        return run(self, key, delay, fn)
+
+    monkeypatch.setattr(Later, "run", spied)
+    return deferred
+
+
+async def fitted_service(cluster: Cluster, name: str, mode: str) -> dict:
+    """A service whose pre-flight (Fix) lowered maxModelLen at start; its status.effective."""
+    config = (Path(__file__).parent / "fixtures" / "configs" / "llama-3.1-8b.json").read_text()
+    spec = {
+        **SPEC,
+        "preflight": "Fix",
+        "engine": {"maxModelLen": 131072},
+        "heal": {"backoffSeconds": 0, "mode": mode},
+    }
+    await cluster.create_vsvc(name, spec, annotations={"vllm.autoheal.dev/model-config": config})
+    fitted = status(await cluster.settled(name))["effective"]
+    assert fitted["maxModelLen"] < 131072
+    return fitted
 
 
 def status(obj: dict) -> dict:
@@ -295,7 +329,6 @@ async def test_a_heal_recorded_during_the_first_reconcile_is_kept(cluster, monke
     """A crash recorded while the first reconcile is between its apply (the Deployment exists, so
     its pods may crash) and its status write. Held here at that point; a loaded machine holds it
     there too, for less time."""
-    import threading
 
     from vllm_autoheal.kube import reconcile
 
@@ -321,7 +354,6 @@ async def test_a_heal_applied_while_a_reconcile_renders_is_applied_again(cluster
     """StatusOverrides: a crash healed (its Deployment applied) while a reconcile that read the
     object before the heal is still rendering; that reconcile's apply of the old flags lands last.
     Nothing else re-applies in this mode (no spec change), so the reconcile must."""
-    import threading
 
     from vllm_autoheal.kube import heal, reconcile, resources
 
@@ -360,7 +392,6 @@ async def test_a_blocked_heal_reverted_while_a_reconcile_renders_is_applied_agai
     to TP=1 with nothing left to try. That revert moves no counter (healCount stays), yet it changes
     status.effective and the Deployment: the reconcile must neither write back its TP=2 copy nor
     leave its apply of TP=2 last."""
-    import threading
 
     from vllm_autoheal.kube import reconcile
 
@@ -394,17 +425,8 @@ async def test_preflight_fix_does_not_undo_a_status_overrides_heal_on_a_later_re
     """Fix mode fits the flags at start; a heal in StatusOverrides mode then changes status.effective.
     A later reconcile (an annotation change here; every resume after an operator restart too)
     must not put pre-flight's flags, the ones that crashed, back."""
-    config = (Path(__file__).parent / "fixtures" / "configs" / "llama-3.1-8b.json").read_text()
     name = "fix-overrides"
-    spec = {
-        **SPEC,
-        "preflight": "Fix",
-        "engine": {"maxModelLen": 131072},
-        "heal": {"backoffSeconds": 0, "mode": "StatusOverrides"},
-    }
-    await cluster.create_vsvc(name, spec, annotations={"vllm.autoheal.dev/model-config": config})
-    fitted = status(await cluster.settled(name))["effective"]
-    assert fitted["maxModelLen"] < 131072
+    fitted = await fitted_service(cluster, name, "StatusOverrides")
     await cluster.crash_pod(name, f"{name}-a", message=RUNTIME_OOM)
     healed = status(await cluster.heal_recorded(name))["effective"]
     assert healed == {**fitted, "gpuMemoryUtilization": 0.85}
@@ -421,19 +443,10 @@ async def test_a_heal_of_a_persons_new_flags_during_the_edits_reconcile_is_kept(
     """A crash of a person's new flags while the reconcile of that edit is between its apply and
     its status write (held here). Planned then, the heal would start from the old baseline and
     that write would undo it; the crash is looked at again once the new baseline is written."""
-    import threading
 
     from vllm_autoheal.kube import reconcile
-    from vllm_autoheal.kube.later import Later
 
-    deferred, run = threading.Event(), Later.run
-
-    def spied(self, key, delay, fn):
-        if key.startswith("crash/"):
-            deferred.set()
-        return run(self, key, delay, fn)
-
-    monkeypatch.setattr(Later, "run", spied)
+    deferred = crash_deferrals(monkeypatch)
 
     name = f"edit-race-{mode.lower()}"
     await cluster.create_vsvc(name, {**SPEC, "heal": {"backoffSeconds": 0, "mode": mode}})
@@ -447,8 +460,9 @@ async def test_a_heal_of_a_persons_new_flags_during_the_edits_reconcile_is_kept(
     monkeypatch.setattr(reconcile, "update_status", held)
     await cluster.call("PATCH", vsvc_path(name), {"spec": {"engine": {"gpuMemoryUtilization": 0.8}}}, MERGE)
     await wait_for(lambda: flag(cluster.deployment_now(name), "--gpu-memory-utilization") == "0.8", what="the edit")
-    just_now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")  # a crash long past is no edit's to wait for
-    await cluster.crash_pod(name, f"{name}-a", message=RUNTIME_OOM, finished_at=just_now)
+    await cluster.crash_pod(
+        name, f"{name}-a", message=RUNTIME_OOM, finished_at=just_now()
+    )  # a crash long past is waited for by no edit
     await wait_for(deferred.is_set, what="the crash deferred until the edit's baseline is written")
     assert status(await cluster.vsvc(name)).get("healCount", 0) == 0
     gate.set()
@@ -592,30 +606,12 @@ async def test_preflight_fix_in_patch_spec_is_no_edit_and_defers_no_crash(cluste
     """PatchSpec with pre-flight Fix: status.effective holds the fitted flags, which differ from
     spec.engine and carry no HEALED_ENGINE annotation. That is no person's edit: a crash is healed
     at once, not deferred a minute as if an edit's baseline were pending (a review of 3c95a73)."""
-    import threading
 
-    from vllm_autoheal.kube.later import Later
-
-    deferred, run = threading.Event(), Later.run
-
-    def spied(self, key, delay, fn):
-        if key.startswith("crash/"):
-            deferred.set()
-        return run(self, key, delay, fn)
-
-    monkeypatch.setattr(Later, "run", spied)
-    config = (Path(__file__).parent / "fixtures" / "configs" / "llama-3.1-8b.json").read_text()
+    deferred = crash_deferrals(monkeypatch)
     name = "fix-patchspec"
-    spec = {
-        **SPEC,
-        "preflight": "Fix",
-        "engine": {"maxModelLen": 131072},
-        "heal": {"backoffSeconds": 0, "mode": "PatchSpec"},
-    }
-    await cluster.create_vsvc(name, spec, annotations={"vllm.autoheal.dev/model-config": config})
-    fitted = status(await cluster.settled(name))["effective"]
-    assert fitted["maxModelLen"] < 131072
-    just_now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")  # recent enough to be waited for, were it an edit
-    await cluster.crash_pod(name, f"{name}-a", message=RUNTIME_OOM, finished_at=just_now)
+    await fitted_service(cluster, name, "PatchSpec")
+    await cluster.crash_pod(
+        name, f"{name}-a", message=RUNTIME_OOM, finished_at=just_now()
+    )  # recent: waited for, were it an edit
     await wait_for(lambda: status(cluster.vsvc_now(name)).get("healCount") == 1, what="the heal recorded")
     assert not deferred.is_set(), "a crash with no edit was deferred as if a person had edited spec.engine"
