@@ -210,6 +210,11 @@ def record(
     )
 
 
+def unhealed_since_baseline(obj: VLLMService) -> bool:
+    """No heal made or in flight since the baseline: where pre-flight's fitted flags stand."""
+    return obj.status.attempts == 0 and obj.status.in_flight is None
+
+
 def person_edited(obj: VLLMService) -> bool:
     """Did a person change spec.engine since the baseline? (The operator's own PatchSpec heal is
     marked by its annotation; a heal recorded but not yet applied is not an edit.)"""
@@ -218,7 +223,7 @@ def person_edited(obj: VLLMService) -> bool:
         return False
     if spec.heal.mode == "StatusOverrides":
         return cur.baseline != spec.engine
-    if cur.baseline == spec.engine and cur.attempts == 0 and cur.in_flight is None:
+    if cur.baseline == spec.engine and unhealed_since_baseline(obj):
         return False  # status.effective is pre-flight's fitting flags for this very spec (Fix mode)
     ours = (obj.metadata.get("annotations") or {}).get(HEALED_ENGINE)
     if cur.in_flight is not None and spec.engine in (cur.in_flight.target.engine, cur.in_flight.previous.engine):

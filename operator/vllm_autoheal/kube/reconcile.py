@@ -138,7 +138,7 @@ def reconcile(kube: Kube, cfg: OperatorConfig, body: dict[str, Any], logger: kop
     current = [c.wire() for c in obj.status.conditions]
     fitted: dict[str, Any] = {}
     fit = memory_fit(kube, _with_status(obj, new), generation, current, fitted)
-    if "baseline" in new or (obj.status.attempts == 0 and obj.status.in_flight is None):
+    if "baseline" in new or heal.unhealed_since_baseline(obj):
         new.update(fitted)  # pre-flight's flags are where heals start, never over a heal's
     target = _with_status(obj, new)
     _model, engine, _memory = resources.effective(target)
