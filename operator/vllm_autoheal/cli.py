@@ -4,14 +4,57 @@ subcommand does is in cli_commands.py."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Callable
 
 from . import __version__
+from .api import EngineArgs
 from .cli_commands import bundled_examples, run_crd, run_diagnose, run_operator, run_plan, run_render, run_serve
+from .diagnosis.figures import MAX_GIB
+from .diagnosis.termination import RANGES
 
 Command = Callable[[argparse.Namespace], int]
+
+
+def _number(text: str, kind: type, low: float, high: float, what: str, low_open: bool = False) -> float:
+    """A finite number within [low, high] (or (low, high] with `low_open`), else argparse's usage
+    error (exit 2) naming what was expected: a NaN, an infinity or a negative size never reaches the
+    memory model or a timer."""
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not {'an integer' if kind is int else 'a number'}: {text!r}") from None
+    if not math.isfinite(value) or value < low or value > high or (low_open and value == low):
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+    return value
+
+
+def _port(text: str) -> int:
+    return int(_number(text, int, 1, 65535, "a TCP port (1-65535)"))
+
+
+def _seconds(text: str) -> float:
+    return _number(text, float, 0, 7 * 86400, "a time in seconds (more than 0, at most a week)", low_open=True)
+
+
+def _gpu_gib(text: str) -> float:
+    return _number(text, float, 0, MAX_GIB, f"a GPU size in GiB (more than 0, at most {MAX_GIB:g})", low_open=True)
+
+
+def _free_gib(text: str) -> float:
+    return _number(text, float, 0, MAX_GIB, f"a size in GiB (0 to {MAX_GIB:g})")
+
+
+def _parallel_size(text: str) -> int:
+    high = max(m.le for m in EngineArgs.model_fields["tensor_parallel_size"].metadata if hasattr(m, "le"))
+    return int(_number(text, int, 1, high, f"a parallel size (1-{high})"))
+
+
+def _exit_code(text: str) -> int:
+    low, high = RANGES["exit_code"]
+    return int(_number(text, int, low, high, f"an exit status ({low:g} to {high:g})"))
 
 
 def _weights_gib(text: str) -> float:
@@ -63,8 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="kopf peering name, for several replicas (HA); default: standalone (one replica)",
     )
-    p.add_argument("--metrics-port", type=int, default=8080, help="Prometheus /metrics port (default 8080)")
-    p.add_argument("--health-port", type=int, default=8081, help="liveness /healthz port (default 8081)")
+    p.add_argument("--metrics-port", type=_port, default=8080, help="Prometheus /metrics port (default 8080)")
+    p.add_argument("--health-port", type=_port, default=8081, help="liveness /healthz port (default 8081)")
     p.add_argument("--log-format", choices=["plain", "full", "json"], default="plain")
     p.add_argument("--verbose", action="store_true")
     p.add_argument("--operator-image", help="image of the launcher init container (default: this version's)")
@@ -83,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--hub-timeout",
-        type=float,
+        type=_seconds,
         default=5.0,
         metavar="S",
         help="the longest a handler waits for the Hub (default 5); each request may take 4x "
@@ -120,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--example", metavar="NAME", help="diagnose a bundled real log instead: " + ", ".join(bundled_examples())
     )
-    p.add_argument("--exit-code", type=int, help="the container's or process's exit code")
+    p.add_argument("--exit-code", type=_exit_code, help="the container's or process's exit code")
     p.add_argument("--reason", help="the container's termination reason (OOMKilled, Error, ...)")
     p.add_argument(
         "--ready-before",
@@ -129,8 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="the server had (or, --no-ready-before, had never) answered /health before it died; "
         "places an OOM whose log does not show where it happened",
     )
-    p.add_argument("--tensor-parallel-size", type=int, help="TP of the deployment (breaks ties)")
-    p.add_argument("--pipeline-parallel-size", type=int, help="PP of the deployment (breaks ties)")
+    p.add_argument("--tensor-parallel-size", type=_parallel_size, help="TP of the deployment (breaks ties)")
+    p.add_argument("--pipeline-parallel-size", type=_parallel_size, help="PP of the deployment (breaks ties)")
     p.add_argument(
         "--weights-gib-per-gpu",
         type=_weights_gib,
@@ -142,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FLAGS",
         help='the vLLM flags it ran with, e.g. "--max-model-len 131072"; adds the planned remedy',
     )
-    p.add_argument("--gpu-memory-gib", type=float, help="memory of one GPU, for the remedy (default: from the log)")
+    p.add_argument("--gpu-memory-gib", type=_gpu_gib, help="memory of one GPU, for the remedy (default: from the log)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(run=run_diagnose)
 
@@ -179,10 +222,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="also list options for a checkpoint of this model quantized with METHOD (repeatable), e.g. fp8, awq, gptq",
     )
     p.add_argument("--gpu", metavar="NAME", help="GPU product label, e.g. NVIDIA-H100-80GB-HBM3, NVIDIA-L4")
-    p.add_argument("--gpu-memory-gib", type=float, metavar="X", help="total GPU memory as the GPU reports it")
+    p.add_argument("--gpu-memory-gib", type=_gpu_gib, metavar="X", help="total GPU memory as the GPU reports it")
     p.add_argument(
         "--gpu-free-gib",
-        type=float,
+        type=_free_gib,
         metavar="X",
         help="free before vLLM starts, when another process holds memory (default: all)",
     )
@@ -212,7 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("model", help="Hugging Face id or local path of the model")
     p.add_argument("--host", default="127.0.0.1", help="address vLLM listens on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="port vLLM listens on (default 8000)")
+    p.add_argument("--port", type=_port, default=8000, help="port vLLM listens on (default 8000)")
     p.add_argument("--python", default=sys.executable, help="the Python that has vLLM (default: this one)")
     p.add_argument("--max-attempts", type=int, default=policy.max_attempts, help="heals before giving up")
     p.add_argument(
@@ -242,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="stop after the server is healthy and has answered one completion (scripts, tests)",
     )
-    p.add_argument("--startup-timeout", type=float, default=1800.0, help="seconds to wait for /health")
+    p.add_argument("--startup-timeout", type=_seconds, default=1800.0, help="seconds to wait for /health")
     p.set_defaults(run=run_serve, flags=[])
     return parser
 

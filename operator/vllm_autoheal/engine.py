@@ -200,12 +200,13 @@ def to_command(
     api_server_module: bool = False,
     python: str = "python3",
     serve_args: list[str] | None = None,
+    vllm_command: str = SERVE_PREFIX[0],
 ) -> list[str]:
     """The full argv that starts vLLM's OpenAI-compatible server."""
     args = to_args(engine) + list(serve_args or [])
     if api_server_module:
         return [python, "-m", API_SERVER_PREFIX[2], "--model", model, *args]
-    return [*SERVE_PREFIX, model, *args]
+    return [vllm_command, *SERVE_PREFIX[1:], model, *args]
 
 
 @dataclass

