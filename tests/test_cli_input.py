@@ -131,3 +131,14 @@ def test_serve_with_a_python_that_cannot_start_vllm_exits_2_saying_why(case, tmp
     err = capsys.readouterr().err
     assert why in err and "Traceback" not in err
     assert os.path.exists(tmp_path / "h.jsonl") is False  # nothing was started, nothing recorded
+
+
+@pytest.mark.parametrize(
+    ("text", "empty"), [("INFO 12-01 10:00:00 [api_server.py:1] started\n", False), ("\n \n", True)]
+)
+def test_a_file_read_as_a_stream_is_called_empty_only_when_it_is(text, empty, tmp_path, capsys):
+    log = tmp_path / "some.log"
+    log.write_text(text)
+    assert main(["diagnose", "--json", str(log)]) == 0
+    why = json.loads(capsys.readouterr().out)["explanation"]
+    assert why.startswith("No known failure message was found") and ("(empty log)" in why) is empty

@@ -373,7 +373,7 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
         m.PHASE_UNKNOWN,
         None,
         "low",
-        why="No known failure message was found" + (" (empty log)." if not log.strip() else "."),
+        why="No known failure message was found" + (" (empty log)." if not lines else "."),
     )
 
 
