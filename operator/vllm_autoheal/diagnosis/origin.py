@@ -84,6 +84,15 @@ _REQUEST_FILES = re.compile(
 # huggingface_hub ends its HTTP errors with the Hub's own id of the failed call ("401 Client Error.
 # (Request ID: Root=1-...)"): the Hub's, not a client's, so it does not make the line a request's.
 _HUB_REQUEST_ID = re.compile(r" ?\(Request ID: [\w;=.:/+-]{1,200}\)")
+# Ray Serve's text formatter (ServeFormatter, ray/serve/_private/logging_utils.py): `%(levelname)s
+# %(asctime)s {component} {component_id} ` and, inside a request's context, `%(request_id)s ` before
+# `%(filename)s:%(lineno)d - %(message)s`. The request id is the client's X-Request-Id header, spaces and
+# all; the replica's print() in a request is logged the same way. So a Serve line with anything between
+# the component's id and its `file.py:N - ` is a request's: the client's words, wherever they stand.
+_SERVE_IN_REQUEST = re.compile(
+    r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} \S{1,200} \S{1,200} "
+    r"(?![\w.-]{1,80}\.py:\d{1,7} - )"
+)
 _ACCESS = re.compile(r'^(?:\[?[\w.:\[\]-]{1,60}:\d{1,5}\]? )?- "(?:GET|POST|PUT|DELETE|PATCH|HEAD|OPTIONS) ')
 
 
@@ -101,7 +110,12 @@ def origin_of(text: str, source_file: str | None) -> str:
         return USER
     head = text[:MATCH_CHARS]
     # (every request-id form holds one of _ID_HINTS: a cheap test first on long lines)
-    if _USER_START.match(head) or _USER_QUOTE.search(head) or _REQUEST_START.match(head):
+    if (
+        _USER_START.match(head)
+        or _USER_QUOTE.search(head)
+        or _REQUEST_START.match(head)
+        or _SERVE_IN_REQUEST.match(head)
+    ):
         return USER
     named = _HUB_REQUEST_ID.sub("", head) if "(Request ID: " in head else head  # (only the Hub's id is let go)
     if any(h in named for h in _ID_HINTS) and _REQUEST_IDS.search(named):

