@@ -199,23 +199,30 @@ def _continuations(lines: list[Line]) -> None:
     and those of a failed call that did not stop the engine are scoped like a request's error:
     the same process, level and file:line in their header (timestamps aside: a collector may stamp
     each line), up to the next line of that process with another header."""
-    still_open: dict[str, str] = {}  # header (times removed) -> the origin of the rest of its message
+    # A process has at most one message open: its header (times removed) and the origin of the rest of
+    # that message, by process (a line of another header of that process ends it). (Keyed by process,
+    # not filtered over all the open messages on each line: a log of many processes, each with one
+    # open, must cost a lookup a line, not the count of processes.)
+    still_open: dict[str, tuple[str, str]] = {}
     previous = ""
     for line in lines:
         key = _TIMES.sub("", line.header)
         if not key:
             continue  # a line without a header (another process's stderr) ends nothing
         starts_message, previous = key != previous, key
-        if key in still_open:
-            line.origin = still_open[key] if line.origin == ENGINE else line.origin
+        process = process_of(key)
+        opened = still_open.get(process)
+        if opened is not None and opened[0] == key:
+            line.origin = opened[1] if line.origin == ENGINE else line.origin
             continue
-        still_open = {k: v for k, v in still_open.items() if process_of(k) != process_of(key)}
+        still_open.pop(process, None)
         # A message that starts as user text opens; a user-text line inside a message (a
         # traceback's code line naming a request) does not make the rest of it user text.
         if line.origin == USER and starts_message:
-            still_open[key] = USER
+            still_open[process] = (key, USER)
         elif line.origin == ENGINE and _SCOPED_MESSAGE.match(line.text):
-            line.origin = still_open[key] = REQUEST
+            line.origin = REQUEST
+            still_open[process] = (key, REQUEST)
 
 
 _PROCESS = re.compile(collector.PROCESS_WITH_PID)
