@@ -94,6 +94,11 @@ _SERVE_IN_REQUEST = re.compile(
     r"(?![\w.-]{1,80}\.py:\d{1,7} - )"
 )
 _ACCESS = re.compile(r'^(?:\[?[\w.:\[\]-]{1,60}:\d{1,5}\]? )?- "(?:GET|POST|PUT|DELETE|PATCH|HEAD|OPTIONS) ')
+# Any access log's own field: the request line, quoted (uvicorn's AccessFormatter `"%(request_line)s"`,
+# gunicorn's `"%(r)s"`, the common log format's), wherever the log's format puts it (KServe's
+# `<time> uvicorn.access INFO:     <client> <pid> - "GET /path?query HTTP/1.1" 200 OK`, a
+# logging config of one's own). Its target is the client's, and no line of the engine's holds one.
+_REQUEST_LINE = re.compile(r'"(?:GET|POST|PUT|DELETE|PATCH|HEAD|OPTIONS) [^\s"]{1,2000} HTTP/\d(?:\.\d)?"')
 
 
 def a_requests_file(source_file: str | None) -> bool:
@@ -120,7 +125,7 @@ def origin_of(text: str, source_file: str | None) -> str:
     named = _HUB_REQUEST_ID.sub("", head) if "(Request ID: " in head else head  # (only the Hub's id is let go)
     if any(h in named for h in _ID_HINTS) and _REQUEST_IDS.search(named):
         return USER
-    if _ACCESS.match(head):
+    if _ACCESS.match(head) or ('"' in head and _REQUEST_LINE.search(head)):
         return ACCESS
     if name and _REQUEST_FILES.match(name):
         return REQUEST

@@ -1,0 +1,67 @@
+"""Access logs and request traces in the formats the stacks around vLLM print: the client's words.
+
+uvicorn's default access line (`INFO:     127.0.0.1:1 - "GET / HTTP/1.1" 200 OK`) is known already.
+KServe (python/kserve/kserve/logging.py) prints its own: `<time> uvicorn.access INFO:     <client>
+<pid> - "<request line>" <status>`, and its trace logger `<time> <pid> kserve.trace requestId: <the
+x-request-id header>, preprocess_ms: ...`; a logging config of one's own may put uvicorn's fields in
+any order. A request line's target (its query string) needs no space to name a memory failure
+(`OOMKilled`, `torch.OutOfMemoryError`), and a request id may hold spaces.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from vllm_autoheal.diagnosis import Signals, classify
+
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS = {s["id"]: s for s in map(json.loads, (ROOT / "tests/corpus/corpus.jsonl").read_text().splitlines())}
+REAL_CPU = ROOT / "tests/fixtures/vllm-cpu"
+BASES = ["not_oom-27571-qwen3next-illegal-memory-access", "kv-cache-too-small.log", "cg-15228-qwen25-v080"]
+
+# Words a request line's target can carry without a space, each one a memory failure's.
+TARGETS = ["OOMKilled", "torch.OutOfMemoryError", "CUDA_ERROR_OUT_OF_MEMORY", "std::bad_alloc", "MemoryError"]
+ACCESS_LINES = [
+    # KServe's uvicorn_access formatter
+    '2025-10-27 20:05:09.123 uvicorn.access INFO:     10.0.0.1:52000 1 - "GET /v1/models?q={t}ZZUSERZZ HTTP/1.1" 200 OK',
+    # formats of one's own for uvicorn's AccessFormatter
+    '[2025-10-27 20:05:09 +0000] uvicorn.access     INFO:     10.0.0.1:52000 - "POST /v1/completions?{t}ZZUSERZZ '
+    'HTTP/1.1" 500',
+    'INFO - 2025-10-27 20:05:09,123 - 10.0.0.1:52000 - "GET /{t}ZZUSERZZ HTTP/1.1" 404',
+    '2025-10-27 20:05:09,123|INFO:    |10.0.0.1:52000|"GET /health?{t}ZZUSERZZ HTTP/1.1"|200',
+]
+
+
+def _base(name: str) -> str:
+    return (REAL_CPU / name).read_text() if name.endswith(".log") else CORPUS[name]["log"]
+
+
+def _same(crafted_log: str, base_log: str) -> None:
+    crafted, base = classify(Signals(log=crafted_log)).to_dict(), classify(Signals(log=base_log)).to_dict()
+    assert "ZZUSERZZ" not in json.dumps(crafted)
+    crafted.pop("notes"), base.pop("notes")
+    assert crafted == base
+
+
+def _placed(base_log: str, crafted: str) -> list[str]:
+    lines = base_log.splitlines()
+    return [
+        crafted + "\n" + base_log,
+        "\n".join(lines[: len(lines) // 2] + [crafted] + lines[len(lines) // 2 :]) + "\n",
+        base_log.rstrip("\n") + "\n" + crafted + "\n",
+    ]
+
+
+@pytest.mark.parametrize("base_name", BASES)
+@pytest.mark.parametrize("line", ACCESS_LINES)
+def test_a_request_lines_target_in_any_access_format_changes_nothing(base_name, line):
+    """A real crash (an illegal memory access, a KV-cache shortage, a CUDA-graph OOM) and access lines
+    whose query names a memory failure: the diagnosis is the crash's (the illegal memory access had
+    become a kernel OOM kill under KServe's access format)."""
+    base_log = _base(base_name)
+    for target in TARGETS:
+        for log in _placed(base_log, line.format(t=target)):
+            _same(log, base_log)
