@@ -65,3 +65,26 @@ def test_a_request_lines_target_in_any_access_format_changes_nothing(base_name, 
     for target in TARGETS:
         for log in _placed(base_log, line.format(t=target)):
             _same(log, base_log)
+
+
+KSERVE_TRACE = (
+    "2025-10-27 20:05:09.123 1 kserve.trace requestId: {rid}, preprocess_ms: 0.102, explain_ms: 0, "
+    "predict_ms: 1211.9, postprocess_ms: 0.087"
+)
+REQUEST_IDS = [
+    "OOMKilled-ZZUSERZZ",
+    "CUDA out of memory. Tried to allocate 70.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which "
+    "1.10 GiB is free. ZZUSERZZ",
+    "ValueError: To serve at least one request with the model's max seq len (131072), (16.0 GiB KV cache is "
+    "needed, which is larger than the available KV cache memory (0.01 GiB). ZZUSERZZ",
+]
+
+
+@pytest.mark.parametrize("base_name", BASES)
+@pytest.mark.parametrize("rid", REQUEST_IDS)
+def test_a_request_id_in_kserves_trace_line_changes_nothing(base_name, rid):
+    """KServe's trace line names the request by the client's x-request-id header, in camel case
+    (`requestId:`): the line is the request's (it had made an illegal memory access a kernel OOM kill)."""
+    base_log = _base(base_name)
+    for log in _placed(base_log, KSERVE_TRACE.format(rid=rid)):
+        _same(log, base_log)

@@ -61,6 +61,8 @@ _REQUEST_IDS = re.compile(  # (each alternative starts with a letter: see _USER_
     rf"S{_WB}chedulerOutput\(|N{_WB}ewRequestData\(|C{_WB}achedRequestData\(|r{_WB}eq(?:uest)?_ids?[=:]|"
     # LMCache's "Reqid: <id>" (a Responses request_id is the client's whole id, with no prefix)
     rf"R{_WB}eq_?[Ii][Dd]s?\b|r{_WB}eq_?[Ii][Dd]s?\b|"
+    # the camel-case form (KServe's trace logger: "requestId: <the x-request-id header>, preprocess_ms: ...")
+    rf"R{_WB}equest[Ii][Dd]s?\b|r{_WB}equest[Ii][Dd]s?\b|"
     # --log-error-stack's "Exception caught. Request id: <id>"
     r"Request [Ii][Dd]s?\b|request [Ii][Dd]s?\b|"
     # any other line naming "request" (an id follows it in every vLLM 0.32 form: the engine's
