@@ -37,6 +37,8 @@ LINES = [
     SERVE + "{payload} replica.py:373 - POST /v1/chat/completions 500 12.3ms",
     SERVE + "3f8a1b2c-77e1 server.py:88 - {payload}",  # the deployment's print() of the prompt
     SERVE + "3f8a1b2c-77e1 replica.py:1021 - Request failed: {payload}",
+    # a request id that opens like the file and line of a line out of any request
+    SERVE + "replica.py:1 - {payload} replica.py:373 - POST /v1/chat/completions 200 12.3ms",
 ]
 BASES = ["not_oom-27571-qwen3next-illegal-memory-access", "kv-cache-too-small.log", "cg-15228-qwen25-v080"]
 
@@ -68,9 +70,11 @@ def test_a_request_id_or_print_in_ray_serves_replica_lines_changes_nothing(base_
         _same(base_log.rstrip("\n") + "\n" + crafted + "\n", base_log)
 
 
-def test_ray_serves_lines_outside_a_request_are_still_read():
-    """Out of a request (no request id: `file.py:N - ` right after the replica's id) the line is the
-    replica's own, read as before."""
-    line = "ERROR 2025-10-27 20:05:09,123 LLMServer:qwen 7xkz1bq2 replica.py:1021 - " + OOM.replace(" ZZUSERZZ", "")
-    d = classify(Signals(log=line + "\n"))
-    assert "out of memory" in " ".join(d.evidence)
+def test_a_logging_format_of_ones_own_that_opens_like_serves_is_still_read():
+    """vLLM under `%(levelname)s %(asctime)s %(name)s %(filename)s:%(lineno)d - %(message)s` (or a
+    process name before the file): a vLLM logger's name or a file:line where Serve's component would be
+    is no Serve line, and the engine's failure there is read."""
+    oom = OOM.replace(" ZZUSERZZ", "")
+    for opening in ("vllm.v1.engine.core core.py:710", "EngineCore_DP0 core.py:710"):
+        d = classify(Signals(log=f"ERROR 2025-10-27 20:05:09,123 {opening} - {oom}\n"))
+        assert d.numbers.get("tried_gib") == 70.0

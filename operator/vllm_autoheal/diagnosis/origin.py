@@ -90,10 +90,16 @@ _HUB_REQUEST_ID = re.compile(r" ?\(Request ID: [\w;=.:/+-]{1,200}\)")
 # %(asctime)s {component} {component_id} ` and, inside a request's context, `%(request_id)s ` before
 # `%(filename)s:%(lineno)d - %(message)s`. The request id is the client's X-Request-Id header, spaces and
 # all; the replica's print() in a request is logged the same way. So a Serve line with anything between
-# the component's id and its `file.py:N - ` is a request's: the client's words, wherever they stand.
-_SERVE_IN_REQUEST = re.compile(
-    r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} \S{1,200} \S{1,200} "
-    r"(?![\w.-]{1,80}\.py:\d{1,7} - )"
+# the component's id and its `file.py:N - ` is a request's: the client's words, wherever they stand. A
+# request id may itself open with `x.py:1 - `, so a line that looks out of any request is still no
+# engine's: the replica's or the proxy's report (the engine prints its own failures in vLLM's format),
+# scoped like an API handler's. (A logging format of one's own for vLLM may open the same way,
+# `%(levelname)s %(asctime)s %(name)s %(filename)s:%(lineno)d - `: a vLLM logger's name, or a
+# file:line, in the component's place is no Serve component.)
+_FILE_LINE = r"[\w.-]{1,80}\.py:\d{1,7}"
+_SERVE_LINE = re.compile(
+    r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} "
+    rf"(?!vllm\.)(?!{_FILE_LINE}\b)\S{{1,200}} (?!{_FILE_LINE}\b)\S{{1,200}} (?P<own>{_FILE_LINE} - )?"
 )
 _ACCESS = re.compile(r'^(?:\[?[\w.:\[\]-]{1,60}:\d{1,5}\]? )?- "(?:GET|POST|PUT|DELETE|PATCH|HEAD|OPTIONS) ')
 # Any access log's own field: the request line, quoted (uvicorn's AccessFormatter `"%(request_line)s"`,
@@ -117,13 +123,11 @@ def origin_of(text: str, source_file: str | None) -> str:
         return USER
     head = text[:MATCH_CHARS]
     # (every request-id form holds one of _ID_HINTS: a cheap test first on long lines)
-    if (
-        _USER_START.match(head)
-        or _USER_QUOTE.search(head)
-        or _REQUEST_START.match(head)
-        or _SERVE_IN_REQUEST.match(head)
-    ):
+    if _USER_START.match(head) or _USER_QUOTE.search(head) or _REQUEST_START.match(head):
         return USER
+    serve = _SERVE_LINE.match(head)
+    if serve is not None:
+        return REQUEST if serve.group("own") else USER
     named = _HUB_REQUEST_ID.sub("", head) if "(Request ID: " in head else head  # (only the Hub's id is let go)
     if any(h in named for h in _ID_HINTS) and _REQUEST_IDS.search(named):
         return USER
