@@ -78,3 +78,28 @@ def test_a_logging_format_of_ones_own_that_opens_like_serves_is_still_read():
     for opening in ("vllm.v1.engine.core core.py:710", "EngineCore_DP0 core.py:710"):
         d = classify(Signals(log=f"ERROR 2025-10-27 20:05:09,123 {opening} - {oom}\n"))
         assert d.numbers.get("tried_gib") == 70.0
+
+
+START_UP_OOM = (
+    "(ServeReplica:default:LLMServer pid=77) (EngineCore_DP0 pid=99) ERROR 10-27 20:05:10 [core.py:710] "
+    "EngineCore failed to start.\n"
+    "(ServeReplica:default:LLMServer pid=77) (EngineCore_DP0 pid=99) ERROR 10-27 20:05:10 [core.py:710] "
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
+    "79.19 GiB of which 1.10 GiB is free.\n"
+)
+PROXY = [
+    "(ProxyActor pid=55) INFO 2025-10-27 20:05:01,123 proxy 10.0.0.5 3f8a1b2c-77e1 proxy.py:1235 - "
+    "POST /v1/chat/completions 503 2.1ms",
+    "(ServeReplica:default:LLMServer pid=77) INFO 2025-10-27 20:05:01,123 LLMServer 7xkz1bq2 3f8a1b2c-77e1 "
+    "replica.py:373 - POST /v1/chat/completions 200 2.1ms",
+]
+
+
+@pytest.mark.parametrize("line", PROXY)
+def test_a_request_serve_answered_while_the_engine_started_is_no_sign_it_served(line):
+    """Serve's proxy takes requests (503, or queued) while a replica's engine is still starting: its
+    request lines before an OOM that the log does not place must not make it a serving OOM (which
+    changes the serving flags); the start-up OOM stays unplaced."""
+    alone = classify(Signals(log=START_UP_OOM))
+    crafted = classify(Signals(log=line + "\n" + START_UP_OOM))
+    assert (crafted.cause, crafted.phase) == (alone.cause, alone.phase) == ("unknown", "unknown")

@@ -89,17 +89,17 @@ _HUB_REQUEST_ID = re.compile(r" ?\(Request ID: [\w;=.:/+-]{1,200}\)")
 # Ray Serve's text formatter (ServeFormatter, ray/serve/_private/logging_utils.py): `%(levelname)s
 # %(asctime)s {component} {component_id} ` and, inside a request's context, `%(request_id)s ` before
 # `%(filename)s:%(lineno)d - %(message)s`. The request id is the client's X-Request-Id header, spaces and
-# all; the replica's print() in a request is logged the same way. So a Serve line with anything between
-# the component's id and its `file.py:N - ` is a request's: the client's words, wherever they stand. A
-# request id may itself open with `x.py:1 - `, so a line that looks out of any request is still no
-# engine's: the replica's or the proxy's report (the engine prints its own failures in vLLM's format),
-# scoped like an API handler's. (A logging format of one's own for vLLM may open the same way,
-# `%(levelname)s %(asctime)s %(name)s %(filename)s:%(lineno)d - `: a vLLM logger's name, or a
-# file:line, in the component's place is no Serve component.)
+# all (it may itself open with `x.py:1 - `, as a line out of any request does); the replica's print() in
+# a request is logged the same way. The engine prints its own failures in vLLM's format, so a Serve line
+# is the replica's or the proxy's report, scoped like an API handler's (REQUEST): it names no failure of
+# the engine's, and it is no sign that the engine served (Serve's proxy answers requests, 503 or queued,
+# while the engine is still starting). (A logging format of one's own for vLLM may open the same way,
+# `%(levelname)s %(asctime)s %(name)s %(filename)s:%(lineno)d - `: a vLLM logger's name, or a file:line,
+# in the component's place is no Serve component.)
 _FILE_LINE = r"[\w.-]{1,80}\.py:\d{1,7}"
 _SERVE_LINE = re.compile(
     r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} "
-    rf"(?!vllm\.)(?!{_FILE_LINE}\b)\S{{1,200}} (?!{_FILE_LINE}\b)\S{{1,200}} (?P<own>{_FILE_LINE} - )?"
+    rf"(?!vllm\.)(?!{_FILE_LINE}\b)\S{{1,200}} (?!{_FILE_LINE}\b)\S{{1,200}} "
 )
 _ACCESS = re.compile(r'^(?:\[?[\w.:\[\]-]{1,60}:\d{1,5}\]? )?- "(?:GET|POST|PUT|DELETE|PATCH|HEAD|OPTIONS) ')
 # Any access log's own field: the request line, quoted (uvicorn's AccessFormatter `"%(request_line)s"`,
@@ -125,9 +125,8 @@ def origin_of(text: str, source_file: str | None) -> str:
     # (every request-id form holds one of _ID_HINTS: a cheap test first on long lines)
     if _USER_START.match(head) or _USER_QUOTE.search(head) or _REQUEST_START.match(head):
         return USER
-    serve = _SERVE_LINE.match(head)
-    if serve is not None:
-        return REQUEST if serve.group("own") else USER
+    if _SERVE_LINE.match(head):
+        return REQUEST
     named = _HUB_REQUEST_ID.sub("", head) if "(Request ID: " in head else head  # (only the Hub's id is let go)
     if any(h in named for h in _ID_HINTS) and _REQUEST_IDS.search(named):
         return USER
