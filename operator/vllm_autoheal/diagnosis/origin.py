@@ -58,7 +58,11 @@ _API_ID_PREFIXES = (
     "translate-",
 )
 _REQUEST_IDS = re.compile(  # (each alternative starts with a letter: see _USER_QUOTE)
-    rf"S{_WB}chedulerOutput\(|N{_WB}ewRequestData\(|C{_WB}achedRequestData\(|r{_WB}eq(?:uest)?_ids?[=:]|"
+    rf"S{_WB}chedulerOutput\(|N{_WB}ewRequestData\(|C{_WB}achedRequestData\(|"
+    # `request_id=`, and a dict's repr or a JSON object naming one (`'request_id': `, `"request_id":`):
+    # the NIXL connector's failure report puts the request's KV transfer parameters (remote_engine_id,
+    # remote_host: the client's kv_transfer_params) in such a context, even where the id is None
+    rf"r{_WB}eq(?:uest)?_ids?['\"]?[=:]|"
     # LMCache's "Reqid: <id>" (a Responses request_id is the client's whole id, with no prefix)
     rf"R{_WB}eq_?[Ii][Dd]s?\b|r{_WB}eq_?[Ii][Dd]s?\b|"
     # the camel-case form (KServe's trace logger: "requestId: <the x-request-id header>, preprocess_ms: ...")
