@@ -90,6 +90,11 @@ INVALID = [
     ("quantization-alias", {"engine": {"extraArgs": ["-q", "awq"]}}, "use engine.quantization"),
     ("config-file", {"engine": {"extraArgs": ["--config", "/models/flags.yaml"]}}, "--config"),
     ("secret-hf-token", {"engine": {"extraArgs": ["--hf-token", "hf_x"]}}, "spec.hfTokenSecretRef"),
+    (
+        "secret-ref-path",
+        {"hfTokenSecretRef": {"name": "../../kube-system/secrets/x", "key": "t"}},
+        "spec.hfTokenSecretRef.name",
+    ),
     ("secret-api-key", {"engine": {"extraArgs": ["--api_key=sk-1"]}}, "Secret"),
     ("reserved-port", {"engine": {"extraArgs": ["--port=9000"]}}, "set spec.port"),
     ("shm-unbounded", {"resources": {"shmSize": "1000Ei"}}, "spec.resources.shmSize"),

@@ -238,6 +238,19 @@ def test_for_service_sources_in_order(hub):  # noqa: F811
     assert "Hub lookups are off" in for_service(service({}), Api({})).error
 
 
+def test_a_secret_ref_that_is_a_path_is_never_read(hub):  # noqa: F811
+    # An object stored before the CRD checked the name: its "../" would reach another namespace's Secret.
+    model_source.configure(HubSettings(endpoint=hub.url, cache_dir=hub.cache, timeout_s=5))
+    try:
+        gated = service({"model": "meta-llama/Llama-3.1-70B-Instruct", "hfTokenSecretRef": {"name": "hf", "key": "t"}})
+        gated.spec.hf_token_secret_ref.name = "../../victim/secrets/hf"  # type: ignore[union-attr]
+        victim = {"/api/v1/namespaces/ml/secrets/../../victim/secrets/hf": {"data": {"t": "aGZfbG9jYWx0ZXN0dG9rZW4="}}}
+        api = Api(victim)
+        assert "is gated" in for_service(gated, api).error and api.paths == []
+    finally:
+        model_source.configure(HubSettings())
+
+
 def test_a_hanging_hub_costs_a_handler_the_timeout_at_most(hub):  # noqa: F811
     hub.stall = threading.Event()
     model_source.configure(HubSettings(endpoint=hub.url, cache_dir=hub.cache, timeout_s=1))

@@ -15,6 +15,7 @@ from vllm_autoheal.model_source import HubSettings
 
 from hub_server import GATED_TOKEN, hub  # noqa: F401 - the fixture
 from operator_harness import (
+    HARNESS_AGENT,
     NS,
     Cluster,
     Emulator,
@@ -223,3 +224,34 @@ async def test_a_slow_hub_is_asked_again_without_blocking_the_handler(cluster, h
         what="MemoryFit once the Hub answered",
     )
     assert fit["status"] == "True" and fit["reason"] == "Fits", fit
+
+
+async def test_hf_token_secret_ref_never_reads_a_secret_of_another_namespace(cluster, hub, caplog):  # noqa: F811
+    # A tenant names another namespace's Secret by a path in hfTokenSecretRef.name: the HTTP client
+    # resolves the dot segments, and the operator (which may get Secrets everywhere) would read it.
+    token = base64.b64encode(GATED_TOKEN.encode()).decode()
+    await cluster.call(
+        "POST",
+        "/api/v1/namespaces/victim/secrets",
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "hf", "namespace": "victim"},
+            "data": {"token": token},
+        },
+    )
+    spec = {"model": "meta-llama/Llama-3.1-70B-Instruct", "resources": {"gpuProduct": "NVIDIA-H100-80GB-HBM3"}}
+    await cluster.create_vsvc(
+        "steal", {**spec, "hfTokenSecretRef": {"name": "../../victim/secrets/hf", "key": "token"}}
+    )
+    await wait_for(  # refused as invalid, not sized with the victim's token
+        lambda: [
+            r
+            for r in caplog.records
+            if "invalid VLLMService" in r.getMessage() and "hfTokenSecretRef" in r.getMessage()
+        ],
+        what="the refusal",
+    )
+    assert memory_fit(await cluster.vsvc("steal")) is None
+    operator_reads = [r for r in cluster.kmock._requests if r.headers.get("User-Agent", "") != HARNESS_AGENT]
+    assert not [r for r in operator_reads if "/namespaces/victim/" in r.url.path]

@@ -34,6 +34,7 @@ DEFAULT_ENDPOINT = "https://huggingface.co"
 DEPRECATED_ANNOTATION = "vllm.autoheal.dev/model-config"
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}(/[\w.-]{1,96})?$")
 MAX_TOKEN_CHARS = 512
+SECRET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")  # a DNS subdomain, as Kubernetes names them
 OK_TTL_S, ERROR_TTL_S, MAX_CACHED = 3600.0, 60.0, 512
 
 
@@ -249,6 +250,8 @@ def _hub_cached(repo_id: str, revision: str | None, token: str | None) -> Resolv
 
 def _secret_token(namespace: str, ref: Any, get: Callable[[str], Any]) -> str | None:
     """The Hub token from the VLLMService's own Secret; never logged, only its hash is kept."""
+    if not SECRET_NAME.match(ref.name):  # a path ("../other/secrets/x") would leave the namespace
+        return None
     try:
         secret = get(f"/api/v1/namespaces/{namespace}/secrets/{ref.name}") or {}
         value = base64.b64decode((secret.get("data") or {}).get(ref.key) or "", validate=True)

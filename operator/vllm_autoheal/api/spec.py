@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from .config_json import ModelConfigSource
+from .config_json import DNS_SUBDOMAIN, ModelConfigSource
 from .engine_args import EngineArgs
 from .heal_policy import HealPolicy
 from .schema import QUANTITY_PATTERN, Model, cel, nested, quantity_le, rule
@@ -128,7 +128,9 @@ class ModelCache(Model):
 
 
 class KeyRef(Model):
-    name: str = Field(..., min_length=1, max_length=253, description="Object name.")
+    # an object's name, never a path: the operator reads the Secret itself (a name with "../" would
+    # reach another namespace's)
+    name: str = Field(..., pattern=DNS_SUBDOMAIN, max_length=253, description="Object name.")
     key: str = Field(..., min_length=1, description="Key in the object's data.")
     optional: bool | None = Field(None, description="Start even if it is missing.")
 
@@ -148,7 +150,7 @@ class EnvVar(Model):
 
 
 class NamedRef(Model):
-    name: str = Field(..., min_length=1, max_length=253, description="Object name.")
+    name: str = Field(..., pattern=DNS_SUBDOMAIN, max_length=253, description="Object name.")
 
 
 class EnvFromSource(Model):
