@@ -200,6 +200,15 @@ def test_invalid_resource_is_rejected_naming_the_field(k8s, case_id, overrides, 
     assert field in message, message
 
 
+@pytest.mark.parametrize("name", ["llama.v2", "8b", "x" * 64])
+def test_a_name_no_service_or_label_can_take_is_rejected(k8s, name):
+    from kubernetes.client.rest import ApiException
+
+    with pytest.raises(ApiException) as info:
+        _create(k8s, _vsvc(name))
+    assert info.value.status == 422 and "DNS-1035" in json.loads(info.value.body)["message"], info.value.body
+
+
 def test_other_flags_in_every_spelling_are_accepted(k8s):
     extra = ACCEPTED_EXTRA_ARGS
     created = _create(k8s, _vsvc("good-extra-args", engine={"extraArgs": extra}))

@@ -183,3 +183,11 @@ def test_render_and_the_server_agree(k8s, tmp_path, capsys, case_id, spec, field
 def test_enough_cases_of_each_kind():
     assert len(CASES) >= 20 and len({c[0] for c in CASES}) == len(CASES)
     assert sum(c[2] is None for c in CASES) >= 5 and sum(c[2] is not None for c in CASES) >= 15
+
+
+def test_render_and_the_server_refuse_a_name_no_service_can_take(k8s, tmp_path, capsys):
+    body = {**_body("minimal", {}), "metadata": {"name": "llama.v2"}}
+    code, err, _ = _render(tmp_path, body, capsys)
+    accepted, message, _ = _server(k8s, body)
+    assert not accepted and "metadata.name" in message, message
+    assert code == 2 and "metadata.name" in err and "Traceback" not in err, err

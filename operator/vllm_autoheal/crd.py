@@ -106,6 +106,15 @@ def _add_extra_args_rules(node: dict[str, Any]) -> None:
         _add_extra_args_rules(node["items"])
 
 
+# The name becomes the Service's (a DNS-1035 label) and a label value (63 characters at most): one
+# the API server admits but those refuse would leave the objects half applied, the status unwritten.
+NAME_RULE = api.rule(
+    "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$') && size(self.metadata.name) <= 63",
+    "metadata.name must be a DNS-1035 label (lowercase letters, digits and '-', starting with a letter, "
+    "at most 63 characters): it names the Service and labels the pods",
+)
+
+
 def openapi_schema() -> dict[str, Any]:
     raw = api.VLLMService.model_json_schema(by_alias=True, mode="validation", schema_generator=_WithFactoryDefaults)
     defs = raw.get("$defs", {})
@@ -126,6 +135,7 @@ def openapi_schema() -> dict[str, Any]:
             "status": status,
         },
         "required": ["spec"],
+        "x-kubernetes-validations": [NAME_RULE],
     }
 
 

@@ -18,7 +18,7 @@ import celpy
 import re2
 from celpy import celtypes
 
-from .crd import openapi_schema
+from .crd import NAME_RULE, openapi_schema
 from .quantity import exact_quantity
 
 
@@ -212,4 +212,7 @@ def admit(obj: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     problems = schema_problems(spec, spec_schema, "spec")
     if isinstance(spec, dict) and not problems:
         problems += cel_problems(spec, spec_schema, "spec")
+    name = (body.get("metadata") or {}).get("name")
+    if isinstance(name, str) and not evaluate(NAME_RULE["rule"], {"self": {"metadata": {"name": name}}}):
+        problems.append(f'metadata.name: Invalid value: "{name[:80]}": {NAME_RULE["message"]}')
     return body, problems
