@@ -4,9 +4,13 @@ never modified, adopted or given an owner (kopf in-process against kmock)."""
 
 from __future__ import annotations
 
+import asyncio
+import copy
+
 import pytest
 
 from vllm_autoheal.kube.client import FIELD_MANAGER
+from vllm_autoheal.kube.resources import SERVICE_LABEL
 
 from operator_harness import (
     HARNESS_AGENT,
@@ -65,6 +69,18 @@ async def test_a_service_of_someone_else_is_left_alone(cluster):
         and ("/services" in r.url.path or "/deployments" in r.url.path)
     ]
     assert operator_writes == []
+
+
+async def test_a_pod_labelled_with_an_empty_service_name_is_ignored(cluster, caplog):
+    # The service label with an empty value: the GET of that "name" is the namespace's list.
+    await cluster.create_vsvc("svc", SPEC)
+    dep = copy.deepcopy(await wait_for(lambda: cluster.deployment_now("svc"), what="deployment"))
+    dep["spec"]["template"]["metadata"]["labels"][SERVICE_LABEL] = ""
+    await cluster.crash_pod("svc", "unnamed", template_from=dep)
+    await cluster.crash_pod("svc", "named")  # recorded after it: the operator has seen both
+    await wait_for(lambda: (cluster.vsvc_now("svc").get("status") or {}).get("observedCrashes"), what="the crash")
+    await asyncio.sleep(0.5)  # (pods are handled concurrently)
+    assert not [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
 
 
 async def test_an_object_controlled_by_another_vllmservice_is_not_taken_over(cluster):

@@ -156,6 +156,8 @@ class Kube:
         return f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}"
 
     def get_vsvc(self, namespace: str, name: str) -> dict[str, Any] | None:
+        if not name:  # (a pod's service label may be empty: that path is the namespace's list)
+            return None
         return self.get(self.vsvc_path(namespace, name))
 
     def patch_vsvc(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -74,10 +74,10 @@ def deployment_progress(body: kopf.Body, type: str, namespace: str | None, memo:
 def pod_changed(
     body: kopf.Body, type: str, namespace: str | None, memo: kopf.Memo, logger: kopf.Logger, **_: Any
 ) -> None:
-    if type == "DELETED" or not namespace:
-        return
     pod = dict(body)
     name = pod["metadata"]["labels"][resources.SERVICE_LABEL]
+    if type == "DELETED" or not namespace or not name:  # (a label's value may be empty)
+        return
     kube, cfg, later = _kube(memo), _config(memo), _later(memo)
     crash = pods.find_crash(pod)
     if crash is not None:
