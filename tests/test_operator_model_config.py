@@ -7,10 +7,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+from pathlib import Path
 
 import pytest
 
 from vllm_autoheal import model_source
+from vllm_autoheal.kube.client import MERGE
 from vllm_autoheal.model_source import HubSettings
 
 from hub_server import GATED_TOKEN, hub  # noqa: F401 - the fixture
@@ -27,6 +29,7 @@ from operator_harness import (
 )
 
 pytestmark = pytest.mark.kmock(cls=Emulator)
+VSVC_PATH = f"/apis/vllm.autoheal.dev/v1alpha1/namespaces/{NS}/vllmservices"
 SMALL = {"num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "vocab_size": 32000}
 
 
@@ -255,3 +258,44 @@ async def test_hf_token_secret_ref_never_reads_a_secret_of_another_namespace(clu
     assert memory_fit(await cluster.vsvc("steal")) is None
     operator_reads = [r for r in cluster.kmock._requests if r.headers.get("User-Agent", "") != HARNESS_AGENT]
     assert not [r for r in operator_reads if "/namespaces/victim/" in r.url.path]
+
+
+async def test_an_edit_leaves_none_of_pre_flights_fitted_flags_behind(cluster):
+    # status is written by JSON merge patch: a flag left out of the new status.effective would stay
+    llama8 = json.loads((Path(__file__).parent / "fixtures" / "configs" / "llama-3.1-8b.json").read_text())
+    spec = {
+        "model": "/models/llama-8b",
+        "preflight": "Fix",
+        "modelConfig": {"inline": llama8},
+        "resources": {"gpuMemoryGib": 30},
+    }
+    await cluster.create_vsvc("fitted", spec)
+    fit = await wait_fit(cluster, "fitted")
+    assert (
+        fit["reason"] == "FittedByPreflight" and "maxModelLen" in (await cluster.vsvc("fitted"))["status"]["effective"]
+    )
+    edited = {**spec, "engine": {"kvCacheDtype": "fp8"}}  # fits as written: nothing to fit
+    await cluster.call("PATCH", f"{VSVC_PATH}/fitted", {"spec": edited}, MERGE)
+    fit = await wait_for(
+        lambda: (f := memory_fit(cluster.vsvc_now("fitted"))) and f["reason"] == "Fits" and f, what="Fits"
+    )
+    effective = (await cluster.vsvc("fitted"))["status"]["effective"]
+    assert "maxModelLen" not in effective and effective["kvCacheDtype"] == "fp8", effective
+    await cluster.call("PATCH", f"{VSVC_PATH}/fitted", {"spec": {"replicas": 2}}, MERGE)  # a later reconcile
+    dep = await wait_for(
+        lambda: (d := cluster.deployment_now("fitted")) and d["spec"]["replicas"] == 2 and d, what="replicas 2"
+    )
+    assert flag(dep, "--max-model-len") is None and flag(dep, "--kv-cache-dtype") == "fp8"
+
+
+async def test_a_flag_removed_from_the_spec_leaves_the_baseline(cluster):
+    # A baseline that kept the removed flag would differ from spec.engine forever: in StatusOverrides
+    # mode every reconcile would be a person's edit (heal state reset) and no heal would deploy.
+    spec = {"model": "m/x", "preflight": "Off", "engine": {"maxModelLen": 8192}, "heal": {"mode": "StatusOverrides"}}
+    await cluster.create_vsvc("removed", spec)
+    await wait_for(lambda: ((cluster.vsvc_now("removed") or {}).get("status") or {}).get("baseline"), what="baseline")
+    await cluster.call("PATCH", f"{VSVC_PATH}/removed", {"spec": {"engine": {"maxModelLen": None}}}, MERGE)
+    status = await wait_for(
+        lambda: (s := cluster.vsvc_now("removed")["status"]).get("observedGeneration") == 2 and s, what="the edit"
+    )
+    assert "maxModelLen" not in status["baseline"] and "maxModelLen" not in status["effective"], status

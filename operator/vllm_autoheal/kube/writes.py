@@ -69,10 +69,21 @@ def update_status(
             update = change(fresh)
             if not update:
                 return fresh
-            body = {"metadata": {"resourceVersion": fresh["metadata"].get("resourceVersion")}, "status": update}
+            current = fresh.get("status") or {}
+            status = {k: replacing(current.get(k), v) for k, v in update.items()}  # (fields not named stay)
+            body = {"metadata": {"resourceVersion": fresh["metadata"].get("resourceVersion")}, "status": status}
             return kube.request("PATCH", kube.vsvc_path(namespace, name) + "/status", body, MERGE)
 
     return retried(cfg, once)
+
+
+def replacing(old: Any, new: Any) -> Any:
+    """The merge patch that makes `new` the whole value of a field now `old`: a merge patch keeps
+    every key it leaves out, so a flag missing from a new status.effective (or baseline, or
+    inFlight) would stay and be deployed again."""
+    if not isinstance(new, dict) or not isinstance(old, dict):
+        return new
+    return {**{k: None for k in old}, **{k: replacing(old.get(k), v) for k, v in new.items()}}
 
 
 def patch_object(kube: Kube, cfg: OperatorConfig, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
