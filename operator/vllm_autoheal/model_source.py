@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .api.config_json import DNS_SUBDOMAIN
 from .model_config import MAX_CONFIG_BYTES, ModelConfigError, check, parse, to_shape
 
 CONFIG_FILE = "config.json"
@@ -34,7 +35,7 @@ DEFAULT_ENDPOINT = "https://huggingface.co"
 DEPRECATED_ANNOTATION = "vllm.autoheal.dev/model-config"
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}(/[\w.-]{1,96})?$")
 MAX_TOKEN_CHARS = 512
-SECRET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")  # a DNS subdomain, as Kubernetes names them
+SECRET_NAME = re.compile(DNS_SUBDOMAIN)  # as Kubernetes names objects (the CRD's own rule)
 OK_TTL_S, ERROR_TTL_S, MAX_CACHED = 3600.0, 60.0, 512
 
 
@@ -250,7 +251,9 @@ def _hub_cached(repo_id: str, revision: str | None, token: str | None) -> Resolv
 
 def _secret_token(namespace: str, ref: Any, get: Callable[[str], Any]) -> str | None:
     """The Hub token from the VLLMService's own Secret; never logged, only its hash is kept."""
-    if not SECRET_NAME.match(ref.name):  # a path ("../other/secrets/x") would leave the namespace
+    if len(ref.name) > 253 or not SECRET_NAME.match(
+        ref.name
+    ):  # a path ("../other/secrets/x") would leave the namespace
         return None
     try:
         secret = get(f"/api/v1/namespaces/{namespace}/secrets/{ref.name}") or {}
