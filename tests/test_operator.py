@@ -12,6 +12,7 @@ from vllm_autoheal.kube import resources
 from vllm_autoheal.launcher import termination_message
 
 from operator_harness import (
+    TEST_CONFIG,
     Cluster,
     Emulator,
     flag,
@@ -247,6 +248,23 @@ async def test_preflight_fix_starts_with_flags_that_fit(cluster):
     obj, fit = await cluster.with_condition("fit", "MemoryFit")
     assert fit["status"] == "True" and fit["reason"] == "FittedByPreflight"
     assert obj["spec"]["engine"]["maxModelLen"] == 131072  # the spec stays as written
+
+
+async def test_preflight_fix_only_reports_when_the_operator_may_change_nothing(kmock):
+    """The chart's heal.enabled=false (diagnose and report only) holds for pre-flight's Fix too: the
+    first Deployment runs the flags as written, and MemoryFit says what does not fit and why."""
+    import dataclasses
+
+    setup_emulator(kmock)
+    config = (Path(__file__).parent / "fixtures" / "configs" / "llama-3.1-8b.json").read_text()
+    spec = {**SPEC, "preflight": "Fix", "engine": {"maxModelLen": 131072}}
+    async with running_operator(dataclasses.replace(TEST_CONFIG, heal_enabled=False)):
+        c = Cluster(kmock)
+        await c.create_vsvc("report", spec, annotations={"vllm.autoheal.dev/model-config": config})
+        obj, fit = await c.with_condition("report", "MemoryFit")
+        dep = await wait_for(lambda: c.deployment_now("report"), what="deployment")
+    assert flag(dep, "--max-model-len") == "131072" and obj["status"]["effective"]["maxModelLen"] == 131072
+    assert fit["status"] == "False" and "heal.enabled=false" in fit["message"]
 
 
 async def test_preflight_warn_reports_without_changing(cluster):

@@ -36,9 +36,13 @@ def _with_status(obj: VLLMService, status: dict[str, Any]) -> VLLMService:
     return obj.model_copy(update={"status": type(obj.status).model_validate(merged)})
 
 
-def memory_fit(kube: Kube, obj: VLLMService, generation: int | None, conditions: list, new: dict) -> dict | None:
-    """Pre-flight's MemoryFit condition (and, in Fix mode, fitting flags in `new`)."""
+def memory_fit(
+    kube: Kube, obj: VLLMService, generation: int | None, conditions: list, new: dict, may_fix: bool = True
+) -> dict | None:
+    """Pre-flight's MemoryFit condition (and, in Fix mode, fitting flags in `new`). Without `may_fix`
+    (the chart's heal.enabled=false: report only, cluster-wide) Fix only reports, as Warn does."""
     spec = obj.spec
+    held_back = spec.preflight == "Fix" and not may_fix
     if spec.preflight == "Off":
         return None
     if not (spec.resources.gpu_product or spec.resources.gpu_memory_gib):
@@ -64,7 +68,7 @@ def memory_fit(kube: Kube, obj: VLLMService, generation: int | None, conditions:
         return next(c for c in cond if c["type"] == st.MEMORY_FIT)
     try:
         gpu = lookup(spec.resources.gpu_product or "custom", spec.resources.gpu_memory_gib)
-        result = preflight(spec, gpu, model.shape)
+        result = preflight(spec.model_copy(update={"preflight": "Warn"}) if held_back else spec, gpu, model.shape)
     except Exception as exc:  # noqa: BLE001 - whatever the spec holds, pre-flight costs a condition, never the reconcile
         cond = st.set_condition(
             conditions,
@@ -91,7 +95,8 @@ def memory_fit(kube: Kube, obj: VLLMService, generation: int | None, conditions:
                 st.MEMORY_FIT,
                 "False",
                 st.camel(est.failure or "DoesNotFit"),
-                "; ".join(result.reasons),
+                "; ".join(result.reasons)
+                + ("; not fitted: the operator only reports (heal.enabled=false)" if held_back else ""),
                 generation,
             )
     return next(c for c in cond if c["type"] == st.MEMORY_FIT)
@@ -137,7 +142,7 @@ def reconcile(kube: Kube, cfg: OperatorConfig, body: dict[str, Any], logger: kop
             logger.info("spec.engine changed by a person: new baseline, heal attempts reset")
     current = [c.wire() for c in obj.status.conditions]
     fitted: dict[str, Any] = {}
-    fit = memory_fit(kube, _with_status(obj, new), generation, current, fitted)
+    fit = memory_fit(kube, _with_status(obj, new), generation, current, fitted, may_fix=cfg.heal_enabled)
     if "baseline" in new or heal.unhealed_since_baseline(obj):
         new.update(fitted)  # pre-flight's flags are where heals start, never over a heal's
     target = _with_status(obj, new)
