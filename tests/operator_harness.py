@@ -543,6 +543,10 @@ class Cluster:
         return uid
 
 
+def vsvc_path(name: str) -> str:
+    return f"/apis/vllm.autoheal.dev/v1alpha1/namespaces/{NS}/vllmservices/{name}"
+
+
 async def wait_for(check: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
     deadline = time.monotonic() + timeout
     last = None

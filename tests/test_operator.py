@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
 
 from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.kube import resources
+from vllm_autoheal.kube.client import MERGE
 from vllm_autoheal.launcher import termination_message
 
 from operator_harness import (
@@ -19,6 +21,7 @@ from operator_harness import (
     running_operator,
     setup_emulator,
     vllm_container,
+    vsvc_path,
     wait_for,
 )
 from samples import FIXTURES, KV_LOG, KV_TERMINATION, SPEC
@@ -236,6 +239,29 @@ async def test_status_overrides_never_touch_the_spec(cluster):
     assert "maxModelLen" not in obj["spec"]["engine"]
     assert obj["status"]["effective"]["maxModelLen"] == 524160
     assert resources.ENGINE_HASH in dep["spec"]["template"]["metadata"]["annotations"]
+
+
+async def test_status_overrides_give_way_to_a_persons_change_of_the_model(cluster):
+    """StatusOverrides: heals are sized for the model, memory limit and GPU the spec names; a person's
+    change of the model (in Git) is an edit, as one of spec.engine is: the new model runs with the
+    flags as written, and the heal count starts over (before, the healed flags, or a healed quantized
+    model, went on running whatever the spec said)."""
+    spec = {**SPEC, "heal": {**SPEC["heal"], "mode": "StatusOverrides"}}
+    await cluster.create_vsvc("regit", spec)
+    await cluster.settled("regit")
+    await cluster.crash_pod("regit", "regit-a", message=KV_TERMINATION)
+    await wait_for(lambda: flag(cluster.deployment_now("regit"), "--max-model-len") == "524160", what="the heal")
+    await cluster.call("PATCH", vsvc_path("regit"), {"spec": {"model": "example/other-model"}}, MERGE)
+
+    def redeployed() -> dict | None:
+        dep = cluster.deployment_now("regit")
+        return dep if "example/other-model" in json.dumps(vllm_container(dep)) else None
+
+    dep = await wait_for(redeployed, what="the new model deployed")
+    assert flag(dep, "--max-model-len") is None  # spec.engine names none: the healed 524160 is gone
+    obj = await cluster.settled("regit")
+    assert obj["status"]["attempts"] == 0 and obj["status"]["healCount"] == 1
+    assert "maxModelLen" not in (obj["status"].get("effective") or {})
 
 
 async def test_preflight_fix_starts_with_flags_that_fit(cluster):

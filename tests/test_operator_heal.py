@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from vllm_autoheal.api import GROUP, PLURAL, VERSION
 from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.kube.client import MERGE
 from vllm_autoheal.kube.later import Later
@@ -25,6 +24,7 @@ from operator_harness import (
     running_operator,
     setup_emulator,
     vllm_container,
+    vsvc_path,
     wait_for,
 )
 from samples import (
@@ -82,10 +82,6 @@ def status(obj: dict) -> dict:
 
 def condition(obj: dict, type_: str) -> dict | None:
     return next((c for c in status(obj).get("conditions", []) if c["type"] == type_), None)
-
-
-def vsvc_path(name: str) -> str:
-    return f"/apis/{GROUP}/{VERSION}/namespaces/{NS}/{PLURAL}/{name}"
 
 
 def gpus(dep: dict) -> int:

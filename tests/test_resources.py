@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from vllm_autoheal.api import VLLMService
+from vllm_autoheal.kube import resources
 from vllm_autoheal.kube.resources import deployment
 
 
@@ -51,3 +52,39 @@ def test_shm_is_bounded_by_the_memory_limit():
     assert shm(limits={"memory": "4Gi"}) == "4Gi"
     assert shm(shmSize="2Gi", limits={"memory": "4Gi"}) == "2Gi"
     assert shm(shmSize="64Gi") == "64Gi"
+
+
+def _healed(mode: str, baseline_for: str | None, **spec) -> VLLMService:
+    """A service whose heal set maxModelLen 4096 into status.effective, for the spec as given."""
+    obj = VLLMService.model_validate(
+        {
+            "apiVersion": "vllm.autoheal.dev/v1alpha1",
+            "kind": "VLLMService",
+            "metadata": {"name": "s", "namespace": "t"},
+            "spec": {"model": "org/a", "heal": {"mode": mode}, **spec},
+            "status": {"baseline": {}, "effective": {"maxModelLen": 4096}, "effectiveModel": "org/a-awq"},
+        }
+    )
+    obj.status.baseline_for = baseline_for
+    return obj
+
+
+def test_status_overrides_apply_only_to_the_model_memory_and_gpu_they_were_sized_for():
+    taken = resources.sized_for(_healed("StatusOverrides", None))
+    assert resources.effective(_healed("StatusOverrides", taken))[:2] == (
+        "org/a-awq",
+        _healed("PatchSpec", None).status.effective,
+    )
+    for change in (
+        {"model": "org/b"},
+        {"resources": {"gpuProduct": "NVIDIA-H200"}},
+        {"resources": {"limits": {"memory": "64Gi"}}},
+    ):
+        moved = _healed("StatusOverrides", taken, **change)
+        assert not resources.on_baseline(moved)
+        model, engine, _memory = resources.effective(moved)
+        assert model == moved.spec.model and engine == moved.spec.engine  # the person's spec, as written
+    # a baseline written by an older version (no baselineFor) is judged by spec.engine alone
+    assert resources.on_baseline(_healed("StatusOverrides", None, model="org/b"))
+    # PatchSpec: heals write the model and memory limit into the spec themselves
+    assert resources.on_baseline(_healed("PatchSpec", taken, model="org/b"))

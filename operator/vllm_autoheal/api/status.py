@@ -100,6 +100,14 @@ class VLLMServiceStatus(Model):
     observed_generation: int | None = Field(None, ge=0, description="The spec generation last acted upon.")
     conditions: list[Condition] = Field(default_factory=list, description="Ready, MemoryFit, Healing, HealExhausted.")
     baseline: EngineArgs | None = Field(None, description="The engine args the user wrote, before any heal.")
+    baseline_for: str | None = Field(
+        None,
+        max_length=64,
+        description=(
+            "A digest of what the baseline was taken with besides spec.engine (the model, the memory limit, "
+            "the GPU): in StatusOverrides mode a person's change of any of them is an edit, as of spec.engine."
+        ),
+    )
     effective: EngineArgs | None = Field(None, description="The engine args deployed now.")
     effective_memory_limit: str | None = Field(None, description="Memory limit deployed now, when a heal raised it.")
     effective_model: str | None = Field(

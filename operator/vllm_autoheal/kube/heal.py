@@ -168,7 +168,7 @@ def record(
     )
     update.update(heals=st.append_heal([h.wire() for h in cur.heals], heal), lastCause=diag.cause)
     if cur.baseline is None:
-        update["baseline"] = obj.spec.engine.wire()
+        update.update(baseline=obj.spec.engine.wire(), baselineFor=resources.sized_for(obj))
     if diag.is_memory:
         update["failedEngines"] = st.remember_failed(cur.failed_engines, fp(now))
     in_flight = cur.in_flight.wire() if cur.in_flight else None
@@ -222,7 +222,7 @@ def person_edited(obj: VLLMService) -> bool:
     if cur.baseline is None:
         return False
     if spec.heal.mode == "StatusOverrides":
-        return cur.baseline != spec.engine
+        return not resources.on_baseline(obj)
     if cur.baseline == spec.engine and unhealed_since_baseline(obj):
         return False  # status.effective is pre-flight's fitting flags for this very spec (Fix mode)
     ours = (obj.metadata.get("annotations") or {}).get(HEALED_ENGINE)

@@ -27,7 +27,17 @@ from .writes import event, lock, transient, update_status
 
 # What a heal writes into status; a reconcile that read the object before a heal leaves it alone.
 HEAL_STATE = frozenset(
-    {"baseline", "effective", "effectiveModel", "effectiveMemoryLimit", "gpus", "attempts", "tried", "inFlight"}
+    {
+        "baseline",
+        "baselineFor",
+        "effective",
+        "effectiveModel",
+        "effectiveMemoryLimit",
+        "gpus",
+        "attempts",
+        "tried",
+        "inFlight",
+    }
 )
 
 
@@ -131,6 +141,7 @@ def reconcile(kube: Kube, cfg: OperatorConfig, body: dict[str, Any], logger: kop
     if obj.status.baseline is None or edit:
         new.update(
             baseline=obj.spec.engine.wire(),
+            baselineFor=resources.sized_for(obj),
             effective=None,
             effectiveModel=None,
             effectiveMemoryLimit=None,
@@ -139,7 +150,9 @@ def reconcile(kube: Kube, cfg: OperatorConfig, body: dict[str, Any], logger: kop
             inFlight=None,
         )
         if edit:
-            logger.info("spec.engine changed by a person: new baseline, heal attempts reset")
+            logger.info("the spec was changed by a person: new baseline, heal attempts reset")
+    elif obj.status.baseline_for is None:  # a baseline of an older version: what it was taken with is now
+        new["baselineFor"] = resources.sized_for(obj)
     current = [c.wire() for c in obj.status.conditions]
     fitted: dict[str, Any] = {}
     fit = memory_fit(kube, _with_status(obj, new), generation, current, fitted, may_fix=cfg.heal_enabled)

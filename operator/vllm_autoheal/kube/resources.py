@@ -8,6 +8,8 @@ operator uses to ignore crashes of pods that still run flags it already healed.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
 from .. import __version__
@@ -53,13 +55,32 @@ def gpu_count(obj: VLLMService) -> int:
     return engine.tensor_parallel_size * engine.pipeline_parallel_size
 
 
+def sized_for(obj: VLLMService) -> str:
+    """A digest of what heals and pre-flight size their flags for, besides spec.engine: the model,
+    the memory limit and the GPU (status.baselineFor)."""
+    spec = obj.spec
+    facts = [spec.model, spec.resources.limits.memory, spec.resources.gpu_product, spec.resources.gpu_memory_gib]
+    return hashlib.sha256(json.dumps(facts).encode()).hexdigest()[:16]
+
+
+def on_baseline(obj: VLLMService) -> bool:
+    """The spec is still what status.baseline was taken from. In StatusOverrides mode only a person
+    writes the spec, so a change of the model, memory limit or GPU counts as well as one of
+    spec.engine (a baseline of an older version, without baselineFor, is judged by the engine alone);
+    in PatchSpec mode heals write the model and memory limit into the spec themselves."""
+    status = obj.status
+    if status.baseline is None or status.baseline != obj.spec.engine:
+        return False
+    return obj.spec.heal.mode != "StatusOverrides" or status.baseline_for in (None, sized_for(obj))
+
+
 def effective(obj: VLLMService) -> tuple[str, EngineArgs, str | None]:
     """(model, engine args, memory limit) to deploy. status.effective (a heal in StatusOverrides
-    mode, or pre-flight's fitting flags) applies while spec.engine is still the baseline it was
-    made for; once a person changes spec.engine, the spec wins again."""
+    mode, or pre-flight's fitting flags) applies while the spec is still the baseline it was made
+    for (on_baseline); once a person changes it, the spec wins again."""
     spec, status = obj.spec, obj.status
     model, engine, memory = spec.model, spec.engine, spec.resources.limits.memory
-    if status.effective is not None and status.baseline is not None and status.baseline == spec.engine:
+    if status.effective is not None and on_baseline(obj):
         engine = status.effective
         model = status.effective_model or model
         memory = status.effective_memory_limit or memory
