@@ -225,6 +225,15 @@ def main(argv: list[str] | None = None) -> int:
             ordered.write_text("".join(prefix.format(k) + text + "\n" for k, text in enumerate(body)))
             t, _ = timed(ordered, repeats=2)
             print(f"  {order}, {half} lines each: {(t / ordered.stat().st_size) / (n_time / n_size):.2f}x per MB")
+        # A process of its own on every line, each opening a request's message (scan's open messages
+        # are kept by process: a lookup a line, however many processes there are).
+        opened = Path(tmp, "processes.log")
+        line = "(P{0} pid={0}) INFO 12-01 10:00:01 [logger.py:41] Received request x: prompt: 'a'\n"
+        opened.write_text("".join(line.format(k) for k in range(n_size // len(line.format(10**5)))) + TAIL)
+        t, _ = timed(opened, repeats=2)
+        print(
+            f"  a process of its own on every line, each opening a request: {(t / opened.stat().st_size) / (n_time / n_size):.2f}x per MB"
+        )
         # The normal log as a node keeps it (decoded to its lines first: container_log.py).
         lines = normal.read_text().splitlines()
         as_node = {

@@ -10,16 +10,10 @@ any order. A request line's target (its query string) needs no space to name a m
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
-from vllm_autoheal.diagnosis import Signals, classify
+from crafted_logs import assert_same_diagnosis, real_log
 
-ROOT = Path(__file__).resolve().parents[1]
-CORPUS = {s["id"]: s for s in map(json.loads, (ROOT / "tests/corpus/corpus.jsonl").read_text().splitlines())}
-REAL_CPU = ROOT / "tests/fixtures/vllm-cpu"
 BASES = ["not_oom-27571-qwen3next-illegal-memory-access", "kv-cache-too-small.log", "cg-15228-qwen25-v080"]
 
 # Words a request line's target can carry without a space, each one a memory failure's.
@@ -33,17 +27,6 @@ ACCESS_LINES = [
     'INFO - 2025-10-27 20:05:09,123 - 10.0.0.1:52000 - "GET /{t}ZZUSERZZ HTTP/1.1" 404',
     '2025-10-27 20:05:09,123|INFO:    |10.0.0.1:52000|"GET /health?{t}ZZUSERZZ HTTP/1.1"|200',
 ]
-
-
-def _base(name: str) -> str:
-    return (REAL_CPU / name).read_text() if name.endswith(".log") else CORPUS[name]["log"]
-
-
-def _same(crafted_log: str, base_log: str) -> None:
-    crafted, base = classify(Signals(log=crafted_log)).to_dict(), classify(Signals(log=base_log)).to_dict()
-    assert "ZZUSERZZ" not in json.dumps(crafted)
-    crafted.pop("notes"), base.pop("notes")
-    assert crafted == base
 
 
 def _placed(base_log: str, crafted: str) -> list[str]:
@@ -61,10 +44,10 @@ def test_a_request_lines_target_in_any_access_format_changes_nothing(base_name, 
     """A real crash (an illegal memory access, a KV-cache shortage, a CUDA-graph OOM) and access lines
     whose query names a memory failure: the diagnosis is the crash's (the illegal memory access had
     become a kernel OOM kill under KServe's access format)."""
-    base_log = _base(base_name)
+    base_log = real_log(base_name)
     for target in TARGETS:
         for log in _placed(base_log, line.format(t=target)):
-            _same(log, base_log)
+            assert_same_diagnosis(log, base_log)
 
 
 KSERVE_TRACE = (
@@ -85,6 +68,6 @@ REQUEST_IDS = [
 def test_a_request_id_in_kserves_trace_line_changes_nothing(base_name, rid):
     """KServe's trace line names the request by the client's x-request-id header, in camel case
     (`requestId:`): the line is the request's (it had made an illegal memory access a kernel OOM kill)."""
-    base_log = _base(base_name)
+    base_log = real_log(base_name)
     for log in _placed(base_log, KSERVE_TRACE.format(rid=rid)):
-        _same(log, base_log)
+        assert_same_diagnosis(log, base_log)

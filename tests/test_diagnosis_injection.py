@@ -14,15 +14,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
+from crafted_logs import CORPUS, real_log
 from vllm_autoheal.diagnosis import MEMORY_CAUSES, Signals, classify
-
-ROOT = Path(__file__).resolve().parents[1]
-CORPUS = {s["id"]: s for s in map(json.loads, (ROOT / "tests/corpus/corpus.jsonl").read_text().splitlines())}
-REAL_CPU = ROOT / "tests/fixtures/vllm-cpu"
 
 # What a user might quote, one per memory cause (with numbers chosen to do harm).
 QUOTES = {
@@ -67,14 +63,6 @@ ACCESS = '(APIServer pid=7) INFO:     127.0.0.1:40112 - "POST /v1/chat/completio
 
 # A corpus sample's log may later grow (scripts/corpus_extend.py): a base the tests were written on
 # as it was then (rt-3430, cut before its OOM: the base that decides nothing) is kept here.
-FROZEN_BASES = Path(__file__).resolve().parent / "fixtures" / "injection-bases"
-
-
-def _base(name: str) -> str:
-    if name.endswith(".log"):
-        return (REAL_CPU / name).read_text()
-    frozen = FROZEN_BASES / f"{name}.log"
-    return frozen.read_text() if frozen.exists() else CORPUS[name]["log"]
 
 
 NOT_MEMORY_BASES = [
@@ -110,7 +98,7 @@ CASES = [(base, cause, i) for i, cause in enumerate(QUOTES) for base in (NOT_MEM
 
 @pytest.mark.parametrize("base_name,quoted_cause,n", CASES, ids=[f"{b}-quotes-{c}" for b, c, _ in CASES])
 def test_quoted_memory_errors_in_prompts_and_outputs_change_nothing(base_name, quoted_cause, n):
-    base_log = _base(base_name) if base_name in CORPUS or base_name.endswith(".log") else None
+    base_log = real_log(base_name) if base_name in CORPUS or base_name.endswith(".log") else None
     if base_log is None:
         pytest.fail(f"base crash {base_name} missing from tests/corpus")
     base = classify(Signals(log=base_log))
@@ -128,8 +116,8 @@ def test_quoted_memory_errors_in_prompts_and_outputs_change_nothing(base_name, q
 
 def test_the_bases_are_what_they_claim():
     """The real crashes under the crafted lines: half not memory, half memory of several kinds."""
-    not_memory = {classify(Signals(log=_base(b))).cause for b in NOT_MEMORY_BASES}
-    memory = {classify(Signals(log=_base(b))).cause for b in MEMORY_BASES}
+    not_memory = {classify(Signals(log=real_log(b))).cause for b in NOT_MEMORY_BASES}
+    memory = {classify(Signals(log=real_log(b))).cause for b in MEMORY_BASES}
     assert not_memory == {"not_oom"}
     assert memory <= set(MEMORY_CAUSES) and len(memory) >= 3
 
@@ -233,7 +221,7 @@ HOSTILE_BASES = [
 @pytest.mark.parametrize("attack", sorted(HOSTILE))
 @pytest.mark.parametrize("base_name", HOSTILE_BASES)
 def test_user_text_in_lines_the_engine_writes_changes_nothing(attack, base_name):
-    base_log = _base(base_name)
+    base_log = real_log(base_name)
     base = classify(Signals(log=base_log, exit_code=137 if base_name.endswith(".log") else 1))
     for where in ("start", "middle", "end"):
         lines = base_log.splitlines()
@@ -246,7 +234,7 @@ def test_user_text_in_lines_the_engine_writes_changes_nothing(attack, base_name)
 
 def test_a_flood_of_per_request_tracebacks_after_the_crash_keeps_the_root_cause():
     """Hundreds of streams each log the engine's death; the tail keeps the engine's own lines first."""
-    base_log = _base("rt-27466-busy-loop")
+    base_log = real_log("rt-27466-busy-loop")
     base = classify(Signals(log=base_log))
     flooded = base_log + "\n" + "\n".join([STREAM_ERROR] * 400) + "\n"
     assert base.cause == "runtime_oom"
@@ -299,7 +287,7 @@ def _with(base_log: str, extra: str, where: str) -> str:
 
 
 def _unchanged(base_name: str, extra: str, where: str = "end") -> None:
-    base_log = _base(base_name)
+    base_log = real_log(base_name)
     crafted = classify(Signals(log=_with(base_log, extra, where)))
     _same(crafted, classify(Signals(log=base_log)))
     assert "ZZUSERZZ" not in json.dumps(crafted.to_dict())
@@ -490,7 +478,7 @@ def test_long_request_ids_after_the_crash_do_not_push_the_engines_traceback_out(
     (engine dead).` after the crash: 72 KB, more than the raw tail's 64 KiB, and the engine's
     traceback frames that placed the OOM are gone (runtime_oom / weights_load_oom -> unknown: the
     memory remedy is lost). A busy server's ~700 ordinary ids do the same."""
-    base_log = _base(base_name)
+    base_log = real_log(base_name)
     assert classify(Signals(log=base_log)).cause in MEMORY_CAUSES
     _unchanged(base_name, "\n".join(ENGINE_DEAD.format(f"{i}-" + "y" * 8000) for i in range(9)), "end")
 
@@ -516,7 +504,7 @@ def test_a_collectors_per_line_timestamp_does_not_end_a_multiline_request_id(bas
     """The fix's own attack (`Exception caught. Request id: <id with newlines>`), in a log whose lines
     a collector stamped: the stamps differ line to line, so no continuation has the first line's
     header, and the id's lines are the engine's ERROR lines again."""
-    base_log = _base(base_name)
+    base_log = real_log(base_name)
     extra = _vllm_log(
         ERROR_STACK.split("Exception")[0], "Exception caught. Request id: chatcmpl-a\n" + ID3_FAILING[payload] + "\nb"
     )
@@ -681,7 +669,7 @@ def test_another_process_writing_inside_a_long_multiline_request_id_does_not_end
     line of EngineCore can land between its lines. Under a compose prefix every header has process ''
     (_process wants a header that starts with '('), so that one line closes the user message and the
     id's next lines are the APIServer's ERROR lines."""
-    base_log = _base(base_name)
+    base_log = real_log(base_name)
     header = ERROR_STACK.split("Exception")[0]
     lines = [
         header + part
@@ -960,8 +948,8 @@ def test_a_log_full_of_implausible_figures_keeps_the_diagnosis_small(base_name):
         f"Available KV cache memory: {5000 + k}.00 GiB"
         for k in range(6000)
     )
-    d = classify(Signals(log=figures + "\n" + _base(base_name)))
-    assert d.cause == classify(Signals(log=_base(base_name))).cause
+    d = classify(Signals(log=figures + "\n" + real_log(base_name)))
+    assert d.cause == classify(Signals(log=real_log(base_name))).cause
     assert len(d.notes) <= 16 and len(json.dumps(d.to_dict())) < 16384
 
 
@@ -1001,7 +989,7 @@ def test_a_traceback_inside_a_warnings_value_is_the_value(base_name, fmt, payloa
 
     # The same line with a harmless value: a line about a request may say the server was serving
     # (the engine wrote it); what the value says must change nothing more.
-    base_log = _base(base_name)
+    base_log = real_log(base_name)
     crafted = classify(Signals(log=_with(base_log, logged("a\n" + FORGED_IN_VALUES[payload] + "\nb"), "middle")))
     _same(crafted, classify(Signals(log=_with(base_log, logged("a\nb"), "middle"))))
     assert "ZZUSERZZ" not in json.dumps(crafted.to_dict())

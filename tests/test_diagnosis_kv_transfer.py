@@ -11,15 +11,12 @@ request is failed, the engine goes on. Nothing in it is the engine's own failure
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
+from crafted_logs import real_log
 from vllm_autoheal.diagnosis import Signals, classify
 
-ROOT = Path(__file__).resolve().parents[1]
-CORPUS = {s["id"]: s for s in map(json.loads, (ROOT / "tests/corpus/corpus.jsonl").read_text().splitlines())}
-REAL_CPU = ROOT / "tests/fixtures/vllm-cpu"
 BASES = ["not_oom-27571-qwen3next-illegal-memory-access", "kv-cache-too-small.log", "cg-15228-qwen25-v080"]
 
 HEADER = "(Worker_DP0_TP0_EP0 pid=1539019) ERROR 10-27 20:05:01 [nixl_connector.py:1050] "
@@ -54,10 +51,6 @@ def _report(remote_engine_id: str, quote: str) -> str:
     return "\n".join(HEADER + part for part in message)
 
 
-def _base(name: str) -> str:
-    return (REAL_CPU / name).read_text() if name.endswith(".log") else CORPUS[name]["log"]
-
-
 @pytest.mark.parametrize("base_name", BASES)
 @pytest.mark.parametrize("payload", PAYLOADS)
 @pytest.mark.parametrize("quote", ["'", '"'])
@@ -65,7 +58,7 @@ def test_a_remote_engine_id_in_the_nixl_failure_context_changes_nothing(base_nam
     """A real crash and the connector's report of a failed handshake with a client's remote engine id
     quoting a memory failure, before the crash and after it: the diagnosis is the crash's (the illegal
     memory access had become `unknown`, and the client's OOM figures were taken)."""
-    base_log = _base(base_name)
+    base_log = real_log(base_name)
     base = classify(Signals(log=base_log)).to_dict()
     base.pop("notes")
     report = _report(payload, quote)

@@ -9,16 +9,10 @@ any print() of the request's text carry it. None of that is the engine's.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 
+from crafted_logs import assert_same_diagnosis, real_log
 from vllm_autoheal.diagnosis import Signals, classify
-
-ROOT = Path(__file__).resolve().parents[1]
-CORPUS = {s["id"]: s for s in map(json.loads, (ROOT / "tests/corpus/corpus.jsonl").read_text().splitlines())}
-REAL_CPU = ROOT / "tests/fixtures/vllm-cpu"
 
 OOM = (
     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 70.00 GiB. GPU 0 has a total capacity of "
@@ -43,17 +37,6 @@ LINES = [
 BASES = ["not_oom-27571-qwen3next-illegal-memory-access", "kv-cache-too-small.log", "cg-15228-qwen25-v080"]
 
 
-def _base(name: str) -> str:
-    return (REAL_CPU / name).read_text() if name.endswith(".log") else CORPUS[name]["log"]
-
-
-def _same(crafted_log: str, base_log: str) -> None:
-    crafted, base = classify(Signals(log=crafted_log)).to_dict(), classify(Signals(log=base_log)).to_dict()
-    assert "ZZUSERZZ" not in json.dumps(crafted)
-    crafted.pop("notes"), base.pop("notes")
-    assert crafted == base
-
-
 @pytest.mark.parametrize("base_name", BASES)
 @pytest.mark.parametrize("line", LINES)
 @pytest.mark.parametrize("payload", [OOM, KV])
@@ -61,13 +44,15 @@ def _same(crafted_log: str, base_log: str) -> None:
 def test_a_request_id_or_print_in_ray_serves_replica_lines_changes_nothing(base_name, line, payload, level):
     """A real crash (an illegal memory access, a KV-cache shortage, a CUDA-graph OOM) and Ray Serve's
     request lines quoting another failure, before the crash and after it: the diagnosis is the crash's."""
-    base_log = _base(base_name)
+    base_log = real_log(base_name)
     for prefix in ("", REPLICA):
         crafted = prefix + line.format(level=level, payload=payload)
         lines = base_log.splitlines()
-        _same(crafted + "\n" + base_log, base_log)
-        _same("\n".join(lines[: len(lines) // 2] + [crafted] + lines[len(lines) // 2 :]) + "\n", base_log)
-        _same(base_log.rstrip("\n") + "\n" + crafted + "\n", base_log)
+        assert_same_diagnosis(crafted + "\n" + base_log, base_log)
+        assert_same_diagnosis(
+            "\n".join(lines[: len(lines) // 2] + [crafted] + lines[len(lines) // 2 :]) + "\n", base_log
+        )
+        assert_same_diagnosis(base_log.rstrip("\n") + "\n" + crafted + "\n", base_log)
 
 
 def test_a_logging_format_of_ones_own_that_opens_like_serves_is_still_read():

@@ -66,6 +66,7 @@ import pytest
 from vllm_autoheal.diagnosis import MEMORY_CAUSES, Signals, classify
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from crafted_logs import real_log  # noqa: E402
 from test_diagnosis_injection import (  # noqa: E402
     ERROR_STACK,
     FORMATS,
@@ -73,7 +74,6 @@ from test_diagnosis_injection import (  # noqa: E402
     ID3_FORMATS,
     _add_lora_failure,
     _anthropic_tool_removal,
-    _base,
     _hf_download_failure,
     _preprocess_error,
     _with,
@@ -124,7 +124,7 @@ def test_a_clients_milestone_after_a_real_warning_does_not_drop_it(base_name, ca
     available_kv_gib in the numbers), or -> unknown (add-lora). f8a3c1a: the hang, as with a harmless
     line. It should say what the same log with a harmless line there says: only an engine line that
     is no value, no quoted message line and no request line may say the engine went on."""
-    base_log = _base(base_name)
+    base_log = real_log(base_name)
     harmless = classify(Signals(log=_with(base_log, CARRIERS[carrier]("hello"), "end")))
     crafted = classify(Signals(log=_with(base_log, CARRIERS[carrier](MILESTONES[payload]), "end")))
     assert harmless.cause == "not_oom" and harmless.subtype in ("worker_hang_shm_broadcast", "prompt_too_long")
@@ -292,7 +292,7 @@ def test_a_clients_outofresources_does_no_more_than_the_rows_older_words(base_na
     """Found nothing new: the newly live alternative in a client's text gives the same diagnosis as the
     row's older `InductorError` in the same place (the same cause, subtype, phase and numbers; the
     evidence differs only by the payload's own words, where the older words are quoted too: section 6)."""
-    base_log = _base(base_name)
+    base_log = real_log(base_name)
 
     def diag(payload: str):
         d = classify(Signals(log=_with(base_log, CLIENT_FORMATS[fmt](payload), where)))
@@ -394,7 +394,7 @@ def test_a_not_memory_phrase_in_a_clients_asgi_line_does_not_outvote_a_real_memo
     Older than this change (InductorError, `CUDA error:` on f8a3c1a); OutOfResources is one more
     phrase. It should be what the same traceback with a harmless line gives: the memory cause, and no
     client text."""
-    base_log = _base(base_name)
+    base_log = real_log(base_name)
     asgi = ASGI.replace("ZZUSERZZ", "x")
     harmless = classify(Signals(log=_with(base_log, asgi + "hello", "middle")))
     crafted = classify(Signals(log=_with(base_log, asgi + payload, "middle")))
@@ -430,7 +430,7 @@ def test_a_clients_capture_marker_does_not_replace_a_real_runtime_oom(base_name,
     (`Capturing CUDA graphs` on f8a3c1a); the newly live `Registering N cuda graph addresses` is one
     more spelling. It should stay runtime_oom: a request line places nothing, and no frame printed
     after the failure places it."""
-    base_log = _base(base_name)
+    base_log = real_log(base_name)
     base = classify(Signals(log=base_log))
     assert base.cause == "runtime_oom"
     crafted = classify(Signals(log=_with(base_log, carrier(marker), "end")))

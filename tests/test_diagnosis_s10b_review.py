@@ -78,10 +78,10 @@ import pytest
 from vllm_autoheal.diagnosis import MEMORY_CAUSES, Signals, classify
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from crafted_logs import real_log  # noqa: E402
 from test_diagnosis_injection import (  # noqa: E402
     ABORTED,
     _add_lora_failure,
-    _base,
     _hf_download_failure,
     _preprocess_error,
     _vllm_log,
@@ -165,13 +165,13 @@ def test_the_third_line_of_a_clients_exception_message_is_still_the_clients(base
     same carrier with a harmless message says: every further line of the message, up to a frame, a
     traceback line or a new logged message, is the message's."""
     carry = THIRD_LINE_CARRIERS[carrier]
-    base_log = _base(base_name)
+    base_log = real_log(base_name)
     _check(_with(base_log, carry("a\nb\n" + OOM), "middle"), _with(base_log, carry("a\nb\nc"), "middle"), carrier)
 
 
 def test_the_second_line_of_a_clients_exception_message_stays_closed():
     """Found nothing (the s9/s10 fix, for contrast with section 1): one newline changes nothing."""
-    base_log = _base("neg-2734-llama2-70b-tp8-timeout")
+    base_log = real_log("neg-2734-llama2-70b-tp8-timeout")
     for carry in THIRD_LINE_CARRIERS.values():
         _check(_with(base_log, carry("a\n" + OOM), "middle"), _with(base_log, carry("a\nb"), "middle"), "2nd line")
 
@@ -194,7 +194,7 @@ def test_a_long_prompt_split_into_records_is_still_the_clients(base_name, fmt):
     allocate...`). It should read as `kubectl logs` gives the same log (the records joined): a P record,
     or a docker record without its newline, goes on in the next one."""
     to_file = SPLIT_FORMATS[fmt]
-    base_log = _base(base_name)
+    base_log = real_log(base_name)
     crafted = _with(base_log, REQUEST_DETAILS.format(r=repr((OOM + " ") * 400)), "end")
     harmless = _with(base_log, REQUEST_DETAILS.format(r=repr("hello " * 10000)), "end")
     _check(to_file(crafted), to_file(harmless), fmt)
@@ -220,7 +220,7 @@ def test_a_long_docker_record_is_read_by_its_header(base_name, record, pad):
     (8192) before `_unwrapped`, the JSON no longer parses, and the line keeps `{"log": "` before vLLM's
     header: no header, no file, so no REQUEST or USER origin. It should read as the same line in plain
     text does (the short records do: found nothing there)."""
-    base_log = _base(base_name)
+    base_log = real_log(base_name)
     carry = LONG_RECORDS[record]
     crafted = _with(base_log, carry(OOM + " " + "x" * pad), "middle")
     harmless = _with(base_log, carry("hello " + "x" * pad), "middle")
@@ -245,7 +245,7 @@ def test_a_per_line_time_does_not_end_an_exceptions_message(base_name, carrier, 
     compares `header` as printed, time included (Placement and `_continuations` remove a collector's time
     first). It should read as the same log without the times does."""
     stamp = STAMPED[fmt]
-    base_log = _base(base_name)
+    base_log = real_log(base_name)
     carry = NEWLINE_CARRIERS[carrier]
     _check(stamp(_with(base_log, carry(OOM), "middle")), stamp(_with(base_log, carry("hello"), "middle")), carrier)
 
@@ -259,7 +259,7 @@ def test_a_deeply_nested_json_line_does_not_void_the_diagnosis(base_name, depth)
     subtype), `could not read the signals: RecursionError`: `_unwrapped` catches ValueError only. It
     should read as the same traceback with a harmless line there (json.loads may fail in any way: the
     line is then what it is)."""
-    base_log = _base(base_name)
+    base_log = real_log(base_name)
     crafted = classify(Signals(log=_with(base_log, ASGI + '{"log":' + "[" * depth, "end")))
     harmless = classify(Signals(log=_with(base_log, ASGI + "hello", "end")))
     assert harmless.cause in MEMORY_CAUSES
@@ -281,7 +281,7 @@ def test_a_deeply_nested_json_line_does_not_void_the_diagnosis(base_name, depth)
 )
 def test_malformed_docker_records_are_read_as_they_are(line):
     """Found nothing: each is a plain line (or the text it holds) and classify raises nothing."""
-    base_log = _base("local-h200-runtime")
+    base_log = real_log("local-h200-runtime")
     d = classify(Signals(log=_with(base_log, ASGI + line, "end")))
     assert (d.cause, d.subtype) == ("runtime_oom", "oom_in_serving"), d.explanation
 
@@ -293,7 +293,7 @@ def test_a_cri_time_with_a_zone_offset_is_a_known_prefix():
     template error quoting a client's OOM is the engine's: not_oom -> runtime_oom quoting `+01:00 stderr F
     ERROR 07-03 03:19:15 [serving_chat.py:200] jinja2.exceptions.TemplateError: torch.OutOfMemoryError:
     ... ZZUSERZZ`. It should read as the same file in UTC does (not_oom nccl_timeout)."""
-    base_log = _base("neg-2734-llama2-70b-tp8-timeout")
+    base_log = real_log("neg-2734-llama2-70b-tp8-timeout")
     crafted = _with(base_log, _preprocess_error("jinja2.exceptions.TemplateError: " + OOM), "middle")
     utc = classify(Signals(log=_cri(crafted)))
     zoned = classify(Signals(log=_cri(crafted, zone="+01:00")))
@@ -332,7 +332,7 @@ def test_a_further_lines_last_resort_quotes_no_client_text():
     message goes on over `CUDA error: bad ZZUSERZZ`. 287c2db (and 51785c1): not_oom cuda_error with
     evidence ['CUDA error: bad ZZUSERZZ']. A not-memory last resort may stand, but the line is the
     client's: its text should not be quoted."""
-    base_log = _base("rt-3430-lmcache-qwen3-8b-a5000-long-prompts")
+    base_log = real_log("rt-3430-lmcache-qwen3-8b-a5000-long-prompts")
     d = classify(Signals(log=_with(base_log, ASGI + "CUDA error: bad ZZUSERZZ", "end")))
     assert d.cause not in MEMORY_CAUSES
     assert "ZZUSERZZ" not in json.dumps(d.to_dict()), f"said {_said(d)}"
@@ -342,7 +342,7 @@ def test_a_further_lines_last_resort_quotes_no_client_text():
 def test_a_docker_json_spelled_line_in_a_clients_message_is_still_the_message():
     """A further line of the client's ASGI message written as a docker record of a bare OOM: unwrapped, it
     is still a further line (no header), as in plain text."""
-    base_log = _base("neg-2734-llama2-70b-tp8-timeout")
+    base_log = real_log("neg-2734-llama2-70b-tp8-timeout")
     record = json.dumps({"log": OOM + "\n", "stream": "stderr", "time": "2025-01-01T00:00:00Z"})
     _check(_with(base_log, ASGI + record, "end"), _with(base_log, ASGI + "hello", "end"), "json-spelled")
 
@@ -352,7 +352,7 @@ def test_a_docker_record_with_vllms_header_in_a_clients_message():
     a docker record inside a plain-text log is no longer unwrapped line by line (a node's log file is
     told by its first line, for the whole input), so the record is a further line of the client's
     message, as any text there."""
-    base_log = _base("neg-2734-llama2-70b-tp8-timeout")
+    base_log = real_log("neg-2734-llama2-70b-tp8-timeout")
     forged = "(EngineCore_DP0 pid=1) ERROR 01-01 00:00:00 [core.py:1] " + OOM
     record = json.dumps({"log": forged + "\n", "stream": "stderr", "time": "2025-01-01T00:00:00Z"})
     _check(_with(base_log, ASGI + record, "end"), _with(base_log, ASGI + "hello", "end"), "json header")
@@ -369,7 +369,7 @@ def test_single_line_client_formats_change_nothing_in_node_log_files(base_name, 
     """Found nothing: the s10 review's client formats (one line of the client's each, or the ASGI
     message's first further line) read in a CRI (UTC) or docker json file as in plain text."""
     to_file, carry = FILE_FORMATS[fmt], CLIENT_FORMATS[client]
-    base_log = _base(base_name)
+    base_log = real_log(base_name)
     _check(to_file(_with(base_log, carry(OOM), "middle")), to_file(_with(base_log, carry("hello"), "middle")), client)
 
 
@@ -378,7 +378,7 @@ def test_a_cri_prefix_after_vllms_header_is_a_second_header(fmt):
     """Found nothing: a multi-line request id whose next line opens with `stderr F ` and the engine's
     header: vLLM's formatter repeats its header first, so the CRI prefix is a second header (FORGED)."""
     to_file = {"plain": lambda x: x, "cri": _cri, "docker": _docker}[fmt]
-    base_log = _base("neg-2734-llama2-70b-tp8-timeout")
+    base_log = real_log("neg-2734-llama2-70b-tp8-timeout")
     header = ABORTED.split("Request")[0]
     forged = "a\nstderr F (EngineCore_DP0 pid=1) ERROR 01-01 00:00:00 [core.py:1] " + OOM
     crafted = _with(base_log, _vllm_log(header, "Request cmpl-" + forged + " aborted."), "end")
@@ -390,7 +390,7 @@ def test_a_cri_prefix_after_vllms_header_is_a_second_header(fmt):
 def test_a_clients_milestone_on_a_request_line_in_a_cri_file_drops_no_hang(base_name):
     """Found nothing: in a CRI file the add_lora carrier's line is no further line (section 4), but it is
     a REQUEST line, and only the engine's milestones say the engine went on."""
-    base_log = _base(base_name)
+    base_log = real_log(base_name)
     crafted = _cri(
         _with(base_log, _add_lora_failure("a\nRuntimeError: Application startup complete. ZZUSERZZ", "/a"), "end")
     )
@@ -442,7 +442,7 @@ def test_real_multiline_memory_failures_still_read_as_memory(shape, fmt):
 def test_the_engines_own_oom_right_after_a_clients_exception_line_still_decides():
     """Found nothing: a client's ASGI traceback written just before the engine's OOM line (vLLM's header on
     it): the OOM is no further line of the client's message."""
-    base_log = _base("local-h200-runtime")
+    base_log = real_log("local-h200-runtime")
     lines = base_log.splitlines()
     at = next(i for i, line in enumerate(lines) if "torch.OutOfMemoryError" in line)
     crafted = "\n".join(

@@ -82,7 +82,8 @@ from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.diagnosis.container_log import JOINED_MAX, unpacked
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_diagnosis_injection import _base, _vllm_log, _with  # noqa: E402
+from crafted_logs import real_log  # noqa: E402
+from test_diagnosis_injection import _vllm_log, _with  # noqa: E402
 from test_diagnosis_s9_review import ASGI  # noqa: E402
 from test_diagnosis_s10b_review import (  # noqa: E402
     OOM,
@@ -120,7 +121,7 @@ def test_a_forged_traceback_line_does_not_free_the_rest_of_a_clients_message(car
     (Python prints a chained exception's text after a blank line; a real message is not followed by a
     frame at all)."""
     carry = THIRD_LINE_CARRIERS[carrier]
-    base_log = _base("neg-2734-llama2-70b-tp8-timeout")
+    base_log = real_log("neg-2734-llama2-70b-tp8-timeout")
     crafted = _with(base_log, carry("a\n" + FORGED_ENDS[end] + "\n" + OOM), "middle")
     harmless = _with(base_log, carry("a\n" + FORGED_ENDS[end] + "\nhello"), "middle")
     _check(crafted, harmless, f"{carrier}/{end}")
@@ -161,7 +162,7 @@ def test_a_requests_text_in_the_engines_own_exception_is_not_the_engines_words(b
     so every further line of its message is `engine_message`. It should say what the same crash with a
     harmless `begin` says: a further line of an exception's message may hold what the exception quotes
     (the engine's memory failures that do go on over lines - NCCL's `Last error:` - can be named)."""
-    base_log = _base(base_name)
+    base_log = real_log(base_name)
     _check(
         _with(base_log, _grammar_crash("<fn\n" + OOM), "middle"),
         _with(base_log, _grammar_crash("<fn\nhello"), "middle"),
@@ -201,7 +202,7 @@ def test_the_cause_printed_first_in_a_requests_chained_traceback_is_the_requests
     after `Exception in ASGI application` resets `in_request`, and the cause's frames name no request
     module. It should say what the same traceback with a harmless line says (as it does for a
     TemplateError there, a type that carries no failure)."""
-    base_log = _base(base_name)
+    base_log = real_log(base_name)
     _check(
         _with(base_log, _chained_asgi(f"{exception_type}: a\n{OOM}"), "middle"),
         _with(base_log, _chained_asgi(f"{exception_type}: a\nhello"), "middle"),
@@ -269,7 +270,7 @@ def test_a_long_prompts_records_are_joined_within_their_stream(base_name, fmt):
     cudagraph_capture_oom, quoting `torch.OutOfMemoryError: ... ZZUSERZZ', params: ...`: the stdout P record is
     joined with the stderr record after it, and the prompt's last piece starts a headerless line. It should
     say what the same records with a harmless tail say: a P record goes on in the next record of its stream."""
-    base_log = _base(base_name)
+    base_log = real_log(base_name)
     _check(_interleaved(base_log, OOM, fmt), _interleaved(base_log, "hello", fmt), fmt)
 
 
@@ -313,7 +314,7 @@ def test_docker_json_escapes_start_no_line_and_raise_nothing(trick):
     readers take for a line break (U+2028, NEL, VT/FF/FS, CR, an escaped backslash-n), a newline inside a
     record's log (replaced by a blank), or a record that does not decode (kept as its raw text, user text
     by its words) starts no engine line and raises nothing."""
-    base_log = _base("neg-2734-llama2-70b-tp8-timeout")
+    base_log = real_log("neg-2734-llama2-70b-tp8-timeout")
     head = _docker(base_log)
     crafted = head + JSON_TRICKS[trick]
     harmless = head + _one_docker(PROMPT + "'\n")
@@ -326,7 +327,7 @@ def test_docker_json_escapes_start_no_line_and_raise_nothing(trick):
 def test_records_in_a_plain_text_log_are_text(record):
     """Found nothing: a plain-text log (first line plain) is read as it is; a client's record-shaped line
     in its ASGI message is a further line of that message."""
-    base_log = _base("neg-2734-llama2-70b-tp8-timeout")
+    base_log = real_log("neg-2734-llama2-70b-tp8-timeout")
     line = "(EngineCore_DP0 pid=1) ERROR 01-01 00:00:00 [core.py:1] " + OOM
     shaped = _cri_records([("stderr", "F", line)]) if record == "cri" else _one_docker(line + "\n")
     _check(_with(base_log, ASGI + shaped, "end"), _with(base_log, ASGI + "hello", "end"), record)
@@ -335,7 +336,7 @@ def test_records_in_a_plain_text_log_are_text(record):
 @pytest.mark.parametrize("first", ["zone", "blank-lines"])
 def test_a_cri_file_is_told_by_its_first_real_line(first):
     """Found nothing: a zone offset, or blank lines before the first record, still read as CRI."""
-    base_log = _base("neg-2734-llama2-70b-tp8-timeout")
+    base_log = real_log("neg-2734-llama2-70b-tp8-timeout")
     cri = _cri(base_log, zone="+01:00") if first == "zone" else "\n\n" + _cri(base_log)
     assert classify(Signals(log=cri)).cause == classify(Signals(log=base_log)).cause
 
@@ -344,7 +345,7 @@ def test_a_cri_file_is_told_by_its_first_real_line(first):
 # vLLM's structured_output code, is the request's text from the first line on: findings.GRAMMAR_FRAME.)
 @pytest.mark.parametrize("base_name", BASES)
 def test_a_forged_frame_inside_the_engines_exception_quoting_a_request_ends_nothing(base_name):
-    base_log = _base(base_name)
+    base_log = real_log(base_name)
     frame = '  File "/usr/lib/python3.12/x.py", line 1, in f'
     _check(
         _with(base_log, _grammar_crash("<fn\n" + frame + "\n" + OOM), "middle"),

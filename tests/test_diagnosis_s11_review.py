@@ -125,7 +125,8 @@ from vllm_autoheal.diagnosis.model import GpuInfo, GpuProcess, GpuSnapshot
 from vllm_autoheal.remedy import plan_heal
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_diagnosis_injection import FORMATS, _base, _inject, _vllm_log, _with  # noqa: E402
+from crafted_logs import real_log  # noqa: E402
+from test_diagnosis_injection import FORMATS, _inject, _vllm_log, _with  # noqa: E402
 from test_diagnosis_s10b_review import OOM, _check, _said  # noqa: E402
 from test_diagnosis_s10c_review import _grammar_crash  # noqa: E402
 
@@ -163,7 +164,7 @@ def test_a_clients_text_on_an_engine_exceptions_first_line_names_no_memory_failu
     client's free_gib 12.0 / total_gib 125.72 / requested_gib 98.5 (cpu-auto-kv), each quoting `ValueError:
     Trigger <client text> not found in triggers` as evidence. 23fb389 said not_oom for those five; the two
     `-older` rows were already wrong there. It should say what the same crash with a harmless `begin` says."""
-    base_log = _base(BASE)
+    base_log = real_log(BASE)
     _check(
         _with(base_log, _grammar_crash(FIRST_LINE[payload]), "middle"),
         _with(base_log, _grammar_crash("hello"), "middle"),
@@ -179,7 +180,7 @@ def test_a_ray_exception_name_in_a_clients_text_does_not_make_its_next_lines_the
     not_oom. `NCCL error`: the same on 23fb389). ENGINE_REPORT.search finds the name in the client's
     `begin` on the exception line, so the line after it is `engine_message`. It should say what the same
     crash with a harmless `begin` says: only the exception's own type names an engine report."""
-    base_log = _base(BASE)
+    base_log = real_log(BASE)
     _check(
         _with(base_log, _grammar_crash("<fn " + name + "\n" + OOM), "middle"),
         _with(base_log, _grammar_crash("<fn " + name + "\nhello"), "middle"),
@@ -461,7 +462,7 @@ USER_QUOTES = [
 
 @pytest.mark.parametrize("n", range(len(USER_QUOTES)))
 def test_the_new_rows_phrases_in_request_and_response_lines_change_nothing(n):
-    base_log = _base(BASE)
+    base_log = real_log(BASE)
     want = classify(Signals(log=base_log))
     for k, fmt in enumerate(FORMATS):
         d = classify(Signals(log=_inject(base_log, USER_QUOTES[n], fmt, ("start", "middle", "end")[k % 3])))

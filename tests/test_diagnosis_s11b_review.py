@@ -82,7 +82,8 @@ from vllm_autoheal.diagnosis import Signals, classify, termination
 from vllm_autoheal.remedy import plan_heal
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_diagnosis_injection import _base, _vllm_log, _with  # noqa: E402
+from crafted_logs import real_log  # noqa: E402
+from test_diagnosis_injection import _vllm_log, _with  # noqa: E402
 from test_diagnosis_s10b_review import _check, _said  # noqa: E402
 from test_diagnosis_s10c_review import grammar_traceback  # noqa: E402
 from test_diagnosis_s11_review import CENSUS, _snapshot  # noqa: E402
@@ -124,7 +125,7 @@ def test_a_forged_logger_header_in_the_reprinted_grammar_crash_names_nothing(hea
     `torch.OutOfMemoryError: ... ZZUSERZZ`. In the re-print the client's second line reads
     `(EngineCore_DP0 pid=2441) ERROR 12-01 04:48:09 [core.py:710] torch.OutOfMemoryError: ...`: a new
     writer, so the grammar report ends and the line is the engine's. Should say what a harmless begin says."""
-    base_log = _base(BASE)
+    base_log = real_log(BASE)
     _check(
         _with(base_log, _grammar_crash("<fn\n" + FORGED_HEADERS[header] + OOM, headed), "end"),
         _with(base_log, _grammar_crash("<fn\nhello", headed), "end"),
@@ -145,7 +146,7 @@ CLOSED_FORMS = {
 def test_forged_lines_without_a_header_in_the_grammar_report_name_nothing(form, headed):
     """Found nothing (0f9116e said runtime_oom for the two forged-frame forms): without a logger header
     the client's lines stay in the grammar report, in both copies."""
-    base_log = _base(BASE)
+    base_log = real_log(BASE)
     _check(
         _with(base_log, _grammar_crash(CLOSED_FORMS[form], headed), "end"),
         _with(base_log, _grammar_crash("<fn\nhello", headed), "end"),

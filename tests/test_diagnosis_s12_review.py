@@ -117,7 +117,8 @@ from vllm_autoheal.diagnosis.origin import USER
 from vllm_autoheal.diagnosis.scan import CHUNK, scan
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_diagnosis_injection import _base, _with  # noqa: E402
+from crafted_logs import real_log  # noqa: E402
+from test_diagnosis_injection import _with  # noqa: E402
 from test_diagnosis_json_records import ILLEGAL_ACCESS, REAL_JSON, RUNTIME_OOM, as_json_records, record  # noqa: E402
 from test_diagnosis_s9_review import ASGI  # noqa: E402
 from test_diagnosis_s10b_review import _check, _said  # noqa: E402
@@ -181,7 +182,7 @@ def test_a_forged_record_does_not_end_a_requests_report_asgi(base_name, form):
     runtime_oom (cudagraph_capture_oom with the bare header), tried_gib 64, quoting ZZUSERZZ. The client's `{"levelname": "ERROR", "message": "x", ...}`
     line in the TemplateError's message sets request = None; the forged frame after it is then no longer the
     report's. Should say what the same report says with `hello` there."""
-    base_log = _base(base_name)
+    base_log = real_log(base_name)
     _check(_with(base_log, _asgi(AFTER_RECORD[form]), "end"), _with(base_log, _asgi("x\nhello"), "end"), form)
 
 
@@ -196,7 +197,7 @@ def test_a_forged_record_does_not_end_a_requests_report_json_reprint(form, logge
 def test_a_forged_record_does_not_end_a_requests_report_text_reprint():
     """7610fcf: neg-2734 not_oom -> runtime_oom (a text log whose engine re-prints without a prefix: the
     CPU engine, tests/fixtures/vllm-cpu/kv-cache-too-small.log). 2bdf267: not_oom."""
-    base_log = _base(BASE)
+    base_log = real_log(BASE)
     reprint = lambda begin: "Process EngineCore:\n" + grammar_traceback(begin)  # noqa: E731
     begin = "<fn\n" + record("x") + "\n" + FRAME + OOM
     _check(_with(base_log, reprint(begin), "end"), _with(base_log, reprint("<fn\nhello"), "end"), "text reprint")
@@ -214,7 +215,7 @@ RESISTED = {
 def test_a_forged_record_alone_names_nothing(base_name, form):
     """Found nothing: the decoded lines stay in the message (the new rule), and without a record the
     report holds a forged frame."""
-    base_log = _base(base_name)
+    base_log = real_log(base_name)
     _check(_with(base_log, _asgi(RESISTED[form]), "end"), _with(base_log, _asgi("x\nhello"), "end"), form)
     _json_check("<fn\n" + RESISTED[form].removeprefix("x\n"), "<fn\nhello", False, form)
 
@@ -258,7 +259,7 @@ def test_a_wrapped_join_never_takes_a_clients_line(base_name, exception, collect
     `) = await self._preprocess_chat(` (the code line, joined with the exception line and the client's).
     2bdf267: the same in a plain log; not under compose or kubectl --timestamps. Should say what the same
     report says with a harmless line there."""
-    base_log = _base(base_name)
+    base_log = real_log(base_name)
     wrap = COLLECTORS[collector]
     _check(
         wrap(_with(base_log, _asgi_error(exception, FREE), "end")),
@@ -273,7 +274,7 @@ FORGED_PREFIXED = "<fn\n(EngineCore pid=2441) ERROR 12-01 04:48:09 [core.py:710]
 
 def test_a_forged_process_prefix_in_a_prefixless_reprint_names_nothing_text():
     """7610fcf and 2bdf267: neg-2734 not_oom -> runtime_oom oom_in_serving, quoting ZZUSERZZ."""
-    base_log = _base(BASE)
+    base_log = real_log(BASE)
     reprint = lambda begin: "Process EngineCore:\n" + grammar_traceback(begin)  # noqa: E731
     _check(_with(base_log, reprint(FORGED_PREFIXED), "end"), _with(base_log, reprint("<fn\nhello"), "end"), "text")
 
@@ -292,7 +293,7 @@ PREFIX = "(EngineCore_DP0 pid=2441) "
 def test_many_blank_lines_do_not_push_the_grammar_frames_out_of_the_raw_tail(shape):
     """7610fcf and 2bdf267: neg-2734 not_oom -> runtime_oom oom_in_serving, quoting ZZUSERZZ. (10 blank
     lines: not_oom.)"""
-    base_log = _base(BASE)
+    base_log = real_log(BASE)
 
     def crash(begin: str) -> str:
         if shape == "reprint-without-prefix":
@@ -403,7 +404,7 @@ NOTEBOOK_FRAMES = {
 def test_a_notebook_frame_in_a_clients_text_names_nothing(frame):
     """Found nothing: in the grammar crash (headed, and the prefixed re-print alone), the ASGI report and
     the JSON-mode crash, a client's notebook-shaped frame does not end the report."""
-    base_log = _base(BASE)
+    base_log = real_log(BASE)
     begin = "<fn\n" + NOTEBOOK_FRAMES[frame] + OOM
     for headed in (True, False):
         _check(

@@ -95,7 +95,8 @@ from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.diagnosis.corpus import context, load
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_diagnosis_injection import _base, _with  # noqa: E402
+from crafted_logs import real_log  # noqa: E402
+from test_diagnosis_injection import _with  # noqa: E402
 from test_diagnosis_json_records import ILLEGAL_ACCESS, RUNTIME_OOM, record  # noqa: E402
 from test_diagnosis_s9_review import ASGI  # noqa: E402
 from test_diagnosis_s10b_review import _check, _said  # noqa: E402
@@ -237,7 +238,7 @@ def test_a_requests_exception_line_names_a_memory_failure_only_from_its_start(ba
     the frame, its code line and the exception line); neg-6042 not_oom nccl_timeout -> the same. (A
     start-up failure's base, memory-limit-kill or model-not-found, is not moved by a report after it.) The line
     under serving_chat.py's header says what the harmless line says (asserted). Should say what the harmless line says."""
-    base_log = _base(base_name)
+    base_log = real_log(base_name)
     harmless = _with(base_log, _asgi_with("ValueError: Invalid tool name hello"), "end")
     served = classify(Signals(log=_with(base_log, _served(MID_LINE[form]), "end")))
     assert _key(served) == _key(classify(Signals(log=harmless))) and "ZZUSERZZ" not in json.dumps(served.to_dict())
@@ -305,7 +306,7 @@ FORGED_RECORD = record(OOM)
 def test_a_stamped_forged_record_in_a_requests_report_names_nothing(collector):
     """The record is decoded after the collector's stamp, then absorbed: the report holds it and the forged
     frame after it."""
-    base_log = _base(BASE)
+    base_log = real_log(BASE)
     wrap = COLLECTORS[collector]
     report = _asgi_with("jinja2.exceptions.TemplateError: x\n" + FORGED_RECORD + "\n" + FRAME + OOM)
     _check(wrap(_with(base_log, report, "end")), wrap(_with(base_log, _asgi_with("ValueError: x\nhello"), "end")), "")
@@ -315,7 +316,7 @@ def test_a_stamped_forged_record_in_a_requests_report_names_nothing(collector):
 def test_a_word_stamp_before_a_forged_record_names_nothing(where):
     """`ab cd {...}`: decoded with the stamp, whose words keep the header from being read (a raw line of
     the report)."""
-    base_log = _base(BASE)
+    base_log = real_log(BASE)
     begin = "ab cd " + FORGED_RECORD + "\n" + FRAME + OOM
     if where == "asgi":
         crafted, harmless = _asgi_with("ValueError: x\n" + begin), _asgi_with("ValueError: x\nhello")
@@ -329,7 +330,7 @@ def test_a_word_stamp_before_a_forged_record_names_nothing(where):
 def test_a_logging_prefix_a_client_establishes_in_the_grammar_crash_names_nothing(headed):
     """The client's `ZZ ERROR ... [core.py:710]` lines make `ZZ ` the logging prefix; once cut, the lines
     carry the dying process's prefix and a header: the dying rule holds them."""
-    base_log = _base(BASE)
+    base_log = real_log(BASE)
     flood = "\n".join(f"ZZ ERROR 12-01 04:48:09 [core.py:710] line {i}" for i in range(300))
     crafted = "<fn\n" + flood + "\nZZ ERROR 12-01 04:48:09 [core.py:710] " + OOM
     _check(
@@ -340,7 +341,7 @@ def test_a_logging_prefix_a_client_establishes_in_the_grammar_crash_names_nothin
 
 
 def test_a_k9s_box_a_client_draws_in_a_requests_report_names_nothing():
-    base_log = _base(BASE)
+    base_log = real_log(BASE)
     boxed = "x\n\u2502 " + FRAME.splitlines()[0] + " \u2502\n\u2502 " + OOM + " \u2502"
     _check(
         _with(base_log, _asgi_with("jinja2.exceptions.TemplateError: " + boxed), "end"),
@@ -352,7 +353,7 @@ def test_a_k9s_box_a_client_draws_in_a_requests_report_names_nothing():
 def test_a_type_that_carries_no_failure_does_not_open_a_wrapped_memory_message():
     """The start-position rule of _wrapped: a TemplateError (no failure's type) opening with the wording, its
     rest on the client's next line."""
-    base_log = _base(BASE)
+    base_log = real_log(BASE)
     _check(
         _with(base_log, _asgi_with("jinja2.exceptions.TemplateError: " + FREE[:40] + "\n" + FREE[40:]), "end"),
         _with(base_log, _asgi_with("jinja2.exceptions.TemplateError: x\nhello"), "end"),

@@ -57,7 +57,8 @@ import pytest
 from vllm_autoheal.diagnosis import MEMORY_CAUSES, Signals, classify
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_diagnosis_injection import _base, _with  # noqa: E402
+from crafted_logs import real_log  # noqa: E402
+from test_diagnosis_injection import _with  # noqa: E402
 from test_diagnosis_s9_review import ASGI  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,7 +95,7 @@ def test_a_prefix_is_not_shown_as_the_exceptions_type():
     ],
 )
 def test_evidence_keeps_the_engines_words_where_no_exception_is_named(sample, words):
-    d = _diag(_base(sample))
+    d = _diag(real_log(sample))
     assert any(words in e for e in d.evidence), d.evidence
 
 
@@ -127,7 +128,7 @@ def _flooded(base: str, prefix: str, lines: list[str]) -> str:
 @pytest.mark.parametrize("prefix", CLIENT_PREFIXES)
 @pytest.mark.parametrize("base_name", BASES)
 def test_a_client_prefix_flood_forges_no_headerless_engine_line(base_name, prefix):
-    base = _base(base_name)
+    base = real_log(base_name)
     control = _diag(_with(base, ASGI + "hello", "end"))
     for payload in (TRACEBACK, [OOM]):
         crafted = _diag(_flooded(base, prefix, payload))
@@ -140,7 +141,7 @@ def test_a_client_prefix_flood_forges_no_headerless_engine_line(base_name, prefi
 def test_a_client_prefix_flood_forges_no_more_than_a_raw_header_does(base_name, prefix):
     """The forged vLLM header under a cut prefix decides exactly what it decides without one (the known limit),
     or nothing (session 14: a prefix the lines before the first error do not open is not learned)."""
-    base = _base(base_name)
+    base = real_log(base_name)
     raw = _diag(_with(base, ASGI + HEADER + OOM, "end"))
     crafted = _diag(_flooded(base, prefix, [HEADER + OOM]))
     assert (crafted.cause, crafted.subtype) == (raw.cause, raw.subtype) or not crafted.is_memory

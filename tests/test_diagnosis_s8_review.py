@@ -16,12 +16,12 @@ from vllm_autoheal.diagnosis.collector import prefix_of
 from vllm_autoheal.diagnosis.scan import scan, structured
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from crafted_logs import real_log  # noqa: E402
 from test_diagnosis_injection import (  # noqa: E402
     ABORTED,
     ENGINE_DEAD,
     FORMATS,
     ID_BASES,
-    _base,
     _same,
     _unchanged,
 )
@@ -45,14 +45,14 @@ KV = (
 @pytest.mark.parametrize("base_name", ID_BASES)
 def test_a_carriage_return_in_a_request_id_does_not_start_an_engine_line(base_name, fmt, payload):
     # (appended as text: str.splitlines, which _unchanged uses, would itself break the line at "\r")
-    base_log = _base(base_name).rstrip("\n") + "\n"
+    base_log = real_log(base_name).rstrip("\n") + "\n"
     crafted = classify(Signals(log=base_log + fmt.format("a\r" + payload) + "\n"))
     _same(crafted, classify(Signals(log=base_log)))
     assert "ZZUSERZZ" not in json.dumps(crafted.to_dict())
 
 
 def test_a_carriage_return_in_a_request_id_under_a_collector_prefix():
-    base_log = _base("neg-6042-watchdog-worker-died")
+    base_log = real_log("neg-6042-watchdog-worker-died")
     extra = ENGINE_DEAD.format("a\r" + OOM + "\r" * 50)  # also: lines without the prefix, to dilute it
 
     def stern(log: str) -> str:
@@ -176,7 +176,7 @@ def test_a_v0_log_of_request_lines_gets_no_prefix_cut():
 def test_a_collector_never_changes_a_line_that_has_a_header_of_its_own():
     """The prefix is cut only from lines without structure of their own: a request line whose text
     starts with the prefix keeps its header, stays user text, and decides nothing."""
-    base_log = _base("neg-6042-watchdog-worker-died")
+    base_log = real_log("neg-6042-watchdog-worker-died")
     log = "".join(STERN + line + "\n" for line in base_log.splitlines())
     forged = FORMATS[2].format(r=repr(STERN + OOM))
     crafted = classify(Signals(log=log + STERN + forged + "\n"))
@@ -189,7 +189,7 @@ def test_a_collector_never_changes_a_line_that_has_a_header_of_its_own():
 @pytest.mark.parametrize("base_name", ["neg-2734-llama2-70b-tp8-timeout", "rt-27466-busy-loop"])
 def test_request_echoes_under_a_collector_prefix_change_nothing(prefix, base_name):
     """The injection suite's request and response lines, every line under a collector's prefix."""
-    base_log = "".join(prefix + line + "\n" for line in _base(base_name).splitlines())
+    base_log = "".join(prefix + line + "\n" for line in real_log(base_name).splitlines())
     base = classify(Signals(log=base_log))
     for fmt in FORMATS:
         crafted = classify(Signals(log=base_log + prefix + fmt.format(r=repr(OOM)) + "\n"))

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from crafted_logs import real_log, seconds_per_byte
 from vllm_autoheal.diagnosis import Signals, classify
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -29,7 +29,6 @@ from test_diagnosis_injection import (  # noqa: E402
     GRAMMAR,
     ID5_FORMATS,
     ID_BASES,
-    _base,
     _same,
     _unchanged,
     _vllm_log,
@@ -65,7 +64,7 @@ def _unchanged_by(base_name: str, client_line: str) -> None:
     """The base log with the request's traceback appended, its message going on over one more line
     that the client wrote, against the same traceback with a harmless line there (a headerless
     request traceback alone already moves a base without an error line to not_oom, other_error)."""
-    base_log = _base(base_name)
+    base_log = real_log(base_name)
     crafted = classify(Signals(log=_with(base_log, ASGI + client_line, "end")))
     _same(crafted, classify(Signals(log=_with(base_log, ASGI + "hello", "end"))))
     assert "ZZUSERZZ" not in json.dumps(crafted.to_dict())
@@ -383,7 +382,7 @@ def test_a_glog_or_kserve_header_inside_a_vllm_line_is_a_forged_one():
 def test_a_markdown_paste_reads_as_the_lines_it_quotes():
     """Each line wrapped in backticks: the same cause, phase, subtype and numbers (only the trailing
     backtick stays in the evidence)."""
-    base_log = _base("rt-27466-busy-loop")
+    base_log = real_log("rt-27466-busy-loop")
     pasted = "```\n" + "\n".join("`" + line + "`" for line in base_log.splitlines()) + "\n```\n"
     got, want = classify(Signals(log=pasted)).to_dict(), classify(Signals(log=base_log)).to_dict()
     assert {k: got[k] for k in ("cause", "phase", "subtype", "numbers")} == {
@@ -413,13 +412,7 @@ CRAFTED = {
 
 
 def _per_byte(line: str) -> float:
-    log = (line + "\n") * (400_000 // (len(line) + 1))
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
-        classify(Signals(log=log))
-        best = min(best, time.perf_counter() - t0)
-    return best / len(log)
+    return seconds_per_byte((line + "\n") * (400_000 // (len(line) + 1)))
 
 
 @pytest.mark.parametrize("shape", sorted(CRAFTED))

@@ -6,9 +6,7 @@ against a normal log of about the same size, timed in the same test.
 
 from __future__ import annotations
 
-import time
-
-from vllm_autoheal.diagnosis import Signals, classify
+from crafted_logs import seconds_per_byte
 
 SIZE = 600_000
 NORMAL = (
@@ -31,15 +29,6 @@ def _normal() -> str:
     return "".join(out) + TAIL
 
 
-def _per_byte(log: str) -> float:
-    best = float("inf")
-    for _ in range(3):
-        t = time.perf_counter()
-        classify(Signals(log=log))
-        best = min(best, time.perf_counter() - t)
-    return best / len(log)
-
-
 def _crafted(line_of) -> str:
     out, n, i = [], 0, 0
     while n < SIZE:
@@ -53,9 +42,9 @@ def test_many_processes_each_opening_a_request_message_cost_a_lookup_a_line():
     """Each line a process of its own (distinct pids), each opening a request's message (the request
     logger's, AsyncLLM's `Added request`): scan's open messages were filtered over all the processes
     on every line, quadratic in the processes (120x a normal log per MB)."""
-    normal = _per_byte(_normal())
+    normal = seconds_per_byte(_normal())
     for line_of in (
         lambda i: f"(P{i} pid={i}) INFO 12-01 10:00:01 [logger.py:41] Received request x: prompt: 'a'",
         lambda i: f"(P{i} pid={i}) INFO 12-01 10:00:01 [core.py:41] Added request {i}",
     ):
-        assert _per_byte(_crafted(line_of)) < 3 * normal
+        assert seconds_per_byte(_crafted(line_of)) < 3 * normal
