@@ -142,3 +142,8 @@ def test_a_file_read_as_a_stream_is_called_empty_only_when_it_is(text, empty, tm
     assert main(["diagnose", "--json", str(log)]) == 0
     why = json.loads(capsys.readouterr().out)["explanation"]
     assert why.startswith("No known failure message was found") and ("(empty log)" in why) is empty
+
+
+def test_plan_refuses_more_free_memory_than_the_gpu_has(capsys):
+    assert main(["plan", "--model-config", CONFIG, "--gpu", "H200", "--gpu-free-gib", "4000"]) == 2
+    assert "--gpu-free-gib 4000 is more than the GPU's 139.8 GiB" in capsys.readouterr().err

@@ -105,6 +105,12 @@ def run_plan(args: argparse.Namespace) -> int:
     except (KeyError, EngineArgsError) as exc:
         print(f"vllm-autoheal plan: {exc.args[0]}", file=sys.stderr)
         return 2
+    if args.gpu_free_gib is not None and args.gpu_free_gib > gpu.memory_gib:
+        print(
+            f"vllm-autoheal plan: --gpu-free-gib {args.gpu_free_gib:g} is more than the GPU's {gpu.memory_gib:g} GiB",
+            file=sys.stderr,
+        )
+        return 2
     spec = VLLMServiceSpec(model=source[:512], engine=engine, preflight="Fix" if args.fix else "Warn")
     result = preflight(spec, gpu, shape, args.gpu_free_gib, entrypoint=args.entrypoint)
     first = preflight(
