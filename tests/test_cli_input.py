@@ -147,3 +147,18 @@ def test_a_file_read_as_a_stream_is_called_empty_only_when_it_is(text, empty, tm
 def test_plan_refuses_more_free_memory_than_the_gpu_has(capsys):
     assert main(["plan", "--model-config", CONFIG, "--gpu", "H200", "--gpu-free-gib", "4000"]) == 2
     assert "--gpu-free-gib 4000 is more than the GPU's 139.8 GiB" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        ("--max-model-len abc", "--max-model-len: 'abc' is not a valid int"),
+        ("--gpu-memory-utilization 5", "--gpu-memory-utilization: Input should be less than or equal to 1"),
+        ('"unterminated', "No closing quotation"),
+        ("vllm serve " + "x" * 700, "model: String should have at most"),
+    ],
+)
+def test_diagnose_with_engine_args_vllm_would_refuse_exits_2_naming_them(flags, said, oom_log, capsys):
+    assert main(["diagnose", "--engine-args", flags, oom_log]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("vllm-autoheal diagnose: --engine-args: ") and said in err and "Traceback" not in err

@@ -58,9 +58,20 @@ def run_diagnose(args: argparse.Namespace) -> int:
         return 2
     remedy = None
     if args.engine_args is not None:
+        from pydantic import ValidationError
+
         from .remedy import plan_from_command
 
-        remedy = plan_from_command(args.engine_args, diag, gpu_memory_gib=args.gpu_memory_gib)
+        try:
+            remedy = plan_from_command(args.engine_args, diag, gpu_memory_gib=args.gpu_memory_gib)
+        except ValidationError as exc:  # (a model name the CRD would refuse)
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            print(f"vllm-autoheal diagnose: --engine-args: {where}: {first['msg']}", file=sys.stderr)
+            return 2
+        except ValueError as exc:  # a flag vLLM would reject, an unclosed quote
+            print(f"vllm-autoheal diagnose: --engine-args: {exc}", file=sys.stderr)
+            return 2
     if args.json:
         out = {
             **diag.to_dict(),
