@@ -191,3 +191,17 @@ def test_render_and_the_server_refuse_a_name_no_service_can_take(k8s, tmp_path, 
     accepted, message, _ = _server(k8s, body)
     assert not accepted and "metadata.name" in message, message
     assert code == 2 and "metadata.name" in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize(
+    "metadata", [{}, {"name": ""}, {"name": ["x"]}, 5], ids=["none", "empty", "a-list", "not-an-object"]
+)
+def test_render_and_the_server_refuse_what_has_no_name(k8s, tmp_path, capsys, metadata):
+    from kubernetes.client.rest import ApiException
+
+    body = {**_body("minimal", {}), "metadata": metadata}
+    code, err, _ = _render(tmp_path, body, capsys)
+    assert code == 2 and "metadata" in err and "Traceback" not in err, err
+    with pytest.raises(ApiException) as refused:  # 422 for a missing name; 400 for one that is not a string
+        k8s.create_namespaced_custom_object(api.GROUP, api.VERSION, "default", api.PLURAL, body, dry_run="All")
+    assert refused.value.status in (400, 422)

@@ -212,7 +212,16 @@ def admit(obj: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     problems = schema_problems(spec, spec_schema, "spec")
     if isinstance(spec, dict) and not problems:
         problems += cel_problems(spec, spec_schema, "spec")
-    name = (body.get("metadata") or {}).get("name")
-    if isinstance(name, str) and not evaluate(NAME_RULE["rule"], {"self": {"metadata": {"name": name}}}):
-        problems.append(f'metadata.name: Invalid value: "{name[:80]}": {NAME_RULE["message"]}')
-    return body, problems
+    return body, problems + _name_problems(body.get("metadata"))
+
+
+def _name_problems(meta: Any) -> list[str]:
+    """What the API server says of metadata and its name (a file for `render` may hold anything)."""
+    if not isinstance(meta, dict):
+        return ["metadata: Required value: an object with a name"]
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        return ["metadata.name: Required value: a string"]
+    if not evaluate(NAME_RULE["rule"], {"self": {"metadata": {"name": name}}}):
+        return [f'metadata.name: Invalid value: "{name[:80]}": {NAME_RULE["message"]}']
+    return []
