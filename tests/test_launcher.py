@@ -202,3 +202,39 @@ def test_output_keeper_is_bounded():
         k.add(f"line {i}\n")
     text = k.text()
     assert len(text) < 1300 and text.startswith("line 0\n") and text.endswith("line 99999\n") and "[...]" in text
+
+
+def test_output_without_newlines_is_read_in_bounded_pieces():
+    """A child printing a 300 MB blob with no newline (a progress bar, a binary dump) must not be
+    read whole into the launcher's memory, which counts against the container's limit."""
+    import io
+
+    from vllm_autoheal.launcher import CHUNK_BYTES, pump
+
+    blob = b"\x00\xff" * (4 * CHUNK_BYTES) + b"tail\n"
+    sink, pieces = io.BytesIO(), []
+    pump(io.BytesIO(blob), sink, OutputKeeper(head=100, tail=1000), pieces.append)
+    assert sink.getvalue() == blob  # still passed through byte for byte
+    assert len(pieces) > 4 and max(len(p) for p in pieces) <= CHUNK_BYTES
+
+
+def test_a_huge_line_keeps_the_launchers_memory_small(tmp_path):
+    cmd, term = launch(
+        tmp_path,
+        """
+        import sys
+        chunk = b"A" * (1 << 20)
+        for _ in range(200):
+            sys.stdout.buffer.write(chunk)
+        sys.exit(3)
+    """,
+    )
+    probe = (
+        "import resource, subprocess, sys; "
+        "code = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL).returncode; "
+        "print(code, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
+    )
+    out = subprocess.run([sys.executable, "-c", probe, *cmd], capture_output=True, text=True, timeout=120).stdout
+    code, peak_kib = map(int, out.split())
+    assert code == 3 and json.loads(term.read_text())["exit_code"] == 3
+    assert peak_kib < 150 * 1024, f"launcher peaked at {peak_kib // 1024} MiB for a 200 MiB line"

@@ -31,6 +31,9 @@ DEFAULT_TERMINATION_PATH = "/dev/termination-log"
 MESSAGE_LIMIT = 4096
 HEAD_BYTES = 64 * 1024
 TAIL_BYTES = 512 * 1024
+# The most read as one piece: output with no newline (a progress bar, a binary dump) would
+# otherwise be read whole into memory, in the container's own memory limit.
+CHUNK_BYTES = 64 * 1024
 ENGINE_DEAD = re.compile(r"EngineDeadError|AsyncEngineDeadError|MQLLMEngine is already dead|Engine loop has died")
 DEAD_GRACE_S = 10.0
 STOP_GRACE_S = 30.0
@@ -70,8 +73,9 @@ class OutputKeeper:
 def pump(
     source: IO[bytes], sink: IO[bytes], keeper: OutputKeeper, on_line: Callable[[str], None] | None = None
 ) -> None:
-    """Copy a child's stream byte for byte, keeping a decoded copy of each line."""
-    for raw in iter(source.readline, b""):
+    """Copy a child's stream byte for byte, keeping a decoded copy of each line (a longer one in
+    pieces of at most CHUNK_BYTES)."""
+    for raw in iter(lambda: source.readline(CHUNK_BYTES), b""):
         try:
             sink.write(raw)
             sink.flush()
