@@ -238,3 +238,14 @@ def test_a_huge_line_keeps_the_launchers_memory_small(tmp_path):
     code, peak_kib = map(int, out.split())
     assert code == 3 and json.loads(term.read_text())["exit_code"] == 3
     assert peak_kib < 150 * 1024, f"launcher peaked at {peak_kib // 1024} MiB for a 200 MiB line"
+
+
+def test_a_flood_of_short_lines_costs_linear_time():
+    """Dropping the oldest kept line must not shift the whole tail: 3 million empty lines took the
+    launcher 4.5 minutes of CPU, stalling the child on a full pipe."""
+    k = OutputKeeper(head=0, tail=200_000)
+    started = time.monotonic()
+    for _ in range(400_000):
+        k.add("\n")
+    assert time.monotonic() - started < 3.0
+    assert k.text() == "[...]\n" + "\n" * 200_000

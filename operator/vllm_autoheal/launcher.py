@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import IO, Any
 
@@ -47,7 +48,7 @@ class OutputKeeper:
         self._head_limit, self._tail_limit = head, tail
         self._head: list[str] = []
         self._head_size = 0
-        self._tail: list[str] = []
+        self._tail: deque[str] = deque()  # popleft is O(1): a flood of short lines stays linear
         self._tail_size = 0
         self.dropped = False
         self._lock = threading.Lock()
@@ -61,7 +62,7 @@ class OutputKeeper:
             self._tail.append(line)
             self._tail_size += len(line)
             while self._tail_size > self._tail_limit and len(self._tail) > 1:
-                self._tail_size -= len(self._tail.pop(0))
+                self._tail_size -= len(self._tail.popleft())
                 self.dropped = True
 
     def text(self) -> str:
