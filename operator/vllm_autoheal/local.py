@@ -31,7 +31,8 @@ from .engine import describe, to_command
 from .gpu_probe import snapshot
 from .launcher import ENGINE_DEAD, OutputKeeper, pump
 from .remedy import Inventory, plan_heal
-from .remedy_gate import fingerprint
+from .remedy_gate import Limits, fingerprint
+from .serve_history import read_records, remembered
 
 STOP_GRACE_S = 30.0
 # How far a start got, by the phase it failed in: a heal whose next start fails earlier made it worse.
@@ -129,20 +130,18 @@ class Supervisor:
         print(f"[vllm-autoheal] {text}", file=self.out, flush=True)
 
     # --- history -------------------------------------------------------------------
-    def load_history(self) -> list[dict[str, Any]]:
-        try:
-            lines = self.opts.history_path.read_text().splitlines()
-        except OSError:
-            return []
-        out = []
-        for line in lines:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if record.get("key") == self.key:
-                out.append(record)
-        return out
+    def first_engine(self) -> EngineArgs:
+        """The flags that worked last time, when the history holds some that may be used."""
+        if self.opts.fresh:
+            return self.baseline
+        limits = Limits(self.opts.spec.heal.bounds, memory_limit_bytes=cgroups.memory_limit())
+        engine, why_not = remembered(read_records(self.opts.history_path, self.key), self.baseline, limits)
+        if engine is None:
+            if why_not:
+                self.say(f"not using the flags in the history {self.opts.history_path}: {why_not}")
+            return self.baseline
+        self.say(f"using the flags that worked last time (history {self.opts.history_path}): {describe(engine)}")
+        return engine
 
     def record(self, **fields: Any) -> None:
         rec = {
@@ -275,12 +274,7 @@ class Supervisor:
 
     # --- the loop --------------------------------------------------------------------
     def serve(self) -> int:
-        engine = self.baseline
-        history = self.load_history()
-        good = [h for h in history if h.get("event") == "healthy"]
-        if good and not self.opts.fresh:
-            engine = EngineArgs.model_validate(good[-1]["engine"])
-            self.say(f"using the flags that worked last time (history {self.opts.history_path}): {describe(engine)}")
+        engine = self.first_engine()
         heals = self.heals
         last: tuple[Any, EngineArgs, int] | None = None  # the crash a heal answered, its flags, how far it got
         exclude: set[str] = set()

@@ -104,7 +104,8 @@ def _as_number(field: str, value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
-def _bounds_problem(changes: dict[str, Any], after: EngineArgs, limits: Limits) -> str | None:
+def bounds_problem(changes: dict[str, Any], after: EngineArgs, limits: Limits) -> str | None:
+    """Why `after` is outside the bounds in the fields `changes` names, or None."""
     b = limits.bounds
     checks: list[tuple[str, Any, float | None, float | None]] = [
         ("gpu_memory_utilization", after.gpu_memory_utilization, limits.floor, b.max_gpu_memory_utilization),
@@ -157,7 +158,7 @@ def check(
     if after.max_num_seqs and after.max_num_batched_tokens and after.max_num_batched_tokens < after.max_num_seqs:
         return "max_num_batched_tokens would be below max_num_seqs"
     try:
-        if problem := _bounds_problem(changes, after, limits):
+        if problem := bounds_problem(changes, after, limits):
             return problem
         now = {**engine.model_dump(), "model": model, "memory_limit": memory_limit}
         for name, direction in ((k, calls_for[k]) for k in changes):

@@ -1,0 +1,69 @@
+"""`serve`'s JSON-lines history, read as untrusted input: the file decides the flags of the next start.
+
+Anyone who can write the file (a careless edit, a truncated write, two runs appending at once, a
+copy from another machine) must not be able to crash `serve` or start vLLM with flags outside
+the bounds given on its command line. So only the end of the file is read, a record counts only
+when it is a JSON object with valid flags, and remembered flags are used only when they differ from
+the command line's in what a heal may change, each inside the bounds in force.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from .api import EngineArgs
+from .remedy_gate import CALLS_FOR, Limits, bounds_problem
+
+READ_BYTES = 1 << 20  # the newest records; a heal record is a few KiB
+# The flags some heal may set: any other difference is not a heal's doing.
+HEALABLE = frozenset(name for fields in CALLS_FOR.values() for name in fields if name in EngineArgs.model_fields)
+
+
+def read_records(path: Path, key: str) -> list[dict[str, Any]]:
+    """The records of `key` in the last READ_BYTES of the file, oldest first; anything else is skipped."""
+    try:
+        with path.open("rb") as f:
+            size = f.seek(0, 2)
+            f.seek(max(0, size - READ_BYTES))
+            data = f.read(READ_BYTES)
+    except OSError:
+        return []
+    lines = data.decode("utf-8", "replace").splitlines()
+    if size > READ_BYTES:
+        lines = lines[1:]  # the first line is cut
+    out = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(record, dict) and record.get("key") == key:
+            out.append(record)
+    return out
+
+
+def remembered(
+    records: list[dict[str, Any]], baseline: EngineArgs, limits: Limits
+) -> tuple[EngineArgs | None, str | None]:
+    """The flags of the newest healthy record, if they may be used: (flags, None), or (None, why not)."""
+    healthy = [r for r in records if r.get("event") == "healthy"]
+    if not healthy:
+        return None, None
+    try:
+        engine = EngineArgs.model_validate(healthy[-1].get("engine"))
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        return None, f"its flags are not valid ({'.'.join(str(p) for p in err['loc'])}: {err['msg']})"
+    now, then = baseline.model_dump(), engine.model_dump()
+    changes = {k: v for k, v in then.items() if v != now[k]}
+    if foreign := sorted(set(changes) - HEALABLE):
+        return None, f"it changes {', '.join(foreign)}, which no heal sets"
+    if engine.max_num_seqs and engine.max_num_batched_tokens and engine.max_num_batched_tokens < engine.max_num_seqs:
+        return None, "max_num_batched_tokens is below max_num_seqs"
+    if problem := bounds_problem(changes, engine, limits):
+        return None, problem
+    return engine, None
