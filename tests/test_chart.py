@@ -157,6 +157,15 @@ INVALID = [
     ({"admissionPolicy": {"maxGpus": -1}}, "/admissionPolicy/maxGpus"),
     ({"admissionPolicy": {"maxMemory": "lots"}}, "/admissionPolicy/maxMemory"),
     ({"admissionPolicy": {"allowedImagePrefixes": ["x' || true || '"]}}, "/admissionPolicy/allowedImagePrefixes/0"),
+    # A prefix that ends mid-name admits other hosts and repositories: registry.example.com.evil.io/x
+    (
+        {"admissionPolicy": {"allowedImagePrefixes": ["registry.example.com"]}},
+        "/admissionPolicy/allowedImagePrefixes/0",
+    ),
+    (
+        {"admissionPolicy": {"allowedImagePrefixes": ["a/", "vllm/vllm-openai"]}},
+        "/admissionPolicy/allowedImagePrefixes/1",
+    ),
     ({"admissionPolicy": {"validationActions": ["Allow"]}}, "/admissionPolicy/validationActions/0"),
     ({"networkPolicy": {"enabled": "on"}}, "/networkPolicy/enabled"),
     ({"hub": {"endpoint": "ftp://mirror"}}, "/hub/endpoint"),
