@@ -249,3 +249,20 @@ def test_a_flood_of_short_lines_costs_linear_time():
         k.add("\n")
     assert time.monotonic() - started < 3.0
     assert k.text() == "[...]\n" + "\n" * 200_000
+
+
+def test_a_stop_before_vllm_starts_starts_nothing(tmp_path):
+    """A SIGTERM while the launcher takes its first GPU snapshot: as the container's PID 1 (which
+    ignores a signal it has no handler for; set here by SIG_IGN) it once went on to start vLLM, and
+    the pod waited out its grace period. Now it starts nothing and exits 128 + 15."""
+    mark = tmp_path / "started"
+    probe = (
+        "import os, signal, sys\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "from vllm_autoheal import launcher\n"
+        "launcher._snapshot = lambda: os.kill(os.getpid(), signal.SIGTERM)\n"
+        f"sys.exit(launcher.run(['sh', '-c', 'touch {mark}'], {str(tmp_path / 'msg')!r}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
+    assert not mark.exists()

@@ -177,25 +177,32 @@ def _crash_summary(text: str, exit_code: int, ready: bool, gpu_start, oom_killed
 
 def run(argv: list[str], termination_path: str | None = None) -> int:
     termination_path = termination_path or os.environ.get("AUTOHEAL_TERMINATION_PATH", DEFAULT_TERMINATION_PATH)
-    gpu_start = _snapshot()
-    kills_before = _oom_kills()
-    _clear(termination_path)  # the file is the launcher's: nothing the child leaves there may stand
-    keeper = OutputKeeper()
-    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    state: dict[str, Any] = {"stopped_by": None, "engine_dead_at": None, "ready": False}
+    state: dict[str, Any] = {"stopped_by": None, "engine_dead_at": None, "ready": False, "child": None}
 
     def forward(signum: int, _frame: object) -> None:
         state["stopped_by"] = signum
         try:
-            child.send_signal(signum)
+            if state["child"] is not None:
+                state["child"].send_signal(signum)
         except OSError:
             pass
 
+    # Before anything that takes time (the GPU snapshot): as the container's PID 1 the launcher
+    # ignores a signal it has no handler for, and the pod would wait out its grace period.
     for sig in FORWARDED:
         try:
             signal.signal(sig, forward)
         except (OSError, ValueError):
             pass
+    gpu_start = _snapshot()
+    kills_before = _oom_kills()
+    _clear(termination_path)  # the file is the launcher's: nothing the child leaves there may stand
+    if state["stopped_by"] is not None:  # told to stop before vLLM started: start nothing
+        return 128 + state["stopped_by"]
+    keeper = OutputKeeper()
+    child = state["child"] = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    if state["stopped_by"] is not None:  # (one that came while it was being started)
+        child.send_signal(state["stopped_by"])
 
     def watch(line: str) -> None:
         if "Application startup complete" in line or "Uvicorn running on" in line:
