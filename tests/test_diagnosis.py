@@ -818,9 +818,13 @@ OOM_LINE = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 450.00
     "before, cause",
     [
         (
-            'INFO:     10.0.0.1:5000 - "POST /v1/chat/completions HTTP/1.1" 200 OK',
+            '(APIServer pid=1) INFO:     10.0.0.1:5000 - "POST /v1/chat/completions HTTP/1.1" 200 OK',
             "runtime_oom",
-        ),  # a request was served
+        ),  # vLLM's API server served a request
+        (
+            'INFO:     10.0.0.1:5000 - "POST /v1/chat/completions HTTP/1.1" 200 OK',
+            "unknown",
+        ),  # any uvicorn's (a proxy's next to vLLM): test_diagnosis_frontends.py
         ("ERROR 01-01 00:00:00 [core.py:1] EngineCore encountered a fatal error.", "runtime_oom"),  # V1's busy loop
         ("", "unknown"),  # nothing says where, nor whether it had started
         ('INFO:     10.0.0.1:5000 - "POST /wake_up HTTP/1.1" 200 OK', "unknown"),  # sleep mode: not a request
@@ -908,7 +912,7 @@ def test_the_unread_middle_of_a_long_log_leaves_the_phase_open():
     loading = "INFO 01-01 00:00:00 [loader.py:1] Starting to load model /models/m...\n"
     assert classify(Signals(log=loading + oom)).cause == "weights_load_oom"
     assert classify(Signals(log=loading + filler + oom)).cause == "unknown"
-    started = loading + "INFO:     Application startup complete.\n"
+    started = loading + "(APIServer pid=1) INFO:     Application startup complete.\n"  # (vLLM's: its prefix)
     assert classify(Signals(log=started + filler + oom)).cause == "runtime_oom"
 
 

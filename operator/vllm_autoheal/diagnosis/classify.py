@@ -24,14 +24,14 @@ from . import arithmetic as ar
 from . import messages as msg
 from . import model as m
 from . import termination, unplaced
-from .findings import ENGINE_EXCEPTION, EXCEPTION_LINE, FAILURE_KINDS, Finding, findings_of, served_before
+from .findings import ENGINE_EXCEPTION, EXCEPTION_LINE, FAILURE_KINDS, Finding, findings_of
 from .last_resort import last_words
 from .origin import ENGINE, MATCH_CHARS, REQUEST
 from .phase import OOM_CAUSE_BY_PHASE, phase_of_failure
 from .quoted import exception_of_another_type
 from .scan import Line, scan
 from .termination import from_termination_message
-from .writers import api_servers_memory_error
+from .writers import api_servers_memory_error, served_before
 
 # Failures that never outvote one named elsewhere in the log: what the other ranks report when one
 # died (NCCL timing out or aborting them), and a wrapper's quote of a message that may go on over

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from . import messages as msg
 from .needles import finder
-from .origin import ACCESS, ENGINE, MATCH_CHARS, REQUEST, USER
+from .origin import ENGINE, MATCH_CHARS, REQUEST
 from .placement import (
     ANY,
     CARETS,
@@ -209,17 +209,6 @@ def _wrapped(line: Line, following: list[Line]) -> list[Finding]:
         typed = EXCEPTION_TYPE.match(line.text)
         found = [f for f in found if typed is not None and f.match.start() == typed.end()]
     return found
-
-
-def served_before(lines: list[Line], failure: Line) -> bool:
-    """An inference request reached the server before the failure: its access line or its echo
-    was logged (only their presence counts, never their text). Sleep-mode and admin endpoints
-    (/wake_up, /sleep, /health) do not count: they are answered around start-up too."""
-    return any(
-        (ln.origin == USER or (ln.origin == ACCESS and INFERENCE_REQUEST.search(ln.text[:200])))
-        for ln in lines
-        if ln.offset < failure.offset
-    )
 
 
 def _exceptions(engine_lines: list[Line]) -> Iterator[Line]:

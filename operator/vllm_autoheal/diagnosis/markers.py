@@ -5,7 +5,7 @@ They place a failure; they never name one. Standard library only."""
 from __future__ import annotations
 
 from . import model as m
-from .pattern import BUDGET, FIGURE, FRAME, GAP, MILESTONE, NUM, SIZE, STARTING, WB, WEAK, Message
+from .pattern import BUDGET, FIGURE, FRAME, GAP, MILESTONE, NUM, SIZE, STARTING, WB, WEAK, WEB_SERVER, Message
 from .pattern import row as _m
 
 # The class a notebook's traceback (IPython 8) names before a frame's function: `in Worker.load_model(self)`.
@@ -182,9 +182,13 @@ MARKERS: tuple[Message, ...] = (
     _m(
         MILESTONE,
         r"Graph capturing finished in|init engine \(profile, create kv cache, warmup model\) took|"
-        r"Application startup complete|Uvicorn running on|Avg prompt throughput|Starting vLLM API server",
+        r"Avg prompt throughput|Starting vLLM API server",
         phase=m.PHASE_SERVING,
     ),
+    # uvicorn's start-up words: vLLM's API server starts uvicorn once the engine is up, but any other
+    # web server in the stream (a router, a proxy, a frontend started next to vLLM) prints the same
+    # words whenever it starts: they count only where vLLM wrote them (phase.py, writers.vllms_own)
+    _m(MILESTONE, r"Application startup complete|Uvicorn running on", phase=m.PHASE_SERVING, subtype=WEB_SERVER),
     # A line that only says lines were left out (a pasted excerpt): the milestones before it are
     # a lower bound of how far the engine got, not where it failed.
     _m(GAP, r"^\s*(?:\[\s*(?:\.{3,}|…)\s*\]|\.{3,}|…)\s*$", needles=("...", "…")),

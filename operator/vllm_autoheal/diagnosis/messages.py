@@ -33,6 +33,7 @@ from .pattern import (  # noqa: F401 - the kinds are read as messages.KIND by th
     SYSTEMD_UNIT,
     WB,
     WEAK,
+    WEB_SERVER,
     I,
     Message,
 )

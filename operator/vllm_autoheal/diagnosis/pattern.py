@@ -24,6 +24,7 @@ GAP = "gap"  # lines left out here (an excerpt's "[...]"): how far the engine go
 BUDGET = "budget"  # start-up figures showing no room for any KV cache: decide kv_cache_insufficient
 FIGURE = "figure"  # numbers only
 WEAK = "weak"  # a FRAME subtype: on more than one phase's path
+WEB_SERVER = "web_server"  # a MILESTONE subtype: a web server's words, any web server's
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from . import messages as msg
 from . import model as m
 from .findings import Finding
 from .origin import REQUEST
+from .writers import vllms_own
 
 PHASE_PRIORITY = (m.PHASE_CAPTURE, m.PHASE_PROFILE, m.PHASE_KV, m.PHASE_LOAD, m.PHASE_SERVING)
 PHASE_ORDER = {
@@ -60,7 +61,13 @@ def phase_of_failure(findings: list[Finding], failure: Finding | None, ready_bef
     if failure is not None and failure.line.origin == REQUEST:
         return m.PHASE_SERVING  # the API server's handler of a request logged it: it was serving
     end = failure.line.offset if failure else None
-    before = [f for f in findings if f.message.kind == msg.MILESTONE and (end is None or f.line.offset < end)]
+    before = [
+        f
+        for f in findings
+        if f.message.kind == msg.MILESTONE
+        and (end is None or f.line.offset < end)
+        and (f.message.subtype != msg.WEB_SERVER or vllms_own(f.line))  # (any web server's words: markers.py)
+    ]
     window = max((f.line.offset for f in before), default=-1)
     frames = _own_frames(findings, failure, window) if failure else set()
     if not frames:

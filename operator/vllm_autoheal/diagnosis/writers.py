@@ -33,7 +33,8 @@ import re
 
 from . import messages as msg
 from .collector import PROCESS_WITH_PID
-from .findings import Finding
+from .findings import INFERENCE_REQUEST, Finding
+from .origin import ACCESS, FORGED, USER
 from .scan import Line
 
 _WRITER = re.compile(PROCESS_WITH_PID)
@@ -60,3 +61,28 @@ def api_servers_memory_error(f: Finding) -> bool:
         return False
     names = writers(f.line)
     return bool(names) and _api_server(names[0])
+
+
+def vllms_own(line: Line) -> bool:
+    """vLLM wrote the line: vLLM's logger header names the file that logged it (or a header the log
+    taught names a vLLM logger: log_format.py), or vLLM's API server's prefix is its outermost. A
+    frontend, router or proxy started next to vLLM writes its own format (Rust's tracing, Go's klog
+    or zap, KServe's trace logger), or uvicorn's bare one, which vLLM's own server prints bare too
+    up to vLLM 0.10.0 and from 0.31: such a line is no more vLLM's than that program's."""
+    if line.source_file and line.source_file != FORGED:
+        return True
+    names = writers(line)
+    return bool(names) and _api_server(names[0])
+
+
+def served_before(lines: list[Line], failure: Line) -> bool:
+    """vLLM's API server took an inference request before the failure: its request logger's line or
+    its access line was logged (only their presence counts, never their text). vLLM's server listens
+    only once the engine has started; a frontend in the same stream answers (503, queued, routed) while
+    the engine still starts, so only vLLM's own lines count. Sleep-mode and admin endpoints (/wake_up,
+    /sleep, /health) do not count: they are answered around start-up too."""
+    return any(
+        (ln.origin == USER or (ln.origin == ACCESS and INFERENCE_REQUEST.search(ln.text[:200]))) and vllms_own(ln)
+        for ln in lines
+        if ln.offset < failure.offset
+    )
