@@ -15,6 +15,8 @@ whose remedy changes the serving flags).
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from vllm_autoheal.diagnosis import Signals, classify
@@ -78,3 +80,32 @@ def test_vllms_own_request_or_start_line_still_says_it_served(line):
     """vLLM's API server listens only once the engine has started: its own lines still place an
     OOM the log does not otherwise place in serving."""
     assert _key(line + "\n" + OOM) == ("runtime_oom", "serving")
+
+
+def _record(message: str, name: str, process: str = "MainProcess", level: str = "INFO") -> str:
+    out = {"asctime": "2026-12-01 10:00:00,123", "levelname": level, "name": name, "processName": process}
+    return json.dumps(out | {"process": 7, "message": message})
+
+
+# A logging config of one's own with a JSON formatter (python-json-logger) on the root logger, where vLLM
+# runs in a server's own process (KServe's huggingfaceserver, a Dynamo or Ray worker): that server's
+# records are printed in the same JSON, each naming its logger.
+FOREIGN_RECORDS = {
+    "kserve-trace": _record("requestId: 3f8a, preprocess_ms: 1.2, predict_ms: 3.4", "kserve.trace"),
+    "uvicorn-access": _record('10.0.0.1:5555 - "POST /v1/completions HTTP/1.1" 200', "uvicorn.access"),
+    "uvicorn-startup": _record("Application startup complete.", "uvicorn.error"),
+    "router-request": _record("Request 3f8a routed to the decode instance", "router"),
+}
+
+
+@pytest.mark.parametrize("base", [START_UP_OOM, OOM], ids=["engine-core-failed-to-start", "bare-oom"])
+@pytest.mark.parametrize("record", FOREIGN_RECORDS.values(), ids=FOREIGN_RECORDS.keys())
+def test_another_programs_json_record_is_no_sign_the_engine_served(record, base):
+    """A JSON record is printed with a header like vLLM's own (log_records.py); only a vLLM logger's
+    record is vLLM's."""
+    assert _key(record + "\n" + base) == ("unknown", "unknown")
+
+
+def test_vllms_own_json_request_record_still_says_it_served():
+    own = _record("Received request cmpl-3f8a: prompt: 'hi'", "vllm.entrypoints.logger", "APIServer")
+    assert _key(own + "\n" + OOM) == ("runtime_oom", "serving")

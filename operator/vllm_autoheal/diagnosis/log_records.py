@@ -30,10 +30,12 @@ from .collector import PROCESS_WITH_PID
 RECORD_MAX = 256 * 2**10  # a longer line is left as it is
 GROWTH = 3  # a record prints at most this many times its own length (a traceback's: about 2)
 # A decoded record's header names a 7-digit line number (no source file of vLLM's has a million lines):
-# its first digit says where the process prefix before it came from (1: the line's own, as vLLM's
-# stdout decorator writes it before the record; 0: the record's fields, which anyone who writes the
-# record chose), the other six count the records, so each record is a logged message of its own, as a
-# text log's file:line tells two apart.
+# its first digit says where the process prefix before it came from (1 or 3: the line's own, as vLLM's
+# stdout decorator writes it before the record; 0 or 2: the record's fields, which anyone who writes the
+# record chose) and, 2 or 3, that the record's logger is not vLLM's (a JSON formatter on the root logger
+# prints the records of a server that runs vLLM in its own process, its request traces and uvicorn's
+# words included, with a header as vLLM's: writers.vllms_own); the other six count the records, so each
+# record is a logged message of its own, as a text log's file:line tells two apart.
 RECORD_COUNT = 10**6
 GAP = "[...]"  # scan.GAP_LINE: lines left out here
 
@@ -46,7 +48,7 @@ _LEVEL_KEYS = ('"levelname": "', '"levelname":"')
 MIN_RECORD = len('{"levelname":"INFO","message":""}')
 
 
-_DECODED = re.compile(r":([01])\d{6}\]$")
+_DECODED = re.compile(r":([0-3])\d{6}\]$")
 
 
 def is_decoded(header: str) -> bool:
@@ -57,7 +59,17 @@ def is_decoded(header: str) -> bool:
 def process_outside(header: str) -> bool:
     """The decoded record's process prefix is the one printed before the record on its line."""
     found = _DECODED.search(header)
-    return found is not None and found.group(1) == "1"
+    return found is not None and found.group(1) in "13"
+
+
+def foreign(header: str) -> bool:
+    """The decoded record's logger is not one of vLLM's (or the record names none)."""
+    found = _DECODED.search(header)
+    return found is not None and found.group(1) in "23"
+
+
+def _vllms(name: str | None) -> bool:
+    return name is not None and (name == "vllm" or name.startswith("vllm."))  # (vLLM names its loggers after modules)
 
 
 def _text(record: dict, key: str) -> str | None:
@@ -112,7 +124,8 @@ def render(line: str, number: int = 0, outside: bool = False) -> list[str] | Non
     head = _head(record, outside) if message is not None else None
     if head is None or message is None:
         return None
-    header = f"{head}{int(outside)}{number % RECORD_COUNT:06d}] "
+    flag = int(outside) + 2 * (not _vllms(_text(record, "name")))
+    header = f"{head}{flag}{number % RECORD_COUNT:06d}] "
     extras = [e for e in (_text(record, "exc_info"), _text(record, "stack_info")) if e]
     if not extras and "\n" not in message and "\r" not in message:
         return [header + message]

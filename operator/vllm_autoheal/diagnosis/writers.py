@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import re
 
+from . import log_records
 from . import messages as msg
 from .collector import PROCESS_WITH_PID
 from .findings import INFERENCE_REQUEST, Finding
@@ -67,9 +68,9 @@ def vllms_own(line: Line) -> bool:
     """vLLM wrote the line: vLLM's logger header names the file that logged it (or a header the log
     taught names a vLLM logger: log_format.py), or vLLM's API server's prefix is its outermost. A
     frontend, router or proxy started next to vLLM writes its own format (Rust's tracing, Go's klog
-    or zap, KServe's trace logger), or uvicorn's bare one, which vLLM's own server prints bare too
+    or zap, KServe's trace logger; a JSON record of a logger not vLLM's), or uvicorn's bare one, which vLLM's own server prints bare too
     up to vLLM 0.10.0 and from 0.31: such a line is no more vLLM's than that program's."""
-    if line.source_file and line.source_file != FORGED:
+    if line.source_file and line.source_file != FORGED and not log_records.foreign(line.header):
         return True
     names = writers(line)
     return bool(names) and _api_server(names[0])
