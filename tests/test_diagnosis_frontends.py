@@ -109,3 +109,18 @@ def test_another_programs_json_record_is_no_sign_the_engine_served(record, base)
 def test_vllms_own_json_request_record_still_says_it_served():
     own = _record("Received request cmpl-3f8a: prompt: 'hi'", "vllm.entrypoints.logger", "APIServer")
     assert _key(own + "\n" + OOM) == ("runtime_oom", "serving")
+
+
+REQUEST_LINES = {k: v for k, v in VLLMS_OWN.items() if "startup" not in k}
+
+
+@pytest.mark.parametrize("line", REQUEST_LINES.values(), ids=REQUEST_LINES.keys())
+@pytest.mark.parametrize("where", ["before", "inside"])
+def test_the_engines_own_start_up_failure_outranks_a_request_line(line, where):
+    """The engine says it failed while starting (`EngineCore failed to start`): a request line of vLLM's
+    own before it (another run's in the same stream, a new engine of an elastic data-parallel server, or
+    interleaved with the failing engine's report) is only a sign it served, and the engine's word
+    outranks it: the start-up OOM stays unplaced, never runtime_oom."""
+    first, second = START_UP_OOM.splitlines(keepends=True)
+    log = line + "\n" + START_UP_OOM if where == "before" else first + line + "\n" + second
+    assert _key(log) == ("unknown", "unknown")

@@ -272,7 +272,15 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
                 "which would tell, is not in the log. No memory setting is changed.",
             )
         phase = phase_of_failure(findings, first, signals.ready_before)
-        if phase == m.PHASE_UNKNOWN and signals.ready_before is None and served_before(lines, first.line):
+        # (a request line is only a sign that it served: the engine's own word that it failed while
+        # starting outranks it)
+        said_starting = any(not f.line.informational for f in by_kind.get(msg.STARTING, []))
+        if (
+            phase == m.PHASE_UNKNOWN
+            and signals.ready_before is None
+            and not said_starting
+            and served_before(lines, first.line)
+        ):
             phase = m.PHASE_SERVING
         frame = next((f.line for f in findings if f.message.kind == msg.FRAME and f.message.phase == phase), None)
         if phase == m.PHASE_SERVING and signals.ready_before is False:
@@ -300,9 +308,7 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
             # may be in loading, profiling, KV sizing or graph capture, each wanting another change:
             # only torch's figures and the model's size can still tell (unplaced.py); else none.
             # (Guessing profiling was wrong on 3 of the 4 train logs it decided.)
-            starting = signals.ready_before is False or any(
-                not f.line.informational for f in by_kind.get(msg.STARTING, [])
-            )
+            starting = signals.ready_before is False or said_starting
             # Only torch's own message places it: figures of other lines (a prompt's line of a
             # multi-line log, an earlier run) never do.
             told = ar.numbers([f for f in findings if f.line is first.line], first, device_gib, [])
