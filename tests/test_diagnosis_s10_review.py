@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -66,7 +65,7 @@ import pytest
 from vllm_autoheal.diagnosis import MEMORY_CAUSES, Signals, classify
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from crafted_logs import real_log  # noqa: E402
+from crafted_logs import real_log, seconds_per_byte  # noqa: E402
 from test_diagnosis_injection import (  # noqa: E402
     ERROR_STACK,
     FORMATS,
@@ -205,15 +204,6 @@ ALL_MILESTONES = (
 WARNINGS = "No available shared memory broadcast block found in 60 seconds Bus error NCCL WARN"
 
 
-def _per_byte(log: str, repeats: int = 3) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        classify(Signals(log=log))
-        best = min(best, time.perf_counter() - t0)
-    return best / len(log)
-
-
 def _normal(size: int) -> str:
     """bench/diagnosis_speed.py's normal log: start-up lines, metrics and access lines, an OOM."""
     body = "".join(
@@ -258,7 +248,7 @@ def test_the_live_rows_do_not_backtrack_on_a_crafted_line(shape):
     def log(line: str) -> str:
         return (line + "\n") * (400_000 // (len(line) + 1))
 
-    assert _per_byte(log(crafted)) < 3 * _per_byte(log(normal))
+    assert seconds_per_byte(log(crafted)) < 3 * seconds_per_byte(log(normal))
 
 
 # --- 4. The OutOfResources row ----------------------------------------------------------------------------
