@@ -216,8 +216,9 @@ def unhealed_since_baseline(obj: VLLMService) -> bool:
 
 
 def person_edited(obj: VLLMService) -> bool:
-    """Did a person change spec.engine since the baseline? (The operator's own PatchSpec heal is
-    marked by its annotation; a heal recorded but not yet applied is not an edit.)"""
+    """Did a person change spec.engine since the baseline (in StatusOverrides mode also the model,
+    memory limit or GPU: resources.on_baseline)? (The operator's own PatchSpec heal is marked by its
+    annotation; a heal recorded but not yet applied is not an edit.)"""
     spec, cur = obj.spec, obj.status
     if cur.baseline is None:
         return False
