@@ -6,6 +6,7 @@ message, a client's)."""
 from __future__ import annotations
 
 import pytest
+import urllib3
 
 from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.diagnosis.scan import GAP_LINE
@@ -18,7 +19,8 @@ class Kubelet(kc.Kube):
     def __init__(self, output: str) -> None:  # (no cluster: only the log endpoint is served)
         self.output, self.asked = output, []
 
-    def request(self, method, path, body=None, content_type="", query=None, raw=False):
+    def request(self, method, path, body=None, content_type="", query=None, raw=False, timeout=None):
+        assert timeout is not None and 0 < timeout <= kc.LOG_BUDGET_S  # (each call within the read's budget)
         options = dict(query or [])
         self.asked.append(options["tailLines"])
         lines = self.output.splitlines(keepends=True)[-options["tailLines"] :]
@@ -54,3 +56,30 @@ def test_a_log_cut_at_its_head_opens_with_a_gap(lines):
     log = Kubelet(output).previous_log("ns", "pod", "vllm")
     assert log.startswith(GAP_LINE + "\n") and log.endswith(CRASH)
     assert log.count("\n") == kc.LOG_TAIL_LINES + 1
+
+
+class StallingKubelet(Kubelet):
+    """A kubelet that stops answering after `answers` calls: the client's read times out."""
+
+    def __init__(self, output: str, answers: int) -> None:
+        super().__init__(output)
+        self.answers = answers
+
+    def request(self, method, path, body=None, content_type="", query=None, raw=False, timeout=None):
+        if len(self.asked) >= self.answers:
+            self.asked.append(dict(query or [])["tailLines"])
+            raise urllib3.exceptions.ReadTimeoutError(None, path, "Read timed out.")
+        return super().request(method, path, body, content_type, query, raw, timeout)
+
+
+def test_a_log_the_kubelet_never_sends_is_no_log_and_no_error():
+    """A timeout raised out of the crash handler and lost the crash (kopf does not retry events)."""
+    assert StallingKubelet(CRASH, answers=0).previous_log("ns", "pod", "vllm") == ""
+
+
+def test_a_stall_while_refining_keeps_the_lines_already_read():
+    output = ("INFO 12-01 10:00:00 [api.py:1] request " + "x" * 2048 + "\n") * 4000 + CRASH
+    kube = StallingKubelet(output, answers=3)  # 4000 and 1000 lines overflow, 250 fit, then no answer
+    log = kube.previous_log("ns", "pod", "vllm")
+    assert log.startswith(GAP_LINE) and log.endswith(CRASH)
+    assert kube.asked == [4000, 1000, 250, 625]

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import urllib3
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
@@ -29,6 +31,9 @@ LOG_TAIL_LINES = 4000
 LOG_REFINE = 4  # calls that look for the most lines that fit, once fewer did
 LOG_LIMIT_BYTES = 2 * 2**20
 LOG_LIMIT_SLACK = 64 * 2**10
+# All the calls of one log read, in seconds: it holds one of kopf's few worker threads, which every
+# tenant's handlers share, and a kubelet that stalls must not keep it (the heal goes on without the log).
+LOG_BUDGET_S = 10.0
 _CONFIGURED: dict[str, Any] = {}
 
 
@@ -82,7 +87,10 @@ class Kube:
         content_type: str = "application/json",
         query: list[tuple[str, Any]] | None = None,
         raw: bool = False,
+        timeout: float | None = None,
     ) -> Any:
+        """One API call. `timeout`: a shorter limit for this call, in seconds, tried once (the
+        client's own retries would repeat a read that timed out three more times)."""
         method, url, headers, payload, _ = self.api.param_serialize(
             method=method,
             resource_path=path,
@@ -91,8 +99,13 @@ class Kube:
             header_params={"Content-Type": content_type, "Accept": "application/json, */*"},
             auth_settings=["BearerToken"],
         )
-        resp = self.api.call_api(method, url, header_params=headers, body=payload, _request_timeout=self.timeout)
-        resp.read()
+        if timeout is None:
+            resp = self.api.call_api(method, url, header_params=headers, body=payload, _request_timeout=self.timeout)
+            resp.read()
+        else:
+            resp = self.api.rest_client.pool_manager.request(
+                method, url, headers=headers, body=payload, timeout=urllib3.Timeout(total=timeout), retries=False
+            )
         data = resp.data.decode("utf-8", "replace") if isinstance(resp.data, bytes) else (resp.data or "")
         if not 200 <= resp.status < 300:
             raise ApiException(status=resp.status, reason=f"{resp.reason}: {data[:500]}")
@@ -171,9 +184,14 @@ class Kube:
         crash is. The kubelet keeps the first `limitBytes` of the last `tailLines`, so where those lines
         overflow the limit (long request lines), fewer are asked for, then as many as fit (a few more
         calls, at most LOG_REFINE). A log that is not whole opens with a gap
-        line (`[...]`): a request's report that follows it may have lost its opening (diagnosis reads it so)."""
+        line (`[...]`): a request's report that follows it may have lost its opening (diagnosis reads it so).
+        All of it within LOG_BUDGET_S; a log that cannot be had in time, or at all, is "" (never raises)."""
+        deadline = time.monotonic() + min(LOG_BUDGET_S, self.timeout or LOG_BUDGET_S)
 
         def tail(lines: int) -> str | None:  # the last `lines` lines, or None where they overflow the limit
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the log read's time is spent")
             text = self.request(
                 "GET",
                 f"/api/v1/namespaces/{namespace}/pods/{pod}/log",
@@ -184,6 +202,7 @@ class Kube:
                     ("limitBytes", LOG_LIMIT_BYTES),
                 ],
                 raw=True,
+                timeout=left,
             )
             return None if len(text.encode()) >= LOG_LIMIT_BYTES - LOG_LIMIT_SLACK else text
 
@@ -197,12 +216,15 @@ class Kube:
                 middle = (lines + above) // 2
                 if middle <= lines:
                     break
-                more = tail(middle)
+                try:
+                    more = tail(middle)
+                except (urllib3.exceptions.HTTPError, OSError):
+                    break  # (out of time: the fewer lines already read do)
                 if more is None:
                     above = middle
                 else:
                     lines, text = middle, more
-        except ApiException:
+        except (ApiException, urllib3.exceptions.HTTPError, OSError):  # (TimeoutError is an OSError)
             return ""
         if text is None:
             return ""  # (one line over the limit: nothing whole to read)
