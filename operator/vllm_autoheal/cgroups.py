@@ -11,20 +11,24 @@ from __future__ import annotations
 from pathlib import Path
 
 ROOT = Path("/sys/fs/cgroup")
+PROC_CGROUP = Path("/proc/self/cgroup")
 
 
 def _memory_dirs() -> list[Path]:
     dirs = []
     try:
-        for line in Path("/proc/self/cgroup").read_text().splitlines():
-            hid, controllers, path = line.split(":", 2)
-            if hid == "0":
-                dirs.append(ROOT / path.lstrip("/"))  # v2 unified
-            elif "memory" in controllers.split(","):
-                dirs.append(ROOT / "memory" / path.lstrip("/"))  # v1
-    except (OSError, ValueError):
-        pass
-    return dirs
+        lines = PROC_CGROUP.read_text().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        hid, controllers, path = (line.split(":", 2) + ["", ""])[:3]  # (a malformed line is skipped)
+        if hid == "0" and path:
+            dirs.append(ROOT / path.lstrip("/"))  # v2 unified
+        elif "memory" in controllers.split(","):
+            dirs.append(ROOT / "memory" / path.lstrip("/"))  # v1
+    # Without a cgroup namespace (the usual case on cgroup v1 nodes) those paths are the host's,
+    # while the container's own cgroup is mounted at the root: look there when they are not found.
+    return [*dirs, *(d for d in (ROOT, ROOT / "memory") if d not in dirs)]
 
 
 def memory_limit() -> int | None:
@@ -32,11 +36,12 @@ def memory_limit() -> int | None:
     for d in _memory_dirs():
         for name in ("memory.max", "memory.limit_in_bytes"):
             try:
-                text = (d / name).read_text().strip()
-            except OSError:
+                value = (d / name).read_text().strip()
+                limit = int(value) if value != "max" else None
+            except (OSError, ValueError):  # missing, unreadable, or not a number: another place may tell
                 continue
-            if text != "max" and int(text) < 2**60:
-                return int(text)
+            if limit is not None and 0 < limit < 2**60:  # (v1 writes "unlimited" as a page-aligned 2**63)
+                return limit
     return None
 
 
