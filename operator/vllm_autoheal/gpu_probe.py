@@ -49,41 +49,53 @@ def snapshot(own_pids: list[int] | None = None) -> GpuSnapshot:
     except Exception as exc:  # noqa: BLE001 - NVMLError_LibraryNotFound, DriverNotLoaded, ...
         return GpuSnapshot(error=f"no NVIDIA driver: {exc}", own_pids=list(own_pids or []))
     snap = GpuSnapshot(own_pids=list(own_pids or [os.getpid()]))
+    errors: list[str] = []
     try:
-        for index in range(nv.nvmlDeviceGetCount()):
-            handle = nv.nvmlDeviceGetHandleByIndex(index)
-            mem = nv.nvmlDeviceGetMemoryInfo(handle)
-            snap.gpus.append(
-                GpuInfo(
-                    index=index,
-                    name=_text(nv.nvmlDeviceGetName(handle)),
-                    total_bytes=int(mem.total),
-                    free_bytes=int(mem.free),
-                    used_bytes=int(mem.used),
-                )
-            )
-            seen: set[int] = set()
-            for getter in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
-                try:
-                    procs = getattr(nv, getter)(handle)
-                except Exception:  # noqa: BLE001 - not supported on every driver / MIG mode
-                    continue
-                for p in procs:
-                    if p.pid in seen:
-                        continue
-                    seen.add(p.pid)
-                    used = p.usedGpuMemory if isinstance(p.usedGpuMemory, int) else 0
-                    snap.processes.append(
-                        GpuProcess(pid=int(p.pid), gpu_index=index, used_bytes=used, name=_process_name(int(p.pid)))
-                    )
+        count = nv.nvmlDeviceGetCount()
     except Exception as exc:  # noqa: BLE001
-        snap.error = f"NVML query failed: {exc}"
+        count, snap.error = 0, f"NVML query failed: {exc}"
+    try:
+        for index in range(count):
+            try:  # (one GPU that errors, fallen off the bus say, must not hide the others)
+                _probe_gpu(nv, index, snap)
+            except Exception as exc:  # noqa: BLE001
+                errors.append(f"GPU {index}: {exc}")
+        if errors:
+            snap.error = f"NVML query failed: {'; '.join(errors)}"
     finally:
         try:
             nv.nvmlShutdown()
         except Exception:  # noqa: BLE001
             pass
     return snap
+
+
+def _probe_gpu(nv: Any, index: int, snap: GpuSnapshot) -> None:
+    handle = nv.nvmlDeviceGetHandleByIndex(index)
+    mem = nv.nvmlDeviceGetMemoryInfo(handle)
+    snap.gpus.append(
+        GpuInfo(
+            index=index,
+            name=_text(nv.nvmlDeviceGetName(handle)),
+            total_bytes=int(mem.total),
+            free_bytes=int(mem.free),
+            used_bytes=int(mem.used),
+        )
+    )
+    seen: set[int] = set()
+    for getter in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+        try:
+            procs = getattr(nv, getter)(handle)
+        except Exception:  # noqa: BLE001 - not supported on every driver / MIG mode
+            continue
+        for p in procs:
+            if p.pid in seen:
+                continue
+            seen.add(p.pid)
+            used = p.usedGpuMemory if isinstance(p.usedGpuMemory, int) else 0
+            snap.processes.append(
+                GpuProcess(pid=int(p.pid), gpu_index=index, used_bytes=used, name=_process_name(int(p.pid)))
+            )
 
 
 def compact(snap: GpuSnapshot) -> dict[str, Any]:
