@@ -238,3 +238,23 @@ def test_serve_heals_through_the_same_gate_and_stops_at_the_bound(tmp_path, monk
     assert all(h["after"]["gpu_memory_utilization"] >= 0.85 for h in heals)
     assert len({json.dumps(h["after"], sort_keys=True) for h in heals}) == len(heals)  # never the same twice
     assert records[-1]["event"] == "gave_up" and "no allowed change" in records[-1]["reason"]
+
+
+@pytest.mark.parametrize(
+    ("seqs", "batched"), [(None, None), (256, None), (None, 8), (256, 8192), (256, 256), (256, 255), (1, 2**24)]
+)
+def test_the_gates_batch_rule_is_the_crds(seqs, batched):
+    """serve's history and the gate refuse flags with batched tokens below sequences by one predicate,
+    and it reads as the CRD's CEL rule does on the real admission path (`render`)."""
+    from vllm_autoheal.remedy_gate import batch_below_seqs
+    from vllm_autoheal.validation import admit
+
+    engine = {k: v for k, v in (("maxNumSeqs", seqs), ("maxNumBatchedTokens", batched)) if v is not None}
+    body = {
+        "apiVersion": "vllm.autoheal.dev/v1alpha1",
+        "kind": "VLLMService",
+        "metadata": {"name": "svc", "namespace": "team"},
+        "spec": {"model": "m", "engine": engine},
+    }
+    refused_by_crd = any("maxNumBatchedTokens" in p for p in admit(body)[1])
+    assert batch_below_seqs(EngineArgs.model_validate(engine)) == refused_by_crd

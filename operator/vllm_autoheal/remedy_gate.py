@@ -131,6 +131,13 @@ def bounds_problem(changes: dict[str, Any], after: EngineArgs, limits: Limits) -
     return None
 
 
+def batch_below_seqs(engine: EngineArgs) -> bool:
+    """The CRD's rule on EngineArgs (maxNumBatchedTokens >= maxNumSeqs, vLLM refuses to start
+    otherwise) as Python reads it: CEL rules are checked by the API server, not by pydantic."""
+    seqs, batched = engine.max_num_seqs, engine.max_num_batched_tokens
+    return bool(seqs and batched and batched < seqs)
+
+
 def check(
     cause: str,
     changes: dict[str, Any],
@@ -155,7 +162,7 @@ def check(
     except ValidationError as exc:
         err = exc.errors()[0]
         return f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
-    if after.max_num_seqs and after.max_num_batched_tokens and after.max_num_batched_tokens < after.max_num_seqs:
+    if batch_below_seqs(after):
         return "max_num_batched_tokens would be below max_num_seqs"
     try:
         if problem := bounds_problem(changes, after, limits):

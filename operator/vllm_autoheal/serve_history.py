@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from .api import EngineArgs
-from .remedy_gate import CALLS_FOR, Limits, bounds_problem
+from .remedy_gate import CALLS_FOR, Limits, batch_below_seqs, bounds_problem
 
 READ_BYTES = 1 << 20  # the newest records; a heal record is a few KiB
 # The flags some heal may set: any other difference is not a heal's doing.
@@ -62,7 +62,7 @@ def remembered(
     changes = {k: v for k, v in then.items() if v != now[k]}
     if foreign := sorted(set(changes) - HEALABLE):
         return None, f"it changes {', '.join(foreign)}, which no heal sets"
-    if engine.max_num_seqs and engine.max_num_batched_tokens and engine.max_num_batched_tokens < engine.max_num_seqs:
+    if batch_below_seqs(engine):
         return None, "max_num_batched_tokens is below max_num_seqs"
     if problem := bounds_problem(changes, engine, limits):
         return None, problem
