@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import inspect
 import json
 from pathlib import Path
 
@@ -299,3 +300,41 @@ async def test_a_flag_removed_from_the_spec_leaves_the_baseline(cluster):
         lambda: (s := cluster.vsvc_now("removed")["status"]).get("observedGeneration") == 2 and s, what="the edit"
     )
     assert "maxModelLen" not in status["baseline"] and "maxModelLen" not in status["effective"], status
+
+
+async def test_a_heal_looks_the_model_up_once_and_never_under_the_objects_write_lock(cluster, monkeypatch):
+    """The model's config (a ConfigMap GET here; a Secret GET and a wait for the Hub elsewhere) is
+    looked up before the heal's status write, not inside it: the object's write lock is held by no
+    network call, and one crash costs one lookup, not one for the diagnosis and one for the plan."""
+    from samples import KV_TERMINATION
+
+    from vllm_autoheal.kube import writes
+
+    await cluster.call(
+        "POST",
+        f"/api/v1/namespaces/{NS}/configmaps",
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "small", "namespace": NS},
+            "data": {"config.json": json.dumps(SMALL)},
+        },
+    )
+    await cluster.create_vsvc(
+        "looked",
+        {"model": "/models/small", "modelConfig": {"configMapRef": {"name": "small"}}, "engine": {"maxModelLen": 1048576}},
+    )
+    await cluster.settled("looked")
+    lookups: list[bool] = []  # for each lookup by the crash's handler: was the object's write lock held?
+    real = model_source._for_service
+
+    def watched(obj, get):
+        if any(frame.function == "handle_crash" for frame in inspect.stack(0)):  # (not a reconcile's pre-flight)
+            lookups.append(writes.lock(NS, "looked").locked())
+        return real(obj, get)
+
+    monkeypatch.setattr(model_source, "_for_service", watched)
+    await cluster.crash_pod("looked", "looked-a", message=KV_TERMINATION)
+    obj = await cluster.heal_recorded("looked")
+    assert obj["spec"]["engine"]["maxModelLen"] == 524160  # healed, planned with the model's shape at hand
+    assert lookups == [False]

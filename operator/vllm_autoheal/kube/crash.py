@@ -1,21 +1,49 @@
 """What the operator reads of one crash: the launcher's termination message, else the crashed
 container's previous log, classified with what the operator knows of the deployment (its TP/PP,
-GPU count and the model's weights on one GPU) and of the pod (Ready before, exit state)."""
+GPU count and the model's weights on one GPU) and of the pod (Ready before, exit state); and the
+model's config, looked up once per crash before any status write takes the object's lock."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import model_source
 from ..api import EngineArgs, VLLMService
 from ..diagnosis import Diagnosis, Signals, classify, termination
 from ..memory import weights_gib_to_diagnose
+from ..model_shape import ModelShape
+from ..model_source import DEPRECATED_ANNOTATION
 from . import pods, resources
 from .client import Kube
 from .resources import effective
 
 if TYPE_CHECKING:
     from .heal import Incident
+
+
+def _model_inputs(obj: VLLMService) -> tuple[Any, ...]:
+    """What a model lookup reads of the object: its spec (the generation) and the deprecated annotation."""
+    return obj.metadata.get("generation"), (obj.metadata.get("annotations") or {}).get(DEPRECATED_ANNOTATION)
+
+
+@dataclass(frozen=True)
+class ModelLookup:
+    """A model's config looked up before a status write (a ConfigMap or Secret GET, or a wait for
+    the Hub, must not hold the object's write lock), with what of the object it was looked up for."""
+
+    resolved: model_source.Resolved
+    inputs: tuple[Any, ...]
+
+    @classmethod
+    def of(cls, kube: Kube, obj: VLLMService) -> ModelLookup:
+        return cls(model_source.for_service(obj, kube.get), _model_inputs(obj))
+
+    def shape_for(self, kube: Kube, fresh: VLLMService) -> ModelShape | None:
+        """The shape for the object as read under the lock: this lookup's, unless it changed since."""
+        if self.inputs == _model_inputs(fresh):
+            return self.resolved.shape
+        return model_source.for_service(fresh, kube.get).shape
 
 
 def diagnose(kube: Kube, incident: Incident, obj: VLLMService) -> Diagnosis:
@@ -41,7 +69,8 @@ def diagnose(kube: Kube, incident: Incident, obj: VLLMService) -> Diagnosis:
     # the model's size: read the crashed container's own log, with all the operator knows.
     log = kube.previous_log(incident.namespace, incident.pod_name, resources.CONTAINER)
     if log:
-        weights = weights_per_gpu(kube, obj, engine) if model == obj.spec.model else None  # a fallback: another size
+        shape = incident.model.resolved.shape if incident.model is not None and model == obj.spec.model else None
+        weights = weights_per_gpu(shape, engine)  # (not a fallback's: another size)
         # (with what the launcher's probe saw on the GPUs before vLLM started, as the launcher read it)
         gpu = termination.gpu_snapshot(doc)
         from_log = classify(Signals(log=log, weights_gib_per_gpu=weights, gpu=gpu, **signals))
@@ -50,11 +79,10 @@ def diagnose(kube: Kube, incident: Incident, obj: VLLMService) -> Diagnosis:
     return diag
 
 
-def weights_per_gpu(kube: Kube, obj: VLLMService, engine: EngineArgs) -> float | None:
+def weights_per_gpu(shape: ModelShape | None, engine: EngineArgs) -> float | None:
     """The spec model's weights on one GPU by the memory model, with the flags that run, or None
-    when its config is not at hand (the lookup is cached and bounded by the Hub timeout)."""
+    when its config is not at hand."""
     try:
-        shape = model_source.for_service(obj, kube.get).shape
         return weights_gib_to_diagnose(shape, engine) if shape is not None else None
     except Exception:  # noqa: BLE001 - a model we cannot size only leaves an OOM unplaced
         return None

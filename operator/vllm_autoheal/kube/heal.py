@@ -20,10 +20,11 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from .. import metrics, model_source
+from .. import metrics
 from ..api import GROUP, Deployed, HealIntent, VLLMService
 from ..diagnosis import Diagnosis
 from ..gpu_catalog import lookup
+from ..model_shape import ModelShape
 from ..quantity import parse_quantity
 from ..remedy import GIVE_UP, Inventory, Remedy, plan_heal
 from ..remedy_gate import fingerprint
@@ -31,7 +32,7 @@ from . import heal_events, pods, resources
 from . import status as st
 from .client import Kube
 from .config import OperatorConfig
-from .crash import diagnose
+from .crash import ModelLookup, diagnose
 from .later import Later
 from .writes import lock, patch_object, transient, update_status
 
@@ -70,6 +71,7 @@ class Incident:
     note: str | None = None  # why the termination message was not used
     remedy: Remedy | None = None  # the plan, made once when the crash is recorded
     waits: int = 0  # looks deferred until a person's edit had its new baseline written
+    model: ModelLookup | None = None  # looked up once per look at the crash, before any lock
 
     @property
     def pod_name(self) -> str:
@@ -84,7 +86,7 @@ class Incident:
         return st.crash_id(self.pod_uid, resources.CONTAINER, self.crash["restartCount"])
 
 
-def inventory(kube: Kube, obj: VLLMService, memory_limit: str | None) -> Inventory:
+def inventory(obj: VLLMService, memory_limit: str | None, shape: ModelShape | None) -> Inventory:
     inv = Inventory()
     res = obj.spec.resources
     try:
@@ -92,15 +94,15 @@ def inventory(kube: Kube, obj: VLLMService, memory_limit: str | None) -> Invento
             inv.gpu_total_gib = lookup(res.gpu_product or "custom", res.gpu_memory_gib).memory_gib
     except KeyError:
         pass
-    inv.shape = model_source.for_service(obj, kube.get).shape  # the model's shape sets the utilization floor
+    inv.shape = shape  # the model's shape sets the utilization floor
     if memory_limit:
         inv.memory_limit_bytes = parse_quantity(memory_limit)
     return inv
 
 
 def _plan_heal(
-    kube: Kube,
     obj: VLLMService,
+    shape: ModelShape | None,
     cfg: OperatorConfig,
     diag: Diagnosis,
     now: Deployed,
@@ -115,7 +117,7 @@ def _plan_heal(
         spec,
         diag,
         history,
-        inventory(kube, obj, now.memory_limit),
+        inventory(obj, now.memory_limit, shape),
         now.engine,
         attempts=cur.attempts,
         failed=cur.failed_engines,
@@ -154,7 +156,8 @@ def record(
     if fp(now) != expected:  # a heal or an edit landed since the pod was read: not this crash's to heal
         return update
     diag = incident.diagnosis
-    remedy = incident.remedy = _plan_heal(kube, obj, cfg, diag, now)
+    shape = (incident.model or ModelLookup.of(kube, obj)).shape_for(kube, obj)
+    remedy = incident.remedy = _plan_heal(obj, shape, cfg, diag, now)
     before = {**now.engine.model_dump(), "memory_limit": now.memory_limit, "model": now.model}
     heal = st.heal_record(
         incident.pod_name,
@@ -282,6 +285,7 @@ def handle_crash(kube: Kube, cfg: OperatorConfig, later: Later, incident: Incide
     if _backing_off(obj):
         logger.info(f"within the {obj.spec.heal.backoff_seconds}s heal backoff; will look again on the next restart")
         return
+    incident.model = ModelLookup.of(kube, obj)
     incident.diagnosis = diagnose(kube, incident, obj)
     try:
         written = update_status(kube, cfg, ns, name, lambda fresh: record(kube, incident, fresh, cfg, expected=now))

@@ -22,6 +22,7 @@ from . import pods, resources
 from . import status as st
 from .client import Kube
 from .config import OperatorConfig
+from .crash import ModelLookup
 from .heal import REVERT, _intent_fields, _plan_heal, _same, complete, fp, parse
 from .later import Later
 from .writes import event, update_status
@@ -100,14 +101,20 @@ def _diagnosis(obj: VLLMService, intent: HealIntent) -> Diagnosis:
 
 
 def _revert(
-    kube: Kube, fresh: VLLMService, cfg: OperatorConfig, intent: HealIntent, message: str, pod: str
+    kube: Kube,
+    fresh: VLLMService,
+    model: ModelLookup,
+    cfg: OperatorConfig,
+    intent: HealIntent,
+    message: str,
+    pod: str,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     cur = fresh.status
     last_good = intent.previous
     diag = _diagnosis(fresh, intent)
     remedy = _plan_heal(
-        kube,
         fresh,
+        model.shape_for(kube, fresh),
         cfg,
         diag,
         last_good,
@@ -172,6 +179,7 @@ def blocked(
     ns, name = obj.metadata["namespace"], obj.metadata["name"]
     revert = obj.spec.heal.on_unschedulable == "Revert" and needs_more(intent)
     acted: list[bool] = []
+    model = ModelLookup.of(kube, obj) if revert else None
 
     def change(fresh_body: dict[str, Any]) -> dict[str, Any] | None:
         fresh = parse(fresh_body)
@@ -185,7 +193,9 @@ def blocked(
                 return None
             acted.append(False)
             return out
-        update, in_flight = _revert(kube, fresh, cfg, intent, message, f"{name} (unschedulable)")
+        update, in_flight = _revert(
+            kube, fresh, model or ModelLookup.of(kube, fresh), cfg, intent, message, f"{name} (unschedulable)"
+        )
         acted.append(True)
         return st.settle(update, st.Observed(conditions, gen, in_flight=in_flight, blocked=message))
 
