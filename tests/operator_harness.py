@@ -9,6 +9,7 @@ import collections
 import contextlib
 import copy
 import dataclasses
+import itertools
 import json
 import threading
 import time
@@ -308,19 +309,25 @@ async def running_operator(config: OperatorConfig = TEST_CONFIG):
 class Cluster:
     """What a test does to and reads from the emulated cluster."""
 
-    def __init__(self, kmock) -> None:
+    def __init__(self, kmock, namespace: str = NS) -> None:
         self.kmock = kmock
+        self.namespace = namespace
         self.kube = kclient.Kube()
         self.kube.api = kubernetes.client.ApiClient()  # its own client, marked so RBAC checks leave it out
         self.kube.api.user_agent = HARNESS_AGENT
-        self._uid = 0
+        self._uids = itertools.count(1)
+
+    def in_namespace(self, namespace: str) -> Cluster:
+        """The same cluster, seen from another namespace (another tenant's objects)."""
+        other = copy.copy(self)
+        other.namespace = namespace
+        return other
 
     async def call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
         return await asyncio.to_thread(self.kube.request, method, path, body, content_type)
 
     def uid(self) -> str:
-        self._uid += 1
-        return f"uid-{self._uid:04d}"
+        return f"uid-{next(self._uids):04d}"
 
     async def create_vsvc(self, name: str, spec: dict[str, Any], annotations: dict[str, str] | None = None) -> None:
         body = {
@@ -328,24 +335,24 @@ class Cluster:
             "kind": KIND,
             "metadata": {
                 "name": name,
-                "namespace": NS,
+                "namespace": self.namespace,
                 "uid": self.uid(),
                 "generation": 1,
                 "annotations": annotations or {},
             },  # (a real server sets its own uid)
             "spec": spec,
         }
-        await self.call("POST", f"/apis/{GROUP}/{VERSION}/namespaces/{NS}/{PLURAL}", body)
+        await self.call("POST", f"/apis/{GROUP}/{VERSION}/namespaces/{self.namespace}/{PLURAL}", body)
 
     # Blocking reads, for checks that run in a worker thread (wait_for): the event loop serves kmock.
     def vsvc_now(self, name: str) -> dict[str, Any] | None:
-        return self.kube.get_vsvc(NS, name)
+        return self.kube.get_vsvc(self.namespace, name)
 
     def deployment_now(self, name: str) -> dict[str, Any] | None:
-        return self.kube.get(f"/apis/apps/v1/namespaces/{NS}/deployments/{name}")
+        return self.kube.get(f"/apis/apps/v1/namespaces/{self.namespace}/deployments/{name}")
 
     def events_now(self, reason: str | None = None) -> list[dict[str, Any]]:
-        items = self.kube.request("GET", f"/api/v1/namespaces/{NS}/events").get("items", [])
+        items = self.kube.request("GET", f"/api/v1/namespaces/{self.namespace}/events").get("items", [])
         return [e for e in items if reason is None or e.get("reason") == reason]
 
     # The same, awaitable, for the test body.
@@ -450,7 +457,9 @@ class Cluster:
             "availableReplicas": available,
             "observedGeneration": dep["metadata"].get("generation", 1),
         }
-        await self.call("PATCH", f"/apis/apps/v1/namespaces/{NS}/deployments/{name}", {"status": status}, kclient.MERGE)
+        await self.call(
+            "PATCH", f"/apis/apps/v1/namespaces/{self.namespace}/deployments/{name}", {"status": status}, kclient.MERGE
+        )
 
     async def pending_pod(self, vsvc: str, pod: str, message: str, since: str = "2026-11-30T03:00:00Z") -> None:
         """A pod of the VLLMService's current template that the scheduler cannot place."""
@@ -461,7 +470,7 @@ class Cluster:
             "kind": "Pod",
             "metadata": {
                 "name": pod,
-                "namespace": NS,
+                "namespace": self.namespace,
                 "uid": self.uid(),
                 "labels": template["metadata"]["labels"],
                 "annotations": template["metadata"]["annotations"],
@@ -480,7 +489,7 @@ class Cluster:
                 ],
             },
         }
-        await self.call("POST", f"/api/v1/namespaces/{NS}/pods", body)
+        await self.call("POST", f"/api/v1/namespaces/{self.namespace}/pods", body)
 
     async def crash_pod(
         self,
@@ -506,7 +515,7 @@ class Cluster:
             "kind": "Pod",
             "metadata": {
                 "name": pod,
-                "namespace": NS,
+                "namespace": self.namespace,
                 "uid": uid,
                 "labels": template["metadata"]["labels"],
                 "annotations": template["metadata"]["annotations"],
@@ -535,11 +544,13 @@ class Cluster:
         }
         if ready is not None:
             body["status"]["conditions"] = [{"type": "Ready", "status": "False", "lastTransitionTime": ready}]
-        existing = await self.get(f"/api/v1/namespaces/{NS}/pods/{pod}")
+        existing = await self.get(f"/api/v1/namespaces/{self.namespace}/pods/{pod}")
         if existing is None:
-            await self.call("POST", f"/api/v1/namespaces/{NS}/pods", body)
+            await self.call("POST", f"/api/v1/namespaces/{self.namespace}/pods", body)
         else:
-            await self.call("PATCH", f"/api/v1/namespaces/{NS}/pods/{pod}", {"status": body["status"]}, kclient.MERGE)
+            await self.call(
+                "PATCH", f"/api/v1/namespaces/{self.namespace}/pods/{pod}", {"status": body["status"]}, kclient.MERGE
+            )
         return uid
 
 

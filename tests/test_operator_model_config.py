@@ -306,9 +306,9 @@ async def test_a_heal_looks_the_model_up_once_and_never_under_the_objects_write_
     """The model's config (a ConfigMap GET here; a Secret GET and a wait for the Hub elsewhere) is
     looked up before the heal's status write, not inside it: the object's write lock is held by no
     network call, and one crash costs one lookup, not one for the diagnosis and one for the plan."""
-    from samples import KV_TERMINATION
-
     from vllm_autoheal.kube import writes
+
+    from samples import KV_TERMINATION
 
     await cluster.call(
         "POST",
@@ -322,7 +322,11 @@ async def test_a_heal_looks_the_model_up_once_and_never_under_the_objects_write_
     )
     await cluster.create_vsvc(
         "looked",
-        {"model": "/models/small", "modelConfig": {"configMapRef": {"name": "small"}}, "engine": {"maxModelLen": 1048576}},
+        {
+            "model": "/models/small",
+            "modelConfig": {"configMapRef": {"name": "small"}},
+            "engine": {"maxModelLen": 1048576},
+        },
     )
     await cluster.settled("looked")
     lookups: list[bool] = []  # for each lookup by the crash's handler: was the object's write lock held?

@@ -38,3 +38,31 @@ async def test_a_tenant_whose_crash_logs_stall_does_not_delay_another_tenants_he
         lambda: len(((cluster.vsvc_now("stuck") or {}).get("status") or {}).get("observedCrashes") or []) == 10,
         what="every crash of the tenant whose logs stall recorded",
     )
+
+
+async def test_a_tenant_with_more_stalled_log_reads_than_workers_leaves_the_others_theirs(cluster, kmock, monkeypatch):
+    # Tenant A: twice as many crashing replicas as kopf has workers, every log read stalling for its
+    # whole budget. Each read held a worker: B's crash queued behind two rounds of them. Now one
+    # namespace's reads hold at most crash.LOG_READS_PER_NAMESPACE workers; the rest wait their
+    # turn off kopf's workers, and every crash of A is still recorded.
+    from vllm_autoheal.kube import client
+
+    monkeypatch.setattr(client, "LOG_BUDGET_S", 3.0)
+    other = cluster.in_namespace("team-b")
+    await cluster.create_vsvc("many", SPEC)
+    await cluster.settled("many")
+    kmock.fail("GET", "/log", delay=120, times=1000)
+    for i in range(16):
+        await cluster.crash_pod("many", f"many-{i}")
+    await asyncio.sleep(0.5)
+    started = time.monotonic()
+    await other.create_vsvc("other", SPEC)
+    await other.settled("other")
+    await other.crash_pod("other", "other-a", message=KV_TERMINATION)
+    await other.heal_recorded("other")
+    assert time.monotonic() - started < 4.5
+    await wait_for(
+        lambda: len(((cluster.vsvc_now("many") or {}).get("status") or {}).get("observedCrashes") or []) == 16,
+        what="every crash of the tenant whose logs stall recorded",
+        timeout=60,
+    )

@@ -5,6 +5,7 @@ model's config, looked up once per crash before any status write takes the objec
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +21,42 @@ from .resources import effective
 
 if TYPE_CHECKING:
     from .heal import Incident
+
+# Of kopf's worker threads (handlers.configure: 8), how many one namespace's log reads may hold at
+# once: a read can take its whole budget (client.LOG_BUDGET_S) where a node stalls, and a tenant
+# with more crashing replicas than workers would hold up every other tenant's heal meanwhile.
+LOG_READS_PER_NAMESPACE = 2
+# The rest are read from timer threads (kube/later.py), a few at once per namespace: bounded too, as
+# each holds up to client.LOG_LIMIT_BYTES, and a crash loop of hundreds of replicas must not hold GiBs.
+QUEUED_READS_PER_NAMESPACE = 4
+QUEUED_READ_WAIT_S = 300.0  # a crash queued behind its namespace's reads waits at most this long
+_log_reads: dict[tuple[str, bool], threading.BoundedSemaphore] = {}
+_log_reads_guard = threading.Lock()
+
+
+class LogReadsBusy(Exception):
+    """The namespace's log reads hold their share of kopf's workers: look at the crash off them."""
+
+
+def _read_log(kube: Kube, incident: Incident) -> str:
+    """The crashed container's previous log, within its namespace's share of concurrent reads: on a
+    kopf worker a read beyond it raises LogReadsBusy at once; off them (incident.off_workers) it waits
+    its turn (and, past QUEUED_READ_WAIT_S, reads anyway)."""
+    key = (incident.namespace, incident.off_workers)
+    with _log_reads_guard:
+        if key not in _log_reads:
+            size = QUEUED_READS_PER_NAMESPACE if incident.off_workers else LOG_READS_PER_NAMESPACE
+            _log_reads[key] = threading.BoundedSemaphore(size)
+        slots = _log_reads[key]
+    if incident.off_workers:
+        got = slots.acquire(timeout=QUEUED_READ_WAIT_S)
+    elif not (got := slots.acquire(blocking=False)):
+        raise LogReadsBusy(incident.namespace)
+    try:
+        return kube.previous_log(incident.namespace, incident.pod_name, resources.CONTAINER)
+    finally:
+        if got:
+            slots.release()
 
 
 def _model_inputs(obj: VLLMService) -> tuple[Any, ...]:
@@ -67,7 +104,7 @@ def diagnose(kube: Kube, incident: Incident, obj: VLLMService) -> Diagnosis:
         return diag
     # The 2 KiB log tail never holds a vLLM root cause, and the launcher in the pod does not know
     # the model's size: read the crashed container's own log, with all the operator knows.
-    log = kube.previous_log(incident.namespace, incident.pod_name, resources.CONTAINER)
+    log = _read_log(kube, incident)
     if log:
         shape = incident.model.resolved.shape if incident.model is not None and model == obj.spec.model else None
         weights = weights_per_gpu(shape, engine)  # (not a fallback's: another size)

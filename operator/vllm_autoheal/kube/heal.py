@@ -32,7 +32,7 @@ from . import heal_events, pods, resources
 from . import status as st
 from .client import Kube
 from .config import OperatorConfig
-from .crash import ModelLookup, diagnose
+from .crash import LogReadsBusy, ModelLookup, diagnose
 from .later import Later
 from .writes import lock, patch_object, transient, update_status
 
@@ -72,6 +72,7 @@ class Incident:
     remedy: Remedy | None = None  # the plan, made once when the crash is recorded
     waits: int = 0  # looks deferred until a person's edit had its new baseline written
     model: ModelLookup | None = None  # looked up once per look at the crash, before any lock
+    off_workers: bool = False  # looked at from a timer thread, not one of kopf's workers
 
     @property
     def pod_name(self) -> str:
@@ -286,7 +287,12 @@ def handle_crash(kube: Kube, cfg: OperatorConfig, later: Later, incident: Incide
         logger.info(f"within the {obj.spec.heal.backoff_seconds}s heal backoff; will look again on the next restart")
         return
     incident.model = ModelLookup.of(kube, obj)
-    incident.diagnosis = diagnose(kube, incident, obj)
+    try:
+        incident.diagnosis = diagnose(kube, incident, obj)
+    except LogReadsBusy:  # its namespace's log reads hold their share of kopf's workers: wait off them
+        incident.off_workers = True
+        later.run(f"crash/{incident.crash_id}", 0, lambda: handle_crash(kube, cfg, later, incident, logger))
+        return
     try:
         written = update_status(kube, cfg, ns, name, lambda fresh: record(kube, incident, fresh, cfg, expected=now))
     except Exception as exc:
