@@ -45,10 +45,11 @@ def test_kv_lowers_context_to_vllms_estimate_when_the_gpu_is_full():
 
 
 def test_never_below_the_bound_and_never_repeats():
-    s = VLLMServiceSpec(model="m", engine={"maxModelLen": 131072}, heal={"bounds": {"minMaxModelLen": 65536}})
+    s = VLLMServiceSpec(model="m", engine={"maxModelLen": 131072}, heal={"bounds": {"minMaxModelLen": 60000}})
     d = classify(Signals(log=KV_H200))
     r = plan_heal(s, d, inventory=Inventory(gpu_total_gib=139.8, gpu_free_gib=21.5))
-    assert r.action == "Fp8KvCache"  # the estimate is below the bound; fp8 doubles the tokens instead
+    # the estimate is below the bound; fp8 doubles the tokens instead, with the context that holds
+    assert r.action == "Fp8KvCache" and r.changes == {"kv_cache_dtype": "fp8", "max_model_len": 64272}
     again = plan_heal(
         s,
         d,

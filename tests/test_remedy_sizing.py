@@ -1,0 +1,88 @@
+"""Heal sizing attacked where the printed figures or the memory model already say how a change ends:
+each test names what the planner did before its fix, what it must do, and how bad it was."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from vllm_autoheal.api import VLLMServiceSpec
+from vllm_autoheal.diagnosis import Signals, classify
+from vllm_autoheal.model_shape import shape_from_config
+from vllm_autoheal.remedy import GIVE_UP, Inventory, plan_heal
+
+CONFIGS = Path(__file__).parent / "fixtures" / "configs"
+LLAMA8 = shape_from_config(json.loads((CONFIGS / "llama-3.1-8b.json").read_text()))
+KV_H200 = (
+    "ValueError: To serve at least one request with the model's max seq len (131072), (16.0 GiB KV cache is "
+    "needed, which is larger than the available KV cache memory (3.96 GiB). Based on the available memory, "
+    "the estimated maximum model length is 32464. Try increasing"
+)
+FREE_20 = (
+    "ValueError: Free memory on device (20.5/139.8 GiB) on startup is less than desired GPU memory "
+    "utilization (0.9, 125.82 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes."
+)
+H200 = 139.8
+
+
+def spec(heal: dict | None = None, **engine) -> VLLMServiceSpec:
+    return VLLMServiceSpec(model="m", engine=engine, heal=heal or {})
+
+
+def test_kv_with_a_fixed_kv_size_is_not_healed_by_utilization():
+    """High. With kvCacheMemoryBytes set, vLLM sizes the KV cache from it and ignores
+    gpu_memory_utilization for the cache. Before: a KV-cache-insufficient crash raised utilization
+    0.5 -> 0.6, which changes nothing of the cache: a certain second crash. Now: utilization is
+    left alone and the context is lowered to vLLM's own estimate."""
+    s = spec(gpuMemoryUtilization=0.5, maxModelLen=131072, kvCacheMemoryBytes=4 * 2**30)
+    r = plan_heal(s, classify(Signals(log=KV_H200)), inventory=Inventory(gpu_total_gib=H200))
+    assert r.action == "LowerMaxModelLen" and r.changes == {"max_model_len": 32464}
+
+
+def test_kv_short_beyond_the_utilization_bound_lowers_the_context_with_the_raise():
+    """High. vLLM printed that the cache needs 16 GiB and has 3.96; the most utilization may rise
+    (0.95) gives it 10.95 GiB, and minMaxModelLen (65536) is above vLLM's estimate (32464). Before:
+    'no numbers' blind raise to 0.95 alone, which the printed figures say still fails at 131072 (a
+    second restart the numbers could have avoided). Now: the raise comes with the context the grown
+    cache holds by vLLM's own estimate, scaled by the memory it gains (within the bound)."""
+    s = spec(gpuMemoryUtilization=0.9, maxModelLen=131072, heal={"bounds": {"minMaxModelLen": 65536}})
+    r = plan_heal(s, classify(Signals(log=KV_H200)), inventory=Inventory(gpu_total_gib=H200))
+    assert r.action == "RaiseGpuMemoryUtilization"
+    assert r.changes["gpu_memory_utilization"] == 0.95
+    grown = 3.96 + (0.95 - 0.9) * H200
+    assert 65536 <= r.changes["max_model_len"] <= 32464 * grown / 3.96
+    assert r.changes["max_model_len"] % 16 == 0
+
+
+def test_kv_raise_does_not_carry_a_context_change_the_user_did_not_allow():
+    """The combined raise needs LowerMaxModelLen allowed too; without it, no blind raise that the
+    figures say fails."""
+    allowed = ["RaiseGpuMemoryUtilization", "Fp8KvCache"]
+    s = spec(gpuMemoryUtilization=0.9, maxModelLen=131072, heal={"allowedActions": allowed})
+    r = plan_heal(s, classify(Signals(log=KV_H200)), inventory=Inventory(gpu_total_gib=H200))
+    assert "max_model_len" not in r.changes
+    assert r.changes != {"gpu_memory_utilization": 0.95}
+
+
+def test_fp8_kv_cache_comes_with_the_context_it_holds():
+    """High. fp8 doubles the tokens the cache holds: 32464 -> about 64900, still short of 131072.
+    Before: fp8 alone, a certain second crash. Now: fp8 with max_model_len sized to twice vLLM's
+    estimate (the bound, 40000, allows it)."""
+    s = spec(maxModelLen=131072, heal={"bounds": {"minMaxModelLen": 40000}})
+    inv = Inventory(gpu_total_gib=H200, gpu_free_gib=21.5)  # the GPU is full: no raise
+    r = plan_heal(s, classify(Signals(log=KV_H200)), inventory=inv)
+    assert r.action == "Fp8KvCache"
+    assert r.changes["kv_cache_dtype"] == "fp8"
+    assert 40000 <= r.changes["max_model_len"] <= 2 * 32464
+
+
+def test_fp8_kv_cache_alone_when_twice_the_estimate_holds_the_context():
+    s = spec(maxModelLen=60000, heal={"bounds": {"minMaxModelLen": 40000}})
+    r = plan_heal(s, classify(Signals(log=KV_H200)), inventory=Inventory(gpu_total_gib=H200, gpu_free_gib=21.5))
+    assert r.action == "Fp8KvCache" and r.changes == {"kv_cache_dtype": "fp8"}
+
+
+def test_fp8_is_not_tried_when_even_twice_the_estimate_is_below_the_bound():
+    s = spec(maxModelLen=131072, heal={"bounds": {"minMaxModelLen": 65536}})
+    r = plan_heal(s, classify(Signals(log=KV_H200)), inventory=Inventory(gpu_total_gib=H200, gpu_free_gib=21.5))
+    assert r.action == GIVE_UP
