@@ -7,12 +7,16 @@ import json
 from pathlib import Path
 
 from vllm_autoheal.api import VLLMServiceSpec
-from vllm_autoheal.diagnosis import Signals, classify
+from vllm_autoheal.diagnosis import Diagnosis, Signals, classify
+from vllm_autoheal.gpu_catalog import GpuSpec
+from vllm_autoheal.memory import estimate
 from vllm_autoheal.model_shape import shape_from_config
+from vllm_autoheal.quantity import parse_quantity
 from vllm_autoheal.remedy import GIVE_UP, Inventory, plan_heal
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
 LLAMA8 = shape_from_config(json.loads((CONFIGS / "llama-3.1-8b.json").read_text()))
+DEEPSEEK = shape_from_config(json.loads((CONFIGS / "deepseek-v3.json").read_text()))
 KV_H200 = (
     "ValueError: To serve at least one request with the model's max seq len (131072), (16.0 GiB KV cache is "
     "needed, which is larger than the available KV cache memory (3.96 GiB). Based on the available memory, "
@@ -85,4 +89,81 @@ def test_fp8_kv_cache_alone_when_twice_the_estimate_holds_the_context():
 def test_fp8_is_not_tried_when_even_twice_the_estimate_is_below_the_bound():
     s = spec(maxModelLen=131072, heal={"bounds": {"minMaxModelLen": 65536}})
     r = plan_heal(s, classify(Signals(log=KV_H200)), inventory=Inventory(gpu_total_gib=H200, gpu_free_gib=21.5))
+    assert r.action == GIVE_UP
+
+
+def test_batched_tokens_stay_at_max_model_len_without_chunked_prefill():
+    """High. With chunked prefill off, vLLM refuses to start when max_num_batched_tokens <
+    max_model_len ("... is smaller than max_model_len ..."): not a memory failure, so no heal
+    follows and the service stays down. Before: 32768 halved to 16384 with max_model_len 32768.
+    Now: no change below max_model_len."""
+    d = Diagnosis(cause="runtime_oom", numbers={"tried_gib": 2.0})
+    history = [
+        {"cause": "runtime_oom", "action": "LowerGpuMemoryUtilization"},
+        {"cause": "runtime_oom", "action": "LowerMaxNumSeqs"},
+    ]
+    for off in (
+        ["--no-enable-chunked-prefill"],
+        ["--enable-chunked-prefill=false"],
+        ["--enable-chunked-prefill", "False"],
+    ):
+        s = spec(maxModelLen=32768, maxNumBatchedTokens=32768, extraArgs=off)
+        r = plan_heal(s, d, history=history, inventory=Inventory(gpu_total_gib=H200))
+        assert r.changes.get("max_num_batched_tokens", 32768) >= 32768, off
+    s = spec(maxModelLen=8192, maxNumBatchedTokens=32768, extraArgs=["--no-enable-chunked-prefill"])
+    r = plan_heal(s, d, history=history, inventory=Inventory(gpu_total_gib=H200))
+    assert r.changes == {"max_num_batched_tokens": 16384}  # still above max_model_len: allowed
+
+
+def test_memory_limit_raise_reaches_a_decimal_bound():
+    """Medium. The bound '32G' (32e9 bytes) is not a whole number of MiB; the raise capped at it was
+    written rounded up (30518Mi > 32G) and the gate refused it: GiveUp with room left. Now the
+    capped value is rounded down to whole MiB, inside the bound."""
+    s = spec(heal={"bounds": {"maxMemoryLimit": "32G"}})
+    used = 28 * 2**30
+    r = plan_heal(s, Diagnosis(cause="host_ram_oom"), inventory=Inventory(memory_limit_bytes=used), memory_limit="28Gi")
+    assert r.action == "RaiseMemoryLimit"
+    assert used < parse_quantity(r.changes["memory_limit"]) <= 32 * 10**9
+
+
+def test_utilization_fitted_to_free_memory_also_fits_the_context():
+    """High. 20.5 GiB free of 139.8: utilization 0.12 holds the weights and a 2048-token cache, and
+    the memory model says its 0.69 GiB of KV holds about 5,600 tokens, far below max_model_len 131072
+    (the remedy's own 'Expected' said 'still fails'). Before: utilization alone, a certain
+    KV-cache crash next. Now: the context the memory model fits (3% margin) comes with it."""
+    s = spec(maxModelLen=131072)
+    r = plan_heal(s, classify(Signals(log=FREE_20)), inventory=Inventory(gpu_total_gib=H200, shape=LLAMA8))
+    assert r.action == "LowerGpuMemoryUtilization"
+    assert "still fails" not in r.expected
+    healed = r.apply(s.engine)
+    assert healed.max_model_len is not None and 2048 <= healed.max_model_len < 131072
+    assert estimate(LLAMA8, healed, GpuSpec("gpu", H200), 20.5 + 0.51).fits
+
+
+def test_tensor_parallel_is_sized_to_what_holds_the_weights():
+    """High. DeepSeek-V3's weights take ~1250 GiB; TP 2 leaves 625 GiB per H200, and the remedy's
+    own 'Expected' said so ('still fails'). Before: TP 1 -> 2, then 4, then 8: three more loads of a
+    671B model. Now: the smallest TP within the bound that the memory model says fits (16)."""
+    allowed = ["IncreaseTensorParallel", "Quantize", "CpuOffload"]
+    s = spec(heal={"bounds": {"maxTensorParallelSize": 16}, "allowedActions": allowed})
+    r = plan_heal(s, Diagnosis(cause="weights_load_oom"), inventory=Inventory(gpu_total_gib=H200, shape=DEEPSEEK))
+    assert r.action == "IncreaseTensorParallel" and r.changes == {"tensor_parallel_size": 16}
+    assert estimate(DEEPSEEK, r.apply(s.engine), GpuSpec("gpu", H200)).fits
+
+
+def test_tensor_parallel_not_raised_when_no_size_within_the_bound_fits():
+    allowed = ["IncreaseTensorParallel"]
+    s = spec(heal={"bounds": {"maxTensorParallelSize": 8}, "allowedActions": allowed})
+    r = plan_heal(s, Diagnosis(cause="weights_load_oom"), inventory=Inventory(gpu_total_gib=H200, shape=DEEPSEEK))
+    assert r.action == GIVE_UP
+
+
+def test_tensor_parallel_respects_kv_heads():
+    """vLLM needs the KV heads to divide by TP (or TP by them, replicated): 40 heads, 10 KV heads
+    splits over 2 but not 4."""
+    shape = LLAMA8.__class__(**{**LLAMA8.__dict__, "heads": 40, "kv_heads": 10})
+    allowed = ["IncreaseTensorParallel"]
+    s = spec(tensorParallelSize=2, heal={"bounds": {"maxTensorParallelSize": 4}, "allowedActions": allowed})
+    d = Diagnosis(cause="weights_load_oom")
+    r = plan_heal(s, d, inventory=Inventory(gpu_total_gib=8.0, shape=shape))
     assert r.action == GIVE_UP

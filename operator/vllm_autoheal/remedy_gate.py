@@ -32,7 +32,7 @@ CALLS_FOR: dict[str, dict[str, int]] = {
         "kv_cache_dtype": ANY,
         "tensor_parallel_size": UP,
     },
-    "gpu_util_exceeds_free": {"gpu_memory_utilization": DOWN, "kv_cache_memory_bytes": DOWN},
+    "gpu_util_exceeds_free": {"gpu_memory_utilization": DOWN, "kv_cache_memory_bytes": DOWN, "max_model_len": DOWN},
     "weights_load_oom": {"model": ANY, "quantization": ANY, "tensor_parallel_size": UP, "cpu_offload_gb": UP},
     "profiling_oom": {"max_num_seqs": DOWN, "max_num_batched_tokens": DOWN, "gpu_memory_utilization": DOWN},
     "cudagraph_capture_oom": {"enforce_eager": UP, "gpu_memory_utilization": DOWN},

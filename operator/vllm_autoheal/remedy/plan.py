@@ -20,23 +20,19 @@ from ..engine import parse_args
 from ..gpu_catalog import GpuSpec
 from ..memory import CUDA_CONTEXT_GIB, estimate
 from ..remedy_gate import Limits, check, utilization_floor
+from .kv_steps import fp8_kv_cache, lower_max_model_len, raise_utilization_blind, raise_utilization_for_kv
 from .model import GIVE_UP, NO_CHANGE, Context, Inventory, Remedy, Step, printed_figure
+from .resource_steps import more_tensor_parallel, raise_memory_limit
 from .steps import (
     cpu_offload,
     enforce_eager,
     fit_kv_bytes_to_free,
     fit_utilization_to_free,
-    fp8_kv_cache,
     lower_batched,
     lower_cpu_offload,
-    lower_max_model_len,
     lower_seqs,
     lower_utilization_step,
-    more_tensor_parallel,
     quantized_model,
-    raise_memory_limit,
-    raise_utilization_blind,
-    raise_utilization_for_kv,
     room_for_graphs,
     seqs_from_allocation,
     shrink_kv_bytes,

@@ -7,151 +7,18 @@ import math
 from collections.abc import Callable
 
 from ..diagnosis.units import GIB, MIB
+from ..engine import flag_name, spelled_by
 from ..gpu_catalog import GpuSpec
 from ..memory import (
-    BLOCK_SIZE,
     CUDA_CONTEXT_GIB,
     CUDAGRAPH_GIB,
     default_max_num_batched_tokens,
     default_max_num_seqs,
     estimate,
 )
-from ..quantity import format_bytes, parse_quantity
+from ..quantity import format_bytes
+from .kv_steps import round_util, shorter_context
 from .model import Context, Remedy, Step
-
-VPA_RATIO, VPA_MIN_BUMP = 1.2, 100 * MIB  # Kubernetes VPA's OOM bump (DefaultOOMBumpUpRatio/MinBumpUp)
-
-
-def _util(value: float, down: bool = True) -> float:
-    """Round a utilization to 0.01, in the safe direction."""
-    return (math.floor if down else math.ceil)(round(value * 100, 6)) / 100
-
-
-def _len(value: float) -> int:
-    return int(value // BLOCK_SIZE) * BLOCK_SIZE
-
-
-def raise_utilization_for_kv(ctx: Context) -> Remedy | None:
-    needed, available, total = ctx.num("needed_gib"), ctx.num("available_gib"), ctx.total
-    room = ctx.free_for_vllm()
-    if needed is None or available is None or not total or room is None or ctx.engine.kv_cache_memory_bytes:
-        return None  # (with kv_cache_memory_bytes set, utilization does not size the KV cache)
-    want = _util(ctx.engine.gpu_memory_utilization + (needed - available) / total + 0.01, down=False)
-    limit = min(ctx.policy.bounds.max_gpu_memory_utilization, _util(room / total))
-    if want > limit:
-        return None
-    return Remedy(
-        "RaiseGpuMemoryUtilization",
-        {"gpu_memory_utilization": want},
-        f"the KV cache needs {needed:g} GiB and has {available:g} GiB; the GPU has room for "
-        f"utilization {want} (free memory allows up to {limit}), so no context is lost.",
-    )
-
-
-def lower_max_model_len(ctx: Context) -> Remedy | None:
-    estimated = ctx.num("estimated_max_model_len") or ctx.num("kv_tokens")
-    source = (
-        ("the memory model's estimate (3% margin)" if ctx.diag.source == "memory-model" else "vLLM's own estimate")
-        if estimated
-        else ""
-    )
-    if not estimated and ctx.inv.shape is not None and ctx.total:
-        est = estimate(ctx.inv.shape, ctx.engine, GpuSpec("gpu", ctx.total), ctx.inv.gpu_free_gib, ctx.inv.entrypoint)
-        estimated, source = est.max_model_len_fit * 0.97, "the memory model (with a 3% margin)"
-    if not estimated:
-        return None
-    new = _len(estimated)
-    current = ctx.engine.max_model_len or int(ctx.num("max_seq_len") or 0) or None
-    if new < ctx.policy.bounds.min_max_model_len or (current is not None and new >= current):
-        return None
-    return Remedy(
-        "LowerMaxModelLen",
-        {"max_model_len": new},
-        f"the KV cache holds {int(estimated):,} tokens by {source}; max_model_len "
-        f"{current or 'default'} -> {new:,} (a multiple of the {BLOCK_SIZE}-token block).",
-    )
-
-
-def raise_utilization_blind(ctx: Context) -> Remedy | None:
-    """No numbers: the cache got no block at all. Give it what the GPU allows, within bounds. With
-    vLLM's figures (raise_utilization_for_kv found the raise short), the context the grown cache holds
-    comes with it."""
-    total, room = ctx.total, ctx.free_for_vllm()
-    limit = ctx.policy.bounds.max_gpu_memory_utilization
-    if total and room is not None:
-        limit = min(limit, _util(room / total))
-    current = ctx.engine.gpu_memory_utilization
-    if limit <= current or ctx.engine.kv_cache_memory_bytes:
-        return None
-    needed, available = ctx.num("needed_gib"), ctx.num("available_gib")
-    if needed is None or available is None:
-        return Remedy(
-            "RaiseGpuMemoryUtilization",
-            {"gpu_memory_utilization": limit},
-            "no memory was left for a single KV block; utilization raised to the most the bounds and free memory allow.",
-        )
-    estimated = ctx.num("estimated_max_model_len")
-    if not total or not estimated or not available:
-        return None
-    # The cache grows by exactly the memory added; tokens grow at least in proportion (a sliding
-    # window's layers need no more past the window), so scaling vLLM's estimate up is safe.
-    grown = available + (limit - current) * total
-    new = _context(ctx, estimated * grown / available * 0.99)
-    if new is None:
-        return None
-    return Remedy(
-        "RaiseGpuMemoryUtilization",
-        {"gpu_memory_utilization": limit, "max_model_len": new},
-        f"the KV cache needs {needed:g} GiB and has {available:g} GiB; utilization {limit} (the most the bounds "
-        f"and free memory allow) gives it {grown:.2f} GiB, which holds about {int(estimated * grown / available):,} "
-        f"tokens by vLLM's estimate: max_model_len -> {new:,}.",
-    )
-
-
-def _context(ctx: Context, tokens: float) -> int | None:
-    """A shorter max_model_len that holds in `tokens`, when LowerMaxModelLen is allowed and the bound
-    permits; None otherwise."""
-    new = _len(tokens)
-    current = ctx.engine.max_model_len or int(ctx.num("max_seq_len") or 0) or None
-    if "LowerMaxModelLen" not in ctx.policy.allowed_actions or new < ctx.policy.bounds.min_max_model_len:
-        return None
-    return new if current is None or new < current else None
-
-
-def fp8_kv_cache(ctx: Context) -> Remedy | None:
-    """An fp8 cache holds twice the tokens. Where vLLM printed what the cache holds, fp8 alone only
-    when twice that holds the context; else with the context twice that holds (within the bound)."""
-    if (ctx.engine.kv_cache_dtype or "auto").startswith("fp8"):
-        return None
-    why = "an fp8 KV cache holds twice the tokens per GiB."
-    holds = ctx.num("estimated_max_model_len") or ctx.num("kv_tokens")
-    needed, available = ctx.num("needed_gib"), ctx.num("available_gib")
-    current = ctx.engine.max_model_len or int(ctx.num("max_seq_len") or 0) or None
-    if holds is None and needed is not None and available is not None and needed / 2 > available * 0.99:
-        return None  # vLLM gave no length to size the context from, and fp8 alone is short
-    if holds is None or current is None or 2 * holds * 0.99 >= current:
-        return Remedy("Fp8KvCache", {"kv_cache_dtype": "fp8"}, why)
-    new = _context(ctx, 2 * holds * 0.99)
-    if new is None:
-        return None
-    return Remedy(
-        "Fp8KvCache",
-        {"kv_cache_dtype": "fp8", "max_model_len": new},
-        f"{why[:-1]}: about {int(2 * holds):,} here, short of max_model_len {current:,}; max_model_len -> {new:,}.",
-    )
-
-
-def more_tensor_parallel(ctx: Context) -> Remedy | None:
-    tp, limit = ctx.engine.tensor_parallel_size, ctx.policy.bounds.max_tensor_parallel_size
-    if not limit or tp * 2 > limit:
-        return None
-    if ctx.inv.shape is not None and ctx.inv.shape.heads % (tp * 2):
-        return None
-    return Remedy(
-        "IncreaseTensorParallel",
-        {"tensor_parallel_size": tp * 2},
-        f"split the model over {tp * 2} GPUs: half the weights and KV per GPU.",
-    )
 
 
 def fit_utilization_to_free(ctx: Context) -> Remedy | None:
@@ -170,14 +37,27 @@ def fit_utilization_to_free(ctx: Context) -> Remedy | None:
     # runs (page cache, NUMA accounting), so on the CPU backend keep a quarter back.
     graphs = 0.0 if ctx.engine.enforce_eager else CUDAGRAPH_GIB
     margin = 0.25 * free if cpu else graphs + 0.5 + 0.01 * total
-    new = _util((free - margin) / total)
+    new = round_util((free - margin) / total)
     if new < ctx.floor or new >= ctx.engine.gpu_memory_utilization:
         return None
+    changes: dict[str, float | int] = {"gpu_memory_utilization": new}
+    why = ""
+    if ctx.inv.shape is not None:  # the smaller cache may not hold the context: say so now, not after a crash
+        after = ctx.engine.model_copy(update={"gpu_memory_utilization": new})
+        est = estimate(ctx.inv.shape, after, GpuSpec("gpu", total), None, ctx.inv.entrypoint)
+        length = (
+            shorter_context(ctx, est.max_model_len_fit * 0.97) if est.max_model_len_fit < est.max_model_len else None
+        )
+        if length is not None:
+            changes["max_model_len"] = length
+            why = (
+                f" The memory model (3% margin) says its KV cache holds {length:,} tokens: max_model_len -> {length:,}."
+            )
     return Remedy(
         "LowerGpuMemoryUtilization",
-        {"gpu_memory_utilization": new},
+        changes,
         f"only {free:g} of {total:g} GiB was free at start; utilization {new} asks for "
-        f"{new * total:.2f} GiB, leaving {free - new * total:.2f} GiB of margin.",
+        f"{new * total:.2f} GiB, leaving {free - new * total:.2f} GiB of margin.{why}",
     )
 
 
@@ -247,11 +127,31 @@ def _halve(
         new = max(floor_of(ctx), current // 2)
         if field_name == "max_num_batched_tokens" and ctx.engine.max_num_seqs:
             new = max(new, ctx.engine.max_num_seqs)
+        if field_name == "max_num_batched_tokens" and chunked_prefill_off(ctx.engine.extra_args):
+            # vLLM refuses to start with a batch below max_model_len then: not a memory failure, no heal
+            shape_len = ctx.inv.shape.max_position_embeddings if ctx.inv.shape else 0
+            context = ctx.engine.max_model_len or int(ctx.num("max_seq_len") or 0) or shape_len
+            if not context:
+                return None
+            new = max(new, context)
         if new >= current:
             return None
         return Remedy(action, {field_name: new}, why.format(current=current, new=new))
 
     return step
+
+
+def chunked_prefill_off(extra_args: list[str]) -> bool:
+    """Whether extraArgs turn chunked prefill off (the last spelling wins, as in argparse)."""
+    off = False
+    for i, token in enumerate(extra_args):
+        if spelled_by(token, "--no-enable-chunked-prefill"):
+            off = True
+        elif spelled_by(token, "--enable-chunked-prefill"):
+            nxt = extra_args[i + 1] if i + 1 < len(extra_args) else ""
+            value = token.partition("=")[2] if "=" in token else nxt if nxt and flag_name(nxt) is None else "true"
+            off = value.strip().lower() in ("false", "0", "no", "off")
+    return off
 
 
 def _seqs_default(ctx: Context) -> int:
@@ -325,7 +225,7 @@ def room_for_graphs(ctx: Context) -> Remedy | None:
     need = CUDAGRAPH_GIB + (ctx.num("tried_gib") or 0.0) + 0.5
     if headroom >= need + 1.0:
         return None  # the graphs had room already: something else took it; keep the next step
-    new = min(_util(current - (need - max(headroom, 0.0)) / total), ctx.policy.bounds.max_gpu_memory_utilization)
+    new = min(round_util(current - (need - max(headroom, 0.0)) / total), ctx.policy.bounds.max_gpu_memory_utilization)
     if (ctx.floor is not None and new < ctx.floor) or new >= current:
         return None
     return Remedy(
@@ -353,8 +253,8 @@ def lower_utilization_step(ctx: Context) -> Remedy | None:
         return None  # the free figure was printed: fit_utilization_to_free sized it; stepping is blind
     total = ctx.total
     tried = ctx.num("tried_gib") or 0.0
-    step = 0.02 if not total else max(0.02, _util((tried + 0.5) / total, down=False))
-    new = _util(ctx.engine.gpu_memory_utilization - step)
+    step = 0.02 if not total else max(0.02, round_util((tried + 0.5) / total, down=False))
+    new = round_util(ctx.engine.gpu_memory_utilization - step)
     if new < ctx.floor:
         return None
     basis = f"{tried:g} GiB failed to allocate" if tried else "no allocation size was printed"
@@ -362,24 +262,6 @@ def lower_utilization_step(ctx: Context) -> Remedy | None:
         "LowerGpuMemoryUtilization",
         {"gpu_memory_utilization": new},
         f"{basis}; utilization {ctx.engine.gpu_memory_utilization} -> {new} leaves that much headroom.",
-    )
-
-
-def raise_memory_limit(ctx: Context) -> Remedy | None:
-    limit_text = ctx.policy.bounds.max_memory_limit
-    used = ctx.inv.memory_limit_bytes
-    if not limit_text or not used:
-        return None
-    new = max(int(used * VPA_RATIO), used + VPA_MIN_BUMP)
-    cap = parse_quantity(limit_text)
-    new = min(new, cap)
-    if new <= used:
-        return None
-    return Remedy(
-        "RaiseMemoryLimit",
-        {"memory_limit": format_bytes(new)},
-        f"the container was killed at its {format_bytes(used)} limit; raised VPA-style to "
-        f"max(x1.2, +100Mi) = {format_bytes(new)} (bound {limit_text}).",
     )
 
 

@@ -1,0 +1,129 @@
+"""The KV cache's steps: a larger share of the GPU, a shorter context, an fp8 cache, each sized from
+what vLLM printed the cache needs, has and holds, so that the first change already fits."""
+
+from __future__ import annotations
+
+import math
+
+from ..gpu_catalog import GpuSpec
+from ..memory import BLOCK_SIZE, estimate
+from .model import Context, Remedy
+
+
+def round_util(value: float, down: bool = True) -> float:
+    """Round a utilization to 0.01, in the safe direction."""
+    return (math.floor if down else math.ceil)(round(value * 100, 6)) / 100
+
+
+def whole_blocks(value: float) -> int:
+    return int(value // BLOCK_SIZE) * BLOCK_SIZE
+
+
+def raise_utilization_for_kv(ctx: Context) -> Remedy | None:
+    needed, available, total = ctx.num("needed_gib"), ctx.num("available_gib"), ctx.total
+    room = ctx.free_for_vllm()
+    if needed is None or available is None or not total or room is None or ctx.engine.kv_cache_memory_bytes:
+        return None  # (with kv_cache_memory_bytes set, utilization does not size the KV cache)
+    want = round_util(ctx.engine.gpu_memory_utilization + (needed - available) / total + 0.01, down=False)
+    limit = min(ctx.policy.bounds.max_gpu_memory_utilization, round_util(room / total))
+    if want > limit:
+        return None
+    return Remedy(
+        "RaiseGpuMemoryUtilization",
+        {"gpu_memory_utilization": want},
+        f"the KV cache needs {needed:g} GiB and has {available:g} GiB; the GPU has room for "
+        f"utilization {want} (free memory allows up to {limit}), so no context is lost.",
+    )
+
+
+def lower_max_model_len(ctx: Context) -> Remedy | None:
+    estimated = ctx.num("estimated_max_model_len") or ctx.num("kv_tokens")
+    source = (
+        ("the memory model's estimate (3% margin)" if ctx.diag.source == "memory-model" else "vLLM's own estimate")
+        if estimated
+        else ""
+    )
+    if not estimated and ctx.inv.shape is not None and ctx.total:
+        est = estimate(ctx.inv.shape, ctx.engine, GpuSpec("gpu", ctx.total), ctx.inv.gpu_free_gib, ctx.inv.entrypoint)
+        estimated, source = est.max_model_len_fit * 0.97, "the memory model (with a 3% margin)"
+    if not estimated:
+        return None
+    new = whole_blocks(estimated)
+    current = ctx.engine.max_model_len or int(ctx.num("max_seq_len") or 0) or None
+    if new < ctx.policy.bounds.min_max_model_len or (current is not None and new >= current):
+        return None
+    return Remedy(
+        "LowerMaxModelLen",
+        {"max_model_len": new},
+        f"the KV cache holds {int(estimated):,} tokens by {source}; max_model_len "
+        f"{current or 'default'} -> {new:,} (a multiple of the {BLOCK_SIZE}-token block).",
+    )
+
+
+def raise_utilization_blind(ctx: Context) -> Remedy | None:
+    """No numbers: the cache got no block at all. Give it what the GPU allows, within bounds. With
+    vLLM's figures (raise_utilization_for_kv found the raise short), the context the grown cache holds
+    comes with it."""
+    total, room = ctx.total, ctx.free_for_vllm()
+    limit = ctx.policy.bounds.max_gpu_memory_utilization
+    if total and room is not None:
+        limit = min(limit, round_util(room / total))
+    current = ctx.engine.gpu_memory_utilization
+    if limit <= current or ctx.engine.kv_cache_memory_bytes:
+        return None
+    needed, available = ctx.num("needed_gib"), ctx.num("available_gib")
+    if needed is None or available is None:
+        return Remedy(
+            "RaiseGpuMemoryUtilization",
+            {"gpu_memory_utilization": limit},
+            "no memory was left for a single KV block; utilization raised to the most the bounds and free memory allow.",
+        )
+    estimated = ctx.num("estimated_max_model_len")
+    if not total or not estimated or not available:
+        return None
+    # The cache grows by exactly the memory added; tokens grow at least in proportion (a sliding
+    # window's layers need no more past the window), so scaling vLLM's estimate up is safe.
+    grown = available + (limit - current) * total
+    new = shorter_context(ctx, estimated * grown / available * 0.99)
+    if new is None:
+        return None
+    return Remedy(
+        "RaiseGpuMemoryUtilization",
+        {"gpu_memory_utilization": limit, "max_model_len": new},
+        f"the KV cache needs {needed:g} GiB and has {available:g} GiB; utilization {limit} (the most the bounds "
+        f"and free memory allow) gives it {grown:.2f} GiB, which holds about {int(estimated * grown / available):,} "
+        f"tokens by vLLM's estimate: max_model_len -> {new:,}.",
+    )
+
+
+def shorter_context(ctx: Context, tokens: float) -> int | None:
+    """A shorter max_model_len that holds in `tokens`, when LowerMaxModelLen is allowed and the bound
+    permits; None otherwise."""
+    new = whole_blocks(tokens)
+    current = ctx.engine.max_model_len or int(ctx.num("max_seq_len") or 0) or None
+    if "LowerMaxModelLen" not in ctx.policy.allowed_actions or new < ctx.policy.bounds.min_max_model_len:
+        return None
+    return new if current is None or new < current else None
+
+
+def fp8_kv_cache(ctx: Context) -> Remedy | None:
+    """An fp8 cache holds twice the tokens. Where vLLM printed what the cache holds, fp8 alone only
+    when twice that holds the context; else with the context twice that holds (within the bound)."""
+    if (ctx.engine.kv_cache_dtype or "auto").startswith("fp8"):
+        return None
+    why = "an fp8 KV cache holds twice the tokens per GiB."
+    holds = ctx.num("estimated_max_model_len") or ctx.num("kv_tokens")
+    needed, available = ctx.num("needed_gib"), ctx.num("available_gib")
+    current = ctx.engine.max_model_len or int(ctx.num("max_seq_len") or 0) or None
+    if holds is None and needed is not None and available is not None and needed / 2 > available * 0.99:
+        return None  # vLLM gave no length to size the context from, and fp8 alone is short
+    if holds is None or current is None or 2 * holds * 0.99 >= current:
+        return Remedy("Fp8KvCache", {"kv_cache_dtype": "fp8"}, why)
+    new = shorter_context(ctx, 2 * holds * 0.99)
+    if new is None:
+        return None
+    return Remedy(
+        "Fp8KvCache",
+        {"kv_cache_dtype": "fp8", "max_model_len": new},
+        f"{why[:-1]}: about {int(2 * holds):,} here, short of max_model_len {current:,}; max_model_len -> {new:,}.",
+    )

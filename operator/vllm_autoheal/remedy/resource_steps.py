@@ -1,0 +1,75 @@
+"""The steps that ask the scheduler for more than ran before (more GPUs, more memory): each sized
+to the smallest change that the figures say fits, since every try is a reschedule and a model load."""
+
+from __future__ import annotations
+
+from ..diagnosis.units import MIB
+from ..gpu_catalog import GpuSpec
+from ..memory import ModelShape, estimate
+from ..quantity import format_bytes, parse_quantity
+from .model import Context, Remedy
+
+VPA_RATIO, VPA_MIN_BUMP = 1.2, 100 * MIB  # Kubernetes VPA's OOM bump (DefaultOOMBumpUpRatio/MinBumpUp)
+
+
+def splits(shape: ModelShape | None, tp: int) -> bool:
+    """vLLM's rule: the attention heads divide by TP, and the KV heads too, or TP by them (replicated)."""
+    if shape is None:
+        return True
+    kv = shape.kv_heads or shape.heads
+    return shape.heads % tp == 0 and (kv % tp == 0 or tp % kv == 0)
+
+
+def more_tensor_parallel(ctx: Context) -> Remedy | None:
+    """The smallest doubling within the bound that the model splits into and, where the memory model
+    knows the model and GPU, that it says fits: 1 -> 2 -> 4 -> 8 blind would load a model that does
+    not fit several times over."""
+    tp, limit = ctx.engine.tensor_parallel_size, ctx.policy.bounds.max_tensor_parallel_size
+    sizes = []
+    new = tp * 2
+    while limit and new <= limit and splits(ctx.inv.shape, new):
+        sizes.append(new)
+        new *= 2
+    if not sizes:
+        return None
+    shape, total, pick = ctx.inv.shape, ctx.total, sizes[0]
+    if shape is not None and total:
+        gpu = GpuSpec("gpu", total)
+        fits = [
+            n
+            for n in sizes
+            if estimate(
+                shape,
+                ctx.engine.model_copy(update={"tensor_parallel_size": n}),
+                gpu,
+                ctx.inv.gpu_free_gib,
+                ctx.inv.entrypoint,
+            ).fits
+        ]
+        if not fits:
+            return None  # none within the bound holds it (plan.what_would_fit says what would)
+        pick = fits[0]
+    return Remedy(
+        "IncreaseTensorParallel",
+        {"tensor_parallel_size": pick},
+        f"split the model over {pick} GPUs: 1/{pick // tp} of the weights per GPU"
+        + (" (the smallest split the memory model says fits)." if pick != sizes[0] else "."),
+    )
+
+
+def raise_memory_limit(ctx: Context) -> Remedy | None:
+    limit_text = ctx.policy.bounds.max_memory_limit
+    used = ctx.inv.memory_limit_bytes
+    if not limit_text or not used:
+        return None
+    new = max(int(used * VPA_RATIO), used + VPA_MIN_BUMP)
+    cap = parse_quantity(limit_text)
+    new = min(new, cap // MIB * MIB)  # whole MiB within the bound: format_bytes rounds up otherwise ("32G")
+    if new <= used:
+        return None
+    return Remedy(
+        "RaiseMemoryLimit",
+        {"memory_limit": format_bytes(new)},
+        f"the container was killed at its {format_bytes(used)} limit; raised VPA-style to "
+        f"max(x1.2, +100Mi) = {format_bytes(new)} (bound {limit_text}).",
+    )
