@@ -167,3 +167,19 @@ def test_tensor_parallel_respects_kv_heads():
     d = Diagnosis(cause="weights_load_oom")
     r = plan_heal(s, d, inventory=Inventory(gpu_total_gib=8.0, shape=shape))
     assert r.action == GIVE_UP
+
+
+def test_a_vanishing_device_size_is_no_device_size():
+    """High (bad input raised). A termination message may carry total_gib 1e-310: finite, not negative,
+    within figures.check. Before: lower_utilization_step divided by it and math.ceil(inf) raised
+    OverflowError out of plan_heal (the operator's crash handler). Now a device under half a GiB counts
+    as unknown, as if none was printed."""
+    s = spec(gpuMemoryUtilization=0.9)
+    for cause in ("runtime_oom", "profiling_oom", "cudagraph_capture_oom", "kv_cache_insufficient"):
+        d = Diagnosis(
+            cause=cause, numbers={"total_gib": 1e-310, "tried_gib": 4096.0, "needed_gib": 16.0, "available_gib": 3.0}
+        )
+        r = plan_heal(s, d)
+        assert all(not isinstance(v, float) or 0 < v <= 1 for v in r.changes.values()), r
+    r = plan_heal(s, Diagnosis(cause="runtime_oom", numbers={"total_gib": 1e-310, "tried_gib": 4096.0}))
+    assert r.changes == {"gpu_memory_utilization": 0.88}

@@ -87,8 +87,7 @@ class Context:
 
     @property
     def total(self) -> float | None:
-        # vLLM's own figure first: NVML's total (140.40 GiB on an H200) is not torch's (139.80).
-        return self.num("total_gib") or self.num("gpu_total_gib") or self.inv.gpu_total_gib
+        return device_total(self.diag, self.inv)
 
     def free_for_vllm(self) -> float | None:
         """GPU memory vLLM can ask for: what is free, less its CUDA context and graph headroom."""
@@ -101,6 +100,19 @@ class Context:
 
 
 Step = Callable[[Context], "Remedy | None"]
+
+
+# No device is smaller: a total below it (a forged 1e-310 passes figures.check) would make every
+# size divided by it infinite.
+MIN_DEVICE_GIB = 0.5
+
+
+def device_total(diag: Diagnosis, inv: Inventory) -> float | None:
+    """The device's size. vLLM's own figure first: NVML's total (140.40 GiB on an H200) is not torch's (139.80)."""
+    for total in (printed_figure(diag, "total_gib"), printed_figure(diag, "gpu_total_gib"), inv.gpu_total_gib):
+        if total is not None and total >= MIN_DEVICE_GIB:
+            return total
+    return None
 
 
 def printed_figure(diag: Diagnosis, key: str) -> float | None:

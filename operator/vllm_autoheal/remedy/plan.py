@@ -21,7 +21,7 @@ from ..gpu_catalog import GpuSpec
 from ..memory import CUDA_CONTEXT_GIB, estimate
 from ..remedy_gate import Limits, check, utilization_floor
 from .kv_steps import fp8_kv_cache, lower_max_model_len, raise_utilization_blind, raise_utilization_for_kv
-from .model import GIVE_UP, NO_CHANGE, Context, Inventory, Remedy, Step, printed_figure
+from .model import GIVE_UP, NO_CHANGE, Context, Inventory, Remedy, Step, device_total
 from .resource_steps import more_tensor_parallel, raise_memory_limit
 from .steps import (
     cpu_offload,
@@ -108,7 +108,7 @@ def plan_heal(
         ]
         if printed:
             inv = Inventory(**{**inv.__dict__, "gpu_free_gib": printed[-1] + CUDA_CONTEXT_GIB})
-    total = printed_figure(diagnosis, "total_gib") or printed_figure(diagnosis, "gpu_total_gib") or inv.gpu_total_gib
+    total = device_total(diagnosis, inv)
     floor = utilization_floor(spec.heal.bounds, engine, inv.shape, total, inv.entrypoint)
     limits = Limits(spec.heal.bounds, floor, inv.memory_limit_bytes)
     ctx = Context(spec, engine, diagnosis, inv, limits)
