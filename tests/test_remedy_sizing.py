@@ -183,3 +183,25 @@ def test_a_vanishing_device_size_is_no_device_size():
         assert all(not isinstance(v, float) or 0 < v <= 1 for v in r.changes.values()), r
     r = plan_heal(s, Diagnosis(cause="runtime_oom", numbers={"total_gib": 1e-310, "tried_gib": 4096.0}))
     assert r.changes == {"gpu_memory_utilization": 0.88}
+
+
+def test_tensor_parallel_that_holds_the_weights_but_not_the_context_comes_with_the_context_it_holds():
+    """Llama-3.1-70B on 80 GiB GPUs, TP up to 2: two GPUs hold its weights, but not a KV cache of
+    131072 tokens. Sizing TP only to a full fit gave up here (no split within the bound keeps the
+    context), and a blind TP 2 would have crashed again on the KV cache. The split that holds the
+    weights comes with the context its cache holds, in one restart."""
+    llama70 = shape_from_config(json.loads((CONFIGS / "llama-3.1-70b.json").read_text()))
+    allowed = ["IncreaseTensorParallel", "LowerMaxModelLen"]
+    s = spec(maxModelLen=131072, heal={"bounds": {"maxTensorParallelSize": 2}, "allowedActions": allowed})
+    r = plan_heal(s, Diagnosis(cause="weights_load_oom"), inventory=Inventory(gpu_total_gib=80.0, shape=llama70))
+    assert r.action == "IncreaseTensorParallel" and r.changes["tensor_parallel_size"] == 2, r
+    assert 2048 <= r.changes["max_model_len"] < 131072
+    assert estimate(llama70, r.apply(s.engine), GpuSpec("gpu", 80.0)).fits
+    cannot_shorten = spec(
+        maxModelLen=131072,
+        heal={"bounds": {"maxTensorParallelSize": 2}, "allowedActions": ["IncreaseTensorParallel"]},
+    )
+    r = plan_heal(
+        cannot_shorten, Diagnosis(cause="weights_load_oom"), inventory=Inventory(gpu_total_gib=80.0, shape=llama70)
+    )
+    assert r.action == GIVE_UP  # (LowerMaxModelLen not allowed: no shorter context, and no split keeps it)

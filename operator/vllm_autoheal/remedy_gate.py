@@ -33,7 +33,13 @@ CALLS_FOR: dict[str, dict[str, int]] = {
         "tensor_parallel_size": UP,
     },
     "gpu_util_exceeds_free": {"gpu_memory_utilization": DOWN, "kv_cache_memory_bytes": DOWN, "max_model_len": DOWN},
-    "weights_load_oom": {"model": ANY, "quantization": ANY, "tensor_parallel_size": UP, "cpu_offload_gb": UP},
+    "weights_load_oom": {
+        "model": ANY,
+        "quantization": ANY,
+        "tensor_parallel_size": UP,
+        "cpu_offload_gb": UP,
+        "max_model_len": DOWN,  # only with more TP, where no split within the bound keeps the context
+    },
     "profiling_oom": {"max_num_seqs": DOWN, "max_num_batched_tokens": DOWN, "gpu_memory_utilization": DOWN},
     "cudagraph_capture_oom": {"enforce_eager": UP, "gpu_memory_utilization": DOWN},
     "runtime_oom": {"gpu_memory_utilization": DOWN, "max_num_seqs": DOWN, "max_num_batched_tokens": DOWN},

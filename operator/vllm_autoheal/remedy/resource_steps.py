@@ -7,6 +7,7 @@ from ..diagnosis.units import MIB
 from ..gpu_catalog import GpuSpec
 from ..memory import ModelShape, estimate
 from ..quantity import format_bytes, parse_quantity
+from .kv_steps import shorter_context
 from .model import Context, Remedy
 
 VPA_RATIO, VPA_MIN_BUMP = 1.2, 100 * MIB  # Kubernetes VPA's OOM bump (DefaultOOMBumpUpRatio/MinBumpUp)
@@ -35,18 +36,34 @@ def more_tensor_parallel(ctx: Context) -> Remedy | None:
     shape, total, pick = ctx.inv.shape, ctx.total, sizes[0]
     if shape is not None and total:
         gpu = GpuSpec("gpu", total)
-        fits = [
-            n
+        estimates = [
+            (
+                n,
+                estimate(
+                    shape,
+                    ctx.engine.model_copy(update={"tensor_parallel_size": n}),
+                    gpu,
+                    ctx.inv.gpu_free_gib,
+                    ctx.inv.entrypoint,
+                ),
+            )
             for n in sizes
-            if estimate(
-                shape,
-                ctx.engine.model_copy(update={"tensor_parallel_size": n}),
-                gpu,
-                ctx.inv.gpu_free_gib,
-                ctx.inv.entrypoint,
-            ).fits
         ]
+        fits = [n for n, est in estimates if est.fits]
         if not fits:
+            # None keeps the whole context: the smallest split that holds the weights, with the
+            # context its KV cache holds (3% margin), in the same restart, where that is allowed.
+            for n, est in estimates:
+                if est.failure == "kv_cache_insufficient" and (
+                    length := shorter_context(ctx, est.max_model_len_fit * 0.97)
+                ):
+                    return Remedy(
+                        "IncreaseTensorParallel",
+                        {"tensor_parallel_size": n, "max_model_len": length},
+                        f"split the model over {n} GPUs: 1/{n // tp} of the weights per GPU; no split within "
+                        f"the bound keeps the context, and by the memory model (3% margin) this one's KV cache "
+                        f"holds {length:,} tokens: max_model_len -> {length:,}.",
+                    )
             return None  # none within the bound holds it (plan.what_would_fit says what would)
         pick = fits[0]
     return Remedy(
