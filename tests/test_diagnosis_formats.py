@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from crafted_logs import ASGI, BASE, COLLECTORS, OOM, SITE, _asgi, _check, _grammar_crash, _json_check, _with, real_log
 from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.diagnosis.origin import USER
 from vllm_autoheal.diagnosis.scan import scan
@@ -20,6 +21,8 @@ WRAPPED_KV = (
     "22.5 GiB KV cache is needed, which is larger than the available KV cache memory (17.39 GiB).\n"
     "Based on the available memory, the estimated maximum model length is 810208.\n"
 )
+
+
 STAMPS = {
     "none": "",
     "kubectl --timestamps": "2026-11-30T08:01:02.123456789Z ",
@@ -48,6 +51,8 @@ def test_lines_another_writer_stamped_do_not_complete_the_message():
 
 
 SITE8 = "/opt/conda/lib/python3.11/site-packages"
+
+
 IPYTHON_8_KV = f"""\
 INFO 01-10 09:13:40 model_runner.py:1008] Loading model weights took 14.99 GB
 ---------------------------------------------------------------------------
@@ -68,7 +73,11 @@ OutOfMemoryError: CUDA out of memory. Tried to allocate 1.95 GiB. GPU 0 has a to
 which 1.20 GiB is free. Including non-PyTorch memory, this process has 22.44 GiB memory in use. Of the allocated \
 memory 21.90 GiB is allocated by PyTorch, and 112.00 MiB is reserved by PyTorch but unallocated.
 """
+
+
 SITE7 = "/usr/local/lib/python3.10/dist-packages"
+
+
 IPYTHON_7_LOAD = f"""\
 ---------------------------------------------------------------------------
 OutOfMemoryError                          Traceback (most recent call last)
@@ -159,3 +168,58 @@ def test_a_request_line_under_the_logging_prefix_is_still_user_text(prefix, firs
     assert scan(request + "\n").lines[0].origin == USER
     d = classify(Signals(log=request + "\n" + crash))
     assert (d.cause, d.subtype) == ("not_oom", "illegal_memory_access") and "64.00" not in " ".join(d.evidence)
+
+
+# --- The wrapped join takes a client's continued lines (critical; older in plain logs) -----------------
+FREE = (
+    "Free memory on device (1.0/79.19 GiB) on startup is less than desired GPU memory utilization (0.9, "
+    "71.27 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes. ZZUSERZZ"
+)
+
+
+def _asgi_error(exception_line: str, message_rest: str) -> str:
+    return ASGI.replace("jinja2.exceptions.TemplateError: x\n", exception_line + "\n" + message_rest + "\n")
+
+
+@pytest.mark.parametrize("collector", sorted(COLLECTORS))
+@pytest.mark.parametrize("exception", ["ValueError: x", "RuntimeError: x"])
+@pytest.mark.parametrize("base_name", [BASE, "memory-limit-kill.log"])
+def test_a_wrapped_join_never_takes_a_clients_line(base_name, exception, collector):
+    """Unfixed: -> gpu_util_exceeds_free free_memory_below_requested, free_gib 1.0, util 0.9, quoting
+    `) = await self._preprocess_chat(` (the code line, joined with the exception line and the client's).
+    2bdf267: the same in a plain log; not under compose or kubectl --timestamps. Should say what the same
+    report says with a harmless line there."""
+    base_log = real_log(base_name)
+    wrap = COLLECTORS[collector]
+    _check(
+        wrap(_with(base_log, _asgi_error(exception, FREE), "end")),
+        wrap(_with(base_log, _asgi_error(exception, "hello"), "end")),
+        collector,
+    )
+
+
+NOTEBOOK_FRAMES = {
+    "ipython8": f"File {SITE}/v1/worker/gpu_model_runner.py:1, in GPUModelRunner.execute_model(self)\n    x\n",
+    "ipython7": f"{SITE}/v1/worker/gpu_model_runner.py in execute_model(self)\n    x\n",
+    "ipython8-init": f"File {SITE}/model_executor/models/llama.py:1, in LlamaModel.__init__(self)\n    x\n",
+    "ipython8-traceback": "Traceback (most recent call last):\n"
+    f"File {SITE}/v1/worker/gpu_model_runner.py:1, in GPUModelRunner.load_model(self)\n    x\n",
+}
+
+
+@pytest.mark.parametrize("frame", sorted(NOTEBOOK_FRAMES))
+def test_a_notebook_frame_in_a_clients_text_names_nothing(frame):
+    """In the grammar crash (headed, and the prefixed re-print alone), the ASGI report and
+    the JSON-mode crash, a client's notebook-shaped frame does not end the report."""
+    base_log = real_log(BASE)
+    begin = "<fn\n" + NOTEBOOK_FRAMES[frame] + OOM
+    for headed in (True, False):
+        _check(
+            _with(base_log, _grammar_crash(begin, headed), "end"),
+            _with(base_log, _grammar_crash("<fn\nhello", headed), "end"),
+            frame,
+        )
+    _check(
+        _with(base_log, _asgi("x\n" + NOTEBOOK_FRAMES[frame] + OOM), "end"), _with(base_log, _asgi("x"), "end"), frame
+    )
+    _json_check(begin, "<fn\nhello", True, frame)

@@ -17,7 +17,28 @@ import sys
 
 import pytest
 
-from crafted_logs import CORPUS, real_log
+from crafted_logs import (
+    ABORTED,
+    CORPUS,
+    EC,
+    ENGINE_DEAD,
+    ERROR_STACK,
+    FORMATS,
+    GRAMMAR,
+    ID3_FORMATS,
+    ID5_FORMATS,
+    ID_BASES,
+    _add_lora_failure,
+    _anthropic_tool_removal,
+    _hf_download_failure,
+    _inject,
+    _preprocess_error,
+    _same,
+    _unchanged,
+    _vllm_log,
+    _with,
+    real_log,
+)
 from vllm_autoheal.diagnosis import MEMORY_CAUSES, Signals, classify
 
 # What a user might quote, one per memory cause (with numbers chosen to do harm).
@@ -38,28 +59,6 @@ QUOTES = {
     "(exit code: -9) OOMKilled",
 }
 
-# The request and response logger's formats, vLLM 0.2 to 0.33 (vllm/entrypoints/logger.py and the
-# older async_llm_engine.py). Prompts and outputs are written with %r: one line, quotes escaped.
-FORMATS = [
-    "INFO 01-10 12:00:00 async_llm_engine.py:379] Received request cmpl-3f1: prompt: {r}, prefix_pos: None,"
-    "sampling_params: SamplingParams(n=1, temperature=0.7, max_tokens=256), prompt_token_ids: [1, 415], "
-    "lora_request: None.",
-    "INFO 10-03 12:00:00 logger.py:36] Received request chat-4a3c: prompt: {r}, params: SamplingParams(n=1, "
-    "temperature=0.7, stop=[], max_tokens=512), prompt_token_ids: [128000, 882], lora_request: None, "
-    "prompt_adapter_request: None.",
-    "INFO 05-12 09:00:00 [logger.py:39] Received request chatcmpl-77e: prompt: {r}, params: SamplingParams(n=1), "
-    "prompt_token_ids: None, prompt_embeds shape: None, lora_request: None, prompt_adapter_request: None.",
-    "(APIServer pid=7) DEBUG 12-01 10:00:01 [logger.py:35] Request chatcmpl-9f2 details: prompt: {r}, "
-    "prompt_token_ids: [151644, 872], prompt_embeds shape: None.",
-    "(APIServer pid=7) INFO 12-01 10:00:05 [logger.py:72] Generated response chatcmpl-9f2: output: {r}, "
-    "output_token_ids: [40, 1079], finish_reason: stop",
-    "(APIServer pid=7) INFO 12-01 10:00:05 [logger.py:72] Generated response chatcmpl-9f2 (streaming delta): "
-    "output: {r}, output_token_ids: [40], finish_reason: None",
-    "(APIServer pid=7) INFO 12-01 10:00:01 [logger.py:41] Received request cmpl-a1: params: SamplingParams(n=1, "
-    "stop=[{r}], max_tokens=16), lora_request: None.",
-]
-ACCESS = '(APIServer pid=7) INFO:     127.0.0.1:40112 - "POST /v1/chat/completions?q={q} HTTP/1.1" 200 OK'
-
 
 # A corpus sample's log may later grow (scripts/corpus_extend.py): a base the tests were written on
 # as it was then (rt-3430, cut before its OOM: the base that decides nothing) is kept here.
@@ -71,26 +70,9 @@ NOT_MEMORY_BASES = [
     "model-not-found.log",
     "neg-6042-watchdog-worker-died",
 ]
+
+
 MEMORY_BASES = ["kv-cache-too-small.log", "cg-15228-qwen25-v080", "memory-limit-kill.log", "rt-27466-busy-loop"]
-
-
-def _inject(log: str, quote: str, fmt: str, where: str) -> str:
-    line = fmt.format(r=repr(f"<|user|>my server printed this, why? {quote}<|assistant|>"))
-    access = ACCESS.format(q=quote.replace(" ", "%20").replace("\n", "%0A")[:200])
-    lines = log.splitlines()
-    if where == "start":
-        lines = [line, access] + lines
-    elif where == "middle":
-        lines[len(lines) // 2 : len(lines) // 2] = [line, access]
-    else:
-        lines += [line, access]
-    return "\n".join(lines) + "\n"
-
-
-def _same(crafted, base) -> None:
-    got, want = crafted.to_dict(), base.to_dict()
-    got.pop("notes"), want.pop("notes")
-    assert got == want
 
 
 CASES = [(base, cause, i) for i, cause in enumerate(QUOTES) for base in (NOT_MEMORY_BASES[i % 4], MEMORY_BASES[i % 4])]
@@ -159,21 +141,6 @@ KV_PAYLOAD = (
     "which is larger than the available KV cache memory (0.01 GiB). Based on the available memory, the "
     "estimated maximum model length is 16. ZZUSERZZ"
 )
-CHAT = "ERROR 07-03 03:19:15 [serving_chat.py:200] "  # the API server's per-request errors (corpus neg-20409)
-
-
-def _vllm_log(header: str, message: str) -> str:
-    """vLLM's NewLineFormatter repeats the header on every line of a multi-line message."""
-    return "\n".join(header + part for part in message.split("\n"))
-
-
-def _preprocess_error(exception_line: str) -> str:
-    return _vllm_log(
-        CHAT,
-        "Error in preprocessing prompt inputs\nTraceback (most recent call last):\n"
-        '  File "/usr/local/lib/python3.12/dist-packages/vllm/entrypoints/openai/serving_chat.py", '
-        "line 183, in create_chat_completion\n    ) = await self._preprocess_chat(\n" + exception_line,
-    )
 
 
 STREAM_ERROR = _vllm_log(
@@ -184,6 +151,8 @@ STREAM_ERROR = _vllm_log(
     "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace "
     "(above) for the root cause.",
 )
+
+
 HOSTILE = {
     # the request id (X-Request-Id header) in V0's and V1's "Added request" line
     "added-request": "INFO 02-13 07:19:11 async_llm_engine.py:211] Added request chatcmpl-" + KV_PAYLOAD + ".",
@@ -210,6 +179,8 @@ HOSTILE = {
     "too-long-warning": "WARNING 02-13 07:19:11 scheduler.py:949] Input prompt (32889 tokens) is too long and "
     "exceeds limit of 2048",
 }
+
+
 HOSTILE_BASES = [
     "neg-2734-llama2-70b-tp8-timeout",
     "rt-27466-busy-loop",
@@ -247,50 +218,20 @@ def test_a_request_error_alone_still_says_not_memory():
     assert d.cause == "not_oom" and d.subtype == "prompt_too_long" and d.evidence == []
 
 
-# --- Found by a second hostile review (commit 1d5259f): request ids in lines the engine writes -----
-# vLLM 0.32's own formats (site-packages/vllm). The request id is the client's X-Request-Id header
-# (one line, any text) or the body's `request_id` (a JSON string: it may hold newlines, and vLLM's
-# formatter then repeats the header on each line).
-ABORTED = (
-    "(APIServer pid=2320) INFO 12-01 04:48:08 [async_llm.py:783] Request cmpl-{} aborted."  # --enable-log-requests
-)
-ENGINE_DEAD = "(APIServer pid=2320) INFO 12-01 04:48:09 [async_llm.py:789] Request cmpl-{} failed (engine dead)."
-ERROR_STACK = "(APIServer pid=2320) ERROR 12-01 04:48:09 [exception.py:16] Exception caught. Request id: chatcmpl-{}"
-GRAMMAR = (
-    "(EngineCore_DP0 pid=2441) ERROR 12-01 04:48:08 [__init__.py:208] Failed to compile grammar for request chatcmpl-{}"
-)
 PLACING = {  # what an INFO line may still carry: a budget, a frame, a milestone
     "budget": "a Available KV cache memory: -1.5 GiB ZZUSERZZ",
     "zero-blocks": "a # GPU blocks: 0 ZZUSERZZ",
     "capture-frame": "a in capture_model ZZUSERZZ",
     "load-frame": "a in load_model ZZUSERZZ",
 }
+
+
 FAILING = {  # what an ERROR line may carry: the new KILLED and HOST wordings
     "sigkill": "a SIGKILL ZZUSERZZ",
     "exit-137": "a exited with code 137 ZZUSERZZ",
     "ray-oom": "a ray-oom-prevention ZZUSERZZ",
     "cpu-alloc": "a DefaultCPUAllocator: not enough memory ZZUSERZZ",
 }
-ID_BASES = [
-    "neg-2734-llama2-70b-tp8-timeout",
-    "neg-6042-watchdog-worker-died",
-    "rt-27466-busy-loop",
-    "local-h200-runtime",
-]
-
-
-def _with(base_log: str, extra: str, where: str) -> str:
-    lines = base_log.splitlines()
-    at = {"start": 0, "middle": len(lines) // 2, "end": len(lines)}[where]
-    lines[at:at] = extra.splitlines()
-    return "\n".join(lines) + "\n"
-
-
-def _unchanged(base_name: str, extra: str, where: str = "end") -> None:
-    base_log = real_log(base_name)
-    crafted = classify(Signals(log=_with(base_log, extra, where)))
-    _same(crafted, classify(Signals(log=base_log)))
-    assert "ZZUSERZZ" not in json.dumps(crafted.to_dict())
 
 
 @pytest.mark.parametrize("payload", sorted(PLACING))
@@ -364,14 +305,19 @@ ID3_PAYLOADS = {
     "budget": "Available KV cache memory: -1.5 GiB ZZUSERZZ",
     "capture-frame": 'File "/x/vllm/v1/worker/gpu_model_runner.py", line 1, in capture_model ZZUSERZZ',
 }
+
+
 ID3_FAILING = {
     **ID3_PAYLOADS,
     "cpu-alloc": "DefaultCPUAllocator: not enough memory ZZUSERZZ",
     "sigkill": "SIGKILL ZZUSERZZ",
 }
+
+
 REQUEST_LOGGER = "(APIServer pid=2320) INFO 12-01 04:48:08 [request_logger.py:65] "
+
+
 LOGGER_PARAMS = ": params: SamplingParams(n=1, temperature=0.7, max_tokens=16), lora_request: None."
-EC = "(EngineCore_DP0 pid=2441) "
 
 
 @pytest.mark.parametrize("payload", sorted(ID3_PAYLOADS))
@@ -415,51 +361,6 @@ def test_the_first_line_of_a_multiline_request_id_may_not_be_kept(base_name, pay
     holds no anchor: outside the raw tail (64 KiB / 2000 lines) it is dropped, and its continuation
     lines, which do hold anchors, have no user line before them."""
     _unchanged(base_name, _multiline_id(ABORTED, "a\n" + ID3_PAYLOADS[payload] + "\n" + "x\n" * 2100 + "b"), "start")
-
-
-def _msg(header: str, message: str) -> str:
-    return _vllm_log(header, message)
-
-
-ID3_FORMATS = {
-    # core.py:2056 logger.exception (ERROR, EngineCore): "pre-processing request" is no request-id form
-    "preprocessing-error": lambda p: (
-        EC + "ERROR 12-01 04:48:08 [core.py:2056] Unexpected error pre-processing request cmpl-" + p + "-0-1a2b3c4d"
-    ),
-    # scheduler.py:1763 (WARNING): "but request %s input" and a client-chosen multimodal UUID (%r)
-    "encoder-cache-request": lambda p: (
-        EC + "WARNING 12-01 04:48:08 [scheduler.py:1763] Encoder cache entry for "
-        "multimodal identifier 'u1' holds 5 embeddings, but request cmpl-" + p + "-0-1a2b input 0 expects 7. A "
-        "client-provided multimodal UUID may have been reused for different content."
-    ),
-    "encoder-cache-uuid": lambda p: (
-        EC + "WARNING 12-01 04:48:08 [scheduler.py:1763] Encoder cache entry for "
-        "multimodal identifier " + repr(p) + " holds 5 embeddings, but request cmpl-a-0-1a2b input 0 expects 7. A "
-        "client-provided multimodal UUID may have been reused for different content."
-    ),
-    # multi-line ids in messages _USER_MESSAGE does not list (their first line is user text, the rest is not)
-    "http-exception": lambda p: _msg(
-        "(APIServer pid=2320) ERROR 12-01 04:48:09 [http.py:18] ", "HTTPException caught. Request id: chatcmpl-a\n" + p
-    ),
-    "validation-error": lambda p: _msg(
-        "(APIServer pid=2320) ERROR 12-01 04:48:09 [validation.py:151] ",
-        "RequestValidationError caught. Request id: chatcmpl-a\n" + p,
-    ),
-    "grammar-rejected": lambda p: _msg(
-        EC + "ERROR 12-01 04:48:08 [scheduler.py:2190] ",
-        "Unexpected: grammar rejected tokens [1, 2] for request chatcmpl-a\n" + p + "-0-1a2b. Terminating request.",
-    ),
-    "fsm-advance": lambda p: _msg(
-        EC + "ERROR 12-01 04:48:08 [backend_xgrammar.py:201] ",
-        "Failed to advance FSM for request chatcmpl-a\n" + p + "-0-1a2b for tokens 5. Please file an issue.",
-    ),
-    "detokenizer": lambda p: _msg(
-        "(APIServer pid=2320) WARNING 12-01 04:48:08 [detokenizer.py:250] ",
-        "Encountered invalid prefix detokenization error for request chatcmpl-a\n"
-        + p
-        + "-0-1a2b, resetting decode stream.",
-    ),
-}
 
 
 @pytest.mark.parametrize("payload", sorted(ID3_FAILING))
@@ -525,28 +426,9 @@ ID4_PAYLOADS = {
     "host": "x Memory cgroup out of memory: Killed process 4242 ZZUSERZZ",
     "weights": "x Failed to load model - not enough GPU memory ZZUSERZZ",
 }
+
+
 ID4_BASES = ID_BASES + ["cg-15228-qwen25-v080", "rt-3430-lmcache-qwen3-8b-a5000-long-prompts"]
-# EngineCoreProc._invoke_utility_method (v1/engine/core.py:1750): logger.exception("Invocation of %s
-# method failed", name). POST /v1/load_lora_adapter (VLLM_ALLOW_RUNTIME_LORA_UPDATING=True) sends the
-# client's lora_name and lora_path to the engine's add_lora; a path that is not there raises
-# LoRAAdapterNotFoundError (vllm/exceptions.py): "Loading lora {lora_name} failed: No adapter found
-# for {lora_path}", after the FileNotFoundError that names the path. Both are JSON strings.
-ADD_LORA = "(EngineCore_DP0 pid=2441) ERROR 12-01 04:48:08 [core.py:1750] "
-
-
-def _add_lora_failure(name: str, path: str) -> str:
-    return _vllm_log(
-        ADD_LORA,
-        "Invocation of add_lora method failed\nTraceback (most recent call last):\n"
-        '  File "/usr/local/lib/python3.12/dist-packages/vllm/lora/worker_manager.py", line 120, in _load_adapter\n'
-        "    peft_helper = PEFTHelper.from_local_dir(\n"
-        f"FileNotFoundError: [Errno 2] No such file or directory: '{path}/adapter_config.json'\n\n"
-        "The above exception was the direct cause of the following exception:\n\n"
-        "Traceback (most recent call last):\n"
-        '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py", line 1740, in '
-        "_invoke_utility_method\n    result = get_result()\n"
-        f"vllm.exceptions.LoRAAdapterNotFoundError: Loading lora {name} failed: No adapter found for {path}",
-    )
 
 
 @pytest.mark.parametrize("newline", [False, True], ids=["one-line", "multi-line"])
@@ -558,24 +440,6 @@ def test_a_lora_path_in_the_engines_add_lora_failure_is_user_text(base_name, pay
     of EngineCore with core.py's header, is read as the engine's own failure."""
     path = "/adapters/a\n" + ID4_PAYLOADS[payload] + "\nb" if newline else "/adapters/a " + ID4_PAYLOADS[payload]
     _unchanged(base_name, _add_lora_failure("a", path), "middle")
-
-
-# get_adapter_absolute_path (vllm/lora/utils.py:379): a lora_path that is neither absolute nor a
-# local folder is taken for a Hub repo; the Hub's HFValidationError names it, under
-# logger.exception("Error downloading the HuggingFace model") in the engine's (or a worker's) process.
-HF_DOWNLOAD = "(EngineCore_DP0 pid=2441) ERROR 12-01 04:48:08 [utils.py:379] "
-
-
-def _hf_download_failure(path: str) -> str:
-    return _vllm_log(
-        HF_DOWNLOAD,
-        "Error downloading the HuggingFace model\nTraceback (most recent call last):\n"
-        '  File "/usr/local/lib/python3.12/dist-packages/vllm/lora/utils.py", line 376, in '
-        "get_adapter_absolute_path\n    local_snapshot_path = download_fn()\n"
-        "huggingface_hub.errors.HFValidationError: Repo id must use alphanumeric chars or '-', '_', '.', "
-        "'--' and '..' are forbidden, '-' and '.' cannot start or end the name, max length is 96: "
-        f"'{path}'.",
-    )
 
 
 @pytest.mark.parametrize("payload", sorted(ID4_PAYLOADS))
@@ -605,26 +469,6 @@ def test_an_honest_failed_lora_load_does_not_hide_a_real_memory_failure(base_nam
         else _hf_download_failure("my adapter")
     )
     _unchanged(base_name, extra, "middle")
-
-
-# The Anthropic Messages API (vllm/entrypoints/anthropic, on by default): a system message's
-# tool_removal block naming a tool not in `tools` raises ValueError(f"{block.type} references tool
-# {name!r}, which is not declared in tools") (serving.py:749) before any request id exists, and
-# api_router.py:75 logs it with logger.exception("Error in create_messages: %s", e). api_router.py is
-# no request file: the message and the traceback's last line are the engine's ERROR lines.
-ANTHROPIC = "(APIServer pid=2320) ERROR 12-01 04:48:09 [api_router.py:75] "
-
-
-def _anthropic_tool_removal(name: str) -> str:
-    e = f"tool_removal references tool {name!r}, which is not declared in tools"
-    return _vllm_log(
-        ANTHROPIC,
-        f"Error in create_messages: {e}\nTraceback (most recent call last):\n"
-        '  File "/usr/local/lib/python3.12/dist-packages/vllm/entrypoints/anthropic/api_router.py", line 73, '
-        "in create_messages\n    generator = await handler.create_messages(request, raw_request)\n"
-        '  File "/usr/local/lib/python3.12/dist-packages/vllm/entrypoints/anthropic/serving.py", line 749, '
-        f"in _resolve_tools\n    raise ValueError(\nValueError: {e}",
-    )
 
 
 @pytest.mark.parametrize("payload", sorted(ID4_PAYLOADS))
@@ -695,6 +539,8 @@ def test_another_process_writing_inside_a_long_multiline_request_id_does_not_end
 # and an INFO line still places a failure (a budget, a frame): runtime_oom -> kv_cache_insufficient,
 # cudagraph_capture_oom, weights_load_oom, gpu_util_exceeds_free.
 LOG_RESPONSE = "(APIServer pid=2320) INFO 12-01 04:48:08 [log_response.py:141] "
+
+
 LOG_STREAM = "(APIServer pid=2320) INFO 12-01 04:48:08 [log_response.py:121] "
 
 
@@ -738,6 +584,8 @@ ID5_PLACING = {
     "capture-frame": "a in capture_model ZZUSERZZ",
     "load-frame": "a in load_model ZZUSERZZ",
 }
+
+
 ID5_FAILING = {
     **ID5_PLACING,
     "sigkill": "SIGKILL ZZUSERZZ",
@@ -745,154 +593,8 @@ ID5_FAILING = {
     "cpu-alloc": "DefaultCPUAllocator: not enough memory ZZUSERZZ",
     "torch-oom": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 64.00 GiB. ZZUSERZZ",
 }
-API5 = "(APIServer pid=2320) "
 
 
-def _realtime_validation_error(value: str) -> str:
-    """A realtime (speech-to-text) websocket event that fails pydantic validation: pydantic's message
-    repeats the client's value (input_value=...), and logger.exception adds the traceback."""
-    detail = (
-        "1 validation error for InputAudioBufferAppend\naudio\n  Input should be a valid string "
-        f"[type=string_type, input_value=[{value!r}], input_type=list]\n"
-        "    For further information visit https://errors.pydantic.dev/2.11/v/string_type"
-    )
-    return _vllm_log(
-        API5 + "ERROR 12-01 04:48:08 [connection.py:77] ",
-        f"Error handling event: {detail}\nTraceback (most recent call last):\n"
-        '  File "/usr/local/lib/python3.12/dist-packages/vllm/entrypoints/speech_to_text/realtime/connection.py", '
-        "line 73, in handle_connection\n    await self.handle_event(event)\n"
-        f"pydantic_core._pydantic_core.ValidationError: {detail}",
-    )
-
-
-# name -> (level the line is logged at, the line for a client value)
-ID5_FORMATS = {
-    # distributed/kv_transfer/kv_connector/v1/lmcache_integration/vllm_v1_adapter.py:1227 (INFO, EngineCore):
-    # "Reqid: %s, Total tokens %d, ..." with the request id (X-Request-Id + vLLM's suffix)
-    "lmcache-reqid": (
-        "INFO",
-        lambda p: (
-            EC + "INFO 12-01 04:48:08 [vllm_v1_adapter.py:1227] Reqid: cmpl-" + p + "-0-1a2b, "
-            "Total tokens 12, LMCache hit tokens: 0, need to load: 0"
-        ),
-    ),
-    # distributed/kv_transfer/kv_connector/v1/hf3fs/hf3fs_connector.py:729 and :442 (INFO, EngineCore)
-    "hf3fs-token-matching": (
-        "INFO",
-        lambda p: (
-            EC + "INFO 12-01 04:48:08 [hf3fs_connector.py:729] Token matching for cmpl-" + p + "-0-1a2b: "
-            "5 matched (1 blocks), 0 new hits, prompt len 12"
-        ),
-    ),
-    "hf3fs-blocks": (
-        "INFO",
-        lambda p: EC + "INFO 12-01 04:48:08 [hf3fs_connector.py:442] load cmpl-" + p + "-0-1a2b: 3 blocks in 0.01s",
-    ),
-    # v1/core/sched/scheduler.py:3182 (DEBUG, EngineCore): the id opens the line
-    "remote-kvs": (
-        "DEBUG",
-        lambda p: (
-            EC + "DEBUG 12-01 04:48:08 [scheduler.py:3182] cmpl-" + p + "-0-1a2b is still in "
-            "WAITING_FOR_REMOTE_KVS state."
-        ),
-    ),
-    # tokenizers/mistral.py:94 (WARNING): an assistant message's tool call id (any length > 9)
-    "mistral-tool-call-id": (
-        "WARNING",
-        lambda p: API5 + "WARNING 12-01 04:48:08 [mistral.py:94] Truncating tool call ID: " + p + " to " + p[-9:],
-    ),
-    # parser/mistral.py:518 (WARNING): tool_choice's function name, %r
-    "mistral-named-tool": (
-        "WARNING",
-        lambda p: (
-            API5 + "WARNING 12-01 04:48:08 [mistral.py:518] Named tool " + repr(p) + " not found in tools "
-            "list; skipping guided schema injection."
-        ),
-    ),
-    # tool_parsers/utils.py:587 (WARNING, header `utils.py`): ast.dump of the model's tool call, text a
-    # prompt steers
-    "tool-call-ast": (
-        "WARNING",
-        lambda p: (
-            API5 + "WARNING 12-01 04:48:08 [utils.py:587] Unsupported AST node type in tool call "
-            "arguments: BinOp(left=Constant(value=" + repr(p) + "), op=Add(), right=Constant(value=1))"
-        ),
-    ),
-    # parser/engine/parser_engine.py:1033 (DEBUG): the first 80 characters of a tool call's arguments
-    "arg-converter": (
-        "DEBUG",
-        lambda p: API5 + "DEBUG 12-01 04:48:08 [parser_engine.py:1033] arg converter failed (streaming): " + p[:80],
-    ),
-    # entrypoints/openai/responses/utils.py:382 and :361 (WARNING): a Responses API input item's id
-    "responses-summary-item": (
-        "WARNING",
-        lambda p: (
-            API5
-            + "WARNING 12-01 04:48:08 [utils.py:382] Using summary text as reasoning content for item "
-            + p
-            + ". Please use content instead of summary for reasoning items."
-        ),
-    ),
-    "responses-tool-call-id": (
-        "WARNING",
-        lambda p: (
-            API5 + "WARNING 12-01 04:48:08 [utils.py:361] Previous assistant message has unknown tool_calls "
-            "format. Tool call merging is skipped and a new assistant message is created. Call " + p
-        ),
-    ),
-    # renderers/params.py:324 (WARNING): the request's `truncation` value in a dict repr
-    "tokenization-kwargs": (
-        "WARNING",
-        lambda p: (
-            API5 + "WARNING 12-01 04:48:08 [params.py:324] The following tokenization arguments are not "
-            "supported by vLLM Renderer and will be ignored: {'truncation': " + repr(p) + "}"
-        ),
-    ),
-    # entrypoints/serve/exception_handling/error_response.py:24 (DEBUG): every error response's text
-    "error-response": (
-        "DEBUG",
-        lambda p: (
-            API5 + "DEBUG 12-01 04:48:08 [error_response.py:24] create_error_response called with "
-            "NotFoundError: The model `" + p + "` does not exist."
-        ),
-    ),
-    # distributed/kv_transfer/kv_connector/v1/mooncake/mooncake_connector.py:1767 (ERROR, EngineCore):
-    # "req %s: ..." (the decode side's request id, from kv_transfer_params)
-    "mooncake-group-mismatch": (
-        "ERROR",
-        lambda p: (
-            EC + "ERROR 12-01 04:48:08 [mooncake_connector.py:1767] req cmpl-" + p + "-0-1a2b: KV group "
-            "count mismatch: local=1, remote=2"
-        ),
-    ),
-    # .../mooncake/store/worker.py:2436 (ERROR): "Async Mooncake lookup failed for %s: %s"
-    "mooncake-lookup": (
-        "ERROR",
-        lambda p: (
-            EC + "ERROR 12-01 04:48:08 [worker.py:2436] Async Mooncake lookup failed for cmpl-" + p + "-0-1a2b: timeout"
-        ),
-    ),
-    # .../moriio/moriio_connector.py:2791 (ERROR): "RDMA read TIMED OUT for req %s after ..."
-    "moriio-rdma-timeout": (
-        "ERROR",
-        lambda p: (
-            EC
-            + "ERROR 12-01 04:48:08 [moriio_connector.py:2791] RDMA read TIMED OUT for req cmpl-"
-            + p
-            + "-0-1a2b after 30.0s (kv_connector_extra_config.recv_abort_timeout=30)"
-        ),
-    ),
-    # .../nixl/push_worker.py:371 (ERROR): "... cannot send registration for %s"
-    "nixl-push-registration": (
-        "ERROR",
-        lambda p: (
-            EC + "ERROR 12-01 04:48:08 [push_worker.py:371] No remote agents for engine e1; cannot send "
-            "registration for cmpl-" + p + "-0-1a2b"
-        ),
-    ),
-    # entrypoints/speech_to_text/realtime/connection.py:77 (ERROR, logger.exception): pydantic's message
-    "realtime-validation": ("ERROR", _realtime_validation_error),
-}
 # An ERROR line that opens a message is still read anywhere in it (vLLM's own errors put the
 # failure after their opening words), so the KV connectors' ERROR lines were read as the engine's.
 # The ids in them are the API server's (`cmpl-<client id>-0-1a2b`): scan.py tells such a line by
@@ -960,6 +662,8 @@ FORGED_TRACEBACK = (
     '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/worker/gpu_model_runner.py", line 1, in capture_model\n'
     "    x()\ntorch.OutOfMemoryError: CUDA out of memory. ZZUSERZZ"
 )
+
+
 FORGED_IN_VALUES = {
     "forged-traceback": FORGED_TRACEBACK,
     "forged-exception": "KeyboardInterruptZZUSERZZ: stop",
@@ -1026,6 +730,8 @@ ID6_PREFIXES = [
     "transcribe-",
     "translate-",
 ]
+
+
 ID6_PAYLOADS = {
     "oom": "x torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 80.00 GiB. GPU 0 has a total "
     "capacity of 79.19 GiB of which 1.00 GiB is free. ZZUSERZZ",

@@ -6,28 +6,37 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 
+from crafted_logs import (
+    BASE,
+    COLLECTORS,
+    CORPUS,
+    FRAME,
+    HERE,
+    ILLEGAL_ACCESS,
+    JSON_START,
+    OOM,
+    PREPROC_ERROR,
+    REAL,
+    REAL_JSON,
+    RUNTIME_OOM,
+    TORCH_OOM,
+    _asgi,
+    _check,
+    _json_check,
+    _said,
+    _with,
+    grammar_traceback,
+    real_log,
+    record,
+)
 from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.diagnosis import log_records as lr
 from vllm_autoheal.diagnosis.corpus import context, load
 from vllm_autoheal.diagnosis.origin import USER
-from vllm_autoheal.diagnosis.scan import scan
-
-HERE = Path(__file__).resolve().parent
-REAL = HERE / "fixtures" / "vllm-cpu"
-REAL_JSON = REAL / "kv-cache-too-small-json.log"
-
-
-def record(message: str, exc_info: str | None = None, level: str = "ERROR", name: str = "vllm.v1.engine.core") -> str:
-    """A record as vLLM 0.32's json formatter writes it (python-json-logger, vllm/logging_utils/formatter.py)."""
-    out = {"asctime": "2026-12-01 10:00:00,123", "levelname": level, "name": name, "processName": "EngineCore_DP0"}
-    out |= {"process": 2441, "message": message}
-    if exc_info is not None:
-        out["exc_info"] = exc_info
-    return json.dumps(out | {"vllm_process_name": "EngineCore_DP0"})
+from vllm_autoheal.diagnosis.scan import CHUNK, scan
 
 
 @pytest.mark.parametrize("name", ["kv-cache-too-small", "kv-larger-than-machine", "memory-share-exceeds-free"])
@@ -92,22 +101,11 @@ KV_CHECK = (
     "needed, which is larger than the available KV cache memory (1.0 GiB). Based on the available memory, the "
     "estimated maximum model length is 2048."
 )
-TORCH_OOM = (
-    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 64.00 GiB. GPU 0 has a total capacity of "
-    "79.19 GiB of which 1.00 GiB is free."
-)
+
+
 REQUEST_LOGGER = "vllm.entrypoints.serve.utils.request_logger"  # vLLM 0.32; vllm.entrypoints.logger before
-ILLEGAL_ACCESS = record(
-    "EngineCore encountered a fatal error.",
-    'Traceback (most recent call last):\n  File "/x/vllm/v1/engine/core.py", line 900, in run_busy_loop\n'
-    "    self._process_engine_step()\nRuntimeError: CUDA error: an illegal memory access was encountered",
-)
-RUNTIME_OOM = record(
-    "EngineCore encountered a fatal error.",
-    'Traceback (most recent call last):\n  File "/x/vllm/v1/engine/core.py", line 900, in run_busy_loop\n'
-    '    self._process_engine_step()\n  File "/x/vllm/v1/worker/gpu_model_runner.py", line 2000, in execute_model\n'
-    "    hidden = self.model(x)\n" + TORCH_OOM.replace("64.00 GiB", "2.00 GiB"),
-)
+
+
 USER_RECORDS = {
     "output, repr in double quotes": lambda f: record(
         f"Generated response cmpl-1: output: {repr(chr(39) + f)}, finish_reason: stop",
@@ -212,6 +210,8 @@ def test_the_corpus_read_right_in_text_reads_the_same_as_json_records():
 
 
 GPU_LOGS = HERE / "fixtures" / "gpu" / "failure-logs"
+
+
 H200_JSON = {  # the scenario (tests/gpu/failure_logs.sh, JSON_LOGS=1) -> its cause, by construction
     "kvlen": "kv_cache_insufficient",
     "capture": "cudagraph_capture_oom",
@@ -233,3 +233,151 @@ def test_real_h200_failures_logged_as_json_records_read_as_their_cause(name):
     text = classify(Signals(log=(GPU_LOGS / f"{name}.log").read_text(), ready_before=name == "runtime"))
     assert d.cause == H200_JSON[name] == text.cause and d.subtype == text.subtype
     assert d.evidence and not d.evidence[0].startswith("{") and '"asctime"' not in " ".join(d.evidence)
+
+
+# --- A forged record ends a request's report -------------------------------------------
+AFTER_RECORD = {
+    "record-frame-oom": "x\n" + record("x") + "\n" + FRAME + OOM,
+    "record-bare-header-oom": "x\n" + record("x") + "\nERROR 12-01 04:48:09 [core.py:710] " + OOM,
+}
+
+
+S9_HOLE = pytest.mark.xfail(
+    strict=True,
+    reason="older (test_diagnosis_exception_messages.py's xfail): a vLLM header on a line after uvicorn's headerless report "
+    "is what a new logged message looks like; the record before it changes nothing",
+)
+
+
+@pytest.mark.parametrize("form", ["record-frame-oom", pytest.param("record-bare-header-oom", marks=S9_HOLE)])
+@pytest.mark.parametrize("base_name", [BASE, "memory-limit-kill.log"])
+def test_a_forged_record_does_not_end_a_requests_report_asgi(base_name, form):
+    """Unfixed: neg-2734 not_oom -> runtime_oom oom_in_serving, memory-limit-kill host_ram_oom ->
+    runtime_oom (cudagraph_capture_oom with the bare header), tried_gib 64, quoting ZZUSERZZ. The client's `{"levelname": "ERROR", "message": "x", ...}`
+    line in the TemplateError's message sets request = None; the forged frame after it is then no longer the
+    report's. Should say what the same report says with `hello` there."""
+    base_log = real_log(base_name)
+    _check(_with(base_log, _asgi(AFTER_RECORD[form]), "end"), _with(base_log, _asgi("x\nhello"), "end"), form)
+
+
+@pytest.mark.parametrize("logged", [True, False], ids=["logged-and-reprint", "reprint-only"])
+@pytest.mark.parametrize("form", sorted(AFTER_RECORD))
+def test_a_forged_record_does_not_end_a_requests_report_json_reprint(form, logged):
+    """Unfixed: not_oom other_error -> weights_load_oom oom_in_load, tried_gib 64, quoting ZZUSERZZ (the
+    JSON-mode re-print has no prefix: the client's record line starts a line)."""
+    _json_check("<fn\n" + AFTER_RECORD[form].removeprefix("x\n"), "<fn\nhello", logged, form)
+
+
+def test_a_forged_record_does_not_end_a_requests_report_text_reprint():
+    """Unfixed: neg-2734 not_oom -> runtime_oom (a text log whose engine re-prints without a prefix: the
+    CPU engine, tests/fixtures/vllm-cpu/kv-cache-too-small.log). 2bdf267: not_oom."""
+    base_log = real_log(BASE)
+    reprint = lambda begin: "Process EngineCore:\n" + grammar_traceback(begin)  # noqa: E731
+    begin = "<fn\n" + record("x") + "\n" + FRAME + OOM
+    _check(_with(base_log, reprint(begin), "end"), _with(base_log, reprint("<fn\nhello"), "end"), "text reprint")
+
+
+RESISTED = {
+    "record-alone": "x\n" + record("x", "Traceback (most recent call last):\n" + OOM),
+    "record-then-oom": "x\n" + record("x") + "\n" + OOM,
+    "frame-without-record": "x\n" + FRAME + OOM,
+}
+
+
+@pytest.mark.parametrize("form", sorted(RESISTED))
+@pytest.mark.parametrize("base_name", [BASE, "memory-limit-kill.log"])
+def test_a_forged_record_alone_names_nothing(base_name, form):
+    """The decoded lines stay in the message (the new rule), and without a record the
+    report holds a forged frame."""
+    base_log = real_log(base_name)
+    _check(_with(base_log, _asgi(RESISTED[form]), "end"), _with(base_log, _asgi("x\nhello"), "end"), form)
+    _json_check("<fn\n" + RESISTED[form].removeprefix("x\n"), "<fn\nhello", False, form)
+
+
+@pytest.mark.parametrize("crash", ["runtime-oom", "illegal-access"])
+def test_a_request_record_before_the_fatal_record_hides_nothing(crash):
+    """Unfixed: weights_load_oom oom_in_load / not_oom illegal_memory_access -> unknown, nothing quoted: the
+    fatal record's lines are USER (scan._continuations: same key as the open user-text message). Should
+    say what the crash says alone."""
+    fatal = RUNTIME_OOM if crash == "runtime-oom" else ILLEGAL_ACCESS
+    alone = classify(Signals(log=JSON_START + fatal + "\n"))
+    d = classify(Signals(log=JSON_START + PREPROC_ERROR + "\n" + fatal + "\n"))
+    assert alone.cause in ("weights_load_oom", "not_oom")
+    assert (d.cause, d.subtype) == (alone.cause, alone.subtype), f"said {_said(d)}; should say {_said(alone)}"
+
+
+# --- JSON records under a collector's prefix ---------------------------------------------
+@pytest.mark.parametrize("collector", ["compose", "kubectl-timestamps"])
+@pytest.mark.parametrize("sample_id", ["local-h200-runtime", "prof-27508-gptoss120b-sampler"])
+def test_json_records_under_a_collectors_prefix_are_read(sample_id, collector):
+    """Unfixed: runtime_oom / profiling_oom -> unknown (the same text under the same prefix reads right;
+    so do the records without it). Should: the label."""
+    s = CORPUS[sample_id]
+    ctx = context(s, pod_state=True)
+    records = as_json_records(s["log"])
+    assert classify(Signals(log=records, **ctx)).cause == s["label"]
+    assert classify(Signals(log=COLLECTORS[collector](s["log"]), **ctx)).cause == s["label"]
+    d = classify(Signals(log=COLLECTORS[collector](records), **ctx))
+    assert d.cause == s["label"], f"said {_said(d)}"
+
+
+@pytest.mark.parametrize(
+    "forged",
+    [
+        record(
+            "Received request c: prompt: 'x\nERROR 12-01 04:48:09 [core.py:710] " + OOM + "'",
+            level="INFO",
+            name=REQUEST_LOGGER,
+        ),
+        record(
+            "Received request c: prompt: 'x'",
+            "Traceback (most recent call last):\n" + FRAME + OOM,
+            level="INFO",
+            name=REQUEST_LOGGER,
+        ),
+        record(
+            "Generated response c: output: 'x\n(EngineCore pid=1) ERROR 12-01 [core.py:1] " + OOM,
+            level="INFO",
+            name=REQUEST_LOGGER,
+        ),
+    ],
+    ids=["forged-header", "forged-exc-info", "forged-prefix-and-header"],
+)
+def test_the_request_loggers_records_stay_user_text(forged):
+    assert all(ln.origin == USER for ln in scan(forged + "\n").lines)
+    alone = classify(Signals(log=JSON_START + ILLEGAL_ACCESS + "\n"))
+    d = classify(Signals(log=JSON_START + forged + "\n" + ILLEGAL_ACCESS + "\n"))
+    assert (d.cause, d.subtype) == (alone.cause, alone.subtype) and "ZZUSERZZ" not in json.dumps(d.to_dict())
+
+
+REAL_TEXT = REAL_JSON.read_text()
+
+
+FAILURE_AT = REAL_TEXT.index('{"asctime": "2026-12-02 07:36:38,784"')
+
+
+@pytest.mark.parametrize(
+    "log",
+    [
+        REAL_TEXT[:FAILURE_AT] + "x" * (lr.RECORD_MAX + 5) + "\n" + REAL_TEXT[FAILURE_AT:],
+        REAL_TEXT[:FAILURE_AT] + "x" * (3 * 2**20) + "\n" + REAL_TEXT[FAILURE_AT:],
+        "y\n" * ((CHUNK - FAILURE_AT - 10) // 2) + REAL_TEXT,  # the failure record across a chunk boundary
+        "y\n" * ((CHUNK - FAILURE_AT) // 2) + REAL_TEXT,
+    ],
+    ids=["after-a-line-over-record-max", "after-a-3-mib-line", "across-a-chunk-boundary", "at-a-chunk-boundary"],
+)
+def test_the_decisive_record_is_read_wherever_it_lies(log):
+    d = classify(Signals(log=log))
+    assert d.cause == "kv_cache_insufficient" and d.numbers["estimated_max_model_len"] == 524160
+
+
+@pytest.mark.parametrize("prefix", ["> ", "[vllm] ", "Dec 01 12:00:00 host vllm[1]: "])
+def test_a_short_paste_keeps_the_request_loggers_lines_user_text(prefix):
+    paste = (
+        f"{prefix}(APIServer pid=1) INFO 12-01 10:00:00 [logger.py:41] Received request c: prompt: 'x'\n"
+        f"{prefix}ZZ\n{prefix}(APIServer pid=1) INFO 12-01 10:00:00 [logger.py:41] {OOM}\n"
+    )
+    lines = scan(paste).lines
+    assert [ln.origin for ln in lines if "logger.py" in ln.raw] == [USER, USER]
+    d = classify(Signals(log=paste))
+    assert not d.is_memory and "ZZUSERZZ" not in json.dumps(d.to_dict())

@@ -7,12 +7,21 @@ the reader a header."""
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 
 import pytest
 
-from test_diagnosis_s9_review import ASGI  # uvicorn's report of a request, printed without any header
+from crafted_logs import (
+    ASGI,
+    CLIENT_OOM,
+    CUSTOM,
+    FORGED_BASES,
+    PAYLOADS,
+    _headed_report,
+    _illegal_access,
+    _key,
+    reformatted,
+)
 from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.diagnosis.corpus import load
 from vllm_autoheal.diagnosis.log_format import header_of, shape_of
@@ -22,36 +31,6 @@ from vllm_autoheal.diagnosis.scan import scan
 from conftest import FIXTURES, ROOT
 
 REAL = FIXTURES / "vllm-cpu"
-
-# vLLM's header, taken apart, to print its lines in another logging format
-_PARTS = re.compile(
-    r"^(?P<process>\([^)]{1,120}pid=\d+\)\s+)?(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d "
-    r"(?P<time>[\d:]{8})[\d.]* \[?(?P<file>[\w.-]+?)(?:\.py)?:(?P<line>\d+)\]? "
-)
-
-
-def reformatted(fmt: str, every_line: bool = True) -> Callable[[str], str]:
-    """vLLM's lines in a logging format of the operator's choosing (`fmt`: a str.format of level,
-    name (the logger's: vllm.<module>), file, line, time, i): on every line of a message (vLLM's
-    NewLineFormatter with another format), or on its first only (logging.Formatter: a traceback's
-    further lines bare)."""
-
-    def shape(log: str) -> str:
-        out, previous = [], None
-        for i, line in enumerate(log.splitlines()):
-            m = _PARTS.match(line)
-            if m:
-                key = m.group("process", "level", "file", "line")
-                fields = {"level": m["level"], "name": "vllm." + m["file"], "file": m["file"] + ".py"}
-                fields |= {"line": m["line"], "time": m["time"], "i": i % 1000}
-                header = fmt.format(**fields) if every_line or key != previous else ""
-                line, previous = (m["process"] or "") + header + line[m.end() :], key
-            else:
-                previous = None
-            out.append(line)
-        return "\n".join(out) + "\n"
-
-    return shape
 
 
 def wrapper(log: str) -> str:
@@ -70,6 +49,8 @@ FORMATS: dict[str, Callable[[str], str]] = {
     "bracketed, with the file": reformatted("[2026-12-01 {time}] [{level}] {file}:{line}: "),
     "a wrapper's header": wrapper,
 }
+
+
 REAL_LOGS = [
     "kv-cache-too-small.log",
     "kv-larger-than-machine.log",
@@ -77,7 +58,11 @@ REAL_LOGS = [
     "memory-limit-kill.log",
     "model-not-found.log",
 ]
+
+
 CORPUS = {s["id"]: s["log"] for s in load(ROOT / "tests" / "corpus" / "corpus.jsonl")}
+
+
 # Train logs whose final exception is read only through the header (without it: `unknown`).
 NEEDS_THE_HEADER = [
     "notoom-11484-xgrammar-specdec-indexerror",
@@ -95,7 +80,7 @@ def _log(name: str) -> str:
     return (REAL / name).read_text() if name.endswith(".log") else CORPUS[name]
 
 
-def _key(log: str) -> tuple:
+def _diagnosed(log: str) -> tuple:
     d = classify(Signals(log=log))
     return d.cause, d.subtype, d.phase, d.numbers
 
@@ -119,7 +104,7 @@ def test_each_format_reads_a_real_log_as_vllms_own(fmt, name):
     log = _log(name)
     shaped = FORMATS[fmt](log)
     assert shaped != log
-    assert _key(shaped) == _key(log)
+    assert _diagnosed(shaped) == _diagnosed(log)
 
 
 def _lines(log: str) -> dict[str, object]:
@@ -160,7 +145,7 @@ CLIENT_LINES = {
     # a logger header of another format, naming vLLM's engine
     "logger-header": "2026-12-01 10:00:00,000 - vllm.v1.engine.core - ERROR - torch.OutOfMemoryError: CUDA out of "
     "memory. Tried to allocate 64.00 GiB. GPU 0 has a total capacity of 79.00 GiB of which 1.00 GiB is free. ZZUSERZZ",
-    # a wrapper's header (only the s9 review's known limit, a line opening with vLLM's own header, is left out)
+    # a wrapper's header (only the known limit, a line opening with vLLM's own header, is left out)
     "wrapper-header": "2026-12-01 10:00:00,000 - supervisor - INFO - KeyError: CUDA out of memory. Tried to allocate "
     "64.00 GiB ZZUSERZZ",
     "basicConfig": "ERROR:vllm.v1.engine.core:CUDA out of memory. Tried to allocate 64.00 GiB ZZUSERZZ",
@@ -220,6 +205,8 @@ def test_the_shape_of_a_header(line, shape):
 
 
 GPU_LOGS = FIXTURES / "gpu" / "failure-logs"
+
+
 H200_CUSTOM = {  # the scenario (tests/gpu/failure_logs.sh, CUSTOM_LOGS=1) -> its cause, by construction
     "kvlen": "kv_cache_insufficient",
     "freemem": "gpu_util_exceeds_free",
@@ -239,3 +226,58 @@ def test_real_h200_failures_under_the_operators_format_read_as_their_cause(name)
     assert d.cause == H200_CUSTOM[name] == text.cause and d.subtype == text.subtype
     failed = next(ln for ln in scan(log).lines if ln.text == "EngineCore failed to start.")
     assert (failed.level, failed.source_file) == ("ERROR", "core.py")
+
+
+def _forged_window(base: str, chat: str, forged: str, after: int, last: str) -> str:
+    # The last 4000 lines open inside a client's report: its opening lines are cut, its further lines
+    # (each under serving_chat.py's header, each opening with vLLM's header again) are the log's first.
+    before = _headed_report(chat, [forged + "hello"] * 400 + [forged + last])[5:]
+    later = _headed_report(chat, [forged + "hello"] * after + [forged + "bye"]) if after else []
+    return "\n".join(before) + "\n" + base + ("\n".join(later) + "\n" if later else "")
+
+
+@pytest.mark.parametrize("payload", sorted(PAYLOADS))
+@pytest.mark.parametrize("base_name", sorted(FORGED_BASES))
+def test_a_clients_lines_in_a_headed_report_do_not_teach_vllms_own_header_as_a_wrappers(base_name, payload):
+    make, chat, forged, after = FORGED_BASES[base_name]
+    base = make()
+    harmless = classify(Signals(log=_forged_window(base, chat, forged, after, "bye")))
+    assert harmless.cause == "not_oom"  # the base: no memory cause
+    crafted = classify(Signals(log=_forged_window(base, chat, forged, after, PAYLOADS[payload])))
+    assert _key(crafted) == _key(harmless)
+    assert "ZZUSERZZ" not in json.dumps(crafted.to_dict())
+
+
+CLIENT_CUSTOM = {
+    "kv-capacity": "2026-12-01 04:48:09,000 - vllm.v1.core.kv_cache_utils - ERROR - " + PAYLOADS["kv-capacity"],
+    "torch-oom": "2026-12-01 04:48:09,000 - vllm.v1.engine.core - ERROR - " + CLIENT_OOM,
+}
+
+
+@pytest.mark.parametrize("every_line", [True, False], ids=["NewLineFormatter", "logging.Formatter"])
+@pytest.mark.parametrize("client", sorted(CLIENT_CUSTOM))
+def test_a_client_line_with_the_learned_header_after_a_headerless_report_decides_nothing(client, every_line):
+    base = reformatted(CUSTOM, every_line=every_line)(_illegal_access())
+    assert " - vllm.core - ERROR - " in base  # the engine logged under the operator's format
+    harmless = classify(Signals(log=base + ASGI + "hello\n"))
+    assert _key(harmless) == ("not_oom", "illegal_memory_access")
+    crafted = classify(Signals(log=base + ASGI + CLIENT_CUSTOM[client] + "\n"))
+    assert _key(crafted) == _key(harmless)
+    assert "ZZUSERZZ" not in json.dumps(crafted.to_dict())
+
+
+# --- A learned header of adjacent blank groups backtracked ---------------------------------
+# (its cost is measured in bench/diagnosis_speed.py, "a learned header of a run of blanks", not asserted here)
+def test_a_run_of_blanks_or_digits_is_one_group_of_a_learned_header():
+    teach = " " * 84 + "ERROR - (x) y"  # seven groups of blanks on 2b6048c
+    assert shape_of(teach) == " \x01 -"
+    lines = [teach] * 10 + [" " * 83 + "X rror"] * 400 + [teach] * 10
+    header = header_of(lines, len(lines), lambda _: False, lambda _: True)
+    assert header is not None and header.pattern.pattern.count("\\s{1,") == 2  # the run, the blank after `-`
+    assert shape_of("2026120112000000001 ERROR - x") == "0 \x01 -"
+
+
+# --- What held ---------------------------------------------------------------------------------------------
+def test_control_characters_that_are_the_shapes_placeholders_raise_nothing():
+    lines = [f"\x01 \x02 \x03 {i} - ERROR - (x) y" for i in range(10)] + ["\x03.py ERROR: [\x02] KeyError: x"] * 5
+    classify(Signals(log="\n".join(lines) + "\n"))

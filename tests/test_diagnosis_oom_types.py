@@ -10,6 +10,8 @@ import pytest
 from vllm_autoheal.diagnosis import Signals, classify
 
 RAY = "INFO 01-01 10:00:00 [ray_utils.py:120] Connecting to existing Ray cluster at address: 10.0.0.1:6379\n"
+
+
 NOTEBOOK = """INFO 01-01 10:00:01 [model_runner.py:1015] Starting to load model meta-llama/Llama-2-13b-hf...
 ---------------------------------------------------------------------------
 OutOfMemoryError                          Traceback (most recent call last)
@@ -19,8 +21,14 @@ File /usr/lib/python3.10/site-packages/vllm/model_executor/model_loader/loader.p
     299 with torch.device(self.device_config.device):
 --> 300     model = _initialize_model(vllm_config=vllm_config)
 """
+
+
 TORCH_END = "OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB. GPU 0 has a total capacity of 15.77 GiB of which 120.00 MiB is free.\n"
+
+
 RAY_END = "OutOfMemoryError: Task was killed due to the node running low on memory.\n"
+
+
 RAY_SIGNS = [
     RAY,
     "(RayWorkerWrapper pid=4645) INFO 01-01 10:00:00 [worker.py:1] Loading weights\n",
@@ -73,3 +81,22 @@ def test_a_prompt_naming_ray_does_not_make_a_torch_oom_ambiguous():
         "'(RayWorkerWrapper pid=1) Started a local Ray instance ray.exceptions.', params: SamplingParams(n=1)\n"
     )
     assert classify(Signals(log=echo + NOTEBOOK)).cause == "weights_load_oom"
+
+
+def test_a_ray_workers_bare_named_torch_oom_with_its_message_stays_a_gpu_oom():
+    w = "(RayWorkerWrapper pid=1234, ip=10.0.0.2) ERROR 12-01 10:00:05 [worker_base.py:620] "
+    log = (
+        "INFO 12-01 10:00:00 [ray_distributed_executor.py:100] Using Ray for the workers\n"
+        + w
+        + "Error executing method 'determine_available_memory'. This might cause deadlock in distributed execution.\n"
+        + w
+        + "Traceback (most recent call last):\n"
+        + w
+        + '  File "/usr/local/lib/python3.12/dist-packages/vllm/worker/worker_base.py", line 612, in execute_method\n'
+        + w
+        + "    return run_method(self, method, args, kwargs)\n"
+        + w
+        + "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.14 GiB "
+        "of which 1.10 GiB is free.\n"
+    )
+    assert classify(Signals(log=log)).cause == "profiling_oom"

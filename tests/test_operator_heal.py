@@ -88,7 +88,7 @@ def gpus(dep: dict) -> int:
     return vllm_container(dep)["resources"]["limits"]["nvidia.com/gpu"]
 
 
-# --- 3. floors from need: the H200 case heals in one restart with default settings ---------------
+# --- floors from need: the H200 case heals in one restart with default settings ---------------
 
 
 async def test_h200_other_process_heals_in_one_restart_with_default_settings(cluster):
@@ -99,7 +99,7 @@ async def test_h200_other_process_heals_in_one_restart_with_default_settings(clu
     await wait_for(lambda: flag(cluster.deployment_now("h200"), "--gpu-memory-utilization") == "0.25", what="rollout")
 
 
-# --- 2. attempts: a counter, across non-memory crashes and operator restarts --------------------
+# --- attempts: a counter, across non-memory crashes and operator restarts --------------------
 
 
 async def test_max_attempts_holds_across_non_memory_crashes_and_restarts(kmock):
@@ -132,7 +132,7 @@ async def test_max_attempts_holds_across_non_memory_crashes_and_restarts(kmock):
         assert "maxAttempts" in condition(obj, "HealExhausted")["message"]
 
 
-# --- 4. tensor parallelism consistent everywhere -----------------------------------------------
+# --- tensor parallelism consistent everywhere -----------------------------------------------
 
 
 @pytest.mark.parametrize("mode, resources", [("PatchSpec", {"gpus": 1}), ("StatusOverrides", {})])
@@ -156,7 +156,7 @@ async def test_tensor_parallel_heal_asks_for_tp_x_pp_gpus(cluster, mode, resourc
         assert "tensorParallelSize" not in obj["spec"]["engine"] and "gpus" not in obj["spec"]["resources"]
 
 
-# --- 5. heals that cannot be scheduled ---------------------------------------------------------
+# --- heals that cannot be scheduled ---------------------------------------------------------
 
 
 @pytest.mark.parametrize("mode", ["PatchSpec", "StatusOverrides"])
@@ -230,7 +230,7 @@ async def test_wait_policy_only_reports_a_blocked_heal(cluster):
     )
 
 
-# --- 6. the termination message is validated ---------------------------------------------------
+# --- the termination message is validated ---------------------------------------------------
 
 
 @pytest.mark.parametrize("case", sorted(BAD_MESSAGES))
@@ -249,7 +249,7 @@ async def test_an_invalid_termination_message_is_ignored_and_the_previous_log_re
     )
 
 
-# --- 7. heals that finish or never start -------------------------------------------------------
+# --- heals that finish or never start -------------------------------------------------------
 
 
 async def test_a_failing_spec_patch_leaves_the_heal_recorded_and_it_is_finished(cluster):
@@ -470,7 +470,7 @@ async def test_a_heal_of_a_persons_new_flags_during_the_edits_reconcile_is_kept(
     assert flag(await cluster.deployment(name), "--gpu-memory-utilization") == "0.75"
 
 
-# --- 8. the phase follows reality --------------------------------------------------------------
+# --- the phase follows reality --------------------------------------------------------------
 
 
 async def test_phase_follows_the_pods_and_exhausted_stays_until_a_person_edits(cluster):

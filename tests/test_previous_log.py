@@ -8,24 +8,10 @@ from __future__ import annotations
 import pytest
 import urllib3
 
+from crafted_logs import Kubelet
 from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.diagnosis.scan import GAP_LINE
 from vllm_autoheal.kube import client as kc
-
-
-class Kubelet(kc.Kube):
-    """A kubelet's log endpoint, as it serves tailLines and limitBytes, over `output`."""
-
-    def __init__(self, output: str) -> None:  # (no cluster: only the log endpoint is served)
-        self.output, self.asked = output, []
-
-    def request(self, method, path, body=None, content_type="", query=None, raw=False, timeout=None):
-        assert timeout is not None and 0 < timeout <= kc.LOG_BUDGET_S  # (each call within the read's budget)
-        options = dict(query or [])
-        self.asked.append(options["tailLines"])
-        lines = self.output.splitlines(keepends=True)[-options["tailLines"] :]
-        return "".join(lines).encode()[: options["limitBytes"]].decode("utf-8", "replace")
-
 
 CRASH = "ERROR 12-01 10:00:09 [core.py:1] RuntimeError: CUDA error: an illegal memory access was encountered\n"
 

@@ -6,7 +6,9 @@ import json
 
 import pytest
 
-from vllm_autoheal.diagnosis import Signals, classify
+from crafted_logs import H100
+from vllm_autoheal.diagnosis import Signals, classify, termination
+from vllm_autoheal.diagnosis.model import GpuInfo, GpuProcess, GpuSnapshot
 from vllm_autoheal.diagnosis.termination import read
 from vllm_autoheal.launcher import termination_message
 
@@ -126,3 +128,130 @@ def test_a_valid_gpu_snapshot_is_read_as_other_processes_memory():
 def test_an_invalid_gpu_snapshot_makes_the_message_ignored(gpu_start, why):
     got, note = read(with_gpu(gpu_start))
     assert got is None and note.startswith("termination message ignored") and why in note, note
+
+
+# --- 8, 9. The termination message ----------------------------------------------------------------------
+def _doc(**extra) -> str:
+    return json.dumps({"autoheal": 1, "diagnosis": {"cause": "unknown"}, **extra})
+
+
+def test_a_huge_integer_figure_is_ignored_not_raised():
+    """Unfixed: OverflowError ("int too large to convert to float") out of termination.read
+    for a valid JSON integer of 400 digits in diagnosis.numbers under a figure's name; kube/crash.diagnose
+    calls read() outside classify's guard. It should be ignored with a note."""
+    for numbers in ({"tried_gib": 10**400}, {"process_gib": [10**400]}):
+        text = json.dumps({"autoheal": 1, "diagnosis": {"cause": "runtime_oom", "numbers": numbers}})
+        doc, note = termination.read(text)
+        assert doc is None and note
+
+
+MALFORMED_GPU_START = {
+    "bool-index": {"gpus": [[True, H100, 80, 1]]},
+    "float-index": {"gpus": [[0.0, H100, 80, 1]]},
+    "string-size": {"gpus": [[0, H100, "80", 1]]},
+    "free-over-total": {"gpus": [[0, H100, 80, 81]]},
+    "negative": {"gpus": [[0, H100, 80, -1]]},
+    "huge-int": {"gpus": [[0, H100, 10**400, 1]]},
+    "huge-float": {"gpus": [[0, H100, 1e308, 1]]},
+    "pid-bool": {"gpus": [[0, H100, 80, 1]], "other_processes": [[False, 0, 1.0]]},
+    "pid-over-range": {"gpus": [[0, H100, 80, 1]], "other_processes": [[2**40, 0, 1.0]]},
+    "65-gpus": {"gpus": [[i % 8, H100, 80, 1] for i in range(65)]},
+    "9-processes": {"gpus": [[0, H100, 80, 1]], "other_processes": [[i, 0, 1.0] for i in range(9)]},
+    "short-row": {"gpus": [[0, H100, 80]]},
+    "row-object": {"gpus": [{"index": 0}]},
+    "gpus-object": {"gpus": {"0": [0, H100, 80, 1]}},
+    "error-null": {"error": None},
+    "long-name": {"gpus": [[0, "x" * 41, 80, 1]]},
+    "not-object": [1, 2],
+}
+
+
+@pytest.mark.parametrize("shape", sorted(MALFORMED_GPU_START))
+def test_a_malformed_gpu_start_is_ignored_with_a_note(shape):
+    """Each malformed gpu_start makes the whole message ignored, with a note, raising nothing."""
+    doc, note = termination.read(_doc(gpu_start=MALFORMED_GPU_START[shape]))
+    assert doc is None and note and termination.gpu_snapshot(doc) is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"autoheal": 1, "diagnosis": {"cause": "unknown"}, "gpu_start": {"gpus": [[0, "x", NaN, 1]]}}',
+        '{"autoheal": 1, "diagnosis": {"cause": "unknown"}, "gpu_start": {"gpus": [[0, "x", Infinity, 1]]}}',
+        '{"autoheal": 1, "gpu_start": ' + "[" * 5000 + "]" * 5000 + "}",
+        _doc(gpu_start={"gpus": [[0, H100, 80, 1]]}, note="x" * 20000),
+    ],
+    ids=["nan", "infinity", "deep", "oversize"],
+)
+def test_non_json_numbers_nesting_and_size_are_ignored(text):
+    doc, note = termination.read(text)
+    assert doc is None and note
+
+
+def test_negative_zero_reads_as_an_empty_gpu():
+    """-0.0 is a size of 0 (no device: no device size for the classifier)."""
+    doc, note = termination.read(_doc(gpu_start={"gpus": [[0, H100, -0.0, -0.0]], "other_processes": [[1, 0, -0.0]]}))
+    snap = termination.gpu_snapshot(doc)
+    assert note is None and snap is not None and snap.other_process_bytes() == 0 and snap.gpus[0].total_bytes == 0
+
+
+def test_what_the_launcher_writes_always_validates():
+    """Gpu_probe.compact's own form (names cut to 40, 8 processes, 2 decimals) passes."""
+    from vllm_autoheal.gpu_probe import compact
+    from vllm_autoheal.launcher import termination_message
+
+    snap = GpuSnapshot(
+        gpus=[GpuInfo(i, "NVIDIA H200 " + "x" * 60, 150_000_000_000, 149_999_999_999, 1) for i in range(8)],
+        processes=[GpuProcess(10_000 + i, i % 8, 3 * 2**30 + i) for i in range(12)] + [GpuProcess(1, 0, 5)],
+        own_pids=[1],
+    )
+    text = termination_message({"cause": "unknown"}, 1, compact(snap), None)
+    doc, note = termination.read(text)
+    assert note is None and doc is not None
+    assert len(termination.gpu_snapshot(doc).processes) == 8
+
+
+INCONSISTENT_GPU_START = {
+    "process-on-an-unlisted-gpu": {"gpus": [[0, H100, 79.15, 78.6]], "other_processes": [[4242, 7, 30.0]]},
+    "process-larger-than-its-gpu": {"gpus": [[0, H100, 79.15, 78.6]], "other_processes": [[4242, 0, 99999.0]]},
+    "one-index-twice": {"gpus": [[0, H100, 79.15, 78.6], [0, "x", 1.0, 0.0]]},
+}
+
+
+@pytest.mark.parametrize("shape", sorted(INCONSISTENT_GPU_START))
+def test_a_gpu_start_no_launcher_writes_is_refused(shape):
+    """Unfixed: accepted; the 30 GiB (or 99999 GiB) process counts as another process's memory for any
+    OOM. gpu_probe.compact never writes these (a process is listed under the GPU it was read from, NVML
+    reports no process larger than its device, indexes are 0..count-1). They should be refused."""
+    doc, note = termination.read(_doc(gpu_start=INCONSISTENT_GPU_START[shape]))
+    assert doc is None and note, f"accepted: {doc and doc.get('gpu_start')}"
+
+
+MORE_MALFORMED = {
+    "process-on-unlisted-gpu": {"gpus": [[0, H100, 80, 1]], "other_processes": [[7, 3, 1.0]]},
+    "process-larger-than-gpu": {"gpus": [[0, H100, 80, 1]], "other_processes": [[7, 0, 81.0]]},
+    "duplicate-index": {"gpus": [[0, H100, 80, 1], [0, H100, 80, 1]]},
+    "huge-pid": {"gpus": [[0, H100, 80, 1]], "other_processes": [[10**400, 0, 1.0]]},
+    "huge-process-size": {"gpus": [[0, H100, 80, 1]], "other_processes": [[7, 0, 10**400]]},
+}
+
+
+@pytest.mark.parametrize("shape", sorted(MORE_MALFORMED))
+def test_more_malformed_gpu_start_is_ignored_with_a_note(shape):
+    text = json.dumps({"autoheal": 1, "diagnosis": {"cause": "unknown"}, "gpu_start": MORE_MALFORMED[shape]})
+    doc, note = termination.read(text)
+    assert doc is None and note and termination.gpu_snapshot(doc) is None
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"autoheal": 1, "diagnosis": {"cause": "unknown", "numbers": {"tried_gib": ' + "9" * 5000 + "}}}",
+        '{"autoheal": 1, "diagnosis": {"cause": "unknown"}, "gpu_start": {"gpus": [[0, "\\ud800", 80, 1]]}}',
+        '{"autoheal": 1, "diagnosis": {"cause": ["runtime_oom"]}}',
+    ],
+    ids=["5000-digits", "lone-surrogate-name", "cause-a-list"],
+)
+def test_odd_json_raises_nothing(text):
+    doc, note = termination.read(text)
+    assert (doc is None and note) or (doc is not None and note is None)

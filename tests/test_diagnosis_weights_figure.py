@@ -1,14 +1,12 @@
-"""Review of the unplaced-OOM rules (diagnosis/unplaced.py) with the weights figure the operator
-really feeds them: kube/crash.py's weights_per_gpu = memory.weights_gib_to_diagnose(shape, engine)
-of the model's config.json (model_source: model_config.parse -> to_shape). Each test models a
-real checkpoint and a real vLLM behaviour under which that figure was far above the weights vLLM
-actually puts on the GPU, so an OOM after the weights were all resident was called
-weights_load_oom: a wrong memory change (more TP / less weight memory) where none is due. The
-memory model now counts them as vLLM loads them (and the figure is checked against vLLM's).
+"""The weights figure the unplaced-OOM rules (diagnosis/unplaced.py) are fed: kube/crash.py's
+weights_per_gpu = memory.weights_gib_to_diagnose(shape, engine) of the model's config.json. It counts the
+weights as vLLM loads them, so an OOM after the weights were all resident is not called weights_load_oom
+(a wrong memory change). Each test models a real checkpoint and the vLLM behaviour that puts less on the
+GPU than a naive estimate.
 
-Every config below is the checkpoint's own config.json, reduced to the fields the memory model
-reads (model_config.FIELDS and STRINGS); no engine flag is set that weights_gib_to_diagnose
-declines (no extra args, no cpu offload)."""
+Every config below is the checkpoint's own config.json, reduced to the fields the memory model reads
+(model_config.FIELDS and STRINGS); no engine flag is set that weights_gib_to_diagnose declines (no extra
+args, no cpu offload)."""
 
 from __future__ import annotations
 
@@ -105,6 +103,7 @@ MAVERICK = {
         "torch_dtype": "bfloat16",
     },
 }
+
 
 # ai21labs/Jamba-v0.1 config.json: 16 experts in every second layer (expert_layer_period 2).
 JAMBA = {

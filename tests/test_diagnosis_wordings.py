@@ -1,0 +1,186 @@
+"""What a library's own wording of a failure is read as: rocBLAS's and NCCL's allocation messages,
+Triton's OutOfResources, tqdm's redrawn bars, each anchor searched once, and the rows that mean memory
+never read as "not memory"."""
+
+from __future__ import annotations
+
+import pytest
+
+from crafted_logs import CENSUS, CLIENT_FORMATS, KSERVE, TRITON, V1_KILLED, _cause, _said, _with, real_log
+from vllm_autoheal.diagnosis import MEMORY_CAUSES, Signals, classify
+from vllm_autoheal.diagnosis.candidates import _SEARCHED
+
+
+def test_progress_bars_redrawn_with_carriage_returns_still_read():
+    """tqdm redraws its bar after a bare "\\r": the bar stays one line and the marker in it is read."""
+    log = (
+        "INFO 05-01 12:00:00 [gpu_model_runner.py:5150] Model loading took 14.99 GiB memory and 10.9 seconds\n"
+        "INFO 05-01 12:00:10 [gpu_worker.py:298] Available KV cache memory: 50.28 GiB\n"
+        + "".join(f"\rCapturing CUDA graph shapes: {k:3d}%|#| {k}/67" for k in range(0, 60, 5))
+        + "\n"
+        "Traceback (most recent call last):\n"
+        '  File "/x/vllm/v1/worker/gpu_model_runner.py", line 3362, in capture_model\n'
+        "    self._dummy_run(num_tokens)\n"
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.53 GiB. GPU 0 has a total capacity of "
+        "79.19 GiB of which 1.10 GiB is free.\n"
+    )
+    assert classify(Signals(log=log)).cause == "cudagraph_capture_oom"
+
+
+# --- The math libraries' statuses ----------------------------------------------------------------
+def test_rocblas_memory_error_is_not_an_oom():
+    """rocblas_status_memory_error is 'Failed internal memory allocation, copy or dealloc', and rocBLAS
+    maps hipErrorLaunchOutOfResources (a kernel's launch configuration) to it: not a shortage for
+    sure, and a wrong memory cause is worse than none."""
+    log = (
+        "INFO 05-01 12:00:00 [gpu_model_runner.py:5150] Model loading took 14.99 GiB memory and 10.9 seconds\n"
+        'Traceback (most recent call last):\n  File "/x/vllm/v1/worker/gpu_model_runner.py", line 6000, in '
+        "profile_run\n    hidden_states = self._dummy_run(self.max_num_tokens)\n"
+        "RuntimeError: rocBLAS error: rocblas_status_memory_error\n"
+    )
+    assert classify(Signals(log=log)).cause not in MEMORY_CAUSES
+
+
+def test_each_anchor_is_searched_once():
+    """'ALLOC' was listed twice (the new line and the old one): a second pass over the window."""
+    assert len(_SEARCHED) == len(set(_SEARCHED))
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "Cuda error /workspace/csrc/custom_all_reduce.cuh:143 'out of memory'",
+        "Failed: Cuda error /workspace/csrc/custom_all_reduce.cuh:307 'out of memory'",
+        TRITON + "Failed to initialize Python stub: RuntimeError: " + "x" * 320 + " CUDA out of memory. Tried to "
+        "allocate 2.00 GiB",
+        KSERVE + "Failed to start model server: " + "y" * 320 + " CUDA error: out of memory",
+        KSERVE + "Failed to start model server: " + V1_KILLED,
+        TRITON + "Failed to initialize Python stub: jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Error "
+        "loading program",
+        "terminate called after throwing an instance of 'c10::OutOfMemoryError'\n  what():  CUDA out of memory. "
+        "Tried to allocate 2.00 GiB.\nAborted (core dumped)",
+        "terminate called after throwing an instance of 'std::bad_alloc'\n  what():  std::bad_alloc\n"
+        "Aborted (core dumped)",
+    ],
+    ids=[
+        "cudacheck-oom",
+        "failed-cudacheck-oom",
+        "triton-oom-past-300",
+        "kserve-oom-past-300",
+        "kserve-v1-killed",
+        "triton-xla",
+        "abort-after-cuda-oom",
+        "abort-after-bad-alloc",
+    ],
+)
+def test_an_out_of_memory_the_new_rows_see_is_never_not_oom(line):
+    assert _cause(line + "\n") != "not_oom"
+
+
+TRITON_BASES = [
+    "kv-cache-too-small.log",
+    "cg-15228-qwen25-v080",
+    "memory-limit-kill.log",
+    "rt-27466-busy-loop",
+    "local-h200-runtime",
+    "neg-2734-llama2-70b-tp8-timeout",
+]
+
+
+@pytest.mark.parametrize("where", ["start", "middle", "end"])
+@pytest.mark.parametrize("fmt", sorted(CLIENT_FORMATS))
+@pytest.mark.parametrize("base_name", TRITON_BASES)
+def test_a_clients_outofresources_does_no_more_than_the_rows_older_words(base_name, fmt, where):
+    """The newly live alternative in a client's text gives the same diagnosis as the
+    row's older `InductorError` in the same place (the same cause, subtype, phase and numbers; the
+    evidence differs only by the payload's own words, where the older words are quoted too: section 6)."""
+    base_log = real_log(base_name)
+
+    def diag(payload: str):
+        d = classify(Signals(log=_with(base_log, CLIENT_FORMATS[fmt](payload), where)))
+        return d.cause, d.subtype, d.phase, d.numbers, len(d.evidence), bool(d.evidence and "ZZUSERZZ" in d.evidence[0])
+
+    older = diag("InductorError ZZUSERZZ")
+    for payload in (
+        "triton.runtime.errors.OutOfResources: out of resource: shared memory ZZUSERZZ",
+        "OutOfResources: out of resource: shared memory ZZUSERZZ",
+    ):
+        assert diag(payload) == older
+
+
+def test_a_real_triton_outofresources_is_read_outside_the_raw_tail():
+    """The line holds anchors (`rror` in the module path, `out of` in the message), so it
+    is a candidate even with more than the raw tail's 64 KiB after it (a shutdown's unanchored lines)."""
+    h = "(EngineCore_DP0 pid=1) ERROR 01-01 00:00:00 [core.py:1] "
+    log = (
+        h + "triton.runtime.errors.OutOfResources: out of resource: shared memory, Required: 165888, Hardware limit: "
+        "163840. Reducing block sizes or `num_stages` may help.\n"
+        + "(APIServer pid=7) INFO 01-01 00:00:01 [launcher.py:1] Shutting down FastAPI HTTP server.\n"
+        * 900
+    )
+    d = classify(Signals(log=log))
+    assert (d.cause, d.subtype) == ("not_oom", "compile_toolchain_error")
+
+
+# --- Another writer's line after an exception (low, this change) -----------------------------------------
+WEIGHTS_OOM = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 80.00 MiB. GPU 0 has a total capacity of 79.19 "
+    "GiB of which 60.69 MiB is free. Process 4242 has 79.10 GiB memory in use. Of the allocated memory 78.2 GiB is "
+    "allocated by PyTorch, and 12.81 MiB is reserved by PyTorch but unallocated."
+)
+
+
+BAR = "Loading safetensors checkpoint shards:   3% Completed | 1/37 [00:02<01:39,  2.77s/it]"
+
+
+NCCL_EXIT = (
+    "[rank0]:[W1224 08:50:36.247935068 ProcessGroupNCCL.cpp:1524] Warning: WARNING: destroy_process_group() was "
+    "not called before program exit, which can leak resources."
+)
+
+
+@pytest.mark.parametrize("prefix", ["(EngineCore_DP0 pid=7) ", ""], ids=["process-prefix", "bare"])
+def test_tqdms_loading_bar_after_a_weight_loading_oom_still_places_it(prefix):
+    """A cut log: the engine's OOM while loading weights, then tqdm's bar, closed at exit (the shape of two
+    corpus samples). 51785c1: weights_load_oom oom_in_load. 287c2db: unknown oom_phase_unknown (the
+    remedy is lost): the bar is taken for a further line of the OOM's message, so its marker places
+    nothing. It should stay weights_load_oom: a line that is not the exception's writer's (no header on
+    either, another prefix or none) is no further line of its message."""
+    d = classify(Signals(log="\n".join([prefix + WEIGHTS_OOM, "", BAR, "", NCCL_EXIT]) + "\n"))
+    assert (d.cause, d.subtype, d.phase) == ("weights_load_oom", "oom_in_load", "load"), f"said {_said(d)}"
+
+
+# --- NCCL's calloc warning after any failed allocation ----------------------------------------
+NCCL_LOG = CENSUS["nccl2.18-cudamalloc-oom-torch2.1-allreduce-warmup"]["log"]
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        "Cuda failure 'operation not supported'",
+        "Cuda failure 1 'invalid argument'",
+        "Cuda failure 'an illegal memory access was encountered'",
+    ],
+)
+def test_a_calloc_after_a_non_oom_cuda_failure_says_not_memory(error):
+    """Unfixed: not_oom cuda_error (23fb389) -> unknown signals_disagree. NCCL printed the CUDA call's
+    real failure, then (as it does after any failed allocation) `Failed to CUDA calloc 4194304 bytes`,
+    which the new row reads as an out-of-memory after a non-memory failure. It should say not_oom."""
+    d = classify(Signals(log=NCCL_LOG.replace("Cuda failure 'out of memory'", error)))
+    assert d.cause == "not_oom", f"said {_said(d)}"
+
+
+def test_a_bare_calloc_last_error_is_no_memory_cause():
+    """Unfixed: multi_gpu_oom nccl_cuda_oom (23fb389: unknown). Without NCCL_DEBUG only torch's `Last
+    error: Failed to CUDA calloc 4194304 bytes` is left, which NCCL prints after any failed cudaMalloc or
+    cuMem allocation: the message alone cannot tell an OOM from `operation not supported`. It should not
+    name a memory cause (the census' `ambiguous`)."""
+    log = NCCL_LOG.replace(
+        "\ngpu-node-3:1893:1893 [0] include/alloc.h:178 NCCL WARN Cuda failure 'out of memory'\n", ""
+    )
+    log = log.replace(
+        "\ngpu-node-3:1893:1893 [0] include/alloc.h:185 NCCL WARN Failed to CUDA calloc 4194304 bytes\n", "\n"
+    )
+    assert "NCCL WARN" not in log
+    d = classify(Signals(log=log))
+    assert not d.is_memory, f"said {_said(d)}"
