@@ -51,9 +51,11 @@ async def test_a_tenant_with_more_stalled_log_reads_than_workers_leaves_the_othe
     other = cluster.in_namespace("team-b")
     await cluster.create_vsvc("many", SPEC)
     await cluster.settled("many")
-    kmock.fail("GET", "/log", delay=120, times=1000)
+    reads = kmock.fail("GET", "/log", delay=120, times=1000)
     for i in range(16):
         await cluster.crash_pod("many", f"many-{i}")
+    for i in range(16):  # the pod's further events of the same crash: it is read once, all the same
+        await cluster.crash_pod("many", f"many-{i}", finished_at="2026-11-30T03:00:01Z")
     await asyncio.sleep(0.5)
     started = time.monotonic()
     await other.create_vsvc("other", SPEC)
@@ -66,3 +68,4 @@ async def test_a_tenant_with_more_stalled_log_reads_than_workers_leaves_the_othe
         what="every crash of the tenant whose logs stall recorded",
         timeout=60,
     )
+    assert reads.hits == 16

@@ -34,8 +34,25 @@ _log_reads: dict[tuple[str, bool], threading.BoundedSemaphore] = {}
 _log_reads_guard = threading.Lock()
 
 
+_queued: set[str] = set()  # crashes waiting for a read off kopf's workers, or being looked at there
+
+
 class LogReadsBusy(Exception):
     """The namespace's log reads hold their share of kopf's workers: look at the crash off them."""
+
+
+def queue_off_workers(crash_id: str) -> bool:
+    """True once per crash until unqueue_off_workers: each of the pod's events would queue it again."""
+    with _log_reads_guard:
+        if crash_id in _queued:
+            return False
+        _queued.add(crash_id)
+        return True
+
+
+def unqueue_off_workers(crash_id: str) -> None:
+    with _log_reads_guard:
+        _queued.discard(crash_id)
 
 
 def _read_log(kube: Kube, incident: Incident) -> str:
@@ -50,8 +67,8 @@ def _read_log(kube: Kube, incident: Incident) -> str:
         slots = _log_reads[key]
     if incident.off_workers:
         got = slots.acquire(timeout=QUEUED_READ_WAIT_S)
-    elif not (got := slots.acquire(blocking=False)):
-        raise LogReadsBusy(incident.namespace)
+    elif incident.crash_id in _queued or not (got := slots.acquire(blocking=False)):
+        raise LogReadsBusy(incident.namespace)  # (a crash already queued is read there, once)
     try:
         return kube.previous_log(incident.namespace, incident.pod_name, resources.CONTAINER)
     finally:

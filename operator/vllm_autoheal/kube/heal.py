@@ -32,7 +32,7 @@ from . import heal_events, pods, resources
 from . import status as st
 from .client import Kube
 from .config import OperatorConfig
-from .crash import LogReadsBusy, ModelLookup, diagnose
+from .crash import LogReadsBusy, ModelLookup, diagnose, queue_off_workers, unqueue_off_workers
 from .later import Later
 from .writes import lock, patch_object, transient, update_status
 
@@ -291,7 +291,8 @@ def handle_crash(kube: Kube, cfg: OperatorConfig, later: Later, incident: Incide
         incident.diagnosis = diagnose(kube, incident, obj)
     except LogReadsBusy:  # its namespace's log reads hold their share of kopf's workers: wait off them
         incident.off_workers = True
-        later.run(f"crash/{incident.crash_id}", 0, lambda: handle_crash(kube, cfg, later, incident, logger))
+        if queue_off_workers(incident.crash_id):  # (once: the pod's further events find it queued)
+            later.run(f"crash/{incident.crash_id}", 0, lambda: _off_workers(kube, cfg, later, incident, logger))
         return
     try:
         written = update_status(kube, cfg, ns, name, lambda fresh: record(kube, incident, fresh, cfg, expected=now))
@@ -314,6 +315,13 @@ def handle_crash(kube: Kube, cfg: OperatorConfig, later: Later, incident: Incide
         metrics.HEAL_LATENCY.observe(time.monotonic() - started)
         logger.info(f"healed {incident.diagnosis.cause}: {incident.remedy.summary()}")
     metrics.set_phase(f"{ns}/{name}", (written.get("status") or {}).get("phase"))
+
+
+def _off_workers(kube: Kube, cfg: OperatorConfig, later: Later, incident: Incident, logger: kopf.Logger) -> None:
+    try:
+        handle_crash(kube, cfg, later, incident, logger)
+    finally:
+        unqueue_off_workers(incident.crash_id)
 
 
 def spec_patch(obj: VLLMService, target: Deployed) -> dict[str, Any]:
