@@ -205,3 +205,55 @@ def test_tensor_parallel_that_holds_the_weights_but_not_the_context_comes_with_t
         cannot_shorten, Diagnosis(cause="weights_load_oom"), inventory=Inventory(gpu_total_gib=80.0, shape=llama70)
     )
     assert r.action == GIVE_UP  # (LowerMaxModelLen not allowed: no shorter context, and no split keeps it)
+
+
+MISTRAL = shape_from_config(json.loads((CONFIGS / "mistral-7b-v0.1.json").read_text()))
+QWEN7 = shape_from_config(json.loads((CONFIGS / "qwen2.5-7b.json").read_text()))
+
+
+def test_a_context_cut_sized_by_the_memory_model_is_not_made_for_a_sliding_window():
+    """High (a wrong change: the user's context cut for nothing). Mistral-7B-v0.1 attends over a
+    4096-token window: vLLM keeps at most the window's KV per request, while the memory model counts
+    every layer at full context. With 20.5 GiB free, utilization 0.12 leaves ~2.5 GiB of cache, which
+    the memory model says holds ~20k tokens < 32768. Before: max_model_len 32768 -> ~19k with the
+    utilization fit. Now: the utilization alone (vLLM's own estimate sizes a cut, should one be
+    needed)."""
+    s = spec(maxModelLen=32768)
+    inv = Inventory(gpu_total_gib=H200, shape=MISTRAL)
+    est = estimate(MISTRAL, s.engine.model_copy(update={"gpu_memory_utilization": 0.12}), GpuSpec("gpu", H200))
+    assert est.max_model_len_fit < 32768  # (the memory model's verdict the cut came from)
+    r = plan_heal(s, classify(Signals(log=FREE_20)), inventory=inv)
+    assert r.action == "LowerGpuMemoryUtilization" and "max_model_len" not in r.changes, r
+
+
+def test_tensor_parallel_for_a_sliding_window_model_keeps_the_context():
+    """High (a wrong change). Mistral-7B-v0.1 on 10 GiB GPUs: TP 2 holds its weights, and the memory
+    model's full-context KV count says the cache falls short of 32768 tokens, which a 4096-token
+    window never needs. Before: TP 2 with max_model_len cut to the memory model's figure. Now: TP 2
+    alone."""
+    allowed = ["IncreaseTensorParallel", "LowerMaxModelLen"]
+    s = spec(maxModelLen=32768, heal={"bounds": {"maxTensorParallelSize": 2}, "allowedActions": allowed})
+    est = estimate(MISTRAL, s.engine.model_copy(update={"tensor_parallel_size": 2}), GpuSpec("gpu", 10.0))
+    assert est.failure == "kv_cache_insufficient"
+    r = plan_heal(s, Diagnosis(cause="weights_load_oom"), inventory=Inventory(gpu_total_gib=10.0, shape=MISTRAL))
+    assert r.action == "IncreaseTensorParallel" and r.changes == {"tensor_parallel_size": 2}, r
+
+
+def test_a_window_the_config_turns_off_is_no_window():
+    """Qwen2.5 configs name a sliding_window with use_sliding_window false: vLLM attends over the whole
+    context, so the memory model's count holds and the context cut still comes with the fit."""
+    cfg = {**json.loads((CONFIGS / "qwen2.5-7b.json").read_text()), "sliding_window": 4096}
+    cfg["use_sliding_window"] = False
+    shape = shape_from_config(cfg)
+    assert shape.sliding_window is None
+
+
+def test_a_vanishing_available_cache_never_raises():
+    """High (bad input raised). A forged termination message: available_gib 1e-320 (finite, not
+    negative, passes figures.check) with an estimated length. Before: raise_utilization_blind scaled
+    the estimate by grown/available = inf, and int(nan) raised ValueError out of plan_heal (the
+    operator's crash handler). Now: no context is sized from it; the planner answers."""
+    s = spec(gpuMemoryUtilization=0.5, maxModelLen=131072)
+    numbers = {"needed_gib": 100.0, "available_gib": 1e-320, "estimated_max_model_len": 1000.0}
+    r = plan_heal(s, Diagnosis(cause="kv_cache_insufficient", numbers=numbers), inventory=Inventory(gpu_total_gib=H200))
+    assert all(not isinstance(v, float) or 0 < v <= 1 for v in r.changes.values()), r

@@ -89,6 +89,13 @@ class ModelShape:
         return min(DTYPE_BYTES.get(self.dtype, 2.0), 2.0)
 
     @property
+    def kv_overcounted(self) -> bool:
+        """Whether kv_bytes_per_token overstates a long context's cache: vLLM keeps only a sliding
+        window's tokens for its layers, which this model counts at full context."""
+        window = self.sliding_window
+        return isinstance(window, int) and window > 0 and window < (self.max_position_embeddings or window + 1)
+
+    @property
     def is_mla(self) -> bool:
         return self.kv_lora_rank > 0
 
@@ -222,7 +229,8 @@ def shape_from_config(config: dict[str, Any]) -> ModelShape:
         qk_rope_head_dim=int(_get(cfg, "qk_rope_head_dim", default=0) or 0),
         qk_nope_head_dim=int(_get(cfg, "qk_nope_head_dim", default=0) or 0),
         v_head_dim=int(_get(cfg, "v_head_dim", default=0) or 0),
-        sliding_window=cfg.get("sliding_window"),
+        # Qwen2's configs name a window they do not use (use_sliding_window false): vLLM attends in full
+        sliding_window=None if cfg.get("use_sliding_window") is False else cfg.get("sliding_window"),
         max_position_embeddings=int(_get(cfg, "max_position_embeddings", default=0) or 0),
         dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"),
         quantization=quant,

@@ -99,6 +99,8 @@ def raise_utilization_blind(ctx: Context) -> Remedy | None:
 def shorter_context(ctx: Context, tokens: float) -> int | None:
     """A shorter max_model_len that holds in `tokens`, when LowerMaxModelLen is allowed and the bound
     permits; None otherwise."""
+    if not math.isfinite(tokens):  # scaled by a forged, vanishing figure (available_gib 1e-320)
+        return None
     new = whole_blocks(tokens)
     current = ctx.engine.max_model_len or int(ctx.num("max_seq_len") or 0) or None
     if "LowerMaxModelLen" not in ctx.policy.allowed_actions or new < ctx.policy.bounds.min_max_model_len:

@@ -49,7 +49,9 @@ def more_tensor_parallel(ctx: Context) -> Remedy | None:
             )
             for n in sizes
         ]
-        fits = [n for n, est in estimates if est.fits]
+        # A sliding window's cache holds more than the memory model counts: the weights decide there.
+        overcounted = shape.kv_overcounted
+        fits = [n for n, est in estimates if est.fits or (overcounted and est.failure == "kv_cache_insufficient")]
         if not fits:
             # None keeps the whole context: the smallest split that holds the weights, with the
             # context its KV cache holds (3% margin), in the same restart, where that is allowed.
