@@ -26,10 +26,14 @@ if TYPE_CHECKING:
 # once: a read can take its whole budget (client.LOG_BUDGET_S) where a node stalls, and a tenant
 # with more crashing replicas than workers would hold up every other tenant's heal meanwhile.
 LOG_READS_PER_NAMESPACE = 2
+# ...and all namespaces together: one tenant may own many namespaces (4 of them held all 8 workers).
+LOG_READS_ON_WORKERS = 4
+_worker_reads = threading.BoundedSemaphore(LOG_READS_ON_WORKERS)
 # The rest are read from timer threads (kube/later.py), a few at once per namespace: bounded too, as
 # each holds up to client.LOG_LIMIT_BYTES, and a crash loop of hundreds of replicas must not hold GiBs.
+# A queued read waits for its slot however long: each read ends within LOG_BUDGET_S, so its turn
+# comes, and reading anyway after a wait undid the bound for every crash behind 4 x the wait.
 QUEUED_READS_PER_NAMESPACE = 4
-QUEUED_READ_WAIT_S = 300.0  # a crash queued behind its namespace's reads waits at most this long
 _log_reads: dict[tuple[str, bool], threading.BoundedSemaphore] = {}
 _log_reads_guard = threading.Lock()
 
@@ -57,23 +61,30 @@ def unqueue_off_workers(crash_id: str) -> None:
 
 def _read_log(kube: Kube, incident: Incident) -> str:
     """The crashed container's previous log, within its namespace's share of concurrent reads: on a
-    kopf worker a read beyond it raises LogReadsBusy at once; off them (incident.off_workers) it waits
-    its turn (and, past QUEUED_READ_WAIT_S, reads anyway)."""
+    kopf worker a read beyond it (or beyond all namespaces' share) raises LogReadsBusy at once; off
+    them (incident.off_workers) it waits its turn."""
     key = (incident.namespace, incident.off_workers)
     with _log_reads_guard:
         if key not in _log_reads:
             size = QUEUED_READS_PER_NAMESPACE if incident.off_workers else LOG_READS_PER_NAMESPACE
             _log_reads[key] = threading.BoundedSemaphore(size)
         slots = _log_reads[key]
+    held: list[threading.BoundedSemaphore] = []
     if incident.off_workers:
-        got = slots.acquire(timeout=QUEUED_READ_WAIT_S)
-    elif incident.crash_id in _queued or not (got := slots.acquire(blocking=False)):
-        raise LogReadsBusy(incident.namespace)  # (a crash already queued is read there, once)
+        slots.acquire()
+        held.append(slots)
+    elif incident.crash_id not in _queued:  # (a crash already queued is read there, once)
+        for sem in (slots, _worker_reads):
+            if not sem.acquire(blocking=False):
+                break
+            held.append(sem)
     try:
+        if not incident.off_workers and len(held) < 2:
+            raise LogReadsBusy(incident.namespace)
         return kube.previous_log(incident.namespace, incident.pod_name, resources.CONTAINER)
     finally:
-        if got:
-            slots.release()
+        for sem in held:
+            sem.release()
 
 
 def _model_inputs(obj: VLLMService) -> tuple[Any, ...]:

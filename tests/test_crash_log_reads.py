@@ -1,0 +1,87 @@
+"""How many crash-log reads the operator makes at once, and where: kopf's worker threads are shared by
+every tenant, and each read holds up to client.LOG_LIMIT_BYTES for up to client.LOG_BUDGET_S."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from vllm_autoheal.kube import crash
+
+KOPF_WORKERS = 8  # handlers.configure: settings.execution.max_workers
+
+
+class StalledLogs:
+    """previous_log that hangs until released, counting the reads in progress."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.now = self.most = 0
+        self._guard = threading.Lock()
+
+    def previous_log(self, namespace: str, pod: str, container: str) -> str:
+        with self._guard:
+            self.now += 1
+            self.most = max(self.most, self.now)
+        self.release.wait(10)
+        with self._guard:
+            self.now -= 1
+        return ""
+
+
+def incident(ns: str, i: int, off_workers: bool = False) -> SimpleNamespace:
+    return SimpleNamespace(namespace=ns, pod_name=f"p{i}", crash_id=f"{ns}/{i}", off_workers=off_workers)
+
+
+def _start(kube: StalledLogs, incidents: list[SimpleNamespace]) -> tuple[list[threading.Thread], list[str]]:
+    busy: list[str] = []
+
+    def read(inc: SimpleNamespace) -> None:
+        try:
+            crash._read_log(kube, inc)  # type: ignore[arg-type]
+        except crash.LogReadsBusy:
+            busy.append(inc.crash_id)
+
+    threads = [threading.Thread(target=read, args=(inc,), daemon=True) for inc in incidents]
+    for t in threads:
+        t.start()
+    return threads, busy
+
+
+@pytest.fixture(autouse=True)
+def fresh_slots(monkeypatch):
+    monkeypatch.setattr(crash, "_log_reads", {})
+    monkeypatch.setattr(crash, "_queued", set())
+
+
+def test_a_tenant_with_many_namespaces_does_not_hold_every_worker():
+    """High (one tenant holds up every other's heal). The bound on reads on kopf's workers was per
+    namespace (2): a tenant whose stalled replicas crash in 4 namespaces held all 8 workers for a
+    read's whole budget, and another tenant's crash (even one the launcher explained, needing no
+    read) waited for a worker. Reads on the workers must leave some free, however many namespaces."""
+    kube = StalledLogs()
+    threads, _ = _start(kube, [incident(f"team-{n}", i) for n in range(8) for i in range(3)])
+    time.sleep(0.3)
+    held = kube.now
+    kube.release.set()
+    for t in threads:
+        t.join(5)
+    assert held <= KOPF_WORKERS // 2, f"{held} of kopf's {KOPF_WORKERS} workers held by log reads"
+
+
+def test_queued_reads_stay_within_their_bound_however_long_they_wait():
+    """Medium (the operator's memory, shared by every tenant). Off kopf's workers, a crash waited at
+    most QUEUED_READ_WAIT_S for one of its namespace's 4 read slots, then read anyway: a crash loop of
+    hundreds of replicas had, after the wait, hundreds of reads of up to 2 MiB each at once. A read
+    ends within its budget, so the turn comes: it must wait for it."""
+    kube = StalledLogs()
+    threads, _ = _start(kube, [incident("loop", i, off_workers=True) for i in range(12)])
+    time.sleep(0.5)
+    held = kube.most
+    kube.release.set()
+    for t in threads:
+        t.join(5)
+    assert held <= crash.QUEUED_READS_PER_NAMESPACE, f"{held} reads at once in one namespace"
