@@ -85,3 +85,41 @@ def test_queued_reads_stay_within_their_bound_however_long_they_wait():
     for t in threads:
         t.join(5)
     assert held <= crash.QUEUED_READS_PER_NAMESPACE, f"{held} reads at once in one namespace"
+
+
+class PendingLater:
+    """kube.later.Later's contract (one pending run per key; a newer call replaces it), never firing."""
+
+    def __init__(self) -> None:
+        self.pending: dict[str, object] = {}
+
+    def run(self, key: str, delay: float, fn) -> None:
+        self.pending[key] = fn
+
+
+def test_a_crash_queued_for_its_log_read_is_not_dropped_by_another_deferral_of_it(monkeypatch):
+    """The queue's run shared the key `crash/<id>` with the edit wait's and the failed write's
+    deferrals of the same crash: one of those replaced it before it fired, and the crash stayed in
+    the queue for ever (each later event found it queued and did nothing): never recorded."""
+    from vllm_autoheal.kube import heal
+
+    def busy(*_):
+        raise crash.LogReadsBusy("team")
+
+    monkeypatch.setattr(heal, "diagnose", busy)
+    monkeypatch.setattr(heal.ModelLookup, "of", classmethod(lambda cls, kube, obj: None))
+    body = {
+        "apiVersion": "vllm.autoheal.dev/v1alpha1",
+        "kind": "VLLMService",
+        "metadata": {"name": "svc", "namespace": "team", "generation": 1},
+        "spec": {"model": "m"},
+    }
+    kube = SimpleNamespace(get_vsvc=lambda ns, name: body)
+    pod = {"metadata": {"name": "svc-a", "uid": "u1", "labels": {}}, "spec": {}}
+    inc = heal.Incident("team", "svc", pod, {"restartCount": 1})
+    later = PendingLater()
+    heal.handle_crash(kube, SimpleNamespace(), later, inc, SimpleNamespace(info=print))  # type: ignore[arg-type]
+    assert inc.crash_id in crash._queued and len(later.pending) == 1
+    later.run(f"crash/{inc.crash_id}", 0.5, lambda: None)  # e.g. the edit wait's look at the same crash
+    queued_run = [fn for key, fn in later.pending.items() if not key.startswith("crash/")]
+    assert queued_run, "the queued read's run was replaced: the crash stays queued and is never looked at"

@@ -292,7 +292,8 @@ def handle_crash(kube: Kube, cfg: OperatorConfig, later: Later, incident: Incide
     except LogReadsBusy:  # its namespace's log reads hold their share of kopf's workers: wait off them
         incident.off_workers = True
         if queue_off_workers(incident.crash_id):  # (once: the pod's further events find it queued)
-            later.run(f"crash/{incident.crash_id}", 0, lambda: _off_workers(kube, cfg, later, incident, logger))
+            # (its own key: a look at the same crash deferred under `crash/` must not replace it)
+            later.run(f"crash-log/{incident.crash_id}", 0, lambda: _off_workers(kube, cfg, later, incident, logger))
         return
     try:
         written = update_status(kube, cfg, ns, name, lambda fresh: record(kube, incident, fresh, cfg, expected=now))
