@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from crafted_logs import assert_same_diagnosis, real_log
+from crafted.bases import real_log
+from crafted.checks import assert_same_diagnosis
 
 BASES = ["not_oom-27571-qwen3next-illegal-memory-access", "kv-cache-too-small.log", "cg-15228-qwen25-v080"]
 

@@ -10,27 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from crafted_logs import (
-    ASGI,
-    CORPUS,
-    FORMATS,
-    OOM_IN_REQUEST_ID,
-    PAYLOADS,
-    ROOT,
-    _cause,
-    _classify,
-    _clean,
-    _diag,
-    _illegal_access,
-    _key,
-    _same,
-    _with,
-    real_log,
-)
 from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.diagnosis import scan as scan_module
 from vllm_autoheal.diagnosis.collector import prefix_of
 from vllm_autoheal.diagnosis.scan import scan, structured
+
+from crafted.bases import CORPUS, PAYLOADS, ROOT, illegal_access_log, real_log, with_lines
+from crafted.checks import assert_same, cause_and_subtype, cause_of, client_text_absent, diagnose
+from crafted.reports import ASGI
+from crafted.request_logging import FORMATS, OOM_IN_REQUEST_ID
 
 TRACEBACK = (
     "INFO 05-01 12:00:00 [gpu_model_runner.py:100] Starting to load model meta-llama/Llama-3.1-8B...\n"
@@ -186,7 +174,7 @@ def test_a_collector_never_changes_a_line_that_has_a_header_of_its_own():
     log = "".join(STERN + line + "\n" for line in base_log.splitlines())
     forged = FORMATS[2].format(r=repr(STERN + OOM_IN_REQUEST_ID))
     crafted = classify(Signals(log=log + STERN + forged + "\n"))
-    _same(crafted, classify(Signals(log=log)))
+    assert_same(crafted, classify(Signals(log=log)))
     assert "ZZUSERZZ" not in json.dumps(crafted.to_dict())
     assert {ln.origin for ln in scan(log + STERN + forged + "\n").lines if "ZZUSERZZ" in ln.raw} == {"user"}
 
@@ -199,7 +187,7 @@ def test_request_echoes_under_a_collector_prefix_change_nothing(prefix, base_nam
     base = classify(Signals(log=base_log))
     for fmt in FORMATS:
         crafted = classify(Signals(log=base_log + prefix + fmt.format(r=repr(OOM_IN_REQUEST_ID)) + "\n"))
-        _same(crafted, base)
+        assert_same(crafted, base)
         assert "ZZUSERZZ" not in json.dumps(crafted.to_dict())
 
 
@@ -218,7 +206,7 @@ def test_request_echoes_under_a_collector_prefix_change_nothing(prefix, base_nam
 )
 def test_the_shells_job_report_with_a_containers_small_pid(line, cause):
     """unknown when unfixed (two-digit pids are read)."""
-    assert _cause(line + "\n") == cause
+    assert cause_of(line + "\n") == cause
 
 
 # `journalctl -u vllm` prints systemd's lines after a date, the host and `systemd[1]: `, which scan.py
@@ -236,7 +224,7 @@ def test_the_shells_job_report_with_a_containers_small_pid(line, cause):
 )
 def test_systemds_reports_as_journalctl_prints_them(log):
     """unknown when unfixed."""
-    assert _cause(log) == "host_ram_oom"
+    assert cause_of(log) == "host_ram_oom"
 
 
 def test_a_markdown_paste_reads_as_the_lines_it_quotes():
@@ -281,16 +269,16 @@ CLIENT_PREFIXES = ["ZZ: ", "ZZ| ", "[ZZ] ", "0: ", "zz> "]
 
 def _flooded(base: str, prefix: str, lines: list[str]) -> str:
     flood = "\n".join(prefix + "x" for _ in range(420))
-    return _with(base, ASGI + flood + "\n" + "\n".join(prefix + ln for ln in lines), "end")
+    return with_lines(base, ASGI + flood + "\n" + "\n".join(prefix + ln for ln in lines), "end")
 
 
 @pytest.mark.parametrize("prefix", CLIENT_PREFIXES)
 @pytest.mark.parametrize("base_name", BASES)
 def test_a_client_prefix_flood_forges_no_headerless_engine_line(base_name, prefix):
     base = real_log(base_name)
-    control = _diag(_with(base, ASGI + "hello", "end"))
+    control = diagnose(with_lines(base, ASGI + "hello", "end"))
     for payload in (ENGINE_TRACEBACK, [OOM]):
-        crafted = _diag(_flooded(base, prefix, payload))
+        crafted = diagnose(_flooded(base, prefix, payload))
         assert (crafted.cause, crafted.subtype) == (control.cause, control.subtype)
         assert "ZZUSERZZ" not in json.dumps(crafted.to_dict())
 
@@ -301,8 +289,8 @@ def test_a_client_prefix_flood_forges_no_more_than_a_raw_header_does(base_name, 
     """The forged vLLM header under a cut prefix decides exactly what it decides without one (the known limit),
     or nothing (a prefix the lines before the first error do not open is not learned)."""
     base = real_log(base_name)
-    raw = _diag(_with(base, ASGI + HEADER + OOM, "end"))
-    crafted = _diag(_flooded(base, prefix, [HEADER + OOM]))
+    raw = diagnose(with_lines(base, ASGI + HEADER + OOM, "end"))
+    crafted = diagnose(_flooded(base, prefix, [HEADER + OOM]))
     assert (crafted.cause, crafted.subtype) == (raw.cause, raw.subtype) or not crafted.is_memory
 
 
@@ -312,7 +300,7 @@ CORPUS_SAMPLES = [json.loads(x) for x in (ROOT / "tests/corpus/corpus.jsonl").re
 
 def test_the_general_rule_cuts_a_header_it_cannot_read_without_moving_the_answer():
     s = next(x for x in CORPUS_SAMPLES if x["id"] == "notoom-352-devshm-nccl-crashloop")
-    d = _diag(s["log"])
+    d = diagnose(s["log"])
     assert (d.cause, d.subtype) == ("not_oom", "nccl_error")
 
 
@@ -329,7 +317,7 @@ FIXTURE_LOGS = [
 def test_srun_labels_on_real_logs_keep_the_answer(name, label):
     log = (ROOT / "tests/fixtures/vllm-cpu" / name).read_text()
     labelled = "".join(label + ln + "\n" for ln in log.splitlines())
-    a, b = _diag(log), _diag(labelled)
+    a, b = diagnose(log), diagnose(labelled)
     assert (b.cause, b.subtype) == (a.cause, a.subtype)
 
 
@@ -339,13 +327,13 @@ LOKI_QUOTE = '2026-12-01T10:00:00Z {app="vllm"} ERROR 12-01 10:00:00 [core.py:12
 
 @pytest.mark.xfail(strict=True, reason="s14b-6: a client's lines that open with a timestamp teach a collector's prefix")
 def test_a_clients_stamped_lines_do_not_teach_a_collectors_prefix():
-    base = _illegal_access()
+    base = illegal_access_log()
     harmless = classify(Signals(log=base + ASGI + "hello there\n" * 451))
-    assert _key(harmless) == ("not_oom", "illegal_memory_access")
+    assert cause_and_subtype(harmless) == ("not_oom", "illegal_memory_access")
     client = "".join(LOKI_QUOTE + "hello there\n" for _ in range(450)) + LOKI_QUOTE + PAYLOADS["cuda-oom"] + "\n"
     crafted = classify(Signals(log=base + ASGI + client))
-    assert _key(crafted) == _key(harmless)
-    assert _clean(crafted)
+    assert cause_and_subtype(crafted) == cause_and_subtype(harmless)
+    assert client_text_absent(crafted)
 
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -372,9 +360,9 @@ def test_stripping_colour_codes_without_their_esc_changes_no_train_or_fixture_an
     logs = _logs_with_bare_colours()
     assert logs  # (Ray's coloured actor prefixes, as a tool left them)
     for name, log in logs.items():
-        now = _classify(log)
+        now = diagnose(log)
         monkeypatch.setattr(scan_module, "_ANSI", _ESC_ONLY)
-        before = _classify(log)
+        before = diagnose(log)
         monkeypatch.undo()
         assert (now.cause, now.subtype, now.numbers) == (before.cause, before.subtype, before.numbers), name
 

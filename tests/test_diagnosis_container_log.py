@@ -9,24 +9,14 @@ import json
 
 import pytest
 
-from crafted_logs import (
-    ASGI,
-    BASES,
-    CLIENT_FORMATS,
-    OOM,
-    _add_lora_failure,
-    _check,
-    _cri,
-    _diagnosis_fields,
-    _docker,
-    _hf_download_failure,
-    _preprocess_error,
-    _said,
-    _with,
-    real_log,
-)
 from vllm_autoheal.diagnosis import MEMORY_CAUSES, Signals, classify
 from vllm_autoheal.diagnosis.container_log import JOINED_MAX, unpacked
+
+from crafted.bases import BASES, OOM, real_log, with_lines
+from crafted.checks import assert_reads_like, diagnosis_fields, said
+from crafted.exceptions import CLIENT_FORMATS, add_lora_failure, hf_download_failure, preprocess_error
+from crafted.node_logs import cri_log, docker_log
+from crafted.reports import ASGI
 
 
 def _timestamps(log: str) -> str:
@@ -43,7 +33,7 @@ REQUEST_DETAILS = (
 )
 
 
-SPLIT_FORMATS = {"cri": lambda log: _cri(log, record=16384), "docker": lambda log: _docker(log, record=16384)}
+SPLIT_FORMATS = {"cri": lambda log: cri_log(log, record=16384), "docker": lambda log: docker_log(log, record=16384)}
 
 
 @pytest.mark.parametrize("fmt", sorted(SPLIT_FORMATS))
@@ -57,9 +47,9 @@ def test_a_long_prompt_split_into_records_is_still_the_clients(base_name, fmt):
     or a docker record without its newline, goes on in the next one."""
     to_file = SPLIT_FORMATS[fmt]
     base_log = real_log(base_name)
-    crafted = _with(base_log, REQUEST_DETAILS.format(r=repr((OOM + " ") * 400)), "end")
-    harmless = _with(base_log, REQUEST_DETAILS.format(r=repr("hello " * 10000)), "end")
-    _check(to_file(crafted), to_file(harmless), fmt)
+    crafted = with_lines(base_log, REQUEST_DETAILS.format(r=repr((OOM + " ") * 400)), "end")
+    harmless = with_lines(base_log, REQUEST_DETAILS.format(r=repr("hello " * 10000)), "end")
+    assert_reads_like(to_file(crafted), to_file(harmless), fmt)
 
 
 # --- A docker record longer than MAX_LINE keeps its JSON (high, new) -------------------------------------
@@ -68,7 +58,7 @@ TOOL_PARSER = "(APIServer pid=7) DEBUG 12-01 10:00:05 [hermes_tool_parser.py:240
 
 LONG_RECORDS = {
     # serving_chat.py's per-request error (REQUEST by its file): a template's own message
-    "template-error": lambda p: _preprocess_error("jinja2.exceptions.TemplateError: " + p),
+    "template-error": lambda p: preprocess_error("jinja2.exceptions.TemplateError: " + p),
     # a tool parser's line (USER by its file): the model's output
     "tool-parser": lambda p: TOOL_PARSER + p,
 }
@@ -86,19 +76,19 @@ def test_a_long_docker_record_is_read_by_its_header(base_name, record, pad):
     text does (the short records do: found nothing there)."""
     base_log = real_log(base_name)
     carry = LONG_RECORDS[record]
-    crafted = _with(base_log, carry(OOM + " " + "x" * pad), "middle")
-    harmless = _with(base_log, carry("hello " + "x" * pad), "middle")
-    _check(_docker(crafted), _docker(harmless), record)
+    crafted = with_lines(base_log, carry(OOM + " " + "x" * pad), "middle")
+    harmless = with_lines(base_log, carry("hello " + "x" * pad), "middle")
+    assert_reads_like(docker_log(crafted), docker_log(harmless), record)
 
 
 # --- A per-line time is no new message (high; older for --timestamps, new for CRI) ------------------------
 NEWLINE_CARRIERS = {
-    "add-lora": lambda p: _add_lora_failure("a\n" + p, "/adapters/a"),
-    "hub-download": lambda p: _hf_download_failure("a\n" + p),
+    "add-lora": lambda p: add_lora_failure("a\n" + p, "/adapters/a"),
+    "hub-download": lambda p: hf_download_failure("a\n" + p),
 }
 
 
-STAMPED = {"cri": _cri, "kubectl-timestamps": _timestamps}
+STAMPED = {"cri": cri_log, "kubectl-timestamps": _timestamps}
 
 
 @pytest.mark.parametrize("fmt", sorted(STAMPED))
@@ -113,7 +103,11 @@ def test_a_per_line_time_does_not_end_an_exceptions_message(base_name, carrier, 
     stamp = STAMPED[fmt]
     base_log = real_log(base_name)
     carry = NEWLINE_CARRIERS[carrier]
-    _check(stamp(_with(base_log, carry(OOM), "middle")), stamp(_with(base_log, carry("hello"), "middle")), carrier)
+    assert_reads_like(
+        stamp(with_lines(base_log, carry(OOM), "middle")),
+        stamp(with_lines(base_log, carry("hello"), "middle")),
+        carrier,
+    )
 
 
 # --- json.loads on a client's line ----------------------------------------------------------
@@ -126,10 +120,10 @@ def test_a_deeply_nested_json_line_does_not_void_the_diagnosis(base_name, depth)
     should read as the same traceback with a harmless line there (json.loads may fail in any way: the
     line is then what it is)."""
     base_log = real_log(base_name)
-    crafted = classify(Signals(log=_with(base_log, ASGI + '{"log":' + "[" * depth, "end")))
-    harmless = classify(Signals(log=_with(base_log, ASGI + "hello", "end")))
+    crafted = classify(Signals(log=with_lines(base_log, ASGI + '{"log":' + "[" * depth, "end")))
+    harmless = classify(Signals(log=with_lines(base_log, ASGI + "hello", "end")))
     assert harmless.cause in MEMORY_CAUSES
-    assert _diagnosis_fields(crafted) == _diagnosis_fields(harmless), f"said {_said(crafted)} ({crafted.explanation})"
+    assert diagnosis_fields(crafted) == diagnosis_fields(harmless), f"said {said(crafted)} ({crafted.explanation})"
 
 
 @pytest.mark.parametrize(
@@ -148,7 +142,7 @@ def test_a_deeply_nested_json_line_does_not_void_the_diagnosis(base_name, depth)
 def test_malformed_docker_records_are_read_as_they_are(line):
     """Each is a plain line (or the text it holds) and classify raises nothing."""
     base_log = real_log("local-h200-runtime")
-    d = classify(Signals(log=_with(base_log, ASGI + line, "end")))
+    d = classify(Signals(log=with_lines(base_log, ASGI + line, "end")))
     assert (d.cause, d.subtype) == ("runtime_oom", "oom_in_serving"), d.explanation
 
 
@@ -160,11 +154,11 @@ def test_a_cri_time_with_a_zone_offset_is_a_known_prefix():
     ERROR 07-03 03:19:15 [serving_chat.py:200] jinja2.exceptions.TemplateError: torch.OutOfMemoryError:
     ... ZZUSERZZ`. It should read as the same file in UTC does (not_oom nccl_timeout)."""
     base_log = real_log("neg-2734-llama2-70b-tp8-timeout")
-    crafted = _with(base_log, _preprocess_error("jinja2.exceptions.TemplateError: " + OOM), "middle")
-    utc = classify(Signals(log=_cri(crafted)))
-    zoned = classify(Signals(log=_cri(crafted, zone="+01:00")))
+    crafted = with_lines(base_log, preprocess_error("jinja2.exceptions.TemplateError: " + OOM), "middle")
+    utc = classify(Signals(log=cri_log(crafted)))
+    zoned = classify(Signals(log=cri_log(crafted, zone="+01:00")))
     assert (utc.cause, utc.subtype) == ("not_oom", "nccl_timeout")
-    assert (zoned.cause, zoned.subtype) == (utc.cause, utc.subtype), f"said {_said(zoned)}"
+    assert (zoned.cause, zoned.subtype) == (utc.cause, utc.subtype), f"said {said(zoned)}"
     assert "ZZUSERZZ" not in json.dumps(zoned.to_dict())
 
 
@@ -174,7 +168,9 @@ def test_a_docker_json_spelled_line_in_a_clients_message_is_still_the_message():
     is still a further line (no header), as in plain text."""
     base_log = real_log("neg-2734-llama2-70b-tp8-timeout")
     record = json.dumps({"log": OOM + "\n", "stream": "stderr", "time": "2025-01-01T00:00:00Z"})
-    _check(_with(base_log, ASGI + record, "end"), _with(base_log, ASGI + "hello", "end"), "json-spelled")
+    assert_reads_like(
+        with_lines(base_log, ASGI + record, "end"), with_lines(base_log, ASGI + "hello", "end"), "json-spelled"
+    )
 
 
 def test_a_docker_record_with_vllms_header_in_a_clients_message():
@@ -185,13 +181,15 @@ def test_a_docker_record_with_vllms_header_in_a_clients_message():
     base_log = real_log("neg-2734-llama2-70b-tp8-timeout")
     forged = "(EngineCore_DP0 pid=1) ERROR 01-01 00:00:00 [core.py:1] " + OOM
     record = json.dumps({"log": forged + "\n", "stream": "stderr", "time": "2025-01-01T00:00:00Z"})
-    _check(_with(base_log, ASGI + record, "end"), _with(base_log, ASGI + "hello", "end"), "json header")
+    assert_reads_like(
+        with_lines(base_log, ASGI + record, "end"), with_lines(base_log, ASGI + "hello", "end"), "json header"
+    )
 
 
 SINGLE_LINE_FORMATS = sorted(set(CLIENT_FORMATS) - {"add-lora", "add-lora-runtime-error", "hub-download"})
 
 
-FILE_FORMATS = {"cri": _cri, "docker": _docker}
+FILE_FORMATS = {"cri": cri_log, "docker": docker_log}
 
 
 @pytest.mark.parametrize("fmt", sorted(FILE_FORMATS))
@@ -202,7 +200,11 @@ def test_single_line_client_formats_change_nothing_in_node_log_files(base_name, 
     message's first further line) read in a CRI (UTC) or docker json file as in plain text."""
     to_file, carry = FILE_FORMATS[fmt], CLIENT_FORMATS[client]
     base_log = real_log(base_name)
-    _check(to_file(_with(base_log, carry(OOM), "middle")), to_file(_with(base_log, carry("hello"), "middle")), client)
+    assert_reads_like(
+        to_file(with_lines(base_log, carry(OOM), "middle")),
+        to_file(with_lines(base_log, carry("hello"), "middle")),
+        client,
+    )
 
 
 # --- Partial records joined across streams (high) -------------------------------------------------------
@@ -236,7 +238,7 @@ def test_a_long_prompts_records_are_joined_within_their_stream(base_name, fmt):
     joined with the stderr record after it, and the prompt's last piece starts a headerless line. It should
     say what the same records with a harmless tail say: a P record goes on in the next record of its stream."""
     base_log = real_log(base_name)
-    _check(_interleaved(base_log, OOM, fmt), _interleaved(base_log, "hello", fmt), fmt)
+    assert_reads_like(_interleaved(base_log, OOM, fmt), _interleaved(base_log, "hello", fmt), fmt)
 
 
 # --- container_log.py -------------------------------------------------------------------------------------
@@ -284,11 +286,11 @@ def test_docker_json_escapes_start_no_line_and_raise_nothing(trick):
     record's log (replaced by a blank), or a record that does not decode (kept as its raw text, user text
     by its words) starts no engine line and raises nothing."""
     base_log = real_log("neg-2734-llama2-70b-tp8-timeout")
-    head = _docker(base_log)
+    head = docker_log(base_log)
     crafted = head + JSON_TRICKS[trick]
     harmless = head + _one_docker(PROMPT + "'\n")
     d, want = classify(Signals(log=crafted)), classify(Signals(log=harmless))
-    assert (d.cause, d.subtype) == (want.cause, want.subtype), f"said {_said(d)}; should say {_said(want)}"
+    assert (d.cause, d.subtype) == (want.cause, want.subtype), f"said {said(d)}; should say {said(want)}"
     assert "ZZUSERZZ" not in json.dumps(d.to_dict())
 
 
@@ -299,12 +301,12 @@ def test_records_in_a_plain_text_log_are_text(record):
     base_log = real_log("neg-2734-llama2-70b-tp8-timeout")
     line = "(EngineCore_DP0 pid=1) ERROR 01-01 00:00:00 [core.py:1] " + OOM
     shaped = _cri_records([("stderr", "F", line)]) if record == "cri" else _one_docker(line + "\n")
-    _check(_with(base_log, ASGI + shaped, "end"), _with(base_log, ASGI + "hello", "end"), record)
+    assert_reads_like(with_lines(base_log, ASGI + shaped, "end"), with_lines(base_log, ASGI + "hello", "end"), record)
 
 
 @pytest.mark.parametrize("first", ["zone", "blank-lines"])
 def test_a_cri_file_is_told_by_its_first_real_line(first):
     """A zone offset, or blank lines before the first record, still read as CRI."""
     base_log = real_log("neg-2734-llama2-70b-tp8-timeout")
-    cri = _cri(base_log, zone="+01:00") if first == "zone" else "\n\n" + _cri(base_log)
+    cri = cri_log(base_log, zone="+01:00") if first == "zone" else "\n\n" + cri_log(base_log)
     assert classify(Signals(log=cri)).cause == classify(Signals(log=base_log)).cause

@@ -8,9 +8,11 @@ import json
 
 import pytest
 
-from crafted_logs import CORPUS, _diag, _log, real_log
 from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.diagnosis.corpus import context
+
+from crafted.bases import CORPUS, real_log, startup_failure
+from crafted.checks import diagnose
 
 
 # --- A frame quoted as the evidence of a re-printed failure ------------------------------
@@ -29,7 +31,7 @@ def test_the_evidence_of_a_reprinted_failure_is_its_message_not_a_frame(sample_i
 def test_the_evidence_shows_the_engines_words_that_named_the_allocation():
     d = classify(
         Signals(
-            log=_log(
+            log=startup_failure(
                 "torch.distributed.DistBackendError: communicator setup failed",
                 "workspace allocation failed (2147483648 bytes)",
             )
@@ -42,18 +44,18 @@ def test_the_evidence_shows_the_engines_words_that_named_the_allocation():
 # --- the evidence quotes a client's KeyError text after an uncut prefix -------------------------------
 @pytest.mark.parametrize("prefix", ["[w0] 12:00 ", "w0> "])
 def test_evidence_withholds_the_message_of_an_exception_named_after_a_prefix(prefix):
-    d = _diag(prefix + "KeyError: 'ZZUSERZZ address already in use'\n")
+    d = diagnose(prefix + "KeyError: 'ZZUSERZZ address already in use'\n")
     assert d.cause == "not_oom"
     assert "ZZUSERZZ" not in json.dumps(d.to_dict())
 
 
 def test_the_same_line_without_a_prefix_withholds_the_message():
-    d = _diag("KeyError: 'ZZUSERZZ address already in use'\n")
+    d = diagnose("KeyError: 'ZZUSERZZ address already in use'\n")
     assert "ZZUSERZZ" not in json.dumps(d.to_dict())
 
 
 def test_a_prefix_is_not_shown_as_the_exceptions_type():
-    d = _diag("wrap: KeyError: 'ZZUSERZZ address already in use'\n")
+    d = diagnose("wrap: KeyError: 'ZZUSERZZ address already in use'\n")
     assert d.evidence and d.evidence[0].startswith("KeyError")
 
 
@@ -66,5 +68,5 @@ def test_a_prefix_is_not_shown_as_the_exceptions_type():
     ],
 )
 def test_evidence_keeps_the_engines_words_where_no_exception_is_named(sample, words):
-    d = _diag(real_log(sample))
+    d = diagnose(real_log(sample))
     assert any(words in e for e in d.evidence), d.evidence

@@ -8,28 +8,21 @@ import json
 
 import pytest
 
-from crafted_logs import (
-    ASGI,
-    BASE,
-    CLIENT_ASGI,
-    FORGED_HEADERS,
-    OOM,
-    REAL_MULTILINE,
-    WORKER_TRACEBACK,
-    H,
-    _add_lora_failure,
-    _asgi_with,
-    _check,
-    _cri,
-    _docker,
-    _hf_download_failure,
-    _preprocess_error,
-    _said,
-    _same,
-    _with,
-    real_log,
-)
 from vllm_autoheal.diagnosis import MEMORY_CAUSES, Signals, classify
+
+from crafted.bases import BASE, OOM, real_log, with_lines
+from crafted.checks import assert_reads_like, assert_same, said
+from crafted.exceptions import (
+    REAL_MULTILINE,
+    WORKER_HEADER,
+    WORKER_TRACEBACK,
+    add_lora_failure,
+    hf_download_failure,
+    preprocess_error,
+)
+from crafted.node_logs import cri_log, docker_log
+from crafted.reports import ASGI, CLIENT_ASGI, asgi_with
+from crafted.wrappers import FORGED_HEADERS
 
 
 def _unchanged_by(base_name: str, client_line: str) -> None:
@@ -37,8 +30,8 @@ def _unchanged_by(base_name: str, client_line: str) -> None:
     that the client wrote, against the same traceback with a harmless line there (a headerless
     request traceback alone already moves a base without an error line to not_oom, other_error)."""
     base_log = real_log(base_name)
-    crafted = classify(Signals(log=_with(base_log, ASGI + client_line, "end")))
-    _same(crafted, classify(Signals(log=_with(base_log, ASGI + "hello", "end"))))
+    crafted = classify(Signals(log=with_lines(base_log, ASGI + client_line, "end")))
+    assert_same(crafted, classify(Signals(log=with_lines(base_log, ASGI + "hello", "end"))))
     assert "ZZUSERZZ" not in json.dumps(crafted.to_dict())
 
 
@@ -123,8 +116,8 @@ def test_a_not_memory_phrase_in_a_clients_asgi_line_does_not_outvote_a_real_memo
     client text."""
     base_log = real_log(base_name)
     asgi = CLIENT_ASGI.replace("ZZUSERZZ", "x")
-    harmless = classify(Signals(log=_with(base_log, asgi + "hello", "middle")))
-    crafted = classify(Signals(log=_with(base_log, asgi + payload, "middle")))
+    harmless = classify(Signals(log=with_lines(base_log, asgi + "hello", "middle")))
+    crafted = classify(Signals(log=with_lines(base_log, asgi + payload, "middle")))
     assert harmless.cause in MEMORY_CAUSES
     assert (crafted.cause, crafted.subtype) == (harmless.cause, harmless.subtype)
     assert "ZZUSERZZ" not in json.dumps(crafted.to_dict())
@@ -142,8 +135,8 @@ PLACE_BASES = ["rt-27466-busy-loop", "rt-16-club3090-ffn-forward-oom-24gb"]
 @pytest.mark.parametrize(
     "carrier",
     [
-        lambda m: _preprocess_error("jinja2.exceptions.TemplateError: x\nRuntimeError: " + m),
-        lambda m: _add_lora_failure("a\nRuntimeError: " + m, "/adapters/a"),
+        lambda m: preprocess_error("jinja2.exceptions.TemplateError: x\nRuntimeError: " + m),
+        lambda m: add_lora_failure("a\nRuntimeError: " + m, "/adapters/a"),
     ],
     ids=["template-error", "add-lora"],
 )
@@ -160,7 +153,7 @@ def test_a_clients_capture_marker_does_not_replace_a_real_runtime_oom(base_name,
     base_log = real_log(base_name)
     base = classify(Signals(log=base_log))
     assert base.cause == "runtime_oom"
-    crafted = classify(Signals(log=_with(base_log, carrier(marker), "end")))
+    crafted = classify(Signals(log=with_lines(base_log, carrier(marker), "end")))
     assert (crafted.cause, crafted.phase) == (base.cause, base.phase)
     assert crafted.cause in MEMORY_CAUSES
 
@@ -170,12 +163,12 @@ THIRD_LINE_CARRIERS = {
     # uvicorn's headerless request traceback , the client's message over three lines
     "asgi": lambda p: ASGI.replace("TemplateError: x\n", "TemplateError: " + p + "\n"),
     # POST /v1/load_lora_adapter: lora_name in LoRAAdapterNotFoundError's message (engine, REQUEST-scoped)
-    "add-lora": lambda p: _add_lora_failure(p, "/adapters/a"),
+    "add-lora": lambda p: add_lora_failure(p, "/adapters/a"),
     # a lora_path taken for a Hub repo: HFValidationError names it (engine, REQUEST-scoped)
-    "hub-download": _hf_download_failure,
+    "hub-download": hf_download_failure,
     # serving_chat.py's per-request errors (REQUEST): a template's raise_exception, a request ValueError
-    "template": lambda p: _preprocess_error("jinja2.exceptions.TemplateError: " + p),
-    "request-valueerror": lambda p: _preprocess_error("ValueError: " + p),
+    "template": lambda p: preprocess_error("jinja2.exceptions.TemplateError: " + p),
+    "request-valueerror": lambda p: preprocess_error("ValueError: " + p),
 }
 
 
@@ -190,14 +183,20 @@ def test_the_third_line_of_a_clients_exception_message_is_still_the_clients(base
     traceback line or a new logged message, is the message's."""
     carry = THIRD_LINE_CARRIERS[carrier]
     base_log = real_log(base_name)
-    _check(_with(base_log, carry("a\nb\n" + OOM), "middle"), _with(base_log, carry("a\nb\nc"), "middle"), carrier)
+    assert_reads_like(
+        with_lines(base_log, carry("a\nb\n" + OOM), "middle"), with_lines(base_log, carry("a\nb\nc"), "middle"), carrier
+    )
 
 
 def test_the_second_line_of_a_clients_exception_message_stays_closed():
     """One newline changes nothing."""
     base_log = real_log("neg-2734-llama2-70b-tp8-timeout")
     for carry in THIRD_LINE_CARRIERS.values():
-        _check(_with(base_log, carry("a\n" + OOM), "middle"), _with(base_log, carry("a\nb"), "middle"), "2nd line")
+        assert_reads_like(
+            with_lines(base_log, carry("a\n" + OOM), "middle"),
+            with_lines(base_log, carry("a\nb"), "middle"),
+            "2nd line",
+        )
 
 
 # --- A further line's last resort is quoted --------------------------------------------------
@@ -207,9 +206,9 @@ def test_a_further_lines_last_resort_quotes_no_client_text():
     evidence ['CUDA error: bad ZZUSERZZ']. A not-memory last resort may stand, but the line is the
     client's: its text should not be quoted."""
     base_log = real_log("rt-3430-lmcache-qwen3-8b-a5000-long-prompts")
-    d = classify(Signals(log=_with(base_log, ASGI + "CUDA error: bad ZZUSERZZ", "end")))
+    d = classify(Signals(log=with_lines(base_log, ASGI + "CUDA error: bad ZZUSERZZ", "end")))
     assert d.cause not in MEMORY_CAUSES
-    assert "ZZUSERZZ" not in json.dumps(d.to_dict()), f"said {_said(d)}"
+    assert "ZZUSERZZ" not in json.dumps(d.to_dict()), f"said {said(d)}"
 
 
 @pytest.mark.parametrize("fmt", ["plain", "cri", "docker"])
@@ -218,8 +217,8 @@ def test_real_multiline_memory_failures_still_read_as_memory(shape, fmt):
     """The memory failure NCCL and Ray print over further lines of an exception's message
     (vLLM's header on every line) is still read, in each file format."""
     lines, cause = REAL_MULTILINE[shape]
-    log = "".join(H + line + "\n" for line in WORKER_TRACEBACK + lines)
-    to_file = {"plain": lambda x: x, "cri": _cri, "docker": _docker}[fmt]
+    log = "".join(WORKER_HEADER + line + "\n" for line in WORKER_TRACEBACK + lines)
+    to_file = {"plain": lambda x: x, "cri": cri_log, "docker": docker_log}[fmt]
     assert classify(Signals(log=to_file(log))).cause == cause
 
 
@@ -260,9 +259,9 @@ def test_a_forged_traceback_line_does_not_free_the_rest_of_a_clients_message(car
     frame at all)."""
     carry = THIRD_LINE_CARRIERS[carrier]
     base_log = real_log("neg-2734-llama2-70b-tp8-timeout")
-    crafted = _with(base_log, carry("a\n" + FORGED_ENDS[end] + "\n" + OOM), "middle")
-    harmless = _with(base_log, carry("a\n" + FORGED_ENDS[end] + "\nhello"), "middle")
-    _check(crafted, harmless, f"{carrier}/{end}")
+    crafted = with_lines(base_log, carry("a\n" + FORGED_ENDS[end] + "\n" + OOM), "middle")
+    harmless = with_lines(base_log, carry("a\n" + FORGED_ENDS[end] + "\nhello"), "middle")
+    assert_reads_like(crafted, harmless, f"{carrier}/{end}")
 
 
 def _key(d) -> tuple:
@@ -311,18 +310,18 @@ def test_a_requests_exception_line_names_a_memory_failure_only_from_its_start(ba
     start-up failure's base, memory-limit-kill or model-not-found, is not moved by a report after it.) The line
     under serving_chat.py's header says what the harmless line says (asserted). Should say what the harmless line says."""
     base_log = real_log(base_name)
-    harmless = _with(base_log, _asgi_with("ValueError: Invalid tool name hello"), "end")
-    served = classify(Signals(log=_with(base_log, _served(MID_LINE[form]), "end")))
+    harmless = with_lines(base_log, asgi_with("ValueError: Invalid tool name hello"), "end")
+    served = classify(Signals(log=with_lines(base_log, _served(MID_LINE[form]), "end")))
     assert _key(served) == _key(classify(Signals(log=harmless))) and "ZZUSERZZ" not in json.dumps(served.to_dict())
-    _check(_with(base_log, _asgi_with(MID_LINE[form]), "end"), harmless, form)
+    assert_reads_like(with_lines(base_log, asgi_with(MID_LINE[form]), "end"), harmless, form)
 
 
 def test_a_type_that_carries_no_failure_does_not_open_a_wrapped_memory_message():
     """The start-position rule of _wrapped: a TemplateError (no failure's type) opening with the wording, its
     rest on the client's next line."""
     base_log = real_log(BASE)
-    _check(
-        _with(base_log, _asgi_with("jinja2.exceptions.TemplateError: " + FREE[:40] + "\n" + FREE[40:]), "end"),
-        _with(base_log, _asgi_with("jinja2.exceptions.TemplateError: x\nhello"), "end"),
+    assert_reads_like(
+        with_lines(base_log, asgi_with("jinja2.exceptions.TemplateError: " + FREE[:40] + "\n" + FREE[40:]), "end"),
+        with_lines(base_log, asgi_with("jinja2.exceptions.TemplateError: x\nhello"), "end"),
         "template",
     )

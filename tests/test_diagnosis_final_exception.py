@@ -9,8 +9,12 @@ import json
 
 import pytest
 
-from crafted_logs import ACCESS_LINE, ASGI, CHAT, TRACEBACK, _log, _vllm_log
 from vllm_autoheal.diagnosis import Signals, classify
+
+from crafted.bases import TRACEBACK, startup_failure, vllm_log
+from crafted.exceptions import CHAT
+from crafted.reports import ASGI
+from crafted.request_logging import ACCESS_LINE
 
 
 @pytest.mark.parametrize(
@@ -28,7 +32,7 @@ from vllm_autoheal.diagnosis import Signals, classify
     ],
 )
 def test_an_unplaced_allocation_failure_is_not_called_not_memory(message):
-    diag = classify(Signals(log=_log(*message)))
+    diag = classify(Signals(log=startup_failure(*message)))
     assert diag.cause == "unknown"
     assert diag.subtype == "allocation_failure_unplaced"
     assert diag.evidence and diag.evidence[-1].endswith(message[-1])  # the words that named it
@@ -43,14 +47,14 @@ def test_an_unplaced_allocation_failure_is_not_called_not_memory(message):
     ],
 )
 def test_any_other_unnamed_exception_is_not_memory(message):
-    diag = classify(Signals(log=_log(*message)))
+    diag = classify(Signals(log=startup_failure(*message)))
     assert (diag.cause, diag.subtype) == ("not_oom", "other_error")
 
 
 def test_a_later_log_line_is_not_part_of_the_exceptions_message():
     """Only the exception's own message counts: the engine's next record (here a shutdown notice
     naming memory) is not a further line of it."""
-    log = _log("KeyError: 'model.layers.55.mlp.experts.w2_weight_scale_inv'") + (
+    log = startup_failure("KeyError: 'model.layers.55.mlp.experts.w2_weight_scale_inv'") + (
         "INFO 11-22 10:01:29 [launcher.py:80] Shutting down: freeing memory; allocation failed callbacks run\n"
     )
     assert classify(Signals(log=log)).cause == "not_oom"
@@ -59,7 +63,7 @@ def test_a_later_log_line_is_not_part_of_the_exceptions_message():
 def test_a_further_line_that_may_be_a_clients_does_not_move_the_answer():
     """A RuntimeError's message may carry a client's text over lines (a path, a template): its
     further lines name no failure, not even to turn "not memory" into "unknown"."""
-    log = _log("RuntimeError: failed to render template:", "  std::bad_alloc ZZUSERZZ")
+    log = startup_failure("RuntimeError: failed to render template:", "  std::bad_alloc ZZUSERZZ")
     diag = classify(Signals(log=log))
     assert (diag.cause, diag.subtype) == ("not_oom", "other_error")
     assert "ZZUSERZZ" not in " ".join(diag.evidence)
@@ -128,7 +132,7 @@ EC = "(EngineCore_DP0 pid=245) ERROR 04-19 17:04:00 [core.py:387] "
 
 def _mm_cache_key_error(key: str) -> str:
     return (
-        _vllm_log(
+        vllm_log(
             EC,
             "EngineCore hit an exception: Traceback (most recent call last):\n"
             '  File "/usr/lib/python3.12/site-packages/cachetools/__init__.py", line 68, in __getitem__\n'
@@ -168,7 +172,7 @@ def test_an_exception_of_another_type_quoting_allocation_words_stays_not_memory(
 
 # --- A request's report after the crash hides the engine's allocation failure ------------------
 V0_ENGINE = (
-    _vllm_log(
+    vllm_log(
         "ERROR 11-22 10:01:28 async_llm_engine.py:61] ",
         "Engine background task failed\nTraceback (most recent call last):\n"
         '  File "/usr/local/lib/python3.10/dist-packages/vllm/engine/async_llm_engine.py", line 51, in '
@@ -263,13 +267,13 @@ NOTHING_MOVES = {
     "asgi-report-of-a-request": ASGI.replace(
         "jinja2.exceptions.TemplateError: x", "RuntimeError: Failed to allocate memory ZZUSERZZ"
     ),
-    "serving-chat-traceback": _vllm_log(
+    "serving-chat-traceback": vllm_log(
         CHAT,
         "Error in preprocessing prompt inputs\nTraceback (most recent call last):\n"
         '  File "/usr/local/lib/python3.12/dist-packages/vllm/entrypoints/openai/serving_chat.py", line 183, in '
         "create_chat_completion\n    x()\njinja2.exceptions.TemplateError: Failed to allocate memory ZZUSERZZ",
     ),
-    "grammar-report": _vllm_log(
+    "grammar-report": vllm_log(
         "(EngineCore_DP0 pid=2441) ERROR 12-01 04:48:08 [core.py:710] ",
         "EngineCore encountered a fatal error.\nTraceback (most recent call last):\n"
         '  File "/usr/lib/python3.12/site-packages/vllm/v1/structured_output/backend_xgrammar.py", line 90, in '
@@ -278,7 +282,7 @@ NOTHING_MOVES = {
     ),
     "request-logger": "(APIServer pid=7) INFO 11-22 10:01:28 [logger.py:41] Received request cmpl-a1: prompt: "
     "'RuntimeError: Failed to allocate memory ZZUSERZZ', params: SamplingParams(n=1), lora_request: None.",
-    "warning-value": _vllm_log(
+    "warning-value": vllm_log(
         "(EngineCore_DP0 pid=2441) WARNING 12-01 04:48:08 [scheduler.py:1763] ",
         "Encoder cache entry for multimodal identifier 'a\nRuntimeError: Failed to allocate memory ZZUSERZZ' "
         "holds 5 embeddings",
@@ -289,7 +293,7 @@ NOTHING_MOVES = {
 @pytest.mark.parametrize("where", ["before", "after"])
 @pytest.mark.parametrize("extra", sorted(NOTHING_MOVES))
 def test_a_requests_or_values_allocation_words_do_not_make_the_crash_unknown(extra, where):
-    base = _log(KEY)
+    base = startup_failure(KEY)
     log = base + NOTHING_MOVES[extra] + "\n" if where == "after" else NOTHING_MOVES[extra] + "\n" + base
     d = classify(Signals(log=log))
     assert (d.cause, d.subtype) == ("not_oom", "other_error")
@@ -316,13 +320,13 @@ def test_a_requests_or_values_allocation_words_do_not_make_the_crash_unknown(ext
     ids=["ray-placement-group", "grpc-message-size", "hccl-possible-cause"],
 )
 def test_real_non_memory_failures_with_allocation_words_stay_not_memory(message):
-    assert _said(_log(*message)) == ("not_oom", "other_error")
+    assert _said(startup_failure(*message)) == ("not_oom", "other_error")
 
 
 def _engine_report(at: int) -> str:
     further = ["NCCL communicator setup detail line"] * 25
     further[at - 1] = "workspace allocation failed (2147483648 bytes)"
-    return _log("torch.distributed.DistBackendError: communicator setup failed", *further)
+    return startup_failure("torch.distributed.DistBackendError: communicator setup failed", *further)
 
 
 def test_the_message_window_is_bounded():

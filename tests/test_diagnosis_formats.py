@@ -10,10 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from crafted_logs import ASGI, BASE, COLLECTORS, OOM, SITE, _asgi, _check, _grammar_crash, _json_check, _with, real_log
 from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.diagnosis.origin import USER
 from vllm_autoheal.diagnosis.scan import scan
+
+from crafted.bases import BASE, OOM, real_log, with_lines
+from crafted.checks import assert_reads_like
+from crafted.grammar import SITE, assert_json_reads_like, grammar_crash
+from crafted.node_logs import COLLECTORS
+from crafted.reports import ASGI, asgi
 
 # vLLM's KV check, as a pretty-printer (a notebook, a wrapping console) wrapped it over three lines.
 WRAPPED_KV = (
@@ -191,9 +196,9 @@ def test_a_wrapped_join_never_takes_a_clients_line(base_name, exception, collect
     report says with a harmless line there."""
     base_log = real_log(base_name)
     wrap = COLLECTORS[collector]
-    _check(
-        wrap(_with(base_log, _asgi_error(exception, FREE), "end")),
-        wrap(_with(base_log, _asgi_error(exception, "hello"), "end")),
+    assert_reads_like(
+        wrap(with_lines(base_log, _asgi_error(exception, FREE), "end")),
+        wrap(with_lines(base_log, _asgi_error(exception, "hello"), "end")),
         collector,
     )
 
@@ -214,12 +219,14 @@ def test_a_notebook_frame_in_a_clients_text_names_nothing(frame):
     base_log = real_log(BASE)
     begin = "<fn\n" + NOTEBOOK_FRAMES[frame] + OOM
     for headed in (True, False):
-        _check(
-            _with(base_log, _grammar_crash(begin, headed), "end"),
-            _with(base_log, _grammar_crash("<fn\nhello", headed), "end"),
+        assert_reads_like(
+            with_lines(base_log, grammar_crash(begin, headed), "end"),
+            with_lines(base_log, grammar_crash("<fn\nhello", headed), "end"),
             frame,
         )
-    _check(
-        _with(base_log, _asgi("x\n" + NOTEBOOK_FRAMES[frame] + OOM), "end"), _with(base_log, _asgi("x"), "end"), frame
+    assert_reads_like(
+        with_lines(base_log, asgi("x\n" + NOTEBOOK_FRAMES[frame] + OOM), "end"),
+        with_lines(base_log, asgi("x"), "end"),
+        frame,
     )
-    _json_check(begin, "<fn\nhello", True, frame)
+    assert_json_reads_like(begin, "<fn\nhello", True, frame)

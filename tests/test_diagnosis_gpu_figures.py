@@ -8,11 +8,13 @@ import json
 
 import pytest
 
-from crafted_logs import CENSUS, H100, _said
 from vllm_autoheal.api import VLLMServiceSpec
 from vllm_autoheal.diagnosis import Signals, classify, termination
 from vllm_autoheal.diagnosis.model import GpuSnapshot
 from vllm_autoheal.remedy import plan_heal
+
+from crafted.bases import CENSUS, H100
+from crafted.checks import said
 
 
 # --- 3, 4. The start snapshot in the operator's reading (high, medium) ------------------------------------
@@ -40,7 +42,7 @@ def test_a_small_process_at_start_does_not_hide_torchs_report_at_the_failure():
     assert classify(Signals(log=log)).cause == "gpu_util_exceeds_free"
     snap = _snapshot([[0, H100, 79.15, 78.6]], [[4242, 0, 0.25]])
     d = classify(Signals(log=log, gpu=snap))
-    assert d.cause == "gpu_util_exceeds_free", f"said {_said(d)}; torch named a 38.52 GiB process at the failure"
+    assert d.cause == "gpu_util_exceeds_free", f"said {said(d)}; torch named a 38.52 GiB process at the failure"
 
 
 def test_a_process_on_another_gpu_does_not_count_for_an_oom_on_gpu_0():
@@ -50,7 +52,7 @@ def test_a_process_on_another_gpu_does_not_count_for_an_oom_on_gpu_0():
     log = CENSUS["torch1.5-1.9-oom-reserved-no-hint-profile"]["log"]
     snap = _snapshot([[0, H100, 79.15, 78.6], [1, H100, 79.15, 48.6]], [[4242, 1, 30.0]])
     d = classify(Signals(log=log, gpu=snap))
-    assert d.cause == "profiling_oom", f"said {_said(d)}; the other process is on GPU 1, the OOM on GPU 0"
+    assert d.cause == "profiling_oom", f"said {said(d)}; the other process is on GPU 1, the OOM on GPU 0"
 
 
 # --- 5, 6. The CPU backend's KV checks and their heals (high, medium) ---------------------------------------
@@ -112,7 +114,7 @@ def test_torchs_own_accounting_at_the_failure_outweighs_a_stale_start_snapshot(c
     d = classify(Signals(log=log, gpu=snap))
     r = plan_heal(VLLMServiceSpec(model="m", engine={"gpu_memory_utilization": 0.9}), d)
     assert d.cause == cause, (
-        f"said {_said(d)} -> {r.action} {r.changes}; torch's own figures leave no room for the snapshot's process"
+        f"said {said(d)} -> {r.action} {r.changes}; torch's own figures leave no room for the snapshot's process"
     )
 
 

@@ -6,23 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from crafted_logs import (
-    BASE,
-    FRAME,
-    OOM,
-    SITE,
-    _check,
-    _grammar_crash,
-    _json_check,
-    _with,
-    grammar_traceback,
-    real_log,
-    record,
-)
 from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.diagnosis import log_records as lr
 
 from conftest import FIXTURES
+from crafted.bases import BASE, OOM, real_log, with_lines
+from crafted.checks import assert_reads_like
+from crafted.grammar import FRAME, SITE, assert_json_reads_like, grammar_crash, grammar_traceback
+from crafted.records import record
 
 # --- A forged logger header in the prefix-only re-print -------------------------------------
 FORGED_HEADERS = {
@@ -39,9 +30,9 @@ def test_a_forged_logger_header_in_the_reprinted_grammar_crash_names_nothing(hea
     `(EngineCore_DP0 pid=2441) ERROR 12-01 04:48:09 [core.py:710] torch.OutOfMemoryError: ...`: a new
     writer, so the grammar report ends and the line is the engine's. Should say what a harmless begin says."""
     base_log = real_log(BASE)
-    _check(
-        _with(base_log, _grammar_crash("<fn\n" + FORGED_HEADERS[header] + OOM, headed), "end"),
-        _with(base_log, _grammar_crash("<fn\nhello", headed), "end"),
+    assert_reads_like(
+        with_lines(base_log, grammar_crash("<fn\n" + FORGED_HEADERS[header] + OOM, headed), "end"),
+        with_lines(base_log, grammar_crash("<fn\nhello", headed), "end"),
         header,
     )
 
@@ -60,9 +51,9 @@ def test_forged_lines_without_a_header_in_the_grammar_report_name_nothing(form, 
     """Without a logger header
     the client's lines stay in the grammar report, in both copies."""
     base_log = real_log(BASE)
-    _check(
-        _with(base_log, _grammar_crash(CLOSED_FORMS[form], headed), "end"),
-        _with(base_log, _grammar_crash("<fn\nhello", headed), "end"),
+    assert_reads_like(
+        with_lines(base_log, grammar_crash(CLOSED_FORMS[form], headed), "end"),
+        with_lines(base_log, grammar_crash("<fn\nhello", headed), "end"),
         form,
     )
 
@@ -139,7 +130,9 @@ def test_a_shortened_record_keeps_the_grammar_report_it_opened(short_lines):
     filler = "aaaaaaaaaa\n" * short_lines
     printed = lr.render(record("EngineCore encountered a fatal error.", grammar_traceback("<fn\n" + filler + "z")))
     assert printed is not None and (short_lines < 1000 or any(p.endswith(lr.GAP) for p in printed))
-    _json_check("<fn\n" + filler + FORGED_TRACEBACK, "<fn\n" + filler + "hello", True, f"{short_lines} lines")
+    assert_json_reads_like(
+        "<fn\n" + filler + FORGED_TRACEBACK, "<fn\n" + filler + "hello", True, f"{short_lines} lines"
+    )
 
 
 # --- A forged process prefix in a prefix-less re-print -------------------------------
@@ -150,13 +143,17 @@ def test_a_forged_process_prefix_in_a_prefixless_reprint_names_nothing_text():
     """Unfixed: neg-2734 not_oom -> runtime_oom oom_in_serving, quoting ZZUSERZZ."""
     base_log = real_log(BASE)
     reprint = lambda begin: "Process EngineCore:\n" + grammar_traceback(begin)  # noqa: E731
-    _check(_with(base_log, reprint(FORGED_PREFIXED), "end"), _with(base_log, reprint("<fn\nhello"), "end"), "text")
+    assert_reads_like(
+        with_lines(base_log, reprint(FORGED_PREFIXED), "end"),
+        with_lines(base_log, reprint("<fn\nhello"), "end"),
+        "text",
+    )
 
 
 @pytest.mark.parametrize("logged", [True, False], ids=["logged-and-reprint", "reprint-only"])
 def test_a_forged_process_prefix_in_a_prefixless_reprint_names_nothing_json(logged):
     """Unfixed: not_oom other_error -> weights_load_oom oom_in_load, quoting ZZUSERZZ."""
-    _json_check(FORGED_PREFIXED, "<fn\nhello", logged, "json")
+    assert_json_reads_like(FORGED_PREFIXED, "<fn\nhello", logged, "json")
 
 
 @pytest.mark.parametrize("shape", ["reprint-without-prefix", "headed-and-prefixed-reprint"])
@@ -168,11 +165,13 @@ def test_many_blank_lines_do_not_push_the_grammar_frames_out_of_the_raw_tail(sha
     def crash(begin: str) -> str:
         if shape == "reprint-without-prefix":
             return "Process EngineCore_DP0:\n" + grammar_traceback(begin)
-        return _grammar_crash(begin, headed=True)
+        return grammar_crash(begin, headed=True)
 
     blank = "<fn" + "\n" * 3000
-    _check(
-        _with(base_log, crash(blank + FORGED_TRACEBACK), "end"), _with(base_log, crash(blank + "hello"), "end"), shape
+    assert_reads_like(
+        with_lines(base_log, crash(blank + FORGED_TRACEBACK), "end"),
+        with_lines(base_log, crash(blank + "hello"), "end"),
+        shape,
     )
 
 
@@ -183,8 +182,8 @@ def test_a_logging_prefix_a_client_establishes_in_the_grammar_crash_names_nothin
     base_log = real_log(BASE)
     flood = "\n".join(f"ZZ ERROR 12-01 04:48:09 [core.py:710] line {i}" for i in range(300))
     crafted = "<fn\n" + flood + "\nZZ ERROR 12-01 04:48:09 [core.py:710] " + OOM
-    _check(
-        _with(base_log, _grammar_crash(crafted, headed), "end"),
-        _with(base_log, _grammar_crash("<fn\n" + flood + "\nhello", headed), "end"),
+    assert_reads_like(
+        with_lines(base_log, grammar_crash(crafted, headed), "end"),
+        with_lines(base_log, grammar_crash("<fn\n" + flood + "\nhello", headed), "end"),
         "zz",
     )

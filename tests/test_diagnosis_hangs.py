@@ -8,8 +8,13 @@ import json
 
 import pytest
 
-from crafted_logs import CLIENT_ASGI, _add_lora_failure, _check, _cri, _with, real_log
 from vllm_autoheal.diagnosis import Signals, classify
+
+from crafted.bases import real_log, with_lines
+from crafted.checks import assert_reads_like
+from crafted.exceptions import add_lora_failure
+from crafted.node_logs import cri_log
+from crafted.reports import CLIENT_ASGI
 
 
 def _key(d) -> dict:
@@ -29,7 +34,7 @@ CARRIERS = {
     "asgi": lambda line: CLIENT_ASGI + line,
     # POST /v1/load_lora_adapter: a newline in lora_name; the next line is a REQUEST line that opens
     # with an engine exception's name (ENGINE_EXCEPTION), and a marker right after it counts
-    "add-lora": lambda line: _add_lora_failure("a\nRuntimeError: " + line, "/adapters/a"),
+    "add-lora": lambda line: add_lora_failure("a\nRuntimeError: " + line, "/adapters/a"),
 }
 
 
@@ -51,8 +56,8 @@ def test_a_clients_milestone_after_a_real_warning_does_not_drop_it(base_name, ca
     line. It should say what the same log with a harmless line there says: only an engine line that
     is no value, no quoted message line and no request line may say the engine went on."""
     base_log = real_log(base_name)
-    harmless = classify(Signals(log=_with(base_log, CARRIERS[carrier]("hello"), "end")))
-    crafted = classify(Signals(log=_with(base_log, CARRIERS[carrier](MILESTONES[payload]), "end")))
+    harmless = classify(Signals(log=with_lines(base_log, CARRIERS[carrier]("hello"), "end")))
+    crafted = classify(Signals(log=with_lines(base_log, CARRIERS[carrier](MILESTONES[payload]), "end")))
     assert harmless.cause == "not_oom" and harmless.subtype in ("worker_hang_shm_broadcast", "prompt_too_long")
     assert _key(crafted) == _key(harmless)
     assert "ZZUSERZZ" not in json.dumps(crafted.to_dict())
@@ -127,8 +132,8 @@ def test_a_clients_milestone_on_a_request_line_in_a_cri_file_drops_no_hang(base_
     """In a CRI file the add_lora carrier's line is no further line (section 4), but it is
     a REQUEST line, and only the engine's milestones say the engine went on."""
     base_log = real_log(base_name)
-    crafted = _cri(
-        _with(base_log, _add_lora_failure("a\nRuntimeError: Application startup complete. ZZUSERZZ", "/a"), "end")
+    crafted = cri_log(
+        with_lines(base_log, add_lora_failure("a\nRuntimeError: Application startup complete. ZZUSERZZ", "/a"), "end")
     )
-    harmless = _cri(_with(base_log, _add_lora_failure("a\nRuntimeError: hello", "/a"), "end"))
-    _check(crafted, harmless, "milestone")
+    harmless = cri_log(with_lines(base_log, add_lora_failure("a\nRuntimeError: hello", "/a"), "end"))
+    assert_reads_like(crafted, harmless, "milestone")

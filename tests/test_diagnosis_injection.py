@@ -17,29 +17,21 @@ import sys
 
 import pytest
 
-from crafted_logs import (
+from vllm_autoheal.diagnosis import MEMORY_CAUSES, Signals, classify
+
+from crafted.bases import CORPUS, ENGINE_CORE, ID_BASES, real_log, vllm_log, with_lines
+from crafted.checks import assert_same, assert_unchanged
+from crafted.exceptions import add_lora_failure, anthropic_tool_removal, hf_download_failure, preprocess_error
+from crafted.request_logging import (
     ABORTED,
-    CORPUS,
-    EC,
+    CLIENT_ID_LINES,
     ENGINE_DEAD,
     ERROR_STACK,
     FORMATS,
     GRAMMAR,
-    ID3_FORMATS,
-    ID5_FORMATS,
-    ID_BASES,
-    _add_lora_failure,
-    _anthropic_tool_removal,
-    _hf_download_failure,
-    _inject,
-    _preprocess_error,
-    _same,
-    _unchanged,
-    _vllm_log,
-    _with,
-    real_log,
+    LEVELED_CLIENT_LINES,
+    inject,
 )
-from vllm_autoheal.diagnosis import MEMORY_CAUSES, Signals, classify
 
 # What a user might quote, one per memory cause (with numbers chosen to do harm).
 QUOTES = {
@@ -86,9 +78,9 @@ def test_quoted_memory_errors_in_prompts_and_outputs_change_nothing(base_name, q
     base = classify(Signals(log=base_log))
     for k, fmt in enumerate(FORMATS[n % len(FORMATS) :] + FORMATS[: n % len(FORMATS)]):
         where = ("start", "middle", "end")[k % 3]
-        crafted_log = _inject(base_log, QUOTES[quoted_cause], fmt, where)
+        crafted_log = inject(base_log, QUOTES[quoted_cause], fmt, where)
         crafted = classify(Signals(log=crafted_log))
-        _same(crafted, base)
+        assert_same(crafted, base)
         text = json.dumps(crafted.to_dict())
         assert "Received request" not in text and "Generated response" not in text and "my server printed" not in text
         assert any("user text" in note for note in crafted.notes)
@@ -113,7 +105,7 @@ def test_a_prompt_alone_decides_nothing():
 
 def test_the_hooks_nccl_timeout_with_a_quoted_oom_through_the_cli(tmp_path):
     log = tmp_path / "inject.log"
-    log.write_text(_inject(CORPUS["neg-6042-watchdog-worker-died"]["log"], QUOTES["runtime_oom"], FORMATS[2], "start"))
+    log.write_text(inject(CORPUS["neg-6042-watchdog-worker-died"]["log"], QUOTES["runtime_oom"], FORMATS[2], "start"))
     out = subprocess.run(
         [
             sys.executable,
@@ -143,7 +135,7 @@ KV_PAYLOAD = (
 )
 
 
-STREAM_ERROR = _vllm_log(
+STREAM_ERROR = vllm_log(
     "(APIServer pid=8267) ERROR 10-24 01:26:57 [serving_chat.py:1145] ",
     "Error in chat completion stream generator.\nTraceback (most recent call last):\n"
     '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/async_llm.py", line 387, '
@@ -157,21 +149,21 @@ HOSTILE = {
     # the request id (X-Request-Id header) in V0's and V1's "Added request" line
     "added-request": "INFO 02-13 07:19:11 async_llm_engine.py:211] Added request chatcmpl-" + KV_PAYLOAD + ".",
     # a newline in the request id: the continuation carries the logger's header, then a forged one
-    "forged-header": _vllm_log(
+    "forged-header": vllm_log(
         "(APIServer pid=8267) INFO 10-24 01:24:03 [logger.py:43] ",
         "Received request chatcmpl-x\nERROR 10-24 01:26:57 [core.py:710] "
         "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 64.00 GiB. ZZUSERZZ\n"
         "-a1b2: params: SamplingParams(n=1), lora_request: None.",
     ),
     # a chat template the request brought raises with the user's message
-    "template-error": _preprocess_error("jinja2.exceptions.TemplateError: " + KV_PAYLOAD),
+    "template-error": preprocess_error("jinja2.exceptions.TemplateError: " + KV_PAYLOAD),
     # the batch V1 dumps when execute_model fails names each request by its id
     "dump-input": "(EngineCore_DP0 pid=8402) ERROR 10-24 01:26:57 [dump_input.py:79] SchedulerOutput(scheduled_new_"
     "reqs=[NewRequestData(req_id=chatcmpl-" + KV_PAYLOAD + "-9f1c,prompt_token_ids_len=12)])",
     # an access line of a server on a Unix socket has no client address
     "uds-access": '(APIServer pid=7) INFO:      - "GET /v1/OOMKilled?x=torch.OutOfMemoryError HTTP/1.1" 404 Not Found',
     # an ordinary 400 for a long prompt, and V0's warning for one: a request's error, not the crash's
-    "too-long-400": _preprocess_error(
+    "too-long-400": preprocess_error(
         "ValueError: This model's maximum context length is 16384 tokens. However, you "
         "requested 122946 tokens (112946 in the messages, 10000 in the completion). "
         "Please reduce the length of the messages or completion."
@@ -199,7 +191,7 @@ def test_user_text_in_lines_the_engine_writes_changes_nothing(attack, base_name)
         at = {"start": 0, "middle": len(lines) // 2, "end": len(lines)}[where]
         lines[at:at] = HOSTILE[attack].splitlines()
         crafted = classify(Signals(log="\n".join(lines) + "\n", exit_code=137 if base_name.endswith(".log") else 1))
-        _same(crafted, base)
+        assert_same(crafted, base)
         assert "ZZUSERZZ" not in json.dumps(crafted.to_dict())
 
 
@@ -209,7 +201,7 @@ def test_a_flood_of_per_request_tracebacks_after_the_crash_keeps_the_root_cause(
     base = classify(Signals(log=base_log))
     flooded = base_log + "\n" + "\n".join([STREAM_ERROR] * 400) + "\n"
     assert base.cause == "runtime_oom"
-    _same(classify(Signals(log=flooded)), base)
+    assert_same(classify(Signals(log=flooded)), base)
 
 
 def test_a_request_error_alone_still_says_not_memory():
@@ -240,7 +232,7 @@ FAILING = {  # what an ERROR line may carry: the new KILLED and HOST wordings
 def test_a_request_id_in_asyncllm_request_lines_changes_nothing(base_name, fmt, payload):
     """AsyncLLM logs `Request <id> aborted.` (a client disconnect) and `... failed (engine dead).`
     (every in-flight request, after the crash): the id is the client's X-Request-Id."""
-    _unchanged(base_name, fmt.format(PLACING[payload]), "middle" if fmt is ABORTED else "end")
+    assert_unchanged(base_name, fmt.format(PLACING[payload]), "middle" if fmt is ABORTED else "end")
 
 
 @pytest.mark.parametrize("payload", sorted(FAILING))
@@ -249,7 +241,7 @@ def test_a_request_id_in_asyncllm_request_lines_changes_nothing(base_name, fmt, 
 def test_a_request_id_in_engine_error_lines_changes_nothing(base_name, fmt, payload):
     """--log-error-stack logs `Exception caught. Request id: <id>` at ERROR for a request's error;
     the structured-output manager logs `Failed to compile grammar for request <id>` at ERROR."""
-    _unchanged(base_name, fmt.format(FAILING[payload]), "middle")
+    assert_unchanged(base_name, fmt.format(FAILING[payload]), "middle")
 
 
 def _multiline_id(fmt: str, request_id: str) -> str:
@@ -265,7 +257,7 @@ def test_a_multiline_request_id_cannot_forge_the_end_of_a_traceback(base_name):
         '  File "/usr/lib/python3.12/site-packages/vllm/v1/engine/core.py", line 1, in run\n'
         "    step()\nKeyboardInterruptZZUSERZZ: the engine stopped\nb"
     )
-    _unchanged(base_name, _multiline_id(ABORTED, forged), "end")
+    assert_unchanged(base_name, _multiline_id(ABORTED, forged), "end")
 
 
 @pytest.mark.parametrize(
@@ -281,9 +273,9 @@ def test_a_multiline_request_id_cannot_forge_the_end_of_a_traceback(base_name):
 def test_words_inside_a_requests_template_error_do_not_decide(message):
     """A chat template's raise_exception() text in the API server's traceback of that request:
     the base (a cut log, `unknown`) must stay `unknown`, not become a not_oom of the user's choosing."""
-    _unchanged(
+    assert_unchanged(
         "rt-3430-lmcache-qwen3-8b-a5000-long-prompts",
-        _preprocess_error("jinja2.exceptions.TemplateError: " + message),
+        preprocess_error("jinja2.exceptions.TemplateError: " + message),
         "middle",
     )
 
@@ -295,7 +287,7 @@ def test_words_inside_a_requests_template_error_do_not_decide(message):
 def test_a_request_id_cannot_say_the_engine_never_started(base_name, payload):
     """An OOM the log does not place is `unknown`; a STARTING marker in a request's id, anywhere in
     the log (even after the crash), must not turn it into a profiling_oom guess."""
-    _unchanged(base_name, ENGINE_DEAD.format(payload), "end")
+    assert_unchanged(base_name, ENGINE_DEAD.format(payload), "end")
 
 
 # --- Found by a third hostile review (of commit bd08fcf): the fix's own gaps ------------------------
@@ -326,7 +318,7 @@ def test_a_request_id_with_a_space_in_the_request_loggers_line_is_user_text(base
     """0.32's request logger (entrypoints/serve/utils/request_logger.py) writes `Received request %s:
     params: ...`; an X-Request-Id with a space defeats `^Received request \\S+:` and the line is read
     as the engine's (runtime_oom -> kv_cache_insufficient / cudagraph_capture_oom)."""
-    _unchanged(
+    assert_unchanged(
         base_name, REQUEST_LOGGER + "Received request chatcmpl-a " + ID3_PAYLOADS[payload] + LOGGER_PARAMS, "middle"
     )
 
@@ -336,9 +328,9 @@ def test_a_request_id_with_a_space_in_the_request_loggers_line_is_user_text(base
 def test_a_multiline_request_id_in_the_request_loggers_line_is_user_text(base_name, payload):
     """A body request_id with a newline: the first line `Received request chatcmpl-a` has no colon, so
     it is not user text, `_continuations` never starts, and the next line (same header) is the engine's."""
-    _unchanged(
+    assert_unchanged(
         base_name,
-        _vllm_log(REQUEST_LOGGER, "Received request chatcmpl-a\n" + ID3_PAYLOADS[payload] + LOGGER_PARAMS),
+        vllm_log(REQUEST_LOGGER, "Received request chatcmpl-a\n" + ID3_PAYLOADS[payload] + LOGGER_PARAMS),
         "middle",
     )
 
@@ -351,7 +343,7 @@ def test_a_prefix_inside_a_multiline_request_id_does_not_end_its_message(base_na
     _PREFIXES strips ([rank0]:, a timestamp, `svc | `, `(pid=1)`): its computed header is longer than
     the first line's, so `_continuations` stops and the line is the engine's ERROR."""
     message = "Exception caught. Request id: chatcmpl-a\n" + prefix + ID3_FAILING[payload] + "\nb"
-    _unchanged(base_name, _vllm_log(ERROR_STACK.split("Exception")[0], message), "middle")
+    assert_unchanged(base_name, vllm_log(ERROR_STACK.split("Exception")[0], message), "middle")
 
 
 @pytest.mark.parametrize("payload", sorted(ID3_PAYLOADS))
@@ -360,14 +352,16 @@ def test_the_first_line_of_a_multiline_request_id_may_not_be_kept(base_name, pay
     """`Request cmpl-a` (the first line of AsyncLLM's `Request %s aborted.` with a newline in the id)
     holds no anchor: outside the raw tail (64 KiB / 2000 lines) it is dropped, and its continuation
     lines, which do hold anchors, have no user line before them."""
-    _unchanged(base_name, _multiline_id(ABORTED, "a\n" + ID3_PAYLOADS[payload] + "\n" + "x\n" * 2100 + "b"), "start")
+    assert_unchanged(
+        base_name, _multiline_id(ABORTED, "a\n" + ID3_PAYLOADS[payload] + "\n" + "x\n" * 2100 + "b"), "start"
+    )
 
 
 @pytest.mark.parametrize("payload", sorted(ID3_FAILING))
-@pytest.mark.parametrize("fmt", sorted(ID3_FORMATS))
+@pytest.mark.parametrize("fmt", sorted(CLIENT_ID_LINES))
 @pytest.mark.parametrize("base_name", ID_BASES)
 def test_request_ids_in_other_vllm_032_lines_change_nothing(base_name, fmt, payload):
-    _unchanged(base_name, ID3_FORMATS[fmt](ID3_FAILING[payload]), "middle")
+    assert_unchanged(base_name, CLIENT_ID_LINES[fmt](ID3_FAILING[payload]), "middle")
 
 
 @pytest.mark.parametrize(
@@ -381,7 +375,7 @@ def test_long_request_ids_after_the_crash_do_not_push_the_engines_traceback_out(
     memory remedy is lost). A busy server's ~700 ordinary ids do the same."""
     base_log = real_log(base_name)
     assert classify(Signals(log=base_log)).cause in MEMORY_CAUSES
-    _unchanged(base_name, "\n".join(ENGINE_DEAD.format(f"{i}-" + "y" * 8000) for i in range(9)), "end")
+    assert_unchanged(base_name, "\n".join(ENGINE_DEAD.format(f"{i}-" + "y" * 8000) for i in range(9)), "end")
 
 
 @pytest.mark.parametrize(
@@ -391,7 +385,7 @@ def test_long_request_ids_after_the_crash_do_not_push_the_engines_traceback_out(
 def test_a_busy_servers_in_flight_requests_after_the_crash_keep_the_memory_cause(base_name):
     """Not even an attack: 700 in-flight requests with vLLM's own ids, each logging `Request <id>
     failed (engine dead).` after the crash (--enable-log-requests), fill the 64 KiB raw tail."""
-    _unchanged(base_name, "\n".join(ENGINE_DEAD.format(f"{i:04d}-8c1f2a9e7b6d4c3a") for i in range(700)), "end")
+    assert_unchanged(base_name, "\n".join(ENGINE_DEAD.format(f"{i:04d}-8c1f2a9e7b6d4c3a") for i in range(700)), "end")
 
 
 def _collector_timestamps(log: str) -> str:
@@ -406,11 +400,11 @@ def test_a_collectors_per_line_timestamp_does_not_end_a_multiline_request_id(bas
     a collector stamped: the stamps differ line to line, so no continuation has the first line's
     header, and the id's lines are the engine's ERROR lines again."""
     base_log = real_log(base_name)
-    extra = _vllm_log(
+    extra = vllm_log(
         ERROR_STACK.split("Exception")[0], "Exception caught. Request id: chatcmpl-a\n" + ID3_FAILING[payload] + "\nb"
     )
-    crafted = classify(Signals(log=_collector_timestamps(_with(base_log, extra, "middle"))))
-    _same(crafted, classify(Signals(log=_collector_timestamps(base_log))))
+    crafted = classify(Signals(log=_collector_timestamps(with_lines(base_log, extra, "middle"))))
+    assert_same(crafted, classify(Signals(log=_collector_timestamps(base_log))))
     assert "ZZUSERZZ" not in json.dumps(crafted.to_dict())
 
 
@@ -439,13 +433,13 @@ def test_a_lora_path_in_the_engines_add_lora_failure_is_user_text(base_name, pay
     weights_load_oom, and runtime_oom -> any other memory cause: the client's path, in an ERROR line
     of EngineCore with core.py's header, is read as the engine's own failure."""
     path = "/adapters/a\n" + ID4_PAYLOADS[payload] + "\nb" if newline else "/adapters/a " + ID4_PAYLOADS[payload]
-    _unchanged(base_name, _add_lora_failure("a", path), "middle")
+    assert_unchanged(base_name, add_lora_failure("a", path), "middle")
 
 
 @pytest.mark.parametrize("payload", sorted(ID4_PAYLOADS))
 @pytest.mark.parametrize("base_name", ID4_BASES)
 def test_a_lora_path_in_the_hub_download_error_is_user_text(base_name, payload):
-    _unchanged(base_name, _hf_download_failure(ID4_PAYLOADS[payload]), "middle")
+    assert_unchanged(base_name, hf_download_failure(ID4_PAYLOADS[payload]), "middle")
 
 
 @pytest.mark.parametrize("attack", ["add-lora", "hub-download"])
@@ -464,11 +458,11 @@ def test_an_honest_failed_lora_load_does_not_hide_a_real_memory_failure(base_nam
     engine's model_not_found, and runtime_oom becomes unknown (signals_disagree): the remedy is lost.
     8 of the corpus's 13 runtime OOMs do so with the add_lora failure halfway through the log."""
     extra = (
-        _add_lora_failure("my-adapter", "/models/my-adapter")
+        add_lora_failure("my-adapter", "/models/my-adapter")
         if attack == "add-lora"
-        else _hf_download_failure("my adapter")
+        else hf_download_failure("my adapter")
     )
-    _unchanged(base_name, extra, "middle")
+    assert_unchanged(base_name, extra, "middle")
 
 
 @pytest.mark.parametrize("payload", sorted(ID4_PAYLOADS))
@@ -476,7 +470,7 @@ def test_an_honest_failed_lora_load_does_not_hide_a_real_memory_failure(base_nam
 def test_a_tool_name_in_the_anthropic_routers_error_is_user_text(base_name, payload):
     """The tool's name is the client's: not_oom (or unknown) -> any memory cause, runtime_oom ->
     another memory cause, with the client's text as evidence. Needs no flag at all."""
-    _unchanged(base_name, _anthropic_tool_removal(ID4_PAYLOADS[payload]), "middle")
+    assert_unchanged(base_name, anthropic_tool_removal(ID4_PAYLOADS[payload]), "middle")
 
 
 @pytest.mark.parametrize(
@@ -498,7 +492,7 @@ def test_a_line_of_a_requests_error_that_starts_like_the_engines_exception_is_no
     """A request's traceback (serving_chat.py) may carry the engine's error (ENGINE_EXCEPTION, matched
     at the start of a line). An exception message with a newline (a template's raise_exception text,
     any str(e) holding the client's text) puts a line of its own choosing at that start."""
-    _unchanged(base_name, _preprocess_error("jinja2.exceptions.TemplateError: x\n" + line), "middle")
+    assert_unchanged(base_name, preprocess_error("jinja2.exceptions.TemplateError: x\n" + line), "middle")
 
 
 def _compose(log: str) -> str:
@@ -526,8 +520,8 @@ def test_another_process_writing_inside_a_long_multiline_request_id_does_not_end
         ).split("\n")
     ]
     lines[2:2] = ["(EngineCore_DP0 pid=2441) INFO 12-01 04:48:08 [core.py:300] Batch queue is full"]
-    crafted = classify(Signals(log=_compose(_with(base_log, "\n".join(lines), "middle"))))
-    _same(crafted, classify(Signals(log=_compose(base_log))))
+    crafted = classify(Signals(log=_compose(with_lines(base_log, "\n".join(lines), "middle"))))
+    assert_same(crafted, classify(Signals(log=_compose(base_log))))
     assert "ZZUSERZZ" not in json.dumps(crafted.to_dict())
 
 
@@ -570,7 +564,7 @@ def _response_body(text: str, streaming: bool) -> str:
     ],
 )
 def test_a_response_body_logged_by_the_api_server_is_user_text(base_name, payload, streaming):
-    _unchanged(base_name, _response_body(PLACING[payload], streaming), "middle")
+    assert_unchanged(base_name, _response_body(PLACING[payload], streaming), "middle")
 
 
 # --- Found by a fifth hostile review ---
@@ -607,7 +601,7 @@ ID5_CASES = [
         id=f"{base}-{fmt}-{payload}",
     )
     for base in ID_BASES
-    for fmt, (level, _) in sorted(ID5_FORMATS.items())
+    for fmt, (level, _) in sorted(LEVELED_CLIENT_LINES.items())
     for payload in sorted(ID5_FAILING if level == "ERROR" else ID5_PLACING)
 ]
 
@@ -616,7 +610,7 @@ ID5_CASES = [
 def test_client_text_in_vllm_032_lines_without_a_request_form_changes_nothing(base_name, fmt, payload):
     """ID_BASES holds two real non-memory crashes (an NCCL timeout, a watchdog) and two real
     runtime OOMs: the cause, phase, numbers and evidence stay the base's."""
-    _unchanged(base_name, ID5_FORMATS[fmt][1](ID5_FAILING[payload]), "middle")
+    assert_unchanged(base_name, LEVELED_CLIENT_LINES[fmt][1](ID5_FAILING[payload]), "middle")
 
 
 # An ERROR line that goes on a message is read from its opening words (the same call may log again
@@ -635,9 +629,9 @@ NEWLINE_CASES = [
 def test_a_newline_in_the_client_value_does_not_start_an_engine_line(base_name, fmt, payload):
     """The value is a JSON string (a tool call id, an item id, kv_transfer_params' id): with a newline
     in it, vLLM's formatter repeats the header and the client's text opens a line of its own."""
-    line = ID5_FORMATS[fmt][1]("a\n" + ID5_FAILING[payload] + "\nb")
+    line = LEVELED_CLIENT_LINES[fmt][1]("a\n" + ID5_FAILING[payload] + "\nb")
     header = line[: line.index("] ") + 2]
-    _unchanged(base_name, _vllm_log(header, line[len(header) :]), "middle")
+    assert_unchanged(base_name, vllm_log(header, line[len(header) :]), "middle")
 
 
 @pytest.mark.parametrize("base_name", ["rt-27466-busy-loop", "neg-2734-llama2-70b-tp8-timeout"])
@@ -687,15 +681,15 @@ def test_a_traceback_inside_a_warnings_value_is_the_value(base_name, fmt, payloa
     not_oom: the forged lines repeat the warning's header, as vLLM's formatter writes them."""
 
     def logged(value: str) -> str:
-        line = ID5_FORMATS[fmt][1](value)
+        line = LEVELED_CLIENT_LINES[fmt][1](value)
         header = line[: line.index("] ") + 2]
-        return _vllm_log(header, line[len(header) :])
+        return vllm_log(header, line[len(header) :])
 
     # The same line with a harmless value: a line about a request may say the server was serving
     # (the engine wrote it); what the value says must change nothing more.
     base_log = real_log(base_name)
-    crafted = classify(Signals(log=_with(base_log, logged("a\n" + FORGED_IN_VALUES[payload] + "\nb"), "middle")))
-    _same(crafted, classify(Signals(log=_with(base_log, logged("a\nb"), "middle"))))
+    crafted = classify(Signals(log=with_lines(base_log, logged("a\n" + FORGED_IN_VALUES[payload] + "\nb"), "middle")))
+    assert_same(crafted, classify(Signals(log=with_lines(base_log, logged("a\nb"), "middle"))))
     assert "ZZUSERZZ" not in json.dumps(crafted.to_dict())
 
 
@@ -711,7 +705,7 @@ WARNING_VALUE = pytest.mark.xfail(
 @pytest.mark.parametrize("fmt", [pytest.param("mistral-tool-call-id", marks=WARNING_VALUE), "lmcache-reqid"])
 def test_a_non_memory_failure_in_a_warnings_value_does_not_decide(fmt, payload):
     """unknown -> not_oom: never a memory change, but a cause the client chose."""
-    _unchanged("rt-3430-lmcache-qwen3-8b-a5000-long-prompts", ID5_FORMATS[fmt][1](payload), "middle")
+    assert_unchanged("rt-3430-lmcache-qwen3-8b-a5000-long-prompts", LEVELED_CLIENT_LINES[fmt][1](payload), "middle")
 
 
 # --- Found by a sixth hostile review ---
@@ -744,13 +738,13 @@ ID6_PAYLOADS = {
 @pytest.mark.parametrize("prefix", ID6_PREFIXES)
 def test_every_api_request_id_prefix_is_user_text(prefix, payload):
     line = (
-        EC
+        ENGINE_CORE
         + "INFO 12-01 04:48:08 [vllm_v1_adapter.py:1227] Reqid: "
         + prefix
         + ID6_PAYLOADS[payload]
         + "-0-1a2b, Total tokens 12, LMCache hit tokens: 0, need to load: 0"
     )
-    _unchanged("rt-3430-lmcache-qwen3-8b-a5000-long-prompts", line, "middle")
+    assert_unchanged("rt-3430-lmcache-qwen3-8b-a5000-long-prompts", line, "middle")
 
 
 # The Responses API hands the body's request_id to the engine as it is, with no prefix
@@ -758,12 +752,12 @@ def test_every_api_request_id_prefix_is_user_text(prefix, payload):
 @pytest.mark.parametrize("payload", sorted(ID6_PAYLOADS))
 def test_a_responses_request_id_is_user_text(payload):
     line = (
-        EC
+        ENGINE_CORE
         + "INFO 12-01 04:48:08 [vllm_v1_adapter.py:1227] Reqid: "
         + ID6_PAYLOADS[payload]
         + "-0-1a2b, Total tokens 12, LMCache hit tokens: 0, need to load: 0"
     )
-    _unchanged("rt-3430-lmcache-qwen3-8b-a5000-long-prompts", line, "middle")
+    assert_unchanged("rt-3430-lmcache-qwen3-8b-a5000-long-prompts", line, "middle")
 
 
 BARE_ID = pytest.mark.xfail(
@@ -776,19 +770,21 @@ BARE_ID = pytest.mark.xfail(
 @pytest.mark.parametrize("payload", [pytest.param("nccl", marks=BARE_ID)])
 def test_a_bare_responses_request_id_in_mooncakes_lookup_error(payload):
     line = (
-        EC
+        ENGINE_CORE
         + "ERROR 12-01 04:48:08 [worker.py:2436] Async Mooncake lookup failed for "
         + ID6_PAYLOADS[payload]
         + ": timeout"
     )
-    _unchanged("rt-3430-lmcache-qwen3-8b-a5000-long-prompts", line, "middle")
+    assert_unchanged("rt-3430-lmcache-qwen3-8b-a5000-long-prompts", line, "middle")
 
 
 # Any client can send the realtime endpoint an event that fails validation: the API server logs
 # an ERROR with a traceback (connection.py), a request's error, which must not decide the crash.
 @pytest.mark.parametrize("value", ["hello", ID6_PAYLOADS["oom"], ID6_PAYLOADS["nccl"]])
 def test_a_realtime_events_error_does_not_decide(value):
-    _unchanged("rt-3430-lmcache-qwen3-8b-a5000-long-prompts", ID5_FORMATS["realtime-validation"][1](value), "middle")
+    assert_unchanged(
+        "rt-3430-lmcache-qwen3-8b-a5000-long-prompts", LEVELED_CLIENT_LINES["realtime-validation"][1](value), "middle"
+    )
 
 
 ID6_WARNING_FORMATS = [
@@ -805,4 +801,6 @@ ID6_WARNING_FORMATS = [
 @pytest.mark.parametrize("fmt", [pytest.param(f, marks=WARNING_VALUE) for f in ID6_WARNING_FORMATS])
 def test_a_non_memory_failure_in_other_warnings_values_does_not_decide(fmt):
     """unknown -> not_oom, as the mistral tool call id above: the same last resort."""
-    _unchanged("rt-3430-lmcache-qwen3-8b-a5000-long-prompts", ID5_FORMATS[fmt][1](ID6_PAYLOADS["nccl"]), "middle")
+    assert_unchanged(
+        "rt-3430-lmcache-qwen3-8b-a5000-long-prompts", LEVELED_CLIENT_LINES[fmt][1](ID6_PAYLOADS["nccl"]), "middle"
+    )

@@ -9,34 +9,18 @@ import re
 
 import pytest
 
-from crafted_logs import (
-    BASE,
-    COLLECTORS,
-    CORPUS,
-    FRAME,
-    HERE,
-    ILLEGAL_ACCESS,
-    JSON_START,
-    OOM,
-    PREPROC_ERROR,
-    REAL,
-    REAL_JSON,
-    RUNTIME_OOM,
-    TORCH_OOM,
-    _asgi,
-    _check,
-    _json_check,
-    _said,
-    _with,
-    grammar_traceback,
-    real_log,
-    record,
-)
 from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.diagnosis import log_records as lr
 from vllm_autoheal.diagnosis.corpus import context, load
 from vllm_autoheal.diagnosis.origin import USER
 from vllm_autoheal.diagnosis.scan import CHUNK, scan
+
+from crafted.bases import BASE, CORPUS, FIXTURES, OOM, REAL_CPU, ROOT, real_log, with_lines
+from crafted.checks import assert_reads_like, said
+from crafted.grammar import FRAME, assert_json_reads_like, grammar_traceback
+from crafted.node_logs import COLLECTORS
+from crafted.records import ILLEGAL_ACCESS, JSON_START, PREPROC_ERROR, REAL_JSON, RUNTIME_OOM, TORCH_OOM, record
+from crafted.reports import asgi
 
 
 @pytest.mark.parametrize("name", ["kv-cache-too-small", "kv-larger-than-machine", "memory-share-exceeds-free"])
@@ -44,8 +28,8 @@ def test_a_real_vllm_json_log_is_read_as_its_text_twin(name):
     """The real CPU engine (vLLM 0.32) with --logging-config.formatter json, started as for the text
     log of the same name (tests/test_serve_real_vllm.py's cases): the same cause, subtype and figures
     (the machine's sizes aside), and the engine's own line as evidence, not its JSON."""
-    d = classify(Signals(log=(REAL / f"{name}-json.log").read_text()))
-    text = classify(Signals(log=(REAL / f"{name}.log").read_text()))
+    d = classify(Signals(log=(REAL_CPU / f"{name}-json.log").read_text()))
+    text = classify(Signals(log=(REAL_CPU / f"{name}.log").read_text()))
     assert (d.cause, d.subtype, sorted(d.numbers)) == (text.cause, text.subtype, sorted(text.numbers))
     assert d.is_memory and d.evidence[0].startswith("ValueError: ")
     if name == "kv-cache-too-small":
@@ -196,7 +180,9 @@ def as_json_records(log: str) -> str:
 def test_the_corpus_read_right_in_text_reads_the_same_as_json_records():
     """Every train-split log the classifier reads right reads the same with each vLLM logged message
     written as a JSON record (16 of 270 did not, before log_records.py)."""
-    samples = [s for s in load(HERE / "corpus" / "corpus.jsonl") if s["split"] == "train" and s.get("failure_shown")]
+    samples = [
+        s for s in load(ROOT / "tests" / "corpus" / "corpus.jsonl") if s["split"] == "train" and s.get("failure_shown")
+    ]
     changed, converted = [], 0
     for s in samples:
         ctx = context(s, pod_state=True)
@@ -209,7 +195,7 @@ def test_the_corpus_read_right_in_text_reads_the_same_as_json_records():
     assert converted > 150 and changed == []
 
 
-GPU_LOGS = HERE / "fixtures" / "gpu" / "failure-logs"
+GPU_LOGS = FIXTURES / "gpu" / "failure-logs"
 
 
 H200_JSON = {  # the scenario (tests/gpu/failure_logs.sh, JSON_LOGS=1) -> its cause, by construction
@@ -257,7 +243,9 @@ def test_a_forged_record_does_not_end_a_requests_report_asgi(base_name, form):
     line in the TemplateError's message sets request = None; the forged frame after it is then no longer the
     report's. Should say what the same report says with `hello` there."""
     base_log = real_log(base_name)
-    _check(_with(base_log, _asgi(AFTER_RECORD[form]), "end"), _with(base_log, _asgi("x\nhello"), "end"), form)
+    assert_reads_like(
+        with_lines(base_log, asgi(AFTER_RECORD[form]), "end"), with_lines(base_log, asgi("x\nhello"), "end"), form
+    )
 
 
 @pytest.mark.parametrize("logged", [True, False], ids=["logged-and-reprint", "reprint-only"])
@@ -265,7 +253,7 @@ def test_a_forged_record_does_not_end_a_requests_report_asgi(base_name, form):
 def test_a_forged_record_does_not_end_a_requests_report_json_reprint(form, logged):
     """Unfixed: not_oom other_error -> weights_load_oom oom_in_load, tried_gib 64, quoting ZZUSERZZ (the
     JSON-mode re-print has no prefix: the client's record line starts a line)."""
-    _json_check("<fn\n" + AFTER_RECORD[form].removeprefix("x\n"), "<fn\nhello", logged, form)
+    assert_json_reads_like("<fn\n" + AFTER_RECORD[form].removeprefix("x\n"), "<fn\nhello", logged, form)
 
 
 def test_a_forged_record_does_not_end_a_requests_report_text_reprint():
@@ -274,7 +262,9 @@ def test_a_forged_record_does_not_end_a_requests_report_text_reprint():
     base_log = real_log(BASE)
     reprint = lambda begin: "Process EngineCore:\n" + grammar_traceback(begin)  # noqa: E731
     begin = "<fn\n" + record("x") + "\n" + FRAME + OOM
-    _check(_with(base_log, reprint(begin), "end"), _with(base_log, reprint("<fn\nhello"), "end"), "text reprint")
+    assert_reads_like(
+        with_lines(base_log, reprint(begin), "end"), with_lines(base_log, reprint("<fn\nhello"), "end"), "text reprint"
+    )
 
 
 RESISTED = {
@@ -290,8 +280,10 @@ def test_a_forged_record_alone_names_nothing(base_name, form):
     """The decoded lines stay in the message (the new rule), and without a record the
     report holds a forged frame."""
     base_log = real_log(base_name)
-    _check(_with(base_log, _asgi(RESISTED[form]), "end"), _with(base_log, _asgi("x\nhello"), "end"), form)
-    _json_check("<fn\n" + RESISTED[form].removeprefix("x\n"), "<fn\nhello", False, form)
+    assert_reads_like(
+        with_lines(base_log, asgi(RESISTED[form]), "end"), with_lines(base_log, asgi("x\nhello"), "end"), form
+    )
+    assert_json_reads_like("<fn\n" + RESISTED[form].removeprefix("x\n"), "<fn\nhello", False, form)
 
 
 @pytest.mark.parametrize("crash", ["runtime-oom", "illegal-access"])
@@ -303,7 +295,7 @@ def test_a_request_record_before_the_fatal_record_hides_nothing(crash):
     alone = classify(Signals(log=JSON_START + fatal + "\n"))
     d = classify(Signals(log=JSON_START + PREPROC_ERROR + "\n" + fatal + "\n"))
     assert alone.cause in ("weights_load_oom", "not_oom")
-    assert (d.cause, d.subtype) == (alone.cause, alone.subtype), f"said {_said(d)}; should say {_said(alone)}"
+    assert (d.cause, d.subtype) == (alone.cause, alone.subtype), f"said {said(d)}; should say {said(alone)}"
 
 
 # --- JSON records under a collector's prefix ---------------------------------------------
@@ -318,7 +310,7 @@ def test_json_records_under_a_collectors_prefix_are_read(sample_id, collector):
     assert classify(Signals(log=records, **ctx)).cause == s["label"]
     assert classify(Signals(log=COLLECTORS[collector](s["log"]), **ctx)).cause == s["label"]
     d = classify(Signals(log=COLLECTORS[collector](records), **ctx))
-    assert d.cause == s["label"], f"said {_said(d)}"
+    assert d.cause == s["label"], f"said {said(d)}"
 
 
 @pytest.mark.parametrize(

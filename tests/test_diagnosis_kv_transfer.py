@@ -14,8 +14,9 @@ import json
 
 import pytest
 
-from crafted_logs import real_log
 from vllm_autoheal.diagnosis import Signals, classify
+
+from crafted.bases import real_log
 
 BASES = ["not_oom-27571-qwen3next-illegal-memory-access", "kv-cache-too-small.log", "cg-15228-qwen25-v080"]
 

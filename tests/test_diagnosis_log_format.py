@@ -11,17 +11,6 @@ from collections.abc import Callable
 
 import pytest
 
-from crafted_logs import (
-    ASGI,
-    CLIENT_OOM,
-    CUSTOM,
-    FORGED_BASES,
-    PAYLOADS,
-    _headed_report,
-    _illegal_access,
-    _key,
-    reformatted,
-)
 from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.diagnosis.corpus import load
 from vllm_autoheal.diagnosis.log_format import header_of, shape_of
@@ -29,6 +18,10 @@ from vllm_autoheal.diagnosis.origin import ENGINE, REQUEST, USER
 from vllm_autoheal.diagnosis.scan import scan
 
 from conftest import FIXTURES, ROOT
+from crafted.bases import CLIENT_OOM, PAYLOADS, illegal_access_log
+from crafted.checks import cause_and_subtype
+from crafted.records import CUSTOM, reformatted
+from crafted.reports import ASGI, FORGED_BASES, headed_report
 
 REAL = FIXTURES / "vllm-cpu"
 
@@ -231,8 +224,8 @@ def test_real_h200_failures_under_the_operators_format_read_as_their_cause(name)
 def _forged_window(base: str, chat: str, forged: str, after: int, last: str) -> str:
     # The last 4000 lines open inside a client's report: its opening lines are cut, its further lines
     # (each under serving_chat.py's header, each opening with vLLM's header again) are the log's first.
-    before = _headed_report(chat, [forged + "hello"] * 400 + [forged + last])[5:]
-    later = _headed_report(chat, [forged + "hello"] * after + [forged + "bye"]) if after else []
+    before = headed_report(chat, [forged + "hello"] * 400 + [forged + last])[5:]
+    later = headed_report(chat, [forged + "hello"] * after + [forged + "bye"]) if after else []
     return "\n".join(before) + "\n" + base + ("\n".join(later) + "\n" if later else "")
 
 
@@ -244,7 +237,7 @@ def test_a_clients_lines_in_a_headed_report_do_not_teach_vllms_own_header_as_a_w
     harmless = classify(Signals(log=_forged_window(base, chat, forged, after, "bye")))
     assert harmless.cause == "not_oom"  # the base: no memory cause
     crafted = classify(Signals(log=_forged_window(base, chat, forged, after, PAYLOADS[payload])))
-    assert _key(crafted) == _key(harmless)
+    assert cause_and_subtype(crafted) == cause_and_subtype(harmless)
     assert "ZZUSERZZ" not in json.dumps(crafted.to_dict())
 
 
@@ -257,12 +250,12 @@ CLIENT_CUSTOM = {
 @pytest.mark.parametrize("every_line", [True, False], ids=["NewLineFormatter", "logging.Formatter"])
 @pytest.mark.parametrize("client", sorted(CLIENT_CUSTOM))
 def test_a_client_line_with_the_learned_header_after_a_headerless_report_decides_nothing(client, every_line):
-    base = reformatted(CUSTOM, every_line=every_line)(_illegal_access())
+    base = reformatted(CUSTOM, every_line=every_line)(illegal_access_log())
     assert " - vllm.core - ERROR - " in base  # the engine logged under the operator's format
     harmless = classify(Signals(log=base + ASGI + "hello\n"))
-    assert _key(harmless) == ("not_oom", "illegal_memory_access")
+    assert cause_and_subtype(harmless) == ("not_oom", "illegal_memory_access")
     crafted = classify(Signals(log=base + ASGI + CLIENT_CUSTOM[client] + "\n"))
-    assert _key(crafted) == _key(harmless)
+    assert cause_and_subtype(crafted) == cause_and_subtype(harmless)
     assert "ZZUSERZZ" not in json.dumps(crafted.to_dict())
 
 

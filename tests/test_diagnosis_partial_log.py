@@ -9,34 +9,22 @@ from pathlib import Path
 
 import pytest
 
-from crafted_logs import (
-    API,
-    ASGI,
-    CLIENT_OOM,
-    CUSTOM,
-    FORGED_BASES,
-    V0_STATS,
-    V1_STATS,
-    Kubelet,
-    _clean,
-    _corpus,
-    _crash,
-    _headed_report,
-    _illegal_access,
-    _key,
-    _serving,
-    reformatted,
-)
 from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.diagnosis.scan import GAP_LINE
+
+from crafted.bases import API, CLIENT_OOM, corpus_log, illegal_access_crash, illegal_access_log
+from crafted.checks import cause_and_subtype, client_text_absent
+from crafted.node_logs import Kubelet
+from crafted.records import CUSTOM, reformatted
+from crafted.reports import ASGI, FORGED_BASES, V0_STATS, V1_STATS, headed_report, serving_minute
 
 
 def _cut_window(chat: str, base: str, after: int, last: str, opening: tuple[str, ...] = ()) -> str:
     """A log as the operator passes one whose tail was cut at its head (after a gap line, kube/client.previous_log):
     it opens inside a client's report (`opening`: the client's first lines there), then the base's crash, then,
     where `after`, one more report of the client's."""
-    before = ["[...]"] + _headed_report(chat, [*opening, *["hello"] * 50, last])[5:]
-    later = _headed_report(chat, ["bye"]) if after else []
+    before = ["[...]"] + headed_report(chat, [*opening, *["hello"] * 50, last])[5:]
+    later = headed_report(chat, ["bye"]) if after else []
     return "\n".join(before) + "\n" + base + ("\n".join(later) + "\n" if later else "")
 
 
@@ -51,7 +39,7 @@ def test_a_window_that_opens_inside_a_clients_report_does_not_let_its_lines_deci
     harmless = classify(Signals(log=log("bye")))
     assert harmless.cause == "not_oom"
     crafted = classify(Signals(log=log(CLIENT_OOM)))
-    assert _key(crafted) == _key(harmless)
+    assert cause_and_subtype(crafted) == cause_and_subtype(harmless)
     assert "ZZUSERZZ" not in json.dumps(crafted.to_dict())
 
 
@@ -76,16 +64,16 @@ def test_after_a_gap_a_report_that_opens_on_a_user_looking_line_decides_nothing(
     harmless = classify(Signals(log=log("bye")))
     assert harmless.cause == "not_oom"
     crafted = classify(Signals(log=log(CLIENT_OOM)))
-    assert _key(crafted) == _key(harmless)
-    assert _clean(crafted)
+    assert cause_and_subtype(crafted) == cause_and_subtype(harmless)
+    assert client_text_absent(crafted)
 
 
 # --- After a gap, a headerless report's client lines -------------------------------------
 HEADERLESS_BASES = {
     **{name: (lambda make=make: make()) for name, (make, *_rest) in FORGED_BASES.items()},
     # the operator's own format (2b6048c): each record's lines headed, or only its first
-    "custom-format-every-line": lambda: reformatted(CUSTOM, every_line=True)(_illegal_access()),
-    "custom-format-first-line": lambda: reformatted(CUSTOM, every_line=False)(_illegal_access()),
+    "custom-format-every-line": lambda: reformatted(CUSTOM, every_line=True)(illegal_access_log()),
+    "custom-format-first-line": lambda: reformatted(CUSTOM, every_line=False)(illegal_access_log()),
 }
 
 
@@ -114,8 +102,8 @@ def test_after_a_gap_a_headerless_clients_line_decides_nothing(base_name, gap):
     harmless = classify(Signals(log=log("bye")))
     assert harmless.cause == "not_oom"
     crafted = classify(Signals(log=log(CLIENT_OOM)))
-    assert _key(crafted) == _key(harmless)
-    assert _clean(crafted)
+    assert cause_and_subtype(crafted) == cause_and_subtype(harmless)
+    assert client_text_absent(crafted)
 
 
 # --- previous_log: a last line without a newline hides the cut -----------------------------
@@ -162,8 +150,8 @@ def test_the_end_survives_when_the_last_60_lines_overflow_the_byte_limit():
 def test_behind_a_gap_a_requests_report_is_the_clients_even_a_v0_one_carrying_the_engines_oom():
     """Designed (finding 5): behind a gap line, a request's report whose opening was left out is the client's,
     whatever it carries; as a paste (no gap) the corpus' rt-13100 keeps its answer."""
-    log = _corpus("rt-13100-mistral-large")
-    assert _key(classify(Signals(log=log))) == ("runtime_oom", "oom_in_serving")  # as a paste
+    log = corpus_log("rt-13100-mistral-large")
+    assert cause_and_subtype(classify(Signals(log=log))) == ("runtime_oom", "oom_in_serving")  # as a paste
     assert classify(Signals(log=GAP_LINE + "\n" + log)).cause == "unknown"
 
 
@@ -185,10 +173,10 @@ def _decides_nothing_through_previous_log(output) -> None:
         logs[last] = kube.previous_log("ns", "pod", "vllm")
         assert kube.asked == [4000] and logs[last].startswith(GAP_LINE + "\n")
     harmless = classify(Signals(log=logs["bye"]))
-    assert _key(harmless) == ("not_oom", "illegal_memory_access")
+    assert cause_and_subtype(harmless) == ("not_oom", "illegal_memory_access")
     crafted = classify(Signals(log=logs[CLIENT_OOM]))
-    assert _key(crafted) == _key(harmless)
-    assert _clean(crafted)
+    assert cause_and_subtype(crafted) == cause_and_subtype(harmless)
+    assert client_text_absent(crafted)
 
 
 # --- The head cut is dropped by scan on the operator's real window ------------------------
@@ -230,8 +218,8 @@ def test_after_the_head_cut_a_headerless_clients_line_2100_lines_before_the_end_
     harmless = classify(Signals(log=log("bye")))
     assert harmless.cause == "not_oom"
     crafted = classify(Signals(log=log(CLIENT_OOM)))
-    assert _key(crafted) == _key(harmless)
-    assert _clean(crafted)
+    assert cause_and_subtype(crafted) == cause_and_subtype(harmless)
+    assert client_text_absent(crafted)
 
 
 # --- previous_log's refined window opens inside the crash; the head cut makes it the client's (high, new) ----
@@ -250,12 +238,12 @@ def test_a_serving_oom_after_two_long_prompts_keeps_its_answer_through_previous_
     lines = (GPU / "runtime.log").read_text().splitlines(keepends=True)
     # the two requests arrive (after the health check) and the engine dies of memory serving them
     output = "".join(lines[:82]) + _request_line(0) + _request_line(1) + "".join(lines[82:])
-    assert _key(classify(Signals(log=output))) == ("runtime_oom", "oom_in_serving")
+    assert cause_and_subtype(classify(Signals(log=output))) == ("runtime_oom", "oom_in_serving")
     kube = Kubelet(output)
     log = kube.previous_log("ns", "pod", "vllm")
     assert log.endswith(lines[-1])  # the end survives (a1fb98b's fix 4) ...
     # ... but the window opens 3 lines into the traceback (on a1fb98b~1: the last 62 lines, runtime_oom)
-    assert _key(classify(Signals(log=log))) == ("runtime_oom", "oom_in_serving")
+    assert cause_and_subtype(classify(Signals(log=log))) == ("runtime_oom", "oom_in_serving")
 
 
 # --- A real log's last N lines behind the head cut ---------------------------------------------
@@ -272,9 +260,9 @@ CUT_INTO_THE_CRASH = [
 @pytest.mark.parametrize(("name", "n", "want"), CUT_INTO_THE_CRASH, ids=[f"{n}-{k}" for n, k, _ in CUT_INTO_THE_CRASH])
 def test_a_real_logs_last_lines_behind_the_head_cut_keep_the_crashs_answer(name, n, want):
     lines = (GPU / name).read_text().splitlines(keepends=True)
-    assert _key(classify(Signals(log="".join(lines)))) == want
+    assert cause_and_subtype(classify(Signals(log="".join(lines)))) == want
     # (on a1fb98b~1 the same lines behind its `[...]` line give `want`)
-    assert _key(classify(Signals(log=GAP_LINE + "\n" + "".join(lines[-n:])))) == want
+    assert cause_and_subtype(classify(Signals(log=GAP_LINE + "\n" + "".join(lines[-n:])))) == want
 
 
 # --- A window that opens on a raw line of a log without process prefixes -----------------------
@@ -295,9 +283,9 @@ NO_PREFIX_LOGS = [
 @pytest.mark.parametrize(("name", "want"), NO_PREFIX_LOGS, ids=[n for n, _ in NO_PREFIX_LOGS])
 def test_a_window_opening_on_a_raw_line_keeps_the_crashs_answer(name, want, opener):
     lines = (CPU / name).read_text().splitlines(keepends=True)
-    assert _key(classify(Signals(log="".join(lines)))) == want
+    assert cause_and_subtype(classify(Signals(log="".join(lines)))) == want
     log = GAP_LINE + "\n" + RAW_OPENERS[opener] + "\n" + "".join(lines[-100:])
-    assert _key(classify(Signals(log=log))) == want  # on a1fb98b~1 (its `[...]` line): want
+    assert cause_and_subtype(classify(Signals(log=log))) == want  # on a1fb98b~1 (its `[...]` line): want
 
 
 # --- after the fix: the gap line heads the operator's window, and scan keeps it --------------------------------
@@ -317,7 +305,16 @@ def test_through_previous_log_a_request_handlers_report_in_a_4000_line_window_de
 
 def _window(last: str, stats: str, prefix: str = "") -> str:
     # the operator's window opens inside the client's headerless report; the server serves on, then crashes
-    return GAP_LINE + "\n" + (prefix + "hello\n") * 50 + prefix + last + "\n" + _serving(stats) + _crash()
+    return (
+        GAP_LINE
+        + "\n"
+        + (prefix + "hello\n") * 50
+        + prefix
+        + last
+        + "\n"
+        + serving_minute(stats)
+        + illegal_access_crash()
+    )
 
 
 # (vLLM V1 prefixes every line its API server writes, a web framework's report and the client's newlines in it
@@ -339,10 +336,10 @@ CLIENT_LINES = {
 @pytest.mark.parametrize("stats", sorted(V1_STATS))
 def test_after_a_gap_a_clients_quote_before_v1s_stats_lines_decides_nothing(stats, prefix):
     harmless = classify(Signals(log=_window("bye", V1_STATS[stats], prefix)))
-    assert _key(harmless) == ("not_oom", "illegal_memory_access")
+    assert cause_and_subtype(harmless) == ("not_oom", "illegal_memory_access")
     crafted = classify(Signals(log=_window(CLIENT_OOM, V1_STATS[stats], prefix)))
-    assert _key(crafted) == _key(harmless)
-    assert _clean(crafted)
+    assert cause_and_subtype(crafted) == cause_and_subtype(harmless)
+    assert client_text_absent(crafted)
 
 
 @pytest.mark.xfail(
@@ -354,7 +351,7 @@ def test_after_a_gap_a_clients_quote_before_v1s_stats_lines_decides_nothing(stat
 def test_after_a_gap_a_clients_quote_before_v0s_stats_lines_decides_nothing():
     """Held on c8683e1 (V0's stats line opens with `Avg prompt throughput`); a limit again since its revert."""
     harmless = classify(Signals(log=_window("bye", V0_STATS)))
-    assert _key(harmless) == ("not_oom", "illegal_memory_access")
+    assert cause_and_subtype(harmless) == ("not_oom", "illegal_memory_access")
     crafted = classify(Signals(log=_window(CLIENT_OOM, V0_STATS)))
-    assert _key(crafted) == _key(harmless)
-    assert _clean(crafted)
+    assert cause_and_subtype(crafted) == cause_and_subtype(harmless)
+    assert client_text_absent(crafted)

@@ -8,8 +8,10 @@ import json
 
 import pytest
 
-from crafted_logs import ACCESS_LINE, _vllm_log
 from vllm_autoheal.diagnosis import MEMORY_CAUSES, Signals, classify
+
+from crafted.bases import vllm_log
+from crafted.request_logging import ACCESS_LINE
 
 
 # --- vLLM 0.10.x's worker prefix is not read -----------------------------------------
@@ -17,7 +19,7 @@ def _worker_key_error(prefix: str, key: str) -> str:
     header = prefix + "ERROR 11-22 10:01:28 [multiproc_executor.py:611] "
     return (
         ACCESS_LINE.replace("INFO", "(APIServer pid=7) INFO", 1)
-        + _vllm_log(
+        + vllm_log(
             header,
             "WorkerProc hit an exception.\nTraceback (most recent call last):\n"
             '  File "/usr/lib/python3.12/site-packages/vllm/v1/worker/gpu_model_runner.py", line 1, in execute_model\n'

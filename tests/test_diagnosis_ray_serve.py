@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import pytest
 
-from crafted_logs import assert_same_diagnosis, real_log
 from vllm_autoheal.diagnosis import Signals, classify
+
+from crafted.bases import real_log
+from crafted.checks import assert_same_diagnosis
 
 OOM = (
     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 70.00 GiB. GPU 0 has a total capacity of "

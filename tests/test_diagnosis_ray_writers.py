@@ -8,9 +8,12 @@ import re
 
 import pytest
 
-from crafted_logs import API, ASGI, CLIENT_OOM, STATS, _classify, _clean, _crash, _key, _serving
 from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.diagnosis.scan import GAP_LINE
+
+from crafted.bases import API, CLIENT_OOM, illegal_access_crash
+from crafted.checks import cause_and_subtype, client_text_absent, diagnose
+from crafted.reports import ASGI, STATS, serving_minute
 
 # --- The Ray DP backend in the API server's process -------------------------------------------------
 ACTOR = API + "(DPEngineCoreActor pid=2) "
@@ -69,7 +72,7 @@ def _ray(*parts: list[str]) -> str:
 @pytest.mark.parametrize("start", [RAY_START, RAY_START[:2]], ids=["actor-lines-shown", "no-actor-line"])
 def test_the_api_servers_copy_of_a_ray_actors_oom_decides_when_the_actors_copy_is_missing(start):
     d = classify(Signals(log=_ray(start, API_SERVERS_COPY)))
-    assert _key(d) == ("weights_load_oom", "oom_in_load")
+    assert cause_and_subtype(d) == ("weights_load_oom", "oom_in_load")
 
 
 # --- What held ----------------------------------------------------------------------------------------------------
@@ -80,43 +83,43 @@ def test_the_api_servers_copy_of_a_ray_actors_oom_decides_when_the_actors_copy_i
 )
 def test_the_ray_dp_shape_with_the_actors_copy_still_decides():
     log = _ray(RAY_START, ACTORS_COPY, API_SERVERS_COPY)
-    assert _key(classify(Signals(log=log))) == ("weights_load_oom", "oom_in_load")
+    assert cause_and_subtype(classify(Signals(log=log))) == ("weights_load_oom", "oom_in_load")
 
 
 # --- A forged actor prefix in a genuine Ray DP log ---------------------------------------------
 def _ray_crash() -> str:
-    """_crash() as the Ray DP backend prints it: the engine core is a Ray actor whose output the API server prints."""
+    """illegal_access_crash() as the Ray DP backend prints it: the engine core is a Ray actor whose output the API server prints."""
     return re.sub(
         r"^\(EngineCore(?:_DP0)? pid=(\d+)\) ",
         lambda m: API + f"(DPEngineCoreActor pid={m.group(1)}) ",
-        _crash(),
+        illegal_access_crash(),
         flags=re.MULTILINE,
     )
 
 
 def _ray_window(last: str) -> str:
-    return GAP_LINE + "\n" + (API + "hello\n") * 50 + API + last + "\n" + _serving(STATS) + _ray_crash()
+    return GAP_LINE + "\n" + (API + "hello\n") * 50 + API + last + "\n" + serving_minute(STATS) + _ray_crash()
 
 
 def test_the_ray_dp_crash_names_no_direct_writer():
     assert all(ln.startswith(API) for ln in _ray_crash().splitlines())
-    assert _key(_classify(_ray_window("bye"))) == ("not_oom", "illegal_memory_access")
+    assert cause_and_subtype(diagnose(_ray_window("bye"))) == ("not_oom", "illegal_memory_access")
 
 
 @pytest.mark.parametrize("pid", ["2441", "7"], ids=["actors-pid", "other-pid"])
 def test_a_clients_forged_actor_prefix_in_a_ray_dp_log_decides_nothing(pid):
-    harmless = _classify(_ray_window("bye"))
-    crafted = _classify(_ray_window(f"(DPEngineCoreActor pid={pid}) " + CLIENT_OOM))
-    assert _key(crafted) == _key(harmless)
-    assert _clean(crafted)
+    harmless = diagnose(_ray_window("bye"))
+    crafted = diagnose(_ray_window(f"(DPEngineCoreActor pid={pid}) " + CLIENT_OOM))
+    assert cause_and_subtype(crafted) == cause_and_subtype(harmless)
+    assert client_text_absent(crafted)
 
 
 def test_a_forged_actor_prefix_in_a_whole_report_of_a_ray_dp_log_decides_nothing():
     def log(last: str) -> str:
         report = "".join(API + ln + "\n" for ln in ASGI.splitlines()) + (API + "hello\n") * 5 + API + last + "\n"
-        return "".join(ln + "\n" for ln in RAY_START) + report + _serving(STATS) + _ray_crash()
+        return "".join(ln + "\n" for ln in RAY_START) + report + serving_minute(STATS) + _ray_crash()
 
-    harmless = _classify(log("bye"))
-    crafted = _classify(log("(DPEngineCoreActor pid=2441) " + CLIENT_OOM))
-    assert _key(crafted) == _key(harmless) == ("not_oom", "illegal_memory_access")
-    assert _clean(crafted)
+    harmless = diagnose(log("bye"))
+    crafted = diagnose(log("(DPEngineCoreActor pid=2441) " + CLIENT_OOM))
+    assert cause_and_subtype(crafted) == cause_and_subtype(harmless) == ("not_oom", "illegal_memory_access")
+    assert client_text_absent(crafted)

@@ -6,23 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from crafted_logs import (
-    ASGI,
-    BASE,
-    BASES,
-    OOM,
-    REAL_MULTILINE,
-    SITE,
-    WORKER_TRACEBACK,
-    H,
-    _check,
-    _said,
-    _vllm_log,
-    _with,
-    grammar_traceback,
-    real_log,
-)
 from vllm_autoheal.diagnosis import Signals, classify
+
+from crafted.bases import BASE, BASES, OOM, real_log, vllm_log, with_lines
+from crafted.checks import assert_reads_like, said
+from crafted.exceptions import REAL_MULTILINE, WORKER_HEADER, WORKER_TRACEBACK
+from crafted.grammar import SITE, grammar_traceback
+from crafted.reports import ASGI
 
 # --- The engine's own exception carries a request's text (high, new) ------------------------------------
 EC = "(EngineCore_DP0 pid=2441) ERROR 12-01 04:48:09 [core.py:710] "
@@ -32,7 +22,7 @@ def _grammar_crash(begin: str) -> str:
     """V1 EngineCore dies compiling a request's structured-output grammar (the backend latched by an
     earlier request is not the one the request was validated for: vLLM #43920); guidance's
     serialize_guidance_grammar names the client's structural-tag `begin` with str()."""
-    return _vllm_log(EC, "EngineCore encountered a fatal error.\n" + grammar_traceback(begin))
+    return vllm_log(EC, "EngineCore encountered a fatal error.\n" + grammar_traceback(begin))
 
 
 @pytest.mark.parametrize("base_name", BASES + ["model-not-found.log"])
@@ -44,9 +34,9 @@ def test_a_requests_text_in_the_engines_own_exception_is_not_the_engines_words(b
     harmless `begin` says: a further line of an exception's message may hold what the exception quotes
     (the engine's memory failures that do go on over lines - NCCL's `Last error:` - can be named)."""
     base_log = real_log(base_name)
-    _check(
-        _with(base_log, _grammar_crash("<fn\n" + OOM), "middle"),
-        _with(base_log, _grammar_crash("<fn\nhello"), "middle"),
+    assert_reads_like(
+        with_lines(base_log, _grammar_crash("<fn\n" + OOM), "middle"),
+        with_lines(base_log, _grammar_crash("<fn\nhello"), "middle"),
         "grammar",
     )
 
@@ -84,9 +74,9 @@ def test_the_cause_printed_first_in_a_requests_chained_traceback_is_the_requests
     module. It should say what the same traceback with a harmless line says (as it does for a
     TemplateError there, a type that carries no failure)."""
     base_log = real_log(base_name)
-    _check(
-        _with(base_log, _chained_asgi(f"{exception_type}: a\n{OOM}"), "middle"),
-        _with(base_log, _chained_asgi(f"{exception_type}: a\nhello"), "middle"),
+    assert_reads_like(
+        with_lines(base_log, _chained_asgi(f"{exception_type}: a\n{OOM}"), "middle"),
+        with_lines(base_log, _chained_asgi(f"{exception_type}: a\nhello"), "middle"),
         exception_type,
     )
 
@@ -95,7 +85,7 @@ def test_the_cause_printed_first_in_a_requests_chained_traceback_is_the_requests
 API = "(APIServer pid=7) ERROR 12-01 04:48:08 [serving_chat.py:1200] "
 
 
-STREAM_ERROR = _vllm_log(
+STREAM_ERROR = vllm_log(
     API,
     "Error in chat completion stream generator.\nTraceback (most recent call last):\n"
     f'  File "{SITE}/entrypoints/openai/serving_chat.py", line 1150, in chat_completion_stream_generator\n'
@@ -112,16 +102,18 @@ def test_an_api_servers_request_traceback_inside_a_workers_keeps_the_workers_ncc
     'out of memory'` lines are a request's. (Without the request frame the same interleaving reads
     multi_gpu_oom, as does 785d0ec.) It should say multi_gpu_oom: a request's traceback is its writer's."""
     lines, cause = REAL_MULTILINE["nccl-last-error"]
-    worker = [H + line for line in WORKER_TRACEBACK + lines]
+    worker = [WORKER_HEADER + line for line in WORKER_TRACEBACK + lines]
     log = "\n".join(worker[:3] + STREAM_ERROR + worker[3:]) + "\n"
     d = classify(Signals(log=log))
-    assert d.cause == cause, f"said {_said(d)}; should say {cause} (the worker's NCCL out of memory)"
+    assert d.cause == cause, f"said {said(d)}; should say {cause} (the worker's NCCL out of memory)"
 
 
 def test_a_request_traceback_that_ended_before_the_workers_leaves_its_nccl_oom():
     """A whole request traceback before the worker's (a `Traceback` line between them)."""
     lines, cause = REAL_MULTILINE["nccl-last-error"]
-    log = "\n".join(STREAM_ERROR + ASGI.splitlines() + [H + line for line in WORKER_TRACEBACK + lines]) + "\n"
+    log = (
+        "\n".join(STREAM_ERROR + ASGI.splitlines() + [WORKER_HEADER + line for line in WORKER_TRACEBACK + lines]) + "\n"
+    )
     assert classify(Signals(log=log)).cause == cause
 
 
@@ -131,9 +123,9 @@ def test_a_request_traceback_that_ended_before_the_workers_leaves_its_nccl_oom()
 def test_a_forged_frame_inside_the_engines_exception_quoting_a_request_ends_nothing(base_name):
     base_log = real_log(base_name)
     frame = '  File "/usr/lib/python3.12/x.py", line 1, in f'
-    _check(
-        _with(base_log, _grammar_crash("<fn\n" + frame + "\n" + OOM), "middle"),
-        _with(base_log, _grammar_crash("<fn\n" + frame + "\nhello"), "middle"),
+    assert_reads_like(
+        with_lines(base_log, _grammar_crash("<fn\n" + frame + "\n" + OOM), "middle"),
+        with_lines(base_log, _grammar_crash("<fn\n" + frame + "\nhello"), "middle"),
         "grammar-forged-frame",
     )
 
@@ -163,9 +155,9 @@ def test_a_clients_text_on_an_engine_exceptions_first_line_names_no_memory_failu
     Trigger <client text> not found in triggers` as evidence. 23fb389 said not_oom for those five; the two
     `-older` rows were already wrong there. It should say what the same crash with a harmless `begin` says."""
     base_log = real_log(BASE)
-    _check(
-        _with(base_log, _grammar_crash(FIRST_LINE[payload]), "middle"),
-        _with(base_log, _grammar_crash("hello"), "middle"),
+    assert_reads_like(
+        with_lines(base_log, _grammar_crash(FIRST_LINE[payload]), "middle"),
+        with_lines(base_log, _grammar_crash("hello"), "middle"),
         payload,
     )
 
@@ -179,9 +171,9 @@ def test_a_ray_exception_name_in_a_clients_text_does_not_make_its_next_lines_the
     `begin` on the exception line, so the line after it is `engine_message`. It should say what the same
     crash with a harmless `begin` says: only the exception's own type names an engine report."""
     base_log = real_log(BASE)
-    _check(
-        _with(base_log, _grammar_crash("<fn " + name + "\n" + OOM), "middle"),
-        _with(base_log, _grammar_crash("<fn " + name + "\nhello"), "middle"),
+    assert_reads_like(
+        with_lines(base_log, _grammar_crash("<fn " + name + "\n" + OOM), "middle"),
+        with_lines(base_log, _grammar_crash("<fn " + name + "\nhello"), "middle"),
         name,
     )
 
@@ -223,6 +215,6 @@ def test_rays_own_actor_died_reports_name_no_memory_cause(detail, headed):
     """Ray's list of what may have ended a worker, now read as the engine's words, names
     no memory cause (the wrapper stays a wrapper)."""
     message = RAY_GET + ACTOR_DIED + RAY_DETAILS[detail]
-    log = (_vllm_log(EC, message) if headed else message) + "\n"
+    log = (vllm_log(EC, message) if headed else message) + "\n"
     d = classify(Signals(log=log, exit_code=1))
-    assert not d.is_memory, _said(d)
+    assert not d.is_memory, said(d)

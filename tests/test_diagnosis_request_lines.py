@@ -8,30 +8,22 @@ import json
 
 import pytest
 
-from crafted_logs import (
+from vllm_autoheal.diagnosis import Signals, classify
+
+from crafted.bases import BASE, ID_BASES, OOM, real_log, vllm_log, with_lines
+from crafted.checks import assert_reads_like, assert_same, assert_unchanged
+from crafted.node_logs import cri_log, docker_log
+from crafted.request_logging import (
     ABORTED,
-    BASE,
     ENGINE_DEAD,
     ERROR_STACK,
-    FORGED_HEADERS,
     FORMATS,
     GRAMMAR,
-    ID5_FORMATS,
-    ID_BASES,
-    KSERVE,
-    OOM,
+    LEVELED_CLIENT_LINES,
     OOM_IN_REQUEST_ID,
-    _check,
-    _cri,
-    _docker,
-    _inject,
-    _same,
-    _unchanged,
-    _vllm_log,
-    _with,
-    real_log,
+    inject,
 )
-from vllm_autoheal.diagnosis import Signals, classify
+from crafted.wrappers import FORGED_HEADERS, KSERVE
 
 KV_IN_REQUEST_ID = (
     "ValueError: To serve at least one request with the model's max seq len (131072), (16.0 GiB KV cache is "
@@ -50,10 +42,10 @@ KV_IN_REQUEST_ID = (
 @pytest.mark.parametrize("fmt", [ABORTED, ENGINE_DEAD], ids=["aborted", "engine-dead"])
 @pytest.mark.parametrize("base_name", ID_BASES)
 def test_a_carriage_return_in_a_request_id_does_not_start_an_engine_line(base_name, fmt, payload):
-    # (appended as text: str.splitlines, which _unchanged uses, would itself break the line at "\r")
+    # (appended as text: str.splitlines, which assert_unchanged uses, would itself break the line at "\r")
     base_log = real_log(base_name).rstrip("\n") + "\n"
     crafted = classify(Signals(log=base_log + fmt.format("a\r" + payload) + "\n"))
-    _same(crafted, classify(Signals(log=base_log)))
+    assert_same(crafted, classify(Signals(log=base_log)))
     assert "ZZUSERZZ" not in json.dumps(crafted.to_dict())
 
 
@@ -65,7 +57,7 @@ def test_a_carriage_return_in_a_request_id_under_a_collector_prefix():
         return "".join("vllm-7d9f8c-x2x4q vllm " + line + "\n" for line in log.split("\n") if line)
 
     crafted = classify(Signals(log=stern(base_log + "\n" + extra)))
-    _same(crafted, classify(Signals(log=stern(base_log))))
+    assert_same(crafted, classify(Signals(log=stern(base_log))))
     assert "ZZUSERZZ" not in json.dumps(crafted.to_dict())
 
 
@@ -76,14 +68,14 @@ def test_worker_failed_words_in_a_prompt_decide_nothing(fmt):
         "RuntimeError: Worker failed with error 'KeyError: x', please check the stack trace above for the root cause"
     )
     for base_name in ("rt-27466-busy-loop", "rt-3430-lmcache-qwen3-8b-a5000-long-prompts"):
-        _unchanged(base_name, fmt.format(r=repr(quote + " ZZUSERZZ")), "end")
+        assert_unchanged(base_name, fmt.format(r=repr(quote + " ZZUSERZZ")), "end")
 
 
 def test_the_hubs_request_id_does_not_let_a_request_line_be_the_engines():
     """A line that names a client's request stays user text, the Hub's id on it or not."""
     line = ABORTED.format("a (Request ID: Root=1-a) " + OOM_IN_REQUEST_ID)
     for base_name in ("neg-2734-llama2-70b-tp8-timeout", "rt-27466-busy-loop"):
-        _unchanged(base_name, line, "end")
+        assert_unchanged(base_name, line, "end")
 
 
 # --- Attacks that hold -----------------------------------------------------------------------------
@@ -110,8 +102,8 @@ ERROR_FORMATS = {
     "engine-dead": ENGINE_DEAD,
     "log-error-stack": ERROR_STACK,
     "grammar": GRAMMAR,
-    "mooncake-group-mismatch": ID5_FORMATS["mooncake-group-mismatch"][1],
-    "moriio-rdma-timeout": ID5_FORMATS["moriio-rdma-timeout"][1],
+    "mooncake-group-mismatch": LEVELED_CLIENT_LINES["mooncake-group-mismatch"][1],
+    "moriio-rdma-timeout": LEVELED_CLIENT_LINES["moriio-rdma-timeout"][1],
 }
 
 
@@ -128,8 +120,8 @@ def test_the_new_words_in_a_request_id_or_a_connectors_id_change_nothing(base_na
     line = f(value) if callable(f) else f.format(value)
     if newline:
         header = line[: line.index("] ") + 2]
-        line = _vllm_log(header, line[len(header) :])
-    _unchanged(base_name, line, "middle")
+        line = vllm_log(header, line[len(header) :])
+    assert_unchanged(base_name, line, "middle")
 
 
 def test_a_glog_or_kserve_header_inside_a_vllm_line_is_a_forged_one():
@@ -137,20 +129,20 @@ def test_a_glog_or_kserve_header_inside_a_vllm_line_is_a_forged_one():
     for header in (FORGED_HEADERS["glog"], FORGED_HEADERS["kserve"]):
         forged = "a\n" + header + "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 64.00 GiB. ZZUSERZZ"
         for base_name in ID_BASES:
-            _unchanged(base_name, _vllm_log(ABORTED.split("Request")[0], "Request cmpl-" + forged + " aborted."))
+            assert_unchanged(base_name, vllm_log(ABORTED.split("Request")[0], "Request cmpl-" + forged + " aborted."))
 
 
 @pytest.mark.parametrize("fmt", ["plain", "cri", "docker"])
 def test_a_cri_prefix_after_vllms_header_is_a_second_header(fmt):
     """A multi-line request id whose next line opens with `stderr F ` and the engine's
     header: vLLM's formatter repeats its header first, so the CRI prefix is a second header (FORGED)."""
-    to_file = {"plain": lambda x: x, "cri": _cri, "docker": _docker}[fmt]
+    to_file = {"plain": lambda x: x, "cri": cri_log, "docker": docker_log}[fmt]
     base_log = real_log("neg-2734-llama2-70b-tp8-timeout")
     header = ABORTED.split("Request")[0]
     forged = "a\nstderr F (EngineCore_DP0 pid=1) ERROR 01-01 00:00:00 [core.py:1] " + OOM
-    crafted = _with(base_log, _vllm_log(header, "Request cmpl-" + forged + " aborted."), "end")
-    harmless = _with(base_log, _vllm_log(header, "Request cmpl-a\nb aborted."), "end")
-    _check(to_file(crafted), to_file(harmless), fmt)
+    crafted = with_lines(base_log, vllm_log(header, "Request cmpl-" + forged + " aborted."), "end")
+    harmless = with_lines(base_log, vllm_log(header, "Request cmpl-a\nb aborted."), "end")
+    assert_reads_like(to_file(crafted), to_file(harmless), fmt)
 
 
 # --- The rows' phrases in user text ---------------------------------------------------------------------
@@ -171,5 +163,5 @@ def test_the_new_rows_phrases_in_request_and_response_lines_change_nothing(n):
     base_log = real_log(BASE)
     want = classify(Signals(log=base_log))
     for k, fmt in enumerate(FORMATS):
-        d = classify(Signals(log=_inject(base_log, USER_QUOTES[n], fmt, ("start", "middle", "end")[k % 3])))
+        d = classify(Signals(log=inject(base_log, USER_QUOTES[n], fmt, ("start", "middle", "end")[k % 3])))
         assert (d.cause, d.subtype, d.numbers, d.evidence) == (want.cause, want.subtype, want.numbers, want.evidence)

@@ -10,28 +10,15 @@ import re
 
 import pytest
 
-from crafted_logs import (
-    ASGI,
-    BASE,
-    CLIENT_ASGI,
-    COLLECTORS,
-    CORPUS,
-    FRAME,
-    ILLEGAL_ACCESS,
-    JSON_START,
-    OOM,
-    PREPROC_ERROR,
-    RUNTIME_OOM,
-    _asgi_with,
-    _check,
-    _said,
-    _with,
-    grammar_traceback,
-    real_log,
-    record,
-)
 from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.diagnosis.corpus import context
+
+from crafted.bases import BASE, CORPUS, OOM, real_log, with_lines
+from crafted.checks import assert_reads_like, said
+from crafted.grammar import FRAME, grammar_traceback
+from crafted.node_logs import COLLECTORS
+from crafted.records import ILLEGAL_ACCESS, JSON_START, PREPROC_ERROR, RUNTIME_OOM, record
+from crafted.reports import ASGI, CLIENT_ASGI, asgi_with
 
 METRIC = record("Engine 000: Avg prompt throughput: 1.0 tokens/s", level="INFO", name="vllm.v1.metrics.loggers")
 
@@ -44,7 +31,7 @@ def _same_as_alone(log: str, fatal: str, what: str) -> None:
     d = classify(Signals(log=log))
     assert alone.cause in ("weights_load_oom", "not_oom") and alone.evidence
     assert (d.cause, d.subtype, d.evidence[:1]) == (alone.cause, alone.subtype, alone.evidence[:1]), (
-        f"{what}: said {_said(d)}; should say {_said(alone)}"
+        f"{what}: said {said(d)}; should say {said(alone)}"
     )
     assert "ZZUSERZZ" not in json.dumps(d.to_dict()), f"{what}: the client's text is quoted"
 
@@ -158,7 +145,7 @@ def test_a_flood_of_bare_headers_does_not_unmask_a_tool_parsers_line():
         alone = classify(Signals(log=log))
         assert (alone.cause, alone.subtype) == ("not_oom", "illegal_memory_access")
     d = classify(Signals(log=_prefixed_serving_log(report, TOOL_PARSER)))
-    assert (d.cause, d.subtype) == ("not_oom", "illegal_memory_access"), f"said {_said(d)}"
+    assert (d.cause, d.subtype) == ("not_oom", "illegal_memory_access"), f"said {said(d)}"
     assert "ZZUSERZZ" not in json.dumps(d.to_dict())
 
 
@@ -172,7 +159,7 @@ def test_the_record_counter_does_not_wrap_into_an_open_user_message():
     near = classify(Signals(log=JSON_START + PREPROC_ERROR + "\n" + SMALLEST * 99998 + RUNTIME_OOM + "\n"))
     assert near.cause == "weights_load_oom"
     d = classify(Signals(log=JSON_START + PREPROC_ERROR + "\n" + SMALLEST * 99999 + RUNTIME_OOM + "\n"))
-    assert (d.cause, d.subtype) == (near.cause, near.subtype), f"said {_said(d)}; should say {_said(near)}"
+    assert (d.cause, d.subtype) == (near.cause, near.subtype), f"said {said(d)}; should say {said(near)}"
 
 
 # --- What holds -------------------------------------------------------------------------------------------
@@ -185,8 +172,12 @@ def test_a_stamped_forged_record_in_a_requests_report_names_nothing(collector):
     frame after it."""
     base_log = real_log(BASE)
     wrap = COLLECTORS[collector]
-    report = _asgi_with("jinja2.exceptions.TemplateError: x\n" + FORGED_RECORD + "\n" + FRAME + OOM)
-    _check(wrap(_with(base_log, report, "end")), wrap(_with(base_log, _asgi_with("ValueError: x\nhello"), "end")), "")
+    report = asgi_with("jinja2.exceptions.TemplateError: x\n" + FORGED_RECORD + "\n" + FRAME + OOM)
+    assert_reads_like(
+        wrap(with_lines(base_log, report, "end")),
+        wrap(with_lines(base_log, asgi_with("ValueError: x\nhello"), "end")),
+        "",
+    )
 
 
 @pytest.mark.parametrize("where", ["prefixless-reprint", "asgi"])
@@ -196,19 +187,19 @@ def test_a_word_stamp_before_a_forged_record_names_nothing(where):
     base_log = real_log(BASE)
     begin = "ab cd " + FORGED_RECORD + "\n" + FRAME + OOM
     if where == "asgi":
-        crafted, harmless = _asgi_with("ValueError: x\n" + begin), _asgi_with("ValueError: x\nhello")
+        crafted, harmless = asgi_with("ValueError: x\n" + begin), asgi_with("ValueError: x\nhello")
     else:
         crafted = "Process EngineCore:\n" + grammar_traceback("<fn\n" + begin)
         harmless = "Process EngineCore:\n" + grammar_traceback("<fn\nhello")
-    _check(_with(base_log, crafted, "end"), _with(base_log, harmless, "end"), where)
+    assert_reads_like(with_lines(base_log, crafted, "end"), with_lines(base_log, harmless, "end"), where)
 
 
 def test_a_k9s_box_a_client_draws_in_a_requests_report_names_nothing():
     base_log = real_log(BASE)
     boxed = "x\n\u2502 " + FRAME.splitlines()[0] + " \u2502\n\u2502 " + OOM + " \u2502"
-    _check(
-        _with(base_log, _asgi_with("jinja2.exceptions.TemplateError: " + boxed), "end"),
-        _with(base_log, _asgi_with("jinja2.exceptions.TemplateError: x\nhello"), "end"),
+    assert_reads_like(
+        with_lines(base_log, asgi_with("jinja2.exceptions.TemplateError: " + boxed), "end"),
+        with_lines(base_log, asgi_with("jinja2.exceptions.TemplateError: x\nhello"), "end"),
         "box",
     )
 
@@ -222,4 +213,4 @@ def test_a_request_error_early_in_a_text_log_does_not_hide_the_runtime_oom():
     access = ['(APIServer pid=2320) INFO:     127.0.0.1:1 - "POST /v1/completions HTTP/1.1" 200 OK'] * 3000
     log = "\n".join([*lines[: at - 5], *CLIENT_ASGI.splitlines(), *access, *lines[at - 5 :]]) + "\n"
     d = classify(Signals(log=log, **context(s, pod_state=True)))
-    assert d.cause == s["label"] == "runtime_oom", f"said {_said(d)}"
+    assert d.cause == s["label"] == "runtime_oom", f"said {said(d)}"

@@ -9,21 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from crafted_logs import (
-    API,
-    ASGI,
-    CLIENT_OOM,
-    CUSTOM,
-    USER,
-    V0_STATS,
-    V1_STATS,
-    _clean,
-    _corpus,
-    _headed_report,
-    _key,
-    reformatted,
-)
 from vllm_autoheal.diagnosis import Signals, classify
+
+from crafted.bases import API, CLIENT_OOM, MARKER, corpus_log
+from crafted.checks import cause_and_subtype, client_text_absent
+from crafted.records import CUSTOM, reformatted
+from crafted.reports import ASGI, V0_STATS, V1_STATS, headed_report
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
@@ -34,7 +25,7 @@ GPU = FIXTURES / "gpu" / "failure-logs"
 CPU = FIXTURES / "vllm-cpu"
 
 
-ILLEGAL_QUOTE = "RuntimeError: CUDA error: an illegal memory access was encountered " + USER
+ILLEGAL_QUOTE = "RuntimeError: CUDA error: an illegal memory access was encountered " + MARKER
 
 
 def _report(*client: str, prefix: str = "") -> str:
@@ -48,7 +39,7 @@ def _runtime() -> str:
 
 
 def _v0_runtime() -> str:
-    return _corpus("rt-13152-benchmark-serving-80gb")  # V0, the engine in the API server, no process prefixes
+    return corpus_log("rt-13152-benchmark-serving-80gb")  # V0, the engine in the API server, no process prefixes
 
 
 # --- A forged prefix and uvicorn's start words hide a real OOM, quoting the client -------------
@@ -63,12 +54,12 @@ FORGED_PREFIXES = {"process": "(EngineCore pid=1) ", "rank": "[rank0]: "}
 def test_a_forged_prefix_and_uvicorns_start_words_do_not_hide_a_real_oom_nor_quote_the_client(failure, forged):
     base = _v0_runtime()
     harmless = classify(Signals(log=base + _report(FORGED_PREFIXES[forged] + "INFO:     hello", "bye")))
-    assert _key(harmless) == ("runtime_oom", "oom_in_serving")
+    assert cause_and_subtype(harmless) == ("runtime_oom", "oom_in_serving")
     up = FORGED_PREFIXES[forged] + "INFO:     Application startup complete."
     crafted = classify(Signals(log=base + _report(up, CLIENT_FAILURES[failure])))
-    assert _key(crafted) == _key(harmless) and crafted.evidence == harmless.evidence
+    assert cause_and_subtype(crafted) == cause_and_subtype(harmless) and crafted.evidence == harmless.evidence
     assert crafted.numbers == harmless.numbers
-    assert _clean(crafted)
+    assert client_text_absent(crafted)
 
 
 # --- A forged headed server-up line hides a real OOM (high, new) ----------------------------------------------
@@ -86,9 +77,9 @@ def test_a_forged_headed_server_up_line_in_uvicorns_report_does_not_hide_a_real_
     base = _runtime()
     prefix = "(APIServer pid=2320) "
     harmless = classify(Signals(log=base + _report("hello", prefix=prefix)))
-    assert _key(harmless) == ("runtime_oom", "oom_in_serving")
+    assert cause_and_subtype(harmless) == ("runtime_oom", "oom_in_serving")
     crafted = classify(Signals(log=base + _report(FORGED_UP[line], prefix=prefix)))
-    assert _key(crafted) == _key(harmless)
+    assert cause_and_subtype(crafted) == cause_and_subtype(harmless)
 
 
 # --- Another engine's start sets one engine's KV failure aside (high, new) -------------------------------------
@@ -165,7 +156,7 @@ def test_another_engines_start_after_one_engines_kv_failure_does_not_set_it_asid
     alone = classify(Signals(log=ENGINES[shape](False)))
     assert alone.cause == "kv_cache_insufficient"
     d = classify(Signals(log=ENGINES[shape](True)))
-    assert _key(d) == _key(alone)
+    assert cause_and_subtype(d) == cause_and_subtype(alone)
 
 
 # --- V0's stats timer after the engine's OOM (high, a race, new) -----------------------------------------------
@@ -175,11 +166,11 @@ V0_STATS_LINE = "INFO 02-12 12:20:25 metrics.py:449] " + V0_STATS.replace("Runni
 def test_a_v0_stats_line_after_the_engines_oom_does_not_set_it_aside():
     base = _v0_runtime()
     want = classify(Signals(log=base))
-    assert _key(want) == ("runtime_oom", "oom_in_serving")
+    assert cause_and_subtype(want) == ("runtime_oom", "oom_in_serving")
     lines = base.splitlines(keepends=True)
     at = next(i for i, ln in enumerate(lines) if "torch.OutOfMemoryError" in ln) + 1
     d = classify(Signals(log="".join(lines[:at]) + V0_STATS_LINE + "\n" + "".join(lines[at:])))
-    assert _key(d) == _key(want)
+    assert cause_and_subtype(d) == cause_and_subtype(want)
 
 
 # --- A forged process prefix ends uvicorn's report in a log without prefixes -----------------
@@ -191,12 +182,12 @@ def test_a_v0_stats_line_after_the_engines_oom_does_not_set_it_aside():
 )
 @pytest.mark.parametrize("forged", sorted(FORGED_PREFIXES))
 def test_a_forged_process_prefix_in_uvicorns_report_of_a_prefixless_log_decides_nothing(forged):
-    base = _corpus("neg-2734-llama2-70b-tp8-timeout")
+    base = corpus_log("neg-2734-llama2-70b-tp8-timeout")
     harmless = classify(Signals(log=base + _report(FORGED_PREFIXES[forged] + "hello", "bye")))
-    assert _key(harmless) == ("not_oom", "nccl_timeout")
+    assert cause_and_subtype(harmless) == ("not_oom", "nccl_timeout")
     crafted = classify(Signals(log=base + _report(FORGED_PREFIXES[forged] + "hello", CLIENT_OOM)))
-    assert _key(crafted) == _key(harmless)
-    assert _clean(crafted)
+    assert cause_and_subtype(crafted) == cause_and_subtype(harmless)
+    assert client_text_absent(crafted)
 
 
 # --- What held ----------------------------------------------------------------------------------------------------
@@ -209,7 +200,7 @@ def test_v1s_stats_lines_after_a_real_oom_do_not_set_it_aside():
         line = API + "INFO 12-01 04:48:08 [loggers.py:257] " + stats + "\n"
         for log in ("".join(lines[:at]) + line + "".join(lines[at:]), base + line):
             d = classify(Signals(log=log))
-            assert _key(d) == _key(want) and d.evidence == want.evidence
+            assert cause_and_subtype(d) == cause_and_subtype(want) and d.evidence == want.evidence
 
 
 CLIENT_UP = {
@@ -225,9 +216,9 @@ CLIENT_UP = {
 def test_a_clients_server_up_line_with_the_learned_header_in_a_headerless_report_sets_nothing_aside(client, every_line):
     base = reformatted(CUSTOM, every_line=every_line)(_runtime())
     want = classify(Signals(log=base + _report("hello")))
-    assert _key(want) == ("runtime_oom", "oom_in_serving")
+    assert cause_and_subtype(want) == ("runtime_oom", "oom_in_serving")
     d = classify(Signals(log=base + _report(CLIENT_UP[client])))
-    assert _key(d) == _key(want) and not any("set aside" in n for n in d.notes)
+    assert cause_and_subtype(d) == cause_and_subtype(want) and not any("set aside" in n for n in d.notes)
 
 
 def test_a_clients_json_record_of_a_server_up_line_in_a_prefixed_report_sets_nothing_aside():
@@ -245,7 +236,7 @@ def test_a_clients_json_record_of_a_server_up_line_in_a_prefixed_report_sets_not
     want = classify(Signals(log=base))
     for prefix in ("(APIServer pid=1326) ", ""):
         d = classify(Signals(log=base + _report(record, prefix=prefix)))
-        assert _key(d) == _key(want) and not any("set aside" in n for n in d.notes)
+        assert cause_and_subtype(d) == cause_and_subtype(want) and not any("set aside" in n for n in d.notes)
 
 
 def test_a_forged_header_in_a_headed_report_sets_nothing_aside():
@@ -254,9 +245,9 @@ def test_a_forged_header_in_a_headed_report_sets_nothing_aside():
     base = _runtime()
     want = classify(Signals(log=base))
     for up in (FORGED_UP["init-engine"], "INFO:     Application startup complete."):
-        report = "".join(ln + "\n" for ln in _headed_report(chat, [up, ILLEGAL_QUOTE]))
+        report = "".join(ln + "\n" for ln in headed_report(chat, [up, ILLEGAL_QUOTE]))
         d = classify(Signals(log=base + report))
-        assert _key(d) == _key(want) and _clean(d)
+        assert cause_and_subtype(d) == cause_and_subtype(want) and client_text_absent(d)
 
 
 @pytest.mark.parametrize("prefix", ["(APIServer pid=2320) ", ""], ids=["decorated", "plain"])
@@ -266,4 +257,4 @@ def test_uvicorns_start_words_and_a_failure_in_the_reports_own_lines_set_nothing
     want = classify(Signals(log=base))
     for failure in CLIENT_FAILURES.values():
         d = classify(Signals(log=base + _report("INFO:     Application startup complete.", failure, prefix=prefix)))
-        assert _key(d) == _key(want) and d.evidence == want.evidence and _clean(d)
+        assert cause_and_subtype(d) == cause_and_subtype(want) and d.evidence == want.evidence and client_text_absent(d)

@@ -11,8 +11,9 @@ import time
 
 import pytest
 
-from crafted_logs import _log, seconds_per_byte
 from vllm_autoheal.diagnosis.classify import classify_stream
+
+from crafted.bases import seconds_per_byte, startup_failure
 
 SIZE = 600_000
 
@@ -155,7 +156,7 @@ def test_near_misses_on_every_read_line_cost_no_more_than_a_plain_log():
     plain = "y" * len(near)
 
     def cost(filler: str) -> float:
-        log = _log("torch.distributed.DistBackendError: " + filler, *([filler] * 25))
+        log = startup_failure("torch.distributed.DistBackendError: " + filler, *([filler] * 25))
         return seconds_per_byte(log) * len(log)
 
     near_s, plain_s = cost(near), cost(plain)

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from crafted_logs import CENSUS, CLIENT_FORMATS, KSERVE, TRITON, V1_KILLED, _cause, _said, _with, real_log
 from vllm_autoheal.diagnosis import MEMORY_CAUSES, Signals, classify
 from vllm_autoheal.diagnosis.candidates import _SEARCHED
+
+from crafted.bases import CENSUS, real_log, with_lines
+from crafted.checks import cause_of, said
+from crafted.exceptions import CLIENT_FORMATS
+from crafted.wrappers import KSERVE, TRITON, V1_KILLED
 
 
 def test_progress_bars_redrawn_with_carriage_returns_still_read():
@@ -74,7 +78,7 @@ def test_each_anchor_is_searched_once():
     ],
 )
 def test_an_out_of_memory_the_new_rows_see_is_never_not_oom(line):
-    assert _cause(line + "\n") != "not_oom"
+    assert cause_of(line + "\n") != "not_oom"
 
 
 TRITON_BASES = [
@@ -97,7 +101,7 @@ def test_a_clients_outofresources_does_no_more_than_the_rows_older_words(base_na
     base_log = real_log(base_name)
 
     def diag(payload: str):
-        d = classify(Signals(log=_with(base_log, CLIENT_FORMATS[fmt](payload), where)))
+        d = classify(Signals(log=with_lines(base_log, CLIENT_FORMATS[fmt](payload), where)))
         return d.cause, d.subtype, d.phase, d.numbers, len(d.evidence), bool(d.evidence and "ZZUSERZZ" in d.evidence[0])
 
     older = diag("InductorError ZZUSERZZ")
@@ -147,7 +151,7 @@ def test_tqdms_loading_bar_after_a_weight_loading_oom_still_places_it(prefix):
     nothing. It should stay weights_load_oom: a line that is not the exception's writer's (no header on
     either, another prefix or none) is no further line of its message."""
     d = classify(Signals(log="\n".join([prefix + WEIGHTS_OOM, "", BAR, "", NCCL_EXIT]) + "\n"))
-    assert (d.cause, d.subtype, d.phase) == ("weights_load_oom", "oom_in_load", "load"), f"said {_said(d)}"
+    assert (d.cause, d.subtype, d.phase) == ("weights_load_oom", "oom_in_load", "load"), f"said {said(d)}"
 
 
 # --- NCCL's calloc warning after any failed allocation ----------------------------------------
@@ -167,7 +171,7 @@ def test_a_calloc_after_a_non_oom_cuda_failure_says_not_memory(error):
     real failure, then (as it does after any failed allocation) `Failed to CUDA calloc 4194304 bytes`,
     which the new row reads as an out-of-memory after a non-memory failure. It should say not_oom."""
     d = classify(Signals(log=NCCL_LOG.replace("Cuda failure 'out of memory'", error)))
-    assert d.cause == "not_oom", f"said {_said(d)}"
+    assert d.cause == "not_oom", f"said {said(d)}"
 
 
 def test_a_bare_calloc_last_error_is_no_memory_cause():
@@ -183,4 +187,4 @@ def test_a_bare_calloc_last_error_is_no_memory_cause():
     )
     assert "NCCL WARN" not in log
     d = classify(Signals(log=log))
-    assert not d.is_memory, f"said {_said(d)}"
+    assert not d.is_memory, f"said {said(d)}"

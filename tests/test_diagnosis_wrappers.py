@@ -8,8 +8,10 @@ import json
 
 import pytest
 
-from crafted_logs import KSERVE, TRITON, V1_KILLED, _cause, _diag
 from vllm_autoheal.diagnosis import MEMORY_CAUSES, Signals, classify
+
+from crafted.checks import cause_of, diagnose
+from crafted.wrappers import KSERVE, TRITON, V1_KILLED
 
 # --- V1's "Worker failed with error '<str(e)>'" row -------------------------------------------
 EC = "(EngineCore_DP0 pid=9) ERROR 04-27 05:30:01 [core.py:700] "
@@ -72,15 +74,15 @@ def test_triton_quoting_vllms_wrapper_over_a_sigkilled_engine_core_keeps_the_kil
     its -9, and Triton's stub quotes the wrapper. The Triton row, unlike KServe's, lets wrappers through:
     host_ram_oom (the wrapper alone) -> not_oom (triton_stub_failed_of_other_error) when unfixed."""
     alone = "RuntimeError: " + V1_KILLED + "\n"
-    assert _cause(alone) == "host_ram_oom"
+    assert cause_of(alone) == "host_ram_oom"
     old_format = TRITON + "Failed to initialize Python stub: RuntimeError: " + V1_KILLED + TRITON_AT
     quoted = (
         'I1216 02:12:49.624943 179 pb_stub.cc:388] "Failed to initialize Python stub: RuntimeError: '
         + V1_KILLED
         + '\\n\\nAt:\\n  /opt/tritonserver/backends/vllm/model.py(301): _run_llm_engine\\n"\n'
     )
-    assert _cause(old_format) == "host_ram_oom"
-    assert _cause(quoted) == "host_ram_oom"
+    assert cause_of(old_format) == "host_ram_oom"
+    assert cause_of(quoted) == "host_ram_oom"
 
 
 @pytest.mark.parametrize(
@@ -100,7 +102,7 @@ def test_triton_quoting_vllms_wrapper_over_a_sigkilled_engine_core_keeps_the_kil
 )
 def test_a_wrapper_quoting_a_generic_wrapper_is_never_not_oom(line):
     """unknown -> not_oom (high confidence) when unfixed: a wrapper names no failure of its own."""
-    assert _cause(line) != "not_oom"
+    assert cause_of(line) != "not_oom"
 
 
 NCCL_OOM = (
@@ -122,8 +124,8 @@ def test_a_wrapper_quoting_a_multiline_message_is_read_to_its_end(log):
     """str(e) goes on over more lines (the Worker-failed row's own comment says so: torch's NCCL error
     names 'out of memory' on its last). The first line alone makes a non-memory cause before the OOM:
     multi_gpu_oom (the same lines without the wrapper's words) -> unknown (signals_disagree) when unfixed."""
-    assert _cause(NCCL_OOM + "\n") == "multi_gpu_oom"
-    assert _cause(log) == "multi_gpu_oom"
+    assert cause_of(NCCL_OOM + "\n") == "multi_gpu_oom"
+    assert cause_of(log) == "multi_gpu_oom"
 
 
 @pytest.mark.parametrize(
@@ -144,7 +146,7 @@ def test_a_wrapper_quoting_a_multiline_message_is_read_to_its_end(log):
 def test_a_wrapper_quoting_an_allocation_failure_is_not_not_oom(log):
     """unknown -> not_oom (high confidence) when unfixed: a memory failure worded as ALLOCATION_FAILED
     does not know is called "another failure" by the wrapper rows."""
-    assert _cause(log) != "not_oom"
+    assert cause_of(log) != "not_oom"
 
 
 # --- An abort that follows a peer's SIGKILL is a consequence, not the cause --------------------------
@@ -182,7 +184,7 @@ ELASTIC = (
 def test_an_abort_after_a_peers_sigkill_does_not_outvote_the_kill(log):
     """host_ram_oom (before this change) -> not_oom when unfixed (the worst error: a memory failure
     reported as one no memory setting can help)."""
-    assert _cause(log) == "host_ram_oom"
+    assert cause_of(log) == "host_ram_oom"
 
 
 # --- wrapper_without_cause -----------------------------------------------------------------------------
@@ -257,7 +259,7 @@ WRAPPED_OOM = {
 
 @pytest.mark.parametrize("shape", sorted(WRAPPED_OOM))
 def test_a_wrapper_quoting_torchs_oom_after_a_carrying_type_still_names_memory(shape):
-    assert _diag(WRAPPED_OOM[shape] + "\n").cause in MEMORY_CAUSES | {"unknown"}
+    assert diagnose(WRAPPED_OOM[shape] + "\n").cause in MEMORY_CAUSES | {"unknown"}
     from vllm_autoheal.diagnosis.quoted import of_another_type
     from vllm_autoheal.diagnosis.scan import make_line
 

@@ -17,25 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from crafted_logs import (
-    API,
-    ASGI,
-    CLIENT_OOM,
-    CORPUS,
-    STATS,
-    USER,
-    _classify,
-    _clean,
-    _corpus,
-    _crash,
-    _illegal_access,
-    _key,
-    _serving,
-)
 from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.diagnosis.findings import findings_of
 from vllm_autoheal.diagnosis.scan import GAP_LINE, scan
 from vllm_autoheal.diagnosis.writers import api_servers_memory_error, writers
+
+from crafted.bases import API, CLIENT_OOM, CORPUS, MARKER, corpus_log, illegal_access_crash, illegal_access_log
+from crafted.checks import cause_and_subtype, client_text_absent, diagnose
+from crafted.reports import ASGI, STATS, serving_minute
 
 GPU = Path(__file__).resolve().parent / "fixtures" / "gpu" / "failure-logs"
 
@@ -50,14 +39,14 @@ KV = (
 
 QUOTES = {  # each GPU memory cause's message, as a client's text quotes it
     "torch-oom": "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 64.00 GiB. GPU 0 has a total "
-    "capacity of 139.80 GiB of which 1.00 GiB is free. " + USER,
-    "kv-length": KV + USER,
+    "capacity of 139.80 GiB of which 1.00 GiB is free. " + MARKER,
+    "kv-length": KV + MARKER,
     "free-memory": "ValueError: Free memory on device (10.0/139.8 GiB) on startup is less than desired GPU memory "
     "utilization (0.9, 125.8 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes. "
-    + USER,
+    + MARKER,
     "nccl-oom": "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled cuda "
     "error, NCCL version 2.21.5 ncclUnhandledCudaError: Call to CUDA function failed. Last error: Cuda failure "
-    "'out of memory' " + USER,
+    "'out of memory' " + MARKER,
 }
 
 
@@ -75,22 +64,22 @@ def _tail(name: str, first: str) -> str:
 
 @pytest.mark.parametrize("quote", sorted(QUOTES))
 def test_after_a_gap_an_api_servers_raw_memory_error_does_not_turn_a_real_crash_into_memory(quote):
-    base = _tail(_illegal_access(), "[dump_input.py:")  # a real H200 log, its final error an illegal memory access
+    base = _tail(illegal_access_log(), "[dump_input.py:")  # a real H200 log, its final error an illegal memory access
     harmless = classify(Signals(log=_window("bye", base)))
-    assert _key(harmless) == ("not_oom", "illegal_memory_access")
+    assert cause_and_subtype(harmless) == ("not_oom", "illegal_memory_access")
     crafted = classify(Signals(log=_window(QUOTES[quote], base)))
-    assert _key(crafted) == _key(harmless)
-    assert _clean(crafted)
+    assert cause_and_subtype(crafted) == cause_and_subtype(harmless)
+    assert client_text_absent(crafted)
 
 
 @pytest.mark.parametrize("quote", sorted(QUOTES))
 def test_after_a_gap_an_api_servers_raw_memory_error_does_not_change_a_real_ooms_answer(quote):
     base = _tail("runtime.log", "[dump_input.py:")  # a real serving OOM on an H200 (vLLM 0.25)
     want = classify(Signals(log=base))
-    assert _key(want) == ("runtime_oom", "oom_in_serving")
+    assert cause_and_subtype(want) == ("runtime_oom", "oom_in_serving")
     crafted = classify(Signals(log=_window(QUOTES[quote], base)))
-    assert _key(crafted) == _key(want) and crafted.numbers == want.numbers
-    assert _clean(crafted)
+    assert cause_and_subtype(crafted) == cause_and_subtype(want) and crafted.numbers == want.numbers
+    assert client_text_absent(crafted)
 
 
 @pytest.mark.parametrize(
@@ -159,7 +148,7 @@ PLACES = ("after-a-gap", "in-a-whole-report-before", "in-a-whole-report-after")
 
 
 BASES = {
-    "illegal-access": lambda: _tail(_illegal_access(), "[dump_input.py:"),
+    "illegal-access": lambda: _tail(illegal_access_log(), "[dump_input.py:"),
     "runtime-oom": lambda: _tail("runtime.log", "[dump_input.py:"),
 }
 
@@ -178,10 +167,10 @@ def _forged(base: str, place: str, line: str) -> str:
 def test_a_header_a_client_wrote_in_the_api_servers_lines_decides_nothing(base_name, place, forged, quote):
     base = BASES[base_name]()
     harmless = classify(Signals(log=_forged(base, place, FORGED[forged] + "bye")))
-    assert _key(harmless) == _key(classify(Signals(log=base)))
+    assert cause_and_subtype(harmless) == cause_and_subtype(classify(Signals(log=base)))
     crafted = classify(Signals(log=_forged(base, place, FORGED[forged] + QUOTES[quote])))
-    assert _key(crafted) == _key(harmless) and crafted.numbers == harmless.numbers
-    assert _clean(crafted)
+    assert cause_and_subtype(crafted) == cause_and_subtype(harmless) and crafted.numbers == harmless.numbers
+    assert client_text_absent(crafted)
 
 
 RAY_DP_LIMIT = pytest.mark.xfail(
@@ -199,13 +188,13 @@ def test_under_ray_the_engines_lines_forwarded_by_the_api_server_still_decide():
     assert "(EngineCore pid=" not in log
     want = classify(Signals(log=(GPU / "runtime.log").read_text()))
     d = classify(Signals(log=log))
-    assert _key(d) == _key(want) == ("runtime_oom", "oom_in_serving")
+    assert cause_and_subtype(d) == cause_and_subtype(want) == ("runtime_oom", "oom_in_serving")
 
 
 def _api_window(last: str, crash: str, prefix: str = API) -> str:
     """s15-3's window: the operator's read opens inside uvicorn's report of a client's request (each line under the
     API server's prefix, as vLLM V1 prints it), the server serves on (access and V1 stats lines), then crashes."""
-    return GAP_LINE + "\n" + (prefix + "hello\n") * 50 + prefix + last + "\n" + _serving(STATS) + crash
+    return GAP_LINE + "\n" + (prefix + "hello\n") * 50 + prefix + last + "\n" + serving_minute(STATS) + crash
 
 
 def _harmless_and_crafted(crash: str, last: str, prefix: str = API) -> tuple:
@@ -228,17 +217,17 @@ FORGED_INNER = {
 
 @pytest.mark.parametrize("forged", sorted(FORGED_INNER))
 def test_a_forged_inner_prefix_after_the_api_servers_does_not_let_a_clients_quote_decide(forged):
-    harmless, crafted = _harmless_and_crafted(_crash(), FORGED_INNER[forged])
-    assert _key(harmless) == ("not_oom", "illegal_memory_access")
-    assert _key(crafted) == _key(harmless)
-    assert _clean(crafted)
+    harmless, crafted = _harmless_and_crafted(illegal_access_crash(), FORGED_INNER[forged])
+    assert cause_and_subtype(harmless) == ("not_oom", "illegal_memory_access")
+    assert cause_and_subtype(crafted) == cause_and_subtype(harmless)
+    assert client_text_absent(crafted)
 
 
 # --- A crash that names no engine process ----------------------------------------------------
 def _cpp_abort() -> str:
     """The train corpus' notoom-5 (V1, docker compose): the engine died in C++, whose lines carry no prefix; the
     API server's EngineDeadError is the only named writer."""
-    return _corpus("notoom-5-spark-mxfp4-illegal-memory-access")
+    return corpus_log("notoom-5-spark-mxfp4-illegal-memory-access")
 
 
 _CLIENT = API + "ERROR 12-01 04:48:20 [core_client.py:564] "
@@ -281,8 +270,8 @@ def test_the_nameless_crashes_name_no_engine_process():
 def test_a_clients_quote_before_a_crash_that_names_no_engine_process_decides_nothing(crash):
     harmless, crafted = _harmless_and_crafted(NAMELESS_CRASHES[crash](), CLIENT_OOM)
     assert harmless.cause in ("not_oom", "unknown")
-    assert _key(crafted) == _key(harmless)
-    assert _clean(crafted)
+    assert cause_and_subtype(crafted) == cause_and_subtype(harmless)
+    assert client_text_absent(crafted)
 
 
 # --- The API server under vLLM's other names -------------------------------------------------
@@ -291,11 +280,11 @@ OTHER_NAMES = ["ExternalLBRank0", "DPServer-rank0"]
 
 @pytest.mark.parametrize("name", OTHER_NAMES)
 def test_the_api_server_under_vllms_other_names_is_the_api_server(name):
-    crash = _crash().replace("(APIServer pid=", f"({name} pid=")
+    crash = illegal_access_crash().replace("(APIServer pid=", f"({name} pid=")
     harmless, crafted = _harmless_and_crafted(crash, CLIENT_OOM, prefix=API.replace("APIServer", name))
-    assert _key(harmless) == ("not_oom", "illegal_memory_access")
-    assert _key(crafted) == _key(harmless)
-    assert _clean(crafted)
+    assert cause_and_subtype(harmless) == ("not_oom", "illegal_memory_access")
+    assert cause_and_subtype(crafted) == cause_and_subtype(harmless)
+    assert client_text_absent(crafted)
 
 
 # --- A colour-mangled prefix -------------------------------------------------------------------
@@ -315,11 +304,11 @@ def _coloured(log: str, esc: str) -> str:
 
 @pytest.mark.parametrize("esc", sorted(MANGLED_ESC))
 def test_a_colour_mangled_api_server_prefix_still_names_the_api_server(esc):
-    harmless = classify(Signals(log=_coloured(_api_window("bye", _crash()), MANGLED_ESC[esc])))
-    crafted = classify(Signals(log=_coloured(_api_window(CLIENT_OOM, _crash()), MANGLED_ESC[esc])))
-    assert _key(harmless) == ("not_oom", "illegal_memory_access")
-    assert _key(crafted) == _key(harmless)
-    assert _clean(crafted)
+    harmless = classify(Signals(log=_coloured(_api_window("bye", illegal_access_crash()), MANGLED_ESC[esc])))
+    crafted = classify(Signals(log=_coloured(_api_window(CLIENT_OOM, illegal_access_crash()), MANGLED_ESC[esc])))
+    assert cause_and_subtype(harmless) == ("not_oom", "illegal_memory_access")
+    assert cause_and_subtype(crafted) == cause_and_subtype(harmless)
+    assert client_text_absent(crafted)
 
 
 def test_the_rule_drops_no_finding_of_any_train_log():
@@ -351,18 +340,18 @@ WRAPPERS = {
 @pytest.mark.parametrize("wrapper", sorted(WRAPPERS))
 def test_a_collectors_wrapper_before_the_prefix_keeps_the_writer(wrapper):
     wrap = WRAPPERS[wrapper]
-    harmless = classify(Signals(log=wrap(_api_window("bye", _crash()))))
-    crafted = classify(Signals(log=wrap(_api_window(CLIENT_OOM, _crash()))))
-    assert _key(harmless) == ("not_oom", "illegal_memory_access")
-    assert _key(crafted) == _key(harmless) and _clean(crafted)
+    harmless = classify(Signals(log=wrap(_api_window("bye", illegal_access_crash()))))
+    crafted = classify(Signals(log=wrap(_api_window(CLIENT_OOM, illegal_access_crash()))))
+    assert cause_and_subtype(harmless) == ("not_oom", "illegal_memory_access")
+    assert cause_and_subtype(crafted) == cause_and_subtype(harmless) and client_text_absent(crafted)
 
 
 @pytest.mark.parametrize("name", ["ApiServer_0", "ApiServer_12"])
 def test_the_api_servers_of_api_server_count_are_the_api_servers(name):
-    crash = _crash().replace("(APIServer pid=", f"({name} pid=")
+    crash = illegal_access_crash().replace("(APIServer pid=", f"({name} pid=")
     harmless, crafted = _harmless_and_crafted(crash, CLIENT_OOM, prefix=API.replace("APIServer", name))
-    assert _key(crafted) == _key(harmless) == ("not_oom", "illegal_memory_access")
-    assert _clean(crafted)
+    assert cause_and_subtype(crafted) == cause_and_subtype(harmless) == ("not_oom", "illegal_memory_access")
+    assert client_text_absent(crafted)
 
 
 CLIENT_MARKS = {
@@ -379,9 +368,9 @@ CLIENT_MARKS = {
 
 @pytest.mark.parametrize("mark", sorted(CLIENT_MARKS))
 def test_a_clients_mark_that_names_no_process_leaves_the_line_the_api_servers(mark):
-    harmless, crafted = _harmless_and_crafted(_crash(), CLIENT_MARKS[mark] + CLIENT_OOM)
-    assert _key(crafted) == _key(harmless) == ("not_oom", "illegal_memory_access")
-    assert _clean(crafted)
+    harmless, crafted = _harmless_and_crafted(illegal_access_crash(), CLIENT_MARKS[mark] + CLIENT_OOM)
+    assert cause_and_subtype(crafted) == cause_and_subtype(harmless) == ("not_oom", "illegal_memory_access")
+    assert client_text_absent(crafted)
 
 
 def test_the_writer_of_a_client_line_with_a_forged_inner_prefix_is_the_clients():
@@ -400,11 +389,11 @@ INNER = {"engine-core": "(EngineCore_DP0 pid=7) ", "ray-actor": "(DPEngineCoreAc
 @pytest.mark.parametrize("inner", sorted(INNER))
 @pytest.mark.parametrize("crash", sorted(NAMELESS))
 def test_a_forged_inner_prefix_before_a_crash_that_names_no_engine_process_decides_nothing(crash, inner):
-    harmless = _classify(_api_window("bye", NAMELESS[crash]()))
-    crafted = _classify(_api_window(INNER[inner] + CLIENT_OOM, NAMELESS[crash]()))
+    harmless = diagnose(_api_window("bye", NAMELESS[crash]()))
+    crafted = diagnose(_api_window(INNER[inner] + CLIENT_OOM, NAMELESS[crash]()))
     assert harmless.cause in ("not_oom", "unknown")
-    assert _key(crafted) == _key(harmless)
-    assert _clean(crafted)
+    assert cause_and_subtype(crafted) == cause_and_subtype(harmless)
+    assert client_text_absent(crafted)
 
 
 # --- V0's engine in the API server's process --------------------------------------------------------
@@ -413,9 +402,9 @@ def _as_api_server(log: str) -> str:
 
 
 def test_rt_13152_is_v0s_engine_in_the_api_servers_process_and_an_oom():
-    log = _corpus("rt-13152-benchmark-serving-80gb")
+    log = corpus_log("rt-13152-benchmark-serving-80gb")
     assert "AsyncLLMEngine" in log and "MQLLMEngine" not in log
-    assert _key(_classify(log)) == ("runtime_oom", "oom_in_serving")
+    assert cause_and_subtype(diagnose(log)) == ("runtime_oom", "oom_in_serving")
 
 
 @pytest.mark.xfail(
@@ -425,8 +414,8 @@ def test_rt_13152_is_v0s_engine_in_the_api_servers_process_and_an_oom():
     "traceback_without_error (889c2e4: runtime_oom)",
 )
 def test_a_v0_engine_in_the_api_servers_process_keeps_its_memory_failure():
-    d = _classify(_as_api_server(_corpus("rt-13152-benchmark-serving-80gb")))
-    assert _key(d) == ("runtime_oom", "oom_in_serving")
+    d = diagnose(_as_api_server(corpus_log("rt-13152-benchmark-serving-80gb")))
+    assert cause_and_subtype(d) == ("runtime_oom", "oom_in_serving")
 
 
 # --- What held ---------------------------------------------------------------------------------------------------
@@ -455,7 +444,7 @@ def test_a_clients_line_keeps_the_api_server_as_its_outermost_writer(trick):
     text = TRICKS[trick]
     if trick == "crlf":  # (the decorator writes its prefix after the `\n`: a CRLF's second line is prefixed too)
         text = text.replace("\r\n", "\r\n" + API)
-    harmless = _classify(_api_window("bye", _crash()))
-    crafted = _classify(_api_window(text, _crash()))
-    assert _key(crafted) == _key(harmless) == ("not_oom", "illegal_memory_access")
-    assert _clean(crafted)
+    harmless = diagnose(_api_window("bye", illegal_access_crash()))
+    crafted = diagnose(_api_window(text, illegal_access_crash()))
+    assert cause_and_subtype(crafted) == cause_and_subtype(harmless) == ("not_oom", "illegal_memory_access")
+    assert client_text_absent(crafted)

@@ -8,10 +8,11 @@ from __future__ import annotations
 import pytest
 import urllib3
 
-from crafted_logs import Kubelet
 from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.diagnosis.scan import GAP_LINE
 from vllm_autoheal.kube import client as kc
+
+from crafted.node_logs import Kubelet
 
 CRASH = "ERROR 12-01 10:00:09 [core.py:1] RuntimeError: CUDA error: an illegal memory access was encountered\n"
 

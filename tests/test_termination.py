@@ -6,11 +6,12 @@ import json
 
 import pytest
 
-from crafted_logs import H100
 from vllm_autoheal.diagnosis import Signals, classify, termination
 from vllm_autoheal.diagnosis.model import GpuInfo, GpuProcess, GpuSnapshot
 from vllm_autoheal.diagnosis.termination import read
 from vllm_autoheal.launcher import termination_message
+
+from crafted.bases import H100
 
 GOOD = {
     "autoheal": 1,
