@@ -75,7 +75,7 @@ DESIGNED: dict[str, tuple[str, str]] = {
     "numpy-arraymemoryerror-video-decode-apiserver": ("unknown", "a request's own error changes nothing"),
     # NCCL warns "Failed to CUDA calloc N bytes" after any failed allocation (alloc.h: the pointer
     # stayed null), an OOM or cuMem's "operation not supported"; without NCCL_DEBUG it is all torch's
-    # `Last error:` keeps, so it names no cause (the s11 review).
+    # `Last error:` keeps, so it names no cause.
     "nccl2.20-oom-no-nccl-debug-last-error-only-profile": ("unknown", "NCCL's calloc warning follows any failure"),
     # `kubectl describe`'s events are not a container's log: the classifier reads what the container
     # wrote; an eviction is the pod's status, and the Deployment replaces the pod.

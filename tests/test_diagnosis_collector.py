@@ -238,7 +238,7 @@ def test_a_markdown_paste_reads_as_the_lines_it_quotes():
     }
 
 
-# --- cost of FIRST_TYPED (low): measured in bench/diagnosis_speed.py ("word runs, then an exception named
+# --- cost of FIRST_TYPED: measured in bench/diagnosis_speed.py ("word runs, then an exception named
 # late", and two process prefixes that almost parse), not asserted here (these machines are noisy). The
 # search for that exception now starts from where its name ends, a literal: linear in the line's opening.
 
@@ -325,7 +325,10 @@ def test_srun_labels_on_real_logs_keep_the_answer(name, label):
 LOKI_QUOTE = '2026-12-01T10:00:00Z {app="vllm"} ERROR 12-01 10:00:00 [core.py:1233] torch.OutOfMemoryError: '
 
 
-@pytest.mark.xfail(strict=True, reason="s14b-6: a client's lines that open with a timestamp teach a collector's prefix")
+@pytest.mark.xfail(
+    strict=True,
+    reason="a client's lines that open with a timestamp teach the classifier a collector's prefix; they should teach nothing",
+)
 def test_a_clients_stamped_lines_do_not_teach_a_collectors_prefix():
     base = illegal_access_log()
     harmless = classify(Signals(log=base + ASGI + "hello there\n" * 451))

@@ -26,7 +26,7 @@ def _timestamps(log: str) -> str:
     )
 
 
-# --- A long line the runtime split into records (high, new) ----------------------------------------------
+# --- A long line the runtime split into records ----------------------------------------------
 REQUEST_DETAILS = (
     "(APIServer pid=7) DEBUG 12-01 10:00:01 [logger.py:35] Request chatcmpl-9f2 details: prompt: {r}, "
     "prompt_token_ids: [151644, 872], prompt_embeds shape: None."
@@ -41,7 +41,7 @@ SPLIT_FORMATS = {"cri": lambda log: cri_log(log, record=16384), "docker": lambda
 def test_a_long_prompt_split_into_records_is_still_the_clients(base_name, fmt):
     """A 60 KB prompt (--enable-log-requests; --max-log-len is unlimited by default) that repeats an OOM
     message: the runtime writes its line as 16 KiB records, and every record after the first opens with
-    the client's words. 287c2db: neg-2734 not_oom -> runtime_oom, model-not-found not_oom -> unknown
+    the client's words. Read record by record, neg-2734 not_oom would turn runtime_oom, model-not-found not_oom -> unknown
     signals_disagree, quoting `...o allocate 64.00 GiB ... ZZUSERZZ` (docker: the raw record `{"log": "o
     allocate...`). It should read as `kubectl logs` gives the same log (the records joined): a P record,
     or a docker record without its newline, goes on in the next one."""
@@ -52,7 +52,7 @@ def test_a_long_prompt_split_into_records_is_still_the_clients(base_name, fmt):
     assert_reads_like(to_file(crafted), to_file(harmless), fmt)
 
 
-# --- A docker record longer than MAX_LINE keeps its JSON (high, new) -------------------------------------
+# --- A docker record longer than MAX_LINE keeps its JSON -------------------------------------
 TOOL_PARSER = "(APIServer pid=7) DEBUG 12-01 10:00:05 [hermes_tool_parser.py:240] delta_text: "
 
 
@@ -81,7 +81,7 @@ def test_a_long_docker_record_is_read_by_its_header(base_name, record, pad):
     assert_reads_like(docker_log(crafted), docker_log(harmless), record)
 
 
-# --- A per-line time is no new message (high; older for --timestamps, new for CRI) ------------------------
+# --- A per-line time is no new message ------------------------
 NEWLINE_CARRIERS = {
     "add-lora": lambda p: add_lora_failure("a\n" + p, "/adapters/a"),
     "hub-download": lambda p: hf_download_failure("a\n" + p),
@@ -95,8 +95,8 @@ STAMPED = {"cri": cri_log, "kubectl-timestamps": _timestamps}
 @pytest.mark.parametrize("carrier", sorted(NEWLINE_CARRIERS))
 @pytest.mark.parametrize("base_name", ["neg-2734-llama2-70b-tp8-timeout", "local-h200-runtime"])
 def test_a_per_line_time_does_not_end_an_exceptions_message(base_name, carrier, fmt):
-    """The one-newline carriers, in a log whose every line has its own time. 287c2db: neg-2734
-    not_oom -> runtime_oom quoting `torch.OutOfMemoryError: ... ZZUSERZZ failed: No adapter found ...`;
+    """The one-newline carriers, in a log whose every line has its own time. Were the time a new message, neg-2734
+    not_oom would turn runtime_oom quoting `torch.OutOfMemoryError: ... ZZUSERZZ failed: No adapter found ...`;
     local-h200-runtime's evidence and numbers become the client's (tried_gib 64). `continues_message`
     compares `header` as printed, time included (Placement and `_continuations` remove a collector's time
     first). It should read as the same log without the times does."""
@@ -115,9 +115,9 @@ def test_a_per_line_time_does_not_end_an_exceptions_message(base_name, carrier, 
 @pytest.mark.parametrize("base_name", ["local-h200-runtime", "kv-cache-too-small.log"])
 def test_a_deeply_nested_json_line_does_not_void_the_diagnosis(base_name, depth):
     """A further line of a client's ASGI exception message (a plain-text log, `kubectl logs`) that opens
-    with `{"log":` and `depth` brackets. 287c2db: runtime_oom / kv_cache_insufficient -> unknown (no
-    subtype), `could not read the signals: RecursionError`: `_unwrapped` catches ValueError only. It
-    should read as the same traceback with a harmless line there (json.loads may fail in any way: the
+    with `{"log":` and `depth` brackets. Were json.loads' RecursionError not caught, runtime_oom / kv_cache_insufficient would turn unknown (no
+    subtype), `could not read the signals: RecursionError`: catching ValueError only is not enough. It
+    reads as the same traceback with a harmless line there (json.loads may fail in any way: the
     line is then what it is)."""
     base_log = real_log(base_name)
     crafted = classify(Signals(log=with_lines(base_log, ASGI + '{"log":' + "[" * depth, "end")))
@@ -146,13 +146,13 @@ def test_malformed_docker_records_are_read_as_they_are(line):
     assert (d.cause, d.subtype) == ("runtime_oom", "oom_in_serving"), d.explanation
 
 
-# --- The node's zone in a CRI time (medium-low, new) ------------------------------------------------------
+# --- The node's zone in a CRI time ------------------------------------------------------
 def test_a_cri_time_with_a_zone_offset_is_a_known_prefix():
     """containerd and CRI-O write time.Now() in RFC3339Nano, in the node's zone: `...+01:00` on a node not
-    kept in UTC. 287c2db: `+01:00 stderr F ` stays on every line, no header is read, and serving_chat.py's
-    template error quoting a client's OOM is the engine's: not_oom -> runtime_oom quoting `+01:00 stderr F
+    kept in UTC. Unless the zone is read as part of the time, `+01:00 stderr F ` stays on every line, no header is read, and serving_chat.py's
+    template error quoting a client's OOM is the engine's: not_oom would turn runtime_oom quoting `+01:00 stderr F
     ERROR 07-03 03:19:15 [serving_chat.py:200] jinja2.exceptions.TemplateError: torch.OutOfMemoryError:
-    ... ZZUSERZZ`. It should read as the same file in UTC does (not_oom nccl_timeout)."""
+    ... ZZUSERZZ`. It reads as the same file in UTC does (not_oom nccl_timeout)."""
     base_log = real_log("neg-2734-llama2-70b-tp8-timeout")
     crafted = with_lines(base_log, preprocess_error("jinja2.exceptions.TemplateError: " + OOM), "middle")
     utc = classify(Signals(log=cri_log(crafted)))
@@ -207,7 +207,7 @@ def test_single_line_client_formats_change_nothing_in_node_log_files(base_name, 
     )
 
 
-# --- Partial records joined across streams (high) -------------------------------------------------------
+# --- Partial records joined across streams -------------------------------------------------------
 PROMPT_HEAD = "(APIServer pid=7) INFO 12-01 10:00:01 [logger.py:41] Received request chatcmpl-9f2: prompt: '"
 
 

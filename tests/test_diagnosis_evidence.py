@@ -19,7 +19,7 @@ from crafted.checks import diagnose
 @pytest.mark.parametrize("sample_id", ["kv-xinf4926-qwen3vl-262k", "util-club3090-4-097"])
 def test_the_evidence_of_a_reprinted_failure_is_its_message_not_a_frame(sample_id):
     """Unfixed: evidence[0] `File ".../kv_cache_utils.py", line 641, in _check_enough_kv_cache_memory` (and
-    `File ".../v1/worker/utils.py", line 413, in request_memory`); 2bdf267: the ValueError. The cause is
+    `File ".../v1/worker/utils.py", line 413, in request_memory`). The cause is
     right; the line shown as the failure is a frame. Should: the ValueError's line."""
     s = CORPUS[sample_id]
     d = classify(Signals(log=s["log"], **context(s, pod_state=True)))

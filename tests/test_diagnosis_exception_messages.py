@@ -74,7 +74,7 @@ VLLM_HEADER_IN_A_MESSAGE = pytest.mark.xfail(
     "without one is what a new logged message looks like (uvicorn prints a request's traceback without "
     "vLLM's header; vLLM's next line has it). No general rule tells the two apart; glog's and KServe's "
     "headers now keep no file name, so they leave the line a further line of the message. (Where vLLM names "
-    "each process's lines, V1, a GPU memory failure the API server wrote is set aside since session 15: "
+    "each process's lines, V1, a GPU memory failure the API server wrote is set aside: "
     "test_diagnosis_writers.py; this V0 log under Ray names none.)",
 )
 
@@ -111,8 +111,7 @@ def test_a_not_memory_phrase_in_a_clients_asgi_line_does_not_outvote_a_real_memo
     origin, and `_quoted` keeps only DECIDING kinds out of it: a not-memory row there is a cause.
     memory-limit-kill.log: host_ram_oom (worker_sigkill) -> not_oom quoting the client's line;
     local-h200-runtime (payload before the OOM): runtime_oom -> unknown signals_disagree, quoting it.
-    Older than this change (InductorError, `CUDA error:` on f8a3c1a); OutOfResources is one more
-    phrase. It should be what the same traceback with a harmless line gives: the memory cause, and no
+    InductorError and `CUDA error:` are held the same way; OutOfResources is one more phrase. It should be what the same traceback with a harmless line gives: the memory cause, and no
     client text."""
     base_log = real_log(base_name)
     asgi = CLIENT_ASGI.replace("ZZUSERZZ", "x")
@@ -146,8 +145,8 @@ def test_a_clients_capture_marker_does_not_replace_a_real_runtime_oom(base_name,
     name (`RuntimeError: `) counts a marker found right after it (findings_of: `found.start() ==
     anchor.end()`; `_quoted` keeps only DECIDING kinds out). phase_of_failure's fallback takes frames
     after the last milestone with no bound at the failure, so a capture marker after the OOM wins:
-    runtime_oom -> cudagraph_capture_oom (a wrong memory change). Older than this change
-    (`Capturing CUDA graphs` on f8a3c1a); the newly live `Registering N cuda graph addresses` is one
+    runtime_oom -> cudagraph_capture_oom (a wrong memory change). `Capturing CUDA graphs`
+    is held the same way; the `Registering N cuda graph addresses` is one
     more spelling. It should stay runtime_oom: a request line places nothing, and no frame printed
     after the failure places it."""
     base_log = real_log(base_name)
@@ -202,7 +201,7 @@ def test_the_second_line_of_a_clients_exception_message_stays_closed():
 # --- A further line's last resort is quoted --------------------------------------------------
 def test_a_further_lines_last_resort_quotes_no_client_text():
     """A log that shows no failure (rt-3430, cut before its OOM) and a client's ASGI traceback whose
-    message goes on over `CUDA error: bad ZZUSERZZ`. 287c2db (and 51785c1): not_oom cuda_error with
+    message goes on over `CUDA error: bad ZZUSERZZ`. Quoting that line would give not_oom cuda_error with
     evidence ['CUDA error: bad ZZUSERZZ']. A not-memory last resort may stand, but the line is the
     client's: its text should not be quoted."""
     base_log = real_log("rt-3430-lmcache-qwen3-8b-a5000-long-prompts")

@@ -249,7 +249,7 @@ def test_the_base_of_finding_3_is_unknown():
 
 @pytest.mark.xfail(
     strict=True,
-    reason="low (new in e5ae934): a line of another process between an ENGINE_REPORT's exception line and "
+    reason="a line of another process between an ENGINE_REPORT's exception line and "
     "its further line ends the message (mark_continuations); the engine's 'allocation failed' line is "
     "dropped: unknown -> not_oom other_error",
 )

@@ -175,7 +175,7 @@ def test_a_request_line_under_the_logging_prefix_is_still_user_text(prefix, firs
     assert (d.cause, d.subtype) == ("not_oom", "illegal_memory_access") and "64.00" not in " ".join(d.evidence)
 
 
-# --- The wrapped join takes a client's continued lines (critical; older in plain logs) -----------------
+# --- The wrapped join takes a client's continued lines -----------------
 FREE = (
     "Free memory on device (1.0/79.19 GiB) on startup is less than desired GPU memory utilization (0.9, "
     "71.27 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes. ZZUSERZZ"
@@ -192,7 +192,7 @@ def _asgi_error(exception_line: str, message_rest: str) -> str:
 def test_a_wrapped_join_never_takes_a_clients_line(base_name, exception, collector):
     """Unfixed: -> gpu_util_exceeds_free free_memory_below_requested, free_gib 1.0, util 0.9, quoting
     `) = await self._preprocess_chat(` (the code line, joined with the exception line and the client's).
-    2bdf267: the same in a plain log; not under compose or kubectl --timestamps. Should say what the same
+    A plain log reads the same way. Should say what the same
     report says with a harmless line there."""
     base_log = real_log(base_name)
     wrap = COLLECTORS[collector]

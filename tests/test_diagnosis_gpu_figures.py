@@ -17,7 +17,7 @@ from crafted.bases import CENSUS, H100
 from crafted.checks import said
 
 
-# --- 3, 4. The start snapshot in the operator's reading (high, medium) ------------------------------------
+# --- The start snapshot in the operator's reading ------------------------------------
 def _snapshot(gpus, processes) -> GpuSnapshot:
     doc = termination.validate(
         json.dumps(
@@ -55,7 +55,7 @@ def test_a_process_on_another_gpu_does_not_count_for_an_oom_on_gpu_0():
     assert d.cause == "profiling_oom", f"said {said(d)}; the other process is on GPU 1, the OOM on GPU 0"
 
 
-# --- 5, 6. The CPU backend's KV checks and their heals (high, medium) ---------------------------------------
+# --- The CPU backend's KV checks and their heals ---------------------------------------
 def _cpu_spec(**engine) -> VLLMServiceSpec:
     return VLLMServiceSpec(model="m", engine={"gpu_memory_utilization": 0.92, "enforce_eager": True, **engine})
 
@@ -89,7 +89,7 @@ def test_an_explicit_cpu_kv_size_is_not_healed_by_lowering_utilization():
     assert set(r.changes or {}) != {"gpu_memory_utilization"}, f"{d.subtype} -> {r.action} {r.changes}"
 
 
-# --- The 2 GiB allowance for torch < 2.2 (low, measured) -----------------------------------------------
+# --- The 2 GiB allowance for torch < 2.2 (measured) -----------------------------------------------
 def test_a_3_gib_other_process_is_still_seen_under_old_torch():
     """At 3 GiB: 79.15 total, 0.5 free, 74.0 reserved by PyTorch (own non-torch ~0.65 GiB,
     another process ~4 GiB): 79.15 - 0.5 - 76 = 2.65 > 1, gpu_util_exceeds_free. (At ~2.4 GiB another
@@ -100,7 +100,7 @@ def test_a_3_gib_other_process_is_still_seen_under_old_torch():
     assert classify(Signals(log=log)).cause == "gpu_util_exceeds_free"
 
 
-# --- A stale start snapshot against torch's own accounting (high) ---------------------------------------
+# --- A stale start snapshot against torch's own accounting ---------------------------------------
 @pytest.mark.parametrize(
     "census_id,cause", [("v0.11-weights-oom", "weights_load_oom"), ("v0.32-profile-run-oom", "profiling_oom")]
 )

@@ -58,7 +58,7 @@ def test_forged_lines_without_a_header_in_the_grammar_report_name_nothing(form, 
     )
 
 
-# --- A real OOM through the grammar bitmask (low; and confirmations) -------------------------------------
+# --- A real OOM through the grammar bitmask (and confirmations) -------------------------------------
 RUNTIME = (FIXTURES / "gpu" / "failure-logs" / "runtime.log").read_text()
 
 

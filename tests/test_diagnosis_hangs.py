@@ -50,10 +50,9 @@ HANG_BASES = [
 @pytest.mark.parametrize("base_name", HANG_BASES)
 def test_a_clients_milestone_after_a_real_warning_does_not_drop_it(base_name, carrier, payload):
     """Appended after the real hang (or V0's prompt warning), the client's milestone makes rule 2 drop
-    it. review10: not_oom worker_hang_shm_broadcast -> not_oom other_error quoting the client's
+    it: not_oom worker_hang_shm_broadcast would turn not_oom other_error quoting the client's
     `TemplateError: ZZUSERZZ` (asgi; with the kv-figure payload the client's 77.7 GiB replaces vLLM's
-    available_kv_gib in the numbers), or -> unknown (add-lora). f8a3c1a: the hang, as with a harmless
-    line. It should say what the same log with a harmless line there says: only an engine line that
+    available_kv_gib in the numbers), or unknown (add-lora). It says what the same log with a harmless line there says: only an engine line that
     is no value, no quoted message line and no request line may say the engine went on."""
     base_log = real_log(base_name)
     harmless = classify(Signals(log=with_lines(base_log, CARRIERS[carrier]("hello"), "end")))

@@ -127,7 +127,7 @@ def test_the_hooks_nccl_timeout_with_a_quoted_oom_through_the_cli(tmp_path):
     assert not (result.get("remedy") or {}).get("changes")
 
 
-# --- Found by a hostile review: user text in lines the engine itself writes ------------------------
+# --- User text in lines the engine itself writes ----------------------------------------------------
 KV_PAYLOAD = (
     "To serve at least one request with the model's max seq len (131072), (16.0 GiB KV cache is needed, "
     "which is larger than the available KV cache memory (0.01 GiB). Based on the available memory, the "
@@ -290,7 +290,7 @@ def test_a_request_id_cannot_say_the_engine_never_started(base_name, payload):
     assert_unchanged(base_name, ENGINE_DEAD.format(payload), "end")
 
 
-# --- Found by a third hostile review (of commit bd08fcf): the fix's own gaps ------------------------
+# --- Request ids and client values the engine writes over several lines -----------------------------
 # Every format below is vLLM 0.32's own (site-packages/vllm, file:line in the header). A payload is
 # what an INFO/WARNING line may still carry (a budget, a frame) or what an ERROR line may carry.
 ID3_PAYLOADS = {
@@ -408,7 +408,7 @@ def test_a_collectors_per_line_timestamp_does_not_end_a_multiline_request_id(bas
     assert "ZZUSERZZ" not in json.dumps(crafted.to_dict())
 
 
-# --- Found by a fourth hostile review (of commit 150de73): client text in lines without 'request' ---
+# --- Client text in lines without 'request' ---------------------------------------------------------
 # Every format is vLLM 0.32's own (site-packages/vllm). None of these lines names a request, and
 # none comes from a file _USER_FILES or _REQUEST_FILES lists, so each is read as the engine's.
 ID4_PAYLOADS = {
@@ -567,7 +567,7 @@ def test_a_response_body_logged_by_the_api_server_is_user_text(base_name, payloa
     assert_unchanged(base_name, _response_body(PLACING[payload], streaming), "middle")
 
 
-# --- Found by a fifth hostile review ---
+# --- More lines of vLLM 0.32 that carry a client's value ---
 # vLLM 0.32's logger calls (site-packages/vllm, file:line in each header) whose arguments a client
 # controls, in lines that name no request in a form _REQUEST_IDS knows and come from files neither
 # _USER_FILES nor _REQUEST_FILES lists: each line is read as the engine's own. An INFO, DEBUG or
@@ -708,7 +708,7 @@ def test_a_non_memory_failure_in_a_warnings_value_does_not_decide(fmt, payload):
     assert_unchanged("rt-3430-lmcache-qwen3-8b-a5000-long-prompts", LEVELED_CLIENT_LINES[fmt][1](payload), "middle")
 
 
-# --- Found by a sixth hostile review ---
+# --- Further client values in the engine's lines ---
 
 # vLLM 0.32 makes more request ids from the client's X-Request-Id (or body request_id) than
 # cmpl-/chatcmpl-/embd-/classify-/tokenize-: structured decisions ("decision-"), generative scoring

@@ -258,7 +258,7 @@ def test_a_forged_record_does_not_end_a_requests_report_json_reprint(form, logge
 
 def test_a_forged_record_does_not_end_a_requests_report_text_reprint():
     """Unfixed: neg-2734 not_oom -> runtime_oom (a text log whose engine re-prints without a prefix: the
-    CPU engine, tests/fixtures/vllm-cpu/kv-cache-too-small.log). 2bdf267: not_oom."""
+    CPU engine, tests/fixtures/vllm-cpu/kv-cache-too-small.log). Should: not_oom."""
     base_log = real_log(BASE)
     reprint = lambda begin: "Process EngineCore:\n" + grammar_traceback(begin)  # noqa: E731
     begin = "<fn\n" + record("x") + "\n" + FRAME + OOM

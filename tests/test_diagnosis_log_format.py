@@ -262,7 +262,7 @@ def test_a_client_line_with_the_learned_header_after_a_headerless_report_decides
 # --- A learned header of adjacent blank groups backtracked ---------------------------------
 # (its cost is measured in bench/diagnosis_speed.py, "a learned header of a run of blanks", not asserted here)
 def test_a_run_of_blanks_or_digits_is_one_group_of_a_learned_header():
-    teach = " " * 84 + "ERROR - (x) y"  # seven groups of blanks on 2b6048c
+    teach = " " * 84 + "ERROR - (x) y"  # seven groups of blanks
     assert shape_of(teach) == " \x01 -"
     lines = [teach] * 10 + [" " * 83 + "X rror"] * 400 + [teach] * 10
     header = header_of(lines, len(lines), lambda _: False, lambda _: True)

@@ -71,7 +71,7 @@ def test_after_a_gap_a_report_that_opens_on_a_user_looking_line_decides_nothing(
 # --- After a gap, a headerless report's client lines -------------------------------------
 HEADERLESS_BASES = {
     **{name: (lambda make=make: make()) for name, (make, *_rest) in FORGED_BASES.items()},
-    # the operator's own format (2b6048c): each record's lines headed, or only its first
+    # the operator's own format: each record's lines headed, or only its first
     "custom-format-every-line": lambda: reformatted(CUSTOM, every_line=True)(illegal_access_log()),
     "custom-format-first-line": lambda: reformatted(CUSTOM, every_line=False)(illegal_access_log()),
 }
@@ -79,11 +79,11 @@ HEADERLESS_BASES = {
 
 HEADERLESS_AFTER_A_GAP = pytest.mark.xfail(
     strict=True,
-    reason="s14b-2, a limit: after a gap (the operator's window on a long log, the launcher's kept head and tail, "
+    reason="a limit: after a gap (the operator's window on a long log, the launcher's kept head and tail, "
     "scan's unread middle, a paster's `[...]`), a headerless line cannot be told from the engine's own raw output (a "
     "dying engine's traceback is headerless too); making every writer's message no one's after a gap cost 20 train "
     "answers after any gap, and after the operator's alone it hid the engine's own traceback where the window opens "
-    "in it (the s14c review)",
+    "in it",
 )
 
 
@@ -142,7 +142,9 @@ def test_the_end_survives_when_the_last_60_lines_overflow_the_byte_limit():
     output += OOM_TRACEBACK
     kube = Kubelet(output)
     log = kube.previous_log("ns", "pod", "vllm")
-    assert log.endswith(OOM_TRACEBACK)  # (on 643f4b7: asked 4000, 1000, 250, 62, 60; 2 MiB of request lines back)
+    assert log.endswith(
+        OOM_TRACEBACK
+    )  # (reading back 4000, 1000, 250, 62, 60 lines would return 2 MiB of request lines)
     assert classify(Signals(log=log)).cause == "runtime_oom"
 
 
@@ -182,7 +184,7 @@ def _decides_nothing_through_previous_log(output) -> None:
 # --- The head cut is dropped by scan on the operator's real window ------------------------
 @pytest.mark.xfail(
     strict=True,
-    reason="s14c-1 = s14b-2's limit: a headerless line after a gap cannot be told from the engine's own raw output",
+    reason="a limit: a headerless line after a gap cannot be told from the engine's own raw output",
 )
 def test_through_previous_log_a_headerless_clients_line_in_a_4000_line_window_decides_nothing():
     base = HEADERLESS_BASES["illegal-access"]()
@@ -200,16 +202,18 @@ def test_through_previous_log_a_headerless_clients_line_in_a_4000_line_window_de
             + base
         )
 
-    _decides_nothing_through_previous_log(output)  # on a1fb98b: runtime_oom, ZZUSERZZ in its evidence
+    _decides_nothing_through_previous_log(
+        output
+    )  # read as the engine's, it would be runtime_oom with ZZUSERZZ in its evidence
 
 
 @pytest.mark.xfail(
     strict=True,
-    reason="s14c-1 = s14b-2's limit: a headerless line after a gap cannot be told from the engine's own raw output",
+    reason="a limit: a headerless line after a gap cannot be told from the engine's own raw output",
 )
 @pytest.mark.parametrize("base_name", sorted(HEADERLESS_BASES))
 def test_after_the_head_cut_a_headerless_clients_line_2100_lines_before_the_end_decides_nothing(base_name):
-    """s14b's test 2 ("operator", asserted fixed) with the client's line 2,100 lines before the end instead of 50."""
+    """The "operator" case of the test above with the client's line 2,100 lines before the end instead of 50."""
     base = HEADERLESS_BASES[base_name]()
 
     def log(last: str) -> str:
@@ -222,7 +226,7 @@ def test_after_the_head_cut_a_headerless_clients_line_2100_lines_before_the_end_
     assert client_text_absent(crafted)
 
 
-# --- previous_log's refined window opens inside the crash; the head cut makes it the client's (high, new) ----
+# --- previous_log's refined window opens inside the crash; the head cut makes it the client's ----
 def _request_line(i: int) -> str:
     # vLLM's request logger (no --max-log-len) on a 100k-token prompt: about 1.1 MB
     return (
@@ -241,8 +245,8 @@ def test_a_serving_oom_after_two_long_prompts_keeps_its_answer_through_previous_
     assert cause_and_subtype(classify(Signals(log=output))) == ("runtime_oom", "oom_in_serving")
     kube = Kubelet(output)
     log = kube.previous_log("ns", "pod", "vllm")
-    assert log.endswith(lines[-1])  # the end survives (a1fb98b's fix 4) ...
-    # ... but the window opens 3 lines into the traceback (on a1fb98b~1: the last 62 lines, runtime_oom)
+    assert log.endswith(lines[-1])  # the end survives ...
+    # ... but the window opens 3 lines into the traceback (the last 62 lines alone read runtime_oom)
     assert cause_and_subtype(classify(Signals(log=log))) == ("runtime_oom", "oom_in_serving")
 
 
@@ -261,7 +265,7 @@ CUT_INTO_THE_CRASH = [
 def test_a_real_logs_last_lines_behind_the_head_cut_keep_the_crashs_answer(name, n, want):
     lines = (GPU / name).read_text().splitlines(keepends=True)
     assert cause_and_subtype(classify(Signals(log="".join(lines)))) == want
-    # (on a1fb98b~1 the same lines behind its `[...]` line give `want`)
+    # (the same lines behind a `[...]` line give `want`)
     assert cause_and_subtype(classify(Signals(log=GAP_LINE + "\n" + "".join(lines[-n:])))) == want
 
 
@@ -285,7 +289,7 @@ def test_a_window_opening_on_a_raw_line_keeps_the_crashs_answer(name, want, open
     lines = (CPU / name).read_text().splitlines(keepends=True)
     assert cause_and_subtype(classify(Signals(log="".join(lines)))) == want
     log = GAP_LINE + "\n" + RAW_OPENERS[opener] + "\n" + "".join(lines[-100:])
-    assert cause_and_subtype(classify(Signals(log=log))) == want  # on a1fb98b~1 (its `[...]` line): want
+    assert cause_and_subtype(classify(Signals(log=log))) == want  # as behind a `[...]` line
 
 
 # --- after the fix: the gap line heads the operator's window, and scan keeps it --------------------------------
@@ -318,14 +322,14 @@ def _window(last: str, stats: str, prefix: str = "") -> str:
 
 
 # (vLLM V1 prefixes every line its API server writes, a web framework's report and the client's newlines in it
-# included: the real shape, fixed in session 15 by writers.py; without that prefix it is s14b-2's limit)
+# included: the real shape, which writers.py reads; without that prefix it is the headerless-after-a-gap limit)
 CLIENT_LINES = {
     "as-v1-prints-them": API,
     "unprefixed": pytest.param(
         "",
         marks=pytest.mark.xfail(
             strict=True,
-            reason="s15-3 [critical, older], s14b-2's limit where the client's lines carry no process prefix: after "
+            reason="a limit where the client's lines carry no process prefix: after "
             "a gap a headerless quote cannot be told from a dying engine's raw output",
         ),
     ),
@@ -344,12 +348,11 @@ def test_after_a_gap_a_clients_quote_before_v1s_stats_lines_decides_nothing(stat
 
 @pytest.mark.xfail(
     strict=True,
-    reason="s14b-2's limit: after a gap a client's headerless quote cannot be told from a dying engine's raw output; "
-    "c8683e1 set it aside before V0's stats line, and was reverted (s15-5: V0's server logs its stats after its "
-    "engine died)",
+    reason="a limit: after a gap a client's headerless quote cannot be told from a dying engine's raw output; "
+    "setting it aside before V0's stats line is no way out, since V0's server logs its stats after its engine died",
 )
 def test_after_a_gap_a_clients_quote_before_v0s_stats_lines_decides_nothing():
-    """Held on c8683e1 (V0's stats line opens with `Avg prompt throughput`); a limit again since its revert."""
+    """V0's stats line opens with `Avg prompt throughput`; the quote before it should decide nothing."""
     harmless = classify(Signals(log=_window("bye", V0_STATS)))
     assert cause_and_subtype(harmless) == ("not_oom", "illegal_memory_access")
     crafted = classify(Signals(log=_window(CLIENT_OOM, V0_STATS)))

@@ -65,9 +65,9 @@ def _ray(*parts: list[str]) -> str:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="s15b-5 [low: a real OOM missed, the answer safe; new]: with Ray in the API server's process and the "
+    reason="a real OOM missed, the answer safe: with Ray in the API server's process and the "
     "actor's own copy of its error not forwarded, the API server's raw ActorDiedError copy is the only one and is "
-    "dropped: weights_load_oom -> unknown allocation_failure_unplaced (20bc70d~1: weights_load_oom)",
+    "dropped: says unknown allocation_failure_unplaced, should say weights_load_oom",
 )
 @pytest.mark.parametrize("start", [RAY_START, RAY_START[:2]], ids=["actor-lines-shown", "no-actor-line"])
 def test_the_api_servers_copy_of_a_ray_actors_oom_decides_when_the_actors_copy_is_missing(start):
@@ -78,7 +78,7 @@ def test_the_api_servers_copy_of_a_ray_actors_oom_decides_when_the_actors_copy_i
 # --- What held ----------------------------------------------------------------------------------------------------
 @pytest.mark.xfail(
     strict=True,
-    reason="a limit since the s15c review, safe: under Ray DP every line of the engine's comes through the API server "
+    reason="a limit, safe: under Ray DP every line of the engine's comes through the API server "
     "(its prefix outermost), and a client can write an actor's prefix byte for byte: set aside, the OOM is missed",
 )
 def test_the_ray_dp_shape_with_the_actors_copy_still_decides():

@@ -14,7 +14,7 @@ from crafted.exceptions import REAL_MULTILINE, WORKER_HEADER, WORKER_TRACEBACK
 from crafted.grammar import SITE, grammar_traceback
 from crafted.reports import ASGI
 
-# --- The engine's own exception carries a request's text (high, new) ------------------------------------
+# --- The engine's own exception carries a request's text ------------------------------------
 EC = "(EngineCore_DP0 pid=2441) ERROR 12-01 04:48:09 [core.py:710] "
 
 
@@ -41,7 +41,7 @@ def test_a_requests_text_in_the_engines_own_exception_is_not_the_engines_words(b
     )
 
 
-# --- The first traceback of a chained request traceback (high, new) -------------------------------------
+# --- The first traceback of a chained request traceback -------------------------------------
 def _chained_asgi(exception_line: str) -> str:
     """uvicorn's request traceback of a chained exception: the cause first, in a traceback that starts
     where it was caught (chat_utils.apply_hf_chat_template re-raises `ValueError(str(e)) from e`)."""
@@ -100,7 +100,7 @@ def test_an_api_servers_request_traceback_inside_a_workers_keeps_the_workers_ncc
     (its own header, a serving_chat.py frame) written between the worker's `Traceback` line and its frames
     sets `in_request` for the worker's traceback too, so its NCCL exception's `Last error:` / `Cuda failure
     'out of memory'` lines are a request's. (Without the request frame the same interleaving reads
-    multi_gpu_oom, as does 785d0ec.) It should say multi_gpu_oom: a request's traceback is its writer's."""
+    multi_gpu_oom.) It should say multi_gpu_oom: a request's traceback is its writer's."""
     lines, cause = REAL_MULTILINE["nccl-last-error"]
     worker = [WORKER_HEADER + line for line in WORKER_TRACEBACK + lines]
     log = "\n".join(worker[:3] + STREAM_ERROR + worker[3:]) + "\n"
@@ -132,7 +132,7 @@ def test_a_forged_frame_inside_the_engines_exception_quoting_a_request_ends_noth
 
 # --- A client's text on the first line of the engine's own exception ------------------------
 FIRST_LINE = {
-    # new rows (23fb389: not_oom nccl_timeout)
+    # rows a client's text must not turn into a memory cause (the base: not_oom nccl_timeout)
     "pt-devmem": "MODULE:PT_DEVMEM Allocation failed for size::9395240960 (8960)MB ZZUSERZZ",
     "nccl-calloc": "Failed to CUDA calloc 4194304 bytes ZZUSERZZ",
     "negative-gpu-blocks": "# GPU blocks: -204 ZZUSERZZ",
@@ -140,7 +140,7 @@ FIRST_LINE = {
     "memory for kv (98.5/115.66 GiB) ZZUSERZZ",
     "cpu-auto-kv-nonpositive": "Available memory on node 0 (60.02/125.72 GiB) on kv cache allocation is less than "
     "requested memory for kv (-3.41/57.86 GiB) ZZUSERZZ",
-    # older rows, the same hole (23fb389 already said a memory cause)
+    # more rows of the same kind
     "torch-oom-older": "CUDA out of memory. Tried to allocate 64.00 GiB ZZUSERZZ",
     "external-weights-older": "Externally held weights on device cuda:0 (75.3/79.19 GiB) exceed the desired GPU "
     "memory utilization (0.92, 72.86 GiB) ZZUSERZZ",
@@ -152,8 +152,7 @@ def test_a_clients_text_on_an_engine_exceptions_first_line_names_no_memory_failu
     """Unfixed: neg-2734 not_oom nccl_timeout -> runtime_oom (pt-devmem), multi_gpu_oom (nccl-calloc),
     kv_cache_insufficient (negative-gpu-blocks, cpu-auto-kv-nonpositive), gpu_util_exceeds_free with the
     client's free_gib 12.0 / total_gib 125.72 / requested_gib 98.5 (cpu-auto-kv), each quoting `ValueError:
-    Trigger <client text> not found in triggers` as evidence. 23fb389 said not_oom for those five; the two
-    `-older` rows were already wrong there. It should say what the same crash with a harmless `begin` says."""
+    Trigger <client text> not found in triggers` as evidence. It should say what the same crash with a harmless `begin` says."""
     base_log = real_log(BASE)
     assert_reads_like(
         with_lines(base_log, _grammar_crash(FIRST_LINE[payload]), "middle"),
@@ -162,12 +161,11 @@ def test_a_clients_text_on_an_engine_exceptions_first_line_names_no_memory_failu
     )
 
 
-# --- ENGINE_REPORT searched anywhere in the line (high) --------------------------------------------------
+# --- ENGINE_REPORT searched anywhere in the line --------------------------------------------------
 @pytest.mark.parametrize("name", ["RayActorError", "ActorDiedError", "NCCL error"])
 def test_a_ray_exception_name_in_a_clients_text_does_not_make_its_next_lines_the_engines(name):
     """Unfixed: not_oom nccl_timeout -> runtime_oom oom_in_serving quoting `torch.OutOfMemoryError: ...
-    ZZUSERZZ not found in triggers` with tried_gib 64 (RayActorError, ActorDiedError: new; 23fb389 said
-    not_oom. `NCCL error`: the same on 23fb389). ENGINE_REPORT.search finds the name in the client's
+    ZZUSERZZ not found in triggers` with tried_gib 64 (RayActorError, ActorDiedError, `NCCL error`). ENGINE_REPORT.search finds the name in the client's
     `begin` on the exception line, so the line after it is `engine_message`. It should say what the same
     crash with a harmless `begin` says: only the exception's own type names an engine report."""
     base_log = real_log(BASE)

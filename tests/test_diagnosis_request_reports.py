@@ -36,7 +36,7 @@ def _same_as_alone(log: str, fatal: str, what: str) -> None:
     assert "ZZUSERZZ" not in json.dumps(d.to_dict()), f"{what}: the client's text is quoted"
 
 
-# --- A request's report absorbs every later record in a JSON-mode log (high) ---------------------------
+# --- A request's report absorbs every later record in a JSON-mode log ---------------------------
 BETWEEN = {
     "right-after": lambda: "",
     "after-serving": lambda: (METRIC + "\n" + ACCESS + "\n") * 5000,
@@ -90,7 +90,7 @@ def test_a_forged_record_in_a_prefixed_report_is_the_reports():
     assert (d.cause, d.subtype) == (harmless.cause, harmless.subtype) and not d.is_memory
 
 
-# --- ... and so does any raw traceback (medium, no client needed) --------------------------------------
+# --- ... and so does any raw traceback (no client needed) --------------------------------------
 THREAD_TRACEBACK = (
     "Exception in thread Thread-3 (_report_usage_worker):\nTraceback (most recent call last):\n"
     '  File "/usr/lib/python3.12/threading.py", line 1075, in _bootstrap_inner\n    self.run()\n'

@@ -62,7 +62,7 @@ def test_a_forged_prefix_and_uvicorns_start_words_do_not_hide_a_real_oom_nor_quo
     assert client_text_absent(crafted)
 
 
-# --- A forged headed server-up line hides a real OOM (high, new) ----------------------------------------------
+# --- A forged headed server-up line hides a real OOM ----------------------------------------------
 FORGED_UP = {
     "init-engine": "INFO 12-01 04:48:09 [core.py:1] init engine (profile, create kv cache, warmup model) took 1.0 s",
     "stats": "INFO 12-01 04:48:09 [loggers.py:1] Avg prompt throughput: 1.0 tokens/s",
@@ -82,7 +82,7 @@ def test_a_forged_headed_server_up_line_in_uvicorns_report_does_not_hide_a_real_
     assert cause_and_subtype(crafted) == cause_and_subtype(harmless)
 
 
-# --- Another engine's start sets one engine's KV failure aside (high, new) -------------------------------------
+# --- Another engine's start sets one engine's KV failure aside -------------------------------------
 def _data_parallel(other_started: bool) -> str:
     """local-cpu-kv-cache-too-small (train, V1) as the first of two DP engine cores; the second one finishes its
     start after the first one's re-print, before the API server's traceback."""
@@ -159,7 +159,7 @@ def test_another_engines_start_after_one_engines_kv_failure_does_not_set_it_asid
     assert cause_and_subtype(d) == cause_and_subtype(alone)
 
 
-# --- V0's stats timer after the engine's OOM (high, a race, new) -----------------------------------------------
+# --- V0's stats timer after the engine's OOM (a race) -----------------------------------------------
 V0_STATS_LINE = "INFO 02-12 12:20:25 metrics.py:449] " + V0_STATS.replace("Running: 2", "Running: 12")
 
 
@@ -176,9 +176,9 @@ def test_a_v0_stats_line_after_the_engines_oom_does_not_set_it_aside():
 # --- A forged process prefix ends uvicorn's report in a log without prefixes -----------------
 @pytest.mark.xfail(
     strict=True,
-    reason="s15-6 [critical, older]: in a log with no process prefixes a client's line that opens with one is "
-    "another writer, so uvicorn's report ends there and the client's torch OOM is the engine's (s9's limit spelled "
-    "with a process prefix): not_oom nccl_timeout -> runtime_oom quoting ZZUSERZZ",
+    reason="in a log with no process prefixes a client's line that opens with one is "
+    "another writer, so uvicorn's report ends there and the client's torch OOM is the engine's (the forged-header limit, "
+    "spelled with a process prefix): says runtime_oom quoting ZZUSERZZ, should say not_oom nccl_timeout",
 )
 @pytest.mark.parametrize("forged", sorted(FORGED_PREFIXES))
 def test_a_forged_process_prefix_in_uvicorns_report_of_a_prefixless_log_decides_nothing(forged):

@@ -95,8 +95,8 @@ def test_no_new_regex_backtracks_on_a_crafted_line(shape):
 
 
 # (The two timing tests of this shape, the order of the lines and 3x a normal log, are
-# measured in bench/diagnosis_speed.py: "milestones then warnings" and "the other order". review10:
-# ~3.7x between the orders and ~47x a normal log per MB; after the fix the orders cost the same and
+# measured in bench/diagnosis_speed.py: "milestones then warnings" and "the other order":
+# the orders cost the same and
 # the shape costs what any log whose every line holds needles costs: ~6x at 0.5 MB (all of it the raw
 # tail, read line by line), ~3.9x at the operator's 2 MB. Performance is measured in bench/.)
 

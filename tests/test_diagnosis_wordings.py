@@ -126,7 +126,7 @@ def test_a_real_triton_outofresources_is_read_outside_the_raw_tail():
     assert (d.cause, d.subtype) == ("not_oom", "compile_toolchain_error")
 
 
-# --- Another writer's line after an exception (low, this change) -----------------------------------------
+# --- Another writer's line after an exception -----------------------------------------
 WEIGHTS_OOM = (
     "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 80.00 MiB. GPU 0 has a total capacity of 79.19 "
     "GiB of which 60.69 MiB is free. Process 4242 has 79.10 GiB memory in use. Of the allocated memory 78.2 GiB is "
@@ -146,8 +146,8 @@ NCCL_EXIT = (
 @pytest.mark.parametrize("prefix", ["(EngineCore_DP0 pid=7) ", ""], ids=["process-prefix", "bare"])
 def test_tqdms_loading_bar_after_a_weight_loading_oom_still_places_it(prefix):
     """A cut log: the engine's OOM while loading weights, then tqdm's bar, closed at exit (the shape of two
-    corpus samples). 51785c1: weights_load_oom oom_in_load. 287c2db: unknown oom_phase_unknown (the
-    remedy is lost): the bar is taken for a further line of the OOM's message, so its marker places
+    corpus samples). Taken for part of the OOM's message it would give unknown oom_phase_unknown (the
+    remedy lost): the bar taken for a further line of the OOM's message, so its marker places
     nothing. It should stay weights_load_oom: a line that is not the exception's writer's (no header on
     either, another prefix or none) is no further line of its message."""
     d = classify(Signals(log="\n".join([prefix + WEIGHTS_OOM, "", BAR, "", NCCL_EXIT]) + "\n"))
@@ -167,7 +167,7 @@ NCCL_LOG = CENSUS["nccl2.18-cudamalloc-oom-torch2.1-allreduce-warmup"]["log"]
     ],
 )
 def test_a_calloc_after_a_non_oom_cuda_failure_says_not_memory(error):
-    """Unfixed: not_oom cuda_error (23fb389) -> unknown signals_disagree. NCCL printed the CUDA call's
+    """Unfixed: unknown signals_disagree; should be not_oom cuda_error. NCCL printed the CUDA call's
     real failure, then (as it does after any failed allocation) `Failed to CUDA calloc 4194304 bytes`,
     which the new row reads as an out-of-memory after a non-memory failure. It should say not_oom."""
     d = classify(Signals(log=NCCL_LOG.replace("Cuda failure 'out of memory'", error)))
@@ -175,7 +175,7 @@ def test_a_calloc_after_a_non_oom_cuda_failure_says_not_memory(error):
 
 
 def test_a_bare_calloc_last_error_is_no_memory_cause():
-    """Unfixed: multi_gpu_oom nccl_cuda_oom (23fb389: unknown). Without NCCL_DEBUG only torch's `Last
+    """Unfixed: multi_gpu_oom nccl_cuda_oom; should be unknown. Without NCCL_DEBUG only torch's `Last
     error: Failed to CUDA calloc 4194304 bytes` is left, which NCCL prints after any failed cudaMalloc or
     cuMem allocation: the message alone cannot tell an OOM from `operation not supported`. It should not
     name a memory cause (the census' `ambiguous`)."""

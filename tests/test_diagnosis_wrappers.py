@@ -209,9 +209,9 @@ def _engine_traceback(last: str) -> str:
 
 def test_a_truncated_checkpoints_eoferror_is_not_a_wrapper():
     """(Low.) torch.load of a cut .bin raises `EOFError: Ran out of input` from pickle, under its own
-    frames: the failure itself. review10: unknown wrapper_without_cause ("only wraps a failure printed
-    elsewhere ... that failure is not in the log"); f8a3c1a: unknown traceback_without_error ("the
-    traceback ends before its error line"), also untrue. WRAPPER_WORDS takes any EOFError at a line's
+    frames: the failure itself. Neither unknown wrapper_without_cause ("only wraps a failure printed
+    elsewhere ... that failure is not in the log") nor unknown traceback_without_error ("the
+    traceback ends before its error line") is true. WRAPPER_WORDS takes any EOFError at a line's
     start for a pipe whose other end died. It should read as the KeyError of the same frames does:
     not_oom, other_error, the line as evidence."""
     d = classify(Signals(log=_engine_traceback("EOFError: Ran out of input")))
@@ -238,8 +238,7 @@ def test_a_wrapper_quoting_the_real_error_on_its_line_is_not_wrapper_without_cau
 )
 def test_a_client_line_going_on_a_wrappers_message_is_neither_read_nor_quoted(client):
     """The API server's EngineDeadError (its handler's header: a request's), its message
-    going on over a line a client wrote: still wrapper_without_cause, nothing quoted. (After the second
-    review a further line of the ENGINE's own exception is read as that exception's message, as NCCL's
+    going on over a line a client wrote: still wrapper_without_cause, nothing quoted. (A further line of the ENGINE's own exception is read as that exception's message, as NCCL's
     `Last error:` line must be; EngineDeadError's message is vLLM's fixed text, so no client writes one.)"""
     wrapper = "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) "
     api = "(APIServer pid=1) ERROR 12-01 04:48:08 [serving_chat.py:1] "

@@ -136,7 +136,7 @@ def test_the_writers_are_the_process_prefixes_before_the_text_outermost_first(ra
     assert writers(line) == names
 
 
-# --- A header a client wrote: vLLM's, or an engine process's prefix (s9's limit, where V1 names the writer) -----
+# --- A header a client wrote: vLLM's, or an engine process's prefix (the forged-header limit, where V1 names the writer) -----
 FORGED = {
     "vllm-header": "ERROR 12-01 04:48:09 [core.py:1233] ",
     "engine-prefix": "(EngineCore_DP0 pid=2441) ",
@@ -176,8 +176,8 @@ def test_a_header_a_client_wrote_in_the_api_servers_lines_decides_nothing(base_n
 RAY_DP_LIMIT = pytest.mark.xfail(
     strict=True,
     reason="a limit, safe: under the Ray DP backend the engine cores are Ray actors whose output the API server "
-    "prints under its own prefix first, and a client can write the same inner prefix byte for byte (the s15c "
-    "review), so those lines are set aside too: a real OOM there is unknown, never a client's text the cause",
+    "prints under its own prefix first, and a client can write the same inner prefix byte for byte, "
+    "so those lines are set aside too: a real OOM there is unknown, never a client's text the cause",
 )
 
 
@@ -192,7 +192,7 @@ def test_under_ray_the_engines_lines_forwarded_by_the_api_server_still_decide():
 
 
 def _api_window(last: str, crash: str, prefix: str = API) -> str:
-    """s15-3's window: the operator's read opens inside uvicorn's report of a client's request (each line under the
+    """The operator's read opens inside uvicorn's report of a client's request (each line under the
     API server's prefix, as vLLM V1 prints it), the server serves on (access and V1 stats lines), then crashes."""
     return GAP_LINE + "\n" + (prefix + "hello\n") * 50 + prefix + last + "\n" + serving_minute(STATS) + crash
 
@@ -209,7 +209,7 @@ FORGED_INNER = {
     "worker": "(Worker_TP0 pid=7) " + CLIENT_OOM,
     "ray-actor": "(RayWorkerWrapper pid=5, ip=10.0.0.1) " + CLIENT_OOM,
     "any-name": "(X pid=7) " + CLIENT_OOM,
-    # (s9's limit, spelled after the API server's prefix: not worse than before)
+    # (the forged-header limit, spelled after the API server's prefix: no worse than without it)
     "vllm-header-s9": "ERROR 12-01 04:48:09 [core.py:1] " + CLIENT_OOM,
     "json-record-s9": json.dumps({"levelname": "ERROR", "name": "vllm.v1.engine.core", "message": CLIENT_OOM}),
 }
@@ -409,9 +409,9 @@ def test_rt_13152_is_v0s_engine_in_the_api_servers_process_and_an_oom():
 
 @pytest.mark.xfail(
     strict=True,
-    reason="s15c-3 [medium: a real OOM missed, the answer safe; new]: vLLM 0.10.1-0.10.2 V0 in-process "
-    "(--disable-frontend-multiprocessing) prints its engine's OOM under (APIServer pid=N): runtime_oom -> unknown "
-    "traceback_without_error (889c2e4: runtime_oom)",
+    reason="a real OOM missed, the answer safe: vLLM 0.10.1-0.10.2 V0 in-process "
+    "(--disable-frontend-multiprocessing) prints its engine's OOM under (APIServer pid=N): says unknown "
+    "traceback_without_error, should say runtime_oom",
 )
 def test_a_v0_engine_in_the_api_servers_process_keeps_its_memory_failure():
     d = diagnose(_as_api_server(corpus_log("rt-13152-benchmark-serving-80gb")))
