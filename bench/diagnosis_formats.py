@@ -21,10 +21,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "operator"))
 sys.path.insert(0, str(ROOT / "tests"))
-from test_diagnosis_json_records import as_json_records  # noqa: E402
-from test_diagnosis_log_format import FORMATS  # noqa: E402
 from vllm_autoheal.diagnosis import Signals, classify  # noqa: E402
 from vllm_autoheal.diagnosis.corpus import context, load  # noqa: E402
+
+from crafted.records import LOGGING_FORMATS as FORMATS  # noqa: E402
+from crafted.records import as_json_records  # noqa: E402
 
 # vLLM's text header, after an optional process prefix: where VLLM_LOGGING_PREFIX goes.
 _HEADER = re.compile(

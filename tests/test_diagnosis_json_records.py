@@ -5,7 +5,6 @@ text, and a record a client writes where a raw line can go decides nothing."""
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
 
@@ -19,7 +18,16 @@ from crafted.bases import BASE, CORPUS, FIXTURES, OOM, REAL_CPU, ROOT, real_log,
 from crafted.checks import assert_reads_like, said
 from crafted.grammar import FRAME, assert_json_reads_like, grammar_traceback
 from crafted.node_logs import COLLECTORS
-from crafted.records import ILLEGAL_ACCESS, JSON_START, PREPROC_ERROR, REAL_JSON, RUNTIME_OOM, TORCH_OOM, record
+from crafted.records import (
+    ILLEGAL_ACCESS,
+    JSON_START,
+    PREPROC_ERROR,
+    REAL_JSON,
+    RUNTIME_OOM,
+    TORCH_OOM,
+    as_json_records,
+    record,
+)
 from crafted.reports import asgi
 
 
@@ -138,43 +146,6 @@ def test_a_record_a_client_writes_into_a_re_printed_exception_decides_nothing():
     d = classify(Signals(log=log + reprint + forged + "\nhello\n"))
     harmless = classify(Signals(log=log + reprint + "hello\n"))
     assert (d.cause, d.subtype) == (harmless.cause, harmless.subtype) and not d.is_memory
-
-
-# vLLM's text header: `(Process pid=N) LEVEL MM-DD HH:MM:SS [file.py:N] message`
-_HEADER = re.compile(
-    r"^(?:\((?P<proc>[\w.:-]{1,60}) pid=(?P<pid>\d+)\) )?(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) "
-    r"\d\d-\d\d [\d:.]+ \[?(?P<file>[\w.-]+?)(?::\d+)?\] ?(?P<message>.*)$"
-)
-
-
-def as_json_records(log: str) -> str:
-    """The log as vLLM's json formatter would have written it: the lines of one logged message (the
-    same header on consecutive lines) one record, its traceback in exc_info; other lines as they are."""
-    out: list[str] = []
-    current: dict | None = None
-
-    def flush() -> None:
-        if current is not None:
-            texts = current["texts"]
-            start = next((i for i, t in enumerate(texts) if t.startswith("Traceback (most recent")), len(texts))
-            rec = json.loads(record("\n".join(texts[:start]), "\n".join(texts[start:]) or None, current["level"]))
-            rec |= {"name": "vllm." + current["file"].removesuffix(".py"), "processName": current["proc"] or "Main"}
-            out.append(json.dumps(rec | {"process": int(current["pid"] or 1), "vllm_process_name": current["proc"]}))
-
-    for line in log.splitlines():
-        found = _HEADER.match(line)
-        key = found and (found["proc"], found["level"], found["file"])
-        if current is not None and key == current["key"]:
-            current["texts"].append(found["message"])
-            continue
-        flush()
-        current = None
-        if found is None:
-            out.append(line)
-        else:
-            current = {"key": key, "texts": [found["message"]], **found.groupdict()}
-    flush()
-    return "\n".join(out) + "\n"
 
 
 def test_the_corpus_read_right_in_text_reads_the_same_as_json_records():

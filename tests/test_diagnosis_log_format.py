@@ -7,7 +7,6 @@ the reader a header."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 
 import pytest
 
@@ -17,31 +16,12 @@ from vllm_autoheal.diagnosis.log_format import header_of, shape_of
 from vllm_autoheal.diagnosis.origin import ENGINE, REQUEST, USER
 from vllm_autoheal.diagnosis.scan import scan
 
-from conftest import FIXTURES, ROOT
-from crafted.bases import CLIENT_OOM, PAYLOADS, illegal_access_log
+from crafted.bases import CLIENT_OOM, FIXTURES, PAYLOADS, ROOT, illegal_access_log
 from crafted.checks import cause_and_subtype
-from crafted.records import CUSTOM, reformatted
+from crafted.records import CUSTOM, LOGGING_FORMATS, reformatted, wrapper
 from crafted.reports import ASGI, FORGED_BASES, headed_report
 
 REAL = FIXTURES / "vllm-cpu"
-
-
-def wrapper(log: str) -> str:
-    """A supervisor that logs each line vLLM prints with its own Python logging header."""
-    return "".join(
-        f"2026-12-01 10:00:{i % 60:02d},{i % 1000:03d} - supervisor - INFO - {line}\n"
-        for i, line in enumerate(log.splitlines())
-    )
-
-
-FORMATS: dict[str, Callable[[str], str]] = {
-    "asctime-name-levelname": reformatted("2026-12-01 {time},{i:03d} - {name} - {level} - "),
-    "the same, first line only": reformatted("2026-12-01 {time},{i:03d} - {name} - {level} - ", every_line=False),
-    "basicConfig": reformatted("{level}:{name}:"),
-    "loguru": reformatted("2026-12-01 {time}.{i:03d} | {level:<8} | {name}:run:{line} - "),
-    "bracketed, with the file": reformatted("[2026-12-01 {time}] [{level}] {file}:{line}: "),
-    "a wrapper's header": wrapper,
-}
 
 
 REAL_LOGS = [
@@ -91,11 +71,11 @@ def test_real_logs_in_a_format_the_operator_chose_read_as_in_vllms_own(name):
     assert d.numbers["estimated_max_model_len"] == 524160
 
 
-@pytest.mark.parametrize("fmt", sorted(FORMATS))
+@pytest.mark.parametrize("fmt", sorted(LOGGING_FORMATS))
 @pytest.mark.parametrize("name", REAL_LOGS + NEEDS_THE_HEADER)
 def test_each_format_reads_a_real_log_as_vllms_own(fmt, name):
     log = _log(name)
-    shaped = FORMATS[fmt](log)
+    shaped = LOGGING_FORMATS[fmt](log)
     assert shaped != log
     assert _diagnosed(shaped) == _diagnosed(log)
 

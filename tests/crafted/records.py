@@ -1,5 +1,6 @@
-"""vLLM's JSON log records (its json formatter's fields), a few real and crafted records, and vLLM's text
-lines reprinted under a logging format an operator may configure instead of vLLM's own."""
+"""vLLM's JSON log records (its json formatter's fields), a few real and crafted records, a text log
+turned into records (as_json_records), and vLLM's text lines reprinted under a logging format an
+operator may configure instead of vLLM's own, or under a wrapper's header (LOGGING_FORMATS)."""
 
 from __future__ import annotations
 
@@ -90,3 +91,58 @@ def reformatted(fmt: str, every_line: bool = True) -> Callable[[str], str]:
 
 # A logging format an operator may choose (for `reformatted`): time, logger name, level.
 CUSTOM = "2026-12-01 {time},{i:03d} - {name} - {level} - "
+
+
+# vLLM's text header: `(Process pid=N) LEVEL MM-DD HH:MM:SS [file.py:N] message`
+TEXT_HEADER = re.compile(
+    r"^(?:\((?P<proc>[\w.:-]{1,60}) pid=(?P<pid>\d+)\) )?(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL) "
+    r"\d\d-\d\d [\d:.]+ \[?(?P<file>[\w.-]+?)(?::\d+)?\] ?(?P<message>.*)$"
+)
+
+
+def as_json_records(log: str) -> str:
+    """The log as vLLM's json formatter would have written it: the lines of one logged message (the
+    same header on consecutive lines) one record, its traceback in exc_info; other lines as they are."""
+    out: list[str] = []
+    current: dict | None = None
+
+    def flush() -> None:
+        if current is not None:
+            texts = current["texts"]
+            start = next((i for i, t in enumerate(texts) if t.startswith("Traceback (most recent")), len(texts))
+            rec = json.loads(record("\n".join(texts[:start]), "\n".join(texts[start:]) or None, current["level"]))
+            rec |= {"name": "vllm." + current["file"].removesuffix(".py"), "processName": current["proc"] or "Main"}
+            out.append(json.dumps(rec | {"process": int(current["pid"] or 1), "vllm_process_name": current["proc"]}))
+
+    for line in log.splitlines():
+        found = TEXT_HEADER.match(line)
+        key = found and (found["proc"], found["level"], found["file"])
+        if current is not None and key == current["key"]:
+            current["texts"].append(found["message"])
+            continue
+        flush()
+        current = None
+        if found is None:
+            out.append(line)
+        else:
+            current = {"key": key, "texts": [found["message"]], **found.groupdict()}
+    flush()
+    return "\n".join(out) + "\n"
+
+
+def wrapper(log: str) -> str:
+    """A supervisor that logs each line vLLM prints with its own Python logging header."""
+    return "".join(
+        f"2026-12-01 10:00:{i % 60:02d},{i % 1000:03d} - supervisor - INFO - {line}\n"
+        for i, line in enumerate(log.splitlines())
+    )
+
+
+LOGGING_FORMATS: dict[str, Callable[[str], str]] = {
+    "asctime-name-levelname": reformatted("2026-12-01 {time},{i:03d} - {name} - {level} - "),
+    "the same, first line only": reformatted("2026-12-01 {time},{i:03d} - {name} - {level} - ", every_line=False),
+    "basicConfig": reformatted("{level}:{name}:"),
+    "loguru": reformatted("2026-12-01 {time}.{i:03d} | {level:<8} | {name}:run:{line} - "),
+    "bracketed, with the file": reformatted("[2026-12-01 {time}] [{level}] {file}:{line}: "),
+    "a wrapper's header": wrapper,
+}
