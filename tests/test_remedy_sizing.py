@@ -10,6 +10,7 @@ from vllm_autoheal.api import VLLMServiceSpec
 from vllm_autoheal.diagnosis import Diagnosis, Signals, classify
 from vllm_autoheal.gpu_catalog import GpuSpec
 from vllm_autoheal.memory import estimate
+from vllm_autoheal.model_config import check, to_shape
 from vllm_autoheal.model_shape import shape_from_config
 from vllm_autoheal.quantity import parse_quantity
 from vllm_autoheal.remedy import GIVE_UP, Inventory, plan_heal
@@ -213,28 +214,26 @@ QWEN7 = shape_from_config(json.loads((CONFIGS / "qwen2.5-7b.json").read_text()))
 
 def test_a_context_cut_sized_by_the_memory_model_is_not_made_for_a_sliding_window():
     """High (a wrong change: the user's context cut for nothing). Mistral-7B-v0.1 attends over a
-    4096-token window: vLLM keeps at most the window's KV per request, while the memory model counts
-    every layer at full context. With 20.5 GiB free, utilization 0.12 leaves ~2.5 GiB of cache, which
-    the memory model says holds ~20k tokens < 32768. Before: max_model_len 32768 -> ~19k with the
-    utilization fit. Now: the utilization alone (vLLM's own estimate sizes a cut, should one be
-    needed)."""
+    4096-token window: vLLM keeps at most the window's KV per request (plus a step's tokens). With
+    20.5 GiB free, utilization 0.12 leaves ~2.5 GiB of cache: ~20k tokens counted at full context,
+    < 32768, which cut max_model_len 32768 -> ~19k with the utilization fit. The memory model now
+    counts the window as vLLM does: the cache holds a request of 32768, and the utilization goes alone."""
     s = spec(maxModelLen=32768)
     inv = Inventory(gpu_total_gib=H200, shape=MISTRAL)
     est = estimate(MISTRAL, s.engine.model_copy(update={"gpu_memory_utilization": 0.12}), GpuSpec("gpu", H200))
-    assert est.max_model_len_fit < 32768  # (the memory model's verdict the cut came from)
+    assert est.kv_tokens < 32768 <= est.max_model_len_fit  # (full-context tokens short; the window's need fits)
     r = plan_heal(s, classify(Signals(log=FREE_20)), inventory=inv)
     assert r.action == "LowerGpuMemoryUtilization" and "max_model_len" not in r.changes, r
 
 
 def test_tensor_parallel_for_a_sliding_window_model_keeps_the_context():
-    """High (a wrong change). Mistral-7B-v0.1 on 10 GiB GPUs: TP 2 holds its weights, and the memory
-    model's full-context KV count says the cache falls short of 32768 tokens, which a 4096-token
-    window never needs. Before: TP 2 with max_model_len cut to the memory model's figure. Now: TP 2
-    alone."""
+    """High (a wrong change). Mistral-7B-v0.1 on 10 GiB GPUs: TP 2 holds its weights, and counted at
+    full context its cache falls short of 32768 tokens, which a 4096-token window never needs: TP 2
+    came with max_model_len cut to that count. Counted as vLLM counts the window, TP 2 fits alone."""
     allowed = ["IncreaseTensorParallel", "LowerMaxModelLen"]
     s = spec(maxModelLen=32768, heal={"bounds": {"maxTensorParallelSize": 2}, "allowedActions": allowed})
     est = estimate(MISTRAL, s.engine.model_copy(update={"tensor_parallel_size": 2}), GpuSpec("gpu", 10.0))
-    assert est.failure == "kv_cache_insufficient"
+    assert est.kv_tokens < 32768 and est.failure != "kv_cache_insufficient"
     r = plan_heal(s, Diagnosis(cause="weights_load_oom"), inventory=Inventory(gpu_total_gib=10.0, shape=MISTRAL))
     assert r.action == "IncreaseTensorParallel" and r.changes == {"tensor_parallel_size": 2}, r
 
@@ -245,7 +244,9 @@ def test_a_window_the_config_turns_off_is_no_window():
     cfg = {**json.loads((CONFIGS / "qwen2.5-7b.json").read_text()), "sliding_window": 4096}
     cfg["use_sliding_window"] = False
     shape = shape_from_config(cfg)
-    assert shape.sliding_window is None
+    assert shape.sliding_window is None and shape.kv_layers() == (shape.layers, 0)
+    checked = to_shape(check(cfg))  # (the operator's path: the flag survives the config check)
+    assert checked.kv_layers() == (checked.layers, 0)
 
 
 def test_a_vanishing_available_cache_never_raises():

@@ -127,6 +127,54 @@ def _tokens(kv_bytes: float, per_token: int, block: int = BLOCK_SIZE) -> int:
     return int(kv_bytes // (per_token * block)) * block
 
 
+@dataclass(frozen=True)
+class KvNeed:
+    """What one request holds in the KV cache, as vLLM sizes it before it starts (v1/core/
+    kv_cache_utils.py check_enough_kv_cache_memory, the sum of each layer spec's
+    max_memory_usage_bytes): a full-attention layer keeps every token, in whole blocks; a sliding
+    window's layer keeps the window less one plus the tokens in flight (one scheduler step), and
+    one block more, since a window need not start at a block's edge (SlidingWindowSpec)."""
+
+    full_per_token: float  # bytes per token of the full-attention layers, on one GPU
+    windowed_per_token: float  # and of the sliding-window layers
+    window: int
+    in_flight: int  # max_num_batched_tokens
+
+    def bytes_for(self, length: int) -> float:
+        need = self.full_per_token * math.ceil(length / BLOCK_SIZE) * BLOCK_SIZE
+        if self.windowed_per_token:
+            held = min(self.window - 1 + self.in_flight, length)
+            need += self.windowed_per_token * (math.ceil(held / BLOCK_SIZE) + 1) * BLOCK_SIZE
+        return need
+
+    def longest(self, kv_bytes: float, limit: int) -> int:
+        """The longest request (at most `limit` tokens) whose cache fits in kv_bytes: vLLM's
+        "estimated maximum model length" (a binary search there too)."""
+        if kv_bytes <= 0 or self.bytes_for(1) > kv_bytes:
+            return 0
+        low, high = 1, max(limit, 1)
+        while low < high:
+            mid = (low + high + 1) // 2
+            low, high = (mid, high) if self.bytes_for(mid) <= kv_bytes else (low, mid - 1)
+        return low
+
+
+def kv_need(shape: ModelShape, engine: EngineArgs, max_num_batched_tokens: int) -> KvNeed:
+    per_token = shape.kv_bytes_per_token(
+        engine.kv_cache_dtype, engine.tensor_parallel_size, engine.pipeline_parallel_size
+    )
+    full, windowed = shape.kv_layers()
+    per_layer = per_token / max(shape.layers, 1)
+    return KvNeed(per_layer * full, per_layer * windowed, shape.sliding_window or 0, max_num_batched_tokens)
+
+
+def _concurrency(tokens: int, kv_bytes: float, need: KvNeed, max_len: int) -> float:
+    """Requests of max_model_len the cache holds at once, as vLLM logs it ("Maximum concurrency")."""
+    if not max_len or kv_bytes <= 0:
+        return 0.0
+    return round(kv_bytes / need.bytes_for(max_len) if need.windowed_per_token else tokens / max_len, 2)
+
+
 def estimate(
     shape: ModelShape, engine: EngineArgs, gpu: GpuSpec, free_gib: float | None = None, entrypoint: str = "server"
 ) -> Estimate:
@@ -166,16 +214,21 @@ def estimate(
         failure = "weights_load_oom"
         reasons.append(f"weights need {weights:.2f} GiB per GPU, only {free:.2f} GiB is free")
     tokens = _tokens(kv * GIB, per_token)
-    fit_len = tokens
+    need = kv_need(shape, engine, mbt)
+    # (a request longer than the cache holds in full-attention tokens never fits: that is the limit)
+    fit_len = need.longest(kv * GIB, max(tokens, max_len)) if need.windowed_per_token else tokens
     if failure is None and tokens <= 0:
         failure = "kv_cache_insufficient"
         reasons.append(
             f"no memory left for the KV cache: {requested:.2f} GiB requested, weights {weights:.2f} + "
             f"activation {act:.2f} + non-torch {non_torch:.2f} GiB"
         )
-    elif failure is None and tokens < max_len:
+    elif failure is None and fit_len < max_len:
         failure = "kv_cache_insufficient"
-        reasons.append(f"KV cache {kv:.2f} GiB holds {tokens:,} tokens < max_model_len {max_len:,}")
+        reasons.append(
+            f"KV cache {kv:.2f} GiB holds one request of {fit_len:,} tokens < max_model_len {max_len:,}"
+            + (f" ({need.bytes_for(max_len) / GIB:.2f} GiB needed)" if need.windowed_per_token else "")
+        )
     if failure is None and not engine.enforce_eager and requested + graphs > free:
         failure = "cudagraph_capture_oom"
         reasons.append(
@@ -194,7 +247,7 @@ def estimate(
         kv_tokens=tokens,
         max_model_len=max_len,
         max_model_len_fit=fit_len,
-        max_concurrency=round(tokens / max_len, 2) if max_len else 0.0,
+        max_concurrency=_concurrency(tokens, kv * GIB, need, max_len),
         max_num_batched_tokens=mbt,
         fits=failure is None,
         failure=failure,

@@ -59,11 +59,16 @@ FIELDS: tuple[ConfigField, ...] = (
     ConfigField("qk_nope_head_dim", 0, 4096, "Non-rotary part of an MLA head."),
     ConfigField("v_head_dim", 0, 4096, "Value width of an MLA head."),
     ConfigField("sliding_window", 0, 1 << 25, "Sliding attention window, when the model has one."),
+    ConfigField(
+        "sliding_window_pattern", 0, 1024, "Every n-th layer attends in full, the rest in the window (Gemma 3)."
+    ),
+    ConfigField("max_window_layers", 0, 1024, "Layers before the first windowed one (Qwen2 with use_sliding_window)."),
 )
 BY_NAME = {f.name: f for f in FIELDS}
 # Text fields the memory model reads, with their longest sane value.
 STRINGS = {"model_type": 64, "torch_dtype": 32, "dtype": 32}
 MAX_ARCHITECTURES, MAX_NAME = 8, 128
+MAX_LAYER_TYPES = 1024  # one per layer (num_hidden_layers' own bound)
 
 
 def _where(field: str, source: str) -> str:
@@ -103,11 +108,20 @@ def _text(config: dict[str, Any], source: str) -> dict[str, Any]:
                 f"{_where('architectures', source)} must be a list of at most {MAX_ARCHITECTURES} names"
             )
         out["architectures"] = list(archs)
-    for key in ("tie_word_embeddings", "attention_bias"):
+    for key in ("tie_word_embeddings", "attention_bias", "use_sliding_window"):
         if config.get(key) is not None:
             if not isinstance(config[key], bool):
                 raise ModelConfigError(f"{_where(key, source)} must be true or false")
             out[key] = config[key]
+    types = config.get("layer_types")
+    if types is not None:
+        if (
+            not isinstance(types, list)
+            or len(types) > MAX_LAYER_TYPES
+            or not all(isinstance(t, str) and len(t) <= MAX_NAME for t in types)
+        ):
+            raise ModelConfigError(f"{_where('layer_types', source)} must be a list of at most {MAX_LAYER_TYPES} names")
+        out["layer_types"] = list(types)
     quant = config.get("quantization_config")
     if quant is not None:
         method = quant.get("quant_method") if isinstance(quant, dict) else None

@@ -73,6 +73,7 @@ class ModelShape:
     qk_nope_head_dim: int = 0
     v_head_dim: int = 0
     sliding_window: int | None = None
+    sliding_layers: int = 0  # layers that attend within sliding_window (the rest attend in full)
     max_position_embeddings: int = 0
     dtype: str = "bfloat16"
     quantization: str | None = None
@@ -88,12 +89,19 @@ class ModelShape:
         checkpoint to 16 bits (config/model.py _resolve_auto_dtype; float16 before 0.6)."""
         return min(DTYPE_BYTES.get(self.dtype, 2.0), 2.0)
 
-    @property
-    def kv_overcounted(self) -> bool:
-        """Whether kv_bytes_per_token overstates a long context's cache: vLLM keeps only a sliding
-        window's tokens for its layers, which this model counts at full context."""
-        window = self.sliding_window
-        return isinstance(window, int) and window > 0 and window < (self.max_position_embeddings or window + 1)
+    def kv_layers(self) -> tuple[int, int]:
+        """(full-attention, sliding-window) layers as vLLM's hybrid KV cache counts them: where a
+        model has both, its layers go in groups of one size (the fewer kind's count, or the more's
+        when that is under 1.5 times it), the last group of each kind padded with layers that take
+        memory too (v1/core/kv_cache_utils.py _get_kv_cache_groups_uniform_page_size; Gemma 3 1B's
+        22 windowed layers count as 24, as vLLM 0.25 measured on an H200)."""
+        windowed = min(self.sliding_layers, self.layers) if self.sliding_window and self.sliding_window > 0 else 0
+        full = self.layers - windowed
+        if not full or not windowed:
+            return full, windowed
+        fewer, more = min(full, windowed), max(full, windowed)
+        group = more if more < 1.5 * fewer else fewer
+        return math.ceil(full / group) * group, math.ceil(windowed / group) * group
 
     @property
     def is_mla(self) -> bool:
@@ -173,6 +181,28 @@ def _moe_layers(cfg: dict[str, Any]) -> tuple[int, int]:
     return period, (_whole(_get(cfg, "expert_layer_offset", default=0)) or 0) % period
 
 
+def _sliding_layers(cfg: dict[str, Any], layers: int) -> int:
+    """How many layers attend within `sliding_window`, as vLLM builds them: `layer_types` where the
+    config lists them; else every layer but each `sliding_window_pattern`-th (Gemma 3: (i + 1) % 6
+    == 0 is full); Gemma 2's even layers; Qwen2's from `max_window_layers` on where it turns the
+    window on; every layer otherwise (Mistral 7B v0.1, where the config names a window). A window
+    the config turns off (Qwen2's use_sliding_window false) is none."""
+    window = _whole(cfg.get("sliding_window"))
+    if window is None or cfg.get("use_sliding_window") is False:
+        return 0
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and types:
+        return min(layers, sum(1 for t in types if t == "sliding_attention"))
+    pattern = _whole(cfg.get("sliding_window_pattern"))
+    if pattern and pattern > 1:
+        return layers - layers // pattern
+    if cfg.get("model_type") == "gemma2":
+        return (layers + 1) // 2
+    if cfg.get("use_sliding_window") is True and _whole(cfg.get("max_window_layers")):
+        return max(0, layers - int(cfg["max_window_layers"]))
+    return layers
+
+
 def _whole(value: Any) -> int | None:
     """A positive whole number from an unchecked config value, else None (model_config.check has
     already refused it on every path from a VLLMService or the CLI)."""
@@ -201,6 +231,7 @@ def shape_from_config(config: dict[str, Any]) -> ModelShape:
     quant_config = cfg.get("quantization_config") or {}
     quant = quant_config.get("quant_method")
     period, offset = _moe_layers(cfg)
+    sliding = _sliding_layers(cfg, int(_get(cfg, "num_hidden_layers", "n_layer")))
     return ModelShape(
         architecture=arch,
         layers=int(_get(cfg, "num_hidden_layers", "n_layer")),
@@ -229,8 +260,8 @@ def shape_from_config(config: dict[str, Any]) -> ModelShape:
         qk_rope_head_dim=int(_get(cfg, "qk_rope_head_dim", default=0) or 0),
         qk_nope_head_dim=int(_get(cfg, "qk_nope_head_dim", default=0) or 0),
         v_head_dim=int(_get(cfg, "v_head_dim", default=0) or 0),
-        # Qwen2's configs name a window they do not use (use_sliding_window false): vLLM attends in full
-        sliding_window=None if cfg.get("use_sliding_window") is False else cfg.get("sliding_window"),
+        sliding_window=_whole(cfg.get("sliding_window")) if sliding else None,
+        sliding_layers=sliding,
         max_position_embeddings=int(_get(cfg, "max_position_embeddings", default=0) or 0),
         dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"),
         quantization=quant,

@@ -41,9 +41,13 @@ QWEN25_72B = {  # Qwen/Qwen2.5-72B-Instruct's config.json (the fields vLLM reads
 }
 
 
+# Sliding-window models (tests/gpu/sliding_windows.sh): every layer windowed, every other, 5 of 6.
+WINDOWED = ("mistral-7b-v0.1", "gemma-2-2b", "gemma-3-1b")
+
+
 def build(root: Path) -> None:
-    llama = json.loads((CONFIGS / "llama-3.1-8b.json").read_text())
-    for name, config in (("llama-3.1-8b", llama), ("qwen2.5-72b", QWEN25_72B)):
+    real = {name: json.loads((CONFIGS / f"{name}.json").read_text()) for name in WINDOWED + ("llama-3.1-8b",)}
+    for name, config in (*real.items(), ("qwen2.5-72b", QWEN25_72B)):
         out = root / name
         out.mkdir(parents=True, exist_ok=True)
         config = {**config, "bos_token_id": 1, "eos_token_id": 2}  # the tiny tokenizer's special ids

@@ -51,6 +51,16 @@ ConfigJson = create_model(  # type: ignore[call-overload]
     ),
     tie_word_embeddings=(bool | None, Field(None, description="Input and output embeddings shared.")),
     attention_bias=(bool | None, Field(None, description="q/k/v projections carry a bias.")),
+    use_sliding_window=(bool | None, Field(None, description="false: the sliding_window named is not used (Qwen2).")),
+    layer_types=(
+        list[str] | None,
+        Field(
+            None,
+            max_length=mc.MAX_LAYER_TYPES,
+            description="Each layer's attention (sliding_attention: within sliding_window; full_attention).",
+            json_schema_extra={"items": {"type": "string", "maxLength": mc.MAX_NAME}},
+        ),
+    ),
     quantization_config=(QuantizationConfig | None, Field(None, description="The checkpoint's quantization.")),
 )
 ConfigJson.model_config["json_schema_extra"] = {

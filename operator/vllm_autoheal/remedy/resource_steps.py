@@ -49,9 +49,8 @@ def more_tensor_parallel(ctx: Context) -> Remedy | None:
             )
             for n in sizes
         ]
-        # A sliding window's cache holds more than the memory model counts: the weights decide there.
-        overcounted = shape.kv_overcounted
-        fits = [n for n, est in estimates if est.fits or (overcounted and est.failure == "kv_cache_insufficient")]
+        # (the graphs' margin is another heal's: the split is judged by its weights and cache)
+        fits = [n for n, est in estimates if est.failure in (None, "cudagraph_capture_oom")]
         if not fits:
             # None keeps the whole context: the smallest split that holds the weights, with the
             # context its KV cache holds (3% margin), in the same restart, where that is allowed.

@@ -42,9 +42,8 @@ def fit_utilization_to_free(ctx: Context) -> Remedy | None:
         return None
     changes: dict[str, float | int] = {"gpu_memory_utilization": new}
     why = ""
-    # The smaller cache may not hold the context: say so now, not after a crash. Not where the
-    # memory model overcounts the cache (a sliding window): a cut there would be for nothing.
-    if ctx.inv.shape is not None and not ctx.inv.shape.kv_overcounted:
+    # The smaller cache may not hold the context: say so now, not after a crash.
+    if ctx.inv.shape is not None:
         after = ctx.engine.model_copy(update={"gpu_memory_utilization": new})
         est = estimate(ctx.inv.shape, after, GpuSpec("gpu", total), None, ctx.inv.entrypoint)
         length = (

@@ -1,0 +1,96 @@
+"""The memory model sizes a sliding-window model's KV cache as vLLM does: a windowed layer keeps the
+window less one plus a scheduler step's tokens (and a block more), whatever the context; a hybrid
+model's layers are counted in vLLM's padded groups. Replayed from real vLLM 0.25 runs on an H200
+(tests/gpu/sliding_windows.sh), each stopped at vLLM's own check with a fixed KV cache."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from vllm_autoheal.api import EngineArgs
+from vllm_autoheal.diagnosis import Signals, classify
+from vllm_autoheal.gpu_catalog import GpuSpec
+from vllm_autoheal.memory import estimate, kv_need
+from vllm_autoheal.model_config import check, to_shape
+
+FIXTURES = Path(__file__).parent / "fixtures"
+LOGS = FIXTURES / "gpu" / "window-logs"
+RUN = re.compile(
+    r"^(?P<name>[\w-]+): exit 1 in \d+ s: (?P<model>[\w.-]+) kv (?P<mib>\d+) MiB batched (?P<batched>\d+)$"
+)
+RUNS = [m.groupdict() for m in map(RUN.match, (LOGS / "summary.txt").read_text().splitlines()) if m]
+
+
+def shape_of(model: str):
+    """The shape as the operator has it: the config through model_config's check."""
+    return to_shape(check(json.loads((FIXTURES / "configs" / f"{model}.json").read_text())))
+
+
+def test_every_run_is_replayed():
+    assert {r["model"] for r in RUNS} == {"mistral-7b-v0.1", "gemma-2-2b", "gemma-3-1b"} and len(RUNS) == 5
+
+
+@pytest.mark.parametrize("run", RUNS, ids=[r["name"] for r in RUNS])
+def test_vllms_own_kv_check_is_reproduced(run):
+    log = (LOGS / f"window-{run['name']}.log").read_text()
+    d = classify(Signals(log=log))
+    assert d.cause == "kv_cache_insufficient", d
+    length = int(re.search(r"max seq len \((\d+)\)", log)[1])
+    need = kv_need(shape_of(run["model"]), EngineArgs(max_model_len=length), int(run["batched"]))
+    assert need.bytes_for(length) / 2**30 == pytest.approx(d.numbers["needed_gib"], abs=0.005)
+    assert need.longest(int(run["mib"]) * 2**20, length) == d.numbers["estimated_max_model_len"]
+
+
+def test_full_context_counting_would_have_been_far_off():
+    """What the runs rule out: counting every layer at full context (the model before) says Gemma 3 1B
+    holds a request of about 5,900 tokens in 150 MiB; vLLM says 22,944."""
+    shape = shape_of("gemma-3-1b")
+    per_token = shape.kv_bytes_per_token()
+    assert 150 * 2**20 // per_token < 6000 < 22944
+
+
+@pytest.mark.parametrize(
+    ("config", "layers"),
+    [
+        ({"sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"] * 12}, (12, 12)),  # gpt-oss
+        ({"sliding_window": 1024, "sliding_window_pattern": 6}, (4, 20)),  # Gemma 3: every 6th layer full
+        ({"sliding_window": 4096, "model_type": "gemma2"}, (12, 12)),
+        ({"sliding_window": 4096}, (0, 24)),  # Mistral 7B v0.1: every layer
+        ({"sliding_window": 4096, "use_sliding_window": False}, (24, 0)),  # Qwen2's window left off
+        ({"sliding_window": 4096, "use_sliding_window": True, "max_window_layers": 20}, (20, 4)),
+        ({"sliding_window": 0}, (24, 0)),
+        ({}, (24, 0)),
+    ],
+)
+def test_which_layers_keep_a_window(config, layers):
+    base = {"num_hidden_layers": 24, "hidden_size": 1024, "num_attention_heads": 8, "vocab_size": 32000}
+    assert shape_of_config({**base, **config}).kv_layers() == layers
+
+
+def shape_of_config(config: dict):
+    return to_shape(check(config))
+
+
+def test_a_hostile_layer_types_list_is_refused_or_bounded():
+    from vllm_autoheal.model_config import ModelConfigError
+
+    base = {"num_hidden_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 100, "sliding_window": 8}
+    with pytest.raises(ModelConfigError, match="layer_types"):
+        check({**base, "layer_types": ["sliding_attention"] * 5000})
+    with pytest.raises(ModelConfigError, match="layer_types"):
+        check({**base, "layer_types": "sliding_attention"})
+    assert shape_of_config({**base, "layer_types": ["sliding_attention"] * 1000}).kv_layers() == (0, 4)
+
+
+def test_pre_flight_keeps_a_windowed_models_context():
+    """Mistral 7B v0.1 at 32768 on a 22 GiB GPU at utilization 0.75: its 2.5 GiB of cache holds about
+    20,000 tokens counted at full context, short of 32768 (pre-flight said it does not fit, and Fix
+    would cut the context); a request keeps only its 4096-token window (plus a step's tokens) in
+    every layer, so it fits, as vLLM finds."""
+    shape = shape_of("mistral-7b-v0.1")
+    est = estimate(shape, EngineArgs(max_model_len=32768, gpu_memory_utilization=0.75), GpuSpec("L4", 22.0))
+    assert est.kv_tokens < 32768 and est.fits, est.reasons
