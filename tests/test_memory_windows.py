@@ -94,3 +94,22 @@ def test_pre_flight_keeps_a_windowed_models_context():
     shape = shape_of("mistral-7b-v0.1")
     est = estimate(shape, EngineArgs(max_model_len=32768, gpu_memory_utilization=0.75), GpuSpec("L4", 22.0))
     assert est.kv_tokens < 32768 and est.fits, est.reasons
+
+
+def test_the_utilization_floor_and_pre_flights_figures_count_the_window():
+    """The floor a heal may not go under holds a KV cache of minMaxModelLen, and pre-flight's
+    predicted KV error names what one request needs: both as vLLM counts a windowed model's cache
+    (Mistral 7B v0.1 at 32768 needs 0.75 GiB at a 2048-token step, not the 4 GiB of full context)."""
+    from vllm_autoheal.api import HealBounds
+    from vllm_autoheal.preflight import predicted_diagnosis
+    from vllm_autoheal.remedy_gate import utilization_floor
+
+    shape = shape_of("mistral-7b-v0.1")
+    engine = EngineArgs(max_model_len=32768, max_num_batched_tokens=2048)
+    floor = utilization_floor(HealBounds(min_max_model_len=32768), engine, shape, 24.0)
+    weights = estimate(shape, engine, GpuSpec("gpu", 24.0)).weights_gib
+    assert floor is not None and floor * 24.0 < weights + 2.0  # weights, activations and 0.75 GiB of cache
+    small = estimate(shape, engine.model_copy(update={"kv_cache_memory_bytes": 400 * 2**20}), GpuSpec("gpu", 80.0))
+    d = predicted_diagnosis(small, engine)
+    assert d.cause == "kv_cache_insufficient" and d.numbers["needed_gib"] == 0.75
+    assert d.numbers["estimated_max_model_len"] == int(3184 * 0.97)  # vLLM's own: 3184 (window-mistral-400.log)

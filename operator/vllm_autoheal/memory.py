@@ -111,6 +111,7 @@ class Estimate:
     kv_tokens: int
     max_model_len: int
     max_model_len_fit: int
+    kv_needed_gib: float  # what one request of max_model_len holds, as vLLM's check counts it
     max_concurrency: float
     max_num_batched_tokens: int
     fits: bool
@@ -247,6 +248,7 @@ def estimate(
         kv_tokens=tokens,
         max_model_len=max_len,
         max_model_len_fit=fit_len,
+        kv_needed_gib=need.bytes_for(max_len) / GIB,
         max_concurrency=_concurrency(tokens, kv * GIB, need, max_len),
         max_num_batched_tokens=mbt,
         fits=failure is None,

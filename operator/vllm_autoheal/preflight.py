@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from .api import EngineArgs, VLLMServiceSpec
 from .diagnosis import Diagnosis
 from .diagnosis.model import Cause, EnginePhase
-from .diagnosis.units import GIB
 from .gpu_catalog import GpuSpec
 from .memory import Estimate, ModelShape, estimate
 from .remedy import Inventory, Remedy, plan_heal
@@ -40,7 +39,7 @@ def predicted_diagnosis(est: Estimate, engine: EngineArgs) -> Diagnosis:
         numbers = {
             "max_seq_len": est.max_model_len,
             "available_gib": round(est.kv_cache_gib, 2),
-            "needed_gib": round(est.kv_bytes_per_token * est.max_model_len / GIB, 2),
+            "needed_gib": round(est.kv_needed_gib, 2),
         }
         if est.max_model_len_fit > 0:
             numbers["estimated_max_model_len"] = int(est.max_model_len_fit * 0.97)  # model error margin

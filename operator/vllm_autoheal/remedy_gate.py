@@ -91,8 +91,7 @@ def utilization_floor(
         return None
     need_len = engine.model_copy(update={"max_model_len": bounds.min_max_model_len, "kv_cache_memory_bytes": None})
     est = estimate(shape, need_len, GpuSpec("gpu", total_gib), None, entrypoint)
-    kv = est.kv_bytes_per_token * bounds.min_max_model_len / GIB
-    need = est.weights_gib + est.activation_gib + est.non_torch_gib + kv
+    need = est.weights_gib + est.activation_gib + est.non_torch_gib + est.kv_needed_gib
     return min(1.0, math.ceil(need / total_gib * 100) / 100)
 
 
