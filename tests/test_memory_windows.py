@@ -113,3 +113,20 @@ def test_the_utilization_floor_and_pre_flights_figures_count_the_window():
     d = predicted_diagnosis(small, engine)
     assert d.cause == "kv_cache_insufficient" and d.numbers["needed_gib"] == 0.75
     assert d.numbers["estimated_max_model_len"] == int(3184 * 0.97)  # vLLM's own: 3184 (window-mistral-400.log)
+
+
+@pytest.mark.parametrize(
+    ("extra_args", "windowed"),
+    [
+        ([], True),
+        (["--disable-hybrid-kv-cache-manager"], False),
+        (["--disable_hybrid_kv_cache_manager"], False),
+        (["--disable-hybrid-kv-cache-manager", "--no-disable-hybrid-kv-cache-manager"], True),
+        (["--kv-transfer-config", '{"kv_connector":"NixlConnector"}'], True),
+    ],
+)
+def test_with_the_hybrid_cache_manager_off_a_hybrid_models_window_is_counted_in_full(extra_args, windowed):
+    """vLLM then promotes every windowed layer of a model with both kinds to a full one."""
+    need = kv_need(shape_of("gemma-3-1b"), EngineArgs(extra_args=extra_args), 2048)
+    assert bool(need.windowed_per_token) == windowed
+    assert kv_need(shape_of("mistral-7b-v0.1"), EngineArgs(extra_args=extra_args), 2048).windowed_per_token  # one kind
