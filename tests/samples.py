@@ -8,8 +8,17 @@ from pathlib import Path
 
 from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.launcher import termination_message
+from vllm_autoheal.model_shape import ModelShape, shape_from_config
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-cpu"
+CONFIGS = Path(__file__).parent / "fixtures" / "configs"
+
+
+def config_shape(name: str) -> ModelShape:
+    """A bundled model's shape, read from tests/fixtures/configs/NAME.json."""
+    return shape_from_config(json.loads((CONFIGS / f"{name}.json").read_text()))
+
+
 KV_LOG = (FIXTURES / "kv-cache-too-small.log").read_text()
 # What the in-pod launcher writes when vLLM dies of this (made from the real engine's log).
 KV_TERMINATION = termination_message(classify(Signals(log=KV_LOG, exit_code=1)).to_dict(), 1, None, None)

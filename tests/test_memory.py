@@ -12,12 +12,7 @@ from vllm_autoheal.gpu_catalog import lookup
 from vllm_autoheal.memory import estimate, weights_bytes_per_gpu
 from vllm_autoheal.model_shape import shape_from_config
 
-CONFIGS = Path(__file__).parent / "fixtures" / "configs"
-
-
-def shape(name):
-    return shape_from_config(json.loads((CONFIGS / f"{name}.json").read_text()))
-
+from samples import CONFIGS, config_shape
 
 # Published sizes (model cards) and KV bytes per token in bf16: 2 x layers x kv_heads x head_dim x 2.
 PUBLISHED = [
@@ -34,21 +29,21 @@ PUBLISHED = [
 
 @pytest.mark.parametrize("name,params,kv", PUBLISHED, ids=[p[0] for p in PUBLISHED])
 def test_parameter_counts_and_kv_bytes(name, params, kv):
-    s = shape(name)
+    s = config_shape(name)
     assert abs(s.params() - params) / params < 0.01, s.params()
     assert s.kv_bytes_per_token() == kv
 
 
 def test_kv_split_by_tensor_parallel_and_fp8():
-    s = shape("llama-3.1-70b")
+    s = config_shape("llama-3.1-70b")
     assert s.kv_bytes_per_token(tp=4) == s.kv_bytes_per_token() // 4
     assert s.kv_bytes_per_token(tp=16) == s.kv_bytes_per_token() // 8  # 8 KV heads: replicated past TP 8
     assert s.kv_bytes_per_token("fp8") == s.kv_bytes_per_token() // 2
-    assert shape("deepseek-v3").kv_bytes_per_token(tp=8) == shape("deepseek-v3").kv_bytes_per_token()
+    assert config_shape("deepseek-v3").kv_bytes_per_token(tp=8) == config_shape("deepseek-v3").kv_bytes_per_token()
 
 
 def test_quantized_weights_are_about_a_quarter():
-    s = shape("llama-3.1-70b")
+    s = config_shape("llama-3.1-70b")
     bf16 = weights_bytes_per_gpu(s)
     awq = weights_bytes_per_gpu(s, "awq")
     assert 0.25 < awq / bf16 < 0.33  # 4-bit linear layers, 16-bit embeddings
@@ -67,7 +62,7 @@ def _cases():
 @pytest.mark.parametrize("case", _cases(), ids=lambda c: c["case_id"])
 def test_calibrated_on_real_h200_runs(case):
     """Every measured run: available KV within 5 % and `fits` exactly as vLLM did."""
-    s = shape_from_config(json.loads((CONFIGS / "llama-3.1-8b.json").read_text()))
+    s = config_shape("llama-3.1-8b")
     engine = EngineArgs(**{k: v for k, v in case["engine_args"].items() if k in EngineArgs.model_fields})
     est = estimate(s, engine, lookup("NVIDIA-H200"), entrypoint="llm")
     assert est.fits == case["started"]
@@ -82,11 +77,11 @@ def test_calibrated_on_real_h200_runs(case):
 
 
 def test_other_process_and_weights_that_do_not_fit():
-    s = shape("llama-3.1-70b")
+    s = config_shape("llama-3.1-70b")
     h100 = lookup("NVIDIA-H100-80GB-HBM3")
     assert estimate(s, EngineArgs(), h100).failure == "weights_load_oom"
     assert estimate(s, EngineArgs(tensor_parallel_size=4, max_model_len=32768), h100).fits
-    small = shape("llama-3.1-8b")
+    small = config_shape("llama-3.1-8b")
     shared = estimate(small, EngineArgs(max_model_len=8192), h100, free_gib=40)
     assert shared.failure == "gpu_util_exceeds_free"
     assert estimate(small, EngineArgs(max_model_len=8192, gpu_memory_utilization=0.45), h100, free_gib=40).fits
@@ -138,10 +133,10 @@ def test_the_classifier_gets_the_weights_only_where_the_flags_place_them_as_coun
     from vllm_autoheal.memory import weights_gib_per_gpu, weights_gib_to_diagnose
 
     args = EngineArgs.model_validate(engine)
-    got = weights_gib_to_diagnose(shape("llama-3.1-70b"), args)
+    got = weights_gib_to_diagnose(config_shape("llama-3.1-70b"), args)
     assert (got is not None) == sized
     if sized:
-        assert got == weights_gib_per_gpu(shape("llama-3.1-70b"), args) > 30
+        assert got == weights_gib_per_gpu(config_shape("llama-3.1-70b"), args) > 30
 
 
 def test_a_container_quantization_without_its_bits_gives_the_classifier_no_figure():

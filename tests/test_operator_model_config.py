@@ -43,6 +43,12 @@ async def cluster(kmock, hub):  # noqa: F811
     model_source.configure(HubSettings())
 
 
+async def config_map(cluster: Cluster, name: str, config_json: str) -> None:
+    """A ConfigMap in the test namespace holding a config.json under its default key."""
+    body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "namespace": NS}}
+    await cluster.call("POST", f"/api/v1/namespaces/{NS}/configmaps", {**body, "data": {"config.json": config_json}})
+
+
 def memory_fit(obj: dict | None) -> dict | None:
     return next((c for c in ((obj or {}).get("status") or {}).get("conditions", []) if c["type"] == "MemoryFit"), None)
 
@@ -101,16 +107,7 @@ async def test_gated_model_uses_the_token_from_hf_token_secret_ref(cluster, hub)
 async def test_config_map_ref(cluster, hub):  # noqa: F811
     from hub_server import CONFIGS
 
-    await cluster.call(
-        "POST",
-        f"/api/v1/namespaces/{NS}/configmaps",
-        {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {"name": "qwen", "namespace": NS},
-            "data": {"config.json": (CONFIGS / "qwen2.5-32b.json").read_text()},
-        },
-    )
+    await config_map(cluster, "qwen", (CONFIGS / "qwen2.5-32b.json").read_text())
     await cluster.create_vsvc(
         "cm",
         {
@@ -170,16 +167,7 @@ async def test_hostile_configs_do_not_delay_an_ordinary_service(cluster):
     names = list(HOSTILE)
     base = {"model": "acme/hostile-model", "preflight": "Fix", "resources": {"gpuProduct": "NVIDIA-H200"}}
     cm_name = names[-1]
-    await cluster.call(
-        "POST",
-        f"/api/v1/namespaces/{NS}/configmaps",
-        {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {"name": cm_name, "namespace": NS},
-            "data": {"config.json": HOSTILE[cm_name][0]},
-        },
-    )
+    await config_map(cluster, cm_name, HOSTILE[cm_name][0])
     await asyncio.gather(
         *[
             cluster.create_vsvc(name, {**base, "modelConfig": {"configMapRef": {"name": name}}})
@@ -310,16 +298,7 @@ async def test_a_heal_looks_the_model_up_once_and_never_under_the_objects_write_
 
     from samples import KV_TERMINATION
 
-    await cluster.call(
-        "POST",
-        f"/api/v1/namespaces/{NS}/configmaps",
-        {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": {"name": "small", "namespace": NS},
-            "data": {"config.json": json.dumps(SMALL)},
-        },
-    )
+    await config_map(cluster, "small", json.dumps(SMALL))
     await cluster.create_vsvc(
         "looked",
         {

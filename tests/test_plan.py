@@ -8,16 +8,14 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 from vllm_autoheal.api import EngineArgs
 from vllm_autoheal.gpu_catalog import lookup
-from vllm_autoheal.model_shape import shape_from_config
 from vllm_autoheal.plan_options import memory_bar, options, tensor_parallel_sizes
 
 from hub_server import GATED_TOKEN, hub  # noqa: F401 - the fixture
+from samples import CONFIGS, config_shape
 
-CONFIGS = Path(__file__).parent / "fixtures" / "configs"
 H100 = "NVIDIA-H100-80GB-HBM3"
 
 
@@ -80,7 +78,7 @@ def test_70b_on_one_h100_lists_a_fitting_tensor_parallel_option():
 
 
 def test_memory_bar_is_one_line_that_adds_up():
-    shape = shape_from_config(json.loads((CONFIGS / "llama-3.1-8b.json").read_text()))
+    shape = config_shape("llama-3.1-8b")
     from vllm_autoheal.memory import estimate
 
     e = estimate(shape, EngineArgs(max_model_len=8192), lookup("NVIDIA-H200"))
@@ -93,7 +91,7 @@ def test_memory_bar_is_one_line_that_adds_up():
 
 
 def test_tensor_parallel_sizes_divide_the_heads():
-    qwen = shape_from_config(json.loads((CONFIGS / "qwen2.5-7b.json").read_text()))  # 28 heads
+    qwen = config_shape("qwen2.5-7b")  # 28 heads
     assert tensor_parallel_sizes(qwen) == [1, 2, 4, 7]
     opts = options(qwen, EngineArgs(max_model_len=4096), lookup("NVIDIA-L4"), quantized_variants=["awq", "awq"])
     assert len(opts) == 4 * 2 * 2 and sum(o.smallest for o in opts) == 1

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -9,12 +8,13 @@ from vllm_autoheal.api import VLLMServiceSpec
 from vllm_autoheal.diagnosis import Diagnosis, Signals, classify
 from vllm_autoheal.gpu_catalog import lookup
 from vllm_autoheal.memory import estimate
-from vllm_autoheal.model_shape import shape_from_config
 from vllm_autoheal.preflight import preflight
 from vllm_autoheal.remedy import GIVE_UP, NO_CHANGE, Inventory, plan_heal
 
+from samples import config_shape
+
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
-LLAMA8 = shape_from_config(json.loads((CONFIGS / "llama-3.1-8b.json").read_text()))
+LLAMA8 = config_shape("llama-3.1-8b")
 KV_H200 = (
     "ValueError: To serve at least one request with the model's max seq len (131072), (16.0 GiB KV cache is "
     "needed, which is larger than the available KV cache memory (3.96 GiB). Based on the available memory, "

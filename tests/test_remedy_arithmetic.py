@@ -3,13 +3,13 @@ restart is spent only on a change that can work."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from vllm_autoheal.api import VLLMServiceSpec
 from vllm_autoheal.diagnosis import GpuInfo, GpuSnapshot, Signals, classify
-from vllm_autoheal.model_shape import shape_from_config
 from vllm_autoheal.remedy import GIVE_UP, Inventory, plan_heal
+
+from samples import config_shape
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
 H200 = GpuSnapshot(gpus=[GpuInfo(index=0, name="NVIDIA H200", total_bytes=143771 * 2**20)])
@@ -93,7 +93,7 @@ def test_weights_larger_than_one_gpu_heal_to_two_gpus_when_allowed():
 
 def test_the_memory_model_vetoes_a_change_that_cannot_fit():
     """70B on one H100: no utilization or context makes the weights fit; none is tried."""
-    shape = shape_from_config(json.loads((CONFIGS / "llama-3.1-70b.json").read_text()))
+    shape = config_shape("llama-3.1-70b")
     log = (
         "ValueError: To serve at least one request with the model's max seq len (131072), (40.0 GiB KV cache is "
         "needed, which is larger than the available KV cache memory (0.5 GiB). Based on the available memory, "

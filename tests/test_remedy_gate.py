@@ -9,7 +9,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
@@ -17,13 +16,13 @@ from vllm_autoheal.api import MAX_OFFLOAD_GIB, EngineArgs, HealBounds, VLLMServi
 from vllm_autoheal.diagnosis import Diagnosis, Signals, classify
 from vllm_autoheal.gpu_catalog import lookup
 from vllm_autoheal.memory import estimate
-from vllm_autoheal.model_shape import shape_from_config
 from vllm_autoheal.remedy import GIVE_UP, Inventory, plan_heal
 from vllm_autoheal.remedy_gate import Limits, check, fingerprint, utilization_floor
 
-CONFIGS = Path(__file__).parent / "fixtures" / "configs"
-LLAMA8 = shape_from_config(json.loads((CONFIGS / "llama-3.1-8b.json").read_text()))
-LLAMA70 = shape_from_config(json.loads((CONFIGS / "llama-3.1-70b.json").read_text()))
+from samples import config_shape
+
+LLAMA8 = config_shape("llama-3.1-8b")
+LLAMA70 = config_shape("llama-3.1-70b")
 # A real vLLM failure on an H200 where another process held 72 % of the GPU (issue 12).
 H200_FREE = (
     "ValueError: Free memory on device cuda:0 (38.69/139.8 GiB) on startup is less than desired GPU memory "

@@ -4,7 +4,6 @@ each test names what the planner did before its fix, what it must do, and how ba
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from vllm_autoheal.api import VLLMServiceSpec
 from vllm_autoheal.diagnosis import Diagnosis, Signals, classify
@@ -15,9 +14,10 @@ from vllm_autoheal.model_shape import shape_from_config
 from vllm_autoheal.quantity import parse_quantity
 from vllm_autoheal.remedy import GIVE_UP, Inventory, plan_heal
 
-CONFIGS = Path(__file__).parent / "fixtures" / "configs"
-LLAMA8 = shape_from_config(json.loads((CONFIGS / "llama-3.1-8b.json").read_text()))
-DEEPSEEK = shape_from_config(json.loads((CONFIGS / "deepseek-v3.json").read_text()))
+from samples import CONFIGS, config_shape
+
+LLAMA8 = config_shape("llama-3.1-8b")
+DEEPSEEK = config_shape("deepseek-v3")
 KV_H200 = (
     "ValueError: To serve at least one request with the model's max seq len (131072), (16.0 GiB KV cache is "
     "needed, which is larger than the available KV cache memory (3.96 GiB). Based on the available memory, "
@@ -191,7 +191,7 @@ def test_tensor_parallel_that_holds_the_weights_but_not_the_context_comes_with_t
     131072 tokens. Sizing TP only to a full fit gave up here (no split within the bound keeps the
     context), and a blind TP 2 would have crashed again on the KV cache. The split that holds the
     weights comes with the context its cache holds, in one restart."""
-    llama70 = shape_from_config(json.loads((CONFIGS / "llama-3.1-70b.json").read_text()))
+    llama70 = config_shape("llama-3.1-70b")
     allowed = ["IncreaseTensorParallel", "LowerMaxModelLen"]
     s = spec(maxModelLen=131072, heal={"bounds": {"maxTensorParallelSize": 2}, "allowedActions": allowed})
     r = plan_heal(s, Diagnosis(cause="weights_load_oom"), inventory=Inventory(gpu_total_gib=80.0, shape=llama70))
@@ -208,8 +208,8 @@ def test_tensor_parallel_that_holds_the_weights_but_not_the_context_comes_with_t
     assert r.action == GIVE_UP  # (LowerMaxModelLen not allowed: no shorter context, and no split keeps it)
 
 
-MISTRAL = shape_from_config(json.loads((CONFIGS / "mistral-7b-v0.1.json").read_text()))
-QWEN7 = shape_from_config(json.loads((CONFIGS / "qwen2.5-7b.json").read_text()))
+MISTRAL = config_shape("mistral-7b-v0.1")
+QWEN7 = config_shape("qwen2.5-7b")
 
 
 def test_a_context_cut_sized_by_the_memory_model_is_not_made_for_a_sliding_window():
