@@ -130,3 +130,100 @@ def test_with_the_hybrid_cache_manager_off_a_hybrid_models_window_is_counted_in_
     need = kv_need(shape_of("gemma-3-1b"), EngineArgs(extra_args=extra_args), 2048)
     assert bool(need.windowed_per_token) == windowed
     assert kv_need(shape_of("mistral-7b-v0.1"), EngineArgs(extra_args=extra_args), 2048).windowed_per_token  # one kind
+
+
+# --- Hostile review (review-mem): which layers vLLM windows, read as HF's config classes fill it in.
+
+
+@pytest.mark.parametrize(
+    ("config", "layers"),
+    [
+        # Gemma 3 4B's text_config names no sliding_window_pattern: HF's Gemma3TextConfig fills in
+        # layer_types with every 6th layer full (5 of 34), which vLLM's gemma3.py reads
+        ({"model_type": "gemma3_text", "num_hidden_layers": 34, "sliding_window": 1024}, (5, 30)),
+        ({"model_type": "cohere2", "num_hidden_layers": 40, "sliding_window": 4096}, (10, 30)),  # every 4th
+        ({"model_type": "olmo3", "num_hidden_layers": 32, "sliding_window": 4096}, (8, 24)),  # every 4th
+        ({"model_type": "gpt_oss", "num_hidden_layers": 24, "sliding_window": 128}, (12, 12)),  # alternate
+        # pattern 1: HF makes every layer full ((i + 1) % 1 == 0), so vLLM has no window at all
+        (
+            {"model_type": "gemma3_text", "num_hidden_layers": 24, "sliding_window": 512, "sliding_window_pattern": 1},
+            (24, 0),
+        ),
+        # Qwen2/Qwen3 drop the window unless use_sliding_window is true (its default is false)
+        ({"model_type": "qwen2", "num_hidden_layers": 24, "sliding_window": 4096}, (24, 0)),
+        ({"model_type": "qwen3_moe", "num_hidden_layers": 24, "sliding_window": 4096}, (24, 0)),
+        # vLLM reads layer_types[i] for layer i: entries past the last layer are nobody's
+        (
+            {
+                "num_hidden_layers": 4,
+                "sliding_window": 8,
+                "layer_types": ["full_attention"] * 4 + ["sliding_attention"] * 996,
+            },
+            (4, 0),
+        ),
+    ],
+)
+def test_the_layers_hf_fills_in_are_the_ones_vllm_windows(config, layers):
+    """What happened: a config that lists no layer_types (nor, for Gemma 3, Cohere2, OLMo 3, gpt-oss,
+    the pattern) had every layer counted as windowed, as had a Qwen2 config that leaves
+    use_sliding_window out, Gemma 3's pattern 1, and layer_types entries past the last layer. vLLM
+    keeps those layers' caches at full context: the model undercounted the need (Gemma 3 27B at
+    128k: about an eighth of the need), said "fits" where vLLM stops at its KV check, so pre-flight's
+    Fix kept a context that cannot start and a heal's veto let a doomed plan through. What should:
+    the layers as HF's config class fills them in and vLLM's model code reads them. Severity: high
+    (undercount: a crash the numbers could have avoided)."""
+    base = {"hidden_size": 1024, "num_attention_heads": 8, "vocab_size": 32000}
+    assert shape_of_config({**base, **config}).kv_layers() == layers
+
+
+def test_exaone4s_lettered_window_pattern_is_not_refused():
+    """What happened: EXAONE 4.0's config.json spells sliding_window_pattern "LLLG" (and lists
+    layer_types); model_config now reads the pattern as a whole number, so the model's config was
+    refused (ModelConfigError) and EXAONE 4 lost pre-flight and heal sizing, and the CRD's inline
+    schema (integer) refused the file as pasted. What should: a short lettered pattern accepted,
+    layer_types deciding. Severity: high (a supported model refused)."""
+    from vllm_autoheal.api.config_json import ConfigJson
+
+    cfg = {
+        "model_type": "exaone4",
+        "num_hidden_layers": 8,
+        "hidden_size": 1024,
+        "num_attention_heads": 8,
+        "vocab_size": 32000,
+        "sliding_window": 4096,
+        "sliding_window_pattern": "LLLG",
+        "layer_types": ["sliding_attention"] * 3 + ["full_attention"] + ["sliding_attention"] * 3 + ["full_attention"],
+    }
+    assert shape_of_config(cfg).kv_layers() == (2, 6)
+    assert ConfigJson.model_validate(cfg).sliding_window_pattern == "LLLG"
+    no_types = {k: v for k, v in cfg.items() if k != "layer_types"}
+    assert shape_of_config(no_types).kv_layers() == (2, 6)  # "LLLG": every 4th layer full
+    from vllm_autoheal.model_config import ModelConfigError
+
+    with pytest.raises(ModelConfigError, match="sliding_window_pattern"):
+        check({**cfg, "sliding_window_pattern": "L" * 5000})
+    with pytest.raises(ModelConfigError, match="sliding_window_pattern"):
+        check({**cfg, "sliding_window_pattern": ["L"]})
+
+
+def test_the_crds_inline_schema_takes_a_lettered_pattern():
+    from vllm_autoheal.crd import crd
+
+    spec = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    inline = spec["properties"]["modelConfig"]["properties"]["inline"]["properties"]
+    assert inline["sliding_window_pattern"].get("x-kubernetes-int-or-string") is True
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="vLLM 0.32 sizes a windowed layer for max_in_flight_tokens = max_concurrent_batches x "
+    "max_num_batched_tokens (2 steps with async scheduling, its default; PP size with pipeline "
+    "parallelism); vLLM 0.25 (the five H200 runs) for one step. The operator does not know the "
+    "image's vLLM version: settling which to count needs a real vLLM 0.32 GPU run.",
+)
+def test_vllm_032_holds_two_steps_in_flight_with_async_scheduling():
+    """Mistral 7B v0.1 at 32768, step 2048: vLLM 0.32 needs (4095 + 4096) tokens a layer, not
+    (4095 + 2048): the model undercounts by a third on 0.32 (predicts a fit vLLM refuses)."""
+    need = kv_need(shape_of("mistral-7b-v0.1"), EngineArgs(max_model_len=32768), 2048)
+    per_token = shape_of("mistral-7b-v0.1").kv_bytes_per_token()
+    assert need.bytes_for(32768) == per_token * ((4095 + 4096 + 15) // 16 + 1) * 16

@@ -59,12 +59,13 @@ FIELDS: tuple[ConfigField, ...] = (
     ConfigField("qk_nope_head_dim", 0, 4096, "Non-rotary part of an MLA head."),
     ConfigField("v_head_dim", 0, 4096, "Value width of an MLA head."),
     ConfigField("sliding_window", 0, 1 << 25, "Sliding attention window, when the model has one."),
-    ConfigField(
-        "sliding_window_pattern", 0, 1024, "Every n-th layer attends in full, the rest in the window (Gemma 3)."
-    ),
     ConfigField("max_window_layers", 0, 1024, "Layers before the first windowed one (Qwen2 with use_sliding_window)."),
 )
 BY_NAME = {f.name: f for f in FIELDS}
+# A whole number (Gemma 3, Cohere2) or letters (EXAONE 4's "LLLG"), so outside the table.
+PATTERN = ConfigField(
+    "sliding_window_pattern", 0, 1024, "Every n-th layer attends in full (Gemma 3: 6), or letters (EXAONE 4: LLLG)."
+)
 # Text fields the memory model reads, with their longest sane value.
 STRINGS = {"model_type": 64, "torch_dtype": 32, "dtype": 32}
 MAX_ARCHITECTURES, MAX_NAME = 8, 128
@@ -113,6 +114,13 @@ def _text(config: dict[str, Any], source: str) -> dict[str, Any]:
             if not isinstance(config[key], bool):
                 raise ModelConfigError(f"{_where(key, source)} must be true or false")
             out[key] = config[key]
+    pattern = config.get("sliding_window_pattern")
+    if isinstance(pattern, str):
+        if len(pattern) > MAX_NAME:
+            raise ModelConfigError(f"{_where(PATTERN.name, source)} must be at most {MAX_NAME} letters")
+        out[PATTERN.name] = pattern
+    elif pattern is not None:
+        out[PATTERN.name] = _integer(pattern, PATTERN, PATTERN.name, source)
     types = config.get("layer_types")
     if types is not None:
         if (

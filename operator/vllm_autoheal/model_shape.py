@@ -181,25 +181,59 @@ def _moe_layers(cfg: dict[str, Any]) -> tuple[int, int]:
     return period, (_whole(_get(cfg, "expert_layer_offset", default=0)) or 0) % period
 
 
+# HF's config class fills in layer_types where config.json lists none, and vLLM reads that list:
+# model_type -> (n, read): layer i attends in full where (i + 1) % n == 0, n from the config's
+# sliding_window_pattern where the class reads one (read), else this n (transformers' defaults).
+FULL_EVERY: dict[str, tuple[int, bool]] = {
+    "gemma2": (2, False),
+    "vaultgemma": (2, False),
+    "gpt_oss": (2, False),
+    "gemma3": (6, True),
+    "gemma3_text": (6, True),
+    "cohere2": (4, True),
+    "exaone4": (4, True),
+    "olmo3": (4, False),
+    "gemma3n": (5, False),
+    "gemma3n_text": (5, False),
+}
+# Config classes that drop the window unless use_sliding_window is true (false by default); with
+# it, the layers from max_window_layers on (28 by default) are windowed.
+WINDOW_OPT_IN = frozenset(
+    {"qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text"}
+)
+
+
+def _full_by_pattern(pattern: Any, layers: int) -> int | None:
+    """Full-attention layers of a sliding_window_pattern: n (every n-th, so 1 is every layer) or
+    EXAONE 4's letters ("LLLG": L windowed, G full, repeated); None where it names none."""
+    if isinstance(pattern, str) and pattern:
+        return sum(1 for i in range(layers) if pattern[i % len(pattern)] in "Gg")
+    n = _whole(pattern)
+    return layers // n if n else None
+
+
 def _sliding_layers(cfg: dict[str, Any], layers: int) -> int:
-    """How many layers attend within `sliding_window`, as vLLM builds them: `layer_types` where the
-    config lists them; else every layer but each `sliding_window_pattern`-th (Gemma 3: (i + 1) % 6
-    == 0 is full); Gemma 2's even layers; Qwen2's from `max_window_layers` on where it turns the
-    window on; every layer otherwise (Mistral 7B v0.1, where the config names a window). A window
-    the config turns off (Qwen2's use_sliding_window false) is none."""
+    """How many layers attend within `sliding_window`, as vLLM builds them: `layer_types[i]` for
+    layer i where the config lists them; else the list HF's config class fills in (FULL_EVERY, a
+    sliding_window_pattern, Qwen's use_sliding_window and max_window_layers); every layer otherwise
+    (Mistral 7B v0.1, where the config names a window). A window the config turns off is none."""
     window = _whole(cfg.get("sliding_window"))
-    if window is None or cfg.get("use_sliding_window") is False:
+    kind = cfg.get("model_type")
+    opt_in = cfg.get("use_sliding_window")
+    if window is None or opt_in is False or (kind in WINDOW_OPT_IN and opt_in is not True):
         return 0
     types = cfg.get("layer_types")
     if isinstance(types, list) and types:
-        return min(layers, sum(1 for t in types if t == "sliding_attention"))
-    pattern = _whole(cfg.get("sliding_window_pattern"))
-    if pattern and pattern > 1:
-        return layers - layers // pattern
-    if cfg.get("model_type") == "gemma2":
-        return (layers + 1) // 2
-    if cfg.get("use_sliding_window") is True and _whole(cfg.get("max_window_layers")):
-        return max(0, layers - int(cfg["max_window_layers"]))
+        return sum(1 for t in types[:layers] if t == "sliding_attention")
+    default, read = FULL_EVERY.get(kind, (0, True)) if isinstance(kind, str) else (0, True)
+    full = _full_by_pattern(cfg.get("sliding_window_pattern"), layers) if read else None
+    if full is None and default:
+        full = layers // default
+    if full is not None:
+        return layers - full
+    if opt_in is True:
+        first = cfg.get("max_window_layers", 28 if kind in WINDOW_OPT_IN else 0)
+        return max(0, layers - first) if isinstance(first, int) else layers
     return layers
 
 

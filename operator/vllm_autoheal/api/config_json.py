@@ -3,6 +3,8 @@ and heals: the fields that size the model, typed and ranged from model_config.py
 
 from __future__ import annotations
 
+from typing import Annotated, Any
+
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from .. import model_config as mc
@@ -22,6 +24,20 @@ class QuantizationConfig(ConfigJsonBase):
     bits: int | None = Field(
         None, ge=1, le=32, description="Bits per quantized weight (compressed-tensors: its weights' num_bits)."
     )
+
+
+def _int_or_string(schema: dict[str, Any]) -> None:
+    """sliding_window_pattern as the CRD takes it: a number in model_config's range or a few letters."""
+    p = mc.PATTERN
+    schema.clear()
+    schema["x-kubernetes-int-or-string"] = True
+    schema["description"] = p.description
+    schema["x-kubernetes-validations"] = [
+        rule(
+            f"type(self) == string ? size(self) <= {mc.MAX_NAME} : (self >= {p.low} && self <= {p.high})",
+            f"sliding_window_pattern must be {p.low} to {p.high} or at most {mc.MAX_NAME} letters",
+        )
+    ]
 
 
 # The fields the memory model reads, typed and ranged from the one table in model_config.py.
@@ -51,6 +67,10 @@ ConfigJson = create_model(  # type: ignore[call-overload]
     ),
     tie_word_embeddings=(bool | None, Field(None, description="Input and output embeddings shared.")),
     attention_bias=(bool | None, Field(None, description="q/k/v projections carry a bias.")),
+    sliding_window_pattern=(
+        int | Annotated[str, Field(max_length=mc.MAX_NAME)] | None,
+        Field(None, description=mc.PATTERN.description, json_schema_extra=_int_or_string),
+    ),
     use_sliding_window=(bool | None, Field(None, description="false: the sliding_window named is not used (Qwen2).")),
     layer_types=(
         list[str] | None,
