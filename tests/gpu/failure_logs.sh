@@ -9,10 +9,7 @@
 # Needs what tests/gpu/heal_runs.sh needs: vLLM 0.25 in $SITE (tests/gpu/payload.sh builds it, no network needed there) and the model folders of
 # tests/gpu/make_models.py in $MODELS. Plain `vllm serve`, no supervisor: the log is vLLM's alone.
 set -u
-SITE=${SITE:-/scratch/site}; MODELS=${MODELS:-/scratch/models}
-export PYTHONPATH=$SITE PATH=$SITE/bin:$PATH PYTHONUNBUFFERED=1
-export VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1   # never NVLink multicast
+. "$(dirname "$0")/vllm_env.sh"
 export CUDA_VISIBLE_DEVICES=0
 L8=$MODELS/llama-3.1-8b
 PORT=8013

@@ -5,10 +5,8 @@
 # Needs: vLLM 0.25 and its dependencies installed into $SITE (pip install --target $SITE vllm==0.25.0), the model folders
 # that tests/gpu/make_models.py builds in $MODELS, and this repository's operator/ on PYTHONPATH.
 set -u
-SITE=${SITE:-/scratch/site}; MODELS=${MODELS:-/scratch/models}; CODE=${CODE:-$PWD}
-export PYTHONPATH=$SITE:$CODE/operator PATH=$SITE/bin:$PATH PYTHONUNBUFFERED=1
-export VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1   # never NVLink multicast
+CODE=${CODE:-$PWD}
+. "$(dirname "$0")/vllm_env.sh"
 L8=$MODELS/llama-3.1-8b; Q72=$MODELS/qwen2.5-72b
 
 idle() {  # wait until no process holds GPU memory

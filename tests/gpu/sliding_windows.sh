@@ -7,10 +7,7 @@
 # Needs what failure_logs.sh needs: vLLM 0.25 in $SITE (tests/gpu/payload.sh) and the model folders of
 # tests/gpu/make_models.py in $MODELS (dummy weights: only the config and a tokenizer).
 set -u
-SITE=${SITE:-/scratch/site}; MODELS=${MODELS:-/scratch/models}
-export PYTHONPATH=$SITE PATH=$SITE/bin:$PATH PYTHONUNBUFFERED=1
-export VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1   # never NVLink multicast
+. "$(dirname "$0")/vllm_env.sh"
 export CUDA_VISIBLE_DEVICES=0
 MIB=1048576
 run() {  # run NAME MODEL KV_MIB BATCHED: one `vllm serve` that stops at the KV check
