@@ -164,3 +164,22 @@ def test_other_spellings_of_typed_flags_parse_into_their_fields():
     p = parse_args("vllm serve m --max_model_len=4096 -tp 2 --gpu_memory_utilization 0.8 --seed 1")
     assert (p.engine.max_model_len, p.engine.tensor_parallel_size, p.engine.gpu_memory_utilization) == (4096, 2, 0.8)
     assert p.engine.extra_args == ["--seed", "1"]
+
+
+@pytest.mark.parametrize(
+    ("args", "value"),
+    [
+        ([], None),
+        (["--enable-chunked-prefill"], True),
+        (["--no-enable-chunked-prefill"], False),
+        (["--enable_chunked_prefill=false"], False),
+        (["--enable-chunked-prefill", "False"], False),
+        (["--enable-chunked-prefill", "--max-model-len", "8"], True),
+        (["--no-enable-chunked-prefill", "--enable-chunked-prefill"], True),
+        (["--enable-chunked"], True),  # argparse's abbreviation
+    ],
+)
+def test_an_on_off_flag_reads_as_vllms_parser_reads_it(args, value):
+    from vllm_autoheal.engine import switched
+
+    assert switched(args, "--enable-chunked-prefill") is value

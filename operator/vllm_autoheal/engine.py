@@ -117,6 +117,21 @@ def spelled_by(token: str, spelling: str) -> bool:
     return not name.startswith("--") and name[:2] == spelling[:2]
 
 
+def switched(args: list[str], spelling: str) -> bool | None:
+    """What command-line tokens set an on/off flag to (`--flag`, `--flag=false`, `--flag false`,
+    `--no-flag`; the last spelling wins, as in argparse), or None where none names it."""
+    value: bool | None = None
+    negated = "--no-" + spelling.removeprefix("--")
+    for i, token in enumerate(args):
+        if spelled_by(token, negated):
+            value = False
+        elif spelled_by(token, spelling):
+            nxt = args[i + 1] if i + 1 < len(args) else ""
+            given = token.partition("=")[2] if "=" in token else nxt if nxt and flag_name(nxt) is None else "true"
+            value = given.strip().lower() not in ("false", "0", "no", "off")
+    return value
+
+
 def spelling_pattern(spelling: str) -> str:
     """An RE2 pattern (no backslashes, so it sits in a CEL string as is) matching exactly the
     tokens `spelled_by` accepts for this spelling: the CRD's rule and this module agree."""

@@ -17,7 +17,7 @@ from typing import Any
 
 from .api import EngineArgs
 from .diagnosis.units import GIB
-from .engine import spelled_by
+from .engine import switched
 from .gpu_catalog import GpuSpec
 from .model_shape import DTYPE_BYTES, GROUP_SCALE_BYTES, QUANT_BYTES, ModelShape
 
@@ -161,25 +161,14 @@ class KvNeed:
         return low
 
 
-def hybrid_cache_off(extra_args: list[str]) -> bool:
-    """Whether extraArgs turn vLLM's hybrid KV cache manager off (the last spelling wins). vLLM also
-    turns it off for KV connectors without support for it; that is not assumed here, as counting
-    the window in full would cut contexts that fit."""
-    off = False
-    for token in extra_args:
-        if spelled_by(token, "--disable-hybrid-kv-cache-manager"):
-            off = token.partition("=")[2].strip().lower() not in ("false", "0")
-        elif spelled_by(token, "--no-disable-hybrid-kv-cache-manager"):
-            off = False
-    return off
-
-
 def kv_need(shape: ModelShape, engine: EngineArgs, max_num_batched_tokens: int) -> KvNeed:
     per_token = shape.kv_bytes_per_token(
         engine.kv_cache_dtype, engine.tensor_parallel_size, engine.pipeline_parallel_size
     )
     full, windowed = shape.kv_layers()
-    if full and windowed and hybrid_cache_off(engine.extra_args):
+    # (vLLM also turns the hybrid manager off for KV connectors without support for it; that is not
+    # assumed here, as counting the window in full would cut contexts that fit)
+    if full and windowed and switched(engine.extra_args, "--disable-hybrid-kv-cache-manager"):
         full, windowed = shape.layers, 0  # vLLM then counts windowed layers as full ones (unify_hybrid_kv_cache_specs)
     per_layer = per_token / max(shape.layers, 1)
     return KvNeed(per_layer * full, per_layer * windowed, shape.sliding_window or 0, max_num_batched_tokens)

@@ -49,7 +49,7 @@ def lower_max_model_len(ctx: Context) -> Remedy | None:
     if not estimated:
         return None
     new = whole_blocks(estimated)
-    current = ctx.engine.max_model_len or int(ctx.num("max_seq_len") or 0) or None
+    current = ctx.context
     if new < ctx.policy.bounds.min_max_model_len or (current is not None and new >= current):
         return None
     return Remedy(
@@ -102,7 +102,7 @@ def shorter_context(ctx: Context, tokens: float) -> int | None:
     if not math.isfinite(tokens):  # scaled by a forged, vanishing figure (available_gib 1e-320)
         return None
     new = whole_blocks(tokens)
-    current = ctx.engine.max_model_len or int(ctx.num("max_seq_len") or 0) or None
+    current = ctx.context
     if "LowerMaxModelLen" not in ctx.policy.allowed_actions or new < ctx.policy.bounds.min_max_model_len:
         return None
     return new if current is None or new < current else None
@@ -116,7 +116,7 @@ def fp8_kv_cache(ctx: Context) -> Remedy | None:
     why = "an fp8 KV cache holds twice the tokens per GiB."
     holds = ctx.num("estimated_max_model_len") or ctx.num("kv_tokens")
     needed, available = ctx.num("needed_gib"), ctx.num("available_gib")
-    current = ctx.engine.max_model_len or int(ctx.num("max_seq_len") or 0) or None
+    current = ctx.context
     if holds is None and needed is not None and available is not None and needed / 2 > available * 0.99:
         return None  # vLLM gave no length to size the context from, and fp8 alone is short
     if holds is None or current is None or 2 * holds * 0.99 >= current:

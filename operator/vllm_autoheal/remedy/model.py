@@ -89,6 +89,11 @@ class Context:
     def total(self) -> float | None:
         return device_total(self.diag, self.inv)
 
+    @property
+    def context(self) -> int | None:
+        """The max_model_len that ran: the flag, else the one vLLM printed; None where neither says."""
+        return self.engine.max_model_len or int(self.num("max_seq_len") or 0) or None
+
     def free_for_vllm(self) -> float | None:
         """GPU memory vLLM can ask for: what is free, less its CUDA context and graph headroom."""
         free = self.inv.gpu_free_gib

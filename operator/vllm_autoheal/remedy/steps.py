@@ -7,7 +7,7 @@ import math
 from collections.abc import Callable
 
 from ..diagnosis.units import GIB, MIB
-from ..engine import flag_name, spelled_by
+from ..engine import switched
 from ..gpu_catalog import GpuSpec
 from ..memory import (
     CUDA_CONTEXT_GIB,
@@ -128,10 +128,13 @@ def _halve(
         new = max(floor_of(ctx), current // 2)
         if field_name == "max_num_batched_tokens" and ctx.engine.max_num_seqs:
             new = max(new, ctx.engine.max_num_seqs)
-        if field_name == "max_num_batched_tokens" and chunked_prefill_off(ctx.engine.extra_args):
+        if (
+            field_name == "max_num_batched_tokens"
+            and switched(ctx.engine.extra_args, "--enable-chunked-prefill") is False
+        ):
             # vLLM refuses to start with a batch below max_model_len then: not a memory failure, no heal
             shape_len = ctx.inv.shape.max_position_embeddings if ctx.inv.shape else 0
-            context = ctx.engine.max_model_len or int(ctx.num("max_seq_len") or 0) or shape_len
+            context = ctx.context or shape_len
             if not context:
                 return None
             new = max(new, context)
@@ -140,19 +143,6 @@ def _halve(
         return Remedy(action, {field_name: new}, why.format(current=current, new=new))
 
     return step
-
-
-def chunked_prefill_off(extra_args: list[str]) -> bool:
-    """Whether extraArgs turn chunked prefill off (the last spelling wins, as in argparse)."""
-    off = False
-    for i, token in enumerate(extra_args):
-        if spelled_by(token, "--no-enable-chunked-prefill"):
-            off = True
-        elif spelled_by(token, "--enable-chunked-prefill"):
-            nxt = extra_args[i + 1] if i + 1 < len(extra_args) else ""
-            value = token.partition("=")[2] if "=" in token else nxt if nxt and flag_name(nxt) is None else "true"
-            off = value.strip().lower() in ("false", "0", "no", "off")
-    return off
 
 
 def _seqs_default(ctx: Context) -> int:
