@@ -8,6 +8,7 @@ import asyncio
 import base64
 import inspect
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -216,6 +217,36 @@ async def test_a_slow_hub_is_asked_again_without_blocking_the_handler(cluster, h
         what="MemoryFit once the Hub answered",
     )
     assert fit["status"] == "True" and fit["reason"] == "Fits", fit
+
+
+async def test_a_tenant_naming_many_models_while_the_hub_hangs_holds_two_workers(cluster, hub):  # noqa: F811
+    """Twelve services of one tenant, each naming another model, while the Hub holds every request:
+    that tenant starts two lookups and keeps two handlers waiting, the rest answer Pending at once
+    (and ask again later). Each waiting handler would hold one of the operator's 8 workers for the
+    Hub timeout: another tenant's service would wait behind them, and its own Hub lookup would
+    queue behind the twelve."""
+    import threading
+
+    model_source.configure(HubSettings(endpoint=hub.url, cache_dir=hub.cache, timeout_s=4))
+    hub.stall = threading.Event()
+    many = cluster.in_namespace("team-a")
+    await asyncio.gather(
+        *[
+            many.create_vsvc(f"m{i}", {"model": f"acme/model-{i}", "resources": {"gpuProduct": "NVIDIA-L4"}})
+            for i in range(12)
+        ]
+    )
+    await asyncio.sleep(1.0)  # team-a's reconciles are under way
+    started = time.monotonic()
+    await cluster.create_vsvc("other", {"model": "m/x", "preflight": "Off", "resources": {"gpuProduct": "NVIDIA-L4"}})
+    assert await wait_for(lambda: cluster.deployment_now("other"), what="the other tenant's Deployment")
+    waited = time.monotonic() - started
+    print(f"the other tenant's Deployment after {waited:.2f} s")
+    assert waited < 2.5
+    asked = {path.split("/")[2] for _, path, _ in hub.requests if path.startswith("/acme/")}
+    assert len(asked) <= model_source.HUB_LOOKUPS_PER_NAMESPACE, asked
+    fits = [await wait_fit(many, f"m{i}") for i in range(12)]
+    assert all(f["reason"] == "ModelConfigPending" for f in fits), fits
 
 
 async def test_hf_token_secret_ref_never_reads_a_secret_of_another_namespace(cluster, hub, caplog):  # noqa: F811

@@ -9,7 +9,9 @@ The Hub is reached with huggingface_hub (config.json only, one HEAD to check its
 hf_hub_download into a cache), at the endpoint the operator was started with (read once; off
 unless configured). A handler never waits longer than the Hub timeout: the fetch runs in a small
 pool, one fetch per (endpoint, model, revision, token), and its result is kept in memory, so
-many VLLMServices of one model cost one request.
+many VLLMServices of one model cost one request. One namespace has at most
+HUB_LOOKUPS_PER_NAMESPACE lookups under way and as many handlers waiting: the Hub's slowness
+costs each tenant its own share, never another's.
 """
 
 from __future__ import annotations
@@ -37,6 +39,11 @@ REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}(/[\w.-]{1,96})?$")
 MAX_TOKEN_CHARS = 512
 SECRET_NAME = re.compile(DNS_SUBDOMAIN)  # as Kubernetes names objects (the CRD's own rule)
 OK_TTL_S, ERROR_TTL_S, MAX_CACHED = 3600.0, 60.0, 512
+# One namespace's share of the Hub: lookups it has started and not finished, and its handlers
+# waiting for an answer. Beyond it a lookup answers "pending" at once (the reconcile asks again
+# shortly), so a tenant naming many models while the Hub is slow neither holds the operator's
+# workers nor queues its fetches ahead of everyone else's.
+HUB_LOOKUPS_PER_NAMESPACE = 2
 
 
 @dataclass(frozen=True)
@@ -189,6 +196,8 @@ _hub = HubSettings()  # off until the operator's start-up configures it
 _pool: ThreadPoolExecutor | None = None
 _cache: dict[tuple, tuple[float, Resolved]] = {}
 _inflight: dict[tuple, Future] = {}
+_fetching: dict[str, int] = {}  # by namespace: lookups started and not finished
+_waiting: dict[str, int] = {}  # by namespace: handlers waiting for the Hub
 _guard = threading.RLock()  # a done-callback may run inside it
 
 
@@ -199,6 +208,8 @@ def configure(hub: HubSettings) -> None:
         _hub = hub
         _cache.clear()
         _inflight.clear()
+        _fetching.clear()
+        _waiting.clear()
         if _pool is None:
             _pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="model-config")
 
@@ -215,7 +226,21 @@ def _store(key: tuple, result: Resolved) -> None:
         _inflight.pop(key, None)
 
 
-def _hub_cached(repo_id: str, revision: str | None, token: str | None) -> Resolved:
+def _finished(key: tuple, result: Resolved, namespace: str) -> None:
+    _store(key, result)
+    _count(_fetching, namespace, -1)
+
+
+def _count(counts: dict[str, int], namespace: str, step: int) -> None:
+    with _guard:
+        left = counts.get(namespace, 0) + step
+        if left > 0:
+            counts[namespace] = left
+        else:
+            counts.pop(namespace, None)  # so the tables hold only namespaces with work under way
+
+
+def _hub_cached(repo_id: str, revision: str | None, token: str | None, namespace: str) -> Resolved:
     hub = _hub
     source = f"{repo_id}@{revision or 'main'} on the Hub"
     if not REPO_ID.match(repo_id) or ".." in repo_id:
@@ -232,21 +257,34 @@ def _hub_cached(repo_id: str, revision: str | None, token: str | None) -> Resolv
         )
     digest = hashlib.sha256(token.encode()).hexdigest()[:16] if token else None  # never the token itself
     key = (hub.endpoint, repo_id, revision, digest)
+    busy = Resolved(
+        source=source,
+        pending=True,
+        error=f"namespace {namespace}'s other Hub lookups are under way; asking again shortly",
+    )
     with _guard:
         hit = _cache.get(key)
         if hit and hit[0] > time.monotonic():
             return hit[1]
         future = _inflight.get(key)
         if future is None:
+            if _fetching.get(namespace, 0) >= HUB_LOOKUPS_PER_NAMESPACE:
+                return busy
             future = _pool.submit(lambda: _shaped(source, lambda: from_hub(repo_id, revision, hub, token or False)))
-            future.add_done_callback(lambda f: _store(key, f.result()))
+            _count(_fetching, namespace, +1)
+            future.add_done_callback(lambda f: _finished(key, f.result(), namespace))
             _inflight[key] = future
+        if _waiting.get(namespace, 0) >= HUB_LOOKUPS_PER_NAMESPACE:
+            return busy
+        _count(_waiting, namespace, +1)
     try:
         return future.result(timeout=hub.timeout_s)
     except FutureTimeout:
         return Resolved(
             source=source, pending=True, error=f"the Hub did not answer within {hub.timeout_s:g} s; still trying"
         )
+    finally:
+        _count(_waiting, namespace, -1)
 
 
 def _secret_token(namespace: str, ref: Any, get: Callable[[str], Any]) -> str | None:
@@ -306,4 +344,4 @@ def _for_service(obj: Any, get: Callable[[str], Any]) -> Resolved:
         else None
     )
     revision = source.revision if source is not None else None
-    return _hub_cached(spec.model, revision, token)
+    return _hub_cached(spec.model, revision, token, namespace)
