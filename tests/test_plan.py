@@ -91,10 +91,10 @@ def test_memory_bar_is_one_line_that_adds_up():
 
 
 def test_tensor_parallel_sizes_divide_the_heads():
-    qwen = config_shape("qwen2.5-7b")  # 28 heads
-    assert tensor_parallel_sizes(qwen) == [1, 2, 4, 7]
+    qwen = config_shape("qwen2.5-7b")  # 28 heads, 4 KV heads: 7 divides the heads, not the KV heads
+    assert tensor_parallel_sizes(qwen) == [1, 2, 4]
     opts = options(qwen, EngineArgs(max_model_len=4096), lookup("NVIDIA-L4"), quantized_variants=["awq", "awq"])
-    assert len(opts) == 4 * 2 * 2 and sum(o.smallest for o in opts) == 1
+    assert len(opts) == 3 * 2 * 2 and sum(o.smallest for o in opts) == 1
 
 
 def test_plan_model_through_the_local_hub(hub):  # noqa: F811

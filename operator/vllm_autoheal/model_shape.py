@@ -103,6 +103,12 @@ class ModelShape:
         group = more if more < 1.5 * fewer else fewer
         return math.ceil(full / group) * group, math.ceil(windowed / group) * group
 
+    def splits(self, tp: int) -> bool:
+        """vLLM's rule for a tensor-parallel size: the attention heads divide by it, and the KV heads
+        too, or it by them (replicated) (QKVParallelLinear); anything else fails at load."""
+        kv = self.kv_heads or self.heads
+        return self.heads % tp == 0 and (kv % tp == 0 or tp % kv == 0)
+
     @property
     def is_mla(self) -> bool:
         return self.kv_lora_rank > 0

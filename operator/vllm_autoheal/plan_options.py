@@ -1,5 +1,5 @@
 """`plan`'s answer to "how many GPUs, which checkpoint": every tensor-parallel size 1-8 that
-divides the heads, the model's own dtype and each quantized variant named, auto and fp8 KV cache,
+vLLM splits the model into, the model's own dtype and each quantized variant named, auto and fp8 KV cache,
 each through the memory model; and a one-line memory bar per GPU. Pure."""
 
 from __future__ import annotations
@@ -61,8 +61,8 @@ class Option:
 
 
 def tensor_parallel_sizes(shape: ModelShape) -> list[int]:
-    """vLLM splits attention heads evenly across tensor-parallel ranks."""
-    return [tp for tp in range(1, MAX_TP + 1) if shape.heads % tp == 0]
+    """The sizes vLLM can split the heads and KV heads over (ModelShape.splits)."""
+    return [tp for tp in range(1, MAX_TP + 1) if shape.splits(tp)]
 
 
 def options(

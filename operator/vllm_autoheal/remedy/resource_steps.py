@@ -13,14 +13,6 @@ from .model import Context, Remedy
 VPA_RATIO, VPA_MIN_BUMP = 1.2, 100 * MIB  # Kubernetes VPA's OOM bump (DefaultOOMBumpUpRatio/MinBumpUp)
 
 
-def splits(shape: ModelShape | None, tp: int) -> bool:
-    """vLLM's rule: the attention heads divide by TP, and the KV heads too, or TP by them (replicated)."""
-    if shape is None:
-        return True
-    kv = shape.kv_heads or shape.heads
-    return shape.heads % tp == 0 and (kv % tp == 0 or tp % kv == 0)
-
-
 def more_tensor_parallel(ctx: Context) -> Remedy | None:
     """The smallest doubling within the bound that the model splits into and, where the memory model
     knows the model and GPU, that it says fits: 1 -> 2 -> 4 -> 8 blind would load a model that does
@@ -28,7 +20,7 @@ def more_tensor_parallel(ctx: Context) -> Remedy | None:
     tp, limit = ctx.engine.tensor_parallel_size, ctx.policy.bounds.max_tensor_parallel_size
     sizes = []
     new = tp * 2
-    while limit and new <= limit and splits(ctx.inv.shape, new):
+    while limit and new <= limit and (ctx.inv.shape is None or ctx.inv.shape.splits(new)):
         sizes.append(new)
         new *= 2
     if not sizes:
