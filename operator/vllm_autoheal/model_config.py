@@ -37,7 +37,14 @@ FIELDS: tuple[ConfigField, ...] = (
     ConfigField("num_hidden_layers", 1, 1024, "Transformer layers.", ("n_layer",), required=True),
     ConfigField("hidden_size", 1, 65536, "Width of the residual stream.", ("n_embd", "d_model"), required=True),
     ConfigField("num_attention_heads", 1, 1024, "Query heads per layer.", ("n_head",), required=True),
-    ConfigField("num_key_value_heads", 1, 1024, "Key/value heads per layer (GQA); unset = the query heads."),
+    # (vLLM's get_total_num_kv_heads also reads Falcon's and ChatGLM's names for the count)
+    ConfigField(
+        "num_key_value_heads",
+        1,
+        1024,
+        "Key/value heads per layer (GQA); unset = the query heads.",
+        ("n_head_kv", "num_kv_heads", "multi_query_group_num"),
+    ),
     ConfigField("head_dim", 1, 4096, "Width of one head; unset = hidden_size / num_attention_heads."),
     ConfigField("intermediate_size", 0, 1 << 18, "Width of the dense MLP.", ("ffn_dim",)),
     ConfigField("vocab_size", 1, 1 << 21, "Tokens in the vocabulary.", required=True),
@@ -70,6 +77,8 @@ PATTERN = ConfigField(
 STRINGS = {"model_type": 64, "torch_dtype": 32, "dtype": 32}
 MAX_ARCHITECTURES, MAX_NAME = 8, 128
 MAX_LAYER_TYPES = 1024  # one per layer (num_hidden_layers' own bound)
+# Falcon's new decoder architecture ignores multi_query (vLLM's get_total_num_kv_heads).
+FALCON_TYPES = frozenset({"falcon", "RefinedWeb", "RefinedWebModel"})
 
 
 def _where(field: str, source: str) -> str:
@@ -186,6 +195,8 @@ def check(config: Any, source: str = "") -> dict[str, Any]:
         else:
             if field.required:
                 raise ModelConfigError(f"{_where(field.name, source)} is missing; it is needed to size the model")
+    if _multi_query(merged, source):
+        out["num_key_value_heads"] = 1
     heads, kv_heads = out["num_attention_heads"], out.get("num_key_value_heads")
     if kv_heads is not None and kv_heads > heads:
         raise ModelConfigError(
@@ -204,6 +215,15 @@ def check(config: Any, source: str = "") -> dict[str, Any]:
     if out.get("first_k_dense_replace", 0) > out["num_hidden_layers"]:
         raise ModelConfigError(f"{_where('first_k_dense_replace', source)} exceeds num_hidden_layers")
     return out
+
+
+def _multi_query(config: dict[str, Any], source: str) -> bool:
+    """One KV head for all queries (StarCoder, Falcon-7B), as vLLM reads the flag."""
+    for key in ("multi_query", "new_decoder_architecture"):
+        if config.get(key) is not None and not isinstance(config[key], bool):
+            raise ModelConfigError(f"{_where(key, source)} must be true or false")
+    new_falcon = config.get("model_type") in FALCON_TYPES and config.get("new_decoder_architecture") is True
+    return config.get("multi_query") is True and not new_falcon
 
 
 def parse(raw: str | bytes, source: str = "") -> dict[str, Any]:
