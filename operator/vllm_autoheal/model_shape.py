@@ -74,6 +74,7 @@ class ModelShape:
     v_head_dim: int = 0
     sliding_window: int | None = None
     sliding_layers: int = 0  # layers that attend within sliding_window (the rest attend in full)
+    state_layers: int = 0  # layers that keep a fixed state per request, no K and V per token (STATE_LAYER_TYPES)
     max_position_embeddings: int = 0
     dtype: str = "bfloat16"
     quantization: str | None = None
@@ -96,12 +97,17 @@ class ModelShape:
         memory too (v1/core/kv_cache_utils.py _get_kv_cache_groups_uniform_page_size; Gemma 3 1B's
         22 windowed layers count as 24, as vLLM 0.25 measured on an H200)."""
         windowed = min(self.sliding_layers, self.layers) if self.sliding_window and self.sliding_window > 0 else 0
-        full = self.layers - windowed
+        full = max(0, self.attention_layers - windowed)
         if not full or not windowed:
             return full, windowed
         fewer, more = min(full, windowed), max(full, windowed)
         group = more if more < 1.5 * fewer else fewer
         return math.ceil(full / group) * group, math.ceil(windowed / group) * group
+
+    @property
+    def attention_layers(self) -> int:
+        """Layers that keep K and V per token."""
+        return max(0, self.layers - self.state_layers)
 
     def splits(self, tp: int) -> bool:
         """vLLM's rule for a tensor-parallel size: the attention heads divide by it, and the KV heads
@@ -161,7 +167,7 @@ class ModelShape:
     def kv_bytes_per_token(self, kv_dtype: str | None = None, tp: int = 1, pp: int = 1) -> int:
         """K and V of one token on one GPU (MLA keeps one compressed latent, replicated per rank)."""
         width = DTYPE_BYTES.get(kv_dtype or "auto", 2.0) if kv_dtype not in (None, "auto") else self.served_bytes
-        layers = math.ceil(self.layers / pp)
+        layers = math.ceil(self.attention_layers / pp)
         if self.is_mla:
             return int(layers * (self.kv_lora_rank + self.qk_rope_head_dim) * width)
         kv_heads = max(1, math.ceil(self.kv_heads / tp))
@@ -207,6 +213,21 @@ FULL_EVERY: dict[str, tuple[int, bool]] = {
 WINDOW_OPT_IN = frozenset(
     {"qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text"}
 )
+
+
+# layer_types words of layers that keep a fixed-size state per request, not a cache per token (vLLM
+# gives them a MambaSpec: Qwen3-Next/Qwen3.5's Gated DeltaNet, Granite 4's Mamba, LFM2's convolution).
+STATE_LAYER_TYPES = frozenset({"linear_attention", "mamba", "conv"})
+
+
+def _state_layers(cfg: dict[str, Any], layers: int) -> int:
+    """Layers without a per-token cache: by layer_types, else by full_attention_interval (HF's Qwen3-Next
+    and Qwen3.5 classes fill layer_types from it: layer i attends in full where (i + 1) % n == 0)."""
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and types:
+        return sum(1 for t in types[:layers] if t in STATE_LAYER_TYPES)
+    n = _whole(cfg.get("full_attention_interval"))
+    return layers - layers // n if n else 0
 
 
 def _full_by_pattern(pattern: Any, layers: int) -> int | None:
@@ -271,10 +292,11 @@ def shape_from_config(config: dict[str, Any]) -> ModelShape:
     quant_config = cfg.get("quantization_config") or {}
     quant = quant_config.get("quant_method")
     period, offset = _moe_layers(cfg)
-    sliding = _sliding_layers(cfg, int(_get(cfg, "num_hidden_layers", "n_layer")))
+    layers = int(_get(cfg, "num_hidden_layers", "n_layer"))
+    sliding = _sliding_layers(cfg, layers)
     return ModelShape(
         architecture=arch,
-        layers=int(_get(cfg, "num_hidden_layers", "n_layer")),
+        layers=layers,
         hidden=hidden,
         heads=heads,
         kv_heads=kv_heads,
@@ -302,6 +324,7 @@ def shape_from_config(config: dict[str, Any]) -> ModelShape:
         v_head_dim=int(_get(cfg, "v_head_dim", default=0) or 0),
         sliding_window=_whole(cfg.get("sliding_window")) if sliding else None,
         sliding_layers=sliding,
+        state_layers=_state_layers(cfg, layers),
         max_position_embeddings=int(_get(cfg, "max_position_embeddings", default=0) or 0),
         dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"),
         quantization=quant,
