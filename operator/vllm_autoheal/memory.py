@@ -161,9 +161,15 @@ class KvNeed:
         return low
 
 
+def kv_cache_dtype(engine: EngineArgs) -> str | None:
+    """The cache's element type: kv_cache_dtype auto is the dtype the model is served in (vLLM's
+    kv_cache_dtype_str_to_dtype), so --dtype float32 keeps 4 bytes an element."""
+    return engine.kv_cache_dtype if engine.kv_cache_dtype not in (None, "auto") else engine.dtype
+
+
 def kv_need(shape: ModelShape, engine: EngineArgs, max_num_batched_tokens: int) -> KvNeed:
     per_token = shape.kv_bytes_per_token(
-        engine.kv_cache_dtype, engine.tensor_parallel_size, engine.pipeline_parallel_size
+        kv_cache_dtype(engine), engine.tensor_parallel_size, engine.pipeline_parallel_size
     )
     full, windowed = shape.kv_layers()
     # (vLLM also turns the hybrid manager off for KV connectors without support for it; that is not
@@ -195,7 +201,7 @@ def estimate(
     act = activation_bytes(shape, mbt, tp) / GIB
     non_torch = NON_TORCH_GIB_TP1 if tp * pp == 1 else NON_TORCH_GIB_TPN
     graphs = 0.0 if engine.enforce_eager else CUDAGRAPH_GIB
-    per_token = shape.kv_bytes_per_token(engine.kv_cache_dtype, tp, pp)
+    per_token = shape.kv_bytes_per_token(kv_cache_dtype(engine), tp, pp)
     reasons: list[str] = []
     failure = None
     if engine.kv_cache_memory_bytes:
