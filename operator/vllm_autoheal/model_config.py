@@ -67,7 +67,9 @@ FIELDS: tuple[ConfigField, ...] = (
     ConfigField("v_head_dim", 0, 4096, "Value width of an MLA head."),
     ConfigField("sliding_window", 0, 1 << 25, "Sliding attention window, when the model has one."),
     ConfigField("max_window_layers", 0, 1024, "Layers before the first windowed one (Qwen2 with use_sliding_window)."),
-    ConfigField("full_attention_interval", 0, 1024, "Every n-th layer attends in full, the rest linearly (Qwen3-Next)."),
+    ConfigField(
+        "full_attention_interval", 0, 1024, "Every n-th layer attends in full, the rest linearly (Qwen3-Next)."
+    ),
 )
 BY_NAME = {f.name: f for f in FIELDS}
 # A whole number (Gemma 3, Cohere2) or letters (EXAONE 4's "LLLG"), so outside the table.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..diagnosis.units import MIB
 from ..gpu_catalog import GpuSpec
-from ..memory import ModelShape, estimate
+from ..memory import estimate
 from ..quantity import format_bytes, parse_quantity
 from .kv_steps import shorter_context
 from .model import Context, Remedy
