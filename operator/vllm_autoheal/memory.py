@@ -175,10 +175,8 @@ def kv_need(shape: ModelShape, engine: EngineArgs, max_num_batched_tokens: int) 
     # (vLLM also turns the hybrid manager off for KV connectors without support for it; that is not
     # assumed here, as counting the window in full would cut contexts that fit)
     if full and windowed and switched(engine.extra_args, "--disable-hybrid-kv-cache-manager"):
-        full, windowed = (
-            shape.attention_layers,
-            0,
-        )  # vLLM then counts windowed layers as full ones (unify_hybrid_kv_cache_specs)
+        # vLLM then counts windowed layers as full ones (unify_hybrid_kv_cache_specs)
+        full, windowed = shape.attention_layers, 0
     per_layer = per_token / max(shape.attention_layers, 1)
     return KvNeed(per_layer * full, per_layer * windowed, shape.sliding_window or 0, max_num_batched_tokens)
 
