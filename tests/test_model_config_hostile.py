@@ -9,7 +9,7 @@ import pytest
 from vllm_autoheal.api import EngineArgs, VLLMServiceSpec
 from vllm_autoheal.gpu_catalog import GpuSpec, lookup
 from vllm_autoheal.memory import estimate
-from vllm_autoheal.model_config import check, to_shape
+from vllm_autoheal.model_config import ModelConfigError, check, to_shape
 from vllm_autoheal.plan_options import options, tensor_parallel_sizes
 from vllm_autoheal.preflight import preflight
 
@@ -97,15 +97,49 @@ def test_a_float32_engine_keeps_a_float32_cache():
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Jamba (attn_layer_period/offset) and Nemotron-H (hybrid_override_pattern) name their few attention "
-    "layers in fields the check does not read, so every layer is counted with a per-token cache (8x Jamba's); "
-    "reading them means new CRD fields and Mamba layers' weights too: a design decision",
-)
-def test_jamba_counts_only_its_attention_layers():
+def test_mamba_hybrids_count_only_their_attention_layers():
+    """Each family names its few attending layers its own way, as HF's config classes and vLLM's
+    models read them: Jamba by period and offset (layer i where i % 8 == 4), Nemotron-H letter by
+    letter ("*" attends; M Mamba, - MLP, E MoE), Bamba by index, Nemotron 3.5 and Zamba2 word by word.
+    Counted as attention everywhere, Jamba's cache was 8x what vLLM allocates."""
     jamba = {**BASE, "num_hidden_layers": 32, "attn_layer_period": 8, "attn_layer_offset": 4}
     assert shape(jamba).kv_layers() == (4, 0)
+    nemotron_h = {**BASE, "num_hidden_layers": 8, "hybrid_override_pattern": "M-M*-ME*"}
+    assert shape(nemotron_h).kv_layers() == (2, 0)
+    bamba = {**BASE, "num_hidden_layers": 32, "attn_layer_indices": [9, 18, 27]}
+    assert shape(bamba).kv_layers() == (3, 0)
+    words = ["mamba", "mamba", "attention", "mlp", "moe", "hybrid"]  # Zamba2's hybrid layers attend
+    assert shape({**BASE, "num_hidden_layers": 6, "layers_block_type": words}).kv_layers() == (2, 0)
+    per_layer = shape(BASE).kv_bytes_per_token() // BASE["num_hidden_layers"]
+    assert shape(jamba).kv_bytes_per_token() == 4 * per_layer
+
+
+def test_mamba_hybrid_fields_are_checked_like_the_rest():
+    with pytest.raises(ModelConfigError, match="attn_layer_period is 5000"):
+        check({**BASE, "attn_layer_period": 5000})
+    with pytest.raises(ModelConfigError, match="hybrid_override_pattern must be a string of at most 1024"):
+        check({**BASE, "hybrid_override_pattern": "M" * 5000})
+    with pytest.raises(ModelConfigError, match=r"attn_layer_indices\[\] must be a whole number"):
+        check({**BASE, "attn_layer_indices": [9, "18"]})
+    with pytest.raises(ModelConfigError, match="layers_block_type must be a list"):
+        check({**BASE, "layers_block_type": "mamba"})
+    with pytest.raises(ModelConfigError, match="multi_query must be true or false"):
+        check({**BASE, "multi_query": 1})
+
+
+def test_an_inline_config_carries_the_hybrid_and_kv_head_fields():
+    """What the CRD's inline modelConfig keeps reaches the same shape as the file itself."""
+    from vllm_autoheal.api.config_json import ConfigJson
+
+    for config in (
+        {**BASE, "num_hidden_layers": 32, "attn_layer_period": 8, "attn_layer_offset": 4},
+        {**BASE, "num_hidden_layers": 8, "hybrid_override_pattern": "M-M*-ME*"},
+        {**BASE, "num_hidden_layers": 32, "attn_layer_indices": [9, 18, 27]},
+        {**BASE, "num_hidden_layers": 4, "layers_block_type": ["mamba", "attention", "mlp", "moe"]},
+        {**BASE, "model_type": "gpt_bigcode", "multi_query": True},
+    ):
+        inline = ConfigJson.model_validate(config).model_dump(exclude_none=True)
+        assert shape(inline) == shape(config), config
 
 
 @pytest.mark.xfail(

@@ -70,6 +70,8 @@ FIELDS: tuple[ConfigField, ...] = (
     ConfigField(
         "full_attention_interval", 0, 1024, "Every n-th layer attends in full, the rest linearly (Qwen3-Next)."
     ),
+    ConfigField("attn_layer_period", 0, 1024, "Every n-th layer attends, the rest are Mamba layers (Jamba)."),
+    ConfigField("attn_layer_offset", 0, 1023, "The first attending layer of attn_layer_period (Jamba)."),
 )
 BY_NAME = {f.name: f for f in FIELDS}
 # A whole number (Gemma 3, Cohere2) or letters (EXAONE 4's "LLLG"), so outside the table.
@@ -77,9 +79,25 @@ PATTERN = ConfigField(
     "sliding_window_pattern", 0, 1024, "Every n-th layer attends in full (Gemma 3: 6), or letters (EXAONE 4: LLLG)."
 )
 # Text fields the memory model reads, with their longest sane value.
-STRINGS = {"model_type": 64, "torch_dtype": 32, "dtype": 32}
+STRINGS = {"model_type": 64, "torch_dtype": 32, "dtype": 32, "hybrid_override_pattern": 1024}
 MAX_ARCHITECTURES, MAX_NAME = 8, 128
 MAX_LAYER_TYPES = 1024  # one per layer (num_hidden_layers' own bound)
+# Each layer's kind, word by word (layer_types: Gemma, Qwen3-Next; layers_block_type: Nemotron-H,
+# Zamba2), and Bamba's attending layers by index.
+LAYER_LISTS = {
+    "layer_types": "Each layer's attention (sliding_attention: within sliding_window; full_attention; "
+    "linear_attention, mamba, conv: a fixed state per request, no per-token cache).",
+    "layers_block_type": "Each layer's block (Nemotron-H, Zamba2): attention keeps K and V per token; "
+    "mamba, mlp and moe do not.",
+}
+BOOLEANS = {
+    "tie_word_embeddings": "Input and output embeddings shared.",
+    "attention_bias": "q/k/v projections carry a bias.",
+    "use_sliding_window": "false: the sliding_window named is not used (Qwen2).",
+    "multi_query": "One KV head for all query heads (StarCoder, Falcon-7B).",
+    "new_decoder_architecture": "Falcon-40B's decoder: multi_query is not read, num_kv_heads is.",
+}
+ATTENTION_INDICES = "Bamba's attending layers, by index (the rest are Mamba layers)."
 # Falcon's new decoder architecture ignores multi_query (vLLM's get_total_num_kv_heads).
 FALCON_TYPES = frozenset({"falcon", "RefinedWeb", "RefinedWebModel"})
 
@@ -121,7 +139,7 @@ def _text(config: dict[str, Any], source: str) -> dict[str, Any]:
                 f"{_where('architectures', source)} must be a list of at most {MAX_ARCHITECTURES} names"
             )
         out["architectures"] = list(archs)
-    for key in ("tie_word_embeddings", "attention_bias", "use_sliding_window"):
+    for key in BOOLEANS:
         if config.get(key) is not None:
             if not isinstance(config[key], bool):
                 raise ModelConfigError(f"{_where(key, source)} must be true or false")
@@ -133,15 +151,25 @@ def _text(config: dict[str, Any], source: str) -> dict[str, Any]:
         out[PATTERN.name] = pattern
     elif pattern is not None:
         out[PATTERN.name] = _integer(pattern, PATTERN, PATTERN.name, source)
-    types = config.get("layer_types")
-    if types is not None:
+    for key in LAYER_LISTS:
+        types = config.get(key)
+        if types is None:
+            continue
         if (
             not isinstance(types, list)
             or len(types) > MAX_LAYER_TYPES
             or not all(isinstance(t, str) and len(t) <= MAX_NAME for t in types)
         ):
-            raise ModelConfigError(f"{_where('layer_types', source)} must be a list of at most {MAX_LAYER_TYPES} names")
-        out["layer_types"] = list(types)
+            raise ModelConfigError(f"{_where(key, source)} must be a list of at most {MAX_LAYER_TYPES} names")
+        out[key] = list(types)
+    indices = config.get("attn_layer_indices")
+    if indices is not None:
+        index = ConfigField("attn_layer_indices[]", 0, MAX_LAYER_TYPES - 1, "")
+        if not isinstance(indices, list) or len(indices) > MAX_LAYER_TYPES:
+            raise ModelConfigError(
+                f"{_where('attn_layer_indices', source)} must be a list of at most {MAX_LAYER_TYPES} layers"
+            )
+        out["attn_layer_indices"] = [_integer(i, index, "attn_layer_indices[]", source) for i in indices]
     quant = config.get("quantization_config")
     if quant is not None:
         method = quant.get("quant_method") if isinstance(quant, dict) else None
@@ -198,7 +226,7 @@ def check(config: Any, source: str = "") -> dict[str, Any]:
         else:
             if field.required:
                 raise ModelConfigError(f"{_where(field.name, source)} is missing; it is needed to size the model")
-    if _multi_query(merged, source):
+    if _multi_query(out):
         out["num_key_value_heads"] = 1
     heads, kv_heads = out["num_attention_heads"], out.get("num_key_value_heads")
     if kv_heads is not None and kv_heads > heads:
@@ -220,11 +248,9 @@ def check(config: Any, source: str = "") -> dict[str, Any]:
     return out
 
 
-def _multi_query(config: dict[str, Any], source: str) -> bool:
-    """One KV head for all queries (StarCoder, Falcon-7B), as vLLM reads the flag."""
-    for key in ("multi_query", "new_decoder_architecture"):
-        if config.get(key) is not None and not isinstance(config[key], bool):
-            raise ModelConfigError(f"{_where(key, source)} must be true or false")
+def _multi_query(config: dict[str, Any]) -> bool:
+    """One KV head for all queries (StarCoder, Falcon-7B), as vLLM reads the flag (both flags are
+    already checked to be booleans)."""
     new_falcon = config.get("model_type") in FALCON_TYPES and config.get("new_decoder_architecture") is True
     return config.get("multi_query") is True and not new_falcon
 

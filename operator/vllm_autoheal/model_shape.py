@@ -215,17 +215,34 @@ WINDOW_OPT_IN = frozenset(
 )
 
 
-# layer_types words of layers that keep a fixed-size state per request, not a cache per token (vLLM
-# gives them a MambaSpec: Qwen3-Next/Qwen3.5's Gated DeltaNet, Granite 4's Mamba, LFM2's convolution).
-STATE_LAYER_TYPES = frozenset({"linear_attention", "mamba", "conv"})
+# layer_types / layers_block_type words of layers that keep no K and V per token: a fixed state per
+# request (vLLM gives them a MambaSpec: Qwen3-Next/Qwen3.5's Gated DeltaNet, Granite 4's and Jamba's
+# Mamba, LFM2's convolution) or no attention at all (Nemotron-H's MLP and MoE layers).
+STATE_LAYER_TYPES = frozenset({"linear_attention", "mamba", "conv", "mlp", "moe"})
+ATTENTION_LETTER = "*"  # Nemotron-H's hybrid_override_pattern: one letter a layer, "*" attends
 
 
 def _state_layers(cfg: dict[str, Any], layers: int) -> int:
-    """Layers without a per-token cache: by layer_types, else by full_attention_interval (HF's Qwen3-Next
-    and Qwen3.5 classes fill layer_types from it: layer i attends in full where (i + 1) % n == 0)."""
-    types = cfg.get("layer_types")
-    if isinstance(types, list) and types:
-        return sum(1 for t in types[:layers] if t in STATE_LAYER_TYPES)
+    """Layers without a per-token cache, as each family names them (and HF's config classes and vLLM's
+    models read them): layer_types or layers_block_type word by word; Nemotron-H's
+    hybrid_override_pattern letter by letter; Bamba's attn_layer_indices; Jamba's attn_layer_period
+    and attn_layer_offset (layer i attends where i % period == offset); Qwen3-Next's
+    full_attention_interval (layer i attends in full where (i + 1) % n == 0)."""
+    for key in ("layer_types", "layers_block_type"):
+        types = cfg.get(key)
+        if isinstance(types, list) and types:
+            return sum(1 for t in types[:layers] if t in STATE_LAYER_TYPES)
+    pattern = cfg.get("hybrid_override_pattern")
+    if isinstance(pattern, str) and pattern:
+        return sum(1 for c in pattern[:layers] if c != ATTENTION_LETTER)
+    indices = cfg.get("attn_layer_indices")
+    if isinstance(indices, list) and indices:
+        return layers - len({i for i in indices if isinstance(i, int) and not isinstance(i, bool) and 0 <= i < layers})
+    period = _whole(cfg.get("attn_layer_period"))
+    if period:
+        offset = cfg.get("attn_layer_offset") or 0
+        attending = (layers - offset + period - 1) // period if isinstance(offset, int) and offset < period else 0
+        return layers - attending
     n = _whole(cfg.get("full_attention_interval"))
     return layers - layers // n if n else 0
 

@@ -65,21 +65,26 @@ ConfigJson = create_model(  # type: ignore[call-overload]
             json_schema_extra={"items": {"type": "string", "maxLength": mc.MAX_NAME}},
         ),
     ),
-    tie_word_embeddings=(bool | None, Field(None, description="Input and output embeddings shared.")),
-    attention_bias=(bool | None, Field(None, description="q/k/v projections carry a bias.")),
+    **{name: (bool | None, Field(None, description=description)) for name, description in mc.BOOLEANS.items()},
     sliding_window_pattern=(
         int | Annotated[str, Field(max_length=mc.MAX_NAME)] | None,
         Field(None, description=mc.PATTERN.description, json_schema_extra=_int_or_string),
     ),
-    use_sliding_window=(bool | None, Field(None, description="false: the sliding_window named is not used (Qwen2).")),
-    layer_types=(
-        list[str] | None,
-        Field(
-            None,
-            max_length=mc.MAX_LAYER_TYPES,
-            description="Each layer's attention (sliding_attention: within sliding_window; full_attention).",
-            json_schema_extra={"items": {"type": "string", "maxLength": mc.MAX_NAME}},
-        ),
+    **{
+        name: (
+            list[str] | None,
+            Field(
+                None,
+                max_length=mc.MAX_LAYER_TYPES,
+                description=description,
+                json_schema_extra={"items": {"type": "string", "maxLength": mc.MAX_NAME}},
+            ),
+        )
+        for name, description in mc.LAYER_LISTS.items()
+    },
+    attn_layer_indices=(
+        list[Annotated[int, Field(ge=0, le=mc.MAX_LAYER_TYPES - 1)]] | None,
+        Field(None, max_length=mc.MAX_LAYER_TYPES, description=mc.ATTENTION_INDICES),
     ),
     quantization_config=(QuantizationConfig | None, Field(None, description="The checkpoint's quantization.")),
 )
