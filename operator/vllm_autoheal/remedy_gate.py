@@ -31,6 +31,7 @@ CALLS_FOR: dict[str, dict[str, int]] = {
         "max_model_len": DOWN,
         "kv_cache_dtype": ANY,
         "tensor_parallel_size": UP,
+        "max_num_seqs": DOWN,  # a Mamba hybrid's state blocks: one per running sequence
     },
     "gpu_util_exceeds_free": {"gpu_memory_utilization": DOWN, "kv_cache_memory_bytes": DOWN, "max_model_len": DOWN},
     "weights_load_oom": {

@@ -51,6 +51,8 @@ KIND = {
     "util": UTIL,
     "dummy_requests": COUNT,
     "gpu_blocks": COUNT,
+    "max_num_seqs": COUNT,
+    "mamba_blocks": COUNT,
     "oom_gpu": COUNT,
     "tp": COUNT,
     "pp": COUNT,

@@ -120,6 +120,15 @@ FAILURES: tuple[Message, ...] = (
         "max_model_len_exceeds_kv_capacity",
     ),
     _m(MEMORY, r"No available memory for the cache blocks", m.KV_CACHE_INSUFFICIENT, m.PHASE_KV, "no_cache_blocks"),
+    # A Mamba or linear-attention hybrid keeps one state block per running sequence, from the same cache
+    # pool: vLLM (since PR #38270, 2026) refuses to capture graphs for more sequences than it has blocks.
+    _m(
+        MEMORY,
+        r"max_num_seqs \((?P<max_num_seqs>\d+)\) exceeds available Mamba cache blocks \((?P<mamba_blocks>\d+)\)",
+        m.KV_CACHE_INSUFFICIENT,
+        m.PHASE_KV,
+        "state_blocks_below_max_num_seqs",
+    ),
     _m(
         MEMORY,
         r"Cannot auto-fit max_model_len: not enough GPU memory",

@@ -53,7 +53,8 @@ MEMORY_CAUSES = frozenset(Cause) - {Cause.NOT_OOM, Cause.UNKNOWN}
 
 # What each cause means, in a diagnosis' explanation when nothing more specific is said.
 EXPLANATIONS: dict[Cause, str] = {
-    KV_CACHE_INSUFFICIENT: "The memory left for the KV cache cannot hold one request of max_model_len.",
+    KV_CACHE_INSUFFICIENT: "The memory left for the KV cache cannot hold one request of max_model_len "
+    "(or, for a Mamba hybrid, one state block for each of max_num_seqs sequences).",
     GPU_UTIL_EXCEEDS_FREE: "vLLM asked for more memory than was free: something else holds part of it.",
     WEIGHTS_LOAD_OOM: "The model weights do not fit in the GPU memory vLLM may use.",
     PROFILING_OOM: "Out of memory in the start-up profiling run (the dummy batch or sampler warm-up).",

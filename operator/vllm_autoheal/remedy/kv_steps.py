@@ -129,3 +129,20 @@ def fp8_kv_cache(ctx: Context) -> Remedy | None:
         {"kv_cache_dtype": "fp8", "max_model_len": new},
         f"{why[:-1]}: about {int(2 * holds):,} here, short of max_model_len {current:,}; max_model_len -> {new:,}.",
     )
+
+
+def seqs_within_state_blocks(ctx: Context) -> Remedy | None:
+    """A Mamba or linear-attention hybrid keeps one state block per running sequence, from the KV
+    cache's pool; vLLM refuses to start with max_num_seqs above the blocks it has, and prints both.
+    max_num_seqs := the blocks, as vLLM asks: no context is lost (a shorter one frees no block)."""
+    blocks = ctx.num("mamba_blocks")
+    current = ctx.engine.max_num_seqs or ctx.num("max_num_seqs")
+    if not blocks or not current or blocks >= current or blocks < ctx.policy.bounds.min_max_num_seqs:
+        return None
+    new, current = int(blocks), int(current)
+    return Remedy(
+        "LowerMaxNumSeqs",
+        {"max_num_seqs": new},
+        f"the cache pool holds {new:,} state blocks, one per running sequence (by vLLM's own count); "
+        f"max_num_seqs {current:,} -> {new:,}, no context lost.",
+    )

@@ -20,7 +20,13 @@ from ..engine import parse_args
 from ..gpu_catalog import GpuSpec
 from ..memory import CUDA_CONTEXT_GIB, estimate
 from ..remedy_gate import Limits, check, utilization_floor
-from .kv_steps import fp8_kv_cache, lower_max_model_len, raise_utilization_blind, raise_utilization_for_kv
+from .kv_steps import (
+    fp8_kv_cache,
+    lower_max_model_len,
+    raise_utilization_blind,
+    raise_utilization_for_kv,
+    seqs_within_state_blocks,
+)
 from .model import GIVE_UP, NO_CHANGE, Context, Inventory, Remedy, Step, device_total
 from .resource_steps import more_tensor_parallel, raise_memory_limit
 from .steps import (
@@ -59,6 +65,11 @@ PLANS: dict[Cause, list[Step]] = {
     Cause.HOST_RAM_OOM: [raise_memory_limit, lower_cpu_offload, shrink_kv_bytes],
     Cause.NOT_OOM: [],
     Cause.UNKNOWN: [],
+}
+# Where one cause has a shortage the cause's plan does not fit: a Mamba hybrid short of state blocks
+# needs fewer sequences or more cache, never a shorter context or another KV dtype (neither adds a block).
+SUBTYPE_PLANS: dict[str, list[Step]] = {
+    "state_blocks_below_max_num_seqs": [seqs_within_state_blocks, raise_utilization_blind],
 }
 
 
@@ -114,7 +125,7 @@ def plan_heal(
     ctx = Context(spec, engine, diagnosis, inv, limits)
     allowed = set(spec.heal.allowed_actions) - set(exclude)
     refused: list[str] = []
-    for step in PLANS[diagnosis.cause]:
+    for step in SUBTYPE_PLANS.get(diagnosis.subtype or "", PLANS[diagnosis.cause]):
         remedy = step(ctx)
         if remedy is None or remedy.action in tried or remedy.action not in allowed:
             continue
@@ -178,6 +189,7 @@ def _sized_by_vllm(ctx: Context, remedy: Remedy) -> bool:
         "LowerMaxModelLen": ("estimated_max_model_len", "kv_tokens"),
         "RaiseGpuMemoryUtilization": ("needed_gib",),
         "LowerGpuMemoryUtilization": ("free_gib",),
+        "LowerMaxNumSeqs": ("mamba_blocks",),
     }
     return any(ctx.num(key) is not None for key in needs.get(remedy.action, ()))
 

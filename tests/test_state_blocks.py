@@ -1,0 +1,70 @@
+"""A Mamba or linear-attention hybrid (Qwen3.5/3.6, Nemotron-H, Granite 4, Kimi's KDA) keeps one state
+block per running sequence in the KV cache's pool. vLLM (since PR #38270, 2026) refuses to capture CUDA
+graphs for more sequences than the pool has blocks, and names both counts: "max_num_seqs (N) exceeds
+available Mamba cache blocks (M)". The heal is max_num_seqs := M, as vLLM asks: a shorter context or
+an fp8 cache adds no block, so a KV plan that cut the context would cost a restart for nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_autoheal.api import VLLMServiceSpec
+from vllm_autoheal.remedy import GIVE_UP, Inventory, plan_heal
+
+from crafted.bases import ENGINE_CORE, MARKER, real_log
+from crafted.checks import client_text_absent, diagnose
+from crafted.request_logging import FORMATS, inject
+from samples import config_shape
+
+MESSAGE = (
+    "max_num_seqs (1024) exceeds available Mamba cache blocks (856). Each decode sequence requires one Mamba "
+    "cache block, so CUDA graph capture cannot proceed. Please lower max_num_seqs to at most 856 or increase "
+    "gpu_memory_utilization."
+)
+FORMS = {
+    "raised": f"ValueError: {MESSAGE}",
+    "a worker's error, re-raised by the engine": f"{ENGINE_CORE}RuntimeError: Worker failed with error '{MESSAGE}'",
+    "logged by the engine core": f"{ENGINE_CORE}ERROR 12-01 04:48:08 [core.py:1231] ValueError: {MESSAGE}",
+}
+
+
+@pytest.mark.parametrize("form", FORMS)
+def test_the_engines_refusal_is_a_cache_pool_short_of_state_blocks(form):
+    d = diagnose(FORMS[form])
+    assert (d.cause, d.subtype) == ("kv_cache_insufficient", "state_blocks_below_max_num_seqs")
+    assert d.numbers["max_num_seqs"] == 1024 and d.numbers["mamba_blocks"] == 856
+
+
+def test_the_heal_is_the_sequences_vllm_has_blocks_for_and_keeps_the_context():
+    d = diagnose(FORMS["raised"])
+    spec = VLLMServiceSpec(model="m", engine={"maxModelLen": 262144})
+    remedy = plan_heal(spec, d, inventory=Inventory(shape=config_shape("llama-3.1-8b"), gpu_total_gib=79.2))
+    assert remedy.action == "LowerMaxNumSeqs" and remedy.changes == {"max_num_seqs": 856}, remedy
+
+
+def test_the_sequences_already_set_are_what_is_lowered():
+    d = diagnose(FORMS["raised"].replace("(1024)", "(300)").replace("(856)", "(243)"))
+    remedy = plan_heal(VLLMServiceSpec(model="m", engine={"maxNumSeqs": 300}), d)
+    assert remedy.changes == {"max_num_seqs": 243}, remedy
+
+
+def test_below_the_fewest_sequences_allowed_the_cache_grows_instead():
+    """vLLM's other way out: more memory for the cache pool, hence more blocks; never a shorter
+    context, which frees no block."""
+    d = diagnose(FORMS["raised"].replace("(856)", "(4)"))
+    spec = VLLMServiceSpec(model="m", engine={"gpuMemoryUtilization": 0.8, "maxModelLen": 32768})
+    remedy = plan_heal(spec, d, inventory=Inventory(gpu_total_gib=79.2, gpu_free_gib=79.0))
+    assert remedy.action == "RaiseGpuMemoryUtilization" and "max_model_len" not in remedy.changes, remedy
+    no_room = plan_heal(
+        spec.model_copy(update={"heal": spec.heal.model_copy(update={"allowed_actions": ["LowerMaxModelLen"]})}), d
+    )
+    assert no_room.action == GIVE_UP, no_room
+
+
+@pytest.mark.parametrize("fmt", FORMATS[:3])
+def test_a_prompt_quoting_the_refusal_decides_nothing(fmt):
+    base = real_log("neg-2734-llama2-70b-tp8-timeout")
+    crafted = inject(base, f"{MESSAGE} {MARKER}", fmt, "end")
+    d, real = diagnose(crafted), diagnose(base)
+    assert (d.cause, d.subtype) == (real.cause, real.subtype)
+    assert client_text_absent(d)
