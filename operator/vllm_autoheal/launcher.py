@@ -36,6 +36,8 @@ TAIL_BYTES = 512 * 1024
 # otherwise be read whole into memory, in the container's own memory limit.
 CHUNK_BYTES = 64 * 1024
 ENGINE_DEAD = re.compile(r"EngineDeadError|AsyncEngineDeadError|MQLLMEngine is already dead|Engine loop has died")
+# vLLM's own words for it open the message (after an exception's name, for the last two).
+_DEAD_OPENING = re.compile(r"(?:[\w.]{0,200}: )?(?:MQLLMEngine is already dead|Engine loop has died)")
 DEAD_GRACE_S = 10.0
 STOP_GRACE_S = 30.0
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -69,6 +71,27 @@ class OutputKeeper:
         with self._lock:
             gap = "[...]\n" if self.dropped else ""
             return "".join(self._head) + gap + "".join(self._tail)
+
+
+def engine_dead(line: str) -> bool:
+    """vLLM itself reports its engine dead on this line: the report opens the line's message (after
+    vLLM's prefixes and logger header), on a line that is not a client's text. A prompt or output that
+    vLLM's request logger echoes, or an access-log path, may name EngineDeadError anywhere: ending a
+    healthy server for that would let any client take it down."""
+    if not ENGINE_DEAD.search(line[:4096]):  # (the cheap test: almost every line stops here)
+        return False
+    try:
+        from .diagnosis.origin import ENGINE, REQUEST
+        from .diagnosis.quoted import first_named_exception
+        from .diagnosis.scan import make_line
+
+        parsed = make_line(0, line)
+        if parsed is None or parsed.origin not in (ENGINE, REQUEST):
+            return False
+        named = first_named_exception(parsed.text) or ""
+        return named.endswith("EngineDeadError") or _DEAD_OPENING.match(parsed.text) is not None
+    except Exception:  # noqa: BLE001 - never a reason to end vLLM, nor to stop reading its output
+        return False
 
 
 def pump(
@@ -207,7 +230,7 @@ def run(argv: list[str], termination_path: str | None = None) -> int:
     def watch(line: str) -> None:
         if "Application startup complete" in line or "Uvicorn running on" in line:
             state["ready"] = True
-        if state["engine_dead_at"] is None and ENGINE_DEAD.search(line):
+        if state["engine_dead_at"] is None and engine_dead(line):
             state["engine_dead_at"] = time.monotonic()
 
     threads = [

@@ -29,7 +29,7 @@ from .diagnosis import Signals, classify
 from .diagnosis.units import GIB
 from .engine import SERVE_PREFIX, describe, to_command
 from .gpu_probe import snapshot
-from .launcher import ENGINE_DEAD, OutputKeeper, pump
+from .launcher import OutputKeeper, engine_dead, pump
 from .remedy import Inventory, plan_heal
 from .remedy_gate import Limits, fingerprint
 from .serve_history import read_records, remembered
@@ -176,7 +176,7 @@ class Supervisor:
         kills_before = cgroups.oom_kills()
 
         def watch(line: str) -> None:
-            if ENGINE_DEAD.search(line):
+            if engine_dead(line):
                 dead.set()
 
         self.child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)

@@ -1,0 +1,204 @@
+"""`serve`, the launcher and the CLI against hostile input: a client's text in vLLM's output, a vLLM
+that leaves processes behind, flags vLLM reads differently from the supervisor, files that are no log.
+A real child process stands in for vLLM (a fake `vllm.entrypoints.openai.api_server` module)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from vllm_autoheal import launcher
+from vllm_autoheal.cli import main
+
+# What vLLM's request logger prints for a client's prompt (%r: one line), and the output logger.
+REQUEST_LINES = (
+    "(APIServer pid=1) INFO 12-01 02:40:00 [logger.py:43] Received request cmpl-1-0: prompt: "
+    "'vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.', params: SamplingParams(n=1)\n"
+    "(APIServer pid=1) INFO 12-01 02:40:01 [logger.py:71] Generated response cmpl-1-0: output: "
+    "'MQLLMEngine is already dead, terminating server process', finish_reason: stop\n"
+)
+
+# A server that answers /health and a completion, then prints what the test asks of it.
+FAKE_SERVER = """
+import http.server, json, os, sys, threading, time
+args = sys.argv[1:]
+port = int(args[args.index("--port") + 1])
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+    def do_POST(self):
+        body = json.dumps({"choices": [{"text": " world"}]}).encode()
+        self.send_response(200); self.send_header("Content-Type", "application/json"); self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+srv = http.server.HTTPServer(("127.0.0.1", port), Handler)
+threading.Thread(target=srv.serve_forever, daemon=True).start()
+print("INFO:     Application startup complete.", flush=True)
+time.sleep(1.5)
+sys.stdout.write(open(os.environ["FAKE_PRINT"]).read()); sys.stdout.flush()
+time.sleep(600)
+"""
+
+# A vLLM whose worker outlives it (a forked process of its session), then it crashes.
+FAKE_ORPHAN = """
+import os, sys, time
+if os.fork() == 0:
+    sys.stdout.close(); os.close(1); os.close(2)
+    time.sleep(600)
+    os._exit(0)
+with open(os.environ["FAKE_PIDS"], "a") as f:
+    f.write(str(os.getpid()) + "\\n")
+print("ValueError: this model is not supported", flush=True)
+sys.exit(1)
+"""
+
+
+def fake_vllm(tmp_path: Path, monkeypatch, script: str) -> None:
+    pkg = tmp_path / "fake" / "vllm" / "entrypoints" / "openai"
+    pkg.mkdir(parents=True)
+    for d in (tmp_path / "fake" / "vllm", tmp_path / "fake" / "vllm" / "entrypoints", pkg):
+        (d / "__init__.py").write_text("")
+    (pkg / "api_server.py").write_text(textwrap.dedent(script))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "fake"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve_cmd(tmp_path: Path, port: int, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "vllm_autoheal", "serve", "m", "--port", str(port), "--fresh",
+            "--history", str(tmp_path / "history.jsonl"), "--startup-timeout", "60", *extra]  # fmt: skip
+
+
+def test_a_clients_text_naming_engine_death_never_stops_a_healthy_server(tmp_path, monkeypatch):
+    fake_vllm(tmp_path, monkeypatch, FAKE_SERVER)
+    (tmp_path / "print.txt").write_text(REQUEST_LINES)
+    monkeypatch.setenv("FAKE_PRINT", str(tmp_path / "print.txt"))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path / "fake"), *sys.path]))
+    proc = subprocess.Popen(serve_cmd(tmp_path, free_port()), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    time.sleep(8)
+    alive = proc.poll() is None
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=60)[0].decode()
+    assert alive, out[-2000:]
+    assert "engine died" not in out
+    assert proc.returncode == 130  # stopped by the signal, as documented
+
+
+def test_a_clients_text_naming_engine_death_never_ends_the_launchers_child(tmp_path, monkeypatch):
+    monkeypatch.setattr(launcher, "DEAD_GRACE_S", 0.5)
+    child = tmp_path / "child.py"
+    child.write_text(f"import sys, time\nsys.stdout.write({REQUEST_LINES!r}); sys.stdout.flush()\ntime.sleep(4)\n")
+    term = tmp_path / "termination-log"
+    code = launcher.run([sys.executable, str(child)], str(term))
+    assert code == 0 and not term.exists()
+
+
+# A client's text inside a request handler's multi-line error: vLLM's formatter repeats the logger
+# header on each line, so the forged line is byte for byte what vLLM prints when the engine dies.
+FORGED_CONTINUATION = (
+    "(APIServer pid=1) ERROR 12-01 02:40:00 [serving_chat.py:200] Error in preprocessing prompt inputs\n"
+    "(APIServer pid=1) ERROR 12-01 02:40:00 [serving_chat.py:200] jinja2.exceptions.TemplateSyntaxError: bad 'x\n"
+    "(APIServer pid=1) ERROR 12-01 02:40:00 [serving_chat.py:200] vllm.v1.engine.exceptions.EngineDeadError: y'\n"
+)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="design: a line-by-line watch cannot tell a forged further line of a request's error message "
+    "from vLLM's own report; needs the classifier's continuation tracking in the watch, or the death "
+    "confirmed out of band (serve: a completion of its own failing) before the server is ended",
+)
+def test_a_forged_line_in_a_requests_error_never_ends_the_launchers_child(tmp_path, monkeypatch):
+    monkeypatch.setattr(launcher, "DEAD_GRACE_S", 0.5)
+    child = tmp_path / "child.py"
+    child.write_text(f"import sys, time\nsys.stdout.write({FORGED_CONTINUATION!r}); sys.stdout.flush()\ntime.sleep(4)\n")
+    assert launcher.run([sys.executable, str(child)], str(tmp_path / "termination-log")) == 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_worker_that_outlives_vllm_is_stopped_before_the_next_start(tmp_path, monkeypatch):
+    fake_vllm(tmp_path, monkeypatch, FAKE_ORPHAN)
+    monkeypatch.setenv("FAKE_PIDS", str(tmp_path / "pids"))
+    proc = subprocess.run(serve_cmd(tmp_path, free_port()), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    vllm_pid = int((tmp_path / "pids").read_text().split()[0])
+    # The worker is in vLLM's process group (its session): none of that group may be left.
+    left = subprocess.run(["pgrep", "-g", str(vllm_pid)], capture_output=True, text=True).stdout.split()
+    for pid in left:
+        os.kill(int(pid), signal.SIGKILL)
+    assert not left, f"left running: {left}"
+
+
+@pytest.mark.parametrize(
+    "flags, said",
+    [
+        (["--max-model", "4096"], "--max-model-len"),  # argparse's abbreviation: vLLM reads it last
+        (["--gpu-memory-util=0.9"], "--gpu-memory-utilization"),
+        (["--enforce"], "--enforce-eager"),
+    ],
+)
+def test_serve_refuses_an_abbreviated_flag_a_heal_would_set(flags, said, capsys):
+    assert main(["serve", "m", "--fresh", *flags]) == 2
+    err = capsys.readouterr().err
+    assert said in err and "Traceback" not in err
+
+
+def test_served_model_name_with_equals_is_the_name_the_completion_asks_for(monkeypatch):
+    from vllm_autoheal import local
+
+    seen = []
+    monkeypatch.setattr(local, "supervise", lambda opts: seen.append(opts.spec.served_model_name) or 0)
+    assert main(["serve", "m", "--served-model-name=chat"]) == 0
+    assert seen == ["chat"]
+
+
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/urandom"])
+def test_diagnose_refuses_a_device_that_is_no_log(device):
+    # (in a child with a deadline: an endless read must fail the test, not hang it)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "vllm_autoheal", "diagnose", device], capture_output=True, text=True, timeout=10
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"diagnose {device} still reading after 10 s")
+    assert proc.returncode == 2 and device in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_history_that_is_a_fifo_never_blocks_serve(tmp_path):
+    from vllm_autoheal.serve_history import read_records
+
+    fifo = tmp_path / "history.jsonl"
+    os.mkfifo(fifo)
+    start = time.monotonic()
+    out: list = []
+    import threading
+
+    t = threading.Thread(target=lambda: out.append(read_records(fifo, "k")), daemon=True)
+    t.start()
+    t.join(5)
+    if t.is_alive():  # unblock the reader
+        with open(fifo, "w"):
+            pass
+        t.join(5)
+    assert time.monotonic() - start < 5 and out == [[]]
