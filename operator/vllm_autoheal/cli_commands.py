@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import stat
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -52,6 +53,11 @@ def run_diagnose(args: argparse.Namespace) -> int:
             diag = classify_stream(sys.stdin, **signals)
         else:
             with open(args.file, encoding="utf-8", errors="replace") as f:
+                mode = os.fstat(f.fileno()).st_mode
+                # A device is no log (/dev/zero, /dev/urandom never end); a terminal or pipe is read as stdin is.
+                if (stat.S_ISCHR(mode) or stat.S_ISBLK(mode)) and not f.isatty():
+                    print(f"vllm-autoheal diagnose: {args.file} is a device, not a log file", file=sys.stderr)
+                    return 2
                 diag = classify_stream(f, **signals)
     except OSError as exc:
         print(f"vllm-autoheal diagnose: cannot read {args.file}: {exc.strerror}", file=sys.stderr)
@@ -161,7 +167,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from .api import HealBounds, HealPolicy, VLLMServiceSpec
-    from .engine import EngineArgsError, parse_args
+    from .engine import EngineArgsError, Flag, flag_name, forbidden, parse_args
     from .local import ServeOptions, default_history_path, supervise
 
     try:
@@ -189,8 +195,20 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"vllm-autoheal serve: {exc}", file=sys.stderr)
         return 2
     extra = parsed.engine.extra_args
-    if "--served-model-name" in extra[:-1]:
-        spec.served_model_name = extra[extra.index("--served-model-name") + 1]
+    for i, token in enumerate(extra):
+        entry = forbidden(token)
+        # An abbreviation (`--max-model 4096`) comes after the typed flags in vLLM's command line, so
+        # vLLM would read it over every heal's change: each restart the same crash.
+        if isinstance(entry, Flag):
+            print(
+                f"vllm-autoheal serve: {token.split('=', 1)[0]!r} is read by vLLM as {entry.cli}: "
+                f"spell it {entry.cli}, the flag a heal changes",
+                file=sys.stderr,
+            )
+            return 2
+        if flag_name(token) == "--served-model-name":  # (the name the --once completion asks for)
+            name = token.partition("=")[2] if "=" in token else extra[i + 1] if i + 1 < len(extra) else ""
+            spec.served_model_name = name or spec.served_model_name
     opts = ServeOptions(
         model=args.model,
         spec=spec,
