@@ -164,6 +164,12 @@ def test_serve_refuses_an_abbreviated_flag_a_heal_would_set(flags, said, capsys)
     assert said in err and "Traceback" not in err
 
 
+def test_serve_refuses_bounds_no_heal_could_keep(capsys):
+    argv = ["serve", "m", "--min-gpu-memory-utilization", "0.95", "--max-gpu-memory-utilization", "0.5"]
+    assert main(argv) == 2
+    assert "minGpuMemoryUtilization must be <= maxGpuMemoryUtilization" in capsys.readouterr().err
+
+
 def test_served_model_name_with_equals_is_the_name_the_completion_asks_for(monkeypatch):
     from vllm_autoheal import local
 

@@ -194,6 +194,13 @@ def run_serve(args: argparse.Namespace) -> int:
     except (EngineArgsError, ValueError) as exc:
         print(f"vllm-autoheal serve: {exc}", file=sys.stderr)
         return 2
+    # The CRD's own rules across the bounds (min <= max): pydantic checks each bound alone.
+    from .crd import openapi_schema
+    from .validation import cel_problems
+
+    if problems := cel_problems(policy.wire(), openapi_schema()["properties"]["spec"]["properties"]["heal"], "heal"):
+        print(f"vllm-autoheal serve: {problems[0]}", file=sys.stderr)
+        return 2
     extra = parsed.engine.extra_args
     for i, token in enumerate(extra):
         entry = forbidden(token)
