@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from vllm_autoheal.cli import main
-from vllm_autoheal.local import VllmStart, VllmUnavailable, vllm_start
+from vllm_autoheal.vllm_command import VllmStart, VllmUnavailable, vllm_start
 
 OOM = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.10 GiB of which 1.00 GiB is free."
 CONFIG = str(Path(__file__).parent / "fixtures" / "configs" / "deepseek-v3.json")

@@ -10,10 +10,11 @@ import pytest
 from vllm_autoheal import local
 from vllm_autoheal.api import HealBounds, HealPolicy, VLLMServiceSpec
 from vllm_autoheal.engine import parse_args
+from vllm_autoheal.vllm_command import VllmStart
 
 
 def supervisor(tmp_path, monkeypatch, content: bytes, **bounds):
-    monkeypatch.setattr(local, "vllm_start", lambda python: local.VllmStart(api_server_module=True))
+    monkeypatch.setattr(local, "vllm_start", lambda python: VllmStart(api_server_module=True))
     path = tmp_path / "history.jsonl"
     path.write_bytes(content)
     spec = VLLMServiceSpec(

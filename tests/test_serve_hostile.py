@@ -4,7 +4,6 @@ A real child process stands in for vLLM (a fake `vllm.entrypoints.openai.api_ser
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -125,16 +124,10 @@ FORGED_CONTINUATION = (
 def test_a_forged_line_in_a_requests_error_never_ends_the_launchers_child(tmp_path, monkeypatch):
     monkeypatch.setattr(launcher, "DEAD_GRACE_S", 0.5)
     child = tmp_path / "child.py"
-    child.write_text(f"import sys, time\nsys.stdout.write({FORGED_CONTINUATION!r}); sys.stdout.flush()\ntime.sleep(4)\n")
+    child.write_text(
+        f"import sys, time\nsys.stdout.write({FORGED_CONTINUATION!r}); sys.stdout.flush()\ntime.sleep(4)\n"
+    )
     assert launcher.run([sys.executable, str(child)], str(tmp_path / "termination-log")) == 0
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_a_worker_that_outlives_vllm_is_stopped_before_the_next_start(tmp_path, monkeypatch):

@@ -5,6 +5,7 @@ completion once started with flags that work."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -53,7 +54,8 @@ def test_serve_goes_back_to_the_flags_that_got_further_and_tries_the_next_remedy
     for d in (tmp_path / "fake" / "vllm", tmp_path / "fake" / "vllm" / "entrypoints", pkg):
         (d / "__init__.py").write_text("")
     (pkg / "api_server.py").write_text(f"CAPTURE = {str(tmp_path / 'capture.log')!r}\n" + textwrap.dedent(FAKE_VLLM))
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "fake"))
+    # (this checkout first: the child must not run an installed copy of vllm_autoheal)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path / "fake"), *sys.path]))
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -33,7 +33,7 @@ from .launcher import OutputKeeper, engine_dead, pump
 from .remedy import Inventory, plan_heal
 from .remedy_gate import Limits, fingerprint
 from .serve_history import append_record, read_records, remembered
-from .vllm_command import VllmStart, VllmUnavailable, vllm_start
+from .vllm_command import VllmUnavailable, vllm_start
 
 STOP_GRACE_S = 30.0
 # How far a start got, by the phase it failed in: a heal whose next start fails earlier made it worse.
