@@ -110,3 +110,17 @@ def test_only_the_end_of_a_huge_history_is_read(tmp_path, monkeypatch):
     finally:
         tracemalloc.stop()
     assert peak < 8 * 2**20, f"reading the history took {peak // 2**20} MiB"
+
+
+def test_a_credential_is_recorded_hidden_and_the_flags_that_worked_are_still_remembered():
+    from vllm_autoheal.api import EngineArgs
+    from vllm_autoheal.remedy_gate import Limits
+    from vllm_autoheal.serve_history import recorded, remembered
+
+    baseline = parse_args(["--max-model-len", "8192", "--api-key", "sk-ZZSECRETZZ"]).engine
+    healed = baseline.model_copy(update={"max_model_len": 4096})
+    record = {"event": "healthy", "engine": recorded(healed)}
+    assert "ZZSECRETZZ" not in json.dumps(record)
+    engine, why_not = remembered([record], baseline, Limits(HealBounds()))
+    assert why_not is None and isinstance(engine, EngineArgs)
+    assert engine.max_model_len == 4096 and engine.extra_args == ["--api-key", "sk-ZZSECRETZZ"]

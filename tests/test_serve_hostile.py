@@ -201,3 +201,28 @@ def test_a_history_that_is_a_fifo_never_blocks_serve(tmp_path):
             pass
         t.join(5)
     assert time.monotonic() - start < 5 and out == [[]]
+
+
+# A vLLM that runs out of KV cache at start-up, every time.
+FAKE_KV_SHORT = """
+import sys
+print("ValueError: To serve at least one request with the model's max seq len (8192), (1.0 GiB KV cache is "
+      "needed, which is larger than the available KV cache memory (0.5 GiB). Based on the available memory, "
+      "the estimated maximum model length is 4096. Try increasing `gpu_memory_utilization`", flush=True)
+sys.exit(1)
+"""
+
+
+@pytest.mark.parametrize(
+    "spelling", [["--api-key", "sk-ZZSECRETZZ"], ["--api_key=sk-ZZSECRETZZ"], ["--hf-token", "sk-ZZSECRETZZ"]]
+)
+def test_a_credential_among_the_flags_is_never_printed_nor_recorded(tmp_path, monkeypatch, spelling):
+    """The command `serve` prints before each start and the history key it records name every flag:
+    a credential's value is hidden in both (vLLM itself still gets it)."""
+    fake_vllm(tmp_path, monkeypatch, FAKE_KV_SHORT)
+    cmd = serve_cmd(tmp_path, free_port(), "--max-attempts", "1", "--max-model-len", "8192", *spelling)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert "starting:" in proc.stdout + proc.stderr, proc.stdout[-2000:] + proc.stderr[-2000:]
+    history = (tmp_path / "history.jsonl").read_text()
+    assert "healed" in proc.stdout + proc.stderr or history, proc.stdout[-2000:]
+    assert "ZZSECRETZZ" not in proc.stdout + proc.stderr + history

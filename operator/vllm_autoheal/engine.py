@@ -336,5 +336,26 @@ def _is_number(text: str) -> bool:
 
 
 def describe(engine: EngineArgs) -> str:
-    """The flags as a person would type them."""
-    return shlex.join(to_args(engine))
+    """The flags as a person would type them (credentials hidden)."""
+    return shlex.join(redacted(to_args(engine)))
+
+
+HIDDEN = "<hidden>"
+
+
+def redacted(args: list[str]) -> list[str]:
+    """A command line fit to print or record: the value of a credential flag (RESERVED's secret ones,
+    --api-key and --hf-token, in any spelling vLLM reads) hidden."""
+    secret = [s for entry in RESERVED if entry.secret for s in entry.spellings]
+    out: list[str] = []
+    hide_next = False
+    for token in args:
+        if hide_next:
+            out.append(HIDDEN)
+            hide_next = False
+        elif any(spelled_by(token, s) for s in secret):
+            out.append(f"{token.split('=', 1)[0]}={HIDDEN}" if "=" in token else token)
+            hide_next = "=" not in token
+        else:
+            out.append(token)
+    return out

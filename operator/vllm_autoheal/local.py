@@ -27,12 +27,12 @@ from . import cgroups
 from .api import EngineArgs, VLLMServiceSpec
 from .diagnosis import Signals, classify
 from .diagnosis.units import GIB
-from .engine import describe, to_command
+from .engine import describe, redacted, to_command
 from .gpu_probe import snapshot
 from .launcher import OutputKeeper, engine_dead, pump
 from .remedy import Inventory, plan_heal
 from .remedy_gate import Limits, fingerprint
-from .serve_history import append_record, read_records, remembered
+from .serve_history import append_record, read_records, recorded, remembered
 from .vllm_command import VllmUnavailable, vllm_start
 
 STOP_GRACE_S = 30.0
@@ -79,7 +79,7 @@ class Supervisor:
         self.failed: set[str] = set()
         self.start = vllm_start(opts.python)
         self.baseline = opts.spec.engine
-        self.key = shlex.join([opts.model, *to_command(opts.model, self.baseline)[3:]])
+        self.key = shlex.join([opts.model, *redacted(to_command(opts.model, self.baseline)[3:])])
 
     def say(self, text: str) -> None:
         print(f"[vllm-autoheal] {text}", file=self.out, flush=True)
@@ -121,7 +121,7 @@ class Supervisor:
 
     def run_once(self, engine: EngineArgs) -> Attempt:
         cmd = self.command(engine)
-        self.say("starting: " + shlex.join(cmd))
+        self.say("starting: " + shlex.join(redacted(cmd)))
         keeper = OutputKeeper()
         dead = threading.Event()
         kills_before = cgroups.oom_kills()
@@ -290,7 +290,7 @@ class Supervisor:
                     subtype=diag.subtype,
                     evidence=diag.evidence,
                     reason=remedy.reason,
-                    engine=engine.model_dump(mode="json"),
+                    engine=recorded(engine),
                 )
                 return 1
             before = engine
@@ -305,8 +305,8 @@ class Supervisor:
                 evidence=diag.evidence,
                 changes=remedy.changes,
                 reason=remedy.reason,
-                before=before.model_dump(mode="json"),
-                after=engine.model_dump(mode="json"),
+                before=recorded(before),
+                after=recorded(engine),
             )
 
     def on_healthy(self, engine: EngineArgs) -> None:
@@ -315,10 +315,10 @@ class Supervisor:
             f"healthy: http://{self.opts.host}:{self.opts.port}/v1 after {len(heals)} restart(s), "
             f"flags: {describe(engine)}"
         )
-        self.record(event="healthy", engine=engine.model_dump(mode="json"), restarts=len(heals))
+        self.record(event="healthy", engine=recorded(engine), restarts=len(heals))
         if heals:
             self.say("to keep the healed flags, run:")
-            print("  " + shlex.join(self.command(engine)), file=self.out, flush=True)
+            print("  " + shlex.join(redacted(self.command(engine))), file=self.out, flush=True)
 
 
 class _Mutable:

@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from .api import EngineArgs
+from .engine import redacted
 from .remedy_gate import CALLS_FOR, Limits, batch_below_seqs, bounds_problem
 
 READ_BYTES = 1 << 20  # the newest records; a heal record is a few KiB
@@ -61,6 +62,11 @@ def read_records(path: Path, key: str) -> list[dict[str, Any]]:
     return out
 
 
+def recorded(engine: EngineArgs) -> dict[str, Any]:
+    """The flags as a record holds them: a credential among extraArgs hidden (engine.redacted)."""
+    return {**engine.model_dump(mode="json"), "extra_args": redacted(list(engine.extra_args))}
+
+
 def remembered(
     records: list[dict[str, Any]], baseline: EngineArgs, limits: Limits
 ) -> tuple[EngineArgs | None, str | None]:
@@ -73,6 +79,12 @@ def remembered(
     except ValidationError as exc:
         err = exc.errors()[0]
         return None, f"its flags are not valid ({'.'.join(str(p) for p in err['loc'])}: {err['msg']})"
+    # (extraArgs are recorded with credentials hidden: the baseline's own are what run)
+    engine = (
+        engine.model_copy(update={"extra_args": list(baseline.extra_args)})
+        if engine.extra_args == redacted(list(baseline.extra_args))
+        else engine
+    )
     now, then = baseline.model_dump(), engine.model_dump()
     changes = {k: v for k, v in then.items() if v != now[k]}
     if foreign := sorted(set(changes) - HEALABLE):
