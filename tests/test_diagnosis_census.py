@@ -36,6 +36,7 @@ CENSUS = [
 # id -> (the cause the classifier gives, why the project chose it over the census' reading)
 WRAPPER = "a wrapper whose root cause is not in the log says nothing of memory either way: unknown, no change"
 NO_FAILURE = "no failure is in the log (an INFO or WARNING line alone): unknown, nothing to heal"
+REQUEST_REFUSED = "one request refused with an error answer (HTTP 400): the server goes on, nothing to heal"
 DESIGNED: dict[str, tuple[str, str]] = {
     "v0.8.4-v0-engine-process-failed-wrapper": ("unknown", WRAPPER),
     "v0.11-engine-core-init-failed-wrapper": ("unknown", WRAPPER),
@@ -58,6 +59,31 @@ DESIGNED: dict[str, tuple[str, str]] = {
     # space): the heal is that flag, which gpu_util_exceeds_free's plan changes; host_ram_oom's
     # plan (a larger container limit) would not help, as vLLM measures the node's free memory.
     "v0.32-cpu-startup-memory-below-utilization": ("gpu_util_exceeds_free", "the CPU share is the flag to lower"),
+    # vLLM 0.32's further messages (December 2026 round): warnings and one request's refusals.
+    "v0.32.0-auto-fit-max-model-len-reduced-info": ("unknown", NO_FAILURE),
+    "v0.32.0-cgroup-memory-preflight-low": ("unknown", NO_FAILURE),
+    "v0.32.0-cudagraph-profiling-disabled-warning": ("unknown", NO_FAILURE),
+    "v0.32.0-rocm-free-memory-grew-during-profiling": ("unknown", NO_FAILURE),
+    "v0.32.0-v2-mixed-warmup-skipped-few-kv-blocks": ("unknown", NO_FAILURE),
+    "v0.32.0-rocm-aiter-mla-kv-layer-over-2gib": ("unknown", NO_FAILURE),
+    "v0.32.0-mamba-ssd-warmup-failed": ("unknown", NO_FAILURE),
+    "v0.32.0-kv-padding-layers-waste": ("unknown", NO_FAILURE),
+    "v0.32.0-hybrid-kv-manager-disabled-warning": ("unknown", NO_FAILURE),
+    "v0.32.0-safetensors-prefetch-exceeds-ram": ("unknown", NO_FAILURE),
+    "v0.32.0-pinned-memory-unavailable-uva-fallback": ("unknown", NO_FAILURE),
+    "v0.32.0-kv-offload-host-register-failed": ("unknown", NO_FAILURE),
+    "v0.32.0-reset-prefix-cache-blocks-in-use": ("unknown", NO_FAILURE),
+    "v0.32.0-batched-tokens-exceed-seqs-times-len-warning": ("unknown", NO_FAILURE),
+    "v0.32.0-mm-item-exceeds-encoder-cache-request": ("unknown", REQUEST_REFUSED),
+    "v0.32.0-mm-gpu-decode-exceeds-ipc-pool": ("unknown", REQUEST_REFUSED),
+    "v0.32.0-audio-decode-memory-limit": ("unknown", REQUEST_REFUSED),
+    "v0.32.0-sleep-memory-increased-assert": (
+        "unknown",
+        "a failed /sleep call, returned to its caller: the server goes on",
+    ),
+    # The corpus' convention (tests/corpus/README.md): a too-small /dev/shm is a container setting, not RAM
+    # running out; no memory flag and no larger memory limit fixes it.
+    "v0.32.0-dev-shm-insufficient-space": ("not_oom", "/dev/shm too small: a container setting"),
     "v0.32-cpu-explicit-kv-exceeds-available": ("gpu_util_exceeds_free", "the KV space is the flag to lower"),
     "v0.32-cpu-auto-kv-exceeds-available": ("gpu_util_exceeds_free", "the CPU share is the flag to lower"),
     # vLLM compares --swap-space with the host's total RAM, not the container's limit: no heal the
@@ -86,6 +112,19 @@ DESIGNED: dict[str, tuple[str, str]] = {
 
 # id -> why the classifier still misses it (strict: a fix must remove the entry)
 LIMITS: dict[str, str] = {
+    "v0.32.0-mm-ipc-gpu-reserve-exceeds-kv": (
+        "frontend multimodal GPU decoding's reservation (mm_ipc_gpu_memory_gb, not a flag a heal sets) leaves no "
+        "KV cache: read as a non-memory ValueError, so no heal; a raise sized from the two figures would still "
+        "leave the KV cache short of one request"
+    ),
+    "v0.32.0-hisparse-host-pool-below-max-model-len": (
+        "the HiSparse connector's host pool (host_pool_gib, a connector setting) holds fewer blocks than one "
+        "request: a shorter context would fit, but the pool's block size is not printed; no heal"
+    ),
+    "v0.32.0-hisparse-pinned-host-pool-exceeds-ram": (
+        "the HiSparse connector's pinned host pool above the node's available RAM: host memory, but the pool "
+        "size is the connector's setting and a larger container limit does not add node RAM; no heal"
+    ),
     "torch-pinned-host-alloc-cuda-error-oom-swap-space": (
         "pinned host memory for V0's CPU swap space fails as the GPU's 'CUDA error: out of memory' under "
         'the KV-cache allocation; only a code line (`_allocate_kv_cache(self.num_cpu_blocks, "cpu")`) '
