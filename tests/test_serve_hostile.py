@@ -226,3 +226,11 @@ def test_a_credential_among_the_flags_is_never_printed_nor_recorded(tmp_path, mo
     history = (tmp_path / "history.jsonl").read_text()
     assert "healed" in proc.stdout + proc.stderr or history, proc.stdout[-2000:]
     assert "ZZSECRETZZ" not in proc.stdout + proc.stderr + history
+
+
+def test_a_vllm_that_exits_0_before_it_ever_served_is_no_success(tmp_path, monkeypatch):
+    """Nothing to heal, but no server either: `serve` says so and exits 1 (it exited 0 in silence)."""
+    fake_vllm(tmp_path, monkeypatch, "print('INFO 12-01 04:48:08 [api_server.py:1] nothing to do', flush=True)\n")
+    proc = subprocess.run(serve_cmd(tmp_path, free_port()), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "before it ever answered /health" in proc.stdout + proc.stderr

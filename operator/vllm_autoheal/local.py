@@ -241,6 +241,9 @@ class Supervisor:
                 self.say("stopped")
                 return 130
             if attempt.exit_code == 0 and not attempt.engine_dead:
+                if not attempt.ready:  # (nothing to heal, but no server either: say so, exit 1)
+                    self.say("vLLM exited with 0 before it ever answered /health: no server, and nothing to heal")
+                    return 1
                 return 0  # --once done, or vLLM shut down cleanly
             gpu = snapshot(own_pids=[os.getpid()])
             diag = classify(
