@@ -68,3 +68,32 @@ def test_a_prompt_quoting_the_refusal_decides_nothing(fmt):
     d, real = diagnose(crafted), diagnose(base)
     assert (d.cause, d.subtype) == (real.cause, real.subtype)
     assert client_text_absent(d)
+
+
+def _refusal(seqs: int, blocks: int):
+    return diagnose(FORMS["raised"].replace("(1024)", f"({seqs})").replace("(856)", f"({blocks})"))
+
+
+def test_unset_sequences_are_vllms_default_and_a_printed_count_above_it_raises_nothing():
+    """Left unset, max_num_seqs is vLLM's default (1024 on an 80 GB GPU, 256 below 70). A refusal
+    naming more sequences than that (forged in the termination message, or another vLLM's) must not
+    'lower' max_num_seqs to 50,000 blocks: that sets 49x the sequences that ran."""
+    for gpu, seqs, blocks in ((79.2, 60000, 50000), (40.0, 1024, 856)):
+        remedy = plan_heal(VLLMServiceSpec(model="m"), _refusal(seqs, blocks), inventory=Inventory(gpu_total_gib=gpu))
+        assert remedy.changes.get("max_num_seqs", 0) < (1024 if gpu >= 70 else 256), remedy
+
+
+@pytest.mark.parametrize(
+    "seqs, blocks, engine",
+    [
+        (1024, 1024, {}),  # as many blocks as sequences: vLLM prints this only when short
+        (1024, 2**31, {}),  # a block count past what vLLM prints: dropped, nothing left to size by
+        (1024, 856, {"maxNumSeqs": 300}),  # not this run's refusal: 300 sequences have their 856 blocks
+    ],
+)
+def test_figures_that_describe_no_shortage_of_this_run_change_no_memory(seqs, blocks, engine):
+    """'A wrong memory change is worse than none': where the refusal's own figures show no shortage
+    for what ran, the cache must not be grown blind to the bound (0.9 -> 0.95 here)."""
+    spec = VLLMServiceSpec(model="m", engine=engine)
+    remedy = plan_heal(spec, _refusal(seqs, blocks), inventory=Inventory(gpu_total_gib=79.2))
+    assert remedy.action == GIVE_UP, remedy

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from ..gpu_catalog import GpuSpec
-from ..memory import BLOCK_SIZE, estimate
+from ..memory import BLOCK_SIZE, default_max_num_seqs, estimate
 from .model import Context, Remedy
 
 
@@ -131,18 +131,36 @@ def fp8_kv_cache(ctx: Context) -> Remedy | None:
     )
 
 
+def _state_shortage(ctx: Context) -> tuple[int, int] | None:
+    """(blocks, sequences that ran) where vLLM's refusal shows this run short of state blocks, else
+    None. Unset, max_num_seqs is vLLM's default for the GPU (its largest, 1024, where the GPU is
+    unknown): a printed count above it is not this run's (a forged message, or another vLLM's)."""
+    blocks, printed = ctx.num("mamba_blocks"), ctx.num("max_num_seqs")
+    if blocks is None or not printed:
+        return None
+    ran = ctx.engine.max_num_seqs or min(int(printed), default_max_num_seqs(ctx.total or math.inf))
+    if ran != int(printed) and ctx.engine.max_num_seqs:
+        return None  # vLLM names the max_num_seqs it ran with: another figure is another run's refusal
+    return (int(blocks), ran) if blocks < ran else None
+
+
 def seqs_within_state_blocks(ctx: Context) -> Remedy | None:
     """A Mamba or linear-attention hybrid keeps one state block per running sequence, from the KV
     cache's pool; vLLM refuses to start with max_num_seqs above the blocks it has, and prints both.
     max_num_seqs := the blocks, as vLLM asks: no context is lost (a shorter one frees no block)."""
-    blocks = ctx.num("mamba_blocks")
-    current = ctx.engine.max_num_seqs or ctx.num("max_num_seqs")
-    if not blocks or not current or blocks >= current or blocks < ctx.policy.bounds.min_max_num_seqs:
+    shortage = _state_shortage(ctx)
+    if shortage is None or shortage[0] < ctx.policy.bounds.min_max_num_seqs:
         return None
-    new, current = int(blocks), int(current)
+    new, current = shortage
     return Remedy(
         "LowerMaxNumSeqs",
         {"max_num_seqs": new},
         f"the cache pool holds {new:,} state blocks, one per running sequence (by vLLM's own count); "
         f"max_num_seqs {current:,} -> {new:,}, no context lost.",
     )
+
+
+def more_state_blocks(ctx: Context) -> Remedy | None:
+    """vLLM's other way out of a state-block shortage: more memory for the pool. Only where its
+    figures show this run short: a refusal that names no shortage grows nothing blind."""
+    return raise_utilization_blind(ctx) if _state_shortage(ctx) else None

@@ -23,6 +23,7 @@ from ..remedy_gate import Limits, check, utilization_floor
 from .kv_steps import (
     fp8_kv_cache,
     lower_max_model_len,
+    more_state_blocks,
     raise_utilization_blind,
     raise_utilization_for_kv,
     seqs_within_state_blocks,
@@ -69,7 +70,7 @@ PLANS: dict[Cause, list[Step]] = {
 # Where one cause has a shortage the cause's plan does not fit: a Mamba hybrid short of state blocks
 # needs fewer sequences or more cache, never a shorter context or another KV dtype (neither adds a block).
 SUBTYPE_PLANS: dict[str, list[Step]] = {
-    "state_blocks_below_max_num_seqs": [seqs_within_state_blocks, raise_utilization_blind],
+    "state_blocks_below_max_num_seqs": [seqs_within_state_blocks, more_state_blocks],
 }
 
 
