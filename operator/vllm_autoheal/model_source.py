@@ -223,12 +223,20 @@ def _store(key: tuple, result: Resolved) -> None:
         if len(_cache) >= MAX_CACHED:
             _cache.pop(next(iter(_cache)))
         _cache[key] = (time.monotonic() + (OK_TTL_S if result.ok else ERROR_TTL_S), result)
-        _inflight.pop(key, None)
 
 
-def _finished(key: tuple, result: Resolved, namespace: str) -> None:
-    _store(key, result)
-    _count(_fetching, namespace, -1)
+def _finished(key: tuple, future: Future, namespace: str) -> None:
+    """A fetch's end, whatever it was (a cancelled future has no result): its answer kept, its slot
+    and its namespace's share freed. Only this fetch's slot: a reconfigure may have started another."""
+    try:
+        _store(key, future.result())
+    except BaseException:  # noqa: BLE001 - cancelled: nothing to keep
+        pass
+    finally:
+        with _guard:
+            if _inflight.get(key) is future:
+                _inflight.pop(key)
+        _count(_fetching, namespace, -1)
 
 
 def _count(counts: dict[str, int], namespace: str, step: int) -> None:
@@ -271,9 +279,10 @@ def _hub_cached(repo_id: str, revision: str | None, token: str | None, namespace
             if _fetching.get(namespace, 0) >= HUB_LOOKUPS_PER_NAMESPACE:
                 return busy
             future = _pool.submit(lambda: _shaped(source, lambda: from_hub(repo_id, revision, hub, token or False)))
-            _count(_fetching, namespace, +1)
-            future.add_done_callback(lambda f: _finished(key, f.result(), namespace))
+            # in flight before the callback is attached: a fetch already done runs it right here
             _inflight[key] = future
+            _count(_fetching, namespace, +1)
+            future.add_done_callback(lambda f: _finished(key, f, namespace))
         if _waiting.get(namespace, 0) >= HUB_LOOKUPS_PER_NAMESPACE:
             return busy
         _count(_waiting, namespace, +1)

@@ -1,0 +1,74 @@
+"""Today's review (model_source's namespace share of the Hub): reproducers of what it found."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+
+import pytest
+
+from vllm_autoheal import model_source
+from vllm_autoheal.model_config import ModelConfigError
+from vllm_autoheal.model_source import HubSettings
+
+SMALL = {"num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "vocab_size": 32000}
+
+
+class Inline:
+    """A pool whose fetch has finished by the time submit returns: a fast answer (a refused
+    connection, a 404) racing the handler that started it."""
+
+    def submit(self, fn):
+        future: Future = Future()
+        future.set_result(fn())
+        return future
+
+
+@pytest.fixture
+def hub(monkeypatch):
+    model_source.configure(HubSettings(endpoint="http://127.0.0.1:9", timeout_s=1))
+    monkeypatch.setattr(model_source, "_pool", Inline())
+    yield
+    monkeypatch.setattr(model_source, "_pool", None)
+    model_source.configure(HubSettings())
+
+
+def test_a_fetch_that_answers_at_once_is_asked_again_once_its_answer_expires(hub, monkeypatch):
+    """A transient error (the Hub unreachable for a moment) is kept ERROR_TTL_S, then asked again.
+    A fetch done before its callback was attached left its future in _inflight for ever: every later
+    lookup of the model read that first error back, and the Hub was never asked again."""
+    answers = iter([ModelConfigError("the Hub could not be reached"), dict(SMALL)])
+
+    def from_hub(*_):
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(model_source, "from_hub", from_hub)
+    monkeypatch.setattr(model_source, "ERROR_TTL_S", -1.0)  # expired as soon as kept
+    first = model_source._hub_cached("acme/m", None, None, "team-a")
+    assert first.error and not first.ok
+    again = model_source._hub_cached("acme/m", None, None, "team-a")
+    assert again.ok, again
+    assert not model_source._inflight and not model_source._fetching
+
+
+def test_a_cancelled_fetch_frees_its_namespaces_share(hub, monkeypatch):
+    """A fetch cancelled before it ran (a pool shut down) has no result: its done-callback raised,
+    the share was never given back and the future stayed in flight, so after two the namespace
+    answered Pending for ever."""
+    queued: list[Future] = []
+
+    class Never:
+        def submit(self, fn):
+            queued.append(Future())
+            return queued[-1]
+
+    monkeypatch.setattr(model_source, "_pool", Never())
+    monkeypatch.setattr(model_source, "timeout_s", lambda: 0.01)
+    model_source._hub = HubSettings(endpoint="http://127.0.0.1:9", timeout_s=0.01)
+    for model in ("acme/a", "acme/b"):
+        assert model_source._hub_cached(model, None, None, "team-a").pending
+    for future in queued:
+        future.cancel()
+    assert not model_source._fetching and not model_source._inflight
