@@ -43,10 +43,12 @@ QWEN25_72B = {  # Qwen/Qwen2.5-72B-Instruct's config.json (the fields vLLM reads
 
 # Sliding-window models (tests/gpu/sliding_windows.sh): every layer windowed, every other, 5 of 6.
 WINDOWED = ("mistral-7b-v0.1", "gemma-2-2b", "gemma-3-1b")
+# A Mamba hybrid (tests/gpu/hybrid_state.sh): Nemotron-H 8B, dense (the payload has no MoE kernels).
+HYBRID = ("nemotron-h-8b",)
 
 
 def build(root: Path) -> None:
-    real = {name: json.loads((CONFIGS / f"{name}.json").read_text()) for name in WINDOWED + ("llama-3.1-8b",)}
+    real = {name: json.loads((CONFIGS / f"{name}.json").read_text()) for name in WINDOWED + HYBRID + ("llama-3.1-8b",)}
     for name, config in (*real.items(), ("qwen2.5-72b", QWEN25_72B)):
         out = root / name
         out.mkdir(parents=True, exist_ok=True)

@@ -133,14 +133,16 @@ def fp8_kv_cache(ctx: Context) -> Remedy | None:
 
 def _state_shortage(ctx: Context) -> tuple[int, int] | None:
     """(blocks, sequences that ran) where vLLM's refusal shows this run short of state blocks, else
-    None. Unset, max_num_seqs is vLLM's default for the GPU (its largest, 1024, where the GPU is
-    unknown): a printed count above it is not this run's (a forged message, or another vLLM's)."""
+    None. vLLM names the max_num_seqs it ran with: set, another figure is another run's refusal;
+    unset, it is vLLM's default, which differs by version and GPU, so the printed count is taken up to
+    the largest default (1024): a count above it is no default (a forged message, or another run's),
+    and 'lowering' to its blocks would set more sequences than ran."""
     blocks, printed = ctx.num("mamba_blocks"), ctx.num("max_num_seqs")
     if blocks is None or not printed:
         return None
-    ran = ctx.engine.max_num_seqs or min(int(printed), default_max_num_seqs(ctx.total or math.inf))
-    if ran != int(printed) and ctx.engine.max_num_seqs:
-        return None  # vLLM names the max_num_seqs it ran with: another figure is another run's refusal
+    ran = ctx.engine.max_num_seqs or (int(printed) if printed <= default_max_num_seqs(math.inf) else None)
+    if ran is None or ran != int(printed):
+        return None
     return (int(blocks), ran) if blocks < ran else None
 
 
