@@ -44,6 +44,9 @@ OK_TTL_S, ERROR_TTL_S, MAX_CACHED = 3600.0, 60.0, 512
 # shortly), so a tenant naming many models while the Hub is slow neither holds the operator's
 # workers nor queues its fetches ahead of everyone else's.
 HUB_LOOKUPS_PER_NAMESPACE = 2
+# Fetches at once, all namespaces: mostly threads waiting on the network, so room for 16 namespaces'
+# shares (a tenant would need 16 namespaces whose models the Hub hangs on to fill it).
+HUB_FETCHES = 32
 
 
 @dataclass(frozen=True)
@@ -211,7 +214,7 @@ def configure(hub: HubSettings) -> None:
         _fetching.clear()
         _waiting.clear()
         if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="model-config")
+            _pool = ThreadPoolExecutor(max_workers=HUB_FETCHES, thread_name_prefix="model-config")
 
 
 def timeout_s() -> float:

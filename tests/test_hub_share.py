@@ -1,4 +1,5 @@
-"""Today's review (model_source's namespace share of the Hub): reproducers of what it found."""
+"""Each namespace's share of the Hub (model_source): a fetch that answers at once or is cancelled gives
+its share back, and one tenant cannot hold every fetch the operator has."""
 
 from __future__ import annotations
 
@@ -74,14 +75,10 @@ def test_a_cancelled_fetch_frees_its_namespaces_share(hub, monkeypatch):
     assert not model_source._fetching and not model_source._inflight
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="design: the share is per namespace, the pool (4 fetches) is shared; a tenant holding two "
-    "namespaces fills it while the Hub hangs on its models, and another tenant's lookup, which the Hub "
-    "would answer at once, queues behind them and is Pending (on the crash path: a heal planned without "
-    "the model's shape). Needs a tenant notion (a label, or the pool sized to the namespaces' shares)",
-)
 def test_two_namespaces_of_one_tenant_do_not_hold_every_hub_fetch(monkeypatch):
+    """A tenant with two namespaces, while the Hub hangs on its models, took all 4 of the pool's
+    fetches: another tenant's lookup, which the Hub answers at once, was Pending (on the crash path,
+    a heal planned without the model's shape). The pool holds HUB_FETCHES, 16 namespaces' shares."""
     import threading
 
     hang = threading.Event()
