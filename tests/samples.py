@@ -98,3 +98,18 @@ ACCEPTED_EXTRA_ARGS = [
     "--logging-config.formatter",  # JSON log records (diagnosis/log_records.py reads them)
     "json",
 ]
+
+
+# A stand-in for vLLM's OpenAI server in `serve`'s subprocess tests: answers /health and a completion
+# (the source of a handler class, put into each fake vLLM module's text).
+OPENAI_HANDLER = """
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+    def do_POST(self):
+        body = json.dumps({"choices": [{"text": " world"}]}).encode()
+        self.send_response(200); self.send_header("Content-Type", "application/json"); self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+"""

@@ -18,6 +18,8 @@ import pytest
 from vllm_autoheal import launcher
 from vllm_autoheal.cli import main
 
+from samples import OPENAI_HANDLER
+
 # What vLLM's request logger prints for a client's prompt (%r: one line), and the output logger.
 REQUEST_LINES = (
     "(APIServer pid=1) INFO 12-01 02:40:00 [logger.py:43] Received request cmpl-1-0: prompt: "
@@ -31,22 +33,14 @@ FAKE_SERVER = """
 import http.server, json, os, sys, threading, time
 args = sys.argv[1:]
 port = int(args[args.index("--port") + 1])
-class Handler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200); self.end_headers()
-    def do_POST(self):
-        body = json.dumps({"choices": [{"text": " world"}]}).encode()
-        self.send_response(200); self.send_header("Content-Type", "application/json"); self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *a):
-        pass
+{handler}
 srv = http.server.HTTPServer(("127.0.0.1", port), Handler)
 threading.Thread(target=srv.serve_forever, daemon=True).start()
 print("INFO:     Application startup complete.", flush=True)
 time.sleep(1.5)
 sys.stdout.write(open(os.environ["FAKE_PRINT"]).read()); sys.stdout.flush()
 time.sleep(600)
-"""
+""".replace("{handler}", OPENAI_HANDLER)
 
 # A vLLM whose worker outlives it (a forked process of its session), then it crashes.
 FAKE_ORPHAN = """

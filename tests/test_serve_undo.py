@@ -12,6 +12,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from samples import OPENAI_HANDLER
+
 RUNS = Path(__file__).parent / "fixtures" / "gpu" / "heal-runs"
 
 # The child: util 0.995 -> the real capture OOM; util 0.95 -> an OOM while loading weights (a new,
@@ -23,15 +25,7 @@ def flag(name):
     return args[args.index(name) + 1] if name in args else None
 if "--enforce-eager" in args:
     port = int(flag("--port"))
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200); self.end_headers()
-        def do_POST(self):
-            body = json.dumps({"choices": [{"text": " world"}]}).encode()
-            self.send_response(200); self.send_header("Content-Type", "application/json"); self.end_headers()
-            self.wfile.write(body)
-        def log_message(self, *a):
-            pass
+{handler}
     http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
 if flag("--gpu-memory-utilization") == "0.995":
     sys.stdout.write(open(CAPTURE).read())
@@ -39,7 +33,7 @@ else:
     print('(EngineCore pid=9) ERROR 12-01 02:40:00 [core.py:1]   File "/v/vllm/model_executor/model_loader/base_loader.py", line 50, in load_model')
     print("(EngineCore pid=9) ERROR 12-01 02:40:00 [core.py:1] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.00 GiB. GPU 0 has a total capacity of 139.80 GiB of which 0.50 GiB is free.")
 sys.exit(1)
-"""
+""".replace("{handler}", textwrap.indent(OPENAI_HANDLER, "    "))
 
 
 def first_start(name: str) -> str:
