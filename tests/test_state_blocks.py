@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from vllm_autoheal.api import EngineArgs, VLLMServiceSpec
-from vllm_autoheal.memory import kv_need
+from vllm_autoheal.gpu_catalog import lookup
+from vllm_autoheal.memory import estimate, kv_need
 from vllm_autoheal.remedy import GIVE_UP, Inventory, plan_heal
 
 from crafted.bases import ENGINE_CORE, MARKER, real_log
@@ -144,3 +145,25 @@ def test_nemotron_h_keeps_k_and_v_per_token_in_its_four_attending_layers_only():
 def test_one_requests_need_counts_the_state_pages_as_vllm_does():
     need = kv_need(config_shape("nemotron-h-8b"), EngineArgs(max_model_len=8192), 8192).bytes_for(8192) / 2**30
     assert 0.215 <= need <= 0.225
+
+
+def test_nemotron_h_weighs_one_block_a_layer():
+    """Nemotron-H builds one block a layer, as its pattern names it (4 attention, 24 Mamba-2, 24 MLP of
+    up and down only): vLLM 0.25 loaded 15.11 GiB. Counted as attention and a gated MLP in each of the 52
+    layers, it was 31.7 GiB, twice that: pre-flight and the TP heal would have sized on it."""
+    log = (HYBRID_LOGS / "hybrid-kv-8k.log").read_text()
+    assert "Model loading took 15.11 GiB" in log
+    shape = config_shape("nemotron-h-8b")
+    weights = estimate(shape, EngineArgs(max_model_len=8192), lookup("NVIDIA-H200")).weights_gib
+    assert abs(weights - 15.11) / 15.11 < 0.01, weights
+
+
+def test_the_crds_inline_config_reads_nemotron_h_as_its_file_does():
+    import json
+
+    from vllm_autoheal.api.config_json import ConfigJson
+    from vllm_autoheal.model_config import check, to_shape
+
+    config = json.loads((Path(__file__).parent / "fixtures" / "configs" / "nemotron-h-8b.json").read_text())
+    inline = ConfigJson.model_validate(config).model_dump(exclude_none=True)
+    assert to_shape(check(inline)) == to_shape(check(config)) == config_shape("nemotron-h-8b")

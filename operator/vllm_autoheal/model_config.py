@@ -72,6 +72,11 @@ FIELDS: tuple[ConfigField, ...] = (
     ),
     ConfigField("attn_layer_period", 0, 1024, "Every n-th layer attends, the rest are Mamba layers (Jamba)."),
     ConfigField("attn_layer_offset", 0, 1023, "The first attending layer of attn_layer_period (Jamba)."),
+    ConfigField("mamba_num_heads", 0, 4096, "A Mamba-2 mixer's heads (Nemotron-H).", ("mamba_n_heads",)),
+    ConfigField("mamba_head_dim", 0, 4096, "Width of a Mamba-2 head.", ("mamba_d_head",)),
+    ConfigField("mamba_n_groups", 0, 1024, "B and C groups of a Mamba-2 mixer.", ("n_groups",)),
+    ConfigField("ssm_state_size", 0, 4096, "A Mamba mixer's state per head channel.", ("mamba_d_state",)),
+    ConfigField("conv_kernel", 0, 64, "A Mamba mixer's convolution width.", ("mamba_d_conv",)),
 )
 BY_NAME = {f.name: f for f in FIELDS}
 # A whole number (Gemma 3, Cohere2) or letters (EXAONE 4's "LLLG"), so outside the table.
@@ -79,7 +84,14 @@ PATTERN = ConfigField(
     "sliding_window_pattern", 0, 1024, "Every n-th layer attends in full (Gemma 3: 6), or letters (EXAONE 4: LLLG)."
 )
 # Text fields the memory model reads, with their longest sane value.
-STRINGS = {"model_type": 64, "torch_dtype": 32, "dtype": 32, "hybrid_override_pattern": 1024}
+STRINGS = {
+    "model_type": 64,
+    "torch_dtype": 32,
+    "dtype": 32,
+    "hybrid_override_pattern": 1024,
+    "mlp_hidden_act": 64,
+    "hidden_act": 64,
+}
 MAX_ARCHITECTURES, MAX_NAME = 8, 128
 MAX_LAYER_TYPES = 1024  # one per layer (num_hidden_layers' own bound)
 # Each layer's kind, word by word (layer_types: Gemma, Qwen3-Next; layers_block_type: Nemotron-H,

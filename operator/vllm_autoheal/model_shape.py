@@ -83,6 +83,15 @@ class ModelShape:
     # interleave_moe_layer_step, Qwen-MoE's decoder_sparse_step, Jamba's expert_layer_period)
     moe_period: int = 1
     moe_offset: int = 0
+    # One block a layer (Nemotron-H's hybrid_override_pattern: "*" attention, "M" Mamba-2, "-" MLP,
+    # "E" MoE), where a layer is not attention and MLP both; "" for the usual layer.
+    blocks: str = ""
+    gated_mlp: bool = True  # gate, up and down projections (SiLU); relu2's MLP has up and down only
+    mamba_heads: int = 0  # a Mamba-2 mixer's heads, their width, groups, state and convolution
+    mamba_head_dim: int = 0
+    mamba_groups: int = 0
+    mamba_state: int = 0
+    mamba_conv: int = 0
 
     @property
     def served_bytes(self) -> float:
@@ -139,11 +148,28 @@ class ModelShape:
         return qkv + bias + self.heads * self.head_dim * h
 
     def mlp_params(self, moe: bool) -> int:
-        h = self.hidden
+        h, m = self.hidden, 3 if self.gated_mlp else 2
         if not moe:
-            return 3 * h * self.intermediate
-        shared = 3 * h * self.shared_intermediate + (h if self.shared_intermediate else 0)
-        return self.experts * 3 * h * self.moe_intermediate + h * self.experts + shared
+            return m * h * self.intermediate
+        shared = m * h * self.shared_intermediate + (h if self.shared_intermediate else 0)
+        return self.experts * m * h * self.moe_intermediate + h * self.experts + shared
+
+    def mamba_params(self) -> int:
+        """A Mamba-2 mixer (vLLM's MambaMixer2): in_proj to x, z, B, C and dt, the convolution, out_proj."""
+        h, heads = self.hidden, self.mamba_heads
+        inner = heads * self.mamba_head_dim or 2 * h
+        conv = inner + 2 * self.mamba_groups * self.mamba_state
+        return h * (inner + conv + heads) + conv * (self.mamba_conv + 1) + inner * h + 3 * heads + inner
+
+    def _block(self, letter: str) -> int:
+        by_letter = {
+            "*": self.attention_params,
+            "M": self.mamba_params,
+            "-": lambda: self.mlp_params(False),
+            "E": lambda: self.mlp_params(True),
+        }
+        part = by_letter.get(letter)
+        return part() + self.hidden if part else self._layer(moe=False)  # an unknown letter: a whole layer
 
     def layer_params(self, index: int) -> int:
         moe = self.experts > 0 and index >= self.dense_layers and index % self.moe_period == self.moe_offset
@@ -157,7 +183,12 @@ class ModelShape:
 
     def stack_params(self, layers: int) -> int:
         """Parameters of the first `layers` layers: counted, never iterated, so the work does not
-        grow with a (possibly hostile) layer count."""
+        grow with a (possibly hostile) layer count (a block pattern is at most 1,024 letters)."""
+        if self.blocks:
+            named = self.blocks[:layers]
+            return sum(named.count(c) * self._block(c) for c in set(named)) + (layers - len(named)) * self._layer(
+                moe=False
+            )
         moe_layers = _congruent(self.dense_layers, layers, self.moe_period, self.moe_offset) if self.experts else 0
         return (layers - moe_layers) * self._layer(moe=False) + moe_layers * self._layer(moe=True)
 
@@ -348,4 +379,11 @@ def shape_from_config(config: dict[str, Any]) -> ModelShape:
         quant_bits=_whole(quant_config.get("bits")),
         moe_period=period,
         moe_offset=offset,
+        blocks=pattern if isinstance(pattern := cfg.get("hybrid_override_pattern"), str) else "",
+        gated_mlp=cfg.get("mlp_hidden_act", cfg.get("hidden_act")) != "relu2",
+        mamba_heads=int(_get(cfg, "mamba_num_heads", "mamba_n_heads", default=0) or 0),
+        mamba_head_dim=int(_get(cfg, "mamba_head_dim", "mamba_d_head", default=0) or 0),
+        mamba_groups=int(_get(cfg, "mamba_n_groups", "n_groups", default=0) or 0),
+        mamba_state=int(_get(cfg, "ssm_state_size", "mamba_d_state", default=0) or 0),
+        mamba_conv=int(_get(cfg, "conv_kernel", "mamba_d_conv", default=0) or 0),
     )

@@ -52,6 +52,12 @@ ConfigJson = create_model(  # type: ignore[call-overload]
         )
         for f in mc.FIELDS
     },
+    # (each other spelling config.json files use, so that a pasted file loses none of them)
+    **{
+        alias: (int | None, Field(None, ge=f.low, le=f.high, description=f"{f.name}, as some models spell it."))
+        for f in mc.FIELDS
+        for alias in f.aliases
+    },
     **{
         name: (str | None, Field(None, max_length=limit, description=f"config.json's {name}."))
         for name, limit in mc.STRINGS.items()
