@@ -157,8 +157,9 @@ def test_a_model_without_per_token_layers_is_not_called_short_of_cache():
     strict=True,
     reason="design: a hybrid's state layers are counted as no cache at all, yet vLLM keeps one state block "
     "per running sequence in the same pool (and refuses 'max_num_seqs (N) exceeds available Mamba cache "
-    "blocks (M)'); sizing that block needs each family's state dims (linear_key_head_dim, mamba_d_state, "
-    "conv kernel), which the config check does not read. Until then estimate() is the same for 8 and 4096 "
+    "blocks (M)'); sizing that block needs each family's state dims and dtypes (Mamba-2's are read, for "
+    "its weights; Gated DeltaNet's linear_* and vLLM's state dtypes are not: tests/test_state_blocks.py has "
+    "the H200's figures). Until then estimate() is the same for 8 and 4096 "
     "sequences and pre-flight cannot foresee the refusal the heal now answers",
 )
 def test_a_hybrids_estimate_counts_a_state_block_per_sequence():
