@@ -19,7 +19,7 @@ from .api import EngineArgs
 from .diagnosis.units import GIB
 from .engine import switched
 from .gpu_catalog import GpuSpec
-from .model_shape import DTYPE_BYTES, GROUP_SCALE_BYTES, QUANT_BYTES, ModelShape
+from .model_shape import DTYPE_BYTES, GROUP_SCALE_BYTES, QUANT_BYTES, ModelShape, padded_layers
 
 BLOCK_SIZE = 16  # vLLM's default KV block (measured: KV tokens = blocks x 16)
 
@@ -141,12 +141,14 @@ class KvNeed:
     windowed_per_token: float  # and of the sliding-window layers
     window: int
     in_flight: int  # max_num_batched_tokens
+    block: int = BLOCK_SIZE  # tokens a block: a Mamba hybrid's attention block is widened to its state page
+    state_bytes: float = 0.0  # a Mamba hybrid's state pages, one per Mamba layer, whatever the length
 
     def bytes_for(self, length: int) -> float:
-        need = self.full_per_token * math.ceil(length / BLOCK_SIZE) * BLOCK_SIZE
+        need = self.full_per_token * math.ceil(length / self.block) * self.block + self.state_bytes
         if self.windowed_per_token:
             held = min(self.window - 1 + self.in_flight, length)
-            need += self.windowed_per_token * (math.ceil(held / BLOCK_SIZE) + 1) * BLOCK_SIZE
+            need += self.windowed_per_token * (math.ceil(held / self.block) + 1) * self.block
         return need
 
     def longest(self, kv_bytes: float, limit: int) -> int:
@@ -178,7 +180,17 @@ def kv_need(shape: ModelShape, engine: EngineArgs, max_num_batched_tokens: int) 
         # vLLM then counts windowed layers as full ones (unify_hybrid_kv_cache_specs)
         full, windowed = shape.attention_layers, 0
     per_layer = per_token / max(shape.attention_layers, 1)
-    return KvNeed(per_layer * full, per_layer * windowed, shape.sliding_window or 0, max_num_batched_tokens)
+    block, state_bytes = BLOCK_SIZE, 0.0
+    page = shape.state_page_bytes(engine.tensor_parallel_size)
+    if page and per_layer:
+        # vLLM widens the attention block until its page holds a state page, then pads the state page
+        # to it (Platform.update_block_size_for_backend); each Mamba layer keeps one for a request.
+        block = BLOCK_SIZE * math.ceil(page / (BLOCK_SIZE * per_layer))
+        mamba = math.ceil(shape.mamba_layers / engine.pipeline_parallel_size)
+        state_bytes = padded_layers(mamba, full + windowed) * block * per_layer
+    return KvNeed(
+        per_layer * full, per_layer * windowed, shape.sliding_window or 0, max_num_batched_tokens, block, state_bytes
+    )
 
 
 def _concurrency(tokens: int, kv_bytes: float, need: KvNeed, max_len: int) -> float:

@@ -91,6 +91,8 @@ STRINGS = {
     "hybrid_override_pattern": 1024,
     "mlp_hidden_act": 64,
     "hidden_act": 64,
+    "mamba_ssm_cache_dtype": 32,
+    "mamba_ssm_dtype": 32,
 }
 MAX_ARCHITECTURES, MAX_NAME = 8, 128
 MAX_LAYER_TYPES = 1024  # one per layer (num_hidden_layers' own bound)

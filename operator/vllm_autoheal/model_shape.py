@@ -10,6 +10,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from .model_layers import config_value, moe_layers, sliding_layers, state_dtype_of, state_layers_of, whole
+
 DTYPE_BYTES = {
     "float32": 4.0,
     "float": 4.0,
@@ -92,6 +94,8 @@ class ModelShape:
     mamba_groups: int = 0
     mamba_state: int = 0
     mamba_conv: int = 0
+    mamba_layers: int = 0  # Mamba-2 mixers (of the state layers), each with one state page per request
+    state_dtype: str | None = None  # the temporal state's dtype where vLLM does not use the model's
 
     @property
     def served_bytes(self) -> float:
@@ -107,11 +111,7 @@ class ModelShape:
         22 windowed layers count as 24, as vLLM 0.25 measured on an H200)."""
         windowed = min(self.sliding_layers, self.layers) if self.sliding_window and self.sliding_window > 0 else 0
         full = max(0, self.attention_layers - windowed)
-        if not full or not windowed:
-            return full, windowed
-        fewer, more = min(full, windowed), max(full, windowed)
-        group = more if more < 1.5 * fewer else fewer
-        return math.ceil(full / group) * group, math.ceil(windowed / group) * group
+        return padded_layers(full, windowed), padded_layers(windowed, full)
 
     @property
     def attention_layers(self) -> int:
@@ -161,6 +161,18 @@ class ModelShape:
         conv = inner + 2 * self.mamba_groups * self.mamba_state
         return h * (inner + conv + heads) + conv * (self.mamba_conv + 1) + inner * h + 3 * heads + inner
 
+    def state_page_bytes(self, tp: int = 1) -> int:
+        """One request's state in one Mamba-2 layer on one GPU (vLLM's mamba2_state_shape: the
+        convolution's last kernel-1 inputs, and a head_dim x state matrix per head); 0 where the
+        model has none or its dims are not in its config."""
+        if not (self.mamba_layers and self.mamba_heads and self.mamba_state and self.mamba_conv):
+            return 0
+        inner = self.mamba_heads * self.mamba_head_dim or 2 * self.hidden
+        conv = (self.mamba_conv - 1) * math.ceil((inner + 2 * self.mamba_groups * self.mamba_state) / tp)
+        temporal = math.ceil(self.mamba_heads / tp) * self.mamba_head_dim * self.mamba_state
+        state_bytes = DTYPE_BYTES.get(self.state_dtype or "", self.served_bytes)
+        return int(conv * self.served_bytes + temporal * state_bytes)
+
     def _block(self, letter: str) -> int:
         by_letter = {
             "*": self.attention_params,
@@ -205,6 +217,16 @@ class ModelShape:
         return int(2 * layers * kv_heads * self.head_dim * width)
 
 
+def padded_layers(count: int, others: int) -> int:
+    """`count` layers of one kind as vLLM's hybrid KV cache groups them beside `others` of another
+    kind: in groups of the fewer kind's count (or the more's, under 1.5 times it), the last padded."""
+    if not count or not others:
+        return count
+    fewer, more = min(count, others), max(count, others)
+    group = more if more < 1.5 * fewer else fewer
+    return math.ceil(count / group) * group
+
+
 def _congruent(low: int, high: int, period: int, offset: int) -> int:
     """How many indices in [low, high) are offset modulo period: counted, not iterated."""
 
@@ -214,134 +236,23 @@ def _congruent(low: int, high: int, period: int, offset: int) -> int:
     return max(0, below(high) - below(low))
 
 
-def _moe_layers(cfg: dict[str, Any]) -> tuple[int, int]:
-    """(period, offset) of the MoE layers: vLLM's llama4.py and qwen2_moe.py make layer i MoE
-    when (i + 1) % step == 0; jamba.py where i % expert_layer_period == expert_layer_offset."""
-    step = _whole(_get(cfg, "interleave_moe_layer_step", "decoder_sparse_step", default=1)) or 1
-    if step > 1:
-        return step, step - 1
-    period = max(1, _whole(_get(cfg, "expert_layer_period", default=1)) or 1)
-    return period, (_whole(_get(cfg, "expert_layer_offset", default=0)) or 0) % period
-
-
-# HF's config class fills in layer_types where config.json lists none, and vLLM reads that list:
-# model_type -> (n, read): layer i attends in full where (i + 1) % n == 0, n from the config's
-# sliding_window_pattern where the class reads one (read), else this n (transformers' defaults).
-FULL_EVERY: dict[str, tuple[int, bool]] = {
-    "gemma2": (2, False),
-    "vaultgemma": (2, False),
-    "gpt_oss": (2, False),
-    "gemma3": (6, True),
-    "gemma3_text": (6, True),
-    "cohere2": (4, True),
-    "exaone4": (4, True),
-    "olmo3": (4, False),
-    "gemma3n": (5, False),
-    "gemma3n_text": (5, False),
-}
-# Config classes that drop the window unless use_sliding_window is true (false by default); with
-# it, the layers from max_window_layers on (28 by default) are windowed.
-WINDOW_OPT_IN = frozenset(
-    {"qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text"}
-)
-
-
-# layer_types / layers_block_type words of layers that keep no K and V per token: a fixed state per
-# request (vLLM gives them a MambaSpec: Qwen3-Next/Qwen3.5's Gated DeltaNet, Granite 4's and Jamba's
-# Mamba, LFM2's convolution) or no attention at all (Nemotron-H's MLP and MoE layers).
-STATE_LAYER_TYPES = frozenset({"linear_attention", "mamba", "conv", "mlp", "moe"})
-ATTENTION_LETTER = "*"  # Nemotron-H's hybrid_override_pattern: one letter a layer, "*" attends
-
-
-def _state_layers(cfg: dict[str, Any], layers: int) -> int:
-    """Layers without a per-token cache, as each family names them (and HF's config classes and vLLM's
-    models read them): layer_types or layers_block_type word by word; Nemotron-H's
-    hybrid_override_pattern letter by letter; Bamba's attn_layer_indices; Jamba's attn_layer_period
-    and attn_layer_offset (layer i attends where i % period == offset); Qwen3-Next's
-    full_attention_interval (layer i attends in full where (i + 1) % n == 0)."""
-    for key in ("layer_types", "layers_block_type"):
-        types = cfg.get(key)
-        if isinstance(types, list) and types:
-            return sum(1 for t in types[:layers] if t in STATE_LAYER_TYPES)
-    pattern = cfg.get("hybrid_override_pattern")
-    if isinstance(pattern, str) and pattern:
-        return sum(1 for c in pattern[:layers] if c != ATTENTION_LETTER)
-    indices = cfg.get("attn_layer_indices")
-    if isinstance(indices, list) and indices:
-        return layers - len({i for i in indices if isinstance(i, int) and not isinstance(i, bool) and 0 <= i < layers})
-    period = _whole(cfg.get("attn_layer_period"))
-    if period:
-        offset = cfg.get("attn_layer_offset") or 0
-        attending = (layers - offset + period - 1) // period if isinstance(offset, int) and offset < period else 0
-        return layers - attending
-    n = _whole(cfg.get("full_attention_interval"))
-    return layers - layers // n if n else 0
-
-
-def _full_by_pattern(pattern: Any, layers: int) -> int | None:
-    """Full-attention layers of a sliding_window_pattern: n (every n-th, so 1 is every layer) or
-    EXAONE 4's letters ("LLLG": L windowed, G full, repeated); None where it names none."""
-    if isinstance(pattern, str) and pattern:
-        return sum(1 for i in range(layers) if pattern[i % len(pattern)] in "Gg")
-    n = _whole(pattern)
-    return layers // n if n else None
-
-
-def _sliding_layers(cfg: dict[str, Any], layers: int) -> int:
-    """How many layers attend within `sliding_window`, as vLLM builds them: `layer_types[i]` for
-    layer i where the config lists them; else the list HF's config class fills in (FULL_EVERY, a
-    sliding_window_pattern, Qwen's use_sliding_window and max_window_layers); every layer otherwise
-    (Mistral 7B v0.1, where the config names a window). A window the config turns off is none."""
-    window = _whole(cfg.get("sliding_window"))
-    kind = cfg.get("model_type")
-    opt_in = cfg.get("use_sliding_window")
-    if window is None or opt_in is False or (kind in WINDOW_OPT_IN and opt_in is not True):
-        return 0
-    types = cfg.get("layer_types")
-    if isinstance(types, list) and types:
-        return sum(1 for t in types[:layers] if t == "sliding_attention")
-    default, read = FULL_EVERY.get(kind, (0, True)) if isinstance(kind, str) else (0, True)
-    full = _full_by_pattern(cfg.get("sliding_window_pattern"), layers) if read else None
-    if full is None and default:
-        full = layers // default
-    if full is not None:
-        return layers - full
-    if opt_in is True:
-        first = cfg.get("max_window_layers", 28 if kind in WINDOW_OPT_IN else 0)
-        return max(0, layers - first) if isinstance(first, int) else layers
-    return layers
-
-
-def _whole(value: Any) -> int | None:
-    """A positive whole number from an unchecked config value, else None (model_config.check has
-    already refused it on every path from a VLLMService or the CLI)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
-
-
-def _get(cfg: dict[str, Any], *names: str, default: Any = 0) -> Any:
-    for n in names:
-        if cfg.get(n) is not None:
-            return cfg[n]
-    return default
-
-
 def shape_from_config(config: dict[str, Any]) -> ModelShape:
     """An HF config.json (multimodal configs: their text_config) -> ModelShape."""
     cfg = dict(config.get("text_config") or {}) or config
     for key in ("quantization_config", "torch_dtype", "architectures", "tie_word_embeddings"):
         if key not in cfg and key in config:
             cfg[key] = config[key]
-    hidden = int(_get(cfg, "hidden_size", "n_embd", "d_model"))
-    heads = int(_get(cfg, "num_attention_heads", "n_head"))
-    kv_heads = int(_get(cfg, "num_key_value_heads", default=heads) or heads)
-    head_dim = int(_get(cfg, "head_dim", default=0) or hidden // max(heads, 1))
+    hidden = int(config_value(cfg, "hidden_size", "n_embd", "d_model"))
+    heads = int(config_value(cfg, "num_attention_heads", "n_head"))
+    kv_heads = int(config_value(cfg, "num_key_value_heads", default=heads) or heads)
+    head_dim = int(config_value(cfg, "head_dim", default=0) or hidden // max(heads, 1))
     arch = (cfg.get("architectures") or [cfg.get("model_type", "unknown")])[0]
-    experts = int(_get(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=0) or 0)
+    experts = int(config_value(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=0) or 0)
     quant_config = cfg.get("quantization_config") or {}
     quant = quant_config.get("quant_method")
-    period, offset = _moe_layers(cfg)
-    layers = int(_get(cfg, "num_hidden_layers", "n_layer"))
-    sliding = _sliding_layers(cfg, layers)
+    period, offset = moe_layers(cfg)
+    layers = int(config_value(cfg, "num_hidden_layers", "n_layer"))
+    sliding = sliding_layers(cfg, layers)
     return ModelShape(
         architecture=arch,
         layers=layers,
@@ -349,41 +260,43 @@ def shape_from_config(config: dict[str, Any]) -> ModelShape:
         heads=heads,
         kv_heads=kv_heads,
         head_dim=head_dim,
-        intermediate=int(_get(cfg, "intermediate_size", "ffn_dim")),
-        vocab=int(_get(cfg, "vocab_size")),
+        intermediate=int(config_value(cfg, "intermediate_size", "ffn_dim")),
+        vocab=int(config_value(cfg, "vocab_size")),
         # transformers writes config.json as a diff from PretrainedConfig, whose default is True:
         # a file without the field ties its embeddings (Gemma); untied models say false (Llama).
         tied_embeddings=bool(cfg.get("tie_word_embeddings", True)),
         qkv_bias=bool(cfg.get("attention_bias") or cfg.get("model_type", "").startswith("qwen2")),
         experts=experts,
-        experts_per_token=int(_get(cfg, "num_experts_per_tok", default=0) or 0),
+        experts_per_token=int(config_value(cfg, "num_experts_per_tok", default=0) or 0),
         moe_intermediate=int(
-            _get(cfg, "moe_intermediate_size", default=0) or (cfg.get("intermediate_size", 0) if experts else 0)
+            config_value(cfg, "moe_intermediate_size", default=0) or (cfg.get("intermediate_size", 0) if experts else 0)
         ),
         shared_intermediate=int(
-            _get(cfg, "shared_expert_intermediate_size", default=0)
+            config_value(cfg, "shared_expert_intermediate_size", default=0)
             or int(cfg.get("n_shared_experts") or 0) * int(cfg.get("moe_intermediate_size") or 0)
         ),
-        dense_layers=int(_get(cfg, "first_k_dense_replace", default=0) or 0),
-        kv_lora_rank=int(_get(cfg, "kv_lora_rank", default=0) or 0),
-        q_lora_rank=int(_get(cfg, "q_lora_rank", default=0) or 0),
-        qk_rope_head_dim=int(_get(cfg, "qk_rope_head_dim", default=0) or 0),
-        qk_nope_head_dim=int(_get(cfg, "qk_nope_head_dim", default=0) or 0),
-        v_head_dim=int(_get(cfg, "v_head_dim", default=0) or 0),
-        sliding_window=_whole(cfg.get("sliding_window")) if sliding else None,
+        dense_layers=int(config_value(cfg, "first_k_dense_replace", default=0) or 0),
+        kv_lora_rank=int(config_value(cfg, "kv_lora_rank", default=0) or 0),
+        q_lora_rank=int(config_value(cfg, "q_lora_rank", default=0) or 0),
+        qk_rope_head_dim=int(config_value(cfg, "qk_rope_head_dim", default=0) or 0),
+        qk_nope_head_dim=int(config_value(cfg, "qk_nope_head_dim", default=0) or 0),
+        v_head_dim=int(config_value(cfg, "v_head_dim", default=0) or 0),
+        sliding_window=whole(cfg.get("sliding_window")) if sliding else None,
         sliding_layers=sliding,
-        state_layers=_state_layers(cfg, layers),
-        max_position_embeddings=int(_get(cfg, "max_position_embeddings", default=0) or 0),
+        state_layers=state_layers_of(cfg, layers),
+        max_position_embeddings=int(config_value(cfg, "max_position_embeddings", default=0) or 0),
         dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"),
         quantization=quant,
-        quant_bits=_whole(quant_config.get("bits")),
+        quant_bits=whole(quant_config.get("bits")),
         moe_period=period,
         moe_offset=offset,
         blocks=pattern if isinstance(pattern := cfg.get("hybrid_override_pattern"), str) else "",
         gated_mlp=cfg.get("mlp_hidden_act", cfg.get("hidden_act")) != "relu2",
-        mamba_heads=int(_get(cfg, "mamba_num_heads", "mamba_n_heads", default=0) or 0),
-        mamba_head_dim=int(_get(cfg, "mamba_head_dim", "mamba_d_head", default=0) or 0),
-        mamba_groups=int(_get(cfg, "mamba_n_groups", "n_groups", default=0) or 0),
-        mamba_state=int(_get(cfg, "ssm_state_size", "mamba_d_state", default=0) or 0),
-        mamba_conv=int(_get(cfg, "conv_kernel", "mamba_d_conv", default=0) or 0),
+        mamba_heads=int(config_value(cfg, "mamba_num_heads", "mamba_n_heads", default=0) or 0),
+        mamba_head_dim=int(config_value(cfg, "mamba_head_dim", "mamba_d_head", default=0) or 0),
+        mamba_groups=int(config_value(cfg, "mamba_n_groups", "n_groups", default=0) or 0),
+        mamba_state=int(config_value(cfg, "ssm_state_size", "mamba_d_state", default=0) or 0),
+        mamba_conv=int(config_value(cfg, "conv_kernel", "mamba_d_conv", default=0) or 0),
+        mamba_layers=pattern[:layers].count("M") if isinstance(pattern, str) else state_layers_of(cfg, layers),
+        state_dtype=state_dtype_of(cfg),
     )

@@ -1,0 +1,132 @@
+"""Which kind each layer of a model is, read from its config.json as HF's config classes fill it in and
+vLLM's models build it: MoE layers, sliding-window layers, layers that keep a state instead of K and V
+per token, and the dtype vLLM keeps that state in. model_shape.shape_from_config uses these; a config
+reaches them checked by model_config (bounded lists and strings), so nothing here loops on a count
+the config names without a bound."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def moe_layers(cfg: dict[str, Any]) -> tuple[int, int]:
+    """(period, offset) of the MoE layers: vLLM's llama4.py and qwen2_moe.py make layer i MoE
+    when (i + 1) % step == 0; jamba.py where i % expert_layer_period == expert_layer_offset."""
+    step = whole(config_value(cfg, "interleave_moe_layer_step", "decoder_sparse_step", default=1)) or 1
+    if step > 1:
+        return step, step - 1
+    period = max(1, whole(config_value(cfg, "expert_layer_period", default=1)) or 1)
+    return period, (whole(config_value(cfg, "expert_layer_offset", default=0)) or 0) % period
+
+
+# HF's config class fills in layer_types where config.json lists none, and vLLM reads that list:
+# model_type -> (n, read): layer i attends in full where (i + 1) % n == 0, n from the config's
+# sliding_window_pattern where the class reads one (read), else this n (transformers' defaults).
+FULL_EVERY: dict[str, tuple[int, bool]] = {
+    "gemma2": (2, False),
+    "vaultgemma": (2, False),
+    "gpt_oss": (2, False),
+    "gemma3": (6, True),
+    "gemma3_text": (6, True),
+    "cohere2": (4, True),
+    "exaone4": (4, True),
+    "olmo3": (4, False),
+    "gemma3n": (5, False),
+    "gemma3n_text": (5, False),
+}
+# Config classes that drop the window unless use_sliding_window is true (false by default); with
+# it, the layers from max_window_layers on (28 by default) are windowed.
+WINDOW_OPT_IN = frozenset(
+    {"qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen2_vl", "qwen2_vl_text", "qwen2_5_vl", "qwen2_5_vl_text"}
+)
+
+
+# layer_types / layers_block_type words of layers that keep no K and V per token: a fixed state per
+# request (vLLM gives them a MambaSpec: Qwen3-Next/Qwen3.5's Gated DeltaNet, Granite 4's and Jamba's
+# Mamba, LFM2's convolution) or no attention at all (Nemotron-H's MLP and MoE layers).
+STATE_LAYER_TYPES = frozenset({"linear_attention", "mamba", "conv", "mlp", "moe"})
+ATTENTION_LETTER = "*"  # Nemotron-H's hybrid_override_pattern: one letter a layer, "*" attends
+
+
+def state_layers_of(cfg: dict[str, Any], layers: int) -> int:
+    """Layers without a per-token cache, as each family names them (and HF's config classes and vLLM's
+    models read them): layer_types or layers_block_type word by word; Nemotron-H's
+    hybrid_override_pattern letter by letter; Bamba's attn_layer_indices; Jamba's attn_layer_period
+    and attn_layer_offset (layer i attends where i % period == offset); Qwen3-Next's
+    full_attention_interval (layer i attends in full where (i + 1) % n == 0)."""
+    for key in ("layer_types", "layers_block_type"):
+        types = cfg.get(key)
+        if isinstance(types, list) and types:
+            return sum(1 for t in types[:layers] if t in STATE_LAYER_TYPES)
+    pattern = cfg.get("hybrid_override_pattern")
+    if isinstance(pattern, str) and pattern:
+        return sum(1 for c in pattern[:layers] if c != ATTENTION_LETTER)
+    indices = cfg.get("attn_layer_indices")
+    if isinstance(indices, list) and indices:
+        return layers - len({i for i in indices if isinstance(i, int) and not isinstance(i, bool) and 0 <= i < layers})
+    period = whole(cfg.get("attn_layer_period"))
+    if period:
+        offset = cfg.get("attn_layer_offset") or 0
+        attending = (layers - offset + period - 1) // period if isinstance(offset, int) and offset < period else 0
+        return layers - attending
+    n = whole(cfg.get("full_attention_interval"))
+    return layers - layers // n if n else 0
+
+
+def _full_by_pattern(pattern: Any, layers: int) -> int | None:
+    """Full-attention layers of a sliding_window_pattern: n (every n-th, so 1 is every layer) or
+    EXAONE 4's letters ("LLLG": L windowed, G full, repeated); None where it names none."""
+    if isinstance(pattern, str) and pattern:
+        return sum(1 for i in range(layers) if pattern[i % len(pattern)] in "Gg")
+    n = whole(pattern)
+    return layers // n if n else None
+
+
+def sliding_layers(cfg: dict[str, Any], layers: int) -> int:
+    """How many layers attend within `sliding_window`, as vLLM builds them: `layer_types[i]` for
+    layer i where the config lists them; else the list HF's config class fills in (FULL_EVERY, a
+    sliding_window_pattern, Qwen's use_sliding_window and max_window_layers); every layer otherwise
+    (Mistral 7B v0.1, where the config names a window). A window the config turns off is none."""
+    window = whole(cfg.get("sliding_window"))
+    kind = cfg.get("model_type")
+    opt_in = cfg.get("use_sliding_window")
+    if window is None or opt_in is False or (kind in WINDOW_OPT_IN and opt_in is not True):
+        return 0
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and types:
+        return sum(1 for t in types[:layers] if t == "sliding_attention")
+    default, read = FULL_EVERY.get(kind, (0, True)) if isinstance(kind, str) else (0, True)
+    full = _full_by_pattern(cfg.get("sliding_window_pattern"), layers) if read else None
+    if full is None and default:
+        full = layers // default
+    if full is not None:
+        return layers - full
+    if opt_in is True:
+        first = cfg.get("max_window_layers", 28 if kind in WINDOW_OPT_IN else 0)
+        return max(0, layers - first) if isinstance(first, int) else layers
+    return layers
+
+
+def whole(value: Any) -> int | None:
+    """A positive whole number from an unchecked config value, else None (model_config.check has
+    already refused it on every path from a VLLMService or the CLI)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def config_value(cfg: dict[str, Any], *names: str, default: Any = 0) -> Any:
+    for n in names:
+        if cfg.get(n) is not None:
+            return cfg[n]
+    return default
+
+
+# vLLM keeps a Mamba-2 state in float32 for these unless their config says otherwise
+# (model_executor/models/config.py NemotronHForCausalLMConfig); Qwen3.5 reads its mamba_ssm_dtype.
+FLOAT32_STATE_TYPES = frozenset({"nemotron_h"})
+
+
+def state_dtype_of(cfg: dict[str, Any]) -> str | None:
+    named = cfg.get("mamba_ssm_cache_dtype") or cfg.get("mamba_ssm_dtype")
+    if isinstance(named, str) and named != "auto":
+        return named
+    return "float32" if cfg.get("model_type") in FLOAT32_STATE_TYPES else None
