@@ -6,6 +6,7 @@ an fp8 cache adds no block, so a KV plan that cut the context would cost a resta
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -109,6 +110,7 @@ def test_figures_that_describe_no_shortage_of_this_run_change_no_memory(seqs, bl
 # Real vLLM 0.25 runs on one H200 (tests/gpu/hybrid_state.sh): Nemotron-H 8B's shapes with dummy weights,
 # a fixed cache of 1 GiB (blocks-1024) and of 100 MiB (kv-8k).
 HYBRID_LOGS = Path(__file__).parent / "fixtures" / "gpu" / "hybrid-logs"
+NEMOTRON_H = json.loads((Path(__file__).parent / "fixtures" / "configs" / "nemotron-h-8b.json").read_text())
 
 
 def test_a_real_refusal_on_an_h200_is_healed_to_the_blocks_vllm_has():
@@ -160,11 +162,22 @@ def test_nemotron_h_weighs_one_block_a_layer():
 
 
 def test_the_crds_inline_config_reads_nemotron_h_as_its_file_does():
-    import json
-
     from vllm_autoheal.api.config_json import ConfigJson
     from vllm_autoheal.model_config import check, to_shape
 
-    config = json.loads((Path(__file__).parent / "fixtures" / "configs" / "nemotron-h-8b.json").read_text())
+    config = NEMOTRON_H
     inline = ConfigJson.model_validate(config).model_dump(exclude_none=True)
     assert to_shape(check(inline)) == to_shape(check(config)) == config_shape("nemotron-h-8b")
+
+
+def test_only_mamba_layers_keep_a_state_page():
+    """A layer list that also names MLP and MoE layers (Nemotron 3.5's layers_block_type): only its
+    Mamba layers keep a state page; counting the others would make one request look larger than it is."""
+    from vllm_autoheal.model_config import check, to_shape
+
+    words = ["mamba", "mlp", "mamba", "attention", "moe", "mamba", "mlp", "attention"]
+    base = {k: v for k, v in NEMOTRON_H.items() if k != "hybrid_override_pattern"}
+    listed = to_shape(check({**base, "num_hidden_layers": 8, "layers_block_type": words}))
+    lettered = to_shape(check({**NEMOTRON_H, "num_hidden_layers": 8, "hybrid_override_pattern": "M-M*EM-*"}))
+    assert listed.mamba_layers == lettered.mamba_layers == 3
+    assert listed.state_layers == lettered.state_layers == 6

@@ -130,3 +130,16 @@ def state_dtype_of(cfg: dict[str, Any]) -> str | None:
     if isinstance(named, str) and named != "auto":
         return named
     return "float32" if cfg.get("model_type") in FLOAT32_STATE_TYPES else None
+
+
+def mamba_layers_of(cfg: dict[str, Any], layers: int) -> int:
+    """The Mamba mixers among the state layers (each keeps a state page a request): Nemotron-H's "M"
+    letters, "mamba" words of a layer list; else every layer that does not attend (Bamba, Jamba)."""
+    pattern = cfg.get("hybrid_override_pattern")
+    if isinstance(pattern, str) and pattern:
+        return pattern[:layers].count("M")
+    for key in ("layer_types", "layers_block_type"):
+        types = cfg.get(key)
+        if isinstance(types, list) and types:
+            return sum(1 for t in types[:layers] if t == "mamba")
+    return state_layers_of(cfg, layers)

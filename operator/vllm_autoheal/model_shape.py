@@ -10,7 +10,15 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .model_layers import config_value, moe_layers, sliding_layers, state_dtype_of, state_layers_of, whole
+from .model_layers import (
+    config_value,
+    mamba_layers_of,
+    moe_layers,
+    sliding_layers,
+    state_dtype_of,
+    state_layers_of,
+    whole,
+)
 
 DTYPE_BYTES = {
     "float32": 4.0,
@@ -297,6 +305,6 @@ def shape_from_config(config: dict[str, Any]) -> ModelShape:
         mamba_groups=int(config_value(cfg, "mamba_n_groups", "n_groups", default=0) or 0),
         mamba_state=int(config_value(cfg, "ssm_state_size", "mamba_d_state", default=0) or 0),
         mamba_conv=int(config_value(cfg, "conv_kernel", "mamba_d_conv", default=0) or 0),
-        mamba_layers=pattern[:layers].count("M") if isinstance(pattern, str) else state_layers_of(cfg, layers),
+        mamba_layers=mamba_layers_of(cfg, layers),
         state_dtype=state_dtype_of(cfg),
     )
