@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .model_config import LAYER_LISTS
+
 
 def moe_layers(cfg: dict[str, Any]) -> tuple[int, int]:
     """(period, offset) of the MoE layers: vLLM's llama4.py and qwen2_moe.py make layer i MoE
@@ -48,16 +50,24 @@ STATE_LAYER_TYPES = frozenset({"linear_attention", "mamba", "conv", "mlp", "moe"
 ATTENTION_LETTER = "*"  # Nemotron-H's hybrid_override_pattern: one letter a layer, "*" attends
 
 
+def layer_words(cfg: dict[str, Any], layers: int) -> list[Any] | None:
+    """Each layer's kind as the first layer list the config holds names it (model_config.LAYER_LISTS:
+    layer_types, then layers_block_type), for the first `layers` layers; None where it holds none."""
+    for key in LAYER_LISTS:
+        words = cfg.get(key)
+        if isinstance(words, list) and words:
+            return words[:layers]
+    return None
+
+
 def state_layers_of(cfg: dict[str, Any], layers: int) -> int:
     """Layers without a per-token cache, as each family names them (and HF's config classes and vLLM's
     models read them): layer_types or layers_block_type word by word; Nemotron-H's
     hybrid_override_pattern letter by letter; Bamba's attn_layer_indices; Jamba's attn_layer_period
     and attn_layer_offset (layer i attends where i % period == offset); Qwen3-Next's
     full_attention_interval (layer i attends in full where (i + 1) % n == 0)."""
-    for key in ("layer_types", "layers_block_type"):
-        types = cfg.get(key)
-        if isinstance(types, list) and types:
-            return sum(1 for t in types[:layers] if t in STATE_LAYER_TYPES)
+    if (words := layer_words(cfg, layers)) is not None:
+        return sum(1 for t in words if t in STATE_LAYER_TYPES)
     pattern = cfg.get("hybrid_override_pattern")
     if isinstance(pattern, str) and pattern:
         return sum(1 for c in pattern[:layers] if c != ATTENTION_LETTER)
@@ -138,8 +148,6 @@ def mamba_layers_of(cfg: dict[str, Any], layers: int) -> int:
     pattern = cfg.get("hybrid_override_pattern")
     if isinstance(pattern, str) and pattern:
         return pattern[:layers].count("M")
-    for key in ("layer_types", "layers_block_type"):
-        types = cfg.get(key)
-        if isinstance(types, list) and types:
-            return sum(1 for t in types[:layers] if t == "mamba")
+    if (words := layer_words(cfg, layers)) is not None:
+        return words.count("mamba")
     return state_layers_of(cfg, layers)
