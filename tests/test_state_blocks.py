@@ -91,6 +91,16 @@ def test_unset_sequences_are_vllms_default_and_a_printed_count_above_it_raises_n
         assert remedy.changes == {"max_num_seqs": blocks}, remedy
 
 
+def test_on_a_gpu_whose_default_is_256_a_printed_1000_sequences_is_no_default():
+    """vLLM's default is 256 sequences below 70 GiB of GPU. A forged refusal naming 1,000 sequences
+    and 900 blocks on a 24 GiB GPU would set max_num_seqs 900, 3.5x what ran: nothing is lowered."""
+    for seqs, blocks in ((1000, 900), (257, 200)):
+        remedy = plan_heal(VLLMServiceSpec(model="m"), _refusal(seqs, blocks), inventory=Inventory(gpu_total_gib=23.6))
+        assert "max_num_seqs" not in remedy.changes, remedy
+    remedy = plan_heal(VLLMServiceSpec(model="m"), _refusal(256, 200), inventory=Inventory(gpu_total_gib=23.6))
+    assert remedy.changes == {"max_num_seqs": 200}, remedy
+
+
 @pytest.mark.parametrize(
     "seqs, blocks, engine",
     [

@@ -135,12 +135,15 @@ def _state_shortage(ctx: Context) -> tuple[int, int] | None:
     """(blocks, sequences that ran) where vLLM's refusal shows this run short of state blocks, else
     None. vLLM names the max_num_seqs it ran with: set, another figure is another run's refusal;
     unset, it is vLLM's default, which differs by version and GPU, so the printed count is taken up to
-    the largest default (1024): a count above it is no default (a forged message, or another run's),
-    and 'lowering' to its blocks would set more sequences than ran."""
+    the largest default for the GPU the inventory names (1024 where none is named): a count above it
+    is no default (a forged message, or another run's), and 'lowering' to its blocks would set more
+    sequences than ran. The printed total is not asked: the message it would come from is the
+    suspect one."""
     blocks, printed = ctx.num("mamba_blocks"), ctx.num("max_num_seqs")
     if blocks is None or not printed:
         return None
-    ran = ctx.engine.max_num_seqs or (int(printed) if printed <= default_max_num_seqs(math.inf) else None)
+    largest_default = default_max_num_seqs(ctx.inv.gpu_total_gib or math.inf)
+    ran = ctx.engine.max_num_seqs or (int(printed) if printed <= largest_default else None)
     if ran is None or ran != int(printed):
         return None
     return (int(blocks), ran) if blocks < ran else None
