@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -21,14 +22,20 @@ from .client import MERGE, Kube
 from .config import OperatorConfig
 
 RETRYABLE = {409, 429, 500, 502, 503, 504}
-_locks: dict[str, threading.Lock] = {}
+# Held weakly: a lock lives while a writer holds it, so the table does not grow with every name a
+# tenant ever created (one service created and deleted a million times kept a million locks).
+_locks: weakref.WeakValueDictionary[str, threading.Lock] = weakref.WeakValueDictionary()
 _locks_guard = threading.Lock()
 
 
 def lock(namespace: str, name: str) -> threading.Lock:
     """One writer per VLLMService in this process (a heal and a reconcile apply the same objects)."""
+    key = f"{namespace}/{name}"
     with _locks_guard:
-        return _locks.setdefault(f"{namespace}/{name}", threading.Lock())
+        found = _locks.get(key)
+        if found is None:
+            found = _locks[key] = threading.Lock()
+        return found
 
 
 def transient(exc: BaseException) -> bool:
