@@ -313,3 +313,23 @@ def test_operator_status_round_trips_unpruned(k8s):
     )
     assert got["spec"]["engine"]["maxModelLen"] == 32464
     assert got["metadata"]["generation"] == created["metadata"]["generation"] + 1
+
+
+def test_a_heals_spec_patch_removes_a_flag_its_target_leaves_unset(k8s):
+    """PatchSpec replaces the engine whole: a revert to flags without max_model_len (the flags
+    before a tensor-parallel heal that also set one) must leave none, where a plain merge patch
+    of the target's flags kept the heal's 8192 in the spec."""
+    from vllm_autoheal.api import Deployed, EngineArgs, VLLMService
+    from vllm_autoheal.kube.heal_apply import in_spec, spec_patch
+
+    engine = {"gpuMemoryUtilization": 0.9, "tensorParallelSize": 2, "maxModelLen": 8192}
+    created = _create(k8s, _vsvc("revert-patch", engine=engine, resources={"gpus": 2}))
+    obj = VLLMService.model_validate(created)
+    target = Deployed(
+        engine=EngineArgs(gpu_memory_utilization=0.9, tensor_parallel_size=1), model=obj.spec.model, memory_limit=None
+    )
+    body = spec_patch(obj, target, created["spec"]["engine"])
+    got = k8s.patch_namespaced_custom_object(api.GROUP, api.VERSION, NS, api.PLURAL, "revert-patch", body)
+    assert "maxModelLen" not in got["spec"]["engine"], got["spec"]["engine"]
+    assert got["spec"]["engine"]["tensorParallelSize"] == 1 and got["spec"]["resources"]["gpus"] == 1
+    assert in_spec(VLLMService.model_validate(got)).engine.max_model_len is None

@@ -13,6 +13,7 @@ import asyncio
 import pytest
 
 from vllm_autoheal.api import GROUP, PLURAL, VERSION
+from vllm_autoheal.kube.client import MERGE
 
 from operator_harness import (
     Cluster,
@@ -161,3 +162,32 @@ async def test_an_unschedulable_revert_is_accepted_by_the_real_crd_server(split)
     assert obj["spec"]["engine"]["tensorParallelSize"] == 1
     blocked = next(cond for cond in obj["status"]["conditions"] if cond["type"] == "HealBlocked")
     assert blocked["status"] == "True" and NO_GPU in blocked["message"]
+
+
+async def test_a_persons_edit_between_the_heals_read_and_its_write_wins(split, monkeypatch):
+    """PatchSpec: the heal reads the spec, sees the flags it was planned from, and writes its own.
+    A person's edit that lands in between (here: max_model_len 4096, set while the heal builds its
+    patch) must not be overwritten by the heal's 524160: the write carries the resourceVersion it
+    read, the real server answers 409, and the heal reads again and gives way."""
+    from vllm_autoheal.kube import heal_apply
+
+    c, name = split, "case-edit-race"
+    await _fresh(c, name, SPEC)
+    path = f"/apis/{GROUP}/{VERSION}/namespaces/default/{PLURAL}/{name}"
+    real_patch, edits = heal_apply.spec_patch, []
+
+    def edited_meanwhile(obj, target, written_engine):
+        if not edits:  # the person's edit lands once, after the heal's read
+            edits.append(c.kube.request("PATCH", path, {"spec": {"engine": {"maxModelLen": 4096}}}, MERGE))
+        return real_patch(obj, target, written_engine)
+
+    monkeypatch.setattr(heal_apply, "spec_patch", edited_meanwhile)
+    c.kmock[f"get /api/v1/namespaces/default/pods/{name}-a/log"] << KV_LOG.encode()
+    await c.crash_pod(name, f"{name}-a", message=KV_TERMINATION)
+    obj = await wait_for(
+        lambda: edits and (v := c.vsvc_now(name)).get("status", {}).get("healCount") and v, what="the heal decided"
+    )
+    await asyncio.sleep(1.0)  # (a heal that went on would have written by now)
+    obj = c.vsvc_now(name)
+    assert obj["spec"]["engine"]["maxModelLen"] == 4096, obj["spec"]["engine"]
+    assert not (obj.get("status") or {}).get("inFlight"), obj["status"]

@@ -18,47 +18,25 @@ from datetime import datetime
 from typing import Any
 
 import kopf
-from pydantic import ValidationError
 
 from .. import metrics
-from ..api import GROUP, Deployed, HealIntent, VLLMService
+from ..api import Deployed, HealIntent, VLLMService
 from ..diagnosis import Diagnosis
 from ..gpu_catalog import lookup
 from ..model_shape import ModelShape
 from ..quantity import parse_quantity
 from ..remedy import GIVE_UP, Inventory, Remedy, plan_heal
-from ..remedy_gate import fingerprint
 from . import heal_events, pods, resources
 from . import status as st
 from .client import Kube
 from .config import OperatorConfig
 from .crash import LogReadsBusy, ModelLookup, diagnose, queue_off_workers, unqueue_off_workers
+from .heal_apply import HEALED_ENGINE, complete, deployed, fp, parse
 from .later import Later
-from .writes import lock, patch_object, transient, update_status
+from .writes import transient, update_status
 
-HEALED_ENGINE = f"{GROUP}/healed-engine"  # engine args the operator wrote into spec (PatchSpec)
 REVERT = "RevertUnschedulable"
 EDIT_WAIT_S, EDIT_WAITS = 0.5, 120  # a reconcile writes its baseline right after its apply: wait up to a minute
-
-
-def parse(body: dict[str, Any]) -> VLLMService:
-    try:
-        return VLLMService.model_validate(dict(body))
-    except ValidationError as exc:  # the CRD schema should have stopped it; say what is wrong
-        raise kopf.PermanentError(f"invalid VLLMService: {exc.errors()[0]['loc']}: {exc.errors()[0]['msg']}") from None
-
-
-def deployed(obj: VLLMService) -> Deployed:
-    model, engine, memory = resources.effective(obj)
-    return Deployed(engine=engine, model=model, memory_limit=memory)
-
-
-def in_spec(obj: VLLMService) -> Deployed:
-    return Deployed(engine=obj.spec.engine, model=obj.spec.model, memory_limit=obj.spec.resources.limits.memory)
-
-
-def fp(d: Deployed) -> str:
-    return fingerprint(d.model, d.engine, d.memory_limit)
 
 
 @dataclass
@@ -323,88 +301,3 @@ def _off_workers(kube: Kube, cfg: OperatorConfig, later: Later, incident: Incide
         handle_crash(kube, cfg, later, incident, logger)
     finally:
         unqueue_off_workers(incident.crash_id)
-
-
-def spec_patch(obj: VLLMService, target: Deployed) -> dict[str, Any]:
-    """PatchSpec: the engine args, and with them what must follow (model, memory limit, GPU count)."""
-    spec: dict[str, Any] = {"engine": target.engine.wire()}
-    if target.model != obj.spec.model:
-        spec["model"] = target.model
-    res: dict[str, Any] = {}
-    if target.memory_limit != obj.spec.resources.limits.memory:
-        res["limits"] = {"memory": target.memory_limit}
-    if obj.spec.resources.gpus is not None and obj.spec.resources.gpus != target.gpus():
-        res["gpus"] = target.gpus()  # the CRD requires resources.gpus == TP x PP
-    if res:
-        spec["resources"] = res
-    annotation = json.dumps(target.engine.wire(), sort_keys=True)
-    return {"metadata": {"annotations": {HEALED_ENGINE: annotation}}, "spec": spec}
-
-
-def _heal_lock(ns: str, name: str):  # one completion at a time per object (writes take their own lock)
-    return lock(f"heal:{ns}", name)
-
-
-def complete(kube: Kube, cfg: OperatorConfig, later: Later | None, ns: str, name: str, logger: kopf.Logger) -> bool:
-    """Finish the recorded heal, whatever was already done of it; idempotent. False on a transient
-    API error: then it tries again later (without `later`, the caller retries: reconcile raises
-    kopf.TemporaryError). The next event and the next start also call it."""
-    try:
-        with _heal_lock(ns, name):
-            _complete(kube, cfg, ns, name, logger)
-        return True
-    except Exception as exc:
-        if not transient(exc):
-            raise
-        logger.warning(f"the heal of {ns}/{name} is recorded but not finished ({exc}); will finish it")
-        if later is not None:
-            later.run(f"complete/{ns}/{name}", cfg.retry_delay_s, lambda: complete(kube, cfg, later, ns, name, logger))
-        return False
-
-
-def _complete(kube: Kube, cfg: OperatorConfig, ns: str, name: str, logger: kopf.Logger) -> None:
-    vsvc = kube.get_vsvc(ns, name)
-    if vsvc is None:
-        return
-    obj = parse(vsvc)
-    intent = obj.status.in_flight
-    if intent is None:
-        return
-    if not intent.applied:
-        if obj.spec.heal.mode == "PatchSpec":
-            written = fp(in_spec(obj))
-            if written == fp(intent.previous):
-                vsvc = patch_object(kube, cfg, ns, name, spec_patch(obj, intent.target))
-            elif written != fp(intent.target):  # a person changed the spec meanwhile: their edit wins
-                logger.info("the spec changed before the heal was applied; the heal is dropped")
-                update_status(kube, cfg, ns, name, lambda fresh: _drop(fresh, intent))
-                return
-        vsvc = update_status(kube, cfg, ns, name, lambda fresh: _mark_applied(fresh, intent)) or vsvc
-    healed = parse(vsvc)
-    if healed.status.in_flight is not None and fp(deployed(healed)) == fp(healed.status.in_flight.target):
-        kube.apply_all(resources.render(healed, cfg.operator_image))  # (a name conflict is reconcile's to report)
-
-
-def _same(fresh: VLLMService, intent: HealIntent) -> bool:
-    cur = fresh.status.in_flight
-    return cur is not None and cur.crash == intent.crash and fp(cur.target) == fp(intent.target)
-
-
-def _mark_applied(fresh_body: dict[str, Any], intent: HealIntent) -> dict[str, Any] | None:
-    fresh = parse(fresh_body)
-    if not _same(fresh, intent) or fresh.status.in_flight.applied:  # type: ignore[union-attr]
-        return None
-    in_flight = {**intent.wire(), "applied": True}
-    return st.settle(
-        {"inFlight": in_flight, "effective": intent.target.engine.wire(), "gpus": intent.target.gpus()},
-        st.Observed([c.wire() for c in fresh.status.conditions], fresh.metadata.get("generation"), in_flight=in_flight),
-    )
-
-
-def _drop(fresh_body: dict[str, Any], intent: HealIntent) -> dict[str, Any] | None:
-    fresh = parse(fresh_body)
-    if not _same(fresh, intent):
-        return None
-    return st.settle(
-        {"inFlight": None}, st.Observed([c.wire() for c in fresh.status.conditions], fresh.metadata.get("generation"))
-    )

@@ -68,6 +68,35 @@ def update_status(
     and write them only if the object did not move meanwhile. Returns the object as written (or as
     read, when there was nothing to write; None when it is gone)."""
 
+    def status_patch(fresh: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+        current = fresh.get("status") or {}
+        return {"status": {k: replacing(current.get(k), v) for k, v in update.items()}}  # (fields not named stay)
+
+    return _read_modify_write(kube, cfg, namespace, name, change, "/status", status_patch)
+
+
+def update_object(
+    kube: Kube,
+    cfg: OperatorConfig,
+    namespace: str,
+    name: str,
+    change: Callable[[dict[str, Any]], dict[str, Any] | None],
+) -> dict[str, Any] | None:
+    """As update_status, for the object itself: `change(obj)` gives the merge patch (metadata,
+    spec) to make, decided on the object as it is now; a person's edit that lands between the read
+    and the write is not overwritten (409, read again, decide again)."""
+    return _read_modify_write(kube, cfg, namespace, name, change, "", lambda fresh, update: update)
+
+
+def _read_modify_write(
+    kube: Kube,
+    cfg: OperatorConfig,
+    namespace: str,
+    name: str,
+    change: Callable[[dict[str, Any]], dict[str, Any] | None],
+    subresource: str,
+    patch_of: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]],
+) -> dict[str, Any] | None:
     def once() -> dict[str, Any] | None:
         with lock(namespace, name):
             fresh = kube.get_vsvc(namespace, name)
@@ -76,10 +105,10 @@ def update_status(
             update = change(fresh)
             if not update:
                 return fresh
-            current = fresh.get("status") or {}
-            status = {k: replacing(current.get(k), v) for k, v in update.items()}  # (fields not named stay)
-            body = {"metadata": {"resourceVersion": fresh["metadata"].get("resourceVersion")}, "status": status}
-            return kube.request("PATCH", kube.vsvc_path(namespace, name) + "/status", body, MERGE)
+            body = patch_of(fresh, update)
+            version = {"resourceVersion": fresh["metadata"].get("resourceVersion")}
+            body = {**body, "metadata": {**(body.get("metadata") or {}), **version}}
+            return kube.request("PATCH", kube.vsvc_path(namespace, name) + subresource, body, MERGE)
 
     return retried(cfg, once)
 
@@ -91,16 +120,6 @@ def replacing(old: Any, new: Any) -> Any:
     if not isinstance(new, dict) or not isinstance(old, dict):
         return new
     return {**{k: None for k in old}, **{k: replacing(old.get(k), v) for k, v in new.items()}}
-
-
-def patch_object(kube: Kube, cfg: OperatorConfig, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
-    """A merge patch of absolute values: repeating it is harmless, so it is simply retried."""
-
-    def once() -> dict[str, Any]:
-        with lock(namespace, name):
-            return kube.patch_vsvc(namespace, name, body)
-
-    return retried(cfg, once)
 
 
 def event(body: dict[str, Any], type: str, reason: str, message: str) -> None:
