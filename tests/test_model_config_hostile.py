@@ -155,12 +155,11 @@ def test_a_model_without_per_token_layers_is_not_called_short_of_cache():
 
 @pytest.mark.xfail(
     strict=True,
-    reason="design: a hybrid's state layers are counted as no cache at all, yet vLLM keeps one state block "
-    "per running sequence in the same pool (and refuses 'max_num_seqs (N) exceeds available Mamba cache "
-    "blocks (M)'); sizing that block needs each family's state dims and dtypes (Mamba-2's are read, for "
-    "its weights; Gated DeltaNet's linear_* and vLLM's state dtypes are not: tests/test_state_blocks.py has "
-    "the H200's figures). Until then estimate() is the same for 8 and 4096 "
-    "sequences and pre-flight cannot foresee the refusal the heal now answers",
+    reason="design: vLLM keeps one state block per running sequence in the KV cache's pool (and refuses "
+    "'max_num_seqs (N) exceeds available Mamba cache blocks (M)'); pre-flight foresees it for Mamba-2 "
+    "hybrids, whose state dims it reads (tests/test_state_blocks.py, 63 blocks as on the H200), but not "
+    "for Gated DeltaNet (Qwen3-Next/3.5), whose linear_* dims and vLLM's state dtypes are not read yet: "
+    "its estimate is the same for 8 and 4096 sequences",
 )
 def test_a_hybrids_estimate_counts_a_state_block_per_sequence():
     s = shape(QWEN3_NEXT)

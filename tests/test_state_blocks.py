@@ -191,3 +191,37 @@ def test_only_mamba_layers_keep_a_state_page():
     lettered = to_shape(check({**NEMOTRON_H, "num_hidden_layers": 8, "hybrid_override_pattern": "M-M*EM-*"}))
     assert listed.mamba_layers == lettered.mamba_layers == 3
     assert listed.state_layers == lettered.state_layers == 6
+
+
+def test_pre_flight_foresees_the_refusal_with_vllms_own_block_count():
+    """The H200 run above, before it starts: a 1 GiB cache for Nemotron-H 8B is 63 pool blocks of 4
+    layers' 4.06 MiB pages (vLLM printed 63), short of 1,024 sequences. Fix starts it at what the
+    blocks hold (less the model's 3 % margin), so the refusal and its restart never happen; Warn
+    says why; the same cache with enforce_eager (no full CUDA graphs, no check) fits."""
+    from vllm_autoheal.preflight import preflight
+
+    shape, h200 = config_shape("nemotron-h-8b"), lookup("NVIDIA-H200")
+    engine = {"maxNumSeqs": 1024, "maxModelLen": 8192, "kvCacheMemoryBytes": 2**30}
+    est = estimate(shape, EngineArgs(max_model_len=8192, max_num_seqs=1024, kv_cache_memory_bytes=2**30), h200)
+    log = (HYBRID_LOGS / "hybrid-blocks-1024.log").read_text()
+    assert f"exceeds available Mamba cache blocks ({est.state_blocks})" in log
+    assert est.failure == "kv_cache_insufficient" and est.state_blocks == 63
+
+    fixed = preflight(VLLMServiceSpec(model="m", engine=engine, preflight="Fix"), h200, shape)
+    assert fixed.fits and fixed.engine.max_num_seqs == 61, fixed.reasons
+    assert [s.action for s in fixed.steps] == ["LowerMaxNumSeqs"]
+    assert fixed.engine.max_model_len == 8192  # no context lost
+    warned = preflight(VLLMServiceSpec(model="m", engine=engine, preflight="Warn"), h200, shape)
+    assert not warned.fits and "63 Mamba state blocks" in warned.reasons[0]
+    eager = preflight(
+        VLLMServiceSpec(model="m", engine={**engine, "enforceEager": True}, preflight="Warn"), h200, shape
+    )
+    assert eager.fits, eager.reasons
+
+
+def test_pre_flight_checks_state_blocks_only_where_the_model_keeps_state_pages():
+    """A plain transformer has no Mamba state: any max_num_seqs passes this check, as in vLLM."""
+    est = estimate(
+        config_shape("llama-3.1-8b"), EngineArgs(max_model_len=8192, max_num_seqs=100_000), lookup("NVIDIA-H200")
+    )
+    assert est.state_blocks is None and est.fits, est.reasons

@@ -19,7 +19,7 @@ from .api import EngineArgs
 from .diagnosis.units import GIB
 from .engine import switched
 from .gpu_catalog import GpuSpec
-from .model_shape import DTYPE_BYTES, GROUP_SCALE_BYTES, QUANT_BYTES, ModelShape, padded_layers
+from .model_shape import DTYPE_BYTES, GROUP_SCALE_BYTES, QUANT_BYTES, ModelShape, layer_group, padded_layers
 
 BLOCK_SIZE = 16  # vLLM's default KV block (measured: KV tokens = blocks x 16)
 
@@ -117,6 +117,8 @@ class Estimate:
     max_num_batched_tokens: int
     fits: bool
     failure: str | None = None  # the cause vLLM would report, when it does not fit
+    max_num_seqs: int = 0  # the flag, else vLLM's default for this GPU
+    state_blocks: int | None = None  # a Mamba hybrid's pool blocks: at most this many sequences run
     reasons: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -143,6 +145,7 @@ class KvNeed:
     in_flight: int  # max_num_batched_tokens
     block: int = BLOCK_SIZE  # tokens a block: a Mamba hybrid's attention block is widened to its state page
     state_bytes: float = 0.0  # a Mamba hybrid's state pages, one per Mamba layer, whatever the length
+    pool_block_bytes: float = 0.0  # a Mamba hybrid's pool block: a page for each layer of a group
 
     def bytes_for(self, length: int) -> float:
         need = self.full_per_token * math.ceil(length / self.block) * self.block + self.state_bytes
@@ -180,7 +183,7 @@ def kv_need(shape: ModelShape, engine: EngineArgs, max_num_batched_tokens: int) 
         # vLLM then counts windowed layers as full ones (unify_hybrid_kv_cache_specs)
         full, windowed = shape.attention_layers, 0
     per_layer = per_token / max(shape.attention_layers, 1)
-    block, state_bytes = BLOCK_SIZE, 0.0
+    block, state_bytes, pool_block = BLOCK_SIZE, 0.0, 0.0
     page = shape.state_page_bytes(engine.tensor_parallel_size)
     if page and per_layer:
         # vLLM widens the attention block until its page holds a state page, then pads the state page
@@ -188,9 +191,24 @@ def kv_need(shape: ModelShape, engine: EngineArgs, max_num_batched_tokens: int) 
         block = BLOCK_SIZE * math.ceil(page / (BLOCK_SIZE * per_layer))
         mamba = math.ceil(shape.mamba_layers / engine.pipeline_parallel_size)
         state_bytes = padded_layers(mamba, full + windowed) * block * per_layer
+        pool_block = layer_group(mamba, full + windowed) * block * per_layer
     return KvNeed(
-        per_layer * full, per_layer * windowed, shape.sliding_window or 0, max_num_batched_tokens, block, state_bytes
+        per_layer * full,
+        per_layer * windowed,
+        shape.sliding_window or 0,
+        max_num_batched_tokens,
+        block,
+        state_bytes,
+        pool_block,
     )
+
+
+def state_blocks(need: KvNeed, kv_bytes: float) -> int | None:
+    """A Mamba hybrid's pool blocks (vLLM's num_blocks: the cache over a block's pages); each running
+    sequence holds one for its state. None for a model without state pages."""
+    if not need.pool_block_bytes:
+        return None
+    return max(int(kv_bytes // need.pool_block_bytes), 0)
 
 
 def _concurrency(tokens: int, kv_bytes: float, need: KvNeed, max_len: int) -> float:
@@ -254,6 +272,15 @@ def estimate(
             f"KV cache {kv:.2f} GiB holds one request of {fit_len:,} tokens < max_model_len {max_len:,}"
             + (f" ({need.bytes_for(max_len) / GIB:.2f} GiB needed)" if need.windowed_per_token else "")
         )
+    seqs = engine.max_num_seqs or default_max_num_seqs(total)
+    blocks = state_blocks(need, kv * GIB)
+    if failure is None and blocks is not None and not engine.enforce_eager and seqs > blocks:
+        # vLLM refuses to capture full CUDA graphs (its default) for more sequences than state blocks
+        failure = "kv_cache_insufficient"
+        reasons.append(
+            f"KV cache {kv:.2f} GiB holds {blocks:,} Mamba state blocks, one a running sequence, "
+            f"< max_num_seqs {seqs:,}"
+        )
     if failure is None and not engine.enforce_eager and requested + graphs > free:
         failure = "cudagraph_capture_oom"
         reasons.append(
@@ -278,4 +305,6 @@ def estimate(
         fits=failure is None,
         failure=failure,
         reasons=reasons,
+        max_num_seqs=seqs,
+        state_blocks=blocks,
     )

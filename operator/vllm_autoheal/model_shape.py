@@ -225,13 +225,22 @@ class ModelShape:
         return int(2 * layers * kv_heads * self.head_dim * width)
 
 
+def layer_group(count: int, others: int) -> int:
+    """Layers a group of vLLM's hybrid KV cache holds, `count` of one kind beside `others` of
+    another: the fewer kind's count (or the more's, under 1.5 times it); one pool block holds a page
+    for each of them (kv_cache_utils: _get_kv_cache_groups_uniform_page_size)."""
+    if not count or not others:
+        return max(count, others, 1)
+    fewer, more = min(count, others), max(count, others)
+    return more if more < 1.5 * fewer else fewer
+
+
 def padded_layers(count: int, others: int) -> int:
     """`count` layers of one kind as vLLM's hybrid KV cache groups them beside `others` of another
-    kind: in groups of the fewer kind's count (or the more's, under 1.5 times it), the last padded."""
+    kind: in groups of layer_group's size, the last padded."""
     if not count or not others:
         return count
-    fewer, more = min(count, others), max(count, others)
-    group = more if more < 1.5 * fewer else fewer
+    group = layer_group(count, others)
     return math.ceil(count / group) * group
 
 

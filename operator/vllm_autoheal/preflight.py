@@ -35,7 +35,11 @@ class PreflightResult:
 def predicted_diagnosis(est: Estimate, engine: EngineArgs) -> Diagnosis:
     """The diagnosis vLLM's own message would give for the memory model's predicted failure."""
     numbers: dict[str, float | int] = {}
-    if est.failure == "kv_cache_insufficient":
+    subtype = None
+    if est.failure == "kv_cache_insufficient" and est.state_blocks is not None and est.state_blocks < est.max_num_seqs:
+        subtype = "state_blocks_below_max_num_seqs"  # as vLLM's refusal reads
+        numbers = {"max_num_seqs": est.max_num_seqs, "mamba_blocks": int(est.state_blocks * 0.97)}  # model error margin
+    elif est.failure == "kv_cache_insufficient":
         numbers = {
             "max_seq_len": est.max_model_len,
             "available_gib": round(est.kv_cache_gib, 2),
@@ -53,6 +57,7 @@ def predicted_diagnosis(est: Estimate, engine: EngineArgs) -> Diagnosis:
     return Diagnosis(
         cause=Cause(est.failure or Cause.UNKNOWN),
         phase=EnginePhase.PREDICTED,
+        subtype=subtype,
         numbers=numbers,
         evidence=est.reasons[:2],
         confidence="medium",
