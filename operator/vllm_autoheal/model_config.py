@@ -77,6 +77,11 @@ FIELDS: tuple[ConfigField, ...] = (
     ConfigField("mamba_n_groups", 0, 1024, "B and C groups of a Mamba-2 mixer.", ("n_groups",)),
     ConfigField("ssm_state_size", 0, 4096, "A Mamba mixer's state per head channel.", ("mamba_d_state",)),
     ConfigField("conv_kernel", 0, 64, "A Mamba mixer's convolution width.", ("mamba_d_conv",)),
+    ConfigField("linear_num_key_heads", 0, 4096, "A Gated DeltaNet layer's key heads (Qwen3-Next, Qwen3.5)."),
+    ConfigField("linear_num_value_heads", 0, 4096, "A Gated DeltaNet layer's value heads."),
+    ConfigField("linear_key_head_dim", 0, 4096, "Width of a Gated DeltaNet key head."),
+    ConfigField("linear_value_head_dim", 0, 4096, "Width of a Gated DeltaNet value head."),
+    ConfigField("linear_conv_kernel_dim", 0, 64, "A Gated DeltaNet layer's convolution width."),
 )
 BY_NAME = {f.name: f for f in FIELDS}
 # A whole number (Gemma 3, Cohere2) or letters (EXAONE 4's "LLLG"), so outside the table.

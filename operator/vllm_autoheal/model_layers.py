@@ -142,12 +142,18 @@ def state_dtype_of(cfg: dict[str, Any]) -> str | None:
     return "float32" if cfg.get("model_type") in FLOAT32_STATE_TYPES else None
 
 
+# layer-list words of mixers that keep a state page a request, which vLLM sizes from the config's
+# dims (Mamba, Gated DeltaNet); LFM2's convolution keeps one too, of dims not read here.
+MAMBA_LAYER_TYPES = frozenset({"mamba", "linear_attention"})
+
+
 def mamba_layers_of(cfg: dict[str, Any], layers: int) -> int:
     """The Mamba mixers among the state layers (each keeps a state page a request): Nemotron-H's "M"
-    letters, "mamba" words of a layer list; else every layer that does not attend (Bamba, Jamba)."""
+    letters, "mamba" and "linear_attention" (Gated DeltaNet) words of a layer list; else every layer
+    that does not attend (Bamba, Jamba, Qwen3-Next's full_attention_interval)."""
     pattern = cfg.get("hybrid_override_pattern")
     if isinstance(pattern, str) and pattern:
         return pattern[:layers].count("M")
     if (words := layer_words(cfg, layers)) is not None:
-        return words.count("mamba")
+        return sum(1 for word in words if word in MAMBA_LAYER_TYPES)
     return state_layers_of(cfg, layers)

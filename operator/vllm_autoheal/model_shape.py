@@ -102,7 +102,12 @@ class ModelShape:
     mamba_groups: int = 0
     mamba_state: int = 0
     mamba_conv: int = 0
-    mamba_layers: int = 0  # Mamba-2 mixers (of the state layers), each with one state page per request
+    mamba_layers: int = 0  # Mamba-2 or Gated DeltaNet mixers (of the state layers), one state page a request
+    gdn_key_heads: int = 0  # a Gated DeltaNet mixer's key and value heads, their widths, its convolution
+    gdn_value_heads: int = 0
+    gdn_key_dim: int = 0
+    gdn_value_dim: int = 0
+    gdn_conv: int = 0
     state_dtype: str | None = None  # the temporal state's dtype where vLLM does not use the model's
 
     @property
@@ -170,14 +175,24 @@ class ModelShape:
         return h * (inner + conv + heads) + conv * (self.mamba_conv + 1) + inner * h + 3 * heads + inner
 
     def state_page_bytes(self, tp: int = 1) -> int:
-        """One request's state in one Mamba-2 layer on one GPU (vLLM's mamba2_state_shape: the
-        convolution's last kernel-1 inputs, and a head_dim x state matrix per head); 0 where the
-        model has none or its dims are not in its config."""
-        if not (self.mamba_layers and self.mamba_heads and self.mamba_state and self.mamba_conv):
+        """One request's state in one Mamba layer on one GPU, as vLLM shapes it (mamba_utils.py): the
+        convolution's last kernel-1 inputs, and a matrix per head; the convolution in the model's
+        dtype, the matrices in state_dtype where vLLM keeps them in another. Mamba-2
+        (mamba2_state_shape): a head_dim x state matrix per head. Gated DeltaNet
+        (gated_delta_net_state_shape): a value x key matrix per value head. 0 where the model has
+        no such layers or its dims are not in its config."""
+        if not self.mamba_layers:
             return 0
-        inner = self.mamba_heads * self.mamba_head_dim or 2 * self.hidden
-        conv = (self.mamba_conv - 1) * math.ceil((inner + 2 * self.mamba_groups * self.mamba_state) / tp)
-        temporal = math.ceil(self.mamba_heads / tp) * self.mamba_head_dim * self.mamba_state
+        if self.mamba_heads and self.mamba_state and self.mamba_conv:
+            inner = self.mamba_heads * self.mamba_head_dim or 2 * self.hidden
+            conv = (self.mamba_conv - 1) * math.ceil((inner + 2 * self.mamba_groups * self.mamba_state) / tp)
+            temporal = math.ceil(self.mamba_heads / tp) * self.mamba_head_dim * self.mamba_state
+        elif self.gdn_key_heads and self.gdn_value_heads and self.gdn_key_dim and self.gdn_value_dim and self.gdn_conv:
+            width = 2 * self.gdn_key_heads * self.gdn_key_dim + self.gdn_value_heads * self.gdn_value_dim
+            conv = (self.gdn_conv - 1) * math.ceil(width / tp)
+            temporal = math.ceil(self.gdn_value_heads / tp) * self.gdn_value_dim * self.gdn_key_dim
+        else:
+            return 0
         state_bytes = DTYPE_BYTES.get(self.state_dtype or "", self.served_bytes)
         return int(conv * self.served_bytes + temporal * state_bytes)
 
@@ -316,4 +331,9 @@ def shape_from_config(config: dict[str, Any]) -> ModelShape:
         mamba_conv=int(config_value(cfg, "conv_kernel", "mamba_d_conv", default=0) or 0),
         mamba_layers=mamba_layers_of(cfg, layers),
         state_dtype=state_dtype_of(cfg),
+        gdn_key_heads=whole(cfg.get("linear_num_key_heads")) or 0,
+        gdn_value_heads=whole(cfg.get("linear_num_value_heads")) or 0,
+        gdn_key_dim=whole(cfg.get("linear_key_head_dim")) or 0,
+        gdn_value_dim=whole(cfg.get("linear_value_head_dim")) or 0,
+        gdn_conv=whole(cfg.get("linear_conv_kernel_dim")) or 0,
     )
