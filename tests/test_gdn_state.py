@@ -9,6 +9,8 @@ block are counted as vLLM counts them."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from vllm_autoheal.api import EngineArgs, VLLMServiceSpec
@@ -100,3 +102,40 @@ def test_without_its_dims_a_gated_deltanet_model_is_not_checked_for_blocks():
     del cfg["linear_num_value_heads"]
     est = estimate(shape_from_config(cfg), EngineArgs(max_model_len=8192, max_num_seqs=100_000), lookup("NVIDIA-H200"))
     assert est.state_blocks is None
+
+
+# Real vLLM 0.25 runs on one H200 (tests/gpu/hybrid_state.sh, MODEL=qwen3.5-0.8b): Qwen3.5-0.8B's shapes
+# with dummy weights, text only, a fixed cache of 1 GiB (blocks-1024) and of 100 MiB (kv-8k).
+HYBRID_LOGS = Path(__file__).parent / "fixtures" / "gpu" / "hybrid-logs"
+
+
+def test_the_memory_model_gives_vllms_figures_for_qwen35_on_the_h200():
+    """Counted from the config alone, before any start: 160 pool blocks in 1 GiB (6 layers' 544-token
+    pages of 2 KiB a token), one 8K request's 0.12 GiB (6 attending layers' 16 blocks, 18 float32 state
+    pages), and 6,528 tokens as the longest that 100 MiB holds: what vLLM printed, each."""
+    shape = config_shape("qwen3.5-0.8b")
+    blocks_log = (HYBRID_LOGS / "hybrid-qwen3.5-0.8b-blocks-1024.log").read_text()
+    kv_log = (HYBRID_LOGS / "hybrid-qwen3.5-0.8b-kv-8k.log").read_text()
+    est = estimate(
+        shape, EngineArgs(max_model_len=8192, kv_cache_memory_bytes=GIB, max_num_seqs=1024), lookup("NVIDIA-H200")
+    )
+    assert f"max_num_seqs (1024) exceeds available Mamba cache blocks ({est.state_blocks})" in blocks_log
+    need = kv_need(shape, EngineArgs(max_model_len=8192), 8192)
+    assert f"({need.bytes_for(8192) / GIB:.2f} GiB KV cache is needed" in kv_log
+    assert f"the estimated maximum model length is {need.longest(100 * 2**20, 8192)}." in kv_log
+
+
+def test_the_real_qwen35_refusal_is_healed_to_the_blocks_vllm_has():
+    from vllm_autoheal.remedy import Inventory, plan_heal
+
+    from crafted.checks import diagnose
+
+    d = diagnose((HYBRID_LOGS / "hybrid-qwen3.5-0.8b-blocks-1024.log").read_text())
+    assert (d.cause, d.subtype, d.numbers["mamba_blocks"]) == (
+        "kv_cache_insufficient",
+        "state_blocks_below_max_num_seqs",
+        160,
+    )
+    spec = VLLMServiceSpec(model="m", engine={"maxNumSeqs": 1024, "maxModelLen": 8192, "kvCacheMemoryBytes": GIB})
+    remedy = plan_heal(spec, d, inventory=Inventory(shape=config_shape("qwen3.5-0.8b"), gpu_total_gib=139.8))
+    assert remedy.changes == {"max_num_seqs": 160}, remedy

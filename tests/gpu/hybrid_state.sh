@@ -8,16 +8,25 @@
 #   blocks-1024: the same context in 1 GiB, CUDA graphs on, 1,024 sequences: vLLM refuses, one state
 #                block per sequence, and prints the blocks it has.
 #   bash tests/gpu/hybrid_state.sh        (logs in $OUT/hybrid-NAME.log)
+#   MODEL=qwen3-next-dense bash tests/gpu/hybrid_state.sh [kv-8k] [blocks-1024]
 # Needs vLLM 0.25 in $SITE (tests/gpu/payload.sh) and the model folder of tests/gpu/make_models.py in $MODELS.
 set -u
 . "$(dirname "$0")/vllm_env.sh"
 export CUDA_VISIBLE_DEVICES=0
+# The same two runs with Qwen3-Next 80B-A3B's shapes, dense (MODEL=qwen3-next-dense, logs
+# hybrid-MODEL-NAME.log): 12 attending layers, 36 Gated DeltaNet layers (a bf16 state); or
+# MODEL=qwen3.5-0.8b: 6 and 18 (a float32 state).
+MODEL=${MODEL:-nemotron-h-8b}
+WANTED=" ${*:-kv-8k blocks-1024} "  # the runs asked for (by name, without the prefix)
 run() {  # run NAME KV_BYTES ARGS...: one `vllm serve` that stops at a start-up check
   local name=$1 kv=$2 t0=$SECONDS
   shift 2
-  timeout 420 vllm serve "$MODELS/nemotron-h-8b" --load-format dummy --kv-cache-memory-bytes "$kv" \
-    --max-model-len 8192 --host 127.0.0.1 --port 8015 "$@" > "$OUT/hybrid-$name.log" 2>&1
+  case "$WANTED" in *" ${name#"$prefix"} "*) ;; *) return 0 ;; esac
+  timeout 420 vllm serve "$MODELS/$MODEL" --load-format dummy --kv-cache-memory-bytes "$kv" \
+    --max-model-len 8192 --host 127.0.0.1 --port 8015 $EXTRA "$@" > "$OUT/hybrid-$name.log" 2>&1
   echo "$name: exit $? in $((SECONDS - t0)) s: kv $kv $*" | tee -a "$OUT/summary.txt"
 }
-run kv-8k 104857600 --enforce-eager --max-num-seqs 16
-run blocks-1024 1073741824 --max-num-seqs 1024
+prefix=$([ "$MODEL" = nemotron-h-8b ] || echo "$MODEL-")
+EXTRA=$([ "$MODEL" = qwen3.5-0.8b ] && echo --language-model-only)  # (its vision tower unused)
+run "${prefix}kv-8k" 104857600 --enforce-eager --max-num-seqs 16
+run "${prefix}blocks-1024" 1073741824 --max-num-seqs 1024
