@@ -8,14 +8,13 @@
 #   blocks-1024: the same context in 1 GiB, CUDA graphs on, 1,024 sequences: vLLM refuses, one state
 #                block per sequence, and prints the blocks it has.
 #   bash tests/gpu/hybrid_state.sh        (logs in $OUT/hybrid-NAME.log)
-#   MODEL=qwen3-next-dense bash tests/gpu/hybrid_state.sh [kv-8k] [blocks-1024]
+#   MODEL=qwen3.5-0.8b bash tests/gpu/hybrid_state.sh [kv-8k] [blocks-1024]
 # Needs vLLM 0.25 in $SITE (tests/gpu/payload.sh) and the model folder of tests/gpu/make_models.py in $MODELS.
 set -u
 . "$(dirname "$0")/vllm_env.sh"
 export CUDA_VISIBLE_DEVICES=0
-# The same two runs with Qwen3-Next 80B-A3B's shapes, dense (MODEL=qwen3-next-dense, logs
-# hybrid-MODEL-NAME.log): 12 attending layers, 36 Gated DeltaNet layers (a bf16 state); or
-# MODEL=qwen3.5-0.8b: 6 and 18 (a float32 state).
+# The same two runs with Qwen3.5-0.8B's shapes (MODEL=qwen3.5-0.8b, logs hybrid-MODEL-NAME.log):
+# 6 attending layers, 18 Gated DeltaNet layers (a float32 state).
 MODEL=${MODEL:-nemotron-h-8b}
 WANTED=" ${*:-kv-8k blocks-1024} "  # the runs asked for (by name, without the prefix)
 run() {  # run NAME KV_BYTES ARGS...: one `vllm serve` that stops at a start-up check

@@ -45,11 +45,10 @@ QWEN25_72B = {  # Qwen/Qwen2.5-72B-Instruct's config.json (the fields vLLM reads
 WINDOWED = ("mistral-7b-v0.1", "gemma-2-2b", "gemma-3-1b")
 # A Mamba hybrid (tests/gpu/hybrid_state.sh): Nemotron-H 8B, dense (the payload has no MoE kernels).
 HYBRID = ("nemotron-h-8b",)
-# A Gated DeltaNet hybrid: Qwen3-Next 80B-A3B's shapes with a dense MLP in every layer (num_experts 0:
-# vLLM's qwen3_next.py builds Qwen3NextMLP), its attention and linear-attention layers as released.
-DENSE = {"qwen3-next-dense": ("qwen3-next-80b-a3b", {"num_experts": 0})}
-# Qwen3.5-0.8B (a float32 state), run text-only (--language-model-only): its vision tower's config as
-# released, which vLLM's Qwen3_5ForConditionalGeneration still reads.
+# A Gated DeltaNet hybrid (tests/gpu/hybrid_state.sh MODEL=qwen3.5-0.8b): Qwen3.5-0.8B (a float32
+# state), run text-only (--language-model-only), with its vision tower's config, which vLLM's
+# Qwen3_5ForConditionalGeneration still reads. (Qwen3-Next, MoE in every layer, needs the MoE kernels
+# the payload leaves out; vLLM 0.25 refuses it without an MoE layer.)
 QWEN35_VISION = {
     "image_token_id": 248056,
     "video_token_id": 248057,
@@ -71,7 +70,7 @@ QWEN35_VISION = {
         "deepstack_visual_indexes": [],
     },
 }
-DENSE["qwen3.5-0.8b"] = ("qwen3.5-0.8b", QWEN35_VISION)
+DENSE = {"qwen3.5-0.8b": ("qwen3.5-0.8b", QWEN35_VISION)}  # name: (fixture, changes)
 
 
 def build(root: Path) -> None:
