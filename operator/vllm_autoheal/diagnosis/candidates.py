@@ -4,7 +4,10 @@ Standard library only."""
 
 from __future__ import annotations
 
+import functools
 import re
+
+from .needles import trie
 
 # A candidate line contains one of these (case-sensitive, chosen so that metrics
 # and HTTP access lines, the bulk of a serving log, contain none).
@@ -152,7 +155,7 @@ ANCHORS = (
     "_init_model",
     "model_executor/",
 )
-# One pass over the window per anchor: an anchor holding another one finds nothing more.
+# (an anchor holding another one finds no line the other does not)
 _SEARCHED = tuple(a for a in ANCHORS if not any(b != a and b in a for b in ANCHORS))
 # Needles that hold no anchor, and why their lines are found anyway.
 UNANCHORED_NEEDLES = {
@@ -195,21 +198,24 @@ def candidates(
 ) -> list[tuple[int, str]]:
     """Lines of `body` holding an anchor (of `anchors`, else ANCHORS), in order; at most `limit` of
     them (from the start)."""
-    starts: set[int] = set()
-    for anchor in _SEARCHED if anchors is None else anchors:
-        i = body.find(anchor)
-        while i >= 0:
-            start = body.rfind("\n", 0, i) + 1
-            starts.add(start)
-            nxt = body.find("\n", i)
-            i = body.find(anchor, nxt + 1) if nxt >= 0 else -1
-    out = []
-    for start in sorted(starts):
-        end = body.find("\n", start)
+    # One pass of a trie of the anchors: the first anchor of a line makes it a candidate, and the
+    # search goes on from the next line. (A pass of str.find per anchor cost up to a step per
+    # character per anchor: its skip table takes '%' for 'e', and a line of 'a's holds many
+    # anchors' characters, 2.5x a normal window's time for a 1 MiB tail of such lines.)
+    out: list[tuple[int, str]] = []
+    found = _finder(_SEARCHED if anchors is None else anchors).search
+    hit = found(body)
+    while hit is not None and (limit is None or len(out) < limit):
+        start = body.rfind("\n", 0, hit.start()) + 1
+        end = body.find("\n", hit.end())
         out.append((base + start, body[start : end if end >= 0 else len(body)][:MAX_LINE]))
-        if limit is not None and len(out) >= limit:
-            break
+        hit = found(body, end + 1) if end >= 0 else None
     return out
+
+
+@functools.cache
+def _finder(anchors: tuple[str, ...]) -> re.Pattern[str]:
+    return re.compile(trie(sorted(set(anchors))))
 
 
 # A window holding a flood of short candidate lines (a million in 1 MiB) is read in slices of

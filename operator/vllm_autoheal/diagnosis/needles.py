@@ -90,7 +90,7 @@ def needles_of(pattern: str, flags: int = 0) -> tuple[str, ...]:
     return tuple(dict.fromkeys(found))
 
 
-def _trie(words: list[str]) -> str:
+def trie(words: list[str]) -> str:
     """A regex matching the longest of `words` that starts where it is tried (a greedy trie)."""
     root: dict[str, dict] = {}
     for word in words:
@@ -116,7 +116,7 @@ def finder(needles: list[str]) -> Callable[[str], set[str]]:
     at every position where one starts, the longest needle there; the needles starting at the
     same position are its prefixes."""
     first = "".join(sorted({re.escape(n[0]) for n in needles}))  # (cheap test before the trie)
-    pattern = re.compile(f"(?=[{first}])(?=({_trie(needles)}))")
+    pattern = re.compile(f"(?=[{first}])(?=({trie(needles)}))")
     prefixes = {n: [k for k in needles if n.startswith(k)] for n in needles}
     letters = [(n, frozenset(n)) for n in needles]
 
