@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from . import messages as msg
-from .needles import finder
+from .needles import any_of, finder
 from .origin import ENGINE, MATCH_CHARS, REQUEST
 from .placement import (
     ANY,
@@ -187,6 +187,10 @@ def _collector_prefix(line: Line) -> str:
 def _wrapped(line: Line, following: list[Line]) -> list[Finding]:
     """A memory message a pretty-printer wrapped over the next lines: bare lines, or lines with
     only the prefix a collector put on the first one too (a collector stamps every line)."""
+    # (a flood of short bare lines calls this on every line: the needle test first, on all that may
+    # be joined, of which the joined text is a prefix, before the tests of which lines join)
+    if not _holds_memory_needle(" ".join([line.text] + [nxt.text for nxt in following])[:MATCH_CHARS]):
+        return []
     rest: list[Line] = []
     prefix = _collector_prefix(line)
     for nxt in following:
@@ -199,8 +203,7 @@ def _wrapped(line: Line, following: list[Line]) -> list[Finding]:
         return []
     text = " ".join([line.text] + [nxt.text for nxt in rest])[:MATCH_CHARS]
     lowered = text.lower()
-    # (a flood of short bare lines calls this on every line: one pass over the needles first)
-    if not any(n in text for n in _MEMORY_NEEDLES) and not any(n in lowered for n in _MEMORY_NEEDLES_LOWER):
+    if not _holds_memory_needle(text, lowered):
         return []
     found = [Finding(line, message, match) for message in _MEMORY if (match := message.search(text, lowered))]
     # A further line of an exception's message may be a client's: joined with one, only a message
@@ -209,6 +212,13 @@ def _wrapped(line: Line, following: list[Line]) -> list[Finding]:
         typed = EXCEPTION_TYPE.match(line.text)
         found = [f for f in found if typed is not None and f.match.start() == typed.end()]
     return found
+
+
+_HOLDS_MEMORY_NEEDLE, _HOLDS_MEMORY_NEEDLE_LOWER = any_of(_MEMORY_NEEDLES), any_of(_MEMORY_NEEDLES_LOWER)
+
+
+def _holds_memory_needle(text: str, lowered: str | None = None) -> bool:
+    return _HOLDS_MEMORY_NEEDLE(text) or _HOLDS_MEMORY_NEEDLE_LOWER(text.lower() if lowered is None else lowered)
 
 
 def _exceptions(engine_lines: list[Line]) -> Iterator[Line]:

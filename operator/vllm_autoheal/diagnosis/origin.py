@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import re
 
+from .needles import any_of
+
 # What patterns see of a line: every decisive vLLM line is shorter. (scan.py's bound on per-line work,
 # kept here, where origin_of reads that much of a line, so that scan.py can import this module.)
 MATCH_CHARS = 2048
@@ -78,8 +80,8 @@ _REQUEST_IDS = re.compile(  # (each alternative starts with a letter: see _USER_
     # ("cmpl-<id>-0-1a2b"), as KV connectors log them without the word "request"
     + "|".join(p[0] + _WB + re.escape(p[1:]) for p in _API_ID_PREFIXES)
 )
-# (every request-id form holds one of these: a cheap test before the regex on long lines)
-_ID_HINTS = ("eq", "SchedulerOutput") + tuple(p[1:] for p in _API_ID_PREFIXES)
+# (every request-id form holds one of these hints: a cheap test before the regex on long lines)
+_HOLDS_ID_HINT = any_of(["eq", "SchedulerOutput", *(p[1:] for p in _API_ID_PREFIXES)])
 # The API server handles requests one by one: its errors (a 400 for a long prompt, a bad chat
 # template) are the request's, carry the request's text, and never decide a crash's cause.
 _REQUEST_FILES = re.compile(
@@ -126,13 +128,13 @@ def origin_of(text: str, source_file: str | None) -> str:
     if name and _USER_FILES.match(name):
         return USER
     head = text[:MATCH_CHARS]
-    # (every request-id form holds one of _ID_HINTS: a cheap test first on long lines)
+    # (every request-id form holds one of the id hints: a cheap test first on long lines)
     if _USER_START.match(head) or _USER_QUOTE.search(head) or _REQUEST_START.match(head):
         return USER
     if _SERVE_LINE.match(head):
         return REQUEST
     named = _HUB_REQUEST_ID.sub("", head) if "(Request ID: " in head else head  # (only the Hub's id is let go)
-    if any(h in named for h in _ID_HINTS) and _REQUEST_IDS.search(named):
+    if _HOLDS_ID_HINT(named) and _REQUEST_IDS.search(named):
         return USER
     if _ACCESS.match(head) or ('"' in head and _REQUEST_LINE.search(head)):
         return ACCESS
