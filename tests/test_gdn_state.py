@@ -33,6 +33,9 @@ QWEN3_NEXT_TP2 = """\
 QWEN35_08B = """\
 (EngineCore pid=9900) INFO 04-20 19:27:59 [interface.py:601] Setting attention block size to 544 tokens to ensure that attention page size is >= mamba page size.
 (EngineCore pid=9900) INFO 04-20 19:27:59 [interface.py:625] Padding mamba page size by 2.64% to ensure that mamba page size and attention page size are exactly equal.
+(EngineCore pid=9900) INFO 04-20 19:28:04 [gpu_worker.py:437] Available KV cache memory: 5.03 GiB
+(EngineCore pid=9900) INFO 04-20 19:28:04 [kv_cache_utils.py:1319] GPU KV cache size: 109,344 tokens
+(EngineCore pid=9900) INFO 04-20 19:28:04 [kv_cache_utils.py:1324] Maximum concurrency for 4,096 tokens per request: 73.36x
 """
 
 
@@ -139,3 +142,38 @@ def test_the_real_qwen35_refusal_is_healed_to_the_blocks_vllm_has():
     spec = VLLMServiceSpec(model="m", engine={"maxNumSeqs": 1024, "maxModelLen": 8192, "kvCacheMemoryBytes": GIB})
     remedy = plan_heal(spec, d, inventory=Inventory(shape=config_shape("qwen3.5-0.8b"), gpu_total_gib=139.8))
     assert remedy.changes == {"max_num_seqs": 160}, remedy
+
+
+@pytest.mark.parametrize(
+    "name, tp, kv_gib, length, log, groups",
+    [
+        ("qwen3-next-80b-a3b", 2, 44.59, 262144, QWEN3_NEXT_TP2, 4),
+        ("qwen3.5-0.8b", 1, 5.03, 4096, QWEN35_08B, 4),
+    ],
+)
+def test_a_hybrids_concurrency_is_the_pools_blocks_over_a_requests(name, tp, kv_gib, length, log, groups):
+    """vLLM's "Maximum concurrency": the pool's blocks over one request's (its attention blocks and one
+    state block a group of Gated DeltaNet layers): 7,162 / (482 + 3) = 14.77 and 807 / (8 + 3) = 73.36.
+    Counted as attention tokens over the length, 14.86 and 77.0."""
+    need = kv_need(config_shape(name), EngineArgs(tensor_parallel_size=tp), 8192)
+    blocks = state_blocks(need, kv_gib * GIB)
+    assert f"GPU KV cache size: {blocks // groups * need.block:,} tokens" in log
+    est = estimate(
+        config_shape(name),
+        EngineArgs(tensor_parallel_size=tp, max_model_len=length, kv_cache_memory_bytes=int(kv_gib * GIB)),
+        lookup("NVIDIA-H200"),
+    )
+    assert f"Maximum concurrency for {length:,} tokens per request: {est.max_concurrency:.2f}x" in log
+
+
+def test_pre_flight_sees_a_hybrids_request_short_of_its_cache_as_vllm_does():
+    """100 MiB for Qwen3.5-0.8B at 8K: vLLM refused (0.12 GiB needed, 6,528 tokens fit) on the H200. Counted
+    as attention tokens alone, the cache held 8,528 and pre-flight called it a fit; Nemotron-H 8B's 24 state
+    pages alone (97.5 MiB) leave no room for a request at all."""
+    kv_log = (HYBRID_LOGS / "hybrid-qwen3.5-0.8b-kv-8k.log").read_text()
+    engine = EngineArgs(max_model_len=8192, kv_cache_memory_bytes=100 * 2**20, max_num_seqs=16, enforce_eager=True)
+    est = estimate(config_shape("qwen3.5-0.8b"), engine, lookup("NVIDIA-H200"))
+    assert est.failure == "kv_cache_insufficient"
+    assert f"the estimated maximum model length is {est.max_model_len_fit}." in kv_log
+    est = estimate(config_shape("nemotron-h-8b"), engine, lookup("NVIDIA-H200"))
+    assert est.failure == "kv_cache_insufficient" and est.max_model_len_fit == 0

@@ -212,9 +212,13 @@ def state_blocks(need: KvNeed, kv_bytes: float) -> int | None:
 
 
 def _concurrency(tokens: int, kv_bytes: float, need: KvNeed, max_len: int) -> float:
-    """Requests of max_model_len the cache holds at once, as vLLM logs it ("Maximum concurrency")."""
+    """Requests of max_model_len the cache holds at once, as vLLM logs it ("Maximum concurrency"); a
+    hybrid's: the pool's blocks over the blocks one request holds (its attention blocks and a state
+    block a group of Mamba layers)."""
     if not max_len or kv_bytes <= 0:
         return 0.0
+    if need.pool_block_bytes:
+        return round((state_blocks(need, kv_bytes) or 0) / (need.bytes_for(max_len) / need.pool_block_bytes), 2)
     return round(kv_bytes / need.bytes_for(max_len) if need.windowed_per_token else tokens / max_len, 2)
 
 
@@ -258,8 +262,10 @@ def estimate(
         reasons.append(f"weights need {weights:.2f} GiB per GPU, only {free:.2f} GiB is free")
     tokens = _tokens(kv * GIB, per_token)
     need = kv_need(shape, engine, mbt)
-    # (a request longer than the cache holds in full-attention tokens never fits: that is the limit)
-    fit_len = need.longest(kv * GIB, max(tokens, max_len)) if need.windowed_per_token else tokens
+    # (a request longer than the cache holds in full-attention tokens never fits: that is the limit;
+    # a hybrid's request also holds its state pages, in blocks widened to them)
+    counted = need.windowed_per_token or need.state_bytes
+    fit_len = need.longest(kv * GIB, max(tokens, max_len)) if counted else tokens
     if failure is None and tokens <= 0:
         failure = "kv_cache_insufficient"
         reasons.append(
