@@ -174,6 +174,11 @@ INVALID = [
         "spec.modelConfig.inline.num_hidden_layers",
     ),
     (
+        "config-vision-depth-huge",
+        {"modelConfig": {"inline": {**SMALL_CONFIG, "vision_config": {"depth": 10**6, "hidden_size": 1280}}}},
+        "spec.modelConfig.inline.vision_config.depth",
+    ),
+    (
         "config-inline-and-ref",
         {"modelConfig": {"inline": SMALL_CONFIG, "configMapRef": {"name": "cfg"}}},
         "spec.modelConfig.inline",
@@ -333,3 +338,28 @@ def test_a_heals_spec_patch_removes_a_flag_its_target_leaves_unset(k8s):
     assert "maxModelLen" not in got["spec"]["engine"], got["spec"]["engine"]
     assert got["spec"]["engine"]["tensorParallelSize"] == 1 and got["spec"]["resources"]["gpus"] == 1
     assert in_spec(VLLMService.model_validate(got)).engine.max_model_len is None
+
+
+def test_an_inline_multimodal_config_keeps_its_vision_encoder(k8s):
+    """A pasted Qwen2.5-VL config.json: the server keeps vision_config's sizing fields (in each spelling),
+    and the operator weighs the encoder as from the file (0.68 B parameters)."""
+    from vllm_autoheal.model_config import check
+    from vllm_autoheal.model_shape import shape_from_config
+
+    vision = {
+        "depth": 32,
+        "hidden_act": "silu",
+        "hidden_size": 1280,
+        "intermediate_size": 3420,
+        "in_chans": 3,
+        "out_hidden_size": 3584,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "window_size": 112,
+    }
+    created = _create(k8s, _vsvc("vl-inline", modelConfig={"inline": {**SMALL_CONFIG, "vision_config": vision}}))
+    kept = created["spec"]["modelConfig"]["inline"]["vision_config"]
+    assert kept == {k: v for k, v in vision.items() if k != "window_size"}  # (what sizes nothing is pruned)
+    params = shape_from_config(check(created["spec"]["modelConfig"]["inline"])).vision_params
+    assert abs(params - 0.675e9) / 0.675e9 < 0.03

@@ -49,7 +49,8 @@ def weights_bytes_per_gpu(
     per_stage = math.ceil(shape.layers / pp)
     layers = shape.stack_params(per_stage)
     embed = shape.embedding_params() if pp == 1 else shape.vocab * shape.hidden  # first or last stage
-    return int((layers * linear + embed * dense) / tp + WEIGHT_BUFFERS_GIB * GIB)
+    # (a vision encoder stays in the model dtype in quantized checkpoints, and sits on the first stage)
+    return int((layers * linear + (embed + shape.vision_params) * dense) / tp + WEIGHT_BUFFERS_GIB * GIB)
 
 
 def weights_gib_per_gpu(shape: ModelShape, engine: EngineArgs) -> float:

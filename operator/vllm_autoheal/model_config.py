@@ -84,6 +84,24 @@ FIELDS: tuple[ConfigField, ...] = (
     ConfigField("linear_conv_kernel_dim", 0, 64, "A Gated DeltaNet layer's convolution width."),
 )
 BY_NAME = {f.name: f for f in FIELDS}
+# A multimodal model's vision encoder (config.json's vision_config), which vLLM loads beside the
+# language model: its depth and width, its MLP, its patches and position table, and the merger or
+# projector into the language model (vision_tower.py weighs it).
+VISION_FIELDS: tuple[ConfigField, ...] = (
+    ConfigField("depth", 0, 256, "Vision encoder layers.", ("num_hidden_layers",)),
+    ConfigField("embed_dim", 0, 16384, "Width of the vision encoder (Qwen2-VL; there hidden_size is its output)."),
+    ConfigField("hidden_size", 0, 65536, "Width of the vision encoder."),
+    ConfigField("intermediate_size", 0, 1 << 17, "Width of a vision layer's MLP."),
+    ConfigField("out_hidden_size", 0, 65536, "Width the vision merger projects to (Qwen2.5-VL and later)."),
+    ConfigField("spatial_merge_size", 0, 16, "Patches merged per side before the merger (Qwen-VL)."),
+    ConfigField("patch_size", 0, 1024, "Pixels per side of a patch."),
+    ConfigField("temporal_patch_size", 0, 16, "Frames per patch (Qwen-VL)."),
+    ConfigField("num_channels", 0, 16, "Input channels.", ("in_channels", "in_chans")),
+    ConfigField("image_size", 0, 16384, "Image side the position table covers (CLIP, SigLIP)."),
+    ConfigField("num_position_embeddings", 0, 1 << 20, "Learned position embeddings (Qwen3-VL)."),
+)
+MAX_MLP_RATIO = 64  # Qwen2-VL's mlp_ratio (4): the MLP's width over the encoder's
+MAX_DEEPSTACK = 64  # Qwen3-VL's deepstack_visual_indexes: one more merger each
 # A whole number (Gemma 3, Cohere2) or letters (EXAONE 4's "LLLG"), so outside the table.
 PATTERN = ConfigField(
     "sliding_window_pattern", 0, 1024, "Every n-th layer attends in full (Gemma 3: 6), or letters (EXAONE 4: LLLG)."
@@ -264,6 +282,41 @@ def check(config: Any, source: str = "") -> dict[str, Any]:
         raise ModelConfigError(f"{_where('expert_layer_offset', source)} must be below expert_layer_period")
     if out.get("first_k_dense_replace", 0) > out["num_hidden_layers"]:
         raise ModelConfigError(f"{_where('first_k_dense_replace', source)} exceeds num_hidden_layers")
+    vision = config.get("vision_config")
+    if vision is not None:
+        out["vision_config"] = _vision(vision, source)
+    return out
+
+
+def _vision(vision: Any, source: str) -> dict[str, Any]:
+    """vision_config's fields, checked as the text model's are (VISION_FIELDS)."""
+    if not isinstance(vision, dict):
+        raise ModelConfigError(f"{_where('vision_config', source)} must be an object")
+    out: dict[str, Any] = {}
+    for field in VISION_FIELDS:
+        for key in (field.name, *field.aliases):
+            if vision.get(key) is not None:
+                out[field.name] = _integer(vision[key], field, f"vision_config.{key}", source)
+                break
+    act = vision.get("hidden_act")
+    if act is not None:
+        if not isinstance(act, str) or len(act) > STRINGS["hidden_act"]:
+            raise ModelConfigError(f"{_where('vision_config.hidden_act', source)} must be a short string")
+        out["hidden_act"] = act
+    ratio = vision.get("mlp_ratio")
+    if ratio is not None:
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= MAX_MLP_RATIO:
+            raise ModelConfigError(
+                f"{_where('vision_config.mlp_ratio', source)} must be a number in (0, {MAX_MLP_RATIO}]"
+            )
+        out["mlp_ratio"] = float(ratio)
+    stack = vision.get("deepstack_visual_indexes")
+    if stack is not None:
+        if not isinstance(stack, list) or len(stack) > MAX_DEEPSTACK:
+            raise ModelConfigError(
+                f"{_where('vision_config.deepstack_visual_indexes', source)} must be a list of at most {MAX_DEEPSTACK}"
+            )
+        out["deepstack_visual_indexes"] = [i for i in stack if isinstance(i, int) and not isinstance(i, bool)]
     return out
 
 

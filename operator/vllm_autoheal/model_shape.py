@@ -19,6 +19,7 @@ from .model_layers import (
     state_layers_of,
     whole,
 )
+from .vision_tower import vision_params
 
 DTYPE_BYTES = {
     "float32": 4.0,
@@ -108,6 +109,7 @@ class ModelShape:
     gdn_key_dim: int = 0
     gdn_value_dim: int = 0
     gdn_conv: int = 0
+    vision_params: int = 0  # a multimodal model's vision encoder (vision_tower.py), loaded beside it
     state_dtype: str | None = None  # the temporal state's dtype where vLLM does not use the model's
 
     @property
@@ -336,4 +338,5 @@ def shape_from_config(config: dict[str, Any]) -> ModelShape:
         gdn_key_dim=whole(cfg.get("linear_key_head_dim")) or 0,
         gdn_value_dim=whole(cfg.get("linear_value_head_dim")) or 0,
         gdn_conv=whole(cfg.get("linear_conv_kernel_dim")) or 0,
+        vision_params=vision_params(config.get("vision_config"), hidden),
     )

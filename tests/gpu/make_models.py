@@ -43,46 +43,19 @@ QWEN25_72B = {  # Qwen/Qwen2.5-72B-Instruct's config.json (the fields vLLM reads
 
 # Sliding-window models (tests/gpu/sliding_windows.sh): every layer windowed, every other, 5 of 6.
 WINDOWED = ("mistral-7b-v0.1", "gemma-2-2b", "gemma-3-1b")
-# A Mamba hybrid (tests/gpu/hybrid_state.sh): Nemotron-H 8B, dense (the payload has no MoE kernels).
-HYBRID = ("nemotron-h-8b",)
-# A Gated DeltaNet hybrid (tests/gpu/hybrid_state.sh MODEL=qwen3.5-0.8b): Qwen3.5-0.8B (a float32
-# state), run text-only (--language-model-only), with its vision tower's config, which vLLM's
-# Qwen3_5ForConditionalGeneration still reads. (Qwen3-Next, MoE in every layer, needs the MoE kernels
-# the payload leaves out; vLLM 0.25 refuses it without an MoE layer.)
-QWEN35_VISION = {
-    "image_token_id": 248056,
-    "video_token_id": 248057,
-    "vision_start_token_id": 248053,
-    "vision_end_token_id": 248054,
-    "vision_config": {
-        "model_type": "qwen3_5",
-        "depth": 12,
-        "hidden_size": 768,
-        "intermediate_size": 3072,
-        "num_heads": 12,
-        "out_hidden_size": 1024,
-        "patch_size": 16,
-        "spatial_merge_size": 2,
-        "temporal_patch_size": 2,
-        "in_channels": 3,
-        "num_position_embeddings": 2304,
-        "hidden_act": "gelu_pytorch_tanh",
-        "deepstack_visual_indexes": [],
-    },
-}
-DENSE = {"qwen3.5-0.8b": ("qwen3.5-0.8b", QWEN35_VISION)}  # name: (fixture, changes)
+# Mamba hybrids (tests/gpu/hybrid_state.sh): Nemotron-H 8B, dense (the payload has no MoE kernels), and
+# Qwen3.5-0.8B (Gated DeltaNet, run text-only; Qwen3-Next, MoE in every layer, needs the MoE kernels).
+HYBRID = ("nemotron-h-8b", "qwen3.5-0.8b")
 
 
 def build(root: Path) -> None:
     real = {name: json.loads((CONFIGS / f"{name}.json").read_text()) for name in WINDOWED + HYBRID + ("llama-3.1-8b",)}
-    for name, (base, changes) in DENSE.items():
-        real[name] = {**json.loads((CONFIGS / f"{base}.json").read_text()), **changes}
     for name, config in (*real.items(), ("qwen2.5-72b", QWEN25_72B)):
         out = root / name
         out.mkdir(parents=True, exist_ok=True)
         config = {**config, "bos_token_id": 1, "eos_token_id": 2}  # the tiny tokenizer's special ids
         (out / "config.json").write_text(json.dumps(config, indent=1))
-        save_tokenizer(out, config["vocab_size"])
+        save_tokenizer(out, config.get("vocab_size") or config["text_config"]["vocab_size"])
         print(out)
 
 

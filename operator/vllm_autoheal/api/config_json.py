@@ -40,6 +40,27 @@ def _int_or_string(schema: dict[str, Any]) -> None:
     ]
 
 
+# A multimodal model's vision encoder, typed and ranged from model_config.VISION_FIELDS.
+VisionConfigJson = create_model(  # type: ignore[call-overload]
+    "VisionConfigJson",
+    __base__=ConfigJsonBase,
+    __doc__="The fields of config.json's vision_config that size the vision encoder.",
+    **{
+        name: (int | None, Field(None, ge=f.low, le=f.high, description=f.description))
+        for f in mc.VISION_FIELDS
+        for name in (f.name, *f.aliases)
+    },
+    hidden_act=(str | None, Field(None, max_length=mc.STRINGS["hidden_act"], description="The MLP's activation.")),
+    mlp_ratio=(
+        float | None,
+        Field(None, gt=0, le=mc.MAX_MLP_RATIO, description="The MLP's width over the encoder's (Qwen2-VL)."),
+    ),
+    deepstack_visual_indexes=(
+        list[Annotated[int, Field(ge=0, le=1024)]] | None,
+        Field(None, max_length=mc.MAX_DEEPSTACK, description="Layers with a merger of their own (Qwen3-VL)."),
+    ),
+)
+
 # The fields the memory model reads, typed and ranged from the one table in model_config.py.
 ConfigJson = create_model(  # type: ignore[call-overload]
     "ConfigJson",
@@ -93,6 +114,10 @@ ConfigJson = create_model(  # type: ignore[call-overload]
         Field(None, max_length=mc.MAX_LAYER_TYPES, description=mc.ATTENTION_INDICES),
     ),
     quantization_config=(QuantizationConfig | None, Field(None, description="The checkpoint's quantization.")),
+    vision_config=(
+        VisionConfigJson | None,
+        Field(None, description="A multimodal model's vision encoder, weighed with the model."),
+    ),
 )
 ConfigJson.model_config["json_schema_extra"] = {
     "x-kubernetes-validations": [
@@ -121,7 +146,10 @@ class ModelConfigSource(Model):
     )
     inline: ConfigJson | None = Field(
         None,
-        description=("config.json's fields, as the file spells them (a multimodal model: its text_config)."),
+        description=(
+            "config.json's fields, as the file spells them (a multimodal model: its text_config's, and its "
+            "vision_config)."
+        ),
     )
     config_map_ref: ConfigMapKeyRef | None = Field(
         None, description="A ConfigMap key holding config.json (at most 1 MiB)."
