@@ -132,6 +132,16 @@ def switched(args: list[str], spelling: str) -> bool | None:
     return value
 
 
+def flag_value(args: list[str], spelling: str) -> str | None:
+    """The value command-line tokens give a flag that takes one (`--flag value`, `--flag=value`; the
+    last wins, as in argparse), or None where none names it."""
+    value: str | None = None
+    for i, token in enumerate(args):
+        if spelled_by(token, spelling):
+            value = token.partition("=")[2] if "=" in token else args[i + 1] if i + 1 < len(args) else ""
+    return value
+
+
 def spelling_pattern(spelling: str) -> str:
     """An RE2 pattern (no backslashes, so it sits in a CEL string as is) matching exactly the
     tokens `spelled_by` accepts for this spelling: the CRD's rule and this module agree."""

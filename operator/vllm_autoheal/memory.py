@@ -17,7 +17,7 @@ from typing import Any
 
 from .api import EngineArgs
 from .diagnosis.units import GIB
-from .engine import switched
+from .engine import flag_value, spelled_by, switched
 from .gpu_catalog import GpuSpec
 from .model_shape import DTYPE_BYTES, GROUP_SCALE_BYTES, QUANT_BYTES, ModelShape, layer_group, padded_layers
 
@@ -86,8 +86,36 @@ def default_max_num_batched_tokens(gpu_total_gib: float, entrypoint: str = "serv
     return 16384 if gpu_total_gib >= 160 else 8192 if gpu_total_gib >= 70 else 2048
 
 
-def default_max_num_seqs(gpu_total_gib: float) -> int:
-    return 1024 if gpu_total_gib >= 70 else 256
+def default_max_num_seqs(gpu_total_gib: float, gpu_name: str = "", extra_args: list[str] | None = None) -> int:
+    """vLLM's default (arg_utils get_batch_defaults): 1024 from 70 GiB but on an A100 ("a100" not in
+    device_name, PR #17885), else 256; twice that under --performance-mode throughput."""
+    seqs = 1024 if gpu_total_gib >= 70 and "a100" not in gpu_name.lower() else 256
+    return 2 * seqs if flag_value(extra_args or [], "--performance-mode") == "throughput" else seqs
+
+
+# extraArgs with which vLLM's state-block check is off (no full CUDA graphs: -O0, a cudagraph_mode) or
+# its pool is not the one the config's page makes (another state dtype or block, a draft model's
+# layers and state rows, prefix caching's chunk-aligned block, a fixed block count): the blocks are
+# not foreseen, and vLLM's own refusal, if any, is healed by its figures.
+POOL_FLAGS = (
+    "--compilation-config",
+    "-cc",
+    "--optimization-level",
+    "-O",
+    "--mamba-cache-dtype",
+    "--mamba-ssm-cache-dtype",
+    "--block-size",
+    "--speculative-config",
+    "--enable-prefix-caching",
+    "--mamba-cache-mode",
+    "--mamba-block-size",
+    "--num-gpu-blocks-override",
+    "--kv-cache-dtype-skip-layers",
+)
+
+
+def pool_foreseen(extra_args: list[str]) -> bool:
+    return not any(spelled_by(token, flag) for token in extra_args for flag in POOL_FLAGS)
 
 
 def activation_bytes(shape: ModelShape, max_num_batched_tokens: int, tp: int = 1) -> int:
@@ -183,16 +211,22 @@ def kv_need(shape: ModelShape, engine: EngineArgs, max_num_batched_tokens: int) 
     if full and windowed and switched(engine.extra_args, "--disable-hybrid-kv-cache-manager"):
         # vLLM then counts windowed layers as full ones (unify_hybrid_kv_cache_specs)
         full, windowed = shape.attention_layers, 0
-    per_layer = per_token / max(shape.attention_layers, 1)
+    pp = engine.pipeline_parallel_size
+    per_layer = per_token / max(shape.attention_layers, 1)  # (per_token is one stage's: spread over all)
+    layer_bytes = per_token / max(math.ceil(shape.attention_layers / pp), 1)  # one attending layer's
     block, state_bytes, pool_block = BLOCK_SIZE, 0.0, 0.0
     page = shape.state_page_bytes(engine.tensor_parallel_size)
     if page and per_layer:
         # vLLM widens the attention block until its page holds a state page, then pads the state page
         # to it (Platform.update_block_size_for_backend); each Mamba layer keeps one for a request.
-        block = BLOCK_SIZE * math.ceil(page / (BLOCK_SIZE * per_layer))
-        mamba = math.ceil(shape.mamba_layers / engine.pipeline_parallel_size)
-        state_bytes = padded_layers(mamba, full + windowed) * block * per_layer
-        pool_block = layer_group(mamba, full + windowed) * block * per_layer
+        block = BLOCK_SIZE * math.ceil(page / (BLOCK_SIZE * layer_bytes))
+        mamba = math.ceil(shape.mamba_layers / pp)
+        state_bytes = padded_layers(mamba, full + windowed) * block * layer_bytes
+        # vLLM groups the layers of all stages, and a GPU's pool block holds a page for each of its
+        # stage's layers of a group (_project_kv_cache_groups_to_worker; a group's layers interleave
+        # over the stages): at least a pp-th of the group, so a shortage counted is one vLLM has.
+        group = layer_group(shape.mamba_layers, full + windowed)
+        pool_block = math.ceil(group / pp) * block * layer_bytes
     return KvNeed(
         per_layer * full,
         per_layer * windowed,
@@ -279,8 +313,8 @@ def estimate(
             f"KV cache {kv:.2f} GiB holds one request of {fit_len:,} tokens < max_model_len {max_len:,}"
             + (f" ({need.bytes_for(max_len) / GIB:.2f} GiB needed)" if need.windowed_per_token else "")
         )
-    seqs = engine.max_num_seqs or default_max_num_seqs(total)
-    blocks = state_blocks(need, kv * GIB)
+    seqs = engine.max_num_seqs or default_max_num_seqs(total, gpu.name, engine.extra_args)
+    blocks = state_blocks(need, kv * GIB) if pool_foreseen(engine.extra_args) else None
     if failure is None and blocks is not None and not engine.enforce_eager and seqs > blocks:
         # vLLM refuses to capture full CUDA graphs (its default) for more sequences than state blocks
         failure = "kv_cache_insufficient"
