@@ -99,3 +99,48 @@ def test_pipeline_counts_keep_the_tp1_figures():
         lookup("NVIDIA-H200"),
     )
     assert est.state_blocks == 63 == math.floor(GIB / (4 * NEMOTRON_PAGE))
+
+
+def test_a_mamba2_page_extends_its_groups_to_the_tensor_parallel_size():
+    """vLLM's mamba2_state_shape gives each GPU all the B and C groups its heads need: n_groups not
+    divisible by TP is extended by TP - n_groups (extra_groups_for_head_shards), so Bamba-9B's one
+    group is 8 at TP 8: a convolution of (8,192 + 2 x 8 x 128) / 8 = 1,280 channels, not 1,056."""
+    from vllm_autoheal.model_shape import shape_from_config
+
+    bamba = {
+        "architectures": ["BambaForCausalLM"],
+        "model_type": "bamba",
+        "hidden_size": 4096,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 14336,
+        "vocab_size": 128256,
+        "attn_layer_indices": [9, 18, 27],
+        "mamba_n_heads": 128,
+        "mamba_d_head": 64,
+        "mamba_n_groups": 1,
+        "mamba_d_state": 128,
+        "mamba_d_conv": 4,
+        "mamba_expand": 2,
+        "torch_dtype": "bfloat16",
+    }
+    shape = shape_from_config(bamba)
+    assert shape.mamba_layers == 29
+    for tp, groups in ((1, 1), (2, 2), (8, 8)):
+        conv = 3 * (8192 + 2 * groups * 128) // tp
+        temporal = 128 // tp * 64 * 128
+        assert shape.state_page_bytes(tp) == 2 * (conv + temporal), tp
+
+
+def test_the_served_dtype_sizes_the_state_page_as_it_sizes_the_attention_page():
+    """--dtype float32 serves Qwen3-Next in float32: vLLM keeps its state (mamba_cache_dtype auto) in
+    the model's dtype as it keeps K and V, so both pages double and the block stays 544 tokens. The
+    page was sized in the config's bf16 while K and V doubled: a 272-token block, pool blocks of half
+    the bytes, and twice the blocks vLLM has foreseen."""
+    shape = config_shape("qwen3-next-80b-a3b")
+    from vllm_autoheal.memory import kv_need
+
+    for tp in (1, 2):
+        assert kv_need(shape, EngineArgs(tensor_parallel_size=tp, dtype="float32"), 8192).block == 544
+        assert kv_need(shape, EngineArgs(tensor_parallel_size=tp, dtype="bfloat16"), 8192).block == 544

@@ -215,7 +215,7 @@ def kv_need(shape: ModelShape, engine: EngineArgs, max_num_batched_tokens: int) 
     per_layer = per_token / max(shape.attention_layers, 1)  # (per_token is one stage's: spread over all)
     layer_bytes = per_token / max(math.ceil(shape.attention_layers / pp), 1)  # one attending layer's
     block, state_bytes, pool_block = BLOCK_SIZE, 0.0, 0.0
-    page = shape.state_page_bytes(engine.tensor_parallel_size)
+    page = shape.state_page_bytes(engine.tensor_parallel_size, engine.dtype)
     if page and per_layer:
         # vLLM widens the attention block until its page holds a state page, then pads the state page
         # to it (Platform.update_block_size_for_backend); each Mamba layer keeps one for a request.

@@ -176,18 +176,21 @@ class ModelShape:
         conv = inner + 2 * self.mamba_groups * self.mamba_state
         return h * (inner + conv + heads) + conv * (self.mamba_conv + 1) + inner * h + 3 * heads + inner
 
-    def state_page_bytes(self, tp: int = 1) -> int:
+    def state_page_bytes(self, tp: int = 1, dtype: str | None = None) -> int:
         """One request's state in one Mamba layer on one GPU, as vLLM shapes it (mamba_utils.py): the
         convolution's last kernel-1 inputs, and a matrix per head; the convolution in the model's
         dtype, the matrices in state_dtype where vLLM keeps them in another. Mamba-2
         (mamba2_state_shape): a head_dim x state matrix per head. Gated DeltaNet
         (gated_delta_net_state_shape): a value x key matrix per value head. 0 where the model has
-        no such layers or its dims are not in its config."""
+        no such layers or its dims are not in its config. `dtype`: the engine's --dtype, where set (the
+        model's dtype, so the state's under mamba_cache_dtype auto)."""
         if not self.mamba_layers:
             return 0
         if self.mamba_heads and self.mamba_state and self.mamba_conv:
             inner = self.mamba_heads * self.mamba_head_dim or 2 * self.hidden
-            conv = (self.mamba_conv - 1) * math.ceil((inner + 2 * self.mamba_groups * self.mamba_state) / tp)
+            # each GPU holds every B and C group its heads need (extra_groups_for_head_shards)
+            groups = self.mamba_groups + (0 if self.mamba_groups % tp == 0 else tp - self.mamba_groups)
+            conv = (self.mamba_conv - 1) * math.ceil((inner + 2 * groups * self.mamba_state) / tp)
             temporal = math.ceil(self.mamba_heads / tp) * self.mamba_head_dim * self.mamba_state
         elif self.gdn_key_heads and self.gdn_value_heads and self.gdn_key_dim and self.gdn_value_dim and self.gdn_conv:
             width = 2 * self.gdn_key_heads * self.gdn_key_dim + self.gdn_value_heads * self.gdn_value_dim
@@ -195,8 +198,9 @@ class ModelShape:
             temporal = math.ceil(self.gdn_value_heads / tp) * self.gdn_value_dim * self.gdn_key_dim
         else:
             return 0
-        state_bytes = DTYPE_BYTES.get(self.state_dtype or "", self.served_bytes)
-        return int(conv * self.served_bytes + temporal * state_bytes)
+        served = DTYPE_BYTES.get(dtype or "auto", 2.0) if dtype not in (None, "auto") else self.served_bytes
+        state_bytes = DTYPE_BYTES.get(self.state_dtype or "", served)
+        return int(conv * served + temporal * state_bytes)
 
     def _block(self, letter: str) -> int:
         by_letter = {
