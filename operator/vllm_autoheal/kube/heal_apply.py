@@ -108,10 +108,14 @@ def _complete(kube: Kube, cfg: OperatorConfig, ns: str, name: str, logger: kopf.
 
 
 def _spec_change(fresh_body: dict[str, Any], intent: HealIntent) -> dict[str, Any] | None:
-    """The heal's spec patch, where the spec still holds the flags the heal was planned from; None
-    where it holds the heal already, or a person's edit (which wins)."""
+    """The heal's spec patch, where the spec still holds the flags the heal was planned from and the
+    status still holds the heal, unapplied; None where the spec holds the heal already, or a person's
+    edit (which wins), or the heal was dropped meanwhile (a person's edit, then its revert: the 409
+    retry reads the reverted spec, and a check of the spec alone wrote the dropped heal)."""
     fresh = parse(fresh_body)
-    if fp(in_spec(fresh)) != fp(intent.previous):
+    if fp(in_spec(fresh)) != fp(intent.previous) or not _same(fresh, intent):
+        return None
+    if fresh.status.in_flight is not None and fresh.status.in_flight.applied:
         return None
     return spec_patch(fresh, intent.target, (fresh_body.get("spec") or {}).get("engine") or {})
 
