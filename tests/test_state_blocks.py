@@ -225,3 +225,14 @@ def test_pre_flight_checks_state_blocks_only_where_the_model_keeps_state_pages()
         config_shape("llama-3.1-8b"), EngineArgs(max_model_len=8192, max_num_seqs=100_000), lookup("NVIDIA-H200")
     )
     assert est.state_blocks is None and est.fits, est.reasons
+
+
+def test_pre_flights_margin_does_not_push_the_sequences_below_the_heals_bound():
+    """63 blocks counted, a bound of 62 sequences: the 3 % margin alone would say 61, below the bound, and
+    Fix would give up (a fixed cache cannot grow) where 62 sequences have their blocks."""
+    from vllm_autoheal.preflight import preflight
+
+    engine = {"maxNumSeqs": 1024, "maxModelLen": 8192, "kvCacheMemoryBytes": 2**30}
+    spec = VLLMServiceSpec(model="m", engine=engine, preflight="Fix", heal={"bounds": {"minMaxNumSeqs": 62}})
+    fixed = preflight(spec, lookup("NVIDIA-H200"), config_shape("nemotron-h-8b"))
+    assert fixed.fits and fixed.engine.max_num_seqs == 62, fixed.reasons

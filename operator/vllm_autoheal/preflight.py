@@ -32,13 +32,17 @@ class PreflightResult:
         return bool(self.steps)
 
 
-def predicted_diagnosis(est: Estimate, engine: EngineArgs) -> Diagnosis:
-    """The diagnosis vLLM's own message would give for the memory model's predicted failure."""
+def predicted_diagnosis(est: Estimate, engine: EngineArgs, fewest_seqs: int = 1) -> Diagnosis:
+    """The diagnosis vLLM's own message would give for the memory model's predicted failure.
+    `fewest_seqs`: the heal's bound, which the model's margin does not push blocks below."""
     numbers: dict[str, float | int] = {}
     subtype = None
     if est.failure == "kv_cache_insufficient" and est.state_blocks is not None and est.state_blocks < est.max_num_seqs:
         subtype = "state_blocks_below_max_num_seqs"  # as vLLM's refusal reads
-        numbers = {"max_num_seqs": est.max_num_seqs, "mamba_blocks": int(est.state_blocks * 0.97)}  # model error margin
+        # (the model's 3 % error margin, but not below the bound where the blocks counted reach it:
+        # else Fix gives up, or grows the cache, where the bound's sequences fit)
+        blocks = max(int(est.state_blocks * 0.97), min(est.state_blocks, fewest_seqs))
+        numbers = {"max_num_seqs": est.max_num_seqs, "mamba_blocks": blocks}
     elif est.failure == "kv_cache_insufficient":
         numbers = {
             "max_seq_len": est.max_model_len,
@@ -76,7 +80,7 @@ def preflight(
     inventory = Inventory(gpu_total_gib=gpu.memory_gib, gpu_free_gib=free_gib, shape=shape, entrypoint=entrypoint)
     history: list[dict] = []
     for _ in range(MAX_FIX_STEPS):
-        diag = predicted_diagnosis(est, engine)
+        diag = predicted_diagnosis(est, engine, spec.heal.bounds.min_max_num_seqs)
         remedy = plan_heal(spec, diag, history, inventory, engine)
         if remedy.gives_up:
             result.reasons.append(f"no fitting flags within the heal bounds: {remedy.reason}")
