@@ -144,3 +144,16 @@ def test_the_served_dtype_sizes_the_state_page_as_it_sizes_the_attention_page():
     for tp in (1, 2):
         assert kv_need(shape, EngineArgs(tensor_parallel_size=tp, dtype="float32"), 8192).block == 544
         assert kv_need(shape, EngineArgs(tensor_parallel_size=tp, dtype="bfloat16"), 8192).block == 544
+
+
+def test_an_a100_of_80_gb_takes_the_small_gpus_batch_default_as_vllm_does():
+    """vLLM's get_batch_defaults gives an A100 the small GPUs' defaults (2,048 batched tokens for the server),
+    as for max_num_seqs: counted at 8,192, its profiling peak (and so the cache) was misjudged."""
+    from vllm_autoheal.memory import default_max_num_batched_tokens
+
+    a100, h100 = lookup("NVIDIA-A100-SXM4-80GB"), lookup("NVIDIA-H100-80GB-HBM3")
+    assert default_max_num_batched_tokens(a100.memory_gib, "server", a100.name) == 2048
+    assert default_max_num_batched_tokens(a100.memory_gib, "llm", a100.name) == 8192
+    assert default_max_num_batched_tokens(h100.memory_gib, "server", h100.name) == 8192
+    shape = config_shape("llama-3.1-8b")
+    assert estimate(shape, EngineArgs(max_model_len=8192), a100).max_num_batched_tokens == 2048

@@ -79,11 +79,13 @@ def weights_gib_to_diagnose(shape: ModelShape, engine: EngineArgs) -> float | No
     return weights_gib_per_gpu(shape, engine)
 
 
-def default_max_num_batched_tokens(gpu_total_gib: float, entrypoint: str = "server") -> int:
-    """vLLM's per-GPU defaults (arg_utils, 0.2x-0.33): the OpenAI server and the LLM class differ."""
+def default_max_num_batched_tokens(gpu_total_gib: float, entrypoint: str = "server", gpu_name: str = "") -> int:
+    """vLLM's per-GPU defaults (arg_utils get_batch_defaults, 0.2x-0.33): the OpenAI server and the LLM
+    class differ, and an A100 of 80 GB gets the small GPUs' (as default_max_num_seqs)."""
+    large = gpu_total_gib >= 160 or (gpu_total_gib >= 70 and "a100" not in gpu_name.lower())
     if entrypoint == "llm":
-        return 16384 if gpu_total_gib >= 70 else 8192
-    return 16384 if gpu_total_gib >= 160 else 8192 if gpu_total_gib >= 70 else 2048
+        return 16384 if large else 8192
+    return 16384 if gpu_total_gib >= 160 else 8192 if large else 2048
 
 
 def default_max_num_seqs(gpu_total_gib: float, gpu_name: str = "", extra_args: list[str] | None = None) -> int:
@@ -265,7 +267,7 @@ def estimate(
     tp, pp = engine.tensor_parallel_size, engine.pipeline_parallel_size
     total = gpu.memory_gib
     free = (total if free_gib is None else free_gib) - CUDA_CONTEXT_GIB
-    mbt = engine.max_num_batched_tokens or default_max_num_batched_tokens(total, entrypoint)
+    mbt = engine.max_num_batched_tokens or default_max_num_batched_tokens(total, entrypoint, gpu.name)
     max_len = engine.max_model_len or shape.max_position_embeddings or 4096
     weights = weights_gib_per_gpu(shape, engine)
     act = activation_bytes(shape, mbt, tp) / GIB
