@@ -236,3 +236,13 @@ def test_pre_flights_margin_does_not_push_the_sequences_below_the_heals_bound():
     spec = VLLMServiceSpec(model="m", engine=engine, preflight="Fix", heal={"bounds": {"minMaxNumSeqs": 62}})
     fixed = preflight(spec, lookup("NVIDIA-H200"), config_shape("nemotron-h-8b"))
     assert fixed.fits and fixed.engine.max_num_seqs == 62, fixed.reasons
+
+
+def test_on_an_a100_vllms_default_is_256_and_a_printed_1000_is_no_default():
+    """vLLM gives an A100 of 80 GB the small GPUs' 256 sequences: a refusal naming 1,000 there is no run's
+    default (max_num_seqs unset), and lowering to its 900 blocks would set 3.5x what ran."""
+    a100 = Inventory(gpu_total_gib=79.15, gpu_name="NVIDIA-A100-SXM4-80GB")
+    remedy = plan_heal(VLLMServiceSpec(model="m"), _refusal(1000, 900), inventory=a100)
+    assert "max_num_seqs" not in remedy.changes, remedy
+    remedy = plan_heal(VLLMServiceSpec(model="m"), _refusal(256, 200), inventory=a100)
+    assert remedy.changes == {"max_num_seqs": 200}, remedy

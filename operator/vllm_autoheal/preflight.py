@@ -77,7 +77,9 @@ def preflight(
     result = PreflightResult(fits=est.fits, estimate=est, engine=engine, reasons=list(est.reasons))
     if est.fits or spec.preflight != "Fix":
         return result
-    inventory = Inventory(gpu_total_gib=gpu.memory_gib, gpu_free_gib=free_gib, shape=shape, entrypoint=entrypoint)
+    inventory = Inventory(
+        gpu_total_gib=gpu.memory_gib, gpu_name=gpu.name, gpu_free_gib=free_gib, shape=shape, entrypoint=entrypoint
+    )
     history: list[dict] = []
     for _ in range(MAX_FIX_STEPS):
         diag = predicted_diagnosis(est, engine, spec.heal.bounds.min_max_num_seqs)

@@ -70,7 +70,8 @@ def inventory(obj: VLLMService, memory_limit: str | None, shape: ModelShape | No
     res = obj.spec.resources
     try:
         if res.gpu_product or res.gpu_memory_gib:
-            inv.gpu_total_gib = lookup(res.gpu_product or "custom", res.gpu_memory_gib).memory_gib
+            gpu = lookup(res.gpu_product or "custom", res.gpu_memory_gib)
+            inv.gpu_total_gib, inv.gpu_name = gpu.memory_gib, gpu.name
     except KeyError:
         pass
     inv.shape = shape  # the model's shape sets the utilization floor

@@ -142,7 +142,7 @@ def _state_shortage(ctx: Context) -> tuple[int, int] | None:
     blocks, printed = ctx.num("mamba_blocks"), ctx.num("max_num_seqs")
     if blocks is None or not printed:
         return None
-    largest_default = default_max_num_seqs(ctx.inv.gpu_total_gib or math.inf, extra_args=ctx.engine.extra_args)
+    largest_default = default_max_num_seqs(ctx.inv.gpu_total_gib or math.inf, ctx.inv.gpu_name, ctx.engine.extra_args)
     ran = ctx.engine.max_num_seqs or (int(printed) if printed <= largest_default else None)
     if ran is None or ran != int(printed):
         return None

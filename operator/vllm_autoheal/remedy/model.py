@@ -23,6 +23,7 @@ class Inventory:
     """What is known about where the engine runs; every field may be unknown."""
 
     gpu_total_gib: float | None = None
+    gpu_name: str = ""  # the product the spec names (vLLM's defaults differ on an A100)
     gpu_free_gib: float | None = None  # free before vLLM starts (other processes excluded)
     shape: ModelShape | None = None
     memory_limit_bytes: int | None = None  # the container's limit (host RAM)

@@ -147,7 +147,7 @@ def _halve(
 
 def _seqs_default(ctx: Context) -> int:
     dummy = ctx.num("dummy_requests")
-    return int(dummy) if dummy else default_max_num_seqs(ctx.total or 0)
+    return int(dummy) if dummy else default_max_num_seqs(ctx.total or 0, ctx.inv.gpu_name, ctx.engine.extra_args)
 
 
 def _mbt_default(ctx: Context) -> int:
@@ -164,7 +164,7 @@ def seqs_from_allocation(ctx: Context) -> Remedy | None:
         not dummy
         and ctx.engine.max_num_seqs
         and ctx.total
-        and ctx.engine.max_num_seqs > default_max_num_seqs(ctx.total)
+        and ctx.engine.max_num_seqs > default_max_num_seqs(ctx.total, ctx.inv.gpu_name, ctx.engine.extra_args)
     ):
         dummy = ctx.engine.max_num_seqs  # the warm-up batch is max_num_seqs requests (vLLM 0.25 prints no count)
     if not tried or not dummy or not current:
@@ -176,7 +176,7 @@ def seqs_from_allocation(ctx: Context) -> Remedy | None:
     fits = max(1, int(room / per_seq))
     new = 2 ** int(math.log2(fits))
     if ctx.total:
-        new = min(new, default_max_num_seqs(ctx.total))
+        new = min(new, default_max_num_seqs(ctx.total, ctx.inv.gpu_name, ctx.engine.extra_args))
     new = max(new, ctx.policy.bounds.min_max_num_seqs)
     if new >= current:
         return None
