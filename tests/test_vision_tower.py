@@ -114,3 +114,44 @@ def test_a_hostile_vision_config_is_refused_naming_the_field(vision, field):
 
 def test_a_text_model_has_no_vision_encoder():
     assert shape_from_config(json.loads((CONFIGS / "llama-3.1-8b.json").read_text())).vision_params == 0
+
+
+# --- review2: what vLLM actually puts on the GPU for the encoder ---------------------------------------
+
+GLM41V = {  # THUDM/GLM-4.1V-9B-Thinking's vision_config (Glm4vVisionConfig's defaults are these too)
+    "model_type": "glm4v",
+    "depth": 24,
+    "hidden_size": 1536,
+    "hidden_act": "silu",
+    "num_heads": 12,
+    "in_channels": 3,
+    "image_size": 336,
+    "patch_size": 14,
+    "spatial_merge_size": 2,
+    "temporal_patch_size": 2,
+    "out_hidden_size": 4096,
+    "intermediate_size": 13696,
+}
+
+
+def _glm41v_as_vllm_builds_it() -> int:
+    """vLLM's Glm4vVisionTransformer (glm4_1v.py): each block's MLP is mlp_hidden_dim=out_hidden_size
+    (gated, SiLU), and intermediate_size is the merger's context_dim (Glm4vPatchMerger: proj, then a
+    gated MLP out -> intermediate -> out), after a spatial_merge_size conv from the width to out."""
+    w, out, inter, merge = 1536, 4096, 13696, 2
+    blocks = 24 * (4 * w * w + 3 * w * out)
+    embed = 3 * 14 * 14 * 2 * w + (336 // 14) ** 2 * w
+    merger = out * out + 3 * out * inter + w * out * merge * merge
+    return blocks + embed + merger  # 0.89 B
+
+
+@pytest.mark.parametrize("arch", ["Glm4vForConditionalGeneration", "Glm4vMoeForConditionalGeneration"])
+def test_glm41v_encoder_mlp_is_out_hidden_size_not_intermediate_size(arch):
+    """GLM-4.1V / GLM-4.5V: vision_config.intermediate_size (13,696) is the merger's width, not the ViT's
+    MLP: read as the MLP, 24 layers x 3 x 1536 x 13696 count 1.8 B parameters for a 0.89 B encoder,
+    1.7 GiB per model copy that vLLM never allocates (pre-flight's KV cache and the classifier's
+    'still loading' threshold both move by it)."""
+    raw = {**json.loads((CONFIGS / "llama-3.1-8b.json").read_text()), "architectures": [arch], "vision_config": GLM41V}
+    got = shape_from_config(model_config.check(raw)).vision_params
+    want = _glm41v_as_vllm_builds_it()
+    assert abs(got - want) / want < 0.03, (got / 1e9, want / 1e9)

@@ -342,5 +342,5 @@ def shape_from_config(config: dict[str, Any]) -> ModelShape:
         gdn_key_dim=whole(cfg.get("linear_key_head_dim")) or 0,
         gdn_value_dim=whole(cfg.get("linear_value_head_dim")) or 0,
         gdn_conv=whole(cfg.get("linear_conv_kernel_dim")) or 0,
-        vision_params=vision_params(config.get("vision_config"), hidden),
+        vision_params=vision_params(config.get("vision_config"), hidden, arch),
     )

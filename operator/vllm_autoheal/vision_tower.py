@@ -19,7 +19,14 @@ def _whole(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
-def vision_params(vision: Any, text_hidden: int) -> int:
+# vLLM's Glm4vVisionTransformer (glm4_1v.py: GLM-4.1V, GLM-4.5V, GLM-4.6V): each block's MLP is
+# out_hidden_size wide, and intermediate_size is the merger's (a gated MLP out -> intermediate -> out,
+# after a projection out -> out and a spatial_merge_size convolution from the width to out). Read as the
+# blocks' MLP, GLM-4.1V's 13,696 counted 1.81 B parameters for its 0.89 B encoder.
+GLM4V_ARCHITECTURES = frozenset({"Glm4vForConditionalGeneration", "Glm4vMoeForConditionalGeneration"})
+
+
+def vision_params(vision: Any, text_hidden: int, architecture: str = "") -> int:
     """The vision encoder's parameters; 0 where the config names none (or no depth and width)."""
     if not isinstance(vision, dict):
         return 0
@@ -30,8 +37,11 @@ def vision_params(vision: Any, text_hidden: int) -> int:
         return 0
     ratio = vision.get("mlp_ratio")
     ratio = ratio if isinstance(ratio, (int, float)) and not isinstance(ratio, bool) and 0 < ratio <= 64 else 4
-    mlp_width = _whole(vision.get("intermediate_size")) or int(width * ratio)
-    gated = vision.get("hidden_act") == "silu"
+    glm = architecture in GLM4V_ARCHITECTURES and _whole(vision.get("out_hidden_size")) > 0
+    mlp_width = (
+        _whole(vision.get("out_hidden_size")) if glm else _whole(vision.get("intermediate_size")) or int(width * ratio)
+    )
+    gated = glm or vision.get("hidden_act") == "silu"
     layer = 4 * width * width + (3 if gated else 2) * width * mlp_width + 9 * width  # (biases and norms)
     channels = _whole(vision.get("num_channels")) or _whole(vision.get("in_channels")) or 3
     patch = _whole(vision.get("patch_size")) or 14
@@ -42,7 +52,10 @@ def vision_params(vision: Any, text_hidden: int) -> int:
         _whole(vision.get("hidden_size")) if _whole(vision.get("embed_dim")) else 0
     )
     merge = _whole(vision.get("spatial_merge_size"))
-    if merge:  # Qwen-VL's merger: the merged patches' width, twice, then into the language model
+    if glm:  # the convolution, the projection, and the gated MLP (into the language model's width: out)
+        inner = _whole(vision.get("intermediate_size")) or out
+        projector = width * out * max(merge, 1) ** 2 + out * out + 3 * out * inner
+    elif merge:  # Qwen-VL's merger: the merged patches' width, twice, then into the language model
         merged = width * merge * merge
         stack = vision.get("deepstack_visual_indexes")
         mergers = 1 + (len(stack) if isinstance(stack, list) else 0)
