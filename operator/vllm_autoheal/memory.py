@@ -11,13 +11,14 @@ Each constant below names where it came from. Pure: no I/O.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .api import EngineArgs
 from .diagnosis.units import GIB
-from .engine import flag_value, spelled_by, switched
+from .engine import flag_name, flag_value, spelled_by, switched
 from .gpu_catalog import GpuSpec
 from .model_shape import DTYPE_BYTES, GROUP_SCALE_BYTES, QUANT_BYTES, ModelShape, layer_group, padded_layers
 
@@ -38,9 +39,16 @@ WEIGHT_BUFFERS_GIB = 0.04  # 15.00 GiB reported vs 14.958 GiB of parameters (rot
 
 
 def weights_bytes_per_gpu(
-    shape: ModelShape, quantization: str | None = None, dtype: str | None = None, tp: int = 1, pp: int = 1
+    shape: ModelShape,
+    quantization: str | None = None,
+    dtype: str | None = None,
+    tp: int = 1,
+    pp: int = 1,
+    encoder: str = "weights",
 ) -> int:
-    """Weights on the busiest GPU: linear layers quantized, embeddings and norms in the model dtype."""
+    """Weights on the busiest GPU: linear layers quantized, embeddings and norms in the model dtype.
+    `encoder`: where vLLM puts a vision encoder (encoder_placement): "weights", split over TP as the
+    rest; "data", whole on every GPU; "off", not on a GPU at all."""
     dense = DTYPE_BYTES.get(dtype or "auto", 2.0) if dtype not in (None, "auto") else shape.served_bytes
     quant = quantization or shape.quantization
     linear = QUANT_BYTES.get(quant, dense) if quant else dense
@@ -50,12 +58,53 @@ def weights_bytes_per_gpu(
     layers = shape.stack_params(per_stage)
     embed = shape.embedding_params() if pp == 1 else shape.vocab * shape.hidden  # first or last stage
     # (a vision encoder stays in the model dtype in quantized checkpoints, and sits on the first stage)
-    return int((layers * linear + (embed + shape.vision_params) * dense) / tp + WEIGHT_BUFFERS_GIB * GIB)
+    vision = 0 if encoder == "off" else shape.vision_params * (tp if encoder == "data" else 1)
+    return int((layers * linear + (embed + vision) * dense) / tp + WEIGHT_BUFFERS_GIB * GIB)
+
+
+# The modalities a vision tower serves (Qwen-VL, LLaVA-OneVision: image and video; LLaVA: image alone).
+VISION_MODALITIES = ("image", "video")
+
+
+def _limit_is_zero(value: Any) -> bool:
+    count = value.get("count") if isinstance(value, dict) else value
+    return isinstance(count, int) and not isinstance(count, bool) and count == 0
+
+
+def encoder_placement(extra_args: list[str]) -> str:
+    """Where vLLM puts a multimodal model's vision encoder under these flags: "off" where every
+    modality a tower may serve is limited to 0 (--language-model-only, or --limit-mm-per-prompt's
+    image and video: vLLM builds the tower on the meta device, interfaces.py _mark_tower_model); "data"
+    under --mm-encoder-tp-mode data (the full weights on each TP rank); else "weights", split over TP.
+    A limit on the image alone keeps the count (a tower serving video too is still built)."""
+    if switched(extra_args, "--language-model-only"):
+        return "off"
+    limits: dict[str, Any] = {}
+    raw = flag_value(extra_args, "--limit-mm-per-prompt")
+    if raw:
+        try:
+            parsed = json.loads(raw)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict):
+            limits.update(parsed)
+    for i, token in enumerate(extra_args):  # --limit-mm-per-prompt.image 0 (vLLM's dotted spelling)
+        name = flag_name(token) or ""
+        if name.startswith("--limit-mm-per-prompt."):
+            value = token.partition("=")[2] if "=" in token else extra_args[i + 1] if i + 1 < len(extra_args) else ""
+            try:
+                limits[name.partition(".")[2]] = json.loads(value)
+            except ValueError:
+                pass
+    if all(_limit_is_zero(limits.get(m)) for m in VISION_MODALITIES):
+        return "off"
+    return "data" if (flag_value(extra_args, "--mm-encoder-tp-mode") or "").strip() == "data" else "weights"
 
 
 def weights_gib_per_gpu(shape: ModelShape, engine: EngineArgs) -> float:
     tp, pp = engine.tensor_parallel_size, engine.pipeline_parallel_size
-    return weights_bytes_per_gpu(shape, engine.quantization, engine.dtype, tp, pp) / GIB
+    encoder = encoder_placement(engine.extra_args)
+    return weights_bytes_per_gpu(shape, engine.quantization, engine.dtype, tp, pp, encoder) / GIB
 
 
 # Methods whose width the method alone does not say (a container for several schemes): without the
@@ -73,6 +122,8 @@ def weights_gib_to_diagnose(shape: ModelShape, engine: EngineArgs) -> float | No
     later step's OOM a loading one."""
     if engine.cpu_offload_gb or any(w in arg.lower() for arg in engine.extra_args for w in WEIGHT_PLACEMENT_WORDS):
         return None
+    if shape.vision_params and engine.tensor_parallel_size > 1 and encoder_placement(engine.extra_args) == "data":
+        return None  # (vLLM falls back to splitting an encoder without data-parallel support: either count)
     quant = engine.quantization or shape.quantization
     if quant in VARIABLE_WIDTH and not (quant == shape.quantization and shape.quant_bits):
         return None
