@@ -105,3 +105,18 @@ def test_the_dotted_limit_spelling_is_read():
     assert encoder_placement(["--limit-mm-per-prompt.image", "0", "--limit-mm-per-prompt.video=0"]) == "off"
     assert encoder_placement(["--limit-mm-per-prompt.image", "0"]) == "weights"
     assert encoder_placement(["--language-model-only", "--mm-encoder-tp-mode", "data"]) == "off"
+
+
+def test_online_fp8_quantizes_the_encoder_with_the_rest():
+    """--quantization fp8 on a bf16 checkpoint: vLLM passes the quant_config to the Qwen2.5-VL tower
+    (qwen2_5_vl.py), and online Fp8Config quantizes every linear layer it does not ignore - the
+    encoder's 0.68 B parameters take 1 byte each, not 2 (0.63 GiB counted twice over)."""
+    from vllm_autoheal.memory import weights_gib_per_gpu
+
+    raw = {**json.loads((CONFIGS / "qwen2.5-7b.json").read_text()), "vision_config": QWEN25_VL}
+    shape = shape_from_config(model_config.check(raw))
+    text = shape_from_config(json.loads((CONFIGS / "qwen2.5-7b.json").read_text()))
+    fp8 = EngineArgs(quantization="fp8")
+    assert weights_gib_per_gpu(shape, fp8) - weights_gib_per_gpu(text, fp8) == pytest.approx(
+        shape.vision_params / 2**30, rel=0.02
+    )

@@ -59,7 +59,12 @@ def weights_bytes_per_gpu(
     embed = shape.embedding_params() if pp == 1 else shape.vocab * shape.hidden  # first or last stage
     # (a vision encoder stays in the model dtype in quantized checkpoints, and sits on the first stage)
     vision = 0 if encoder == "off" else shape.vision_params * (tp if encoder == "data" else 1)
-    return int((layers * linear + (embed + vision) * dense) / tp + WEIGHT_BUFFERS_GIB * GIB)
+    # (but fp8 quantizing a full-width checkpoint as it loads takes the encoder's linear layers too:
+    # the Qwen-VL towers get the model's quant_config, and Fp8Config skips only its ignored layers)
+    online_fp8 = quant == "fp8" and quant != shape.quantization
+    return int(
+        (layers * linear + embed * dense + vision * (linear if online_fp8 else dense)) / tp + WEIGHT_BUFFERS_GIB * GIB
+    )
 
 
 # The modalities a vision tower serves (Qwen-VL, LLaVA-OneVision: image and video; LLaVA: image alone).
