@@ -259,6 +259,16 @@ def kv_cache_dtype(engine: EngineArgs) -> str | None:
     return engine.kv_cache_dtype if engine.kv_cache_dtype not in (None, "auto") else engine.dtype
 
 
+def state_pages(extra_args: list[str]) -> int:
+    """The state pages one request holds in each Mamba layer, at least, as vLLM's check counts them
+    (MambaSpec.max_memory_usage_bytes): one; two and more in mamba_cache_mode align, which prefix
+    caching turns on for a hybrid where the mode is not named (MambaModelConfig: 2 + speculative
+    blocks + prefill checkpoint blocks - Mamba-2's one more is not counted, so a need stays a floor)."""
+    mode = (flag_value(extra_args, "--mamba-cache-mode") or "none").strip()
+    caching = switched(extra_args, "--enable-prefix-caching") is True
+    return 2 if caching and mode in ("none", "align") else 1
+
+
 def kv_need(shape: ModelShape, engine: EngineArgs, max_num_batched_tokens: int) -> KvNeed:
     per_token = shape.kv_bytes_per_token(
         kv_cache_dtype(engine), engine.tensor_parallel_size, engine.pipeline_parallel_size
@@ -279,7 +289,7 @@ def kv_need(shape: ModelShape, engine: EngineArgs, max_num_batched_tokens: int) 
         # to it (Platform.update_block_size_for_backend); each Mamba layer keeps one for a request.
         block = BLOCK_SIZE * math.ceil(page / (BLOCK_SIZE * layer_bytes))
         mamba = math.ceil(shape.mamba_layers / pp)
-        state_bytes = padded_layers(mamba, full + windowed) * block * layer_bytes
+        state_bytes = padded_layers(mamba, full + windowed) * block * layer_bytes * state_pages(engine.extra_args)
         # vLLM groups the layers of all stages, and a GPU's pool block holds a page for each of its
         # stage's layers of a group (_project_kv_cache_groups_to_worker; a group's layers interleave
         # over the stages): at least a pp-th of the group, so a shortage counted is one vLLM has.
