@@ -70,16 +70,12 @@ def test_mm_encoder_tp_mode_data_replicates_the_encoder_on_every_gpu():
     assert data - sharded == pytest.approx(shape.vision_params * 2 * (1 - 1 / 4) / 2**30, rel=0.01)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Gated DeltaNet layers are weighed as attention layers (qkv + o of the full-attention heads) and "
-    "the attention output gate's doubled q_proj is not counted: Qwen3.5-0.8B's language model is 0.75 B "
-    "parameters in vLLM, 0.64 B counted (Qwen3.5-27B: ~2 B short); the 0.10 B encoder hid it",
-)
 def test_the_h200_run_was_text_only_so_its_1_43_gib_is_the_language_model():
     """The calibration log (hybrid-qwen3.5-0.8b-kv-8k.log) ran with language_model_only=True and vLLM
     printed 'running in text-only mode': the encoder was on the meta device, so 'Model loading took
-    1.43 GiB' is the language model alone."""
+    1.43 GiB' is the language model alone: 0.75 B parameters, its 18 Gated DeltaNet mixers weighed as
+    such and its attention's q_proj doubled by the output gate (0.64 B when both were read as plain
+    attention)."""
     log = (Path(__file__).parent / "fixtures" / "gpu" / "hybrid-logs" / "hybrid-qwen3.5-0.8b-kv-8k.log").read_text()
     assert "'language_model_only': True" in log and "running in text-only mode" in log
     args = EngineArgs(max_model_len=8192, extra_args=["--language-model-only"])
@@ -120,3 +116,12 @@ def test_online_fp8_quantizes_the_encoder_with_the_rest():
     assert weights_gib_per_gpu(shape, fp8) - weights_gib_per_gpu(text, fp8) == pytest.approx(
         shape.vision_params / 2**30, rel=0.02
     )
+
+
+def test_qwen3_next_weighs_what_vllm_loaded_at_tp_2():
+    """A public vLLM 0.10.2 log (Qwen3-Next-80B-A3B-Instruct, TP 2, two H200s): 'Model loading took
+    74.2812 GiB' a GPU. Its 36 Gated DeltaNet mixers and gated attention weighed as such: 74.24 (73.65
+    with the mixers read as plain attention)."""
+    shape = shape_from_config(json.loads((CONFIGS / "qwen3-next-80b-a3b.json").read_text()))
+    weights = estimate(shape, EngineArgs(tensor_parallel_size=2), lookup("NVIDIA-H200")).weights_gib
+    assert abs(weights - 74.2812) / 74.2812 < 0.005, weights

@@ -133,6 +133,7 @@ BOOLEANS = {
     "use_sliding_window": "false: the sliding_window named is not used (Qwen2).",
     "multi_query": "One KV head for all query heads (StarCoder, Falcon-7B).",
     "new_decoder_architecture": "Falcon-40B's decoder: multi_query is not read, num_kv_heads is.",
+    "attn_output_gate": "Attention gates its output, doubling the query projection (Qwen3-Next, Qwen3.5).",
 }
 ATTENTION_INDICES = "Bamba's attending layers, by index (the rest are Mamba layers)."
 # Falcon's new decoder architecture ignores multi_query (vLLM's get_total_num_kv_heads).

@@ -21,6 +21,10 @@ from .model_layers import (
 )
 from .vision_tower import vision_params
 
+# Model types whose attention gates its output (vLLM's Qwen3NextAttention: attn_output_gate, true by
+# default), doubling q_proj.
+GATED_ATTENTION_TYPES = frozenset({"qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"})
+
 DTYPE_BYTES = {
     "float32": 4.0,
     "float": 4.0,
@@ -109,6 +113,7 @@ class ModelShape:
     gdn_key_dim: int = 0
     gdn_value_dim: int = 0
     gdn_conv: int = 0
+    output_gate: bool = False  # attention's q_proj doubled by its output gate (Qwen3-Next, Qwen3.5)
     vision_params: int = 0  # a multimodal model's vision encoder (vision_tower.py), loaded beside it
     state_dtype: str | None = None  # the temporal state's dtype where vLLM does not use the model's
 
@@ -158,9 +163,20 @@ class ModelShape:
                 + self.kv_lora_rank * self.heads * (self.qk_nope_head_dim + self.v_head_dim)
             )
             return q + kv + self.heads * self.v_head_dim * h
-        qkv = h * (self.heads + 2 * self.kv_heads) * self.head_dim
-        bias = (self.heads + 2 * self.kv_heads) * self.head_dim if self.qkv_bias else 0
+        q_heads = self.heads * (2 if self.output_gate else 1)
+        qkv = h * (q_heads + 2 * self.kv_heads) * self.head_dim
+        bias = (q_heads + 2 * self.kv_heads) * self.head_dim if self.qkv_bias else 0
         return qkv + bias + self.heads * self.head_dim * h
+
+    def gdn_params(self) -> int:
+        """A Gated DeltaNet mixer (vLLM's QwenGatedDeltaNetAttention): in_proj to q, k, v and z, to b
+        and a, the convolution over q, k and v, dt_bias and A_log, the gated norm, out_proj."""
+        h, v_heads = self.hidden, self.gdn_value_heads
+        keys, values = self.gdn_key_heads * self.gdn_key_dim, v_heads * self.gdn_value_dim
+        conv = 2 * keys + values
+        return (
+            h * (conv + values) + h * 2 * v_heads + conv * self.gdn_conv + 2 * v_heads + self.gdn_value_dim + values * h
+        )
 
     def mlp_params(self, moe: bool) -> int:
         h, m = self.hidden, 3 if self.gated_mlp else 2
@@ -231,7 +247,11 @@ class ModelShape:
                 moe=False
             )
         moe_layers = _congruent(self.dense_layers, layers, self.moe_period, self.moe_offset) if self.experts else 0
-        return (layers - moe_layers) * self._layer(moe=False) + moe_layers * self._layer(moe=True)
+        stack = (layers - moe_layers) * self._layer(moe=False) + moe_layers * self._layer(moe=True)
+        if self.gdn_key_heads and self.gdn_value_heads and self.layers:  # Gated DeltaNet layers, not attention
+            mixers = round(self.mamba_layers * layers / self.layers)
+            stack += mixers * (self.gdn_params() - self.attention_params())
+        return stack
 
     def params(self) -> int:
         return self.embedding_params() + self.stack_params(self.layers) + self.hidden
@@ -343,4 +363,5 @@ def shape_from_config(config: dict[str, Any]) -> ModelShape:
         gdn_value_dim=whole(cfg.get("linear_value_head_dim")) or 0,
         gdn_conv=whole(cfg.get("linear_conv_kernel_dim")) or 0,
         vision_params=vision_params(config.get("vision_config"), hidden, arch),
+        output_gate=cfg.get("attn_output_gate", cfg.get("model_type") in GATED_ATTENTION_TYPES) is True,
     )

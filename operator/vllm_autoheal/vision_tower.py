@@ -6,8 +6,8 @@ Each layer: attention (q, k, v and the output projection, 4 x width^2) and an ML
 gate, up and down where the activation is SiLU: Qwen2.5-VL's and Pixtral's gated MLP); then the
 patch embedding and the position table; then the merger of Qwen-VL (the merged patches' MLP into the
 language model, once more per deepstack layer of Qwen3-VL) or a projector of two layers (LLaVA).
-Counted: Qwen2.5-VL-7B's 0.68 B, Qwen3.5-0.8B's 0.10 B (vLLM loaded 0.19 GiB more than the language
-model on the H200), SigLIP-400M's 0.42 B, CLIP ViT-L/14's 0.32 B: as their model cards give them.
+Counted: Qwen2.5-VL-7B's 0.68 B, SigLIP-400M's 0.42 B, CLIP ViT-L/14's 0.32 B: as their model cards
+give them. (memory.py leaves it out where vLLM builds it on the meta device: a text-only serve.)
 """
 
 from __future__ import annotations
