@@ -1,0 +1,101 @@
+"""What vLLM's flags and per-GPU defaults decide for the memory model, read off a command line:
+its batch defaults (arg_utils get_batch_defaults), where a multimodal model's vision encoder goes,
+whether the Mamba state pool is the one a config's pages make, and how many state pages a request
+holds. Pure: no I/O."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .engine import flag_name, flag_value, spelled_by, switched
+
+
+def default_max_num_batched_tokens(gpu_total_gib: float, entrypoint: str = "server", gpu_name: str = "") -> int:
+    """vLLM's per-GPU defaults (arg_utils get_batch_defaults, 0.2x-0.33): the OpenAI server and the LLM
+    class differ, and an A100 of 80 GB gets the small GPUs' (as default_max_num_seqs)."""
+    large = gpu_total_gib >= 160 or (gpu_total_gib >= 70 and "a100" not in gpu_name.lower())
+    if entrypoint == "llm":
+        return 16384 if large else 8192
+    return 16384 if gpu_total_gib >= 160 else 8192 if large else 2048
+
+
+def default_max_num_seqs(gpu_total_gib: float, gpu_name: str = "", extra_args: list[str] | None = None) -> int:
+    """vLLM's default (arg_utils get_batch_defaults): 1024 from 70 GiB but on an A100 ("a100" not in
+    device_name, PR #17885), else 256; twice that under --performance-mode throughput."""
+    seqs = 1024 if gpu_total_gib >= 70 and "a100" not in gpu_name.lower() else 256
+    return 2 * seqs if flag_value(extra_args or [], "--performance-mode") == "throughput" else seqs
+
+
+# extraArgs with which vLLM's state-block check is off (no full CUDA graphs: -O0, a cudagraph_mode) or
+# its pool is not the one the config's page makes (another state dtype or block, a draft model's
+# layers and state rows, prefix caching's chunk-aligned block, a fixed block count): the blocks are
+# not foreseen, and vLLM's own refusal, if any, is healed by its figures.
+POOL_FLAGS = (
+    "--compilation-config",
+    "-cc",
+    "--optimization-level",
+    "-O",
+    "--mamba-cache-dtype",
+    "--mamba-ssm-cache-dtype",
+    "--block-size",
+    "--speculative-config",
+    "--enable-prefix-caching",
+    "--mamba-cache-mode",
+    "--mamba-block-size",
+    "--num-gpu-blocks-override",
+    "--kv-cache-dtype-skip-layers",
+)
+
+
+def pool_foreseen(extra_args: list[str]) -> bool:
+    return not any(spelled_by(token, flag) for token in extra_args for flag in POOL_FLAGS)
+
+
+# The modalities a vision tower serves (Qwen-VL, LLaVA-OneVision: image and video; LLaVA: image alone).
+VISION_MODALITIES = ("image", "video")
+
+
+def _limit_is_zero(value: Any) -> bool:
+    count = value.get("count") if isinstance(value, dict) else value
+    return isinstance(count, int) and not isinstance(count, bool) and count == 0
+
+
+def encoder_placement(extra_args: list[str]) -> str:
+    """Where vLLM puts a multimodal model's vision encoder under these flags: "off" where every
+    modality a tower may serve is limited to 0 (--language-model-only, or --limit-mm-per-prompt's
+    image and video: vLLM builds the tower on the meta device, interfaces.py _mark_tower_model); "data"
+    under --mm-encoder-tp-mode data (the full weights on each TP rank); else "weights", split over TP.
+    A limit on the image alone keeps the count (a tower serving video too is still built)."""
+    if switched(extra_args, "--language-model-only"):
+        return "off"
+    limits: dict[str, Any] = {}
+    raw = flag_value(extra_args, "--limit-mm-per-prompt")
+    if raw:
+        try:
+            parsed = json.loads(raw)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict):
+            limits.update(parsed)
+    for i, token in enumerate(extra_args):  # --limit-mm-per-prompt.image 0 (vLLM's dotted spelling)
+        name = flag_name(token) or ""
+        if name.startswith("--limit-mm-per-prompt."):
+            value = token.partition("=")[2] if "=" in token else extra_args[i + 1] if i + 1 < len(extra_args) else ""
+            try:
+                limits[name.partition(".")[2]] = json.loads(value)
+            except ValueError:
+                pass
+    if all(_limit_is_zero(limits.get(m)) for m in VISION_MODALITIES):
+        return "off"
+    return "data" if (flag_value(extra_args, "--mm-encoder-tp-mode") or "").strip() == "data" else "weights"
+
+
+def state_pages(extra_args: list[str]) -> int:
+    """The state pages one request holds in each Mamba layer, at least, as vLLM's check counts them
+    (MambaSpec.max_memory_usage_bytes): one; two and more in mamba_cache_mode align, which prefix
+    caching turns on for a hybrid where the mode is not named (MambaModelConfig: 2 + speculative
+    blocks + prefill checkpoint blocks - Mamba-2's one more is not counted, so a need stays a floor)."""
+    mode = (flag_value(extra_args, "--mamba-cache-mode") or "none").strip()
+    caching = switched(extra_args, "--enable-prefix-caching") is True
+    return 2 if caching and mode in ("none", "align") else 1
