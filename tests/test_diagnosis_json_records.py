@@ -73,6 +73,38 @@ def test_anything_else_is_left_as_it_is(line):
     assert "".join(lr.decoded([line + "\n"])) == line + "\n"
 
 
+@pytest.mark.parametrize(
+    "line",
+    [
+        '{"levelname": "INFO", "message": "x"} \t\r',  # blanks loads allows after the value
+        '{"levelname": "INFO", "message": "x"}\x0b',  # ... and one it does not
+        '{"levelname": "INFO", "message": "x"} }',  # extra data
+        '{"levelname": "INFO", "message": "x", "process": NaN}',  # a constant loads reads
+        '{"levelname": "INFO", "message": "x", "processName": "P", "process": true}',  # a bool is no pid
+        '{"levelname": "INFO", "message": "x", "processName": "P", "process": 7.0}',
+        '{"levelname": "INFO", "message": "x", "processName": "P", "process": 7}',
+        '{"levelname": "INFO", "message": "x", "exc_info": null, "stack_info": ""}',  # no traceback after all
+        '{"levelname": "INFO", "message": "x", "name": ["vllm"]}',  # a value no cache can key on
+        '{"levelname": "INFO", "message": "\\u0078", "x": ' + "[" * 5000 + "]" * 5000 + "}",  # deeply nested
+        '{"levelname": "INFO", "message" x}',
+        '{"levelname": "INFO", "message": "x\u0000"}',  # (loads is strict: a control character is refused)
+    ],
+)
+def test_a_record_is_read_as_json_loads_reads_it(line):
+    """render parses with json.loads's C scanner, called directly (a flood of the smallest records
+    costs its calls): it takes exactly the lines loads takes, and reads them as loads does."""
+    try:
+        loaded = json.loads(line)
+    except (ValueError, RecursionError):
+        loaded = None
+    printed = lr.render(line, 3)
+    assert (printed is not None) == (loaded is not None)
+    if printed is not None:
+        assert printed[-1].endswith("3] " + loaded["message"].replace("\n", " "))
+        expected = "(P pid=7) " if line.endswith('"process": 7}') else "(P) " if "processName" in line else ""
+        assert printed[0].startswith(expected + "INFO 01-01 00:00:00 [record.py:")
+
+
 def test_a_record_of_many_short_lines_prints_at_most_three_times_its_size_and_keeps_both_ends():
     line = record("opening\n" + "x\n" * 5000 + "ValueError: the end")
     printed = lr.render(line)

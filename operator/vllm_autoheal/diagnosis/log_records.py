@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from .collector import PROCESS_WITH_PID
 
@@ -72,27 +72,30 @@ def _vllms(name: str | None) -> bool:
     return name is not None and (name == "vllm" or name.startswith("vllm."))  # (vLLM names its loggers after modules)
 
 
-def _text(record: dict, key: str) -> str | None:
-    value = record.get(key)
+def _text(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
 def _head(record: dict, outside: bool) -> str | None:
-    """The header before its line number: `(Process pid=N) LEVEL MM-DD HH:MM:SS [module.py:` (without
-    the process when it is printed outside the record), or None when the record names no level."""
-    pid = record.get("process")
+    """The header before its line number's last six digits: `(Process pid=N) LEVEL MM-DD HH:MM:SS
+    [module.py:F` (without the process when it is printed outside the record; F: RECORD_COUNT's flag
+    digit), or None when the record names no level."""
+    get = record.get
+    pid = get("process")
     return _head_of(
-        _text(record, "levelname"),
-        _text(record, "name"),
-        _text(record, "asctime"),
-        None if outside else _text(record, "vllm_process_name") or _text(record, "processName"),
-        pid if isinstance(pid, int) and not isinstance(pid, bool) and 0 <= pid < 10**10 else None,
+        _text(get("levelname")),
+        _text(get("name")),
+        _text(get("asctime")),
+        None if outside else _text(get("vllm_process_name")) or _text(get("processName")),
+        # (JSON's numbers are int or float exactly, and true is a bool: no subclass of int but bool)
+        pid if type(pid) is int and 0 <= pid < 10**10 else None,
+        outside,
     )
 
 
 @functools.lru_cache(maxsize=4096)  # (a log's records share a few heads: a flood of records costs less)
 def _head_of(
-    level: str | None, name: str | None, asctime: str | None, process: str | None, pid: int | None
+    level: str | None, name: str | None, asctime: str | None, process: str | None, pid: int | None, outside: bool
 ) -> str | None:
     if level not in _LEVELS:
         return None
@@ -102,7 +105,23 @@ def _head_of(
     prefix = ""
     if process and _PROCESS.fullmatch(process):
         prefix = f"({process} pid={pid}) " if pid is not None else f"({process}) "
-    return f"{prefix}{level} {stamp} [{module}.py:"
+    flag = int(outside) + 2 * (not _vllms(name))
+    return f"{prefix}{level} {stamp} [{module}.py:{flag}"
+
+
+# json.loads's own C scanner, and the blanks loads allows after a value (json.decoder.WHITESPACE)
+_scan_value: Callable[[str, int], tuple[object, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+_BLANKS = re.compile(r"[ \t\n\r]*")
+
+
+def _parsed(line: str) -> object:
+    """json.loads(line) for a line that opens with `{"`, or None where loads raises: the C scanner called
+    directly, without loads's three Python frames (a flood of the smallest records costs its calls)."""
+    try:
+        value, end = _scan_value(line, 0)
+    except (StopIteration, ValueError, RecursionError):  # (a deeply nested value exhausts the recursion)
+        return None
+    return value if end == len(line) or _BLANKS.fullmatch(line, end) is not None else None
 
 
 def render(line: str, number: int = 0, outside: bool = False) -> list[str] | None:
@@ -112,23 +131,19 @@ def render(line: str, number: int = 0, outside: bool = False) -> list[str] | Non
     if not line.startswith(_OPENING) or len(line) > RECORD_MAX or not line.rstrip().endswith("}"):
         return None
     # (a cheap test first: a flood of short lines that open with `{"` costs no parse each)
-    if len(line) < MIN_RECORD or not any(k in line for k in _LEVEL_KEYS):
+    if len(line) < MIN_RECORD or (_LEVEL_KEYS[0] not in line and _LEVEL_KEYS[1] not in line):
         return None
-    try:
-        record = json.loads(line)
-    except (ValueError, RecursionError):  # (a deeply nested value exhausts the parser's recursion)
-        return None
+    record = _parsed(line)
     if not isinstance(record, dict):
         return None
-    message = _text(record, "message")
-    head = _head(record, outside) if message is not None else None
-    if head is None or message is None:
+    message = record.get("message")
+    head = _head(record, outside) if isinstance(message, str) else None
+    if head is None or not isinstance(message, str):
         return None
-    flag = int(outside) + 2 * (not _vllms(_text(record, "name")))
-    header = f"{head}{flag}{number % RECORD_COUNT:06d}] "
-    extras = [e for e in (_text(record, "exc_info"), _text(record, "stack_info")) if e]
-    if not extras and "\n" not in message and "\r" not in message:
-        return [header + message]
+    header = f"{head}{number % RECORD_COUNT:06d}] "
+    if "\n" not in message and "\r" not in message and "exc_info" not in record and "stack_info" not in record:
+        return [header + message]  # (the most records: one line, no traceback)
+    extras = [e for e in (_text(record.get("exc_info")), _text(record.get("stack_info"))) if e]
     texts = message.split("\n")
     for extra in extras:
         texts += extra.split("\n")
@@ -186,19 +201,27 @@ def decoded(chunks: Iterable[str]) -> Iterator[str]:
 
 
 def _decode_lines(text: str, count: list[int]) -> str:
-    if not any(k in text for k in _LEVEL_KEYS):
+    if _LEVEL_KEYS[0] not in text and _LEVEL_KEYS[1] not in text:
         return text
     out = []
+    number = count[0]
     for line in text.split("\n"):
         at = line.find(_OPENING, 0, STAMP_MAX + len(_OPENING))
-        before = line[:at] if at > 0 else ""
-        process = _PROCESS_PREFIX.fullmatch(before) if before.endswith(") ") else None
-        known = process is not None and (not process["stamp"] or _STAMP.fullmatch(process["stamp"]) is not None)
-        stamp = before if known or (before and _STAMP.fullmatch(before)) else ""
-        rendered = render(line[len(stamp) :], count[0], outside=known) if at == 0 or stamp else None
+        if at < 0:
+            out.append(line)
+            continue
+        if at == 0:  # (the record alone on its line: no stamp, no process outside it)
+            stamp, known = "", False
+        else:
+            before = line[:at]
+            process = _PROCESS_PREFIX.fullmatch(before) if before.endswith(") ") else None
+            known = process is not None and (not process["stamp"] or _STAMP.fullmatch(process["stamp"]) is not None)
+            stamp = before if known or _STAMP.fullmatch(before) else ""
+        rendered = render(line[len(stamp) :], number, outside=known) if at == 0 or stamp else None
         if rendered is None:
             out.append(line)
         else:
-            count[0] += 1
-            out.append("\n".join(stamp + r for r in rendered))
+            number += 1
+            out.append("\n".join([stamp + r for r in rendered] if stamp else rendered))
+    count[0] = number
     return "\n".join(out)
