@@ -904,6 +904,28 @@ def test_a_line_holding_every_rows_needle_is_still_read_from_its_start():
     assert any(f.message.kind == msg.OOM and f.match.group("tried_gib") == "2.00 GiB" for f in found)
 
 
+@pytest.mark.parametrize("at", [0, 200, 240, 250, 600, 1800])
+def test_past_the_budget_the_rows_left_untried_are_those_that_cannot_match(at, monkeypatch):
+    """Past the budget a row is tried only where one of its needles is in its share of the line (84
+    regex searches of a 256-character share cost ~370 us a line): the findings are those of trying
+    every gated row, wherever on the line a failure is (its needle inside the share, across its end, past it)."""
+    from vllm_autoheal.diagnosis import findings
+    from vllm_autoheal.diagnosis import messages as msg
+    from vllm_autoheal.diagnosis.scan import scan
+
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. "
+    junk = " ".join(min(m.needles, key=len) for m in msg.MESSAGES if m.needles)
+    line = "(EngineCore_DP0 pid=1) ERROR 10-24 01:26:57 [core.py:1] " + junk[:at] + oom + junk[at:]
+    log = "\n".join([line, junk, "x " + junk[::-1], oom * 40]) + "\n"
+
+    def found() -> list[tuple[int, str, tuple[int, int]]]:
+        return [(f.line.offset, repr(f.message.regex), f.match.span()) for f in findings.findings_of(scan(log).lines)]
+
+    fewer = found()
+    monkeypatch.setattr(findings, "_rows_seeing_a_needle", lambda rows, hay: rows)
+    assert fewer == found() and len(fewer) > 3
+
+
 def test_the_unread_middle_of_a_long_log_leaves_the_phase_open():
     """Only the head and the tail of a long log are read: a start-up milestone in the head is a lower
     bound of how far the engine got, not where a bare OOM in the tail happened. Serving stays serving."""

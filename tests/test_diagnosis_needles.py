@@ -8,7 +8,11 @@ import re
 import pytest
 
 from vllm_autoheal.diagnosis import messages as msg
+from vllm_autoheal.diagnosis.corpus import load
 from vllm_autoheal.diagnosis.needles import _top_level_alternatives
+from vllm_autoheal.diagnosis.scan import scan
+
+from crafted.bases import ROOT
 
 _LOOKBEHIND = re.compile(r"\(\?<[=!][^()]*(?:\([^()]*\)[^()]*)*\)")
 _SMALL_CLASS = re.compile(r"\[(?!\w-\w)([^\]\\^]{2,3})\]")  # [-_], [Ee]: no ranges
@@ -36,3 +40,22 @@ def test_every_alternative_of_a_row_holds_one_of_its_needles(row):
         for text in _spellings(alternative):
             hay = text.lower() if row.ignores_case else text
             assert any(n in hay for n in row.needles), (alternative, row.needles)
+
+
+SHARES = (256, 512, 1024, 2048)  # what a row sees of a line past findings.ROW_CHAR_BUDGET
+
+
+def test_a_match_of_a_case_sensitive_row_holds_one_of_its_needles():
+    """Past the per-line budget a row is tried only where one of its needles is in its share of the
+    line (findings._rows_seeing_a_needle): that is no row's match left out only where every match of
+    the row holds one of its needles. On every line of the corpus, and each share of it."""
+    rows = [m for m in msg.MESSAGES if m.needles and not m.ignores_case]
+    matched = 0
+    for sample in load(ROOT / "tests" / "corpus" / "corpus.jsonl"):
+        for line in scan(sample["log"]).lines:
+            for share in {line.match_text[:n] for n in SHARES}:
+                for row in rows:
+                    if row.regex.search(share):
+                        matched += 1
+                        assert any(n in share for n in row.needles), (row.subtype or row.kind, share)
+    assert matched > 1000
