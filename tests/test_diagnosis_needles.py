@@ -3,13 +3,15 @@ literal needles (diagnosis/needles.py), so an alternative written without one is
 
 from __future__ import annotations
 
+import random
 import re
 
 import pytest
 
 from vllm_autoheal.diagnosis import messages as msg
 from vllm_autoheal.diagnosis.corpus import load
-from vllm_autoheal.diagnosis.needles import _top_level_alternatives
+from vllm_autoheal.diagnosis.findings import _NEEDLES as NEEDLES
+from vllm_autoheal.diagnosis.needles import _top_level_alternatives, finder
 from vllm_autoheal.diagnosis.scan import scan
 
 from crafted.bases import ROOT
@@ -59,3 +61,31 @@ def test_a_match_of_a_case_sensitive_row_holds_one_of_its_needles():
                         matched += 1
                         assert any(n in share for n in row.needles), (row.subtype or row.kind, share)
     assert matched > 1000
+
+
+def _texts(alphabet: str, seed: int) -> list[str]:
+    rnd = random.Random(seed)
+    return ["".join(rnd.choice(alphabet) for _ in range(rnd.choice([3, 40, 300, 2048]))) for _ in range(300)]
+
+
+# (bench/diagnosis_speed.py's lines of needles: the shortest of every row, every needle, backwards)
+SHORTEST = " ".join(min(m.needles, key=len) for m in msg.MESSAGES if m.needles)
+SMALL = ["abcd", "cdef", "bc", "defg", "efgh", "fgh", "xyz", "zzz", "hxa"]
+
+
+@pytest.mark.parametrize(
+    "needles, texts",
+    [
+        (SMALL, ["abcdefgh", "abcdefg", "zzzz", "xyzzz", "abcdefgh" * 60, (" " * 30 + "abcdefghxa") * 60]),
+        (SMALL, _texts("abcdefghxyz", 1) + _texts("abcdefghxyz" + " " * 30, 2)),
+        (NEEDLES, [SHORTEST, " ".join(NEEDLES), " ".join(NEEDLES[::-1]), "".join(NEEDLES), "".join(NEEDLES[::-1])]),
+        (NEEDLES, ["".join(random.Random(k).choices(NEEDLES + [" ", "x", "(("], k=400))[:2048] for k in range(40)]),
+    ],
+)
+def test_the_finder_finds_every_needle_a_text_holds(needles, texts):
+    """needles.finder finds needles one after another, each the longest where it starts, and tries
+    inside each the places where another may start and run past its end (or, where they lie close,
+    reads every position): what it finds is what `in` finds, needle by needle."""
+    present = finder(needles)
+    for text in texts:
+        assert present(text) == {n for n in needles if n in text}, text
