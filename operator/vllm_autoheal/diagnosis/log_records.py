@@ -128,10 +128,12 @@ def render(line: str, number: int = 0, outside: bool = False) -> list[str] | Non
     """The text lines a JSON record line prints as (the `number`th record), or None when the line is
     no record. `outside`: a process prefix is printed before the record on its line; the record's own
     process is not printed then."""
-    if not line.startswith(_OPENING) or len(line) > RECORD_MAX or not line.rstrip().endswith("}"):
+    # (cheap tests first: a flood of short lines that open with `{"` costs no parse each)
+    if not MIN_RECORD <= len(line) <= RECORD_MAX or not line.startswith(_OPENING):
         return None
-    # (a cheap test first: a flood of short lines that open with `{"` costs no parse each)
-    if len(line) < MIN_RECORD or (_LEVEL_KEYS[0] not in line and _LEVEL_KEYS[1] not in line):
+    if (line[-1] != "}" and not line.rstrip().endswith("}")) or (
+        _LEVEL_KEYS[0] not in line and _LEVEL_KEYS[1] not in line
+    ):
         return None
     record = _parsed(line)
     if not isinstance(record, dict):
@@ -211,13 +213,13 @@ def _decode_lines(text: str, count: list[int]) -> str:
             out.append(line)
             continue
         if at == 0:  # (the record alone on its line: no stamp, no process outside it)
-            stamp, known = "", False
+            rendered, stamp = render(line, number), ""
         else:
             before = line[:at]
             process = _PROCESS_PREFIX.fullmatch(before) if before.endswith(") ") else None
             known = process is not None and (not process["stamp"] or _STAMP.fullmatch(process["stamp"]) is not None)
             stamp = before if known or _STAMP.fullmatch(before) else ""
-        rendered = render(line[len(stamp) :], number, outside=known) if at == 0 or stamp else None
+            rendered = render(line[len(stamp) :], number, known) if stamp else None
         if rendered is None:
             out.append(line)
         else:
