@@ -113,3 +113,16 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def log_message(self, *a):
         pass
 """
+
+# Qwen/Qwen2.5-VL-7B-Instruct's vision_config (0.68 B parameters): the multimodal tests' encoder.
+QWEN25_VL_VISION = {
+    "depth": 32,
+    "hidden_act": "silu",
+    "hidden_size": 1280,
+    "intermediate_size": 3420,
+    "in_chans": 3,
+    "out_hidden_size": 3584,
+    "patch_size": 14,
+    "spatial_merge_size": 2,
+    "temporal_patch_size": 2,
+}

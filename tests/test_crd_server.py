@@ -10,7 +10,7 @@ import yaml
 
 from vllm_autoheal import api
 
-from samples import ACCEPTED_EXTRA_ARGS
+from samples import ACCEPTED_EXTRA_ARGS, QWEN25_VL_VISION
 
 pytestmark = pytest.mark.crdserver
 ROOT = Path(__file__).resolve().parents[1]
@@ -346,18 +346,7 @@ def test_an_inline_multimodal_config_keeps_its_vision_encoder(k8s):
     from vllm_autoheal.model_config import check
     from vllm_autoheal.model_shape import shape_from_config
 
-    vision = {
-        "depth": 32,
-        "hidden_act": "silu",
-        "hidden_size": 1280,
-        "intermediate_size": 3420,
-        "in_chans": 3,
-        "out_hidden_size": 3584,
-        "patch_size": 14,
-        "spatial_merge_size": 2,
-        "temporal_patch_size": 2,
-        "window_size": 112,
-    }
+    vision = {**QWEN25_VL_VISION, "window_size": 112}
     created = _create(k8s, _vsvc("vl-inline", modelConfig={"inline": {**SMALL_CONFIG, "vision_config": vision}}))
     kept = created["spec"]["modelConfig"]["inline"]["vision_config"]
     assert kept == {k: v for k, v in vision.items() if k != "window_size"}  # (what sizes nothing is pruned)

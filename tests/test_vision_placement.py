@@ -15,19 +15,9 @@ from vllm_autoheal.gpu_catalog import lookup
 from vllm_autoheal.memory import estimate
 from vllm_autoheal.model_shape import shape_from_config
 
-from samples import CONFIGS
+from samples import CONFIGS, QWEN25_VL_VISION
 
-QWEN25_VL = {  # Qwen/Qwen2.5-VL-7B-Instruct's vision_config (0.68 B parameters)
-    "depth": 32,
-    "hidden_act": "silu",
-    "hidden_size": 1280,
-    "intermediate_size": 3420,
-    "in_chans": 3,
-    "out_hidden_size": 3584,
-    "patch_size": 14,
-    "spatial_merge_size": 2,
-    "temporal_patch_size": 2,
-}
+QWEN25_VL = QWEN25_VL_VISION
 QWEN35 = json.loads((CONFIGS / "qwen3.5-0.8b.json").read_text())
 
 

@@ -12,21 +12,10 @@ from vllm_autoheal import model_config
 from vllm_autoheal.model_shape import shape_from_config
 from vllm_autoheal.vision_tower import vision_params
 
-from samples import CONFIGS
+from samples import CONFIGS, QWEN25_VL_VISION
 
 # vision_config as each model's config.json holds it (the fields that size the encoder)
-QWEN25_VL = {  # Qwen/Qwen2.5-VL-7B-Instruct
-    "depth": 32,
-    "hidden_act": "silu",
-    "hidden_size": 1280,
-    "intermediate_size": 3420,
-    "num_heads": 16,
-    "in_chans": 3,
-    "out_hidden_size": 3584,
-    "patch_size": 14,
-    "spatial_merge_size": 2,
-    "temporal_patch_size": 2,
-}
+QWEN25_VL = QWEN25_VL_VISION
 QWEN2_VL = {  # Qwen/Qwen2-VL-7B-Instruct: the width is embed_dim, hidden_size the output
     "depth": 32,
     "embed_dim": 1280,
