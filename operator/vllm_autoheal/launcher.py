@@ -7,8 +7,9 @@ $AUTOHEAL_TERMINATION_PATH): the diagnosis and a GPU snapshot taken at start and
 failure. Kubernetes keeps at most the last 2 KiB of the log otherwise, which never
 holds the root cause of a vLLM crash (it is printed minutes earlier, above the shutdown noise).
 
-It also ends a child whose engine died while its HTTP server still answers /health
-(EngineDeadError after a runtime OOM), so the pod restarts and the operator sees it.
+It also ends a child whose engine died while its HTTP server lives on (EngineDeadError after
+a runtime OOM), so the pod restarts and the operator sees it: once the child's own /health
+confirms what its output reported (engine_death.py: a client's text can print the same line).
 
 Standard library only (it runs with the vLLM image's own Python), and it must never
 make things worse: if anything in it fails, vLLM still runs and its exit code stands.
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -28,6 +28,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import IO, Any
 
+from .engine_death import DeathWatch, engine_dead, health_url
+
 DEFAULT_TERMINATION_PATH = "/dev/termination-log"
 MESSAGE_LIMIT = 4096
 HEAD_BYTES = 64 * 1024
@@ -35,10 +37,6 @@ TAIL_BYTES = 512 * 1024
 # The most read as one piece: output with no newline (a progress bar, a binary dump) would
 # otherwise be read whole into memory, in the container's own memory limit.
 CHUNK_BYTES = 64 * 1024
-ENGINE_DEAD = re.compile(r"EngineDeadError|AsyncEngineDeadError|MQLLMEngine is already dead|Engine loop has died")
-# vLLM's own words for it open the message (after an exception's name, for the last two).
-_DEAD_OPENING = re.compile(r"(?:[\w.]{0,200}: )?(?:MQLLMEngine is already dead|Engine loop has died)")
-DEAD_GRACE_S = 10.0
 STOP_GRACE_S = 30.0
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -71,27 +69,6 @@ class OutputKeeper:
         with self._lock:
             gap = "[...]\n" if self.dropped else ""
             return "".join(self._head) + gap + "".join(self._tail)
-
-
-def engine_dead(line: str) -> bool:
-    """vLLM itself reports its engine dead on this line: the report opens the line's message (after
-    vLLM's prefixes and logger header), on a line that is not a client's text. A prompt or output that
-    vLLM's request logger echoes, or an access-log path, may name EngineDeadError anywhere: ending a
-    healthy server for that would let any client take it down."""
-    if not ENGINE_DEAD.search(line[:4096]):  # (the cheap test: almost every line stops here)
-        return False
-    try:
-        from .diagnosis.origin import ENGINE, REQUEST
-        from .diagnosis.quoted import first_named_exception
-        from .diagnosis.scan import make_line
-
-        parsed = make_line(0, line)
-        if parsed is None or parsed.origin not in (ENGINE, REQUEST):
-            return False
-        named = first_named_exception(parsed.text) or ""
-        return named.endswith("EngineDeadError") or _DEAD_OPENING.match(parsed.text) is not None
-    except Exception:  # noqa: BLE001 - never a reason to end vLLM, nor to stop reading its output
-        return False
 
 
 def pump(
@@ -200,7 +177,8 @@ def _crash_summary(text: str, exit_code: int, ready: bool, gpu_start, oom_killed
 
 def run(argv: list[str], termination_path: str | None = None) -> int:
     termination_path = termination_path or os.environ.get("AUTOHEAL_TERMINATION_PATH", DEFAULT_TERMINATION_PATH)
-    state: dict[str, Any] = {"stopped_by": None, "engine_dead_at": None, "ready": False, "child": None}
+    state: dict[str, Any] = {"stopped_by": None, "ready": False, "child": None}
+    death = DeathWatch(health_url(argv))
 
     def forward(signum: int, _frame: object) -> None:
         state["stopped_by"] = signum
@@ -230,8 +208,8 @@ def run(argv: list[str], termination_path: str | None = None) -> int:
     def watch(line: str) -> None:
         if "Application startup complete" in line or "Uvicorn running on" in line:
             state["ready"] = True
-        if state["engine_dead_at"] is None and engine_dead(line):
-            state["engine_dead_at"] = time.monotonic()
+        if death.suspected_at is None and engine_dead(line):
+            death.suspect()
 
     threads = [
         threading.Thread(target=pump, args=(child.stdout, sys.stdout.buffer, keeper, watch), daemon=True),
@@ -240,16 +218,20 @@ def run(argv: list[str], termination_path: str | None = None) -> int:
     for t in threads:
         t.start()
     ended_dead_engine = False
+    dismissed = 0
     while child.poll() is None:
-        dead_at = state["engine_dead_at"]
-        if dead_at is not None and not ended_dead_engine and time.monotonic() - dead_at > DEAD_GRACE_S:
-            # The engine is gone but the API server lives on and answers /health: end it.
+        if not ended_dead_engine and death.confirmed():
+            # The engine is gone but the API server lives on: end it.
             ended_dead_engine = True
             child.terminate()
             try:
                 child.wait(STOP_GRACE_S)
             except subprocess.TimeoutExpired:
                 child.kill()
+        if death.dismissed > dismissed:  # (the line is not quoted: it may be a client's text)
+            dismissed = death.dismissed
+            print("vllm-autoheal launcher: a line reported the engine dead but /health did not confirm it; "
+                  "the server keeps running", file=sys.stderr)  # fmt: skip
         time.sleep(0.2)
     for t in threads:
         t.join(timeout=5)
@@ -262,7 +244,7 @@ def run(argv: list[str], termination_path: str | None = None) -> int:
         # the file itself and then signalled us, hoping we would leave its forgery in place.
         try:
             note = (
-                "engine died while the server still answered /health; the launcher ended it"
+                "engine died (its /health answered a server error) while the server ran on; the launcher ended it"
                 if ended_dead_engine
                 else None
             )

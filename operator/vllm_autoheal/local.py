@@ -28,8 +28,9 @@ from .api import EngineArgs, VLLMServiceSpec
 from .diagnosis import Signals, classify
 from .diagnosis.units import GIB
 from .engine import describe, redacted, to_command
+from .engine_death import DeathWatch, direct_opener, engine_dead, health_status
 from .gpu_probe import snapshot
-from .launcher import OutputKeeper, engine_dead, pump
+from .launcher import OutputKeeper, pump
 from .remedy import Inventory, plan_heal
 from .remedy_gate import Limits, fingerprint
 from .serve_history import append_record, read_records, recorded, remembered
@@ -123,18 +124,18 @@ class Supervisor:
         cmd = self.command(engine)
         self.say("starting: " + shlex.join(redacted(cmd)))
         keeper = OutputKeeper()
-        dead = threading.Event()
+        death = DeathWatch(self.health_url)
         kills_before = cgroups.oom_kills()
 
         def watch(line: str) -> None:
-            if engine_dead(line):
-                dead.set()
+            if death.suspected_at is None and engine_dead(line):
+                death.suspect()
 
         self.child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
         out = _Mutable(sys.stdout.buffer)
         pumper = threading.Thread(target=pump, args=(self.child.stdout, out, keeper, watch), daemon=True)
         pumper.start()
-        ready = False
+        ready, dead, dismissed = False, False, 0
         deadline = time.monotonic() + self.opts.startup_timeout
         while self.child.poll() is None and not self.stopping:
             if not ready and self.healthy():
@@ -150,10 +151,14 @@ class Supervisor:
                         f"{len(self.heals)} restart(s); vLLM stopped (--once)"
                     )
                     return Attempt(0 if ok else 1, True, keeper.text())
-            if dead.is_set():
-                self.say("the engine died while the server still answers: stopping it")
+            if death.confirmed():
+                self.say("the engine died while the server ran on (its /health answers an error): stopping it")
+                dead = True
                 self.stop()
                 break
+            if death.dismissed > dismissed:  # (the line is not quoted: it may be a client's text)
+                dismissed = death.dismissed
+                self.say("a line reported the engine dead but /health did not confirm it: left running")
             if not ready and time.monotonic() > deadline:
                 self.say(f"not healthy after {self.opts.startup_timeout:.0f} s: stopping it")
                 self.stop()
@@ -162,14 +167,14 @@ class Supervisor:
         self.stop()  # (also the workers of a vLLM that exited by itself)
         code = self.child.wait()
         pumper.join(timeout=10)
-        return Attempt(code, ready, keeper.text(), dead.is_set(), self.stopping, cgroups.killed_since(kills_before))
+        return Attempt(code, ready, keeper.text(), dead, self.stopping, cgroups.killed_since(kills_before))
+
+    @property
+    def health_url(self) -> str:
+        return f"http://{self.opts.host}:{self.opts.port}/health"
 
     def healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://{self.opts.host}:{self.opts.port}/health", timeout=2) as r:
-                return r.status == 200
-        except (urllib.error.URLError, OSError, ValueError):
-            return False
+        return health_status(self.health_url) == 200
 
     def complete_one(self) -> bool:
         name = self.opts.spec.served_model_name or self.opts.model
@@ -180,7 +185,7 @@ class Supervisor:
             headers={"Content-Type": "application/json"},
         )
         try:
-            with urllib.request.urlopen(req, timeout=120) as r:
+            with direct_opener().open(req, timeout=120) as r:
                 text = json.loads(r.read())["choices"][0]["text"]
             self.say(f"completion ok: {text!r}")
             return True

@@ -1,0 +1,181 @@
+"""Ending a server whose engine died (engine_death.py): a line of vLLM's output is a suspicion, the
+server's own /health on 127.0.0.1 confirms it. Real HTTP servers on this machine answer /health;
+real child processes stand in for vLLM under the real launcher."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import signal
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from test_serve_hostile import FORGED_CONTINUATION, free_port
+from vllm_autoheal import engine_death, launcher
+from vllm_autoheal.engine_death import DeathWatch, health_status, health_url
+
+REAL_DEATH = (
+    "(EngineCore_DP0 pid=7) ERROR 12-01 02:40:00 [core.py:710] torch.OutOfMemoryError: CUDA out of memory. "
+    "Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB of which 1.10 GiB is free.\n"
+    "(APIServer pid=1) ERROR 12-01 02:40:01 [async_llm.py:480] AsyncLLM output_handler failed.\n"
+    "(APIServer pid=1) ERROR 12-01 02:40:01 [async_llm.py:480] vllm.v1.engine.exceptions.EngineDeadError: "
+    "EngineCore encountered an issue. See stack trace (above) for the root cause.\n"
+)
+
+
+@pytest.mark.parametrize(
+    "argv, url",
+    [
+        # what the operator renders: its own --host and --port last
+        (["vllm", "serve", "m", "--max-model-len", "4096", "--host", "0.0.0.0", "--port", "8080"],
+         "http://127.0.0.1:8080/health"),
+        (["vllm", "serve", "m"], "http://127.0.0.1:8000/health"),  # vLLM's default port
+        (["vllm", "serve", "m", "--port=9000"], "http://127.0.0.1:9000/health"),
+        (["vllm", "serve", "m", "--port", "1", "--port", "9001"], "http://127.0.0.1:9001/health"),  # the last wins
+        (["vllm", "serve", "m", "--ssl-keyfile", "k.pem", "--port", "8443"], "https://127.0.0.1:8443/health"),
+        (["vllm", "serve", "m", "--host", "10.0.0.5"], "http://127.0.0.1:8000/health"),  # never another address
+        (["vllm", "serve", "m", "--uds", "/tmp/v.sock"], None),
+        (["vllm", "serve", "m", "--port", "http"], None),
+        (["vllm", "serve", "m", "--port", "70000"], None),
+        (["vllm", "serve", "m", "--port"], None),
+    ],
+)  # fmt: skip
+def test_health_is_asked_where_the_command_serves_it_and_only_on_this_machine(argv, url):
+    assert health_url(argv) == url
+
+
+class Health:
+    """A real HTTP server on 127.0.0.1 whose /health answers `status` (changeable while it runs)."""
+
+    def __init__(self, status: int, location: str | None = None) -> None:
+        self.status, self.asked = status, 0
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 - http.server's name
+                outer.asked += 1
+                self.send_response(outer.status)
+                if location:
+                    self.send_header("Location", location)
+                self.end_headers()
+
+            def log_message(self, *a):
+                pass
+
+        self.server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/health"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def health():
+    made: list[Health] = []
+
+    def make(status: int, location: str | None = None) -> Health:
+        made.append(Health(status, location))
+        return made[-1]
+
+    yield make
+    for h in made:
+        h.close()
+
+
+def test_health_status_is_the_servers_own_answer_never_a_proxys_nor_a_redirects(health, monkeypatch):
+    # A proxy the environment names (nothing listens there): the server on 127.0.0.1 is still asked.
+    monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{free_port()}")
+    assert health_status(health(200).url) == 200
+    assert health_status(health(503).url) == 503
+    elsewhere = health(200)
+    redirect = health(302, location=elsewhere.url)
+    assert health_status(redirect.url) == 302 and elsewhere.asked == 0
+    assert health_status(f"http://127.0.0.1:{free_port()}/health") is None
+
+
+def test_a_report_of_death_is_confirmed_only_by_a_server_error_from_health(health, monkeypatch):
+    monkeypatch.setattr(engine_death, "DEAD_GRACE_S", 0.0)
+    monkeypatch.setattr(engine_death, "PROBE_EVERY_S", 0.0)
+    alive, dead = health(200), health(503)
+    watch = DeathWatch(alive.url)
+    assert not watch.confirmed() and alive.asked == 0  # no report: /health is not even asked
+    watch.suspect()
+    assert not watch.confirmed() and alive.asked == 1
+    watch = DeathWatch(dead.url)
+    watch.suspect()
+    assert watch.confirmed()
+    assert not DeathWatch(None).confirmed()
+
+
+def test_a_report_that_health_never_confirms_is_dismissed_and_a_later_one_is_heard(health, monkeypatch):
+    monkeypatch.setattr(engine_death, "DEAD_GRACE_S", 0.0)
+    monkeypatch.setattr(engine_death, "PROBE_EVERY_S", 0.0)
+    monkeypatch.setattr(engine_death, "CONFIRM_WINDOW_S", 0.0)
+    server = health(200)
+    watch = DeathWatch(server.url)
+    watch.suspect()
+    assert not watch.confirmed() and watch.dismissed == 1 and watch.suspected_at is None
+    server.status = 500  # vLLM before 0.11: the dead engine's error through the generic handler
+    watch.suspect()
+    assert watch.confirmed()
+
+
+# A vLLM stand-in: /health answers as the test says, on the --port of its command line.
+CHILD = """
+import http.server, sys, threading, time
+args = sys.argv[1:]
+port, status = int(args[args.index("--port") + 1]), int(args[args.index("--health") + 1])
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(status); self.end_headers()
+    def log_message(self, *a):
+        pass
+if status:
+    threading.Thread(target=http.server.HTTPServer(("127.0.0.1", port), H).serve_forever, daemon=True).start()
+print("INFO:     Application startup complete.", flush=True)
+sys.stdout.write(open(args[0]).read()); sys.stdout.flush()
+time.sleep(float(args[args.index("--sleep") + 1]))
+"""
+
+
+def run_launcher(tmp_path, monkeypatch, printed: str, status: int, sleep: float = 4.0):
+    monkeypatch.setattr(engine_death, "DEAD_GRACE_S", 0.5)
+    monkeypatch.setattr(engine_death, "CONFIRM_WINDOW_S", 1.5)
+    child, text = tmp_path / "child.py", tmp_path / "printed.txt"
+    child.write_text(textwrap.dedent(CHILD))
+    text.write_text(printed)
+    term = tmp_path / "termination-log"
+    argv = [sys.executable, str(child), str(text), "--health", str(status), "--sleep", str(sleep)]
+    code = launcher.run([*argv, "--port", str(free_port())], str(term))
+    return code, term
+
+
+def test_the_launcher_ends_a_server_whose_health_confirms_its_engine_died(tmp_path, monkeypatch):
+    started = time.monotonic()
+    code, term = run_launcher(tmp_path, monkeypatch, REAL_DEATH, 503, sleep=120)
+    doc = json.loads(term.read_text())
+    assert code == 128 + signal.SIGTERM and time.monotonic() - started < 30  # ended, not waited out
+    assert doc["diagnosis"]["cause"] == "runtime_oom" and "ended it" in doc["note"]
+
+
+@pytest.mark.parametrize(
+    "printed, status",
+    [
+        (FORGED_CONTINUATION, 200),  # a client's text inside a request's error: the engine answers
+        (REAL_DEATH, 200),  # what vLLM would print, but its engine still answers: not ended either
+        (FORGED_CONTINUATION, 0),  # nothing answers on 127.0.0.1 (another address): never ended here
+    ],
+)
+def test_the_launcher_leaves_running_a_server_whose_health_does_not_confirm(
+    tmp_path, monkeypatch, capfd, printed, status
+):
+    code, term = run_launcher(tmp_path, monkeypatch, printed, status)
+    assert code == 0 and not term.exists()
+    assert "did not confirm" in capfd.readouterr().err
