@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -197,3 +199,59 @@ def test_memory_limit_kill_is_host_ram_and_heals_by_shrinking_the_kv_cache(engin
     assert proc.returncode == 0, proc.stdout[-3000:]
     assert [(h["cause"], h["action"]) for h in heals(records)] == [("host_ram_oom", "SetKvCacheMemoryBytes")]
     assert heals(records)[0]["changes"]["kv_cache_memory_bytes"] <= 2**30
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes under `pid` (from /proc: vLLM's engine core is a grandchild of the launcher)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            parents[int(stat.parent.name)] = int(fields[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    found, frontier = [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        kids = [p for p, pp in parents.items() if pp == parent]
+        found += kids
+        frontier += kids
+    return found
+
+
+def test_the_launcher_ends_a_real_server_whose_engine_died_once_health_confirms_it(engine_env, tmp_path):
+    """vLLM 0.32 told to keep its server up when its engine dies (VLLM_KEEP_ALIVE_ON_ENGINE_DEATH, the
+    behaviour of versions before the server ended itself): its engine core killed, /health answers 503
+    and the launcher ends the server, with its note."""
+    port, term = _free_port(), tmp_path / "termination-log"
+    env = {**engine_env["env"], "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH": "1",
+           "PYTHONPATH": os.pathsep.join([str(HERE.parent / "operator"), *sys.path])}  # fmt: skip
+    vllm = [engine_env["python"], "-m", "vllm.entrypoints.openai.api_server", "--model", engine_env["model"],
+            "--max-model-len", "2048", "--kv-cache-memory-bytes", "1G", "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+    with open(tmp_path / "out.log", "wb") as out:
+        launcher = subprocess.Popen(
+            [engine_env["python"], "-m", "vllm_autoheal.launcher", "--termination-path", str(term), "--", *vllm],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        try:
+            from vllm_autoheal.engine_death import health_status
+
+            url = f"http://127.0.0.1:{port}/health"
+            deadline = time.monotonic() + 600
+            while health_status(url) != 200 and launcher.poll() is None and time.monotonic() < deadline:
+                time.sleep(1)
+            assert health_status(url) == 200, (tmp_path / "out.log").read_text()[-3000:]
+            cores = [p for p in _descendants(launcher.pid) if b"EngineCore" in Path(f"/proc/{p}/cmdline").read_bytes()]
+            assert cores, "no engine core process under the launcher"
+            for pid in cores:
+                os.kill(pid, signal.SIGKILL)
+            code = launcher.wait(timeout=120)
+        finally:
+            if launcher.poll() is None:
+                for pid in [*_descendants(launcher.pid), launcher.pid]:
+                    os.kill(pid, signal.SIGKILL)
+    log = (tmp_path / "out.log").read_text(errors="replace")
+    assert code != 0, log[-3000:]
+    assert "ended it" in json.loads(term.read_text())["note"]
