@@ -168,4 +168,5 @@ def test_a_hybrids_estimate_counts_a_state_block_per_sequence():
     few, many = (estimate(s, EngineArgs(max_model_len=4096, max_num_seqs=n), lookup("NVIDIA-L4")) for n in (8, 4096))
     assert many.state_blocks is not None and 8 < many.state_blocks < 4096
     assert not many.fits and "Mamba state blocks" in many.reasons[0]
-    assert few.state_blocks == many.state_blocks and "Mamba state blocks" not in " ".join(few.reasons)
+    # (more sequences make the profile's dummy sampler run hold more logits, so the pool of 4096 is smaller)
+    assert few.state_blocks > many.state_blocks and "Mamba state blocks" not in " ".join(few.reasons)

@@ -27,6 +27,7 @@ from .engine_defaults import (
 )
 from .gpu_catalog import GpuSpec
 from .model_shape import DTYPE_BYTES, GROUP_SCALE_BYTES, QUANT_BYTES, ModelShape, layer_group, padded_layers
+from .sampler_peak import sampler_peak_bytes
 
 BLOCK_SIZE = 16  # vLLM's default KV block (measured: KV tokens = blocks x 16)
 
@@ -102,13 +103,20 @@ def weights_gib_to_diagnose(shape: ModelShape, engine: EngineArgs) -> float | No
     return weights_gib_per_gpu(shape, engine)
 
 
-def activation_bytes(shape: ModelShape, max_num_batched_tokens: int, tp: int = 1) -> int:
+def activation_bytes(
+    shape: ModelShape, max_num_batched_tokens: int, tp: int = 1, max_num_seqs: int = 0, sampler: str = "v2"
+) -> int:
+    """The profile run's peak: the forward pass over max_num_batched_tokens, or the dummy sampler run
+    after it over max_num_seqs rows of the vocabulary, whichever holds more (sampler_peak.py; the
+    sampler outweighs the forward pass for MoE models of a narrow hidden size and a wide vocabulary)."""
     inter = max(
         shape.intermediate if shape.experts == 0 or shape.dense_layers else 0,
         shape.experts_per_token * shape.moe_intermediate,
     )
     per_token = ACTIVATION_FACTOR * (shape.hidden + 2 * inter / tp) * 2
-    return int(per_token * max_num_batched_tokens + ACTIVATION_BASE_GIB * GIB)
+    forward = per_token * max_num_batched_tokens
+    sampling = sampler_peak_bytes(shape.vocab, shape.hidden, max_num_seqs, max_num_batched_tokens, sampler)
+    return int(max(forward, sampling if max_num_seqs else 0) + ACTIVATION_BASE_GIB * GIB)
 
 
 @dataclass
@@ -252,7 +260,8 @@ def estimate(
     mbt = engine.max_num_batched_tokens or default_max_num_batched_tokens(total, entrypoint, gpu.name)
     max_len = engine.max_model_len or shape.max_position_embeddings or 4096
     weights = weights_gib_per_gpu(shape, engine)
-    act = activation_bytes(shape, mbt, tp) / GIB
+    seqs = engine.max_num_seqs or default_max_num_seqs(total, gpu.name, engine.extra_args)
+    act = activation_bytes(shape, mbt, tp, seqs) / GIB
     non_torch = NON_TORCH_GIB_TP1 if tp * pp == 1 else NON_TORCH_GIB_TPN
     graphs = 0.0 if engine.enforce_eager else CUDAGRAPH_GIB
     per_token = shape.kv_bytes_per_token(kv_cache_dtype(engine), tp, pp)
@@ -297,7 +306,6 @@ def estimate(
             f"KV cache {kv:.2f} GiB holds one request of {fit_len:,} tokens < max_model_len {max_len:,}"
             + (f" ({need.bytes_for(max_len) / GIB:.2f} GiB needed)" if need.windowed_per_token else "")
         )
-    seqs = engine.max_num_seqs or default_max_num_seqs(total, gpu.name, engine.extra_args)
     blocks = state_blocks(need, kv * GIB) if pool_foreseen(engine.extra_args) else None
     if failure is None and blocks is not None and not engine.enforce_eager and seqs > blocks:
         # vLLM refuses to capture full CUDA graphs (its default) for more sequences than state blocks
