@@ -99,3 +99,44 @@ def test_two_namespaces_of_one_tenant_do_not_hold_every_hub_fetch(monkeypatch):
     finally:
         hang.set()
         model_source.configure(HubSettings())
+
+
+def test_a_tenant_naming_many_models_pushes_out_its_own_answers_not_anothers(hub, monkeypatch):
+    """The cache was first-in-first-out across all namespaces: a tenant naming many models (or
+    revisions, which cost nothing to invent) pushed out the answers another tenant's services read,
+    and each of those reconciles asked the Hub again, waiting on it."""
+    asked: list[str] = []
+
+    def from_hub(repo_id, *_):
+        asked.append(repo_id)
+        return dict(SMALL)
+
+    monkeypatch.setattr(model_source, "from_hub", from_hub)
+    monkeypatch.setattr(model_source, "MAX_CACHED", 8)
+    for repo in ("acme/a", "acme/b"):
+        assert model_source._hub_cached(repo, None, None, "team-a").ok
+    for n in range(50):
+        assert model_source._hub_cached("flood/m", f"rev{n}", None, "team-b").ok
+    assert len(model_source._cache) == 8
+    asked.clear()
+    for repo in ("acme/a", "acme/b"):
+        assert model_source._hub_cached(repo, None, None, "team-a").ok
+    assert asked == []  # both still kept: team-a's answers were never pushed out
+    assert model_source._hub_cached("flood/m", "rev0", None, "team-b").ok and asked == ["flood/m"]
+
+
+def test_expired_answers_leave_a_full_cache_first(hub, monkeypatch):
+    monkeypatch.setattr(model_source, "from_hub", lambda *_: dict(SMALL))
+    monkeypatch.setattr(model_source, "MAX_CACHED", 4)
+    for n in range(2):
+        model_source._hub_cached("kept/m", f"rev{n}", None, "team-a")
+    monkeypatch.setattr(model_source, "OK_TTL_S", -1.0)  # expired as soon as kept
+    for n in range(2):
+        model_source._hub_cached("old/m", f"rev{n}", None, "team-b")
+    monkeypatch.setattr(model_source, "OK_TTL_S", 3600.0)
+    for n in range(2, 4):
+        model_source._hub_cached("kept/m", f"rev{n}", None, "team-a")
+    assert sorted(k[2] for k in model_source._cache) == ["rev0", "rev1", "rev2", "rev3"]
+    assert all(k[1] == "kept/m" for k in model_source._cache) and set(model_source._stored_by) == set(
+        model_source._cache
+    )

@@ -9,9 +9,10 @@ The Hub is reached with huggingface_hub (config.json only, one HEAD to check its
 hf_hub_download into a cache), at the endpoint the operator was started with (read once; off
 unless configured). A handler never waits longer than the Hub timeout: the fetch runs in a small
 pool, one fetch per (endpoint, model, revision, token), and its result is kept in memory, so
-many VLLMServices of one model cost one request. One namespace has at most
-HUB_LOOKUPS_PER_NAMESPACE lookups under way and as many handlers waiting: the Hub's slowness
-costs each tenant its own share, never another's.
+many VLLMServices of one model cost one request (a full cache lets the namespace that stored the
+most lose its oldest answer). One namespace has at most HUB_LOOKUPS_PER_NAMESPACE lookups under
+way and as many handlers waiting: the Hub's slowness costs each tenant its own share, never
+another's.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import os
 import re
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -197,7 +199,8 @@ def resolve_local(
 
 _hub = HubSettings()  # off until the operator's start-up configures it
 _pool: ThreadPoolExecutor | None = None
-_cache: dict[tuple, tuple[float, Resolved]] = {}
+_cache: dict[tuple, tuple[float, Resolved]] = {}  # in the order stored
+_stored_by: dict[tuple, str] = {}  # the namespace whose lookup stored each answer
 _inflight: dict[tuple, Future] = {}
 _fetching: dict[str, int] = {}  # by namespace: lookups started and not finished
 _waiting: dict[str, int] = {}  # by namespace: handlers waiting for the Hub
@@ -210,6 +213,7 @@ def configure(hub: HubSettings) -> None:
     with _guard:
         _hub = hub
         _cache.clear()
+        _stored_by.clear()
         _inflight.clear()
         _fetching.clear()
         _waiting.clear()
@@ -221,18 +225,33 @@ def timeout_s() -> float:
     return _hub.timeout_s
 
 
-def _store(key: tuple, result: Resolved) -> None:
+def _store(key: tuple, result: Resolved, namespace: str) -> None:
+    """Keep an answer. When the cache is full, expired answers go first, then the oldest answer of
+    the namespace that stored the most: a tenant naming many models (or revisions) pushes out its own
+    answers, never the few another tenant's services read (first-in-first-out across all did)."""
     with _guard:
+        _cache.pop(key, None)
+        _stored_by.pop(key, None)
         if len(_cache) >= MAX_CACHED:
-            _cache.pop(next(iter(_cache)))
+            now = time.monotonic()
+            for old in [k for k, (expires, _) in _cache.items() if expires <= now]:
+                _cache.pop(old)
+                _stored_by.pop(old, None)
+        if len(_cache) >= MAX_CACHED:
+            held = Counter(_stored_by.values())
+            most = max(held, key=held.__getitem__)
+            oldest = next(k for k in _cache if _stored_by.get(k) == most)
+            _cache.pop(oldest)
+            _stored_by.pop(oldest)
         _cache[key] = (time.monotonic() + (OK_TTL_S if result.ok else ERROR_TTL_S), result)
+        _stored_by[key] = namespace
 
 
 def _finished(key: tuple, future: Future, namespace: str) -> None:
     """A fetch's end, whatever it was (a cancelled future has no result): its answer kept, its slot
     and its namespace's share freed. Only this fetch's slot: a reconfigure may have started another."""
     try:
-        _store(key, future.result())
+        _store(key, future.result(), namespace)
     except BaseException:  # noqa: BLE001 - cancelled: nothing to keep
         pass
     finally:
