@@ -9,6 +9,7 @@ block are counted as vLLM counts them."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -175,5 +176,7 @@ def test_pre_flight_sees_a_hybrids_request_short_of_its_cache_as_vllm_does():
     est = estimate(config_shape("qwen3.5-0.8b"), engine, lookup("NVIDIA-H200"))
     assert est.failure == "kv_cache_insufficient"
     assert f"the estimated maximum model length is {est.max_model_len_fit}." in kv_log
+    needed = re.search(r"\((\d+\.\d+) GiB KV cache is needed", kv_log)[1]
+    assert f"({needed} GiB needed)" in est.reasons[0]  # vLLM's own figure, in pre-flight's words
     est = estimate(config_shape("nemotron-h-8b"), engine, lookup("NVIDIA-H200"))
     assert est.failure == "kv_cache_insufficient" and est.max_model_len_fit == 0

@@ -304,7 +304,7 @@ def estimate(
         failure = "kv_cache_insufficient"
         reasons.append(
             f"KV cache {kv:.2f} GiB holds one request of {fit_len:,} tokens < max_model_len {max_len:,}"
-            + (f" ({need.bytes_for(max_len) / GIB:.2f} GiB needed)" if need.windowed_per_token else "")
+            + f" ({need.bytes_for(max_len) / GIB:.2f} GiB needed)"  # (vLLM's own figure in its refusal)
         )
     blocks = state_blocks(need, kv * GIB) if pool_foreseen(engine.extra_args) else None
     if failure is None and blocks is not None and not engine.enforce_eager and seqs > blocks:
