@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.server
 import json
 import signal
+import socket
 import sys
 import textwrap
 import threading
@@ -42,6 +43,18 @@ REAL_DEATH = (
         (["vllm", "serve", "m", "--port", "http"], None),
         (["vllm", "serve", "m", "--port", "70000"], None),
         (["vllm", "serve", "m", "--port"], None),
+        # as vLLM's own parser reads them (its underscores for dashes, argparse's abbreviations, int()):
+        # checked against vLLM 0.32's make_arg_parser
+        (["vllm", "serve", "m", "--ssl_keyfile", "k", "--ssl_certfile", "c", "--port", "9002"],
+         "https://127.0.0.1:9002/health"),
+        (["vllm", "serve", "m", "--ssl-k", "k"], "https://127.0.0.1:8000/health"),
+        (["vllm", "serve", "m", "--ssl-certfile", "c"], "https://127.0.0.1:8000/health"),
+        (["vllm", "serve", "m", "--ssl-keyfile", "k", "--ssl-keyfile="], "http://127.0.0.1:8000/health"),
+        (["vllm", "serve", "m", "--por", "9001"], "http://127.0.0.1:9001/health"),
+        (["vllm", "serve", "m", "--port", "+9008"], "http://127.0.0.1:9008/health"),
+        (["vllm", "serve", "m", "--port", "9_009"], "http://127.0.0.1:9009/health"),
+        (["vllm", "serve", "m", "--ud", "/tmp/v.sock"], None),
+        (["vllm", "serve", "m", "--port", "\u00b2"], None),  # isdigit() but no int: vLLM refuses it too
     ],
 )  # fmt: skip
 def test_health_is_asked_where_the_command_serves_it_and_only_on_this_machine(argv, url):
@@ -179,3 +192,53 @@ def test_the_launcher_leaves_running_a_server_whose_health_does_not_confirm(
     code, term = run_launcher(tmp_path, monkeypatch, printed, status)
     assert code == 0 and not term.exists()
     assert "did not confirm" in capfd.readouterr().err
+
+
+def test_something_that_is_no_http_server_answering_health_is_no_answer(monkeypatch):
+    """A listener that answers no HTTP (BadStatusLine is no OSError) must not break the watch: the
+    launcher would fall back to exec'ing vLLM a second time while the first still runs."""
+    monkeypatch.setattr(engine_death, "DEAD_GRACE_S", 0.0)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+
+    def garbage() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            conn.recv(4096)
+            conn.sendall(b"\x15\x03\x03\x00\x02\x02\x46 no http\r\n\r\n")
+            conn.close()
+
+    threading.Thread(target=garbage, daemon=True).start()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}/health"
+    try:
+        assert health_status(url) is None
+        watch = DeathWatch(url)
+        watch.suspect()
+        assert not watch.confirmed()
+    finally:
+        listener.close()
+
+
+def test_a_real_report_while_a_forged_one_is_open_is_not_lost_when_that_one_is_dismissed(monkeypatch):
+    """A client's forged line opens a suspicion; vLLM's real report comes while /health is being asked
+    for the last time in its window (answering 200: asked before the engine died). The real report
+    must keep the suspicion open, so the next question (503) ends the server."""
+    monkeypatch.setattr(engine_death, "DEAD_GRACE_S", 0.0)
+    monkeypatch.setattr(engine_death, "PROBE_EVERY_S", 0.0)
+    monkeypatch.setattr(engine_death, "CONFIRM_WINDOW_S", 0.05)
+    answers = [200, 503]
+
+    def probe(_url: str) -> int:
+        if answers[0] == 200:
+            watch.suspect()  # vLLM's own report, read by the pump thread while /health is asked
+        return answers.pop(0)
+
+    watch = DeathWatch("http://127.0.0.1:1/health", probe)
+    watch.suspect()  # the forged line
+    time.sleep(0.1)  # its window has passed
+    assert not watch.confirmed() and watch.dismissed == 0 and watch.suspected_at is not None
+    assert watch.confirmed()

@@ -13,8 +13,10 @@ Standard library only: the in-pod launcher imports it with the vLLM image's own 
 
 from __future__ import annotations
 
+import http.client
 import re
 import ssl
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -52,25 +54,38 @@ def engine_dead(line: str) -> bool:
         return False
 
 
+def _spells(flag: str, name: str, shortest: str) -> bool:
+    """`flag` names vLLM's `name` as its parser reads it: underscores for dashes, or a prefix no
+    other flag of vLLM's shares (argparse's abbreviations; `shortest` is the shortest such)."""
+    flag = "--" + flag[2:].replace("_", "-") if flag.startswith("--") else flag
+    return flag.startswith(shortest) and name.startswith(flag)
+
+
 def health_url(argv: Sequence[str]) -> str | None:
     """Where the server started by `argv` answers /health on this machine, as vLLM's parser reads
-    its flags (the last --port wins; 8000 when none; https with --ssl-keyfile); None where it cannot
-    be asked here (a Unix socket, a port that does not parse)."""
-    port, tls = DEFAULT_PORT, False
+    its flags (the last --port wins; 8000 when none; https with --ssl-keyfile or --ssl-certfile;
+    `--ssl_keyfile` and `--por` as vLLM reads them); None where it cannot be asked here (a Unix
+    socket, a port that does not parse)."""
+    port, tls = DEFAULT_PORT, {"key": "", "cert": ""}
     for i, token in enumerate(argv):
         if token == "--":
             break
         flag, eq, value = token.partition("=")
-        if flag == "--uds":
+        raw = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+        if _spells(flag, "--uds", "--ud"):
             return None
-        if flag in ("--ssl-keyfile", "--ssl-certfile"):
-            tls = True
-        if flag == "--port":
-            raw = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
-            if not raw.isdigit() or not 0 < int(raw) < 65536:
+        if _spells(flag, "--ssl-keyfile", "--ssl-k"):
+            tls["key"] = raw  # (the last wins; an empty one is none, as uvicorn reads it)
+        if _spells(flag, "--ssl-certfile", "--ssl-certf"):
+            tls["cert"] = raw
+        if _spells(flag, "--port", "--por"):
+            try:
+                port = int(raw)  # as argparse's type=int: " 9000", "+9000" and "9_000" too
+            except ValueError:
                 return None
-            port = int(raw)
-    return f"{'https' if tls else 'http'}://127.0.0.1:{port}/health"
+            if not 0 < port < 65536:
+                return None
+    return f"{'https' if any(tls.values()) else 'http'}://127.0.0.1:{port}/health"
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):
@@ -94,24 +109,34 @@ def health_status(url: str, timeout: float = HEALTH_TIMEOUT_S) -> int | None:
             return int(answer.status)
     except urllib.error.HTTPError as err:
         return int(err.code)
-    except (OSError, ValueError):
+    except (OSError, ValueError, http.client.HTTPException):
+        # (HTTPException: something that is no HTTP server answers there, BadStatusLine: never a
+        # reason to break the launcher, which would then start vLLM a second time)
         return None
 
 
 class DeathWatch:
-    """A report of the engine's death (`suspect`, from any thread), confirmed by /health (`confirmed`,
-    from the supervising loop) after a grace in which vLLM may end its server itself."""
+    """A report of the engine's death (`suspect`, from any thread, on every line that reports it),
+    confirmed by /health (`confirmed`, from the supervising loop) after a grace, counted from the
+    first report, in which vLLM may end its server itself. A suspicion is dismissed only once no
+    report came for the whole window: a client's forged lines may keep one open (it still takes a
+    server error from /health to end the server), but cannot close it on a real report that came
+    while it was open (vLLM reports its engine's death once)."""
 
     def __init__(self, url: str | None, probe: Callable[[str], int | None] = health_status) -> None:
         self.url = url
         self._probe = probe
+        self._lock = threading.Lock()
         self.suspected_at: float | None = None
+        self.reported_at = 0.0  # the latest report
         self.dismissed = 0  # reports /health never confirmed
         self._asked_at = 0.0
 
     def suspect(self) -> None:
-        if self.suspected_at is None:
-            self.suspected_at = time.monotonic()
+        with self._lock:
+            self.reported_at = time.monotonic()
+            if self.suspected_at is None:
+                self.suspected_at = self.reported_at
 
     def confirmed(self) -> bool:
         """True when /health answers a server error after a report of death: the engine is gone."""
@@ -122,7 +147,8 @@ class DeathWatch:
         status = self._probe(self.url) if self.url is not None else None
         if status is not None and status >= 500:
             return True
-        if now - at > DEAD_GRACE_S + CONFIRM_WINDOW_S:
-            self.suspected_at = None  # not vLLM's report (a client's text), or not a server this can ask
-            self.dismissed += 1
+        with self._lock:  # (a report that came while /health was asked keeps the suspicion open)
+            if now - self.reported_at > DEAD_GRACE_S + CONFIRM_WINDOW_S:
+                self.suspected_at = None  # not vLLM's report (a client's text), or not a server this can ask
+                self.dismissed += 1
         return False

@@ -208,7 +208,7 @@ def run(argv: list[str], termination_path: str | None = None) -> int:
     def watch(line: str) -> None:
         if "Application startup complete" in line or "Uvicorn running on" in line:
             state["ready"] = True
-        if death.suspected_at is None and engine_dead(line):
+        if engine_dead(line):  # (every report: one while a suspicion is open must not be lost)
             death.suspect()
 
     threads = [

@@ -128,7 +128,7 @@ class Supervisor:
         kills_before = cgroups.oom_kills()
 
         def watch(line: str) -> None:
-            if death.suspected_at is None and engine_dead(line):
+            if engine_dead(line):  # (every report: one while a suspicion is open must not be lost)
                 death.suspect()
 
         self.child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
