@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -255,3 +256,60 @@ def test_the_launcher_ends_a_real_server_whose_engine_died_once_health_confirms_
     log = (tmp_path / "out.log").read_text(errors="replace")
     assert code != 0, log[-3000:]
     assert "ended it" in json.loads(term.read_text())["note"]
+
+
+# The launcher with a short grace and window (the constants are module globals; a test waits seconds).
+SHORT_LAUNCHER = """
+import sys
+from vllm_autoheal import engine_death, launcher
+engine_death.DEAD_GRACE_S, engine_death.CONFIRM_WINDOW_S = 1.0, 3.0
+sys.exit(launcher.main(sys.argv[1:]))
+"""
+
+
+def test_a_clients_request_id_that_prints_vllms_report_of_engine_death_does_not_end_the_server(engine_env, tmp_path):
+    """A real forge: with --enable-log-requests, vLLM 0.32 logs the client's own `request_id` with %s,
+    and its formatter repeats the logger header on each of its lines, so a request_id holding a
+    newline prints `(APIServer pid=N) INFO ... [async_llm.py:578] vllm.v1.engine.exceptions.
+    EngineDeadError: ...`, a line engine_dead() reads as vLLM's report (before 88eb947 that alone
+    ended the server). The launcher asks /health (200) and leaves the server running."""
+    from vllm_autoheal.engine_death import direct_opener, engine_dead, health_status
+
+    port = _free_port()
+    out, err = tmp_path / "out.log", tmp_path / "err.log"
+    vllm = [engine_env["python"], "-m", "vllm.entrypoints.openai.api_server", "--model", engine_env["model"],
+            "--max-model-len", "2048", "--kv-cache-memory-bytes", "1G", "--host", "127.0.0.1",
+            "--port", str(port), "--enable-log-requests"]  # fmt: skip
+    env = {**engine_env["env"], "PYTHONPATH": str(HERE.parent / "operator")}
+    cmd = [sys.executable, "-c", SHORT_LAUNCHER, "--termination-path", str(tmp_path / "term"), "--", *vllm]
+    with out.open("wb") as o, err.open("wb") as e:
+        proc = subprocess.Popen(cmd, stdout=o, stderr=e, env=env, start_new_session=True)
+    health = f"http://127.0.0.1:{port}/health"
+    try:
+        deadline = time.monotonic() + 600
+        while health_status(health) != 200:
+            assert proc.poll() is None and time.monotonic() < deadline, err.read_text()[-3000:]
+            time.sleep(1)
+        forged = "x\nvllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the root cause.\ny"  # noqa: E501
+        body = {"model": engine_env["model"], "prompt": "Hello", "max_tokens": 2, "request_id": forged}
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
+        with direct_opener().open(req, timeout=120) as answer:
+            assert answer.status == 200
+        deadline = time.monotonic() + 60
+        while "did not confirm" not in err.read_text(errors="replace"):
+            assert proc.poll() is None and time.monotonic() < deadline, err.read_text()[-3000:]
+            time.sleep(0.5)
+        printed = (out.read_bytes() + err.read_bytes()).decode("utf-8", "replace").splitlines(keepends=True)
+        assert any(engine_dead(line) for line in printed)  # the forge is real: the old launcher ended it
+        time.sleep(2)
+        assert proc.poll() is None and health_status(health) == 200
+        assert "EngineDeadError" not in err.read_text().split("did not confirm")[-1]  # never quoted
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
