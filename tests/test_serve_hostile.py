@@ -252,3 +252,25 @@ def test_a_vllm_that_exits_0_before_it_ever_served_is_no_success(tmp_path, monke
     proc = subprocess.run(serve_cmd(tmp_path, free_port()), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "before it ever answered /health" in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(
+    "host, url",
+    [
+        ("127.0.0.1", "http://127.0.0.1:8011"),
+        ("0.0.0.0", "http://127.0.0.1:8011"),  # all interfaces: asked on the loopback
+        ("::", "http://[::1]:8011"),  # was http://:::8011, which no request can reach: never healthy
+        ("::1", "http://[::1]:8011"),
+        ("localhost", "http://localhost:8011"),
+    ],
+)
+def test_serve_asks_its_server_where_this_machine_reaches_it(host, url, monkeypatch):
+    from vllm_autoheal import local
+    from vllm_autoheal.api import VLLMServiceSpec
+    from vllm_autoheal.vllm_command import VllmStart
+
+    monkeypatch.setattr(local, "vllm_start", lambda python: VllmStart(api_server_module=True))
+
+    spec = VLLMServiceSpec.model_validate({"model": "m"})
+    opts = local.ServeOptions(model="m", spec=spec, host=host, port=8011)
+    assert local.Supervisor(opts, out=open(os.devnull, "w")).base_url == url

@@ -171,7 +171,14 @@ class Supervisor:
 
     @property
     def health_url(self) -> str:
-        return f"http://{self.opts.host}:{self.opts.port}/health"
+        return f"{self.base_url}/health"
+
+    @property
+    def base_url(self) -> str:
+        """Where this machine reaches the server: a wildcard address (all interfaces) is asked on
+        the loopback, an IPv6 literal in brackets."""
+        host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.opts.host, self.opts.host)
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.opts.port}"
 
     def healthy(self) -> bool:
         return health_status(self.health_url) == 200
@@ -180,7 +187,7 @@ class Supervisor:
         name = self.opts.spec.served_model_name or self.opts.model
         body = json.dumps({"model": name, "prompt": "Hello", "max_tokens": 4}).encode()
         req = urllib.request.Request(
-            f"http://{self.opts.host}:{self.opts.port}/v1/completions",
+            f"{self.base_url}/v1/completions",
             data=body,
             headers={"Content-Type": "application/json"},
         )
@@ -320,7 +327,7 @@ class Supervisor:
     def on_healthy(self, engine: EngineArgs) -> None:
         heals = self.heals
         self.say(
-            f"healthy: http://{self.opts.host}:{self.opts.port}/v1 after {len(heals)} restart(s), "
+            f"healthy: {self.base_url}/v1 after {len(heals)} restart(s), "
             f"flags: {describe(engine)}"
         )
         self.record(event="healthy", engine=recorded(engine), restarts=len(heals))
