@@ -242,3 +242,16 @@ def test_a_real_report_while_a_forged_one_is_open_is_not_lost_when_that_one_is_d
     time.sleep(0.1)  # its window has passed
     assert not watch.confirmed() and watch.dismissed == 0 and watch.suspected_at is not None
     assert watch.confirmed()
+
+
+def test_a_probe_that_raises_what_no_one_foresaw_is_no_answer(monkeypatch):
+    """The launcher's loop calls confirmed(): an exception out of it would end run(), and main()'s
+    fallback would then start vLLM a second time beside the first."""
+    monkeypatch.setattr(engine_death, "DEAD_GRACE_S", 0.0)
+
+    def probe(url):
+        raise RuntimeError("an answer no one foresaw")
+
+    watch = DeathWatch("http://127.0.0.1:1/health", probe=probe)
+    watch.suspect()
+    assert watch.confirmed() is False

@@ -144,7 +144,10 @@ class DeathWatch:
         if at is None or now - at < DEAD_GRACE_S or now - self._asked_at < PROBE_EVERY_S:
             return False
         self._asked_at = now
-        status = self._probe(self.url) if self.url is not None else None
+        try:
+            status = self._probe(self.url) if self.url is not None else None
+        except Exception:  # noqa: BLE001 - an answer no one foresaw: no answer; the launcher must
+            status = None  # never break while vLLM runs (its fallback would start vLLM a second time)
         if status is not None and status >= 500:
             return True
         with self._lock:  # (a report that came while /health was asked keeps the suspicion open)

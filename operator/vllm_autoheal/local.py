@@ -326,10 +326,7 @@ class Supervisor:
 
     def on_healthy(self, engine: EngineArgs) -> None:
         heals = self.heals
-        self.say(
-            f"healthy: {self.base_url}/v1 after {len(heals)} restart(s), "
-            f"flags: {describe(engine)}"
-        )
+        self.say(f"healthy: {self.base_url}/v1 after {len(heals)} restart(s), flags: {describe(engine)}")
         self.record(event="healthy", engine=recorded(engine), restarts=len(heals))
         if heals:
             self.say("to keep the healed flags, run:")
