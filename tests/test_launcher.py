@@ -246,3 +246,26 @@ def test_a_stop_before_vllm_starts_starts_nothing(tmp_path):
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
     assert not mark.exists()
+
+
+def test_a_launcher_that_breaks_after_starting_vllm_waits_for_it_and_starts_no_second(tmp_path, monkeypatch):
+    """main() ran the command directly when run() raised, even after run() had started it: two vLLMs
+    on one GPU (the second fails for want of its memory, or both do)."""
+    from vllm_autoheal import launcher
+
+    class Broken:
+        suspected_at, dismissed = None, 0
+
+        def __init__(self, url):
+            pass
+
+        def confirmed(self):
+            raise RuntimeError("broken")
+
+    monkeypatch.setattr(launcher, "DeathWatch", Broken)
+    monkeypatch.setattr(launcher, "_started", [])
+    starts = tmp_path / "starts"
+    child = tmp_path / "child.py"
+    child.write_text(f"import sys, time\nopen({str(starts)!r}, 'a').write('x')\ntime.sleep(1)\nsys.exit(3)\n")
+    code = launcher.main(["--termination-path", str(tmp_path / "term"), "--", sys.executable, str(child)])
+    assert code == 3 and starts.read_text() == "x"

@@ -202,6 +202,7 @@ def run(argv: list[str], termination_path: str | None = None) -> int:
         return 128 + state["stopped_by"]
     keeper = OutputKeeper()
     child = state["child"] = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    _started.append(child)
     if state["stopped_by"] is not None:  # (one that came while it was being started)
         child.send_signal(state["stopped_by"])
 
@@ -268,6 +269,11 @@ def run(argv: list[str], termination_path: str | None = None) -> int:
     return exit_code
 
 
+# The child run() started, for main(): a launcher that breaks after starting vLLM waits for that vLLM
+# rather than start a second one beside it.
+_started: list[subprocess.Popen] = []
+
+
 def _clear(path: str) -> None:
     """Empty the file if it is there (in a pod it is a mounted file that cannot be removed)."""
     try:
@@ -294,6 +300,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vllm-autoheal launcher: {exc}", file=sys.stderr)
         return 127
     except Exception as exc:  # noqa: BLE001 - the launcher itself broke: run vLLM without it
+        if _started:  # (vLLM runs already: its exit code stands, and no second one starts)
+            print(f"vllm-autoheal launcher failed ({exc}); waiting for the command it started", file=sys.stderr)
+            code = _started[-1].wait()
+            return 128 - code if code < 0 else code
         print(f"vllm-autoheal launcher failed ({exc}); running the command directly", file=sys.stderr)
         os.execvp(args[0], args)
         return 127  # not reached
