@@ -137,6 +137,4 @@ def test_expired_answers_leave_a_full_cache_first(hub, monkeypatch):
     for n in range(2, 4):
         model_source._hub_cached("kept/m", f"rev{n}", None, "team-a")
     assert sorted(k[2] for k in model_source._cache) == ["rev0", "rev1", "rev2", "rev3"]
-    assert all(k[1] == "kept/m" for k in model_source._cache) and set(model_source._stored_by) == set(
-        model_source._cache
-    )
+    assert all(k[1] == "kept/m" and stored_by == "team-a" for k, (_, _, stored_by) in model_source._cache.items())

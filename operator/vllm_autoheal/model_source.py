@@ -199,8 +199,8 @@ def resolve_local(
 
 _hub = HubSettings()  # off until the operator's start-up configures it
 _pool: ThreadPoolExecutor | None = None
-_cache: dict[tuple, tuple[float, Resolved]] = {}  # in the order stored
-_stored_by: dict[tuple, str] = {}  # the namespace whose lookup stored each answer
+# key -> (expires, answer, the namespace whose lookup stored it), in the order stored
+_cache: dict[tuple, tuple[float, Resolved, str]] = {}
 _inflight: dict[tuple, Future] = {}
 _fetching: dict[str, int] = {}  # by namespace: lookups started and not finished
 _waiting: dict[str, int] = {}  # by namespace: handlers waiting for the Hub
@@ -213,7 +213,6 @@ def configure(hub: HubSettings) -> None:
     with _guard:
         _hub = hub
         _cache.clear()
-        _stored_by.clear()
         _inflight.clear()
         _fetching.clear()
         _waiting.clear()
@@ -231,20 +230,15 @@ def _store(key: tuple, result: Resolved, namespace: str) -> None:
     answers, never the few another tenant's services read (first-in-first-out across all did)."""
     with _guard:
         _cache.pop(key, None)
-        _stored_by.pop(key, None)
         if len(_cache) >= MAX_CACHED:
             now = time.monotonic()
-            for old in [k for k, (expires, _) in _cache.items() if expires <= now]:
+            for old in [k for k, (expires, _, _) in _cache.items() if expires <= now]:
                 _cache.pop(old)
-                _stored_by.pop(old, None)
         if len(_cache) >= MAX_CACHED:
-            held = Counter(_stored_by.values())
+            held = Counter(stored_by for _, _, stored_by in _cache.values())
             most = max(held, key=held.__getitem__)
-            oldest = next(k for k in _cache if _stored_by.get(k) == most)
-            _cache.pop(oldest)
-            _stored_by.pop(oldest)
-        _cache[key] = (time.monotonic() + (OK_TTL_S if result.ok else ERROR_TTL_S), result)
-        _stored_by[key] = namespace
+            _cache.pop(next(k for k, (_, _, stored_by) in _cache.items() if stored_by == most))
+        _cache[key] = (time.monotonic() + (OK_TTL_S if result.ok else ERROR_TTL_S), result, namespace)
 
 
 def _finished(key: tuple, future: Future, namespace: str) -> None:
