@@ -91,6 +91,28 @@ def test_weights_larger_than_one_gpu_heal_to_two_gpus_when_allowed():
     assert r.action == "IncreaseTensorParallel" and r.changes == {"tensor_parallel_size": 2}
 
 
+def test_an_empty_kv_budget_that_no_allowed_raise_fills_is_not_raised_nor_halved():
+    """Where the GPU is not named the log reads as the cache's shortage (no cache blocks), but vLLM's
+    own budget line says -11.6 GiB: utilization 0.9 -> 0.95 adds 7 GiB, still none, and an fp8 cache
+    halves nothing. Before: 'utilization raised to the most the bounds allow' (a certain second
+    crash), then fp8. Now: neither; more GPUs where allowed, else the weights' explanation."""
+    d = classify(Signals(log=WEIGHTS_72B))
+    assert d.cause == "kv_cache_insufficient" and d.numbers["available_kv_gib"] == -11.6
+    r = plan_heal(spec(), d, inventory=Inventory(gpu_total_gib=140.4))
+    assert r.action == GIVE_UP and "tensor parallelism 2" in r.reason
+    allowed = ["RaiseGpuMemoryUtilization", "Fp8KvCache", "IncreaseTensorParallel"]
+    heal = {"bounds": {"maxTensorParallelSize": 2}, "allowedActions": allowed}
+    r = plan_heal(spec(heal=heal), d, inventory=Inventory(gpu_total_gib=140.4))
+    assert r.action == "IncreaseTensorParallel" and r.changes == {"tensor_parallel_size": 2}
+
+
+def test_an_empty_kv_budget_that_the_raise_fills_is_raised():
+    """-1.5 GiB on an 80 GiB GPU: 0.9 -> 0.95 adds 4 GiB, so the raise is the change."""
+    log = WEIGHTS_72B.replace("135.43", "71.2").replace("-11.6", "-1.5")
+    r = plan_heal(spec(), classify(Signals(log=log)), inventory=Inventory(gpu_total_gib=80.0))
+    assert r.action == "RaiseGpuMemoryUtilization" and r.changes == {"gpu_memory_utilization": 0.95}
+
+
 def test_the_memory_model_vetoes_a_change_that_cannot_fit():
     """70B on one H100: no utilization or context makes the weights fit; none is tried."""
     shape = config_shape("llama-3.1-70b")

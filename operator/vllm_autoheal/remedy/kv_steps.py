@@ -71,6 +71,9 @@ def raise_utilization_blind(ctx: Context) -> Remedy | None:
     current = ctx.engine.gpu_memory_utilization
     if limit <= current or ctx.engine.kv_cache_memory_bytes:
         return None
+    budget = ctx.kv_budget()
+    if budget is not None and budget <= 0 and total and budget + (limit - current) * total <= 0:
+        return None  # vLLM's own budget stays empty at the limit: a certain second crash
     needed, available = ctx.num("needed_gib"), ctx.num("available_gib")
     if needed is None or available is None:
         return Remedy(
@@ -114,6 +117,9 @@ def fp8_kv_cache(ctx: Context) -> Remedy | None:
     if (ctx.engine.kv_cache_dtype or "auto").startswith("fp8"):
         return None
     why = "an fp8 KV cache holds twice the tokens per GiB."
+    budget = ctx.kv_budget()
+    if budget is not None and budget <= 0:
+        return None  # twice nothing: vLLM printed no memory at all for the cache
     holds = ctx.num("estimated_max_model_len") or ctx.num("kv_tokens")
     needed, available = ctx.num("needed_gib"), ctx.num("available_gib")
     current = ctx.context

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..api import EngineArgs, HealPolicy, VLLMServiceSpec
 from ..diagnosis import Diagnosis
+from ..diagnosis.figures import MAX_GIB
 from ..engine import BY_FIELD
 from ..memory import CUDA_CONTEXT_GIB, CUDAGRAPH_GIB, ModelShape
 from ..remedy_gate import Limits
@@ -85,6 +86,15 @@ class Context:
 
     def num(self, key: str) -> float | None:
         return printed_figure(self.diag, key)
+
+    def kv_budget(self) -> float | None:
+        """The KV cache's budget vLLM printed (its share of the GPU less all else it holds), which is
+        negative where the rest took more than the share; None where not printed or implausible."""
+        for key in ("available_kv_gib", "kv_reserved_gib"):
+            value = self.diag.numbers.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                return float(value) if abs(value) <= (self.total or MAX_GIB) else None
+        return None
 
     @property
     def total(self) -> float | None:
