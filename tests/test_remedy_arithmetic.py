@@ -113,6 +113,37 @@ def test_an_empty_kv_budget_that_the_raise_fills_is_raised():
     assert r.action == "RaiseGpuMemoryUtilization" and r.changes == {"gpu_memory_utilization": 0.95}
 
 
+def test_a_raise_into_an_empty_budget_comes_with_the_context_the_grown_cache_holds():
+    """Llama 3.1 70B at TP 2 on 80 GiB GPUs, budget -0.5 GiB: 0.9 -> 0.95 gives each GPU 3.5 GiB of
+    cache, about 22,900 tokens at 160 KiB a token, not the 131,072 the context asks. Before: the raise
+    alone, then vLLM's refusal of the context (a second restart the shape already foretold); with the
+    context unset, a 'lower' max_model_len from the memory model's own cache, which holds more than
+    the model's context. Now: the raise with the context the grown cache holds, set or not; the raise
+    alone where that context fits; without LowerMaxModelLen allowed, no raise at all."""
+    log = WEIGHTS_72B.replace("135.43", "65.7").replace("-11.6", "-0.5")
+    d = classify(Signals(log=log))
+    inv = Inventory(gpu_total_gib=80.0, shape=config_shape("llama-3.1-70b"))
+    held = 3.5 * 2**30 / (80 * 4 * 128 * 2 * 2)
+    for s in (spec(maxModelLen=131072, tensorParallelSize=2), spec(tensorParallelSize=2)):
+        r = plan_heal(s, d, inventory=inv)
+        assert r.action == "RaiseGpuMemoryUtilization" and r.changes["gpu_memory_utilization"] == 0.95
+        assert 0.95 * held <= r.changes["max_model_len"] <= held and r.changes["max_model_len"] % 16 == 0
+    short = plan_heal(spec(maxModelLen=8192, tensorParallelSize=2), d, inventory=inv)
+    assert short.changes == {"gpu_memory_utilization": 0.95}  # 8,192 tokens fit: the raise alone
+    fixed = spec(maxModelLen=131072, tensorParallelSize=2, heal={"allowedActions": ["RaiseGpuMemoryUtilization"]})
+    assert plan_heal(fixed, d, inventory=inv).changes.get("gpu_memory_utilization") is None
+
+
+def test_a_lower_context_is_never_longer_than_the_default_one():
+    """vLLM printed no figure (V0's refusal alone) and the memory model's cache holds far more than
+    Llama 3.1 8B's 131,072 tokens. Before: max_model_len 'lowered' to over 800,000, past the model's
+    context, which vLLM refuses at once. Now: no such change; the blind raise instead."""
+    log = "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization`.\n"
+    inv = Inventory(gpu_total_gib=139.8, shape=config_shape("llama-3.1-8b"))
+    r = plan_heal(spec(), classify(Signals(log=log)), inventory=inv)
+    assert "max_model_len" not in r.changes and r.action == "RaiseGpuMemoryUtilization"
+
+
 def test_the_memory_model_vetoes_a_change_that_cannot_fit():
     """70B on one H100: no utilization or context makes the weights fit; none is tried."""
     shape = config_shape("llama-3.1-70b")

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import math
 
+from ..diagnosis.units import GIB
 from ..gpu_catalog import GpuSpec
-from ..memory import BLOCK_SIZE, default_max_num_seqs, estimate
+from ..memory import BLOCK_SIZE, default_max_num_seqs, estimate, kv_need
 from .model import Context, Remedy
 
 
@@ -37,26 +38,37 @@ def raise_utilization_for_kv(ctx: Context) -> Remedy | None:
 
 
 def lower_max_model_len(ctx: Context) -> Remedy | None:
+    budget = ctx.kv_budget()
+    if budget is not None and budget <= 0:
+        return None  # vLLM printed no memory at all for the cache: no context, however short, fits
     estimated = ctx.num("estimated_max_model_len") or ctx.num("kv_tokens")
     source = (
         ("the memory model's estimate (3% margin)" if ctx.diag.source == "memory-model" else "vLLM's own estimate")
         if estimated
         else ""
     )
+    current = ctx.context
     if not estimated and ctx.inv.shape is not None and ctx.total:
-        est = estimate(ctx.inv.shape, ctx.engine, GpuSpec("gpu", ctx.total), ctx.inv.gpu_free_gib, ctx.inv.entrypoint)
-        estimated, source = est.max_model_len_fit * 0.97, "the memory model (with a 3% margin)"
+        held = context_held(ctx, budget) if budget is not None else None
+        if held is not None:  # vLLM's own budget, in the shape's bytes a token
+            estimated, current = held[0] * 0.97, held[1]
+            source = f"vLLM's KV budget ({budget:g} GiB) at the model's bytes a token (with a 3% margin)"
+        else:
+            est = estimate(
+                ctx.inv.shape, ctx.engine, GpuSpec("gpu", ctx.total), ctx.inv.gpu_free_gib, ctx.inv.entrypoint
+            )
+            estimated, source = est.max_model_len_fit * 0.97, "the memory model (with a 3% margin)"
+            current = current or est.max_model_len  # (a cache that holds more than the default is no shorter one)
     if not estimated:
         return None
     new = whole_blocks(estimated)
-    current = ctx.context
     if new < ctx.policy.bounds.min_max_model_len or (current is not None and new >= current):
         return None
     return Remedy(
         "LowerMaxModelLen",
         {"max_model_len": new},
         f"the KV cache holds {int(estimated):,} tokens by {source}; max_model_len "
-        f"{current or 'default'} -> {new:,} (a multiple of the {BLOCK_SIZE}-token block).",
+        f"{ctx.context or 'default'} -> {new:,} (a multiple of the {BLOCK_SIZE}-token block).",
     )
 
 
@@ -76,10 +88,23 @@ def raise_utilization_blind(ctx: Context) -> Remedy | None:
         return None  # vLLM's own budget stays empty at the limit: a certain second crash
     needed, available = ctx.num("needed_gib"), ctx.num("available_gib")
     if needed is None or available is None:
+        why = (
+            "no memory was left for a single KV block; utilization raised to the most the bounds and free memory allow"
+        )
+        held = context_held(ctx, budget + (limit - current) * total) if budget is not None and total else None
+        if held is None:
+            return Remedy("RaiseGpuMemoryUtilization", {"gpu_memory_utilization": limit}, why + ".")
+        length, context = held
+        if length >= context:
+            return Remedy("RaiseGpuMemoryUtilization", {"gpu_memory_utilization": limit}, why + ".")
+        new = shorter_context(ctx, length * 0.97)
+        if new is None:
+            return None  # the grown cache would still refuse the context: a certain second crash
         return Remedy(
             "RaiseGpuMemoryUtilization",
-            {"gpu_memory_utilization": limit},
-            "no memory was left for a single KV block; utilization raised to the most the bounds and free memory allow.",
+            {"gpu_memory_utilization": limit, "max_model_len": new},
+            f"{why}; vLLM's budget grows to {budget + (limit - current) * total:.2f} GiB, which holds one "
+            f"request of about {length:,} tokens by the memory model, not {context:,}: max_model_len -> {new:,}.",
         )
     estimated = ctx.num("estimated_max_model_len")
     if not total or not estimated or not available:
@@ -97,6 +122,17 @@ def raise_utilization_blind(ctx: Context) -> Remedy | None:
         f"and free memory allow) gives it {grown:.2f} GiB, which holds about {int(estimated * grown / available):,} "
         f"tokens by vLLM's estimate: max_model_len -> {new:,}.",
     )
+
+
+def context_held(ctx: Context, kv_gib: float) -> tuple[int, int] | None:
+    """(the longest request a KV cache of kv_gib holds, the context that ran) by the memory model,
+    where the model's shape is known: vLLM's budget figure with the shape's bytes per token."""
+    if ctx.inv.shape is None or not ctx.total:
+        return None
+    est = estimate(ctx.inv.shape, ctx.engine, GpuSpec("gpu", ctx.total), None, ctx.inv.entrypoint)
+    context = ctx.context or est.max_model_len
+    need = kv_need(ctx.inv.shape, ctx.engine, est.max_num_batched_tokens)
+    return need.longest(kv_gib * GIB, context), context
 
 
 def shorter_context(ctx: Context, tokens: float) -> int | None:
