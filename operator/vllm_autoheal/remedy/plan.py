@@ -67,10 +67,17 @@ PLANS: dict[Cause, list[Step]] = {
     Cause.NOT_OOM: [],
     Cause.UNKNOWN: [],
 }
-# Where one cause has a shortage the cause's plan does not fit: a Mamba hybrid short of state blocks
-# needs fewer sequences or more cache, never a shorter context or another KV dtype (neither adds a block).
-SUBTYPE_PLANS: dict[str, list[Step]] = {
-    "state_blocks_below_max_num_seqs": [seqs_within_state_blocks, more_state_blocks],
+# Where one cause has a shortage its plan does not fit: the subtype's steps, and the cause whose
+# directions the gate holds them to. A Mamba hybrid short of state blocks needs fewer sequences or more
+# cache, never a shorter context or another KV dtype (neither adds a block). vLLM's KV check failing on
+# the smallest pipeline stage is a KV shortage there: a shorter context or more cache, never the
+# multi-GPU plan's lower share, which leaves the stage's cache less still.
+SUBTYPE_PLANS: dict[str, tuple[Cause, list[Step]]] = {
+    "state_blocks_below_max_num_seqs": (Cause.KV_CACHE_INSUFFICIENT, [seqs_within_state_blocks, more_state_blocks]),
+    "kv_check_fails_on_smallest_stage": (
+        Cause.KV_CACHE_INSUFFICIENT,
+        [lower_max_model_len, raise_utilization_for_kv, raise_utilization_blind, fp8_kv_cache],
+    ),
 }
 
 
@@ -126,11 +133,12 @@ def plan_heal(
     ctx = Context(spec, engine, diagnosis, inv, limits)
     allowed = set(spec.heal.allowed_actions) - set(exclude)
     refused: list[str] = []
-    for step in SUBTYPE_PLANS.get(diagnosis.subtype or "", PLANS[diagnosis.cause]):
+    heal_as, steps = SUBTYPE_PLANS.get(diagnosis.subtype or "", (diagnosis.cause, PLANS[diagnosis.cause]))
+    for step in steps:
         remedy = step(ctx)
         if remedy is None or remedy.action in tried or remedy.action not in allowed:
             continue
-        problem = check(diagnosis.cause, remedy.changes, engine, model, memory_limit, limits, failed) or _cannot_fit(
+        problem = check(heal_as, remedy.changes, engine, model, memory_limit, limits, failed) or _cannot_fit(
             ctx, remedy
         )
         if problem is not None:
