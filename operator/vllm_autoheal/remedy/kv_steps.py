@@ -91,7 +91,8 @@ def raise_utilization_blind(ctx: Context) -> Remedy | None:
         why = (
             "no memory was left for a single KV block; utilization raised to the most the bounds and free memory allow"
         )
-        held = context_held(ctx, budget + (limit - current) * total) if budget is not None and total else None
+        grown_budget = budget + (limit - current) * total if budget is not None and total else None
+        held = context_held(ctx, grown_budget) if grown_budget is not None else None
         if held is None:
             return Remedy("RaiseGpuMemoryUtilization", {"gpu_memory_utilization": limit}, why + ".")
         length, context = held
@@ -103,7 +104,7 @@ def raise_utilization_blind(ctx: Context) -> Remedy | None:
         return Remedy(
             "RaiseGpuMemoryUtilization",
             {"gpu_memory_utilization": limit, "max_model_len": new},
-            f"{why}; vLLM's budget grows to {budget + (limit - current) * total:.2f} GiB, which holds one "
+            f"{why}; vLLM's budget grows to {grown_budget:.2f} GiB, which holds one "
             f"request of about {length:,} tokens by the memory model, not {context:,}: max_model_len -> {new:,}.",
         )
     estimated = ctx.num("estimated_max_model_len")

@@ -19,6 +19,10 @@ NO_CHANGE = "NoChange"
 GIVE_UP = "GiveUp"
 
 
+# vLLM's refusals that say the cache got no block: "No available memory for the cache blocks", "# GPU blocks: 0"
+NO_BLOCK_SUBTYPES = frozenset({"no_cache_blocks", "zero_gpu_blocks"})
+
+
 @dataclass
 class Inventory:
     """What is known about where the engine runs; every field may be unknown."""
@@ -89,12 +93,13 @@ class Context:
 
     def kv_budget(self) -> float | None:
         """The KV cache's budget vLLM printed (its share of the GPU less all else it holds), which is
-        negative where the rest took more than the share; None where not printed or implausible."""
+        negative where the rest took more than the share; None where not printed or implausible. Where
+        vLLM said only that it has no block at all, 0: at most one block's worth, nothing to halve."""
         for key in ("available_kv_gib", "kv_reserved_gib"):
             value = self.diag.numbers.get(key)
             if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
                 return float(value) if abs(value) <= (self.total or MAX_GIB) else None
-        return None
+        return 0.0 if self.diag.subtype in NO_BLOCK_SUBTYPES else None
 
     @property
     def total(self) -> float | None:
