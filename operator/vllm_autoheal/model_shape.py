@@ -183,7 +183,11 @@ class ModelShape:
         if not moe:
             return m * h * self.intermediate
         shared = m * h * self.shared_intermediate + (h if self.shared_intermediate else 0)
-        return self.experts * m * h * self.moe_intermediate + h * self.experts + shared
+        return self.routed_expert_params() + h * self.experts + shared
+
+    def routed_expert_params(self) -> int:
+        """One MoE layer's routed experts (vLLM's FusedMoE: w13 and w2), without router and shared experts."""
+        return self.experts * (3 if self.gated_mlp else 2) * self.hidden * self.moe_intermediate
 
     def mamba_params(self) -> int:
         """A Mamba-2 mixer (vLLM's MambaMixer2): in_proj to x, z, B, C and dt, the convolution, out_proj."""
@@ -246,12 +250,18 @@ class ModelShape:
             return sum(named.count(c) * self._block(c) for c in set(named)) + (layers - len(named)) * self._layer(
                 moe=False
             )
-        moe_layers = _congruent(self.dense_layers, layers, self.moe_period, self.moe_offset) if self.experts else 0
+        moe_layers = self.moe_layer_count(layers)
         stack = (layers - moe_layers) * self._layer(moe=False) + moe_layers * self._layer(moe=True)
         if self.gdn_key_heads and self.gdn_value_heads and self.layers:  # Gated DeltaNet layers, not attention
             mixers = round(self.mamba_layers * layers / self.layers)
             stack += mixers * (self.gdn_params() - self.attention_params())
         return stack
+
+    def moe_layer_count(self, layers: int) -> int:
+        """MoE layers among the first `layers` (counted, as stack_params counts them)."""
+        if self.blocks:
+            return self.blocks[:layers].count("E")
+        return _congruent(self.dense_layers, layers, self.moe_period, self.moe_offset) if self.experts else 0
 
     def params(self) -> int:
         return self.embedding_params() + self.stack_params(self.layers) + self.hidden
