@@ -27,6 +27,7 @@ from .engine_defaults import (
 )
 from .gpu_catalog import GpuSpec
 from .model_shape import DTYPE_BYTES, GROUP_SCALE_BYTES, QUANT_BYTES, ModelShape, layer_group, padded_layers
+from .mxfp4_experts import EXPERTS_ONLY, expert_bytes_per_gpu
 from .sampler_peak import sampler_peak_bytes
 
 BLOCK_SIZE = 16  # vLLM's default KV block (measured: KV tokens = blocks x 16)
@@ -52,10 +53,12 @@ def weights_bytes_per_gpu(
     tp: int = 1,
     pp: int = 1,
     encoder: str = "weights",
+    capability: tuple[int, int] | None = None,
 ) -> int:
     """Weights on the busiest GPU: linear layers quantized, embeddings and norms in the model dtype.
     `encoder`: where vLLM puts a vision encoder (encoder_placement): "weights", split over TP as the
-    rest; "data", whole on every GPU; "off", not on a GPU at all."""
+    rest; "data", whole on every GPU; "off", not on a GPU at all. `capability`: the GPU's compute
+    capability, which sets how vLLM pads mxfp4 experts (mxfp4_experts.py); None counts no padding."""
     dense = DTYPE_BYTES.get(dtype or "auto", 2.0) if dtype not in (None, "auto") else shape.served_bytes
     quant = quantization or shape.quantization
     linear = QUANT_BYTES.get(quant, dense) if quant else dense
@@ -63,6 +66,11 @@ def weights_bytes_per_gpu(
         linear = shape.quant_bits / 8 + (GROUP_SCALE_BYTES if shape.quant_bits < 8 else 0.0)
     per_stage = math.ceil(shape.layers / pp)
     layers = shape.stack_params(per_stage)
+    experts = 0.0
+    if quant in EXPERTS_ONLY and shape.experts:  # only the experts quantized (and padded), the rest dense
+        experts = expert_bytes_per_gpu(shape, per_stage, tp, linear, capability)
+        layers -= shape.moe_layer_count(per_stage) * shape.routed_expert_params()
+        linear = dense
     embed = shape.embedding_params() if pp == 1 else shape.vocab * shape.hidden  # first or last stage
     # (a vision encoder stays in the model dtype in quantized checkpoints, and sits on the first stage)
     vision = 0 if encoder == "off" else shape.vision_params * (tp if encoder == "data" else 1)
@@ -70,14 +78,17 @@ def weights_bytes_per_gpu(
     # the Qwen-VL towers get the model's quant_config, and Fp8Config skips only its ignored layers)
     online_fp8 = quant == "fp8" and quant != shape.quantization
     return int(
-        (layers * linear + embed * dense + vision * (linear if online_fp8 else dense)) / tp + WEIGHT_BUFFERS_GIB * GIB
+        (layers * linear + embed * dense + vision * (linear if online_fp8 else dense)) / tp
+        + experts
+        + WEIGHT_BUFFERS_GIB * GIB
     )
 
 
-def weights_gib_per_gpu(shape: ModelShape, engine: EngineArgs) -> float:
+def weights_gib_per_gpu(shape: ModelShape, engine: EngineArgs, gpu: GpuSpec | None = None) -> float:
     tp, pp = engine.tensor_parallel_size, engine.pipeline_parallel_size
     encoder = encoder_placement(engine.extra_args)
-    return weights_bytes_per_gpu(shape, engine.quantization, engine.dtype, tp, pp, encoder) / GIB
+    capability = gpu.capability if gpu else None
+    return weights_bytes_per_gpu(shape, engine.quantization, engine.dtype, tp, pp, encoder, capability) / GIB
 
 
 # Methods whose width the method alone does not say (a container for several schemes): without the
@@ -259,7 +270,7 @@ def estimate(
     free = (total if free_gib is None else free_gib) - CUDA_CONTEXT_GIB
     mbt = engine.max_num_batched_tokens or default_max_num_batched_tokens(total, entrypoint, gpu.name)
     max_len = engine.max_model_len or shape.max_position_embeddings or 4096
-    weights = weights_gib_per_gpu(shape, engine)
+    weights = weights_gib_per_gpu(shape, engine, gpu)
     seqs = engine.max_num_seqs or default_max_num_seqs(total, gpu.name, engine.extra_args)
     act = activation_bytes(shape, mbt, tp, seqs) / GIB
     non_torch = NON_TORCH_GIB_TP1 if tp * pp == 1 else NON_TORCH_GIB_TPN
