@@ -164,3 +164,18 @@ def test_the_catalog_knows_each_products_compute_capability(name, capability):
     assert lookup(name).capability == capability
     assert lookup(name, 40.0).capability == capability  # (a size given beside a known product)
     assert lookup("custom", 40.0).capability is None
+
+
+def test_the_heals_floor_reads_the_gpu_the_inventory_names():
+    """The planner's estimates take the GPU's product from the inventory (its name and compute
+    capability), not a nameless size: gpt-oss-120b's least utilization on an A100 counts the 65.9
+    GiB Marlin loads, not the 60.8 an unknown GPU is credited with (the heal went below it)."""
+    from vllm_autoheal.api import HealBounds
+    from vllm_autoheal.remedy_gate import utilization_floor
+
+    bounds = HealBounds(min_max_model_len=4096)
+    named = utilization_floor(bounds, EngineArgs(), GPT_OSS_120B, 79.15, gpu_name="NVIDIA-A100-SXM4-80GB")
+    nameless = utilization_floor(bounds, EngineArgs(), GPT_OSS_120B, 79.15)
+    assert named is not None and nameless is not None
+    padded = estimate(GPT_OSS_120B, EngineArgs(), A100).weights_gib
+    assert padded > 65.5 and named * 79.15 >= padded > nameless * 79.15  # 0.85 where it was 0.79

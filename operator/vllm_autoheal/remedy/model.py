@@ -12,6 +12,7 @@ from ..api import EngineArgs, HealPolicy, VLLMServiceSpec
 from ..diagnosis import Diagnosis
 from ..diagnosis.figures import MAX_GIB
 from ..engine import BY_FIELD
+from ..gpu_catalog import GpuSpec, lookup
 from ..memory import CUDA_CONTEXT_GIB, CUDAGRAPH_GIB, ModelShape
 from ..remedy_gate import Limits
 
@@ -90,6 +91,12 @@ class Context:
 
     def num(self, key: str) -> float | None:
         return printed_figure(self.diag, key)
+
+    def gpu(self) -> GpuSpec:
+        """The GPU as the memory model reads it: the total the crash or the inventory gives, with the
+        product's name and compute capability where the inventory names it (vLLM's batch defaults and
+        kernel tiles follow them)."""
+        return lookup(self.inv.gpu_name or "gpu", self.total or 0.0)
 
     def kv_budget(self) -> float | None:
         """The KV cache's budget vLLM printed (its share of the GPU less all else it holds), which is

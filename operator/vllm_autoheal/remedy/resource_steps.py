@@ -4,7 +4,6 @@ to the smallest change that the figures say fits, since every try is a reschedul
 from __future__ import annotations
 
 from ..diagnosis.units import MIB
-from ..gpu_catalog import GpuSpec
 from ..memory import estimate
 from ..quantity import format_bytes, parse_quantity
 from .kv_steps import shorter_context
@@ -27,7 +26,7 @@ def more_tensor_parallel(ctx: Context) -> Remedy | None:
         return None
     shape, total, pick = ctx.inv.shape, ctx.total, sizes[0]
     if shape is not None and total:
-        gpu = GpuSpec("gpu", total)
+        gpu = ctx.gpu()
         estimates = [
             (
                 n,

@@ -8,7 +8,6 @@ from collections.abc import Callable
 
 from ..diagnosis.units import GIB, MIB
 from ..engine import switched
-from ..gpu_catalog import GpuSpec
 from ..memory import (
     CUDA_CONTEXT_GIB,
     CUDAGRAPH_GIB,
@@ -45,7 +44,7 @@ def fit_utilization_to_free(ctx: Context) -> Remedy | None:
     # The smaller cache may not hold the context: say so now, not after a crash.
     if ctx.inv.shape is not None:
         after = ctx.engine.model_copy(update={"gpu_memory_utilization": new})
-        est = estimate(ctx.inv.shape, after, GpuSpec("gpu", total), None, ctx.inv.entrypoint)
+        est = estimate(ctx.inv.shape, after, ctx.gpu(), None, ctx.inv.entrypoint)
         length = (
             shorter_context(ctx, est.max_model_len_fit * 0.97) if est.max_model_len_fit < est.max_model_len else None
         )
@@ -76,7 +75,7 @@ def fit_kv_bytes_to_free(ctx: Context) -> Remedy | None:
     if ctx.diag.subtype == "kv_space_exceeds_free_host_memory":
         new_gib = math.floor((free * 0.75) * 4) / 4  # the KV alone must fit what is free, with margin
     elif ctx.total and ctx.inv.shape is not None:
-        est = estimate(ctx.inv.shape, ctx.engine, GpuSpec("gpu", ctx.total), None, ctx.inv.entrypoint)
+        est = estimate(ctx.inv.shape, ctx.engine, ctx.gpu(), None, ctx.inv.entrypoint)
         new_gib = math.floor((free - est.weights_gib - est.activation_gib - est.non_torch_gib - 1.0) * 4) / 4
     else:
         return None
@@ -104,7 +103,7 @@ def cpu_offload(ctx: Context) -> Remedy | None:
     shape, total = ctx.inv.shape, ctx.total
     if shape is None or not total:
         return None
-    est = estimate(shape, ctx.engine, GpuSpec("gpu", total), ctx.inv.gpu_free_gib, ctx.inv.entrypoint)
+    est = estimate(shape, ctx.engine, ctx.gpu(), ctx.inv.gpu_free_gib, ctx.inv.entrypoint)
     budget = est.requested_gib - est.activation_gib - est.non_torch_gib - 0.1 * est.requested_gib
     over = est.weights_gib - budget
     if over <= 0:
