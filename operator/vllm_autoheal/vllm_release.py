@@ -1,0 +1,200 @@
+"""Which vLLM release a pod runs, read off its image, and what that release decides for the memory model:
+its batch defaults, how its KV check sizes a sliding window's layers, which model runner a model gets and
+what the V1 runner's dummy sampler holds in the start-up profile.
+
+Each row of RELEASES was read from that release's own source (the wheels on PyPI, every release from
+0.8.0 to 0.34.0, compared file by file); a row starts where a fact changes, and its comment names the
+file and, where known, the pull request. Releases before 0.8.0 (the V0 engine, which profiles and caches
+otherwise) and after the last row's series are not described: no facts, so the memory model keeps its
+release-independent figures, as for an image whose tag names no release (latest, nightly, a digest, a
+build of one's own). Where a release's figure could not be pinned (which top-k/top-p path an image with
+FlashInfer ran before 0.11.1), the row leaves it unset and the floor stands.
+
+Pure and standard library only: strings and tuples in, facts out; parsing never raises."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+Version = tuple[int, int, int]
+
+# The batch-default tiers (engine_defaults.py applies each): "name-1024" H100/H200 by name for the token
+# budget, 1024 sequences on every GPU; "name" the same names for both; "70gib" from 70 GiB; "70gib-no-a100"
+# from 70 GiB but an A100; "160gib" the last and a larger tier from 160 GiB.
+# Which models the V1 runner gets by default (runs_v1): "all"; "v2-listed-dense" all but a listed, dense,
+# unquantized architecture; "v2-listed" all but a listed one; "v1-hybrid-unlisted-moe" hybrid and
+# attention-free models and unlisted MoE; "v1-unlisted-hybrid-moe" attention-free, unlisted hybrid and
+# unlisted MoE; "none".
+
+
+@dataclass(frozen=True)
+class Facts:
+    first: Version  # the first release these facts hold for
+    batch: str  # the batch-default tier (arg_utils)
+    window: str | None  # a windowed layer's tokens: "mixed-full", "one-step", "in-flight"; None: unpinned
+    v1_sampler: str | None  # sampler_peak path of the V1 runner's dummy sampler; None: the floor stands
+    v1_models: str  # which models run on the V1 runner by default
+    v2_architectures: frozenset[str] = frozenset()  # the list v1_models names
+
+
+_V2_023 = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM"})
+_V2_024 = _V2_023 | {"DeepseekV2ForCausalLM", "Qwen2MoeForCausalLM", "GraniteMoeForCausalLM"}
+_V2_025 = frozenset({"DeepseekV2ForCausalLM", "Qwen2MoeForCausalLM", "GraniteMoeForCausalLM"})
+_V2_026 = _V2_025 | {"InklingForCausalLM", "InklingForConditionalGeneration", "LongcatFlashNgramForCausalLM"}
+_V2_027 = _V2_026 | {"KimiK3ForConditionalGeneration"}
+_V2_028 = _V2_027 | {"DeepseekV4ForCausalLM"}
+
+# fmt: off
+RELEASES: tuple[Facts, ...] = (
+    # V1 is the default engine. arg_utils _set_default_args_v1: the server's 8192 tokens (LLM 16384) where
+    # "h100" or "h200" is in the device name, else 2048 (8192), and max_num_seqs 1024 on every GPU (PR
+    # #12369). The V1 sampler takes FlashInfer's top-k/top-p where it can (topk_topp_sampler.py; the
+    # official image ships FlashInfer, PR #6172), else the sort; disabled for FlashInfer >= 0.2.3 (PR
+    # #14815): the image's path is not pinned, so the floor. No SlidingWindowSpec (kv_cache_interface.py).
+    Facts((0, 8, 0), "name-1024", None, None, "all"),
+    # kv_cache_interface.py SlidingWindowSpec: window - 1 + max_num_batched_tokens, a block more; a model
+    # with full and windowed layers has them all made full (kv_cache_utils unify_hybrid_kv_cache_specs).
+    Facts((0, 8, 3), "name-1024", "mixed-full", None, "all"),
+    # arg_utils: max_num_seqs 1024 only on those names, else 256.
+    Facts((0, 8, 4), "name", "mixed-full", None, "all"),
+    # arg_utils: by total memory, >= 70 GiB, whatever the name (PR #17073).
+    Facts((0, 8, 5), "70gib", "mixed-full", None, "all"),
+    # arg_utils: ... and "a100" not in the device name (PR #17885).
+    Facts((0, 9, 0), "70gib-no-a100", "mixed-full", None, "all"),
+    # The hybrid KV cache manager (config disable_hybrid_kv_cache_manager, default off): windows kept.
+    Facts((0, 9, 1), "70gib-no-a100", "one-step", None, "all"),
+    # topk_topp_sampler.py: FlashInfer's sampler opt-in (VLLM_USE_FLASHINFER_SAMPLER=1, PR #26859), so the
+    # dummy sampler takes PyTorch's sort (apply_top_k_top_p, unchanged from 0.10.2's, whose run without
+    # FlashInfer the Qwen3-Next log of tests/test_moe_profile_peak.py shows).
+    Facts((0, 11, 1), "70gib-no-a100", "one-step", "v1-sort", "all"),
+    # topk_topp_sampler.py apply_top_k_top_p: the Triton kernel (topk_topp_triton.py, in place) from 8 rows
+    # (PR #33538).
+    Facts((0, 17, 0), "70gib-no-a100", "one-step", "v1-triton", "all"),
+    # FlashInfer's sampler on by default again (envs.py, PR #40376), but gpu_model_runner.py
+    # _dummy_sampler_run also warms forward_native (the Triton path): its peak is at least that.
+    Facts((0, 21, 0), "70gib-no-a100", "one-step", "v1-triton", "all"),
+    # config/vllm.py use_v2_model_runner: V2 by default for DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES, not MoE,
+    # not a quantized checkpoint (PR #39337, Qwen3 dense).
+    Facts((0, 22, 0), "70gib-no-a100", "one-step", "v1-triton", "v2-listed-dense", frozenset({"Qwen3ForCausalLM"})),
+    Facts((0, 23, 0), "70gib-no-a100", "one-step", "v1-triton", "v2-listed-dense", _V2_023),
+    # _is_default_v2_model_runner_model: any listed architecture, MoE or not.
+    Facts((0, 24, 0), "70gib-no-a100", "one-step", "v1-triton", "v2-listed", _V2_024),
+    # V2 unless hybrid or attention-free, and for MoE only the listed ones.
+    Facts((0, 25, 0), "70gib-no-a100", "one-step", "v1-triton", "v1-hybrid-unlisted-moe", _V2_025),
+    # SlidingWindowSpec.max_admission_blocks_per_request: window - 1 + max_in_flight_tokens, that is
+    # max_concurrent_batches (2 with async scheduling, its default since 0.14.0; PP stages) times
+    # max_num_batched_tokens (PR #47728; issue #49878: Gemma 4's KV need up 40 % from 0.25.1).
+    Facts((0, 26, 0), "70gib-no-a100", "in-flight", "v1-triton", "v1-hybrid-unlisted-moe", _V2_026),
+    # A listed hybrid goes to V2 too (default_v2_model_runner_architectures).
+    Facts((0, 27, 0), "70gib-no-a100", "in-flight", "v1-triton", "v1-unlisted-hybrid-moe", _V2_027),
+    # arg_utils get_batch_defaults: 16384 tokens for the server too from 160 GiB.
+    Facts((0, 28, 0), "160gib", "in-flight", "v1-triton", "v1-unlisted-hybrid-moe", _V2_028),
+    # use_v2_model_runner: V2 for every model by default (its unsupported features aside): the floor.
+    # 0.34.0 drops the V1 GPU runner (v1/worker/gpu_model_runner.py) altogether.
+    Facts((0, 29, 0), "160gib", "in-flight", "v1-triton", "none"),
+)
+# fmt: on
+LAST_SERIES = (0, 34)  # the newest release read: later ones are not described
+
+# Environment variables with which a release runs another runner or sampler than its default: with any
+# set, its figures are not the release's.
+RELEASE_ENV = frozenset({"VLLM_USE_V1", "VLLM_USE_V2_MODEL_RUNNER", "VLLM_USE_FLASHINFER_SAMPLER"})
+
+
+@dataclass(frozen=True)
+class Release:
+    version: Version
+    platform: str = "cuda"  # "rocm": the ROCm builds (no CUDA sampler facts)
+
+    def __str__(self) -> str:
+        text = ".".join(map(str, self.version))
+        return text + (" (ROCm)" if self.platform == "rocm" else "")
+
+
+MAX_REFERENCE = 512  # spec.image's own bound
+_VERSION = r"(\d{1,3})\.(\d{1,3})\.(\d{1,3})(?:\.\d{1,3}|\.post\d{1,3})?"
+VERSION = re.compile(rf"v?{_VERSION}", re.ASCII)
+# vllm/vllm-openai(-rocm):vX.Y.Z[-x86_64|-aarch64|-cu130|-ubuntu2404|-rocm...] (the release pipeline's tags)
+OFFICIAL_TAG = re.compile(rf"v{_VERSION}((?:-(?:x86_64|aarch64|arm64|amd64|cu\d{{3}}|ubuntu\d{{4}}|rocm))*)", re.ASCII)
+# rocm/vllm:rocm6.4.1_vllm_0.10.1_20250909, rocm6.3.1_instinct_vllm0.8.3_20250415 (AMD's builds)
+AMD_TAG = re.compile(rf"rocm[\d.]{{1,12}}(?:_[a-z0-9]{{1,16}})*?_vllm_?{_VERSION}_\d{{8}}", re.ASCII)
+
+
+def parse_version(text: object) -> Release | None:
+    """A release named as X.Y.Z (a leading v, a fourth number or .postN allowed: 0.10.1.1, 0.8.5.post1);
+    None for anything else (release candidates and dev builds included)."""
+    if not isinstance(text, str) or len(text) > 32:
+        return None
+    m = VERSION.fullmatch(text.strip())
+    return Release((int(m[1]), int(m[2]), int(m[3]))) if m else None
+
+
+def parse_image(image: object) -> Release | None:
+    """The release an image reference names: vllm/vllm-openai:vX.Y.Z and its arch, CUDA and OS variants,
+    vllm/vllm-openai-rocm:vX.Y.Z, rocm/vllm's dated tags; under any registry or mirror path. None for a
+    digest, latest, nightly, a release candidate, any other repository or tag, and anything malformed."""
+    if not isinstance(image, str) or not image or len(image) > MAX_REFERENCE or "@" in image:
+        return None
+    if not image.isascii() or any(c.isspace() for c in image):
+        return None
+    path, colon, tag = image.rpartition(":")
+    if not colon or "/" in tag or not path:
+        return None
+    repo = path.lower().split("/")
+    if len(repo) >= 2 and repo[-2:] in (["vllm", "vllm-openai"], ["vllm", "vllm-openai-rocm"]):
+        m = OFFICIAL_TAG.fullmatch(tag)
+        if not m:
+            return None
+        rocm = repo[-1].endswith("-rocm") or "rocm" in m[4]
+        return Release((int(m[1]), int(m[2]), int(m[3])), "rocm" if rocm else "cuda")
+    if len(repo) >= 2 and repo[-2:] == ["rocm", "vllm"]:
+        m = AMD_TAG.fullmatch(tag)
+        return Release((int(m[1]), int(m[2]), int(m[3])), "rocm") if m else None
+    return None
+
+
+def facts(release: Release | None) -> Facts | None:
+    """The facts of a release's row; None for no release or one the table does not describe."""
+    if release is None or release.version[:2] > LAST_SERIES or release.version < RELEASES[0].first:
+        return None
+    return [row for row in RELEASES if row.first <= release.version][-1]
+
+
+def runs_v1(row: Facts, architecture: str, moe: bool, quantized: bool, hybrid: bool, attention_free: bool) -> bool:
+    """Whether the release's default puts this model on the V1 runner for certain (config/vllm.py
+    use_v2_model_runner; its fallbacks for unsupported features only move a model from V2 to V1, so
+    False may still run V1, where the floor stands). `quantized`: the checkpoint's own quantization."""
+    listed = architecture in row.v2_architectures
+    if row.v1_models == "all":
+        return True
+    if row.v1_models == "v2-listed-dense":
+        return not listed or moe or quantized
+    if row.v1_models == "v2-listed":
+        return not listed
+    if row.v1_models == "v1-hybrid-unlisted-moe":
+        return hybrid or attention_free or (moe and not listed)
+    if row.v1_models == "v1-unlisted-hybrid-moe":
+        return attention_free or ((hybrid or moe) and not listed)
+    return False
+
+
+def sampler_path(release: Release | None, row: Facts | None, v1: bool) -> str:
+    """The dummy sampler's path (sampler_peak.py) the release runs: the V1 runner's where the model runs
+    on it for certain and the release's figure is pinned (CUDA builds), else the floor every path holds."""
+    if release is None or row is None or release.platform != "cuda" or not v1 or row.v1_sampler is None:
+        return "v2"
+    return row.v1_sampler
+
+
+def describe(release: Release | None, source: str = "") -> str:
+    """Which release's figures an estimate used, for `plan` to print; `source`: where the release came
+    from (the image, the option)."""
+    first, last = ".".join(map(str, RELEASES[0].first)), ".".join(map(str, LAST_SERIES))
+    shared = "the figures every release shares (the sampler's floor, one step in flight, 0.28's batch defaults)"
+    if release is None:
+        return f"not known ({source or 'no release named'}): {shared}"
+    where = f" ({source})" if source else ""
+    if facts(release) is None:
+        return f"{release}{where}: not described (from {first} to {last}.x are): {shared}"
+    return f"{release}{where}: that release's batch defaults, dummy sampler and windowed layers"
