@@ -2,8 +2,9 @@
 it samples min(max_num_seqs, max_num_batched_tokens) rows of the whole vocabulary after the forward
 pass, and for a model of a narrow hidden size and a wide vocabulary it, not the forward pass, sets
 vLLM's "peak activation". What it holds a logit depends on the release's model runner and top-k/top-p
-path; the estimate counts the floor every release holds ("v2"), these tests replay public start-up
-logs with the path that log's release ran.
+path; without a release the estimate counts the floor every release holds ("v2"), these tests replay
+public start-up logs with the path that log's release ran (with the image's release the estimate counts
+that release's path: tests/test_vllm_release.py).
 
 Each case: vLLM's "Available KV cache memory" against the estimate's requested memory less vLLM's own
 weights figure ("Model loading took"), the profile peak and non-torch memory, so the weights model
@@ -98,8 +99,9 @@ def test_the_estimate_counts_the_floor_every_release_holds(case, shape, gpu, eng
 def test_the_qwen3_next_estimate_with_its_own_weights():
     """The whole estimate (its weights too, 74.24 GiB against vLLM's 74.28) for the Qwen3-Next log: 50.76 GiB
     before the sampler was counted, 50.05 with the floor, 45.41 with the sort path that 0.10.2 ran; 44.59
-    printed. The floor leaves it 12 % hopeful: the release decides the rest, and the estimate does not
-    know the release."""
+    printed. The floor leaves it 12 % hopeful: the release decides the rest (the sort by default in
+    0.11.1-0.16; 0.10.2's official image takes FlashInfer's sampler, so at 0.10.2 the floor stays:
+    tests/test_vllm_release.py)."""
     shape, h200 = config_shape("qwen3-next-80b-a3b"), lookup("NVIDIA-H200")
     est = estimate(shape, EngineArgs(tensor_parallel_size=2), h200)
     assert est.kv_cache_gib == pytest.approx(50.05, abs=0.01)

@@ -11,20 +11,55 @@ from typing import Any
 from .engine import flag_name, flag_value, spelled_by, switched
 
 
-def default_max_num_batched_tokens(gpu_total_gib: float, entrypoint: str = "server", gpu_name: str = "") -> int:
-    """vLLM's per-GPU defaults (arg_utils get_batch_defaults, 0.2x-0.33): the OpenAI server and the LLM
-    class differ, and an A100 of 80 GB gets the small GPUs' (as default_max_num_seqs)."""
-    large = gpu_total_gib >= 160 or (gpu_total_gib >= 70 and "a100" not in gpu_name.lower())
+def _large(tier: str, gpu_total_gib: float, gpu_name: str) -> bool:
+    """Whether a batch-default tier (vllm_release.py's RELEASES) gives this GPU the large defaults."""
+    name = gpu_name.lower()
+    if tier.startswith("name"):  # 0.8.0-0.8.4: by the device name
+        return "h100" in name or "h200" in name
+    if tier == "70gib":  # 0.8.5
+        return gpu_total_gib >= 70
+    if tier == "160gib" and gpu_total_gib >= 160:  # 0.28 on
+        return True
+    return gpu_total_gib >= 70 and "a100" not in name  # 0.9.0 on (PR #17885)
+
+
+def default_max_num_batched_tokens(
+    gpu_total_gib: float, entrypoint: str = "server", gpu_name: str = "", tier: str = "160gib"
+) -> int:
+    """vLLM's per-GPU defaults (arg_utils get_batch_defaults; `tier`: the release's, vllm_release.py;
+    the default is 0.28-0.34's): the OpenAI server and the LLM class differ, and from 0.9.0 an A100 of
+    80 GB gets the small GPUs' (as default_max_num_seqs)."""
+    large = _large(tier, gpu_total_gib, gpu_name)
     if entrypoint == "llm":
         return 16384 if large else 8192
-    return 16384 if gpu_total_gib >= 160 else 8192 if large else 2048
+    return 16384 if tier == "160gib" and gpu_total_gib >= 160 else 8192 if large else 2048
 
 
-def default_max_num_seqs(gpu_total_gib: float, gpu_name: str = "", extra_args: list[str] | None = None) -> int:
+def default_max_num_seqs(
+    gpu_total_gib: float, gpu_name: str = "", extra_args: list[str] | None = None, tier: str = "160gib"
+) -> int:
     """vLLM's default (arg_utils get_batch_defaults): 1024 from 70 GiB but on an A100 ("a100" not in
-    device_name, PR #17885), else 256; twice that under --performance-mode throughput."""
-    seqs = 1024 if gpu_total_gib >= 70 and "a100" not in gpu_name.lower() else 256
+    device_name, PR #17885), else 256 (0.8.0-0.8.3: 1024 on every GPU); twice that under
+    --performance-mode throughput."""
+    seqs = 1024 if tier == "name-1024" or _large(tier, gpu_total_gib, gpu_name) else 256
     return 2 * seqs if flag_value(extra_args or [], "--performance-mode") == "throughput" else seqs
+
+
+def steps_in_flight(window: str | None, extra_args: list[str], pp: int = 1) -> int:
+    """Scheduler steps whose tokens a sliding window's layer holds beside the window, as the release's KV
+    check counts them (vllm_release.py's `window`): one before 0.26; from 0.26 max_concurrent_batches
+    (config/vllm.py): 2 with async scheduling (its default) at PP 1, else the PP stages (the V2 runner's
+    one more under async scheduling is not counted: not every model runs on it). Where the flags may
+    turn async scheduling off (a speculative method or executor that lacks it), the fewer."""
+    if window != "in-flight":
+        return 1
+    if pp > 1:
+        return pp
+    asked = switched(extra_args, "--async-scheduling")
+    if asked is not None:
+        return 2 if asked else 1
+    unsure = ("--speculative-config", "--distributed-executor-backend", "--runner", "--convert")
+    return 1 if any(spelled_by(t, f) for t in extra_args for f in unsure) else 2
 
 
 # extraArgs with which vLLM's state-block check is off (no full CUDA graphs: -O0, a cudagraph_mode) or

@@ -24,11 +24,13 @@ from .engine_defaults import (
     encoder_placement,
     pool_foreseen,
     state_pages,
+    steps_in_flight,
 )
 from .gpu_catalog import GpuSpec
 from .model_shape import DTYPE_BYTES, GROUP_SCALE_BYTES, QUANT_BYTES, ModelShape, layer_group, padded_layers
 from .mxfp4_experts import EXPERTS_ONLY, expert_bytes_per_gpu
 from .sampler_peak import sampler_peak_bytes
+from .vllm_release import Release, facts, runs_v1, sampler_path
 
 BLOCK_SIZE = 16  # vLLM's default KV block (measured: KV tokens = blocks x 16)
 
@@ -168,13 +170,13 @@ class KvNeed:
     """What one request holds in the KV cache, as vLLM sizes it before it starts (v1/core/
     kv_cache_utils.py check_enough_kv_cache_memory, the sum of each layer spec's
     max_memory_usage_bytes): a full-attention layer keeps every token, in whole blocks; a sliding
-    window's layer keeps the window less one plus the tokens in flight (one scheduler step), and
-    one block more, since a window need not start at a block's edge (SlidingWindowSpec)."""
+    window's layer keeps the window less one plus the tokens in flight (one scheduler step; from
+    vLLM 0.26 every concurrent batch's, engine_defaults.steps_in_flight), and one block more, since a window need not start at a block's edge (SlidingWindowSpec)."""
 
     full_per_token: float  # bytes per token of the full-attention layers, on one GPU
     windowed_per_token: float  # and of the sliding-window layers
     window: int
-    in_flight: int  # max_num_batched_tokens
+    in_flight: int  # max_num_batched_tokens, times the steps in flight the release counts
     block: int = BLOCK_SIZE  # tokens a block: a Mamba hybrid's attention block is widened to its state page
     state_bytes: float = 0.0  # a Mamba hybrid's state pages, one per Mamba layer, whatever the length
     pool_block_bytes: float = 0.0  # a Mamba hybrid's pool block: a page for each layer of a group
@@ -204,15 +206,25 @@ def kv_cache_dtype(engine: EngineArgs) -> str | None:
     return engine.kv_cache_dtype if engine.kv_cache_dtype not in (None, "auto") else engine.dtype
 
 
-def kv_need(shape: ModelShape, engine: EngineArgs, max_num_batched_tokens: int) -> KvNeed:
+def kv_need(
+    shape: ModelShape, engine: EngineArgs, max_num_batched_tokens: int, release: Release | None = None
+) -> KvNeed:
+    """`release`: the vLLM release that sizes it (vllm_release.py); None: one scheduler step in flight
+    and windows kept, as from 0.9.1 to 0.25."""
     per_token = shape.kv_bytes_per_token(
         kv_cache_dtype(engine), engine.tensor_parallel_size, engine.pipeline_parallel_size
     )
     full, windowed = shape.kv_layers()
+    row = facts(release)
+    window = row.window if row else None
     # (vLLM also turns the hybrid manager off for KV connectors without support for it; that is not
     # assumed here, as counting the window in full would cut contexts that fit)
-    if full and windowed and switched(engine.extra_args, "--disable-hybrid-kv-cache-manager"):
-        # vLLM then counts windowed layers as full ones (unify_hybrid_kv_cache_specs)
+    if (
+        full
+        and windowed
+        and (switched(engine.extra_args, "--disable-hybrid-kv-cache-manager") or window == "mixed-full")
+    ):
+        # vLLM then counts windowed layers as full ones (unify_hybrid_kv_cache_specs; before 0.9.1 always)
         full, windowed = shape.attention_layers, 0
     pp = engine.pipeline_parallel_size
     per_layer = per_token / max(shape.attention_layers, 1)  # (per_token is one stage's: spread over all)
@@ -234,7 +246,7 @@ def kv_need(shape: ModelShape, engine: EngineArgs, max_num_batched_tokens: int) 
         per_layer * full,
         per_layer * windowed,
         shape.sliding_window or 0,
-        max_num_batched_tokens,
+        max_num_batched_tokens * steps_in_flight(window, engine.extra_args, engine.pipeline_parallel_size),
         block,
         state_bytes,
         pool_block,
@@ -260,19 +272,39 @@ def _concurrency(tokens: int, kv_bytes: float, need: KvNeed, max_len: int) -> fl
     return round(kv_bytes / need.bytes_for(max_len) if need.windowed_per_token else tokens / max_len, 2)
 
 
+def release_sampler(shape: ModelShape, release: Release | None) -> str:
+    """The dummy sampler's path (sampler_peak.py) the release runs this model on: the V1 runner's where
+    its default puts the model there for certain, else the floor."""
+    row = facts(release)
+    if row is None:
+        return "v2"
+    moe, quantized = shape.experts > 0, shape.quantization is not None
+    v1 = runs_v1(row, shape.architecture, moe, quantized, shape.mamba_layers > 0, shape.attention_layers == 0)
+    return sampler_path(release, row, v1)
+
+
 def estimate(
-    shape: ModelShape, engine: EngineArgs, gpu: GpuSpec, free_gib: float | None = None, entrypoint: str = "server"
+    shape: ModelShape,
+    engine: EngineArgs,
+    gpu: GpuSpec,
+    free_gib: float | None = None,
+    entrypoint: str = "server",
+    release: Release | None = None,
 ) -> Estimate:
     """What vLLM will do with these flags on this GPU. `free_gib`: free before vLLM starts
-    (default: all of it); the engine's own CUDA context takes CUDA_CONTEXT_GIB of that."""
+    (default: all of it); the engine's own CUDA context takes CUDA_CONTEXT_GIB of that. `release`: the
+    vLLM release that runs (vllm_release.py): its batch defaults, dummy sampler and windowed layers;
+    None (or one the table does not describe): 0.28-0.34's defaults, the sampler's floor, one step."""
     tp, pp = engine.tensor_parallel_size, engine.pipeline_parallel_size
     total = gpu.memory_gib
     free = (total if free_gib is None else free_gib) - CUDA_CONTEXT_GIB
-    mbt = engine.max_num_batched_tokens or default_max_num_batched_tokens(total, entrypoint, gpu.name)
+    row = facts(release)
+    tier = row.batch if row else "160gib"
+    mbt = engine.max_num_batched_tokens or default_max_num_batched_tokens(total, entrypoint, gpu.name, tier)
     max_len = engine.max_model_len or shape.max_position_embeddings or 4096
     weights = weights_gib_per_gpu(shape, engine, gpu)
-    seqs = engine.max_num_seqs or default_max_num_seqs(total, gpu.name, engine.extra_args)
-    act = activation_bytes(shape, mbt, tp, seqs) / GIB
+    seqs = engine.max_num_seqs or default_max_num_seqs(total, gpu.name, engine.extra_args, tier)
+    act = activation_bytes(shape, mbt, tp, seqs, release_sampler(shape, release)) / GIB
     non_torch = NON_TORCH_GIB_TP1 if tp * pp == 1 else NON_TORCH_GIB_TPN
     graphs = 0.0 if engine.enforce_eager else CUDAGRAPH_GIB
     per_token = shape.kv_bytes_per_token(kv_cache_dtype(engine), tp, pp)
@@ -300,7 +332,7 @@ def estimate(
         failure = "weights_load_oom"
         reasons.append(f"weights need {weights:.2f} GiB per GPU, only {free:.2f} GiB is free")
     tokens = _tokens(kv * GIB, per_token)
-    need = kv_need(shape, engine, mbt)
+    need = kv_need(shape, engine, mbt, release)
     # (a request longer than the cache holds in full-attention tokens never fits: that is the limit;
     # a hybrid's request also holds its state pages, in blocks widened to them)
     counted = need.windowed_per_token or need.state_bytes

@@ -22,8 +22,10 @@ top-k/top-p path, so on the vLLM release; each figure is bytes per logit:
   logits, for 128 to 2,048 rows and vocabularies of 32,000 to 201,088; 38 with them. Every model ran
   on the V1 runner in 0.10-0.1x.
 
-The memory model does not know the release; it counts the "v2" floor, which every path holds.
-Pure: plain numbers in, bytes out.
+Which path a release runs for a model is vllm_release.py's (the V1 runner's path from 0.11.1, where the
+model runs on it; before, an image with FlashInfer took FlashInfer's sampler or the sort, not pinned);
+without a release, or where it is not pinned, the estimate counts the "v2" floor, which every path
+holds. Pure: plain numbers in, bytes out.
 """
 
 from __future__ import annotations
