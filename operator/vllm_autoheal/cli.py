@@ -43,6 +43,16 @@ def _gpu_gib(text: str) -> float:
     return _number(text, float, 0, MAX_GIB, f"a GPU size in GiB (more than 0, at most {MAX_GIB:g})", low_open=True)
 
 
+def _vllm_version(text: str) -> str:
+    from .vllm_release import parse_version
+
+    release = parse_version(text)
+    if release is None:
+        shown = text if len(text) <= 40 and text.isprintable() else repr(text[:40]) + "..."
+        raise argparse.ArgumentTypeError(f"{shown} is not a vLLM release: give X.Y.Z, e.g. 0.25.0")
+    return ".".join(map(str, release.version))
+
+
 def _free_gib(text: str) -> float:
     return _number(text, float, 0, MAX_GIB, f"a size in GiB (0 to {MAX_GIB:g})")
 
@@ -234,6 +244,13 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["server", "llm"],
         default="server",
         help="vllm serve (server) or the LLM class (llm): their batch defaults differ",
+    )
+    p.add_argument(
+        "--vllm-version",
+        type=_vllm_version,
+        metavar="X.Y.Z",
+        help="the vLLM release to plan for (its batch defaults, profile sampler and sliding windows; "
+        "default: the release of the operator's default image)",
     )
     p.add_argument("--no-fix", dest="fix", action="store_false", help="do not suggest fitting flags")
     p.add_argument("--json", action="store_true", help="print one JSON object")

@@ -103,13 +103,14 @@ def _plan_shape(args: argparse.Namespace) -> tuple[ModelShape, str]:
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    from .api import VLLMServiceSpec
+    from .api import DEFAULT_IMAGE, VLLMServiceSpec
     from .engine import EngineArgsError, parse_args
     from .gpu_catalog import lookup
     from .model_config import ModelConfigError
     from .plan_options import options, render_bars, render_options
-    from .preflight import preflight
+    from .preflight import preflight, spec_release
     from .report import render_plan
+    from .vllm_release import describe
 
     try:
         shape, source = _plan_shape(args)
@@ -128,12 +129,16 @@ def run_plan(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    spec = VLLMServiceSpec(model=source[:512], engine=engine, preflight="Fix" if args.fix else "Warn")
+    version = getattr(args, "vllm_version", None)
+    image = f"vllm/vllm-openai:v{version}" if version else DEFAULT_IMAGE
+    spec = VLLMServiceSpec(model=source[:512], engine=engine, preflight="Fix" if args.fix else "Warn", image=image)
+    release = spec_release(spec)
+    vllm = describe(release, "--vllm-version" if version else f"the default image {DEFAULT_IMAGE}")
     result = preflight(spec, gpu, shape, args.gpu_free_gib, entrypoint=args.entrypoint)
     first = preflight(
         spec.model_copy(update={"preflight": "Warn"}), gpu, shape, args.gpu_free_gib, entrypoint=args.entrypoint
     )
-    opts = options(shape, engine, gpu, args.gpu_free_gib, args.entrypoint, args.quantized_variant)
+    opts = options(shape, engine, gpu, args.gpu_free_gib, args.entrypoint, args.quantized_variant, release)
     if args.json:
         out = {
             **first.estimate.to_dict(),
@@ -141,6 +146,7 @@ def run_plan(args: argparse.Namespace) -> int:
             "reasons": first.reasons,
             "gpu": {"name": gpu.name, "memory_gib": gpu.memory_gib, "source": gpu.source},
             "model": {"architecture": shape.architecture, "params": shape.params(), "source": source},
+            "vllm": {"release": str(release) if release else None, "figures": vllm},
             "suggestion": None,
             "options": [o.to_dict() for o in opts],
         }
@@ -154,7 +160,7 @@ def run_plan(args: argparse.Namespace) -> int:
             }
         print(json.dumps(out, indent=2))
     else:
-        print(render_plan(shape, gpu, first, result))
+        print(render_plan(shape, gpu, first, result, vllm))
         print()
         print(render_bars(first.estimate, engine.tensor_parallel_size * engine.pipeline_parallel_size))
         print()

@@ -10,6 +10,7 @@ from typing import Any
 from .api import EngineArgs
 from .gpu_catalog import GpuSpec
 from .memory import Estimate, ModelShape, estimate
+from .vllm_release import Release
 
 MAX_TP = 8
 KV_DTYPES = ("auto", "fp8")
@@ -72,9 +73,11 @@ def options(
     free_gib: float | None = None,
     entrypoint: str = "server",
     quantized_variants: list[str] | None = None,
+    release: Release | None = None,
 ) -> list[Option]:
     """Each combination at the asked flags otherwise; the smallest that fits is marked: fewest
-    GPUs, then the checkpoint as it is before a quantized one, then auto KV before fp8."""
+    GPUs, then the checkpoint as it is before a quantized one, then auto KV before fp8. `release`: the
+    vLLM release whose figures to use (memory.estimate)."""
     variants = [None, *[q for q in dict.fromkeys(quantized_variants or []) if q != shape.quantization]]
     out = []
     for tp in tensor_parallel_sizes(shape):
@@ -92,7 +95,7 @@ def options(
                         tp,
                         quant,
                         kv,
-                        estimate(shape, e, gpu, free_gib, entrypoint),
+                        estimate(shape, e, gpu, free_gib, entrypoint, release),
                         pipeline_parallel_size=engine.pipeline_parallel_size,
                         model_limit=shape.max_position_embeddings,
                     )

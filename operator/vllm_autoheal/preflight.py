@@ -15,6 +15,7 @@ from .diagnosis.model import Cause, EnginePhase
 from .gpu_catalog import GpuSpec
 from .memory import Estimate, ModelShape, estimate
 from .remedy import Inventory, Remedy, plan_heal
+from .vllm_release import RELEASE_ENV, Release, parse_image
 
 MAX_FIX_STEPS = 6
 
@@ -69,11 +70,19 @@ def predicted_diagnosis(est: Estimate, engine: EngineArgs, fewest_seqs: int = 1)
     )
 
 
+def spec_release(spec: VLLMServiceSpec) -> Release | None:
+    """The vLLM release the pod runs, read off spec.image (vllm_release.parse_image); None where the tag
+    names none, or where the pod's environment picks another runner or sampler than its default."""
+    if any(var.name in RELEASE_ENV for var in spec.env):
+        return None
+    return parse_image(spec.image)
+
+
 def preflight(
     spec: VLLMServiceSpec, gpu: GpuSpec, shape: ModelShape, free_gib: float | None = None, entrypoint: str = "server"
 ) -> PreflightResult:
-    engine = spec.engine
-    est = estimate(shape, engine, gpu, free_gib, entrypoint)
+    engine, release = spec.engine, spec_release(spec)
+    est = estimate(shape, engine, gpu, free_gib, entrypoint, release)
     result = PreflightResult(fits=est.fits, estimate=est, engine=engine, reasons=list(est.reasons))
     if est.fits or spec.preflight != "Fix":
         return result
@@ -90,7 +99,7 @@ def preflight(
         history.append({"cause": diag.cause, "action": remedy.action})
         engine = remedy.apply(engine)
         result.steps.append(remedy)
-        est = estimate(shape, engine, gpu, free_gib, entrypoint)
+        est = estimate(shape, engine, gpu, free_gib, entrypoint, release)
         if est.fits:
             break
     result.engine, result.estimate, result.fits = engine, est, est.fits

@@ -54,11 +54,12 @@ def render_diagnosis(diag: Diagnosis, remedy: Any = None) -> str:
     return "\n".join(lines)
 
 
-def render_plan(shape: Any, gpu: Any, first: Any, fixed: Any) -> str:
-    """The fit table `vllm-autoheal plan` prints."""
+def render_plan(shape: Any, gpu: Any, first: Any, fixed: Any, vllm: str = "") -> str:
+    """The fit table `vllm-autoheal plan` prints; `vllm`: which release's figures it used."""
     est = first.estimate
     rows = [
         ("model", f"{shape.architecture}, {shape.params() / 1e9:.2f} B parameters"),
+        *([("vLLM", vllm)] if vllm else []),
         ("GPU", f"{gpu.name}: {gpu.memory_gib:g} GiB ({gpu.source}); free at start {est.gpu_free_gib:.2f} GiB"),
         ("requested", f"{est.requested_gib:.2f} GiB"),
         ("weights / GPU", f"{est.weights_gib:.2f} GiB"),
