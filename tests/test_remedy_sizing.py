@@ -258,3 +258,33 @@ def test_a_vanishing_available_cache_never_raises():
     numbers = {"needed_gib": 100.0, "available_gib": 1e-320, "estimated_max_model_len": 1000.0}
     r = plan_heal(s, Diagnosis(cause="kv_cache_insufficient", numbers=numbers), inventory=Inventory(gpu_total_gib=H200))
     assert all(not isinstance(v, float) or 0 < v <= 1 for v in r.changes.values()), r
+
+
+FREE_30_H100 = (
+    "ValueError: Free memory on device (30.0/79.19 GiB) on startup is less than desired GPU memory "
+    "utilization (0.9, 71.27 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes."
+)
+
+
+def test_the_heal_sizes_the_context_under_the_images_release():
+    """High. Llama 3.1 8B on an H100 with 30 GiB free: utilization 0.35 leaves a cache whose size
+    depends on the release's start-up profile (vLLM 0.11.1-0.16 sample the dummy batch with PyTorch's
+    sort, 3.9 GiB more). Before: the heal's estimates knew no release (92,368 tokens, which 0.14's
+    7.76 GiB cache does not hold: a second crash). Now: 61,632 under vllm/vllm-openai:v0.14.0, and
+    the operator's inventory reads the release off the VLLMService's image."""
+    from vllm_autoheal.api import VLLMService
+    from vllm_autoheal.kube.heal import inventory
+    from vllm_autoheal.vllm_release import parse_version
+
+    d = classify(Signals(log=FREE_30_H100))
+    shape = config_shape("llama-3.1-8b")
+    lengths = {}
+    for version in ("0.14.0", "0.33.0", None):
+        release = parse_version(version) if version else None
+        inv = Inventory(gpu_total_gib=79.19, gpu_name="NVIDIA-H100-80GB-HBM3", shape=shape, release=release)
+        r = plan_heal(spec(), d, inventory=inv)
+        assert r.changes["gpu_memory_utilization"] == 0.35 and "(fits)" in r.expected
+        lengths[version] = r.changes["max_model_len"]
+    assert lengths["0.14.0"] < 0.7 * lengths[None] and lengths["0.33.0"] == lengths[None]
+    obj = VLLMService(spec=VLLMServiceSpec(model="m", image="vllm/vllm-openai:v0.14.0"))
+    assert inventory(obj, None, shape).release == parse_version("0.14.0")

@@ -87,7 +87,12 @@ def preflight(
     if est.fits or spec.preflight != "Fix":
         return result
     inventory = Inventory(
-        gpu_total_gib=gpu.memory_gib, gpu_name=gpu.name, gpu_free_gib=free_gib, shape=shape, entrypoint=entrypoint
+        gpu_total_gib=gpu.memory_gib,
+        gpu_name=gpu.name,
+        gpu_free_gib=free_gib,
+        shape=shape,
+        entrypoint=entrypoint,
+        release=release,
     )
     history: list[dict] = []
     for _ in range(MAX_FIX_STEPS):

@@ -22,6 +22,7 @@ from .diagnosis.units import GIB
 from .gpu_catalog import lookup
 from .memory import ModelShape, estimate
 from .quantity import parse_quantity
+from .vllm_release import Release
 
 UP, DOWN, ANY = 1, -1, 0
 # What each cause calls for: the fields a remedy for it may touch, and which way they may move.
@@ -84,6 +85,7 @@ def utilization_floor(
     total_gib: float | None,
     entrypoint: str = "server",
     gpu_name: str = "",
+    release: Release | None = None,
 ) -> float | None:
     """An explicit bound wins; with the model's shape, what holds the weights, the activation peak and
     a KV cache of minMaxModelLen; without it, None (the numbers vLLM printed decide)."""
@@ -92,7 +94,7 @@ def utilization_floor(
     if shape is None or not total_gib:
         return None
     need_len = engine.model_copy(update={"max_model_len": bounds.min_max_model_len, "kv_cache_memory_bytes": None})
-    est = estimate(shape, need_len, lookup(gpu_name or "gpu", total_gib), None, entrypoint)
+    est = estimate(shape, need_len, lookup(gpu_name or "gpu", total_gib), None, entrypoint, release)
     need = est.weights_gib + est.activation_gib + est.non_torch_gib + est.kv_needed_gib
     return min(1.0, math.ceil(need / total_gib * 100) / 100)
 

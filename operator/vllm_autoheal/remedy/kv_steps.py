@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from ..diagnosis.units import GIB
-from ..memory import BLOCK_SIZE, default_max_num_seqs, estimate, kv_need
+from ..memory import BLOCK_SIZE, default_max_num_seqs, kv_need
 from .model import Context, Remedy
 
 
@@ -53,7 +53,7 @@ def lower_max_model_len(ctx: Context) -> Remedy | None:
             estimated, current = held[0] * 0.97, held[1]
             source = f"vLLM's KV budget ({budget:g} GiB) at the model's bytes a token (with a 3% margin)"
         else:
-            est = estimate(ctx.inv.shape, ctx.engine, ctx.gpu(), ctx.inv.gpu_free_gib, ctx.inv.entrypoint)
+            est = ctx.estimate(free_gib=ctx.inv.gpu_free_gib)
             estimated, source = est.max_model_len_fit * 0.97, "the memory model (with a 3% margin)"
             current = current or est.max_model_len  # (a cache that holds more than the default is no shorter one)
     if not estimated:
@@ -127,9 +127,9 @@ def context_held(ctx: Context, kv_gib: float) -> tuple[int, int] | None:
     where the model's shape is known: vLLM's budget figure with the shape's bytes per token."""
     if ctx.inv.shape is None or not ctx.total:
         return None
-    est = estimate(ctx.inv.shape, ctx.engine, ctx.gpu(), None, ctx.inv.entrypoint)
+    est = ctx.estimate()
     context = ctx.context or est.max_model_len
-    need = kv_need(ctx.inv.shape, ctx.engine, est.max_num_batched_tokens)
+    need = kv_need(ctx.inv.shape, ctx.engine, est.max_num_batched_tokens, ctx.inv.release)
     return need.longest(kv_gib * GIB, context), context
 
 

@@ -13,8 +13,9 @@ from ..diagnosis import Diagnosis
 from ..diagnosis.figures import MAX_GIB
 from ..engine import BY_FIELD
 from ..gpu_catalog import GpuSpec, lookup
-from ..memory import CUDA_CONTEXT_GIB, CUDAGRAPH_GIB, ModelShape
+from ..memory import CUDA_CONTEXT_GIB, CUDAGRAPH_GIB, Estimate, ModelShape, estimate
 from ..remedy_gate import Limits
+from ..vllm_release import Release
 
 NO_CHANGE = "NoChange"
 GIVE_UP = "GiveUp"
@@ -34,6 +35,7 @@ class Inventory:
     shape: ModelShape | None = None
     memory_limit_bytes: int | None = None  # the container's limit (host RAM)
     entrypoint: str = "server"
+    release: Release | None = None  # the vLLM release the image names (its defaults and profile)
 
 
 @dataclass
@@ -97,6 +99,13 @@ class Context:
         product's name and compute capability where the inventory names it (vLLM's batch defaults and
         kernel tiles follow them)."""
         return lookup(self.inv.gpu_name or "gpu", self.total or 0.0)
+
+    def estimate(self, engine: EngineArgs | None = None, free_gib: float | None = None) -> Estimate:
+        """The memory model's verdict on these flags (the engine that ran, by default) on this GPU, under
+        the image's release; only where the model's shape and the GPU's total are known."""
+        assert self.inv.shape is not None and self.total
+        shape, gpu, entry, release = self.inv.shape, self.gpu(), self.inv.entrypoint, self.inv.release
+        return estimate(shape, engine or self.engine, gpu, free_gib, entry, release)
 
     def kv_budget(self) -> float | None:
         """The KV cache's budget vLLM printed (its share of the GPU less all else it holds), which is

@@ -17,7 +17,7 @@ from ..api import EngineArgs, VLLMServiceSpec
 from ..diagnosis import Diagnosis
 from ..diagnosis.model import Cause
 from ..engine import parse_args
-from ..memory import CUDA_CONTEXT_GIB, estimate
+from ..memory import CUDA_CONTEXT_GIB
 from ..remedy_gate import Limits, check, utilization_floor
 from .kv_steps import (
     fp8_kv_cache,
@@ -127,7 +127,7 @@ def plan_heal(
         if printed:
             inv = Inventory(**{**inv.__dict__, "gpu_free_gib": printed[-1] + CUDA_CONTEXT_GIB})
     total = device_total(diagnosis, inv)
-    floor = utilization_floor(spec.heal.bounds, engine, inv.shape, total, inv.entrypoint, inv.gpu_name)
+    floor = utilization_floor(spec.heal.bounds, engine, inv.shape, total, inv.entrypoint, inv.gpu_name, inv.release)
     limits = Limits(spec.heal.bounds, floor, inv.memory_limit_bytes)
     ctx = Context(spec, engine, diagnosis, inv, limits)
     allowed = set(spec.heal.allowed_actions) - set(exclude)
@@ -159,7 +159,7 @@ def _expect(ctx: Context, changes: dict[str, Any]) -> str:
     if ctx.inv.shape is None or not ctx.total:
         return ""
     after = ctx.engine.model_copy(update={k: v for k, v in changes.items() if k in EngineArgs.model_fields})
-    est = estimate(ctx.inv.shape, after, ctx.gpu(), ctx.inv.gpu_free_gib, ctx.inv.entrypoint)
+    est = ctx.estimate(after, ctx.inv.gpu_free_gib)
     verdict = "fits" if est.fits else f"still fails: {'; '.join(est.reasons)}"
     return (
         f"KV cache {est.kv_cache_gib:.2f} GiB holds {est.kv_tokens:,} tokens for max_model_len "
@@ -185,7 +185,7 @@ def _cannot_fit(ctx: Context, remedy: Remedy) -> str | None:
     ):
         return None
     after = ctx.engine.model_copy(update={k: v for k, v in remedy.changes.items() if k in EngineArgs.model_fields})
-    est = estimate(ctx.inv.shape, after, ctx.gpu(), ctx.inv.gpu_free_gib, ctx.inv.entrypoint)
+    est = ctx.estimate(after, ctx.inv.gpu_free_gib)
     if est.fits:
         return None
     return f"the memory model says it still does not fit ({'; '.join(est.reasons)[:200]})"
@@ -208,7 +208,7 @@ def what_would_fit(ctx: Context) -> str:
         return ""
     weights = ctx.num("weights_gib")
     if weights is None and ctx.inv.shape is not None and ctx.total:
-        weights = estimate(ctx.inv.shape, ctx.engine, ctx.gpu(), None, ctx.inv.entrypoint).weights_gib
+        weights = ctx.estimate().weights_gib
     total = ctx.total
     if not weights or not total:
         return ""

@@ -4,7 +4,6 @@ to the smallest change that the figures say fits, since every try is a reschedul
 from __future__ import annotations
 
 from ..diagnosis.units import MIB
-from ..memory import estimate
 from ..quantity import format_bytes, parse_quantity
 from .kv_steps import shorter_context
 from .model import Context, Remedy
@@ -26,18 +25,8 @@ def more_tensor_parallel(ctx: Context) -> Remedy | None:
         return None
     shape, total, pick = ctx.inv.shape, ctx.total, sizes[0]
     if shape is not None and total:
-        gpu = ctx.gpu()
         estimates = [
-            (
-                n,
-                estimate(
-                    shape,
-                    ctx.engine.model_copy(update={"tensor_parallel_size": n}),
-                    gpu,
-                    ctx.inv.gpu_free_gib,
-                    ctx.inv.entrypoint,
-                ),
-            )
+            (n, ctx.estimate(ctx.engine.model_copy(update={"tensor_parallel_size": n}), ctx.inv.gpu_free_gib))
             for n in sizes
         ]
         # (the graphs' margin is another heal's: the split is judged by its weights and cache)

@@ -13,7 +13,6 @@ from ..memory import (
     CUDAGRAPH_GIB,
     default_max_num_batched_tokens,
     default_max_num_seqs,
-    estimate,
 )
 from ..quantity import format_bytes
 from .kv_steps import round_util, shorter_context
@@ -44,7 +43,7 @@ def fit_utilization_to_free(ctx: Context) -> Remedy | None:
     # The smaller cache may not hold the context: say so now, not after a crash.
     if ctx.inv.shape is not None:
         after = ctx.engine.model_copy(update={"gpu_memory_utilization": new})
-        est = estimate(ctx.inv.shape, after, ctx.gpu(), None, ctx.inv.entrypoint)
+        est = ctx.estimate(after)
         length = (
             shorter_context(ctx, est.max_model_len_fit * 0.97) if est.max_model_len_fit < est.max_model_len else None
         )
@@ -75,7 +74,7 @@ def fit_kv_bytes_to_free(ctx: Context) -> Remedy | None:
     if ctx.diag.subtype == "kv_space_exceeds_free_host_memory":
         new_gib = math.floor((free * 0.75) * 4) / 4  # the KV alone must fit what is free, with margin
     elif ctx.total and ctx.inv.shape is not None:
-        est = estimate(ctx.inv.shape, ctx.engine, ctx.gpu(), None, ctx.inv.entrypoint)
+        est = ctx.estimate()
         new_gib = math.floor((free - est.weights_gib - est.activation_gib - est.non_torch_gib - 1.0) * 4) / 4
     else:
         return None
@@ -103,7 +102,7 @@ def cpu_offload(ctx: Context) -> Remedy | None:
     shape, total = ctx.inv.shape, ctx.total
     if shape is None or not total:
         return None
-    est = estimate(shape, ctx.engine, ctx.gpu(), ctx.inv.gpu_free_gib, ctx.inv.entrypoint)
+    est = ctx.estimate(free_gib=ctx.inv.gpu_free_gib)
     budget = est.requested_gib - est.activation_gib - est.non_torch_gib - 0.1 * est.requested_gib
     over = est.weights_gib - budget
     if over <= 0:
