@@ -12,10 +12,11 @@ from ..api import EngineArgs, HealPolicy, VLLMServiceSpec
 from ..diagnosis import Diagnosis
 from ..diagnosis.figures import MAX_GIB
 from ..engine import BY_FIELD
+from ..engine_defaults import default_max_num_batched_tokens, default_max_num_seqs
 from ..gpu_catalog import GpuSpec, lookup
 from ..memory import CUDA_CONTEXT_GIB, CUDAGRAPH_GIB, Estimate, ModelShape, estimate
 from ..remedy_gate import Limits
-from ..vllm_release import Release
+from ..vllm_release import Release, facts
 
 NO_CHANGE = "NoChange"
 GIVE_UP = "GiveUp"
@@ -106,6 +107,18 @@ class Context:
         assert self.inv.shape is not None and self.total
         shape, gpu, entry, release = self.inv.shape, self.gpu(), self.inv.entrypoint, self.inv.release
         return estimate(shape, engine or self.engine, gpu, free_gib, entry, release)
+
+    def default_seqs(self) -> int:
+        """vLLM's max_num_seqs for this GPU, under the image's release where it names one."""
+        return default_max_num_seqs(self.total or 0, self.inv.gpu_name, self.engine.extra_args, self._tier())
+
+    def default_batch(self) -> int:
+        """vLLM's max_num_batched_tokens for this GPU (24 GiB where unknown), under the image's release."""
+        return default_max_num_batched_tokens(self.total or 24, self.inv.entrypoint, self.inv.gpu_name, self._tier())
+
+    def _tier(self) -> str:
+        row = facts(self.inv.release)
+        return row.batch if row else "160gib"
 
     def kv_budget(self) -> float | None:
         """The KV cache's budget vLLM printed (its share of the GPU less all else it holds), which is

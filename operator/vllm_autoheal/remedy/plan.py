@@ -30,6 +30,7 @@ from .kv_steps import (
 from .model import GIVE_UP, NO_CHANGE, Context, Inventory, Remedy, Step, device_total
 from .resource_steps import more_tensor_parallel, raise_memory_limit
 from .steps import (
+    batch_from_allocation,
     cpu_offload,
     enforce_eager,
     fit_kv_bytes_to_free,
@@ -58,7 +59,13 @@ PLANS: dict[Cause, list[Step]] = {
     ],
     Cause.GPU_UTIL_EXCEEDS_FREE: [fit_utilization_to_free, fit_kv_bytes_to_free, lower_utilization_step],
     Cause.WEIGHTS_LOAD_OOM: [quantized_model, more_tensor_parallel, cpu_offload],
-    Cause.PROFILING_OOM: [seqs_from_allocation, lower_seqs, lower_batched, lower_utilization_step],
+    Cause.PROFILING_OOM: [
+        seqs_from_allocation,
+        batch_from_allocation,
+        lower_seqs,
+        lower_batched,
+        lower_utilization_step,
+    ],
     Cause.CUDAGRAPH_CAPTURE_OOM: [room_for_graphs, enforce_eager, lower_utilization_step],
     Cause.RUNTIME_OOM: [lower_utilization_step, lower_seqs, lower_batched],
     Cause.MULTI_GPU_OOM: [lower_max_model_len, lower_utilization_step, enforce_eager],
@@ -146,7 +153,7 @@ def plan_heal(
         remedy.expected = remedy.expected or _expect(ctx, remedy.changes)
         return remedy
     why = f"; {'; '.join(refused)}" if refused else ""
-    advice = what_would_fit(ctx)
+    advice = what_would_fit(ctx) or allocation_out_of_reach(ctx)
     return Remedy(
         GIVE_UP,
         reason=f"no allowed change is left for {diagnosis.cause} within the bounds "
@@ -228,6 +235,17 @@ def what_would_fit(ctx: Context) -> str:
     return (
         f"The weights take {weights:.1f} GiB per GPU, more than the {budget:.1f} GiB this GPU can give them: "
         f"no flag on {tp} GPU(s) makes them fit. What would: " + ", or ".join(options) + "."
+    )
+
+
+def allocation_out_of_reach(ctx: Context) -> str:
+    """For a give-up on a start-up allocation that no halving brings within what was free: say so."""
+    tried, free = ctx.num("tried_gib"), ctx.num("gpu_free_gib")
+    if ctx.diag.cause != "profiling_oom" or tried is None or free is None or tried / 2 <= free:
+        return ""
+    return (
+        f"One start-up allocation asked for {tried:g} GiB with {free:g} GiB free: halving the sequences or the "
+        "batch at best halves it, which still does not fit, so no memory flag was changed."
     )
 
 

@@ -11,8 +11,6 @@ from ..engine import switched
 from ..memory import (
     CUDA_CONTEXT_GIB,
     CUDAGRAPH_GIB,
-    default_max_num_batched_tokens,
-    default_max_num_seqs,
 )
 from ..quantity import format_bytes
 from .kv_steps import round_util, shorter_context
@@ -118,10 +116,44 @@ def cpu_offload(ctx: Context) -> Remedy | None:
     )
 
 
+def _halving_short(ctx: Context) -> bool:
+    """Before the server is ready nothing else allocates beside the profile: a halving at best halves the
+    allocation that failed, so where it still asks more than was free it is a certain second crash."""
+    tried, free = ctx.num("tried_gib"), ctx.num("gpu_free_gib")
+    return ctx.diag.cause == "profiling_oom" and tried is not None and free is not None and tried / 2 > free
+
+
+def batch_from_allocation(ctx: Context) -> Remedy | None:
+    """The profile runs one dummy batch of max_num_batched_tokens tokens, whose activations grow with them.
+    Where the batch was set above vLLM's default for this GPU (which the profile is built for) and an
+    allocation failed with the free memory printed, size the batch so that allocation takes at most a
+    quarter of what was free (a power of two), in one step; not below vLLM's default, the bound or
+    max_num_seqs, and not at all where even that leaves the allocation larger than what was free (the
+    batch is then not what asks for it: an encoder's profile, say)."""
+    batch, tried, free = ctx.engine.max_num_batched_tokens, ctx.num("tried_gib"), ctx.num("gpu_free_gib")
+    if not batch or not tried or free is None or free <= 0 or ctx.num("dummy_requests"):
+        return None  # (a count of dummy requests names the sampler warm-up: seqs_from_allocation's)
+    least = max(ctx.default_batch(), ctx.policy.bounds.min_max_num_batched_tokens, ctx.engine.max_num_seqs or 0)
+    if batch <= least:
+        return None
+    fits = max(1, int(batch * free * 0.25 / tried))
+    new = max(2 ** int(math.log2(fits)), least)
+    if new >= batch or tried * new / batch > free:
+        return None
+    return Remedy(
+        "LowerMaxNumBatchedTokens",
+        {"max_num_batched_tokens": new},
+        f"the profile's dummy batch of {batch:,} tokens asked for {tried:g} GiB with {free:g} GiB free; "
+        f"max_num_batched_tokens {batch:,} -> {new:,} keeps that allocation within a quarter of it.",
+    )
+
+
 def _halve(
     field_name: str, action: str, floor_of: Callable[[Context], int], default: Callable[[Context], int], why: str
 ) -> Step:
     def step(ctx: Context) -> Remedy | None:
+        if _halving_short(ctx):
+            return None
         current = getattr(ctx.engine, field_name) or default(ctx)
         new = max(floor_of(ctx), current // 2)
         if field_name == "max_num_batched_tokens" and ctx.engine.max_num_seqs:
@@ -145,11 +177,11 @@ def _halve(
 
 def _seqs_default(ctx: Context) -> int:
     dummy = ctx.num("dummy_requests")
-    return int(dummy) if dummy else default_max_num_seqs(ctx.total or 0, ctx.inv.gpu_name, ctx.engine.extra_args)
+    return int(dummy) if dummy else ctx.default_seqs()
 
 
 def _mbt_default(ctx: Context) -> int:
-    return default_max_num_batched_tokens(ctx.total or 24, ctx.inv.entrypoint)
+    return ctx.default_batch()
 
 
 def seqs_from_allocation(ctx: Context) -> Remedy | None:
@@ -158,12 +190,7 @@ def seqs_from_allocation(ctx: Context) -> Remedy | None:
     as a power of two, and no more than vLLM's default for this GPU (which the warm-up is built for)."""
     tried, dummy, free = ctx.num("tried_gib"), ctx.num("dummy_requests"), ctx.num("gpu_free_gib")
     current = ctx.engine.max_num_seqs or (int(dummy) if dummy else None)
-    if (
-        not dummy
-        and ctx.engine.max_num_seqs
-        and ctx.total
-        and ctx.engine.max_num_seqs > default_max_num_seqs(ctx.total, ctx.inv.gpu_name, ctx.engine.extra_args)
-    ):
+    if not dummy and ctx.engine.max_num_seqs and ctx.total and ctx.engine.max_num_seqs > ctx.default_seqs():
         dummy = ctx.engine.max_num_seqs  # the warm-up batch is max_num_seqs requests (vLLM 0.25 prints no count)
     if not tried or not dummy or not current:
         return None
@@ -174,7 +201,7 @@ def seqs_from_allocation(ctx: Context) -> Remedy | None:
     fits = max(1, int(room / per_seq))
     new = 2 ** int(math.log2(fits))
     if ctx.total:
-        new = min(new, default_max_num_seqs(ctx.total, ctx.inv.gpu_name, ctx.engine.extra_args))
+        new = min(new, ctx.default_seqs())
     new = max(new, ctx.policy.bounds.min_max_num_seqs)
     if new >= current:
         return None
