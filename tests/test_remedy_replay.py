@@ -184,16 +184,10 @@ def test_a_dummy_batch_too_large_is_cut_in_tokens_first():
     assert r.changes.get("max_num_batched_tokens", 2097152) * 112.0 / 2097152 <= 91.86, r.summary()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "medium: when the same 112 GiB profiling OOM is still there after LowerMaxNumSeqs and "
-        "LowerMaxNumBatchedTokens, lower_utilization_step cuts by what failed (112.5 GiB): 0.9 -> 0.09, 12.58 GiB "
-        "of the H200, where vLLM printed 'Model loading took 15.0 GiB'. The budget cannot hold the weights: a "
-        "certain crash, and a utilization no heal should ever write."
-    ),
-)
 def test_a_utilization_cut_never_leaves_less_than_the_printed_weights():
+    """Medium. The same 112 GiB profiling OOM after both counts were cut: before, utilization cut by
+    what failed, 0.9 -> 0.09 (12.58 GiB of the H200, where vLLM loaded 15.0 GiB of weights: a certain
+    crash). Now the weights vLLM printed set the least utilization a heal may write."""
     d = diagnose("local-h200-profile")
     s = spec(maxModelLen=8192, maxNumSeqs=256, maxNumBatchedTokens=2097152, enforceEager=True)
     r = plan_heal(

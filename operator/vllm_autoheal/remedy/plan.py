@@ -10,6 +10,7 @@ first: a model load costs minutes on a real GPU.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection
 from typing import Any
 
@@ -27,7 +28,7 @@ from .kv_steps import (
     raise_utilization_for_kv,
     seqs_within_state_blocks,
 )
-from .model import GIVE_UP, NO_CHANGE, Context, Inventory, Remedy, Step, device_total
+from .model import GIVE_UP, NO_CHANGE, Context, Inventory, Remedy, Step, device_total, printed_figure
 from .resource_steps import more_tensor_parallel, raise_memory_limit
 from .steps import (
     batch_from_allocation,
@@ -135,6 +136,9 @@ def plan_heal(
             inv = Inventory(**{**inv.__dict__, "gpu_free_gib": printed[-1] + CUDA_CONTEXT_GIB})
     total = device_total(diagnosis, inv)
     floor = utilization_floor(spec.heal.bounds, engine, inv.shape, total, inv.entrypoint, inv.gpu_name, inv.release)
+    loaded = printed_figure(diagnosis, "weights_gib")
+    if loaded and total:  # no budget below the weights vLLM said it loaded: a certain crash
+        floor = max(floor or 0.0, min(1.0, math.ceil(loaded / total * 100) / 100))
     limits = Limits(spec.heal.bounds, floor, inv.memory_limit_bytes)
     ctx = Context(spec, engine, diagnosis, inv, limits)
     allowed = set(spec.heal.allowed_actions) - set(exclude)
