@@ -109,19 +109,12 @@ _OTHER_PROCESS = {
 _OTHER_ENGINE = {"gpuutil-1224-qwen25vl-awq-other-procs": {"gpuMemoryUtilization": 0.75, "maxModelLen": 4096}}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "high: gpu_util_exceeds_free from a CUDA OOM prints no 'Free memory on device' figure, so "
-        "fit_utilization_to_free does not apply and lower_utilization_step cuts by what failed to allocate "
-        "(0.9 -> 0.87, 0.85, 0.88, 0.75 -> 0.71, 0.9 -> 0.85). The same message gives what the other processes "
-        "hold (total - own reserved - free, or its 'Process N has X GiB' lines): the new share still asks for "
-        "2-37 GiB more than the GPU has left for vLLM (util-1013's reporter started at 0.7; the planner's 0.87 "
-        "asks 34.8 of the <= 32.5 GiB there). A certain second crash."
-    ),
-)
 @pytest.mark.parametrize("name", list(_OTHER_PROCESS))
 def test_another_process_s_memory_sizes_the_cut(name):
+    """High. A CUDA OOM with another process on the GPU prints no 'Free memory on device' figure. Before:
+    utilization cut by what failed to allocate (0.9 -> 0.87, 0.85, 0.88; 0.75 -> 0.71), 2-37 GiB more
+    than the GPU had left (util-1013's reporter started at 0.7). Now: the share is sized from what
+    the failure's figures say the others hold (0.77 there), or a give-up where nothing is left."""
     total, room = _OTHER_PROCESS[name]
     d = diagnose(name)
     assert d.cause == "gpu_util_exceeds_free"
@@ -129,36 +122,9 @@ def test_another_process_s_memory_sizes_the_cut(name):
     assert r.gives_up or r.changes["gpu_memory_utilization"] * total <= room, r.summary()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "high: the blind 0.9 -> 0.87 takes the action LowerGpuMemoryUtilization, which is then 'tried' for "
-        "gpu_util_exceeds_free: when the same OOM comes back at 0.87 (the other process still holds its ~8 GiB), "
-        "every step that could size the cut (fit_utilization_to_free, lower_utilization_step) is the same "
-        "action, and the plan gives up. The 0.7 that worked for the reporter is never reached: the heal does "
-        "not converge."
-    ),
-)
-def test_a_cut_short_of_the_other_process_is_followed_by_one_that_fits():
-    d = diagnose("util-1013-h2ogpt-a100-grid-shared-embedding")
-    s, inv = spec(), Inventory(gpu_total_gib=40.0)
-    first = plan_heal(s, d, inventory=inv)
-    assert first.changes == {"gpu_memory_utilization": 0.87}
-    r = again(s, d, first, inv)
-    assert not r.gives_up and r.changes["gpu_memory_utilization"] * 40.0 <= 32.54, r.summary()
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "high: a second vLLM instance on an A100 whose first holds 68 GiB: 'Memory profiling results: "
-        "total_gpu_memory=79.15GiB initial_memory_usage=68.01GiB', then 'No available memory for the cache "
-        "blocks'. No free figure, so lower_utilization_step steps 0.2 -> 0.18 blind: 14.25 GiB, where "
-        "79.15 - 68.01 = 11.14 GiB is all there is (0.14 of the GPU). A certain second crash; vLLM of that "
-        "era also counts the other instance's 68 GiB against the share, so no share starts and GiveUp is right."
-    ),
-)
 def test_a_printed_initial_usage_bounds_the_cut():
+    """High. A second vLLM instance beside one holding 68.01 of 79.15 GiB: before, 0.2 -> 0.18 blind
+    (14.25 GiB of the 11.14 there is); now sized from vLLM's own initial usage."""
     d = diagnose("gpufree-10533-two-instances-a100")
     assert d.numbers["initial_usage_gib"] == 68.01
     r = plan_heal(

@@ -145,9 +145,10 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
         # last resort, and is never quoted)
         cited = first.line if first and not first.last_resort else None
         diag.evidence = _evidence(cited, support, engine_error=first is not None and first.message.kind != msg.NOT_OOM)
-        diag.numbers = {
-            k: v for k, v in ar.numbers(findings, first, device_gib, diag.notes).items() if k not in ("tp", "pp")
-        }
+        figures = ar.numbers(findings, first, device_gib, diag.notes)
+        diag.numbers = {k: v for k, v in figures.items() if k not in ("tp", "pp")}
+        if diag.subtype == "other_process_holds_gpu":  # (the heal sizes vLLM's share from what is left)
+            diag.numbers["others_gib"] = round(ar.other_process_gib(signals, figures), 2)
         per_process: Any = diag.numbers.get("process_gib")
         if isinstance(per_process, list):  # numbers are scalars: the others' total
             diag.numbers["process_gib"] = round(sum(per_process), 2)

@@ -23,6 +23,11 @@ def fit_utilization_to_free(ctx: Context) -> Remedy | None:
         # memory: sized to it, the worker's whole budget would not hold the worker)
         return None
     free, total = ctx.num("free_gib"), ctx.total
+    others = ctx.num("others_gib")
+    basis = f"only {free:g} of {total:g} GiB was free at start" if free is not None and total else ""
+    if free is None and others is not None and total:  # what the OOM's figures leave beside the others
+        free = total - others - CUDA_CONTEXT_GIB
+        basis = f"other processes hold {others:g} of {total:g} GiB (by the failure's figures), {free:.2f} left"
     if free is None and ctx.inv.gpu_free_gib is not None:  # not printed: the probe's figure at start
         free = ctx.inv.gpu_free_gib - CUDA_CONTEXT_GIB
     if free is None or not total or ctx.engine.kv_cache_memory_bytes:
@@ -53,7 +58,7 @@ def fit_utilization_to_free(ctx: Context) -> Remedy | None:
     return Remedy(
         "LowerGpuMemoryUtilization",
         changes,
-        f"only {free:g} of {total:g} GiB was free at start; utilization {new} asks for "
+        f"{basis or f'only {free:g} of {total:g} GiB was free at start'}; utilization {new} asks for "
         f"{new * total:.2f} GiB, leaving {free - new * total:.2f} GiB of margin.{why}",
     )
 
@@ -265,8 +270,8 @@ def enforce_eager(ctx: Context) -> Remedy | None:
 
 def lower_utilization_step(ctx: Context) -> Remedy | None:
     """Leave headroom sized from what failed to allocate (or ~1 GiB of graphs), at least 0.02."""
-    if ctx.diag.cause == "gpu_util_exceeds_free" and ctx.num("free_gib") is not None:
-        return None  # the free figure was printed: fit_utilization_to_free sized it; stepping is blind
+    if ctx.diag.cause == "gpu_util_exceeds_free" and (ctx.num("free_gib") is not None or ctx.num("others_gib")):
+        return None  # what is free was printed: fit_utilization_to_free sized it; stepping is blind
     total = ctx.total
     tried = ctx.num("tried_gib") or 0.0
     step = 0.02 if not total else max(0.02, round_util((tried + 0.5) / total, down=False))
