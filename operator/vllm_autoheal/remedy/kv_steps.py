@@ -84,6 +84,9 @@ def raise_utilization_blind(ctx: Context) -> Remedy | None:
     if budget is not None and budget <= 0 and total and budget + (limit - current) * total <= 0:
         return None  # vLLM's own budget stays empty at the limit: a certain second crash
     needed, available = ctx.num("needed_gib"), ctx.num("available_gib")
+    holds = ctx.num("estimated_max_model_len") or ctx.num("kv_tokens")
+    if (needed is None or available is None) and holds and budget is None:
+        return _raise_to_reach(ctx, holds, limit, current)
     if needed is None or available is None:
         why = (
             "no memory was left for a single KV block; utilization raised to the most the bounds and free memory allow"
@@ -119,6 +122,24 @@ def raise_utilization_blind(ctx: Context) -> Remedy | None:
         f"the KV cache needs {needed:g} GiB and has {available:g} GiB; utilization {limit} (the most the bounds "
         f"and free memory allow) gives it {grown:.2f} GiB, which holds about {int(estimated * grown / available):,} "
         f"tokens by vLLM's estimate: max_model_len -> {new:,}.",
+    )
+
+
+def _raise_to_reach(ctx: Context, holds: float, limit: float, current: float) -> Remedy | None:
+    """vLLM printed the tokens its cache holds, not its size. The cache is at most the whole share, so a
+    raise grows it by at least limit/current: the context that surely holds comes with the raise (a
+    raise that keeps a context past it may well crash again)."""
+    reach, context = holds * limit / current, ctx.context
+    why = f"the KV cache holds {int(holds):,} tokens by vLLM's count; utilization {current} -> {limit} grows it to at least {int(reach):,}"
+    if context is None or reach * 0.99 >= context:
+        return Remedy("RaiseGpuMemoryUtilization", {"gpu_memory_utilization": limit}, why + ".")
+    new = shorter_context(ctx, reach * 0.99)
+    if new is None:
+        return None
+    return Remedy(
+        "RaiseGpuMemoryUtilization",
+        {"gpu_memory_utilization": limit, "max_model_len": new},
+        f"{why}, not {context:,}: max_model_len -> {new:,}.",
     )
 
 
