@@ -140,7 +140,14 @@ def weights_exceed_gpu(numbers: dict, device_gib: float | None) -> bool:
     total = numbers.get("total_gib") or numbers.get("gpu_total_gib") or device_gib
     if not weights or not total:
         return False
-    requested = numbers.get("requested_gib")
+    return weights + (besides_weights(numbers) or 0.0) >= WEIGHTS_SHARE_OF_GPU * total
+
+
+def besides_weights(numbers: dict) -> float | None:
+    """What the engine held beside its weights and KV cache (the activation peak and non-torch memory),
+    where its budget line shows all three figures: its share less the weights less the KV budget."""
+    weights, requested = numbers.get("weights_gib"), numbers.get("requested_gib")
     kv = numbers.get("available_kv_gib", numbers.get("kv_reserved_gib"))
-    overhead = max(0.0, requested - weights - kv) if requested is not None and kv is not None else 0.0
-    return weights + overhead >= WEIGHTS_SHARE_OF_GPU * total
+    if weights is None or requested is None or kv is None:
+        return None
+    return max(0.0, requested - weights - kv)

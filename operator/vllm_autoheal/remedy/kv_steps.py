@@ -69,14 +69,30 @@ def lower_max_model_len(ctx: Context) -> Remedy | None:
     )
 
 
+def raise_limit(ctx: Context) -> float:
+    """The most utilization a raise may set: the bound, and what the GPU's free memory allows."""
+    total, room = ctx.total, ctx.free_for_vllm()
+    limit = ctx.policy.bounds.max_gpu_memory_utilization
+    return min(limit, round_util(room / total)) if total and room is not None else limit
+
+
+def empty_budget(ctx: Context) -> str:
+    """For a give-up where vLLM's KV budget stays empty at the most utilization a raise may set: say so."""
+    budget, total, current = ctx.kv_budget(), ctx.total, ctx.engine.gpu_memory_utilization
+    if ctx.diag.cause != "kv_cache_insufficient" or budget is None or budget > 0 or not total:
+        return ""
+    limit = max(raise_limit(ctx), current)
+    return (
+        f"vLLM's KV budget was {budget:g} GiB at utilization {current}; the most the bounds and free memory "
+        f"allow ({limit}) leaves it at {budget + (limit - current) * total:.2f} GiB, so no raise was made."
+    )
+
+
 def raise_utilization_blind(ctx: Context) -> Remedy | None:
     """No numbers: the cache got no block at all. Give it what the GPU allows, within bounds. With
     vLLM's figures (raise_utilization_for_kv found the raise short), the context the grown cache holds
     comes with it."""
-    total, room = ctx.total, ctx.free_for_vllm()
-    limit = ctx.policy.bounds.max_gpu_memory_utilization
-    if total and room is not None:
-        limit = min(limit, round_util(room / total))
+    total, limit = ctx.total, raise_limit(ctx)
     current = ctx.engine.gpu_memory_utilization
     if limit <= current or ctx.engine.kv_cache_memory_bytes:
         return None

@@ -16,11 +16,13 @@ from typing import Any
 
 from ..api import EngineArgs, VLLMServiceSpec
 from ..diagnosis import Diagnosis
+from ..diagnosis.arithmetic import besides_weights
 from ..diagnosis.model import Cause
 from ..engine import parse_args
 from ..memory import CUDA_CONTEXT_GIB
 from ..remedy_gate import Limits, check, utilization_floor
 from .kv_steps import (
+    empty_budget,
     fp8_kv_cache,
     lower_max_model_len,
     more_state_blocks,
@@ -157,7 +159,7 @@ def plan_heal(
         remedy.expected = remedy.expected or _expect(ctx, remedy.changes)
         return remedy
     why = f"; {'; '.join(refused)}" if refused else ""
-    advice = what_would_fit(ctx) or allocation_out_of_reach(ctx)
+    advice = what_would_fit(ctx) or allocation_out_of_reach(ctx) or empty_budget(ctx)
     return Remedy(
         GIVE_UP,
         reason=f"no allowed change is left for {diagnosis.cause} within the bounds "
@@ -223,7 +225,11 @@ def what_would_fit(ctx: Context) -> str:
     total = ctx.total
     if not weights or not total:
         return ""
-    budget = ctx.policy.bounds.max_gpu_memory_utilization * total - CUDA_CONTEXT_GIB - 2.0  # activations, KV
+    # beside the weights: the activation peak and non-torch memory vLLM printed and a short context's
+    # cache (0.25 GiB), else about 2 GiB and the CUDA context
+    printed = besides_weights(ctx.diag.numbers)
+    beside = printed + 0.25 if printed is not None else CUDA_CONTEXT_GIB + 2.0
+    budget = ctx.policy.bounds.max_gpu_memory_utilization * total - beside
     if weights <= budget:
         return ""
     tp = ctx.engine.tensor_parallel_size
