@@ -38,6 +38,7 @@ from .steps import (
     enforce_eager,
     fit_kv_bytes_to_free,
     fit_utilization_to_free,
+    halving_short,
     lower_batched,
     lower_cpu_offload,
     lower_seqs,
@@ -250,12 +251,11 @@ def what_would_fit(ctx: Context) -> str:
 
 def allocation_out_of_reach(ctx: Context) -> str:
     """For a give-up on a start-up allocation that no halving brings within what was free: say so."""
-    tried, free = ctx.num("tried_gib"), ctx.num("gpu_free_gib")
-    if ctx.diag.cause != "profiling_oom" or tried is None or free is None or tried / 2 <= free:
+    if not halving_short(ctx):
         return ""
     return (
-        f"One start-up allocation asked for {tried:g} GiB with {free:g} GiB free: halving the sequences or the "
-        "batch at best halves it, which still does not fit, so no memory flag was changed."
+        f"One start-up allocation asked for {ctx.num('tried_gib'):g} GiB of a {ctx.total:g} GiB GPU: halving the "
+        "sequences or the batch at best halves it, which still does not fit, so no memory flag was changed."
     )
 
 

@@ -121,11 +121,13 @@ def cpu_offload(ctx: Context) -> Remedy | None:
     )
 
 
-def _halving_short(ctx: Context) -> bool:
-    """Before the server is ready nothing else allocates beside the profile: a halving at best halves the
-    allocation that failed, so where it still asks more than was free it is a certain second crash."""
-    tried, free = ctx.num("tried_gib"), ctx.num("gpu_free_gib")
-    return ctx.diag.cause == "profiling_oom" and tried is not None and free is not None and tried / 2 > free
+def halving_short(ctx: Context) -> bool:
+    """A halving at best halves the allocation that failed. What was free when it failed is no measure
+    (the profile's other tensors, which shrink with it, held the rest), but the whole GPU less the
+    weights vLLM printed is: where half the allocation is more than that, a certain second crash."""
+    tried, total = ctx.num("tried_gib"), ctx.total
+    room = (total or 0.0) - (ctx.num("weights_gib") or 0.0)
+    return ctx.diag.cause == "profiling_oom" and tried is not None and bool(total) and tried / 2 > room
 
 
 def batch_from_allocation(ctx: Context) -> Remedy | None:
@@ -157,7 +159,7 @@ def _halve(
     field_name: str, action: str, floor_of: Callable[[Context], int], default: Callable[[Context], int], why: str
 ) -> Step:
     def step(ctx: Context) -> Remedy | None:
-        if _halving_short(ctx):
+        if halving_short(ctx):
             return None
         current = getattr(ctx.engine, field_name) or default(ctx)
         new = max(floor_of(ctx), current // 2)
