@@ -13,14 +13,9 @@ from .engine import flag_name, flag_value, spelled_by, switched
 
 def _large(tier: str, gpu_total_gib: float, gpu_name: str) -> bool:
     """Whether a batch-default tier (vllm_release.py's RELEASES) gives this GPU the large defaults."""
-    name = gpu_name.lower()
-    if tier.startswith("name"):  # 0.8.0-0.8.4: by the device name
-        return "h100" in name or "h200" in name
-    if tier == "70gib":  # 0.8.5
-        return gpu_total_gib >= 70
     if tier == "160gib" and gpu_total_gib >= 160:  # 0.28 on
         return True
-    return gpu_total_gib >= 70 and "a100" not in name  # 0.9.0 on (PR #17885)
+    return gpu_total_gib >= 70 and "a100" not in gpu_name.lower()  # 0.9.0 on (PR #17885)
 
 
 def default_max_num_batched_tokens(
@@ -39,9 +34,9 @@ def default_max_num_seqs(
     gpu_total_gib: float, gpu_name: str = "", extra_args: list[str] | None = None, tier: str = "160gib"
 ) -> int:
     """vLLM's default (arg_utils get_batch_defaults): 1024 from 70 GiB but on an A100 ("a100" not in
-    device_name, PR #17885), else 256 (0.8.0-0.8.3: 1024 on every GPU); twice that under
+    device_name, PR #17885), else 256; twice that under
     --performance-mode throughput."""
-    seqs = 1024 if tier == "name-1024" or _large(tier, gpu_total_gib, gpu_name) else 256
+    seqs = 1024 if _large(tier, gpu_total_gib, gpu_name) else 256
     return 2 * seqs if flag_value(extra_args or [], "--performance-mode") == "throughput" else seqs
 
 

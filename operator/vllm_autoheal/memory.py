@@ -219,12 +219,8 @@ def kv_need(
     window = row.window if row else None
     # (vLLM also turns the hybrid manager off for KV connectors without support for it; that is not
     # assumed here, as counting the window in full would cut contexts that fit)
-    if (
-        full
-        and windowed
-        and (switched(engine.extra_args, "--disable-hybrid-kv-cache-manager") or window == "mixed-full")
-    ):
-        # vLLM then counts windowed layers as full ones (unify_hybrid_kv_cache_specs; before 0.9.1 always)
+    if full and windowed and switched(engine.extra_args, "--disable-hybrid-kv-cache-manager"):
+        # vLLM then counts windowed layers as full ones (unify_hybrid_kv_cache_specs)
         full, windowed = shape.attention_layers, 0
     pp = engine.pipeline_parallel_size
     per_layer = per_token / max(shape.attention_layers, 1)  # (per_token is one stage's: spread over all)

@@ -4,8 +4,9 @@ what the V1 runner's dummy sampler holds in the start-up profile.
 
 Each row of RELEASES was read from that release's own source (the wheels on PyPI, every release from
 0.8.0 to 0.34.0, compared file by file); a row starts where a fact changes, and its comment names the
-file and, where known, the pull request. Releases before 0.8.0 (the V0 engine, which profiles and caches
-otherwise) and after the last row's series are not described: no facts, so the memory model keeps its
+file and, where known, the pull request. Releases before 0.11.0 (which still had the V0 engine, taken
+below compute capability 8.0 and for some flags, with its own defaults and profile: which engine ran is
+not known from the tag) and after the last row's series are not described: no facts, so the memory model keeps its
 release-independent figures, as for an image whose tag names no release (latest, nightly, a digest, a
 build of one's own). Where a release's figure could not be pinned (which top-k/top-p path an image with
 FlashInfer ran before 0.11.1), the row leaves it unset and the floor stands.
@@ -19,9 +20,8 @@ from dataclasses import dataclass
 
 Version = tuple[int, int, int]
 
-# The batch-default tiers (engine_defaults.py applies each): "name-1024" H100/H200 by name for the token
-# budget, 1024 sequences on every GPU; "name" the same names for both; "70gib" from 70 GiB; "70gib-no-a100"
-# from 70 GiB but an A100; "160gib" the last and a larger tier from 160 GiB.
+# The batch-default tiers (engine_defaults.py applies each): "70gib-no-a100" the large defaults from 70 GiB
+# but an A100; "160gib" the same and a larger tier from 160 GiB.
 # Which models the V1 runner gets by default (runs_v1): "all"; "v2-listed-dense" all but a listed, dense,
 # unquantized architecture; "v2-listed" all but a listed one; "v1-hybrid-unlisted-moe" hybrid and
 # attention-free models and unlisted MoE; "v1-unlisted-hybrid-moe" attention-free, unlisted hybrid and
@@ -32,7 +32,7 @@ Version = tuple[int, int, int]
 class Facts:
     first: Version  # the first release these facts hold for
     batch: str  # the batch-default tier (arg_utils)
-    window: str | None  # a windowed layer's tokens: "mixed-full", "one-step", "in-flight"; None: unpinned
+    window: str | None  # a windowed layer's tokens: "one-step", "in-flight"; None: unpinned
     v1_sampler: str | None  # sampler_peak path of the V1 runner's dummy sampler; None: the floor stands
     v1_models: str  # which models run on the V1 runner by default
     v2_architectures: frozenset[str] = frozenset()  # the list v1_models names
@@ -47,23 +47,12 @@ _V2_028 = _V2_027 | {"DeepseekV4ForCausalLM"}
 
 # fmt: off
 RELEASES: tuple[Facts, ...] = (
-    # V1 is the default engine. arg_utils _set_default_args_v1: the server's 8192 tokens (LLM 16384) where
-    # "h100" or "h200" is in the device name, else 2048 (8192), and max_num_seqs 1024 on every GPU (PR
-    # #12369). The V1 sampler takes FlashInfer's top-k/top-p where it can (topk_topp_sampler.py; the
-    # official image ships FlashInfer, PR #6172), else the sort; disabled for FlashInfer >= 0.2.3 (PR
-    # #14815): the image's path is not pinned, so the floor. No SlidingWindowSpec (kv_cache_interface.py).
-    Facts((0, 8, 0), "name-1024", None, None, "all"),
-    # kv_cache_interface.py SlidingWindowSpec: window - 1 + max_num_batched_tokens, a block more; a model
-    # with full and windowed layers has them all made full (kv_cache_utils unify_hybrid_kv_cache_specs).
-    Facts((0, 8, 3), "name-1024", "mixed-full", None, "all"),
-    # arg_utils: max_num_seqs 1024 only on those names, else 256.
-    Facts((0, 8, 4), "name", "mixed-full", None, "all"),
-    # arg_utils: by total memory, >= 70 GiB, whatever the name (PR #17073).
-    Facts((0, 8, 5), "70gib", "mixed-full", None, "all"),
-    # arg_utils: ... and "a100" not in the device name (PR #17885).
-    Facts((0, 9, 0), "70gib-no-a100", "mixed-full", None, "all"),
-    # The hybrid KV cache manager (config disable_hybrid_kv_cache_manager, default off): windows kept.
-    Facts((0, 9, 1), "70gib-no-a100", "one-step", None, "all"),
+    # The first release without the V0 engine (before it, 0.8-0.10 fell back to V0 below compute
+    # capability 8.0 and for some flags, with other batch defaults and profile: which ran is not known
+    # from the tag, so no facts). arg_utils get_batch_defaults: the large defaults from 70 GiB but an A100
+    # (PR #17885, 0.9.0); the hybrid KV cache manager keeps windows, one step in flight (0.9.1). The image's
+    # top-k/top-p path (FlashInfer's or the sort) is not pinned: the floor.
+    Facts((0, 11, 0), "70gib-no-a100", "one-step", None, "all"),
     # topk_topp_sampler.py: FlashInfer's sampler opt-in (VLLM_USE_FLASHINFER_SAMPLER=1, PR #26859), so the
     # dummy sampler takes PyTorch's sort (apply_top_k_top_p, unchanged from 0.10.2's, whose run without
     # FlashInfer the Qwen3-Next log of tests/test_moe_profile_peak.py shows).

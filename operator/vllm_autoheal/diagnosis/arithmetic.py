@@ -33,11 +33,17 @@ def device_gib(signals: m.Signals, findings: list[Finding]) -> float | None:
     return None
 
 
+# Figures each worker prints of its own GPU: the smallest decides (the pipeline stage, or the rank,
+# whose cache got no block), whichever printed last.
+SMALLEST_OF_RANKS = frozenset({"available_kv_gib", "kv_reserved_gib"})
+
+
 def numbers(
     findings: list[Finding], first: Finding | None, device_gib: float | None, notes: list[str]
 ) -> dict[str, Any]:
     """The decisive finding's numbers, then each other figure from the one line nearest before
-    the failure. Every number passes figures.check; a dropped one leaves a note."""
+    the failure (a KV budget: the smallest any worker printed). Every number passes figures.check; a
+    dropped one leaves a note."""
     numbers: dict[str, Any] = {}
     end = first.line.offset if first else None
     # The figures printed before the failure, and the out-of-memory error it was raised from (vLLM
@@ -62,7 +68,7 @@ def numbers(
                 numbers.setdefault("process_gib", figures.process_sizes(text))
                 continue
             key = key.rstrip("23")
-            if key in numbers:
+            if key in numbers and key not in SMALLEST_OF_RANKS:
                 continue
             value = figures.parse(key, text)
             if value is None:
@@ -73,7 +79,7 @@ def numbers(
                 if not any(n.startswith(f"ignored {key}=") for n in notes):
                     notes.append(f"ignored {key}={text[:40]}: {why}")
                 continue
-            numbers[key] = value
+            numbers[key] = min(numbers[key], value) if key in numbers else value
     return numbers
 
 
