@@ -139,3 +139,19 @@ def test_the_kv_check_of_0_8_3_to_0_9_0_counts_windows_as_vllm_does(version):
     need = kv_need(shape, engine, 2048, parse_version(version))
     windows_kept = kv_need(shape, engine, 2048, parse_version("0.9.1"))
     assert need.bytes_for(8192) == pytest.approx(windows_kept.bytes_for(8192))
+
+
+def test_a_pooling_model_or_a_draft_keeps_the_floor_under_0_26():
+    """Low. 0.26 turns async scheduling off for pooling models (one step in flight, not two) and forces
+    the V2 runner for some drafts: counted as generative models on V1, the estimate went above vLLM's."""
+    from vllm_autoheal.engine_defaults import steps_in_flight
+
+    assert steps_in_flight("in-flight", [], 1, "Gemma3ForCausalLM") == 2
+    assert steps_in_flight("in-flight", [], 1, "Qwen3ForSequenceClassification") == 1
+    assert steps_in_flight("in-flight", [], 1, "BertModel") == 1
+    from vllm_autoheal.memory import release_sampler
+
+    shape = shape_of("qwen3-next-80b-a3b")
+    assert release_sampler(shape, parse_version("0.26.0")) == "v1-triton"
+    draft = ["--speculative-config", '{"method": "eagle3"}']
+    assert release_sampler(shape, parse_version("0.26.0"), draft) == "v2"

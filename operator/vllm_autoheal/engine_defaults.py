@@ -40,12 +40,18 @@ def default_max_num_seqs(
     return 2 * seqs if flag_value(extra_args or [], "--performance-mode") == "throughput" else seqs
 
 
-def steps_in_flight(window: str | None, extra_args: list[str], pp: int = 1) -> int:
+# Architectures vLLM runs as generative models by default (config _get_default_runner_type): others may
+# be pooling models, for which 0.26 turns async scheduling off.
+GENERATIVE_SUFFIXES = ("ForCausalLM", "ForConditionalGeneration", "LMHeadModel")
+
+
+def steps_in_flight(window: str | None, extra_args: list[str], pp: int = 1, architecture: str = "") -> int:
     """Scheduler steps whose tokens a sliding window's layer holds beside the window, as the release's KV
     check counts them (vllm_release.py's `window`): one before 0.26; from 0.26 max_concurrent_batches
     (config/vllm.py): 2 with async scheduling (its default) at PP 1, else the PP stages (the V2 runner's
     one more under async scheduling is not counted: not every model runs on it). Where the flags may
-    turn async scheduling off (a speculative method or executor that lacks it), the fewer."""
+    turn async scheduling off (a speculative method or executor that lacks it), or the model may be a
+    pooling one (`architecture` named and not a generative one), the fewer."""
     if window != "in-flight":
         return 1
     if pp > 1:
@@ -54,6 +60,8 @@ def steps_in_flight(window: str | None, extra_args: list[str], pp: int = 1) -> i
     if asked is not None:
         return 2 if asked else 1
     unsure = ("--speculative-config", "--distributed-executor-backend", "--runner", "--convert")
+    if architecture and not architecture.endswith(GENERATIVE_SUFFIXES):
+        return 1
     return 1 if any(spelled_by(t, f) for t in extra_args for f in unsure) else 2
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from .api import EngineArgs
 from .diagnosis.units import GIB
-from .engine import switched
+from .engine import spelled_by, switched
 from .engine_defaults import (
     default_max_num_batched_tokens,
     default_max_num_seqs,
@@ -242,7 +242,8 @@ def kv_need(
         per_layer * full,
         per_layer * windowed,
         shape.sliding_window or 0,
-        max_num_batched_tokens * steps_in_flight(window, engine.extra_args, engine.pipeline_parallel_size),
+        max_num_batched_tokens
+        * steps_in_flight(window, engine.extra_args, engine.pipeline_parallel_size, shape.architecture),
         block,
         state_bytes,
         pool_block,
@@ -268,11 +269,12 @@ def _concurrency(tokens: int, kv_bytes: float, need: KvNeed, max_len: int) -> fl
     return round(kv_bytes / need.bytes_for(max_len) if need.windowed_per_token else tokens / max_len, 2)
 
 
-def release_sampler(shape: ModelShape, release: Release | None) -> str:
+def release_sampler(shape: ModelShape, release: Release | None, extra_args: list[str] | None = None) -> str:
     """The dummy sampler's path (sampler_peak.py) the release runs this model on: the V1 runner's where
-    its default puts the model there for certain, else the floor."""
+    its default puts the model there for certain, else the floor (so with a speculative config too: some
+    drafts force the V2 runner from 0.26)."""
     row = facts(release)
-    if row is None:
+    if row is None or any(spelled_by(t, "--speculative-config") for t in extra_args or []):
         return "v2"
     moe, quantized = shape.experts > 0, shape.quantization is not None
     v1 = runs_v1(row, shape.architecture, moe, quantized, shape.mamba_layers > 0, shape.attention_layers == 0)
@@ -300,7 +302,7 @@ def estimate(
     max_len = engine.max_model_len or shape.max_position_embeddings or 4096
     weights = weights_gib_per_gpu(shape, engine, gpu)
     seqs = engine.max_num_seqs or default_max_num_seqs(total, gpu.name, engine.extra_args, tier)
-    act = activation_bytes(shape, mbt, tp, seqs, release_sampler(shape, release)) / GIB
+    act = activation_bytes(shape, mbt, tp, seqs, release_sampler(shape, release, engine.extra_args)) / GIB
     non_torch = NON_TORCH_GIB_TP1 if tp * pp == 1 else NON_TORCH_GIB_TPN
     graphs = 0.0 if engine.enforce_eager else CUDAGRAPH_GIB
     per_token = shape.kv_bytes_per_token(kv_cache_dtype(engine), tp, pp)
