@@ -126,3 +126,37 @@ QWEN25_VL_VISION = {
     "spatial_merge_size": 2,
     "temporal_patch_size": 2,
 }
+
+
+def gpt_oss(layers: int, experts: int, **extra):
+    """openai/gpt-oss-120b's (36 layers, 128 experts) and -20b's (24, 32) config.json, the fields read here."""
+    return shape_from_config(
+        {
+            "architectures": ["GptOssForCausalLM"],
+            "model_type": "gpt_oss",
+            "attention_bias": True,
+            "hidden_size": 2880,
+            "intermediate_size": 2880,
+            "num_hidden_layers": layers,
+            "num_attention_heads": 64,
+            "num_key_value_heads": 8,
+            "head_dim": 64,
+            "num_local_experts": experts,
+            "num_experts_per_tok": 4,
+            "vocab_size": 201088,
+            "sliding_window": 128,
+            "layer_types": ["sliding_attention", "full_attention"] * (layers // 2),
+            "max_position_embeddings": 131072,
+            "tie_word_embeddings": False,
+            "quantization_config": {
+                "modules_to_not_convert": [
+                    "model.layers.*.self_attn",
+                    "model.layers.*.mlp.router",
+                    "model.embed_tokens",
+                    "lm_head",
+                ],
+                "quant_method": "mxfp4",
+            },
+            **extra,
+        }
+    )

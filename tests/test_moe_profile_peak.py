@@ -17,36 +17,11 @@ import pytest
 from vllm_autoheal.api import EngineArgs
 from vllm_autoheal.gpu_catalog import lookup
 from vllm_autoheal.memory import activation_bytes, estimate
-from vllm_autoheal.model_shape import shape_from_config
 from vllm_autoheal.sampler_peak import SAMPLER_BYTES_PER_LOGIT, sampler_peak_bytes, sampler_rows
 
-from samples import config_shape
+from samples import config_shape, gpt_oss
 
 GIB = 2**30
-
-
-def gpt_oss(layers: int, experts: int):
-    """The fields of openai/gpt-oss-20b's and -120b's config.json that the profile peak reads."""
-    return shape_from_config(
-        {
-            "architectures": ["GptOssForCausalLM"],
-            "model_type": "gpt_oss",
-            "hidden_size": 2880,
-            "intermediate_size": 2880,
-            "num_hidden_layers": layers,
-            "num_attention_heads": 64,
-            "num_key_value_heads": 8,
-            "head_dim": 64,
-            "num_local_experts": experts,
-            "num_experts_per_tok": 4,
-            "vocab_size": 201088,
-            "sliding_window": 128,
-            "layer_types": ["sliding_attention", "full_attention"] * (layers // 2),
-            "max_position_embeddings": 131072,
-            "tie_word_embeddings": False,
-            "quantization_config": {"quant_method": "mxfp4"},
-        }
-    )
 
 
 # (case, shape, GPU, engine, vLLM's weights GiB, vLLM's KV GiB, the path its release ran, tolerance GiB)

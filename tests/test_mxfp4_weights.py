@@ -9,47 +9,13 @@ import pytest
 from vllm_autoheal.api import EngineArgs
 from vllm_autoheal.gpu_catalog import GpuSpec, lookup
 from vllm_autoheal.memory import WEIGHT_BUFFERS_GIB, estimate, weights_bytes_per_gpu, weights_gib_per_gpu
-from vllm_autoheal.model_shape import QUANT_BYTES, shape_from_config
+from vllm_autoheal.model_shape import QUANT_BYTES
 from vllm_autoheal.mxfp4_experts import expert_bytes_per_gpu, padding
 
-from samples import config_shape
+from samples import config_shape, gpt_oss
 
 GIB = 2**30
 H100, A100 = lookup("NVIDIA-H100-80GB-HBM3"), lookup("NVIDIA-A100-SXM4-80GB")
-
-
-def gpt_oss(layers: int, experts: int, **extra):
-    """openai/gpt-oss-120b's (36 layers, 128 experts) and -20b's (24, 32) config.json, the fields read here."""
-    return shape_from_config(
-        {
-            "architectures": ["GptOssForCausalLM"],
-            "model_type": "gpt_oss",
-            "attention_bias": True,
-            "hidden_size": 2880,
-            "intermediate_size": 2880,
-            "num_hidden_layers": layers,
-            "num_attention_heads": 64,
-            "num_key_value_heads": 8,
-            "head_dim": 64,
-            "num_local_experts": experts,
-            "num_experts_per_tok": 4,
-            "vocab_size": 201088,
-            "sliding_window": 128,
-            "layer_types": ["sliding_attention", "full_attention"] * (layers // 2),
-            "max_position_embeddings": 131072,
-            "tie_word_embeddings": False,
-            "quantization_config": {
-                "modules_to_not_convert": [
-                    "model.layers.*.self_attn",
-                    "model.layers.*.mlp.router",
-                    "model.embed_tokens",
-                    "lm_head",
-                ],
-                "quant_method": "mxfp4",
-            },
-            **extra,
-        }
-    )
 
 
 GPT_OSS_120B, GPT_OSS_20B = gpt_oss(36, 128), gpt_oss(24, 32)

@@ -20,7 +20,7 @@ from vllm_autoheal.model_shape import shape_from_config
 from vllm_autoheal.preflight import preflight, spec_release
 from vllm_autoheal.vllm_release import RELEASES, Release, describe, facts, parse_image, parse_version, runs_v1
 
-from samples import config_shape
+from samples import config_shape, gpt_oss
 
 GIB = 2**30
 
@@ -197,29 +197,6 @@ def test_without_a_release_the_batch_defaults_are_the_newest():
 
 
 # --- the dummy sampler's path: the runner (config/vllm.py use_v2_model_runner) and the V1 path
-
-
-def gpt_oss(layers: int, experts: int):
-    return shape_from_config(
-        {
-            "architectures": ["GptOssForCausalLM"],
-            "model_type": "gpt_oss",
-            "hidden_size": 2880,
-            "intermediate_size": 2880,
-            "num_hidden_layers": layers,
-            "num_attention_heads": 64,
-            "num_key_value_heads": 8,
-            "head_dim": 64,
-            "num_local_experts": experts,
-            "num_experts_per_tok": 4,
-            "vocab_size": 201088,
-            "sliding_window": 128,
-            "layer_types": ["sliding_attention", "full_attention"] * (layers // 2),
-            "max_position_embeddings": 131072,
-            "tie_word_embeddings": False,
-            "quantization_config": {"quant_method": "mxfp4"},
-        }
-    )
 
 
 @pytest.mark.parametrize(
