@@ -1,10 +1,8 @@
 """Regressions found by replaying the train split through the planner at 3d3952d and now: crashes where
-today's plan is worse than the one before, by the figures vLLM printed in the crash's own log. Each is a
-strict xfail until the planner is fixed; its reason names the old plan, the new one and the figures."""
+today's plan was worse than the one before, by the figures vLLM printed in the crash's own log. Each
+test names the old plan, the worse one and the figures that say which is right."""
 
 from __future__ import annotations
-
-import pytest
 
 from vllm_autoheal.api import VLLMServiceSpec
 from vllm_autoheal.diagnosis import Diagnosis, Signals, classify
@@ -32,16 +30,6 @@ def test_the_regression_samples_read_as_their_labels():
     assert d.numbers["kv_tokens"] == 112 and d.numbers["max_seq_len"] == 256
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "medium: old plan RaiseGpuMemoryUtilization 0.9 -> 0.93 (one restart), new plan GiveUp; the figures "
-        "say vLLM's cache held 112 tokens for max seq len 256, and with the model's shape known "
-        "(Qwen2.5-7B, 56 KiB a token) 112 tokens are 6 MiB: the raise adds 0.03 x 23.65 = 0.71 GiB, about "
-        "13,000 tokens more. _raise_to_reach grows vLLM's token count by limit/current only "
-        "(112 x 0.93/0.9 = 115 < 256) and never reads the shape, so it gives up"
-    ),
-)
 def test_a_raise_the_shape_shows_holds_the_context_is_not_given_up():
     """rl-swarm's 7B next to its trainer on a 24 GB GPU: 'The model's max seq len (256) is larger than the
     maximum number of tokens that can be stored in KV cache (112)'. With the model's shape, which the

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from ..diagnosis.units import GIB
-from ..memory import BLOCK_SIZE, default_max_num_seqs, kv_need
+from ..memory import BLOCK_SIZE, KvNeed, default_max_num_seqs, kv_need
 from .model import Context, Remedy
 
 
@@ -89,46 +89,78 @@ def empty_budget(ctx: Context) -> str:
 
 
 def raise_utilization_blind(ctx: Context) -> Remedy | None:
-    """No numbers: the cache got no block at all. Give it what the GPU allows, within bounds. With
-    vLLM's figures (raise_utilization_for_kv found the raise short), the context the grown cache holds
-    comes with it."""
+    """Utilization raised to what the GPU allows, within bounds, where vLLM printed no size for what the
+    cache needs. The raise adds exactly (limit - current) x the GPU to vLLM's KV budget; where that
+    budget is known (printed, or the tokens the cache held at the shape's bytes a token), the context
+    the grown cache holds comes with the raise: a raise that keeps a longer one crashes again."""
     total, limit = ctx.total, raise_limit(ctx)
     current = ctx.engine.gpu_memory_utilization
     if limit <= current or ctx.engine.kv_cache_memory_bytes:
         return None
-    budget = ctx.kv_budget()
-    if budget is not None and budget <= 0 and total and budget + (limit - current) * total <= 0:
-        return None  # vLLM's own budget stays empty at the limit: a certain second crash
     needed, available = ctx.num("needed_gib"), ctx.num("available_gib")
+    if needed is not None and available is not None:
+        return _raise_with_estimate(ctx, needed, available, limit)
+    budget, why = _budget_before(ctx)
+    grown = budget + (limit - current) * total if budget is not None and total else None
+    if grown is not None and grown <= 0:
+        return None  # vLLM's own budget stays empty at the limit: a certain second crash
+    held = context_held(ctx, grown) if grown is not None else None
+    margin = 0.97  # the memory model's bytes a token, as lower_max_model_len
     holds = ctx.num("estimated_max_model_len") or ctx.num("kv_tokens")
-    if (needed is None or available is None) and holds and budget is None:
-        return _raise_to_reach(ctx, holds, limit, current)
-    if needed is None or available is None:
-        why = (
-            "no memory was left for a single KV block; utilization raised to the most the bounds and free memory allow"
+    if held is None and holds and budget is None:
+        # no shape to size the tokens with: the cache is at most the whole share, so it grows at
+        # least by limit/current (vLLM's own count: a 1 % margin)
+        reach, margin = holds * limit / current, 1.0
+        why = f"the KV cache holds {int(holds):,} tokens by vLLM's count"
+        grown_text = f"utilization {current} -> {limit} grows it to at least {int(reach):,}"
+        held = (int(reach * 0.99), ctx.context) if ctx.context else None
+    else:
+        grown_text = f"utilization {current} -> {limit} grows vLLM's budget to {grown:.2f} GiB" if grown else ""
+    why = why or "no memory was left for a single KV block"
+    if held is None or held[0] >= held[1]:
+        tail = (
+            f"; {grown_text}." if grown_text else "; utilization raised to the most the bounds and free memory allow."
         )
-        grown_budget = budget + (limit - current) * total if budget is not None and total else None
-        held = context_held(ctx, grown_budget) if grown_budget is not None else None
-        if held is None:
-            return Remedy("RaiseGpuMemoryUtilization", {"gpu_memory_utilization": limit}, why + ".")
-        length, context = held
-        if length >= context:
-            return Remedy("RaiseGpuMemoryUtilization", {"gpu_memory_utilization": limit}, why + ".")
-        new = shorter_context(ctx, length * 0.97)
-        if new is None:
-            return None  # the grown cache would still refuse the context: a certain second crash
-        return Remedy(
-            "RaiseGpuMemoryUtilization",
-            {"gpu_memory_utilization": limit, "max_model_len": new},
-            f"{why}; vLLM's budget grows to {grown_budget:.2f} GiB, which holds one "
-            f"request of about {length:,} tokens by the memory model, not {context:,}: max_model_len -> {new:,}.",
-        )
-    estimated = ctx.num("estimated_max_model_len")
+        return Remedy("RaiseGpuMemoryUtilization", {"gpu_memory_utilization": limit}, why + tail)
+    length, context = held
+    new = shorter_context(ctx, length * margin)
+    if new is None:
+        return None  # the grown cache would still refuse the context: a certain second crash
+    return Remedy(
+        "RaiseGpuMemoryUtilization",
+        {"gpu_memory_utilization": limit, "max_model_len": new},
+        f"{why}; {grown_text}, which holds one request of about {length:,} tokens, not {context:,}: "
+        f"max_model_len -> {new:,}.",
+    )
+
+
+def _budget_before(ctx: Context) -> tuple[float | None, str]:
+    """vLLM's KV budget in the run that failed, GiB, and where it comes from: the budget it printed,
+    else the tokens it printed the cache holds at the model's bytes a token (a lower bound: full
+    attention's bytes for every token, a window's for at most the window, no block rounding)."""
+    budget = ctx.kv_budget()
+    if budget is not None:
+        return budget, (f"vLLM's KV budget was {budget:g} GiB" if budget else "")
+    holds = ctx.num("estimated_max_model_len") or ctx.num("kv_tokens")
+    if not holds or ctx.inv.shape is None:
+        return None, ""
+    need = _need(ctx)
+    gib = (need.full_per_token * holds + need.windowed_per_token * min(holds, need.window)) / GIB
+    return (
+        gib,
+        f"the KV cache holds {int(holds):,} tokens by vLLM's count, at least {gib:.3g} GiB at the model's bytes a token",
+    )
+
+
+def _raise_with_estimate(ctx: Context, needed: float, available: float, limit: float) -> Remedy | None:
+    """vLLM printed what the cache needs and has (raise_utilization_for_kv found the raise short): the
+    most utilization allowed, with the context its estimate says the grown cache holds."""
+    total, estimated = ctx.total, ctx.num("estimated_max_model_len")
     if not total or not estimated or not available:
         return None
     # The cache grows by exactly the memory added; tokens grow at least in proportion (a sliding
     # window's layers need no more past the window), so scaling vLLM's estimate up is safe.
-    grown = available + (limit - current) * total
+    grown = available + (limit - ctx.engine.gpu_memory_utilization) * total
     new = shorter_context(ctx, estimated * grown / available * 0.99)
     if new is None:
         return None
@@ -141,22 +173,10 @@ def raise_utilization_blind(ctx: Context) -> Remedy | None:
     )
 
 
-def _raise_to_reach(ctx: Context, holds: float, limit: float, current: float) -> Remedy | None:
-    """vLLM printed the tokens its cache holds, not its size. The cache is at most the whole share, so a
-    raise grows it by at least limit/current: the context that surely holds comes with the raise (a
-    raise that keeps a context past it may well crash again)."""
-    reach, context = holds * limit / current, ctx.context
-    why = f"the KV cache holds {int(holds):,} tokens by vLLM's count; utilization {current} -> {limit} grows it to at least {int(reach):,}"
-    if context is None or reach * 0.99 >= context:
-        return Remedy("RaiseGpuMemoryUtilization", {"gpu_memory_utilization": limit}, why + ".")
-    new = shorter_context(ctx, reach * 0.99)
-    if new is None:
-        return None
-    return Remedy(
-        "RaiseGpuMemoryUtilization",
-        {"gpu_memory_utilization": limit, "max_model_len": new},
-        f"{why}, not {context:,}: max_model_len -> {new:,}.",
-    )
+def _need(ctx: Context) -> KvNeed:
+    assert ctx.inv.shape is not None
+    est = ctx.estimate()
+    return kv_need(ctx.inv.shape, ctx.engine, est.max_num_batched_tokens, ctx.inv.release)
 
 
 def context_held(ctx: Context, kv_gib: float) -> tuple[int, int] | None:
@@ -164,10 +184,8 @@ def context_held(ctx: Context, kv_gib: float) -> tuple[int, int] | None:
     where the model's shape is known: vLLM's budget figure with the shape's bytes per token."""
     if ctx.inv.shape is None or not ctx.total:
         return None
-    est = ctx.estimate()
-    context = ctx.context or est.max_model_len
-    need = kv_need(ctx.inv.shape, ctx.engine, est.max_num_batched_tokens, ctx.inv.release)
-    return need.longest(kv_gib * GIB, context), context
+    context = ctx.context or ctx.estimate().max_model_len
+    return _need(ctx).longest(kv_gib * GIB, context), context
 
 
 def shorter_context(ctx: Context, tokens: float) -> int | None:
