@@ -150,6 +150,22 @@ def test_a_dummy_batch_too_large_is_cut_in_tokens_first():
     assert r.changes.get("max_num_batched_tokens", 2097152) * 112.0 / 2097152 <= 91.86, r.summary()
 
 
+def test_a_dummy_batch_is_cut_where_the_gpu_less_the_weights_holds_its_allocation():
+    """Medium. The same profile with --max-num-batched-tokens 131072 asking for 40 GiB with 1.5 GiB free
+    (the profile's other tensors, which shrink with the batch, held the rest). Before: the cut to
+    vLLM's default refused, as 40 x 8192/131072 = 2.5 GiB is more than was free, and max_num_seqs was
+    halved (256 -> 128), which leaves the batch and its 40 GiB. Now: the refusal asks halving_short's measure, the GPU less the 15 GiB of weights."""
+    log = corpus_log("local-h200-profile")
+    for was, now in (("112.00", "40.00"), ("91.86 GiB is", "1.50 GiB is"), ("47.93", "138.20"), ("47.20", "137.50")):
+        log = log.replace(was, now)  # (this process holds all but what is free: no other one)
+    d = classify(Signals(log=log))
+    assert d.cause == "profiling_oom" and (d.numbers["tried_gib"], d.numbers["gpu_free_gib"]) == (40.0, 1.5)
+    s = spec(maxModelLen=8192, maxNumSeqs=256, maxNumBatchedTokens=131072, enforceEager=True)
+    r = plan_heal(s, d, inventory=Inventory(gpu_total_gib=139.8, gpu_name="NVIDIA-H200"))
+    assert r.action == "LowerMaxNumBatchedTokens", r.summary()
+    assert r.changes["max_num_batched_tokens"] <= 16384, r.summary()
+
+
 def test_a_utilization_cut_never_leaves_less_than_the_printed_weights():
     """Medium. The same 112 GiB profiling OOM after both counts were cut: before, utilization cut by
     what failed, 0.9 -> 0.09 (12.58 GiB of the H200, where vLLM loaded 15.0 GiB of weights: a certain

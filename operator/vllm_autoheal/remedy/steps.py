@@ -125,9 +125,14 @@ def halving_short(ctx: Context) -> bool:
     """A halving at best halves the allocation that failed. What was free when it failed is no measure
     (the profile's other tensors, which shrink with it, held the rest), but the whole GPU less the
     weights vLLM printed is: where half the allocation is more than that, a certain second crash."""
-    tried, total = ctx.num("tried_gib"), ctx.total
-    room = (total or 0.0) - (ctx.num("weights_gib") or 0.0)
-    return ctx.diag.cause == "profiling_oom" and tried is not None and bool(total) and tried / 2 > room
+    tried, room = ctx.num("tried_gib"), _room_besides_weights(ctx)
+    return ctx.diag.cause == "profiling_oom" and tried is not None and room is not None and tried / 2 > room
+
+
+def _room_besides_weights(ctx: Context) -> float | None:
+    """The most a profile's allocation can ever get: the GPU less the weights vLLM printed."""
+    total = ctx.total
+    return total - (ctx.num("weights_gib") or 0.0) if total else None
 
 
 def batch_from_allocation(ctx: Context) -> Remedy | None:
@@ -135,8 +140,8 @@ def batch_from_allocation(ctx: Context) -> Remedy | None:
     Where the batch was set above vLLM's default for this GPU (which the profile is built for) and an
     allocation failed with the free memory printed, size the batch so that allocation takes at most a
     quarter of what was free (a power of two), in one step; not below vLLM's default, the bound or
-    max_num_seqs, and not at all where even that leaves the allocation larger than what was free (the
-    batch is then not what asks for it: an encoder's profile, say)."""
+    max_num_seqs, and not at all where even that leaves the allocation larger than the GPU less the
+    weights (halving_short's measure: the batch is then not what asks for it, an encoder's profile, say)."""
     batch, tried, free = ctx.engine.max_num_batched_tokens, ctx.num("tried_gib"), ctx.num("gpu_free_gib")
     if not batch or not tried or free is None or free <= 0 or ctx.num("dummy_requests"):
         return None  # (a count of dummy requests names the sampler warm-up: seqs_from_allocation's)
@@ -145,8 +150,9 @@ def batch_from_allocation(ctx: Context) -> Remedy | None:
         return None
     fits = max(1, int(batch * free * 0.25 / tried))
     new = max(2 ** int(math.log2(fits)), least)
-    if new >= batch or tried * new / batch > free:
-        return None
+    room = _room_besides_weights(ctx)
+    if new >= batch or tried * new / batch > (free if room is None else room):
+        return None  # (the batch is not what asks for that memory)
     return Remedy(
         "LowerMaxNumBatchedTokens",
         {"max_num_batched_tokens": new},
