@@ -17,7 +17,7 @@ from vllm_autoheal.engine_defaults import default_max_num_batched_tokens, defaul
 from vllm_autoheal.gpu_catalog import lookup
 from vllm_autoheal.memory import activation_bytes, estimate, kv_need, release_sampler
 from vllm_autoheal.model_shape import shape_from_config
-from vllm_autoheal.preflight import preflight, spec_release
+from vllm_autoheal.preflight import preflight
 from vllm_autoheal.vllm_release import RELEASES, Release, describe, facts, parse_image, parse_version, runs_v1
 
 from samples import config_shape, gpt_oss
@@ -368,7 +368,7 @@ def test_the_default_image_counts_two_steps_for_a_windowed_model():
 def test_pre_flight_reads_the_release_off_the_image():
     shape, h100 = config_shape("llama-3.1-8b"), lookup("NVIDIA-H100-80GB-HBM3")
     old = VLLMServiceSpec(model="m", image="vllm/vllm-openai:v0.14.0")
-    assert spec_release(old) == r("0.14.0")
+    assert old.release() == r("0.14.0")
     assert preflight(old, h100, shape).estimate.kv_cache_gib == pytest.approx(51.31, abs=0.01)
     for image in (
         "vllm/vllm-openai:latest",
@@ -376,16 +376,16 @@ def test_pre_flight_reads_the_release_off_the_image():
         "vllm/vllm-openai@sha256:" + "0" * 64,
     ):
         spec = VLLMServiceSpec(model="m", image=image)
-        assert spec_release(spec) is None
+        assert spec.release() is None
         assert preflight(spec, h100, shape).estimate == estimate(shape, EngineArgs(), h100)
 
 
 @pytest.mark.parametrize("var", ["VLLM_USE_V2_MODEL_RUNNER", "VLLM_USE_FLASHINFER_SAMPLER", "VLLM_USE_V1"])
 def test_an_environment_that_picks_the_runner_or_sampler_drops_the_release(var):
     spec = VLLMServiceSpec(model="m", image="vllm/vllm-openai:v0.14.0", env=[{"name": var, "value": "1"}])
-    assert spec_release(spec) is None
+    assert spec.release() is None
     other = VLLMServiceSpec(model="m", image="vllm/vllm-openai:v0.14.0", env=[{"name": "HF_HOME", "value": "/x"}])
-    assert spec_release(other) == r("0.14.0")
+    assert other.release() == r("0.14.0")
 
 
 # --- plan --vllm-version

@@ -108,7 +108,7 @@ def run_plan(args: argparse.Namespace) -> int:
     from .gpu_catalog import lookup
     from .model_config import ModelConfigError
     from .plan_options import options, render_bars, render_options
-    from .preflight import preflight, spec_release
+    from .preflight import preflight
     from .report import render_plan
     from .vllm_release import describe
 
@@ -132,7 +132,7 @@ def run_plan(args: argparse.Namespace) -> int:
     version = getattr(args, "vllm_version", None)
     image = f"vllm/vllm-openai:v{version}" if version else DEFAULT_IMAGE
     spec = VLLMServiceSpec(model=source[:512], engine=engine, preflight="Fix" if args.fix else "Warn", image=image)
-    release = spec_release(spec)
+    release = spec.release()
     vllm = describe(release, "--vllm-version" if version else f"the default image {DEFAULT_IMAGE}")
     result = preflight(spec, gpu, shape, args.gpu_free_gib, entrypoint=args.entrypoint)
     first = preflight(

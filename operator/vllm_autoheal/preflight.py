@@ -15,7 +15,6 @@ from .diagnosis.model import Cause, EnginePhase
 from .gpu_catalog import GpuSpec
 from .memory import Estimate, ModelShape, estimate
 from .remedy import Inventory, Remedy, plan_heal
-from .vllm_release import RELEASE_ENV, Release, parse_image
 
 MAX_FIX_STEPS = 6
 
@@ -70,18 +69,10 @@ def predicted_diagnosis(est: Estimate, engine: EngineArgs, fewest_seqs: int = 1)
     )
 
 
-def spec_release(spec: VLLMServiceSpec) -> Release | None:
-    """The vLLM release the pod runs, read off spec.image (vllm_release.parse_image); None where the tag
-    names none, or where the pod's environment picks another runner or sampler than its default."""
-    if any(var.name in RELEASE_ENV for var in spec.env):
-        return None
-    return parse_image(spec.image)
-
-
 def preflight(
     spec: VLLMServiceSpec, gpu: GpuSpec, shape: ModelShape, free_gib: float | None = None, entrypoint: str = "server"
 ) -> PreflightResult:
-    engine, release = spec.engine, spec_release(spec)
+    engine, release = spec.engine, spec.release()
     est = estimate(shape, engine, gpu, free_gib, entrypoint, release)
     result = PreflightResult(fits=est.fits, estimate=est, engine=engine, reasons=list(est.reasons))
     if est.fits or spec.preflight != "Fix":

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from ..vllm_release import RELEASE_ENV, Release, parse_image
 from .config_json import DNS_SUBDOMAIN, ModelConfigSource
 from .engine_args import EngineArgs
 from .heal_policy import HealPolicy
@@ -233,6 +234,13 @@ class VLLMServiceSpec(Model):
             "Warn = only report (MemoryFit condition), Off = skip."
         ),
     )
+
+    def release(self) -> Release | None:
+        """The vLLM release the pod runs, read off the image (vllm_release.parse_image); None where the tag
+        names none, or where the pod's environment picks another runner or sampler than its default."""
+        if any(var.name in RELEASE_ENV for var in self.env):
+            return None
+        return parse_image(self.image)
 
     def gpu_count(self) -> int:
         if self.resources.gpus is not None:

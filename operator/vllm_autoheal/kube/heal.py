@@ -24,7 +24,6 @@ from ..api import Deployed, HealIntent, VLLMService
 from ..diagnosis import Diagnosis
 from ..gpu_catalog import lookup
 from ..model_shape import ModelShape
-from ..preflight import spec_release
 from ..quantity import parse_quantity
 from ..remedy import GIVE_UP, Inventory, Remedy, plan_heal
 from . import heal_events, pods, resources
@@ -76,7 +75,7 @@ def inventory(obj: VLLMService, memory_limit: str | None, shape: ModelShape | No
     except KeyError:
         pass
     inv.shape = shape  # the model's shape sets the utilization floor
-    inv.release = spec_release(obj.spec)  # (its batch defaults and profile, where the image names it)
+    inv.release = obj.spec.release()  # (its batch defaults and profile, where the image names it)
     if memory_limit:
         inv.memory_limit_bytes = parse_quantity(memory_limit)
     return inv
