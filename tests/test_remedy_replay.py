@@ -257,3 +257,36 @@ def test_a_give_up_never_says_weights_that_loaded_do_not_fit():
     r = plan_heal(spec(gpuMemoryUtilization=0.7, maxModelLen=4096), d)
     assert r.gives_up and "makes them fit" not in r.reason, r.summary()
     assert "KV budget was -1.05 GiB" in r.reason and "leaves it at -0.17 GiB" in r.reason
+
+
+# --- 5. A KV refusal where the weights vLLM loaded leave the GPU nothing -----------------------
+
+
+@pytest.mark.parametrize(
+    ("heal", "action", "changes"),
+    [
+        ({"quantizedFallback": {"allowed": True, "model": "m-awq", "method": "awq"}}, "Quantize", {"model": "m-awq"}),
+        (
+            {"bounds": {"maxTensorParallelSize": 4}, "allowedActions": ["IncreaseTensorParallel"]},
+            "IncreaseTensorParallel",
+            {"tensor_parallel_size": 2},
+        ),
+    ],
+)
+def test_a_kv_refusal_under_weights_that_fill_the_gpu_takes_the_weights_remedy_the_policy_allows(heal, action, changes):
+    """High. A 72B in bf16 on one H200: 'Model loading took 135.43 GiB', 'Available KV cache memory: -8.93
+    GiB', then vLLM's KV refusal. Before: a give-up that told the user to name a quantized fallback or
+    allow more tensor parallelism, whichever they had already done (the KV plan has no weights step).
+    Now: the crash is healed as the weights' failure it is, with the change the policy allows."""
+    d = diagnose("local-h200-weights72")
+    assert d.cause == "kv_cache_insufficient" and d.numbers["weights_gib"] == 135.43
+    s = VLLMServiceSpec(model="m", engine={"maxModelLen": 8192}, heal=heal)
+    r = plan_heal(s, d, inventory=Inventory(gpu_total_gib=139.8, gpu_name="NVIDIA-H200"))
+    assert r.action == action and changes.items() <= r.changes.items(), r.summary()
+
+
+def test_a_kv_refusal_under_weights_that_fill_the_gpu_says_how_to_allow_the_split():
+    """Without either allowed: a give-up that names both settings a split needs (the bound alone,
+    which the advice named before, leaves IncreaseTensorParallel out of the default allowedActions)."""
+    r = plan_heal(spec(maxModelLen=8192), diagnose("local-h200-weights72"), inventory=Inventory(gpu_total_gib=139.8))
+    assert r.gives_up and "maxTensorParallelSize and IncreaseTensorParallel in spec.heal.allowedActions" in r.reason

@@ -147,6 +147,10 @@ def plan_heal(
     allowed = set(spec.heal.allowed_actions) - set(exclude)
     refused: list[str] = []
     heal_as, steps = SUBTYPE_PLANS.get(diagnosis.subtype or "", (diagnosis.cause, PLANS[diagnosis.cause]))
+    if heal_as == Cause.KV_CACHE_INSUFFICIENT and loaded and weights_beyond_gpu(ctx):
+        # vLLM's KV check is what fails when the weights it loaded leave nothing: no cache flag makes
+        # them fit (only on its printed figure: an estimate of the weights never turns a KV heal around)
+        heal_as, steps = Cause.WEIGHTS_LOAD_OOM, PLANS[Cause.WEIGHTS_LOAD_OOM]
     for step in steps:
         remedy = step(ctx)
         if remedy is None or remedy.action in tried or remedy.action not in allowed:
@@ -216,30 +220,40 @@ def _sized_by_vllm(ctx: Context, remedy: Remedy) -> bool:
     return any(ctx.num(key) is not None for key in needs.get(remedy.action, ()))
 
 
-def what_would_fit(ctx: Context) -> str:
-    """For a give-up on weights: what would hold them, sized from vLLM's figures (or the memory model)."""
+def weights_beyond_gpu(ctx: Context) -> tuple[float, float] | None:
+    """(weights, the most this GPU can give them), GiB per GPU, where the weights (vLLM's printed
+    figure, else the memory model's) take more than the bounds' highest utilization leaves beside
+    what vLLM needs besides them; None otherwise, or where either is not known."""
     if ctx.diag.cause not in ("weights_load_oom", "kv_cache_insufficient"):
-        return ""
+        return None
     weights = ctx.num("weights_gib")
     if weights is None and ctx.inv.shape is not None and ctx.total:
         weights = ctx.estimate().weights_gib
     total = ctx.total
     if not weights or not total:
-        return ""
+        return None
     # beside the weights: the activation peak and non-torch memory vLLM printed and a short context's
     # cache (0.25 GiB), else about 2 GiB and the CUDA context
     printed = besides_weights(ctx.diag.numbers)
     beside = printed + 0.25 if printed is not None else CUDA_CONTEXT_GIB + 2.0
     budget = ctx.policy.bounds.max_gpu_memory_utilization * total - beside
-    if weights <= budget:
+    return (weights, budget) if weights > budget else None
+
+
+def what_would_fit(ctx: Context) -> str:
+    """For a give-up on weights: what would hold them, sized from vLLM's figures (or the memory model)."""
+    beyond = weights_beyond_gpu(ctx)
+    if beyond is None:
         return ""
+    weights, budget = beyond
     tp = ctx.engine.tensor_parallel_size
     need = tp
     while need <= 64 and weights * tp / need > budget * 0.75:  # leave a quarter for the KV cache
         need *= 2
     options = [
         f"tensor parallelism {need} ({weights * tp / need:.1f} GiB of weights per GPU; allow it with "
-        f"spec.heal.bounds.maxTensorParallelSize, or serve --max-tensor-parallel-size {need})"
+        f"spec.heal.bounds.maxTensorParallelSize and IncreaseTensorParallel in spec.heal.allowedActions, or "
+        f"serve --max-tensor-parallel-size {need})"
     ]
     if weights / 2 <= budget * 0.75:
         options.append(f"an 8-bit checkpoint (about {weights / 2:.1f} GiB; name it in spec.heal.quantizedFallback)")
