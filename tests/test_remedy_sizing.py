@@ -288,3 +288,38 @@ def test_the_heal_sizes_the_context_under_the_images_release():
     assert lengths["0.14.0"] < 0.7 * lengths[None] and lengths["0.33.0"] == lengths[None]
     obj = VLLMService(spec=VLLMServiceSpec(model="m", image="vllm/vllm-openai:v0.14.0"))
     assert inventory(obj, None, shape).release == parse_version("0.14.0")
+
+
+def test_a_second_free_memory_refusal_is_fitted_again_to_what_it_printed():
+    """Medium. Another process grew between two starts: vLLM printed 20.5 GiB free, the heal fitted
+    utilization to it, and the next start printed 12.5 GiB free. Before: LowerGpuMemoryUtilization
+    counted as tried for the cause, so the second crash was given up (or stepped blind) though it
+    printed what is free now. Now: fitted again to the new figure, lower than what ran."""
+    first = plan_heal(spec(), classify(Signals(log=FREE_20)), inventory=Inventory(gpu_total_gib=H200))
+    assert first.action == "LowerGpuMemoryUtilization"
+    ran = first.changes["gpu_memory_utilization"]
+    again_log = FREE_20.replace("20.5/139.8", "12.5/139.8").replace(
+        "(0.9, 125.82 GiB)", f"({ran}, {ran * H200:.2f} GiB)"
+    )
+    history = [{"cause": "gpu_util_exceeds_free", "action": "LowerGpuMemoryUtilization"}]
+    r = plan_heal(
+        spec(gpuMemoryUtilization=ran),
+        classify(Signals(log=again_log)),
+        history,
+        inventory=Inventory(gpu_total_gib=H200),
+    )
+    assert r.action == "LowerGpuMemoryUtilization", r.summary()
+    assert r.changes["gpu_memory_utilization"] * H200 < 12.5 and r.changes["gpu_memory_utilization"] < ran
+
+
+def test_a_free_memory_cut_sized_from_the_probe_alone_is_not_repeated():
+    """The repeat is for a crash that printed what is free: a cut from the probe's figure at start is not
+    made again on a crash that printed none (it would be the same guess)."""
+    d = classify(
+        Signals(log="ValueError: Free memory on device on startup is less than desired GPU memory utilization")
+    )
+    history = [{"cause": d.cause, "action": "LowerGpuMemoryUtilization"}]
+    r = plan_heal(
+        spec(gpuMemoryUtilization=0.5), d, history, inventory=Inventory(gpu_total_gib=H200, gpu_free_gib=40.0)
+    )
+    assert r.action != "LowerGpuMemoryUtilization", r.summary()

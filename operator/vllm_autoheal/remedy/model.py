@@ -45,6 +45,9 @@ class Remedy:
     changes: dict[str, Any] = field(default_factory=dict)  # EngineArgs field (or memory_limit/model) -> value
     reason: str = ""
     expected: str = ""
+    # sized from this crash's own printed figures and strictly below what ran: another crash of the
+    # same cause (another process grew) gets a new, smaller value, so the action may come again
+    repeatable: bool = False
 
     @property
     def gives_up(self) -> bool:
@@ -69,7 +72,7 @@ class Remedy:
         return text + (f" Expected: {self.expected}" if self.expected else "")
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k != "repeatable"}  # (the planner's, not the user's)
 
     def apply(self, engine: EngineArgs) -> EngineArgs:
         return engine.model_copy(update={k: v for k, v in self.changes.items() if k in EngineArgs.model_fields})

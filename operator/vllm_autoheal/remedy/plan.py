@@ -153,7 +153,7 @@ def plan_heal(
         heal_as, steps = Cause.WEIGHTS_LOAD_OOM, PLANS[Cause.WEIGHTS_LOAD_OOM]
     for step in steps:
         remedy = step(ctx)
-        if remedy is None or remedy.action in tried or remedy.action not in allowed:
+        if remedy is None or (remedy.action in tried and not remedy.repeatable) or remedy.action not in allowed:
             continue
         problem = check(heal_as, remedy.changes, engine, model, memory_limit, limits, failed) or _cannot_fit(
             ctx, remedy

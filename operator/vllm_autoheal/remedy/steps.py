@@ -24,6 +24,7 @@ def fit_utilization_to_free(ctx: Context) -> Remedy | None:
         return None
     free, total = ctx.num("free_gib"), ctx.total
     others = ctx.num("others_gib")
+    printed = free is not None or others is not None
     basis = f"only {free:g} of {total:g} GiB was free at start" if free is not None and total else ""
     if free is None and others is not None and total:  # what the OOM's figures leave beside the others
         free = total - others - CUDA_CONTEXT_GIB
@@ -60,6 +61,7 @@ def fit_utilization_to_free(ctx: Context) -> Remedy | None:
         changes,
         f"{basis or f'only {free:g} of {total:g} GiB was free at start'}; utilization {new} asks for "
         f"{new * total:.2f} GiB, leaving {free - new * total:.2f} GiB of margin.{why}",
+        repeatable=printed,
     )
 
 
