@@ -287,7 +287,7 @@ def test_the_heal_sizes_the_context_under_the_images_release():
         lengths[version] = r.changes["max_model_len"]
     assert lengths["0.14.0"] < 0.7 * lengths[None] and lengths["0.33.0"] == lengths[None]
     obj = VLLMService(spec=VLLMServiceSpec(model="m", image="vllm/vllm-openai:v0.14.0"))
-    assert inventory(obj, None, shape).release == parse_version("0.14.0")
+    assert inventory(obj, None, shape, Diagnosis()).release == parse_version("0.14.0")
 
 
 def test_a_second_free_memory_refusal_is_fitted_again_to_what_it_printed():

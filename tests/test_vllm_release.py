@@ -13,12 +13,22 @@ import pytest
 
 from vllm_autoheal.api import EngineArgs, VLLMServiceSpec
 from vllm_autoheal.api.spec import DEFAULT_IMAGE
+from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.engine_defaults import default_max_num_batched_tokens, default_max_num_seqs, steps_in_flight
 from vllm_autoheal.gpu_catalog import lookup
 from vllm_autoheal.memory import activation_bytes, estimate, kv_need, release_sampler
 from vllm_autoheal.model_shape import shape_from_config
 from vllm_autoheal.preflight import preflight
-from vllm_autoheal.vllm_release import RELEASES, Release, describe, facts, parse_image, parse_version, runs_v1
+from vllm_autoheal.vllm_release import (
+    RELEASES,
+    Release,
+    describe,
+    facts,
+    logged_release,
+    parse_image,
+    parse_version,
+    runs_v1,
+)
 
 from samples import config_shape, gpt_oss
 
@@ -435,3 +445,56 @@ def test_activation_of_the_sort_path_is_what_the_sampler_holds():
     shape = config_shape("llama-3.1-8b")
     peak = activation_bytes(shape, 8192, 1, 1024, "v1-sort") / GIB
     assert peak == pytest.approx(38 * 1024 * 128256 / GIB + 2 * 4096 * 8192 / GIB + 0.03, abs=0.01)
+
+
+_KV_REFUSAL = "\nValueError: No available memory for the cache blocks. Try increasing gpu_memory_utilization"
+
+
+@pytest.mark.parametrize(
+    ("line", "named"),
+    [
+        (
+            "(EngineCore pid=7) INFO 11-30 03:18:44 [core.py:133] Initializing a V1 LLM engine (v0.32.0) with config: m",
+            "0.32.0",
+        ),
+        ("INFO 12-27 08:52:17 llm_engine.py:249] Initializing an LLM engine (v0.6.4) with config: model='x'", "0.6.4"),
+        ("INFO 06-05 08:00:42 [llm_engine.py:243] Initializing a V0 LLM engine (v0.8.5.post1) with config", "0.8.5"),
+        (
+            "(APIServer pid=4) INFO 08-12 14:53:04 [api_utils.py:345]  \u2584\u2584 \u2584\u2588 \u2588     \u2588     \u2588 \u2580\u2584\u2580 \u2588  version 0.27.0",
+            "0.27.0",
+        ),
+        ("INFO 06-05 08:00:42 [llm_engine.py:243] Initializing a V0 LLM engine (v0.8.4+dc1a3e10.nv25.05) with", None),
+        ("INFO 02-13 14:17:58 [core.py:84] Initializing a V1 LLM engine (v0.11.1rc2.dev3+gabc) with config", None),
+        ("INFO 02-13 14:17:58 [core.py:84] Initializing a V1 LLM engine (v0.9.2.dev364+gb432b7a28.rocm641) with", None),
+        # a request's text quoting the engine's first line names nothing
+        (
+            "INFO 06-05 10:00:00 [logger.py:39] Received request chatcmpl-1: prompt: 'Initializing a V1 LLM engine (v0.5.0)'",
+            None,
+        ),
+        ("INFO 06-05 10:00:00 [core.py:84] Engine note: Initializing a V1 LLM engine (v0.5.0)", None),
+    ],
+)
+def test_the_release_the_engine_logged_is_read_only_from_its_own_words(line, named):
+    """The engine names its release on its first line (and, from about 0.27, the API server's banner):
+    read from the line's start, as the engine opens it, for a release build only (a dev, rc or vendor
+    build's figures may be any release's), never from text a request carried."""
+    d = classify(Signals(log=line + _KV_REFUSAL))
+    assert logged_release(d.numbers) == (parse_version(named) if named else None)
+
+
+def test_a_release_the_log_names_fills_in_for_an_image_tag_that_names_none():
+    """The operator's inventory: the image's tag first (the release the operator deployed), the log's
+    where the tag names none (latest, a digest), neither where the pod's env picks another runner."""
+    from vllm_autoheal.api import VLLMService
+    from vllm_autoheal.kube.heal import inventory
+
+    d = classify(
+        Signals(log="INFO 02-13 14:17:58 [core.py:84] Initializing a V1 LLM engine (v0.14.0) with" + _KV_REFUSAL)
+    )
+    for image, env, expected in (
+        ("vllm/vllm-openai:latest", [], "0.14.0"),
+        ("vllm/vllm-openai:v0.33.0", [], "0.33.0"),
+        ("vllm/vllm-openai:latest", [{"name": "VLLM_USE_V1", "value": "0"}], None),
+    ):
+        obj = VLLMService(spec=VLLMServiceSpec(model="m", image=image, env=env))
+        assert inventory(obj, None, None, d).release == (parse_version(expected) if expected else None)

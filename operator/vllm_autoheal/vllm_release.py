@@ -119,6 +119,15 @@ def parse_version(text: object) -> Release | None:
     return Release((int(m[1]), int(m[2]), int(m[3]))) if m else None
 
 
+def logged_release(numbers: dict) -> Release | None:
+    """The release the engine's log named at start (diagnosis: vllm_minor, vllm_patch, read only from its
+    own lines, and only for a release build), or None."""
+    minor, patch = numbers.get("vllm_minor"), numbers.get("vllm_patch")
+    if type(minor) is not int or type(patch) is not int:
+        return None
+    return Release((0, minor, patch))
+
+
 def parse_image(image: object) -> Release | None:
     """The release an image reference names: vllm/vllm-openai:vX.Y.Z and its arch, CUDA and OS variants,
     vllm/vllm-openai-rocm:vX.Y.Z, rocm/vllm's dated tags; under any registry or mirror path. None for a

@@ -235,12 +235,13 @@ class VLLMServiceSpec(Model):
         ),
     )
 
-    def release(self) -> Release | None:
-        """The vLLM release the pod runs, read off the image (vllm_release.parse_image); None where the tag
-        names none, or where the pod's environment picks another runner or sampler than its default."""
+    def release(self, logged: Release | None = None) -> Release | None:
+        """The vLLM release the pod runs: the image's tag (vllm_release.parse_image), else the one its
+        engine's log named (`logged`, where a tag such as latest names none); None where neither says,
+        or where the pod's environment picks another runner or sampler than the release's default."""
         if any(var.name in RELEASE_ENV for var in self.env):
             return None
-        return parse_image(self.image)
+        return parse_image(self.image) or logged
 
     def gpu_count(self) -> int:
         if self.resources.gpus is not None:

@@ -87,6 +87,7 @@ ANCHORS = (
     "Starting to load",
     "Encoder cache",
     "API server",
+    "\u2588  version",  # the API server's banner (its release)
     "egmentation fault",
     "SIGSEGV",
     "Caught signal",

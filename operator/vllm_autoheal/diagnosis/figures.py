@@ -58,6 +58,8 @@ KIND = {
     "pp": COUNT,
     "max_concurrency": RATIO,
     "process_gib": SIZE,
+    "vllm_minor": COUNT,  # the release the engine named: 0.minor.patch
+    "vllm_patch": COUNT,
 }
 # Sizes of what is on the device, so no larger than it (what was asked for can be larger).
 DEVICE_BOUNDED = {

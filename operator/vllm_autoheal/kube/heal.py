@@ -26,6 +26,7 @@ from ..gpu_catalog import lookup
 from ..model_shape import ModelShape
 from ..quantity import parse_quantity
 from ..remedy import GIVE_UP, Inventory, Remedy, plan_heal
+from ..vllm_release import logged_release
 from . import heal_events, pods, resources
 from . import status as st
 from .client import Kube
@@ -65,7 +66,7 @@ class Incident:
         return st.crash_id(self.pod_uid, resources.CONTAINER, self.crash["restartCount"])
 
 
-def inventory(obj: VLLMService, memory_limit: str | None, shape: ModelShape | None) -> Inventory:
+def inventory(obj: VLLMService, memory_limit: str | None, shape: ModelShape | None, diag: Diagnosis) -> Inventory:
     inv = Inventory()
     res = obj.spec.resources
     try:
@@ -75,7 +76,8 @@ def inventory(obj: VLLMService, memory_limit: str | None, shape: ModelShape | No
     except KeyError:
         pass
     inv.shape = shape  # the model's shape sets the utilization floor
-    inv.release = obj.spec.release()  # (its batch defaults and profile, where the image names it)
+    # (its batch defaults and profile, where the image or the engine's log names it)
+    inv.release = obj.spec.release(logged_release(diag.numbers))
     if memory_limit:
         inv.memory_limit_bytes = parse_quantity(memory_limit)
     return inv
@@ -98,7 +100,7 @@ def _plan_heal(
         spec,
         diag,
         history,
-        inventory(obj, now.memory_limit, shape),
+        inventory(obj, now.memory_limit, shape, diag),
         now.engine,
         attempts=cur.attempts,
         failed=cur.failed_engines,
