@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
-from vllm_autoheal.api import VLLMServiceSpec
+from vllm_autoheal.api import EngineArgs, VLLMServiceSpec
 from vllm_autoheal.diagnosis import Diagnosis, Signals, classify
-from vllm_autoheal.gpu_catalog import GpuSpec
+from vllm_autoheal.gpu_catalog import GpuSpec, lookup
 from vllm_autoheal.memory import estimate
 from vllm_autoheal.model_config import check, to_shape
 from vllm_autoheal.model_shape import shape_from_config
@@ -323,3 +323,35 @@ def test_a_free_memory_cut_sized_from_the_probe_alone_is_not_repeated():
         spec(gpuMemoryUtilization=0.5), d, history, inventory=Inventory(gpu_total_gib=H200, gpu_free_gib=40.0)
     )
     assert r.action != "LowerGpuMemoryUtilization", r.summary()
+
+
+def test_a_split_that_would_stop_at_graph_capture_comes_with_room_for_the_graphs():
+    """Medium. Qwen2.5-32B at --gpu-memory-utilization 0.95 on L4s: the weights do not fit one GPU, and
+    the memory model says the 8-way split then stops at CUDA-graph capture (1.1 GiB left outside a
+    0.95 budget, the graphs need about 1). Before: TP 8, a capture OOM, then utilization 0.93: two
+    restarts. Now: TP 8 and 0.93 in one change, which the memory model says starts."""
+    l4 = lookup("NVIDIA-L4")
+    shape = config_shape("qwen2.5-32b")
+    d = classify(
+        Signals(
+            log="ERROR [gpu_model_runner.py:1] Failed to load model - not enough GPU memory. (original error: CUDA "
+            "out of memory. Tried to allocate 1.00 GiB.)"
+        )
+    )
+    heal = {
+        "bounds": {"maxTensorParallelSize": 8},
+        "allowedActions": ["IncreaseTensorParallel", "LowerGpuMemoryUtilization"],
+    }
+    r = plan_heal(
+        spec(heal, gpuMemoryUtilization=0.95), d, inventory=Inventory(gpu_total_gib=l4.memory_gib, shape=shape)
+    )
+    assert r.action == "IncreaseTensorParallel" and r.changes["tensor_parallel_size"] == 8, r.summary()
+    assert r.changes.get("gpu_memory_utilization", 0.95) < 0.95, r.summary()
+    after = r.apply(EngineArgs(gpu_memory_utilization=0.95))
+    assert estimate(shape, after, l4, l4.memory_gib).fits
+    # without LowerGpuMemoryUtilization allowed, the split alone, as before
+    heal["allowedActions"] = ["IncreaseTensorParallel"]
+    r = plan_heal(
+        spec(heal, gpuMemoryUtilization=0.95), d, inventory=Inventory(gpu_total_gib=l4.memory_gib, shape=shape)
+    )
+    assert r.changes == {"tensor_parallel_size": 8}, r.summary()

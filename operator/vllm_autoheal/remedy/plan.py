@@ -138,12 +138,8 @@ def plan_heal(
         if printed:
             inv = Inventory(**{**inv.__dict__, "gpu_free_gib": printed[-1] + CUDA_CONTEXT_GIB})
     total = device_total(diagnosis, inv)
-    floor = utilization_floor(spec.heal.bounds, engine, inv.shape, total, inv.entrypoint, inv.gpu_name, inv.release)
     loaded = printed_figure(diagnosis, "weights_gib")
-    if loaded and total:  # no budget below the weights vLLM said it loaded: a certain crash
-        floor = max(floor or 0.0, min(1.0, math.ceil(loaded / total * 100) / 100))
-    limits = Limits(spec.heal.bounds, floor, inv.memory_limit_bytes)
-    ctx = Context(spec, engine, diagnosis, inv, limits)
+    ctx = Context(spec, engine, diagnosis, inv, _limits(spec, engine, inv, total, loaded))
     allowed = set(spec.heal.allowed_actions) - set(exclude)
     refused: list[str] = []
     heal_as, steps = SUBTYPE_PLANS.get(diagnosis.subtype or "", (diagnosis.cause, PLANS[diagnosis.cause]))
@@ -155,12 +151,14 @@ def plan_heal(
         remedy = step(ctx)
         if remedy is None or (remedy.action in tried and not remedy.repeatable) or remedy.action not in allowed:
             continue
-        problem = check(heal_as, remedy.changes, engine, model, memory_limit, limits, failed) or _cannot_fit(
+        problem = check(heal_as, remedy.changes, engine, model, memory_limit, ctx.limits, failed) or _cannot_fit(
             ctx, remedy
         )
         if problem is not None:
             refused.append(f"{remedy.action} refused: {problem}")
             continue
+        if "LowerGpuMemoryUtilization" in allowed:
+            remedy = _with_room_for_graphs(ctx, remedy, model, memory_limit, failed)
         remedy.expected = remedy.expected or _expect(ctx, remedy.changes)
         return remedy
     why = f"; {'; '.join(refused)}" if refused else ""
@@ -169,6 +167,50 @@ def plan_heal(
         GIVE_UP,
         reason=f"no allowed change is left for {diagnosis.cause} within the bounds "
         f"(tried: {', '.join(sorted(tried)) or 'none'}{why})." + (f" {advice}" if advice else ""),
+    )
+
+
+def _limits(
+    spec: VLLMServiceSpec, engine: EngineArgs, inv: Inventory, total: float | None, loaded: float | None
+) -> Limits:
+    """The bounds for flags `engine`: the utilization floor its weights set, and never below the weights
+    vLLM printed it loaded (`loaded`, per GPU of that engine's split): less is a certain crash."""
+    floor = utilization_floor(spec.heal.bounds, engine, inv.shape, total, inv.entrypoint, inv.gpu_name, inv.release)
+    if loaded and total:
+        floor = max(floor or 0.0, min(1.0, math.ceil(loaded / total * 100) / 100))
+    return Limits(spec.heal.bounds, floor, inv.memory_limit_bytes)
+
+
+def _with_room_for_graphs(
+    ctx: Context, remedy: Remedy, model: str, memory_limit: str | None, failed: Collection[str]
+) -> Remedy:
+    """A change after which the memory model says the start gets as far as CUDA-graph capture and no
+    further (a high utilization leaves the graphs too little room outside the budget) comes with the
+    utilization that leaves them room, where the model says the two together start and the gate lets
+    that through as a capture heal: not a second restart for what the figures already show."""
+    if ctx.inv.shape is None or not ctx.total or "gpu_memory_utilization" in remedy.changes:
+        return remedy
+    after = remedy.apply(ctx.engine)
+    if ctx.estimate(after, ctx.inv.gpu_free_gib).failure != "cudagraph_capture_oom":
+        return remedy
+    capture = Diagnosis(cause=Cause.CUDAGRAPH_CAPTURE_OOM)  # (no figure of this crash sizes the room)
+    same_split = (after.tensor_parallel_size, after.pipeline_parallel_size) == (
+        ctx.engine.tensor_parallel_size,
+        ctx.engine.pipeline_parallel_size,
+    )  # (else the weights vLLM printed are another split's)
+    limits = _limits(ctx.spec, after, ctx.inv, ctx.total, ctx.num("weights_gib") if same_split else None)
+    room = room_for_graphs(Context(ctx.spec, after, capture, ctx.inv, limits))
+    if room is None or check(Cause.CUDAGRAPH_CAPTURE_OOM, room.changes, after, model, memory_limit, limits, failed):
+        return remedy
+    both = {**remedy.changes, **room.changes}
+    if not ctx.estimate(room.apply(after), ctx.inv.gpu_free_gib).fits:
+        return remedy
+    new = room.changes["gpu_memory_utilization"]
+    return Remedy(
+        remedy.action,
+        both,
+        f"{remedy.reason} With it, the memory model says CUDA-graph capture would run out of the room outside "
+        f"the budget at utilization {ctx.engine.gpu_memory_utilization}: {new} in the same change.",
     )
 
 
