@@ -43,3 +43,121 @@ def test_a_raise_the_shape_shows_holds_the_context_is_not_given_up():
     assert r.action == "RaiseGpuMemoryUtilization", r.summary()
     assert r.changes["gpu_memory_utilization"] > 0.9, r.summary()
     assert r.changes.get("max_model_len", 256) >= 256, r.summary()
+
+
+# --- a hostile review of 2f45c4b..baa3587 (the same replay, and crafted figures): each failed there ---
+
+P = "(EngineCore pid=1700) "
+
+
+def test_a_token_count_with_a_shape_and_no_gpu_total_plans_without_raising():
+    """High. kv-2785: 'max seq len (32768) is larger than ... KV cache (1984)'; the spec names no GPU
+    product or size (inventory total None), the operator has the model's shape. baa3587: AssertionError
+    in ctx.estimate() via _budget_before, so the heal path raises. Before: a raise to 0.95 with
+    max_model_len 2064 (vLLM's count grown in proportion)."""
+    d = diagnose("kv-2785-qwen1.5-7b-chat")
+    s = VLLMServiceSpec(model="m", engine={"maxModelLen": 32768})
+    r = plan_heal(s, d, inventory=Inventory(shape=config_shape("qwen2.5-7b")))
+    assert r.action == "RaiseGpuMemoryUtilization" and r.changes["max_model_len"] == 2064, r.summary()
+
+
+def _kv_log(weights: float, kv: float, tail: str) -> str:
+    return (
+        "\n".join(
+            [
+                P + f"INFO 12-02 06:09:22 [model_runner.py:302] Model loading took {weights:.2f} GiB and 2.5 seconds",
+                P + f"INFO 12-02 06:09:25 [gpu_worker.py:538] Available KV cache memory: {kv:.2f} GiB",
+                P + "ERROR 12-02 06:09:25 [core.py:1231] ValueError: " + tail,
+            ]
+        )
+        + "\n"
+    )
+
+
+def test_a_kv_refusal_with_a_positive_printed_budget_is_not_healed_as_weights():
+    """High. 20.17 GiB of weights on a 24 GiB GPU at 0.95, 'Available KV cache memory: 0.80 GiB', vLLM's
+    estimate 7,488 tokens. weights_beyond_gpu's estimated 2.51 GiB 'beside' says 20.17 > 19.96 and the
+    crash is healed as the weights' (GiveUp, or Quantize where allowed); before: LowerMaxModelLen 7488."""
+    log = _kv_log(
+        20.17,
+        0.80,
+        "To serve at least one request with the models's max seq len (32768), (3.50 GiB KV cache is needed, "
+        "which is larger than the available KV cache memory (0.80 GiB). Based on the available memory, the "
+        "estimated maximum model length is 7488. Try increasing `gpu_memory_utilization`.",
+    )
+    d = classify(Signals(log=log, exit_code=1))
+    for heal in ({}, {"quantizedFallback": {"allowed": True, "model": "m-awq", "method": "awq"}}):
+        s = VLLMServiceSpec(model="m", engine={"gpuMemoryUtilization": 0.95, "maxModelLen": 32768}, heal=heal)
+        r = plan_heal(s, d, inventory=Inventory(gpu_total_gib=23.65, gpu_name="GEFORCE-RTX-4090"))
+        assert r.changes == {"max_model_len": 7488}, r.summary()
+
+
+def test_a_state_block_shortage_keeps_its_own_remedy_under_large_weights():
+    """High. 'max_num_seqs (1024) exceeds available Mamba cache blocks (37)' with 20.5 GiB of weights on a
+    24 GiB GPU: vLLM says 37 blocks exist; baa3587 gives up ('no flag makes them fit')."""
+    log = _kv_log(
+        20.5,
+        0.60,
+        "max_num_seqs (1024) exceeds available Mamba cache blocks (37). Each decode sequence requires one "
+        "Mamba cache block, so CUDA graph capture cannot proceed. Please lower max_num_seqs to at most 37 or "
+        "increase gpu_memory_utilization.",
+    )
+    d = classify(Signals(log=log, exit_code=1))
+    s = VLLMServiceSpec(model="m", engine={"gpuMemoryUtilization": 0.95, "maxNumSeqs": 1024})
+    r = plan_heal(s, d, inventory=Inventory(gpu_total_gib=23.65, gpu_name="GEFORCE-RTX-4090"))
+    assert r.changes == {"max_num_seqs": 37}, r.summary()
+
+
+def test_a_kv_refusal_under_weights_that_fill_the_gpu_still_takes_the_weights_plan():
+    """The commit's own case stays: 'Available KV cache memory: -8.93 GiB' stays empty at 0.95."""
+    d = diagnose("local-h200-weights72")
+    s = VLLMServiceSpec(
+        model="m",
+        engine={"maxModelLen": 8192},
+        heal={"quantizedFallback": {"allowed": True, "model": "q", "method": "awq"}},
+    )
+    assert plan_heal(s, d, inventory=Inventory(gpu_total_gib=139.8)).action == "Quantize"
+
+
+def test_a_raise_never_cuts_below_what_vllm_says_the_smaller_cache_holds():
+    """Medium. gemma-2-2b (half its layers windowed), 'KV cache (30000)' at 0.9, LowerMaxModelLen tried:
+    baa3587 raises to 0.93 AND cuts to 23,456, below the 30,000 the 0.9 cache already held (the tokens'
+    GiB count a window's layers only to the window); before: 30,688."""
+    log = (
+        "ValueError: The model's max seq len (32768) is larger than the maximum number of tokens that can be "
+        "stored in KV cache (30000). Try increasing `gpu_memory_utilization` or decreasing `max_model_len`.\n"
+    )
+    d = classify(Signals(log=log, exit_code=1))
+    s = VLLMServiceSpec(
+        model="m", engine={"gpuMemoryUtilization": 0.9, "maxModelLen": 32768, "maxNumBatchedTokens": 65536}
+    )
+    inv = Inventory(gpu_total_gib=23.65, shape=config_shape("gemma-2-2b"))
+    r = plan_heal(s, d, [{"cause": "kv_cache_insufficient", "action": "LowerMaxModelLen"}], inventory=inv)
+    assert r.action == "RaiseGpuMemoryUtilization" and r.changes.get("max_model_len", 32768) >= 30000, r.summary()
+
+
+def test_a_batch_cut_the_printed_figures_do_not_size_is_not_made():
+    """Medium-low. Kimi-VL's MoonViT asked 1029.51 GiB with 19.23 GiB free (58.52 GiB held by PyTorch), no
+    weights printed: baa3587 cuts the batch 32768 -> 2048, which scales the allocation to 64.3 GiB (3.3x
+    what was free) and says it 'keeps that allocation within a quarter of it'; before: a give-up."""
+    d = diagnose("profoom-54-kimivl-moonvit-1029gib")
+    s = VLLMServiceSpec(model="m", engine={"maxModelLen": 32768, "tensorParallelSize": 8, "maxNumBatchedTokens": 32768})
+    r = plan_heal(s, d, inventory=Inventory(gpu_total_gib=79.35, gpu_name="A100-SXM4-80GB"))
+    assert r.action != "LowerMaxNumBatchedTokens", r.summary()
+
+
+def test_a_repeated_free_memory_cut_stops_at_the_weights_an_earlier_crash_printed():
+    """Medium. Free memory shrinks 60 -> 30 -> 16 GiB on an H200; an earlier crash printed 14.99 GiB of
+    weights (status.heals), the shape is unknown. baa3587 cuts to 0.09 (12.58 GiB < 14.99) and 0.04: certain
+    crashes, where before the second refusal gave up."""
+    s = VLLMServiceSpec(model="m", engine={"maxModelLen": 8192, "gpuMemoryUtilization": 0.19})
+    log = (
+        "ValueError: Free memory on device (16.0/139.8 GiB) on startup is less than desired GPU memory "
+        "utilization (0.19, 26.56 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.\n"
+    )
+    hist = [
+        {"cause": "kv_cache_insufficient", "action": None, "numbers": {"weights_gib": 14.99}},
+        {"cause": "gpu_util_exceeds_free", "action": "LowerGpuMemoryUtilization"},
+    ]
+    r = plan_heal(s, classify(Signals(log=log)), hist, inventory=Inventory(gpu_total_gib=139.8))
+    assert r.changes.get("gpu_memory_utilization", 1.0) * 139.8 >= 14.99, r.summary()

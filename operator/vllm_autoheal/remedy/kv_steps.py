@@ -116,6 +116,11 @@ def raise_utilization_blind(ctx: Context) -> Remedy | None:
         held = (int(reach * 0.99), ctx.context) if ctx.context else None
     else:
         grown_text = f"utilization {current} -> {limit} grows vLLM's budget to {grown:.2f} GiB" if grown else ""
+        if held is not None and holds and ctx.kv_budget() is None:
+            # The shape's bytes for vLLM's count are a lower bound that leaves out a window's layers past
+            # the window: never less than that count grown in proportion (the shape-free bound above)
+            floor = int(holds * limit / current * 0.99 / margin)
+            held = (max(held[0], floor), held[1])
     why = why or "no memory was left for a single KV block"
     if held is None or held[0] >= held[1]:
         tail = (
@@ -142,8 +147,8 @@ def _budget_before(ctx: Context) -> tuple[float | None, str]:
     if budget is not None:
         return budget, (f"vLLM's KV budget was {budget:g} GiB" if budget else "")
     holds = ctx.num("estimated_max_model_len") or ctx.num("kv_tokens")
-    if not holds or ctx.inv.shape is None:
-        return None, ""
+    if not holds or ctx.inv.shape is None or not ctx.total:
+        return None, ""  # (the memory model sizes nothing without the GPU's total: ctx.estimate)
     need = _need(ctx)
     gib = (need.full_per_token * holds + need.windowed_per_token * min(holds, need.window)) / GIB
     return (

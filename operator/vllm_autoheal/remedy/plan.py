@@ -143,13 +143,16 @@ def plan_heal(
     allowed = set(spec.heal.allowed_actions) - set(exclude)
     refused: list[str] = []
     heal_as, steps = SUBTYPE_PLANS.get(diagnosis.subtype or "", (diagnosis.cause, PLANS[diagnosis.cause]))
-    if heal_as == Cause.KV_CACHE_INSUFFICIENT and loaded and weights_beyond_gpu(ctx):
+    if heal_as == Cause.KV_CACHE_INSUFFICIENT and loaded and weights_leave_no_cache(ctx):
         # vLLM's KV check is what fails when the weights it loaded leave nothing: no cache flag makes
         # them fit (only on its printed figure: an estimate of the weights never turns a KV heal around)
         heal_as, steps = Cause.WEIGHTS_LOAD_OOM, PLANS[Cause.WEIGHTS_LOAD_OOM]
     for step in steps:
         remedy = step(ctx)
         if remedy is None or (remedy.action in tried and not remedy.repeatable) or remedy.action not in allowed:
+            continue
+        if remedy.action in tried and _repeat_below_weights(remedy, history, total):
+            refused.append(f"{remedy.action} refused: it would leave less than the weights an earlier crash printed")
             continue
         problem = check(heal_as, remedy.changes, engine, model, memory_limit, ctx.limits, failed) or _cannot_fit(
             ctx, remedy
@@ -260,6 +263,34 @@ def _sized_by_vllm(ctx: Context, remedy: Remedy) -> bool:
         "LowerMaxNumSeqs": ("mamba_blocks",),
     }
     return any(ctx.num(key) is not None for key in needs.get(remedy.action, ()))
+
+
+def _repeat_below_weights(remedy: Remedy, history: list[dict[str, Any]], total: float | None) -> bool:
+    """A repeated utilization cut sized from a later free figure that leaves less than the weights an
+    earlier crash of this service printed (status.heals): a certain crash, where the repeat is meant
+    to follow another process's growth only while the model still fits."""
+    util = remedy.changes.get("gpu_memory_utilization")
+    weights = [
+        h["numbers"]["weights_gib"]
+        for h in history
+        if isinstance(h.get("numbers"), dict) and isinstance(h["numbers"].get("weights_gib"), (int, float))
+    ]
+    return bool(util and total and weights and util * total < weights[-1])
+
+
+def weights_leave_no_cache(ctx: Context) -> bool:
+    """Whether a KV refusal is the weights' failure: on vLLM's printed KV budget where it printed one
+    (still empty at the bounds' highest utilization: no cache flag helps), else on the printed weights
+    against the GPU (weights_beyond_gpu), and never where vLLM printed a size its cache does hold
+    (an estimated length, a token count, state blocks): a KV flag is sized from those."""
+    total, top = ctx.total, ctx.policy.bounds.max_gpu_memory_utilization
+    for key in ("available_kv_gib", "kv_reserved_gib"):
+        value = ctx.diag.numbers.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and total:
+            return value + (top - ctx.engine.gpu_memory_utilization) * total <= 0
+    if any(ctx.num(k) for k in ("estimated_max_model_len", "kv_tokens", "mamba_blocks", "available_gib")):
+        return False
+    return weights_beyond_gpu(ctx) is not None
 
 
 def weights_beyond_gpu(ctx: Context) -> tuple[float, float] | None:

@@ -152,14 +152,16 @@ def batch_from_allocation(ctx: Context) -> Remedy | None:
         return None
     fits = max(1, int(batch * free * 0.25 / tried))
     new = max(2 ** int(math.log2(fits)), least)
-    room = _room_besides_weights(ctx)
-    if new >= batch or tried * new / batch > (free if room is None else room):
+    # the GPU less the weights where vLLM printed them; else what was free (the GPU's whole size would
+    # refuse nothing: a batch cut that scales 1 TiB to 64 GiB with 19 GiB free)
+    room = _room_besides_weights(ctx) if ctx.num("weights_gib") else free
+    if new >= batch or room is None or tried * new / batch > room:
         return None  # (the batch is not what asks for that memory)
     return Remedy(
         "LowerMaxNumBatchedTokens",
         {"max_num_batched_tokens": new},
         f"the profile's dummy batch of {batch:,} tokens asked for {tried:g} GiB with {free:g} GiB free; "
-        f"max_num_batched_tokens {batch:,} -> {new:,} keeps that allocation within a quarter of it.",
+        f"max_num_batched_tokens {batch:,} -> {new:,} scales that allocation to about {tried * new / batch:.2f} GiB.",
     )
 
 
