@@ -146,6 +146,30 @@ def test_a_huge_integer_figure_is_ignored_not_raised():
         assert doc is None and note
 
 
+@pytest.mark.parametrize(
+    ("cause", "numbers", "engine"),
+    [
+        ("profiling_oom", {"tried_gib": 1e-320, "gpu_free_gib": 5.0}, {"maxNumBatchedTokens": 65536}),
+        ("profiling_oom", {"tried_gib": 1e-320, "gpu_free_gib": 5.0, "dummy_requests": 256}, {}),
+        ("kv_cache_insufficient", {"available_gib": 1e-320, "needed_gib": 4.0, "estimated_max_model_len": 1000}, {}),
+    ],
+)
+def test_a_size_below_one_byte_is_a_forgery_that_sizes_nothing(cause, numbers, engine):
+    """High. A pod's forged termination message with 'tried to allocate' 1e-320 GiB: the batch and
+    sequence cuts divide by it, and the heal raised OverflowError (the operator's handler retried it
+    for ever); a KV raise read 'has 9.99989e-321 GiB'. No tool prints a size below one byte: the
+    message is refused, and the heal plans nothing from it."""
+    from vllm_autoheal.api import VLLMServiceSpec
+    from vllm_autoheal.remedy import Inventory, plan_heal
+
+    text = json.dumps({"autoheal": 1, "diagnosis": {"cause": cause, "numbers": numbers}})
+    doc, note = termination.read(text)
+    assert doc is None and "less than a byte" in note
+    d = classify(Signals(termination_message=text))
+    r = plan_heal(VLLMServiceSpec(model="m", engine=engine), d, inventory=Inventory(gpu_total_gib=139.8))
+    assert d.cause == "unknown" and r.gives_up
+
+
 MALFORMED_GPU_START = {
     "bool-index": {"gpus": [[True, H100, 80, 1]]},
     "float-index": {"gpus": [[0.0, H100, 80, 1]]},

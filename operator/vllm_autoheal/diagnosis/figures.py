@@ -17,6 +17,7 @@ from .units import GB, GIB, KB, KIB, MB, MIB, TB, TIB
 
 SIZE, SIGNED_SIZE, LENGTH, UTIL, COUNT, RATIO = "size", "signed-size", "length", "util", "count", "ratio"
 MAX_GIB = 4096.0  # no device, nor a node's RAM for the CPU backend, is larger
+MIN_GIB = 1 / GIB  # one byte
 MAX_LENGTH = 2**24  # no model has a context this long
 MAX_COUNT = 2**31
 
@@ -136,6 +137,8 @@ def check(key: str, value: float | int, device_gib: float | None) -> str | None:
         limit = device_gib * 1.02 if device_gib and key in DEVICE_BOUNDED else MAX_GIB
         if abs(value) > limit:
             return f"larger than the device ({limit:.1f} GiB)"
+        if 0 < abs(value) < MIN_GIB:
+            return "less than a byte"  # (no tool prints that; a divisor this small sizes anything to infinity)
     elif kind == LENGTH:
         if value >= MAX_LENGTH or (value == 0 and key != "kv_tokens"):
             return "not a plausible length"
