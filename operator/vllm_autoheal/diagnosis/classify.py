@@ -147,7 +147,7 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
         diag.evidence = _evidence(cited, support, engine_error=first is not None and first.message.kind != msg.NOT_OOM)
         figures = ar.numbers(findings, first, device_gib, diag.notes)
         diag.numbers = {k: v for k, v in figures.items() if k not in ("tp", "pp")}
-        if diag.subtype == "other_process_holds_gpu":  # (the heal sizes vLLM's share from what is left)
+        if diag.subtype in ("other_process_holds_gpu", "no_blocks_beside_other_processes"):  # (what they hold)
             diag.numbers["others_gib"] = round(ar.other_process_gib(signals, figures), 2)
         per_process: Any = diag.numbers.get("process_gib")
         if isinstance(per_process, list):  # numbers are scalars: the others' total
@@ -215,7 +215,17 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
                 first.message.subtype == "no_cache_blocks"
                 and ar.other_process_gib(signals, numbers) > ar.OTHER_PROCESS_GIB
             ):
-                return done(m.GPU_UTIL_EXCEEDS_FREE, m.PHASE_KV, first, "medium", "other_process_holds_gpu")
+                return done(
+                    m.GPU_UTIL_EXCEEDS_FREE,
+                    m.PHASE_KV,
+                    first,
+                    "medium",
+                    "no_blocks_beside_other_processes",
+                    why="vLLM found no memory for a single KV block while other processes hold part of the GPU. "
+                    "Its budget is its share of the whole GPU less what it measured in use (up to 0.6, and in "
+                    "early V1, every process's memory; later, memory that grew while it profiled): a smaller "
+                    "share leaves the cache less still, a larger one room.",
+                )
         return done(
             cause,
             first.message.phase or m.PHASE_UNKNOWN,

@@ -84,6 +84,10 @@ PLANS: dict[Cause, list[Step]] = {
 # multi-GPU plan's lower share, which leaves the stage's cache less still.
 SUBTYPE_PLANS: dict[str, tuple[Cause, list[Step]]] = {
     "state_blocks_below_max_num_seqs": (Cause.KV_CACHE_INSUFFICIENT, [seqs_within_state_blocks, more_state_blocks]),
+    # vLLM's refusal of a cache with no block while others hold GPU memory: its budget is its share
+    # less what it measured in use, which counted theirs (before 0.7, early V1) or their growth while it
+    # profiled. A smaller share gives the cache less still (a certain second crash); a larger one room.
+    "no_blocks_beside_other_processes": (Cause.KV_CACHE_INSUFFICIENT, [raise_utilization_blind]),
     "kv_check_fails_on_smallest_stage": (
         Cause.KV_CACHE_INSUFFICIENT,
         [lower_max_model_len, raise_utilization_for_kv, raise_utilization_blind, fp8_kv_cache],
