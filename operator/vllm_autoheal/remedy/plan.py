@@ -195,8 +195,8 @@ def _with_room_for_graphs(
     further (a high utilization leaves the graphs too little room outside the budget) comes with the
     utilization that leaves them room, where the model says the two together start and the gate lets
     that through as a capture heal: not a second restart for what the figures already show."""
-    if ctx.inv.shape is None or not ctx.total or "gpu_memory_utilization" in remedy.changes:
-        return remedy
+    if ctx.inv.shape is None or not ctx.total or {"gpu_memory_utilization", "model"} & remedy.changes.keys():
+        return remedy  # (another model's shape is not known: the estimate is the current model's)
     after = remedy.apply(ctx.engine)
     if ctx.estimate(after, ctx.inv.gpu_free_gib).failure != "cudagraph_capture_oom":
         return remedy
