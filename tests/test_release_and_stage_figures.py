@@ -11,9 +11,11 @@ from test_memory_windows import shape_of
 from vllm_autoheal.api import EngineArgs, VLLMServiceSpec
 from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.gpu_catalog import lookup
-from vllm_autoheal.memory import estimate, kv_need
+from vllm_autoheal.memory import estimate, kv_need, release_sampler
 from vllm_autoheal.remedy import Inventory, plan_heal
-from vllm_autoheal.vllm_release import parse_image, parse_version
+from vllm_autoheal.vllm_release import logged_release, parse_image, parse_version
+
+from samples import config_shape
 
 ENGINE = "(EngineCore_DP0 pid=9) "
 
@@ -155,3 +157,63 @@ def test_a_pooling_model_or_a_draft_keeps_the_floor_under_0_26():
     assert release_sampler(shape, parse_version("0.26.0")) == "v1-triton"
     draft = ["--speculative-config", '{"method": "eagle3"}']
     assert release_sampler(shape, parse_version("0.26.0"), draft) == "v2"
+
+
+# --- review2: the release a log names ------------------------------------------------------------
+
+_KV_REFUSAL = "\nValueError: No available memory for the cache blocks. Try increasing gpu_memory_utilization"
+
+
+_BANNER = (
+    "(APIServer pid=4) INFO 08-12 14:53:04 [api_utils.py:345]  \u2584\u2584 \u2584\u2588 \u2588     \u2588     \u2588 "
+    "\u2580\u2584\u2580 \u2588  version {}"
+)
+
+
+def test_a_rocm_image_reads_the_release_its_log_names_as_a_rocm_build():
+    """Medium (review2). A ROCm build prints a plain release (the corpus's MI308X log: `version 0.27.0`), and
+    the logged release was always read as CUDA's: vllm/vllm-openai-rocm:latest naming 0.14.0 got the
+    CUDA sort sampler's peak (4.8 GiB for a dense 8B at 1024 sequences, where the ROCm row keeps the
+    1.7 GiB floor). Now a ROCm image's logged release is ROCm's, as its tag's would be."""
+    from vllm_autoheal.api import VLLMService
+    from vllm_autoheal.kube.heal import inventory
+
+    d = classify(Signals(log=_BANNER.format("0.14.0") + _KV_REFUSAL))
+    for image, platform in (
+        ("vllm/vllm-openai-rocm:latest", "rocm"),
+        ("rocm/vllm:latest", "rocm"),
+        ("vllm/vllm-openai:latest", "cuda"),
+        ("vllm/vllm-openai-rocm:v0.27.0", "rocm"),  # (the tag's own)
+    ):
+        release = inventory(VLLMService(spec=VLLMServiceSpec(model="m", image=image)), None, None, d).release
+        assert release is not None and release.platform == platform, (image, release)
+    shape = config_shape("llama-3.1-8b")
+    rocm = inventory(VLLMService(spec=VLLMServiceSpec(model="m", image="vllm/vllm-openai-rocm:latest")), None, None, d)
+    assert release_sampler(shape, rocm.release) == "v2"
+
+
+def test_a_log_that_names_two_releases_names_none():
+    """Medium (review2). Under a logging format that prints only a message's first line with a header
+    (logging.Formatter through VLLM_LOGGING_CONFIG_PATH), a request id's newline starts a bare line of
+    the client's: `Initializing a V1 LLM engine (v0.11.0)` there was read as the release (the nearest
+    before the failure wins), over the engine's own 0.25.0. A run names one release; two in one log
+    (another run's, or a client's) name none."""
+    from crafted.bases import ENGINE_CORE, corpus_log, vllm_log
+    from crafted.records import CUSTOM, reformatted
+
+    log = corpus_log("local-h200-profile")  # (vLLM 0.25.0 on an H200: a profiling OOM)
+    shape = reformatted(CUSTOM, every_line=False)
+    assert logged_release(classify(Signals(log=shape(log))).numbers) == parse_version("0.25.0")
+    client = vllm_log(
+        ENGINE_CORE + "ERROR 12-01 04:42:20 [core.py:2056] ",
+        "Unexpected error pre-processing request cmpl-a\nInitializing a V1 LLM engine (v0.11.0) with config: m\n-0-1a2b",
+    )
+    lines = log.splitlines()
+    at = next(i for i, line in enumerate(lines) if "ERROR" in line)
+    crafted = "\n".join(lines[:at] + client.splitlines() + lines[at:]) + "\n"
+    d = classify(Signals(log=shape(crafted)))
+    assert d.cause == "profiling_oom" and logged_release(d.numbers) is None
+    assert any("more than one vLLM release" in n for n in d.notes)
+    # two runs of one release still name it
+    twice = classify(Signals(log=_BANNER.format("0.25.0") + "\n" + _BANNER.format("0.25.0") + _KV_REFUSAL))
+    assert logged_release(twice.numbers) == parse_version("0.25.0")

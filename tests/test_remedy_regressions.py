@@ -161,3 +161,50 @@ def test_a_repeated_free_memory_cut_stops_at_the_weights_an_earlier_crash_printe
     ]
     r = plan_heal(s, classify(Signals(log=log)), hist, inventory=Inventory(gpu_total_gib=139.8))
     assert r.changes.get("gpu_memory_utilization", 1.0) * 139.8 >= 14.99, r.summary()
+
+
+def test_a_repeated_free_memory_cut_is_not_held_to_weights_another_split_printed():
+    """Medium (review2). A KV refusal at TP 1 printed 60 GiB of weights on an H100; the heal split the model
+    over 2 GPUs (30 GiB each); other processes then took memory twice. 0919d69 refused the second free-memory
+    cut (0.62 -> 0.49: 38.8 GiB a GPU, room for the 30 GiB that GPU holds) against TP 1's 60 GiB, and gave up.
+    The weights printed before a split changed, in serve's history and the operator's (status.heals), are
+    another split's."""
+    from vllm_autoheal.kube.status import history
+
+    s = VLLMServiceSpec(model="m", engine={"tensorParallelSize": 2, "gpuMemoryUtilization": 0.62})
+    log = (
+        "ValueError: Free memory on device (40.0/79.19 GiB) on startup is less than desired GPU memory "
+        "utilization (0.62, 49.1 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.\n"
+    )
+    served = [  # serve's history: action and numbers in one record
+        {"cause": "kv_cache_insufficient", "action": "IncreaseTensorParallel", "numbers": {"weights_gib": 60.0}},
+        {"cause": "gpu_util_exceeds_free", "action": "LowerGpuMemoryUtilization", "numbers": {"free_gib": 50.0}},
+    ]
+    heals = [  # the operator's: status.tried, then status.heals' figures
+        {
+            "cause": "kv_cache_insufficient",
+            "numbers": {"weights_gib": 60.0},
+            "action": "IncreaseTensorParallel",
+            "changes": [{"field": "tensorParallelSize", "before": "1", "after": "2"}],
+        },
+        {
+            "cause": "gpu_util_exceeds_free",
+            "numbers": {"free_gib": 50.0},
+            "action": "LowerGpuMemoryUtilization",
+            "changes": [{"field": "gpuMemoryUtilization", "before": "0.9", "after": "0.62"}],
+        },
+    ]
+    operator = history(
+        ["kv_cache_insufficient/IncreaseTensorParallel", "gpu_util_exceeds_free/LowerGpuMemoryUtilization"], heals
+    )
+    for hist in (served, operator):
+        r = plan_heal(s, classify(Signals(log=log)), hist, inventory=Inventory(gpu_total_gib=79.19))
+        assert r.action == "LowerGpuMemoryUtilization" and r.changes["gpu_memory_utilization"] < 0.62, r.summary()
+    # the same split's weights still hold a repeat back
+    r = plan_heal(
+        s,
+        classify(Signals(log=log)),
+        [served[1], {"cause": "kv_cache_insufficient", "action": None, "numbers": {"weights_gib": 45.0}}, served[1]],
+        inventory=Inventory(gpu_total_gib=79.19),
+    )
+    assert r.gives_up, r.summary()

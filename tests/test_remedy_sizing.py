@@ -355,3 +355,52 @@ def test_a_split_that_would_stop_at_graph_capture_comes_with_room_for_the_graphs
         spec(heal, gpuMemoryUtilization=0.95), d, inventory=Inventory(gpu_total_gib=l4.memory_gib, shape=shape)
     )
     assert r.changes == {"tensor_parallel_size": 8}, r.summary()
+
+
+def test_room_for_graphs_is_merged_only_where_the_change_brings_capture_on():
+    """Medium (review2). The memory model says Qwen2.5-32B at TP 8 and utilization 0.95 on L4s stops at
+    CUDA-graph capture. A pod with those very flags that served and was then OOM-killed on the host, or
+    ran out of memory while serving, got past capture with them: the model is wrong about them there.
+    Before: the memory-limit raise came with utilization 0.95 -> 0.93 (a GPU cut for a host-RAM
+    kill, which the gate refuses for host_ram_oom), and the sequence cut with another utilization cut.
+    Now: each change alone; the split that brings capture on still comes with the room."""
+    l4 = lookup("NVIDIA-L4")
+    shape = config_shape("qwen2.5-32b")
+    inv = Inventory(gpu_total_gib=l4.memory_gib, shape=shape, memory_limit_bytes=64 << 30)
+    s = VLLMServiceSpec(
+        model="m",
+        engine={"tensorParallelSize": 8, "gpuMemoryUtilization": 0.95},
+        resources={"limits": {"memory": "64Gi"}},
+        heal={"bounds": {"maxMemoryLimit": "256Gi", "maxTensorParallelSize": 8}},
+    )
+    host = classify(Signals(reason="OOMKilled", exit_code=137, ready_before=True))
+    r = plan_heal(s, host, inventory=inv)
+    assert r.action == "RaiseMemoryLimit" and set(r.changes) == {"memory_limit"}, r.summary()
+    serving = classify(
+        Signals(log="torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB.", ready_before=True)
+    )
+    assert serving.cause == "runtime_oom"
+    r = plan_heal(s, serving, [{"cause": "runtime_oom", "action": "LowerGpuMemoryUtilization"}], inv)
+    assert r.action == "LowerMaxNumSeqs" and "gpu_memory_utilization" not in r.changes, r.summary()
+
+
+def test_a_kv_refusal_is_never_healed_with_a_utilization_cut():
+    """Low (review2). A KV refusal calls for more utilization (the gate refuses a cut for it). Before: Mixtral
+    on RTX 4090s at TP 4 and 0.95 ('No available memory for the cache blocks') was split 8 ways with
+    utilization 0.95 -> 0.93 merged in as room for the graphs, a cut of the very budget vLLM found short.
+    Now: the split alone (a capture crash, if it comes, is healed by its own plan)."""
+    g = lookup("NVIDIA-GeForce-RTX-4090")
+    d = classify(
+        Signals(log="ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization`")
+    )
+    assert d.cause == "kv_cache_insufficient"
+    heal = {
+        "bounds": {"maxTensorParallelSize": 8},
+        "allowedActions": ["IncreaseTensorParallel", "LowerGpuMemoryUtilization"],
+    }
+    r = plan_heal(
+        spec(heal, tensorParallelSize=4, gpuMemoryUtilization=0.95),
+        d,
+        inventory=Inventory(gpu_total_gib=g.memory_gib, shape=config_shape("mixtral-8x7b")),
+    )
+    assert r.changes == {"tensor_parallel_size": 8}, r.summary()

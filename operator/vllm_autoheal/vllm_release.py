@@ -128,6 +128,16 @@ def logged_release(numbers: dict) -> Release | None:
     return Release((0, minor, patch))
 
 
+def logged_on(image: object, logged: Release | None) -> Release | None:
+    """The release a log named, for a pod of `image`: a ROCm build may print a plain release too (the
+    corpus's MI308X log, notoom-51964: the banner's `version 0.27.0`, as a CUDA build's reads), so where
+    the image's reference names ROCm anywhere (vllm-openai-rocm, rocm/vllm, a tag or a build of one's
+    own) it is read as a ROCm build, whose sampler keeps the floor."""
+    if logged is None or not isinstance(image, str) or "rocm" not in image.lower():
+        return logged
+    return Release(logged.version, "rocm")
+
+
 def parse_image(image: object) -> Release | None:
     """The release an image reference names: vllm/vllm-openai:vX.Y.Z and its arch, CUDA and OS variants,
     vllm/vllm-openai-rocm:vX.Y.Z, rocm/vllm's dated tags; under any registry or mirror path. None for a

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from ..vllm_release import RELEASE_ENV, Release, parse_image
+from ..vllm_release import RELEASE_ENV, Release, logged_on, parse_image
 from .config_json import DNS_SUBDOMAIN, ModelConfigSource
 from .engine_args import EngineArgs
 from .heal_policy import HealPolicy
@@ -237,11 +237,12 @@ class VLLMServiceSpec(Model):
 
     def release(self, logged: Release | None = None) -> Release | None:
         """The vLLM release the pod runs: the image's tag (vllm_release.parse_image), else the one its
-        engine's log named (`logged`, where a tag such as latest names none); None where neither says,
-        or where the pod's environment picks another runner or sampler than the release's default."""
+        engine's log named (`logged`, where a tag such as latest names none; a ROCm image's as ROCm's);
+        None where neither says, or where the pod's environment picks another runner or sampler than the
+        release's default."""
         if any(var.name in RELEASE_ENV for var in self.env):
             return None
-        return parse_image(self.image) or logged
+        return parse_image(self.image) or logged_on(self.image, logged)
 
     def gpu_count(self) -> int:
         if self.resources.gpus is not None:

@@ -83,6 +83,19 @@ def numbers(
     return numbers
 
 
+RELEASE_KEYS = ("vllm_minor", "vllm_patch")
+
+
+def releases_named(findings: list[Finding]) -> set[tuple[int, int]]:
+    """Each release (0.minor.patch) the log's release lines name (the engine's first line, the banner)."""
+    named = set()
+    for f in findings:
+        groups = f.match.groupdict()
+        if groups.get("vllm_minor") is not None and groups.get("vllm_patch") is not None:
+            named.add((int(groups["vllm_minor"]), int(groups["vllm_patch"])))
+    return named
+
+
 def other_process_gib(signals: m.Signals, numbers: dict) -> float:
     """GPU memory held by processes other than the engine. Torch's OOM text, when it accounts for the
     whole GPU at the failure (its total, what was free, what this process held), says it; else the

@@ -200,5 +200,17 @@ def history(tried: list[str], heals: list[dict[str, Any]]) -> list[dict[str, Any
     """The planner's history: what was tried since the last edit (status.tried, never cut short by
     other records), and the figures earlier crashes printed (status.heals)."""
     out: list[dict[str, Any]] = [{"cause": t.split("/", 1)[0], "action": t.split("/", 1)[-1]} for t in tried]
-    out += [{"cause": h.get("cause"), "action": None, "numbers": h.get("numbers", {})} for h in heals]
+    out += [
+        {
+            "cause": h.get("cause"),
+            "action": None,
+            "numbers": h.get("numbers", {}),
+            # (a heal that changed the split: the weights its crash printed are per GPU of the split before)
+            "resplit": any(
+                isinstance(c, dict) and c.get("field") in ("tensorParallelSize", "pipelineParallelSize")
+                for c in h.get("changes") or []
+            ),
+        }
+        for h in heals
+    ]
     return out

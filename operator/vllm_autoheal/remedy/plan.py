@@ -20,7 +20,7 @@ from ..diagnosis.arithmetic import besides_weights
 from ..diagnosis.model import Cause
 from ..engine import parse_args
 from ..memory import CUDA_CONTEXT_GIB
-from ..remedy_gate import Limits, check, utilization_floor
+from ..remedy_gate import CALLS_FOR, UP, Limits, check, utilization_floor
 from .kv_steps import (
     empty_budget,
     fp8_kv_cache,
@@ -165,7 +165,7 @@ def plan_heal(
             refused.append(f"{remedy.action} refused: {problem}")
             continue
         if "LowerGpuMemoryUtilization" in allowed:
-            remedy = _with_room_for_graphs(ctx, remedy, model, memory_limit, failed)
+            remedy = _with_room_for_graphs(ctx, heal_as, remedy, model, memory_limit, failed)
         remedy.expected = remedy.expected or _expect(ctx, remedy.changes)
         return remedy
     why = f"; {'; '.join(refused)}" if refused else ""
@@ -189,14 +189,22 @@ def _limits(
 
 
 def _with_room_for_graphs(
-    ctx: Context, remedy: Remedy, model: str, memory_limit: str | None, failed: Collection[str]
+    ctx: Context, heal_as: Cause, remedy: Remedy, model: str, memory_limit: str | None, failed: Collection[str]
 ) -> Remedy:
     """A change after which the memory model says the start gets as far as CUDA-graph capture and no
     further (a high utilization leaves the graphs too little room outside the budget) comes with the
     utilization that leaves them room, where the model says the two together start and the gate lets
-    that through as a capture heal: not a second restart for what the figures already show."""
+    that through as a capture heal: not a second restart for what the figures already show.
+    Never for a cause whose shortage is the budget itself (a KV refusal calls for more utilization, not
+    less: the gate refuses a cut there), nor where the model already says the flags that ran stop at
+    capture: then the change is not what brings capture on, and the crash shows the model wrong about
+    those flags (a pod OOM-killed on the host, or out of memory while serving, got past capture with them)."""
     if ctx.inv.shape is None or not ctx.total or {"gpu_memory_utilization", "model"} & remedy.changes.keys():
         return remedy  # (another model's shape is not known: the estimate is the current model's)
+    if CALLS_FOR.get(heal_as, {}).get("gpu_memory_utilization") == UP:
+        return remedy
+    if ctx.estimate(ctx.engine, ctx.inv.gpu_free_gib).failure == "cudagraph_capture_oom":
+        return remedy
     after = remedy.apply(ctx.engine)
     if ctx.estimate(after, ctx.inv.gpu_free_gib).failure != "cudagraph_capture_oom":
         return remedy
@@ -274,11 +282,13 @@ def _repeat_below_weights(remedy: Remedy, history: list[dict[str, Any]], total: 
     earlier crash of this service printed (status.heals): a certain crash, where the repeat is meant
     to follow another process's growth only while the model still fits."""
     util = remedy.changes.get("gpu_memory_utilization")
-    weights = [
-        h["numbers"]["weights_gib"]
-        for h in history
-        if isinstance(h.get("numbers"), dict) and isinstance(h["numbers"].get("weights_gib"), (int, float))
-    ]
+    weights: list[float] = []
+    for h in history:
+        if h.get("action") == "IncreaseTensorParallel" or h.get("resplit"):
+            weights = []  # printed per GPU of the split before this heal: another split's figure
+            continue
+        if isinstance(h.get("numbers"), dict) and isinstance(h["numbers"].get("weights_gib"), (int, float)):
+            weights.append(h["numbers"]["weights_gib"])
     return bool(util and total and weights and util * total < weights[-1])
 
 
