@@ -147,13 +147,7 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
         diag.evidence = _evidence(cited, support, engine_error=first is not None and first.message.kind != msg.NOT_OOM)
         figures = ar.numbers(findings, first, device_gib, diag.notes)
         diag.numbers = {k: v for k, v in figures.items() if k not in ("tp", "pp")}
-        if len(ar.releases_named(findings)) > 1:
-            # One run names one release, on every line that names it: a second is another run's, or a
-            # line a client wrote where a logging format leaves a message's further lines bare (a
-            # request id's newline): none of them is read (the release-independent figures stand).
-            for key in ar.RELEASE_KEYS:
-                diag.numbers.pop(key, None)
-            diag.notes.append("the log names more than one vLLM release: none is read from it")
+        ar.one_release(findings, diag.numbers, diag.notes)
         if diag.subtype in ("other_process_holds_gpu", "no_blocks_beside_other_processes"):  # (what they hold)
             diag.numbers["others_gib"] = round(ar.other_process_gib(signals, figures), 2)
         per_process: Any = diag.numbers.get("process_gib")
