@@ -272,11 +272,11 @@ class Supervisor:
                 )
             )
             inventory = Inventory(memory_limit_bytes=cgroups.memory_limit())
-            if gpu.gpus and not RELEASE_ENV & os.environ.keys():  # (vLLM inherits this environment)
-                # the release vLLM's log named: its facts are the CUDA build's (a CPU build names the same)
-                inventory.release = logged_release(diag.numbers)
             if gpu.gpus:
                 inventory.gpu_total_gib = gpu.gpus[0].total_bytes / GIB
+                if not RELEASE_ENV & os.environ.keys():  # (vLLM inherits this environment)
+                    # the release vLLM's log named: its facts are the CUDA build's (a CPU build names the same)
+                    inventory.release = logged_release(diag.numbers)
             if diag.is_memory:  # the gate never goes back to settings that crashed of memory
                 self.failed.add(fingerprint(self.opts.model, engine, None))
             progress = PROGRESS.get(diag.phase, -1)

@@ -238,8 +238,8 @@ MARKERS: tuple[Message, ...] = (
         r"gpu_memory_utilization \((?P<util>[\d.]+)\) = (?P<requested_gib>[\d.]+) ?GiB",
     ),
     # The release the engine says it is (the engine's first line, the API server's banner), from the
-    # line's start, as the engine's own words open it (placement.py). A dev, rc or
-    # vendor build ("0.11.1rc2", "+dc1a3e10.nv25.05", "+rocm641") names none: its figures may be any release's.
+    # line's start, as the engine's own words open it (placement.py). A dev, rc or vendor build
+    # ("0.11.1rc2", "+dc1a3e10.nv25.05", "+rocm641") names none: its figures may be any release's.
     _m(
         FIGURE,
         r"^(?:Initializing an? (?:V[01] )?LLM engine \(v|vLLM API server version |[\u2580-\u2588 ]{8,60}version )"

@@ -143,7 +143,8 @@ def batch_from_allocation(ctx: Context) -> Remedy | None:
     allocation failed with the free memory printed, size the batch so that allocation takes at most a
     quarter of what was free (a power of two), in one step; not below vLLM's default, the bound or
     max_num_seqs, and not at all where even that leaves the allocation larger than the GPU less the
-    weights (halving_short's measure: the batch is then not what asks for it, an encoder's profile, say)."""
+    weights vLLM printed (halving_short's measure), or than what was free where it printed none: the
+    batch is then not what asks for it (an encoder's profile, say)."""
     batch, tried, free = ctx.engine.max_num_batched_tokens, ctx.num("tried_gib"), ctx.num("gpu_free_gib")
     if not batch or not tried or free is None or free <= 0 or ctx.num("dummy_requests"):
         return None  # (a count of dummy requests names the sampler warm-up: seqs_from_allocation's)
