@@ -123,15 +123,25 @@ class Context:
         row = facts(self.inv.release)
         return row.batch if row else "160gib"
 
-    def kv_budget(self) -> float | None:
+    def printed_kv_budget(self) -> float | None:
         """The KV cache's budget vLLM printed (its share of the GPU less all else it holds), which is
-        negative where the rest took more than the share; None where not printed or implausible. Where
-        vLLM said only that it has no block at all, 0: at most one block's worth, nothing to halve."""
+        negative where the rest took more than the share; None where not printed or implausible."""
+        value = self._budget_figure()
+        return value if value is not None and abs(value) <= (self.total or MAX_GIB) else None
+
+    def kv_budget(self) -> float | None:
+        """printed_kv_budget; where vLLM printed none but said it has no block at all, 0: at most one
+        block's worth, nothing to halve."""
+        if self._budget_figure() is None:
+            return 0.0 if self.diag.subtype in NO_BLOCK_SUBTYPES else None
+        return self.printed_kv_budget()
+
+    def _budget_figure(self) -> float | None:
         for key in ("available_kv_gib", "kv_reserved_gib"):
             value = self.diag.numbers.get(key)
             if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-                return float(value) if abs(value) <= (self.total or MAX_GIB) else None
-        return 0.0 if self.diag.subtype in NO_BLOCK_SUBTYPES else None
+                return float(value)
+        return None
 
     @property
     def total(self) -> float | None:

@@ -297,11 +297,9 @@ def weights_leave_no_cache(ctx: Context) -> bool:
     (still empty at the bounds' highest utilization: no cache flag helps), else on the printed weights
     against the GPU (weights_beyond_gpu), and never where vLLM printed a size its cache does hold
     (an estimated length, a token count, state blocks): a KV flag is sized from those."""
-    total, top = ctx.total, ctx.policy.bounds.max_gpu_memory_utilization
-    for key in ("available_kv_gib", "kv_reserved_gib"):
-        value = ctx.diag.numbers.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and total:
-            return value + (top - ctx.engine.gpu_memory_utilization) * total <= 0
+    total, top, budget = ctx.total, ctx.policy.bounds.max_gpu_memory_utilization, ctx.printed_kv_budget()
+    if budget is not None and total:
+        return budget + (top - ctx.engine.gpu_memory_utilization) * total <= 0
     if any(ctx.num(k) for k in ("estimated_max_model_len", "kv_tokens", "mamba_blocks", "available_gib")):
         return False
     return weights_beyond_gpu(ctx) is not None
