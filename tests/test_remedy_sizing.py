@@ -271,7 +271,9 @@ def test_the_heal_sizes_the_context_under_the_images_release():
     depends on the release's start-up profile (vLLM 0.11.1-0.16 sample the dummy batch with PyTorch's
     sort, 3.9 GiB more). Before: the heal's estimates knew no release (92,368 tokens, which 0.14's
     7.76 GiB cache does not hold: a second crash). Now: 61,632 under vllm/vllm-openai:v0.14.0, and
-    the operator's inventory reads the release off the VLLMService's image."""
+    the operator's inventory reads the release off the VLLMService's image. Under 0.33 the CUDA graphs
+    are reserved inside the budget: no room is kept for them beside it (0.36, not 0.35), and the cache
+    they leave holds a little less than without a release."""
     from vllm_autoheal.api import VLLMService
     from vllm_autoheal.kube.heal import inventory
     from vllm_autoheal.vllm_release import parse_version
@@ -283,9 +285,10 @@ def test_the_heal_sizes_the_context_under_the_images_release():
         release = parse_version(version) if version else None
         inv = Inventory(gpu_total_gib=79.19, gpu_name="NVIDIA-H100-80GB-HBM3", shape=shape, release=release)
         r = plan_heal(spec(), d, inventory=inv)
-        assert r.changes["gpu_memory_utilization"] == 0.35 and "(fits)" in r.expected
+        assert r.changes["gpu_memory_utilization"] == (0.36 if version == "0.33.0" else 0.35)
+        assert "(fits)" in r.expected
         lengths[version] = r.changes["max_model_len"]
-    assert lengths["0.14.0"] < 0.7 * lengths[None] and lengths["0.33.0"] == lengths[None]
+    assert lengths["0.14.0"] < 0.7 * lengths[None] and 0.95 * lengths[None] < lengths["0.33.0"] < lengths[None]
     obj = VLLMService(spec=VLLMServiceSpec(model="m", image="vllm/vllm-openai:v0.14.0"))
     assert inventory(obj, None, shape, Diagnosis()).release == parse_version("0.14.0")
 

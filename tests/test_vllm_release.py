@@ -16,7 +16,7 @@ from vllm_autoheal.api.spec import DEFAULT_IMAGE
 from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.engine_defaults import default_max_num_batched_tokens, default_max_num_seqs, steps_in_flight
 from vllm_autoheal.gpu_catalog import lookup
-from vllm_autoheal.memory import activation_bytes, estimate, kv_need, release_sampler
+from vllm_autoheal.memory import CUDAGRAPH_GIB, activation_bytes, estimate, kv_need, release_sampler
 from vllm_autoheal.model_shape import shape_from_config
 from vllm_autoheal.preflight import preflight
 from vllm_autoheal.vllm_release import (
@@ -302,13 +302,15 @@ def test_the_qwen3_next_log_keeps_the_floor_at_its_own_release():
 
 @pytest.mark.parametrize(
     ("release", "kv"),
-    [(None, 55.18), ("0.10.2", 55.18), ("0.14.0", 51.31), ("0.19.0", 54.25), ("0.22.0", 54.25), ("0.25.0", 55.18),
-     ("0.33.0", 55.18)],
+    [(None, 55.18), ("0.10.2", 55.18), ("0.14.0", 51.31), ("0.19.0", 54.25), ("0.22.0", 53.26), ("0.25.0", 55.18),
+     ("0.33.0", 54.19)],
 )  # fmt: skip
 def test_a_dense_8b_on_an_h100_at_defaults(release, kv):
     """Llama-3.1-8B, one H100, vLLM's defaults (8192 tokens, 1024 sequences): the sort path's 4.65 GiB of
     sampler (38 bytes x 1024 x 128,256) outweighs the forward pass's 0.87 in 0.11.1-0.16; the Triton path's
-    1.71 (14 bytes) in 0.17-0.22; V2's floor from 0.23 (Llama listed)."""
+    1.71 (14 bytes) in 0.17-0.22; V2's floor from 0.23 (Llama listed). And the CUDA graphs' 0.99 GiB come off
+    the cache where the runner reserves them: the V1 runner from 0.20 (0.22, not 0.19, whose estimate was
+    opt-in), not the V2 runner before 0.29 (0.25), every runner from 0.29 (0.33)."""
     est = estimate(
         config_shape("llama-3.1-8b"), EngineArgs(), lookup("NVIDIA-H100-80GB-HBM3"), release=release and r(release)
     )
@@ -355,12 +357,27 @@ def test_a_mixed_model_keeps_its_windows_in_every_described_release():
     "model", ["llama-3.1-8b", "mixtral-8x7b", "qwen3-next-80b-a3b", "nemotron-h-8b", "deepseek-v3", "qwen2.5-7b"]
 )
 @pytest.mark.parametrize("gpu", ["NVIDIA-H200", "NVIDIA-A100-SXM4-80GB", "NVIDIA-L4", "NVIDIA-B200"])
-def test_the_default_images_release_keeps_todays_figures_but_for_windows(model, gpu):
+def test_the_default_images_release_keeps_todays_figures_but_for_windows_and_graphs(model, gpu):
     """0.33: the batch defaults of 0.28 on, every model on the V2 runner (the floor): as without a release,
-    for every model without a sliding window."""
+    for every model without a sliding window, but for the CUDA graphs, which every runner reserves inside
+    the budget from 0.29: the cache is smaller by them, and capture never runs out beyond the budget."""
     shape, spec = config_shape(model), lookup(gpu)
-    for engine in (EngineArgs(), EngineArgs(max_model_len=8192, tensor_parallel_size=2)):
-        assert estimate(shape, engine, spec, release=r("0.33.0")) == estimate(shape, engine, spec)
+    for engine in (
+        EngineArgs(),
+        EngineArgs(max_model_len=8192, tensor_parallel_size=2),
+        EngineArgs(enforce_eager=True),
+    ):
+        default, today = estimate(shape, engine, spec, release=r("0.33.0")), estimate(shape, engine, spec)
+        assert (default.weights_gib, default.activation_gib, default.requested_gib) == (
+            today.weights_gib,
+            today.activation_gib,
+            today.requested_gib,
+        )
+        graphs = 0.0 if engine.enforce_eager else CUDAGRAPH_GIB
+        assert default.kv_cache_gib == pytest.approx(max(today.kv_cache_gib - graphs, 0.0), abs=1e-9)
+        assert default.failure != "cudagraph_capture_oom"
+        if engine.enforce_eager:
+            assert default == today
 
 
 def test_the_default_image_counts_two_steps_for_a_windowed_model():
@@ -428,9 +445,10 @@ def test_plan_refuses_a_bad_version(capsys, bad):
 def test_plan_says_which_releases_figures_it_used(capsys):
     argv = ("plan", "--model-config", CONFIG, "--gpu", "NVIDIA-H100-80GB-HBM3")
     code, out, _ = run_plan(capsys, *argv, "--vllm-version", "0.14.0")
-    assert code == 0 and "0.14.0 (--vllm-version)" in out and "51.31 GiB" in out
+    assert code == 0 and "0.14.0 (--vllm-version)" in out and "51.31 GiB" in out and "(outside the budget)" in out
     code, out, _ = run_plan(capsys, *argv)
-    assert code == 0 and f"0.33.0 (the default image {DEFAULT_IMAGE})" in out and "55.18 GiB" in out
+    assert code == 0 and f"0.33.0 (the default image {DEFAULT_IMAGE})" in out and "54.19 GiB" in out
+    assert "0.99 GiB (inside the budget)" in out
     code, out, _ = run_plan(capsys, *argv, "--vllm-version", "0.7.3")
     assert code == 0 and "not described" in out
     code, out, _ = run_plan(capsys, *argv, "--vllm-version", "v0.14.0", "--json")
@@ -498,3 +516,67 @@ def test_a_release_the_log_names_fills_in_for_an_image_tag_that_names_none():
     ):
         obj = VLLMService(spec=VLLMServiceSpec(model="m", image=image, env=env))
         assert inventory(obj, None, None, d).release == (parse_version(expected) if expected else None)
+
+
+# --- the CUDA graphs' reservation inside the budget
+
+
+@pytest.mark.parametrize(
+    ("release", "model", "reserved"),
+    [
+        ("0.19.0", "llama-3.1-8b", False),  # the estimate was opt-in (VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=0)
+        ("0.20.0", "llama-3.1-8b", True),  # on by default; Llama on the V1 runner
+        ("0.22.0", "qwen2.5-7b", True),  # V2 only for Qwen3 then
+        ("0.25.0", "llama-3.1-8b", False),  # the V2 runner's profile_cudagraph_memory returns 0
+        ("0.25.0", "nemotron-h-8b", True),  # a hybrid stays on the V1 runner
+        ("0.29.0", "llama-3.1-8b", True),  # the V2 runner estimates its graphs too
+        ("0.33.0", "qwen1.5-moe-a2.7b", True),
+    ],
+)
+def test_the_graphs_come_off_the_cache_where_the_runner_reserves_them(release, model, reserved):
+    """gpu_worker.py determine_available_memory: available KV = requested - non-KV - the runner's
+    graph estimate. The H200 runs of 0.25 (Llama on V2) show the same cache with and without
+    --enforce-eager (24.99 GiB at 0.3), which the V1 runner's reservation would not."""
+    shape, h100 = config_shape(model), lookup("NVIDIA-H100-80GB-HBM3")
+    engine = EngineArgs(max_model_len=8192, gpu_memory_utilization=0.9)
+    graphs = estimate(shape, engine, h100, release=r(release))
+    eager = estimate(shape, engine.model_copy(update={"enforce_eager": True}), h100, release=r(release))
+    assert graphs.kv_cache_gib == pytest.approx(eager.kv_cache_gib - (CUDAGRAPH_GIB if reserved else 0), abs=1e-9)
+
+
+def test_rocm_reserves_the_graphs_from_0_26():
+    """The worker estimated the graphs on CUDA alone (is_cuda) until 0.26 (is_cuda_alike)."""
+    shape, mi300x = config_shape("nemotron-h-8b"), lookup("custom", 191.5)  # an MI300X (V1: a hybrid)
+    engine, eager = EngineArgs(max_model_len=8192), EngineArgs(max_model_len=8192, enforce_eager=True)
+    for version, reserved in (("0.25.0", 0.0), ("0.26.0", CUDAGRAPH_GIB)):
+        graphs = estimate(shape, engine, mi300x, release=r(version, "rocm")).kv_cache_gib
+        assert graphs == pytest.approx(
+            estimate(shape, eager, mi300x, release=r(version, "rocm")).kv_cache_gib - reserved
+        )
+
+
+def test_a_high_utilization_leaves_the_graphs_room_only_where_they_are_captured_beside_the_budget():
+    """Qwen2.5-7B on a 24 GB RTX 4090 at utilization 0.95: 1.18 GiB beside the budget, less the CUDA
+    context, holds no 0.99 GiB of graphs. Under 0.25 (V2, graphs outside the budget) pre-flight says
+    capture runs out and Fix cuts utilization; under 0.33 vLLM reserves them inside the budget, the start
+    fits, and Fix changes nothing (a cut there would only shrink the cache)."""
+    shape, gpu = config_shape("qwen2.5-7b"), lookup("NVIDIA-GeForce-RTX-4090")
+    for version, fits in (("0.25.0", False), ("0.33.0", True)):
+        spec = VLLMServiceSpec(
+            model="m",
+            image=f"vllm/vllm-openai:v{version}",
+            engine={"gpuMemoryUtilization": 0.95, "maxModelLen": 32768},
+            preflight="Fix",
+        )
+        before = estimate(shape, spec.engine, gpu, release=spec.release())
+        assert before.fits is fits and (before.failure == "cudagraph_capture_oom") is not fits, before.reasons
+        assert (preflight(spec, gpu, shape).engine.gpu_memory_utilization == 0.95) is fits
+
+
+def test_an_environment_that_turns_the_estimate_off_names_no_release():
+    spec = VLLMServiceSpec(
+        model="m",
+        image="vllm/vllm-openai:v0.33.0",
+        env=[{"name": "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", "value": "0"}],
+    )
+    assert spec.release() is None

@@ -4,8 +4,10 @@ Budget, as vLLM (V1) computes it at start-up:
     requested = total x gpu_memory_utilization            (must be <= free at start)
     kv_cache  = requested - weights - peak_activation - non_torch
     tokens    = floor(kv_cache / (kv_bytes_per_token x block)) x block
-and one request of max_model_len must fit in `tokens`. CUDA graphs are captured
-outside that budget (about 1 GiB more for a dense 8B model on an H200).
+and one request of max_model_len must fit in `tokens`. CUDA graphs (about 1 GiB for a dense 8B
+model on an H200) are captured outside that budget, except where the release reserves its estimate
+of them inside it (the V1 runner from 0.20, every runner from 0.29: vllm_release.graphs_in_budget),
+taking it off the KV cache.
 Each constant below names where it came from. Pure: no I/O.
 """
 
@@ -30,7 +32,7 @@ from .gpu_catalog import GpuSpec
 from .model_shape import DTYPE_BYTES, GROUP_SCALE_BYTES, QUANT_BYTES, ModelShape, layer_group, padded_layers
 from .mxfp4_experts import EXPERTS_ONLY, expert_bytes_per_gpu
 from .sampler_peak import sampler_peak_bytes
-from .vllm_release import Release, facts, runs_v1, sampler_path
+from .vllm_release import Release, facts, graphs_in_budget, runs_v1, sampler_path
 
 BLOCK_SIZE = 16  # vLLM's default KV block (measured: KV tokens = blocks x 16)
 
@@ -154,6 +156,7 @@ class Estimate:
     max_num_seqs: int = 0  # the flag, else vLLM's default for this GPU
     state_blocks: int | None = None  # a Mamba hybrid's pool blocks: at most this many sequences run
     reasons: list[str] = field(default_factory=list)
+    graphs_in_budget: bool = False  # the release reserves the CUDA graphs inside the budget (off the cache)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in asdict(self).items()}
@@ -269,16 +272,30 @@ def _concurrency(tokens: int, kv_bytes: float, need: KvNeed, max_len: int) -> fl
     return round(kv_bytes / need.bytes_for(max_len) if need.windowed_per_token else tokens / max_len, 2)
 
 
-def release_sampler(shape: ModelShape, release: Release | None, extra_args: list[str] | None = None) -> str:
-    """The dummy sampler's path (sampler_peak.py) the release runs this model on: the V1 runner's where
-    its default puts the model there for certain, else the floor (so with a speculative config too: some
-    drafts force the V2 runner from 0.26)."""
+def on_v1_runner(shape: ModelShape, release: Release | None, extra_args: list[str] | None = None) -> bool:
+    """Whether the release's default puts this model on the V1 runner for certain: not with a
+    speculative config (some drafts force the V2 runner from 0.26), nor for a release the table does
+    not describe."""
     row = facts(release)
     if row is None or any(spelled_by(t, "--speculative-config") for t in extra_args or []):
-        return "v2"
+        return False
     moe, quantized = shape.experts > 0, shape.quantization is not None
-    v1 = runs_v1(row, shape.architecture, moe, quantized, shape.mamba_layers > 0, shape.attention_layers == 0)
-    return sampler_path(release, row, v1)
+    return runs_v1(row, shape.architecture, moe, quantized, shape.mamba_layers > 0, shape.attention_layers == 0)
+
+
+def graphs_reserved(shape: ModelShape | None, engine: EngineArgs, release: Release | None) -> bool:
+    """Whether vLLM takes its estimate of the CUDA graphs off the KV budget and captures them inside it
+    (vllm_release.graphs_in_budget): without the model's shape, only where every runner does."""
+    if engine.enforce_eager:
+        return False
+    v1 = shape is not None and on_v1_runner(shape, release, engine.extra_args)
+    return graphs_in_budget(release, facts(release), v1)
+
+
+def release_sampler(shape: ModelShape, release: Release | None, extra_args: list[str] | None = None) -> str:
+    """The dummy sampler's path (sampler_peak.py) the release runs this model on: the V1 runner's where
+    its default puts the model there for certain, else the floor."""
+    return sampler_path(release, facts(release), on_v1_runner(shape, release, extra_args))
 
 
 def estimate(
@@ -305,6 +322,8 @@ def estimate(
     act = activation_bytes(shape, mbt, tp, seqs, release_sampler(shape, release, engine.extra_args)) / GIB
     non_torch = NON_TORCH_GIB_TP1 if tp * pp == 1 else NON_TORCH_GIB_TPN
     graphs = 0.0 if engine.enforce_eager else CUDAGRAPH_GIB
+    # (where the release reserves them, the graphs come off the KV budget and are captured inside it)
+    reserved = graphs_reserved(shape, engine, release)
     per_token = shape.kv_bytes_per_token(kv_cache_dtype(engine), tp, pp)
     reasons: list[str] = []
     failure = None
@@ -319,7 +338,7 @@ def estimate(
             )
     else:
         requested = math.ceil(total * engine.gpu_memory_utilization * GIB) / GIB
-        kv = requested - weights - act - non_torch
+        kv = requested - weights - act - non_torch - (graphs if reserved else 0.0)
         if requested > free:
             failure = "gpu_util_exceeds_free"
             reasons.append(
@@ -355,7 +374,8 @@ def estimate(
             f"KV cache {kv:.2f} GiB holds {blocks:,} Mamba state blocks, one a running sequence, "
             f"< max_num_seqs {seqs:,}"
         )
-    if failure is None and not engine.enforce_eager and requested + graphs > free:
+    outside = 0.0 if reserved and not engine.kv_cache_memory_bytes else graphs
+    if failure is None and outside and requested + outside > free:
         failure = "cudagraph_capture_oom"
         reasons.append(
             f"CUDA graphs need about {graphs:.2f} GiB beyond the {requested:.2f} GiB requested; {free:.2f} GiB is free"
@@ -368,6 +388,7 @@ def estimate(
         activation_gib=act,
         non_torch_gib=non_torch,
         cudagraph_gib=graphs,
+        graphs_in_budget=reserved,
         kv_cache_gib=max(kv, 0.0),
         kv_bytes_per_token=per_token,
         kv_tokens=tokens,

@@ -65,7 +65,7 @@ def render_plan(shape: Any, gpu: Any, first: Any, fixed: Any, vllm: str = "") ->
         ("weights / GPU", f"{est.weights_gib:.2f} GiB"),
         ("activation peak", f"{est.activation_gib:.2f} GiB (max_num_batched_tokens {est.max_num_batched_tokens:,})"),
         ("non-torch", f"{est.non_torch_gib:.2f} GiB"),
-        ("CUDA graphs", f"{est.cudagraph_gib:.2f} GiB (outside the budget)"),
+        ("CUDA graphs", f"{est.cudagraph_gib:.2f} GiB ({'inside' if est.graphs_in_budget else 'outside'} the budget)"),
         ("KV cache", f"{est.kv_cache_gib:.2f} GiB = {est.kv_tokens:,} tokens ({est.kv_bytes_per_token:,} bytes/token)"),
         (
             "max_model_len",

@@ -36,6 +36,12 @@ class Facts:
     v1_sampler: str | None  # sampler_peak path of the V1 runner's dummy sampler; None: the floor stands
     v1_models: str  # which models run on the V1 runner by default
     v2_architectures: frozenset[str] = frozenset()  # the list v1_models names
+    # Which runners reserve their CUDA-graph estimate inside the budget (gpu_worker.py
+    # determine_available_memory: available KV = requested - non-KV - the runner's
+    # profile_cudagraph_memory(), VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS on by default): "none", "v1"
+    # (the V2 runner's estimate is `return 0`), "all". Where reserved, the KV cache is smaller by the
+    # graphs and capture runs inside the budget.
+    graphs: str = "none"
 
 
 _V2_023 = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM"})
@@ -60,35 +66,50 @@ RELEASES: tuple[Facts, ...] = (
     # topk_topp_sampler.py apply_top_k_top_p: the Triton kernel (topk_topp_triton.py, in place) from 8 rows
     # (PR #33538).
     Facts((0, 17, 0), "70gib-no-a100", "one-step", "v1-triton", "all"),
+    # envs.py VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS defaults to "1" (it was "0"): the V1 runner's
+    # profile_cudagraph_memory (the two largest sizes of each mode captured into a scratch pool,
+    # extrapolated; no margin) comes off the KV budget. Its log says "default since v0.21.0".
+    Facts((0, 20, 0), "70gib-no-a100", "one-step", "v1-triton", "all", graphs="v1"),
     # FlashInfer's sampler on by default again (envs.py, PR #40376), but gpu_model_runner.py
     # _dummy_sampler_run also warms forward_native (the Triton path): its peak is at least that.
-    Facts((0, 21, 0), "70gib-no-a100", "one-step", "v1-triton", "all"),
+    Facts((0, 21, 0), "70gib-no-a100", "one-step", "v1-triton", "all", graphs="v1"),
     # config/vllm.py use_v2_model_runner: V2 by default for DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES, not MoE,
     # not a quantized checkpoint (PR #39337, Qwen3 dense).
-    Facts((0, 22, 0), "70gib-no-a100", "one-step", "v1-triton", "v2-listed-dense", frozenset({"Qwen3ForCausalLM"})),
-    Facts((0, 23, 0), "70gib-no-a100", "one-step", "v1-triton", "v2-listed-dense", _V2_023),
+    Facts(
+        (0, 22, 0), "70gib-no-a100", "one-step", "v1-triton", "v2-listed-dense", frozenset({"Qwen3ForCausalLM"}), "v1"
+    ),
+    Facts((0, 23, 0), "70gib-no-a100", "one-step", "v1-triton", "v2-listed-dense", _V2_023, "v1"),
     # _is_default_v2_model_runner_model: any listed architecture, MoE or not.
-    Facts((0, 24, 0), "70gib-no-a100", "one-step", "v1-triton", "v2-listed", _V2_024),
+    Facts((0, 24, 0), "70gib-no-a100", "one-step", "v1-triton", "v2-listed", _V2_024, "v1"),
     # V2 unless hybrid or attention-free, and for MoE only the listed ones.
-    Facts((0, 25, 0), "70gib-no-a100", "one-step", "v1-triton", "v1-hybrid-unlisted-moe", _V2_025),
+    Facts((0, 25, 0), "70gib-no-a100", "one-step", "v1-triton", "v1-hybrid-unlisted-moe", _V2_025, "v1"),
     # SlidingWindowSpec.max_admission_blocks_per_request: window - 1 + max_in_flight_tokens, that is
     # max_concurrent_batches (2 with async scheduling, its default since 0.14.0; PP stages) times
     # max_num_batched_tokens (PR #47728; issue #49878: Gemma 4's KV need up 40 % from 0.25.1).
-    Facts((0, 26, 0), "70gib-no-a100", "in-flight", "v1-triton", "v1-hybrid-unlisted-moe", _V2_026),
+    Facts((0, 26, 0), "70gib-no-a100", "in-flight", "v1-triton", "v1-hybrid-unlisted-moe", _V2_026, "v1"),
     # A listed hybrid goes to V2 too (default_v2_model_runner_architectures).
-    Facts((0, 27, 0), "70gib-no-a100", "in-flight", "v1-triton", "v1-unlisted-hybrid-moe", _V2_027),
+    Facts((0, 27, 0), "70gib-no-a100", "in-flight", "v1-triton", "v1-unlisted-hybrid-moe", _V2_027, "v1"),
     # arg_utils get_batch_defaults: 16384 tokens for the server too from 160 GiB.
-    Facts((0, 28, 0), "160gib", "in-flight", "v1-triton", "v1-unlisted-hybrid-moe", _V2_028),
+    Facts((0, 28, 0), "160gib", "in-flight", "v1-triton", "v1-unlisted-hybrid-moe", _V2_028, "v1"),
     # use_v2_model_runner: V2 for every model by default (its unsupported features aside): the floor.
-    # 0.34.0 drops the V1 GPU runner (v1/worker/gpu_model_runner.py) altogether.
-    Facts((0, 29, 0), "160gib", "in-flight", "v1-triton", "none"),
+    # The V2 runner estimates its graphs too (gpu/cudagraph_utils.py, a real capture into a throwaway
+    # pool), so every runner reserves them. 0.34.0 drops the V1 GPU runner (v1/worker/gpu_model_runner.py)
+    # altogether, and sizes its extensible KV cache after capture (the graphs inside the budget too).
+    Facts((0, 29, 0), "160gib", "in-flight", "v1-triton", "none", graphs="all"),
 )
 # fmt: on
 LAST_SERIES = (0, 34)  # the newest release read: later ones are not described
 
 # Environment variables with which a release runs another runner or sampler than its default: with any
 # set, its figures are not the release's.
-RELEASE_ENV = frozenset({"VLLM_USE_V1", "VLLM_USE_V2_MODEL_RUNNER", "VLLM_USE_FLASHINFER_SAMPLER"})
+RELEASE_ENV = frozenset(
+    {
+        "VLLM_USE_V1",
+        "VLLM_USE_V2_MODEL_RUNNER",
+        "VLLM_USE_FLASHINFER_SAMPLER",
+        "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -195,6 +216,18 @@ def sampler_path(release: Release | None, row: Facts | None, v1: bool) -> str:
     return row.v1_sampler
 
 
+def graphs_in_budget(release: Release | None, row: Facts | None, v1: bool) -> bool:
+    """Whether the release reserves the CUDA graphs' memory inside the budget for a model that runs on
+    the V1 runner for certain (`v1`, runs_v1) or may run on V2: not on ROCm before 0.26.0 (the worker's
+    estimate was CUDA's alone until is_cuda_alike), and where only the V1 runner reserves them, only for
+    a model that runs there for certain (else the V2 runner's default, outside the budget, stands)."""
+    if release is None or row is None or row.graphs == "none":
+        return False
+    if release.platform == "rocm" and release.version < (0, 26, 0):
+        return False
+    return row.graphs == "all" or v1
+
+
 def describe(release: Release | None, source: str = "") -> str:
     """Which release's figures an estimate used, for `plan` to print; `source`: where the release came
     from (the image, the option)."""
@@ -205,4 +238,4 @@ def describe(release: Release | None, source: str = "") -> str:
     where = f" ({source})" if source else ""
     if facts(release) is None:
         return f"{release}{where}: not described (from {first} to {last}.x are): {shared}"
-    return f"{release}{where}: that release's batch defaults, dummy sampler and windowed layers"
+    return f"{release}{where}: that release's batch defaults, dummy sampler, windowed layers and CUDA-graph reservation"

@@ -14,7 +14,7 @@ from ..diagnosis.figures import MAX_GIB
 from ..engine import BY_FIELD
 from ..engine_defaults import default_max_num_batched_tokens, default_max_num_seqs
 from ..gpu_catalog import GpuSpec, lookup
-from ..memory import CUDA_CONTEXT_GIB, CUDAGRAPH_GIB, Estimate, ModelShape, estimate
+from ..memory import CUDA_CONTEXT_GIB, CUDAGRAPH_GIB, Estimate, ModelShape, estimate, graphs_reserved
 from ..remedy_gate import Limits
 from ..vllm_release import Release, facts
 
@@ -111,6 +111,13 @@ class Context:
         shape, gpu, entry, release = self.inv.shape, self.gpu(), self.inv.entrypoint, self.inv.release
         return estimate(shape, engine or self.engine, gpu, free_gib, entry, release)
 
+    def graphs_outside(self) -> float:
+        """GiB the CUDA graphs take beyond the budget: none where eager, or where the release reserves
+        them inside it (memory.graphs_reserved)."""
+        if graphs_reserved(self.inv.shape, self.engine, self.inv.release) or self.engine.enforce_eager:
+            return 0.0
+        return CUDAGRAPH_GIB
+
     def default_seqs(self) -> int:
         """vLLM's max_num_seqs for this GPU, under the image's release where it names one."""
         return default_max_num_seqs(self.total or 0, self.inv.gpu_name, self.engine.extra_args, self._tier())
@@ -159,7 +166,7 @@ class Context:
             free = self.total  # a Kubernetes GPU is the pod's alone
         if free is None:
             return None
-        return free - CUDA_CONTEXT_GIB - (0 if self.engine.enforce_eager else CUDAGRAPH_GIB)
+        return free - CUDA_CONTEXT_GIB - self.graphs_outside()
 
 
 Step = Callable[[Context], "Remedy | None"]

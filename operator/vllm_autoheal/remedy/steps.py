@@ -35,10 +35,9 @@ def fit_utilization_to_free(ctx: Context) -> Remedy | None:
         return None  # with kv_cache_memory_bytes set, utilization does not size the KV cache
     cpu = ctx.diag.subtype == "cpu_memory_share_exceeds_free"
     # The printed free figure already excludes vLLM's own CUDA context. On a GPU keep room for the
-    # CUDA graphs (captured outside the budget) plus 0.5 GiB and 1%; free host memory moves between
-    # runs (page cache, NUMA accounting), so on the CPU backend keep a quarter back.
-    graphs = 0.0 if ctx.engine.enforce_eager else CUDAGRAPH_GIB
-    margin = 0.25 * free if cpu else graphs + 0.5 + 0.01 * total
+    # CUDA graphs (where captured outside the budget) plus 0.5 GiB and 1%; free host memory moves
+    # between runs (page cache, NUMA accounting), so on the CPU backend keep a quarter back.
+    margin = 0.25 * free if cpu else ctx.graphs_outside() + 0.5 + 0.01 * total
     new = round_util((free - margin) / total)
     if new < ctx.floor or new >= ctx.engine.gpu_memory_utilization:
         return None
