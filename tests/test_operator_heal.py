@@ -92,11 +92,13 @@ def gpus(dep: dict) -> int:
 
 
 async def test_h200_other_process_heals_in_one_restart_with_default_settings(cluster):
+    """38.69 of 139.8 GiB free: 0.26 under the default image, whose CUDA graphs are reserved inside the
+    budget (0.25, leaving them room beside it, under vLLM 0.25: test_gpu_heal_runs.py)."""
     spec = {**SPEC, "resources": {"gpuProduct": "NVIDIA-H200"}}
     obj = await cluster.first_heal("h200", spec, "h200-a", message=H200_TERMINATION)
-    assert obj["spec"]["engine"]["gpuMemoryUtilization"] == 0.25
+    assert obj["spec"]["engine"]["gpuMemoryUtilization"] == 0.26
     assert status(obj)["heals"][-1]["action"] == "LowerGpuMemoryUtilization"
-    await wait_for(lambda: flag(cluster.deployment_now("h200"), "--gpu-memory-utilization") == "0.25", what="rollout")
+    await wait_for(lambda: flag(cluster.deployment_now("h200"), "--gpu-memory-utilization") == "0.26", what="rollout")
 
 
 # --- attempts: a counter, across non-memory crashes and operator restarts --------------------

@@ -107,7 +107,7 @@ CASES = {
     "h200-default-floor": (
         {**SPEC, "resources": {"gpuProduct": "NVIDIA-H200"}},
         H200_TERMINATION,
-        lambda o: o["spec"]["engine"]["gpuMemoryUtilization"] == 0.25,
+        lambda o: o["spec"]["engine"]["gpuMemoryUtilization"] == 0.26,  # (the default image: graphs in the budget)
     ),
     "tp-with-gpus": (
         {**SPEC, "resources": {**SPEC["resources"], "gpus": 1}, "heal": TP_HEAL},
