@@ -1,6 +1,6 @@
 """How many restarts does a memory incident cost, and how much KV capacity survives the heal?
 
-    python bench/recovery.py
+    python bench/recovery.py [--vllm-version X.Y.Z]
 
 Scenarios: model x GPU x starting flags x memory held by another process. The
 calibrated memory model plays the world: for each start it says whether vLLM
@@ -10,11 +10,14 @@ memory at start (the launcher's NVML snapshot); "no probe" does not. Compared wi
 (lower gpu_memory_utilization by 0.01 per restart, as vLLM's own auto-tune
 script does) and, for host-RAM incidents, Kubernetes VPA's x1.2 bump. "pre-flight" is the
 share of incidents that never happen: pre-flight `Fix` starts with flags the world accepts. Every
-action is allowed, tensor parallelism up to 8 (as `serve --max-tensor-parallel-size 8`).
+action is allowed, tensor parallelism up to 8 (as `serve --max-tensor-parallel-size 8`). The world is
+the memory model's figures every release shares, or with `--vllm-version` that release's (its batch
+defaults, sampler, windows and where the CUDA graphs go), which the heal and pre-flight then know too.
 """
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import statistics
@@ -31,6 +34,7 @@ from vllm_autoheal.memory import estimate  # noqa: E402
 from vllm_autoheal.model_shape import shape_from_config  # noqa: E402
 from vllm_autoheal.preflight import preflight  # noqa: E402
 from vllm_autoheal.remedy import Inventory, plan_heal  # noqa: E402
+from vllm_autoheal.vllm_release import Release, parse_version  # noqa: E402
 
 MAX_RESTARTS = 30
 MODELS = ["llama-3.1-8b", "qwen2.5-7b", "mistral-7b-v0.1", "qwen2.5-32b", "mixtral-8x7b", "llama-3.1-70b"]
@@ -42,6 +46,12 @@ STARTS = [  # (label, engine args)
     ("TP 2, util 0.9", {"tensor_parallel_size": 2}),
 ]
 OTHERS = [0.0, 0.3]  # share of the GPU held by another process
+RELEASE: Release | None = None  # the world's vLLM release (--vllm-version)
+
+
+def world(shape, engine: EngineArgs, gpu, free: float | None):
+    """What vLLM does with these flags: the memory model under the world's release."""
+    return estimate(shape, engine, gpu, free, release=RELEASE)
 
 
 def vllm_message(est, engine: EngineArgs) -> str:
@@ -88,9 +98,11 @@ def heal(shape, gpu, start: EngineArgs, free: float, tp_bound: int, with_probe: 
     )
     engine, history = start, []
     # The launcher's GPU snapshot reports what was free at start (with_probe), else free is unknown.
-    inventory = Inventory(gpu_total_gib=gpu.memory_gib, shape=shape, gpu_free_gib=free if with_probe else None)
+    inventory = Inventory(
+        gpu_total_gib=gpu.memory_gib, shape=shape, gpu_free_gib=free if with_probe else None, release=RELEASE
+    )
     for restarts in range(MAX_RESTARTS + 1):
-        est = estimate(shape, engine, gpu, free)
+        est = world(shape, engine, gpu, free)
         if est.fits:
             return True, restarts, est
         diag = classify(Signals(log=vllm_message(est, engine), tensor_parallel_size=engine.tensor_parallel_size))
@@ -108,18 +120,19 @@ def prevented(shape, gpu, start: EngineArgs, free: float, tp_bound: int) -> tupl
     spec = VLLMServiceSpec(
         model="m",
         engine=start,
+        image=f"vllm/vllm-openai:v{RELEASE}" if RELEASE else "vllm/vllm-openai:latest",
         preflight="Fix",
         heal={"bounds": {"maxTensorParallelSize": tp_bound}, "allowedActions": ALL_ACTIONS},
     )
     result = preflight(spec, gpu, shape, free)
-    est = estimate(shape, result.engine, gpu, free)
+    est = world(shape, result.engine, gpu, free)
     return est.fits, 0, est
 
 
 def ladder(shape, gpu, start: EngineArgs, free: float) -> tuple[bool, int, object]:
     engine = start
     for restarts in range(MAX_RESTARTS + 1):
-        est = estimate(shape, engine, gpu, free)
+        est = world(shape, engine, gpu, free)
         if est.fits:
             return True, restarts, est
         engine = engine.model_copy(update={"gpu_memory_utilization": round(engine.gpu_memory_utilization - 0.01, 2)})
@@ -134,13 +147,22 @@ def best_tokens(shape, gpu, start: EngineArgs, free: float) -> int:
     for util in [x / 100 for x in range(30, 96)]:
         for length in (start.max_model_len, None):
             e = start.model_copy(update={"gpu_memory_utilization": util, "max_model_len": length})
-            est = estimate(shape, e, gpu, free)
+            est = world(shape, e, gpu, free)
             if est.fits:
                 best = max(best, est.kv_tokens)
     return best
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    global RELEASE
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--vllm-version", help="the world's vLLM release (default: the figures every release shares)")
+    args = parser.parse_args(argv)
+    if args.vllm_version:
+        RELEASE = parse_version(args.vllm_version)
+        if RELEASE is None:
+            parser.error(f"--vllm-version {args.vllm_version!r} is not X.Y.Z")
+    print(f"vLLM release: {RELEASE or 'not named (the figures every release shares)'}")
     configs = {
         m: shape_from_config(json.loads((ROOT / "tests/fixtures/configs" / f"{m}.json").read_text())) for m in MODELS
     }
@@ -150,7 +172,7 @@ def main() -> int:
         shape, gpu = configs[model], lookup(gpu_name)
         start = EngineArgs(**args)
         free = gpu.memory_gib * (1 - other)
-        if estimate(shape, start, gpu, free).fits:
+        if world(shape, start, gpu, free).fits:
             continue
         incidents += 1
         best = best_tokens(shape, gpu, start, free)

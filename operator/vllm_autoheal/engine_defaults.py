@@ -1,7 +1,7 @@
 """What vLLM's flags and per-GPU defaults decide for the memory model, read off a command line:
 its batch defaults (arg_utils get_batch_defaults), where a multimodal model's vision encoder goes,
-whether the Mamba state pool is the one a config's pages make, and how many state pages a request
-holds. Pure: no I/O."""
+whether the Mamba state pool is the one a config's pages make, how many state pages a request
+holds, and whether CUDA graphs are captured. Pure: no I/O."""
 
 from __future__ import annotations
 
@@ -137,3 +137,26 @@ def state_pages(extra_args: list[str]) -> int:
     mode = (flag_value(extra_args, "--mamba-cache-mode") or "none").strip()
     caching = switched(extra_args, "--enable-prefix-caching") is True
     return 2 if caching and mode in ("none", "align") else 1
+
+
+def captures_graphs(enforce_eager: bool | None, extra_args: list[str]) -> bool:
+    """Whether vLLM captures CUDA graphs under these flags: not under --enforce-eager, nor where the
+    compilation config sets cudagraph_mode NONE (`--compilation-config '{"cudagraph_mode": "NONE"}'`,
+    or its dotted spelling `-O.cudagraph_mode=NONE`), which the worker's graph estimate skips too
+    (gpu_worker determine_available_memory: only when cudagraph_mode != NONE)."""
+    if enforce_eager:
+        return False
+    mode: Any = None
+    raw = flag_value(extra_args, "--compilation-config") or flag_value(extra_args, "-O")
+    if raw:
+        try:
+            parsed = json.loads(raw)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict):
+            mode = parsed.get("cudagraph_mode", mode)
+    for i, token in enumerate(extra_args):  # --compilation-config.cudagraph_mode NONE, -O.cudagraph_mode=NONE
+        name = token.partition("=")[0]
+        if name in ("--compilation-config.cudagraph_mode", "-O.cudagraph_mode"):
+            mode = token.partition("=")[2] if "=" in token else extra_args[i + 1] if i + 1 < len(extra_args) else ""
+    return not (isinstance(mode, str) and mode.strip().upper() == "NONE")

@@ -35,7 +35,7 @@ from .remedy import Inventory, plan_heal
 from .remedy_gate import Limits, fingerprint
 from .serve_history import append_record, read_records, recorded, remembered
 from .vllm_command import VllmUnavailable, vllm_start
-from .vllm_release import RELEASE_ENV, logged_release
+from .vllm_release import env_keeps_release, logged_release
 
 STOP_GRACE_S = 30.0
 # How far a start got, by the phase it failed in: a heal whose next start fails earlier made it worse.
@@ -274,9 +274,10 @@ class Supervisor:
             inventory = Inventory(memory_limit_bytes=cgroups.memory_limit())
             if gpu.gpus:
                 inventory.gpu_total_gib = gpu.gpus[0].total_bytes / GIB
-                if not RELEASE_ENV & os.environ.keys():  # (vLLM inherits this environment)
-                    # the release vLLM's log named: its facts are the CUDA build's (a CPU build names the same)
-                    inventory.release = logged_release(diag.numbers)
+                # the release vLLM's log named: its facts are the CUDA build's (a CPU build names the same)
+                logged = logged_release(diag.numbers)
+                if env_keeps_release(logged, os.environ):  # (vLLM inherits this environment)
+                    inventory.release = logged
             if diag.is_memory:  # the gate never goes back to settings that crashed of memory
                 self.failed.add(fingerprint(self.opts.model, engine, None))
             progress = PROGRESS.get(diag.phase, -1)

@@ -21,6 +21,7 @@ from .api import EngineArgs
 from .diagnosis.units import GIB
 from .engine import spelled_by, switched
 from .engine_defaults import (
+    captures_graphs,
     default_max_num_batched_tokens,
     default_max_num_seqs,
     encoder_placement,
@@ -274,10 +275,12 @@ def _concurrency(tokens: int, kv_bytes: float, need: KvNeed, max_len: int) -> fl
 
 def on_v1_runner(shape: ModelShape, release: Release | None, extra_args: list[str] | None = None) -> bool:
     """Whether the release's default puts this model on the V1 runner for certain: not with a
-    speculative config (some drafts force the V2 runner from 0.26), nor for a release the table does
-    not describe."""
+    speculative config from 0.25 (some drafts force the V2 runner: dspark, then dflash from 0.26), nor for
+    a release the table does not describe."""
     row = facts(release)
-    if row is None or any(spelled_by(t, "--speculative-config") for t in extra_args or []):
+    if row is None or release is None:
+        return False
+    if release.version >= (0, 25, 0) and any(spelled_by(t, "--speculative-config") for t in extra_args or []):
         return False
     moe, quantized = shape.experts > 0, shape.quantization is not None
     return runs_v1(row, shape.architecture, moe, quantized, shape.mamba_layers > 0, shape.attention_layers == 0)
@@ -285,11 +288,17 @@ def on_v1_runner(shape: ModelShape, release: Release | None, extra_args: list[st
 
 def graphs_reserved(shape: ModelShape | None, engine: EngineArgs, release: Release | None) -> bool:
     """Whether vLLM takes its estimate of the CUDA graphs off the KV budget and captures them inside it
-    (vllm_release.graphs_in_budget): without the model's shape, only where every runner does."""
-    if engine.enforce_eager:
+    (vllm_release.graphs_in_budget): not where it captures none, nor under kv_cache_memory_bytes (the
+    worker returns that size before any estimate); without the model's shape, only where every model
+    runs on a runner that does."""
+    if not captures_graphs(engine.enforce_eager, engine.extra_args) or engine.kv_cache_memory_bytes:
         return False
-    v1 = shape is not None and on_v1_runner(shape, release, engine.extra_args)
-    return graphs_in_budget(release, facts(release), v1)
+    row = facts(release)
+    if shape is None:
+        v1 = row is not None and row.v1_models == "all"
+    else:
+        v1 = on_v1_runner(shape, release, engine.extra_args)
+    return graphs_in_budget(release, row, v1)
 
 
 def release_sampler(shape: ModelShape, release: Release | None, extra_args: list[str] | None = None) -> str:
@@ -321,7 +330,7 @@ def estimate(
     seqs = engine.max_num_seqs or default_max_num_seqs(total, gpu.name, engine.extra_args, tier)
     act = activation_bytes(shape, mbt, tp, seqs, release_sampler(shape, release, engine.extra_args)) / GIB
     non_torch = NON_TORCH_GIB_TP1 if tp * pp == 1 else NON_TORCH_GIB_TPN
-    graphs = 0.0 if engine.enforce_eager else CUDAGRAPH_GIB
+    graphs = CUDAGRAPH_GIB if captures_graphs(engine.enforce_eager, engine.extra_args) else 0.0
     # (where the release reserves them, the graphs come off the KV budget and are captured inside it)
     reserved = graphs_reserved(shape, engine, release)
     per_token = shape.kv_bytes_per_token(kv_cache_dtype(engine), tp, pp)
@@ -374,7 +383,7 @@ def estimate(
             f"KV cache {kv:.2f} GiB holds {blocks:,} Mamba state blocks, one a running sequence, "
             f"< max_num_seqs {seqs:,}"
         )
-    outside = 0.0 if reserved and not engine.kv_cache_memory_bytes else graphs
+    outside = 0.0 if reserved else graphs
     if failure is None and outside and requested + outside > free:
         failure = "cudagraph_capture_oom"
         reasons.append(

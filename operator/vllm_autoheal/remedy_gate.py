@@ -87,8 +87,9 @@ def utilization_floor(
     gpu_name: str = "",
     release: Release | None = None,
 ) -> float | None:
-    """An explicit bound wins; with the model's shape, what holds the weights, the activation peak and
-    a KV cache of minMaxModelLen; without it, None (the numbers vLLM printed decide)."""
+    """An explicit bound wins; with the model's shape, what holds the weights, the activation peak, the
+    CUDA graphs where the release reserves them inside the budget and a KV cache of minMaxModelLen;
+    without it, None (the numbers vLLM printed decide)."""
     if bounds.min_gpu_memory_utilization is not None:
         return bounds.min_gpu_memory_utilization
     if shape is None or not total_gib:
@@ -96,6 +97,7 @@ def utilization_floor(
     need_len = engine.model_copy(update={"max_model_len": bounds.min_max_model_len, "kv_cache_memory_bytes": None})
     est = estimate(shape, need_len, lookup(gpu_name or "gpu", total_gib), None, entrypoint, release)
     need = est.weights_gib + est.activation_gib + est.non_torch_gib + est.kv_needed_gib
+    need += est.cudagraph_gib if est.graphs_in_budget else 0.0  # (the release takes them off the cache)
     return min(1.0, math.ceil(need / total_gib * 100) / 100)
 
 

@@ -16,6 +16,7 @@ Pure and standard library only: strings and tuples in, facts out; parsing never 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 Version = tuple[int, int, int]
@@ -102,14 +103,8 @@ LAST_SERIES = (0, 34)  # the newest release read: later ones are not described
 
 # Environment variables with which a release runs another runner or sampler than its default: with any
 # set, its figures are not the release's.
-RELEASE_ENV = frozenset(
-    {
-        "VLLM_USE_V1",
-        "VLLM_USE_V2_MODEL_RUNNER",
-        "VLLM_USE_FLASHINFER_SAMPLER",
-        "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS",
-    }
-)
+GRAPH_ESTIMATE_ENV = "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS"
+RELEASE_ENV = frozenset({"VLLM_USE_V1", "VLLM_USE_V2_MODEL_RUNNER", "VLLM_USE_FLASHINFER_SAMPLER", GRAPH_ESTIMATE_ENV})
 
 
 @dataclass(frozen=True)
@@ -214,6 +209,17 @@ def sampler_path(release: Release | None, row: Facts | None, v1: bool) -> str:
     if release is None or row is None or release.platform != "cuda" or not v1 or row.v1_sampler is None:
         return "v2"
     return row.v1_sampler
+
+
+def env_keeps_release(release: Release | None, env: Mapping[str, str | None]) -> bool:
+    """Whether a pod's environment (name -> value; None where it comes from elsewhere) leaves the
+    release's figures as they are: none of RELEASE_ENV set, but the graph estimate at its own default
+    ("1" from 0.20, which a release before then does not have)."""
+    for name in RELEASE_ENV & env.keys():
+        default = name == GRAPH_ESTIMATE_ENV and release is not None and release.version >= (0, 20, 0)
+        if not (default and (env[name] or "").strip() == "1"):
+            return False
+    return True
 
 
 def graphs_in_budget(release: Release | None, row: Facts | None, v1: bool) -> bool:

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from ..vllm_release import RELEASE_ENV, Release, logged_on, parse_image
+from ..vllm_release import Release, env_keeps_release, logged_on, parse_image
 from .config_json import DNS_SUBDOMAIN, ModelConfigSource
 from .engine_args import EngineArgs
 from .heal_policy import HealPolicy
@@ -238,11 +238,10 @@ class VLLMServiceSpec(Model):
     def release(self, logged: Release | None = None) -> Release | None:
         """The vLLM release the pod runs: the image's tag (vllm_release.parse_image), else the one its
         engine's log named (`logged`, where a tag such as latest names none; a ROCm image's as ROCm's);
-        None where neither says, or where the pod's environment picks another runner or sampler than the
-        release's default."""
-        if any(var.name in RELEASE_ENV for var in self.env):
-            return None
-        return parse_image(self.image) or logged_on(self.image, logged)
+        None where neither says, or where the pod's environment picks another runner, sampler or graph
+        estimate than the release's default."""
+        release = parse_image(self.image) or logged_on(self.image, logged)
+        return release if env_keeps_release(release, {var.name: var.value for var in self.env}) else None
 
     def gpu_count(self) -> int:
         if self.resources.gpus is not None:

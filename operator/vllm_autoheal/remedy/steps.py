@@ -10,7 +10,6 @@ from ..diagnosis.units import GIB, MIB
 from ..engine import switched
 from ..memory import (
     CUDA_CONTEXT_GIB,
-    CUDAGRAPH_GIB,
 )
 from ..quantity import format_bytes
 from .kv_steps import round_util, shorter_context
@@ -249,13 +248,15 @@ lower_batched = _halve(
 
 def room_for_graphs(ctx: Context) -> Remedy | None:
     """CUDA graphs are captured outside the budget: leave them room (about 1 GiB, plus what failed to
-    allocate and 0.5 GiB) below the budget instead of giving them up."""
+    allocate and 0.5 GiB) below the budget instead of giving them up. Where the release reserves its
+    estimate of them inside the budget, only what overran it lands beside: what failed, and 0.5 GiB."""
     total = ctx.total
     if not total or ctx.engine.enforce_eager or ctx.engine.kv_cache_memory_bytes:
         return None
     current = ctx.engine.gpu_memory_utilization
     headroom = (1 - current) * total
-    need = CUDAGRAPH_GIB + (ctx.num("tried_gib") or 0.0) + 0.5
+    graphs = ctx.graphs_outside()
+    need = graphs + (ctx.num("tried_gib") or 0.0) + 0.5
     if headroom >= need + 1.0:
         return None  # the graphs had room already: something else took it; keep the next step
     new = min(round_util(current - (need - max(headroom, 0.0)) / total), ctx.policy.bounds.max_gpu_memory_utilization)
@@ -265,8 +266,9 @@ def room_for_graphs(ctx: Context) -> Remedy | None:
         "LowerGpuMemoryUtilization",
         {"gpu_memory_utilization": new},
         f"CUDA-graph capture ran out of the {headroom:.2f} GiB left outside the budget; utilization "
-        f"{current} -> {new} leaves {(1 - new) * total:.2f} GiB for the graphs (about "
-        f"{CUDAGRAPH_GIB:g} GiB) and keeps them.",
+        f"{current} -> {new} leaves {(1 - new) * total:.2f} GiB for the graphs "
+        + (f"(about {graphs:g} GiB)" if graphs else "(what overran vLLM's reserve for them)")
+        + " and keeps them.",
     )
 
 
@@ -276,7 +278,8 @@ def enforce_eager(ctx: Context) -> Remedy | None:
     return Remedy(
         "EnforceEager",
         {"enforce_eager": True},
-        "skip CUDA-graph capture and the ~1 GiB it takes beyond the budget (some decode speed is lost).",
+        "skip CUDA-graph capture and the ~1 GiB it takes (beside the budget, or off the KV cache where the "
+        "release reserves it; some decode speed is lost).",
     )
 
 
