@@ -94,6 +94,30 @@ def pool_foreseen(extra_args: list[str]) -> bool:
 VISION_MODALITIES = ("image", "video")
 
 
+def config_flag(extra_args: list[str], spelling: str) -> dict[str, Any]:
+    """A JSON-valued flag's object (`--flag '{"key": 1}'`), with vLLM's dotted spelling of its keys
+    (`--flag.key 1`, `--flag.key=NONE`) over it; a value that is no JSON stays a string; the
+    last of each wins, as in vLLM's parser."""
+    out: dict[str, Any] = {}
+    raw = flag_value(extra_args, spelling)
+    if raw:
+        try:
+            parsed = json.loads(raw)
+        except ValueError:
+            parsed = None
+        if isinstance(parsed, dict):
+            out.update(parsed)
+    for i, token in enumerate(extra_args):
+        name = flag_name(token) or ""
+        if name.startswith(spelling + "."):
+            value = token.partition("=")[2] if "=" in token else extra_args[i + 1] if i + 1 < len(extra_args) else ""
+            try:
+                out[name.partition(".")[2]] = json.loads(value)
+            except ValueError:
+                out[name.partition(".")[2]] = value
+    return out
+
+
 def _limit_is_zero(value: Any) -> bool:
     count = value.get("count") if isinstance(value, dict) else value
     return isinstance(count, int) and not isinstance(count, bool) and count == 0
@@ -107,23 +131,7 @@ def encoder_placement(extra_args: list[str]) -> str:
     A limit on the image alone keeps the count (a tower serving video too is still built)."""
     if switched(extra_args, "--language-model-only"):
         return "off"
-    limits: dict[str, Any] = {}
-    raw = flag_value(extra_args, "--limit-mm-per-prompt")
-    if raw:
-        try:
-            parsed = json.loads(raw)
-        except ValueError:
-            parsed = None
-        if isinstance(parsed, dict):
-            limits.update(parsed)
-    for i, token in enumerate(extra_args):  # --limit-mm-per-prompt.image 0 (vLLM's dotted spelling)
-        name = flag_name(token) or ""
-        if name.startswith("--limit-mm-per-prompt."):
-            value = token.partition("=")[2] if "=" in token else extra_args[i + 1] if i + 1 < len(extra_args) else ""
-            try:
-                limits[name.partition(".")[2]] = json.loads(value)
-            except ValueError:
-                pass
+    limits = config_flag(extra_args, "--limit-mm-per-prompt")
     if all(_limit_is_zero(limits.get(m)) for m in VISION_MODALITIES):
         return "off"
     return "data" if (flag_value(extra_args, "--mm-encoder-tp-mode") or "").strip() == "data" else "weights"
@@ -146,17 +154,5 @@ def captures_graphs(enforce_eager: bool | None, extra_args: list[str]) -> bool:
     (gpu_worker determine_available_memory: only when cudagraph_mode != NONE)."""
     if enforce_eager:
         return False
-    mode: Any = None
-    raw = flag_value(extra_args, "--compilation-config") or flag_value(extra_args, "-O")
-    if raw:
-        try:
-            parsed = json.loads(raw)
-        except ValueError:
-            parsed = None
-        if isinstance(parsed, dict):
-            mode = parsed.get("cudagraph_mode", mode)
-    for i, token in enumerate(extra_args):  # --compilation-config.cudagraph_mode NONE, -O.cudagraph_mode=NONE
-        name = token.partition("=")[0]
-        if name in ("--compilation-config.cudagraph_mode", "-O.cudagraph_mode"):
-            mode = token.partition("=")[2] if "=" in token else extra_args[i + 1] if i + 1 < len(extra_args) else ""
+    mode = {**config_flag(extra_args, "-O"), **config_flag(extra_args, "--compilation-config")}.get("cudagraph_mode")
     return not (isinstance(mode, str) and mode.strip().upper() == "NONE")
