@@ -5,7 +5,21 @@ They place a failure; they never name one. Standard library only."""
 from __future__ import annotations
 
 from . import model as m
-from .pattern import BUDGET, FIGURE, FRAME, GAP, MILESTONE, NUM, SIZE, STARTING, WB, WEAK, WEB_SERVER, Message
+from .pattern import (
+    BUDGET,
+    FIGURE,
+    FRAME,
+    GAP,
+    MILESTONE,
+    NUM,
+    SIZE,
+    SIZED_AFTER_CAPTURE,
+    STARTING,
+    WB,
+    WEAK,
+    WEB_SERVER,
+    Message,
+)
 from .pattern import row as _m
 
 # The class a notebook's traceback (IPython 8) names before a frame's function: `in Worker.load_model(self)`.
@@ -75,13 +89,15 @@ MARKERS: tuple[Message, ...] = (
     ),
     _m(
         FRAME,
-        # (init_cache_engine and CacheEngine.allocate_gpu_cache: V0 up to 0.4)
+        # (init_cache_engine and CacheEngine.allocate_gpu_cache: V0 up to 0.4; extend_kv_cache and
+        # ensure_kv_cache_blocks: 0.34's extensible KV cache committing device memory to its blocks)
         r"i"
         + WB
         + r"n '?"
         + QUALIFIED
         + r"(?:initialize_kv_cache(?:_tensors)?|_allocate_kv_cache_tensors|allocate_kv_cache|_?init_cache_engine|"
-        r"_allocate_kv_cache|initialize_cache|init_kv_cache|reshape_kv_cache_tensors|allocate_gpu_cache)\b|"
+        r"_allocate_kv_cache|initialize_cache|init_kv_cache|reshape_kv_cache_tensors|allocate_gpu_cache|"
+        r"extend_kv_cache|ensure_kv_cache_blocks)\b|"
         r"m" + WB + r"ethod '?(?:initialize_kv_cache|_allocate_kv_cache_tensors|allocate_kv_cache|_?init_cache_engine|"
         r"_allocate_kv_cache|initialize_cache|init_kv_cache|reshape_kv_cache_tensors|allocate_gpu_cache)\b",
         phase=m.PHASE_KV,
@@ -179,6 +195,17 @@ MARKERS: tuple[Message, ...] = (
         r"Memory profiling takes",
         phase=m.PHASE_KV,
     ),
+    # vLLM 0.34's extensible KV cache is sized after warm-up and graph capture (extensible_kv_cache.py
+    # measure_kv_cache_blocks): what follows commits its blocks. Its "Available KV cache memory" before
+    # then is the cache's address space, not its size: the blocks that fit are (the smallest decides).
+    _m(
+        MILESTONE,
+        r"Memory after warmup: .{0,400}?; (?P<gpu_blocks>\d{1,12}) KV cache blocks \((?P<available_kv_gib>[\d.]+) GiB\) "
+        r"fit within the requested (?P<requested_gib>[\d.]+) GiB",
+        phase=m.PHASE_KV,
+        subtype=SIZED_AFTER_CAPTURE,
+        needles=("Memory after warmup: ",),
+    ),
     _m(
         MILESTONE,
         r"Graph capturing finished in|init engine \(profile, create kv cache, warmup model\) took|"
@@ -221,6 +248,14 @@ MARKERS: tuple[Message, ...] = (
     ),
     # (vLLM 0.1 printed the count unclamped: a negative one is the budget overdrawn)
     _m(BUDGET, r"# (?:GPU|cuda) blocks: (?:0|-\d{1,12})\b", m.KV_CACHE_INSUFFICIENT, m.PHASE_KV, "zero_gpu_blocks"),
+    _m(
+        BUDGET,
+        r"Memory after warmup: .{0,400}?; 0 KV cache blocks \(",
+        m.KV_CACHE_INSUFFICIENT,
+        m.PHASE_KV,
+        "zero_gpu_blocks",
+        needles=("Memory after warmup: ",),
+    ),
     # (below 1x, one request of max_model_len does not fit: vLLM's own arithmetic, blocks x block
     # size over max_model_len, whatever the error that follows, or its absence in a cut log)
     _m(

@@ -29,6 +29,7 @@ from .pattern import (  # noqa: F401 - the kinds are read as messages.KIND by th
     NOT_OOM,
     OOM,
     SIZE,
+    SIZED_AFTER_CAPTURE,
     STARTING,
     SYSTEMD_UNIT,
     WB,
@@ -255,6 +256,8 @@ FAILURES: tuple[Message, ...] = (
         # (not rocBLAS's rocblas_status_memory_error: "failed internal memory allocation, copy or
         # dealloc", and what a kernel launch's hipErrorLaunchOutOfResources becomes)
         r"miopenStatusAllocFailed|RESOURCE_EXHAUSTED|out of memory \(HIP\)|"
+        # (vLLM 0.34's driver calls for its extensible KV cache: vmm_driver.py, the driver's own string)
+        r"GPU driver error \d{1,4}: out of memory|"
         r"MODULE:PT_DEVMEM Allocation failed",  # Gaudi's device memory (HabanaAI's vLLM fork)
         needles=(
             "OutOfMemoryError",
@@ -272,6 +275,7 @@ FAILURES: tuple[Message, ...] = (
             "RESOURCE_EXHAUSTED",
             "out of memory (HIP)",
             "PT_DEVMEM Allocation failed",
+            "GPU driver error ",
         ),
     ),
     # --- worker killed by the kernel (exit -9) ------------------------------------------------

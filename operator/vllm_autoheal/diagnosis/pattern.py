@@ -25,6 +25,7 @@ BUDGET = "budget"  # start-up figures showing no room for any KV cache: decide k
 FIGURE = "figure"  # numbers only
 WEAK = "weak"  # a FRAME subtype: on more than one phase's path
 WEB_SERVER = "web_server"  # a MILESTONE subtype: a web server's words, any web server's
+SIZED_AFTER_CAPTURE = "sized_after_capture"  # a MILESTONE subtype: graphs captured, the KV cache is committed next
 
 
 @dataclass(frozen=True)
