@@ -94,28 +94,38 @@ def pool_foreseen(extra_args: list[str]) -> bool:
 VISION_MODALITIES = ("image", "video")
 
 
-def config_flag(extra_args: list[str], spelling: str) -> dict[str, Any]:
-    """A JSON-valued flag's object (`--flag '{"key": 1}'`), with vLLM's dotted spelling of its keys
-    (`--flag.key 1`, `--flag.key=NONE`) over it; a value that is no JSON stays a string; the
-    last of each wins, as in vLLM's parser."""
-    out: dict[str, Any] = {}
-    raw = flag_value(extra_args, spelling)
-    if raw:
-        try:
-            parsed = json.loads(raw)
-        except ValueError:
-            parsed = None
-        if isinstance(parsed, dict):
-            out.update(parsed)
+def _json_or_text(value: str) -> Any:
+    try:
+        return json.loads(value)
+    except (ValueError, RecursionError):  # (a deeply nested value is no config vLLM would take either)
+        return value
+
+
+def _names(name: str, spellings: tuple[str, ...]) -> bool:
+    """Whether a flag's name is one of these spellings: a long one as argparse abbreviates it, a short
+    one (`-cc`) exactly."""
+    return any(spelled_by(name, s) if s.startswith("--") else name == s for s in spellings)
+
+
+def config_flag(extra_args: list[str], *spellings: str) -> dict[str, Any]:
+    """The object a JSON-valued flag gives vLLM: the last whole value of any of its spellings
+    (`--flag '{"key": 1}'`), unless keys are given in vLLM's dotted spelling (`--flag.key 1`,
+    `--flag.key=NONE`): its parser (FlexibleArgumentParser.parse_args) gathers those into one object it
+    passes after everything else, which replaces any whole value (argparse keeps the last). A value
+    that is no JSON stays a string."""
+    whole: dict[str, Any] = {}
+    dotted: dict[str, Any] = {}
     for i, token in enumerate(extra_args):
-        name = flag_name(token) or ""
-        if name.startswith(spelling + "."):
-            value = token.partition("=")[2] if "=" in token else extra_args[i + 1] if i + 1 < len(extra_args) else ""
-            try:
-                out[name.partition(".")[2]] = json.loads(value)
-            except ValueError:
-                out[name.partition(".")[2]] = value
-    return out
+        head, dot, key = (flag_name(token) or "").partition(".")
+        if not head or not _names(head, spellings):
+            continue
+        value = token.partition("=")[2] if "=" in token else extra_args[i + 1] if i + 1 < len(extra_args) else ""
+        if dot:
+            dotted[key] = _json_or_text(value)
+        else:
+            parsed = _json_or_text(value)
+            whole = parsed if isinstance(parsed, dict) else {}
+    return dotted or whole
 
 
 def _limit_is_zero(value: Any) -> bool:
@@ -147,12 +157,43 @@ def state_pages(extra_args: list[str]) -> int:
     return 2 if caching and mode in ("none", "align") else 1
 
 
+def optimization_level(extra_args: list[str]) -> str | None:
+    """The level `-O<n>`, `-O=<n>`, `-O <n>` or `--optimization-level <n>` names (vLLM turns each -O
+    spelling into --optimization-level; the last wins), or None."""
+    level = None
+    for i, token in enumerate(extra_args):
+        if token.startswith("-O") and not token.startswith("-O.") and token != "-O":
+            level = token[3:] if token[2:3] == "=" else token[2:]
+        elif token == "-O" and i + 1 < len(extra_args) and extra_args[i + 1] in ("0", "1", "2", "3"):
+            level = extra_args[i + 1]
+        elif spelled_by(token, "--optimization-level"):
+            level = flag_value([token, *extra_args[i + 1 : i + 2]], "--optimization-level")
+    return level.strip() if level is not None else None
+
+
 def captures_graphs(enforce_eager: bool | None, extra_args: list[str]) -> bool:
     """Whether vLLM captures CUDA graphs under these flags: not under --enforce-eager, nor where the
-    compilation config sets cudagraph_mode NONE (`--compilation-config '{"cudagraph_mode": "NONE"}'`,
-    or its dotted spelling `-O.cudagraph_mode=NONE`), which the worker's graph estimate skips too
-    (gpu_worker determine_available_memory: only when cudagraph_mode != NONE)."""
+    compilation config's cudagraph_mode is NONE (`--compilation-config`/`-cc '{"cudagraph_mode": "NONE"}'`,
+    its dotted spelling, the enum's value 0), nor at optimization level 0 where it names no mode
+    (config/vllm.py OPTIMIZATION_LEVEL_00); the worker's graph estimate skips them too (gpu_worker
+    determine_available_memory: only when cudagraph_mode != NONE)."""
     if enforce_eager:
         return False
-    mode = {**config_flag(extra_args, "-O"), **config_flag(extra_args, "--compilation-config")}.get("cudagraph_mode")
-    return not (isinstance(mode, str) and mode.strip().upper() == "NONE")
+    # (-O named the compilation config before the optimization levels: a whole object there is one)
+    config = config_flag(extra_args, "--compilation-config", "-cc", "-O")
+    if "cudagraph_mode" not in config:
+        return optimization_level(extra_args) != "0"
+    mode = config["cudagraph_mode"]
+    return not (mode == 0 and not isinstance(mode, bool) or isinstance(mode, str) and mode.strip().upper() == "NONE")
+
+
+def speculative_method(extra_args: list[str]) -> str | None:
+    """The speculative decoding method the flags name (`--speculative-config`/`-sc` '{"method": ...}',
+    its dotted spelling, `--spec-method`); "" where they ask for a draft without naming its method;
+    None where they ask for none."""
+    config = config_flag(extra_args, "--speculative-config", "-sc")
+    method = flag_value(extra_args, "--spec-method") or config.get("method")
+    if method is not None:
+        return str(method).strip().lower()
+    asked = config or any(_names(flag_name(t) or "", ("--speculative-config", "-sc")) for t in extra_args)
+    return "" if asked else None

@@ -19,13 +19,14 @@ from typing import Any
 
 from .api import EngineArgs
 from .diagnosis.units import GIB
-from .engine import spelled_by, switched
+from .engine import switched
 from .engine_defaults import (
     captures_graphs,
     default_max_num_batched_tokens,
     default_max_num_seqs,
     encoder_placement,
     pool_foreseen,
+    speculative_method,
     state_pages,
     steps_in_flight,
 )
@@ -274,13 +275,17 @@ def _concurrency(tokens: int, kv_bytes: float, need: KvNeed, max_len: int) -> fl
 
 
 def on_v1_runner(shape: ModelShape, release: Release | None, extra_args: list[str] | None = None) -> bool:
-    """Whether the release's default puts this model on the V1 runner for certain: not with a
-    speculative config from 0.25 (some drafts force the V2 runner: dspark, then dflash from 0.26), nor for
-    a release the table does not describe."""
+    """Whether the release's default puts this model on the V1 runner for certain: with an n-gram draft
+    from 0.22 (the V2 runner does not run it: config/vllm.py _get_v2_model_runner_unsupported_features,
+    to 0.33, the last with a V1 runner); not with another draft from 0.25 (some force the V2 runner:
+    dspark, then dflash from 0.26); not for a release the table does not describe."""
     row = facts(release)
     if row is None or release is None:
         return False
-    if release.version >= (0, 25, 0) and any(spelled_by(t, "--speculative-config") for t in extra_args or []):
+    method = speculative_method(extra_args or [])
+    if method in ("ngram", "ngram_gpu") and (0, 22, 0) <= release.version < (0, 34, 0):
+        return True
+    if method is not None and release.version >= (0, 25, 0):
         return False
     moe, quantized = shape.experts > 0, shape.quantization is not None
     return runs_v1(row, shape.architecture, moe, quantized, shape.mamba_layers > 0, shape.attention_layers == 0)

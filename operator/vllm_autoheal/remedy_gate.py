@@ -33,6 +33,7 @@ CALLS_FOR: dict[str, dict[str, int]] = {
         "kv_cache_dtype": ANY,
         "tensor_parallel_size": UP,
         "max_num_seqs": DOWN,  # a Mamba hybrid's state blocks: one per running sequence
+        "enforce_eager": UP,  # where the release takes the CUDA graphs' estimate off the cache
     },
     "gpu_util_exceeds_free": {"gpu_memory_utilization": DOWN, "kv_cache_memory_bytes": DOWN, "max_model_len": DOWN},
     "weights_load_oom": {

@@ -213,13 +213,20 @@ def sampler_path(release: Release | None, row: Facts | None, v1: bool) -> str:
 
 def env_keeps_release(release: Release | None, env: Mapping[str, str | None]) -> bool:
     """Whether a pod's environment (name -> value; None where it comes from elsewhere) leaves the
-    release's figures as they are: none of RELEASE_ENV set, but the graph estimate at its own default
-    ("1" from 0.20, which a release before then does not have)."""
+    release's figures as they are: none of RELEASE_ENV set, but the graph estimate on, its own default
+    from 0.20 (which a release before then does not have): vLLM reads it as bool(int(value))."""
     for name in RELEASE_ENV & env.keys():
         default = name == GRAPH_ESTIMATE_ENV and release is not None and release.version >= (0, 20, 0)
-        if not (default and (env[name] or "").strip() == "1"):
+        if not (default and _on(env[name])):
             return False
     return True
+
+
+def _on(value: str | None) -> bool:
+    try:
+        return int((value or "").strip()) != 0
+    except ValueError:  # (vLLM refuses it at start: no figures of the release's)
+        return False
 
 
 def graphs_in_budget(release: Release | None, row: Facts | None, v1: bool) -> bool:

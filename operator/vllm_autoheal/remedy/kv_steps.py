@@ -1,12 +1,13 @@
 """The KV cache's steps: a larger share of the GPU, a shorter context, an fp8 cache, each sized from
-what vLLM printed the cache needs, has and holds, so that the first change already fits."""
+what vLLM printed the cache needs, has and holds, so that the first change already fits; and the
+CUDA graphs' share, where the release takes it off the cache."""
 
 from __future__ import annotations
 
 import math
 
 from ..diagnosis.units import GIB
-from ..memory import BLOCK_SIZE, KvNeed, default_max_num_seqs, kv_need
+from ..memory import BLOCK_SIZE, CUDAGRAPH_GIB, KvNeed, default_max_num_seqs, graphs_reserved, kv_need
 from .model import Context, Remedy
 
 
@@ -269,3 +270,20 @@ def more_state_blocks(ctx: Context) -> Remedy | None:
     """vLLM's other way out of a state-block shortage: more memory for the pool. Only where its
     figures show this run short: a refusal that names no shortage grows nothing blind."""
     return raise_utilization_blind(ctx) if _state_shortage(ctx) else None
+
+
+def eager_for_reserved_graphs(ctx: Context) -> Remedy | None:
+    """Where the release takes its estimate of the CUDA graphs off the KV cache (memory.graphs_reserved),
+    --enforce-eager gives that share back to the cache: a KV heal where, with the model's shape, the
+    memory model says the eager start holds one request of max_model_len."""
+    if ctx.inv.shape is None or not ctx.total or not graphs_reserved(ctx.inv.shape, ctx.engine, ctx.inv.release):
+        return None
+    if not ctx.estimate(ctx.engine.model_copy(update={"enforce_eager": True}), ctx.inv.gpu_free_gib).fits:
+        return None
+    return Remedy(
+        "EnforceEager",
+        {"enforce_eager": True},
+        f"vLLM {ctx.inv.release} takes its estimate of the CUDA graphs (about {CUDAGRAPH_GIB:g} GiB) off the KV "
+        "cache; without graphs that share goes to the cache, which then holds one request of max_model_len "
+        "(some decode speed is lost).",
+    )

@@ -22,6 +22,7 @@ from ..engine import parse_args
 from ..memory import CUDA_CONTEXT_GIB
 from ..remedy_gate import CALLS_FOR, UP, Limits, check, utilization_floor
 from .kv_steps import (
+    eager_for_reserved_graphs,
     empty_budget,
     fp8_kv_cache,
     lower_max_model_len,
@@ -59,6 +60,7 @@ PLANS: dict[Cause, list[Step]] = {
         lower_max_model_len,
         raise_utilization_blind,
         fp8_kv_cache,
+        eager_for_reserved_graphs,
         more_tensor_parallel,
     ],
     Cause.GPU_UTIL_EXCEEDS_FREE: [fit_utilization_to_free, fit_kv_bytes_to_free, lower_utilization_step],

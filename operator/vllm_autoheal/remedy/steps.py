@@ -37,7 +37,8 @@ def fit_utilization_to_free(ctx: Context) -> Remedy | None:
     # CUDA graphs (where captured outside the budget) plus 0.5 GiB and 1%; free host memory moves
     # between runs (page cache, NUMA accounting), so on the CPU backend keep a quarter back.
     margin = 0.25 * free if cpu else ctx.graphs_outside() + 0.5 + 0.01 * total
-    new = round_util((free - margin) / total)
+    # (from above the bounds' highest utilization, to it at most: the cut must pass the gate)
+    new = min(round_util((free - margin) / total), ctx.policy.bounds.max_gpu_memory_utilization)
     if new < ctx.floor or new >= ctx.engine.gpu_memory_utilization:
         return None
     changes: dict[str, float | int] = {"gpu_memory_utilization": new}
