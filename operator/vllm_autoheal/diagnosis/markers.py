@@ -198,9 +198,10 @@ MARKERS: tuple[Message, ...] = (
     # vLLM 0.34's extensible KV cache is sized after warm-up and graph capture (extensible_kv_cache.py
     # measure_kv_cache_blocks): what follows commits its blocks. Its "Available KV cache memory" before
     # then is the cache's address space, not its size: the blocks that fit are (the smallest decides).
+    # (Read where the engine's message opens, as it logs it: a line repeating the words costs one try.)
     _m(
         MILESTONE,
-        r"Memory after warmup: .{0,400}?; (?P<gpu_blocks>\d{1,12}) KV cache blocks \((?P<available_kv_gib>[\d.]+) GiB\) "
+        r"^Memory after warmup: .{0,400}?; (?P<gpu_blocks>\d{1,12}) KV cache blocks \((?P<available_kv_gib>[\d.]+) GiB\) "
         r"fit within the requested (?P<requested_gib>[\d.]+) GiB",
         phase=m.PHASE_KV,
         subtype=SIZED_AFTER_CAPTURE,
@@ -250,7 +251,7 @@ MARKERS: tuple[Message, ...] = (
     _m(BUDGET, r"# (?:GPU|cuda) blocks: (?:0|-\d{1,12})\b", m.KV_CACHE_INSUFFICIENT, m.PHASE_KV, "zero_gpu_blocks"),
     _m(
         BUDGET,
-        r"Memory after warmup: .{0,400}?; 0 KV cache blocks \(",
+        r"^Memory after warmup: .{0,400}?; 0 KV cache blocks \(",
         m.KV_CACHE_INSUFFICIENT,
         m.PHASE_KV,
         "zero_gpu_blocks",
