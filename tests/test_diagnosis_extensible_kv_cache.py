@@ -111,3 +111,27 @@ def test_a_request_quoting_the_driver_error_decides_nothing():
     )
     d = classify(Signals(log=start(5120, 10.0) + "\n" + client))
     assert d.cause not in ("gpu_util_exceeds_free", "cudagraph_capture_oom", "runtime_oom", "not_oom")
+
+
+# --- a third review (of ea40d59)
+
+
+def test_driver_oom_committing_the_blocks_after_the_kv_size_line_is_kv_allocation():
+    """Severity: medium.
+    Input: a vLLM 0.34 start as its sources order it: 'Memory after warmup: ...; 5120 KV cache blocks (10.0
+    GiB) fit within the requested 71.27 GiB' (worker, measure_kv_cache_blocks), then 'GPU KV cache size:
+    163,840 tokens, Maximum concurrency for 32,768 tokens per request: 5.00x' (engine core,
+    finalize_extensible_kv_cache -> update_kv_cache_capacity, which runs BEFORE model_executor.extend_kv_cache
+    in core.py _initialize_kv_caches), then 'RuntimeError: GPU driver error 2: out of memory' with no frame
+    (the case the commit's own test covers, minus the line vLLM always prints in between).
+    8e9f687: phase.py's SIZED_AFTER_CAPTURE rule only looks at the LAST milestone; the KV-size line is a
+    plain KV milestone, mapped to 'after KV sizing comes graph capture': cudagraph_capture_oom, phase
+    graph-capture (the capture heal: EnforceEager / room for graphs, for graphs that were already captured).
+    What should happen: gpu_util_exceeds_free in kv-allocation, as without the KV-size line."""
+    kv_size = (
+        E + "INFO 12-04 10:01:11 [kv_cache_utils.py:1169] GPU KV cache size: 163,840 tokens, "
+        "Maximum concurrency for 32,768 tokens per request: 5.00x"
+    )
+    log = start(5120, 10.0) + "\n" + kv_size + "\n" + ERR + "RuntimeError: GPU driver error 2: out of memory"
+    d = classify(Signals(log=log))
+    assert (d.cause, d.phase) == ("gpu_util_exceeds_free", "kv-allocation"), (d.cause, d.phase)

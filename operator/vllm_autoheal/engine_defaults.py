@@ -111,21 +111,21 @@ def config_flag(extra_args: list[str], *spellings: str) -> dict[str, Any]:
     """The object a JSON-valued flag gives vLLM: the last whole value of any of its spellings
     (`--flag '{"key": 1}'`), unless keys are given in vLLM's dotted spelling (`--flag.key 1`,
     `--flag.key=NONE`): its parser (FlexibleArgumentParser.parse_args) gathers those into one object it
-    passes after everything else, which replaces any whole value (argparse keeps the last). A value
-    that is no JSON stays a string."""
+    passes after everything else, one per spelling as written in the order each first appears, which
+    replaces any whole value (argparse keeps the last). A value that is no JSON stays a string."""
     whole: dict[str, Any] = {}
-    dotted: dict[str, Any] = {}
+    dotted: dict[str, dict[str, Any]] = {}
     for i, token in enumerate(extra_args):
         head, dot, key = (flag_name(token) or "").partition(".")
         if not head or not _names(head, spellings):
             continue
         value = token.partition("=")[2] if "=" in token else extra_args[i + 1] if i + 1 < len(extra_args) else ""
         if dot:
-            dotted[key] = _json_or_text(value)
+            dotted.setdefault(head, {})[key] = _json_or_text(value)
         else:
             parsed = _json_or_text(value)
             whole = parsed if isinstance(parsed, dict) else {}
-    return dotted or whole
+    return list(dotted.values())[-1] if dotted else whole
 
 
 def _limit_is_zero(value: Any) -> bool:
@@ -181,10 +181,26 @@ def captures_graphs(enforce_eager: bool | None, extra_args: list[str]) -> bool:
         return False
     # (-O named the compilation config before the optimization levels: a whole object there is one)
     config = config_flag(extra_args, "--compilation-config", "-cc", "-O")
-    if "cudagraph_mode" not in config:
-        return optimization_level(extra_args) != "0"
-    mode = config["cudagraph_mode"]
-    return not (mode == 0 and not isinstance(mode, bool) or isinstance(mode, str) and mode.strip().upper() == "NONE")
+    level = optimization_level(extra_args)
+    # (each level's default mode: config/vllm.py OPTIMIZATION_LEVEL_0N; 2, the default, and 3 both kinds)
+    default = {"0": "NONE", "1": "PIECEWISE"}.get(level or "", "FULL_AND_PIECEWISE")
+    mode = _enum_name(config.get("cudagraph_mode", default), ("NONE", "PIECEWISE", "FULL"))
+    # (piecewise graphs need vLLM's own compilation, the default above level 0: without it vLLM
+    # falls back to none, config/vllm.py _normalize_piecewise_cudagraph_mode)
+    compiled = _enum_name(config.get("mode", 0 if level == "0" else 3), COMPILATION_MODES)
+    return mode != "NONE" and not (mode == "PIECEWISE" and compiled != "VLLM_COMPILE")
+
+
+COMPILATION_MODES = ("NONE", "STOCK_TORCH_COMPILE", "DYNAMO_TRACE_ONCE", "VLLM_COMPILE")
+
+
+def _enum_name(value: Any, names: tuple[str, ...]) -> str:
+    """An enum setting of vLLM's config by its name (any case) or its value (`names` in value order)."""
+    if isinstance(value, bool):
+        return ""
+    if isinstance(value, int):
+        return names[value] if 0 <= value < len(names) else ""
+    return str(value).strip().upper()
 
 
 def speculative_method(extra_args: list[str]) -> str | None:

@@ -276,14 +276,14 @@ def _concurrency(tokens: int, kv_bytes: float, need: KvNeed, max_len: int) -> fl
 
 def on_v1_runner(shape: ModelShape, release: Release | None, extra_args: list[str] | None = None) -> bool:
     """Whether the release's default puts this model on the V1 runner for certain: with an n-gram draft
-    from 0.22 (the V2 runner does not run it: config/vllm.py _get_v2_model_runner_unsupported_features,
-    to 0.33, the last with a V1 runner); not with another draft from 0.25 (some force the V2 runner:
-    dspark, then dflash from 0.26); not for a release the table does not describe."""
+    in 0.22-0.29 (the V2 runner did not run it: config/vllm.py _get_v2_model_runner_unsupported_features;
+    from 0.30 it has its own n-gram speculator); not with another draft from 0.25 (some force the V2
+    runner: dspark, then dflash from 0.26); not for a release the table does not describe."""
     row = facts(release)
     if row is None or release is None:
         return False
     method = speculative_method(extra_args or [])
-    if method in ("ngram", "ngram_gpu") and (0, 22, 0) <= release.version < (0, 34, 0):
+    if method in ("ngram", "ngram_gpu") and (0, 22, 0) <= release.version < (0, 30, 0):
         return True
     if method is not None and release.version >= (0, 25, 0):
         return False

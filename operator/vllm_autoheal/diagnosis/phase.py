@@ -82,7 +82,7 @@ def phase_of_failure(findings: list[Finding], failure: Finding | None, ready_bef
         f.message.kind == msg.GAP and window < f.line.offset and (end is None or f.line.offset < end) for f in findings
     )
     if reached and not left_out:
-        if max(before, key=lambda f: f.line.offset).message.subtype == msg.SIZED_AFTER_CAPTURE:
+        if any(f.message.subtype == msg.SIZED_AFTER_CAPTURE for f in before):
             return m.PHASE_KV  # (0.34's extensible cache: graphs captured, its blocks committed next)
         last = max(reached, key=lambda p: PHASE_ORDER[p])
         return {m.PHASE_KV: m.PHASE_CAPTURE}.get(last, last)  # after KV sizing comes graph capture

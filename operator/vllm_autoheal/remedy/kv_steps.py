@@ -275,8 +275,12 @@ def more_state_blocks(ctx: Context) -> Remedy | None:
 def eager_for_reserved_graphs(ctx: Context) -> Remedy | None:
     """Where the release takes its estimate of the CUDA graphs off the KV cache (memory.graphs_reserved),
     --enforce-eager gives that share back to the cache: a KV heal where, with the model's shape, the
-    memory model says the eager start holds one request of max_model_len."""
+    memory model says the eager start holds one request of max_model_len, and where vLLM printed what
+    the cache lacks, that is no more than the graphs' share (its figures for this run outrank the model)."""
     if ctx.inv.shape is None or not ctx.total or not graphs_reserved(ctx.inv.shape, ctx.engine, ctx.inv.release):
+        return None
+    needed, available = ctx.num("needed_gib"), ctx.num("available_gib")
+    if needed is not None and available is not None and needed - available > CUDAGRAPH_GIB:
         return None
     if not ctx.estimate(ctx.engine.model_copy(update={"enforce_eager": True}), ctx.inv.gpu_free_gib).fits:
         return None
