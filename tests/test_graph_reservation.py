@@ -27,6 +27,12 @@ NGRAM = ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 
 NO_GRAPHS = ["--compilation-config", '{"cudagraph_mode": "NONE"}']
 
 
+def fixed(model: str, gpu: str, engine: dict, version: str = "0.33.0", **spec):
+    """Pre-flight Fix of `model` on `gpu` under the image of `version` (and the spec's other fields)."""
+    service = VLLMServiceSpec(model="m", image=f"vllm/vllm-openai:v{version}", engine=engine, preflight="Fix", **spec)
+    return preflight(service, lookup(gpu), config_shape(model))
+
+
 def test_the_floor_counts_the_graphs_the_release_reserves():
     """Severity: high.
     Input: Llama-3.1-8B, vllm/vllm-openai:v0.33.0, max_model_len 2048, an H100 (79.19 GiB); vLLM printed
@@ -89,14 +95,7 @@ def test_a_draft_keeps_the_v1_runner_before_any_draft_could_move_it():
     0.26): the model is on the V1 runner for certain, which reserves the graphs inside the budget.
     What should happen: a draft makes the runner uncertain only in releases where a draft can move it
     (0.25 on); here the start fits and Fix changes nothing."""
-    shape, gpu = config_shape("llama-3.1-8b"), lookup(H100)
-    spec = VLLMServiceSpec(
-        model="m",
-        image="vllm/vllm-openai:v0.21.0",
-        engine={"gpuMemoryUtilization": 0.99, "extraArgs": NGRAM},
-        preflight="Fix",
-    )
-    result = preflight(spec, gpu, shape)
+    result = fixed("llama-3.1-8b", H100, {"gpuMemoryUtilization": 0.99, "extraArgs": NGRAM}, "0.21.0")
     assert result.engine.gpu_memory_utilization == 0.99, [(s.action, s.changes) for s in result.steps]
 
 
@@ -154,15 +153,15 @@ def test_the_estimate_flag_at_its_default_keeps_the_release():
     a policy choice, but the commit message's claim does not hold for them.)
     What should happen: "1" is the release's default, so the release stands and Fix changes nothing, as
     without the variable. (Only "0" changes where the graphs go.)"""
-    shape, gpu = config_shape("qwen2.5-7b"), lookup("NVIDIA-GeForce-RTX-4090")
-    spec = VLLMServiceSpec(
-        model="m",
-        image="vllm/vllm-openai:v0.33.0",
-        env=[{"name": "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", "value": "1"}],
-        engine={"gpuMemoryUtilization": 0.95, "maxModelLen": 32768},
-        preflight="Fix",
+    assert (
+        fixed(
+            "qwen2.5-7b",
+            "NVIDIA-GeForce-RTX-4090",
+            {"gpuMemoryUtilization": 0.95, "maxModelLen": 32768},
+            env=[{"name": "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS", "value": "1"}],
+        ).engine.gpu_memory_utilization
+        == 0.95
     )
-    assert preflight(spec, gpu, shape).engine.gpu_memory_utilization == 0.95
 
 
 def test_kv_cache_memory_bytes_puts_the_graphs_beside_the_budget_in_the_report():
@@ -238,14 +237,7 @@ def test_a_free_memory_cut_from_above_the_bound_is_clamped_to_it():
     default image hits this (room_for_graphs already clamps with min(..., max_gpu_memory_utilization)).
     What should happen: a cut from above the bound lands on the bound at most (0.95 here), and Fix
     returns flags that fit."""
-    shape, gpu = config_shape("qwen2.5-7b"), lookup("NVIDIA-L40S")
-    spec = VLLMServiceSpec(
-        model="m",
-        image="vllm/vllm-openai:v0.33.0",
-        engine={"gpuMemoryUtilization": 0.99, "maxModelLen": 32768},
-        preflight="Fix",
-    )
-    result = preflight(spec, gpu, shape)
+    result = fixed("qwen2.5-7b", "NVIDIA-L40S", {"gpuMemoryUtilization": 0.99, "maxModelLen": 32768})
     assert result.fits, result.reasons
     assert result.engine.gpu_memory_utilization <= 0.95
 
@@ -330,14 +322,7 @@ def test_an_ngram_draft_puts_a_v2_listed_model_on_the_v1_runner():
     which on_v1_runner does not read as a speculative config at all.
     What should happen: an ngram draft in 0.22-0.28 puts the model on the V1 runner; the start fits and
     Fix changes nothing."""
-    shape, gpu = config_shape("llama-3.1-8b"), lookup(H100)
-    spec = VLLMServiceSpec(
-        model="m",
-        image="vllm/vllm-openai:v0.23.0",
-        engine={"gpuMemoryUtilization": 0.99, "extraArgs": NGRAM},
-        preflight="Fix",
-    )
-    result = preflight(spec, gpu, shape)
+    result = fixed("llama-3.1-8b", H100, {"gpuMemoryUtilization": 0.99, "extraArgs": NGRAM}, "0.23.0")
     assert result.estimate.graphs_in_budget
     assert result.engine.gpu_memory_utilization == 0.99, [(s.action, s.changes) for s in result.steps]
 
@@ -355,14 +340,7 @@ def test_a_kv_shortage_the_reserved_graphs_make_is_healed_by_enforce_eager():
     EnforceEager and fits; so did the parent commit for 0.33.
     What should happen: where the release reserves the graphs and the cache is short by no more than
     them, EnforceEager is a KV heal (and the give-up text does not claim no flag fits)."""
-    shape, gpu = config_shape("mistral-7b-v0.1"), lookup("V100-SXM2-16GB")
-    spec = VLLMServiceSpec(
-        model="m",
-        image="vllm/vllm-openai:v0.33.0",
-        engine={"gpuMemoryUtilization": 0.95, "maxModelLen": 4096},
-        preflight="Fix",
-    )
-    result = preflight(spec, gpu, shape)
+    result = fixed("mistral-7b-v0.1", "V100-SXM2-16GB", {"gpuMemoryUtilization": 0.95, "maxModelLen": 4096})
     assert result.fits, result.reasons
 
 
