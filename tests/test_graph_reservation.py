@@ -13,7 +13,8 @@ from vllm_autoheal.diagnosis import Diagnosis, Signals, classify
 from vllm_autoheal.diagnosis.model import Cause
 from vllm_autoheal.engine_defaults import captures_graphs
 from vllm_autoheal.gpu_catalog import lookup
-from vllm_autoheal.memory import estimate, on_v1_runner
+from vllm_autoheal.memory import estimate
+from vllm_autoheal.model_runner import on_v1_runner
 from vllm_autoheal.preflight import preflight
 from vllm_autoheal.remedy import Inventory, plan_heal
 from vllm_autoheal.remedy_gate import utilization_floor

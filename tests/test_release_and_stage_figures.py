@@ -11,7 +11,8 @@ from test_memory_windows import shape_of
 from vllm_autoheal.api import EngineArgs, VLLMServiceSpec
 from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.gpu_catalog import lookup
-from vllm_autoheal.memory import estimate, kv_need, release_sampler
+from vllm_autoheal.memory import estimate, kv_need
+from vllm_autoheal.model_runner import release_sampler
 from vllm_autoheal.remedy import Inventory, plan_heal
 from vllm_autoheal.vllm_release import logged_release, parse_image, parse_version
 
@@ -151,7 +152,7 @@ def test_a_pooling_model_or_a_draft_keeps_the_floor_under_0_26():
     assert steps_in_flight("in-flight", [], 1, "Gemma3ForCausalLM") == 2
     assert steps_in_flight("in-flight", [], 1, "Qwen3ForSequenceClassification") == 1
     assert steps_in_flight("in-flight", [], 1, "BertModel") == 1
-    from vllm_autoheal.memory import release_sampler
+    from vllm_autoheal.model_runner import release_sampler
 
     shape = shape_of("qwen3-next-80b-a3b")
     assert release_sampler(shape, parse_version("0.26.0")) == "v1-triton"

@@ -26,15 +26,15 @@ from .engine_defaults import (
     default_max_num_seqs,
     encoder_placement,
     pool_foreseen,
-    speculative_method,
     state_pages,
     steps_in_flight,
 )
 from .gpu_catalog import GpuSpec
+from .model_runner import graphs_reserved, release_sampler
 from .model_shape import DTYPE_BYTES, GROUP_SCALE_BYTES, QUANT_BYTES, ModelShape, layer_group, padded_layers
 from .mxfp4_experts import EXPERTS_ONLY, expert_bytes_per_gpu
 from .sampler_peak import sampler_peak_bytes
-from .vllm_release import Release, facts, graphs_in_budget, runs_v1, sampler_path
+from .vllm_release import Release, facts
 
 BLOCK_SIZE = 16  # vLLM's default KV block (measured: KV tokens = blocks x 16)
 
@@ -272,44 +272,6 @@ def _concurrency(tokens: int, kv_bytes: float, need: KvNeed, max_len: int) -> fl
     if need.pool_block_bytes:
         return round((state_blocks(need, kv_bytes) or 0) / (need.bytes_for(max_len) / need.pool_block_bytes), 2)
     return round(kv_bytes / need.bytes_for(max_len) if need.windowed_per_token else tokens / max_len, 2)
-
-
-def on_v1_runner(shape: ModelShape, release: Release | None, extra_args: list[str] | None = None) -> bool:
-    """Whether the release's default puts this model on the V1 runner for certain: with an n-gram draft
-    in 0.22-0.29 (the V2 runner did not run it: config/vllm.py _get_v2_model_runner_unsupported_features;
-    from 0.30 it has its own n-gram speculator); not with another draft from 0.25 (some force the V2
-    runner: dspark, then dflash from 0.26); not for a release the table does not describe."""
-    row = facts(release)
-    if row is None or release is None:
-        return False
-    method = speculative_method(extra_args or [])
-    if method in ("ngram", "ngram_gpu") and (0, 22, 0) <= release.version < (0, 30, 0):
-        return True
-    if method is not None and release.version >= (0, 25, 0):
-        return False
-    moe, quantized = shape.experts > 0, shape.quantization is not None
-    return runs_v1(row, shape.architecture, moe, quantized, shape.mamba_layers > 0, shape.attention_layers == 0)
-
-
-def graphs_reserved(shape: ModelShape | None, engine: EngineArgs, release: Release | None) -> bool:
-    """Whether vLLM takes its estimate of the CUDA graphs off the KV budget and captures them inside it
-    (vllm_release.graphs_in_budget): not where it captures none, nor under kv_cache_memory_bytes (the
-    worker returns that size before any estimate); without the model's shape, only where every model
-    runs on a runner that does."""
-    if not captures_graphs(engine.enforce_eager, engine.extra_args) or engine.kv_cache_memory_bytes:
-        return False
-    row = facts(release)
-    if shape is None:
-        v1 = row is not None and row.v1_models == "all"
-    else:
-        v1 = on_v1_runner(shape, release, engine.extra_args)
-    return graphs_in_budget(release, row, v1)
-
-
-def release_sampler(shape: ModelShape, release: Release | None, extra_args: list[str] | None = None) -> str:
-    """The dummy sampler's path (sampler_peak.py) the release runs this model on: the V1 runner's where
-    its default puts the model there for certain, else the floor."""
-    return sampler_path(release, facts(release), on_v1_runner(shape, release, extra_args))
 
 
 def estimate(

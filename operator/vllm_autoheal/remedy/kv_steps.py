@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 
 from ..diagnosis.units import GIB
-from ..memory import BLOCK_SIZE, CUDAGRAPH_GIB, KvNeed, default_max_num_seqs, graphs_reserved, kv_need
+from ..memory import BLOCK_SIZE, CUDAGRAPH_GIB, KvNeed, default_max_num_seqs, kv_need
+from ..model_runner import graphs_reserved
 from .model import Context, Remedy
 
 

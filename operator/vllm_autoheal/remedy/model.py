@@ -14,7 +14,8 @@ from ..diagnosis.figures import MAX_GIB
 from ..engine import BY_FIELD
 from ..engine_defaults import captures_graphs, default_max_num_batched_tokens, default_max_num_seqs
 from ..gpu_catalog import GpuSpec, lookup
-from ..memory import CUDA_CONTEXT_GIB, CUDAGRAPH_GIB, Estimate, ModelShape, estimate, graphs_reserved
+from ..memory import CUDA_CONTEXT_GIB, CUDAGRAPH_GIB, Estimate, ModelShape, estimate
+from ..model_runner import graphs_reserved
 from ..remedy_gate import Limits
 from ..vllm_release import Release, facts
 
