@@ -3,7 +3,7 @@ its share back, and one tenant cannot hold every fetch the operator has."""
 
 from __future__ import annotations
 
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 
@@ -26,6 +26,11 @@ class Inline:
 
 @pytest.fixture
 def hub(monkeypatch):
+    # (an earlier test's fetch still running in the module's pool would store its answer into the cache
+    # these tests fill: wait for it first)
+    if isinstance(model_source._pool, ThreadPoolExecutor):
+        model_source._pool.shutdown(wait=True)
+        model_source._pool = None  # (configure starts a fresh one, which the monkeypatch gives back after)
     model_source.configure(HubSettings(endpoint="http://127.0.0.1:9", timeout_s=1))
     monkeypatch.setattr(model_source, "_pool", Inline())
     yield

@@ -59,6 +59,9 @@ KIND = {
     "pp": COUNT,
     "max_concurrency": RATIO,
     "process_gib": SIZE,
+    "graphs_gib": SIZE,  # vLLM's estimate of the CUDA graphs it reserves inside the budget
+    "util_with_graphs": UTIL,  # ... and the utilization it equals without them ("is equivalent to")
+    "util_without_graphs": UTIL,
     "vllm_minor": COUNT,  # the release the engine named: 0.minor.patch
     "vllm_patch": COUNT,
 }
@@ -75,6 +78,7 @@ DEVICE_BOUNDED = {
     "weights_gib",
     "available_kv_gib",
     "kv_reserved_gib",
+    "graphs_gib",
 }
 # vLLM prints GiB as "GB" (format_gib), so GB counts as GiB; the other decimal units are what they say.
 _UNIT = {

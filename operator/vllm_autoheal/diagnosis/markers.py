@@ -301,6 +301,17 @@ MARKERS: tuple[Message, ...] = (
         r"initial_memory_usage=(?P<initial_usage_gib>[\d.]+)GiB",
     ),
     _m(FIGURE, r"the rest of the memory reserved for KV Cache is (?P<kv_reserved_gib>-?[\d.]+) ?GiB"),
+    # The CUDA graphs' share a release reserves inside the budget (gpu_worker determine_available_memory,
+    # from 0.20): the V1 runner's estimate, and the utilization it equals without the graphs (every runner
+    # that reserves them). Read where the engine's message opens.
+    _m(FIGURE, r"^Estimated CUDA graph memory: (?P<graphs_gib>[\d.]{1,12}) GiB total"),
+    _m(
+        FIGURE,
+        r"^CUDA graph memory profiling is enabled .{0,60}?The current --gpu-memory-utilization="
+        r"(?P<util_with_graphs>[\d.]{1,12}) is equivalent to --gpu-memory-utilization=(?P<util_without_graphs>[\d.]{1,12}) "
+        r"without CUDA graph memory profiling",
+        needles=("CUDA graph memory profiling is enabled",),
+    ),
     _m(FIGURE, r"Initial free memory:? (?P<initial_free_gib>[\d.]+) GiB"),
     _m(
         FIGURE,

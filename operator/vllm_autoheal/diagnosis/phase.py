@@ -82,8 +82,11 @@ def phase_of_failure(findings: list[Finding], failure: Finding | None, ready_bef
         f.message.kind == msg.GAP and window < f.line.offset and (end is None or f.line.offset < end) for f in findings
     )
     if reached and not left_out:
-        if any(f.message.subtype == msg.SIZED_AFTER_CAPTURE for f in before):
-            return m.PHASE_KV  # (0.34's extensible cache: graphs captured, its blocks committed next)
+        # (0.34's extensible cache: graphs captured, its blocks committed next; only KV-sizing lines after
+        # it, as vLLM prints them before the commit, not a later run's start)
+        sized = [f.line.offset for f in before if f.message.subtype == msg.SIZED_AFTER_CAPTURE]
+        if sized and all(f.message.phase == m.PHASE_KV for f in before if f.line.offset > max(sized)):
+            return m.PHASE_KV
         last = max(reached, key=lambda p: PHASE_ORDER[p])
         return {m.PHASE_KV: m.PHASE_CAPTURE}.get(last, last)  # after KV sizing comes graph capture
     return m.PHASE_UNKNOWN

@@ -281,14 +281,15 @@ def eager_for_reserved_graphs(ctx: Context) -> Remedy | None:
     if ctx.inv.shape is None or not ctx.total or not graphs_reserved(ctx.inv.shape, ctx.engine, ctx.inv.release):
         return None
     needed, available = ctx.num("needed_gib"), ctx.num("available_gib")
-    if needed is not None and available is not None and needed - available > CUDAGRAPH_GIB:
+    share = ctx.printed_graphs() or CUDAGRAPH_GIB  # (vLLM's own estimate where it printed one)
+    if needed is not None and available is not None and needed - available > share:
         return None
     if not ctx.estimate(ctx.engine.model_copy(update={"enforce_eager": True}), ctx.inv.gpu_free_gib).fits:
         return None
     return Remedy(
         "EnforceEager",
         {"enforce_eager": True},
-        f"vLLM {ctx.inv.release} takes its estimate of the CUDA graphs (about {CUDAGRAPH_GIB:g} GiB) off the KV "
+        f"vLLM {ctx.inv.release} takes its estimate of the CUDA graphs (about {share:.2f} GiB) off the KV "
         "cache; without graphs that share goes to the cache, which then holds one request of max_model_len "
         "(some decode speed is lost).",
     )

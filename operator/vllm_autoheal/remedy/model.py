@@ -112,6 +112,14 @@ class Context:
         shape, gpu, entry, release = self.inv.shape, self.gpu(), self.inv.entrypoint, self.inv.release
         return estimate(shape, engine or self.engine, gpu, free_gib, entry, release)
 
+    def printed_graphs(self) -> float | None:
+        """The CUDA graphs' share vLLM printed it reserved inside the budget for this run: its estimate, else
+        what its utilization less the one it says that equals without them leaves of the GPU."""
+        if (graphs := self.num("graphs_gib")) is not None:
+            return graphs
+        now, without, total = self.num("util_with_graphs"), self.num("util_without_graphs"), self.total
+        return (now - without) * total if now is not None and without is not None and total else None
+
     def graphs_outside(self) -> float:
         """GiB the CUDA graphs take beyond the budget: none where eager, or where the release reserves
         them inside it (memory.graphs_reserved)."""
