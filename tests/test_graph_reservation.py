@@ -382,6 +382,25 @@ def test_a_deeply_nested_compilation_config_does_not_raise():
 
 # --- a third review (of 8e9f687): vLLM's figures over the model's, 0.30's n-gram runner, vLLM's parser
 
+
+def _eager_heal_of(log: str, available: float):
+    """Llama-3.1-8B on an H100 at 0.95 under 0.33, a KV refusal of 16.0 GiB needed and `available`: the
+    heal's EnforceEager, or None where it picks anything else."""
+    d = classify(Signals(log=log, exit_code=1))
+    assert (d.cause, d.numbers["needed_gib"], d.numbers["available_gib"]) == ("kv_cache_insufficient", 16.0, available)
+    spec = VLLMServiceSpec(
+        model="m",
+        image="vllm/vllm-openai:v0.33.0",
+        engine={"gpuMemoryUtilization": 0.95},
+        heal={"allowedActions": ["RaiseGpuMemoryUtilization", "EnforceEager", "LowerGpuMemoryUtilization"]},
+    )
+    inv = Inventory(
+        gpu_total_gib=79.19, gpu_name=H100, shape=config_shape("llama-3.1-8b"), release=parse_version("0.33.0")
+    )
+    remedy = plan_heal(spec, d, inventory=inv)
+    return remedy if remedy.action == "EnforceEager" else None
+
+
 E = "(EngineCore pid=77) "
 ERR = E + "ERROR 12-04 10:01:10 [core.py:1100] "
 
@@ -411,19 +430,7 @@ def test_enforce_eager_is_not_offered_for_a_shortfall_six_times_the_graphs():
             "`gpu_memory_utilization` when initializing the engine.",
         )
     )
-    d = classify(Signals(log=log, exit_code=1))
-    assert (d.cause, d.numbers["needed_gib"], d.numbers["available_gib"]) == ("kv_cache_insufficient", 16.0, 10.0)
-    spec = VLLMServiceSpec(
-        model="m",
-        image="vllm/vllm-openai:v0.33.0",
-        engine={"gpuMemoryUtilization": 0.95},
-        heal={"allowedActions": ["RaiseGpuMemoryUtilization", "EnforceEager", "LowerGpuMemoryUtilization"]},
-    )
-    inv = Inventory(
-        gpu_total_gib=79.19, gpu_name=H100, shape=config_shape("llama-3.1-8b"), release=parse_version("0.33.0")
-    )
-    remedy = plan_heal(spec, d, inventory=inv)
-    assert remedy.action != "EnforceEager", (remedy.action, remedy.reason)
+    assert _eager_heal_of(log, available=10.0) is None
 
 
 def test_an_ngram_draft_does_not_force_the_v1_runner_in_0_33():
@@ -511,19 +518,7 @@ def test_enforce_eager_is_not_offered_where_vllms_own_graph_estimate_is_smaller_
             "`gpu_memory_utilization` when initializing the engine.",
         )
     )
-    d = classify(Signals(log=log, exit_code=1))
-    assert (d.cause, d.numbers["needed_gib"], d.numbers["available_gib"]) == ("kv_cache_insufficient", 16.0, 15.5)
-    spec = VLLMServiceSpec(
-        model="m",
-        image="vllm/vllm-openai:v0.33.0",
-        engine={"gpuMemoryUtilization": 0.95},
-        heal={"allowedActions": ["RaiseGpuMemoryUtilization", "EnforceEager", "LowerGpuMemoryUtilization"]},
-    )
-    inv = Inventory(
-        gpu_total_gib=79.19, gpu_name=H100, shape=config_shape("llama-3.1-8b"), release=parse_version("0.33.0")
-    )
-    remedy = plan_heal(spec, d, inventory=inv)
-    assert remedy.action != "EnforceEager", (remedy.action, remedy.reason)
+    assert _eager_heal_of(log, available=15.5) is None
 
 
 def _run(minute: int) -> list[str]:
