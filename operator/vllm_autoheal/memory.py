@@ -159,6 +159,7 @@ class Estimate:
     state_blocks: int | None = None  # a Mamba hybrid's pool blocks: at most this many sequences run
     reasons: list[str] = field(default_factory=list)
     graphs_in_budget: bool = False  # the release reserves the CUDA graphs inside the budget (off the cache)
+    kv_budget_gib: float = 0.0  # what the budget leaves the cache, unclamped (vLLM's budget line)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in asdict(self).items()}
@@ -365,6 +366,7 @@ def estimate(
         non_torch_gib=non_torch,
         cudagraph_gib=graphs,
         graphs_in_budget=reserved,
+        kv_budget_gib=kv,
         kv_cache_gib=max(kv, 0.0),
         kv_bytes_per_token=per_token,
         kv_tokens=tokens,

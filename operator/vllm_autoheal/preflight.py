@@ -37,14 +37,10 @@ def predicted_diagnosis(est: Estimate, engine: EngineArgs, fewest_seqs: int = 1)
     `fewest_seqs`: the heal's bound, which the model's margin does not push blocks below."""
     numbers: dict[str, float | int] = {}
     subtype = None
-    # (the KV budget vLLM prints, unclamped: its share less the weights, activation, non-torch memory and
-    # the graphs where the release reserves them)
-    budget = est.requested_gib - est.weights_gib - est.activation_gib - est.non_torch_gib
-    budget -= est.cudagraph_gib if est.graphs_in_budget else 0.0
-    if est.failure == "kv_cache_insufficient" and budget <= 0 and not engine.kv_cache_memory_bytes:
-        # as vLLM reports a budget with no block (its budget line, then "No available memory for the cache
-        # blocks"): the heal grows the budget from it, with the context the grown cache holds
-        subtype, numbers = "no_cache_blocks", {"available_kv_gib": round(budget, 2)}
+    if est.failure == "kv_cache_insufficient" and est.kv_budget_gib <= 0 and not engine.kv_cache_memory_bytes:
+        # as vLLM reports a budget with no block (its budget line, unclamped, then "No available memory for
+        # the cache blocks"): the heal grows the budget from it, with the context the grown cache holds
+        subtype, numbers = "no_cache_blocks", {"available_kv_gib": round(est.kv_budget_gib, 2)}
     elif (
         est.failure == "kv_cache_insufficient" and est.state_blocks is not None and est.state_blocks < est.max_num_seqs
     ):

@@ -101,7 +101,7 @@ RELEASES: tuple[Facts, ...] = (
 # fmt: on
 LAST_SERIES = (0, 34)  # the newest release read: later ones are not described
 
-# Environment variables with which a release runs another runner or sampler than its default: with any
+# Environment variables with which a release runs another runner, sampler or graph estimate than its default:
 # set, its figures are not the release's.
 GRAPH_ESTIMATE_ENV = "VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS"
 RELEASE_ENV = frozenset({"VLLM_USE_V1", "VLLM_USE_V2_MODEL_RUNNER", "VLLM_USE_FLASHINFER_SAMPLER", GRAPH_ESTIMATE_ENV})

@@ -274,7 +274,7 @@ def more_state_blocks(ctx: Context) -> Remedy | None:
 
 
 def eager_for_reserved_graphs(ctx: Context) -> Remedy | None:
-    """Where the release takes its estimate of the CUDA graphs off the KV cache (memory.graphs_reserved),
+    """Where the release takes its estimate of the CUDA graphs off the KV cache (model_runner.graphs_reserved),
     --enforce-eager gives that share back to the cache: a KV heal where, with the model's shape, the
     memory model says the eager start holds one request of max_model_len, and where vLLM printed what
     the cache lacks, that is no more than the graphs' share (its figures for this run outrank the model)."""

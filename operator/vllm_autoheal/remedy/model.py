@@ -122,7 +122,7 @@ class Context:
 
     def graphs_outside(self) -> float:
         """GiB the CUDA graphs take beyond the budget: none where eager, or where the release reserves
-        them inside it (memory.graphs_reserved)."""
+        them inside it (model_runner.graphs_reserved)."""
         if graphs_reserved(self.inv.shape, self.engine, self.inv.release):
             return 0.0
         return CUDAGRAPH_GIB if captures_graphs(self.engine.enforce_eager, self.engine.extra_args) else 0.0
