@@ -612,3 +612,28 @@ def test_vllms_printed_graph_share_is_read_where_the_engine_logs_it():
     )
     d = classify(Signals(log="\n".join((quoted, lines[2]))))
     assert "graphs_gib" not in d.numbers
+
+
+def test_enforce_eager_is_not_offered_for_a_budget_the_graphs_share_leaves_empty():
+    """vLLM 0.33 printed 'Available KV cache memory: -3.00 GiB' and no block: giving the graphs' 0.99 GiB
+    back leaves the budget empty still, whatever the memory model says of the eager start (it had been
+    offered, 'fits' by the model's 59 GiB: a certain second crash)."""
+    log = "\n".join(
+        (
+            E + "INFO 12-04 10:00:05 [core.py:121] Initializing a V1 LLM engine (v0.33.0) with config: model='m'",
+            E + "INFO 12-04 10:00:52 [gpu_worker.py:771] Available KV cache memory: -3.00 GiB",
+            ERR + "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization`",
+        )
+    )
+    d = classify(Signals(log=log, exit_code=1))
+    assert (d.subtype, d.numbers["available_kv_gib"]) == ("no_cache_blocks", -3.0)
+    spec = VLLMServiceSpec(
+        model="m",
+        image="vllm/vllm-openai:v0.33.0",
+        engine={"gpuMemoryUtilization": 0.95, "maxModelLen": 8192},
+        heal={"allowedActions": ["RaiseGpuMemoryUtilization", "EnforceEager"]},
+    )
+    inv = Inventory(
+        gpu_total_gib=79.19, gpu_name=H100, shape=config_shape("llama-3.1-8b"), release=parse_version("0.33.0")
+    )
+    assert plan_heal(spec, d, inventory=inv).action != "EnforceEager"

@@ -277,12 +277,15 @@ def eager_for_reserved_graphs(ctx: Context) -> Remedy | None:
     """Where the release takes its estimate of the CUDA graphs off the KV cache (model_runner.graphs_reserved),
     --enforce-eager gives that share back to the cache: a KV heal where, with the model's shape, the
     memory model says the eager start holds one request of max_model_len, and where vLLM printed what
-    the cache lacks, that is no more than the graphs' share (its figures for this run outrank the model)."""
+    the cache lacks or its budget, the share covers that (its figures for this run outrank the model)."""
     if ctx.inv.shape is None or not ctx.total or not graphs_reserved(ctx.inv.shape, ctx.engine, ctx.inv.release):
         return None
     needed, available = ctx.num("needed_gib"), ctx.num("available_gib")
     share = ctx.printed_graphs() or CUDAGRAPH_GIB  # (vLLM's own estimate where it printed one)
     if needed is not None and available is not None and needed - available > share:
+        return None
+    budget = ctx.printed_kv_budget()  # (a budget line below zero by more than the share stays empty)
+    if budget is not None and budget + share <= 0:
         return None
     if not ctx.estimate(ctx.engine.model_copy(update={"enforce_eager": True}), ctx.inv.gpu_free_gib).fits:
         return None
