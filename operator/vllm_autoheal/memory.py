@@ -275,6 +275,14 @@ def _concurrency(tokens: int, kv_bytes: float, need: KvNeed, max_len: int) -> fl
     return round(kv_bytes / need.bytes_for(max_len) if need.windowed_per_token else tokens / max_len, 2)
 
 
+def graphs_beside_budget(shape: ModelShape | None, engine: EngineArgs, release: Release | None) -> float:
+    """GiB the CUDA graphs take beside the budget: none where vLLM captures none, or where the release
+    reserves them inside it (model_runner.graphs_reserved)."""
+    if not captures_graphs(engine.enforce_eager, engine.extra_args) or graphs_reserved(shape, engine, release):
+        return 0.0
+    return CUDAGRAPH_GIB
+
+
 def estimate(
     shape: ModelShape,
     engine: EngineArgs,
@@ -351,7 +359,7 @@ def estimate(
             f"KV cache {kv:.2f} GiB holds {blocks:,} Mamba state blocks, one a running sequence, "
             f"< max_num_seqs {seqs:,}"
         )
-    outside = 0.0 if reserved else graphs
+    outside = graphs_beside_budget(shape, engine, release)
     if failure is None and outside and requested + outside > free:
         failure = "cudagraph_capture_oom"
         reasons.append(

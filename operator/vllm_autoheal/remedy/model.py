@@ -12,10 +12,9 @@ from ..api import EngineArgs, HealPolicy, VLLMServiceSpec
 from ..diagnosis import Diagnosis
 from ..diagnosis.figures import MAX_GIB
 from ..engine import BY_FIELD
-from ..engine_defaults import captures_graphs, default_max_num_batched_tokens, default_max_num_seqs
+from ..engine_defaults import default_max_num_batched_tokens, default_max_num_seqs
 from ..gpu_catalog import GpuSpec, lookup
-from ..memory import CUDA_CONTEXT_GIB, CUDAGRAPH_GIB, Estimate, ModelShape, estimate
-from ..model_runner import graphs_reserved
+from ..memory import CUDA_CONTEXT_GIB, Estimate, ModelShape, estimate, graphs_beside_budget
 from ..remedy_gate import Limits
 from ..vllm_release import Release, facts
 
@@ -121,11 +120,8 @@ class Context:
         return (now - without) * total if now is not None and without is not None and total else None
 
     def graphs_outside(self) -> float:
-        """GiB the CUDA graphs take beyond the budget: none where eager, or where the release reserves
-        them inside it (model_runner.graphs_reserved)."""
-        if graphs_reserved(self.inv.shape, self.engine, self.inv.release):
-            return 0.0
-        return CUDAGRAPH_GIB if captures_graphs(self.engine.enforce_eager, self.engine.extra_args) else 0.0
+        """GiB the CUDA graphs take beside the budget (memory.graphs_beside_budget)."""
+        return graphs_beside_budget(self.inv.shape, self.engine, self.inv.release)
 
     def default_seqs(self) -> int:
         """vLLM's max_num_seqs for this GPU, under the image's release where it names one."""
