@@ -523,6 +523,7 @@ async def test_the_real_72b_crash_on_one_h200_heals_to_two_gpus(cluster):
     assert gpus(dep) == 2
     heal = status(obj)["heals"][-1]
     assert heal["cause"] == "weights_load_oom" and heal["action"] == "IncreaseTensorParallel"
+    assert heal["gpus"] == 1  # the split the crash printed its per-GPU weights under
     assert obj["spec"]["engine"]["tensorParallelSize"] == 2
 
 

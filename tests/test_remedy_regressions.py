@@ -208,3 +208,51 @@ def test_a_repeated_free_memory_cut_is_not_held_to_weights_another_split_printed
         inventory=Inventory(gpu_total_gib=79.19),
     )
     assert r.gives_up, r.summary()
+
+
+def test_a_repeated_free_memory_cut_reads_the_split_each_crash_ran_on():
+    """A user's own edit of TP or PP is in no heal's changes: the crash recorded before it printed its
+    weights per GPU of the old split. Each record now names the split its crash ran on (status.heals[].gpus),
+    and only the current split's weights hold a repeated cut back: TP 1's 60 GiB neither refuses a cut that
+    leaves TP 2's GPU room for its 30 GiB, nor does TP 4's 15 GiB let a cut below TP 2's own weights pass."""
+    from vllm_autoheal.kube.status import history
+
+    s = VLLMServiceSpec(model="m", engine={"tensorParallelSize": 2, "gpuMemoryUtilization": 0.62})
+    log = (
+        "ValueError: Free memory on device (40.0/79.19 GiB) on startup is less than desired GPU memory "
+        "utilization (0.62, 49.1 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.\n"
+    )
+    tried = ["gpu_util_exceeds_free/LowerGpuMemoryUtilization"]
+
+    def crash(weights: float, gpus: int) -> dict:
+        return {
+            "cause": "kv_cache_insufficient",
+            "numbers": {"weights_gib": weights},
+            "action": "NoChange",
+            "gpus": gpus,
+        }
+
+    def cut(gpus: int) -> dict:
+        change = {"field": "gpuMemoryUtilization", "before": "0.9", "after": "0.62"}
+        return {
+            "cause": "gpu_util_exceeds_free",
+            "numbers": {"free_gib": 50.0},
+            "action": "x",
+            "changes": [change],
+            "gpus": gpus,
+        }
+
+    def planned(heals: list[dict]):
+        return plan_heal(
+            s, classify(Signals(log=log)), history(tried, heals, 2), inventory=Inventory(gpu_total_gib=79.19)
+        )
+
+    # TP 1 crashed with 60 GiB a GPU; the user then set TP 2 by hand (no heal changed it)
+    r = planned([crash(60.0, 1), cut(2)])
+    assert r.action == "LowerGpuMemoryUtilization" and r.changes["gpu_memory_utilization"] < 0.62, r.summary()
+    # TP 2's own 45 GiB still hold the repeat back, whatever a TP 4 run printed after it
+    assert planned([crash(45.0, 2), crash(15.0, 4), cut(2)]).gives_up
+    # a record from before the field (no gpus) still counts, as before
+    legacy = crash(45.0, 2)
+    del legacy["gpus"]
+    assert planned([legacy, cut(2)]).gives_up

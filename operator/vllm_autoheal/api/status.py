@@ -66,6 +66,13 @@ class HealRecord(Model):
     action: RecordedAction = Field(..., description="What was done: an action name, NoChange or GiveUp.")
     reason: str = Field("", max_length=2048, description="Why, citing the evidence.")
     changes: list[FieldChange] = Field(default_factory=list, description="Each changed field, before and after.")
+    gpus: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description="GPUs one replica ran on at the crash (tensor x pipeline parallel): the split its per-GPU "
+        "figures were printed under.",
+    )
 
 
 class Deployed(Model):

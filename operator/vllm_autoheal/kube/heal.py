@@ -95,7 +95,7 @@ def _plan_heal(
     spec, cur = obj.spec, obj.status
     if not cfg.heal_enabled:  # the chart's cluster-wide switch
         spec = spec.model_copy(update={"heal": spec.heal.model_copy(update={"enabled": False})})
-    history = st.history([*cur.tried, *extra_tried], [h.wire() for h in cur.heals])
+    history = st.history([*cur.tried, *extra_tried], [h.wire() for h in cur.heals], now.gpus())
     return plan_heal(
         spec,
         diag,
@@ -151,6 +151,7 @@ def record(
         remedy,
         before,
         incident.note,
+        now.gpus(),
     )
     update.update(heals=st.append_heal([h.wire() for h in cur.heals], heal), lastCause=diag.cause)
     if cur.baseline is None:

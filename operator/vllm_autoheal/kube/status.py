@@ -170,6 +170,7 @@ def heal_record(
     remedy: Remedy,
     before: dict[str, Any],
     note: str | None = None,
+    gpus: int | None = None,
 ) -> dict[str, Any]:
     changes = [
         FieldChange(field=to_camel(k), before=_text(before.get(k)), after=_text(v)) for k, v in remedy.changes.items()
@@ -189,6 +190,7 @@ def heal_record(
         action=remedy.action,
         reason=reason[:2000],
         changes=changes,
+        gpus=gpus,
     ).wire()
 
 
@@ -196,9 +198,11 @@ def append_heal(heals: list[dict[str, Any]], record: dict[str, Any]) -> list[dic
     return (list(heals) + [record])[-MAX_HEAL_RECORDS:]
 
 
-def history(tried: list[str], heals: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def history(tried: list[str], heals: list[dict[str, Any]], gpus: int | None = None) -> list[dict[str, Any]]:
     """The planner's history: what was tried since the last edit (status.tried, never cut short by
-    other records), and the figures earlier crashes printed (status.heals)."""
+    other records), and the figures earlier crashes printed (status.heals). `gpus`: the split one
+    replica runs on now; a crash recorded under another split (a heal's, or a user's edit of TP or
+    PP) printed its per-GPU figures for that split."""
     out: list[dict[str, Any]] = [{"cause": t.split("/", 1)[0], "action": t.split("/", 1)[-1]} for t in tried]
     out += [
         {
@@ -210,6 +214,7 @@ def history(tried: list[str], heals: list[dict[str, Any]]) -> list[dict[str, Any
                 isinstance(c, dict) and c.get("field") in ("tensorParallelSize", "pipelineParallelSize")
                 for c in h.get("changes") or []
             ),
+            "other_split": gpus is not None and h.get("gpus") is not None and h.get("gpus") != gpus,
         }
         for h in heals
     ]

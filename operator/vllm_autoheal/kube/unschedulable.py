@@ -162,6 +162,7 @@ def _revert(
         diag,
         Remedy(action, _changes(intent.target, target), f"{summary} Scheduler: {message}"),
         before,
+        gpus=intent.target.gpus(),
     )
     update["heals"] = st.append_heal([h.wire() for h in cur.heals], record)
     return update, update["inFlight"]

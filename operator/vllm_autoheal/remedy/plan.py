@@ -289,6 +289,8 @@ def _repeat_below_weights(remedy: Remedy, history: list[dict[str, Any]], total: 
         if h.get("action") == "IncreaseTensorParallel" or h.get("resplit"):
             weights = []  # printed per GPU of the split before this heal: another split's figure
             continue
+        if h.get("other_split"):
+            continue  # printed under a split one replica no longer runs on (a user's edit of TP or PP)
         if isinstance(h.get("numbers"), dict) and isinstance(h["numbers"].get("weights_gib"), (int, float)):
             weights.append(h["numbers"]["weights_gib"])
     return bool(util and total and weights and util * total < weights[-1])
