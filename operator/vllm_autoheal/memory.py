@@ -7,7 +7,9 @@ Budget, as vLLM (V1) computes it at start-up:
 and one request of max_model_len must fit in `tokens`. CUDA graphs (about 1 GiB for a dense 8B
 model on an H200) are captured outside that budget, except where the release reserves its estimate
 of them inside it (the V1 runner from 0.20, every runner from 0.29: vllm_release.graphs_in_budget),
-taking it off the KV cache.
+taking it off the KV cache. 0.34's extensible cache refuses no budget above the free memory, and holds
+less than its budget after warm-up, which it checks again (extensible_kv.py): the memory model
+checks that.
 Each constant below names where it came from. Pure: no I/O.
 """
 
@@ -29,6 +31,7 @@ from .engine_defaults import (
     state_pages,
     steps_in_flight,
 )
+from .extensible_kv import extensible_kv_cache, held_after_warmup_gib
 from .gpu_catalog import GpuSpec
 from .model_runner import graphs_reserved, release_sampler
 from .model_shape import DTYPE_BYTES, GROUP_SCALE_BYTES, QUANT_BYTES, ModelShape, layer_group, padded_layers
@@ -159,7 +162,9 @@ class Estimate:
     state_blocks: int | None = None  # a Mamba hybrid's pool blocks: at most this many sequences run
     reasons: list[str] = field(default_factory=list)
     graphs_in_budget: bool = False  # the release reserves the CUDA graphs inside the budget (off the cache)
-    kv_budget_gib: float = 0.0  # what the budget leaves the cache, unclamped (vLLM's budget line)
+    # what the budget leaves the cache, unclamped (vLLM's budget line; for 0.34's extensible cache, what
+    # it holds after warm-up, which its second check reads: extensible_kv.py)
+    kv_budget_gib: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in asdict(self).items()}
@@ -324,7 +329,9 @@ def estimate(
     else:
         requested = math.ceil(total * engine.gpu_memory_utilization * GIB) / GIB
         kv = requested - weights - act - non_torch - (graphs if reserved else 0.0)
-        if requested > free:
+        if extensible_kv_cache(engine, release):  # (a budget above the free memory is no refusal there)
+            kv = held_after_warmup_gib(release, requested, free, weights + non_torch, act, graphs)
+        elif requested > free:
             failure = "gpu_util_exceeds_free"
             reasons.append(
                 f"gpu_memory_utilization {engine.gpu_memory_utilization} asks for {requested:.2f} GiB "

@@ -43,6 +43,10 @@ class Facts:
     # (the V2 runner's estimate is `return 0`), "all". Where reserved, the KV cache is smaller by the
     # graphs and capture runs inside the budget.
     graphs: str = "none"
+    # The extensible KV cache (config/vllm.py _resolve_extensible_kv_cache: on by default on CUDA and ROCm):
+    # sized after warm-up and capture from the memory then free (v1/worker/extensible_kv_cache.py
+    # measure_kv_cache_bytes), the budget only a cap, so a budget above the free memory is no refusal.
+    extensible: bool = False
 
 
 _V2_023 = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM"})
@@ -94,9 +98,11 @@ RELEASES: tuple[Facts, ...] = (
     Facts((0, 28, 0), "160gib", "in-flight", "v1-triton", "v1-unlisted-hybrid-moe", _V2_028, "v1"),
     # use_v2_model_runner: V2 for every model by default (its unsupported features aside): the floor.
     # The V2 runner estimates its graphs too (gpu/cudagraph_utils.py, a real capture into a throwaway
-    # pool), so every runner reserves them. 0.34.0 drops the V1 GPU runner (v1/worker/gpu_model_runner.py)
-    # altogether, and sizes its extensible KV cache after capture (the graphs inside the budget too).
+    # pool), so every runner reserves them.
     Facts((0, 29, 0), "160gib", "in-flight", "v1-triton", "none", graphs="all"),
+    # 0.34.0 drops the V1 GPU runner (v1/worker/gpu_model_runner.py) altogether, and sizes its extensible
+    # KV cache after capture (the graphs inside the budget too; model_runner.extensible_kv_cache).
+    Facts((0, 34, 0), "160gib", "in-flight", "v1-triton", "none", graphs="all", extensible=True),
 )
 # fmt: on
 LAST_SERIES = (0, 34)  # the newest release read: later ones are not described

@@ -1,0 +1,120 @@
+"""vLLM 0.34's extensible KV cache in the memory model (extensible_kv.py): a budget above the free memory is
+no refusal, the cache holds what is free after warm-up less what vLLM keeps free, and that size is checked
+again. Read in 0.34.0's sources (v1/worker/utils.py request_memory, extensible_kv_cache.py
+measure_kv_cache_bytes, gpu_worker.py peak_activation_memory, kv_cache_planning.py shrink_kv_cache_configs,
+config/vllm.py _resolve_extensible_kv_cache)."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_autoheal.api import EngineArgs, VLLMServiceSpec
+from vllm_autoheal.extensible_kv import extensible_kv_cache
+from vllm_autoheal.gpu_catalog import lookup
+from vllm_autoheal.memory import CUDA_CONTEXT_GIB, estimate
+from vllm_autoheal.preflight import preflight
+from vllm_autoheal.vllm_release import Release, parse_version
+
+from samples import config_shape
+
+H100 = lookup("NVIDIA-H100-80GB-HBM3")
+LLAMA = config_shape("llama-3.1-8b")
+V033, V034 = parse_version("0.33.0"), parse_version("0.34.0")
+
+
+def held(est, free: float, floor: float = 1.0) -> float:
+    """measure_kv_cache_bytes with the estimate's parts: the budget capped by what is free less the margin,
+    less what the engine holds (weights, non-torch, the captured graphs) and the reserve it keeps free (the
+    activation peak and the graph estimate)."""
+    reserve = est.activation_gib + est.cudagraph_gib
+    margin = max(floor, 0.75 * reserve)
+    return (
+        min(est.requested_gib, free - CUDA_CONTEXT_GIB - margin)
+        - est.weights_gib
+        - est.non_torch_gib
+        - est.cudagraph_gib
+        - reserve
+    )
+
+
+def test_a_budget_above_the_free_memory_is_no_refusal_and_the_cache_takes_what_is_free():
+    """Another process holds 30 GiB of an H100: 0.33 refuses 0.9 (71.27 GiB asked, 49.49 free); 0.34 starts,
+    with a cache of what is free less the margin and the reserve."""
+    engine = EngineArgs(gpu_memory_utilization=0.9, max_model_len=8192)
+    old = estimate(LLAMA, engine, H100, 50.0, release=V033)
+    assert old.failure == "gpu_util_exceeds_free"
+    new = estimate(LLAMA, engine, H100, 50.0, release=V034)
+    assert new.fits, new.reasons
+    assert new.kv_cache_gib == pytest.approx(held(new, 50.0)) and 29 < new.kv_cache_gib < 31
+
+
+def test_on_an_idle_gpu_the_cache_keeps_the_graph_estimate_free_beside_the_captured_graphs():
+    """At 0.9 on an idle GPU the budget binds; the reserve vLLM keeps free after capture still counts the
+    graph estimate, which the captured graphs also take: one graph share less than 0.33's cache."""
+    engine = EngineArgs(gpu_memory_utilization=0.9, max_model_len=8192)
+    old, new = (estimate(LLAMA, engine, H100, release=r) for r in (V033, V034))
+    assert new.kv_cache_gib == pytest.approx(old.kv_cache_gib - new.cudagraph_gib)
+    assert new.kv_cache_gib == pytest.approx(held(new, H100.memory_gib))
+    # eager: no graphs taken, none kept free
+    eager = estimate(LLAMA, engine.model_copy(update={"enforce_eager": True}), H100, release=V034)
+    assert eager.cudagraph_gib == 0 and eager.kv_cache_gib == pytest.approx(held(eager, H100.memory_gib))
+
+
+def test_near_a_utilization_of_one_the_free_memory_less_the_margin_binds_and_rocm_keeps_more():
+    engine = EngineArgs(gpu_memory_utilization=0.99, max_model_len=8192)
+    cuda = estimate(LLAMA, engine, H100, release=V034)
+    rocm = estimate(LLAMA, engine, H100, release=Release((0, 34, 0), "rocm"))
+    assert cuda.kv_cache_gib == pytest.approx(held(cuda, H100.memory_gib))
+    # (the budget, 78.4 GiB, is above what is free less the margin: less than 0.33's less the graph share)
+    assert cuda.kv_cache_gib < estimate(LLAMA, engine, H100, release=V033).kv_cache_gib - cuda.cudagraph_gib - 0.5
+    assert rocm.kv_cache_gib == pytest.approx(held(rocm, H100.memory_gib, floor=3.0))
+    assert rocm.kv_cache_gib < cuda.kv_cache_gib
+
+
+def test_no_block_in_what_is_free_after_warm_up_is_a_kv_refusal():
+    """17 GiB free: the weights load, nothing is left for a block once the graphs and the reserve are
+    counted; vLLM's check after warm-up refuses it as a KV shortage (0.33 refused the budget itself)."""
+    engine = EngineArgs(gpu_memory_utilization=0.9, max_model_len=8192)
+    assert estimate(LLAMA, engine, H100, 17.0, release=V033).failure == "gpu_util_exceeds_free"
+    new = estimate(LLAMA, engine, H100, 17.0, release=V034)
+    assert new.failure == "kv_cache_insufficient" and new.kv_budget_gib <= 0 and new.kv_tokens == 0
+
+
+@pytest.mark.parametrize(
+    "engine",
+    [
+        {"extra_args": ["--no-enable-extensible-kv-cache"]},
+        {"extra_args": ["--enable-extensible-kv-cache=false"]},
+        {"kv_cache_memory_bytes": 40 * 2**30},  # (with the weights: more than the 49.49 GiB free)
+        {"extra_args": ["--kv-transfer-config", '{"kv_connector": "NixlConnector", "kv_role": "kv_both"}']},
+        {"extra_args": ["--num-gpu-blocks-override=2048"]},
+        {"extra_args": ["--enable-elastic-ep"]},
+    ],
+)
+def test_the_flags_that_size_the_cache_otherwise_keep_the_refusal(engine):
+    args = EngineArgs(gpu_memory_utilization=0.9, max_model_len=8192, **engine)
+    assert not extensible_kv_cache(args, V034)
+    assert estimate(LLAMA, args, H100, 50.0, release=V034).failure == "gpu_util_exceeds_free"
+
+
+def test_only_0_34_and_on_size_the_cache_after_warm_up():
+    args = EngineArgs()
+    assert extensible_kv_cache(args, V034) and extensible_kv_cache(args, parse_version("0.34.2"))
+    assert not any(extensible_kv_cache(args, r) for r in (V033, parse_version("0.29.0"), None))
+    # explicitly on, or elastic EP explicitly off, keeps it
+    assert extensible_kv_cache(EngineArgs(extra_args=["--enable-extensible-kv-cache"]), V034)
+    assert extensible_kv_cache(EngineArgs(extra_args=["--no-enable-elastic-ep"]), V034)
+
+
+def test_preflight_under_0_34_changes_nothing_for_memory_another_process_holds():
+    """Pre-flight Fix with 50 GiB free: under 0.33 it lowers the utilization to what is free; under 0.34
+    the start fits as it is, and no flag changes."""
+    engine = {"gpuMemoryUtilization": 0.9, "maxModelLen": 8192}
+
+    def fixed(version: str):
+        spec = VLLMServiceSpec(model="m", image=f"vllm/vllm-openai:v{version}", engine=engine, preflight="Fix")
+        return preflight(spec, H100, LLAMA, 50.0)
+
+    old, new = fixed("0.33.0"), fixed("0.34.0")
+    assert old.steps and old.engine.gpu_memory_utilization < 0.9
+    assert new.fits and not new.steps and new.engine.gpu_memory_utilization == 0.9
