@@ -118,3 +118,9 @@ def test_preflight_under_0_34_changes_nothing_for_memory_another_process_holds()
     old, new = fixed("0.33.0"), fixed("0.34.0")
     assert old.steps and old.engine.gpu_memory_utilization < 0.9
     assert new.fits and not new.steps and new.engine.gpu_memory_utilization == 0.9
+
+
+def test_plan_names_the_extensible_cache_among_the_releases_figures():
+    from vllm_autoheal.vllm_release import describe
+
+    assert "extensible KV cache" in describe(V034) and "extensible" not in describe(V033)

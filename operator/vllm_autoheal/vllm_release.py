@@ -257,4 +257,9 @@ def describe(release: Release | None, source: str = "") -> str:
     where = f" ({source})" if source else ""
     if facts(release) is None:
         return f"{release}{where}: not described (from {first} to {last}.x are): {shared}"
-    return f"{release}{where}: that release's batch defaults, dummy sampler, windowed layers and CUDA-graph reservation"
+    row = facts(release)
+    cache = ", extensible KV cache" if row is not None and row.extensible else ""
+    return (
+        f"{release}{where}: that release's batch defaults, dummy sampler, windowed layers{cache} and CUDA-graph "
+        "reservation"
+    )
