@@ -124,3 +124,36 @@ def test_plan_names_the_extensible_cache_among_the_releases_figures():
     from vllm_autoheal.vllm_release import describe
 
     assert "extensible KV cache" in describe(V034) and "extensible" not in describe(V033)
+
+
+def test_a_raise_for_the_kv_cache_stops_where_the_free_memory_less_the_margin_does():
+    """Another process holds part of the H100 (the launcher's probe says how much is free); vLLM 0.34 at 0.3
+    refuses 131,072 tokens of Llama-3.1-8B. A utilization past what is free less the margin the extensible
+    cache keeps (extensible_kv.margin_gib) buys no cache: every raise stays within it, and starts."""
+    from vllm_autoheal.diagnosis import Diagnosis
+    from vllm_autoheal.diagnosis.model import Cause
+    from vllm_autoheal.extensible_kv import margin_gib
+    from vllm_autoheal.remedy import Inventory, plan_heal
+
+    engine = EngineArgs(gpu_memory_utilization=0.3, max_model_len=131072)
+    spec = VLLMServiceSpec(model="m", image="vllm/vllm-openai:v0.34.0", engine=engine)
+    raises = 0
+    for free in [x / 4 for x in range(120, 200)]:  # 30 to 50 GiB free
+        est = estimate(LLAMA, engine, H100, free, release=V034)
+        assert not est.fits and est.kv_cache_gib > 0
+        d = Diagnosis(
+            cause=Cause.KV_CACHE_INSUFFICIENT,
+            subtype="max_model_len_exceeds_kv_capacity",
+            numbers={"max_seq_len": 131072, "needed_gib": est.kv_needed_gib, "available_gib": est.kv_cache_gib},
+        )
+        inv = Inventory(gpu_total_gib=H100.memory_gib, gpu_name=H100.name, shape=LLAMA, release=V034, gpu_free_gib=free)
+        remedy = plan_heal(spec, d, inventory=inv)
+        if remedy.action == "RaiseGpuMemoryUtilization":
+            raises += 1
+            after = estimate(LLAMA, remedy.apply(engine), H100, free, release=V034)
+            margin = margin_gib(V034, after.activation_gib + after.cudagraph_gib)
+            assert after.requested_gib <= free - CUDA_CONTEXT_GIB - margin, (free, remedy.summary())
+            assert after.fits, (free, remedy.summary(), after.reasons)
+        else:
+            assert remedy.action == "LowerMaxModelLen", remedy.summary()
+    assert 0 < raises < 80

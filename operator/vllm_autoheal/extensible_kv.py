@@ -58,6 +58,12 @@ def held_after_warmup_gib(
     `activation` the profiled activation peak, `graphs` the captured graphs (0 where none). A larger
     warm-up peak and torch's reserve growth, which only the run measures, would take more."""
     reserve = activation + graphs
+    return min(requested, free - margin_gib(release, reserve)) - held - graphs - reserve
+
+
+def margin_gib(release: Release | None, reserve: float) -> float:
+    """What the extensible cache leaves free of the memory free after warm-up, beside the `reserve` (the
+    activation peak and the graph estimate) it keeps free in full: a budget past the free memory less this
+    buys no cache."""
     floor = MARGIN_FLOOR_GIB["rocm" if release is not None and release.platform == "rocm" else "cuda"]
-    margin = max(floor, MARGIN_SHARE * reserve)
-    return min(requested, free - margin) - held - graphs - reserve
+    return max(floor, MARGIN_SHARE * reserve)

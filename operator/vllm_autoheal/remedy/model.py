@@ -13,6 +13,7 @@ from ..diagnosis import Diagnosis
 from ..diagnosis.figures import MAX_GIB
 from ..engine import BY_FIELD
 from ..engine_defaults import default_max_num_batched_tokens, default_max_num_seqs
+from ..extensible_kv import extensible_kv_cache, margin_gib
 from ..gpu_catalog import GpuSpec, lookup
 from ..memory import CUDA_CONTEXT_GIB, Estimate, ModelShape, estimate, graphs_beside_budget
 from ..remedy_gate import Limits
@@ -171,7 +172,18 @@ class Context:
             free = self.total  # a Kubernetes GPU is the pod's alone
         if free is None:
             return None
-        return free - CUDA_CONTEXT_GIB - self.graphs_outside()
+        return free - CUDA_CONTEXT_GIB - self.graphs_outside() - self.extensible_margin()
+
+    def extensible_margin(self) -> float:
+        """What vLLM 0.34's extensible KV cache keeps free beside the cache (extensible_kv.margin_gib), where
+        it sizes this engine's cache: 0 elsewhere."""
+        if not extensible_kv_cache(self.engine, self.inv.release):
+            return 0.0
+        reserve = 0.0
+        if self.inv.shape is not None and self.total:
+            est = self.estimate()
+            reserve = est.activation_gib + est.cudagraph_gib
+        return margin_gib(self.inv.release, reserve)
 
 
 Step = Callable[[Context], "Remedy | None"]
