@@ -188,3 +188,52 @@ def test_a_bare_calloc_last_error_is_no_memory_cause():
     assert "NCCL WARN" not in log
     d = classify(Signals(log=log))
     assert not d.is_memory, f"said {said(d)}"
+
+
+# --- vLLM 0.34's own wordings, in the engine core's format (`(EngineCore pid=N)` in the logger's header) ----
+V034_ENGINE = "(EngineCore pid=77) "
+V034_START = "\n".join(
+    V034_ENGINE + line
+    for line in (
+        "INFO 12-04 10:00:05 [core.py:121] Initializing a V1 LLM engine (v0.34.0) with config: "
+        "model='meta-llama/Llama-3.1-8B-Instruct', max_seq_len=131072",
+        "INFO 12-04 10:00:41 [model_runner.py:442] Model loading took 14.99 GiB memory and 30.100000 seconds",
+    )
+)
+
+
+def v034_startup_failure(frames: list[tuple[str, str, str]], error: str, before: str = "") -> str:
+    """vLLM 0.34's start-up failure: core.py's `logger.exception("EngineCore failed to start.")`, every line of
+    the traceback under its header, then the API server's RuntimeError (v1/engine/utils.py)."""
+    head = V034_ENGINE + "ERROR 12-04 10:01:10 [core.py:1757] "
+    lines = ["EngineCore failed to start.", "Traceback (most recent call last):"]
+    frames = [
+        ("v1/engine/core.py", "run_engine_core", "engine_core = EngineCoreProc(*args, engine_index=dp_rank, **kwargs)"),
+        ("v1/engine/core.py", "__init__", "kv_cache_config = self._initialize_kv_caches(vllm_config)"),
+        *frames,
+    ]
+    for path, function, code in frames:
+        lines += [
+            f'  File "/usr/local/lib/python3.12/dist-packages/vllm/{path}", line 100, in {function}',
+            f"    {code}",
+        ]
+    api = (
+        "(APIServer pid=1) RuntimeError: Engine core initialization failed. See root cause above. "
+        "Failed core proc(s): {'EngineCore': 1}"
+    )
+    return "\n".join([V034_START, *filter(None, [before]), *(head + line for line in lines + [error]), api]) + "\n"
+
+
+def test_the_kv_size_line_of_a_hisparse_engine_is_read():
+    """vLLM 0.33 and 0.34 (v1/core/kv_cache_utils.py update_kv_cache_capacity) name the pools before "KV cache
+    size": "GPU", or the device type, and " + host" where HiSparse keeps part of the cache in host memory.
+    Read only where a known message opens an INFO line, "GPU + host KV cache size: ..." was not (its marker
+    allowed one word before "KV"): neither the size nor the concurrency below 1x that alone says one
+    request of max_model_len does not fit."""
+    line = (
+        V034_ENGINE + "INFO 12-04 10:00:53 [kv_cache_utils.py:1169] GPU + host KV cache size: 2,048 tokens, "
+        "Maximum concurrency for 131,072 tokens per request: 0.02x"
+    )
+    d = classify(Signals(log=V034_START + "\n" + line + "\n"))
+    assert (d.cause, d.subtype) == ("kv_cache_insufficient", "kv_cache_below_one_request"), f"said {said(d)}"
+    assert (d.numbers["kv_cache_tokens"], d.numbers["max_concurrency"]) == (2048, 0.02)

@@ -191,7 +191,10 @@ MARKERS: tuple[Message, ...] = (
     _m(
         MILESTONE,
         r"Available KV cache memory: (?P<available_kv_gib>-?[\d.]+) GiB|"
-        r"# (?:GPU|cuda|CPU) blocks: \d+|(?:\b[A-Z]{2,4} )?KV cache size: (?P<kv_cache_tokens>" + NUM + r") tokens|"
+        # (the pools before "KV cache size": "GPU" or the device type, " + host" under HiSparse: 0.33 on)
+        r"# (?:GPU|cuda|CPU) blocks: \d+|(?:\b[A-Z]{2,4}(?: \+ host)? )?KV cache size: (?P<kv_cache_tokens>"
+        + NUM
+        + r") tokens|"
         r"Memory profiling takes",
         phase=m.PHASE_KV,
     ),
