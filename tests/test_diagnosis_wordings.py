@@ -237,3 +237,27 @@ def test_the_kv_size_line_of_a_hisparse_engine_is_read():
     d = classify(Signals(log=V034_START + "\n" + line + "\n"))
     assert (d.cause, d.subtype) == ("kv_cache_insufficient", "kv_cache_below_one_request"), f"said {said(d)}"
     assert (d.numbers["kv_cache_tokens"], d.numbers["max_concurrency"]) == (2048, 0.02)
+
+
+def test_the_cpu_runners_pooler_warmup_oom_is_a_warmup_oom():
+    """vLLM 0.34's standalone CPU runner words the pooler's warm-up OOM its own way
+    (v1/worker/cpu/pooling_runner.py: "Out of memory while warming up the pooler (task=...) with N dummy
+    requests. Lower `max_num_seqs`."), raised from the CPU worker's profiling warm-up. Only the GPU runner's
+    "CUDA out of memory occurred when warming up pooler" was known: unknown, the dummy batch's size lost.
+    It should be the warm-up OOM the GPU's wording is, with the batch that did not fit."""
+    frames = [
+        (
+            "v1/engine/core.py",
+            "_initialize_kv_caches",
+            "available_gpu_memory = self.model_executor.determine_available_memory()",
+        ),
+        ("v1/worker/cpu_worker.py", "determine_available_memory", "self.model_runner.warming_up_model()"),
+        ("v1/worker/cpu/pooling_runner.py", "_dummy_pooler_run_task", "raise RuntimeError("),
+    ]
+    error = (
+        "RuntimeError: Out of memory while warming up the pooler (task='embed') with 256 dummy requests. "
+        "Lower `max_num_seqs`."
+    )
+    d = classify(Signals(log=v034_startup_failure(frames, error)))
+    assert (d.cause, d.subtype, d.phase) == ("profiling_oom", "sampler_warmup_oom", "profile"), f"said {said(d)}"
+    assert d.numbers["dummy_requests"] == 256

@@ -145,10 +145,11 @@ FAILURES: tuple[Message, ...] = (
         m.PHASE_KV,
         "no_cache_blocks",
     ),
+    # (0.34's standalone CPU runner words it "Out of memory while warming up the pooler": cpu/pooling_runner.py)
     _m(
         MEMORY,
-        r"CUDA out of memory occurred when warming up (?:sampler|pooler).{0,200}? with (?P<dummy_requests>\d+) "
-        r"dummy requests",
+        r"(?:CUDA out of memory occurred when warming up|Out of memory while warming up the) (?:sampler|pooler)"
+        r".{0,200}? with (?P<dummy_requests>\d+) dummy requests",
         m.PROFILING_OOM,
         m.PHASE_PROFILE,
         "sampler_warmup_oom",
