@@ -261,3 +261,39 @@ def test_the_cpu_runners_pooler_warmup_oom_is_a_warmup_oom():
     d = classify(Signals(log=v034_startup_failure(frames, error)))
     assert (d.cause, d.subtype, d.phase) == ("profiling_oom", "sampler_warmup_oom", "profile"), f"said {said(d)}"
     assert d.numbers["dummy_requests"] == 256
+
+
+# vLLM 0.34's SimpleCPUOffloadConnector maps and pre-faults its host copy of the KV cache at start-up
+# (v1/simple_kv_offload/host_buffer.py alloc_host_buffer), wrapping the OSError in words of its own.
+HOST_BUFFER_FRAMES = [
+    ("v1/engine/core.py", "_initialize_kv_caches", "self.model_executor.initialize_from_config(kv_cache_configs)"),
+    ("v1/worker/gpu/model_runner.py", "initialize_kv_cache", "self.kv_connector.register_kv_caches(kv_caches_dict)"),
+    (
+        "v1/simple_kv_offload/worker.py",
+        "_alloc_cpu_caches",
+        "buf = alloc_host_buffer(sum(layer_bytes), self.cpu_hugepage_size)",
+    ),
+    ("v1/simple_kv_offload/host_buffer.py", "alloc_host_buffer", "raise RuntimeError("),
+]
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        "RuntimeError: Cannot map 40.00 GiB of ordinary pages: [Errno 12] Cannot allocate memory. Reserve the pages "
+        "on the host and request them for the container.",
+        "RuntimeError: Cannot populate 40.00 GiB of ordinary pages: [Errno 12] Cannot allocate memory. The "
+        "container's memory or hugetlb limit is too small.",
+        # (MADV_POPULATE_WRITE fails with EFAULT where a page could not be had: a hugetlb pool run dry)
+        "RuntimeError: Cannot populate 40.00 GiB of 2 MiB HugeTLB pages: [Errno 14] Bad address. The container's "
+        "memory or hugetlb limit is too small.",
+    ],
+    ids=["map-enomem", "populate-enomem", "populate-hugetlb-efault"],
+)
+def test_the_cpu_offload_buffer_that_does_not_fit_host_memory_is_host_memory(error):
+    """The map failure's own advice says "request them for the container", and any line naming a "request"
+    was taken for a client's (origin.py): the engine's error was dropped, unknown. The populate failure
+    with EFAULT, which vLLM itself calls a memory or hugetlb limit too small, said not_oom. Both are the
+    host's memory."""
+    d = classify(Signals(log=v034_startup_failure(HOST_BUFFER_FRAMES, error)))
+    assert d.cause == "host_ram_oom", f"said {said(d)}"

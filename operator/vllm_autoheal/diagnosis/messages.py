@@ -207,6 +207,17 @@ FAILURES: tuple[Message, ...] = (
         "host_allocation_failed",
         needles=("DefaultCPUAllocator:", "std::bad_alloc", "MemoryError"),  # (MemoryError: numpy's too)
     ),
+    # vLLM 0.34 pre-faulting its CPU offload buffer (v1/simple_kv_offload/host_buffer.py): whatever the errno
+    # (EFAULT where a hugetlb pool runs dry), its own words say the memory or hugetlb limit is too small.
+    _m(
+        HOST,
+        r"Cannot populate [\d.]{1,12} GiB of [\w ]{1,40} pages: .{0,200}?The container's memory or hugetlb "
+        r"limit is too small",
+        m.HOST_RAM_OOM,
+        None,
+        "host_pages_unavailable",
+        needles=("memory or hugetlb limit",),
+    ),
     # ENOMEM from a system call (mmap, fork, ...); not from RDMA registration, where it means the
     # locked-memory limit.
     _m(
