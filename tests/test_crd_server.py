@@ -145,6 +145,20 @@ INVALID = [
         {"env": [{"name": "HF_TOKEN", "value": "x", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}]},
         "spec.env[0].valueFrom",
     ),
+    # The Deployment is written by server-side apply, which refuses an env list with a name twice
+    # (the server answers 500, retried forever): the pod's env names must be unique, and not the
+    # launcher's PYTHONPATH nor the HF_TOKEN that hfTokenSecretRef sets.
+    (
+        "env-name-twice",
+        {"env": [{"name": "MODE", "value": "a"}, {"name": "MODE", "value": "b"}]},
+        "spec.env",
+    ),
+    ("env-launcher-path", {"env": [{"name": "PYTHONPATH", "value": "/opt/mine"}]}, "spec.env"),
+    (
+        "env-token-twice",
+        {"hfTokenSecretRef": {"name": "hf", "key": "token"}, "env": [{"name": "HF_TOKEN", "value": "x"}]},
+        "spec.env",
+    ),
     ("replicas-negative", {"replicas": -1}, "spec.replicas"),
     ("image-with-space", {"image": "vllm/vllm-openai latest"}, "spec.image"),
     ("port-out-of-range", {"port": 70000}, "spec.port"),

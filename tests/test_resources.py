@@ -88,3 +88,30 @@ def test_status_overrides_apply_only_to_the_model_memory_and_gpu_they_were_sized
     assert resources.on_baseline(_healed("StatusOverrides", None, model="org/b"))
     # PatchSpec: heals write the model and memory limit into the spec themselves
     assert resources.on_baseline(_healed("PatchSpec", taken, model="org/b"))
+
+
+def test_no_env_name_reaches_the_pod_twice():
+    """Server-side apply refuses a container whose env names a variable twice (the server answers
+    500, which the operator retried every 10 s, forever, with nothing in status): such a spec is
+    refused at admission, as the API server and `render` both check it."""
+    from vllm_autoheal.validation import admit
+
+    twice = [{"name": "MODE", "value": "a"}, {"name": "MODE", "value": "b"}]
+    token = {"name": "hf", "key": "token"}
+    for spec in (
+        {"env": twice},
+        {"env": [{"name": "PYTHONPATH", "value": "/opt/mine"}]},
+        {"env": [{"name": "HF_TOKEN", "value": "x"}], "hfTokenSecretRef": token},
+    ):
+        _, problems = admit({"metadata": {"name": "s"}, "spec": {"model": "org/m", **spec}})
+        assert any(p.startswith("spec.env") for p in problems), (spec, problems)
+    # what stays allowed: PYTHONPATH without the launcher, HF_TOKEN without hfTokenSecretRef
+    for spec in (
+        {"env": [{"name": "PYTHONPATH", "value": "/opt/mine"}], "launcher": False},
+        {"env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": token}}]},
+    ):
+        body, problems = admit({"metadata": {"name": "s"}, "spec": {"model": "org/m", **spec}})
+        assert problems == [], problems
+        obj = VLLMService.model_validate({**body, "metadata": {"name": "s", "namespace": "ml", "uid": "u1"}})
+        names = [e["name"] for e in deployment(obj)["spec"]["template"]["spec"]["containers"][0]["env"]]
+        assert len(names) == len(set(names)), names

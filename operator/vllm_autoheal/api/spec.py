@@ -182,6 +182,23 @@ class VLLMServiceSpec(Model):
             "heal.bounds.maxMemoryLimit must be >= resources.limits.memory",
             ".heal.bounds.maxMemoryLimit",
         ),
+        # The Deployment is written by server-side apply, which refuses an env list naming a
+        # variable twice (with a 500 the operator would retry forever): the operator's own too.
+        rule(
+            "self.env.all(e, self.env.exists_one(f, f.name == e.name))",
+            "env must not name a variable twice",
+            ".env",
+        ),
+        rule(
+            "!self.launcher || !self.env.exists(e, e.name == 'PYTHONPATH')",
+            "env must not set PYTHONPATH while launcher is on (the launcher's own)",
+            ".env",
+        ),
+        rule(
+            "!has(self.hfTokenSecretRef) || !self.env.exists(e, e.name == 'HF_TOKEN')",
+            "env must not set HF_TOKEN while hfTokenSecretRef does",
+            ".env",
+        ),
         rule(
             "!('IncreaseTensorParallel' in self.heal.allowedActions) || has(self.heal.bounds.maxTensorParallelSize)",
             "IncreaseTensorParallel needs heal.bounds.maxTensorParallelSize",
