@@ -54,7 +54,7 @@ def _start(kube: StalledLogs, incidents: list[SimpleNamespace]) -> tuple[list[th
 @pytest.fixture(autouse=True)
 def fresh_slots(monkeypatch):
     monkeypatch.setattr(crash, "_log_reads", {})
-    monkeypatch.setattr(crash, "_queued", set())
+    monkeypatch.setattr(crash, "_queued", {})
 
 
 def test_a_tenant_with_many_namespaces_does_not_hold_every_worker():
@@ -123,3 +123,48 @@ def test_a_crash_queued_for_its_log_read_is_not_dropped_by_another_deferral_of_i
     later.run(f"crash/{inc.crash_id}", 0.5, lambda: None)  # e.g. the edit wait's look at the same crash
     queued_run = [fn for key, fn in later.pending.items() if not key.startswith("crash/")]
     assert queued_run, "the queued read's run was replaced: the crash stays queued and is never looked at"
+
+
+def test_one_namespaces_crash_loop_queues_a_bounded_number_of_reads(monkeypatch):
+    """Medium (the operator's threads and memory, shared by every tenant). Each crash beyond its
+    namespace's share of the workers was queued on a timer thread of its own, waiting for one of 4
+    read slots however long: a tenant's bare pods (no GPU needed) carrying the service label, each
+    crash-looping with no termination message, queued a thread per crash, without end, while the
+    reads drained 4 at a time. Beyond a bound the crash is left to the pod's next event."""
+    from vllm_autoheal.kube import heal
+
+    def busy(*_):
+        raise crash.LogReadsBusy("team")
+
+    monkeypatch.setattr(heal, "diagnose", busy)
+    monkeypatch.setattr(heal.ModelLookup, "of", classmethod(lambda cls, kube, obj: None))
+
+    def body(ns):
+        return {
+            "apiVersion": "vllm.autoheal.dev/v1alpha1",
+            "kind": "VLLMService",
+            "metadata": {"name": "svc", "namespace": ns, "generation": 1},
+            "spec": {"model": "m", "heal": {"backoffSeconds": 0}},
+        }
+
+    kube = SimpleNamespace(get_vsvc=lambda ns, name: body(ns))
+    later = PendingLater()
+
+    def crash_in(ns: str, i: int) -> heal.Incident:
+        pod = {"metadata": {"name": f"svc-{i}", "uid": f"u{i}", "labels": {}}, "spec": {}}
+        inc = heal.Incident(ns, "svc", pod, {"restartCount": 1})
+        heal.handle_crash(kube, SimpleNamespace(), later, inc, SimpleNamespace(info=print))  # type: ignore[arg-type]
+        return inc
+
+    for i in range(500):
+        crash_in("loop", i)
+    queued = [key for key in later.pending if key.startswith("crash-log/")]
+    assert len(queued) <= 32, f"{len(queued)} crashes of one namespace queued, a thread each"
+    other = crash_in("quiet", 0)
+    assert other.crash_id in crash._queued, "another namespace's crash found the queue full"
+    # a crash left out is queued on a later event of its pod, once the queue has room
+    left_out = crash_in("loop", 499)
+    assert left_out.crash_id not in crash._queued
+    for key in queued:
+        crash.unqueue_off_workers(key.removeprefix("crash-log/"))
+    assert crash_in("loop", 499).crash_id in crash._queued

@@ -38,25 +38,32 @@ _log_reads: dict[tuple[str, bool], threading.BoundedSemaphore] = {}
 _log_reads_guard = threading.Lock()
 
 
-_queued: set[str] = set()  # crashes waiting for a read off kopf's workers, or being looked at there
+# Crashes waiting for a read off kopf's workers (each on a timer thread of its own), or being looked
+# at there, per namespace at most this many: a crash loop of many pods queued a thread per crash,
+# without end. A crash beyond it is looked at again on its pod's next event.
+QUEUED_CRASHES_PER_NAMESPACE = 16
+_queued: dict[str, str] = {}  # crash id -> its namespace
 
 
 class LogReadsBusy(Exception):
     """The namespace's log reads hold their share of kopf's workers: look at the crash off them."""
 
 
-def queue_off_workers(crash_id: str) -> bool:
-    """True once per crash until unqueue_off_workers: each of the pod's events would queue it again."""
+def queue_off_workers(crash_id: str, namespace: str) -> bool:
+    """True once per crash until unqueue_off_workers (each of the pod's events would queue it again),
+    while its namespace has fewer than QUEUED_CRASHES_PER_NAMESPACE queued."""
     with _log_reads_guard:
         if crash_id in _queued:
             return False
-        _queued.add(crash_id)
+        if sum(ns == namespace for ns in _queued.values()) >= QUEUED_CRASHES_PER_NAMESPACE:
+            return False
+        _queued[crash_id] = namespace
         return True
 
 
 def unqueue_off_workers(crash_id: str) -> None:
     with _log_reads_guard:
-        _queued.discard(crash_id)
+        _queued.pop(crash_id, None)
 
 
 def _read_log(kube: Kube, incident: Incident) -> str:

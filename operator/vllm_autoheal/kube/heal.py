@@ -274,7 +274,7 @@ def handle_crash(kube: Kube, cfg: OperatorConfig, later: Later, incident: Incide
         incident.diagnosis = diagnose(kube, incident, obj)
     except LogReadsBusy:  # its namespace's log reads hold their share of kopf's workers: wait off them
         incident.off_workers = True
-        if queue_off_workers(incident.crash_id):  # (once: the pod's further events find it queued)
+        if queue_off_workers(incident.crash_id, ns):  # (once: the pod's further events find it queued)
             # (its own key: a look at the same crash deferred under `crash/` must not replace it)
             later.run(f"crash-log/{incident.crash_id}", 0, lambda: _off_workers(kube, cfg, later, incident, logger))
         return
