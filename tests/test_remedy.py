@@ -159,6 +159,21 @@ def test_preflight_fix_starts_with_flags_that_fit():
     assert not warn.fits and not warn.changed and warn.engine.max_model_len == 131072
 
 
+def test_preflight_fix_never_starts_a_quantization_flag_without_its_checkpoint():
+    """Medium (a heal's flags that crash for certain). Pre-flight's fitted flags are the engine
+    alone (status.effective): its Quantize step's model change was dropped and its `--quantization
+    awq` kept, on the unquantized checkpoint the spec names, which vLLM refuses to load; and what
+    "fits" was judged of flags no pod runs. Fix takes no step that changes more than the engine."""
+    s = VLLMServiceSpec(
+        model="org/big",
+        preflight="Fix",
+        heal={"quantizedFallback": {"allowed": True, "model": "org/big-awq", "method": "awq"}},
+    )
+    r = preflight(s, lookup("NVIDIA-H100-80GB-HBM3"), config_shape("llama-3.1-70b"))
+    assert r.engine.quantization is None, r.engine
+    assert all(set(step.changes) <= set(type(s.engine).model_fields) for step in r.steps), r.steps
+
+
 # vLLM 0.32's CPU backend: the KV space asked for is more than the node has free.
 CPU_KV_AUTO = (
     "ValueError: Available memory on node 0 (12.0/125.72 GiB) on kv cache allocation is less than requested "

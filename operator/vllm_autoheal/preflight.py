@@ -17,6 +17,9 @@ from .memory import Estimate, ModelShape, estimate
 from .remedy import Inventory, Remedy, plan_heal
 
 MAX_FIX_STEPS = 6
+# Fix's flags are the engine alone (status.effective): a step that also changes the checkpoint or
+# the memory limit would start half of itself (`--quantization awq` on the unquantized model).
+BEYOND_ENGINE = frozenset({"Quantize", "RaiseMemoryLimit"})
 
 
 @dataclass
@@ -94,7 +97,7 @@ def preflight(
     history: list[dict] = []
     for _ in range(MAX_FIX_STEPS):
         diag = predicted_diagnosis(est, engine, spec.heal.bounds.min_max_num_seqs)
-        remedy = plan_heal(spec, diag, history, inventory, engine)
+        remedy = plan_heal(spec, diag, history, inventory, engine, exclude=BEYOND_ENGINE)
         if remedy.gives_up:
             result.reasons.append(f"no fitting flags within the heal bounds: {remedy.reason}")
             break
