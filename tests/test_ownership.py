@@ -83,6 +83,31 @@ async def test_a_pod_labelled_with_an_empty_service_name_is_ignored(cluster, cap
     assert not [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
 
 
+async def test_objects_the_api_server_refuses_are_reported_not_retried_forever(cluster):
+    """Low (the operator's work and log for a spec it can never apply; nothing in status). The CRD
+    admits what the pod template may not: a node selector or toleration key that is no label key, a
+    GPU product that is no label value. The API server refuses the Deployment (422); reconcile raised
+    the bare ApiException, which kopf retried every minute with a traceback, and status said nothing.
+    It must say so (Ready=False, the server's words) and wait for the next edit."""
+    fault = cluster.kmock.fail("PATCH", "/deployments/bad", 422, times=1000)
+    await cluster.create_vsvc("bad", {**SPEC, "resources": {**SPEC["resources"], "nodeSelector": {"a b": "c"}}})
+    ready = await wait_for(
+        lambda: next(
+            (
+                c
+                for c in (cluster.vsvc_now("bad").get("status") or {}).get("conditions", [])
+                if c["type"] == "Ready" and c["reason"] == "ObjectsRefused"
+            ),
+            None,
+        ),
+        what="ObjectsRefused",
+    )
+    assert ready["status"] == "False" and "injected 422" in ready["message"], ready
+    hits = fault.hits
+    await asyncio.sleep(2.0)  # (the harness retries a temporary error after 0.5 s)
+    assert fault.hits == hits, f"{fault.hits - hits} more applies of a refused Deployment"
+
+
 async def test_an_object_controlled_by_another_vllmservice_is_not_taken_over(cluster):
     await cluster.create_vsvc("first", SPEC)
     dep = await wait_for(lambda: cluster.deployment_now("first"), what="deployment")

@@ -11,9 +11,11 @@ they are written with a new baseline, or while no heal has been made, never over
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import kopf
+from kubernetes.client.rest import ApiException
 
 from .. import metrics, model_source
 from ..api import VLLMService
@@ -169,6 +171,8 @@ def reconcile(kube: Kube, cfg: OperatorConfig, body: dict[str, Any], logger: kop
     except Exception as exc:
         if transient(exc):
             raise kopf.TemporaryError(f"applying the objects failed: {exc}", delay=cfg.retry_delay_s) from exc
+        if isinstance(exc, ApiException) and exc.status in REFUSED:
+            _refused(kube, cfg, body, ns, name, generation, exc)
         raise
     if applied.conflicts:  # someone else's object has the name: write nothing, say so, look again later
         _name_conflict(kube, cfg, body, ns, name, generation, applied.conflicts)
@@ -206,6 +210,32 @@ def reconcile(kube: Kube, cfg: OperatorConfig, body: dict[str, Any], logger: kop
         raise kopf.TemporaryError("a heal landed during this reconcile; applying it again", delay=cfg.retry_delay_s)
     if fit is not None and fit["reason"] == "ModelConfigPending":  # a slow Hub: check again when it answered
         raise kopf.TemporaryError("the model config is still being fetched", delay=2 * model_source.timeout_s())
+
+
+# The API server refused an object as rendered (a node selector key the CRD admits but a pod may not
+# carry, say): the same spec is refused again, so it waits for the next edit, said in status.
+REFUSED = frozenset({400, 422})
+
+
+def _refused(
+    kube: Kube, cfg: OperatorConfig, body: dict[str, Any], ns: str, name: str, generation: int | None, exc: ApiException
+) -> None:
+    said = str(exc.reason or "")
+    try:  # (the client keeps the server's Status after its reason; its message names the field)
+        said = str(json.loads(said.split(": ", 1)[1]).get("message") or said)
+    except (IndexError, ValueError, AttributeError):
+        pass
+    message = f"the API server refused the objects rendered from this spec (HTTP {exc.status}): {said[:800]}"
+
+    def change(fresh: dict[str, Any]) -> dict[str, Any] | None:
+        current = (fresh.get("status") or {}).get("conditions", [])
+        conditions = st.set_condition(current, st.READY, "False", "ObjectsRefused", message, generation)
+        return None if conditions == current else {"conditions": conditions, "observedGeneration": generation}
+
+    written = update_status(kube, cfg, ns, name, change)
+    if written is not None:
+        event(body, type="Warning", reason="ObjectsRefused", message=message)
+    raise kopf.PermanentError(message)
 
 
 def _name_conflict(
