@@ -69,3 +69,52 @@ async def test_a_tenant_with_more_stalled_log_reads_than_workers_leaves_the_othe
         timeout=60,
     )
     assert reads.hits == 16
+
+
+class _PendingLater:
+    """kube.later.Later's contract (one pending run per key; a newer call replaces it), never firing."""
+
+    def __init__(self) -> None:
+        self.pending: dict[str, object] = {}
+
+    def run(self, key: str, delay: float, fn) -> None:
+        self.pending[key] = fn
+
+
+def test_crashes_waiting_for_a_persons_edit_are_bounded_per_namespace(monkeypatch):
+    """Medium (the operator's threads and the API server's load, shared by every tenant). A crash
+    seen while a person's edit has no new baseline yet waits for it: a timer thread that reads the
+    object again every 0.5 s for up to a minute. A tenant whose edit's reconcile never writes its
+    baseline (a name conflict, objects the server refuses) and whose bare pods with the service
+    label (no GPU needed) crash-loop got a thread and 120 reads per crash, without bound."""
+    from types import SimpleNamespace
+
+    from vllm_autoheal.kube import heal
+
+    monkeypatch.setattr(heal, "_edit_waiters", {})
+
+    def body(ns: str) -> dict:
+        return {
+            "apiVersion": "vllm.autoheal.dev/v1alpha1",
+            "kind": "VLLMService",
+            "metadata": {"name": "svc", "namespace": ns, "generation": 2},
+            "spec": {"model": "m", "engine": {"gpuMemoryUtilization": 0.9}},
+            # the edit (0.8 -> 0.9) has no new baseline yet
+            "status": {"baseline": {"gpuMemoryUtilization": 0.8}, "effective": {"gpuMemoryUtilization": 0.8}},
+        }
+
+    kube = SimpleNamespace(get_vsvc=lambda ns, name: body(ns))
+    later = _PendingLater()
+
+    def crash_in(ns: str, i: int) -> None:
+        pod = {"metadata": {"name": f"svc-{i}", "uid": f"{ns}-u{i}", "labels": {}}, "spec": {}}
+        inc = heal.Incident(ns, "svc", pod, {"restartCount": 1})
+        heal.handle_crash(kube, SimpleNamespace(), later, inc, SimpleNamespace(info=print))  # type: ignore[arg-type]
+
+    assert heal.person_edited(heal.parse(body("loop")))
+    for i in range(300):
+        crash_in("loop", i)
+    waiting = [key for key in later.pending if key.startswith("crash/loop-")]
+    assert len(waiting) <= 32, f"{len(waiting)} crashes of one namespace wait for the edit, a thread each"
+    crash_in("quiet", 0)
+    assert any(key.startswith("crash/quiet-") for key in later.pending), "another namespace found no room"

@@ -12,6 +12,7 @@ recorded and the next event plans again.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -38,6 +39,20 @@ from .writes import transient, update_status
 
 REVERT = "RevertUnschedulable"
 EDIT_WAIT_S, EDIT_WAITS = 0.5, 120  # a reconcile writes its baseline right after its apply: wait up to a minute
+# Crashes of one namespace waiting at once for an edit's baseline (each a timer reading the object
+# every EDIT_WAIT_S): an edit whose reconcile never writes one (a name conflict) and a crash loop of
+# many pods held a thread and 120 reads per crash. Beyond it a crash waits for its pod's next event.
+EDIT_WAITERS_PER_NAMESPACE = 16
+_edit_waiters: dict[str, str] = {}  # crash id -> its namespace, while a wait for it is pending
+_edit_guard = threading.Lock()
+
+
+def _may_wait_for_edit(incident: Incident) -> bool:
+    with _edit_guard:
+        if sum(ns == incident.namespace for ns in _edit_waiters.values()) >= EDIT_WAITERS_PER_NAMESPACE:
+            return False
+        _edit_waiters[incident.crash_id] = incident.namespace
+        return True
 
 
 @dataclass
@@ -241,6 +256,8 @@ def _backing_off(obj: VLLMService) -> bool:
 def handle_crash(kube: Kube, cfg: OperatorConfig, later: Later, incident: Incident, logger: kopf.Logger) -> None:
     ns, name = incident.namespace, incident.name
     started = time.monotonic()
+    with _edit_guard:  # (a pending wait for the edit, if any, is this look: it waits again below or not)
+        _edit_waiters.pop(incident.crash_id, None)
     vsvc = kube.get_vsvc(ns, name)
     if vsvc is None:
         return
@@ -257,6 +274,8 @@ def handle_crash(kube: Kube, cfg: OperatorConfig, later: Later, incident: Incide
     if person_edited(obj) and incident.waits < EDIT_WAITS and _recent(incident.crash):
         # The edit's reconcile has applied its flags but not yet written its new baseline: planned
         # now, the heal would start from the old one and that write would then undo it.
+        if not _may_wait_for_edit(incident):
+            return  # its namespace has enough crashes waiting: the pod's next event looks again
         incident.waits += 1
         later.run(f"crash/{incident.crash_id}", EDIT_WAIT_S, lambda: handle_crash(kube, cfg, later, incident, logger))
         return
