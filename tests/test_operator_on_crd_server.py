@@ -39,6 +39,7 @@ HEAL_RECORD_FIELDS = {
     "action",
     "reason",
     "changes",
+    "gpus",
 }
 
 
