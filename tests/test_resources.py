@@ -61,7 +61,11 @@ def _healed(mode: str, baseline_for: str | None, **spec) -> VLLMService:
             "apiVersion": "vllm.autoheal.dev/v1alpha1",
             "kind": "VLLMService",
             "metadata": {"name": "s", "namespace": "t"},
-            "spec": {"model": "org/a", "heal": {"mode": mode}, **spec},
+            "spec": {
+                "model": "org/a",
+                "heal": {"mode": mode, "quantizedFallback": {"allowed": True, "model": "org/a-awq", "method": "awq"}},
+                **spec,
+            },
             "status": {"baseline": {}, "effective": {"maxModelLen": 4096}, "effectiveModel": "org/a-awq"},
         }
     )
@@ -115,3 +119,44 @@ def test_no_env_name_reaches_the_pod_twice():
         obj = VLLMService.model_validate({**body, "metadata": {"name": "s", "namespace": "ml", "uid": "u1"}})
         names = [e["name"] for e in deployment(obj)["spec"]["template"]["spec"]["containers"][0]["env"]]
         assert len(names) == len(set(names)), names
+
+
+def test_status_overrides_past_the_spec_and_its_heal_bounds_are_not_deployed():
+    """Status is the operator's to write, but a role granting a tenant `vllmservices/status` (a wildcard over
+    the group's resources) must not buy more GPUs, memory or another model than admission allowed the spec:
+    overrides past spec.heal.bounds are refused whole, and the spec as written is deployed."""
+    base = {
+        "model": "org/a",
+        "engine": {"tensorParallelSize": 2},
+        "resources": {"limits": {"memory": "64Gi"}},
+        "heal": {
+            "mode": "StatusOverrides",
+            "allowedActions": ["IncreaseTensorParallel", "RaiseMemoryLimit", "LowerMaxModelLen"],
+            "bounds": {"maxTensorParallelSize": 4, "maxMemoryLimit": "128Gi"},
+        },
+    }
+
+    def served(**status) -> VLLMService:
+        obj = VLLMService.model_validate(
+            {
+                "metadata": {"name": "s", "namespace": "t"},
+                "spec": base,
+                "status": {"baseline": {"tensorParallelSize": 2}, **status},
+            }
+        )
+        obj.status.baseline_for = resources.sized_for(obj)
+        return obj
+
+    within = served(effective={"tensorParallelSize": 4}, effectiveMemoryLimit="128Gi")
+    assert resources.overrides_refused(within) is None
+    assert resources.gpu_count(within) == 4 and resources.effective(within)[2] == "128Gi"
+    for status, field in (
+        ({"effective": {"tensorParallelSize": 8}}, "tensorParallelSize"),
+        ({"effective": {"tensorParallelSize": 2, "pipelineParallelSize": 4}}, "pipelineParallelSize"),
+        ({"effective": {"tensorParallelSize": 2}, "effectiveMemoryLimit": "1Ti"}, "effectiveMemoryLimit"),
+        ({"effective": {"tensorParallelSize": 2}, "effectiveModel": "org/huge"}, "effectiveModel"),
+    ):
+        beyond = served(**status)
+        assert field in (resources.overrides_refused(beyond) or ""), status
+        assert resources.effective(beyond) == ("org/a", beyond.spec.engine, "64Gi")
+        assert resources.gpu_count(beyond) == 2

@@ -161,6 +161,8 @@ def reconcile(kube: Kube, cfg: OperatorConfig, body: dict[str, Any], logger: kop
     if "baseline" in new or heal.unhealed_since_baseline(obj):
         new.update(fitted)  # pre-flight's flags are where heals start, never over a heal's
     target = _with_status(obj, new)
+    if refused := resources.overrides_refused(target):
+        logger.warning(f"status overrides not deployed, the spec is: {refused}")
     _model, engine, _memory = resources.effective(target)
     try:  # under the object's lock, one writer at a time; a heal's apply runs apart: re-applied below if it landed
         with lock(ns, name):

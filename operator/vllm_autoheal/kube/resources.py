@@ -77,14 +77,45 @@ def on_baseline(obj: VLLMService) -> bool:
 def effective(obj: VLLMService) -> tuple[str, EngineArgs, str | None]:
     """(model, engine args, memory limit) to deploy. status.effective (a heal in StatusOverrides
     mode, or pre-flight's fitting flags) applies while the spec is still the baseline it was made
-    for (on_baseline); once a person changes it, the spec wins again."""
+    for (on_baseline), and only within what the spec and its heal policy allow (overrides_refused);
+    once a person changes the spec, the spec wins again."""
     spec, status = obj.spec, obj.status
     model, engine, memory = spec.model, spec.engine, spec.resources.limits.memory
-    if status.effective is not None and on_baseline(obj):
+    if status.effective is not None and on_baseline(obj) and overrides_refused(obj) is None:
         engine = status.effective
         model = status.effective_model or model
         memory = status.effective_memory_limit or memory
     return model, engine, memory
+
+
+def overrides_refused(obj: VLLMService) -> str | None:
+    """Why status's overrides ask for more than the spec and its heal policy allow, or None. A heal and
+    pre-flight never do (the safety gate holds them to spec.heal.bounds), but status is no proof of
+    who wrote it: a role that grants a tenant `vllmservices/status` (a wildcard over the group's
+    resources does) would otherwise deploy GPUs, memory or a model past what admission allowed the
+    spec. The other flags run in the tenant's own pod alone, under the CRD's own rules for them."""
+    spec, status = obj.spec, obj.status
+    if status.effective is None:
+        return None
+    engine, bounds = status.effective, spec.heal.bounds
+    fallback = spec.heal.quantized_fallback.model
+    if status.effective_model not in (None, spec.model, fallback):
+        return "status.effectiveModel is neither spec.model nor spec.heal.quantizedFallback.model"
+    if engine.pipeline_parallel_size != spec.engine.pipeline_parallel_size:
+        return "status.effective.pipelineParallelSize differs from the spec's (no heal changes it)"
+    top = max(spec.engine.tensor_parallel_size, bounds.max_tensor_parallel_size or 0)
+    if engine.tensor_parallel_size > top:
+        return f"status.effective.tensorParallelSize {engine.tensor_parallel_size} is above {top}"
+    memory = status.effective_memory_limit
+    if memory is not None and memory != spec.resources.limits.memory:
+        try:
+            caps = [parse_quantity(q) for q in (spec.resources.limits.memory, bounds.max_memory_limit) if q]
+            above = not caps or parse_quantity(memory) > max(caps)
+        except ValueError:
+            above = True
+        if above:
+            return f"status.effectiveMemoryLimit {memory} is above the spec's limit and heal.bounds.maxMemoryLimit"
+    return None
 
 
 def owner_reference(meta: dict[str, Any]) -> list[dict[str, Any]]:
