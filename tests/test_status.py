@@ -99,3 +99,16 @@ def test_history_keeps_what_was_tried_beyond_the_record_cap():
     heals = [{"cause": "not_oom", "action": "NoChange", "numbers": {}}] * 20
     hist = st.history(["runtime_oom/LowerGpuMemoryUtilization"], heals)
     assert {"cause": "runtime_oom", "action": "LowerGpuMemoryUtilization"} in hist
+
+
+def test_every_setting_that_crashed_is_remembered_however_many_heals_are_allowed():
+    """A heal never goes back to settings that crashed of memory (status.failedEngines): with the most heals
+    allowed (heal.maxAttempts), each crash adds one, and the first start one more; none may fall out."""
+    from vllm_autoheal.api.heal_policy import MAX_ATTEMPTS
+    from vllm_autoheal.api.status import MAX_FAILED_ENGINES
+    from vllm_autoheal.kube.status import remember_failed
+
+    failed: list[str] = []
+    for n in range(MAX_ATTEMPTS + 1):
+        failed = remember_failed(failed, f"engine-{n}")
+    assert MAX_FAILED_ENGINES > MAX_ATTEMPTS and failed[0] == "engine-0" and len(failed) == MAX_ATTEMPTS + 1

@@ -10,6 +10,8 @@ from pydantic import Field
 from .engine_args import MAX_GPU_BYTES, MAX_OFFLOAD_GIB, MAX_SEQS, MAX_TOKENS, Quantization
 from .schema import QUANTITY_PATTERN, Model, cel, nested, rule
 
+MAX_ATTEMPTS = 50  # heal.maxAttempts' highest
+
 HealMode = Literal["PatchSpec", "StatusOverrides"]
 UnschedulablePolicy = Literal["Revert", "Wait"]
 HealAction = Literal[
@@ -96,7 +98,7 @@ class HealPolicy(Model):
             "StatusOverrides: keep spec untouched (GitOps) and deploy from status.effective."
         ),
     )
-    max_attempts: int = Field(5, ge=1, le=50, description="Heals allowed before giving up (HealExhausted).")
+    max_attempts: int = Field(5, ge=1, le=MAX_ATTEMPTS, description="Heals allowed before giving up (HealExhausted).")
     backoff_seconds: int = Field(30, ge=0, le=3600, description="Least time between two heals.")
     unschedulable_seconds: int = Field(
         300,

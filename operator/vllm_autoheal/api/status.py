@@ -9,13 +9,15 @@ from pydantic import Field
 
 from ..diagnosis.model import Cause, EnginePhase
 from .engine_args import EngineArgs
-from .heal_policy import HealAction
+from .heal_policy import MAX_ATTEMPTS, HealAction
 from .schema import QUANTITY_PATTERN, Model
 
 MAX_HEAL_RECORDS = 20
 MAX_OBSERVED_CRASHES = 50
 MAX_TRIED = 64
-MAX_FAILED_ENGINES = 32
+# every setting that crashed of memory while heals used up maxAttempts (one each, and the first): a heal
+# never goes back to one, however many it is allowed
+MAX_FAILED_ENGINES = MAX_ATTEMPTS + 14
 NoHeal = Literal["NoChange", "GiveUp"]  # the planner's outcomes that change nothing
 OperatorAction = Literal["RevertUnschedulable"]  # the operator's own, decided by heal.unschedulable
 RecordedAction = Literal[HealAction, NoHeal, OperatorAction]
