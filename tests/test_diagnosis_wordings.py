@@ -297,3 +297,37 @@ def test_the_cpu_offload_buffer_that_does_not_fit_host_memory_is_host_memory(err
     host's memory."""
     d = classify(Signals(log=v034_startup_failure(HOST_BUFFER_FRAMES, error)))
     assert d.cause == "host_ram_oom", f"said {said(d)}"
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        # multimodal/gpu_ipc_memory.py reserve_mm_ipc_gpu_memory (opt-in frontend GPU decoding)
+        "ValueError: frontend multimodal GPU decoding reserves 12.50 GiB (8.00 GiB raw-frame budget, 4.50 GiB "
+        "decoder cache budget), but only 10.20 GiB is available for the KV cache. Reduce mm_ipc_gpu_memory_gb or "
+        "hw_decoders, use a different video backend, or increase gpu_memory_utilization.",
+        # v1/hisparse/runtime.py: the node's available RAM (psutil), which no container limit raises
+        "ValueError: HiSparse pinned host pool needs ~512 GiB but only 300 GiB of RAM is available. Lower the "
+        "HiSparseConnector host_pool_gib or leave headroom for co-tenants.",
+        # model_executor/kernels/linear/mixed_precision/rdna_hybrid_w4a16.py (AMD RDNA, opt-in)
+        "ValueError: Not enough room in the gpu_memory_utilization budget to cache a dequantized W4A16 prefill "
+        "weight (kernel_config.rdna_hybrid_w4a16_prefill_dequant) while keeping KV cache for one max_model_len "
+        "request. Increase `gpu_memory_utilization`, lower `max_model_len`, or disable it.",
+    ],
+    ids=["mm-gpu-decoding-reserve", "hisparse-host-pool", "rdna-w4a16-cache"],
+)
+def test_a_need_set_against_what_is_left_is_no_not_memory_answer(error):
+    """vLLM 0.34's own words for memory that is short, in failures no row places (a reserve of an opt-in
+    feature, the node's RAM): they said not_oom ("not memory"), which is false. Now `unknown`, naming the
+    line: no setting is changed (which one would help is the feature's, not a flag the heal owns)."""
+    frames = [
+        (
+            "v1/engine/core.py",
+            "_initialize_kv_caches",
+            "available_gpu_memory = self.model_executor.determine_available_memory()",
+        ),
+        ("v1/worker/gpu_worker.py", "determine_available_memory", "return reserve_mm_ipc_gpu_memory("),
+    ]
+    d = classify(Signals(log=v034_startup_failure(frames, error)))
+    assert (d.cause, d.subtype) == ("unknown", "allocation_failure_unplaced"), f"said {said(d)}"
+    assert error.split(": ", 1)[1][:60] in " ".join(d.evidence)

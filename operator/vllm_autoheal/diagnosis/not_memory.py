@@ -15,7 +15,10 @@ from .pattern import row as _m
 ALLOCATION_FAILED = (
     r"[Oo]ut of memory|OutOfMemory|OUT_OF_(?:DEVICE_)?MEMORY|allocate memory|ENOMEM|RESOURCE_EXHAUSTED|"
     r"ALLOC(?:ATION)?_FAILED|AllocFailed|MemoryAllocation|memory_error|bad_alloc|not enough memory|"
-    r"MemoryError|[Uu]nable to allocate|[Ff]ailed to allocate|[Aa]llocation failed"  # (numpy's, Gaudi's)
+    r"MemoryError|[Uu]nable to allocate|[Ff]ailed to allocate|[Aa]llocation failed|"  # (numpy's, Gaudi's)
+    # a need set against what is left (vLLM 0.34's frontend decoding reserve and HiSparse host pool: "but
+    # only 2.00 GiB is available", AMD's W4A16 cache: "Not enough room in the ... budget")
+    r"\bonly [\d.]{1,12} ?[KMGT]i?B\b.{0,40}?\b(?:available|free)\b|[Nn]ot enough room in"
 )
 
 # A generic wrapper's words (WRAPPERS, below, says why).

@@ -73,10 +73,12 @@ _REQUEST_IDS = re.compile(  # (each alternative starts with a letter: see _USER_
     r"Request [Ii][Dd]s?\b|request [Ii][Dd]s?\b|"
     # any other line naming "request" (an id follows it in every vLLM 0.32 form: the engine's
     # "... for request <id>" of structured output and KV connectors), but the engine's own memory
-    # figures that speak of one request, and vLLM 0.34's advice on host pages ("Reserve the pages on the
-    # host and request them for the container": v1/simple_kv_offload/host_buffer.py)
+    # figures that speak of one request ("KV cache for one max_model_len request": 0.34's RDNA W4A16
+    # cache), and vLLM 0.34's advice on host pages ("Reserve the pages on the host and request them for the
+    # container": v1/simple_kv_offload/host_buffer.py)
     rf"R{_WB}equest\b(?<!at least one request)(?<!tokens per request)|"
-    rf"r{_WB}equest\b(?<!at least one request)(?<!tokens per request)(?<!on the host and request)|"
+    rf"r{_WB}equest\b(?<!at least one request)(?<!tokens per request)(?<!on the host and request)"
+    r"(?<!one max_model_len request)|"
     # the ids the API server makes, each holding the client's X-Request-Id or body request_id
     # ("cmpl-<id>-0-1a2b"), as KV connectors log them without the word "request"
     + "|".join(p[0] + _WB + re.escape(p[1:]) for p in _API_ID_PREFIXES)
