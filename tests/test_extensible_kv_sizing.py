@@ -157,3 +157,22 @@ def test_a_raise_for_the_kv_cache_stops_where_the_free_memory_less_the_margin_do
         else:
             assert remedy.action == "LowerMaxModelLen", remedy.summary()
     assert 0 < raises < 80
+
+
+# --- a review of 1a62931
+
+
+def test_the_disable_spelling_vllms_parser_pairs_with_enable_turns_the_cache_off():
+    """Severity: medium.
+    Input: extraArgs ["--disable-extensible-kv-cache"] under 0.34 with 50 GiB of an H100 free at 0.9.
+    vLLM 0.34's FlexibleArgumentParser registers EnableDisableAction for every BooleanOptionalAction
+    (utils/argparse_utils.py): `--enable-extensible-kv-cache` is paired with `--disable-extensible-kv-cache`,
+    which sets it False. 1a62931 knew only `--no-enable-...`: the cache counted as extensible, pre-flight
+    predicted a start that fits and kept 0.9, and vLLM refused the budget above the free memory.
+    What should: off, and the refusal predicted; the last spelling wins, as in argparse."""
+    off = EngineArgs(gpu_memory_utilization=0.9, max_model_len=8192, extra_args=["--disable-extensible-kv-cache"])
+    assert not extensible_kv_cache(off, V034)
+    assert estimate(LLAMA, off, H100, 50.0, release=V034).failure == "gpu_util_exceeds_free"
+    assert not extensible_kv_cache(EngineArgs(extra_args=["--enable-extensible-kv-cache", "--disable-ext"]), V034)
+    back_on = ["--disable-extensible-kv-cache", "--enable-extensible-kv-cache"]
+    assert extensible_kv_cache(EngineArgs(extra_args=back_on), V034)

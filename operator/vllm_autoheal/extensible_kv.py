@@ -27,22 +27,38 @@ from .vllm_release import Release, facts
 # off: which one is not known from here).
 NOT_EXTENSIBLE_VALUES = ("--num-gpu-blocks-override", "--kv-transfer-config")
 NOT_EXTENSIBLE_SWITCH = "--enable-elastic-ep"
+# vLLM's parser pairs every `--enable-x` switch with `--disable-x` (utils/argparse_utils.py
+# EnableDisableAction), beside argparse's own `--no-enable-x`.
+SWITCH, DISABLE = "--enable-extensible-kv-cache", "--disable-extensible-kv-cache"
 MARGIN_FLOOR_GIB = {"cuda": 1.0, "rocm": 3.0}  # KV_CACHE_MARGIN_FLOOR_BYTES
 MARGIN_SHARE = 0.75  # KV_CACHE_MARGIN_FRACTION, of the transient reserve
 
 
 def extensible_kv_cache(engine: EngineArgs, release: Release | None) -> bool:
     """Whether the release sizes this engine's KV cache after warm-up, as vLLM settles it: on unless
-    `--no-enable-extensible-kv-cache`, kv_cache_memory_bytes, elastic EP or a flag of
+    `--no-enable-extensible-kv-cache` or `--disable-extensible-kv-cache`, kv_cache_memory_bytes, elastic EP or a flag of
     NOT_EXTENSIBLE_VALUES. Where the driver cannot map memory vLLM falls back to its estimate (and
     says so in its log): not known from here."""
     row = facts(release)
     if row is None or release is None or not row.extensible or engine.kv_cache_memory_bytes:
         return False
     args = engine.extra_args
-    if switched(args, "--enable-extensible-kv-cache") is False or switched(args, NOT_EXTENSIBLE_SWITCH):
+    if switched_on(args) is False or switched(args, NOT_EXTENSIBLE_SWITCH):
         return False
     return all(flag_value(args, f) is None for f in NOT_EXTENSIBLE_VALUES)
+
+
+def switched_on(args: list[str]) -> bool | None:
+    """What the command line sets `enable_extensible_kv_cache` to (None: unset): the last of its
+    spellings wins, as in argparse (the switch takes no value)."""
+    value: bool | None = None
+    for token in args:
+        on, off = switched([token], SWITCH), switched([token], DISABLE)
+        if on is not None:
+            value = on
+        elif off is not None:
+            value = not off
+    return value
 
 
 def held_after_warmup_gib(
