@@ -135,3 +135,53 @@ def test_driver_oom_committing_the_blocks_after_the_kv_size_line_is_kv_allocatio
     log = start(5120, 10.0) + "\n" + kv_size + "\n" + ERR + "RuntimeError: GPU driver error 2: out of memory"
     d = classify(Signals(log=log))
     assert (d.cause, d.phase) == ("gpu_util_exceeds_free", "kv-allocation"), (d.cause, d.phase)
+
+
+# --- a review of cc0ee8b
+
+
+def test_a_raise_is_held_to_the_margin_of_the_warm_up_peak_vllm_printed():
+    """Severity: medium.
+    Input: Llama-3.1-8B, 0.34 on an H100 at 0.94, max_model_len 131072: 'Memory after warmup: 62.19 GiB free,
+    0.00 GiB committed to the KV cache, 6.00 GiB kept for transient activations (6.00 GiB allocated at peak,
+    ...); ... (51.70 GiB) fit within the requested 74.44 GiB', then 52.70 GiB needed > 51.70 available.
+    measure_kv_cache_bytes caps the cache at what is free after warm-up less max(1 GiB, 0.75 x the peak)
+    less what it keeps: 62.19 - 4.50 - 6.00 = 51.69, the cache it had: the free memory binds, not the
+    budget, and a higher utilization buys nothing. cc0ee8b sized the margin from the memory model's
+    activation and graph estimate (1.86 GiB, margin 1.40): RaiseGpuMemoryUtilization 0.97, the same 51.70
+    GiB, the same crash. What should: the margin of the larger, printed peak: no raise; the context that
+    fits (vLLM's estimate)."""
+    hint = HINT.replace("`gpu_memory_utilization`=0.9;", "`gpu_memory_utilization`=0.94;")
+    log = "\n".join(
+        (
+            E + "INFO 12-04 10:00:05 [core.py:121] Initializing a V1 LLM engine (v0.34.0) with config: "
+            "model='meta-llama/Llama-3.1-8B-Instruct', max_seq_len=131072",
+            E + "INFO 12-04 10:00:40 [model_runner.py:428] Model loading took 14.99 GiB memory and 30.1 seconds",
+            E + "INFO 12-04 10:00:52 [gpu_worker.py:795] Available KV cache memory: 57.10 GiB",
+            E + "INFO 12-04 10:01:10 [extensible_kv_cache.py:693] Memory after warmup: 62.19 GiB free, 0.00 GiB "
+            "committed to the KV cache, 6.00 GiB kept for transient activations (6.00 GiB allocated at peak, "
+            "0.30 GiB of torch reservation growth); 105881 KV cache blocks (51.70 GiB) fit within the "
+            "requested 74.44 GiB. Torch may reserve up to 9.50 GiB.",
+            ERR + "ValueError: To serve at least one request with the model's max seq len (131072), (52.70 GiB KV "
+            "cache is needed, which is larger than the available KV cache memory (51.70 GiB). Based on the "
+            "available memory, the estimated maximum model length is 128576. " + hint + " Decreasing "
+            "`max_model_len` also reduces what is needed.",
+        )
+    )
+    d = classify(Signals(log=log, exit_code=1))
+    spec = VLLMServiceSpec(
+        model="m",
+        image="vllm/vllm-openai:v0.34.0",
+        engine={"gpuMemoryUtilization": 0.94, "maxModelLen": 131072},
+        heal={"bounds": {"maxGpuMemoryUtilization": 0.99}},
+    )
+    inv = Inventory(
+        gpu_total_gib=79.19,
+        gpu_name="NVIDIA-H100-80GB-HBM3",
+        shape=config_shape("llama-3.1-8b"),
+        release=parse_version("0.34.0"),
+    )
+    remedy = plan_heal(spec, d, inventory=inv)
+    assert d.numbers.get("warmup_peak_gib") == 6.0, d.numbers
+    assert "gpu_memory_utilization" not in remedy.changes, remedy.summary()
+    assert remedy.action == "LowerMaxModelLen" and remedy.changes["max_model_len"] <= 128576, remedy.summary()

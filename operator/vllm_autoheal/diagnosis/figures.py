@@ -59,6 +59,8 @@ KIND = {
     "pp": COUNT,
     "max_concurrency": RATIO,
     "process_gib": SIZE,
+    # 0.34's extensible cache: the transient peak it keeps free after warm-up, 0.75 x which it also leaves free
+    "warmup_peak_gib": SIZE,
     "graphs_gib": SIZE,  # vLLM's estimate of the CUDA graphs it reserves inside the budget
     "util_with_graphs": UTIL,  # ... and the utilization it equals without them ("is equivalent to")
     "util_without_graphs": UTIL,
@@ -79,6 +81,7 @@ DEVICE_BOUNDED = {
     "available_kv_gib",
     "kv_reserved_gib",
     "graphs_gib",
+    "warmup_peak_gib",
 }
 # vLLM prints GiB as "GB" (format_gib), so GB counts as GiB; the other decimal units are what they say.
 _UNIT = {

@@ -204,7 +204,8 @@ MARKERS: tuple[Message, ...] = (
     # (Read where the engine's message opens, as it logs it: a line repeating the words costs one try.)
     _m(
         MILESTONE,
-        r"^Memory after warmup: .{0,400}?; (?P<gpu_blocks>\d{1,12}) KV cache blocks \((?P<available_kv_gib>[\d.]+) GiB\) "
+        r"^Memory after warmup: (?:.{0,200}?\((?P<warmup_peak_gib>[\d.]{1,12}) GiB allocated at peak, )?.{0,400}?; "
+        r"(?P<gpu_blocks>\d{1,12}) KV cache blocks \((?P<available_kv_gib>[\d.]+) GiB\) "
         r"fit within the requested (?P<requested_gib>[\d.]+) GiB",
         phase=m.PHASE_KV,
         subtype=SIZED_AFTER_CAPTURE,

@@ -179,10 +179,10 @@ class Context:
         it sizes this engine's cache: 0 elsewhere."""
         if not extensible_kv_cache(self.engine, self.inv.release):
             return 0.0
-        reserve = 0.0
+        reserve = printed_figure(self.diag, "warmup_peak_gib") or 0.0  # (the peak vLLM measured, where printed)
         if self.inv.shape is not None and self.total:
             est = self.estimate()
-            reserve = est.activation_gib + est.cudagraph_gib
+            reserve = max(reserve, est.activation_gib + est.cudagraph_gib)
         return margin_gib(self.inv.release, reserve)
 
 
