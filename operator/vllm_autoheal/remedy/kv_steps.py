@@ -26,7 +26,8 @@ def raise_utilization_for_kv(ctx: Context) -> Remedy | None:
     room = ctx.free_for_vllm()
     if needed is None or available is None or not total or room is None or ctx.engine.kv_cache_memory_bytes:
         return None  # (with kv_cache_memory_bytes set, utilization does not size the KV cache)
-    want = round_util(ctx.engine.gpu_memory_utilization + (needed - available) / total + 0.01, down=False)
+    short = needed - available + ctx.warmup_loss()  # (0.34: the cache after warm-up holds less than the budget)
+    want = round_util(ctx.engine.gpu_memory_utilization + short / total + 0.01, down=False)
     limit = min(ctx.policy.bounds.max_gpu_memory_utilization, round_util(room / total))
     if want > limit:
         return None
@@ -49,11 +50,18 @@ def lower_max_model_len(ctx: Context) -> Remedy | None:
         else ""
     )
     current = ctx.context
+    loss, printed = ctx.warmup_loss(), ctx.num("available_gib") or budget
+    if estimated and loss and printed and printed > loss:
+        if ctx.inv.shape is not None and ctx.total and budget is not None:
+            estimated = None  # (sized below from the budget warm-up leaves, at the shape's bytes a token)
+        else:  # (in proportion: a window's layers would make it fewer; the 3% margin covers a little of that)
+            estimated, source = estimated * (printed - loss) / printed * 0.97, "vLLM's estimate less the graphs"
     if not estimated and ctx.inv.shape is not None and ctx.total:
-        held = context_held(ctx, budget) if budget is not None else None
+        held = context_held(ctx, budget - loss) if budget is not None else None
         if held is not None:  # vLLM's own budget, in the shape's bytes a token
             estimated, current = held[0] * 0.97, held[1]
             source = f"vLLM's KV budget ({budget:g} GiB) at the model's bytes a token (with a 3% margin)"
+            source += f", less {loss:g} GiB of graphs warm-up takes off it" if loss else ""
         else:
             est = ctx.estimate(free_gib=ctx.inv.gpu_free_gib)
             estimated, source = est.max_model_len_fit * 0.97, "the memory model (with a 3% margin)"
@@ -167,7 +175,7 @@ def _raise_with_estimate(ctx: Context, needed: float, available: float, limit: f
         return None
     # The cache grows by exactly the memory added; tokens grow at least in proportion (a sliding
     # window's layers need no more past the window), so scaling vLLM's estimate up is safe.
-    grown = available + (limit - ctx.engine.gpu_memory_utilization) * total
+    grown = available - ctx.warmup_loss() + (limit - ctx.engine.gpu_memory_utilization) * total
     new = shorter_context(ctx, estimated * grown / available * 0.99)
     if new is None:
         return None

@@ -12,10 +12,10 @@ from ..api import EngineArgs, HealPolicy, VLLMServiceSpec
 from ..diagnosis import Diagnosis
 from ..diagnosis.figures import MAX_GIB
 from ..engine import BY_FIELD
-from ..engine_defaults import default_max_num_batched_tokens, default_max_num_seqs
+from ..engine_defaults import captures_graphs, default_max_num_batched_tokens, default_max_num_seqs
 from ..extensible_kv import extensible_kv_cache, margin_gib
 from ..gpu_catalog import GpuSpec, lookup
-from ..memory import CUDA_CONTEXT_GIB, Estimate, ModelShape, estimate, graphs_beside_budget
+from ..memory import CUDA_CONTEXT_GIB, CUDAGRAPH_GIB, Estimate, ModelShape, estimate, graphs_beside_budget
 from ..remedy_gate import Limits
 from ..vllm_release import Release, facts
 
@@ -184,6 +184,16 @@ class Context:
             est = self.estimate()
             reserve = max(reserve, est.activation_gib + est.cudagraph_gib)
         return margin_gib(self.inv.release, reserve)
+
+    def warmup_loss(self) -> float:
+        """GiB vLLM 0.34's extensible KV cache holds less after warm-up than the budget its first check
+        refused (before warm-up): the captured graphs, beside the graph estimate it keeps free. 0 where the
+        figures are already the size after warm-up ('Memory after warmup' read, or the memory model's)."""
+        if self.diag.source == "memory-model" or "warmup_peak_gib" in self.diag.numbers:
+            return 0.0
+        if not extensible_kv_cache(self.engine, self.inv.release):
+            return 0.0
+        return CUDAGRAPH_GIB if captures_graphs(self.engine.enforce_eager, self.engine.extra_args) else 0.0
 
 
 Step = Callable[[Context], "Remedy | None"]
