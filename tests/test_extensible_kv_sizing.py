@@ -229,3 +229,23 @@ def test_a_heal_of_the_check_before_warm_up_counts_the_graphs_warm_up_takes_off_
     assert remedy.action == "LowerMaxModelLen", remedy.summary()
     after = estimate(LLAMA, remedy.apply(engine), H100, release=V034)
     assert after.fits, (remedy.summary(), after.reasons)
+
+
+def test_figures_read_after_warm_up_are_not_cut_for_the_graphs_again():
+    """The 'Memory after warmup' line says what the cache holds after capture: a heal sized from it counts no
+    graphs off it again, whether or not its peak was read (gpu_blocks alone)."""
+    from vllm_autoheal.diagnosis import Diagnosis
+    from vllm_autoheal.diagnosis.model import Cause
+    from vllm_autoheal.remedy import Inventory
+    from vllm_autoheal.remedy.model import Context
+    from vllm_autoheal.remedy_gate import Limits
+
+    def loss(numbers: dict) -> float:
+        d = Diagnosis(cause=Cause.KV_CACHE_INSUFFICIENT, numbers=numbers)
+        spec = VLLMServiceSpec(model="m", image="vllm/vllm-openai:v0.34.0")
+        inv = Inventory(gpu_total_gib=H100.memory_gib, gpu_name=H100.name, shape=LLAMA, release=V034)
+        return Context(spec, spec.engine, d, inv, Limits(spec.heal.bounds, 0.1, None)).warmup_loss()
+
+    assert loss({"available_gib": 10.0, "needed_gib": 16.0}) > 0  # the check before warm-up, on the budget
+    assert loss({"available_kv_gib": 10.0, "gpu_blocks": 5120}) == 0
+    assert loss({"available_kv_gib": 10.0, "gpu_blocks": 5120, "warmup_peak_gib": 1.72}) == 0

@@ -189,7 +189,8 @@ class Context:
         """GiB vLLM 0.34's extensible KV cache holds less after warm-up than the budget its first check
         refused (before warm-up): the captured graphs, beside the graph estimate it keeps free. 0 where the
         figures are already the size after warm-up ('Memory after warmup' read, or the memory model's)."""
-        if self.diag.source == "memory-model" or "warmup_peak_gib" in self.diag.numbers:
+        after = ("warmup_peak_gib", "gpu_blocks")  # (read off 'Memory after warmup', 0.34's size after it)
+        if self.diag.source == "memory-model" or any(k in self.diag.numbers for k in after):
             return 0.0
         if not extensible_kv_cache(self.engine, self.inv.release):
             return 0.0
