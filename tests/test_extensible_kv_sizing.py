@@ -84,7 +84,6 @@ def test_no_block_in_what_is_free_after_warm_up_is_a_kv_refusal():
     "engine",
     [
         {"extra_args": ["--no-enable-extensible-kv-cache"]},
-        {"extra_args": ["--enable-extensible-kv-cache=false"]},
         {"kv_cache_memory_bytes": 40 * 2**30},  # (with the weights: more than the 49.49 GiB free)
         {"extra_args": ["--kv-transfer-config", '{"kv_connector": "NixlConnector", "kv_role": "kv_both"}']},
         {"extra_args": ["--num-gpu-blocks-override=2048"]},
