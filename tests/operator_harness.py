@@ -591,3 +591,13 @@ def operator_writes(kmock, name: str) -> list[tuple[str, str]]:
         ):
             writes.append((method, path))
     return writes
+
+
+class PendingLater:
+    """kube.later.Later's contract (one pending run per key; a newer call replaces it), never firing."""
+
+    def __init__(self) -> None:
+        self.pending: dict[str, object] = {}
+
+    def run(self, key: str, delay: float, fn) -> None:
+        self.pending[key] = fn

@@ -11,6 +11,8 @@ import pytest
 
 from vllm_autoheal.kube import crash
 
+from operator_harness import PendingLater
+
 KOPF_WORKERS = 8  # handlers.configure: settings.execution.max_workers
 
 
@@ -85,16 +87,6 @@ def test_queued_reads_stay_within_their_bound_however_long_they_wait():
     for t in threads:
         t.join(5)
     assert held <= crash.QUEUED_READS_PER_NAMESPACE, f"{held} reads at once in one namespace"
-
-
-class PendingLater:
-    """kube.later.Later's contract (one pending run per key; a newer call replaces it), never firing."""
-
-    def __init__(self) -> None:
-        self.pending: dict[str, object] = {}
-
-    def run(self, key: str, delay: float, fn) -> None:
-        self.pending[key] = fn
 
 
 def test_a_crash_queued_for_its_log_read_is_not_dropped_by_another_deferral_of_it(monkeypatch):

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from operator_harness import Emulator, wait_for
+from operator_harness import Emulator, PendingLater, wait_for
 from samples import KV_TERMINATION, PLAIN_SPEC
 
 pytestmark = pytest.mark.kmock(cls=Emulator)
@@ -71,16 +71,6 @@ async def test_a_tenant_with_more_stalled_log_reads_than_workers_leaves_the_othe
     assert reads.hits == 16
 
 
-class _PendingLater:
-    """kube.later.Later's contract (one pending run per key; a newer call replaces it), never firing."""
-
-    def __init__(self) -> None:
-        self.pending: dict[str, object] = {}
-
-    def run(self, key: str, delay: float, fn) -> None:
-        self.pending[key] = fn
-
-
 def test_crashes_waiting_for_a_persons_edit_are_bounded_per_namespace(monkeypatch):
     """Medium (the operator's threads and the API server's load, shared by every tenant). A crash
     seen while a person's edit has no new baseline yet waits for it: a timer thread that reads the
@@ -104,7 +94,7 @@ def test_crashes_waiting_for_a_persons_edit_are_bounded_per_namespace(monkeypatc
         }
 
     kube = SimpleNamespace(get_vsvc=lambda ns, name: body(ns))
-    later = _PendingLater()
+    later = PendingLater()
 
     def crash_in(ns: str, i: int) -> None:
         pod = {"metadata": {"name": f"svc-{i}", "uid": f"{ns}-u{i}", "labels": {}}, "spec": {}}
