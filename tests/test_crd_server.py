@@ -202,6 +202,28 @@ INVALID = [
         {"modelConfig": {"configMapRef": {"name": "Not_A_Name"}}},
         "spec.modelConfig.configMapRef.name",
     ),
+    # what the pod template carries, bounded as Kubernetes bounds it there (refused here, not at the Deployment)
+    (
+        "toleration-value-too-long",
+        {"resources": {"tolerations": [{"key": "team", "operator": "Equal", "value": "v" * 64}]}},
+        "spec.resources.tolerations[0].value",
+    ),
+    (
+        "node-selector-value-too-long",
+        {"resources": {"nodeSelector": {"pool": "p" * 64}}},
+        "spec.resources.nodeSelector",
+    ),
+    (
+        "node-selector-too-many",
+        {"resources": {"nodeSelector": {f"k{i}": "v" for i in range(65)}}},
+        "spec.resources.nodeSelector",
+    ),
+    (
+        "storage-class-not-a-name",
+        {"modelCache": {"size": "100Gi", "storageClassName": "Fast SSD"}},
+        "spec.modelCache.storageClassName",
+    ),
+    ("env-value-too-long", {"env": [{"name": "BIG", "value": "x" * 32769}]}, "spec.env[0].value"),
 ]
 
 

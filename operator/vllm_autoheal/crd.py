@@ -28,6 +28,7 @@ _KEPT = {
     "pattern",
     "minItems",
     "maxItems",
+    "maxProperties",
     "format",
 }
 

@@ -35,12 +35,18 @@ RESERVED_MOUNT_PATHS = (
 # /dev/shm is memory; the pod renders it no larger than the memory limit, and never above this.
 SHM_CEILING = "64Gi"
 PreflightMode = Literal["Fix", "Warn", "Off"]
+# Kubernetes' own bounds for what the pod template carries (the API server refuses more there, after the
+# VLLMService was admitted), and one for an env value: kopf keeps the whole spec in an annotation, and
+# every annotation of an object together is at most 256 KiB.
+QUALIFIED_NAME = 316  # a label or taint key: a 253-character prefix, "/", 63 characters
+LABEL_VALUE = 63
+ENV_VALUE = 32768
 
 
 class Toleration(Model):
-    key: str | None = Field(None, description="Taint key the toleration applies to.")
+    key: str | None = Field(None, max_length=QUALIFIED_NAME, description="Taint key the toleration applies to.")
     operator: Literal["Exists", "Equal"] | None = Field(None, description="Exists or Equal.")
-    value: str | None = Field(None, description="Taint value to match with operator Equal.")
+    value: str | None = Field(None, max_length=LABEL_VALUE, description="Taint value to match with operator Equal.")
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
         None, description="Taint effect to match; unset = all effects."
     )
@@ -83,9 +89,16 @@ class Resources(Model):
         gt=0,
         description=("Memory of one GPU in GiB, for pre-flight when the product is not in the built-in catalog."),
     )
-    node_selector: dict[str, str] = Field(default_factory=dict, description="Extra node labels the pods require.")
+    node_selector: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=64,
+        description="Extra node labels the pods require.",
+        json_schema_extra={"additionalProperties": {"type": "string", "maxLength": LABEL_VALUE}},
+    )
     tolerations: list[Toleration] = Field(
-        default_factory=list, description=("Tolerations added to the default nvidia.com/gpu NoSchedule toleration.")
+        default_factory=list,
+        max_length=64,
+        description=("Tolerations added to the default nvidia.com/gpu NoSchedule toleration."),
     )
     requests: ComputeAmounts = nested(ComputeAmounts, "CPU and memory requests of the vLLM container.")
     limits: ComputeAmounts = nested(ComputeAmounts, "CPU and memory limits of the vLLM container.")
@@ -119,7 +132,9 @@ class ModelCache(Model):
     enabled: bool = Field(False, description="Mount a PVC as the model cache.")
     claim_name: str | None = Field(None, pattern=DNS_LABEL, max_length=63, description="An existing PVC to mount.")
     size: str | None = Field(None, pattern=QUANTITY_PATTERN, description="Size of a PVC the operator creates.")
-    storage_class_name: str | None = Field(None, description="Storage class of the created PVC.")
+    storage_class_name: str | None = Field(
+        None, pattern=DNS_SUBDOMAIN, max_length=253, description="Storage class of the created PVC."
+    )
     mount_path: str = Field(
         "/root/.cache/huggingface",
         pattern=MOUNT_PATH_PATTERN,
@@ -146,7 +161,7 @@ class EnvVar(Model):
         rule("!(has(self.value) && has(self.valueFrom))", "set value or valueFrom, not both", ".valueFrom")
     )
     name: str = Field(..., pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", max_length=256, description="Variable name.")
-    value: str | None = Field(None, description="Literal value.")
+    value: str | None = Field(None, max_length=ENV_VALUE, description="Literal value.")
     value_from: EnvSource | None = Field(None, description="Value from a Secret or ConfigMap key.")
 
 
@@ -155,7 +170,7 @@ class NamedRef(Model):
 
 
 class EnvFromSource(Model):
-    prefix: str | None = Field(None, description="Prefix added to every variable name.")
+    prefix: str | None = Field(None, max_length=253, description="Prefix added to every variable name.")
     secret_ref: NamedRef | None = Field(None, description="All keys of a Secret.")
     config_map_ref: NamedRef | None = Field(None, description="All keys of a ConfigMap.")
 
