@@ -23,8 +23,8 @@ from vllm_autoheal.diagnosis.scan import GAP_LINE, scan
 from vllm_autoheal.diagnosis.writers import api_servers_memory_error, writers
 
 from crafted.bases import API, CLIENT_OOM, CORPUS, MARKER, corpus_log, illegal_access_crash, illegal_access_log
-from crafted.checks import cause_and_subtype, client_text_absent, diagnose
-from crafted.reports import ASGI, STATS, serving_minute
+from crafted.checks import cause_and_subtype, client_text_absent, diagnose, said
+from crafted.reports import ASGI, ENDINGS_034, REPORTERS_034, STATS, served_034, serving_minute
 
 GPU = Path(__file__).resolve().parent / "fixtures" / "gpu" / "failure-logs"
 
@@ -448,3 +448,35 @@ def test_a_clients_line_keeps_the_api_server_as_its_outermost_writer(trick):
     crafted = diagnose(_api_window(text, illegal_access_crash()))
     assert cause_and_subtype(crafted) == cause_and_subtype(harmless) == ("not_oom", "illegal_memory_access")
     assert client_text_absent(crafted)
+
+
+# --- vLLM 0.34: a request's exception the API server logs, its message the client's --------------------------
+# The API server holds no GPU and no KV cache: the engine's KV budget (`Maximum concurrency ... 0.01x`, `0 KV cache
+# blocks`), its memory figures and the kernel's report of an OOM kill are never its words.
+CLIENT_QUOTES_034 = {
+    "kv-concurrency": "ValueError: Maximum concurrency for 6,666 tokens per request: 0.01x " + MARKER,
+    "kv-figures": "ValueError: model weights take 77.70 GiB; Maximum concurrency for 6,666 tokens per request: 9.99x "
+    + MARKER,
+    "kernel-oom-kill": "RuntimeError: Memory cgroup out of memory: Killed process 1 (python3) " + MARKER,
+}
+
+
+@pytest.mark.parametrize("ending", sorted(ENDINGS_034))
+@pytest.mark.parametrize("reporter", sorted(REPORTERS_034))
+@pytest.mark.parametrize("quote", sorted(CLIENT_QUOTES_034))
+def test_a_clients_memory_words_in_an_api_servers_request_exception_decide_nothing_034(quote, reporter, ending):
+    """Unfixed: a renderer's report (inkling.py, mistral.py) quoting `Maximum concurrency ... 0.01x` said
+    kv_cache_insufficient kv_cache_below_one_request (max_model_len 6666, max_concurrency 0.01) over an illegal
+    access, a runtime OOM and a SIGTERM, and its figures replaced the engine's; the kernel's OOM-kill words in any
+    report (serving.py's too) said host_ram_oom kernel_oom_killer, quoting them. Should say what the engine's own
+    lines say (the log without the report), no figure of the client's."""
+    crafted = diagnose(served_034(reporter, CLIENT_QUOTES_034[quote], ending))
+    engines = diagnose("\n".join(ln for ln in served_034(reporter, "", ending).splitlines() if "10:01:00" not in ln))
+    what = f"{quote} in {reporter} before {ending}"
+    assert crafted.cause in (engines.cause, "not_oom", "unknown") and crafted.cause not in (
+        "kv_cache_insufficient",
+        "host_ram_oom",
+    ), f"{what}: said {said(crafted)}"
+    assert crafted.cause == engines.cause or ending == "sigterm", f"{what}: said {said(crafted)}"
+    assert crafted.numbers == engines.numbers, f"{what}: the client's figures were read"
+    assert client_text_absent(crafted), f"{what}: the client's text is quoted"

@@ -99,3 +99,76 @@ def serving_minute(stats: str) -> str:
         out.append(API + f'INFO:     127.0.0.1:{52100 + i} - "POST /v1/completions HTTP/1.1" 200 OK\n')
         out.append(API + f"INFO 12-01 04:48:{10 + i:02d} [loggers.py:257] {stats}\n")
     return "".join(out)
+
+
+# --- vLLM 0.34 as it serves (vllm/logger.py's formatter: `(APIServer pid=N) LEVEL MM-DD HH:MM:SS [file.py:N] `,
+# uvicorn's lines bare), then a crash of the engine's own or a SIGTERM -------------------------------------------
+API_034 = "(APIServer pid=1) "
+
+
+CORE_034 = "(EngineCore pid=181) "
+
+
+SERVING_034 = [
+    API_034 + "INFO 05-02 09:58:01 [utils.py:299]  ▄▄ ▄█ █     █     █ ▀▄▀ █  version 0.34.0",
+    API_034 + "INFO 05-02 09:58:05 [model.py:2152] Using max model len 131072",
+    CORE_034 + "INFO 05-02 09:58:12 [core.py:101] Initializing a V1 LLM engine (v0.34.0) with config: model='m'",
+    CORE_034 + "INFO 05-02 09:58:15 [gpu_model_runner.py:3500] Starting to load model m...",
+    CORE_034 + "INFO 05-02 09:58:31 [gpu_model_runner.py:3600] Model loading took 14.99 GiB memory and 15.2 seconds",
+    CORE_034 + "INFO 05-02 09:58:45 [gpu_worker.py:400] Available KV cache memory: 104.35 GiB",
+    CORE_034 + "INFO 05-02 09:58:45 [kv_cache_utils.py:1160] GPU KV cache size: 854,832 tokens",
+    CORE_034 + "INFO 05-02 09:58:45 [kv_cache_utils.py:1170] Maximum concurrency for 131,072 tokens per request: 6.52x",
+    CORE_034 + "INFO 05-02 09:58:55 [core.py:280] init engine (profile=True, kv_cache, warmup model) took 40.1 seconds",
+    API_034 + "INFO 05-02 09:58:57 [api_server.py:1600] Starting vLLM API server 0 on http://0.0.0.0:8000",
+    "INFO:     Application startup complete.",
+    'INFO:     10.0.0.5:40112 - "POST /v1/chat/completions HTTP/1.1" 200 OK',
+]
+
+
+def _core_fatal(error: str) -> list[str]:
+    head = CORE_034 + "ERROR 05-02 10:05:00 [core.py:3089] "
+    return [
+        head + "EngineCore encountered a fatal error.",
+        head + "Traceback (most recent call last):",
+        head + '  File "/usr/local/lib/python3.12/dist-packages/vllm/v1/engine/core.py", line 1250, in step',
+        head + "    model_output = self.model_executor.execute_model(scheduler_output)",
+        head + error,
+        API_034 + "ERROR 05-02 10:05:01 [async_llm.py:957] AsyncLLM output_handler failed.",
+    ]
+
+
+ENDINGS_034 = {
+    "illegal-access": _core_fatal("RuntimeError: CUDA error: an illegal memory access was encountered"),
+    "runtime-oom": _core_fatal(
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.50 GiB. GPU 0 has a total capacity of "
+        "139.80 GiB of which 1.25 GiB is free."
+    ),
+    "sigterm": [
+        API_034 + "INFO 05-02 10:05:00 [launcher.py:110] Shutting down FastAPI HTTP server.",
+        "INFO:     Shutting down",
+        "INFO:     Application shutdown complete.",
+    ],
+}
+
+
+# Where vLLM 0.34's API server logs a request's exception with its traceback (logger.exception): the exception's
+# message may hold the client's text (a chat message the renderer refused, a tool call the parser choked on).
+REPORTERS_034 = {
+    "stream-generator": ("serving.py", 963, "Error in chat completion stream generator."),
+    "inkling-renderer": ("inkling.py", 131, "Error while rendering Inkling chat messages"),
+    "mistral-renderer": ("mistral.py", 46, "An error occurred in `mistral_common` while applying chat template"),
+}
+
+
+def served_034(reporter: str, exception_line: str, ending: str) -> str:
+    """vLLM 0.34 serving, a request's exception logged by `reporter`, then `ending`."""
+    file, line, opening = REPORTERS_034[reporter]
+    head = API_034 + f"ERROR 05-02 10:01:00 [{file}:{line}] "
+    report = [
+        head + opening,
+        head + "Traceback (most recent call last):",
+        head + '  File "/usr/local/lib/python3.12/dist-packages/vllm/renderers/base.py", line 120, in render',
+        head + "    return self._render(messages)",
+        head + exception_line,
+    ]
+    return "\n".join([*SERVING_034, *report, *ENDINGS_034[ending]]) + "\n"

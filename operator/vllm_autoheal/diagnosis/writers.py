@@ -41,7 +41,12 @@ from .scan import Line
 _WRITER = re.compile(PROCESS_WITH_PID)
 _NAME = re.compile(r"\(([\w.:-]{1,60})")
 _API_SERVER = re.compile(r"api_?server(?:_\d{1,4})?|externallbrank\d{1,4}|dpserver-rank\d{1,4}", re.IGNORECASE)
-GPU_MEMORY_KINDS = (msg.OOM, msg.NCCL_OOM, msg.MEMORY)
+GPU_MEMORY_KINDS = (msg.OOM, msg.NCCL_OOM, msg.MEMORY, msg.BUDGET)
+# The figures the API server prints itself (its banner's release, its non-default args); any other figure is
+# of the engine's GPU memory (its budget, weights, KV cache, concurrency), which the API server never holds.
+_SERVERS_FIGURES = frozenset({"vllm_minor", "vllm_patch", "tp", "pp"})
+# The kernel's OOM kill is reported by the kernel, kubectl, systemd or Slurm, never by vLLM's API server.
+_NOT_THE_SERVERS = frozenset({"kernel_oom_killer"})
 OPENING_CHARS = 400  # prefixes, timestamps and a logger header fit in this
 
 
@@ -56,9 +61,17 @@ def _api_server(name: str) -> bool:
     return bool(_API_SERVER.fullmatch(name))
 
 
+def _engines_words(f: Finding) -> bool:
+    """A finding only the engine (or the kernel) can write: a GPU memory failure, the KV budget, a GPU memory figure."""
+    if f.message.kind == msg.FIGURE:
+        return any(name not in _SERVERS_FIGURES for name in f.message.regex.groupindex)
+    return f.message.kind in GPU_MEMORY_KINDS or f.message.subtype in _NOT_THE_SERVERS
+
+
 def api_servers_memory_error(f: Finding) -> bool:
-    """A GPU memory failure on a line the API server wrote (its prefix outermost)."""
-    if f.message.kind not in GPU_MEMORY_KINDS:
+    """A GPU memory failure (or another of the engine's memory words: its KV budget, its memory figures; or the
+    kernel's report of an OOM kill) on a line the API server wrote (its prefix outermost): a request's text."""
+    if not _engines_words(f):
         return False
     names = writers(f.line)
     return bool(names) and _api_server(names[0])
