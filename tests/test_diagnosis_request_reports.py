@@ -18,7 +18,7 @@ from crafted.checks import assert_reads_like, said
 from crafted.grammar import FRAME, grammar_traceback
 from crafted.node_logs import COLLECTORS
 from crafted.records import ILLEGAL_ACCESS, JSON_START, PREPROC_ERROR, RUNTIME_OOM, record
-from crafted.reports import ASGI, CLIENT_ASGI, asgi_with
+from crafted.reports import ASGI, CLIENT_ASGI, ENDINGS_034, REPORTERS_034, asgi_with, served_034
 
 METRIC = record("Engine 000: Avg prompt throughput: 1.0 tokens/s", level="INFO", name="vllm.v1.metrics.loggers")
 
@@ -214,3 +214,17 @@ def test_a_request_error_early_in_a_text_log_does_not_hide_the_runtime_oom():
     log = "\n".join([*lines[: at - 5], *CLIENT_ASGI.splitlines(), *access, *lines[at - 5 :]]) + "\n"
     d = classify(Signals(log=log, **context(s, pod_state=True)))
     assert d.cause == s["label"] == "runtime_oom", f"said {said(d)}"
+
+
+# --- vLLM 0.34's renderers (vllm/renderers/: a request's chat messages through its template) ------------------
+@pytest.mark.parametrize("ending", sorted(ENDINGS_034))
+@pytest.mark.parametrize("reporter", sorted(REPORTERS_034))
+def test_a_renderers_report_of_a_requests_messages_is_never_quoted_034(reporter, ending):
+    """Unfixed: inkling.py's and mistral.py's `logger.exception` of a request's messages (its exception's message
+    the client's: `ValueError: unsupported content part <the client's>`) were read as the engine's own error: after
+    a SIGTERM, not_oom other_error quoting the client's text. Should quote nothing of it, as serving.py's report."""
+    d = classify(Signals(log=served_034(reporter, "ValueError: unsupported content part ZZUSERZZ", ending)))
+    log = served_034(reporter, "", ending)
+    engines = classify(Signals(log="\n".join(ln for ln in log.splitlines() if " 10:01:00 " not in ln) + "\n"))
+    assert "ZZUSERZZ" not in json.dumps(d.to_dict()), f"{reporter} before {ending}: said {said(d)}"
+    assert (d.cause, d.numbers) == (engines.cause, engines.numbers) or (ending == "sigterm" and d.cause == "unknown")

@@ -88,9 +88,13 @@ _HOLDS_ID_HINT = any_of(["eq", "SchedulerOutput", *(p[1:] for p in _API_ID_PREFI
 # The API server handles requests one by one: its errors (a 400 for a long prompt, a bad chat
 # template) are the request's, carry the request's text, and never decide a crash's cause.
 _REQUEST_FILES = re.compile(
-    # (connection.py: the realtime endpoint's websocket, one per client)
+    # (connection.py: the realtime endpoint's websocket, one per client; vLLM 0.33/0.34's renderers, which
+    # render a request's chat messages through its template and log what failed with the exception's message,
+    # the client's: renderers/inkling.py, renderers/mistral.py, renderers/chat_utils/item_tracker.py and
+    # chat_message.py, and the Mistral parser of the model's tool calls, parser/mistral.py; no other
+    # vLLM file of those names logs an error)
     r"^(?:serving_\w{1,40}|serving|api_server|api_router|protocol|chat_utils|connection|"
-    r"openai_serving_\w{1,40})\.py$"
+    r"inkling|mistral|item_tracker|chat_message|openai_serving_\w{1,40})\.py$"
 )
 # huggingface_hub ends its HTTP errors with the Hub's own id of the failed call ("401 Client Error.
 # (Request ID: Root=1-...)"): the Hub's, not a client's, so it does not make the line a request's.
