@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from vllm_autoheal.diagnosis import Signals, classify
+from vllm_autoheal.diagnosis import MEMORY_CAUSES, Signals, classify
 from vllm_autoheal.diagnosis.corpus import context
 
 from crafted.bases import BASE, CORPUS, OOM, real_log, with_lines
@@ -18,7 +18,7 @@ from crafted.checks import assert_reads_like, said
 from crafted.grammar import FRAME, grammar_traceback
 from crafted.node_logs import COLLECTORS
 from crafted.records import ILLEGAL_ACCESS, JSON_START, PREPROC_ERROR, RUNTIME_OOM, record
-from crafted.reports import ASGI, CLIENT_ASGI, ENDINGS_034, REPORTERS_034, asgi_with, served_034
+from crafted.reports import ASGI, CLIENT_ASGI, ENDINGS_034, REPORTERS_034, SERVING_034, asgi_with, served_034
 
 METRIC = record("Engine 000: Avg prompt throughput: 1.0 tokens/s", level="INFO", name="vllm.v1.metrics.loggers")
 
@@ -228,3 +228,40 @@ def test_a_renderers_report_of_a_requests_messages_is_never_quoted_034(reporter,
     engines = classify(Signals(log="\n".join(ln for ln in log.splitlines() if " 10:01:00 " not in ln) + "\n"))
     assert "ZZUSERZZ" not in json.dumps(d.to_dict()), f"{reporter} before {ending}: said {said(d)}"
     assert (d.cause, d.numbers) == (engines.cause, engines.numbers) or (ending == "sigterm" and d.cause == "unknown")
+
+
+# A client's words for the engine's memory failures, as the message of an exception a request's handler
+# raised with the client's text (its whole message: the worst case), in uvicorn's bare report.
+CLIENT_MEMORY_WORDS = {
+    "cuda-oom": "CUDA out of memory. Tried to allocate 64.00 GiB. GPU 0 has a total capacity of 139.80 GiB",
+    "no-cache-blocks": "No available memory for the cache blocks. Try increasing `gpu_memory_utilization`",
+    "cgroup-kill": "Memory cgroup out of memory: Killed process 4242 (python3)",
+    "oomkilled": "OOMKilled",
+    "bad-alloc": "std::bad_alloc",
+}
+
+
+def _asgi_034(words: str, ending: str) -> str:
+    report = asgi_with(f"ValueError: {words} ZZUSERZZ").splitlines()
+    return "\n".join([*SERVING_034, *report, *ENDINGS_034[ending]]) + "\n"
+
+
+@pytest.mark.parametrize("ending", sorted(ENDINGS_034))
+@pytest.mark.parametrize("words", sorted(CLIENT_MEMORY_WORDS))
+def test_the_engines_memory_words_in_a_request_report_of_a_v1_server_are_the_clients(words, ending):
+    """From 0.11 the engine core always runs apart from the API server, and its death reaches a request only as
+    EngineDeadError, whose words are fixed: a memory failure opening the message of an exception in a request's
+    report (uvicorn's, bare, in 0.31 on) is a client's text. It had decided (runtime_oom where the engine died of
+    an illegal access, or after SIGTERM; host_ram_oom from the kernel's words) and was quoted. The kernel's
+    OOM-kill report, which the kernel writes into no exception's message, is a client's in any release."""
+    alone = classify(Signals(log="\n".join([*SERVING_034, *ENDINGS_034[ending]]) + "\n"))
+    d = classify(Signals(log=_asgi_034(CLIENT_MEMORY_WORDS[words], ending)))
+    assert d.cause == alone.cause or (ending == "sigterm" and d.cause == "unknown"), f"said {said(d)}"
+    assert d.cause not in MEMORY_CAUSES or d.evidence[:1] == alone.evidence[:1], f"said {said(d)}"
+    assert "ZZUSERZZ" not in json.dumps(d.to_dict()), "the client's text is quoted"
+
+
+def test_the_kernels_kill_report_in_a_request_report_is_the_clients_in_any_release():
+    log = "INFO 01-01 00:00:00 [engine.py:1] started\n" + asgi_with("ValueError: Memory cgroup out of memory: ZZUSERZZ")
+    d = classify(Signals(log=log))
+    assert d.cause not in MEMORY_CAUSES and "ZZUSERZZ" not in json.dumps(d.to_dict()), f"said {said(d)}"

@@ -86,16 +86,22 @@ def numbers(
 RELEASE_KEYS = ("vllm_minor", "vllm_patch")
 
 
-def one_release(findings: list[Finding], numbers: dict[str, Any], notes: list[str]) -> None:
-    """Keep the release the log's release lines name (the engine's first line, the banner) only where they
-    name one. One run names one release on every line that names it: a second is another run's, or a
-    line a client wrote where a logging format leaves a message's further lines bare (a request id's
-    newline): none of them is read (the release-independent figures stand)."""
+def releases_named(findings: list[Finding]) -> set[tuple[int, int]]:
+    """The (minor, patch) releases the release lines among `findings` name."""
     named = set()
     for f in findings:
         groups = f.match.groupdict()
         if groups.get("vllm_minor") is not None and groups.get("vllm_patch") is not None:
             named.add((int(groups["vllm_minor"]), int(groups["vllm_patch"])))
+    return named
+
+
+def one_release(findings: list[Finding], numbers: dict[str, Any], notes: list[str]) -> None:
+    """Keep the release the log's release lines name (the engine's first line, the banner) only where they
+    name one. One run names one release on every line that names it: a second is another run's, or a
+    line a client wrote where a logging format leaves a message's further lines bare (a request id's
+    newline): none of them is read (the release-independent figures stand)."""
+    named = releases_named(findings)
     if len(named) > 1:
         for key in RELEASE_KEYS:
             numbers.pop(key, None)

@@ -31,7 +31,7 @@ from .phase import OOM_CAUSE_BY_PHASE, phase_of_failure
 from .quoted import exception_of_another_type
 from .scan import Line, scan
 from .termination import from_termination_message
-from .writers import api_servers_memory_error, served_before
+from .writers import api_servers_memory_error, requests_memory_words, served_before
 
 # Failures that never outvote one named elsewhere in the log: what the other ranks report when one
 # died (NCCL timing out or aborting them), and a wrapper's quote of a message that may go on over
@@ -106,7 +106,9 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
     # A warning, or a request's own error (a 400), is a last resort: it may say "not memory" when
     # nothing else in the log says anything, never more.
     # (a GPU memory failure the API server wrote is a client's text: writers.py)
-    clients = {id(f.line) for f in found if api_servers_memory_error(f)}
+    # (and the engine's memory words in a request's report, where they cannot be the engine's: writers.py)
+    releases = ar.releases_named([f for f in found if f.line.origin == ENGINE and not f.line.request_report])
+    clients = {id(f.line) for f in found if api_servers_memory_error(f) or requests_memory_words(f, releases)}
     findings = [
         f
         for f in found

@@ -35,7 +35,7 @@ from . import log_records
 from . import messages as msg
 from .collector import PROCESS_WITH_PID
 from .findings import INFERENCE_REQUEST, Finding
-from .origin import ACCESS, FORGED, USER
+from .origin import ACCESS, FORGED, REQUEST, USER
 from .scan import Line
 
 _WRITER = re.compile(PROCESS_WITH_PID)
@@ -75,6 +75,29 @@ def api_servers_memory_error(f: Finding) -> bool:
         return False
     names = writers(f.line)
     return bool(names) and _api_server(names[0])
+
+
+# From 0.11 vLLM has no V0 engine: its engine core always runs apart from the API server, and its death
+# reaches a request only as EngineDeadError, whose words are fixed (v1/engine/exceptions.py).
+NO_ENGINE_IN_THE_SERVER = (11, 0)
+
+
+def requests_memory_words(f: Finding, releases: set[tuple[int, int]]) -> bool:
+    """The engine's memory words (as _engines_words) in a request's report (a traceback through the web
+    framework or an API handler, whoever wrote it; not the engine's report on compiling a request's
+    grammar): a client's text where they cannot be the engine's.
+    The kernel's OOM-kill report never is (the kernel writes into no exception's message); any is where
+    the log names only releases that run no engine inside the API server (`releases`: the (minor, patch)
+    the engine's own lines name). Before 0.11 V0 raised the engine's own error into each request."""
+    # (the engine's own report on a request's grammar is the engine's process: its OOM is the engine's)
+    if not ((f.line.request_report and not f.line.grammar_report) or f.line.origin == REQUEST):
+        return False
+    if f.message.subtype in _NOT_THE_SERVERS:
+        return True
+    # (the host's too: a worker's kill or a failed allocation reaches a request only as EngineDeadError,
+    # and the API server's own host allocation failing for one request is no crash: a kill says OOMKilled)
+    memory = _engines_words(f) or f.message.kind in (msg.HOST, msg.KILLED)
+    return memory and bool(releases) and min(releases) >= NO_ENGINE_IN_THE_SERVER
 
 
 def vllms_own(line: Line) -> bool:
