@@ -407,3 +407,38 @@ def test_a_kv_refusal_is_never_healed_with_a_utilization_cut():
         inventory=Inventory(gpu_total_gib=g.memory_gib, shape=config_shape("mixtral-8x7b")),
     )
     assert r.changes == {"tensor_parallel_size": 8}, r.summary()
+
+
+# A capture OOM at the graphs' point in vLLM's start (its KV check passed), as the recovery bench renders it.
+CAPTURE_OOM = (
+    '  File "vllm/v1/worker/gpu_model_runner.py", line 1, in capture_model\n'
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 512.00 MiB.\n"
+)
+
+
+def _capture_heal(max_model_len: int | None):
+    """Qwen2.5-7B on a 24 GB RTX 4090 at 0.95 (graphs beside the budget: no release named): capture failed."""
+    shape, gpu = config_shape("qwen2.5-7b"), lookup("NVIDIA-GeForce-RTX-4090")
+    engine = EngineArgs(gpu_memory_utilization=0.95, max_model_len=max_model_len)
+    assert estimate(shape, engine, gpu).failure == "cudagraph_capture_oom"
+    inv = Inventory(gpu_total_gib=gpu.memory_gib, shape=shape, gpu_free_gib=gpu.memory_gib)
+    remedy = plan_heal(VLLMServiceSpec(model="m", engine=engine), classify(Signals(log=CAPTURE_OOM)), [], inv, engine)
+    return remedy, estimate(shape, remedy.apply(engine), gpu)
+
+
+def test_a_capture_heal_keeps_the_context_with_the_leaner_room_that_holds_it():
+    """The room for the graphs (their ~1 GiB, what failed and 0.5 GiB) cut 0.95 -> 0.91, where the cache holds
+    126,944 tokens of the 131,072 the model runs at: the heal's own estimate said it still fails, and the KV
+    check stopped the next start (a second restart, raising to 0.93). The graphs and 0.5 GiB alone (0.93) keep
+    the context: that is the cut, in one restart."""
+    remedy, after = _capture_heal(None)
+    assert remedy.changes == {"gpu_memory_utilization": 0.93}, remedy.summary()
+    assert after.fits, after.reasons
+
+
+def test_a_capture_heal_whose_cut_leaves_the_context_too_long_shortens_it_in_the_same_restart():
+    """Where even the leaner room leaves the cache short of the context (140,000 tokens: 135,792 held at 0.93),
+    the cut comes with the context its cache holds (3% margin), as the free-memory heal's does."""
+    remedy, after = _capture_heal(140000)
+    assert remedy.changes["gpu_memory_utilization"] == 0.91 and remedy.changes["max_model_len"] < 126944
+    assert after.fits, after.reasons

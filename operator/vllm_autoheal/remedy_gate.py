@@ -44,7 +44,8 @@ CALLS_FOR: dict[str, dict[str, int]] = {
         "max_model_len": DOWN,  # only with more TP, where no split within the bound keeps the context
     },
     "profiling_oom": {"max_num_seqs": DOWN, "max_num_batched_tokens": DOWN, "gpu_memory_utilization": DOWN},
-    "cudagraph_capture_oom": {"enforce_eager": UP, "gpu_memory_utilization": DOWN},
+    # (with the context the smaller cache holds, where a cut leaves it too small: steps.with_context_held)
+    "cudagraph_capture_oom": {"enforce_eager": UP, "gpu_memory_utilization": DOWN, "max_model_len": DOWN},
     "runtime_oom": {"gpu_memory_utilization": DOWN, "max_num_seqs": DOWN, "max_num_batched_tokens": DOWN},
     "multi_gpu_oom": {"max_model_len": DOWN, "gpu_memory_utilization": DOWN, "enforce_eager": UP},
     "host_ram_oom": {"memory_limit": UP, "cpu_offload_gb": DOWN, "kv_cache_memory_bytes": DOWN},

@@ -41,26 +41,30 @@ def fit_utilization_to_free(ctx: Context) -> Remedy | None:
     new = min(round_util((free - margin) / total), ctx.policy.bounds.max_gpu_memory_utilization)
     if new < ctx.floor or new >= ctx.engine.gpu_memory_utilization:
         return None
-    changes: dict[str, float | int] = {"gpu_memory_utilization": new}
-    why = ""
-    # The smaller cache may not hold the context: say so now, not after a crash.
-    if ctx.inv.shape is not None:
-        after = ctx.engine.model_copy(update={"gpu_memory_utilization": new})
-        est = ctx.estimate(after)
-        length = (
-            shorter_context(ctx, est.max_model_len_fit * 0.97) if est.max_model_len_fit < est.max_model_len else None
-        )
-        if length is not None:
-            changes["max_model_len"] = length
-            why = (
-                f" The memory model (3% margin) says its KV cache holds {length:,} tokens: max_model_len -> {length:,}."
-            )
+    changes, why = with_context_held(ctx, new)
     return Remedy(
         "LowerGpuMemoryUtilization",
         changes,
         f"{basis or f'only {free:g} of {total:g} GiB was free at start'}; utilization {new} asks for "
         f"{new * total:.2f} GiB, leaving {free - new * total:.2f} GiB of margin.{why}",
         repeatable=printed,
+    )
+
+
+def with_context_held(ctx: Context, util: float) -> tuple[dict[str, float | int], str]:
+    """A utilization cut, with the context its smaller cache holds where the memory model says the
+    current one no longer fits (3% margin): said now, in the same restart, not after a second crash."""
+    changes: dict[str, float | int] = {"gpu_memory_utilization": util}
+    if ctx.inv.shape is None or not ctx.total:
+        return changes, ""
+    est = ctx.estimate(ctx.engine.model_copy(update={"gpu_memory_utilization": util}))
+    length = shorter_context(ctx, est.max_model_len_fit * 0.97) if est.max_model_len_fit < est.max_model_len else None
+    if length is None:
+        return changes, ""
+    changes["max_model_len"] = length
+    return (
+        changes,
+        f" The memory model (3% margin) says its KV cache holds {length:,} tokens: max_model_len -> {length:,}.",
     )
 
 
@@ -263,13 +267,23 @@ def room_for_graphs(ctx: Context) -> Remedy | None:
     new = min(round_util(current - (need - max(headroom, 0.0)) / total), ctx.policy.bounds.max_gpu_memory_utilization)
     if (ctx.floor is not None and new < ctx.floor) or new >= current:
         return None
+    changes, why = with_context_held(ctx, new)
+    if "max_model_len" in changes and graphs:
+        # (a leaner room, the graphs and 0.5 GiB without what failed on top, where it keeps the context;
+        # where the release reserves them, what failed is what overran: no leaner room)
+        lean = min(
+            round_util(current - (graphs + 0.5 - max(headroom, 0.0)) / total),
+            ctx.policy.bounds.max_gpu_memory_utilization,
+        )
+        if new < lean < current and "max_model_len" not in with_context_held(ctx, lean)[0]:
+            new, changes, why = lean, {"gpu_memory_utilization": lean}, ""
     return Remedy(
         "LowerGpuMemoryUtilization",
-        {"gpu_memory_utilization": new},
+        changes,
         f"CUDA-graph capture ran out of the {headroom:.2f} GiB left outside the budget; utilization "
         f"{current} -> {new} leaves {(1 - new) * total:.2f} GiB for the graphs "
         + (f"(about {graphs:g} GiB)" if graphs else "(what overran vLLM's reserve for them)")
-        + " and keeps them.",
+        + f" and keeps them.{why}",
     )
 
 
