@@ -275,8 +275,10 @@ def room_for_graphs(ctx: Context) -> Remedy | None:
             round_util(current - (graphs + 0.5 - max(headroom, 0.0)) / total),
             ctx.policy.bounds.max_gpu_memory_utilization,
         )
-        if new < lean < current and "max_model_len" not in with_context_held(ctx, lean)[0]:
-            new, changes, why = lean, {"gpu_memory_utilization": lean}, ""
+        if new < lean < current:
+            est = ctx.estimate(ctx.engine.model_copy(update={"gpu_memory_utilization": lean}))
+            if est.max_model_len_fit * 0.97 >= est.max_model_len:  # (the context held, with the 3% margin)
+                new, changes, why = lean, {"gpu_memory_utilization": lean}, ""
     return Remedy(
         "LowerGpuMemoryUtilization",
         changes,
