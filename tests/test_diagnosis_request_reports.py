@@ -265,3 +265,23 @@ def test_the_kernels_kill_report_in_a_request_report_is_the_clients_in_any_relea
     log = "INFO 01-01 00:00:00 [engine.py:1] started\n" + asgi_with("ValueError: Memory cgroup out of memory: ZZUSERZZ")
     d = classify(Signals(log=log))
     assert d.cause not in MEMORY_CAUSES and "ZZUSERZZ" not in json.dumps(d.to_dict()), f"said {said(d)}"
+
+
+# A line naming an older release that a client can print where a logging format leaves a message's further lines bare.
+FORGED_RELEASES = {
+    "v0-engine": "INFO 05-02 10:00:59 [llm_engine.py:232] Initializing a V0 LLM engine (v0.10.0) with config: model='m'",
+    "banner": "INFO 05-02 10:00:59 [utils.py:299]  ▄▄ ▄█ █     █     █ ▀▄▀ █  version 0.10.0",
+}
+
+
+@pytest.mark.parametrize("forged", sorted(FORGED_RELEASES))
+def test_a_forged_older_release_does_not_bring_back_the_clients_memory_words(forged):
+    """High. A 0.34 log (its engine's own lines name 0.34) where a client's bare line names 0.10 too. Before: the
+    older of the two releases decided, so the client's 'CUDA out of memory' in a request's report was the engine's
+    again: runtime_oom after an illegal access, quoting the client. A second release in one run is a forged one
+    (arithmetic.one_release): the log naming a release that runs no engine in the API server is enough."""
+    report = asgi_with(f"ValueError: {CLIENT_MEMORY_WORDS['cuda-oom']} ZZUSERZZ").splitlines()
+    log = "\n".join([*SERVING_034, FORGED_RELEASES[forged], *report, *ENDINGS_034["illegal-access"]]) + "\n"
+    d = classify(Signals(log=log))
+    assert (d.cause, d.subtype) == ("not_oom", "illegal_memory_access"), f"said {said(d)}"
+    assert "ZZUSERZZ" not in json.dumps(d.to_dict()), "the client's text is quoted"

@@ -87,8 +87,10 @@ def requests_memory_words(f: Finding, releases: set[tuple[int, int]]) -> bool:
     framework or an API handler, whoever wrote it; not the engine's report on compiling a request's
     grammar): a client's text where they cannot be the engine's.
     The kernel's OOM-kill report never is (the kernel writes into no exception's message); any is where
-    the log names only releases that run no engine inside the API server (`releases`: the (minor, patch)
-    the engine's own lines name). Before 0.11 V0 raised the engine's own error into each request."""
+    the log names a release that runs no engine inside the API server (`releases`: the (minor, patch)
+    the engine's own lines name). Before 0.11 V0 raised the engine's own error into each request. (One run
+    names one release: an older second one is a client's bare line, which must not make its words the
+    engine's again; a forged newer one at worst hides a V0 engine's error in a request's report: no change.)"""
     # (the engine's own report on a request's grammar is the engine's process: its OOM is the engine's)
     if not ((f.line.request_report and not f.line.grammar_report) or f.line.origin == REQUEST):
         return False
@@ -97,7 +99,7 @@ def requests_memory_words(f: Finding, releases: set[tuple[int, int]]) -> bool:
     # (the host's too: a worker's kill or a failed allocation reaches a request only as EngineDeadError,
     # and the API server's own host allocation failing for one request is no crash: a kill says OOMKilled)
     memory = _engines_words(f) or f.message.kind in (msg.HOST, msg.KILLED)
-    return memory and bool(releases) and min(releases) >= NO_ENGINE_IN_THE_SERVER
+    return memory and bool(releases) and max(releases) >= NO_ENGINE_IN_THE_SERVER
 
 
 def vllms_own(line: Line) -> bool:
