@@ -442,3 +442,24 @@ def test_a_capture_heal_whose_cut_leaves_the_context_too_long_shortens_it_in_the
     remedy, after = _capture_heal(140000)
     assert remedy.changes["gpu_memory_utilization"] == 0.91 and remedy.changes["max_model_len"] < 126944
     assert after.fits, after.reasons
+
+
+def _capture_heal_with(tried_mib: float, heal: dict | None = None):
+    """As _capture_heal (131,072 tokens), with the size of the allocation that failed and the spec's heal policy."""
+    log = CAPTURE_OOM.replace("512.00 MiB", f"{tried_mib:.2f} MiB")
+    shape, gpu = config_shape("qwen2.5-7b"), lookup("NVIDIA-GeForce-RTX-4090")
+    engine = EngineArgs(gpu_memory_utilization=0.95)
+    inv = Inventory(gpu_total_gib=gpu.memory_gib, shape=shape, gpu_free_gib=gpu.memory_gib)
+    s = VLLMServiceSpec(model="m", engine=engine, heal=heal or {})
+    remedy = plan_heal(s, classify(Signals(log=log)), [], inv, engine)
+    return remedy, estimate(shape, remedy.apply(engine), gpu), gpu.memory_gib
+
+
+def test_the_leaner_capture_room_still_holds_the_allocation_that_failed():
+    """High. Capture failed asking for 2 GiB in one allocation. Before: the leaner room (the graphs' ~1 GiB and
+    0.5 GiB, 0.93) left 1.66 GiB outside the budget, less than the one allocation that already failed: a
+    certain second capture OOM. Now: the leaner room holds at least what failed and 0.5 GiB."""
+    remedy, after, total = _capture_heal_with(2048)
+    util = remedy.changes["gpu_memory_utilization"]
+    assert (1 - util) * total >= 2.0 + 0.5, remedy.summary()
+    assert after.fits, after.reasons

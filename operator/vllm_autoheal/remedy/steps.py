@@ -270,9 +270,10 @@ def room_for_graphs(ctx: Context) -> Remedy | None:
     changes, why = with_context_held(ctx, new)
     if "max_model_len" in changes and graphs:
         # (a leaner room, the graphs and 0.5 GiB without what failed on top, where it keeps the context;
-        # where the release reserves them, what failed is what overran: no leaner room)
+        # where the release reserves them, what failed is what overran: no leaner room. It holds at least
+        # the one allocation that failed: a room smaller than that is a certain second capture OOM)
         lean = min(
-            round_util(current - (graphs + 0.5 - max(headroom, 0.0)) / total),
+            round_util(current - (max(graphs, ctx.num("tried_gib") or 0.0) + 0.5 - max(headroom, 0.0)) / total),
             ctx.policy.bounds.max_gpu_memory_utilization,
         )
         if new < lean < current:
