@@ -463,3 +463,13 @@ def test_the_leaner_capture_room_still_holds_the_allocation_that_failed():
     util = remedy.changes["gpu_memory_utilization"]
     assert (1 - util) * total >= 2.0 + 0.5, remedy.summary()
     assert after.fits, after.reasons
+
+
+def test_a_capture_heal_without_a_context_cut_takes_the_leaner_room_that_keeps_the_context():
+    """High. LowerMaxModelLen not allowed: the full room (0.91) leaves the cache short of 131,072 tokens and no
+    cut may come with it. Before: 0.91 alone, which the heal's own estimate said still fails (the KV check
+    stops the next start: a second restart). Now: the leaner room (0.93) that keeps the context."""
+    actions = ["LowerGpuMemoryUtilization", "EnforceEager"]
+    remedy, after, _ = _capture_heal_with(512, {"allowedActions": actions})
+    assert remedy.changes == {"gpu_memory_utilization": 0.93}, remedy.summary()
+    assert after.fits, after.reasons

@@ -68,6 +68,14 @@ def with_context_held(ctx: Context, util: float) -> tuple[dict[str, float | int]
     )
 
 
+def _short_of_context(ctx: Context, util: float) -> bool:
+    """The memory model says the cache at `util` no longer holds the context (whether or not a cut may come)."""
+    if ctx.inv.shape is None or not ctx.total:
+        return False
+    est = ctx.estimate(ctx.engine.model_copy(update={"gpu_memory_utilization": util}))
+    return est.max_model_len_fit < est.max_model_len
+
+
 # vLLM's CPU backend sets the KV size from this variable over --kv-cache-memory-bytes (platforms/cpu.py).
 CPU_KV_SPACE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 
@@ -268,7 +276,7 @@ def room_for_graphs(ctx: Context) -> Remedy | None:
     if (ctx.floor is not None and new < ctx.floor) or new >= current:
         return None
     changes, why = with_context_held(ctx, new)
-    if "max_model_len" in changes and graphs:
+    if graphs and _short_of_context(ctx, new):
         # (a leaner room, the graphs and 0.5 GiB without what failed on top, where it keeps the context;
         # where the release reserves them, what failed is what overran: no leaner room. It holds at least
         # the one allocation that failed: a room smaller than that is a certain second capture OOM)
