@@ -473,3 +473,13 @@ def test_a_capture_heal_without_a_context_cut_takes_the_leaner_room_that_keeps_t
     remedy, after, _ = _capture_heal_with(512, {"allowedActions": actions})
     assert remedy.changes == {"gpu_memory_utilization": 0.93}, remedy.summary()
     assert after.fits, after.reasons
+
+
+def test_a_capture_room_whose_cache_cannot_hold_the_context_is_no_heal():
+    """High. LowerMaxModelLen not allowed and capture failed asking for 3 GiB: every room that holds it leaves
+    the cache short of 131,072 tokens. Before: a utilization cut the heal's own estimate said still fails. Now:
+    no room; the next step (eager) heals."""
+    actions = ["LowerGpuMemoryUtilization", "EnforceEager"]
+    remedy, after, _ = _capture_heal_with(3072, {"allowedActions": actions})
+    assert remedy.changes == {"enforce_eager": True}, remedy.summary()
+    assert after.fits, after.reasons

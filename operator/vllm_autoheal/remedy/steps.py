@@ -288,6 +288,8 @@ def room_for_graphs(ctx: Context) -> Remedy | None:
             est = ctx.estimate(ctx.engine.model_copy(update={"gpu_memory_utilization": lean}))
             if est.max_model_len_fit * 0.97 >= est.max_model_len:  # (the context held, with the 3% margin)
                 new, changes, why = lean, {"gpu_memory_utilization": lean}, ""
+    if "max_model_len" not in changes and _short_of_context(ctx, new):
+        return None  # (the cache left no longer holds the context, and no cut of it may come: the next step)
     return Remedy(
         "LowerGpuMemoryUtilization",
         changes,
