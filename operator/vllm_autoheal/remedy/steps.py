@@ -10,6 +10,7 @@ from ..diagnosis.units import GIB, MIB
 from ..engine import switched
 from ..memory import (
     CUDA_CONTEXT_GIB,
+    Estimate,
 )
 from ..quantity import format_bytes
 from .kv_steps import round_util, shorter_context
@@ -51,14 +52,21 @@ def fit_utilization_to_free(ctx: Context) -> Remedy | None:
     )
 
 
+def _at(ctx: Context, util: float) -> Estimate | None:
+    """The memory model's estimate of the engine at another utilization; None where it cannot tell."""
+    if ctx.inv.shape is None or not ctx.total:
+        return None
+    return ctx.estimate(ctx.engine.model_copy(update={"gpu_memory_utilization": util}))
+
+
 def with_context_held(ctx: Context, util: float) -> tuple[dict[str, float | int], str]:
     """A utilization cut, with the context its smaller cache holds where the memory model says the
     current one no longer fits (3% margin): said now, in the same restart, not after a second crash."""
     changes: dict[str, float | int] = {"gpu_memory_utilization": util}
-    if ctx.inv.shape is None or not ctx.total:
+    est = _at(ctx, util)
+    if est is None or est.max_model_len_fit >= est.max_model_len:
         return changes, ""
-    est = ctx.estimate(ctx.engine.model_copy(update={"gpu_memory_utilization": util}))
-    length = shorter_context(ctx, est.max_model_len_fit * 0.97) if est.max_model_len_fit < est.max_model_len else None
+    length = shorter_context(ctx, est.max_model_len_fit * 0.97)
     if length is None:
         return changes, ""
     changes["max_model_len"] = length
@@ -66,14 +74,6 @@ def with_context_held(ctx: Context, util: float) -> tuple[dict[str, float | int]
         changes,
         f" The memory model (3% margin) says its KV cache holds {length:,} tokens: max_model_len -> {length:,}.",
     )
-
-
-def _short_of_context(ctx: Context, util: float) -> bool:
-    """The memory model says the cache at `util` no longer holds the context (whether or not a cut may come)."""
-    if ctx.inv.shape is None or not ctx.total:
-        return False
-    est = ctx.estimate(ctx.engine.model_copy(update={"gpu_memory_utilization": util}))
-    return est.max_model_len_fit < est.max_model_len
 
 
 # vLLM's CPU backend sets the KV size from this variable over --kv-cache-memory-bytes (platforms/cpu.py).
@@ -276,7 +276,9 @@ def room_for_graphs(ctx: Context) -> Remedy | None:
     if (ctx.floor is not None and new < ctx.floor) or new >= current:
         return None
     changes, why = with_context_held(ctx, new)
-    if graphs and _short_of_context(ctx, new):
+    est = _at(ctx, new)
+    short = est is not None and est.max_model_len_fit < est.max_model_len  # (whether or not a cut may come)
+    if graphs and short:
         # (a leaner room, the graphs and 0.5 GiB without what failed on top, where it keeps the context;
         # where the release reserves them, what failed is what overran: no leaner room. It holds at least
         # the one allocation that failed: a room smaller than that is a certain second capture OOM)
@@ -284,11 +286,10 @@ def room_for_graphs(ctx: Context) -> Remedy | None:
             round_util(current - (max(graphs, ctx.num("tried_gib") or 0.0) + 0.5 - max(headroom, 0.0)) / total),
             ctx.policy.bounds.max_gpu_memory_utilization,
         )
-        if new < lean < current:
-            est = ctx.estimate(ctx.engine.model_copy(update={"gpu_memory_utilization": lean}))
-            if est.max_model_len_fit * 0.97 >= est.max_model_len:  # (the context held, with the 3% margin)
-                new, changes, why = lean, {"gpu_memory_utilization": lean}, ""
-    if "max_model_len" not in changes and _short_of_context(ctx, new):
+        held = _at(ctx, lean) if new < lean < current else None
+        if held is not None and held.max_model_len_fit * 0.97 >= held.max_model_len:  # (with the 3% margin)
+            new, changes, why, short = lean, {"gpu_memory_utilization": lean}, "", False
+    if short and "max_model_len" not in changes:
         return None  # (the cache left no longer holds the context, and no cut of it may come: the next step)
     return Remedy(
         "LowerGpuMemoryUtilization",
