@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from vllm_autoheal.kube import crash
+from vllm_autoheal.kube.later import PerNamespace
 
 from operator_harness import PendingLater
 
@@ -56,7 +57,7 @@ def _start(kube: StalledLogs, incidents: list[SimpleNamespace]) -> tuple[list[th
 @pytest.fixture(autouse=True)
 def fresh_slots(monkeypatch):
     monkeypatch.setattr(crash, "_log_reads", {})
-    monkeypatch.setattr(crash, "_queued", {})
+    monkeypatch.setattr(crash, "_queued", PerNamespace(crash.QUEUED_CRASHES_PER_NAMESPACE))
 
 
 def test_a_tenant_with_many_namespaces_does_not_hold_every_worker():

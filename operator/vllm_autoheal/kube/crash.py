@@ -17,6 +17,7 @@ from ..model_shape import ModelShape
 from ..model_source import DEPRECATED_ANNOTATION
 from . import pods, resources
 from .client import Kube
+from .later import PerNamespace
 from .resources import effective
 
 if TYPE_CHECKING:
@@ -42,7 +43,7 @@ _log_reads_guard = threading.Lock()
 # at there, per namespace at most this many: a crash loop of many pods queued a thread per crash,
 # without end. A crash beyond it is looked at again on its pod's next event.
 QUEUED_CRASHES_PER_NAMESPACE = 16
-_queued: dict[str, str] = {}  # crash id -> its namespace
+_queued = PerNamespace(QUEUED_CRASHES_PER_NAMESPACE)  # by crash id
 
 
 class LogReadsBusy(Exception):
@@ -52,18 +53,11 @@ class LogReadsBusy(Exception):
 def queue_off_workers(crash_id: str, namespace: str) -> bool:
     """True once per crash until unqueue_off_workers (each of the pod's events would queue it again),
     while its namespace has fewer than QUEUED_CRASHES_PER_NAMESPACE queued."""
-    with _log_reads_guard:
-        if crash_id in _queued:
-            return False
-        if sum(ns == namespace for ns in _queued.values()) >= QUEUED_CRASHES_PER_NAMESPACE:
-            return False
-        _queued[crash_id] = namespace
-        return True
+    return _queued.take(crash_id, namespace)
 
 
 def unqueue_off_workers(crash_id: str) -> None:
-    with _log_reads_guard:
-        _queued.pop(crash_id, None)
+    _queued.release(crash_id)
 
 
 def _read_log(kube: Kube, incident: Incident) -> str:

@@ -12,7 +12,6 @@ recorded and the next event plans again.
 from __future__ import annotations
 
 import json
-import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -34,7 +33,7 @@ from .client import Kube
 from .config import OperatorConfig
 from .crash import LogReadsBusy, ModelLookup, diagnose, queue_off_workers, unqueue_off_workers
 from .heal_apply import HEALED_ENGINE, complete, deployed, fp, parse
-from .later import Later
+from .later import Later, PerNamespace
 from .writes import transient, update_status
 
 REVERT = "RevertUnschedulable"
@@ -43,16 +42,7 @@ EDIT_WAIT_S, EDIT_WAITS = 0.5, 120  # a reconcile writes its baseline right afte
 # every EDIT_WAIT_S): an edit whose reconcile never writes one (a name conflict) and a crash loop of
 # many pods held a thread and 120 reads per crash. Beyond it a crash waits for its pod's next event.
 EDIT_WAITERS_PER_NAMESPACE = 16
-_edit_waiters: dict[str, str] = {}  # crash id -> its namespace, while a wait for it is pending
-_edit_guard = threading.Lock()
-
-
-def _may_wait_for_edit(incident: Incident) -> bool:
-    with _edit_guard:
-        if sum(ns == incident.namespace for ns in _edit_waiters.values()) >= EDIT_WAITERS_PER_NAMESPACE:
-            return False
-        _edit_waiters[incident.crash_id] = incident.namespace
-        return True
+_edit_waiters = PerNamespace(EDIT_WAITERS_PER_NAMESPACE)  # by crash id, while a wait for it is pending
 
 
 @dataclass
@@ -256,8 +246,7 @@ def _backing_off(obj: VLLMService) -> bool:
 def handle_crash(kube: Kube, cfg: OperatorConfig, later: Later, incident: Incident, logger: kopf.Logger) -> None:
     ns, name = incident.namespace, incident.name
     started = time.monotonic()
-    with _edit_guard:  # (a pending wait for the edit, if any, is this look: it waits again below or not)
-        _edit_waiters.pop(incident.crash_id, None)
+    _edit_waiters.release(incident.crash_id)  # (a pending wait for the edit, if any, is this look: it may wait again)
     vsvc = kube.get_vsvc(ns, name)
     if vsvc is None:
         return
@@ -274,7 +263,7 @@ def handle_crash(kube: Kube, cfg: OperatorConfig, later: Later, incident: Incide
     if person_edited(obj) and incident.waits < EDIT_WAITS and _recent(incident.crash):
         # The edit's reconcile has applied its flags but not yet written its new baseline: planned
         # now, the heal would start from the old one and that write would then undo it.
-        if not _may_wait_for_edit(incident):
+        if not _edit_waiters.take(incident.crash_id, ns):
             return  # its namespace has enough crashes waiting: the pod's next event looks again
         incident.waits += 1
         later.run(f"crash/{incident.crash_id}", EDIT_WAIT_S, lambda: handle_crash(kube, cfg, later, incident, logger))

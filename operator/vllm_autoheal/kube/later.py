@@ -49,3 +49,29 @@ class Later:
             for timer in self._timers.values():
                 timer.cancel()
             self._timers.clear()
+
+
+class PerNamespace:
+    """Looks pending (a crash each, by key), at most `limit` of them a namespace: what one tenant's crash
+    loop may hold of the timer threads and API reads every tenant shares. A key beyond it is not taken:
+    its pod's next event looks again."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._pending: dict[str, str] = {}  # key -> its namespace
+        self._guard = threading.Lock()
+
+    def take(self, key: str, namespace: str) -> bool:
+        """True once per key until release, while its namespace holds fewer than `limit`."""
+        with self._guard:
+            if key in self._pending or sum(ns == namespace for ns in self._pending.values()) >= self.limit:
+                return False
+            self._pending[key] = namespace
+            return True
+
+    def release(self, key: str) -> None:
+        with self._guard:
+            self._pending.pop(key, None)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._pending
