@@ -12,7 +12,7 @@ they are written with a new baseline, or while no heal has been made, never over
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, NoReturn
 
 import kopf
 from kubernetes.client.rest import ApiException
@@ -174,7 +174,7 @@ def reconcile(kube: Kube, cfg: OperatorConfig, body: dict[str, Any], logger: kop
         if transient(exc):
             raise kopf.TemporaryError(f"applying the objects failed: {exc}", delay=cfg.retry_delay_s) from exc
         if isinstance(exc, ApiException) and exc.status in REFUSED:
-            _refused(kube, cfg, body, ns, name, generation, exc)
+            _refused(kube, cfg, body, ns, name, generation, exc)  # (raises kopf's PermanentError)
         raise
     if applied.conflicts:  # someone else's object has the name: write nothing, say so, look again later
         _name_conflict(kube, cfg, body, ns, name, generation, applied.conflicts)
@@ -221,7 +221,7 @@ REFUSED = frozenset({400, 422})
 
 def _refused(
     kube: Kube, cfg: OperatorConfig, body: dict[str, Any], ns: str, name: str, generation: int | None, exc: ApiException
-) -> None:
+) -> NoReturn:
     said = str(exc.reason or "")
     try:  # (the client keeps the server's Status after its reason; its message names the field)
         said = str(json.loads(said.split(": ", 1)[1]).get("message") or said)
