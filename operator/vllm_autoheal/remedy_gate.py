@@ -35,13 +35,21 @@ CALLS_FOR: dict[str, dict[str, int]] = {
         "max_num_seqs": DOWN,  # a Mamba hybrid's state blocks: one per running sequence
         "enforce_eager": UP,  # where the release takes the CUDA graphs' estimate off the cache
     },
-    "gpu_util_exceeds_free": {"gpu_memory_utilization": DOWN, "kv_cache_memory_bytes": DOWN, "max_model_len": DOWN},
+    "gpu_util_exceeds_free": {
+        "gpu_memory_utilization": DOWN,
+        "kv_cache_memory_bytes": DOWN,
+        "max_model_len": DOWN,
+        "tensor_parallel_size": UP,  # where the weights do not fit beside the others at any share
+    },
     "weights_load_oom": {
         "model": ANY,
         "quantization": ANY,
         "tensor_parallel_size": UP,
         "cpu_offload_gb": UP,
-        "max_model_len": DOWN,  # only with more TP, where no split within the bound keeps the context
+        # only with more TP: where no split within the bound keeps the context at the share that ran,
+        # a larger share (within what is free), else a shorter context
+        "gpu_memory_utilization": UP,
+        "max_model_len": DOWN,
     },
     "profiling_oom": {"max_num_seqs": DOWN, "max_num_batched_tokens": DOWN, "gpu_memory_utilization": DOWN},
     # (with the context the smaller cache holds, where a cut leaves it too small: steps.with_context_held)

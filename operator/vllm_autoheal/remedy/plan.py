@@ -20,7 +20,7 @@ from ..diagnosis.arithmetic import besides_weights
 from ..diagnosis.model import Cause
 from ..engine import parse_args
 from ..memory import CUDA_CONTEXT_GIB
-from ..remedy_gate import CALLS_FOR, UP, Limits, check, utilization_floor
+from ..remedy_gate import Limits, check, utilization_floor
 from .kv_steps import (
     eager_for_reserved_graphs,
     empty_budget,
@@ -63,7 +63,13 @@ PLANS: dict[Cause, list[Step]] = {
         eager_for_reserved_graphs,
         more_tensor_parallel,
     ],
-    Cause.GPU_UTIL_EXCEEDS_FREE: [fit_utilization_to_free, fit_kv_bytes_to_free, lower_utilization_step],
+    # (a split last: where the weights do not fit beside the others at any share the bounds allow)
+    Cause.GPU_UTIL_EXCEEDS_FREE: [
+        fit_utilization_to_free,
+        fit_kv_bytes_to_free,
+        lower_utilization_step,
+        more_tensor_parallel,
+    ],
     Cause.WEIGHTS_LOAD_OOM: [quantized_model, more_tensor_parallel, cpu_offload],
     Cause.PROFILING_OOM: [
         seqs_from_allocation,
@@ -160,7 +166,10 @@ def plan_heal(
         if remedy.action in tried and _repeat_below_weights(remedy, history, total):
             refused.append(f"{remedy.action} refused: it would leave less than the weights an earlier crash printed")
             continue
-        problem = check(heal_as, remedy.changes, engine, model, memory_limit, ctx.limits, failed) or _cannot_fit(
+        limits = ctx.limits
+        if "tensor_parallel_size" in remedy.changes:  # (the split's own floor: less weights per GPU)
+            limits = _limits(spec, remedy.apply(engine), inv, total, None)
+        problem = check(heal_as, remedy.changes, engine, model, memory_limit, limits, failed) or _cannot_fit(
             ctx, remedy
         )
         if problem is not None:
@@ -198,12 +207,13 @@ def _with_room_for_graphs(
     utilization that leaves them room, where the model says the two together start and the gate lets
     that through as a capture heal: not a second restart for what the figures already show.
     Never for a cause whose shortage is the budget itself (a KV refusal calls for more utilization, not
-    less: the gate refuses a cut there), nor where the model already says the flags that ran stop at
+    less: the gate refuses a cut there) unless the heal fits the context to the cache: the cut then comes
+    with the context the smaller cache holds, as the capture heal after a second crash would set; nor where the model already says the flags that ran stop at
     capture: then the change is not what brings capture on, and the crash shows the model wrong about
     those flags (a pod OOM-killed on the host, or out of memory while serving, got past capture with them)."""
     if ctx.inv.shape is None or not ctx.total or {"gpu_memory_utilization", "model"} & remedy.changes.keys():
         return remedy  # (another model's shape is not known: the estimate is the current model's)
-    if CALLS_FOR.get(heal_as, {}).get("gpu_memory_utilization") == UP:
+    if heal_as == Cause.KV_CACHE_INSUFFICIENT and "max_model_len" not in remedy.changes:
         return remedy
     if ctx.estimate(ctx.engine, ctx.inv.gpu_free_gib).failure == "cudagraph_capture_oom":
         return remedy
@@ -339,11 +349,19 @@ def what_would_fit(ctx: Context) -> str:
     need = tp
     while need <= 64 and weights * tp / need > budget * 0.75:  # leave a quarter for the KV cache
         need *= 2
-    options = [
-        f"tensor parallelism {need} ({weights * tp / need:.1f} GiB of weights per GPU; allow it with "
-        f"spec.heal.bounds.maxTensorParallelSize and IncreaseTensorParallel in spec.heal.allowedActions, or "
-        f"serve --max-tensor-parallel-size {need})"
-    ]
+    split = f"tensor parallelism {need} ({weights * tp / need:.1f} GiB of weights per GPU"
+    if (
+        need <= (ctx.policy.bounds.max_tensor_parallel_size or 1)
+        and "IncreaseTensorParallel" in ctx.policy.allowed_actions
+    ):
+        # (allowed already: the memory model found no share, within the bounds and free memory, that fits it)
+        split += "; within the bounds, but no utilization they and free memory allow leaves its KV cache the context)"
+    else:
+        split += (
+            "; allow it with spec.heal.bounds.maxTensorParallelSize and IncreaseTensorParallel in "
+            f"spec.heal.allowedActions, or serve --max-tensor-parallel-size {need})"
+        )
+    options = [split]
     if weights / 2 <= budget * 0.75:
         options.append(f"an 8-bit checkpoint (about {weights / 2:.1f} GiB; name it in spec.heal.quantizedFallback)")
     return (

@@ -4,9 +4,11 @@ to the smallest change that the figures say fits, since every try is a reschedul
 from __future__ import annotations
 
 from ..diagnosis.units import MIB
+from ..memory import CUDA_CONTEXT_GIB, Estimate
 from ..quantity import format_bytes, parse_quantity
-from .kv_steps import shorter_context
+from .kv_steps import raise_limit, shorter_context
 from .model import Context, Remedy
+from .steps import share_of_free
 
 VPA_RATIO, VPA_MIN_BUMP = 1.2, 100 * MIB  # Kubernetes VPA's OOM bump (DefaultOOMBumpUpRatio/MinBumpUp)
 
@@ -14,7 +16,9 @@ VPA_RATIO, VPA_MIN_BUMP = 1.2, 100 * MIB  # Kubernetes VPA's OOM bump (DefaultOO
 def more_tensor_parallel(ctx: Context) -> Remedy | None:
     """The smallest doubling within the bound that the model splits into and, where the memory model
     knows the model and GPU, that it says fits: 1 -> 2 -> 4 -> 8 blind would load a model that does
-    not fit several times over."""
+    not fit several times over. Where no split fits at the share that ran, the smallest that fits at
+    the share the bounds and free memory allow comes with that share, in the same restart (a split's
+    weights alone can fill a low share: the split by itself would crash on the KV cache)."""
     tp, limit = ctx.engine.tensor_parallel_size, ctx.policy.bounds.max_tensor_parallel_size
     sizes = []
     new = tp * 2
@@ -24,28 +28,14 @@ def more_tensor_parallel(ctx: Context) -> Remedy | None:
     if not sizes:
         return None
     shape, total, pick = ctx.inv.shape, ctx.total, sizes[0]
+    if ctx.diag.cause == "gpu_util_exceeds_free":  # (the share that ran asked for more than was free)
+        return _split_at_share(ctx, sizes) if shape is not None and total else None
     if shape is not None and total:
-        estimates = [
-            (n, ctx.estimate(ctx.engine.model_copy(update={"tensor_parallel_size": n}), ctx.inv.gpu_free_gib))
-            for n in sizes
-        ]
+        estimates = [(n, _split(ctx, n)) for n in sizes]
         # (the graphs' margin is another heal's: the split is judged by its weights and cache)
         fits = [n for n, est in estimates if est.failure in (None, "cudagraph_capture_oom")]
         if not fits:
-            # None keeps the whole context: the smallest split that holds the weights, with the
-            # context its KV cache holds (3% margin), in the same restart, where that is allowed.
-            for n, est in estimates:
-                if est.failure == "kv_cache_insufficient" and (
-                    length := shorter_context(ctx, est.max_model_len_fit * 0.97)
-                ):
-                    return Remedy(
-                        "IncreaseTensorParallel",
-                        {"tensor_parallel_size": n, "max_model_len": length},
-                        f"split the model over {n} GPUs: 1/{n // tp} of the weights per GPU; no split within "
-                        f"the bound keeps the context, and by the memory model (3% margin) this one's KV cache "
-                        f"holds {length:,} tokens: max_model_len -> {length:,}.",
-                    )
-            return None  # none within the bound holds it (plan.what_would_fit says what would)
+            return _split_at_share(ctx, sizes) or _split_with_shorter_context(ctx, estimates)
         pick = fits[0]
     return Remedy(
         "IncreaseTensorParallel",
@@ -53,6 +43,66 @@ def more_tensor_parallel(ctx: Context) -> Remedy | None:
         f"split the model over {pick} GPUs: 1/{pick // tp} of the weights per GPU"
         + (" (the smallest split the memory model says fits)." if pick != sizes[0] else "."),
     )
+
+
+def _split(ctx: Context, n: int, util: float | None = None, free: float | None = None) -> Estimate:
+    """The memory model's estimate of the engine split n ways (at another share), beside `free` GiB
+    (default: the probe's figure)."""
+    update: dict[str, float | int] = {"tensor_parallel_size": n}
+    if util is not None:
+        update["gpu_memory_utilization"] = util
+    return ctx.estimate(ctx.engine.model_copy(update=update), ctx.inv.gpu_free_gib if free is None else free)
+
+
+def _split_at_share(ctx: Context, sizes: list[int]) -> Remedy | None:
+    """The smallest split that fits with the utilization moved within what the bounds and free memory
+    allow: up to the least share that fits (and 0.01 more), or down to what was free where the share
+    that ran asked for more than that; None where neither is allowed or no split fits so."""
+    current, tp = ctx.engine.gpu_memory_utilization, ctx.engine.tensor_parallel_size
+    allowed = ctx.policy.allowed_actions
+    share, free = None, None
+    if ctx.diag.cause == "gpu_util_exceeds_free":  # the share that ran asked for more than was free
+        share = share_of_free(ctx)
+        if share is None or share[0] >= current or "LowerGpuMemoryUtilization" not in allowed:
+            return None
+        shares, why = [share[0]], f"{share[2]}: utilization {current} -> {share[0]}"
+        free = share[1] + CUDA_CONTEXT_GIB  # (each GPU of the split taken to have as little free)
+    else:
+        top = raise_limit(ctx)
+        if top <= current or "RaiseGpuMemoryUtilization" not in allowed or ctx.engine.kv_cache_memory_bytes:
+            return None
+        shares = [round(current + step / 100, 2) for step in range(1, round((top - current) * 100) + 1)]
+        why = (
+            f"at utilization {current} its weights leave the KV cache too little; {top} is the most the bounds "
+            "and free memory allow"
+        )
+    for n in sizes:
+        fitting = [u for u in shares if _split(ctx, n, u, free).failure in (None, "cudagraph_capture_oom")]
+        if fitting:
+            util = fitting[0] if share is not None else min(fitting[0] + 0.01, shares[-1])
+            return Remedy(
+                "IncreaseTensorParallel",
+                {"tensor_parallel_size": n, "gpu_memory_utilization": round(util, 2)},
+                f"split the model over {n} GPUs: 1/{n // tp} of the weights per GPU; {why}, and by the memory "
+                f"model the split fits at utilization {round(util, 2)}, set in the same change.",
+            )
+    return None
+
+
+def _split_with_shorter_context(ctx: Context, estimates: list[tuple[int, Estimate]]) -> Remedy | None:
+    """None keeps the whole context: the smallest split that holds the weights, with the context its KV
+    cache holds (3% margin), in the same restart, where that is allowed."""
+    tp = ctx.engine.tensor_parallel_size
+    for n, est in estimates:
+        if est.failure == "kv_cache_insufficient" and (length := shorter_context(ctx, est.max_model_len_fit * 0.97)):
+            return Remedy(
+                "IncreaseTensorParallel",
+                {"tensor_parallel_size": n, "max_model_len": length},
+                f"split the model over {n} GPUs: 1/{n // tp} of the weights per GPU; no split within "
+                f"the bound keeps the context, and by the memory model (3% margin) this one's KV cache "
+                f"holds {length:,} tokens: max_model_len -> {length:,}.",
+            )
+    return None  # none within the bound holds it (plan.what_would_fit says what would)
 
 
 def raise_memory_limit(ctx: Context) -> Remedy | None:

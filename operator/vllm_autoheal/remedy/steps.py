@@ -18,6 +18,26 @@ from .model import Context, Remedy, Step
 
 
 def fit_utilization_to_free(ctx: Context) -> Remedy | None:
+    share = share_of_free(ctx)
+    if share is None:
+        return None
+    new, free, basis, printed = share
+    if new < ctx.floor or new >= ctx.engine.gpu_memory_utilization:
+        return None
+    changes, why = with_context_held(ctx, new)
+    total = ctx.total or 0.0
+    return Remedy(
+        "LowerGpuMemoryUtilization",
+        changes,
+        f"{basis}; utilization {new} asks for {new * total:.2f} GiB, leaving {free - new * total:.2f} GiB of "
+        f"margin.{why}",
+        repeatable=printed,
+    )
+
+
+def share_of_free(ctx: Context) -> tuple[float, float, str, bool] | None:
+    """The utilization that asks for no more than was free, with a margin: (it, the free GiB it is
+    sized from, where that figure comes from, whether this crash printed it); None where not known."""
     if ctx.diag.subtype == "kv_space_exceeds_free_host_memory":
         # (the CPU backend's free figure at KV allocation is what is left after the worker's own
         # memory: sized to it, the worker's whole budget would not hold the worker)
@@ -40,16 +60,7 @@ def fit_utilization_to_free(ctx: Context) -> Remedy | None:
     margin = 0.25 * free if cpu else ctx.graphs_outside() + 0.5 + 0.01 * total
     # (from above the bounds' highest utilization, to it at most: the cut must pass the gate)
     new = min(round_util((free - margin) / total), ctx.policy.bounds.max_gpu_memory_utilization)
-    if new < ctx.floor or new >= ctx.engine.gpu_memory_utilization:
-        return None
-    changes, why = with_context_held(ctx, new)
-    return Remedy(
-        "LowerGpuMemoryUtilization",
-        changes,
-        f"{basis or f'only {free:g} of {total:g} GiB was free at start'}; utilization {new} asks for "
-        f"{new * total:.2f} GiB, leaving {free - new * total:.2f} GiB of margin.{why}",
-        repeatable=printed,
-    )
+    return new, free, basis or f"only {free:g} of {total:g} GiB was free at start", printed
 
 
 def _at(ctx: Context, util: float) -> Estimate | None:

@@ -1,0 +1,132 @@
+"""A split (more tensor parallelism) that needs another share of the GPU to fit, planned in one change:
+each test names what the planner did before, and what the memory model says of the change now."""
+
+from __future__ import annotations
+
+from vllm_autoheal.api import ALL_ACTIONS, VLLMServiceSpec
+from vllm_autoheal.diagnosis import Signals, classify
+from vllm_autoheal.gpu_catalog import lookup
+from vllm_autoheal.memory import estimate
+from vllm_autoheal.remedy import GIVE_UP, Inventory, plan_heal
+
+from samples import config_shape
+
+L4 = lookup("NVIDIA-L4")
+A100 = lookup("NVIDIA-A100-SXM4-80GB")
+MIXTRAL, QWEN32, LLAMA70 = config_shape("mixtral-8x7b"), config_shape("qwen2.5-32b"), config_shape("llama-3.1-70b")
+WEIGHTS_OOM = (
+    "ERROR [gpu_model_runner.py:1] Failed to load model - not enough GPU memory. "
+    "(original error: CUDA out of memory. Tried to allocate 1.00 GiB.)"
+)
+# vLLM's start-up check with another process holding 30 % of an A100 (55 of 79 GiB free)
+FREE_55 = (
+    "ValueError: Free memory on device cuda:0 (54.90/79.15 GiB) on startup is less than desired GPU memory "
+    "utilization (0.9, 71.24 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes."
+)
+SPLIT_UP_TO_8 = {"bounds": {"maxTensorParallelSize": 8}, "allowedActions": ALL_ACTIONS}
+
+
+def spec(heal: dict, **engine) -> VLLMServiceSpec:
+    return VLLMServiceSpec(model="m", engine=engine, heal=heal)
+
+
+def after(engine_spec: VLLMServiceSpec, changes: dict):
+    return engine_spec.engine.model_copy(update=changes)
+
+
+def test_a_split_whose_weights_fill_a_low_share_comes_with_the_share_that_fits():
+    """Mixtral (87 GiB) on L4s at utilization 0.5 and 32k, split allowed up to 8. Before: every split
+    kept 0.5, where 8 GPUs' 10.9 GiB of weights leave the KV cache nothing, so the planner gave up and
+    said to allow tensor parallelism 8, which was allowed. Now: TP 8 and the least share that fits, in
+    one change."""
+    s = spec(SPLIT_UP_TO_8, gpuMemoryUtilization=0.5, maxModelLen=32768)
+    d = classify(Signals(log=WEIGHTS_OOM))
+    assert d.cause == "weights_load_oom"
+    r = plan_heal(s, d, inventory=Inventory(gpu_total_gib=L4.memory_gib, shape=MIXTRAL, gpu_free_gib=L4.memory_gib))
+    assert r.action == "IncreaseTensorParallel", r.summary()
+    assert r.changes["tensor_parallel_size"] == 8 and 0.5 < r.changes["gpu_memory_utilization"] <= 0.95, r.changes
+    assert "max_model_len" not in r.changes  # the whole context is kept
+    new = after(s, r.changes)
+    assert estimate(MIXTRAL, new, L4, L4.memory_gib).fits
+    # the least share: 0.01 below it (less the 0.01 margin) the split still falls short
+    below = new.model_copy(update={"gpu_memory_utilization": round(new.gpu_memory_utilization - 0.02, 2)})
+    assert not estimate(MIXTRAL, below, L4, L4.memory_gib).fits
+
+
+def test_without_a_raise_allowed_the_split_keeps_its_share_and_cuts_the_context_or_gives_up():
+    """The share moves only where its own action is allowed: with RaiseGpuMemoryUtilization left out,
+    no share is raised."""
+    actions = [a for a in ALL_ACTIONS if a != "RaiseGpuMemoryUtilization"]
+    s = spec(
+        {"bounds": {"maxTensorParallelSize": 8}, "allowedActions": actions}, gpuMemoryUtilization=0.5, maxModelLen=32768
+    )
+    r = plan_heal(
+        s,
+        classify(Signals(log=WEIGHTS_OOM)),
+        inventory=Inventory(gpu_total_gib=L4.memory_gib, shape=MIXTRAL, gpu_free_gib=L4.memory_gib),
+    )
+    assert "gpu_memory_utilization" not in r.changes, r.summary()
+    if r.action == GIVE_UP:
+        # the advice no longer asks to allow what is allowed
+        assert "within the bounds" in r.reason and "allow it with" not in r.reason, r.reason
+
+
+def test_weights_that_do_not_fit_beside_another_process_are_split_at_the_share_of_what_is_free():
+    """Qwen2.5-32B (61 GiB) on an A100 with 55 GiB free, split allowed up to 8. Before: the free-memory
+    refusal's plan only cut the share, which the weights' floor refused, and gave up (under vLLM 0.34,
+    where the same start fails on the KV cache, the KV plan split it). Now: TP 2 at the share of
+    what is free, taking each GPU of the split to have as little free, in one change."""
+    s = spec(SPLIT_UP_TO_8)
+    d = classify(Signals(log=FREE_55))
+    assert d.cause == "gpu_util_exceeds_free"
+    r = plan_heal(s, d, inventory=Inventory(gpu_total_gib=A100.memory_gib, shape=QWEN32))
+    assert r.action == "IncreaseTensorParallel", r.summary()
+    assert r.changes["tensor_parallel_size"] == 2, r.changes
+    util = r.changes["gpu_memory_utilization"]
+    assert util * A100.memory_gib < 54.9, util  # asks for less than was free
+    assert estimate(QWEN32, after(s, r.changes), A100, 54.9 + 0.5).fits
+
+
+def test_a_free_memory_refusal_is_never_split_blind_or_where_no_split_fits_beside_the_others():
+    """Without the model's shape nothing says a split fits beside the others (a split keeping the share
+    that asked for more than was free is a certain second refusal); with it, Llama-3.1-70B on L4s with
+    30 % held elsewhere does not fit at TP 8 either: no change."""
+    held = "ValueError: Free memory on device cuda:0 (15.44/22.05 GiB) on startup is less than desired GPU " + (
+        "memory utilization (0.9, 19.85 GiB). Decrease GPU memory utilization"
+    )
+    d = classify(Signals(log=held))
+    assert d.cause == "gpu_util_exceeds_free"
+    blind = plan_heal(spec(SPLIT_UP_TO_8), d, inventory=Inventory(gpu_total_gib=L4.memory_gib))
+    assert "tensor_parallel_size" not in blind.changes, blind.summary()
+    none = plan_heal(spec(SPLIT_UP_TO_8), d, inventory=Inventory(gpu_total_gib=L4.memory_gib, shape=LLAMA70))
+    assert none.action == GIVE_UP, none.summary()
+
+
+def test_a_free_memory_split_is_only_where_the_split_is_allowed():
+    d = classify(Signals(log=FREE_55))
+    heal = {"bounds": {"maxTensorParallelSize": 8}}  # IncreaseTensorParallel is not allowed by default
+    r = plan_heal(spec(heal), d, inventory=Inventory(gpu_total_gib=A100.memory_gib, shape=QWEN32))
+    assert r.action == GIVE_UP, r.summary()
+
+
+def test_a_context_cut_the_model_says_stops_at_capture_comes_with_the_graphs_room():
+    """Llama-3.1-8B on an L4 at utilization 0.95 and 128k: vLLM estimates 44,960 tokens. Before: the
+    context was cut to that, with the planner's own verdict 'still fails: CUDA graphs need about 0.99 GiB
+    beyond the 20.95 GiB requested', and a capture crash and a second heal followed. Now: the cut
+    comes with the share that leaves the graphs room and the context the smaller cache holds."""
+    kv = (
+        "ValueError: To serve at least one request with the model's max seq len (131072), (16.00 GiB KV cache is "
+        "needed, which is larger than the available KV cache memory (5.49 GiB). Based on the available memory, "
+        "the estimated maximum model length is 44960. Try increasing `gpu_memory_utilization`"
+    )
+    s = spec({}, gpuMemoryUtilization=0.95)
+    llama = config_shape("llama-3.1-8b")
+    r = plan_heal(
+        s,
+        classify(Signals(log=kv)),
+        inventory=Inventory(gpu_total_gib=L4.memory_gib, shape=llama, gpu_free_gib=L4.memory_gib),
+    )
+    assert r.action == "LowerMaxModelLen", r.summary()
+    assert r.changes["gpu_memory_utilization"] < 0.95 and r.changes["max_model_len"] < 44960, r.changes
+    assert estimate(llama, after(s, r.changes), L4, L4.memory_gib).fits, r.summary()
+    assert "still fails" not in r.expected
