@@ -3,6 +3,8 @@ each test names what the planner did before, and what the memory model says of t
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from vllm_autoheal.api import ALL_ACTIONS, VLLMServiceSpec
 from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.gpu_catalog import lookup
@@ -130,3 +132,74 @@ def test_a_context_cut_the_model_says_stops_at_capture_comes_with_the_graphs_roo
     assert r.changes["gpu_memory_utilization"] < 0.95 and r.changes["max_model_len"] < 44960, r.changes
     assert estimate(llama, after(s, r.changes), L4, L4.memory_gib).fits, r.summary()
     assert "still fails" not in r.expected
+
+
+# `serve`'s child for Qwen2.5-72B's config: vLLM 0.25's own output on an H200 (tests/gpu/heal_runs.sh's tp2
+# run) with the KV budget utilization 0.5 leaves; a server once split over 2 GPUs at a share >= 0.52.
+FAKE_72B = """
+import http.server, json, sys
+args = sys.argv[1:]
+def flag(name):
+    return args[args.index(name) + 1] if name in args else None
+if flag("--tensor-parallel-size") == "2" and float(flag("--gpu-memory-utilization") or 0.9) >= 0.52:
+    port = int(flag("--port"))
+{handler}
+    http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+sys.stdout.write(open(FIRST).read())
+sys.exit(1)
+"""
+
+
+def test_serve_reads_a_local_models_shape_and_splits_with_the_share_in_one_restart(tmp_path, monkeypatch, capsys):
+    """`serve` gave its planner no model shape (the operator does, from the model's config): the 72B at
+    utilization 0.5 was split blind, keeping 0.5, where the split's 67.7 GiB of weights leave its KV
+    cache nothing: a certain second crash. Now a model on disk is read once, and one heal sets both."""
+    import json
+    import os
+    import socket
+    import sys
+    import textwrap
+
+    from test_gpu_heal_runs import attempts
+    from vllm_autoheal import local
+    from vllm_autoheal.cli import main
+    from vllm_autoheal.diagnosis import GpuInfo, GpuSnapshot
+
+    from samples import OPENAI_HANDLER
+
+    sys.path.insert(0, str(Path(__file__).parent / "gpu"))
+    from make_models import QWEN25_72B
+
+    first = attempts("tp2")[0][0].replace(
+        "Available KV cache memory: -12.41 GiB", "Available KV cache memory: -68.57 GiB"
+    )
+    (tmp_path / "first.log").write_text(first)
+    model = tmp_path / "qwen2.5-72b"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(QWEN25_72B))
+    pkg = tmp_path / "fake" / "vllm" / "entrypoints" / "openai"
+    pkg.mkdir(parents=True)
+    for d in (tmp_path / "fake" / "vllm", tmp_path / "fake" / "vllm" / "entrypoints", pkg):
+        (d / "__init__.py").write_text("")
+    script = FAKE_72B.replace("{handler}", textwrap.indent(OPENAI_HANDLER, "    "))
+    (pkg / "api_server.py").write_text(f"FIRST = {str(tmp_path / 'first.log')!r}\n" + textwrap.dedent(script))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path / "fake"), *sys.path]))
+    h200s = GpuSnapshot(gpus=[GpuInfo(index=i, name="NVIDIA H200", total_bytes=143771 * 2**20) for i in range(2)])
+    monkeypatch.setattr(local, "snapshot", lambda own_pids=None: h200s)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    history = tmp_path / "history.jsonl"
+    code = main(
+        ["serve", str(model), "--port", str(port), "--history", str(history), "--once", "--fresh",
+         "--startup-timeout", "60", "--gpu-memory-utilization", "0.5", "--max-model-len", "32768",
+         "--max-tensor-parallel-size", "2"]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0, out[-3000:]
+    records = [json.loads(line) for line in history.read_text().splitlines()]
+    heals = [r for r in records if r["event"] == "heal"]
+    assert len(heals) == 1 and heals[0]["action"] == "IncreaseTensorParallel", out[-3000:]
+    assert records[-1]["event"] == "healthy"
+    engine = records[-1]["engine"]
+    assert engine["tensor_parallel_size"] == 2 and 0.52 <= engine["gpu_memory_utilization"] <= 0.6, engine

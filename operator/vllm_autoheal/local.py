@@ -31,6 +31,7 @@ from .engine import describe, redacted, to_command
 from .engine_death import DeathWatch, direct_opener, engine_dead, health_status
 from .gpu_probe import snapshot
 from .launcher import OutputKeeper, pump
+from .model_shape import ModelShape
 from .remedy import Inventory, plan_heal
 from .remedy_gate import Limits, fingerprint
 from .serve_history import append_record, read_records, recorded, remembered
@@ -82,6 +83,8 @@ class Supervisor:
         self.start = vllm_start(opts.python)
         self.baseline = opts.spec.engine
         self.key = shlex.join([opts.model, *redacted(to_command(opts.model, self.baseline)[3:])])
+        self._shape: ModelShape | None = None
+        self._shape_read = False
 
     def say(self, text: str) -> None:
         print(f"[vllm-autoheal] {text}", file=self.out, flush=True)
@@ -228,17 +231,31 @@ class Supervisor:
                 return
             time.sleep(0.1)
 
-    def weights_gib(self, engine: EngineArgs) -> float | None:
-        """The model's weights on one GPU, for a model on disk (never a download from here): it lets
-        the classifier place an out-of-memory that the log does not."""
-        try:
-            if not Path(self.opts.model).expanduser().exists():
-                return None
-            from .memory import weights_gib_to_diagnose
-            from .model_config import to_shape
-            from .model_source import from_path
+    def model_shape(self) -> ModelShape | None:
+        """The shape of a model on disk (never a download from here), read once: it lets the classifier
+        place an out-of-memory that the log does not, and the planner size a change by the memory model,
+        as the operator does with the model's config."""
+        if not self._shape_read:
+            self._shape_read = True
+            try:
+                if Path(self.opts.model).expanduser().exists():
+                    from .model_config import to_shape
+                    from .model_source import from_path
 
-            return weights_gib_to_diagnose(to_shape(from_path(Path(self.opts.model).expanduser())), engine)
+                    self._shape = to_shape(from_path(Path(self.opts.model).expanduser()))
+            except Exception:  # noqa: BLE001 - a model we cannot read is sized from vLLM's figures alone
+                self._shape = None
+        return self._shape
+
+    def weights_gib(self, engine: EngineArgs) -> float | None:
+        """The model's weights on one GPU under these flags, where its shape is known."""
+        shape = self.model_shape()
+        if shape is None:
+            return None
+        try:
+            from .memory import weights_gib_to_diagnose
+
+            return weights_gib_to_diagnose(shape, engine)
         except Exception:  # noqa: BLE001 - a model we cannot size only leaves an OOM unplaced
             return None
 
@@ -271,7 +288,7 @@ class Supervisor:
                     weights_gib_per_gpu=self.weights_gib(engine),
                 )
             )
-            inventory = Inventory(memory_limit_bytes=cgroups.memory_limit())
+            inventory = Inventory(memory_limit_bytes=cgroups.memory_limit(), shape=self.model_shape())
             if gpu.gpus:
                 inventory.gpu_total_gib = gpu.gpus[0].total_bytes / GIB
                 # the release vLLM's log named: its facts are the CUDA build's (a CPU build names the same)

@@ -40,6 +40,9 @@ for scenario in "$@"; do
       echo "tp2-launcher: exit $? in $((SECONDS - t0)) s" | tee -a "$OUT/summary.txt"; idle ;;
     tp2)  # 72B bf16 does not fit one H200: heal to tensor parallelism 2 (issue 16)
       serve tp2 "$Q72" --max-tensor-parallel-size 2 ;;
+    tp2-share)  # the same at utilization 0.5: the split's weights fill that share; TP 2 with the least share that fits
+      # (session 27; not yet run on the GPU: no device was lent that session)
+      serve tp2-share "$Q72" --gpu-memory-utilization 0.5 --max-model-len 32768 --max-tensor-parallel-size 2 ;;
     tp1-giveup)  # the same on one GPU without the bound: a clear give-up naming what would fit (issue 14)
       CUDA_VISIBLE_DEVICES=0 serve tp1-giveup "$Q72" ;;
     kv)  # 8B, utilization 0.2, context 131072: the KV cache is too small (issue 14, row 1)

@@ -354,8 +354,7 @@ def what_would_fit(ctx: Context) -> str:
         need <= (ctx.policy.bounds.max_tensor_parallel_size or 1)
         and "IncreaseTensorParallel" in ctx.policy.allowed_actions
     ):
-        # (allowed already: the memory model found no share, within the bounds and free memory, that fits it)
-        split += "; within the bounds, but no utilization they and free memory allow leaves its KV cache the context)"
+        split += "; within the bounds)"  # (allowed, but tried, or no share the bounds allow fits it)
     else:
         split += (
             "; allow it with spec.heal.bounds.maxTensorParallelSize and IncreaseTensorParallel in "
