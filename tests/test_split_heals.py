@@ -16,6 +16,7 @@ from samples import config_shape
 L4 = lookup("NVIDIA-L4")
 A100 = lookup("NVIDIA-A100-SXM4-80GB")
 MIXTRAL, QWEN32, LLAMA70 = config_shape("mixtral-8x7b"), config_shape("qwen2.5-32b"), config_shape("llama-3.1-70b")
+LLAMA8 = config_shape("llama-3.1-8b")
 WEIGHTS_OOM = (
     "ERROR [gpu_model_runner.py:1] Failed to load model - not enough GPU memory. "
     "(original error: CUDA out of memory. Tried to allocate 1.00 GiB.)"
@@ -68,9 +69,8 @@ def test_without_a_raise_allowed_the_split_keeps_its_share_and_cuts_the_context_
         inventory=Inventory(gpu_total_gib=L4.memory_gib, shape=MIXTRAL, gpu_free_gib=L4.memory_gib),
     )
     assert "gpu_memory_utilization" not in r.changes, r.summary()
-    if r.action == GIVE_UP:
-        # the advice no longer asks to allow what is allowed
-        assert "within the bounds" in r.reason and "allow it with" not in r.reason, r.reason
+    if r.action == GIVE_UP:  # the advice asks for what the split lacks, not for what is allowed
+        assert "allow RaiseGpuMemoryUtilization" in r.reason and "allow it with" not in r.reason, r.reason
 
 
 def test_weights_that_do_not_fit_beside_another_process_are_split_at_the_share_of_what_is_free():
@@ -203,3 +203,105 @@ def test_serve_reads_a_local_models_shape_and_splits_with_the_share_in_one_resta
     assert records[-1]["event"] == "healthy"
     engine = records[-1]["engine"]
     assert engine["tensor_parallel_size"] == 2 and 0.52 <= engine["gpu_memory_utilization"] <= 0.6, engine
+
+
+# --- a hostile review of the above (session 27) ----------------------------------------------------
+
+
+def test_a_weights_load_oom_on_weights_an_empty_gpu_holds_raises_no_share_blind():
+    """High. The operator knows no free figure, and a raise sized as though the GPU were the pod's alone
+    asked for memory the crash itself shows is not there: Llama-3.1-8B's 15 GiB at 0.6 of an L4 fit an
+    empty one, yet failed to load (another process holds 30 %). Before: TP 2 and 0.76, a certain
+    free-memory refusal. Now: no raise; the split with the context its cache holds, as before."""
+    s = spec({"bounds": {"maxTensorParallelSize": 2}, "allowedActions": ALL_ACTIONS}, gpuMemoryUtilization=0.6)
+    r = plan_heal(s, classify(Signals(log=WEIGHTS_OOM)), inventory=Inventory(gpu_total_gib=L4.memory_gib, shape=LLAMA8))
+    assert "gpu_memory_utilization" not in r.changes, r.summary()
+    assert r.changes.get("tensor_parallel_size") == 2
+    world = estimate(LLAMA8, after(s, r.changes), L4, L4.memory_gib * 0.7)
+    assert world.fits, world.reasons
+
+
+def test_the_split_share_starts_at_the_splits_floor():
+    """Medium. With minGpuMemoryUtilization 0.75 the least share that fits (0.56) was offered and the gate
+    refused it: a give-up where TP 8 at 0.75 fits (and a KV refusal lost its shorter-context split)."""
+    bounds = {"maxTensorParallelSize": 8, "minGpuMemoryUtilization": 0.75}
+    s = spec({"bounds": bounds, "allowedActions": ALL_ACTIONS}, gpuMemoryUtilization=0.5, maxModelLen=32768)
+    r = plan_heal(
+        s,
+        classify(Signals(log=WEIGHTS_OOM)),
+        inventory=Inventory(gpu_total_gib=L4.memory_gib, shape=MIXTRAL, gpu_free_gib=L4.memory_gib),
+    )
+    assert r.changes.get("tensor_parallel_size") == 8 and r.changes["gpu_memory_utilization"] >= 0.75, r.summary()
+
+
+def test_the_cpu_backends_free_memory_refusal_is_never_split():
+    """Medium. CPU ranks of one node share its memory: a split asks for more of it, not less (and the
+    operator would ask for GPUs). Before: TP 2 at 0.46 of a node with 80 of 128 GiB free."""
+    cpu = (
+        "ValueError: Free memory on device cpu (80.00/128.00 GiB) on startup is less than desired CPU memory "
+        "utilization (0.9, 115.20 GiB). Decrease"
+    )
+    d = classify(Signals(log=cpu))
+    assert d.cause == "gpu_util_exceeds_free"
+    r = plan_heal(spec(SPLIT_UP_TO_8), d, inventory=Inventory(shape=QWEN32))
+    assert "tensor_parallel_size" not in r.changes, r.summary()
+
+
+def test_the_graphs_room_in_a_context_cut_keeps_to_the_cache_vllm_printed():
+    """Medium. The cut's context came from the memory model alone, where the cut it merges into was sized
+    from vLLM's estimate: with vLLM's cache smaller than the model's (4.00 GiB printed), 32,768 tokens at
+    0.93 left vLLM 3.56 GiB, about 29,155 tokens: a certain KV refusal. Now the merged context is what
+    vLLM's own cache holds after the cut (3% margin), and with minMaxModelLen above that, no merge."""
+    llama_kv = (
+        "ValueError: To serve at least one request with the model's max seq len (131072), (16.00 GiB KV cache is "
+        "needed, which is larger than the available KV cache memory (4.00 GiB). Based on the available memory, "
+        "the estimated maximum model length is 32768. Try increasing `gpu_memory_utilization`"
+    )
+    inv = Inventory(gpu_total_gib=L4.memory_gib, shape=LLAMA8, gpu_free_gib=L4.memory_gib)
+    d = classify(Signals(log=llama_kv))
+    r = plan_heal(spec({}, gpuMemoryUtilization=0.95), d, inventory=inv)
+    cut = 0.95 - r.changes.get("gpu_memory_utilization", 0.95)
+    vllm_tokens = (4.00 - cut * L4.memory_gib) * 2**30 / 131072  # Llama-3.1-8B: 128 KiB a token
+    assert r.changes["max_model_len"] <= vllm_tokens * 0.97, r.summary()
+    held = plan_heal(spec({"bounds": {"minMaxModelLen": 32768}}, gpuMemoryUtilization=0.95), d, inventory=inv)
+    assert held.changes == {"max_model_len": 32768}, held.summary()
+
+
+def test_the_give_up_names_the_action_a_split_lacks():
+    """Low. With RaiseGpuMemoryUtilization not allowed the advice said the split was allowed and fit no
+    share; it now says the split's cache needs a larger share and names the action."""
+    actions = [a for a in ALL_ACTIONS if a not in ("RaiseGpuMemoryUtilization", "LowerMaxModelLen")]
+    s = spec(
+        {"bounds": {"maxTensorParallelSize": 8}, "allowedActions": actions}, gpuMemoryUtilization=0.5, maxModelLen=32768
+    )
+    r = plan_heal(
+        s,
+        classify(Signals(log=WEIGHTS_OOM)),
+        inventory=Inventory(gpu_total_gib=L4.memory_gib, shape=MIXTRAL, gpu_free_gib=L4.memory_gib),
+    )
+    assert r.action == GIVE_UP and "allow RaiseGpuMemoryUtilization" in r.reason, r.reason
+
+
+def test_the_gate_lets_these_moves_through_only_with_a_split():
+    """A weights heal's share or context, and a free-memory refusal's split, move only together."""
+    from vllm_autoheal.api import HealBounds
+    from vllm_autoheal.remedy_gate import Limits, check
+
+    engine, limits = spec({}).engine, Limits(HealBounds(maxTensorParallelSize=8))
+    assert "only with tensor_parallel_size" in check(
+        "weights_load_oom", {"gpu_memory_utilization": 0.95}, engine, "m", None, limits
+    )
+    assert "only with gpu_memory_utilization" in check(
+        "gpu_util_exceeds_free", {"tensor_parallel_size": 2}, engine, "m", None, limits
+    )
+    assert (
+        check(
+            "gpu_util_exceeds_free",
+            {"tensor_parallel_size": 2, "gpu_memory_utilization": 0.5},
+            engine,
+            "m",
+            None,
+            limits,
+        )
+        is None
+    )

@@ -46,7 +46,7 @@ CALLS_FOR: dict[str, dict[str, int]] = {
         "quantization": ANY,
         "tensor_parallel_size": UP,
         "cpu_offload_gb": UP,
-        # only with more TP: where no split within the bound keeps the context at the share that ran,
+        # only with more TP (ONLY_WITH): where no split within the bound keeps the context at the share that ran,
         # a larger share (within what is free), else a shorter context
         "gpu_memory_utilization": UP,
         "max_model_len": DOWN,
@@ -57,6 +57,13 @@ CALLS_FOR: dict[str, dict[str, int]] = {
     "runtime_oom": {"gpu_memory_utilization": DOWN, "max_num_seqs": DOWN, "max_num_batched_tokens": DOWN},
     "multi_gpu_oom": {"max_model_len": DOWN, "gpu_memory_utilization": DOWN, "enforce_eager": UP},
     "host_ram_oom": {"memory_limit": UP, "cpu_offload_gb": DOWN, "kv_cache_memory_bytes": DOWN},
+}
+# (cause, field) -> the field that must change with it: these moves only go with a split (its weights
+# leave a share too small, or its context too long), or a split only with a share of what was free.
+ONLY_WITH: dict[tuple[str, str], str] = {
+    ("weights_load_oom", "gpu_memory_utilization"): "tensor_parallel_size",
+    ("weights_load_oom", "max_model_len"): "tensor_parallel_size",
+    ("gpu_util_exceeds_free", "tensor_parallel_size"): "gpu_memory_utilization",
 }
 # Actions whose pods ask the scheduler for more than before (more GPUs, more memory).
 NEEDS_MORE_RESOURCES = frozenset({"IncreaseTensorParallel", "RaiseMemoryLimit"})
@@ -177,6 +184,8 @@ def check(
             return f"{name} {value!r} is not a finite number"
         if name not in calls_for:
             return f"{name} is not what {cause} calls for"
+        if (companion := ONLY_WITH.get((cause, name))) and companion not in changes:
+            return f"{name} moves for {cause} only with {companion}"
     engine_changes = {k: v for k, v in changes.items() if k in EngineArgs.model_fields}
     try:  # the CRD's ranges and rules, from the same models that generate it
         after = EngineArgs.model_validate({**engine.model_dump(), **engine_changes})

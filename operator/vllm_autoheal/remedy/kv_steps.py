@@ -203,6 +203,20 @@ def context_held(ctx: Context, kv_gib: float) -> tuple[int, int] | None:
     return _need(ctx).longest(kv_gib * GIB, context), context
 
 
+def printed_context_after_cut(ctx: Context, cut_gib: float) -> int | None:
+    """The context (3% margin) the KV cache vLLM printed for this run holds once `cut_gib` less is
+    given to it, at the shape's bytes a token; 0 where nothing is left; None where vLLM printed no
+    size for the cache or the shape is not known (the memory model's figure alone then)."""
+    printed = ctx.num("available_gib")
+    if printed is None:
+        printed = ctx.printed_kv_budget()
+    if printed is None or ctx.inv.shape is None or not ctx.total:
+        return None
+    left = printed - ctx.warmup_loss() - cut_gib
+    held = context_held(ctx, left) if left > 0 else None
+    return whole_blocks(held[0] * 0.97) if held else 0
+
+
 def shorter_context(ctx: Context, tokens: float) -> int | None:
     """A shorter max_model_len that holds in `tokens`, when LowerMaxModelLen is allowed and the bound
     permits; None otherwise."""

@@ -16,20 +16,22 @@ from typing import Any
 
 from ..api import EngineArgs, VLLMServiceSpec
 from ..diagnosis import Diagnosis
-from ..diagnosis.arithmetic import besides_weights
 from ..diagnosis.model import Cause
 from ..engine import parse_args
 from ..memory import CUDA_CONTEXT_GIB
 from ..remedy_gate import Limits, check, utilization_floor
+from .advice import allocation_out_of_reach, weights_beyond_gpu, what_would_fit
 from .kv_steps import (
     eager_for_reserved_graphs,
     empty_budget,
     fp8_kv_cache,
     lower_max_model_len,
     more_state_blocks,
+    printed_context_after_cut,
     raise_utilization_blind,
     raise_utilization_for_kv,
     seqs_within_state_blocks,
+    shorter_context,
 )
 from .model import GIVE_UP, NO_CHANGE, Context, Inventory, Remedy, Step, device_total, printed_figure
 from .resource_steps import more_tensor_parallel, raise_memory_limit
@@ -39,7 +41,6 @@ from .steps import (
     enforce_eager,
     fit_kv_bytes_to_free,
     fit_utilization_to_free,
-    halving_short,
     lower_batched,
     lower_cpu_offload,
     lower_seqs,
@@ -233,6 +234,15 @@ def _with_room_for_graphs(
     if not ctx.estimate(room.apply(after), ctx.inv.gpu_free_gib).fits:
         return remedy
     new = room.changes["gpu_memory_utilization"]
+    if heal_as == Cause.KV_CACHE_INSUFFICIENT:
+        # (the context cut was sized from vLLM's own figures: the cut's context is held to them too,
+        # where the memory model's budget is above vLLM's)
+        held = printed_context_after_cut(ctx, (ctx.engine.gpu_memory_utilization - new) * ctx.total)
+        if held is not None and held < both.get("max_model_len", held + 1):
+            fitted = shorter_context(ctx, held)
+            if fitted is None:
+                return remedy
+            both["max_model_len"] = fitted
     return Remedy(
         remedy.action,
         both,
@@ -317,66 +327,6 @@ def weights_leave_no_cache(ctx: Context) -> bool:
     if any(ctx.num(k) for k in ("estimated_max_model_len", "kv_tokens", "mamba_blocks", "available_gib")):
         return False
     return weights_beyond_gpu(ctx) is not None
-
-
-def weights_beyond_gpu(ctx: Context) -> tuple[float, float] | None:
-    """(weights, the most this GPU can give them), GiB per GPU, where the weights (vLLM's printed
-    figure, else the memory model's) take more than the bounds' highest utilization leaves beside
-    what vLLM needs besides them; None otherwise, or where either is not known."""
-    if ctx.diag.cause not in ("weights_load_oom", "kv_cache_insufficient"):
-        return None
-    weights = ctx.num("weights_gib")
-    if weights is None and ctx.inv.shape is not None and ctx.total:
-        weights = ctx.estimate().weights_gib
-    total = ctx.total
-    if not weights or not total:
-        return None
-    # beside the weights: the activation peak and non-torch memory vLLM printed and a short context's
-    # cache (0.25 GiB), else about 2 GiB and the CUDA context
-    printed = besides_weights(ctx.diag.numbers)
-    beside = printed + 0.25 if printed is not None else CUDA_CONTEXT_GIB + 2.0
-    budget = ctx.policy.bounds.max_gpu_memory_utilization * total - beside
-    return (weights, budget) if weights > budget else None
-
-
-def what_would_fit(ctx: Context) -> str:
-    """For a give-up on weights: what would hold them, sized from vLLM's figures (or the memory model)."""
-    beyond = weights_beyond_gpu(ctx)
-    if beyond is None:
-        return ""
-    weights, budget = beyond
-    tp = ctx.engine.tensor_parallel_size
-    need = tp
-    while need <= 64 and weights * tp / need > budget * 0.75:  # leave a quarter for the KV cache
-        need *= 2
-    split = f"tensor parallelism {need} ({weights * tp / need:.1f} GiB of weights per GPU"
-    if (
-        need <= (ctx.policy.bounds.max_tensor_parallel_size or 1)
-        and "IncreaseTensorParallel" in ctx.policy.allowed_actions
-    ):
-        split += "; within the bounds)"  # (allowed, but tried, or no share the bounds allow fits it)
-    else:
-        split += (
-            "; allow it with spec.heal.bounds.maxTensorParallelSize and IncreaseTensorParallel in "
-            f"spec.heal.allowedActions, or serve --max-tensor-parallel-size {need})"
-        )
-    options = [split]
-    if weights / 2 <= budget * 0.75:
-        options.append(f"an 8-bit checkpoint (about {weights / 2:.1f} GiB; name it in spec.heal.quantizedFallback)")
-    return (
-        f"The weights take {weights:.1f} GiB per GPU, more than the {budget:.1f} GiB this GPU can give them: "
-        f"no flag on {tp} GPU(s) makes them fit. What would: " + ", or ".join(options) + "."
-    )
-
-
-def allocation_out_of_reach(ctx: Context) -> str:
-    """For a give-up on a start-up allocation that no halving brings within what was free: say so."""
-    if not halving_short(ctx):
-        return ""
-    return (
-        f"One start-up allocation asked for {ctx.num('tried_gib'):g} GiB of a {ctx.total:g} GiB GPU: halving the "
-        "sequences or the batch at best halves it, which still does not fit, so no memory flag was changed."
-    )
 
 
 def plan_from_command(flags: str, diagnosis: Diagnosis, gpu_memory_gib: float | None = None) -> Remedy:

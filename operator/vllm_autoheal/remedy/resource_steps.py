@@ -6,9 +6,10 @@ from __future__ import annotations
 from ..diagnosis.units import MIB
 from ..memory import CUDA_CONTEXT_GIB, Estimate
 from ..quantity import format_bytes, parse_quantity
+from ..remedy_gate import utilization_floor
 from .kv_steps import raise_limit, shorter_context
 from .model import Context, Remedy
-from .steps import share_of_free
+from .steps import HOST_MEMORY_SUBTYPES, share_of_free
 
 VPA_RATIO, VPA_MIN_BUMP = 1.2, 100 * MIB  # Kubernetes VPA's OOM bump (DefaultOOMBumpUpRatio/MinBumpUp)
 
@@ -29,7 +30,9 @@ def more_tensor_parallel(ctx: Context) -> Remedy | None:
         return None
     shape, total, pick = ctx.inv.shape, ctx.total, sizes[0]
     if ctx.diag.cause == "gpu_util_exceeds_free":  # (the share that ran asked for more than was free)
-        return _split_at_share(ctx, sizes) if shape is not None and total else None
+        if ctx.diag.subtype in HOST_MEMORY_SUBTYPES or shape is None or not total:
+            return None  # (CPU ranks of one node share its memory: a split asks for more of it, not less)
+        return _split_at_share(ctx, sizes)
     if shape is not None and total:
         estimates = [(n, _split(ctx, n)) for n in sizes]
         # (the graphs' margin is another heal's: the split is judged by its weights and cache)
@@ -57,29 +60,35 @@ def _split(ctx: Context, n: int, util: float | None = None, free: float | None =
 def _split_at_share(ctx: Context, sizes: list[int]) -> Remedy | None:
     """The smallest split that fits with the utilization moved within what the bounds and free memory
     allow: up to the least share that fits (and 0.01 more), or down to what was free where the share
-    that ran asked for more than that; None where neither is allowed or no split fits so."""
+    that ran asked for more than that; never below the split's own floor (its weights, activations and
+    a cache of minMaxModelLen). None where neither move is allowed or no split fits so."""
     current, tp = ctx.engine.gpu_memory_utilization, ctx.engine.tensor_parallel_size
-    allowed = ctx.policy.allowed_actions
+    allowed, top = ctx.policy.allowed_actions, ctx.policy.bounds.max_gpu_memory_utilization
     share, free = None, None
     if ctx.diag.cause == "gpu_util_exceeds_free":  # the share that ran asked for more than was free
         share = share_of_free(ctx)
         if share is None or share[0] >= current or "LowerGpuMemoryUtilization" not in allowed:
             return None
-        shares, why = [share[0]], f"{share[2]}: utilization {current} -> {share[0]}"
+        top, why = share[0], f"{share[2]}: utilization {current} -> at most {share[0]}"
         free = share[1] + CUDA_CONTEXT_GIB  # (each GPU of the split taken to have as little free)
     else:
-        top = raise_limit(ctx)
-        if top <= current or "RaiseGpuMemoryUtilization" not in allowed or ctx.engine.kv_cache_memory_bytes:
+        if "RaiseGpuMemoryUtilization" not in allowed or ctx.engine.kv_cache_memory_bytes or _others_hold_memory(ctx):
             return None
-        shares = [round(current + step / 100, 2) for step in range(1, round((top - current) * 100) + 1)]
-        why = (
-            f"at utilization {current} its weights leave the KV cache too little; {top} is the most the bounds "
-            "and free memory allow"
-        )
+        top = raise_limit(ctx)
+        known = "the bounds and free memory allow" if ctx.inv.gpu_free_gib is not None else "the bounds allow"
+        why = f"at utilization {current} its weights leave the KV cache too little; {top} is the most {known}"
     for n in sizes:
-        fitting = [u for u in shares if _split(ctx, n, u, free).failure in (None, "cudagraph_capture_oom")]
+        split = ctx.engine.model_copy(update={"tensor_parallel_size": n})
+        floor = utilization_floor(
+            ctx.policy.bounds, split, ctx.inv.shape, ctx.total, ctx.inv.entrypoint, ctx.inv.gpu_name, ctx.inv.release
+        )
+        low = max(floor or 0.0, current + 0.01 if share is None else 0.0)
+        shares = (
+            [top] if share is not None else [round(low + step / 100, 2) for step in range(round((top - low) * 100) + 1)]
+        )
+        fitting = [u for u in shares if u >= low and _split(ctx, n, u, free).failure in (None, "cudagraph_capture_oom")]
         if fitting:
-            util = fitting[0] if share is not None else min(fitting[0] + 0.01, shares[-1])
+            util = fitting[0] if share is not None else min(fitting[0] + 0.01, top)
             return Remedy(
                 "IncreaseTensorParallel",
                 {"tensor_parallel_size": n, "gpu_memory_utilization": round(util, 2)},
@@ -87,6 +96,15 @@ def _split_at_share(ctx: Context, sizes: list[int]) -> Remedy | None:
                 f"model the split fits at utilization {round(util, 2)}, set in the same change.",
             )
     return None
+
+
+def _others_hold_memory(ctx: Context) -> bool:
+    """Whether, with nothing saying what is free, the crash itself shows memory held by others: the
+    weights failed to load where the memory model says the flags that ran hold them on an empty GPU.
+    A raise sized as though the GPU were the pod's alone would then ask for what is not there."""
+    if ctx.inv.gpu_free_gib is not None or ctx.diag.cause != "weights_load_oom" or ctx.num("weights_gib"):
+        return False  # (weights vLLM printed it loaded left the cache nothing: no sign of others)
+    return ctx.estimate(ctx.engine, None).failure != "weights_load_oom"
 
 
 def _split_with_shorter_context(ctx: Context, estimates: list[tuple[int, Estimate]]) -> Remedy | None:

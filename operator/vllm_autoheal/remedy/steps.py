@@ -16,6 +16,9 @@ from ..quantity import format_bytes
 from .kv_steps import round_util, shorter_context
 from .model import Context, Remedy, Step
 
+# vLLM's CPU backend's refusals of a share of host memory (not a GPU's): its ranks share the node's memory
+HOST_MEMORY_SUBTYPES = frozenset({"cpu_memory_share_exceeds_free", "kv_space_exceeds_free_host_memory"})
+
 
 def fit_utilization_to_free(ctx: Context) -> Remedy | None:
     share = share_of_free(ctx)

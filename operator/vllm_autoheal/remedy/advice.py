@@ -1,0 +1,83 @@
+"""What a give-up says would fit: the weights against what one GPU can give them, and the split or
+checkpoint that would hold them, sized from vLLM's figures or the memory model."""
+
+from __future__ import annotations
+
+from ..diagnosis.arithmetic import besides_weights
+from ..memory import CUDA_CONTEXT_GIB
+from .model import Context
+from .steps import halving_short
+
+
+def weights_beyond_gpu(ctx: Context) -> tuple[float, float] | None:
+    """(weights, the most this GPU can give them), GiB per GPU, where the weights (vLLM's printed
+    figure, else the memory model's) take more than the bounds' highest utilization leaves beside
+    what vLLM needs besides them; None otherwise, or where either is not known."""
+    if ctx.diag.cause not in ("weights_load_oom", "kv_cache_insufficient"):
+        return None
+    weights = ctx.num("weights_gib")
+    if weights is None and ctx.inv.shape is not None and ctx.total:
+        weights = ctx.estimate().weights_gib
+    total = ctx.total
+    if not weights or not total:
+        return None
+    # beside the weights: the activation peak and non-torch memory vLLM printed and a short context's
+    # cache (0.25 GiB), else about 2 GiB and the CUDA context
+    printed = besides_weights(ctx.diag.numbers)
+    beside = printed + 0.25 if printed is not None else CUDA_CONTEXT_GIB + 2.0
+    budget = ctx.policy.bounds.max_gpu_memory_utilization * total - beside
+    return (weights, budget) if weights > budget else None
+
+
+def what_would_fit(ctx: Context) -> str:
+    """For a give-up on weights: what would hold them, sized from vLLM's figures (or the memory model)."""
+    beyond = weights_beyond_gpu(ctx)
+    if beyond is None:
+        return ""
+    weights, budget = beyond
+    tp = ctx.engine.tensor_parallel_size
+    need = tp
+    while need <= 64 and weights * tp / need > budget * 0.75:  # leave a quarter for the KV cache
+        need *= 2
+    split = f"tensor parallelism {need} ({weights * tp / need:.1f} GiB of weights per GPU"
+    actions = ctx.policy.allowed_actions
+    if need <= (ctx.policy.bounds.max_tensor_parallel_size or 1) and "IncreaseTensorParallel" in actions:
+        # (allowed, so tried, refused, set aside, or short of a share the actions allow: the reason says)
+        split += "; within the bounds"
+        if "RaiseGpuMemoryUtilization" not in actions and _split_needs_a_raise(ctx, need):
+            split += ", but its KV cache needs a larger share: allow RaiseGpuMemoryUtilization"
+        split += ")"
+    else:
+        split += (
+            "; allow it with spec.heal.bounds.maxTensorParallelSize and IncreaseTensorParallel in "
+            f"spec.heal.allowedActions, or serve --max-tensor-parallel-size {need})"
+        )
+    options = [split]
+    if weights / 2 <= budget * 0.75:
+        options.append(f"an 8-bit checkpoint (about {weights / 2:.1f} GiB; name it in spec.heal.quantizedFallback)")
+    return (
+        f"The weights take {weights:.1f} GiB per GPU, more than the {budget:.1f} GiB this GPU can give them: "
+        f"no flag on {tp} GPU(s) makes them fit. What would: " + ", or ".join(options) + "."
+    )
+
+
+def allocation_out_of_reach(ctx: Context) -> str:
+    """For a give-up on a start-up allocation that no halving brings within what was free: say so."""
+    if not halving_short(ctx):
+        return ""
+    return (
+        f"One start-up allocation asked for {ctx.num('tried_gib'):g} GiB of a {ctx.total:g} GiB GPU: halving the "
+        "sequences or the batch at best halves it, which still does not fit, so no memory flag was changed."
+    )
+
+
+def _split_needs_a_raise(ctx: Context, n: int) -> bool:
+    """Whether, by the memory model, the split n ways does not fit at the share that ran but does at
+    the bounds' highest."""
+    if ctx.inv.shape is None or not ctx.total:
+        return False
+    split = ctx.engine.model_copy(update={"tensor_parallel_size": n})
+    top = split.model_copy(update={"gpu_memory_utilization": ctx.policy.bounds.max_gpu_memory_utilization})
+    starts = (None, "cudagraph_capture_oom")  # (the graphs' room is a capture heal's, as for the split itself)
+    free = ctx.inv.gpu_free_gib
+    return ctx.estimate(split, free).failure not in starts and ctx.estimate(top, free).failure in starts
