@@ -49,3 +49,38 @@ async def test_the_launchers_gpu_snapshot_places_the_oom_the_operator_reads(clus
     heal = obj["status"]["heals"][-1]
     assert heal["cause"] == "gpu_util_exceeds_free", heal
     assert obj["spec"]["engine"]["gpuMemoryUtilization"] < 0.9
+
+
+# vLLM's KV refusal at utilization 0.5 of an L4: 2 GiB more would hold the context.
+KV_SHORT = (
+    "(EngineCore_DP0 pid=1) ERROR 11-30 03:00:00 [core.py:1] ValueError: To serve at least one request with the "
+    "model's max seq len (131072), (4.00 GiB KV cache is needed, which is larger than the available KV cache memory "
+    "(2.00 GiB). Based on the available memory, the estimated maximum model length is 65536. Try increasing "
+    "`gpu_memory_utilization` when initializing the engine.\n"
+)
+
+
+@pytest.mark.parametrize("other_gib", [10.0, None], ids=["another-process", "none"])
+async def test_a_raise_asks_no_more_than_the_launcher_saw_free(cluster, other_gib):
+    """The planner knew no free figure in the operator (the bench's "no probe"): a raise took the GPU to be
+    the pod's alone, though the launcher's probe had seen another process hold 10 of the L4's 22 GiB:
+    0.5 -> 0.61 asks 13.5 GiB of the 12 free, a certain free-memory refusal and a second restart. Now the
+    probe's least free figure sizes it: no raise fits, so the context is cut to what the cache holds."""
+    name = "free-other" if other_gib else "free-none"
+    spec = {**SPEC, "engine": {"gpuMemoryUtilization": 0.5, "maxModelLen": 131072}}
+    await cluster.create_vsvc(name, spec)
+    await cluster.settled(name)
+    gpu_start = {"gpus": [[0, "NVIDIA L4", 22.05, 22.05 - (other_gib or 0)]]}
+    if other_gib:
+        gpu_start["other_processes"] = [[4242, 0, other_gib]]
+    said = classify(Signals(log=KV_SHORT, exit_code=1)).to_dict()
+    assert said["cause"] == "kv_cache_insufficient"
+    await cluster.crash_pod(name, f"{name}-a", message=termination_message(said, 1, gpu_start, None), ready=NEVER_READY)
+    obj = await cluster.heal_recorded(name)
+    engine = obj["spec"]["engine"]
+    if other_gib:
+        assert obj["status"]["heals"][-1]["action"] == "LowerMaxModelLen", obj["status"]["heals"][-1]
+        assert engine["gpuMemoryUtilization"] == 0.5 and engine["maxModelLen"] == 65536, engine
+    else:
+        assert obj["status"]["heals"][-1]["action"] == "RaiseGpuMemoryUtilization", obj["status"]["heals"][-1]
+        assert engine["gpuMemoryUtilization"] > 0.5 and engine["maxModelLen"] == 131072, engine

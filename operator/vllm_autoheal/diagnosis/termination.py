@@ -189,6 +189,13 @@ def gpu_snapshot(doc: dict[str, Any] | None) -> m.GpuSnapshot | None:
     )
 
 
+def least_free_gib(doc: dict[str, Any] | None) -> float | None:
+    """The least free memory on the pod's GPUs before vLLM started (the launcher's probe): what a heal
+    may ask of each GPU beside other processes; None without a usable snapshot."""
+    snapshot = gpu_snapshot(doc)
+    return min(g.free_bytes for g in snapshot.gpus) / GIB if snapshot is not None else None
+
+
 def looks_like_ours(text: str | None) -> bool:
     """A JSON object: the launcher's, or a forgery of it; never to be read as a log tail."""
     return bool(text) and text.lstrip().startswith("{")  # type: ignore[union-attr]

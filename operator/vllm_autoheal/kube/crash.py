@@ -128,6 +128,8 @@ def diagnose(kube: Kube, incident: Incident, obj: VLLMService) -> Diagnosis:
     doc, incident.note = termination.read(message)
     if incident.note:  # written in the tenant's container and not the launcher's: read the log instead
         message = None
+    else:  # (it only sizes this service's own heal, within its own bounds: a forged figure harms no other)
+        incident.gpu_free_gib = termination.least_free_gib(doc)
     diag = classify(Signals(termination_message=message, **signals))
     if diag.cause != "unknown" and diag.source in ("termination-message", "log"):
         return diag

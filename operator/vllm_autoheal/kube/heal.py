@@ -57,6 +57,7 @@ class Incident:
     waits: int = 0  # looks deferred until a person's edit had its new baseline written
     model: ModelLookup | None = None  # looked up once per look at the crash, before any lock
     off_workers: bool = False  # looked at from a timer thread, not one of kopf's workers
+    gpu_free_gib: float | None = None  # the least free on the pod's GPUs before vLLM started (the launcher's probe)
 
     @property
     def pod_name(self) -> str:
@@ -71,8 +72,10 @@ class Incident:
         return st.crash_id(self.pod_uid, resources.CONTAINER, self.crash["restartCount"])
 
 
-def inventory(obj: VLLMService, memory_limit: str | None, shape: ModelShape | None, diag: Diagnosis) -> Inventory:
-    inv = Inventory()
+def inventory(
+    obj: VLLMService, memory_limit: str | None, shape: ModelShape | None, diag: Diagnosis, free: float | None = None
+) -> Inventory:
+    inv = Inventory(gpu_free_gib=free)  # (unknown: the GPUs are taken to be the pod's alone)
     res = obj.spec.resources
     try:
         if res.gpu_product or res.gpu_memory_gib:
@@ -96,6 +99,7 @@ def _plan_heal(
     now: Deployed,
     exclude: frozenset[str] = frozenset(),
     extra_tried: tuple[str, ...] = (),
+    free: float | None = None,
 ) -> Remedy:
     spec, cur = obj.spec, obj.status
     if not cfg.heal_enabled:  # the chart's cluster-wide switch
@@ -105,7 +109,7 @@ def _plan_heal(
         spec,
         diag,
         history,
-        inventory(obj, now.memory_limit, shape, diag),
+        inventory(obj, now.memory_limit, shape, diag, free),
         now.engine,
         attempts=cur.attempts,
         failed=cur.failed_engines,
@@ -145,7 +149,7 @@ def record(
         return update
     diag = incident.diagnosis
     shape = (incident.model or ModelLookup.of(kube, obj)).shape_for(kube, obj)
-    remedy = incident.remedy = _plan_heal(obj, shape, cfg, diag, now)
+    remedy = incident.remedy = _plan_heal(obj, shape, cfg, diag, now, free=incident.gpu_free_gib)
     before = {**now.engine.model_dump(), "memory_limit": now.memory_limit, "model": now.model}
     heal = st.heal_record(
         incident.pod_name,
