@@ -10,8 +10,8 @@ import pytest
 from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.launcher import termination_message
 
-from operator_harness import NS, Emulator
-from samples import PLAIN_SPEC
+from operator_harness import NS, Emulator, wait_for
+from samples import NO_GPU, PLAIN_SPEC
 
 pytestmark = pytest.mark.kmock(cls=Emulator)
 SPEC = PLAIN_SPEC
@@ -84,3 +84,39 @@ async def test_a_raise_asks_no_more_than_the_launcher_saw_free(cluster, other_gi
     else:
         assert obj["status"]["heals"][-1]["action"] == "RaiseGpuMemoryUtilization", obj["status"]["heals"][-1]
         assert engine["gpuMemoryUtilization"] > 0.5 and engine["maxModelLen"] == 131072, engine
+
+
+async def test_a_revert_of_an_unschedulable_split_asks_no_more_than_the_launcher_saw_free(cluster):
+    """High (a review). The first heal was sized by the launcher's free figure, but a revert of it planned
+    again without it: with the split unschedulable, the revert raised 0.5 -> 0.61 beside another process
+    holding 10 of the L4's 22 GiB, a certain free-memory refusal. The heal record keeps the figure now
+    (status.heals[].gpuFreeGib), and the revert finds no raise that fits: back to the flags that ran."""
+
+    name = "free-revert"
+    spec = {
+        **SPEC,
+        "engine": {"gpuMemoryUtilization": 0.5, "maxModelLen": 131072},
+        "resources": {**SPEC["resources"], "gpus": 1},
+        "heal": {
+            "backoffSeconds": 0,
+            "unschedulableSeconds": 0,
+            "allowedActions": ["IncreaseTensorParallel", "RaiseGpuMemoryUtilization"],
+            "bounds": {"maxTensorParallelSize": 2},
+        },
+    }
+    await cluster.create_vsvc(name, spec)
+    await cluster.settled(name)
+    gpu_start = {"gpus": [[0, "NVIDIA L4", 22.05, 12.05]], "other_processes": [[4242, 0, 10.0]]}
+    said = classify(Signals(log=KV_SHORT, exit_code=1)).to_dict()
+    await cluster.crash_pod(name, f"{name}-a", message=termination_message(said, 1, gpu_start, None), ready=NEVER_READY)
+    obj = await cluster.heal_recorded(name)
+    first = obj["status"]["heals"][-1]
+    assert first["action"] == "IncreaseTensorParallel" and first["gpuFreeGib"] == 12.05, first
+    await cluster.pending_pod(name, f"{name}-b", NO_GPU)
+    obj = await wait_for(
+        lambda: (v := cluster.vsvc_now(name))["status"]["heals"][-1]["action"] != "IncreaseTensorParallel" and v,
+        what="the revert",
+    )
+    revert = obj["status"]["heals"][-1]
+    assert revert["action"] == "RevertUnschedulable", revert
+    assert obj["spec"]["engine"]["gpuMemoryUtilization"] == 0.5, obj["spec"]["engine"]

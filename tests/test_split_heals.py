@@ -305,3 +305,49 @@ def test_the_gate_lets_these_moves_through_only_with_a_split():
         )
         is None
     )
+
+
+# --- a second review (session 27) -------------------------------------------------------------------
+
+
+def test_a_free_figure_one_rank_printed_never_outbids_the_launchers_least():
+    """Medium. At TP 2 the rank that printed its GPU's free figure (54.90 GiB) is not the one with least
+    free (40.5 GiB by the launcher's probe): the cut to 0.66 asked 52 GiB of a GPU with 40. The least
+    of the two sizes the cut now."""
+    free_rank0 = (
+        "ValueError: Free memory on device cuda:0 (54.90/79.15 GiB) on startup is less than desired GPU memory "
+        "utilization (0.9, 71.24 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes."
+    )
+    s = spec({}, tensorParallelSize=2)
+    r = plan_heal(s, classify(Signals(log=free_rank0)), inventory=Inventory(gpu_total_gib=79.15, gpu_free_gib=40.5))
+    assert r.action == "LowerGpuMemoryUtilization", r.summary()
+    assert r.changes["gpu_memory_utilization"] * 79.15 < 40.0, r.summary()
+
+
+def test_serve_sizes_a_known_gpu_as_vllm_counts_it():
+    """Medium. `serve` took NVML's total (140.40 GiB on an H200, 22.49 on an L4), which counts what the
+    driver reserves; vLLM's share is of torch's (139.80, 22.05). With the model's shape now sizing shares,
+    0.44 GiB on an L4 is more than the 0.01 margin a share keeps."""
+    from vllm_autoheal.local import gpu_total_gib
+
+    assert gpu_total_gib("NVIDIA H200", 143771 * 2**20) == 139.80
+    assert gpu_total_gib("NVIDIA L4", int(22.49 * 2**30)) == 22.05
+    assert gpu_total_gib("Some New GPU", 96 * 2**30) == 96.0  # unknown: NVML's figure
+
+
+def test_the_graphs_room_keeps_to_the_token_count_vllm_v0_printed():
+    """Medium. V0 prints the cache's size in tokens only ("maximum number of tokens that can be stored in KV
+    cache (32768)"): the merged cut's context was the memory model's alone, 32,768 at 0.93 where vLLM's own
+    cache then holds about 29,155. It is held to vLLM's count now (or the cut is not merged)."""
+    v0 = (
+        "ValueError: The model's max seq len (131072) is larger than the maximum number of tokens that can be "
+        "stored in KV cache (32768). Try increasing `gpu_memory_utilization` or decreasing `max_model_len` when "
+        "initializing the engine."
+    )
+    d = classify(Signals(log=v0))
+    assert d.cause == "kv_cache_insufficient" and d.numbers.get("kv_tokens") == 32768, d.numbers
+    inv = Inventory(gpu_total_gib=L4.memory_gib, shape=LLAMA8, gpu_free_gib=L4.memory_gib)
+    r = plan_heal(spec({}, gpuMemoryUtilization=0.95), d, inventory=inv)
+    cut = 0.95 - r.changes.get("gpu_memory_utilization", 0.95)
+    vllm_tokens = 32768 - cut * L4.memory_gib * 2**30 / 131072  # Llama-3.1-8B: 128 KiB a token
+    assert r.changes["max_model_len"] <= vllm_tokens, r.summary()

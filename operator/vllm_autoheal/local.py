@@ -29,6 +29,7 @@ from .diagnosis import Signals, classify
 from .diagnosis.units import GIB
 from .engine import describe, redacted, to_command
 from .engine_death import DeathWatch, direct_opener, engine_dead, health_status
+from .gpu_catalog import lookup
 from .gpu_probe import snapshot
 from .launcher import OutputKeeper, pump
 from .model_shape import ModelShape
@@ -70,6 +71,16 @@ class Attempt:
     engine_dead: bool = False
     interrupted: bool = False
     oom_killed: bool = False  # the cgroup's OOM killer fired while it ran
+
+
+def gpu_total_gib(name: str, nvml_total_bytes: int) -> float:
+    """The GPU's size as vLLM counts it (torch's total, which the catalog holds for a known product):
+    NVML's total also counts what the driver reserves (140.40 GiB on an H200 against 139.80), and a
+    share sized on it would ask for that too."""
+    try:
+        return lookup(name).memory_gib
+    except KeyError:
+        return nvml_total_bytes / GIB
 
 
 class Supervisor:
@@ -290,7 +301,7 @@ class Supervisor:
             )
             inventory = Inventory(memory_limit_bytes=cgroups.memory_limit(), shape=self.model_shape())
             if gpu.gpus:
-                inventory.gpu_total_gib = gpu.gpus[0].total_bytes / GIB
+                inventory.gpu_total_gib = gpu_total_gib(gpu.gpus[0].name, gpu.gpus[0].total_bytes)
                 # the release vLLM's log named: its facts are the CUDA build's (a CPU build names the same)
                 logged = logged_release(diag.numbers)
                 if env_keeps_release(logged, os.environ):  # (vLLM inherits this environment)

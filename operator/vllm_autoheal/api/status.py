@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
+from ..diagnosis.figures import MAX_GIB
 from ..diagnosis.model import Cause, EnginePhase
 from .engine_args import EngineArgs
 from .heal_policy import MAX_ATTEMPTS, HealAction
@@ -74,6 +75,13 @@ class HealRecord(Model):
         le=1024,
         description="GPUs one replica ran on at the crash (tensor x pipeline parallel): the split its per-GPU "
         "figures were printed under.",
+    )
+    gpu_free_gib: float | None = Field(
+        None,
+        ge=0,
+        le=MAX_GIB,
+        description="The least free memory the launcher saw on the pod's GPUs before vLLM started, GiB: what this "
+        "heal, and a revert of it, may ask of each GPU.",
     )
 
 

@@ -193,7 +193,7 @@ def least_free_gib(doc: dict[str, Any] | None) -> float | None:
     """The least free memory on the pod's GPUs before vLLM started (the launcher's probe): what a heal
     may ask of each GPU beside other processes; None without a usable snapshot."""
     snapshot = gpu_snapshot(doc)
-    return min(g.free_bytes for g in snapshot.gpus) / GIB if snapshot is not None else None
+    return round(min(g.free_bytes for g in snapshot.gpus) / GIB, 2) if snapshot is not None else None  # (as written)
 
 
 def looks_like_ours(text: str | None) -> bool:

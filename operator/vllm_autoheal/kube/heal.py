@@ -161,6 +161,7 @@ def record(
         before,
         incident.note,
         now.gpus(),
+        incident.gpu_free_gib,
     )
     update.update(heals=st.append_heal([h.wire() for h in cur.heals], heal), lastCause=diag.cause)
     if cur.baseline is None:

@@ -171,6 +171,7 @@ def heal_record(
     before: dict[str, Any],
     note: str | None = None,
     gpus: int | None = None,
+    gpu_free_gib: float | None = None,
 ) -> dict[str, Any]:
     changes = [
         FieldChange(field=to_camel(k), before=_text(before.get(k)), after=_text(v)) for k, v in remedy.changes.items()
@@ -191,6 +192,7 @@ def heal_record(
         reason=reason[:2000],
         changes=changes,
         gpus=gpus,
+        gpu_free_gib=gpu_free_gib,
     ).wire()
 
 

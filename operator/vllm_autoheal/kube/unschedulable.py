@@ -87,18 +87,19 @@ def _changes(before: Deployed, after: Deployed) -> dict[str, Any]:
     return out
 
 
-def _diagnosis(obj: VLLMService, intent: HealIntent) -> Diagnosis:
-    """The crash the blocked heal was for, from its record (the figures vLLM printed)."""
+def _diagnosis(obj: VLLMService, intent: HealIntent) -> tuple[Diagnosis, float | None]:
+    """The crash the blocked heal was for, from its record (the figures vLLM printed), and the least free
+    memory the launcher saw before it, which sized the heal."""
     rec = next((h for h in reversed(obj.status.heals) if h.cause == intent.cause), None)
     if rec is None:
-        return Diagnosis(cause=intent.cause)
+        return Diagnosis(cause=intent.cause), None
     return Diagnosis(
         cause=rec.cause,
         phase=rec.phase,
         numbers=dict(rec.numbers),
         evidence=list(rec.evidence),
         source="termination-message",
-    )
+    ), rec.gpu_free_gib
 
 
 def _revert(
@@ -112,7 +113,7 @@ def _revert(
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     cur = fresh.status
     last_good = intent.previous
-    diag = _diagnosis(fresh, intent)
+    diag, free = _diagnosis(fresh, intent)
     remedy = _plan_heal(
         fresh,
         model.shape_for(kube, fresh),
@@ -121,6 +122,7 @@ def _revert(
         last_good,
         exclude=NEEDS_MORE_RESOURCES,
         extra_tried=(f"{intent.cause}/{intent.action}",),
+        free=free,
     )
     update: dict[str, Any] = {}
     if remedy.gives_up:

@@ -204,13 +204,16 @@ def context_held(ctx: Context, kv_gib: float) -> tuple[int, int] | None:
 
 
 def printed_context_after_cut(ctx: Context, cut_gib: float) -> int | None:
-    """The context (3% margin) the KV cache vLLM printed for this run holds once `cut_gib` less is
-    given to it, at the shape's bytes a token; 0 where nothing is left; None where vLLM printed no
-    size for the cache or the shape is not known (the memory model's figure alone then)."""
+    """The context (3% margin) the KV cache vLLM printed for this run (in GiB, or in tokens: V0's "maximum
+    number of tokens that can be stored") holds once `cut_gib` less is given to it, at the shape's bytes a
+    token; 0 where nothing is left; None where vLLM printed no size for the cache or the shape is not
+    known (the memory model's figure alone then)."""
+    if ctx.inv.shape is None or not ctx.total:
+        return None
     printed = ctx.num("available_gib")
+    if printed is None:  # (its budget line, else the tokens it said the cache holds at the shape's bytes)
+        printed = _budget_before(ctx)[0]
     if printed is None:
-        printed = ctx.printed_kv_budget()
-    if printed is None or ctx.inv.shape is None or not ctx.total:
         return None
     left = printed - ctx.warmup_loss() - cut_gib
     held = context_held(ctx, left) if left > 0 else None

@@ -86,7 +86,9 @@ def _split_at_share(ctx: Context, sizes: list[int]) -> Remedy | None:
         shares = (
             [top] if share is not None else [round(low + step / 100, 2) for step in range(round((top - low) * 100) + 1)]
         )
-        fitting = [u for u in shares if u >= low and _split(ctx, n, u, free).failure in (None, "cudagraph_capture_oom")]
+        fitting = [
+            u for u in shares if low <= u <= top and _split(ctx, n, u, free).failure in (None, "cudagraph_capture_oom")
+        ]
         if fitting:
             util = fitting[0] if share is not None else min(fitting[0] + 0.01, top)
             return Remedy(

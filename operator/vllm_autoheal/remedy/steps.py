@@ -52,8 +52,10 @@ def share_of_free(ctx: Context) -> tuple[float, float, str, bool] | None:
     if free is None and others is not None and total:  # what the OOM's figures leave beside the others
         free = total - others - CUDA_CONTEXT_GIB
         basis = f"other processes hold {others:g} of {total:g} GiB (by the failure's figures), {free:.2f} left"
-    if free is None and ctx.inv.gpu_free_gib is not None:  # not printed: the probe's figure at start
-        free = ctx.inv.gpu_free_gib - CUDA_CONTEXT_GIB
+    if ctx.inv.gpu_free_gib is not None:  # the probe's least figure over the pod's GPUs, before vLLM started
+        probed = ctx.inv.gpu_free_gib - CUDA_CONTEXT_GIB
+        if free is None or probed < free:  # (one rank printed its GPU's figure; another's may hold less)
+            free, basis = probed, f"the least free on the pod's GPUs at start was {probed:.2f} of {total:g} GiB"
     if free is None or not total or ctx.engine.kv_cache_memory_bytes:
         return None  # with kv_cache_memory_bytes set, utilization does not size the KV cache
     cpu = ctx.diag.subtype == "cpu_memory_share_exceeds_free"
