@@ -284,6 +284,8 @@ def room_for_graphs(ctx: Context) -> Remedy | None:
         return None
     current = ctx.engine.gpu_memory_utilization
     headroom = (1 - current) * total
+    if ctx.inv.gpu_free_gib is not None:  # (beside another process, only what it left is outside the budget)
+        headroom = min(headroom, ctx.inv.gpu_free_gib - current * total)
     graphs = ctx.graphs_outside()
     need = graphs + (ctx.num("tried_gib") or 0.0) + 0.5
     if headroom >= need + 1.0:
@@ -311,7 +313,7 @@ def room_for_graphs(ctx: Context) -> Remedy | None:
         "LowerGpuMemoryUtilization",
         changes,
         f"CUDA-graph capture ran out of the {headroom:.2f} GiB left outside the budget; utilization "
-        f"{current} -> {new} leaves {(1 - new) * total:.2f} GiB for the graphs "
+        f"{current} -> {new} leaves {headroom + (current - new) * total:.2f} GiB for the graphs "
         + (f"(about {graphs:g} GiB)" if graphs else "(what overran vLLM's reserve for them)")
         + f" and keeps them.{why}",
     )
