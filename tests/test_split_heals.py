@@ -371,3 +371,63 @@ def test_a_capture_heal_counts_only_what_another_process_left_outside_the_budget
     assert seen.action == "LowerGpuMemoryUtilization", seen.summary()
     util = seen.changes["gpu_memory_utilization"]
     assert 19.55 - util * L4.memory_gib >= 0.99 + 0.5, seen.summary()  # the graphs' share and its margin
+
+
+# --- a third review (session 27) --------------------------------------------------------------------
+
+
+def test_the_cpu_backends_share_of_host_memory_is_never_sized_by_a_gpus_free_figure():
+    """Medium. A CPU-backend pod that can see a GPU: the launcher's GPU figure (22 GiB) sized the share of
+    a node with 200 of 251 GiB free: 0.06 where the host's own figure gives 0.59."""
+    cpu = (
+        "ValueError: Free memory on device cpu (200.00/251.00 GiB) on startup is less than desired CPU memory "
+        "utilization (0.9, 225.90 GiB). Decrease"
+    )
+    d = classify(Signals(log=cpu))
+    assert d.subtype == "cpu_memory_share_exceeds_free"
+    alone = plan_heal(spec({}), d, inventory=Inventory())
+    beside = plan_heal(spec({}), d, inventory=Inventory(gpu_free_gib=22.0))
+    assert beside.changes == alone.changes and alone.changes["gpu_memory_utilization"] > 0.5, beside.summary()
+
+
+def test_a_capture_heal_beside_another_process_leaves_vllms_cuda_context_out_of_the_room():
+    """Medium. The room beside another process was free - budget, with vLLM's own CUDA context (which the
+    memory model counts outside the budget) taken as room: at 0.8 of an L4 with 18.47 GiB free the cut to
+    0.77 left the graphs too little by the memory model's own verdict. And a figure that leaves less than
+    the budget (an earlier heal's, from before a raise) is stale: the start reached capture."""
+    capture = (
+        '  File "vllm/v1/worker/gpu_model_runner.py", line 1, in capture_model\n'
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 512.00 MiB.\n"
+    )
+    d = classify(Signals(log=capture))
+    s = spec({}, gpuMemoryUtilization=0.8, maxModelLen=8192)
+    inv = Inventory(gpu_total_gib=L4.memory_gib, shape=LLAMA8, gpu_free_gib=18.47)
+    r = plan_heal(s, d, inventory=inv)
+    if r.action == "LowerGpuMemoryUtilization":
+        assert estimate(LLAMA8, after(s, r.changes), L4, 18.47).fits, r.summary()
+    stale = Inventory(gpu_total_gib=L4.memory_gib, shape=LLAMA8, gpu_free_gib=12.0)
+    high = spec({}, gpuMemoryUtilization=0.85, maxModelLen=8192)
+    r = plan_heal(high, d, inventory=stale)
+    blind = plan_heal(high, d, inventory=Inventory(gpu_total_gib=L4.memory_gib, shape=LLAMA8))
+    assert (r.action, r.changes) == (blind.action, blind.changes) and "out of the -" not in r.reason, r.summary()
+
+
+def test_serve_never_takes_a_gpu_as_larger_than_nvml_says():
+    """Low. The catalog's RTX A6000 figure (47.38 GiB) is a size NVML's 44.99 does not reach (another
+    variant): torch's total is never above NVML's."""
+    from vllm_autoheal.local import gpu_total_gib
+
+    assert gpu_total_gib("NVIDIA RTX A6000", 46068 * 2**20) == 46068 / 1024
+
+
+def test_a_gpu_figure_no_heal_record_can_keep_is_not_used():
+    """High. The launcher's message passes GPU sizes up to 1e5 GiB; the heal record keeps at most 4096, and
+    a 5000 GiB free figure made recording the crash raise on every pod event: no heal, no record."""
+    from vllm_autoheal.diagnosis.termination import least_free_gib
+    from vllm_autoheal.kube.status import heal_record
+    from vllm_autoheal.remedy import Remedy
+
+    assert least_free_gib({"gpu_start": {"gpus": [[0, "NVIDIA L4", 5000.0, 5000.0]], "other_processes": []}}) is None
+    assert least_free_gib({"gpu_start": {"gpus": [[0, "NVIDIA L4", 22.05, 12.05]], "other_processes": []}}) == 12.05
+    record = heal_record("p", "u", "vllm", 1, classify(Signals(log="")), Remedy("NoChange"), {}, None, 1, 5000.0)
+    assert record.get("gpuFreeGib") is None

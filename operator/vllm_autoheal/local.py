@@ -77,8 +77,8 @@ def gpu_total_gib(name: str, nvml_total_bytes: int) -> float:
     """The GPU's size as vLLM counts it (torch's total, which the catalog holds for a known product):
     NVML's total also counts what the driver reserves (140.40 GiB on an H200 against 139.80), and a
     share sized on it would ask for that too."""
-    try:
-        return lookup(name).memory_gib
+    try:  # (torch's total is never above NVML's: a catalog size above it is another variant's, e.g. ECC off)
+        return min(lookup(name).memory_gib, nvml_total_bytes / GIB)
     except KeyError:
         return nvml_total_bytes / GIB
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from . import figures
 from . import model as m
+from .figures import MAX_GIB
 from .units import GIB
 
 SCHEMA_VERSION = 1
@@ -193,7 +194,10 @@ def least_free_gib(doc: dict[str, Any] | None) -> float | None:
     """The least free memory on the pod's GPUs before vLLM started (the launcher's probe): what a heal
     may ask of each GPU beside other processes; None without a usable snapshot."""
     snapshot = gpu_snapshot(doc)
-    return round(min(g.free_bytes for g in snapshot.gpus) / GIB, 2) if snapshot is not None else None  # (as written)
+    if snapshot is None:
+        return None
+    least = round(min(g.free_bytes for g in snapshot.gpus) / GIB, 2)  # (as written)
+    return least if least <= MAX_GIB else None  # (no GPU is larger: a heal record could not keep it)
 
 
 def looks_like_ours(text: str | None) -> bool:

@@ -17,6 +17,7 @@ from pydantic.alias_generators import to_camel
 
 from ..api import MAX_FAILED_ENGINES, MAX_HEAL_RECORDS, MAX_OBSERVED_CRASHES, MAX_TRIED, FieldChange, HealRecord
 from ..diagnosis import Diagnosis
+from ..diagnosis.figures import MAX_GIB
 from ..remedy import Remedy
 
 READY, MEMORY_FIT, HEALING, HEAL_BLOCKED, HEAL_EXHAUSTED = (
@@ -192,7 +193,7 @@ def heal_record(
         reason=reason[:2000],
         changes=changes,
         gpus=gpus,
-        gpu_free_gib=gpu_free_gib,
+        gpu_free_gib=gpu_free_gib if gpu_free_gib is not None and 0 <= gpu_free_gib <= MAX_GIB else None,
     ).wire()
 
 

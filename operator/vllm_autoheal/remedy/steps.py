@@ -46,19 +46,22 @@ def share_of_free(ctx: Context) -> tuple[float, float, str, bool] | None:
         # memory: sized to it, the worker's whole budget would not hold the worker)
         return None
     free, total = ctx.num("free_gib"), ctx.total
+    if not total:
+        return None
     others = ctx.num("others_gib")
     printed = free is not None or others is not None
-    basis = f"only {free:g} of {total:g} GiB was free at start" if free is not None and total else ""
-    if free is None and others is not None and total:  # what the OOM's figures leave beside the others
+    basis = f"only {free:g} of {total:g} GiB was free at start" if free is not None else ""
+    if free is None and others is not None:  # what the OOM's figures leave beside the others
         free = total - others - CUDA_CONTEXT_GIB
         basis = f"other processes hold {others:g} of {total:g} GiB (by the failure's figures), {free:.2f} left"
-    if ctx.inv.gpu_free_gib is not None:  # the probe's least figure over the pod's GPUs, before vLLM started
-        probed = ctx.inv.gpu_free_gib - CUDA_CONTEXT_GIB
+    cpu = ctx.diag.subtype == "cpu_memory_share_exceeds_free"
+    if ctx.inv.gpu_free_gib is not None and not cpu:  # the probe's least over the pod's GPUs, before vLLM started
+        probed = ctx.inv.gpu_free_gib - CUDA_CONTEXT_GIB  # (a GPU's figure: never the CPU backend's host memory)
         if free is None or probed < free:  # (one rank printed its GPU's figure; another's may hold less)
             free, basis = probed, f"the least free on the pod's GPUs at start was {probed:.2f} of {total:g} GiB"
-    if free is None or not total or ctx.engine.kv_cache_memory_bytes:
+            printed = True  # (this crash's own figure too: a later crash's cuts again where others grew)
+    if free is None or ctx.engine.kv_cache_memory_bytes:
         return None  # with kv_cache_memory_bytes set, utilization does not size the KV cache
-    cpu = ctx.diag.subtype == "cpu_memory_share_exceeds_free"
     # The printed free figure already excludes vLLM's own CUDA context. On a GPU keep room for the
     # CUDA graphs (where captured outside the budget) plus 0.5 GiB and 1%; free host memory moves
     # between runs (page cache, NUMA accounting), so on the CPU backend keep a quarter back.
@@ -284,8 +287,12 @@ def room_for_graphs(ctx: Context) -> Remedy | None:
         return None
     current = ctx.engine.gpu_memory_utilization
     headroom = (1 - current) * total
-    if ctx.inv.gpu_free_gib is not None:  # (beside another process, only what it left is outside the budget)
-        headroom = min(headroom, ctx.inv.gpu_free_gib - current * total)
+    if ctx.inv.gpu_free_gib is not None:  # (beside another process, only what it left is outside the budget,
+        # less vLLM's CUDA context, as the memory model counts it; a figure that leaves less than the budget
+        # is stale, as the start reached capture: vLLM's own check would have refused it)
+        beside = min(total, ctx.inv.gpu_free_gib) - CUDA_CONTEXT_GIB - current * total
+        if beside >= 0:
+            headroom = min(headroom, beside)
     graphs = ctx.graphs_outside()
     need = graphs + (ctx.num("tried_gib") or 0.0) + 0.5
     if headroom >= need + 1.0:
