@@ -390,11 +390,12 @@ def test_the_cpu_backends_share_of_host_memory_is_never_sized_by_a_gpus_free_fig
     assert beside.changes == alone.changes and alone.changes["gpu_memory_utilization"] > 0.5, beside.summary()
 
 
-def test_a_capture_heal_beside_another_process_leaves_vllms_cuda_context_out_of_the_room():
-    """Medium. The room beside another process was free - budget, with vLLM's own CUDA context (which the
-    memory model counts outside the budget) taken as room: at 0.8 of an L4 with 18.47 GiB free the cut to
-    0.77 left the graphs too little by the memory model's own verdict. And a figure that leaves less than
-    the budget (an earlier heal's, from before a raise) is stale: the start reached capture."""
+def test_a_capture_heal_beside_another_process_is_one_the_memory_model_says_captures():
+    """Medium. Beside another process the leaner room (the graphs and 0.5 GiB, whose margin holds vLLM's CUDA
+    context on an idle GPU) left none: at 0.8 of an L4 with 18.47 GiB free the cut to 0.77 left the graphs
+    too little by the memory model's own verdict. The leaner room is taken there only where the model says
+    the graphs fit beside the others. And a figure that leaves less than the budget and vLLM's context (an
+    earlier heal's, from before a raise) is stale: the start reached capture."""
     capture = (
         '  File "vllm/v1/worker/gpu_model_runner.py", line 1, in capture_model\n'
         "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 512.00 MiB.\n"

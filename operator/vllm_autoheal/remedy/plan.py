@@ -209,9 +209,10 @@ def _with_room_for_graphs(
     that through as a capture heal: not a second restart for what the figures already show.
     Never for a cause whose shortage is the budget itself (a KV refusal calls for more utilization, not
     less: the gate refuses a cut there) unless the heal fits the context to the cache: the cut then comes
-    with the context the smaller cache holds, as the capture heal after a second crash would set; nor where the model already says the flags that ran stop at
-    capture: then the change is not what brings capture on, and the crash shows the model wrong about
-    those flags (a pod OOM-killed on the host, or out of memory while serving, got past capture with them)."""
+    with the context the smaller cache holds, as the capture heal after a second crash would set it.
+    Nor where the model already says the flags that ran stop at capture: then the change is not what
+    brings capture on, and the crash shows the model wrong about those flags (a pod OOM-killed on the
+    host, or out of memory while serving, got past capture with them)."""
     if ctx.inv.shape is None or not ctx.total or {"gpu_memory_utilization", "model"} & remedy.changes.keys():
         return remedy  # (another model's shape is not known: the estimate is the current model's)
     if heal_as == Cause.KV_CACHE_INSUFFICIENT and "max_model_len" not in remedy.changes:
@@ -238,7 +239,7 @@ def _with_room_for_graphs(
         # (the context cut was sized from vLLM's own figures: the cut's context is held to them too,
         # where the memory model's budget is above vLLM's)
         held = printed_context_after_cut(ctx, (ctx.engine.gpu_memory_utilization - new) * ctx.total)
-        if held is not None and held < both.get("max_model_len", held + 1):
+        if held is not None and held < both["max_model_len"]:  # (a KV heal merges here only with a cut)
             fitted = shorter_context(ctx, held)
             if fitted is None:
                 return remedy

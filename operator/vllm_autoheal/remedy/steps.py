@@ -287,11 +287,11 @@ def room_for_graphs(ctx: Context) -> Remedy | None:
         return None
     current = ctx.engine.gpu_memory_utilization
     headroom = (1 - current) * total
-    if ctx.inv.gpu_free_gib is not None:  # (beside another process, only what it left is outside the budget,
-        # less vLLM's CUDA context, as the memory model counts it; a figure that leaves less than the budget
-        # is stale, as the start reached capture: vLLM's own check would have refused it)
-        beside = min(total, ctx.inv.gpu_free_gib) - CUDA_CONTEXT_GIB - current * total
-        if beside >= 0:
+    if ctx.inv.gpu_free_gib is not None:  # (beside another process, only what it left is outside the budget;
+        # a figure that leaves less than the budget and vLLM's context is stale, as the start reached capture:
+        # vLLM's own check would have refused it. The margins below hold the context, as on an idle GPU)
+        beside = ctx.inv.gpu_free_gib - current * total
+        if beside >= CUDA_CONTEXT_GIB:
             headroom = min(headroom, beside)
     graphs = ctx.graphs_outside()
     need = graphs + (ctx.num("tried_gib") or 0.0) + 0.5
@@ -312,7 +312,11 @@ def room_for_graphs(ctx: Context) -> Remedy | None:
             ctx.policy.bounds.max_gpu_memory_utilization,
         )
         held = _at(ctx, lean) if new < lean < current else None
-        if held is not None and held.max_model_len_fit * 0.97 >= held.max_model_len:  # (with the 3% margin)
+        if (
+            held is not None
+            and held.max_model_len_fit * 0.97 >= held.max_model_len  # (with the 3% margin)
+            and _captures_beside_others(ctx, lean)
+        ):
             new, changes, why, short = lean, {"gpu_memory_utilization": lean}, "", False
     if short and "max_model_len" not in changes:
         return None  # (the cache left no longer holds the context, and no cut of it may come: the next step)
@@ -324,6 +328,16 @@ def room_for_graphs(ctx: Context) -> Remedy | None:
         + (f"(about {graphs:g} GiB)" if graphs else "(what overran vLLM's reserve for them)")
         + f" and keeps them.{why}",
     )
+
+
+def _captures_beside_others(ctx: Context, util: float) -> bool:
+    """Whether, where the launcher saw another process hold memory, the memory model says the graphs
+    fit beside it at `util` (the leaner room keeps no margin for what the others left short)."""
+    free = ctx.inv.gpu_free_gib
+    if free is None or not ctx.total or free >= ctx.total or ctx.inv.shape is None:
+        return True
+    engine = ctx.engine.model_copy(update={"gpu_memory_utilization": util})
+    return ctx.estimate(engine, free).failure != "cudagraph_capture_oom"
 
 
 def enforce_eager(ctx: Context) -> Remedy | None:
