@@ -40,7 +40,8 @@ def fit_utilization_to_free(ctx: Context) -> Remedy | None:
 
 def share_of_free(ctx: Context) -> tuple[float, float, str, bool] | None:
     """The utilization that asks for no more than was free, with a margin: (it, the free GiB it is
-    sized from, where that figure comes from, whether this crash printed it); None where not known."""
+    sized from, where that figure comes from, whether it is this crash's own: printed, or the launcher's
+    at its start); None where not known."""
     if ctx.diag.subtype == "kv_space_exceeds_free_host_memory":
         # (the CPU backend's free figure at KV allocation is what is left after the worker's own
         # memory: sized to it, the worker's whole budget would not hold the worker)
@@ -68,7 +69,7 @@ def share_of_free(ctx: Context) -> tuple[float, float, str, bool] | None:
     margin = 0.25 * free if cpu else ctx.graphs_outside() + 0.5 + 0.01 * total
     # (from above the bounds' highest utilization, to it at most: the cut must pass the gate)
     new = min(round_util((free - margin) / total), ctx.policy.bounds.max_gpu_memory_utilization)
-    return new, free, basis or f"only {free:g} of {total:g} GiB was free at start", printed
+    return new, free, basis, printed
 
 
 def _at(ctx: Context, util: float) -> Estimate | None:
