@@ -184,7 +184,10 @@ def test_serve_reads_a_local_models_shape_and_splits_with_the_share_in_one_resta
     script = FAKE_72B.replace("{handler}", textwrap.indent(OPENAI_HANDLER, "    "))
     (pkg / "api_server.py").write_text(f"FIRST = {str(tmp_path / 'first.log')!r}\n" + textwrap.dedent(script))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path / "fake"), *sys.path]))
-    h200s = GpuSnapshot(gpus=[GpuInfo(index=i, name="NVIDIA H200", total_bytes=143771 * 2**20) for i in range(2)])
+    idle = 143771 * 2**20  # (NVML's total and free on an idle H200)
+    h200s = GpuSnapshot(
+        gpus=[GpuInfo(index=i, name="NVIDIA H200", total_bytes=idle, free_bytes=idle) for i in range(2)]
+    )
     monkeypatch.setattr(local, "snapshot", lambda own_pids=None: h200s)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -424,11 +427,13 @@ def test_serve_never_takes_a_gpu_as_larger_than_nvml_says():
 def test_a_gpu_figure_no_heal_record_can_keep_is_not_used():
     """High. The launcher's message passes GPU sizes up to 1e5 GiB; the heal record keeps at most 4096, and
     a 5000 GiB free figure made recording the crash raise on every pod event: no heal, no record."""
-    from vllm_autoheal.diagnosis.termination import least_free_gib
+    from vllm_autoheal.kube.crash import launcher_free_gib as least_free_gib
     from vllm_autoheal.kube.status import heal_record
     from vllm_autoheal.remedy import Remedy
 
-    assert least_free_gib({"gpu_start": {"gpus": [[0, "NVIDIA L4", 5000.0, 5000.0]], "other_processes": []}}) is None
+    assert least_free_gib({"gpu_start": {"gpus": [[0, "Some GPU", 5000.0, 5000.0]], "other_processes": []}}) is None
+    # (a known product is never taken to have more free than CUDA's total for it)
+    assert least_free_gib({"gpu_start": {"gpus": [[0, "NVIDIA L4", 5000.0, 5000.0]], "other_processes": []}}) == 22.05
     assert least_free_gib({"gpu_start": {"gpus": [[0, "NVIDIA L4", 22.05, 12.05]], "other_processes": []}}) == 12.05
     record = heal_record("p", "u", "vllm", 1, classify(Signals(log="")), Remedy("NoChange"), {}, None, 1, 5000.0)
     assert record.get("gpuFreeGib") is None

@@ -12,8 +12,10 @@ less the ~0.6 GiB the driver keeps (nominal GB -> GiB, minus reserve). Compute c
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .diagnosis.model import GpuInfo
 from .diagnosis.units import GB, GIB
 
 
@@ -81,3 +83,23 @@ def lookup(name: str, memory_gib: float | None = None) -> GpuSpec:
 
 def known() -> list[str]:
     return sorted(_CATALOG)
+
+
+def gpu_total_gib(name: str, nvml_total_bytes: int) -> float:
+    """The GPU's size as vLLM counts it (torch's total, which the catalog holds for a known product):
+    NVML's total also counts what the driver reserves (140.40 GiB on an H200 against 139.80), and a
+    share sized on it would ask for that too."""
+    try:  # (torch's total is never above NVML's: a catalog size above it is another variant's, e.g. ECC off)
+        return min(lookup(name).memory_gib, nvml_total_bytes / GIB)
+    except KeyError:
+        return nvml_total_bytes / GIB
+
+
+def least_cuda_free_gib(gpus: Sequence[GpuInfo]) -> float | None:
+    """The least memory CUDA can take on these GPUs, in GiB with two decimals as the launcher writes it, from
+    NVML's figures (None for no GPU). NVML counts the driver's reserve as free on an idle GPU (140.40 GiB of an
+    H200, where CUDA's total is 139.80) and as used once a process holds the GPU (79.29 free beside one of
+    60.51 GiB: tests/fixtures/gpu/probe-second-process-60g.json), so no GPU has more free than its total."""
+    if not gpus:
+        return None
+    return round(min(min(g.free_bytes / GIB, gpu_total_gib(g.name, g.total_bytes)) for g in gpus), 2)

@@ -7,6 +7,8 @@ falling back to the copy vLLM bundles (vllm.third_party.pynvml) inside vLLM imag
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -127,3 +129,34 @@ def describe(snap: GpuSnapshot) -> str:
         f"  process {p.pid} {p.name or '?'} on GPU {p.gpu_index}: {p.used_bytes / GIB:.2f} GiB" for p in snap.processes
     ]
     return "\n".join(lines) or "no GPUs"
+
+
+_ORDINAL = re.compile(r"\s*([0-9]{1,4})\s*")
+
+
+def gpus_for(snap: GpuSnapshot, count: int, env: Mapping[str, str]) -> list[GpuInfo] | None:
+    """The GPUs a process started with `env` takes as its first `count` CUDA devices, as NVML numbers
+    them; None where that cannot be told: a failed probe, a UUID or MIG name in CUDA_VISIBLE_DEVICES
+    (NVML's snapshot keeps no UUID), unlike GPUs in CUDA's default order (fastest first, where NVML
+    counts by PCI bus; like GPUs tie, and tie by bus), or fewer devices than asked."""
+    if snap.error or count < 1:
+        return None
+    by_index = {g.index: g for g in snap.gpus}
+    listed = env.get("CUDA_VISIBLE_DEVICES")
+    if listed is None:
+        ordinals = sorted(by_index)
+    else:
+        ordinals = []
+        for item in listed.split(","):
+            found = _ORDINAL.fullmatch(item)
+            if found is None:
+                if item.strip().startswith(("GPU-", "MIG-")):
+                    return None
+                break  # (CUDA stops at the first entry it cannot read: the devices before it are the visible ones)
+            ordinals.append(int(found.group(1)))
+    if env.get("CUDA_DEVICE_ORDER") != "PCI_BUS_ID" and len({g.name for g in snap.gpus}) > 1:
+        return None
+    chosen = ordinals[:count]
+    if len(set(chosen)) < count or not all(i in by_index for i in chosen):
+        return None  # (vLLM fails short of devices; CUDA refuses a device listed twice)
+    return [by_index[i] for i in chosen]

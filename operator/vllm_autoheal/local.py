@@ -26,11 +26,10 @@ from typing import Any
 from . import cgroups
 from .api import EngineArgs, VLLMServiceSpec
 from .diagnosis import Signals, classify
-from .diagnosis.units import GIB
 from .engine import describe, redacted, to_command
 from .engine_death import DeathWatch, direct_opener, engine_dead, health_status
-from .gpu_catalog import lookup
-from .gpu_probe import snapshot
+from .gpu_catalog import gpu_total_gib, least_cuda_free_gib
+from .gpu_probe import gpus_for, snapshot
 from .launcher import OutputKeeper, pump
 from .model_shape import ModelShape
 from .remedy import Inventory, plan_heal
@@ -71,16 +70,6 @@ class Attempt:
     engine_dead: bool = False
     interrupted: bool = False
     oom_killed: bool = False  # the cgroup's OOM killer fired while it ran
-
-
-def gpu_total_gib(name: str, nvml_total_bytes: int) -> float:
-    """The GPU's size as vLLM counts it (torch's total, which the catalog holds for a known product):
-    NVML's total also counts what the driver reserves (140.40 GiB on an H200 against 139.80), and a
-    share sized on it would ask for that too."""
-    try:  # (torch's total is never above NVML's: a catalog size above it is another variant's, e.g. ECC off)
-        return min(lookup(name).memory_gib, nvml_total_bytes / GIB)
-    except KeyError:
-        return nvml_total_bytes / GIB
 
 
 class Supervisor:
@@ -277,6 +266,8 @@ class Supervisor:
         last: tuple[Any, EngineArgs, int] | None = None  # the crash a heal answered, its flags, how far it got
         exclude: set[str] = set()
         while True:
+            # (what other processes leave before vLLM starts bounds a heal's share, as the launcher's probe does)
+            at_start = snapshot(own_pids=[os.getpid()])
             attempt = self.run_once(engine)
             if attempt.interrupted:
                 self.say("stopped")
@@ -299,9 +290,15 @@ class Supervisor:
                     weights_gib_per_gpu=self.weights_gib(engine),
                 )
             )
-            inventory = Inventory(memory_limit_bytes=cgroups.memory_limit(), shape=self.model_shape())
+            used = gpus_for(at_start, engine.tensor_parallel_size * engine.pipeline_parallel_size, os.environ)
+            inventory = Inventory(
+                memory_limit_bytes=cgroups.memory_limit(),
+                shape=self.model_shape(),
+                gpu_free_gib=least_cuda_free_gib(used or []),  # (vLLM inherits this environment: used is its GPUs)
+            )
             if gpu.gpus:
-                inventory.gpu_total_gib = gpu_total_gib(gpu.gpus[0].name, gpu.gpus[0].total_bytes)
+                first = (used or gpu.gpus)[0]
+                inventory.gpu_total_gib = gpu_total_gib(first.name, first.total_bytes)
                 # the release vLLM's log named: its facts are the CUDA build's (a CPU build names the same)
                 logged = logged_release(diag.numbers)
                 if env_keeps_release(logged, os.environ):  # (vLLM inherits this environment)

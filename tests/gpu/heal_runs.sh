@@ -50,6 +50,12 @@ for scenario in "$@"; do
     thief)  # default utilization with 100 GiB held by another process (row 2)
       thief 100; CUDA_VISIBLE_DEVICES=0 serve thief "$L8" --max-model-len 8192
       kill -9 -- -$THIEF 2>/dev/null; idle ;;
+    kv-thief)  # the kv start beside a process holding 107 GiB: a raise to 0.25 is more than is free (session 28)
+      thief 107; CUDA_VISIBLE_DEVICES=0 serve kv-thief "$L8" --gpu-memory-utilization 0.2 --max-model-len 131072
+      kill -9 -- -$THIEF 2>/dev/null; idle ;;
+    capture-thief)  # 30 GiB held, a share that leaves about 0.4 GiB beside it for the graphs (session 28)
+      thief 30; CUDA_VISIBLE_DEVICES=0 serve capture-thief "$L8" --gpu-memory-utilization 0.775 --max-model-len 8192
+      kill -9 -- -$THIEF 2>/dev/null; idle ;;
     capture)  # utilization 0.995 with CUDA graphs (row 3)
       CUDA_VISIBLE_DEVICES=0 serve capture "$L8" --gpu-memory-utilization 0.995 --max-model-len 8192 ;;
     seqs)  # 131072 sequences: the sampler warm-up runs out (row 4)

@@ -22,7 +22,6 @@ from typing import Any
 
 from . import figures
 from . import model as m
-from .figures import MAX_GIB
 from .units import GIB
 
 SCHEMA_VERSION = 1
@@ -188,16 +187,6 @@ def gpu_snapshot(doc: dict[str, Any] | None) -> m.GpuSnapshot | None:
         ],
         processes=[m.GpuProcess(pid, index, int(used * GIB)) for pid, index, used in g["other_processes"]],
     )
-
-
-def least_free_gib(doc: dict[str, Any] | None) -> float | None:
-    """The least free memory on the pod's GPUs before vLLM started (the launcher's probe): what a heal
-    may ask of each GPU beside other processes; None without a usable snapshot."""
-    snapshot = gpu_snapshot(doc)
-    if snapshot is None:
-        return None
-    least = round(min(g.free_bytes for g in snapshot.gpus) / GIB, 2)  # (as written)
-    return least if least <= MAX_GIB else None  # (no GPU is larger: a heal record could not keep it)
 
 
 def looks_like_ours(text: str | None) -> bool:

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 from .. import model_source
 from ..api import EngineArgs, VLLMService
 from ..diagnosis import Diagnosis, Signals, classify, termination
+from ..diagnosis.figures import MAX_GIB
+from ..gpu_catalog import least_cuda_free_gib
 from ..memory import weights_gib_to_diagnose
 from ..model_shape import ModelShape
 from ..model_source import DEPRECATED_ANNOTATION
@@ -129,7 +131,7 @@ def diagnose(kube: Kube, incident: Incident, obj: VLLMService) -> Diagnosis:
     if incident.note:  # written in the tenant's container and not the launcher's: read the log instead
         message = None
     else:  # (it only sizes this service's own heal, within its own bounds: a forged figure harms no other)
-        incident.gpu_free_gib = termination.least_free_gib(doc)
+        incident.gpu_free_gib = launcher_free_gib(doc)
     diag = classify(Signals(termination_message=message, **signals))
     if diag.cause != "unknown" and diag.source in ("termination-message", "log"):
         return diag
@@ -154,3 +156,12 @@ def weights_per_gpu(shape: ModelShape | None, engine: EngineArgs) -> float | Non
         return weights_gib_to_diagnose(shape, engine) if shape is not None else None
     except Exception:  # noqa: BLE001 - a model we cannot size only leaves an OOM unplaced
         return None
+
+
+def launcher_free_gib(doc: dict[str, Any] | None) -> float | None:
+    """The least free memory CUDA could take on the pod's GPUs before vLLM started (the launcher's probe): what a
+    heal may ask of each GPU beside other processes; None without a usable snapshot, or above what a heal record
+    keeps (no GPU is that large)."""
+    snapshot = termination.gpu_snapshot(doc)
+    least = least_cuda_free_gib(snapshot.gpus) if snapshot is not None else None
+    return least if least is not None and least <= MAX_GIB else None

@@ -1,0 +1,166 @@
+"""`serve` bounds a heal by the memory other processes leave, as the operator does with the launcher's probe:
+the free memory NVML saw on vLLM's GPUs before the start that crashed. Before, `serve` took a GPU to be vLLM's
+alone, and a raise beside another process was a certain refusal and another restart."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from vllm_autoheal import local
+from vllm_autoheal.cli import main
+from vllm_autoheal.diagnosis import GpuInfo, GpuSnapshot
+from vllm_autoheal.gpu_catalog import least_cuda_free_gib
+from vllm_autoheal.gpu_probe import gpus_for
+
+from samples import OPENAI_HANDLER
+
+MIB = 2**20
+GIB = 2**30
+
+
+def gpus(*free_gib: float, names: tuple[str, ...] = ()) -> GpuSnapshot:
+    return GpuSnapshot(
+        gpus=[
+            GpuInfo(
+                index=i,
+                name=(names[i] if names else "NVIDIA H200"),
+                total_bytes=143771 * MIB,
+                free_bytes=int(f * GIB),
+                used_bytes=143771 * MIB - int(f * GIB),
+            )
+            for i, f in enumerate(free_gib)
+        ]
+    )
+
+
+def least_free_gib(snap: GpuSnapshot, count: int, env: dict) -> float | None:
+    return least_cuda_free_gib(gpus_for(snap, count, env) or [])
+
+
+# --- which GPUs, as NVML numbers them --------------------------------------------------------------------
+
+
+def test_without_cuda_visible_devices_vllm_takes_the_first_gpus():
+    snap = gpus(100, 20, 140)
+    assert least_free_gib(snap, 1, {}) == 100
+    assert least_free_gib(snap, 2, {}) == 20
+    assert least_free_gib(snap, 4, {}) is None  # (vLLM fails short of devices: no figure to size by)
+
+
+def test_cuda_visible_devices_picks_and_orders_them():
+    snap = gpus(100, 20, 140, 60)
+    assert least_free_gib(snap, 1, {"CUDA_VISIBLE_DEVICES": "2"}) == 139.8  # (an idle H200: see below)
+    assert least_free_gib(snap, 2, {"CUDA_VISIBLE_DEVICES": "3, 2"}) == 60
+    assert [g.index for g in gpus_for(snap, 2, {"CUDA_VISIBLE_DEVICES": "3,0,1"})] == [3, 0]
+    # CUDA stops at an entry it cannot read, and shows none where the first is such
+    assert least_free_gib(snap, 1, {"CUDA_VISIBLE_DEVICES": "2,x,0"}) == 139.8
+    assert least_free_gib(snap, 2, {"CUDA_VISIBLE_DEVICES": "2,x,0"}) is None
+    assert least_free_gib(snap, 1, {"CUDA_VISIBLE_DEVICES": ""}) is None
+    assert least_free_gib(snap, 1, {"CUDA_VISIBLE_DEVICES": "-1"}) is None
+    assert least_free_gib(snap, 1, {"CUDA_VISIBLE_DEVICES": "7"}) is None  # (no such GPU)
+    assert least_free_gib(snap, 2, {"CUDA_VISIBLE_DEVICES": "1,1"}) is None  # (CUDA refuses it)
+
+
+@pytest.mark.parametrize("listed", ["GPU-8f3c2a1e-0000-0000-0000-000000000000", "MIG-GPU-8f3c/1/0", "0,GPU-8f3c"])
+def test_a_gpu_named_by_uuid_gives_no_figure(listed):
+    """NVML's snapshot keeps no UUID: which GPU it names cannot be told, so no figure (the GPU is taken
+    to be vLLM's alone, as before), never another GPU's."""
+    assert least_free_gib(gpus(100, 20), 2 if "," in listed else 1, {"CUDA_VISIBLE_DEVICES": listed}) is None
+
+
+def test_unlike_gpus_in_cudas_default_order_give_no_figure():
+    """CUDA numbers unlike GPUs fastest first, NVML by PCI bus: CUDA's 0 may be NVML's 1."""
+    snap = gpus(100, 20, names=("NVIDIA H200", "NVIDIA L4"))
+    assert least_free_gib(snap, 1, {}) is None
+    assert least_free_gib(snap, 1, {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}) == 100
+    assert least_free_gib(GpuSnapshot(error="no NVIDIA driver"), 1, {}) is None
+
+
+def test_no_gpu_has_more_free_than_cuda_can_take():
+    """NVML counts the driver's reserve as free on an idle GPU (140.40 GiB of an H200, CUDA's total 139.80)
+    and as used beside another process (the real probe with a 60.51 GiB neighbour: 79.29 free, which
+    vLLM 0.25's own figure matches less its CUDA context). A share sized on 140.40 asks for 0.6 GiB
+    that is not there."""
+    import json
+
+    from conftest import FIXTURES
+
+    idle = gpus(143771 / 1024)
+    assert round(idle.gpus[0].free_bytes / GIB, 2) == 140.40 and least_free_gib(idle, 1, {}) == 139.8
+    probe = json.loads((FIXTURES / "gpu" / "probe-second-process-60g.json").read_text())["snapshot"]
+    beside = GpuSnapshot(gpus=[GpuInfo(**g) for g in probe["gpus"]])
+    assert least_free_gib(beside, 1, {}) == 79.29
+    unknown = gpus(50.0, names=("Some New GPU",))
+    assert least_free_gib(unknown, 1, {}) == 50.0  # (no catalog figure: NVML's total is the bound)
+
+
+# --- serve, end to end -------------------------------------------------------------------------------------
+
+# A fake `vllm serve` with vLLM 0.25's own words on an H200 (tests/fixtures/gpu/heal-runs/kv.log and
+# thief.log): Llama-3.1-8B's cache at utilization u is 11.63 GiB + (u - 0.2) x 139.8, and another process
+# leaves 31.77 GiB free for vLLM (32.9 GiB as NVML counts it, before vLLM's own CUDA context).
+FAKE_8B = """
+import http.server, json, sys
+args = sys.argv[1:]
+def flag(name, default):
+    return args[args.index(name) + 1] if name in args else default
+util, length = float(flag("--gpu-memory-utilization", 0.9)), int(flag("--max-model-len", 131072))
+FREE, TOTAL = 31.77, 139.8
+head = "(EngineCore pid=5449) ERROR 12-01 02:41:49 [core.py:1231] "
+if util * TOTAL > FREE:
+    print(head + f"ValueError: Free memory on device cuda:0 ({FREE}/{TOTAL} GiB) on startup is less than desired "
+          f"GPU memory utilization ({util}, {util * TOTAL:.2f} GiB). Decrease GPU memory utilization or reduce GPU "
+          "memory used by other processes.")
+    sys.exit(1)
+cache = round(11.63 + (util - 0.2) * TOTAL, 2)
+need = round(16.0 * length / 131072, 2)
+print(f"(EngineCore pid=5449) INFO 12-01 02:41:49 [gpu_worker.py:538] Available KV cache memory: {cache} GiB")
+if need > cache:
+    print(head + f"ValueError: To serve at least one request with the model's max seq len ({length}), ({need} GiB KV "
+          f"cache is needed, which is larger than the available KV cache memory ({cache} GiB). Based on the available "
+          f"memory, the estimated maximum model length is {int(cache / 16.0 * 131072)}. Try increasing "
+          "`gpu_memory_utilization` (which also controls CPU memory on the CPU backend) or decreasing "
+          "`max_model_len` when initializing the engine.")
+    sys.exit(1)
+port = int(flag("--port", 8000))
+{handler}
+http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+"""
+
+
+def test_serve_sizes_a_kv_heal_by_what_another_process_leaves(tmp_path, monkeypatch, capsys):
+    """Llama-3.1-8B at utilization 0.2 and 128k beside a process holding 107 GiB of the H200 (heal_runs.sh's
+    kv-thief). Before: the KV heal raised to 0.25, which vLLM refused (31.77 GiB free), a second heal cut
+    to what was free, and a third the context: three restarts. Now one, within the free memory."""
+    pkg = tmp_path / "fake" / "vllm" / "entrypoints" / "openai"
+    pkg.mkdir(parents=True)
+    for d in (tmp_path / "fake" / "vllm", tmp_path / "fake" / "vllm" / "entrypoints", pkg):
+        (d / "__init__.py").write_text("")
+    (pkg / "api_server.py").write_text(textwrap.dedent(FAKE_8B).replace("{handler}", textwrap.dedent(OPENAI_HANDLER)))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path / "fake"), *sys.path]))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(local, "snapshot", lambda own_pids=None: gpus(32.9))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    history = tmp_path / "history.jsonl"
+    code = main(
+        ["serve", "meta-llama/Llama-3.1-8B-Instruct", "--port", str(port), "--history", str(history), "--once",
+         "--fresh", "--startup-timeout", "60", "--gpu-memory-utilization", "0.2", "--max-model-len", "131072"]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0, out[-3000:]
+    records = [json.loads(line) for line in history.read_text().splitlines()]
+    heals = [r for r in records if r["event"] == "heal"]
+    assert len(heals) == 1, out[-3000:]
+    engine = records[-1]["engine"]
+    assert records[-1]["event"] == "healthy"
+    assert engine["gpu_memory_utilization"] * 139.8 <= 31.77, engine
+    assert Path(history).exists()
