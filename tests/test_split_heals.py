@@ -331,7 +331,7 @@ def test_serve_sizes_a_known_gpu_as_vllm_counts_it():
     """Medium. `serve` took NVML's total (140.40 GiB on an H200, 22.49 on an L4), which counts what the
     driver reserves; vLLM's share is of torch's (139.80, 22.05). With the model's shape now sizing shares,
     0.44 GiB on an L4 is more than the 0.01 margin a share keeps."""
-    from vllm_autoheal.local import gpu_total_gib
+    from vllm_autoheal.gpu_catalog import gpu_total_gib
 
     assert gpu_total_gib("NVIDIA H200", 143771 * 2**20) == 139.80
     assert gpu_total_gib("NVIDIA L4", int(22.49 * 2**30)) == 22.05
@@ -419,7 +419,7 @@ def test_a_capture_heal_beside_another_process_is_one_the_memory_model_says_capt
 def test_serve_never_takes_a_gpu_as_larger_than_nvml_says():
     """Low. The catalog's RTX A6000 figure (47.38 GiB) is a size NVML's 44.99 does not reach (another
     variant): torch's total is never above NVML's."""
-    from vllm_autoheal.local import gpu_total_gib
+    from vllm_autoheal.gpu_catalog import gpu_total_gib
 
     assert gpu_total_gib("NVIDIA RTX A6000", 46068 * 2**20) == 46068 / 1024
 

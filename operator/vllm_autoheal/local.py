@@ -23,20 +23,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from . import cgroups
+from . import cgroups, serve_sizing
 from .api import EngineArgs, VLLMServiceSpec
 from .diagnosis import Signals, classify
 from .engine import describe, redacted, to_command
 from .engine_death import DeathWatch, direct_opener, engine_dead, health_status
-from .gpu_catalog import gpu_total_gib, least_cuda_free_gib
-from .gpu_probe import gpus_for, snapshot
+from .gpu_probe import snapshot
 from .launcher import OutputKeeper, pump
 from .model_shape import ModelShape
-from .remedy import Inventory, plan_heal
+from .remedy import plan_heal
 from .remedy_gate import Limits, fingerprint
 from .serve_history import append_record, read_records, recorded, remembered
 from .vllm_command import VllmUnavailable, vllm_start
-from .vllm_release import env_keeps_release, logged_release
 
 STOP_GRACE_S = 30.0
 # How far a start got, by the phase it failed in: a heal whose next start fails earlier made it worse.
@@ -290,19 +288,6 @@ class Supervisor:
                     weights_gib_per_gpu=self.weights_gib(engine),
                 )
             )
-            used = gpus_for(at_start, engine.tensor_parallel_size * engine.pipeline_parallel_size, os.environ)
-            inventory = Inventory(
-                memory_limit_bytes=cgroups.memory_limit(),
-                shape=self.model_shape(),
-                gpu_free_gib=least_cuda_free_gib(used or []),  # (vLLM inherits this environment: used is its GPUs)
-            )
-            if gpu.gpus:
-                first = (used or gpu.gpus)[0]
-                inventory.gpu_total_gib = gpu_total_gib(first.name, first.total_bytes)
-                # the release vLLM's log named: its facts are the CUDA build's (a CPU build names the same)
-                logged = logged_release(diag.numbers)
-                if env_keeps_release(logged, os.environ):  # (vLLM inherits this environment)
-                    inventory.release = logged
             if diag.is_memory:  # the gate never goes back to settings that crashed of memory
                 self.failed.add(fingerprint(self.opts.model, engine, None))
             progress = PROGRESS.get(diag.phase, -1)
@@ -322,7 +307,14 @@ class Supervisor:
                 )
                 exclude.add(heals[-1]["action"])
                 diag, engine = last[0], last[1]
+            inventory = serve_sizing.inventory(at_start, gpu, engine, self.model_shape(), diag, os.environ)
             remedy = plan_heal(self.opts.spec, diag, heals, inventory, engine, failed=self.failed, exclude=exclude)
+            for _ in range(3):  # (a split onto GPUs another process holds more of is sized by what they leave)
+                fuller = serve_sizing.onto_fuller_gpus(remedy, engine, inventory, at_start, os.environ)
+                if fuller is None:
+                    break
+                inventory = fuller
+                remedy = plan_heal(self.opts.spec, diag, heals, inventory, engine, failed=self.failed, exclude=exclude)
             evidence = diag.evidence[0][:200] if diag.evidence else "no evidence line"
             if remedy.gives_up:
                 self.say(
@@ -336,6 +328,7 @@ class Supervisor:
                     evidence=diag.evidence,
                     reason=remedy.reason,
                     engine=recorded(engine),
+                    gpu_free_gib=inventory.gpu_free_gib,
                 )
                 return 1
             before = engine
@@ -352,6 +345,7 @@ class Supervisor:
                 reason=remedy.reason,
                 before=recorded(before),
                 after=recorded(engine),
+                gpu_free_gib=inventory.gpu_free_gib,  # (what sized it, as the operator's heal record keeps it)
             )
 
     def on_healthy(self, engine: EngineArgs) -> None:

@@ -17,8 +17,13 @@ idle() {  # wait until no process holds GPU memory
 }
 thief() {  # thief GIB: another process holding GIB GiB of GPU 0, in its own session
   rm -f /tmp/thief-ready
-  setsid python3 -c "import torch,time; x=torch.empty($1*2**30,dtype=torch.uint8,device='cuda:0'); open('/tmp/thief-ready','w').write('1'); time.sleep(900)" &
-  THIEF=$!; for _ in $(seq 1 120); do [ -f /tmp/thief-ready ] && break; sleep 1; done
+  setsid python3 -c "import os,torch,time; x=torch.empty($1*2**30,dtype=torch.uint8,device='cuda:0'); open('/tmp/thief-ready','w').write(str(os.getpid())); time.sleep(900)" &
+  for _ in $(seq 1 120); do [ -s /tmp/thief-ready ] && break; sleep 1; done
+  THIEF=$(cat /tmp/thief-ready)
+}
+unthief() {  # kill the thief by its own pid and wait until it is gone (a group kill once left 30 GiB held
+  # into the next scenarios: session 28's thief ran beside 130 GiB)
+  kill -9 "$THIEF" 2>/dev/null; for _ in $(seq 1 60); do kill -0 "$THIEF" 2>/dev/null || break; sleep 1; done; idle
 }
 serve() {  # serve NAME MODEL FLAGS...: one supervised run, its output in $OUT/NAME.log
   local name=$1 model=$2; shift 2
@@ -49,13 +54,13 @@ for scenario in "$@"; do
       CUDA_VISIBLE_DEVICES=0 serve kv "$L8" --gpu-memory-utilization 0.2 --max-model-len 131072 ;;
     thief)  # default utilization with 100 GiB held by another process (row 2)
       thief 100; CUDA_VISIBLE_DEVICES=0 serve thief "$L8" --max-model-len 8192
-      kill -9 -- -$THIEF 2>/dev/null; idle ;;
+      unthief ;;
     kv-thief)  # the kv start beside a process holding 107 GiB: a raise to 0.25 is more than is free (session 28)
       thief 107; CUDA_VISIBLE_DEVICES=0 serve kv-thief "$L8" --gpu-memory-utilization 0.2 --max-model-len 131072
-      kill -9 -- -$THIEF 2>/dev/null; idle ;;
+      unthief ;;
     capture-thief)  # 30 GiB held, a share that leaves about 0.4 GiB beside it for the graphs (session 28)
       thief 30; CUDA_VISIBLE_DEVICES=0 serve capture-thief "$L8" --gpu-memory-utilization 0.775 --max-model-len 8192
-      kill -9 -- -$THIEF 2>/dev/null; idle ;;
+      unthief ;;
     capture)  # utilization 0.995 with CUDA graphs (row 3)
       CUDA_VISIBLE_DEVICES=0 serve capture "$L8" --gpu-memory-utilization 0.995 --max-model-len 8192 ;;
     seqs)  # 131072 sequences: the sampler warm-up runs out (row 4)

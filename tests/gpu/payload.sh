@@ -18,7 +18,8 @@ for spec in pydantic==2.14.4 pydantic-core==2.50.5 annotated-types typing-inspec
   llguidance==1.7.6 lm-format-enforcer==0.11.3 interegular mistral_common==1.13.1 pycountry pydantic-extra-types \
   compressed-tensors==0.17.0 depyf==0.20.0 astor dill gguf partial-json-parser jsonschema referencing rpds-py \
   jsonschema-specifications openai-harmony prometheus-fastapi-instrumentator loguru \
-  uvicorn model-hosting-container-standards jmespath supervisor; do
+  uvicorn model-hosting-container-standards jmespath supervisor \
+  cel-python==0.5.0 google-re2 pendulum pyyaml python-dateutil six tzdata; do  # (the last line: serve checks bounds with CEL)
   python3 -m pip download -q --no-deps --only-binary=:all: $PLAT -d $D/whl "$spec"
 done
 rm -rf $D/site && mkdir $D/site && (cd $D/site && unzip -q ../vllm/vllm-0.25.0-*.whl)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from ..diagnosis.arithmetic import besides_weights
 from ..memory import CUDA_CONTEXT_GIB
 from .model import Context
-from .steps import halving_short
+from .steps import HOST_MEMORY_SUBTYPES, halving_short
 
 
 def weights_beyond_gpu(ctx: Context) -> tuple[float, float] | None:
@@ -58,6 +58,26 @@ def what_would_fit(ctx: Context) -> str:
     return (
         f"The weights take {weights:.1f} GiB per GPU, more than the {budget:.1f} GiB this GPU can give them: "
         f"no flag on {tp} GPU(s) makes them fit. What would: " + ", or ".join(options) + "."
+    )
+
+
+def weights_beyond_free(ctx: Context) -> str:
+    """For a give-up on a free-memory refusal: the weights (vLLM's figure, else the memory model's) against what
+    other processes leave on the GPU (vLLM's printed figure, else the probe's before the start, less vLLM's
+    CUDA context), where no share can hold them."""
+    if ctx.diag.cause != "gpu_util_exceeds_free" or ctx.diag.subtype in HOST_MEMORY_SUBTYPES:
+        return ""
+    free = ctx.num("free_gib")
+    if free is None and ctx.inv.gpu_free_gib is not None:
+        free = ctx.inv.gpu_free_gib - CUDA_CONTEXT_GIB
+    weights = ctx.num("weights_gib")
+    if weights is None and ctx.inv.shape is not None and ctx.total:
+        weights = ctx.estimate().weights_gib
+    if free is None or not weights or weights <= free:
+        return ""
+    return (
+        f"The weights take {weights:.1f} GiB per GPU, more than the {max(free, 0.0):.2f} GiB other processes leave "
+        "free on it: no share makes them fit. Free that memory, or run where more is free."
     )
 
 

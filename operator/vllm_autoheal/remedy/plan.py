@@ -20,7 +20,7 @@ from ..diagnosis.model import Cause
 from ..engine import parse_args
 from ..memory import CUDA_CONTEXT_GIB
 from ..remedy_gate import Limits, check, utilization_floor
-from .advice import allocation_out_of_reach, weights_beyond_gpu, what_would_fit
+from .advice import allocation_out_of_reach, weights_beyond_free, weights_beyond_gpu, what_would_fit
 from .kv_steps import (
     eager_for_reserved_graphs,
     empty_budget,
@@ -181,7 +181,7 @@ def plan_heal(
         remedy.expected = remedy.expected or _expect(ctx, remedy.changes)
         return remedy
     why = f"; {'; '.join(refused)}" if refused else ""
-    advice = what_would_fit(ctx) or allocation_out_of_reach(ctx) or empty_budget(ctx)
+    advice = what_would_fit(ctx) or weights_beyond_free(ctx) or allocation_out_of_reach(ctx) or empty_budget(ctx)
     return Remedy(
         GIVE_UP,
         reason=f"no allowed change is left for {diagnosis.cause} within the bounds "
