@@ -15,6 +15,33 @@ from .model_shape import ModelShape
 from .remedy import Inventory, Remedy
 from .vllm_release import env_keeps_release, logged_release
 
+_DP_LOCAL = ("--data-parallel-size-local", "--data_parallel_size_local", "-dpl")
+_DP = ("--data-parallel-size", "--data_parallel_size", "-dp")
+
+
+def data_parallel_here(extra_args: list[str]) -> int | None:
+    """The data-parallel ranks vLLM starts on this machine (each takes its own TP x PP GPUs): the local size
+    where given, else the size, else 1; None where the flags do not say plainly (a value that is no count, an
+    abbreviation argparse would have to resolve)."""
+    given: dict[str, str] = {}
+    for i, token in enumerate(extra_args):
+        name, eq, value = token.partition("=")
+        for key, names in (("local", _DP_LOCAL), ("size", _DP)):
+            if name in names:
+                given[key] = value if eq else (extra_args[i + 1] if i + 1 < len(extra_args) else "")
+        if name.startswith(("--data-parallel-s", "--data_parallel_s")) and name not in _DP_LOCAL + _DP:
+            if not name.startswith(("--data-parallel-start", "--data_parallel_start")):
+                return None
+    text = given.get("local", given.get("size", "1"))
+    return int(text) if text.isascii() and text.isdigit() and 0 < int(text) <= 64 else None
+
+
+def gpus_taken(engine: EngineArgs, tensor_parallel_size: int | None = None) -> int | None:
+    """How many of this machine's GPUs vLLM takes with these flags (TP x PP for each local data-parallel rank)."""
+    ranks = data_parallel_here(engine.extra_args or [])
+    tp = tensor_parallel_size or engine.tensor_parallel_size
+    return None if ranks is None else tp * engine.pipeline_parallel_size * ranks
+
 
 def inventory(
     at_start: GpuSnapshot,
@@ -28,7 +55,8 @@ def inventory(
     the GPUs those flags take (None where that cannot be told: the GPU is then taken to be vLLM's alone),
     their size as CUDA counts it, this container's memory limit, and the release vLLM's log named. `env`
     is the one vLLM inherits."""
-    used = gpus_for(at_start, engine.tensor_parallel_size * engine.pipeline_parallel_size, env)
+    count = gpus_taken(engine)
+    used = gpus_for(at_start, count, env) if count else None
     inv = Inventory(
         memory_limit_bytes=cgroups.memory_limit(), shape=shape, gpu_free_gib=least_cuda_free_gib(used or [])
     )
@@ -51,5 +79,6 @@ def onto_fuller_gpus(
     split = remedy.changes.get("tensor_parallel_size")
     if not isinstance(split, int) or split <= engine.tensor_parallel_size or inv.gpu_free_gib is None:
         return None
-    free = least_cuda_free_gib(gpus_for(at_start, split * engine.pipeline_parallel_size, env) or [])
+    count = gpus_taken(engine, split)
+    free = least_cuda_free_gib(gpus_for(at_start, count, env) or []) if count else None
     return replace(inv, gpu_free_gib=free) if free is not None and free < inv.gpu_free_gib else None

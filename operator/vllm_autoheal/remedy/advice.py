@@ -67,6 +67,8 @@ def weights_beyond_free(ctx: Context) -> str:
     CUDA context), where no share can hold them."""
     if ctx.diag.cause != "gpu_util_exceeds_free" or ctx.diag.subtype in HOST_MEMORY_SUBTYPES:
         return ""
+    if ctx.engine.cpu_offload_gb:  # (the estimate keeps every weight on the GPU: no claim on what stays there)
+        return ""
     free = ctx.num("free_gib")
     if free is None and ctx.inv.gpu_free_gib is not None:
         free = ctx.inv.gpu_free_gib - CUDA_CONTEXT_GIB
