@@ -184,7 +184,26 @@ def _h200s(*free_gib: float) -> GpuSnapshot:
     )  # fmt: skip
 
 
+# (the two-GPU fakes' shared parts: their flags, vLLM 0.25's start-up refusal on cuda:1, and the server once it starts)
+HEADER = """import http.server, json, sys
+args = sys.argv[1:]
+def flag(name, default=None):
+    return args[args.index(name) + 1] if name in args else default
+tp, util = int(flag("--tensor-parallel-size", 1)), float(flag("--gpu-memory-utilization", 0.9))
+head = "(EngineCore pid=5449) ERROR 12-01 02:41:49 [core.py:1231] "
+"""
+REFUSE_ON_CUDA1 = """    print(head + f"ValueError: Free memory on device cuda:1 ({GPU1_FREE}/{TOTAL} GiB) on startup is less than "
+          f"desired GPU memory utilization ({util}, {util * TOTAL:.2f} GiB). Decrease GPU memory utilization or "
+          "reduce GPU memory used by other processes.")
+    sys.exit(1)"""
+SERVE = """if True:
+    port = int(flag("--port"))
+{handler}
+    http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()"""
+
+
 def _fake_vllm(tmp_path: Path, monkeypatch, script: str) -> None:
+    script = script.replace("{header}", HEADER).replace("{refuse}", REFUSE_ON_CUDA1).replace("{serve}", SERVE)
     pkg = tmp_path / "fake" / "vllm" / "entrypoints" / "openai"
     pkg.mkdir(parents=True)
     for d in (tmp_path / "fake" / "vllm", tmp_path / "fake" / "vllm" / "entrypoints", pkg):
@@ -216,26 +235,15 @@ def _qwen72b(tmp_path: Path) -> Path:
 # holds the rest): TP 1 fails to load the 72B's weights; TP 2 is refused by vLLM's start-up check on
 # cuda:1 when its share asks for more than that, and serves otherwise.
 FAKE_TWO_GPUS = """
-import http.server, json, sys
-args = sys.argv[1:]
-def flag(name, default=None):
-    return args[args.index(name) + 1] if name in args else default
-tp, util = int(flag("--tensor-parallel-size", 1)), float(flag("--gpu-memory-utilization", 0.9))
+{header}
 GPU1_FREE, TOTAL = 58.78, 139.8
-head = "(EngineCore pid=5449) ERROR 12-01 02:41:49 [core.py:1231] "
 if tp == 1:
     print(head + "Failed to load model - not enough GPU memory. (original error: CUDA out of memory. "
           "Tried to allocate 1.00 GiB.)")
     sys.exit(1)
 if util * TOTAL > GPU1_FREE:
-    print(head + f"ValueError: Free memory on device cuda:1 ({GPU1_FREE}/{TOTAL} GiB) on startup is less than "
-          f"desired GPU memory utilization ({util}, {util * TOTAL:.2f} GiB). Decrease GPU memory utilization or "
-          "reduce GPU memory used by other processes.")
-    sys.exit(1)
-if True:
-    port = int(flag("--port"))
-{handler}
-    http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+{refuse}
+{serve}
 """
 
 
@@ -270,18 +278,10 @@ def test_a_split_is_sized_past_what_another_process_leaves_on_the_gpu_it_adds(tm
 # Llama-3.1-8B's KV refusal at 0.2 and 128k on an H200 (as tests/test_serve_free_figure.py's fake); with TP 2,
 # vLLM's start-up check on cuda:1, where another process leaves 20 GiB.
 FAKE_8B_BESIDE = """
-import http.server, json, sys
-args = sys.argv[1:]
-def flag(name, default=None):
-    return args[args.index(name) + 1] if name in args else default
-tp, util = int(flag("--tensor-parallel-size", 1)), float(flag("--gpu-memory-utilization", 0.9))
+{header}
 GPU1_FREE, TOTAL = 20.0, 139.8
-head = "(EngineCore pid=5449) ERROR 12-01 02:41:49 [core.py:1231] "
 if tp == 2 and util * TOTAL > GPU1_FREE:
-    print(head + f"ValueError: Free memory on device cuda:1 ({GPU1_FREE}/{TOTAL} GiB) on startup is less than desired "
-          f"GPU memory utilization ({util}, {util * TOTAL:.2f} GiB). Decrease GPU memory utilization or reduce GPU "
-          "memory used by other processes.")
-    sys.exit(1)
+{refuse}
 if tp == 1:
     print("(EngineCore pid=5449) INFO 12-01 02:41:49 [gpu_worker.py:538] Available KV cache memory: 11.63 GiB")
     print(head + "ValueError: To serve at least one request with the model's max seq len (131072), (16.0 GiB KV "
@@ -289,10 +289,7 @@ if tp == 1:
           "memory, the estimated maximum model length is 95272. Try increasing `gpu_memory_utilization` (which also "
           "controls CPU memory on the CPU backend) or decreasing `max_model_len` when initializing the engine.")
     sys.exit(1)
-if True:
-    port = int(flag("--port"))
-{handler}
-    http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+{serve}
 """
 
 
