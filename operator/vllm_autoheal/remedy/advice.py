@@ -15,9 +15,7 @@ def weights_beyond_gpu(ctx: Context) -> tuple[float, float] | None:
     what vLLM needs besides them; None otherwise, or where either is not known."""
     if ctx.diag.cause not in ("weights_load_oom", "kv_cache_insufficient"):
         return None
-    weights = ctx.num("weights_gib")
-    if weights is None and ctx.inv.shape is not None and ctx.total:
-        weights = ctx.estimate().weights_gib
+    weights = _weights_per_gpu(ctx)
     total = ctx.total
     if not weights or not total:
         return None
@@ -72,9 +70,7 @@ def weights_beyond_free(ctx: Context) -> str:
     free = ctx.num("free_gib")
     if free is None and ctx.inv.gpu_free_gib is not None:
         free = ctx.inv.gpu_free_gib - CUDA_CONTEXT_GIB
-    weights = ctx.num("weights_gib")
-    if weights is None and ctx.inv.shape is not None and ctx.total:
-        weights = ctx.estimate().weights_gib
+    weights = _weights_per_gpu(ctx)
     if free is None or not weights or weights <= free:
         return ""
     return (
@@ -103,3 +99,11 @@ def _split_needs_a_raise(ctx: Context, n: int) -> bool:
     starts = (None, "cudagraph_capture_oom")  # (the graphs' room is a capture heal's, as for the split itself)
     free = ctx.inv.gpu_free_gib
     return ctx.estimate(split, free).failure not in starts and ctx.estimate(top, free).failure in starts
+
+
+def _weights_per_gpu(ctx: Context) -> float | None:
+    """The weights on one GPU: vLLM's printed figure, else the memory model's; None where neither is known."""
+    weights = ctx.num("weights_gib")
+    if weights is None and ctx.inv.shape is not None and ctx.total:
+        weights = ctx.estimate().weights_gib
+    return weights
