@@ -562,23 +562,23 @@ def test_a_second_run_in_the_same_log_is_placed_by_its_own_milestones():
 def test_preflight_fix_finds_the_raise_with_a_cut_context_for_qwen_32b_on_an_h100_under_0_33():
     """Severity: medium (pre-flight Fix leaves a spec it predicts will crash, and says no flags within the
     bounds fit, under the default image).
-    Input: Qwen2.5-32B on an H100 (79.19 GiB), vllm/vllm-openai:v0.33.0, gpuMemoryUtilization 0.8, default
+    Input: Qwen2.5-32B on an H100 (79.19 GiB then; 79.18 as measured since session 29), vllm/vllm-openai:v0.33.0, gpuMemoryUtilization 0.8, default
     bounds (max 0.95, minMaxModelLen 2048), preflight Fix. (0.29 and 0.34 the same.)
     79335e7: on 4436551 Fix raised 0.8 -> 0.95 with max_model_len 48,240 (fits). Since the graph
     reservation (ba3d1ef) the model puts the 0.99 GiB of graphs inside the budget: at 0.8 the cache is
     0.48 - 0.99 < 0, so predicted_diagnosis passes available_gib 0.0 with no estimated length;
     lower_max_model_len stops at 'no memory at all', _raise_with_estimate returns None on `not available`, and
     Fix gives up: 'no allowed change is left ... (tried: none)'. By the same model, 0.95 gives an 11.37 GiB
-    cache holding 46,560 tokens. (The limitation predates this session: the parent gives up at 0.78 too; the
+    cache holding 46,560 tokens (46,512 at 79.18 GiB). (The limitation predates this session: the parent gives up at 0.78 too; the
     reservation moved a 0.8 start onto it.)
-    What should happen: Fix ends on flags its model says fit (0.95 and a context of at most 46,560)."""
+    What should happen: Fix ends on flags its model says fit (0.95 and a context of at most 46,512)."""
     shape, gpu = config_shape("qwen2.5-32b"), lookup(H100)
     spec = VLLMServiceSpec(
         model="m", image="vllm/vllm-openai:v0.33.0", engine={"gpuMemoryUtilization": 0.8}, preflight="Fix"
     )
     at_top = estimate(
         shape,
-        spec.engine.model_copy(update={"gpu_memory_utilization": 0.95, "max_model_len": 46560}),
+        spec.engine.model_copy(update={"gpu_memory_utilization": 0.95, "max_model_len": 46512}),
         gpu,
         None,
         "server",

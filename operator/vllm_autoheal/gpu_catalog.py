@@ -3,7 +3,8 @@
 
 Memory is what CUDA reports as total (torch.cuda.mem_get_info), which is what vLLM
 multiplies by gpu_memory_utilization: a little under the marketing size. Sources:
-H200 measured on the project's machine (tests/fixtures/gpu/ground-truth-cases.jsonl: 139.80 GiB);
+H200 measured on the project's machine (tests/fixtures/gpu/ground-truth-cases.jsonl: 139.80 GiB), H100 80GB
+HBM3 too (tests/fixtures/gpu/h100-runs/device.txt: 85,017,493,504 bytes = 79.18 GiB, as vLLM 0.25 printed it);
 others as printed in real vLLM logs (tests/corpus/) where marked, else the nominal size
 less the ~0.6 GiB the driver keeps (nominal GB -> GiB, minus reserve). Compute capability as NVIDIA lists it
 (developer.nvidia.com/cuda-gpus): vLLM picks some kernels by it (mxfp4_experts.py).
@@ -30,8 +31,8 @@ class GpuSpec:
 _CATALOG: dict[str, tuple[float, str, tuple[int, int]]] = {
     "H200": (139.80, "measured (H200, vLLM 0.25)", (9, 0)),
     "H200-NVL": (139.80, "as H200", (9, 0)),
-    "H100-80GB-HBM3": (79.19, "nominal", (9, 0)),
-    "H100-SXM5-80GB": (79.19, "nominal", (9, 0)),
+    "H100-80GB-HBM3": (79.18, "measured (H100 80GB HBM3, vLLM 0.25)", (9, 0)),
+    "H100-SXM5-80GB": (79.18, "as H100-80GB-HBM3", (9, 0)),
     "H100-PCIE": (79.19, "nominal", (9, 0)),
     "H100-NVL": (93.09, "vLLM log in oom-corpus", (9, 0)),
     "B200": (178.36, "nominal", (10, 0)),

@@ -46,10 +46,12 @@ WINDOWED = ("mistral-7b-v0.1", "gemma-2-2b", "gemma-3-1b")
 # Mamba hybrids (tests/gpu/hybrid_state.sh): Nemotron-H 8B, dense (the payload has no MoE kernels), and
 # Qwen3.5-0.8B (Gated DeltaNet, run text-only; Qwen3-Next, MoE in every layer, needs the MoE kernels).
 HYBRID = ("nemotron-h-8b", "qwen3.5-0.8b")
+# Dense models beside Llama (tests/gpu/h100_runs.sh): weights that fill most of an 80 GiB card.
+DENSE = ("llama-3.1-8b", "qwen2.5-32b")
 
 
 def build(root: Path) -> None:
-    real = {name: json.loads((CONFIGS / f"{name}.json").read_text()) for name in WINDOWED + HYBRID + ("llama-3.1-8b",)}
+    real = {name: json.loads((CONFIGS / f"{name}.json").read_text()) for name in WINDOWED + HYBRID + DENSE}
     for name, config in (*real.items(), ("qwen2.5-72b", QWEN25_72B)):
         out = root / name
         out.mkdir(parents=True, exist_ok=True)

@@ -34,8 +34,12 @@ def what_would_fit(ctx: Context) -> str:
         return ""
     weights, budget = beyond
     tp = ctx.engine.tensor_parallel_size
-    need = tp
-    while need <= 64 and weights * tp / need > budget * 0.75:  # leave a quarter for the KV cache
+    need = _smallest_split_that_fits(ctx)
+    if need is None:
+        need = tp
+        while need <= 64 and weights * tp / need > budget * 0.75:  # blind: leave a quarter for the KV cache
+            need *= 2
+    while need <= 64 and weights * tp / need > budget:  # (the model's split must hold the weights vLLM printed)
         need *= 2
     split = f"tensor parallelism {need} ({weights * tp / need:.1f} GiB of weights per GPU"
     actions = ctx.policy.allowed_actions
@@ -48,8 +52,11 @@ def what_would_fit(ctx: Context) -> str:
     else:
         split += (
             "; allow it with spec.heal.bounds.maxTensorParallelSize and IncreaseTensorParallel in "
-            f"spec.heal.allowedActions, or serve --max-tensor-parallel-size {need})"
+            f"spec.heal.allowedActions, or serve --max-tensor-parallel-size {need}"
         )
+        if _split_needs_a_raise(ctx, need):  # (the heal then sets the share too, where a raise is allowed)
+            split += f"; its KV cache needs utilization up to {ctx.policy.bounds.max_gpu_memory_utilization}"
+        split += ")"
     options = [split]
     if weights / 2 <= budget * 0.75:
         options.append(f"an 8-bit checkpoint (about {weights / 2:.1f} GiB; name it in spec.heal.quantizedFallback)")
@@ -87,6 +94,24 @@ def allocation_out_of_reach(ctx: Context) -> str:
         f"One start-up allocation asked for {ctx.num('tried_gib'):g} GiB of a {ctx.total:g} GiB GPU: halving the "
         "sequences or the batch at best halves it, which still does not fit, so no memory flag was changed."
     )
+
+
+def _smallest_split_that_fits(ctx: Context) -> int | None:
+    """The smallest doubling of the split (up to 64) that the model splits into and that the memory model
+    says fits at the bounds' highest share; None where the model or GPU is not known, or none fits. (The
+    blind rule's quarter for the KV cache asked an H100 for TP 4 for Qwen2.5-72B at 8k, where TP 2 fits
+    22,784 tokens, as `plan` and the heal itself say.)"""
+    shape = ctx.inv.shape
+    if shape is None or not ctx.total:
+        return None
+    top = ctx.policy.bounds.max_gpu_memory_utilization
+    n = ctx.engine.tensor_parallel_size * 2
+    while n <= 64:
+        split = ctx.engine.model_copy(update={"tensor_parallel_size": n, "gpu_memory_utilization": top})
+        if shape.splits(n) and ctx.estimate(split, ctx.inv.gpu_free_gib).failure in (None, "cudagraph_capture_oom"):
+            return n
+        n *= 2
+    return None
 
 
 def _split_needs_a_raise(ctx: Context, n: int) -> bool:
