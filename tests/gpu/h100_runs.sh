@@ -21,15 +21,16 @@ run() {  # run NAME MODEL FLAGS...: one `vllm serve`, stopped once it serves
   local log="$OUT/h100-$name.log"
   setsid vllm serve "$MODELS/$model" --load-format dummy --host 127.0.0.1 --port 8015 "$@" > "$log" 2>&1 &
   local pid=$! state=""
+  trap "pkill -KILL -s $pid" EXIT; trap "exit 143" TERM  # (a timeout that stops this script stops the run too)
   for _ in $(seq 1 300); do
     grep -q "Application startup complete" "$log" && { state=started; break; }
     kill -0 $pid 2>/dev/null || { wait $pid; state="exit $?"; break; }
     sleep 1
   done
   [ -n "$state" ] || state=timeout
-  kill -TERM -- -$pid 2>/dev/null; sleep 3; kill -KILL -- -$pid 2>/dev/null; wait $pid 2>/dev/null
-  # an engine core that outlives its failed server keeps its memory (the first run of q32-095 left 77 GiB)
-  nvidia-smi --query-compute-apps=pid --format=csv,noheader | xargs -r kill -9 2>/dev/null
+  # the whole session the run started: an engine core that outlives its server keeps its memory (the
+  # first q32-095, stopped by its call's time limit with no cleanup, left 64.6 GiB held into later runs)
+  kill -TERM -- -$pid 2>/dev/null; sleep 3; pkill -KILL -s $pid; wait $pid 2>/dev/null; trap - EXIT
   echo "$name: $state in $((SECONDS - t0)) s: $model $*" | tee -a "$OUT/summary.txt"
   idle
 }
