@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ..diagnosis.arithmetic import besides_weights
 from ..memory import CUDA_CONTEXT_GIB
+from .kv_steps import raise_limit
 from .model import Context
 from .steps import HOST_MEMORY_SUBTYPES, halving_short
 
@@ -41,6 +42,9 @@ def what_would_fit(ctx: Context) -> str:
             need *= 2
     while need <= 64 and weights * tp / need > budget:  # (the model's split must hold the weights vLLM printed)
         need *= 2
+    shape = ctx.inv.shape
+    if need > 64 or (shape is not None and not shape.splits(need)):  # (vLLM refuses it at load)
+        return _no_split_holds(ctx, weights, budget)
     split = f"tensor parallelism {need} ({weights * tp / need:.1f} GiB of weights per GPU"
     actions = ctx.policy.allowed_actions
     if need <= (ctx.policy.bounds.max_tensor_parallel_size or 1) and "IncreaseTensorParallel" in actions:
@@ -55,15 +59,26 @@ def what_would_fit(ctx: Context) -> str:
             f"spec.heal.allowedActions, or serve --max-tensor-parallel-size {need}"
         )
         if _split_needs_a_raise(ctx, need):  # (the heal then sets the share too, where a raise is allowed)
-            split += f"; its KV cache needs utilization up to {ctx.policy.bounds.max_gpu_memory_utilization}"
+            split += f"; its KV cache needs utilization up to {raise_limit(ctx)}"
+            if "RaiseGpuMemoryUtilization" not in actions:
+                split += ": allow RaiseGpuMemoryUtilization too"
         split += ")"
-    options = [split]
+    return _no_split_holds(ctx, weights, budget, split)
+
+
+def _no_split_holds(ctx: Context, weights: float, budget: float, split: str = "") -> str:
+    """The give-up's sentence: the split that would hold the weights (none where no split the heads
+    divide does), or an 8-bit checkpoint."""
+    options = [split] if split else []
     if weights / 2 <= budget * 0.75:
         options.append(f"an 8-bit checkpoint (about {weights / 2:.1f} GiB; name it in spec.heal.quantizedFallback)")
-    return (
+    head = (
         f"The weights take {weights:.1f} GiB per GPU, more than the {budget:.1f} GiB this GPU can give them: "
-        f"no flag on {tp} GPU(s) makes them fit. What would: " + ", or ".join(options) + "."
+        f"no flag on {ctx.engine.tensor_parallel_size} GPU(s) makes them fit"
     )
+    if not options:
+        return head + ", and no tensor-parallel split the model's heads divide holds them."
+    return head + ". What would: " + ", or ".join(options) + "."
 
 
 def weights_beyond_free(ctx: Context) -> str:
@@ -98,29 +113,31 @@ def allocation_out_of_reach(ctx: Context) -> str:
 
 def _smallest_split_that_fits(ctx: Context) -> int | None:
     """The smallest doubling of the split (up to 64) that the model splits into and that the memory model
-    says fits at the bounds' highest share; None where the model or GPU is not known, or none fits. (The
+    says fits at the share that ran or at the most a raise may set (the bounds' highest, within free memory); None where the model or GPU is not known, or none fits. (The
     blind rule's quarter for the KV cache asked an H100 for TP 4 for Qwen2.5-72B at 8k, where TP 2 fits
     22,784 tokens, as `plan` and the heal itself say.)"""
     shape = ctx.inv.shape
     if shape is None or not ctx.total:
         return None
-    top = ctx.policy.bounds.max_gpu_memory_utilization
+    # (as the heal: at the share that ran, else at the most a raise may set, the bounds' and free memory's)
+    shares = (ctx.engine.gpu_memory_utilization, raise_limit(ctx))
     n = ctx.engine.tensor_parallel_size * 2
     while n <= 64:
-        split = ctx.engine.model_copy(update={"tensor_parallel_size": n, "gpu_memory_utilization": top})
-        if shape.splits(n) and ctx.estimate(split, ctx.inv.gpu_free_gib).failure in (None, "cudagraph_capture_oom"):
-            return n
+        for util in shares:
+            split = ctx.engine.model_copy(update={"tensor_parallel_size": n, "gpu_memory_utilization": util})
+            if shape.splits(n) and ctx.estimate(split, ctx.inv.gpu_free_gib).failure in (None, "cudagraph_capture_oom"):
+                return n
         n *= 2
     return None
 
 
 def _split_needs_a_raise(ctx: Context, n: int) -> bool:
     """Whether, by the memory model, the split n ways does not fit at the share that ran but does at
-    the bounds' highest."""
+    the most a raise may set (the bounds' highest, within free memory: kv_steps.raise_limit, as the heal)."""
     if ctx.inv.shape is None or not ctx.total:
         return False
     split = ctx.engine.model_copy(update={"tensor_parallel_size": n})
-    top = split.model_copy(update={"gpu_memory_utilization": ctx.policy.bounds.max_gpu_memory_utilization})
+    top = split.model_copy(update={"gpu_memory_utilization": raise_limit(ctx)})
     starts = (None, "cudagraph_capture_oom")  # (the graphs' room is a capture heal's, as for the split itself)
     free = ctx.inv.gpu_free_gib
     return ctx.estimate(split, free).failure not in starts and ctx.estimate(top, free).failure in starts
