@@ -88,7 +88,9 @@ def test_the_kv_refusal_is_predicted_and_healed_in_one_restart_by_vllms_own_figu
     assert est.max_model_len_fit == pytest.approx(printed(name, r"estimated maximum model length is (\d+)"), rel=0.01)
     diag = classify(Signals(log=(RUNS / f"{name}.log").read_text(), exit_code=1, ready_before=False, gpu=SNAPSHOT))
     assert diag.cause == "kv_cache_insufficient" and diag.numbers["estimated_max_model_len"] == 62656
-    remedy = plan_heal(VLLMServiceSpec(model="m", engine=engine), diag, inventory=Inventory(gpu_total_gib=79.18))
+    remedy = plan_heal(
+        VLLMServiceSpec(model="m", engine=engine), diag, inventory=Inventory(gpu_total_gib=H100.memory_gib)
+    )
     util = remedy.changes["gpu_memory_utilization"]
     assert remedy.action == "RaiseGpuMemoryUtilization" and util <= 0.95
     grown = diag.numbers["available_gib"] + (util - engine.gpu_memory_utilization) * 79.18
@@ -105,7 +107,7 @@ def test_beside_a_30_gib_process_the_share_is_cut_to_what_was_free_and_fits():
     shape, engine = shape_of("llama-3.1-8b"), engine_of(name)
     free_before = 48.15 + CUDA_CONTEXT_GIB  # (vLLM printed what was free once its own context was made)
     assert estimate(shape, engine, H100, free_gib=free_before, release=V025).failure == "gpu_util_exceeds_free"
-    inventory = Inventory(gpu_total_gib=79.18, gpu_free_gib=free_before, shape=shape, release=V025)
+    inventory = Inventory(gpu_total_gib=H100.memory_gib, gpu_free_gib=free_before, shape=shape, release=V025)
     remedy = plan_heal(VLLMServiceSpec(model="m", engine=engine), diag, inventory=inventory)
     util = remedy.changes["gpu_memory_utilization"]
     assert remedy.action == "LowerGpuMemoryUtilization" and util * 79.18 <= 48.15
@@ -118,7 +120,7 @@ def test_32b_beside_an_engine_that_held_65_gib_gives_up_naming_the_weights():
     name = "q32-095-beside-orphan"
     diag = classify(Signals(log=(RUNS / f"{name}.log").read_text(), exit_code=1, ready_before=False, gpu=SNAPSHOT))
     assert diag.cause == "gpu_util_exceeds_free" and diag.numbers["free_gib"] == 14.06
-    inventory = Inventory(gpu_total_gib=79.18, shape=shape_of("qwen2.5-32b"), release=V025)
+    inventory = Inventory(gpu_total_gib=H100.memory_gib, shape=shape_of("qwen2.5-32b"), release=V025)
     remedy = plan_heal(VLLMServiceSpec(model="m", engine=engine_of(name)), diag, inventory=inventory)
     assert remedy.action == GIVE_UP and "61.1 GiB per GPU, more than the 14.06 GiB" in remedy.reason
 
@@ -132,7 +134,7 @@ def test_72b_on_one_h100_is_a_weights_failure_and_the_give_up_asks_for_the_split
     assert estimate(shape, engine.model_copy(update={"tensor_parallel_size": 2}), H100, release=V025).fits
     diag = classify(Signals(log=(RUNS / f"{name}.log").read_text(), exit_code=1, ready_before=False, gpu=SNAPSHOT))
     assert diag.cause == "weights_load_oom" and diag.phase == "load"
-    inventory = Inventory(gpu_total_gib=79.18, shape=shape, release=V025)
+    inventory = Inventory(gpu_total_gib=H100.memory_gib, shape=shape, release=V025)
     remedy = plan_heal(VLLMServiceSpec(model="m", engine=engine), diag, inventory=inventory)
     assert remedy.action == GIVE_UP and "What would: tensor parallelism 2 (67.7 GiB of weights per GPU" in remedy.reason
     allowed = {"bounds": {"maxTensorParallelSize": 4}, "allowedActions": ["IncreaseTensorParallel"]}
@@ -146,6 +148,6 @@ def test_the_split_the_give_up_names_also_holds_the_weights_vllm_printed():
     name, shape = "q72", shape_of("qwen2.5-72b")
     diag = classify(Signals(log=(RUNS / f"{name}.log").read_text(), exit_code=1, ready_before=False, gpu=SNAPSHOT))
     diag.numbers["weights_gib"] = 150.0
-    inventory = Inventory(gpu_total_gib=79.18, shape=shape, release=V025)
+    inventory = Inventory(gpu_total_gib=H100.memory_gib, shape=shape, release=V025)
     remedy = plan_heal(VLLMServiceSpec(model="m", engine=engine_of(name)), diag, inventory=inventory)
     assert remedy.action == GIVE_UP and "What would: tensor parallelism 4 (37.5 GiB of weights per GPU" in remedy.reason

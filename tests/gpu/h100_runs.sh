@@ -2,7 +2,7 @@
 # vLLM 0.25's own memory figures on an H100 80GB (device tool, kind nvidia-h100-x1): the memory model
 # was calibrated on an H200 only, so these runs check it on a GPU it was not built on (its total, the
 # batch defaults of an 80 GiB card, the activation peak, graphs beside the budget, real refusals).
-# Each `vllm serve` (dummy weights) is stopped once it serves or has exited; logs in $OUT/h100-NAME.log,
+# Each `vllm serve` (dummy weights) is stopped once it serves or has exited; logs in $OUT/NAME.log,
 # one line per run in $OUT/summary.txt. tests/test_memory_h100.py replays them.
 #   bash tests/gpu/h100_runs.sh [NAME...]      (default: every run below)
 # Needs what sliding_windows.sh needs: vLLM 0.25 in $SITE (tests/gpu/payload.sh) and the model folders
@@ -16,22 +16,32 @@ idle() {  # wait until no process holds GPU memory
     [ "${used:-0}" -lt 1000 ] && return 0; sleep 2
   done; echo "GPU still busy: ${used} MiB"
 }
+RUNNING=""
+stop() {  # stop the run's session (setsid): the server and every process it started, its engine core too
+  [ -n "$RUNNING" ] || return 0
+  pkill -TERM -s "$RUNNING" 2>/dev/null; sleep 3; pkill -KILL -s "$RUNNING" 2>/dev/null
+  wait "$RUNNING" 2>/dev/null; RUNNING=""
+}
+# a run in its own session outlives this script (the device call's time limit): stop it on the way out
+trap 'stop; [ -n "${THIEF:-}" ] && kill -9 "$THIEF" 2>/dev/null' EXIT
+trap 'exit 1' INT TERM
 run() {  # run NAME MODEL FLAGS...: one `vllm serve`, stopped once it serves
   local name=$1 model=$2 t0=$SECONDS; shift 2
-  local log="$OUT/h100-$name.log"
+  local log="$OUT/$name.log"
   setsid vllm serve "$MODELS/$model" --load-format dummy --host 127.0.0.1 --port 8015 "$@" > "$log" 2>&1 &
   local pid=$! state=""
-  trap "pkill -KILL -s $pid" EXIT; trap "exit 143" TERM  # (a timeout that stops this script stops the run too)
+  RUNNING=$pid
   for _ in $(seq 1 300); do
     grep -q "Application startup complete" "$log" && { state=started; break; }
     kill -0 $pid 2>/dev/null || { wait $pid; state="exit $?"; break; }
     sleep 1
   done
   [ -n "$state" ] || state=timeout
-  # the whole session the run started: an engine core that outlives its server keeps its memory (the
-  # first q32-095, stopped by its call's time limit with no cleanup, left 64.6 GiB held into later runs)
-  kill -TERM -- -$pid 2>/dev/null; sleep 3; pkill -KILL -s $pid; wait $pid 2>/dev/null; trap - EXIT
-  echo "$name: $state in $((SECONDS - t0)) s: $model $*" | tee -a "$OUT/summary.txt"
+  # (the whole session, not only the process group: an engine core that outlived its server held 64.6 GiB
+  # into the next starts; never every GPU process: on a shared host those are others', and in a container
+  # nvidia-smi's PIDs are the host's)
+  stop
+  echo "$name: $state: $model $*" | tee -a "$OUT/summary.txt"; echo "($name took $((SECONDS - t0)) s)"
   idle
 }
 thief() {  # thief GIB: another process holding GIB GiB of GPU 0
@@ -40,7 +50,7 @@ thief() {  # thief GIB: another process holding GIB GiB of GPU 0
   for _ in $(seq 1 120); do [ -s /tmp/thief-ready ] && break; sleep 1; done
   THIEF=$(cat /tmp/thief-ready)
 }
-unthief() { kill -9 "$THIEF" 2>/dev/null; for _ in $(seq 1 60); do kill -0 "$THIEF" 2>/dev/null || break; sleep 1; done; idle; }
+unthief() { kill -9 "$THIEF" 2>/dev/null; for _ in $(seq 1 60); do kill -0 "$THIEF" 2>/dev/null || break; sleep 1; done; THIEF=""; idle; }
 if [ ! -s "$OUT/device.txt" ]; then
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/device.txt"
   python3 -c 'import torch; f, t = torch.cuda.mem_get_info(); print(f"cuda total {t} bytes = {t / 2**30:.2f} GiB, free {f / 2**30:.2f} GiB; torch {torch.__version__}")' | tee -a "$OUT/device.txt"

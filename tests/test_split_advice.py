@@ -1,14 +1,14 @@
-"""Review of 2be1d18 (the weights give-up names the smallest split the memory model says fits): cases where
-the advice disagrees with the heal or leaves out what the heal needs, and where the H100 run script or its
-fixture summary do not match each other."""
+"""The split a weights give-up names (remedy/advice.py): the one the heal itself would pick, at the share
+that ran or the most a raise may set, one the model's heads divide, with every action it needs named; and
+the H100 run script (tests/gpu/h100_runs.sh) that stops only what it started and writes what the replay
+(tests/test_memory_h100.py) reads. Found by a hostile review of the session-29 advice change."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
-from test_memory_h100 import RUN, RUNS, LINE, SNAPSHOT, V025, engine_of, shape_of
-
+from test_memory_h100 import H100, LINE, RUNS, SNAPSHOT, V025, engine_of, shape_of
 from vllm_autoheal.api import VLLMServiceSpec
 from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.remedy import GIVE_UP, Inventory, plan_heal
@@ -25,7 +25,7 @@ def test_a_probe_figure_below_the_top_share_does_not_bring_back_the_blind_rule()
     fits beside it, and the heal itself picks TP 2 at that share; the advice evaluated every split at the
     bounds' 0.95 (75.22 GiB, more than is free), found none, and fell back to the blind rule's TP 4."""
     shape, engine, diag = shape_of("qwen2.5-72b"), engine_of("q72"), q72_diag()
-    inventory = Inventory(gpu_total_gib=79.18, gpu_free_gib=74.0, shape=shape, release=V025)
+    inventory = Inventory(gpu_total_gib=H100.memory_gib, gpu_free_gib=74.0, shape=shape, release=V025)
     allowed = {"bounds": {"maxTensorParallelSize": 8}, "allowedActions": ["IncreaseTensorParallel"]}
     healed = plan_heal(VLLMServiceSpec(model="m", engine=engine, heal=allowed), diag, inventory=inventory)
     assert healed.changes == {"tensor_parallel_size": 2}
@@ -40,13 +40,18 @@ def test_a_split_that_needs_a_raise_outside_the_bounds_says_to_allow_the_raise()
     again (the heal sets the share only where a raise is allowed). The within-bounds wording names the action."""
     shape, diag = shape_of("qwen2.5-72b"), q72_diag()
     engine = engine_of("q72").model_copy(update={"gpu_memory_utilization": 0.85})
-    inventory = Inventory(gpu_total_gib=79.18, shape=shape, release=V025)
+    inventory = Inventory(gpu_total_gib=H100.memory_gib, shape=shape, release=V025)
     no_raise = {"allowedActions": ["LowerGpuMemoryUtilization"]}
     gave_up = plan_heal(VLLMServiceSpec(model="m", engine=engine, heal=no_raise), diag, inventory=inventory)
     assert gave_up.action == GIVE_UP and "needs utilization up to 0.95" in gave_up.reason
     assert "RaiseGpuMemoryUtilization" in gave_up.reason, gave_up.reason
-    followed = {"bounds": {"maxTensorParallelSize": 2}, "allowedActions": ["LowerGpuMemoryUtilization", "IncreaseTensorParallel"]}
-    assert plan_heal(VLLMServiceSpec(model="m", engine=engine, heal=followed), diag, inventory=inventory).action == GIVE_UP
+    followed = {
+        "bounds": {"maxTensorParallelSize": 2},
+        "allowedActions": ["LowerGpuMemoryUtilization", "IncreaseTensorParallel"],
+    }
+    assert (
+        plan_heal(VLLMServiceSpec(model="m", engine=engine, heal=followed), diag, inventory=inventory).action == GIVE_UP
+    )
     followed["allowedActions"].append("RaiseGpuMemoryUtilization")
     healed = plan_heal(VLLMServiceSpec(model="m", engine=engine, heal=followed), diag, inventory=inventory)
     assert healed.changes["tensor_parallel_size"] == 2
@@ -58,7 +63,7 @@ def test_the_split_held_to_the_printed_weights_is_one_the_heads_divide():
     shape, diag = shape_of("qwen2.5-32b"), q72_diag()
     assert not shape.splits(16)
     diag.numbers["weights_gib"] = 600.0
-    inventory = Inventory(gpu_total_gib=79.18, shape=shape, release=V025)
+    inventory = Inventory(gpu_total_gib=H100.memory_gib, shape=shape, release=V025)
     remedy = plan_heal(VLLMServiceSpec(model="m", engine=engine_of("q72")), diag, inventory=inventory)
     assert remedy.action == GIVE_UP
     assert "tensor parallelism 16" not in remedy.reason, remedy.reason
@@ -69,8 +74,13 @@ def test_the_scripts_own_summary_lines_are_what_the_replay_reads():
     (and LINE) read 'NAME: STATE: MODEL FLAGS' and NAME.log: a fresh run dropped in is not replayed."""
     text = SCRIPT.read_text()
     echo = re.search(r'echo "(\$name: \$state[^"]*)"', text)[1]
-    line = (echo.replace("$name", "l8-eager").replace("$state", "started").replace("$((SECONDS - t0))", "95")
-            .replace("$model", "llama-3.1-8b").replace("$*", "--max-model-len 8192 --enforce-eager"))
+    line = (
+        echo.replace("$name", "l8-eager")
+        .replace("$state", "started")
+        .replace("$((SECONDS - t0))", "95")
+        .replace("$model", "llama-3.1-8b")
+        .replace("$*", "--max-model-len 8192 --enforce-eager")
+    )
     assert LINE.match(line), line
     assert re.search(r'log="\$OUT/\$name\.log"', text), "logs are written as h100-NAME.log, kept as NAME.log"
 
