@@ -15,11 +15,12 @@ import pytest
 from vllm_autoheal.api import EngineArgs, VLLMServiceSpec
 from vllm_autoheal.diagnosis import GpuInfo, GpuSnapshot, Signals, classify
 from vllm_autoheal.engine import parse_args
+from vllm_autoheal.engine_defaults import default_max_num_batched_tokens
 from vllm_autoheal.gpu_catalog import lookup
 from vllm_autoheal.memory import CUDA_CONTEXT_GIB, estimate
 from vllm_autoheal.model_config import check, to_shape
 from vllm_autoheal.remedy import GIVE_UP, Inventory, plan_heal
-from vllm_autoheal.vllm_release import parse_version
+from vllm_autoheal.vllm_release import facts, parse_version
 
 FIXTURES = Path(__file__).parent / "fixtures"
 RUNS = FIXTURES / "gpu" / "h100-runs"
@@ -58,6 +59,15 @@ def test_the_catalog_has_cudas_total_as_measured():
     total = int(re.search(r"cuda total (\d+) bytes", (RUNS / "device.txt").read_text())[1])
     assert H100.memory_gib == pytest.approx(total / 2**30, abs=0.005)
     assert f"(48.15/{H100.memory_gib:.2f} GiB)" in (RUNS / "l8-thief30.log").read_text()  # (vLLM's own figure)
+
+
+@pytest.mark.parametrize("name", sorted(RUN))
+def test_the_batch_default_is_the_one_vllm_took_on_an_80_gib_card(name):
+    """Every start printed vLLM's batch default for the server on this card; the model's activation peak
+    is sized from the same figure."""
+    taken = printed(name, r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)")
+    tier = facts(V025).batch
+    assert default_max_num_batched_tokens(H100.memory_gib, "server", H100.name, tier) == taken == 8192
 
 
 def test_every_run_is_replayed():
