@@ -184,6 +184,21 @@ def parse_image(image: object) -> Release | None:
     return None
 
 
+# vLLM's own --gpu-memory-utilization where a command line names none (config/cache.py CacheConfig, and the LLM
+# class's): 0.9 through 0.19.1, 0.92 from 0.20.0 (PR #38284; read in the 0.19.1, 0.20.0 and 0.22.0 wheels, and
+# printed by 0.25 on an H100). vllm-autoheal always passes the flag (0.9 unless set): this is for a plain vLLM
+# command line only (diagnose --engine-args).
+UTILIZATION_092_FROM: Version = (0, 20, 0)
+
+
+def default_utilization(release: Release | None) -> float | None:
+    """The utilization the release takes where its command line names none; None where no release is known,
+    or it is newer than the last series read."""
+    if release is None or release.version[:2] > LAST_SERIES:
+        return None
+    return 0.92 if release.version >= UTILIZATION_092_FROM else 0.9
+
+
 def facts(release: Release | None) -> Facts | None:
     """The facts of a release's row; None for no release or one the table does not describe."""
     if release is None or release.version[:2] > LAST_SERIES or release.version < RELEASES[0].first:

@@ -20,6 +20,7 @@ from ..diagnosis.model import Cause
 from ..engine import parse_args
 from ..memory import CUDA_CONTEXT_GIB
 from ..remedy_gate import Limits, check, utilization_floor
+from ..vllm_release import default_utilization, logged_release
 from .advice import allocation_out_of_reach, weights_beyond_free, weights_beyond_gpu, what_would_fit
 from .kv_steps import (
     eager_for_reserved_graphs,
@@ -331,7 +332,24 @@ def weights_leave_no_cache(ctx: Context) -> bool:
 
 
 def plan_from_command(flags: str, diagnosis: Diagnosis, gpu_memory_gib: float | None = None) -> Remedy:
-    """For `diagnose --engine-args`: a remedy for a plain command line, with the CRD's default policy."""
+    """For `diagnose --engine-args`: a remedy for a plain command line, with the CRD's default policy. Where
+    the line names no utilization, the one that ran: vLLM's printed figure, else the logged release's
+    default (0.92 from 0.20: a KV raise sized from 0.9 fell 0.02 short, a certain second crash)."""
     parsed = parse_args(flags)
-    spec = VLLMServiceSpec(model=parsed.model or "model", engine=parsed.engine)
-    return plan_heal(spec, diagnosis, inventory=Inventory(gpu_total_gib=gpu_memory_gib))
+    engine, note = parsed.engine, ""
+    if "gpu_memory_utilization" not in engine.model_fields_set:
+        printed = diagnosis.numbers.get("util")
+        ran = printed if isinstance(printed, float) and 0 < printed <= 1 else None
+        ran = ran or default_utilization(logged_release(diagnosis.numbers))
+        if ran is None:
+            note = (
+                " (--engine-args names no --gpu-memory-utilization and the log names no release: taken as 0.9; "
+                "vLLM's own default is 0.92 from 0.20.0)"
+            )
+        else:
+            engine = engine.model_copy(update={"gpu_memory_utilization": ran})
+    spec = VLLMServiceSpec(model=parsed.model or "model", engine=engine)
+    remedy = plan_heal(spec, diagnosis, inventory=Inventory(gpu_total_gib=gpu_memory_gib))
+    if note and "gpu_memory_utilization" in remedy.changes:
+        remedy.reason += note
+    return remedy
