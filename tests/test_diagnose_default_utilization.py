@@ -76,3 +76,15 @@ def test_the_cli_plans_from_the_default_that_ran(tmp_path, capsys):
     out = capsys.readouterr().out
     share = json.loads(out)["remedy"]["changes"]["gpu_memory_utilization"]
     assert 15.0 + (share - 0.92) * H100 >= 16.0
+
+
+def test_plan_says_which_share_it_sized_and_what_a_plain_vllm_serve_takes(capsys):
+    config = str(Path(__file__).parent / "fixtures" / "configs" / "llama-3.1-8b.json")
+    argv = ["plan", "--model-config", config, "--gpu", "NVIDIA-H100-80GB-HBM3", "--max-model-len", "8192"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "(utilization 0.9, the operator's and serve's default; a plain `vllm serve` of 0.33.0 takes 0.92)" in out
+    assert main([*argv, "--vllm-version", "0.19.1"]) == 0
+    assert "(utilization 0.9, the operator's and serve's default)" in capsys.readouterr().out
+    assert main([*argv, "--gpu-memory-utilization", "0.92", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["vllm"]["share"] == "utilization 0.92"

@@ -9,7 +9,7 @@ import os
 import stat
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .memory import ModelShape
@@ -146,7 +146,7 @@ def run_plan(args: argparse.Namespace) -> int:
             "reasons": first.reasons,
             "gpu": {"name": gpu.name, "memory_gib": gpu.memory_gib, "source": gpu.source},
             "model": {"architecture": shape.architecture, "params": shape.params(), "source": source},
-            "vllm": {"release": str(release) if release else None, "figures": vllm},
+            "vllm": {"release": str(release) if release else None, "figures": vllm, "share": _share(engine, release)},
             "suggestion": None,
             "options": [o.to_dict() for o in opts],
         }
@@ -160,13 +160,27 @@ def run_plan(args: argparse.Namespace) -> int:
             }
         print(json.dumps(out, indent=2))
     else:
-        print(render_plan(shape, gpu, first, result, vllm))
+        print(render_plan(shape, gpu, first, result, vllm, _share(engine, release)))
         print()
         print(render_bars(first.estimate, engine.tensor_parallel_size * engine.pipeline_parallel_size))
         print()
         print(f"options on {gpu.name} at max_model_len {first.estimate.max_model_len:,} (the other flags as given):")
         print(render_options(opts, first.estimate.max_model_len))
     return 0 if first.fits else 1
+
+
+def _share(engine: Any, release: Any) -> str:
+    """The utilization plan sized the budget at, and, where the command line names none, that a plain
+    `vllm serve` of the release would take its own default (0.92 from 0.20.0): the operator and `serve`
+    always pass the flag, 0.9 unless set."""
+    from .vllm_release import default_utilization
+
+    util = engine.gpu_memory_utilization
+    if "gpu_memory_utilization" in engine.model_fields_set:
+        return f"utilization {util:g}"
+    own = default_utilization(release)
+    plain = f"; a plain `vllm serve` of {release} takes {own:g}" if own is not None and own != util else ""
+    return f"utilization {util:g}, the operator's and serve's default{plain}"
 
 
 def run_serve(args: argparse.Namespace) -> int:

@@ -54,14 +54,15 @@ def render_diagnosis(diag: Diagnosis, remedy: Any = None) -> str:
     return "\n".join(lines)
 
 
-def render_plan(shape: Any, gpu: Any, first: Any, fixed: Any, vllm: str = "") -> str:
-    """The fit table `vllm-autoheal plan` prints; `vllm`: which release's figures it used."""
+def render_plan(shape: Any, gpu: Any, first: Any, fixed: Any, vllm: str = "", share: str = "") -> str:
+    """The fit table `vllm-autoheal plan` prints; `vllm`: which release's figures it used; `share`: the
+    utilization the budget was sized at, and where it came from."""
     est = first.estimate
     rows = [
         ("model", f"{shape.architecture}, {shape.params() / 1e9:.2f} B parameters"),
         *([("vLLM", vllm)] if vllm else []),
         ("GPU", f"{gpu.name}: {gpu.memory_gib:g} GiB ({gpu.source}); free at start {est.gpu_free_gib:.2f} GiB"),
-        ("requested", f"{est.requested_gib:.2f} GiB"),
+        ("requested", f"{est.requested_gib:.2f} GiB" + (f" ({share})" if share else "")),
         ("weights / GPU", f"{est.weights_gib:.2f} GiB"),
         ("activation peak", f"{est.activation_gib:.2f} GiB (max_num_batched_tokens {est.max_num_batched_tokens:,})"),
         ("non-torch", f"{est.non_torch_gib:.2f} GiB"),
