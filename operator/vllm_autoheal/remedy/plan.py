@@ -17,7 +17,7 @@ from typing import Any
 from ..api import EngineArgs, VLLMServiceSpec
 from ..diagnosis import Diagnosis
 from ..diagnosis.model import Cause
-from ..engine import parse_args
+from ..engine import BY_FIELD, flag_name, parse_args, spelled_by
 from ..memory import CUDA_CONTEXT_GIB
 from ..remedy_gate import Limits, check, utilization_floor
 from ..vllm_release import default_utilization, logged_release
@@ -340,10 +340,16 @@ def plan_from_command(flags: str, diagnosis: Diagnosis, gpu_memory_gib: float | 
     if "gpu_memory_utilization" not in engine.model_fields_set:
         printed = diagnosis.numbers.get("util")
         ran = printed if isinstance(printed, float) and 0 < printed <= 1 else None
-        ran = ran or default_utilization(logged_release(diagnosis.numbers))
+        ran = ran or _share_in_extra(engine.extra_args)  # (an abbreviation argparse accepts)
+        release = logged_release(diagnosis.numbers)
+        if ran is None and any(spelled_by(t, "--config") for t in engine.extra_args):
+            note = " (--engine-args names --config, whose file may set another --gpu-memory-utilization: "
+            note += f"taken as vLLM's own default, {default_utilization(release) or 0.9:g})"
+        ran = ran or default_utilization(release)
         if ran is None:
+            named = f"the log names vLLM {release}, newer than those read" if release else "the log names no release"
             note = (
-                " (--engine-args names no --gpu-memory-utilization and the log names no release: taken as 0.9; "
+                f" (--engine-args names no --gpu-memory-utilization and {named}: taken as 0.9; "
                 "vLLM's own default is 0.92 from 0.20.0)"
             )
         else:
@@ -353,3 +359,26 @@ def plan_from_command(flags: str, diagnosis: Diagnosis, gpu_memory_gib: float | 
     if note and "gpu_memory_utilization" in remedy.changes:
         remedy.reason += note
     return remedy
+
+
+def _share_in_extra(extra: list[str]) -> float | None:
+    """The share a command line names in a spelling parse_args leaves in extra_args: a prefix of
+    --gpu-memory-utilization or its alias, which vLLM's argparse accepts (`--gpu-memory-util 0.8`); the last
+    wins, as in argparse. Only a value that is a share (0 < x <= 1): a shorter flag of its own (`--device cuda`
+    in old releases) is not one."""
+    spellings = BY_FIELD["gpu_memory_utilization"].spellings
+    share = None
+    for i, token in enumerate(extra):
+        if not any(spelled_by(token, s) for s in spellings):
+            continue
+        if "=" in token:
+            text = token.partition("=")[2]
+        else:
+            text = extra[i + 1] if i + 1 < len(extra) and flag_name(extra[i + 1]) is None else ""
+        try:
+            value = float(text)
+        except ValueError:
+            continue
+        if 0 < value <= 1:
+            share = value
+    return share
