@@ -70,3 +70,15 @@ def test_a_config_file_may_name_the_share_and_the_remedy_says_so():
     assert "--config" in remedy.reason, remedy.reason
     plain = plan_from_command("--max-model-len 131072", diag, gpu_memory_gib=H100)
     assert "--config" not in plain.reason and "taken as" not in plain.reason
+
+
+def test_plan_does_not_say_the_flags_name_no_share_where_an_abbreviation_names_one(capsys):
+    """`plan --gpu-memory-util 0.5`: vLLM reads 0.5, but plan sized at 0.9 and its 'requested' line said the
+    flags name none ("the operator's and serve's default"). Refused as `serve` refuses it: exit 2, naming it."""
+    from vllm_autoheal.cli import main
+
+    config = str(Path(__file__).parent / "fixtures" / "configs" / "llama-3.1-8b.json")
+    argv = ["plan", "--model-config", config, "--gpu", "NVIDIA-H100-80GB-HBM3", "--max-model-len", "8192"]
+    assert main([*argv, "--gpu-memory-util", "0.5"]) == 2
+    err = capsys.readouterr().err
+    assert "--gpu-memory-util" in err and "--gpu-memory-utilization" in err
