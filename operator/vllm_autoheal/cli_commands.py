@@ -104,7 +104,7 @@ def _plan_shape(args: argparse.Namespace) -> tuple[ModelShape, str]:
 
 def run_plan(args: argparse.Namespace) -> int:
     from .api import DEFAULT_IMAGE, VLLMServiceSpec
-    from .engine import EngineArgsError, parse_args
+    from .engine import EngineArgsError, Flag, forbidden, parse_args
     from .gpu_catalog import lookup
     from .model_config import ModelConfigError
     from .plan_options import options, render_bars, render_options
@@ -123,6 +123,16 @@ def run_plan(args: argparse.Namespace) -> int:
     except (KeyError, EngineArgsError) as exc:
         print(f"vllm-autoheal plan: {exc.args[0]}", file=sys.stderr)
         return 2
+    for token in engine.extra_args:
+        entry = forbidden(token)
+        # (an abbreviation vLLM reads as a flag plan sizes from, `--gpu-memory-util 0.5`: plan would size
+        # from the default and say the flags name none; a long one only: `-pcp` is a flag of its own)
+        if isinstance(entry, Flag) and token.startswith("--"):
+            print(
+                f"vllm-autoheal plan: {token.split('=', 1)[0]!r} is read by vLLM as {entry.cli}: spell it {entry.cli}",
+                file=sys.stderr,
+            )
+            return 2
     if args.gpu_free_gib is not None and args.gpu_free_gib > gpu.memory_gib:
         print(
             f"vllm-autoheal plan: --gpu-free-gib {args.gpu_free_gib:g} is more than the GPU's {gpu.memory_gib:g} GiB",
