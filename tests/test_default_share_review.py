@@ -1,8 +1,8 @@
-"""Review of 23edda6/f031d98: where `diagnose --engine-args` takes the share that ran.
+"""Where `diagnose --engine-args` and `plan` take the share that ran (found by a hostile review).
 
 - A command line may name the share in a spelling parse_args leaves in extra_args (an abbreviation vLLM's
-  argparse accepts, `--gpu-memory-util 0.95`): the line names a share, and it is the one that ran, not the
-  release's default.
+  argparse accepts, `--gpu-memory-util 0.95`): refused, naming the spelling, as `serve` refuses it (sized as
+  though the line named none, the remedy was a 'raise' to the share that had just failed).
 - A log that names a release newer than the last series read does name a release: the note must not say
   it names none.
 - The printed share of a free-memory refusal decides a cut that lands between 0.9 and what ran (0.92): a
@@ -13,7 +13,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
+from vllm_autoheal.cli import main
 from vllm_autoheal.diagnosis import Signals, classify
+from vllm_autoheal.engine import EngineArgsError
 from vllm_autoheal.remedy import plan_from_command
 
 FIXTURES = Path(__file__).parent / "fixtures" / "gpu" / "h100-runs"
@@ -29,15 +33,19 @@ def _kv(log: str):
     return diag
 
 
-def test_an_abbreviated_share_on_the_command_line_is_the_one_that_ran():
+def test_an_abbreviated_share_on_the_command_line_is_refused_naming_the_flag(tmp_path, capsys):
     """vLLM ran at 0.95 (`--gpu-memory-util 0.95`, argparse's prefix); the cache was 1 GiB short. Sized from
-    the release's 0.92 the 'raise' is 0.95, the share that just failed: a certain second crash."""
+    the release's 0.92, the 'raise' was 0.95, the share that just failed: a certain second crash. Refused
+    instead, as plan and serve refuse it: exit 2, naming the spelling to use."""
     diag = _kv(AT_DEFAULT)
-    remedy = plan_from_command("--max-model-len 131072 --gpu-memory-util 0.95", diag, gpu_memory_gib=H100)
-    assert remedy.changes.get("gpu_memory_utilization", 1.0) > 0.95, remedy.summary()
-    low = plan_from_command("--max-model-len 131072 --gpu-memory-util=0.5", diag, gpu_memory_gib=H100)
-    # 0.5 + 1 GiB of 79.18 + 0.01 = 0.53: not 0.95 (36 GiB more than the cache was short)
-    assert low.changes.get("gpu_memory_utilization") == 0.53, low.summary()
+    for flags in ("--max-model-len 131072 --gpu-memory-util 0.95", "--max-model-len 131072 --gpu-memory-util=0.5"):
+        with pytest.raises(EngineArgsError, match="spell it --gpu-memory-utilization"):
+            plan_from_command(flags, diag, gpu_memory_gib=H100)
+    log = tmp_path / "kv.log"
+    log.write_text(AT_DEFAULT)
+    assert main(["diagnose", "--engine-args", "--max-model-len 131072 --gpu-memory-util 0.95", str(log)]) == 2
+    err = capsys.readouterr().err
+    assert "--gpu-memory-util" in err and "spell it --gpu-memory-utilization" in err and "Traceback" not in err
 
 
 def test_a_release_newer_than_the_table_is_not_called_no_release():
@@ -75,8 +83,6 @@ def test_a_config_file_may_name_the_share_and_the_remedy_says_so():
 def test_plan_does_not_say_the_flags_name_no_share_where_an_abbreviation_names_one(capsys):
     """`plan --gpu-memory-util 0.5`: vLLM reads 0.5, but plan sized at 0.9 and its 'requested' line said the
     flags name none ("the operator's and serve's default"). Refused as `serve` refuses it: exit 2, naming it."""
-    from vllm_autoheal.cli import main
-
     config = str(Path(__file__).parent / "fixtures" / "configs" / "llama-3.1-8b.json")
     argv = ["plan", "--model-config", config, "--gpu", "NVIDIA-H100-80GB-HBM3", "--max-model-len", "8192"]
     assert main([*argv, "--gpu-memory-util", "0.5"]) == 2

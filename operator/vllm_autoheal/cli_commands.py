@@ -104,7 +104,7 @@ def _plan_shape(args: argparse.Namespace) -> tuple[ModelShape, str]:
 
 def run_plan(args: argparse.Namespace) -> int:
     from .api import DEFAULT_IMAGE, VLLMServiceSpec
-    from .engine import EngineArgsError, Flag, forbidden, parse_args
+    from .engine import EngineArgsError, abbreviated_flag, parse_args
     from .gpu_catalog import lookup
     from .model_config import ModelConfigError
     from .plan_options import options, render_bars, render_options
@@ -123,16 +123,13 @@ def run_plan(args: argparse.Namespace) -> int:
     except (KeyError, EngineArgsError) as exc:
         print(f"vllm-autoheal plan: {exc.args[0]}", file=sys.stderr)
         return 2
-    for token in engine.extra_args:
-        entry = forbidden(token)
-        # (an abbreviation vLLM reads as a flag plan sizes from, `--gpu-memory-util 0.5`: plan would size
-        # from the default and say the flags name none; a long one only: `-pcp` is a flag of its own)
-        if isinstance(entry, Flag) and token.startswith("--"):
-            print(
-                f"vllm-autoheal plan: {token.split('=', 1)[0]!r} is read by vLLM as {entry.cli}: spell it {entry.cli}",
-                file=sys.stderr,
-            )
-            return 2
+    # (an abbreviation vLLM reads as a flag plan sizes from, `--gpu-memory-util 0.5`: plan would size from the
+    # default and say the flags name none)
+    abbreviated = abbreviated_flag(engine.extra_args, long_only=True)
+    if abbreviated:
+        spelled, flag = abbreviated
+        print(f"vllm-autoheal plan: {spelled!r} is read by vLLM as {flag.cli}: spell it {flag.cli}", file=sys.stderr)
+        return 2
     if args.gpu_free_gib is not None and args.gpu_free_gib > gpu.memory_gib:
         print(
             f"vllm-autoheal plan: --gpu-free-gib {args.gpu_free_gib:g} is more than the GPU's {gpu.memory_gib:g} GiB",
@@ -197,7 +194,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from .api import HealBounds, HealPolicy, VLLMServiceSpec
-    from .engine import EngineArgsError, Flag, flag_name, forbidden, parse_args
+    from .engine import EngineArgsError, abbreviated_flag, flag_name, parse_args
     from .local import ServeOptions, default_history_path, supervise
 
     try:
@@ -232,17 +229,16 @@ def run_serve(args: argparse.Namespace) -> int:
         print(f"vllm-autoheal serve: {problems[0]}", file=sys.stderr)
         return 2
     extra = parsed.engine.extra_args
+    # An abbreviation (`--max-model 4096`) comes after the typed flags in vLLM's command line, so vLLM would
+    # read it over every heal's change: each restart the same crash.
+    if abbreviated := abbreviated_flag(extra):
+        spelled, flag = abbreviated
+        print(
+            f"vllm-autoheal serve: {spelled!r} is read by vLLM as {flag.cli}: spell it {flag.cli}, the flag a heal changes",
+            file=sys.stderr,
+        )
+        return 2
     for i, token in enumerate(extra):
-        entry = forbidden(token)
-        # An abbreviation (`--max-model 4096`) comes after the typed flags in vLLM's command line, so
-        # vLLM would read it over every heal's change: each restart the same crash.
-        if isinstance(entry, Flag):
-            print(
-                f"vllm-autoheal serve: {token.split('=', 1)[0]!r} is read by vLLM as {entry.cli}: "
-                f"spell it {entry.cli}, the flag a heal changes",
-                file=sys.stderr,
-            )
-            return 2
         if flag_name(token) == "--served-model-name":  # (the name the --once completion asks for)
             name = token.partition("=")[2] if "=" in token else extra[i + 1] if i + 1 < len(extra) else ""
             spec.served_model_name = name or spec.served_model_name

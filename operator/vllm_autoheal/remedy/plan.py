@@ -17,7 +17,7 @@ from typing import Any
 from ..api import EngineArgs, VLLMServiceSpec
 from ..diagnosis import Diagnosis
 from ..diagnosis.model import Cause
-from ..engine import BY_FIELD, flag_name, parse_args, spelled_by
+from ..engine import EngineArgsError, abbreviated_flag, parse_args, spelled_by
 from ..memory import CUDA_CONTEXT_GIB
 from ..remedy_gate import Limits, check, utilization_floor
 from ..vllm_release import default_utilization, logged_release
@@ -334,13 +334,19 @@ def weights_leave_no_cache(ctx: Context) -> bool:
 def plan_from_command(flags: str, diagnosis: Diagnosis, gpu_memory_gib: float | None = None) -> Remedy:
     """For `diagnose --engine-args`: a remedy for a plain command line, with the CRD's default policy. Where
     the line names no utilization, the one that ran: vLLM's printed figure, else the logged release's
-    default (0.92 from 0.20: a KV raise sized from 0.9 fell 0.02 short, a certain second crash)."""
+    default (0.92 from 0.20: a KV raise sized from 0.9 fell 0.02 short, a certain second crash). An
+    abbreviation of a flag a remedy is sized from (`--gpu-memory-util 0.8`) is refused (EngineArgsError),
+    as `plan` and `serve` refuse it: sized as though the line named none, the remedy would be wrong."""
     parsed = parse_args(flags)
     engine, note = parsed.engine, ""
+    abbreviated = abbreviated_flag(engine.extra_args, long_only=True)
+    if abbreviated:
+        raise EngineArgsError(
+            f"{abbreviated[0]!r} is read by vLLM as {abbreviated[1].cli}: spell it {abbreviated[1].cli}"
+        )
     if "gpu_memory_utilization" not in engine.model_fields_set:
         printed = diagnosis.numbers.get("util")
         ran = printed if isinstance(printed, float) and 0 < printed <= 1 else None
-        ran = ran or _share_in_extra(engine.extra_args)  # (an abbreviation argparse accepts)
         release = logged_release(diagnosis.numbers)
         if ran is None and any(spelled_by(t, "--config") for t in engine.extra_args):
             note = " (--engine-args names --config, whose file may set another --gpu-memory-utilization: "
@@ -359,26 +365,3 @@ def plan_from_command(flags: str, diagnosis: Diagnosis, gpu_memory_gib: float | 
     if note and "gpu_memory_utilization" in remedy.changes:
         remedy.reason += note
     return remedy
-
-
-def _share_in_extra(extra: list[str]) -> float | None:
-    """The share a command line names in a spelling parse_args leaves in extra_args: a prefix of
-    --gpu-memory-utilization or its alias, which vLLM's argparse accepts (`--gpu-memory-util 0.8`); the last
-    wins, as in argparse. Only a value that is a share (0 < x <= 1): a shorter flag of its own (`--device cuda`
-    in old releases) is not one."""
-    spellings = BY_FIELD["gpu_memory_utilization"].spellings
-    share = None
-    for i, token in enumerate(extra):
-        if not any(spelled_by(token, s) for s in spellings):
-            continue
-        if "=" in token:
-            text = token.partition("=")[2]
-        else:
-            text = extra[i + 1] if i + 1 < len(extra) and flag_name(extra[i + 1]) is None else ""
-        try:
-            value = float(text)
-        except ValueError:
-            continue
-        if 0 < value <= 1:
-            share = value
-    return share
