@@ -95,6 +95,10 @@ ACCEPTED_EXTRA_ARGS = [
     "--enable_prefix_caching",
     "--tokenizer=org/tok",
     "-O3",
+    "-pcp",  # vLLM's prefill context parallelism (0.32's -pcp): a flag of its own, not -pp
+    "2",
+    "-dcp",
+    "2",
     "--logging-config.formatter",  # JSON log records (diagnosis/log_records.py reads them)
     "json",
 ]

@@ -108,13 +108,24 @@ def flag_name(token: str) -> str | None:
 
 def spelled_by(token: str, spelling: str) -> bool:
     """Whether vLLM would read `token` as `spelling`: the full flag or a prefix of it (argparse's
-    abbreviations), with underscores; a short alias in any token that starts with its first letter."""
+    abbreviations), with underscores. A one-letter short alias (`-q`) in any token that starts with it
+    (argparse takes its value attached: `-qawq`); a longer one (`-tp`) as itself, with `=value`, or a
+    shorter prefix of it alone (`-t`, not `-t=8`), as argparse reads single-dash options on Python
+    3.10-3.13: `-tp8`, `-pp2` and another flag that starts alike (`-pcp`, vLLM's prefill context
+    parallelism) are not it. A dotted key (`-tp.x=1`) is read by vLLM's parser as its flag's JSON value."""
     name = flag_name(token)
     if name is None:
         return False
     if spelling.startswith("--"):
         return name.startswith("--") and len(name) > 2 and spelling.startswith(name)
-    return not name.startswith("--") and name[:2] == spelling[:2]
+    if name.startswith("--"):
+        return False
+    if len(spelling) == 2:
+        return name[:2] == spelling
+    base, dot, _ = name.partition(".")
+    if base == spelling:
+        return True
+    return 2 <= len(base) < len(spelling) and spelling.startswith(base) and (bool(dot) or "=" not in token)
 
 
 def switched(args: list[str], spelling: str) -> bool | None:
@@ -146,7 +157,10 @@ def spelling_pattern(spelling: str) -> str:
     """An RE2 pattern (no backslashes, so it sits in a CEL string as is) matching exactly the
     tokens `spelled_by` accepts for this spelling: the CRD's rule and this module agree."""
     if not spelling.startswith("--"):
-        return f"^{spelling[:2]}"
+        if len(spelling) == 2:
+            return f"^{spelling}"
+        shorter = "|".join(f"^{spelling[:n]}([.]|$)" for n in range(2, len(spelling)))
+        return f"^{spelling}([=.]|$)|{shorter}"
     chars = ["[-_]" if c == "-" else c for c in spelling[2:]]
     nested = ""
     for c in reversed(chars[1:]):
