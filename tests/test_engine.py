@@ -129,7 +129,10 @@ def test_round_trip(engine):
         ("--config-format", None),
         ("-1", None),
         ("vllm", None),
-        ("--max-model-len.x", None),
+        ("--max-model-len.x", "--max-model-len"),  # vLLM hands the flag JSON: a refusal loses nothing
+        ("--enforce-eager.x", "--enforce-eager"),  # a switch takes no value: vLLM switches it on
+        ("--served-model-name.x", "--served-model-name"),  # vLLM serves under the JSON text
+        ("--compilation-config.mode", None),
         ("-O3", None),
     ],
 )

@@ -108,24 +108,25 @@ def flag_name(token: str) -> str | None:
 
 def spelled_by(token: str, spelling: str) -> bool:
     """Whether vLLM would read `token` as `spelling`: the full flag or a prefix of it (argparse's
-    abbreviations), with underscores. A one-letter short alias (`-q`) in any token that starts with it
-    (argparse takes its value attached: `-qawq`); a longer one (`-tp`) as itself, with `=value`, or a
-    shorter prefix of it alone (`-t`, not `-t=8`), as argparse reads single-dash options on Python
-    3.10-3.13: `-tp8`, `-pp2` and another flag that starts alike (`-pcp`, vLLM's prefill context
-    parallelism) are not it. A dotted key (`-tp.x=1`) is read by vLLM's parser as its flag's JSON value."""
+    abbreviations), with underscores, `=value`, or a dotted key (`--enforce-eager.x 1`: vLLM's parser
+    passes the flag a JSON value, and a switch takes none, so it is set). A one-letter short alias
+    (`-q`) in any token that starts with it (argparse takes its value attached: `-qawq`), and after
+    the `=` of any single-dash token (`-ep=qawq`: argparse before Python 3.12.7 reads what follows
+    a switch's `=` as more one-letter options, `-q awq`). A longer one (`-tp`) as itself or a shorter
+    prefix (`-t`), alone, with `=value` (`-t=8` is `-tp 8` from Python 3.12.7 and 3.13 on) or a dotted
+    key; `-tp8`, `-pp2` and another flag that starts alike (`-pcp`, vLLM's prefill context
+    parallelism) are not it."""
     name = flag_name(token)
     if name is None:
         return False
+    head = name.partition(".")[0]
     if spelling.startswith("--"):
-        return name.startswith("--") and len(name) > 2 and spelling.startswith(name)
+        return head.startswith("--") and len(head) > 2 and spelling.startswith(head)
     if name.startswith("--"):
         return False
     if len(spelling) == 2:
-        return name[:2] == spelling
-    base, dot, _ = name.partition(".")
-    if base == spelling:
-        return True
-    return 2 <= len(base) < len(spelling) and spelling.startswith(base) and (bool(dot) or "=" not in token)
+        return name[:2] == spelling or (len(name) >= 2 and token.partition("=")[2].startswith(spelling[1]))
+    return len(head) >= 2 and spelling.startswith(head)
 
 
 def switched(args: list[str], spelling: str) -> bool | None:
@@ -158,14 +159,13 @@ def spelling_pattern(spelling: str) -> str:
     tokens `spelled_by` accepts for this spelling: the CRD's rule and this module agree."""
     if not spelling.startswith("--"):
         if len(spelling) == 2:
-            return f"^{spelling}"
-        shorter = "|".join(f"^{spelling[:n]}([.]|$)" for n in range(2, len(spelling)))
-        return f"^{spelling}([=.]|$)|{shorter}"
+            return f"^{spelling}|^-[^-=][^=]*={spelling[1]}"
+        return "|".join(f"^{spelling[:n]}([=.]|$)" for n in range(len(spelling), 1, -1))
     chars = ["[-_]" if c == "-" else c for c in spelling[2:]]
     nested = ""
     for c in reversed(chars[1:]):
         nested = f"({c}{nested})?"
-    return f"^--{chars[0]}{nested}(=|$)"
+    return f"^--{chars[0]}{nested}([=.]|$)"
 
 
 def forbidden(token: str) -> Flag | Reserved | None:
