@@ -14,10 +14,13 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from vllm_autoheal.engine import BY_CLI, extra_args_problems, forbidden, spelling_pattern
+
+ROOT_FIXTURES = Path(__file__).parent / "fixtures"
 
 # vLLM 0.32's single-dash options (engine/arg_utils.py) and what each sets
 SHORT = {
@@ -178,3 +181,16 @@ def test_prefill_context_parallelism_is_accepted_and_pipeline_parallelism_refuse
     assert extra_args_problems(["-pcp", "2", "-dcp", "2", "-dp", "2"]) == []
     assert "pipelineParallelSize" in extra_args_problems(["-pp", "2"])[0]
     assert "tensorParallelSize" in extra_args_problems(["-t", "2"])[0]
+
+
+def test_plan_and_diagnose_refuse_a_short_prefix_they_would_not_size_from(tmp_path, capsys):
+    """`-t 2` is read by vLLM as `-tp 2`: plan and diagnose --engine-args would size one GPU. Exit 2, naming it."""
+    from vllm_autoheal.cli import main
+
+    config = str(ROOT_FIXTURES / "configs" / "llama-3.1-8b.json")
+    assert main(["plan", "--model-config", config, "--gpu", "NVIDIA-H100-80GB-HBM3", "-t", "2"]) == 2
+    assert "spell it --tensor-parallel-size" in capsys.readouterr().err
+    log = tmp_path / "oom.log"
+    log.write_text("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n")
+    assert main(["diagnose", "--engine-args", "-t 2", str(log)]) == 2
+    assert "spell it --tensor-parallel-size" in capsys.readouterr().err

@@ -9,10 +9,12 @@ import os
 import stat
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from .api import EngineArgs
     from .memory import ModelShape
+    from .vllm_release import Release
 
 
 def run_crd(args: argparse.Namespace) -> int:
@@ -125,7 +127,7 @@ def run_plan(args: argparse.Namespace) -> int:
         return 2
     # (an abbreviation vLLM reads as a flag plan sizes from, `--gpu-memory-util 0.5`: plan would size from the
     # default and say the flags name none)
-    abbreviated = abbreviated_flag(engine.extra_args, long_only=True)
+    abbreviated = abbreviated_flag(engine.extra_args)
     if abbreviated:
         spelled, flag = abbreviated
         print(f"vllm-autoheal plan: {spelled!r} is read by vLLM as {flag.cli}: spell it {flag.cli}", file=sys.stderr)
@@ -176,7 +178,7 @@ def run_plan(args: argparse.Namespace) -> int:
     return 0 if first.fits else 1
 
 
-def _share(engine: Any, release: Any) -> str:
+def _share(engine: EngineArgs, release: Release | None) -> str:
     """The utilization plan sized the budget at, and, where the command line names none, that a plain
     `vllm serve` of the release would take its own default (0.92 from 0.20.0): the operator and `serve`
     always pass the flag, 0.9 unless set."""

@@ -176,13 +176,13 @@ def forbidden(token: str) -> Flag | Reserved | None:
     return None
 
 
-def abbreviated_flag(extra_args: list[str], long_only: bool = False) -> tuple[str, Flag] | None:
+def abbreviated_flag(extra_args: list[str]) -> tuple[str, Flag] | None:
     """The first token of a command line's extra args that vLLM reads as one of FLAGS, in a spelling
-    parse_args leaves untyped (an abbreviation argparse accepts, `--gpu-memory-util 0.5`), with that flag;
-    None where there is none. `long_only`: not a short one (the prefix rule reads `-pcp` as `-pp`)."""
+    parse_args leaves untyped (an abbreviation argparse accepts, `--gpu-memory-util 0.5`, `-t 2`), with
+    that flag; None where there is none."""
     for token in extra_args:
         entry = forbidden(token)
-        if isinstance(entry, Flag) and (token.startswith("--") or not long_only):
+        if isinstance(entry, Flag):
             return token.split("=", 1)[0], entry
     return None
 

@@ -113,9 +113,10 @@ def allocation_out_of_reach(ctx: Context) -> str:
 
 def _smallest_split_that_fits(ctx: Context) -> int | None:
     """The smallest doubling of the split (up to 64) that the model splits into and that the memory model
-    says fits at the share that ran or at the most a raise may set (the bounds' highest, within free memory); None where the model or GPU is not known, or none fits. (The
-    blind rule's quarter for the KV cache asked an H100 for TP 4 for Qwen2.5-72B at 8k, where TP 2 fits
-    22,784 tokens, as `plan` and the heal itself say.)"""
+    says fits at the share that ran or at the most a raise may set (the bounds' highest, within free
+    memory); None where the model or GPU is not known, or none fits. (The blind rule's quarter for the
+    KV cache asked an H100 for TP 4 for Qwen2.5-72B at 8k, where TP 2 fits 22,784 tokens, as `plan` and
+    the heal itself say.)"""
     shape = ctx.inv.shape
     if shape is None or not ctx.total:
         return None

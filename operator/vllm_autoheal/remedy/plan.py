@@ -339,7 +339,7 @@ def plan_from_command(flags: str, diagnosis: Diagnosis, gpu_memory_gib: float | 
     as `plan` and `serve` refuse it: sized as though the line named none, the remedy would be wrong."""
     parsed = parse_args(flags)
     engine, note = parsed.engine, ""
-    abbreviated = abbreviated_flag(engine.extra_args, long_only=True)
+    abbreviated = abbreviated_flag(engine.extra_args)
     if abbreviated:
         raise EngineArgsError(
             f"{abbreviated[0]!r} is read by vLLM as {abbreviated[1].cli}: spell it {abbreviated[1].cli}"
