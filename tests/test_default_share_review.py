@@ -15,16 +15,13 @@ from pathlib import Path
 
 import pytest
 
+from test_diagnose_default_utilization import AT_DEFAULT, H100  # (the same vLLM 0.25 log, at the default share)
 from vllm_autoheal.cli import main
 from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.engine import EngineArgsError
 from vllm_autoheal.remedy import plan_from_command
 
 FIXTURES = Path(__file__).parent / "fixtures" / "gpu" / "h100-runs"
-REAL = (FIXTURES / "l8-kv131k.log").read_text()
-AT_DEFAULT = REAL.replace("(7.65 GiB)", "(15.0 GiB)").replace("memory: 7.65 GiB", "memory: 15.0 GiB")
-AT_DEFAULT = AT_DEFAULT.replace("estimated maximum model length is 62656", "estimated maximum model length is 122880")
-H100 = 79.18
 
 
 def _kv(log: str):
