@@ -191,11 +191,13 @@ def test_output_without_newlines_is_read_in_bounded_pieces():
 
     from vllm_autoheal.launcher import CHUNK_BYTES, pump
 
-    blob = b"\x00\xff" * (4 * CHUNK_BYTES) + b"tail\n"
-    sink, pieces = io.BytesIO(), []
-    pump(io.BytesIO(blob), sink, OutputKeeper(head=100, tail=1000), pieces.append)
+    blob = b"\x00\xff" * (4 * CHUNK_BYTES) + b"tail\n" + b"next line\n"
+    sink, pieces, keeper = io.BytesIO(), [], OutputKeeper(head=100, tail=1000)
+    pump(io.BytesIO(blob), sink, keeper, pieces.append)
     assert sink.getvalue() == blob  # still passed through byte for byte
-    assert len(pieces) > 4 and max(len(p) for p in pieces) <= CHUNK_BYTES
+    # only the long line's first piece is kept (its later pieces open no line: OutputKeeper)
+    assert len(pieces) == 2 and len(pieces[0]) <= CHUNK_BYTES and pieces[1] == "next line\n"
+    assert "tail" not in keeper.text() and keeper.text().endswith("\nnext line\n")
 
 
 def test_a_huge_line_keeps_the_launchers_memory_small(tmp_path):

@@ -42,7 +42,14 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signa
 
 
 class OutputKeeper:
-    """The first HEAD_BYTES and last TAIL_BYTES of a process's output: bounded, whatever it prints."""
+    """The first HEAD_BYTES and last TAIL_BYTES of a process's output, in whole lines: bounded,
+    whatever it prints.
+
+    A line longer than CHUNK_BYTES arrives in pieces; only its first is kept, ended there. A later
+    piece opens no line of the kept text: it starts wherever the line's 64 KiB fell, often inside a
+    logged prompt or model output, whose words a client chooses (a forged engine error placed at each
+    64 KiB of a long response was read as the engine's, and healed). Pieces are told apart by stream,
+    since stdout's and stderr's pumps add to one keeper as they read."""
 
     def __init__(self, head: int = HEAD_BYTES, tail: int = TAIL_BYTES) -> None:
         self._head_limit, self._tail_limit = head, tail
@@ -51,19 +58,31 @@ class OutputKeeper:
         self._tail: deque[str] = deque()  # popleft is O(1): a flood of short lines stays linear
         self._tail_size = 0
         self.dropped = False
+        self._inside: set[str] = set()  # streams whose last piece ended inside a line
         self._lock = threading.Lock()
 
-    def add(self, line: str) -> None:
+    def add(self, piece: str, stream: str = "") -> bool:
+        """Keep `piece` of `stream`'s output, unless it goes on a line already begun; returns whether
+        it was kept (the first piece of its line)."""
         with self._lock:
+            continued = stream in self._inside
+            if piece.endswith("\n"):
+                self._inside.discard(stream)
+            else:
+                self._inside.add(stream)
+            if continued:
+                return False
+            line = piece if piece.endswith("\n") else piece + "\n"
             if self._head_size < self._head_limit:
                 self._head.append(line)
                 self._head_size += len(line)
-                return
+                return True
             self._tail.append(line)
             self._tail_size += len(line)
             while self._tail_size > self._tail_limit and len(self._tail) > 1:
                 self._tail_size -= len(self._tail.popleft())
                 self.dropped = True
+            return True
 
     def text(self) -> str:
         with self._lock:
@@ -72,10 +91,14 @@ class OutputKeeper:
 
 
 def pump(
-    source: IO[bytes], sink: IO[bytes], keeper: OutputKeeper, on_line: Callable[[str], None] | None = None
+    source: IO[bytes],
+    sink: IO[bytes],
+    keeper: OutputKeeper,
+    on_line: Callable[[str], None] | None = None,
+    stream: str = "",
 ) -> None:
-    """Copy a child's stream byte for byte, keeping a decoded copy of each line (a longer one in
-    pieces of at most CHUNK_BYTES)."""
+    """Copy a child's stream byte for byte, keeping a decoded copy of each line (of a line longer
+    than CHUNK_BYTES, its first piece: OutputKeeper says why); `on_line` sees what is kept."""
     for raw in iter(lambda: source.readline(CHUNK_BYTES), b""):
         try:
             sink.write(raw)
@@ -83,8 +106,7 @@ def pump(
         except (OSError, ValueError):
             pass  # our own stdout closed: keep draining so the child never blocks
         line = raw.decode("utf-8", "replace")
-        keeper.add(line)
-        if on_line is not None:
+        if keeper.add(line, stream) and on_line is not None:
             on_line(line)
 
 
@@ -213,8 +235,8 @@ def run(argv: list[str], termination_path: str | None = None) -> int:
             death.suspect()
 
     threads = [
-        threading.Thread(target=pump, args=(child.stdout, sys.stdout.buffer, keeper, watch), daemon=True),
-        threading.Thread(target=pump, args=(child.stderr, sys.stderr.buffer, keeper, watch), daemon=True),
+        threading.Thread(target=pump, args=(child.stdout, sys.stdout.buffer, keeper, watch, "stdout"), daemon=True),
+        threading.Thread(target=pump, args=(child.stderr, sys.stderr.buffer, keeper, watch, "stderr"), daemon=True),
     ]
     for t in threads:
         t.start()

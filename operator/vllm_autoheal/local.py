@@ -133,10 +133,16 @@ class Supervisor:
             if engine_dead(line):  # (every report: one while a suspicion is open must not be lost)
                 death.suspect()
 
-        self.child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-        out = _Mutable(sys.stdout.buffer)
-        pumper = threading.Thread(target=pump, args=(self.child.stdout, out, keeper, watch), daemon=True)
-        pumper.start()
+        # Two pipes, not one: a line another process writes into one pipe may land inside a long line
+        # (a logged prompt), and the rest of that line would open a line of its own (OutputKeeper).
+        self.child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        out = _Mutable(sys.stdout.buffer)  # (both streams, as before: each piece written whole)
+        pumpers = [
+            threading.Thread(target=pump, args=(self.child.stdout, out, keeper, watch, "stdout"), daemon=True),
+            threading.Thread(target=pump, args=(self.child.stderr, out, keeper, watch, "stderr"), daemon=True),
+        ]
+        for pumper in pumpers:
+            pumper.start()
         ready, dead, dismissed = False, False, 0
         deadline = time.monotonic() + self.opts.startup_timeout
         while self.child.poll() is None and not self.stopping:
@@ -147,7 +153,7 @@ class Supervisor:
                     ok = self.complete_one()
                     out.muted = True  # vLLM's shutdown (tracebacks, leak warnings) is not the result
                     self.stop()
-                    pumper.join(timeout=10)
+                    _join(pumpers)
                     self.say(
                         f"done: {'served a completion' if ok else 'the completion failed'} after "
                         f"{len(self.heals)} restart(s); vLLM stopped (--once)"
@@ -168,7 +174,7 @@ class Supervisor:
             time.sleep(1.0)
         self.stop()  # (also the workers of a vLLM that exited by itself)
         code = self.child.wait()
-        pumper.join(timeout=10)
+        _join(pumpers)
         return Attempt(code, ready, keeper.text(), dead, self.stopping, cgroups.killed_since(kills_before))
 
     @property
@@ -355,6 +361,11 @@ class Supervisor:
         if heals:
             self.say("to keep the healed flags, run:")
             print("  " + shlex.join(redacted(self.command(engine))), file=self.out, flush=True)
+
+
+def _join(threads: list[threading.Thread]) -> None:
+    for thread in threads:
+        thread.join(timeout=10)
 
 
 class _Mutable:

@@ -114,12 +114,16 @@ _SERVE_LINE = re.compile(
     r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} "
     rf"(?!vllm\.)(?!{_FILE_LINE}\b)\S{{1,200}} (?!{_FILE_LINE}\b)\S{{1,200}} "
 )
-_ACCESS = re.compile(r'^(?:\[?[\w.:\[\]-]{1,60}:\d{1,5}\]? )?- "(?:GET|POST|PUT|DELETE|PATCH|HEAD|OPTIONS) ')
+# The method is whatever the client sent: uvicorn logs any method its HTTP parser takes (llhttp's TRACE,
+# PROPFIND, M-SEARCH, ...; h11's any token), and its WebSocket handshake as `"WebSocket <path>"`, the
+# client's address then a host:port or a tuple's repr.
+_METHOD = r"(?:[!#$%&'*+.^_`|~0-9A-Za-z-]{1,24} |WebSocket )"
+_ACCESS = re.compile(rf'^(?:\[?[\w.:\[\]-]{{1,60}}:\d{{1,5}}\]? |\(\'[\w.:-]{{1,60}}\', \d{{1,5}}\) )?- "{_METHOD}')
 # Any access log's own field: the request line, quoted (uvicorn's AccessFormatter `"%(request_line)s"`,
 # gunicorn's `"%(r)s"`, the common log format's), wherever the log's format puts it (KServe's
 # `<time> uvicorn.access INFO:     <client> <pid> - "GET /path?query HTTP/1.1" 200 OK`, a
 # logging config of one's own). Its target is the client's, and no line of the engine's holds one.
-_REQUEST_LINE = re.compile(r'"(?:GET|POST|PUT|DELETE|PATCH|HEAD|OPTIONS) [^\s"]{1,2000} HTTP/\d(?:\.\d)?"')
+_REQUEST_LINE = re.compile(rf'"(?:{_METHOD}[^\s"]{{1,2000}} HTTP/\d(?:\.\d)?|WebSocket [^\s"]{{1,2000}})"')
 
 
 def a_requests_file(source_file: str | None) -> bool:
