@@ -279,7 +279,7 @@ def setup_emulator(kmock, api_url: str | None = None) -> None:
 
 
 # Quick retries, so that tests of failing writes finish in seconds (the defaults are for clusters).
-TEST_CONFIG = OperatorConfig(write_attempts=3, write_backoff_s=0.05, retry_delay_s=0.5, request_timeout_s=5.0)
+TEST_CONFIG = OperatorConfig(write_attempts=3, retry_delay_s=0.5, request_timeout_s=5.0)
 
 
 @contextlib.asynccontextmanager
@@ -601,3 +601,6 @@ class PendingLater:
 
     def run(self, key: str, delay: float, fn) -> None:
         self.pending[key] = fn
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.pending

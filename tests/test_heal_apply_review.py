@@ -98,7 +98,7 @@ def test_a_heal_dropped_while_its_spec_write_was_decided_is_not_written():
         obj["metadata"]["resourceVersion"] = str(int(obj["metadata"]["resourceVersion"]) + 3)
 
     kube.between = person_edits_and_reverts_and_the_heal_is_dropped
-    cfg = OperatorConfig(write_backoff_s=0.0)
+    cfg = OperatorConfig()
     assert heal_apply.complete(kube, cfg, None, NS, NAME, logging.getLogger("t"))  # type: ignore[arg-type]
     assert kube.obj["spec"]["engine"]["maxModelLen"] == 32768, kube.obj["spec"]["engine"]
     assert not kube.applied
@@ -110,7 +110,7 @@ def test_the_recorded_heal_is_written_and_the_engine_replaced_whole():
     obj["spec"]["engine"]["maxNumBatchedTokens"] = 8192
     obj["status"]["inFlight"]["previous"]["engine"]["maxNumBatchedTokens"] = 8192
     kube = FakeKube(obj)
-    cfg = OperatorConfig(write_backoff_s=0.0)
+    cfg = OperatorConfig()
     assert heal_apply.complete(kube, cfg, None, NS, NAME, logging.getLogger("t"))  # type: ignore[arg-type]
     engine = EngineArgs.model_validate(kube.obj["spec"]["engine"])
     assert engine.max_model_len == 16384 and engine.max_num_batched_tokens is None

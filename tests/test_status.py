@@ -112,3 +112,23 @@ def test_every_setting_that_crashed_is_remembered_however_many_heals_are_allowed
     for n in range(MAX_ATTEMPTS + 1):
         failed = remember_failed(failed, f"engine-{n}")
     assert MAX_FAILED_ENGINES > MAX_ATTEMPTS and failed[0] == "engine-0" and len(failed) == MAX_ATTEMPTS + 1
+
+
+def test_a_full_list_of_crashes_takes_an_older_crash_for_handled_and_a_newer_one_for_new():
+    from vllm_autoheal.api import MAX_OBSERVED_CRASHES
+    from vllm_autoheal.kube.status import crash_seen, remember_crash
+
+    observed: list[str] = []
+    for i in range(MAX_OBSERVED_CRASHES + 10):
+        observed = remember_crash(observed, f"u{i}/vllm/0", 1_000 + i)
+    assert (
+        len(observed) == MAX_OBSERVED_CRASHES
+        and observed[-1] == f"u{MAX_OBSERVED_CRASHES + 9}/vllm/0@{1_009 + MAX_OBSERVED_CRASHES}"
+    )
+    assert crash_seen(observed, "u0/vllm/0", 1_000)  # pushed out: ended before every remembered one
+    assert crash_seen(observed, "u59/vllm/0", 1_059)  # remembered
+    assert not crash_seen(observed, "new/vllm/0", 2_000)  # a new crash
+    assert not crash_seen(observed, "new/vllm/0", None)  # (no time: only the list decides)
+    assert not crash_seen(observed[:-1], "u0/vllm/0", 1_000)  # not full: nothing was let go
+    legacy = [f"u{i}/vllm/0" for i in range(MAX_OBSERVED_CRASHES)]  # (entries written before times were kept)
+    assert crash_seen(legacy, "u3/vllm/0", 5) and not crash_seen(legacy, "x/vllm/0", 5)

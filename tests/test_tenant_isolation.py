@@ -82,7 +82,7 @@ def test_crashes_waiting_for_a_persons_edit_are_bounded_per_namespace(monkeypatc
     from vllm_autoheal.kube import heal
     from vllm_autoheal.kube.later import PerNamespace
 
-    monkeypatch.setattr(heal, "_edit_waiters", PerNamespace(heal.EDIT_WAITERS_PER_NAMESPACE))
+    monkeypatch.setattr(heal, "_waiting", PerNamespace(heal.WAITING_CRASHES_PER_NAMESPACE))
 
     def body(ns: str) -> dict:
         return {

@@ -9,7 +9,7 @@ The Hub is reached with huggingface_hub (config.json only, one HEAD to check its
 hf_hub_download into a cache), at the endpoint the operator was started with (read once; off
 unless configured). A handler never waits longer than the Hub timeout: the fetch runs in a small
 pool, one fetch per (endpoint, model, revision, token), and its result is kept in memory, so
-many VLLMServices of one model cost one request (a full cache lets the namespace that stored the
+many VLLMServices of one model cost one request (on disk, each token has a cache of its own) (a full cache lets the namespace that stored the
 most lose its oldest answer). One namespace has at most HUB_LOOKUPS_PER_NAMESPACE lookups under
 way and as many handlers waiting: the Hub's slowness costs each tenant its own share, never
 another's.
@@ -27,7 +27,7 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -294,7 +294,10 @@ def _hub_cached(repo_id: str, revision: str | None, token: str | None, namespace
         if future is None:
             if _fetching.get(namespace, 0) >= HUB_LOOKUPS_PER_NAMESPACE:
                 return busy
-            future = _pool.submit(lambda: _shaped(source, lambda: from_hub(repo_id, revision, hub, token or False)))
+            fetch_hub = _cache_of(hub, digest)
+            future = _pool.submit(
+                lambda: _shaped(source, lambda: from_hub(repo_id, revision, fetch_hub, token or False))
+            )
             # in flight before the callback is attached: a fetch already done runs it right here
             _inflight[key] = future
             _count(_fetching, namespace, +1)
@@ -310,6 +313,16 @@ def _hub_cached(repo_id: str, revision: str | None, token: str | None, namespace
         )
     finally:
         _count(_waiting, namespace, -1)
+
+
+def _cache_of(hub: HubSettings, digest: str | None) -> HubSettings:
+    """The Hub settings with an on-disk cache of this token's own (by its digest; "anonymous" for none).
+    When the Hub cannot be reached, a cached copy serves, and huggingface_hub's cache checks no access:
+    a tenant with no token read the config of a gated repo another tenant's token had fetched."""
+    from huggingface_hub import constants
+
+    base = Path(hub.cache_dir or constants.HF_HUB_CACHE)
+    return replace(hub, cache_dir=str(base / "by-token" / (digest or "anonymous")))
 
 
 def _secret_token(namespace: str, ref: Any, get: Callable[[str], Any]) -> str | None:

@@ -156,7 +156,10 @@ class VLLMServiceStatus(Model):
     observed_crashes: list[str] = Field(
         default_factory=list,
         max_length=MAX_OBSERVED_CRASHES,
-        description=("Crashes already handled, as podUID/container/restartCount, so none is handled twice."),
+        description=(
+            "Crashes already handled, as podUID/container/restartCount@endedAt (Unix seconds), so none is "
+            "handled twice; once full, a crash that ended before all of them counts as handled."
+        ),
     )
     gpus: int | None = Field(None, description="GPUs per pod.")
     endpoint: str | None = Field(None, description="In-cluster URL of the OpenAI-compatible API.")

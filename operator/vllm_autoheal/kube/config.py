@@ -13,8 +13,7 @@ from .resources import DEFAULT_OPERATOR_IMAGE
 class OperatorConfig:
     operator_image: str = DEFAULT_OPERATOR_IMAGE  # the init container that copies the launcher
     heal_enabled: bool = True  # the chart's cluster-wide switch (heal.enabled)
-    write_attempts: int = 4  # tries of one write on a conflict or a transient error
-    write_backoff_s: float = 0.5  # first pause between tries (doubles)
+    write_attempts: int = 4  # tries of one write on a conflict or a transient error, one after another
     retry_delay_s: float = 10.0  # kopf.TemporaryError delay; later re-checks of a heal
     request_timeout_s: float = 30.0  # one API request
 

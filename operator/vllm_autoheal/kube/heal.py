@@ -38,11 +38,12 @@ from .writes import transient, update_status
 
 REVERT = "RevertUnschedulable"
 EDIT_WAIT_S, EDIT_WAITS = 0.5, 120  # a reconcile writes its baseline right after its apply: wait up to a minute
-# Crashes of one namespace waiting at once for an edit's baseline (each a timer reading the object
-# every EDIT_WAIT_S): an edit whose reconcile never writes one (a name conflict) and a crash loop of
-# many pods held a thread and 120 reads per crash. Beyond it a crash waits for its pod's next event.
-EDIT_WAITERS_PER_NAMESPACE = 16
-_edit_waiters = PerNamespace(EDIT_WAITERS_PER_NAMESPACE)  # by crash id, while a wait for it is pending
+# Crashes of one namespace waiting at once on a timer of their own (for an edit's baseline, every
+# EDIT_WAIT_S; after a failed write, every retry_delay_s): an edit whose reconcile never writes one (a
+# name conflict), or writes a tenant makes conflict, and a crash loop of many pods held a thread and
+# its reads per crash. Beyond it a crash waits for its pod's next event.
+WAITING_CRASHES_PER_NAMESPACE = 16
+_waiting = PerNamespace(WAITING_CRASHES_PER_NAMESPACE)  # by crash id, while a look at it is pending
 
 
 @dataclass
@@ -141,10 +142,11 @@ def record(
     """The one status write that records the crash with its plan (None: already recorded)."""
     obj = parse(fresh)
     cur, cid = obj.status, incident.crash_id
-    if cid in cur.observed_crashes:
+    finished = pods.finished_at(incident.crash)
+    if st.crash_seen(cur.observed_crashes, cid, finished):
         return None
     now = deployed(obj)
-    update: dict[str, Any] = {"observedCrashes": st.remember_crash(cur.observed_crashes, cid)}
+    update: dict[str, Any] = {"observedCrashes": st.remember_crash(cur.observed_crashes, cid, finished)}
     if fp(now) != expected:  # a heal or an edit landed since the pod was read: not this crash's to heal
         return update
     diag = incident.diagnosis
@@ -251,7 +253,7 @@ def _backing_off(obj: VLLMService) -> bool:
 def handle_crash(kube: Kube, cfg: OperatorConfig, later: Later, incident: Incident, logger: kopf.Logger) -> None:
     ns, name = incident.namespace, incident.name
     started = time.monotonic()
-    _edit_waiters.release(incident.crash_id)  # (a pending wait for the edit, if any, is this look: it may wait again)
+    _waiting.release(incident.crash_id)  # (a pending look at it, if any, is this one: it may wait again)
     vsvc = kube.get_vsvc(ns, name)
     if vsvc is None:
         return
@@ -263,12 +265,12 @@ def handle_crash(kube: Kube, cfg: OperatorConfig, later: Later, incident: Incide
         if vsvc is None:
             return
         obj = parse(vsvc)
-    if incident.crash_id in obj.status.observed_crashes:
+    if st.crash_seen(obj.status.observed_crashes, incident.crash_id, pods.finished_at(incident.crash)):
         return
     if person_edited(obj) and incident.waits < EDIT_WAITS and _recent(incident.crash):
         # The edit's reconcile has applied its flags but not yet written its new baseline: planned
         # now, the heal would start from the old one and that write would then undo it.
-        if not _edit_waiters.take(incident.crash_id, ns):
+        if not _waiting.take(incident.crash_id, ns):
             return  # its namespace has enough crashes waiting: the pod's next event looks again
         incident.waits += 1
         later.run(f"crash/{incident.crash_id}", EDIT_WAIT_S, lambda: handle_crash(kube, cfg, later, incident, logger))
@@ -297,9 +299,12 @@ def handle_crash(kube: Kube, cfg: OperatorConfig, later: Later, incident: Incide
         if not transient(exc):
             raise
         # Nothing was recorded: look at this crash again later (the next pod event may come first).
-        later.run(
-            f"crash/{incident.crash_id}", cfg.retry_delay_s, lambda: handle_crash(kube, cfg, later, incident, logger)
-        )
+        if _waiting.take(incident.crash_id, ns):
+            later.run(
+                f"crash/{incident.crash_id}",
+                cfg.retry_delay_s,
+                lambda: handle_crash(kube, cfg, later, incident, logger),
+            )
         logger.warning(f"could not record the crash of {incident.pod_name} ({exc}); will try again")
         return
     if written is None or incident.remedy is None:

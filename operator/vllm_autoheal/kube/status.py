@@ -146,8 +146,26 @@ def remember(items: list[str], item: str, limit: int) -> list[str]:
     return (list(items) + ([item] if item not in items else []))[-limit:]
 
 
-def remember_crash(observed: list[str], crash: str) -> list[str]:
-    return remember(observed, crash, MAX_OBSERVED_CRASHES)
+def remember_crash(observed: list[str], crash: str, finished: float | None) -> list[str]:
+    """`observed` with `crash` (its id, and when it ended: `id@epoch-seconds`), the oldest let go."""
+    entry = crash if finished is None else f"{crash}@{int(finished)}"
+    return remember(observed, entry, MAX_OBSERVED_CRASHES)
+
+
+def crash_seen(observed: list[str], crash: str, finished: float | None) -> bool:
+    """The crash was handled already: it is remembered, or the list is full and every crash it holds
+    ended after this one. (A crash pushed out of the list would otherwise be handled again on any
+    later event of its pod: a tenant with more crashed pods than the list holds replayed its crashes,
+    diagnoses, heal records and Events, at the cost of annotating its pods.)"""
+    times = []
+    for entry in observed:
+        ident, _, when = entry.partition("@")
+        if ident == crash:
+            return True
+        if when.isdigit():
+            times.append(int(when))
+    full = len(observed) >= MAX_OBSERVED_CRASHES
+    return full and finished is not None and bool(times) and int(finished) < min(times)
 
 
 def remember_tried(tried: list[str], cause: str, action: str) -> list[str]:

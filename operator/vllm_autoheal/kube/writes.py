@@ -2,14 +2,16 @@
 
 A status write is read-modify-write with the object's resourceVersion as a precondition: a
 merge patch replaces the conditions list whole, so a write from a stale read would drop another
-writer's condition; the API server answers 409 instead and we read again. 409, 429, 5xx and
-timeouts are retried a few times with a growing pause; anything else is raised.
+writer's condition; the API server answers 409 instead and we read again. 409, 5xx and timeouts
+are tried again at once, a few times; 429 and anything else is raised. Never with a pause: the
+writes run on kopf's worker threads, which every tenant shares, and a tenant that makes its own
+object's writes conflict (a script writing it) held them asleep, 3.5 s a write. What still fails
+is deferred by the caller (Later, kopf.TemporaryError), off the workers.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -45,15 +47,13 @@ def transient(exc: BaseException) -> bool:
 
 
 def retried(cfg: OperatorConfig, fn: Callable[[], Any]) -> Any:
-    pause = cfg.write_backoff_s
     for attempt in range(cfg.write_attempts):
         try:
             return fn()
         except Exception as exc:
-            if not transient(exc) or attempt == cfg.write_attempts - 1:
+            throttled = isinstance(exc, ApiException) and exc.status == 429  # (asked to wait: the caller defers)
+            if throttled or not transient(exc) or attempt == cfg.write_attempts - 1:
                 raise
-        time.sleep(pause)
-        pause *= 2
     raise AssertionError("unreachable")
 
 

@@ -1,0 +1,351 @@
+"""A hostile tenant's review: what one tenant (who creates VLLMServices, pods and Deployments in its own
+namespace and controls its container's output) can make the shared operator do. Each test is a defect
+found on the current code, marked xfail(strict) until it is fixed."""
+
+from __future__ import annotations
+
+import copy
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from kubernetes.client.rest import ApiException
+
+from vllm_autoheal.api import Deployed, EngineArgs, HealIntent
+from vllm_autoheal.kube import heal, resources, unschedulable
+from vllm_autoheal.kube.config import OperatorConfig
+from vllm_autoheal.kube.heal_apply import fp, parse
+
+from operator_harness import PendingLater
+
+NS = "team-a"
+SPEC = {
+    "model": "meta-llama/Llama-3.1-8B-Instruct",
+    "engine": {"gpuMemoryUtilization": 0.9},
+    "resources": {"gpuProduct": "NVIDIA-L4", "limits": {"memory": "32Gi"}},
+    "heal": {"backoffSeconds": 0, "bounds": {"maxMemoryLimit": "40Gi"}},
+}
+LOG = SimpleNamespace(info=lambda *a, **k: None, warning=lambda *a, **k: None)
+
+
+def _intent(applied: bool = True) -> HealIntent:
+    before = Deployed(engine=EngineArgs(gpu_memory_utilization=0.9), model=SPEC["model"], memory_limit="32Gi")
+    after = Deployed(engine=EngineArgs(gpu_memory_utilization=0.9), model=SPEC["model"], memory_limit="40Gi")
+    return HealIntent(
+        crash="uid-1/vllm/1",
+        cause="host_ram_oom",
+        action="RaiseMemoryLimit",
+        summary="memory limit 32Gi -> 40Gi",
+        target=after,
+        previous=before,
+        applied=applied,
+        time="2026-11-30T03:00:00Z",
+    )
+
+
+def _vsvc(status: dict[str, Any] | None = None, mode: str = "StatusOverrides") -> dict[str, Any]:
+    spec = copy.deepcopy(SPEC)
+    spec["heal"]["mode"] = mode
+    return {
+        "apiVersion": "vllm.autoheal.dev/v1alpha1",
+        "kind": "VLLMService",
+        "metadata": {"name": "svc", "namespace": NS, "uid": "vsvc-uid", "generation": 1, "resourceVersion": "7"},
+        "spec": spec,
+        "status": status or {},
+    }
+
+
+class StubKube:
+    """The few Kube calls the handlers make, on one VLLMService, counting what they read."""
+
+    def __init__(self, body: dict[str, Any], pods: list[dict[str, Any]] | None = None) -> None:
+        self.body = body
+        self.pods = pods or []
+        self.lists = 0
+        self.pods_read = 0
+        self.patches: list[dict[str, Any]] = []
+        self.fail_writes: int | None = None  # HTTP status for every status write
+
+    def vsvc_path(self, ns: str, name: str) -> str:
+        return f"/apis/vllm.autoheal.dev/v1alpha1/namespaces/{ns}/vllmservices/{name}"
+
+    def get_vsvc(self, ns: str, name: str) -> dict[str, Any] | None:
+        return copy.deepcopy(self.body) if name == self.body["metadata"]["name"] else None
+
+    def get(self, path: str) -> dict[str, Any] | None:
+        return None
+
+    def previous_log(self, *a: Any) -> str:
+        return ""
+
+    def apply_all(self, manifests: list[dict[str, Any]]) -> Any:
+        return SimpleNamespace(conflicts=[], outcomes=[])
+
+    def request(self, method: str, path: str, body: Any = None, *a: Any, **k: Any) -> Any:
+        if method == "GET" and path.endswith("/pods"):
+            self.lists += 1
+            self.pods_read += len(self.pods)
+            return {"items": copy.deepcopy(self.pods)}
+        if method == "PATCH":
+            if self.fail_writes:
+                raise ApiException(status=self.fail_writes, reason="Conflict")
+            self.patches.append(body)
+            status = body.get("status")
+            if status is not None:
+                merged = {**(self.body.get("status") or {}), **status}
+                self.body["status"] = {k: v for k, v in merged.items() if v is not None}
+            return copy.deepcopy(self.body)
+        raise AssertionError(f"unexpected {method} {path}")
+
+
+def _pending_pod(i: int, template_hash: str, since: str) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": f"decoy-{i}",
+            "namespace": NS,
+            "uid": f"decoy-uid-{i}",
+            "labels": {resources.SERVICE_LABEL: "svc"},
+            "annotations": {resources.ENGINE_HASH: template_hash},
+        },
+        "status": {
+            "phase": "Pending",
+            "conditions": [
+                {
+                    "type": "PodScheduled",
+                    "status": "False",
+                    "reason": "Unschedulable",
+                    "message": "0/9 nodes are available: 9 node(s) didn't match Pod's node affinity/selector.",
+                    "lastTransitionTime": since,
+                }
+            ],
+        },
+    }
+
+
+def test_pending_pods_of_one_tenant_cost_work_linear_in_their_number():
+    """High (the operator's CPU, memory and worker threads, shared by every tenant). Pods that cannot be
+    scheduled consume nothing but a pod quota: a tenant creates N of them with the service label and the
+    template's engine hash (copied from its own Deployment, or its own pods' annotation), and annotates them
+    in a loop (each annotation is a pod event). Every event of a Pending pod while a heal is in flight runs
+    unschedulable.check, which GETs the VLLMService and LISTs every pod with the label, on one of kopf's 8
+    worker threads, parsing the whole list (a rendered pod is kilobytes): N events read N x N pods."""
+    from datetime import UTC, datetime
+
+    intent = _intent(applied=True)
+    body = _vsvc({"inFlight": intent.wire(), "baseline": {"gpuMemoryUtilization": 0.9}})
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")  # waiting since now: the check looks again later
+    n = 300
+    kube = StubKube(body, [_pending_pod(i, fp(intent.target), now) for i in range(n)])
+    later = PendingLater()
+    for _event in range(n):  # one event per pod (each annotate, each scheduler retry, makes more)
+        unschedulable.check(kube, OperatorConfig(), later, NS, "svc", LOG)  # type: ignore[arg-type]
+    assert list(later.pending) == [f"blocked/{NS}/svc"]
+    assert kube.pods_read <= 20 * n, f"{n} pod events read {kube.pods_read:,} pods ({kube.lists} LISTs)"
+
+
+def test_crashes_whose_status_write_fails_are_retried_within_a_per_namespace_bound(monkeypatch):
+    """Medium (the operator's threads and the API server's load, shared by every tenant). A tenant whose
+    status writes conflict (a script writing its own VLLMService between the operator's read and write
+    answers 409 to each; an object too large to grow answers 5xx) and whose bare pods with the service
+    label (no GPU needed: a container that exits 1 after writing a launcher-shaped termination message)
+    crash-loop, gets one threading.Timer per crash, each re-reading the object and re-diagnosing every
+    retry_delay_s (10 s), and deferring itself again when it fails. The edit wait (WAITING_CRASHES_PER_NAMESPACE)
+    and the off-worker log queue (QUEUED_CRASHES_PER_NAMESPACE) are bounded per namespace; this is not."""
+    from vllm_autoheal.kube import crash as kcrash
+    from vllm_autoheal.kube.later import PerNamespace
+
+    from samples import KV_TERMINATION
+
+    monkeypatch.setattr(heal, "_waiting", PerNamespace(heal.WAITING_CRASHES_PER_NAMESPACE))
+    monkeypatch.setattr(kcrash, "_queued", PerNamespace(kcrash.QUEUED_CRASHES_PER_NAMESPACE))
+    cfg = OperatorConfig(write_attempts=1, retry_delay_s=10.0)
+    later = PendingLater()
+
+    def crash_in(ns: str, i: int, kube: StubKube) -> None:
+        pod = {
+            "metadata": {"name": f"bare-{i}", "uid": f"{ns}-u{i}", "labels": {resources.SERVICE_LABEL: "svc"}},
+            "spec": {},
+        }
+        crash = {"restartCount": 3, "exitCode": 1, "reason": "Error", "message": KV_TERMINATION}
+        heal.handle_crash(kube, cfg, later, heal.Incident(ns, "svc", pod, crash), LOG)  # type: ignore[arg-type]
+
+    body = _vsvc({"baseline": {"gpuMemoryUtilization": 0.9}}, mode="PatchSpec")
+    loop = StubKube(body)
+    loop.fail_writes = 409
+    for i in range(300):
+        crash_in(NS, i, loop)
+    deferred = [key for key in later.pending if key.startswith(f"crash/{NS}-")]
+    assert len(deferred) <= 32, f"{len(deferred)} crashes of one namespace hold a timer thread each"
+
+
+@pytest.mark.kmock(cls=__import__("operator_harness").Emulator)
+async def test_a_tenants_conflicting_writes_do_not_hold_the_shared_workers_asleep(kmock):
+    """High (every tenant's reconciles and heals share kopf's 8 worker threads). A tenant makes each status
+    write of its own VLLMService conflict (a script that writes the object, e.g. an annotation, as fast as
+    the API server takes it: the operator's read-then-write with resourceVersion answers 409) and has 16
+    pods crash (bare pods with the service label do: no GPU needed). Each crash's handler tries its write 4
+    times and sleeps 3.5 s in between on its worker; with 16 such crashes every worker sleeps for two
+    rounds, and another namespace's crash, explained by the launcher, waits ~7 s for a worker to heal it.
+    (The log-read tests of test_tenant_isolation.py bound the same delay to under 4.5 s.)"""
+    import asyncio
+    import time
+
+    from operator_harness import Cluster, running_operator, setup_emulator
+    from samples import KV_TERMINATION, PLAIN_SPEC
+
+    setup_emulator(kmock)
+    production = OperatorConfig(request_timeout_s=5.0)  # the defaults: 4 tries, 0.5 s first pause
+    async with running_operator(production):
+        cluster = Cluster(kmock)
+        other = cluster.in_namespace("team-b")
+        await cluster.create_vsvc("many", PLAIN_SPEC)
+        await other.create_vsvc("other", PLAIN_SPEC)
+        await cluster.settled("many")
+        await other.settled("other")
+        kmock.fail("PATCH", "/vllmservices/many/status", 409, times=100000)
+        for i in range(16):
+            await cluster.crash_pod("many", f"many-{i}", message=KV_TERMINATION)
+        await asyncio.sleep(0.5)
+        started = time.monotonic()
+        await other.crash_pod("other", "other-a", message=KV_TERMINATION)
+        await other.heal_recorded("other")
+        waited = time.monotonic() - started
+        assert waited < 3.0, f"another tenant's heal waited {waited:.1f} s for a worker"
+
+
+def test_a_tenant_without_a_token_never_gets_a_gated_config_another_tenants_token_fetched(tmp_path):
+    """Low-Medium (confidentiality across tenants). Tenant A names a gated (or private) repo with its token
+    (hfTokenSecretRef); the operator downloads config.json into its one Hub cache. Tenant B names the same
+    repo with no token. While the Hub answers, B gets "is gated"; when it does not answer in time (a slow
+    Hub, or a network blip: any error that is not an HTTP answer) from_hub takes the copy A's token put in
+    the cache (hf_hub_download(local_files_only=True) checks no access), and B's pre-flight and heals are
+    sized from the private model's shape (its MemoryFit message tells B the weights per GPU and KV size).
+    The in-memory cache keys answers by the token's digest for exactly this reason; the disk cache is not."""
+    import base64
+    import threading
+    import time
+
+    from vllm_autoheal import model_source
+    from vllm_autoheal.api import VLLMService
+
+    from hub_server import GATED_TOKEN, Hub, default_repos
+
+    hub = Hub(repos=default_repos())
+    server, hub.url = hub.serve()
+    hub.cache = str(tmp_path / "hub-cache")
+    gated_model = "meta-llama/Llama-3.1-70B-Instruct"
+
+    def service(ns: str, token: bool) -> VLLMService:
+        spec: dict[str, Any] = {"model": gated_model}
+        if token:
+            spec["hfTokenSecretRef"] = {"name": "hf", "key": "token"}
+        return VLLMService.model_validate({"metadata": {"name": "s", "namespace": ns}, "spec": spec})
+
+    secret = {"data": {"token": base64.b64encode(GATED_TOKEN.encode()).decode()}}
+    a_get = {"/api/v1/namespaces/team-a/secrets/hf": secret}.get
+    model_source.configure(model_source.HubSettings(endpoint=hub.url, cache_dir=hub.cache, timeout_s=0.25))
+    try:
+        deadline = time.monotonic() + 10
+        a = model_source.for_service(service("team-a", True), a_get)
+        while a.pending and time.monotonic() < deadline:
+            time.sleep(0.1)
+            a = model_source.for_service(service("team-a", True), a_get)
+        assert a.ok and a.shape.layers == 80  # tenant A, with its token
+        b = model_source.for_service(service("team-b", False), lambda path: None)
+        while b.pending and time.monotonic() < deadline:
+            time.sleep(0.1)
+            b = model_source.for_service(service("team-b", False), lambda path: None)
+        assert not b.ok and "is gated" in (b.error or "")  # tenant B, while the Hub answers
+        model_source._cache.clear()  # (as ERROR_TTL_S, 60 s, later: B's "is gated" answer expired)
+        hub.stall = threading.Event()  # the Hub stops answering in time
+        b = model_source.for_service(service("team-b", False), lambda path: None)
+        while b.pending and time.monotonic() < deadline:
+            time.sleep(0.1)
+            b = model_source.for_service(service("team-b", False), lambda path: None)
+        assert not b.ok, f"tenant B, with no token, got the gated model's config: {b.shape.layers} layers"
+    finally:
+        model_source.configure(model_source.HubSettings())
+        if hub.stall is not None:
+            hub.stall.set()
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="spec.env admits 128 values of 32 KiB (4 MiB) while kopf copies the whole spec into one annotation "
+    "of the object, and the API server refuses an object whose annotations exceed 256 KiB in all: ENV_VALUE's "
+    "own comment assumes the bound keeps the spec within it",
+)
+def test_an_admitted_spec_fits_the_annotation_kopf_keeps_it_in():
+    """Low (the tenant's own service; no other tenant is slowed). handlers.configure keeps kopf's diffbase,
+    the whole spec, in the annotation vllm.autoheal.dev/last-handled-configuration, and the API server
+    refuses a write that makes an object's annotations exceed 256 KiB (ValidateObjectMeta, custom resources
+    included). A spec with ten 32 KiB env values is admitted (the CRD's maxLength is per value, and 128 of
+    them are allowed) and its Deployment renders, but kopf's merge patch of that annotation is refused with
+    422, which kopf's patching.patch_obj does not catch on a merge patch ("Event processing has failed with
+    an unrecoverable error"): kopf never records the spec as handled, and the handler progress it keeps in
+    annotations too (a TemporaryError's retry: a name conflict, a model config still pending, a heal to
+    finish) is never stored. Checked here with the CRD's rules offline (validation.admit) and kopf's own
+    diffbase storage; a tenant who applies with kubectl doubles it (last-applied-configuration).
+    """
+    import kopf
+
+    from vllm_autoheal import validation
+    from vllm_autoheal.api import GROUP
+
+    spec = copy.deepcopy(SPEC)
+    spec["env"] = [{"name": f"PROMPT_{i}", "value": "x" * 32768} for i in range(10)]
+    obj = {
+        "apiVersion": "vllm.autoheal.dev/v1alpha1",
+        "kind": "VLLMService",
+        "metadata": {"name": "svc", "namespace": NS, "uid": "u"},
+        "spec": spec,
+    }
+    admitted, problems = validation.admit(obj)
+    assert problems == []  # the API server takes it (the CRD's rules, offline)
+    assert resources.render(parse(admitted))  # and the operator renders its objects
+    storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP, key="last-handled-configuration")
+    patch = kopf.Patch()
+    storage.store(body=kopf.Body(admitted), patch=patch, essence=storage.build(body=kopf.Body(admitted)))
+    size = sum(len(k) + len(v) for k, v in patch["metadata"]["annotations"].items())
+    assert size <= 256 * 1024, f"kopf's annotation would be {size:,} bytes; the API server takes at most 262,144"
+
+
+def test_a_crash_already_handled_is_not_handled_again_however_many_pods_crashed(monkeypatch):
+    """Medium (the operator's workers and the API server, and the evidence in status and Events). A tenant
+    with 51 or more crashed pods (bare pods with the service label need no GPU) pushes its first crashes out
+    of status.observedCrashes. A crashed pod keeps its lastState.terminated while it runs again, and any
+    event of the pod (the tenant annotates it, as often as the API server takes writes) finds that crash
+    unrecorded: handle_crash diagnoses it again (a 2 MiB log read and its classification where the
+    message is not the launcher's), writes another heal record and posts its Events again. A new crash costs
+    the tenant a kubelet back-off (up to 5 minutes a pod); a replayed one costs a pod annotation."""
+    from vllm_autoheal.kube import crash as kcrash
+    from vllm_autoheal.kube.later import PerNamespace
+
+    from samples import NOT_MEMORY
+
+    monkeypatch.setattr(heal, "_waiting", PerNamespace(heal.WAITING_CRASHES_PER_NAMESPACE))
+    monkeypatch.setattr(kcrash, "_queued", PerNamespace(kcrash.QUEUED_CRASHES_PER_NAMESPACE))
+    posted: list[str] = []
+    monkeypatch.setattr(heal.heal_events, "post", lambda vsvc, diag, remedy, pod, note: posted.append(pod))
+    body = _vsvc({"baseline": {"gpuMemoryUtilization": 0.9}}, mode="PatchSpec")
+    kube = StubKube(body)
+    cfg = OperatorConfig(write_attempts=1)
+
+    def event_of(i: int) -> None:  # an event of pod i, whose container crashed once and runs again
+        pod = {
+            "metadata": {"name": f"bare-{i}", "uid": f"u{i}", "labels": {resources.SERVICE_LABEL: "svc"}},
+            "spec": {},
+        }
+        ended = f"2026-11-30T03:{i // 60:02d}:{i % 60:02d}Z"  # (the kubelet's; pod i crashed i seconds in)
+        crash = {"restartCount": 0, "exitCode": 1, "reason": "Error", "message": NOT_MEMORY, "finishedAt": ended}
+        heal.handle_crash(kube, cfg, PendingLater(), heal.Incident(NS, "svc", pod, crash), LOG)  # type: ignore[arg-type]
+
+    for i in range(60):
+        event_of(i)
+    assert len(posted) == 60  # each crash handled once
+    for _round in range(3):  # the tenant annotates each of its pods, in turn, three times
+        for i in range(60):
+            event_of(i)
+    assert len(posted) == 60, f"60 crashes handled {len(posted)} times ({posted.count('bare-0')} times bare-0's)"
