@@ -46,7 +46,8 @@ FIELDS: tuple[ConfigField, ...] = (
         ("n_head_kv", "num_kv_heads", "multi_query_group_num"),
     ),
     ConfigField("head_dim", 1, 4096, "Width of one head; unset = hidden_size / num_attention_heads."),
-    ConfigField("intermediate_size", 0, 1 << 18, "Width of the dense MLP.", ("ffn_dim",)),
+    ConfigField("intermediate_size", 0, 1 << 18, "Width of the dense MLP.", ("ffn_dim", "n_inner", "ffn_hidden_size")),
+    ConfigField("intermediate_size_mlp", 0, 1 << 18, "Width of a dense layer's MLP beside MoE layers (Llama 4)."),
     ConfigField("vocab_size", 1, 1 << 21, "Tokens in the vocabulary.", required=True),
     ConfigField("max_position_embeddings", 1, 1 << 25, "Longest context the model was trained for."),
     ConfigField("num_local_experts", 0, 4096, "Routed experts per MoE layer.", ("num_experts", "n_routed_experts")),
@@ -283,10 +284,37 @@ def check(config: Any, source: str = "") -> dict[str, Any]:
         raise ModelConfigError(f"{_where('expert_layer_offset', source)} must be below expert_layer_period")
     if out.get("first_k_dense_replace", 0) > out["num_hidden_layers"]:
         raise ModelConfigError(f"{_where('first_k_dense_replace', source)} exceeds num_hidden_layers")
+    _sized_here(merged, config, source)
     vision = config.get("vision_config")
     if vision is not None:
         out["vision_config"] = _vision(vision, source)
     return out
+
+
+# Encoder-only models (embeddings, classifiers): vLLM keeps no KV cache for them, and the memory model
+# sizes decoders (it gave BERT a 69 GiB cache).
+ENCODER_ONLY_TYPES = frozenset(
+    {"bert", "roberta", "xlm-roberta", "distilbert", "nomic_bert", "modernbert", "electra", "deberta", "deberta-v2"}
+)
+# Where a config describes a vision encoder other than under vision_config, which alone is counted
+# (Phi-3-vision's img_processor, LLaVA-1.5's original mm_vision_tower, Qwen-VL's visual).
+UNREAD_VISION_KEYS = ("img_processor", "mm_vision_tower", "visual")
+
+
+def _sized_here(merged: dict[str, Any], config: dict[str, Any], source: str) -> None:
+    """Refuse a model the memory model would size wrong without knowing it."""
+    kind = merged.get("model_type")
+    if kind in ENCODER_ONLY_TYPES:
+        raise ModelConfigError(
+            f"{source or 'the model config'}: {kind} is an encoder-only model; vLLM keeps no KV cache for it "
+            "and the memory model sizes decoder models only"
+        )
+    unread = next((k for k in UNREAD_VISION_KEYS if config.get(k) is not None), None)
+    if unread is not None and config.get("vision_config") is None:
+        raise ModelConfigError(
+            f"{_where(unread, source)} describes a vision encoder the memory model does not read "
+            "(only vision_config is counted): the model cannot be sized"
+        )
 
 
 def _vision(vision: Any, source: str) -> dict[str, Any]:

@@ -157,3 +157,41 @@ def mamba_layers_of(cfg: dict[str, Any], layers: int) -> int:
     if (words := layer_words(cfg, layers)) is not None:
         return sum(1 for word in words if word in MAMBA_LAYER_TYPES)
     return state_layers_of(cfg, layers)
+
+
+# The MLP as vLLM builds each model type (its model_executor/models/<type>.py). These have two matrices,
+# up and down, and no gate (c_fc/c_proj, fc_in/fc_out, dense_h_to_4h/dense_4h_to_h, fc1/fc2), 4 x hidden
+# wide where the config leaves the width unset (GPT-2's n_inner null; Falcon, BLOOM). The rest gate
+# (gate, up and down), unless their activation is relu2.
+PLAIN_MLP_TYPES = frozenset(
+    {"gpt2", "gpt_bigcode", "gptj", "gpt_neox", "starcoder2", "falcon", "RefinedWeb", "RefinedWebModel", "bloom"}
+    | {"opt", "phi", "persimmon"}
+)
+# QWen (v1) gives the two gated projections' width together: vLLM's QWenMLP is intermediate_size // 2 wide.
+HALVED_MLP_TYPES = frozenset({"qwen"})
+
+
+def mlp_of(cfg: dict[str, Any], hidden: int) -> tuple[int, bool]:
+    """The dense MLP's width and whether it is gated."""
+    kind = cfg.get("model_type")
+    plain = kind in PLAIN_MLP_TYPES
+    width = int(config_value(cfg, "intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size") or 0)
+    if plain and not width:
+        width = 4 * hidden
+    if kind in HALVED_MLP_TYPES:
+        width //= 2
+    if isinstance(kind, str) and kind.startswith("llama4") and cfg.get("intermediate_size_mlp"):
+        width = int(cfg["intermediate_size_mlp"])  # (its dense layers; intermediate_size is an expert's)
+    return width, not plain and cfg.get("mlp_hidden_act", cfg.get("hidden_act")) != "relu2"
+
+
+def shared_expert_of(cfg: dict[str, Any]) -> int:
+    """The shared expert's width in each MoE layer: Qwen-MoE's, DeepSeek's n_shared_experts, and Llama 4's
+    one shared expert, as wide as a routed one (vLLM's Llama4MoE)."""
+    named = config_value(cfg, "shared_expert_intermediate_size", default=0)
+    if named:
+        return int(named)
+    kind = cfg.get("model_type")
+    if isinstance(kind, str) and kind.startswith("llama4") and config_value(cfg, "num_local_experts", default=0):
+        return int(cfg.get("intermediate_size") or 0)
+    return int(cfg.get("n_shared_experts") or 0) * int(cfg.get("moe_intermediate_size") or 0)

@@ -13,7 +13,9 @@ from typing import Any
 from .model_layers import (
     config_value,
     mamba_layers_of,
+    mlp_of,
     moe_layers,
+    shared_expert_of,
     sliding_layers,
     state_dtype_of,
     state_layers_of,
@@ -321,6 +323,7 @@ def shape_from_config(config: dict[str, Any]) -> ModelShape:
     period, offset = moe_layers(cfg)
     layers = int(config_value(cfg, "num_hidden_layers", "n_layer"))
     sliding = sliding_layers(cfg, layers)
+    mlp = mlp_of(cfg, hidden)
     return ModelShape(
         architecture=arch,
         layers=layers,
@@ -328,7 +331,7 @@ def shape_from_config(config: dict[str, Any]) -> ModelShape:
         heads=heads,
         kv_heads=kv_heads,
         head_dim=head_dim,
-        intermediate=int(config_value(cfg, "intermediate_size", "ffn_dim")),
+        intermediate=mlp[0],
         vocab=int(config_value(cfg, "vocab_size")),
         # transformers writes config.json as a diff from PretrainedConfig, whose default is True:
         # a file without the field ties its embeddings (Gemma); untied models say false (Llama).
@@ -339,10 +342,7 @@ def shape_from_config(config: dict[str, Any]) -> ModelShape:
         moe_intermediate=int(
             config_value(cfg, "moe_intermediate_size", default=0) or (cfg.get("intermediate_size", 0) if experts else 0)
         ),
-        shared_intermediate=int(
-            config_value(cfg, "shared_expert_intermediate_size", default=0)
-            or int(cfg.get("n_shared_experts") or 0) * int(cfg.get("moe_intermediate_size") or 0)
-        ),
+        shared_intermediate=shared_expert_of(cfg),
         dense_layers=int(config_value(cfg, "first_k_dense_replace", default=0) or 0),
         kv_lora_rank=int(config_value(cfg, "kv_lora_rank", default=0) or 0),
         q_lora_rank=int(config_value(cfg, "q_lora_rank", default=0) or 0),
@@ -359,7 +359,7 @@ def shape_from_config(config: dict[str, Any]) -> ModelShape:
         moe_period=period,
         moe_offset=offset,
         blocks=pattern if isinstance(pattern := cfg.get("hybrid_override_pattern"), str) else "",
-        gated_mlp=cfg.get("mlp_hidden_act", cfg.get("hidden_act")) != "relu2",
+        gated_mlp=mlp[1],
         mamba_heads=int(config_value(cfg, "mamba_num_heads", "mamba_n_heads", default=0) or 0),
         mamba_head_dim=int(config_value(cfg, "mamba_head_dim", "mamba_d_head", default=0) or 0),
         mamba_groups=int(config_value(cfg, "mamba_n_groups", "n_groups", default=0) or 0),
