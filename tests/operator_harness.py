@@ -476,18 +476,7 @@ class Cluster:
                 "annotations": template["metadata"]["annotations"],
             },
             "spec": template["spec"],
-            "status": {
-                "phase": "Pending",
-                "conditions": [
-                    {
-                        "type": "PodScheduled",
-                        "status": "False",
-                        "reason": "Unschedulable",
-                        "message": message,
-                        "lastTransitionTime": since,
-                    }
-                ],
-            },
+            "status": unschedulable_status(message, since),
         }
         await self.call("POST", f"/api/v1/namespaces/{self.namespace}/pods", body)
 
@@ -591,6 +580,12 @@ def operator_writes(kmock, name: str) -> list[tuple[str, str]]:
         ):
             writes.append((method, path))
     return writes
+
+
+def unschedulable_status(message: str, since: str) -> dict:
+    """A pod's status while the scheduler finds no node for it (since `since`, RFC 3339)."""
+    condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
+    return {"phase": "Pending", "conditions": [{**condition, "message": message, "lastTransitionTime": since}]}
 
 
 class PendingLater:

@@ -16,7 +16,7 @@ from vllm_autoheal.kube import heal, resources, unschedulable
 from vllm_autoheal.kube.config import OperatorConfig
 from vllm_autoheal.kube.heal_apply import fp, parse
 
-from operator_harness import PendingLater
+from operator_harness import PendingLater, unschedulable_status
 
 NS = "team-a"
 SPEC = {
@@ -107,18 +107,7 @@ def _pending_pod(i: int, template_hash: str, since: str) -> dict[str, Any]:
             "labels": {resources.SERVICE_LABEL: "svc"},
             "annotations": {resources.ENGINE_HASH: template_hash},
         },
-        "status": {
-            "phase": "Pending",
-            "conditions": [
-                {
-                    "type": "PodScheduled",
-                    "status": "False",
-                    "reason": "Unschedulable",
-                    "message": "0/9 nodes are available: 9 node(s) didn't match Pod's node affinity/selector.",
-                    "lastTransitionTime": since,
-                }
-            ],
-        },
+        "status": unschedulable_status("0/9 nodes are available: 9 node(s) didn't match Pod's node affinity.", since),
     }
 
 
