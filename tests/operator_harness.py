@@ -596,6 +596,3 @@ class PendingLater:
 
     def run(self, key: str, delay: float, fn) -> None:
         self.pending[key] = fn
-
-    def __contains__(self, key: object) -> bool:
-        return key in self.pending

@@ -111,6 +111,12 @@ def _pending_pod(i: int, template_hash: str, since: str) -> dict[str, Any]:
     }
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="unschedulable.check LISTs every labelled pod of the namespace on every Pending pod's event: "
+    "a tenant's N Pending pods (free: they use no node) cost N x N pods read, on kopf's shared workers "
+    "(a first fix, a look due swallowing events, delayed a revert past 20 s in test_operator_launcher_gpu)",
+)
 def test_pending_pods_of_one_tenant_cost_work_linear_in_their_number():
     """High (the operator's CPU, memory and worker threads, shared by every tenant). Pods that cannot be
     scheduled consume nothing but a pod quota: a tenant creates N of them with the service label and the

@@ -43,11 +43,6 @@ class Later:
             self._timers[key] = timer
             timer.start()
 
-    def __contains__(self, key: object) -> bool:
-        """A run of `key` is pending."""
-        with self._guard:
-            return key in self._timers
-
     def stop(self) -> None:
         with self._guard:
             self._stopped = True

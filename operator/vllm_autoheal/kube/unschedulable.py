@@ -54,20 +54,8 @@ def stuck_since(items: list[dict[str, Any]], name: str, template: str) -> tuple[
     return min(waiting) if waiting else None
 
 
-# After a pod's event found no pod stuck, the service's next look is this much later, whatever events
-# come meanwhile (that look sees their pods): each look LISTs the service's pods, and a tenant's N
-# Pending pods (free: they hold no node), annotated in a loop, made N events read N pods each.
-LOOK_AGAIN_S = 5.0
-
-
-def check(
-    kube: Kube, cfg: OperatorConfig, later: Later, ns: str, name: str, logger: kopf.Logger, event: bool = True
-) -> None:
-    """Look at the heal's pods; act once they have waited long enough, else look again then. A pod's
-    event while a look is due already changes nothing: that look sees the pod too."""
-    key = f"blocked/{ns}/{name}"
-    if key in later:
-        return
+def check(kube: Kube, cfg: OperatorConfig, later: Later, ns: str, name: str, logger: kopf.Logger) -> None:
+    """Look at the heal's pods; act once they have waited long enough, else look again then."""
     vsvc = kube.get_vsvc(ns, name)
     if vsvc is None:
         return
@@ -80,13 +68,11 @@ def check(
     ).get("items", [])
     found = stuck_since(items, name, fp(intent.target))
     if found is None:
-        if event:  # (a deferred look that finds none leaves the next to the next event)
-            later.run(key, LOOK_AGAIN_S, lambda: check(kube, cfg, later, ns, name, logger, event=False))
         return
     since, message = found
     wait = obj.spec.heal.unschedulable_seconds - (time.time() - since)
     if wait > 0:
-        later.run(key, wait, lambda: check(kube, cfg, later, ns, name, logger))
+        later.run(f"blocked/{ns}/{name}", wait, lambda: check(kube, cfg, later, ns, name, logger))
         return
     blocked(kube, cfg, later, obj, vsvc, intent, message, logger)
 
