@@ -9,8 +9,8 @@ The Hub is reached with huggingface_hub (config.json only, one HEAD to check its
 hf_hub_download into a cache), at the endpoint the operator was started with (read once; off
 unless configured). A handler never waits longer than the Hub timeout: the fetch runs in a small
 pool, one fetch per (endpoint, model, revision, token), and its result is kept in memory, so
-many VLLMServices of one model cost one request (on disk, each token has a cache of its own) (a full cache lets the namespace that stored the
-most lose its oldest answer). One namespace has at most HUB_LOOKUPS_PER_NAMESPACE lookups under
+many VLLMServices of one model cost one request (a full cache lets the namespace that stored the
+most lose its oldest answer; on disk, each token has a cache of its own). One namespace has at most HUB_LOOKUPS_PER_NAMESPACE lookups under
 way and as many handlers waiting: the Hub's slowness costs each tenant its own share, never
 another's.
 """
