@@ -36,8 +36,8 @@ RESERVED_MOUNT_PATHS = (
 SHM_CEILING = "64Gi"
 PreflightMode = Literal["Fix", "Warn", "Off"]
 # Kubernetes' own bounds for what the pod template carries (the API server refuses more there, after the
-# VLLMService was admitted), and one for an env value: kopf keeps the whole spec in an annotation, and
-# every annotation of an object together is at most 256 KiB.
+# VLLMService was admitted), and one for an env value (kopf's copy of the spec in an annotation keeps a
+# long value as its digest: kube/diffbase.py).
 QUALIFIED_NAME = 316  # a label or taint key: a 253-character prefix, "/", 63 characters
 LABEL_VALUE = 63
 ENV_VALUE = 32768

@@ -17,6 +17,7 @@ from ..api import GROUP, PLURAL, VERSION
 from . import heal, pods, reconcile, resources, unschedulable
 from .client import Kube
 from .config import OperatorConfig
+from .diffbase import DigestedDiffBaseStorage
 from .later import Later
 
 
@@ -37,9 +38,8 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # kopf's default keeps progress under status.<handler>, which the real API server prunes
     # (our status schema is closed): keep all of kopf's bookkeeping in annotations instead.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=GROUP, key="last-handled-configuration"
-    )
+    # (its large values as digests: the API server takes 256 KiB of annotations per object, see diffbase.py)
+    settings.persistence.diffbase_storage = DigestedDiffBaseStorage(prefix=GROUP, key="last-handled-configuration")
     settings.posting.level = logging.WARNING
     settings.execution.max_workers = 8
     memo.setdefault("config", OperatorConfig())
