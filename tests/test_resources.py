@@ -40,7 +40,7 @@ def test_variable_references_in_user_strings_are_not_expanded():
     assert command[command.index("--served-model-name") + 1] == "$$(HF_TOKEN)"
     assert not any("$(" in t.replace("$$(", "") for t in command)
     env = {e["name"]: e for e in pod["containers"][0]["env"]}
-    assert env["A"]["value"] == "x$$(HF_TOKEN)" and env["B"]["value"] == "$$$(kept)"
+    assert env["A"]["value"] == "x$$(HF_TOKEN)" and env["B"]["value"] == "$$$$(kept)"
     assert env["HF_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "hf", "key": "token"}
 
 

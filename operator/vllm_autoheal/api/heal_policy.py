@@ -8,7 +8,7 @@ from typing import Literal, get_args
 from pydantic import Field
 
 from .engine_args import MAX_GPU_BYTES, MAX_OFFLOAD_GIB, MAX_SEQS, MAX_TOKENS, Quantization
-from .schema import QUANTITY_PATTERN, Model, cel, nested, rule
+from .schema import NOT_A_FLAG, QUANTITY_PATTERN, Model, cel, nested, rule
 
 MAX_ATTEMPTS = 50  # heal.maxAttempts' highest
 
@@ -83,7 +83,9 @@ class QuantizedFallback(Model):
         rule("!self.allowed || (has(self.model) && has(self.method))", "allowed needs both model and method", ".model"),
     )
     allowed: bool = Field(False, description="May a heal switch to the quantized model?")
-    model: str | None = Field(None, min_length=1, max_length=512, description="The quantized model (HF id or path).")
+    model: str | None = Field(
+        None, min_length=1, max_length=512, pattern=NOT_A_FLAG, description="The quantized model (HF id or path)."
+    )
     method: Quantization | None = Field(None, description="Its quantization method.")
 
 

@@ -9,6 +9,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 # A Kubernetes resource quantity (the apimachinery grammar, without exponents).
+# A name vLLM takes as a positional or an option's value (a model, a served name): never one that opens
+# like a flag, which `vllm serve` would read as one (a secret given as --api-key=..., past extraArgs' rules).
+NOT_A_FLAG = r"^[^-]"
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
 
 

@@ -10,7 +10,7 @@ from ..vllm_release import Release, env_keeps_release, logged_on, parse_image
 from .config_json import DNS_SUBDOMAIN, ModelConfigSource
 from .engine_args import EngineArgs
 from .heal_policy import HealPolicy
-from .schema import QUANTITY_PATTERN, Model, cel, nested, quantity_le, rule
+from .schema import NOT_A_FLAG, QUANTITY_PATTERN, Model, cel, nested, quantity_le, rule
 
 DEFAULT_IMAGE = "vllm/vllm-openai:v0.33.0"
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -41,6 +41,11 @@ PreflightMode = Literal["Fix", "Warn", "Off"]
 QUALIFIED_NAME = 316  # a label or taint key: a 253-character prefix, "/", 63 characters
 LABEL_VALUE = 63
 ENV_VALUE = 32768
+# What the NVIDIA container toolkit reads to choose a container's GPUs and their features: set in the pod
+# spec they would override the device plugin's own (the kubelet puts the container's env last), and on
+# nodes whose toolkit takes the variable the pod would see GPUs other pods were given.
+DEVICE_PLUGIN_ENV = ("NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES")
+DEVICE_PLUGIN_ENV_PREFIX = "NVIDIA_MIG_"
 
 
 class Toleration(Model):
@@ -210,6 +215,11 @@ class VLLMServiceSpec(Model):
             ".env",
         ),
         rule(
+            f"!self.env.exists(e, e.name in {list(DEVICE_PLUGIN_ENV)} || e.name.startsWith('{DEVICE_PLUGIN_ENV_PREFIX}'))",
+            f"env must not set {', '.join(DEVICE_PLUGIN_ENV)} or {DEVICE_PLUGIN_ENV_PREFIX}*: the device plugin's own",
+            ".env",
+        ),
+        rule(
             "!has(self.hfTokenSecretRef) || !self.env.exists(e, e.name == 'HF_TOKEN')",
             "env must not set HF_TOKEN while hfTokenSecretRef does",
             ".env",
@@ -220,8 +230,12 @@ class VLLMServiceSpec(Model):
             ".heal.allowedActions",
         ),
     )
-    model: str = Field(..., min_length=1, max_length=512, description="Hugging Face model id or a local path.")
-    served_model_name: str | None = Field(None, max_length=256, description="Name clients use; unset = model.")
+    model: str = Field(
+        ..., min_length=1, max_length=512, pattern=NOT_A_FLAG, description="Hugging Face model id or a local path."
+    )
+    served_model_name: str | None = Field(
+        None, max_length=256, pattern=NOT_A_FLAG, description="Name clients use; unset = model."
+    )
     image: str = Field(DEFAULT_IMAGE, pattern=r"^\S+$", max_length=512, description="vLLM container image.")
     replicas: int = Field(1, ge=0, le=1000, description="Number of vLLM pods.")
     port: int = Field(8000, ge=1, le=65535, description="Port vLLM serves on.")

@@ -142,8 +142,9 @@ def _metadata(obj: VLLMService, name: str) -> dict[str, Any]:
 
 def escape(text: str) -> str:
     """The kubelet expands $(VAR) in a container's command, args and env values: a user string
-    must reach vLLM as written, not as the value of another variable (a Secret's, say)."""
-    return text.replace("$(", "$$(")
+    must reach vLLM as written, not as the value of another variable (a Secret's, say). Every "$" is
+    doubled: the kubelet reads "$$" as "$", so "$$(X)" written by a user stays "$$(X)" too."""
+    return text.replace("$", "$$")
 
 
 # The vLLM container: no privilege escalation, no capabilities (vLLM needs none on a GPU node).
