@@ -71,6 +71,12 @@ QWEN3_NEXT = {
     "vocab_size": 151936,
     "max_position_embeddings": 262144,
     "full_attention_interval": 4,
+    # (Qwen3-Next-80B's Gated DeltaNet dims: a config without them is refused, its state unsized)
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4,
 }
 
 

@@ -109,7 +109,7 @@ def run_plan(args: argparse.Namespace) -> int:
     from .engine import EngineArgsError, abbreviated_flag, parse_args
     from .gpu_catalog import lookup
     from .model_config import ModelConfigError
-    from .plan_options import options, render_bars, render_options
+    from .plan_options import longer_than_the_model, options, render_bars, render_options
     from .preflight import preflight
     from .report import render_plan
     from .vllm_release import describe
@@ -131,6 +131,10 @@ def run_plan(args: argparse.Namespace) -> int:
     if abbreviated:
         spelled, flag = abbreviated
         print(f"vllm-autoheal plan: {spelled!r} is read by vLLM as {flag.cli}: spell it {flag.cli}", file=sys.stderr)
+        return 2
+    refused = longer_than_the_model(shape, engine, os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN"))
+    if refused:
+        print(f"vllm-autoheal plan: {refused}", file=sys.stderr)
         return 2
     if args.gpu_free_gib is not None and args.gpu_free_gib > gpu.memory_gib:
         print(

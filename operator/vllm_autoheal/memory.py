@@ -306,7 +306,7 @@ def estimate(
     row = facts(release)
     tier = row.batch if row else "160gib"
     mbt = engine.max_num_batched_tokens or default_max_num_batched_tokens(total, entrypoint, gpu.name, tier)
-    max_len = engine.max_model_len or shape.max_position_embeddings or 4096
+    max_len = engine.max_model_len or shape.max_position_embeddings or 2048  # (vLLM's where the config names none)
     weights = weights_gib_per_gpu(shape, engine, gpu)
     seqs = engine.max_num_seqs or default_max_num_seqs(total, gpu.name, engine.extra_args, tier)
     act = activation_bytes(shape, mbt, tp, seqs, release_sampler(shape, release, engine.extra_args)) / GIB

@@ -46,10 +46,23 @@ FIELDS: tuple[ConfigField, ...] = (
         ("n_head_kv", "num_kv_heads", "multi_query_group_num"),
     ),
     ConfigField("head_dim", 1, 4096, "Width of one head; unset = hidden_size / num_attention_heads."),
-    ConfigField("intermediate_size", 0, 1 << 18, "Width of the dense MLP.", ("ffn_dim", "n_inner", "ffn_hidden_size")),
+    ConfigField(
+        "intermediate_size",
+        0,
+        1 << 18,
+        "Width of the dense MLP.",
+        ("ffn_dim", "n_inner", "ffn_hidden_size", "ff_intermediate_size"),  # (the last: Phi-3-small's)
+    ),
     ConfigField("intermediate_size_mlp", 0, 1 << 18, "Width of a dense layer's MLP beside MoE layers (Llama 4)."),
     ConfigField("vocab_size", 1, 1 << 21, "Tokens in the vocabulary.", required=True),
-    ConfigField("max_position_embeddings", 1, 1 << 25, "Longest context the model was trained for."),
+    # (vLLM derives the longest context from the first of these the config has: _get_and_verify_max_len)
+    ConfigField(
+        "max_position_embeddings",
+        1,
+        1 << 25,
+        "Longest context the model was trained for.",
+        ("n_positions", "max_seq_len", "seq_length", "model_max_length", "max_sequence_length", "max_seq_length"),
+    ),
     ConfigField("num_local_experts", 0, 4096, "Routed experts per MoE layer.", ("num_experts", "n_routed_experts")),
     ConfigField("num_experts_per_tok", 0, 4096, "Experts each token is routed to."),
     ConfigField("moe_intermediate_size", 0, 1 << 18, "Width of one expert's MLP."),
@@ -247,9 +260,10 @@ def _bits(quant: dict[str, Any], source: str) -> int | None:
     return widths.pop() if len(widths) == 1 else None
 
 
-def check(config: Any, source: str = "") -> dict[str, Any]:
+def check(config: Any, source: str = "", config_file: bool = False) -> dict[str, Any]:
     """The fields the memory model reads, type- and range-checked; everything else dropped.
-    A multimodal config's text_config is what counts (as vLLM reads it)."""
+    A multimodal config's text_config is what counts (as vLLM reads it). `config_file`: a whole
+    config.json (parse's), not an inline description of some fields (model_sizable.refuse_unsized)."""
     if not isinstance(config, dict):
         raise ModelConfigError(f"{source or 'the model config'} must be a JSON object")
     text = config.get("text_config")
@@ -284,37 +298,15 @@ def check(config: Any, source: str = "") -> dict[str, Any]:
         raise ModelConfigError(f"{_where('expert_layer_offset', source)} must be below expert_layer_period")
     if out.get("first_k_dense_replace", 0) > out["num_hidden_layers"]:
         raise ModelConfigError(f"{_where('first_k_dense_replace', source)} exceeds num_hidden_layers")
-    _sized_here(merged, config, source)
+    from .model_sizable import positions_scaled, refuse_unsized  # (it reads this module's tables)
+
+    refuse_unsized(merged, config, source, config_file)
+    if positions_scaled(merged):
+        out["rope_scaled"] = True
     vision = config.get("vision_config")
     if vision is not None:
         out["vision_config"] = _vision(vision, source)
     return out
-
-
-# Encoder-only models (embeddings, classifiers): vLLM keeps no KV cache for them, and the memory model
-# sizes decoders (it gave BERT a 69 GiB cache).
-ENCODER_ONLY_TYPES = frozenset(
-    {"bert", "roberta", "xlm-roberta", "distilbert", "nomic_bert", "modernbert", "electra", "deberta", "deberta-v2"}
-)
-# Where a config describes a vision encoder other than under vision_config, which alone is counted
-# (Phi-3-vision's img_processor, LLaVA-1.5's original mm_vision_tower, Qwen-VL's visual).
-UNREAD_VISION_KEYS = ("img_processor", "mm_vision_tower", "visual")
-
-
-def _sized_here(merged: dict[str, Any], config: dict[str, Any], source: str) -> None:
-    """Refuse a model the memory model would size wrong without knowing it."""
-    kind = merged.get("model_type")
-    if kind in ENCODER_ONLY_TYPES:
-        raise ModelConfigError(
-            f"{source or 'the model config'}: {kind} is an encoder-only model; vLLM keeps no KV cache for it "
-            "and the memory model sizes decoder models only"
-        )
-    unread = next((k for k in UNREAD_VISION_KEYS if config.get(k) is not None), None)
-    if unread is not None and config.get("vision_config") is None:
-        raise ModelConfigError(
-            f"{_where(unread, source)} describes a vision encoder the memory model does not read "
-            "(only vision_config is counted): the model cannot be sized"
-        )
 
 
 def _vision(vision: Any, source: str) -> dict[str, Any]:
@@ -374,7 +366,7 @@ def parse(raw: str | bytes, source: str = "") -> dict[str, Any]:
         if isinstance(exc, ModelConfigError):
             raise
         raise ModelConfigError(f"{source or 'the model config'} is not JSON: {exc}") from None
-    return check(config, source)
+    return check(config, source, config_file=True)
 
 
 def to_shape(fields: dict[str, Any]) -> Any:

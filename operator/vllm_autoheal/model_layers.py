@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .model_config import LAYER_LISTS
+from .model_config import BY_NAME, LAYER_LISTS
 
 
 def moe_layers(cfg: dict[str, Any]) -> tuple[int, int]:
@@ -175,7 +175,7 @@ def mlp_of(cfg: dict[str, Any], hidden: int) -> tuple[int, bool]:
     """The dense MLP's width and whether it is gated."""
     kind = cfg.get("model_type")
     plain = kind in PLAIN_MLP_TYPES
-    width = int(config_value(cfg, "intermediate_size", "ffn_dim", "n_inner", "ffn_hidden_size") or 0)
+    width = int(config_value(cfg, "intermediate_size", *BY_NAME["intermediate_size"].aliases) or 0)
     if plain and not width:
         width = 4 * hidden
     if kind in HALVED_MLP_TYPES:

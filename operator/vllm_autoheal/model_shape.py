@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from .model_config import BY_NAME
 from .model_layers import (
     config_value,
     mamba_layers_of,
@@ -21,10 +22,12 @@ from .model_layers import (
     state_layers_of,
     whole,
 )
+from .model_sizable import positions_scaled
 from .vision_tower import vision_params
 
 # Model types whose attention gates its output (vLLM's Qwen3NextAttention: attn_output_gate, true by
 # default), doubling q_proj.
+POSITIONS = ("max_position_embeddings", *BY_NAME["max_position_embeddings"].aliases)
 GATED_ATTENTION_TYPES = frozenset({"qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"})
 
 DTYPE_BYTES = {
@@ -92,7 +95,8 @@ class ModelShape:
     sliding_window: int | None = None
     sliding_layers: int = 0  # layers that attend within sliding_window (the rest attend in full)
     state_layers: int = 0  # layers that keep a fixed state per request, no K and V per token (STATE_LAYER_TYPES)
-    max_position_embeddings: int = 0
+    max_position_embeddings: int = 0  # (under the first of vLLM's names for it the config has)
+    positions_scaled: bool = False  # RoPE scaling stretches them: vLLM's longest context is longer
     dtype: str = "bfloat16"
     quantization: str | None = None
     quant_bits: int | None = None  # bits per quantized weight, where the checkpoint's config says
@@ -352,7 +356,8 @@ def shape_from_config(config: dict[str, Any]) -> ModelShape:
         sliding_window=whole(cfg.get("sliding_window")) if sliding else None,
         sliding_layers=sliding,
         state_layers=state_layers_of(cfg, layers),
-        max_position_embeddings=int(config_value(cfg, "max_position_embeddings", default=0) or 0),
+        max_position_embeddings=int(config_value(cfg, *POSITIONS, default=0) or 0),
+        positions_scaled=bool(cfg.get("rope_scaled")) or positions_scaled(cfg),
         dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"),
         quantization=quant,
         quant_bits=whole(quant_config.get("bits")),

@@ -25,6 +25,23 @@ SEGMENTS = (
 )
 
 
+def longer_than_the_model(shape: ModelShape, engine: EngineArgs, allow_long: str | None) -> str | None:
+    """Why vLLM refuses this --max-model-len before it starts, or None: above the longest context the
+    config names (max_position_embeddings or its other names), unless VLLM_ALLOW_LONG_MAX_MODEL_LEN is
+    on (`allow_long`: its value). Not where RoPE scaling or --hf-overrides change that length, which vLLM
+    derives its own way."""
+    limit, asked = shape.max_position_embeddings, engine.max_model_len
+    if not (limit and asked and asked > limit) or shape.positions_scaled:
+        return None
+    overrides = any(a.split("=", 1)[0].replace("_", "-") == "--hf-overrides" for a in engine.extra_args)
+    if (allow_long or "").strip().lower() in ("1", "true") or overrides:
+        return None
+    return (
+        f"--max-model-len {asked:,} is longer than the model's {limit:,} (max_position_embeddings): vLLM refuses "
+        "to start with it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1"
+    )
+
+
 @dataclass
 class Option:
     tensor_parallel_size: int

@@ -1,0 +1,57 @@
+"""Which model configs the memory model can size, and which it refuses rather than guess: each refusal
+names the field, so `plan` exits 2 and pre-flight and heals fall back to what they do without a config."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .model_config import ModelConfigError, _where
+from .model_layers import mamba_layers_of, mlp_of
+
+# Encoder-only models (embeddings, classifiers): vLLM keeps no KV cache for them, and the memory model
+# sizes decoders (it gave BERT a 69 GiB cache).
+ENCODER_ONLY_TYPES = frozenset(
+    {"bert", "roberta", "xlm-roberta", "distilbert", "nomic_bert", "modernbert", "electra", "deberta", "deberta-v2"}
+)
+# Where a config describes a vision encoder other than under vision_config, which alone is counted
+# (Phi-3-vision's img_processor, LLaVA-1.5's original mm_vision_tower, Qwen-VL's visual).
+UNREAD_VISION_KEYS = ("img_processor", "mm_vision_tower", "visual")
+
+
+def positions_scaled(config: dict[str, Any]) -> bool:
+    """Whether RoPE scaling stretches the model's positions, so that vLLM's longest context is not
+    max_position_embeddings alone (it multiplies it by the factor for most kinds)."""
+    rope = config.get("rope_scaling") or config.get("rope_parameters")
+    return isinstance(rope, dict) and str(rope.get("rope_type") or rope.get("type") or "default") != "default"
+
+
+def refuse_unsized(merged: dict[str, Any], config: dict[str, Any], source: str, config_file: bool) -> None:
+    """Refuse a model the memory model would size wrong without knowing it."""
+    kind = merged.get("model_type")
+    if kind in ENCODER_ONLY_TYPES:
+        raise ModelConfigError(
+            f"{source or 'the model config'}: {kind} is an encoder-only model; vLLM keeps no KV cache for it "
+            "and the memory model sizes decoder models only"
+        )
+    hidden = merged.get("hidden_size") or merged.get("n_embd") or merged.get("d_model") or 0
+    experts = any(merged.get(k) for k in ("num_local_experts", "num_experts", "n_routed_experts"))
+    layers = merged.get("num_hidden_layers") or merged.get("n_layer") or 0
+    mambas = mamba_layers_of(merged, layers) if isinstance(layers, int) else 0
+    # (a whole config.json names its MLP's width; an inline description of some fields may leave it out)
+    if config_file and not mlp_of(merged, hidden)[0] and not experts and not mambas:
+        raise ModelConfigError(
+            f"{_where('intermediate_size', source)} is missing or 0 for a {kind} model, whose MLP the memory model "
+            "then cannot size"
+        )
+    mamba2 = merged.get("mamba_num_heads") or merged.get("mamba_n_heads")
+    if isinstance(kind, str) and mambas and not mamba2 and not merged.get("linear_num_value_heads"):  # (a type named)
+        raise ModelConfigError(
+            f"{_where('mamba_num_heads', source)} is missing: the model's {mambas} Mamba layers are not Mamba-2 or "
+            "Gated DeltaNet, whose state alone the memory model sizes"
+        )
+    unread = next((k for k in UNREAD_VISION_KEYS if config.get(k) is not None), None)
+    if unread is not None and config.get("vision_config") is None:
+        raise ModelConfigError(
+            f"{_where(unread, source)} describes a vision encoder the memory model does not read "
+            "(only vision_config is counted): the model cannot be sized"
+        )
