@@ -111,12 +111,29 @@ def _pending_pod(i: int, template_hash: str, since: str) -> dict[str, Any]:
     }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="unschedulable.check LISTs every labelled pod of the namespace on every Pending pod's event: "
-    "a tenant's N Pending pods (free: they use no node) cost N x N pods read, on kopf's shared workers "
-    "(a first fix, a look due swallowing events, delayed a revert past 20 s in test_operator_launcher_gpu)",
-)
+class Clock:
+    """A monotonic clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture(autouse=True)
+def _own_reads(monkeypatch):
+    """Each test its own reads shared by unschedulable's looks (a module's, else kept across tests)."""
+    monkeypatch.setattr(unschedulable, "_recent", unschedulable.RecentReads())
+
+
+@pytest.fixture
+def clock(monkeypatch) -> Clock:
+    clock = Clock()
+    monkeypatch.setattr(unschedulable, "_recent", unschedulable.RecentReads(clock=clock))
+    return clock
+
+
 def test_pending_pods_of_one_tenant_cost_work_linear_in_their_number():
     """High (the operator's CPU, memory and worker threads, shared by every tenant). Pods that cannot be
     scheduled consume nothing but a pod quota: a tenant creates N of them with the service label and the
@@ -136,6 +153,103 @@ def test_pending_pods_of_one_tenant_cost_work_linear_in_their_number():
         unschedulable.check(kube, OperatorConfig(), later, NS, "svc", LOG)  # type: ignore[arg-type]
     assert list(later.pending) == [f"blocked/{NS}/svc"]
     assert kube.pods_read <= 20 * n, f"{n} pod events read {kube.pods_read:,} pods ({kube.lists} LISTs)"
+
+
+LONG_AGO = "2026-11-30T03:00:00Z"  # (more than unschedulableSeconds, 300 s, before any run of these tests)
+
+
+def _now() -> str:
+    from datetime import UTC, datetime
+
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _stuck_heal(monkeypatch, pods: list[dict[str, Any]], applied: bool = True) -> tuple[StubKube, list[Any]]:
+    """A heal in flight (a raise of the memory limit, which the policy reverts), and the Events it sends."""
+    intent = _intent(applied=applied)
+    events: list[Any] = []
+    monkeypatch.setattr(unschedulable, "event", lambda body, **k: events.append(k))
+    return StubKube(_vsvc({"inFlight": intent.wire(), "baseline": {"gpuMemoryUtilization": 0.9}}), pods), events
+
+
+def _look(kube: StubKube, later: PendingLater, pod: dict[str, Any] | None = None) -> None:
+    unschedulable.check(kube, OperatorConfig(), later, NS, "svc", LOG, pod)  # type: ignore[arg-type]
+
+
+def _reverted(kube: StubKube) -> bool:
+    return ((kube.body["status"].get("heals") or [{}])[-1]).get("action") == "RevertUnschedulable"
+
+
+@pytest.mark.parametrize("burst", ["first event", "within a read that saw none stuck"])
+def test_a_pod_stuck_long_enough_is_acted_on_by_the_event_that_shows_it(clock, monkeypatch, burst):
+    """Sharing reads delays no decision: the first event of a burst reads fresh, and an event that a shared
+    read would act on reads again and acts then, with no look left for later (a revert waits for none)."""
+    stuck = _pending_pod(0, fp(_intent().target), LONG_AGO)
+    kube, events = _stuck_heal(monkeypatch, [] if burst != "first event" else [stuck])
+    later = PendingLater()
+    if burst != "first event":
+        _look(kube, later)  # (no pod stuck then: this read is shared by the events of the next second)
+        kube.pods = [stuck]
+    _look(kube, later, stuck)
+    assert _reverted(kube) and [e["reason"] for e in events] == ["HealBlocked"]
+    assert kube.lists == (1 if burst == "first event" else 2) and not later.pending
+
+
+def test_a_shared_read_acts_on_no_pod_placed_since(clock, monkeypatch):
+    """A decision that acts reads fresh: an event whose pod says it is stuck (an event older than the pod's
+    placement) is not reverted on a shared read, nor on the fresh read that says the pod is placed."""
+    template = fp(_intent().target)
+    waiting = _pending_pod(1, template, _now())  # stuck since now: the read asks a look for later
+    stale = _pending_pod(0, template, LONG_AGO)
+    placed = {**stale, "status": {"phase": "Running", "conditions": [{"type": "PodScheduled", "status": "True"}]}}
+    kube, events = _stuck_heal(monkeypatch, [waiting, placed])
+    later = PendingLater()
+    _look(kube, later, waiting)
+    _look(kube, later, stale)
+    assert not _reverted(kube) and not events and kube.lists == 2
+    assert list(later.pending) == [f"blocked/{NS}/svc"]
+
+
+def test_an_event_after_the_shared_reads_window_lists_again(clock, monkeypatch):
+    pod = _pending_pod(0, fp(_intent().target), _now())
+    kube, _ = _stuck_heal(monkeypatch, [pod])
+    later = PendingLater()
+    for _event in range(3):
+        _look(kube, later, pod)
+    assert kube.lists == 1
+    clock.now += unschedulable.READ_FOR_S - 0.01
+    _look(kube, later, pod)
+    assert kube.lists == 1
+    clock.now += 0.01
+    _look(kube, later, pod)
+    assert kube.lists == 2 and list(later.pending) == [f"blocked/{NS}/svc"]
+
+
+def test_an_event_a_shared_read_cannot_explain_is_looked_at_fresh_when_the_read_expires(clock, monkeypatch):
+    """A read from before the heal was applied (or before its pods' template) must not lose the event of a
+    pod it cannot see as the heal's: a fresh look is asked for when the read expires, and that one acts."""
+    stuck = _pending_pod(0, fp(_intent().target), LONG_AGO)
+    kube, _ = _stuck_heal(monkeypatch, [stuck], applied=False)
+    later = PendingLater()
+    _look(kube, later, stuck)  # (not applied: no look)
+    assert not later.pending
+    kube.body["status"]["inFlight"]["applied"] = True
+    for _event in range(3):
+        _look(kube, later, stuck)
+    assert kube.lists == 0 and list(later.pending) == [f"blocked/{NS}/svc"]
+    clock.now += unschedulable.READ_FOR_S
+    later.pending.pop(f"blocked/{NS}/svc")()  # type: ignore[operator]
+    assert _reverted(kube) and kube.lists == 1 and not later.pending
+
+
+def test_shared_reads_are_bounded_and_let_go_when_old(clock):
+    reads = unschedulable.RecentReads(limit=8, clock=clock)
+    for i in range(100):  # (one tenant's many services)
+        reads.put(f"{NS}/svc-{i}", unschedulable.Read(clock(), 0.0, None, None, None))
+    assert len(reads) == 8 and reads.get(f"{NS}/svc-99") is not None and reads.get(f"{NS}/svc-0") is None
+    clock.now += unschedulable.READ_FOR_S
+    reads.put(f"{NS}/svc", unschedulable.Read(clock(), 0.0, None, None, None))
+    assert len(reads) == 1 and reads.get(f"{NS}/svc-99") is None
 
 
 def test_crashes_whose_status_write_fails_are_retried_within_a_per_namespace_bound(monkeypatch):

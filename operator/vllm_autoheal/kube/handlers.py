@@ -83,4 +83,4 @@ def pod_changed(
     if crash is not None:
         heal.handle_crash(kube, cfg, later, heal.Incident(namespace, name, pod, crash), logger)
     elif pods.unschedulable(pod) is not None:
-        unschedulable.check(kube, cfg, later, namespace, name, logger)
+        unschedulable.check(kube, cfg, later, namespace, name, logger, pod)

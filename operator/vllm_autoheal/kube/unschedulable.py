@@ -8,7 +8,10 @@ ran and crashed) and takes the next remedy that needs no more resources; Wait on
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import kopf
@@ -54,27 +57,146 @@ def stuck_since(items: list[dict[str, Any]], name: str, template: str) -> tuple[
     return min(waiting) if waiting else None
 
 
-def check(kube: Kube, cfg: OperatorConfig, later: Later, ns: str, name: str, logger: kopf.Logger) -> None:
-    """Look at the heal's pods; act once they have waited long enough, else look again then."""
+# A look GETs the service and LISTs its pods. Pending pods' events come in bursts (the scheduler's
+# retries; a tenant annotating N pods it keeps Pending, free as they hold no node): N events read N x N
+# pods. Looks within READ_FOR_S of a read share it. The burst's first event still reads fresh, a look
+# that would act reads again first, and one the shared read cannot explain asks a fresh look when it
+# expires: a stale read delays nothing that acts and loses no event.
+READ_FOR_S = 1.0
+RECENT_READS = 1024  # services read within READ_FOR_S, every tenant's together
+
+
+@dataclass
+class Read:
+    """What one look read of a service, as the looks sharing it need it (not the object: kept for a
+    second, by up to RECENT_READS services, a large spec would weigh)."""
+
+    at: float  # on the RecentReads clock
+    wall: float  # time.time() then: when it expires, as a look is scheduled
+    intent: HealIntent | None  # applied and in flight, else None
+    template: str | None  # fp(intent.target): the hash the heal's pods carry
+    stuck: tuple[float, str] | None
+    stuck_for_s: int = 0  # spec.heal.unschedulableSeconds
+    look_at: float | None = None  # (wall) when the look this read asked for is due
+    settled: bool = False  # deciding on this read changed nothing: the looks sharing it need not decide again
+
+
+class RecentReads:
+    """The last read of each service, shared by the looks within `fresh_for_s` of it; at most `limit`
+    services (the oldest go first), so one tenant's many services cannot grow it."""
+
+    def __init__(
+        self, fresh_for_s: float = READ_FOR_S, limit: int = RECENT_READS, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.fresh_for_s, self.limit, self.clock = fresh_for_s, limit, clock
+        self._reads: dict[str, Read] = {}  # oldest first
+        self._guard = threading.Lock()
+
+    def get(self, key: str) -> Read | None:
+        with self._guard:
+            read = self._reads.get(key)
+            return read if read is not None and self.clock() - read.at < self.fresh_for_s else None
+
+    def put(self, key: str, read: Read) -> None:
+        with self._guard:
+            now = self.clock()
+            while self._reads and (
+                len(self._reads) >= self.limit or now - next(iter(self._reads.values())).at >= self.fresh_for_s
+            ):
+                del self._reads[next(iter(self._reads))]
+            current = self._reads.pop(key, None)
+            self._reads[key] = current if current is not None and current.at > read.at else read  # (a slower read)
+
+    def drop(self, key: str) -> None:
+        with self._guard:
+            self._reads.pop(key, None)
+
+    def ask_look(self, read: Read, at: float, ask: Callable[[], None]) -> None:
+        """`ask()` for a look due at `at` (wall), unless `read` asked for one due by then: a burst sharing
+        it starts one timer, not one per event. (Under the guard: a later look asked meanwhile by another
+        event cannot replace it.)"""
+        with self._guard:
+            if read.look_at is None or at < read.look_at:
+                read.look_at = at
+                ask()
+
+    def __len__(self) -> int:
+        return len(self._reads)
+
+
+_recent = RecentReads()
+
+
+def _read(kube: Kube, ns: str, name: str) -> tuple[Read, dict[str, Any] | None]:
+    """The service (its object too) and, while a heal is applied, its pods."""
+    at, wall = _recent.clock(), time.time()  # (before the requests: its age errs on the old side)
     vsvc = kube.get_vsvc(ns, name)
-    if vsvc is None:
-        return
-    obj = parse(vsvc)
-    intent = obj.status.in_flight
-    if intent is None or not intent.applied:
-        return
+    obj = parse(vsvc) if vsvc is not None else None
+    intent = obj.status.in_flight if obj is not None else None
+    if obj is None or intent is None or not intent.applied:
+        return Read(at, wall, None, None, None), vsvc
     items = kube.request(
         "GET", f"/api/v1/namespaces/{ns}/pods", query=[("labelSelector", f"{resources.SERVICE_LABEL}={name}")]
     ).get("items", [])
-    found = stuck_since(items, name, fp(intent.target))
+    template = fp(intent.target)
+    stuck = stuck_since(items, name, template)
+    return Read(at, wall, intent, template, stuck, obj.spec.heal.unschedulable_seconds), vsvc
+
+
+def _earliest(a: tuple[float, str] | None, b: tuple[float, str] | None) -> tuple[float, str] | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def check(
+    kube: Kube,
+    cfg: OperatorConfig,
+    later: Later,
+    ns: str,
+    name: str,
+    logger: kopf.Logger,
+    pod: dict[str, Any] | None = None,
+    fresh: bool = False,
+) -> None:
+    """Look at the heal's pods; act once they have waited long enough, else look again then. `pod` is
+    the Pending pod whose event asks (newer than a shared read); `fresh` reads anew whatever was read."""
+    key = f"{ns}/{name}"
+    cached = None if fresh else _recent.get(key)
+    read, vsvc = (cached, None) if cached is not None else _read(kube, ns, name)
+    shared = cached is not None
+    if not shared:
+        _recent.put(key, read)
+
+    def look_by(at: float) -> None:  # (wall) one pending look a service, reading fresh
+        def ask() -> None:
+            later.run(
+                f"blocked/{ns}/{name}", at - time.time(), lambda: check(kube, cfg, later, ns, name, logger, fresh=True)
+            )
+
+        _recent.ask_look(read, at, ask)
+
+    found = read.stuck
+    if shared and pod is not None:  # the event's pod, as the read's heal sees it
+        own = stuck_since([pod], name, read.template) if read.template is not None else None
+        found = _earliest(found, own) if own is not None else None
     if found is None:
+        if shared:  # a heal, pod or template newer than the read may be stuck: look fresh when it expires
+            look_by(read.wall + _recent.fresh_for_s)
         return
     since, message = found
-    wait = obj.spec.heal.unschedulable_seconds - (time.time() - since)
-    if wait > 0:
-        later.run(f"blocked/{ns}/{name}", wait, lambda: check(kube, cfg, later, ns, name, logger))
+    deadline = since + read.stuck_for_s
+    if deadline > time.time():
+        look_by(deadline)
         return
-    blocked(kube, cfg, later, obj, vsvc, intent, message, logger)
+    if shared:  # act only on a fresh read: the pod may be placed by now, the heal moved on
+        if not read.settled:
+            check(kube, cfg, later, ns, name, logger, pod, fresh=True)
+        return
+    if vsvc is None or read.intent is None:  # (a fresh read that found a pod stuck has both)
+        return
+    if blocked(kube, cfg, later, parse(vsvc), vsvc, read.intent, message, logger):
+        _recent.drop(key)  # the status changed: the next look must see it
+    else:
+        read.settled = True
 
 
 def _changes(before: Deployed, after: Deployed) -> dict[str, Any]:
@@ -179,7 +301,8 @@ def blocked(
     intent: HealIntent,
     message: str,
     logger: kopf.Logger,
-) -> None:
+) -> bool:
+    """Report the heal as blocked, and revert it where the policy says; True when the status changed."""
     ns, name = obj.metadata["namespace"], obj.metadata["name"]
     revert = obj.spec.heal.on_unschedulable == "Revert" and needs_more(intent)
     acted: list[bool] = []
@@ -205,8 +328,9 @@ def blocked(
 
     written = update_status(kube, cfg, ns, name, change)
     if written is None or not acted:  # gone, or already reported
-        return
+        return False
     event(vsvc, type="Warning", reason="HealBlocked", message=f"{intent.action} cannot be scheduled: {message}"[:1000])
     if acted[-1]:
         logger.info(f"{intent.action} could not be scheduled; back to the flags that last scheduled")
         complete(kube, cfg, later, ns, name, logger)
+    return True
