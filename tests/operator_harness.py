@@ -9,6 +9,7 @@ import collections
 import contextlib
 import copy
 import dataclasses
+import hashlib
 import itertools
 import json
 import threading
@@ -493,9 +494,12 @@ class Cluster:
         template_from: dict[str, Any] | None = None,
         ready: str | None = None,
         finished_at: str = "2026-11-30T03:00:00Z",
+        owned: bool = True,
     ) -> str:
         """A pod of the VLLMService's Deployment whose vllm container just died. `ready`, when
-        given, is the pod's Ready condition since then ("False" at the crash of a ready run)."""
+        given, is the pod's Ready condition since then ("False" at the crash of a ready run).
+        `owned`: controlled by a ReplicaSet of the Deployment, as the Deployment controller makes it
+        (else a copy of its template: `kubectl debug --copy-to`, a decoy)."""
         dep = template_from or await self.deployment(vsvc)
         template = copy.deepcopy(dep["spec"]["template"])
         uid = uid or self.uid()
@@ -508,6 +512,7 @@ class Cluster:
                 "uid": uid,
                 "labels": template["metadata"]["labels"],
                 "annotations": template["metadata"]["annotations"],
+                "ownerReferences": [await self.replica_set(vsvc, template, template_from)] if owned else [],
             },
             "spec": template["spec"],
             "status": {
@@ -541,6 +546,32 @@ class Cluster:
                 "PATCH", f"/api/v1/namespaces/{self.namespace}/pods/{pod}", {"status": body["status"]}, kclient.MERGE
             )
         return uid
+
+    async def replica_set(
+        self, vsvc: str, template: dict[str, Any], rendered: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """The controller reference to the service's Deployment's ReplicaSet for this template, made as the
+        Deployment controller makes it (named by a digest of the template, controlled by the Deployment).
+        A pod runs only once its Deployment exists: where a test crashes a pod of a `rendered` Deployment
+        its operator has not applied yet (a reconcile held), that Deployment is created first."""
+        dep = await self.deployment(vsvc)
+        if dep is None and rendered is not None and rendered.get("kind") == "Deployment":
+            rendered = {**rendered, "metadata": {**rendered["metadata"], "uid": self.uid()}}  # (kmock gives none)
+            await self.call("POST", f"/apis/apps/v1/namespaces/{self.namespace}/deployments", rendered)
+            dep = await self.deployment(vsvc)
+        assert dep is not None, f"{vsvc} has no Deployment to run its pods"
+        digest = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:10]
+        name = f"{dep['metadata'].get('name', vsvc)}-{digest}"
+        path = f"/apis/apps/v1/namespaces/{self.namespace}/replicasets/{name}"
+        rs = await self.get(path)
+        if rs is None:
+            owner = {"apiVersion": "apps/v1", "kind": "Deployment", "name": dep["metadata"].get("name", vsvc)}
+            owner |= {"uid": dep["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
+            meta = {"name": name, "namespace": self.namespace, "uid": f"rs-{digest}", "ownerReferences": [owner]}
+            rs = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": meta, "spec": {"template": template}}
+            await self.call("POST", f"/apis/apps/v1/namespaces/{self.namespace}/replicasets", rs)
+        uid = rs["metadata"]["uid"]
+        return {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": name, "uid": uid, "controller": True}
 
 
 def vsvc_path(name: str) -> str:

@@ -153,14 +153,6 @@ def test_a_model_name_is_never_read_by_vllm_as_a_flag(spec):
 
 
 @pytest.mark.kmock(cls=Emulator)
-@pytest.mark.xfail(
-    strict=True,
-    reason="pod_changed heals whatever pod carries the label vllm.autoheal.dev/service=X (and X's engine "
-    "hash): a pod no ReplicaSet of X's Deployment controls, run by anyone who may create pods in the "
-    "namespace with an image that writes a launcher-shaped termination message, rewrites X's spec "
-    "(PatchSpec), spends its heal attempts and can walk it to its bounds (more GPUs, more memory, the "
-    "quantized model, the shortest context)",
-)
 async def test_a_crash_of_a_pod_the_service_does_not_own_is_not_healed(cluster):
     """Medium. Creating pods and editing VLLMServices are separate grants (Kubernetes' aggregated `edit`
     role has the first, not the second, unless the CRD's roles are aggregated into it). The operator should
@@ -174,7 +166,7 @@ async def test_a_crash_of_a_pod_the_service_does_not_own_is_not_healed(cluster):
     decoy = dep["spec"]["template"]["spec"]
     decoy["containers"] = [{"name": "vllm", "image": "busybox:1.36", "command": ["sh", "-c", "cat msg >&2; exit 1"]}]
     decoy.pop("initContainers", None)
-    await cluster.crash_pod("victim", "someone-elses-pod", message=KV_TERMINATION, template_from=dep)
+    await cluster.crash_pod("victim", "someone-elses-pod", message=KV_TERMINATION, template_from=dep, owned=False)
     await asyncio.sleep(3.0)  # (a heal of the service's own pods is recorded well within this)
     status = (await cluster.vsvc("victim")).get("status") or {}
     assert not status.get("healCount") and not status.get("observedCrashes"), status.get("heals")

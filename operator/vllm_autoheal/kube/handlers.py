@@ -14,7 +14,7 @@ import kopf
 
 from .. import metrics
 from ..api import GROUP, PLURAL, VERSION
-from . import heal, pods, reconcile, resources, unschedulable
+from . import heal, ownership, pods, reconcile, resources, unschedulable
 from .client import Kube
 from .config import OperatorConfig
 from .diffbase import DigestedDiffBaseStorage
@@ -81,6 +81,9 @@ def pod_changed(
     kube, cfg, later = _kube(memo), _config(memo), _later(memo)
     crash = pods.find_crash(pod)
     if crash is not None:
+        if not ownership.run_by_service(kube, namespace, name, pod):  # (a copy of its template, a decoy)
+            logger.info(f"pod {pod['metadata'].get('name')} is not run by {name}'s Deployment; its crash is not healed")
+            return
         heal.handle_crash(kube, cfg, later, heal.Incident(namespace, name, pod, crash), logger)
     elif pods.unschedulable(pod) is not None:
         unschedulable.check(kube, cfg, later, namespace, name, logger, pod)

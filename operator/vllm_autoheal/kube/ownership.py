@@ -1,0 +1,66 @@
+"""Whether a pod is one the VLLMService's own Deployment runs, before its crash may change the service.
+
+A pod carries the service's label and engine hash wherever its spec was copied from: `kubectl debug
+--copy-to`, a pod written from the Deployment's template, or one made to look like it by anyone who may
+create pods in the namespace (a grant apart from editing VLLMServices). Only a pod whose controller is a
+ReplicaSet (by uid) whose controller is the service's Deployment, controlled by the service itself, is
+the service's. (An ownerReference a pod's author forges to that ReplicaSet's uid passes: the ReplicaSet
+controller then counts that pod among its replicas and removes the surplus.)
+
+A chain once seen is remembered by the ReplicaSet's uid, so a crash-looping pod's events cost no reads;
+at most REMEMBERED chains, the oldest forgotten first.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Protocol
+
+from ..api import KIND
+
+REMEMBERED = 4096
+
+# (namespace, ReplicaSet uid) -> the VLLMService whose Deployment controls that ReplicaSet
+_chains: OrderedDict[tuple[str, str], str] = OrderedDict()
+
+
+class Reader(Protocol):
+    def get(self, path: str) -> dict[str, Any] | None: ...
+
+    def get_vsvc(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+
+def controller(obj: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
+    """The object's controlling ownerReference, where it is of this kind."""
+    refs = ((obj or {}).get("metadata") or {}).get("ownerReferences") or []
+    ref = next((r for r in refs if isinstance(r, dict) and r.get("controller") is True), None)
+    if ref is None or ref.get("kind") != kind or not isinstance(ref.get("name"), str) or not ref.get("uid"):
+        return None
+    return ref
+
+
+def _uid(obj: dict[str, Any] | None) -> Any:
+    return ((obj or {}).get("metadata") or {}).get("uid")
+
+
+def run_by_service(kube: Reader, namespace: str, service: str, pod: dict[str, Any]) -> bool:
+    """The pod's controller chain ends at the VLLMService `service` (ReplicaSet, Deployment, service)."""
+    rs_ref = controller(pod, "ReplicaSet")
+    if rs_ref is None:
+        return False
+    key = (namespace, str(rs_ref["uid"]))
+    if key in _chains:
+        _chains.move_to_end(key)
+        return _chains[key] == service
+    rs = kube.get(f"/apis/apps/v1/namespaces/{namespace}/replicasets/{rs_ref['name']}")
+    dep_ref = controller(rs, "Deployment") if _uid(rs) == rs_ref["uid"] else None
+    if dep_ref is None:
+        return False
+    dep = kube.get(f"/apis/apps/v1/namespaces/{namespace}/deployments/{dep_ref['name']}")
+    svc_ref = controller(dep, KIND) if _uid(dep) == dep_ref["uid"] else None
+    if svc_ref is None or svc_ref["name"] != service or _uid(kube.get_vsvc(namespace, service)) != svc_ref["uid"]:
+        return False
+    _chains[key] = service
+    while len(_chains) > REMEMBERED:
+        _chains.popitem(last=False)
+    return True
