@@ -217,14 +217,6 @@ def _disk_bytes(root: Any) -> int:
     return sum(p.lstat().st_blocks * 512 for p in Path(root).rglob("*"))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the Hub's config.json files are cached on disk with no bound: every (repo, revision, token) a "
-    "VLLMService names adds a file of up to 1 MiB (kept even when the config is then refused), never removed. "
-    "The chart runs the cache in /tmp, an emptyDir with sizeLimit 64Mi, and the kubelet evicts a pod past it: "
-    "72 services naming 72 revisions of one repo the tenant owns (a padded config.json each) wrote 71.8 MiB; "
-    "~2,000 public models (32 KiB each with huggingface_hub's refs, snapshots and locks, measured) do it too",
-)
 def test_the_hub_cache_on_disk_is_bounded(tmp_path):
     """High (every tenant: the operator pod is evicted, and on its restart kopf resumes the tenant's services,
     which fetch the same configs again, so it is evicted again). A tenant pushes 72 commits to a Hub repo of

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from . import hub_cache
 from .api.config_json import DNS_SUBDOMAIN
 from .model_config import MAX_CONFIG_BYTES, ModelConfigError, check, parse, to_shape
 
@@ -121,9 +122,17 @@ def from_path(path: str | Path) -> dict[str, Any]:
 # --- the Hub ---------------------------------------------------------------------------------
 
 
-def from_hub(repo_id: str, revision: str | None, hub: HubSettings, token: str | bool | None) -> dict[str, Any]:
+def from_hub(
+    repo_id: str,
+    revision: str | None,
+    hub: HubSettings,
+    token: str | bool | None,
+    wrote: Callable[[int], Any] | None = None,
+    again: bool = False,
+) -> dict[str, Any]:
     """config.json of a Hub repo through huggingface_hub; errors say what to do. `token`: a
-    string, False for none, None for huggingface_hub's own lookup (HF_TOKEN, `hf auth login`)."""
+    string, False for none, None for huggingface_hub's own lookup (HF_TOKEN, `hf auth login`).
+    `wrote`: told the bytes a download put in the cache."""
     from huggingface_hub import errors, get_hf_file_metadata, hf_hub_download, hf_hub_url
 
     if not hub.endpoint:
@@ -152,6 +161,8 @@ def from_hub(repo_id: str, revision: str | None, hub: HubSettings, token: str | 
             path = hf_hub_download(
                 repo_id, CONFIG_FILE, cache_dir=hub.cache_dir, etag_timeout=hub.request_timeout_s, **kwargs
             )
+            if wrote is not None:
+                wrote(meta.size or 0)
     except ModelConfigError:
         raise
     except errors.GatedRepoError:
@@ -180,6 +191,8 @@ def from_hub(repo_id: str, revision: str | None, hub: HubSettings, token: str | 
         raise ModelConfigError(f"{where}: the Hub answered HTTP {status}") from None
     except Exception as exc:  # noqa: BLE001 - timeouts, refused connections, a cache dir that cannot be written
         raise ModelConfigError(f"{where}: {type(exc).__name__}: {str(exc)[:200]}") from None
+    if not again and not Path(str(path)).exists():  # (the bounded cache let it go meanwhile: hub_cache)
+        return from_hub(repo_id, revision, hub, token, wrote, again=True)
     return read_capped(Path(str(path)), f"config.json of {where}")
 
 
@@ -295,9 +308,7 @@ def _hub_cached(repo_id: str, revision: str | None, token: str | None, namespace
             if _fetching.get(namespace, 0) >= HUB_LOOKUPS_PER_NAMESPACE:
                 return busy
             fetch_hub = _cache_of(hub, digest)
-            future = _pool.submit(
-                lambda: _shaped(source, lambda: from_hub(repo_id, revision, fetch_hub, token or False))
-            )
+            future = _pool.submit(lambda: _fetched(source, repo_id, revision, fetch_hub, token or False))
             # in flight before the callback is attached: a fetch already done runs it right here
             _inflight[key] = future
             _count(_fetching, namespace, +1)
@@ -313,6 +324,14 @@ def _hub_cached(repo_id: str, revision: str | None, token: str | None, namespace
         )
     finally:
         _count(_waiting, namespace, -1)
+
+
+def _fetched(source: str, repo_id: str, revision: str | None, hub: HubSettings, token: str | bool) -> Resolved:
+    """A fetch in the pool; the on-disk caches of every token then kept within their bound (hub_cache)."""
+    written: list[int] = []
+    result = _shaped(source, lambda: from_hub(repo_id, revision, hub, token, written.append))
+    hub_cache.wrote(Path(str(hub.cache_dir)).parent, sum(written))
+    return result
 
 
 def _cache_of(hub: HubSettings, digest: str | None) -> HubSettings:
