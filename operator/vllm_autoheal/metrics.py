@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
@@ -25,16 +26,21 @@ HEAL_LATENCY = Histogram(
 SERVICES = Gauge("vllm_autoheal_services", "VLLMServices by phase.", ["phase"], registry=REGISTRY)
 PHASES = get_args(Phase)  # the resource phases, from the API
 _phase_of: dict[str, str] = {}
+_guard = threading.Lock()  # (kopf's workers write phases side by side)
 
 
 def set_phase(key: str, phase: str | None) -> None:
-    """Track one VLLMService's phase (None when it is deleted) and refresh the gauge."""
-    if phase is None:
-        _phase_of.pop(key, None)
-    else:
-        _phase_of[key] = phase
-    for p in PHASES:
-        SERVICES.labels(phase=p).set(sum(1 for v in _phase_of.values() if v == p))
+    """Track one VLLMService's phase (None when it is deleted) and move the gauge by it: the cost of a
+    status write does not grow with the services (every tenant's) the table holds."""
+    with _guard:
+        before = _phase_of.pop(key, None)
+        if phase is not None:
+            _phase_of[key] = phase
+        if before != phase:
+            if before in PHASES:
+                SERVICES.labels(phase=before).dec()
+            if phase in PHASES:
+                SERVICES.labels(phase=phase).inc()
 
 
 def serve(port: int, addr: str = "0.0.0.0") -> None:

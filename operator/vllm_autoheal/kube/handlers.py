@@ -58,9 +58,12 @@ def reconcile_service(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_
     reconcile.reconcile(_kube(memo), _config(memo), dict(body), logger)
 
 
-@kopf.on.delete(GROUP, VERSION, PLURAL, optional=True)
-def forget(meta: kopf.Meta, **_: Any) -> None:
-    metrics.set_phase(f"{meta.get('namespace')}/{meta.get('name')}", None)
+# (kopf runs no delete handler for an object it put no finalizer on, which an optional one does not ask
+# for: a plain delete shows only as this DELETED event)
+@kopf.on.event(GROUP, VERSION, PLURAL)
+def forget(type: str, meta: kopf.Meta, **_: Any) -> None:
+    if type == "DELETED":
+        metrics.set_phase(f"{meta.get('namespace')}/{meta.get('name')}", None)
 
 
 @kopf.on.event("apps", "v1", "deployments", labels={"app.kubernetes.io/managed-by": "vllm-autoheal"})
