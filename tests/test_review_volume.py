@@ -294,12 +294,6 @@ async def test_an_annotation_edit_the_operator_does_not_read_costs_no_reconcile(
 # --- per-namespace tables ---------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="crash._log_reads keeps a semaphore per namespace (and per on/off kopf's workers) that ever had a "
-    "crash's log read, never removed: 5,000 namespaces left 5,000 entries (the other per-namespace tables, "
-    "model_source._fetching/_waiting and PerNamespace, drop a namespace when its work is done)",
-)
 def test_the_log_read_slots_of_a_namespace_are_dropped_when_its_reads_are_done(monkeypatch):
     """Low (the operator's memory; only where tenants create namespaces: a namespace per pull request, or a
     self-service namespace controller). Each namespace whose crash's log was read keeps a BoundedSemaphore in

@@ -37,7 +37,9 @@ _worker_reads = threading.BoundedSemaphore(LOG_READS_ON_WORKERS)
 # A queued read waits for its slot however long: each read ends within LOG_BUDGET_S, so its turn
 # comes, and reading anyway after a wait undid the bound for every crash behind 4 x the wait.
 QUEUED_READS_PER_NAMESPACE = 4
-_log_reads: dict[tuple[str, bool], threading.BoundedSemaphore] = {}
+# (each with the reads that use it now: a namespace's slots go once its reads are done, so namespaces
+# made and gone, one per pull request, leave none behind)
+_log_reads: dict[tuple[str, bool], tuple[threading.BoundedSemaphore, int]] = {}
 _log_reads_guard = threading.Lock()
 
 
@@ -70,8 +72,21 @@ def _read_log(kube: Kube, incident: Incident) -> str:
     with _log_reads_guard:
         if key not in _log_reads:
             size = QUEUED_READS_PER_NAMESPACE if incident.off_workers else LOG_READS_PER_NAMESPACE
-            _log_reads[key] = threading.BoundedSemaphore(size)
-        slots = _log_reads[key]
+            _log_reads[key] = (threading.BoundedSemaphore(size), 0)
+        slots, users = _log_reads[key]
+        _log_reads[key] = (slots, users + 1)
+    try:
+        return _read_within(kube, incident, slots)
+    finally:
+        with _log_reads_guard:
+            slots, users = _log_reads[key]
+            if users > 1:
+                _log_reads[key] = (slots, users - 1)
+            else:
+                del _log_reads[key]
+
+
+def _read_within(kube: Kube, incident: Incident, slots: threading.BoundedSemaphore) -> str:
     held: list[threading.BoundedSemaphore] = []
     if incident.off_workers:
         slots.acquire()
