@@ -151,7 +151,7 @@ def test_pending_pods_of_one_tenant_cost_work_linear_in_their_number():
     later = PendingLater()
     for _event in range(n):  # one event per pod (each annotate, each scheduler retry, makes more)
         unschedulable.check(kube, OperatorConfig(), later, NS, "svc", LOG)  # type: ignore[arg-type]
-    assert list(later.pending) == [f"blocked/{NS}/svc"]
+    assert list(later.pending) == [f"blocked/{NS}"]
     assert kube.pods_read <= 20 * n, f"{n} pod events read {kube.pods_read:,} pods ({kube.lists} LISTs)"
 
 
@@ -207,7 +207,7 @@ def test_a_shared_read_acts_on_no_pod_placed_since(clock, monkeypatch):
     _look(kube, later, waiting)
     _look(kube, later, stale)
     assert not _reverted(kube) and not events and kube.lists == 2
-    assert list(later.pending) == [f"blocked/{NS}/svc"]
+    assert list(later.pending) == [f"blocked/{NS}"]
 
 
 def test_an_event_after_the_shared_reads_window_lists_again(clock, monkeypatch):
@@ -222,7 +222,7 @@ def test_an_event_after_the_shared_reads_window_lists_again(clock, monkeypatch):
     assert kube.lists == 1
     clock.now += 0.01
     _look(kube, later, pod)
-    assert kube.lists == 2 and list(later.pending) == [f"blocked/{NS}/svc"]
+    assert kube.lists == 2 and list(later.pending) == [f"blocked/{NS}"]
 
 
 def test_an_event_a_shared_read_cannot_explain_is_looked_at_fresh_when_the_read_expires(clock, monkeypatch):
@@ -236,9 +236,9 @@ def test_an_event_a_shared_read_cannot_explain_is_looked_at_fresh_when_the_read_
     kube.body["status"]["inFlight"]["applied"] = True
     for _event in range(3):
         _look(kube, later, stuck)
-    assert kube.lists == 0 and list(later.pending) == [f"blocked/{NS}/svc"]
+    assert kube.lists == 0 and list(later.pending) == [f"blocked/{NS}"]
     clock.now += unschedulable.READ_FOR_S
-    later.pending.pop(f"blocked/{NS}/svc")()  # type: ignore[operator]
+    later.pending.pop(f"blocked/{NS}")()  # type: ignore[operator]
     assert _reverted(kube) and kube.lists == 1 and not later.pending
 
 

@@ -115,12 +115,6 @@ def _applied_intent() -> HealIntent:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="unschedulable.check starts a threading.Timer (an OS thread) per service whose heal's pods are "
-    "Pending, keyed blocked/<ns>/<name>, with no bound per namespace (the crash waits have one, 16): 300 "
-    "services of one tenant held 300 threads here, each for unschedulableSeconds (up to 86,400 s)",
-)
 def test_the_unschedulable_looks_one_tenant_holds_are_bounded_per_namespace():
     """Medium (the operator's threads, memory and PID limit, shared by every tenant). A tenant whose services
     each have a heal rolled out and a Pending pod (a heal to TP 2 that no node can place, or bare Pending pods

@@ -8,6 +8,7 @@ ran and crashed) and takes the next remedy that needs no more resources; Wait on
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -127,6 +128,50 @@ class RecentReads:
 _recent = RecentReads()
 
 
+class NamespaceLooks:
+    """The looks due later, on one timer a namespace (at its earliest look): a tenant whose many services
+    each wait a day for a heal's pods to be placed (unschedulableSeconds) holds one thread, not one each.
+    A service's newer look replaces its pending one, as Later.run does."""
+
+    def __init__(self) -> None:
+        self._due: dict[str, dict[str, tuple[float, Callable[[], None]]]] = {}  # ns -> name -> (at, look)
+        self._guard = threading.Lock()
+
+    def add(self, later: Later, ns: str, name: str, at: float, look: Callable[[], None]) -> None:
+        with self._guard:
+            self._due.setdefault(ns, {})[name] = (at, look)
+            self._arm(later, ns)
+
+    def _arm(self, later: Later, ns: str) -> None:  # (under the guard: a look added meanwhile is seen)
+        looks = self._due.get(ns)
+        if looks:
+            earliest = min(at for at, _ in looks.values())
+            later.run(f"blocked/{ns}", earliest - time.time(), lambda: self._fire(later, ns))
+
+    def _fire(self, later: Later, ns: str) -> None:
+        """The namespace's timer: its earliest look is due, and any other whose time came."""
+        with self._guard:
+            looks = self._due.get(ns, {})
+            first = min((at for at, _ in looks.values()), default=0.0)
+            due = [name for name, (at, _) in looks.items() if at <= max(first, time.time())]
+            run = [looks.pop(name)[1] for name in due]
+            if not looks:
+                self._due.pop(ns, None)
+        for look in run:  # (each reads fresh, and asks again where it must)
+            try:
+                look()
+            except Exception:  # noqa: BLE001 - the service's next pod event looks again
+                logging.getLogger(__name__).exception(f"a look at {ns}'s unschedulable heals failed")
+        with self._guard:
+            self._arm(later, ns)
+
+    def __len__(self) -> int:
+        return sum(len(looks) for looks in self._due.values())
+
+
+_looks = NamespaceLooks()
+
+
 def _read(kube: Kube, ns: str, name: str) -> tuple[Read, dict[str, Any] | None]:
     """The service (its object too) and, while a heal is applied, its pods."""
     at, wall = _recent.clock(), time.time()  # (before the requests: its age errs on the old side)
@@ -168,9 +213,7 @@ def check(
 
     def look_by(at: float) -> None:  # (wall) one pending look a service, reading fresh
         def ask() -> None:
-            later.run(
-                f"blocked/{ns}/{name}", at - time.time(), lambda: check(kube, cfg, later, ns, name, logger, fresh=True)
-            )
+            _looks.add(later, ns, name, at, lambda: check(kube, cfg, later, ns, name, logger, fresh=True))
 
         _recent.ask_look(read, at, ask)
 
