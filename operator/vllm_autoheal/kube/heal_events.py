@@ -4,12 +4,52 @@ invalid)."""
 
 from __future__ import annotations
 
+import threading
+import time
+from collections import OrderedDict
 from typing import Any
 
 from .. import metrics
 from ..diagnosis import Diagnosis
 from ..remedy import GIVE_UP, Remedy
-from .writes import event
+from .writes import event as post_event
+
+# Kubernetes' own event recorder lets an object post a burst of 25 Events, then one per 5 minutes
+# (its spam filter): a tenant whose pods crash as fast as it can create them would otherwise queue
+# every other tenant's Events behind its own in kopf's one poster, and spend the API-server share
+# of the ServiceAccount every tenant's heals use. The status records every crash all the same.
+BURST = 25
+REFILL_S = 300.0
+OBJECTS = 4096  # objects tracked (the oldest forgotten: a full bucket again)
+
+
+class EventBudget:
+    """A token bucket per (object, reason)."""
+
+    def __init__(self, burst: int = BURST, refill_s: float = REFILL_S, clock: Any = time.monotonic) -> None:
+        self.burst, self.refill_s, self.clock = burst, refill_s, clock
+        self._buckets: OrderedDict[tuple[str, str], tuple[float, float]] = OrderedDict()  # -> (tokens, at)
+        self._guard = threading.Lock()
+
+    def take(self, obj: str, reason: str) -> bool:
+        with self._guard:
+            now = self.clock()
+            tokens, at = self._buckets.pop((obj, reason), (float(self.burst), now))
+            tokens = min(float(self.burst), tokens + (now - at) / self.refill_s)
+            allowed = tokens >= 1.0
+            self._buckets[(obj, reason)] = (tokens - 1.0 if allowed else tokens, now)
+            while len(self._buckets) > OBJECTS:
+                self._buckets.popitem(last=False)
+            return allowed
+
+
+_budget = EventBudget()
+
+
+def event(vsvc: dict[str, Any], type: str, reason: str, message: str) -> None:
+    meta = vsvc.get("metadata") or {}
+    if _budget.take(str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"), reason):
+        post_event(vsvc, type=type, reason=reason, message=message)
 
 
 def post(vsvc: dict[str, Any], diag: Diagnosis, remedy: Remedy, pod_name: str, note: str | None) -> None:
