@@ -156,8 +156,13 @@ def test_jamba_puts_experts_in_every_second_layer_only():
     parameters, ~48 GiB bf16 per GPU at TP=2; the memory model counts 16 experts in all 32 layers
     (~92B), ~86 GiB per GPU, more than an 80 GB H100: a cut start-up OOM is called
     weights_load_oom although the weights fit."""
-    weights = operator_weights(JAMBA, tensor_parallel_size=2)
-    assert weights is not None and 40 < weights < 56  # vLLM's ~48 GiB (was ~86)
+    from vllm_autoheal.model_config import ModelConfigError
+    from vllm_autoheal.model_shape import shape_from_config
+
+    with pytest.raises(ModelConfigError, match="Mamba-2"):  # (since refused: its Mamba-1 state is not sized)
+        operator_weights(JAMBA, tensor_parallel_size=2)
+    weights = weights_gib_to_diagnose(shape_from_config(JAMBA), EngineArgs(tensor_parallel_size=2))
+    assert weights is not None and 40 < weights < 56  # vLLM's ~48 GiB (was ~86), as the model counts it
     log = cut_oom("2.00 GiB", "79.19 GiB", "1.05 GiB")
     diag = classify(Signals(log=log, ready_before=False, weights_gib_per_gpu=weights))
     assert diag.cause != "weights_load_oom", diag.explanation
