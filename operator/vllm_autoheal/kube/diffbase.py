@@ -16,8 +16,8 @@ from typing import Any
 import kopf
 
 # A string or list whose JSON is longer is kept as its digest; so is a mapping once its kept form is.
-# The bound on the annotation follows: the spec, labels and annotations are mappings, so at most
-# 3 x MAPPING_BYTES and their keys (tests/test_diffbase.py checks the largest spec the CRD admits).
+# The bound on the annotation follows for the spec (at most MAPPING_BYTES: tests/test_diffbase.py checks
+# the largest the CRD admits); labels and annotations keep each key, their long values as digests.
 VALUE_BYTES = 256
 MAPPING_BYTES = 8192
 
@@ -26,8 +26,12 @@ def _json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), sort_keys=True)
 
 
-def _digest(text: str) -> str:
-    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+def _digest(text: str) -> dict[str, str]:
+    # (a mapping under a key no spec field, label or annotation key can be: no value it replaces looks the same)
+    return {DIGEST_KEY: hashlib.sha256(text.encode()).hexdigest()}
+
+
+DIGEST_KEY = "$sha256"
 
 
 def kept(value: Any) -> Any:
@@ -43,8 +47,16 @@ def kept(value: Any) -> Any:
 
 
 class DigestedDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
-    """kopf's annotation storage of the essence, each large value replaced by its digest."""
+    """kopf's annotation storage of the essence, each large value replaced by its digest. The metadata
+    and its labels and annotations stay mappings (kopf's progress storage clears its own keys there)."""
 
     def build(self, *, body: kopf.Body, extra_fields: Any = None) -> Any:
-        essence = super().build(body=body, extra_fields=extra_fields)
-        return {key: kept(value) if isinstance(value, dict) else value for key, value in essence.items()}
+        essence = dict(super().build(body=body, extra_fields=extra_fields))
+        for key, value in essence.items():
+            if key == "metadata" and isinstance(value, dict):
+                essence[key] = {
+                    k: {n: kept(v) for n, v in m.items()} if isinstance(m, dict) else kept(m) for k, m in value.items()
+                }
+            elif isinstance(value, dict):
+                essence[key] = kept(value)
+        return essence
