@@ -12,29 +12,27 @@ from vllm_autoheal.model_source import HubSettings, from_hub
 from hub_server import CONFIGS, Hub, Repo
 
 
-def test_the_oldest_revisions_go_first_and_a_pruned_config_is_fetched_again(tmp_path):
+def test_the_oldest_repos_go_first_and_a_pruned_config_is_fetched_again(tmp_path):
     config = json.loads((CONFIGS / "llama-3.1-8b.json").read_text())
     hub = Hub(repos={})
     server, hub.url = hub.serve()
     root = tmp_path / "by-token"
     settings = HubSettings(endpoint=hub.url, cache_dir=str(root / "anonymous"), timeout_s=10)
-    commits = [f"{i:040x}" for i in range(1, 9)]
+    names = [f"t/m{i}" for i in range(8)]
     try:
-        for i, commit in enumerate(commits):
+        for i, name in enumerate(names):
             padded = json.dumps({**config, "_pad": "x" * 300_000, "_i": i}).encode()
-            hub.repos["t/m"] = Repo({"config.json": padded}, revisions=(commit,), commit=commit)
-            assert from_hub("t/m", commit, settings, False)["num_hidden_layers"] == 32
-            snapshots = root / "anonymous" / "models--t--m" / "snapshots"
-            os.utime(snapshots / commit / "config.json", (1_000 + i, 1_000 + i), follow_symlinks=True)
+            hub.repos[name] = Repo({"config.json": padded})
+            assert from_hub(name, None, settings, False)["num_hidden_layers"] == 32
+            folder = root / "anonymous" / f"models--t--m{i}"
+            for path in (folder, *folder.rglob("*")):
+                os.utime(path, (1_000 + i, 1_000 + i), follow_symlinks=False)
         held = hub_cache.prune(root, 1 << 20)
         assert held <= 1 << 20 and hub_cache.disk_bytes(root) <= 1 << 20
-        kept = sorted(p.name for p in snapshots.iterdir())
-        assert kept and kept == commits[-len(kept) :]  # the newest stay
-        # a revision pruned is fetched again when named (the Hub still has the newest commit only)
-        hub.repos["t/m"] = Repo(
-            {"config.json": json.dumps(config).encode()}, revisions=(commits[0],), commit=commits[0]
-        )
-        assert from_hub("t/m", commits[0], settings, False)["num_hidden_layers"] == 32
+        kept = sorted(int(p.name.removeprefix("models--t--m")) for p in (root / "anonymous").glob("models--*"))
+        assert kept and kept == list(range(8 - len(kept), 8))  # the newest stay
+        assert sorted(p.name for p in (root / "anonymous" / ".locks").iterdir()) == [f"models--t--m{i}" for i in kept]
+        assert from_hub(names[0], None, settings, False)["num_hidden_layers"] == 32  # (a pruned one: fetched again)
     finally:
         server.shutdown()
         server.server_close()

@@ -3,14 +3,14 @@
 Every (repo, revision, token) a VLLMService names leaves a file of up to 1 MiB on disk (a refused one
 too), and the chart keeps the cache in /tmp, an emptyDir the kubelet evicts the pod past: one tenant
 naming 72 padded revisions of a repo of its own, or about 2,000 public models, filled 64 MiB. After
-a fetch, once enough was written since the last look, the oldest revisions go until the cache is
-within its budget (huggingface_hub's own scan and delete, so blobs shared by revisions are kept while
-used). The newest go last: a fetch that has not read its file yet finds it there (and where one was
-removed all the same, from_hub downloads it again).
+a fetch, once enough was written since the last look, the least recently written repos go, whole
+(their locks too), until the cache is within its budget. The newest go last: a fetch that has not read
+its file yet finds it there (and where one was removed all the same, from_hub downloads it again).
 """
 
 from __future__ import annotations
 
+import shutil
 import threading
 from pathlib import Path
 
@@ -49,30 +49,48 @@ def disk_bytes(root: Path) -> int:
     return total
 
 
-def prune(root: Path, budget: int) -> int:
-    """Delete the least recently written revisions under `root` until it takes at most `budget` bytes on
-    disk; returns what it takes then. Each folder under `root` is one huggingface_hub cache."""
-    from huggingface_hub import scan_cache_dir
+def _newest(path: Path) -> float:
+    times = [path.lstat().st_mtime]
+    for child in path.rglob("*"):
+        try:
+            times.append(child.lstat().st_mtime)
+        except OSError:
+            pass
+    return max(times)
 
+
+def prune(root: Path, budget: int) -> int:
+    """Remove the least recently written repos under `root` (each folder there one huggingface_hub cache:
+    a token's) until it takes at most `budget` bytes on disk; returns what it takes then. A repo goes
+    whole, with its lock folder (its revisions may share a commit hash with another repo's), as the Hub
+    CLI's delete-cache removes one; lock folders and caches left empty go too."""
     if not root.is_dir():
         return 0
     held = disk_bytes(root)
     if held <= budget:
         return held
-    caches = [scan_cache_dir(d) for d in sorted(root.iterdir()) if d.is_dir()]
-    revisions = sorted(
-        (rev.last_modified, index, rev.commit_hash)
-        for index, cache in enumerate(caches)
-        for repo in cache.repos
-        for rev in repo.revisions
+    caches = [d for d in sorted(root.iterdir()) if d.is_dir()]
+    repos = sorted(
+        (_newest(repo), str(repo), repo, cache / ".locks" / repo.name)
+        for cache in caches
+        for repo in cache.iterdir()
+        if repo.is_dir() and repo.name.split("--", 1)[0] in ("models", "datasets", "spaces")
     )
-    for _modified, index, commit in revisions:
+    for _at, _name, repo, locks in repos:
         if held <= budget:
             break
-        strategy = caches[index].delete_revisions(commit)
-        # (a repo whose last revision goes is removed whole: its folder holds the rest)
-        paths = list(strategy.repos) or [*strategy.blobs, *strategy.snapshots, *strategy.refs]
-        freed = sum(disk_bytes(p) + p.lstat().st_blocks * 512 for p in paths if p.exists() or p.is_symlink())
-        strategy.execute()
-        held -= freed
-    return held
+        for path in (repo, locks):
+            if path.exists():
+                held -= disk_bytes(path) + path.lstat().st_blocks * 512
+                shutil.rmtree(path, ignore_errors=True)
+    for cache in caches:  # (locks of repos gone, and caches left empty)
+        locks = cache / ".locks"
+        for lock in list(locks.iterdir()) if locks.is_dir() else []:
+            if not (cache / lock.name).exists():
+                shutil.rmtree(lock, ignore_errors=True)
+        for empty in (locks, cache):
+            try:
+                empty.rmdir()
+            except OSError:  # (not empty, or gone)
+                pass
+    return disk_bytes(root)
