@@ -44,7 +44,7 @@ ENV_VALUE = 32768
 # What the NVIDIA container toolkit reads to choose a container's GPUs and their features: set in the pod
 # spec they would override the device plugin's own (the kubelet puts the container's env last), and on
 # nodes whose toolkit takes the variable the pod would see GPUs other pods were given.
-DEVICE_PLUGIN_ENV = ("NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES")
+DEVICE_PLUGIN_ENV = ("NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "NVIDIA_IMEX_CHANNELS")
 DEVICE_PLUGIN_ENV_PREFIX = "NVIDIA_MIG_"
 
 
@@ -218,6 +218,15 @@ class VLLMServiceSpec(Model):
             f"!self.env.exists(e, e.name in {list(DEVICE_PLUGIN_ENV)} || e.name.startsWith('{DEVICE_PLUGIN_ENV_PREFIX}'))",
             f"env must not set {', '.join(DEVICE_PLUGIN_ENV)} or {DEVICE_PLUGIN_ENV_PREFIX}*: the device plugin's own",
             ".env",
+        ),
+        # (a prefix that, with a key of a ConfigMap or Secret, would spell one of them)
+        rule(
+            "!self.envFrom.exists(f, has(f.prefix) && f.prefix != '' && ("
+            f"{[*DEVICE_PLUGIN_ENV, DEVICE_PLUGIN_ENV_PREFIX]}.exists(n, n.startsWith(f.prefix))"
+            f" || f.prefix.startsWith('{DEVICE_PLUGIN_ENV_PREFIX}')))",
+            "envFrom[].prefix must not begin a variable the device plugin sets "
+            f"({', '.join(DEVICE_PLUGIN_ENV)}, {DEVICE_PLUGIN_ENV_PREFIX}*)",
+            ".envFrom",
         ),
         rule(
             "!has(self.hfTokenSecretRef) || !self.env.exists(e, e.name == 'HF_TOKEN')",
