@@ -208,24 +208,12 @@ def _aya(**extra: Any) -> Any:
     return to_shape(parse(json.dumps({**config, **extra}), "cohere"))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="vLLM takes model_max_length over the other names (Command-R / Cohere: max_position_embeddings "
-    "8192, model_max_length 131072, vLLM's context 131072); the operator reads the first name present "
-    "(8192): plan refuses --max-model-len 131072, which vLLM starts with, and sizes a default run at 8192",
-)
 def test_command_r_context_is_its_model_max_length():
     shape = _aya(model_max_length=131072)
     assert shape.max_position_embeddings == 131072
     assert longer_than_the_model(shape, EngineArgs(max_model_len=131072), None) is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="vLLM takes the SMALLEST of max_position_embeddings, n_positions, max_seq_len, seq_length, ... "
-    "(_get_and_verify_max_len); the operator takes the first present: max_position_embeddings 8192 with "
-    "seq_length 2048 is sized at 8192 (vLLM: 2048) and --max-model-len 8192, which vLLM refuses, is planned",
-)
 def test_the_longest_context_is_the_smallest_of_vllms_names():
     shape = _aya(seq_length=2048)
     assert shape.max_position_embeddings == 2048

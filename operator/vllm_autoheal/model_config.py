@@ -55,13 +55,15 @@ FIELDS: tuple[ConfigField, ...] = (
     ),
     ConfigField("intermediate_size_mlp", 0, 1 << 18, "Width of a dense layer's MLP beside MoE layers (Llama 4)."),
     ConfigField("vocab_size", 1, 1 << 21, "Tokens in the vocabulary.", required=True),
-    # (vLLM derives the longest context from the first of these the config has: _get_and_verify_max_len)
+    # (vLLM's longest context: model_max_length where the config has it, else the smallest of these
+    # names: derived_positions, as vLLM's _get_and_verify_max_len)
     ConfigField(
         "max_position_embeddings",
         1,
         1 << 25,
         "Longest context the model was trained for.",
-        ("n_positions", "max_seq_len", "seq_length", "model_max_length", "max_sequence_length", "max_seq_length"),
+        ("n_positions", "max_seq_len", "seq_length", "model_max_length", "max_target_positions")
+        + ("max_sequence_length", "max_seq_length", "seq_len"),
     ),
     ConfigField("num_local_experts", 0, 4096, "Routed experts per MoE layer.", ("num_experts", "n_routed_experts")),
     ConfigField("num_experts_per_tok", 0, 4096, "Experts each token is routed to."),
@@ -152,6 +154,15 @@ BOOLEANS = {
 ATTENTION_INDICES = "Bamba's attending layers, by index (the rest are Mamba layers)."
 # Falcon's new decoder architecture ignores multi_query (vLLM's get_total_num_kv_heads).
 FALCON_TYPES = frozenset({"falcon", "RefinedWeb", "RefinedWebModel"})
+
+
+def derived_positions(config: dict[str, Any]) -> int:
+    """The longest context vLLM derives from a config (before RoPE scaling): model_max_length where it is
+    set (Command-R, Cohere 2, Aya Vision), else the smallest of its names; 0 where none is."""
+    field = BY_NAME["max_position_embeddings"]
+    found = [config[k] for k in (field.name, *field.aliases) if isinstance(config.get(k), (int, float))]
+    given = config.get("model_max_length")
+    return int(given if isinstance(given, (int, float)) and given else min(found, default=0))
 
 
 def _where(field: str, source: str) -> str:
@@ -279,6 +290,12 @@ def check(config: Any, source: str = "", config_file: bool = False) -> dict[str,
         else:
             if field.required:
                 raise ModelConfigError(f"{_where(field.name, source)} is missing; it is needed to size the model")
+    positions = BY_NAME["max_position_embeddings"]
+    lengths = {k: merged[k] for k in (positions.name, *positions.aliases) if merged.get(k) is not None}
+    for key, value in lengths.items():  # (each name vLLM reads, checked: it may be the one it takes)
+        _integer(value, positions, key, source)
+    if lengths:
+        out["max_position_embeddings"] = derived_positions(lengths)
     if _multi_query(out):
         out["num_key_value_heads"] = 1
     heads, kv_heads = out["num_attention_heads"], out.get("num_key_value_heads")

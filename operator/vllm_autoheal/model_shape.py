@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .model_config import BY_NAME
+from .model_config import derived_positions
 from .model_layers import (
     config_value,
     mamba_layers_of,
@@ -27,7 +27,6 @@ from .vision_tower import vision_params
 
 # Model types whose attention gates its output (vLLM's Qwen3NextAttention: attn_output_gate, true by
 # default), doubling q_proj.
-POSITIONS = ("max_position_embeddings", *BY_NAME["max_position_embeddings"].aliases)
 GATED_ATTENTION_TYPES = frozenset({"qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"})
 
 DTYPE_BYTES = {
@@ -356,7 +355,7 @@ def shape_from_config(config: dict[str, Any]) -> ModelShape:
         sliding_window=whole(cfg.get("sliding_window")) if sliding else None,
         sliding_layers=sliding,
         state_layers=state_layers_of(cfg, layers),
-        max_position_embeddings=int(config_value(cfg, *POSITIONS, default=0) or 0),
+        max_position_embeddings=derived_positions(cfg),
         positions_scaled=bool(cfg.get("rope_scaled")) or positions_scaled(cfg),
         dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"),
         quantization=quant,
