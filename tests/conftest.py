@@ -76,3 +76,6 @@ def fresh_event_budget(monkeypatch):
     from vllm_autoheal.kube import heal_events
 
     monkeypatch.setattr(heal_events, "_budget", heal_events.EventBudget())
+    monkeypatch.setattr(
+        heal_events, "_namespaces", heal_events.EventBudget(heal_events.NAMESPACE_BURST, heal_events.NAMESPACE_REFILL_S)
+    )

@@ -182,11 +182,6 @@ def test_prune_reaches_its_budget_however_many_repos_were_named(tmp_path):
 # --- kube/heal_events.py -------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="EventBudget is per (object uid, reason): one namespace's 200 services (or one service deleted "
-    "and made again, a new uid each time) post 25 Events each through kopf's one poster, 5,000 in a burst",
-)
 def test_one_namespaces_many_services_post_a_bounded_burst_of_events(monkeypatch):
     monkeypatch.setattr(heal_events, "_budget", heal_events.EventBudget())
     posted: list[str] = []

@@ -43,12 +43,18 @@ class EventBudget:
             return allowed
 
 
+# ...and a namespace's services together (many services, or one deleted and made again, a new uid each)
+NAMESPACE_BURST = 100
+NAMESPACE_REFILL_S = 10.0
+
 _budget = EventBudget()
+_namespaces = EventBudget(NAMESPACE_BURST, NAMESPACE_REFILL_S)
 
 
 def event(vsvc: dict[str, Any], type: str, reason: str, message: str) -> None:
     meta = vsvc.get("metadata") or {}
-    if _budget.take(str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}"), reason):
+    obj = str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
+    if _budget.take(obj, reason) and _namespaces.take(str(meta.get("namespace")), ""):
         post_event(vsvc, type=type, reason=reason, message=message)
 
 
