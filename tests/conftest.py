@@ -70,12 +70,13 @@ def vllm_python() -> str:
 
 
 @pytest.fixture(autouse=True)
-def fresh_event_budget(monkeypatch):
-    """Each test's objects start with a full Event budget (kube/heal_events.py): kmock's uids repeat from
-    test to test, and one operator process runs them all."""
-    from vllm_autoheal.kube import heal_events
+def fresh_operator_memory(monkeypatch):
+    """Each test's objects start with a full Event budget (kube/heal_events.py) and no remembered pod
+    ownership (kube/ownership.py): kmock's uids repeat from test to test, and one process runs them all."""
+    from vllm_autoheal.kube import heal_events, ownership
 
     monkeypatch.setattr(heal_events, "_budget", heal_events.EventBudget())
+    monkeypatch.setattr(ownership, "_chains", type(ownership._chains)())  # (and no chain a test saw before)
     monkeypatch.setattr(
         heal_events, "_namespaces", heal_events.EventBudget(heal_events.NAMESPACE_BURST, heal_events.NAMESPACE_REFILL_S)
     )

@@ -475,6 +475,7 @@ class Cluster:
                 "uid": self.uid(),
                 "labels": template["metadata"]["labels"],
                 "annotations": template["metadata"]["annotations"],
+                "ownerReferences": [await self.replica_set(vsvc, template)],
             },
             "spec": template["spec"],
             "status": unschedulable_status(message, since),

@@ -102,3 +102,14 @@ def test_the_remembered_chains_are_bounded(monkeypatch):
         reads.objects[path] = obj(name, f"rs-{i}", ref("Deployment", "svc", "dep-1"))
         assert ownership.run_by_service(reads, NS, "svc", pod(ref("ReplicaSet", name, f"rs-{i}")))
     assert len(ownership._chains) == 8
+
+
+def test_a_forged_chain_costs_its_reads_once_and_a_chain_answers_for_its_own_service_only():
+    reads = Reads()
+    forged = pod(ref("ReplicaSet", "svc-5d8f", "forged-uid"))
+    for _ in range(50):  # (a decoy's events, or one look over many decoys carrying the same uid)
+        assert not ownership.run_by_service(reads, NS, "svc", forged)
+    assert reads.reads == 1
+    mine = pod(ref("ReplicaSet", "svc-5d8f", "rs-1"))
+    assert not ownership.run_by_service(reads, NS, "other", mine)  # (asked for another service first)
+    assert ownership.run_by_service(reads, NS, "svc", mine)  # (not poisoned by that answer)

@@ -73,6 +73,21 @@ class StubKube:
         return copy.deepcopy(self.body) if name == self.body["metadata"]["name"] else None
 
     def get(self, path: str) -> dict[str, Any] | None:
+        """The service's Deployment and its ReplicaSet, as their controllers make them; nothing else."""
+        ns, owner = self.body["metadata"]["namespace"], self.body["metadata"]
+        if path == f"/apis/apps/v1/namespaces/{ns}/replicasets/{RS_REF['name']}":
+            dep = {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "name": "svc",
+                "uid": "svc-dep-uid",
+                "controller": True,
+            }
+            return {"metadata": {"name": RS_REF["name"], "uid": RS_REF["uid"], "ownerReferences": [dep]}}
+        if path == f"/apis/apps/v1/namespaces/{ns}/deployments/svc":
+            ref = {"apiVersion": "vllm.autoheal.dev/v1alpha1", "kind": "VLLMService", "name": owner["name"]}
+            ref |= {"uid": owner["uid"], "controller": True}
+            return {"metadata": {"name": "svc", "uid": "svc-dep-uid", "ownerReferences": [ref]}}
         return None
 
     def previous_log(self, *a: Any) -> str:
@@ -98,7 +113,12 @@ class StubKube:
         raise AssertionError(f"unexpected {method} {path}")
 
 
-def _pending_pod(i: int, template_hash: str, since: str) -> dict[str, Any]:
+RS_REF = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "svc-rs", "uid": "svc-rs-uid", "controller": True}
+
+
+def _pending_pod(i: int, template_hash: str, since: str, owned: bool = True) -> dict[str, Any]:
+    """A Pending pod with the service's label and the heal's template hash; `owned`: run by the service's
+    Deployment's ReplicaSet (StubKube answers the chain), else a copy of its labels (a decoy)."""
     return {
         "metadata": {
             "name": f"decoy-{i}",
@@ -106,6 +126,7 @@ def _pending_pod(i: int, template_hash: str, since: str) -> dict[str, Any]:
             "uid": f"decoy-uid-{i}",
             "labels": {resources.SERVICE_LABEL: "svc"},
             "annotations": {resources.ENGINE_HASH: template_hash},
+            "ownerReferences": [RS_REF] if owned else [],
         },
         "status": unschedulable_status("0/9 nodes are available: 9 node(s) didn't match Pod's node affinity.", since),
     }
@@ -231,8 +252,8 @@ def test_an_event_a_shared_read_cannot_explain_is_looked_at_fresh_when_the_read_
     stuck = _pending_pod(0, fp(_intent().target), LONG_AGO)
     kube, _ = _stuck_heal(monkeypatch, [stuck], applied=False)
     later = PendingLater()
-    _look(kube, later, stuck)  # (not applied: no look)
-    assert not later.pending
+    _look(kube, later, stuck)  # (not applied yet: a look once the read expires, as the heal applies)
+    assert list(later.pending) == [f"blocked/{NS}"] and not _reverted(kube)
     kube.body["status"]["inFlight"]["applied"] = True
     for _event in range(3):
         _look(kube, later, stuck)

@@ -84,6 +84,28 @@ class ManyServices:
         kind = {"apiVersion": "vllm.autoheal.dev/v1alpha1", "kind": "VLLMService"}
         return {**kind, "metadata": meta, "spec": spec, "status": status}
 
+    def get(self, path: str) -> dict[str, Any] | None:
+        """Each service's Deployment and ReplicaSet, as their controllers make them."""
+        kind, name = path.rsplit("/", 2)[-2:]
+        if kind == "replicasets":
+            service = name.removesuffix("-rs")
+            return {
+                "metadata": {
+                    "name": name,
+                    "uid": f"rs-{service}",
+                    "ownerReferences": [_controller("Deployment", service, f"dep-{service}")],
+                }
+            }
+        if kind == "deployments":
+            return {
+                "metadata": {
+                    "name": name,
+                    "uid": f"dep-{name}",
+                    "ownerReferences": [_controller("VLLMService", name, f"u-{name}")],
+                }
+            }
+        return None
+
     def request(self, method: str, path: str, body: Any = None, *a: Any, query: Any = None, **k: Any) -> Any:
         assert method == "GET" and path.endswith("/pods")
         name = dict(query)["labelSelector"].split("=", 1)[1]
@@ -93,10 +115,16 @@ class ManyServices:
                 "namespace": self.ns,
                 "labels": {resources.SERVICE_LABEL: name},
                 "annotations": {resources.ENGINE_HASH: fp(self.intent.target)},
+                "ownerReferences": [_controller("ReplicaSet", f"{name}-rs", f"rs-{name}")],
             },
             "status": unschedulable_status("0/9 nodes are available: 9 Insufficient nvidia.com/gpu.", self.since),
         }
         return {"items": [pod]}
+
+
+def _controller(kind: str, name: str, uid: str) -> dict[str, Any]:
+    api = "vllm.autoheal.dev/v1alpha1" if kind == "VLLMService" else "apps/v1"
+    return {"apiVersion": api, "kind": kind, "name": name, "uid": uid, "controller": True}
 
 
 def _applied_intent() -> HealIntent:

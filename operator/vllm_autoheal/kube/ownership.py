@@ -13,6 +13,7 @@ at most REMEMBERED chains, the oldest forgotten first.
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from typing import Any, Protocol
 
@@ -20,8 +21,10 @@ from ..api import KIND
 
 REMEMBERED = 4096
 
-# (namespace, ReplicaSet uid) -> the VLLMService whose Deployment controls that ReplicaSet
+# (namespace, ReplicaSet uid) -> the VLLMService whose Deployment controls that ReplicaSet ("" where the
+# chain ends at none: a uid forged onto decoys costs one read, not one each look; a uid is never reused)
 _chains: OrderedDict[tuple[str, str], str] = OrderedDict()
+_guard = threading.Lock()  # (kopf's workers share it)
 
 
 class Reader(Protocol):
@@ -49,18 +52,27 @@ def run_by_service(kube: Reader, namespace: str, service: str, pod: dict[str, An
     if rs_ref is None:
         return False
     key = (namespace, str(rs_ref["uid"]))
-    if key in _chains:
-        _chains.move_to_end(key)
-        return _chains[key] == service
+    with _guard:
+        known = _chains.get(key)
+        if known is not None:
+            _chains.move_to_end(key)
+            return known == service
+    found = _chain_end(kube, namespace, rs_ref)
+    with _guard:
+        _chains[key] = found
+        while len(_chains) > REMEMBERED:
+            _chains.popitem(last=False)
+    return found == service
+
+
+def _chain_end(kube: Reader, namespace: str, rs_ref: dict[str, Any]) -> str:
+    """The service the ReplicaSet's chain ends at, or "" (read errors other than 404 are raised, not kept)."""
     rs = kube.get(f"/apis/apps/v1/namespaces/{namespace}/replicasets/{rs_ref['name']}")
     dep_ref = controller(rs, "Deployment") if _uid(rs) == rs_ref["uid"] else None
     if dep_ref is None:
-        return False
+        return ""
     dep = kube.get(f"/apis/apps/v1/namespaces/{namespace}/deployments/{dep_ref['name']}")
     svc_ref = controller(dep, KIND) if _uid(dep) == dep_ref["uid"] else None
-    if svc_ref is None or svc_ref["name"] != service or _uid(kube.get_vsvc(namespace, service)) != svc_ref["uid"]:
-        return False
-    _chains[key] = service
-    while len(_chains) > REMEMBERED:
-        _chains.popitem(last=False)
-    return True
+    if svc_ref is None or _uid(kube.get_vsvc(namespace, svc_ref["name"])) != svc_ref["uid"]:
+        return ""
+    return str(svc_ref["name"])

@@ -22,7 +22,7 @@ from ..diagnosis import Diagnosis
 from ..quantity import parse_quantity
 from ..remedy import Remedy
 from ..remedy_gate import NEEDS_MORE_RESOURCES
-from . import pods, resources
+from . import ownership, pods, resources
 from . import status as st
 from .client import Kube
 from .config import OperatorConfig
@@ -46,14 +46,18 @@ def needs_more(intent: HealIntent) -> bool:
     )
 
 
-def stuck_since(items: list[dict[str, Any]], name: str, template: str) -> tuple[float, str] | None:
-    """The longest-waiting Unschedulable pod of this service that runs the heal's template."""
+def stuck_since(
+    items: list[dict[str, Any]], name: str, template: str, owned: Callable[[dict[str, Any]], bool] = lambda p: True
+) -> tuple[float, str] | None:
+    """The longest-waiting Unschedulable pod of this service that runs the heal's template (and that its
+    own Deployment runs, `owned`: a decoy with its label and hash reverts no heal)."""
     waiting = [
         u
         for p in items
         if ((p.get("metadata") or {}).get("labels") or {}).get(resources.SERVICE_LABEL) == name
         and pods.template_hash(p) == template
         and (u := pods.unschedulable(p)) is not None
+        and owned(p)
     ]
     return min(waiting) if waiting else None
 
@@ -80,6 +84,7 @@ class Read:
     stuck_for_s: int = 0  # spec.heal.unschedulableSeconds
     look_at: float | None = None  # (wall) when the look this read asked for is due
     settled: bool = False  # deciding on this read changed nothing: the looks sharing it need not decide again
+    applying: bool = False  # a heal in flight, not yet applied: its pods may come before it is
 
 
 class RecentReads:
@@ -179,12 +184,12 @@ def _read(kube: Kube, ns: str, name: str) -> tuple[Read, dict[str, Any] | None]:
     obj = parse(vsvc) if vsvc is not None else None
     intent = obj.status.in_flight if obj is not None else None
     if obj is None or intent is None or not intent.applied:
-        return Read(at, wall, None, None, None), vsvc
+        return Read(at, wall, None, None, None, applying=intent is not None), vsvc
     items = kube.request(
         "GET", f"/api/v1/namespaces/{ns}/pods", query=[("labelSelector", f"{resources.SERVICE_LABEL}={name}")]
     ).get("items", [])
     template = fp(intent.target)
-    stuck = stuck_since(items, name, template)
+    stuck = stuck_since(items, name, template, lambda p: ownership.run_by_service(kube, ns, name, p))
     return Read(at, wall, intent, template, stuck, obj.spec.heal.unschedulable_seconds), vsvc
 
 
@@ -219,10 +224,14 @@ def check(
 
     found = read.stuck
     if shared and pod is not None:  # the event's pod, as the read's heal sees it
-        own = stuck_since([pod], name, read.template) if read.template is not None else None
+        owned = lambda p: ownership.run_by_service(kube, ns, name, p)  # noqa: E731
+        own = stuck_since([pod], name, read.template, owned) if read.template is not None else None
         found = _earliest(found, own) if own is not None else None
     if found is None:
-        if shared:  # a heal, pod or template newer than the read may be stuck: look fresh when it expires
+        # A heal, pod or template newer than the read may be stuck: look fresh when it expires. So too
+        # while a heal is being applied (a pod of its template may have come first, and shows no more
+        # events once Pending), until it is.
+        if shared or read.applying:
             look_by(read.wall + _recent.fresh_for_s)
         return
     since, message = found
