@@ -71,12 +71,16 @@ def vllm_python() -> str:
 
 @pytest.fixture(autouse=True)
 def fresh_operator_memory(monkeypatch):
-    """Each test's objects start with a full Event budget (kube/heal_events.py) and no remembered pod
-    ownership (kube/ownership.py): kmock's uids repeat from test to test, and one process runs them all."""
-    from vllm_autoheal.kube import heal_events, ownership
+    """Each test's objects start with a full Event budget (kube/heal_events.py), no remembered pod
+    ownership (kube/ownership.py) and no pending or shared unschedulable looks: kmock's uids and names
+    repeat from test to test, and one process runs them all."""
+    from vllm_autoheal.kube import heal_events, ownership, unschedulable
 
     monkeypatch.setattr(heal_events, "_budget", heal_events.EventBudget())
     monkeypatch.setattr(ownership, "_chains", type(ownership._chains)())  # (and no chain a test saw before)
+    # (nor a look another test's operator left, bound to its cluster: run now, it waits on a dead server)
+    monkeypatch.setattr(unschedulable, "_looks", unschedulable.NamespaceLooks())
+    monkeypatch.setattr(unschedulable, "_recent", unschedulable.RecentReads())
     monkeypatch.setattr(
         heal_events, "_namespaces", heal_events.EventBudget(heal_events.NAMESPACE_BURST, heal_events.NAMESPACE_REFILL_S)
     )

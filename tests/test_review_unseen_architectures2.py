@@ -58,19 +58,15 @@ Arctic, Mllama.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
+from test_review_unseen_architectures import H100, expected_gib, plan, within
 from vllm_autoheal.diagnosis.units import GIB
-from vllm_autoheal.memory import WEIGHT_BUFFERS_GIB, weights_bytes_per_gpu
+from vllm_autoheal.memory import weights_bytes_per_gpu
 from vllm_autoheal.model_config import parse, to_shape
 
 from samples import CONFIGS
-
-H100 = "NVIDIA-H100-80GB-HBM3"
 
 
 def config_path(name: str):
@@ -84,22 +80,6 @@ def shape(name: str):
 
 def weights_gib(name: str, tp: int = 1) -> float:
     return weights_bytes_per_gpu(shape(name), tp=tp) / GIB
-
-
-def expected_gib(params: float, tp: int = 1, bytes_per_param: float = 2.0) -> float:
-    return params * bytes_per_param / tp / GIB + WEIGHT_BUFFERS_GIB
-
-
-def within(model: float, expected: float, tolerance: float = 0.05) -> bool:
-    return abs(model - expected) <= tolerance * expected
-
-
-def plan(*args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
-    env["HF_ENDPOINT"] = "http://127.0.0.1:9"
-    return subprocess.run(
-        [sys.executable, "-m", "vllm_autoheal", "plan", *args], capture_output=True, text=True, env=env, timeout=120
-    )
 
 
 def refused(name: str) -> bool:
