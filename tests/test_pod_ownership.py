@@ -113,3 +113,13 @@ def test_a_forged_chain_costs_its_reads_once_and_a_chain_answers_for_its_own_ser
     mine = pod(ref("ReplicaSet", "svc-5d8f", "rs-1"))
     assert not ownership.run_by_service(reads, NS, "other", mine)  # (asked for another service first)
     assert ownership.run_by_service(reads, NS, "svc", mine)  # (not poisoned by that answer)
+
+
+@pytest.mark.parametrize(
+    "name", ["../../secrets/hf", "svc-5d8f/../../../namespaces/other/secrets/x", "Svc", "a" * 300, ""]
+)
+def test_an_owner_reference_that_names_no_object_reads_nothing(name):
+    """An ownerReference's name is checked only for being set: it goes into the path the chain is read by."""
+    reads = Reads()
+    assert not ownership.run_by_service(reads, NS, "svc", pod(ref("ReplicaSet", name, "rs-1")))
+    assert reads.reads == 0

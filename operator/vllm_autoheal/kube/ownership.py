@@ -13,6 +13,7 @@ at most REMEMBERED chains, the oldest forgotten first.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import OrderedDict
 from typing import Any, Protocol
@@ -33,13 +34,18 @@ class Reader(Protocol):
     def get_vsvc(self, namespace: str, name: str) -> dict[str, Any] | None: ...
 
 
+# An object's name: the API server checks no more of an ownerReference's name than that it is set, and
+# the name goes into the path the chain is read by ("../../secrets/x" would read elsewhere).
+NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+
+
 def controller(obj: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
-    """The object's controlling ownerReference, where it is of this kind."""
+    """The object's controlling ownerReference, where it is of this kind and names an object."""
     refs = ((obj or {}).get("metadata") or {}).get("ownerReferences") or []
     ref = next((r for r in refs if isinstance(r, dict) and r.get("controller") is True), None)
-    if ref is None or ref.get("kind") != kind or not isinstance(ref.get("name"), str) or not ref.get("uid"):
+    if ref is None or ref.get("kind") != kind or not ref.get("uid"):
         return None
-    return ref
+    return ref if isinstance(ref.get("name"), str) and NAME.fullmatch(ref["name"]) else None
 
 
 def _uid(obj: dict[str, Any] | None) -> Any:
