@@ -5,13 +5,13 @@ behaviour and is a strict xfail until the defect it names is fixed."""
 
 from __future__ import annotations
 
-import copy
 import json
 from typing import Any
 
 import kopf
 import pytest
 
+from test_pod_ownership import Reads, obj, ref
 from test_review_tenant import LOG, LONG_AGO, _intent, _pending_pod, _reverted, _stuck_heal
 from vllm_autoheal import hub_cache, validation
 from vllm_autoheal.api import EngineArgs
@@ -95,34 +95,6 @@ def test_a_decoy_pending_pod_does_not_revert_a_heal(monkeypatch, fresh_looks):
     assert not _reverted(kube) and not events
 
 
-def _ref(kind: str, name: str, uid: str) -> dict[str, Any]:
-    api = f"{GROUP}/v1alpha1" if kind == "VLLMService" else "apps/v1"
-    return {"apiVersion": api, "kind": kind, "name": name, "uid": uid, "controller": True}
-
-
-def _obj(name: str, uid: str, *owners: dict[str, Any]) -> dict[str, Any]:
-    return {"metadata": {"name": name, "namespace": NS, "uid": uid, "ownerReferences": list(owners)}}
-
-
-class _Reads:
-    def __init__(self) -> None:
-        self.objects = {
-            f"/apis/apps/v1/namespaces/{NS}/replicasets/svc-5d8f": _obj(
-                "svc-5d8f", "rs-1", _ref("Deployment", "svc", "dep-1")
-            ),
-            f"/apis/apps/v1/namespaces/{NS}/deployments/svc": _obj(
-                "svc", "dep-1", _ref("VLLMService", "svc", "vsvc-1")
-            ),
-        }
-        self.vsvcs = {"svc": _obj("svc", "vsvc-1")}
-
-    def get(self, path: str) -> dict[str, Any] | None:
-        return copy.deepcopy(self.objects.get(path))
-
-    def get_vsvc(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return copy.deepcopy(self.vsvcs.get(name))
-
-
 @pytest.mark.xfail(
     strict=True,
     reason="ownership._chains remembers (namespace, ReplicaSet uid) -> service NAME: once the VLLMService is "
@@ -131,10 +103,10 @@ class _Reads:
 )
 def test_a_remembered_chain_does_not_outlive_the_service_it_ended_at(monkeypatch):
     monkeypatch.setattr(ownership, "_chains", type(ownership._chains)())
-    reads = _Reads()
-    pod = _obj("svc-5d8f-x", "pod-1", _ref("ReplicaSet", "svc-5d8f", "rs-1"))
+    reads = Reads()
+    pod = obj("svc-5d8f-x", "pod-1", ref("ReplicaSet", "svc-5d8f", "rs-1"))
     assert ownership.run_by_service(reads, NS, "svc", pod)
-    reads.vsvcs["svc"] = _obj("svc", "vsvc-2")  # made again; the orphaned Deployment still names vsvc-1
+    reads.vsvcs["svc"] = obj("svc", "vsvc-2")  # made again; the orphaned Deployment still names vsvc-1
     assert not ownership.run_by_service(reads, NS, "svc", pod)
 
 

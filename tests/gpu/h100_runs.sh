@@ -18,10 +18,7 @@ thief() {  # thief GIB: another process holding GIB GiB of GPU 0
   THIEF=$(cat /tmp/thief-ready)
 }
 unthief() { kill -9 "$THIEF" 2>/dev/null; for _ in $(seq 1 60); do kill -0 "$THIEF" 2>/dev/null || break; sleep 1; done; THIEF=""; idle; }
-if [ ! -s "$OUT/device.txt" ]; then
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/device.txt"
-  python3 -c 'import torch; f, t = torch.cuda.mem_get_info(); print(f"cuda total {t} bytes = {t / 2**30:.2f} GiB, free {f / 2**30:.2f} GiB; torch {torch.__version__}")' | tee -a "$OUT/device.txt"
-fi
+record_device
 ALL="l8-eager l8-graphs l8-kv131k q32-eager q32-095 q72 mistral-eager gemma2-eager l8-thief30"
 for name in ${@:-$ALL}; do
   case $name in

@@ -35,3 +35,8 @@ run() {  # run NAME MODEL FLAGS...: one `vllm serve`, stopped once it serves
   echo "$name: $state: $model $*" | tee -a "$OUT/summary.txt"; echo "($name took $((SECONDS - t0)) s)"
   idle
 }
+record_device() {  # the GPU, its driver and CUDA's own total, once per $OUT (the replays read device.txt)
+  [ -s "$OUT/device.txt" ] && return 0
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/device.txt"
+  python3 -c 'import torch; f, t = torch.cuda.mem_get_info(); print(f"cuda total {t} bytes = {t / 2**30:.2f} GiB, free {f / 2**30:.2f} GiB; torch {torch.__version__}")' | tee -a "$OUT/device.txt"
+}

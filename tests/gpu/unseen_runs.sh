@@ -11,10 +11,7 @@ set -u
 . "$(dirname "$0")/vllm_env.sh"
 export CUDA_VISIBLE_DEVICES=0
 . "$(dirname "$0")/serve_run.sh"
-if [ ! -s "$OUT/device.txt" ]; then
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/device.txt"
-  python3 -c 'import torch; f, t = torch.cuda.mem_get_info(); print(f"cuda total {t} bytes = {t / 2**30:.2f} GiB, free {f / 2**30:.2f} GiB; torch {torch.__version__}")' | tee -a "$OUT/device.txt"
-fi
+record_device
 ALL="gpt2 gpt2-4096 gptj santacoder redpajama starcoder2 phi4mini"
 for name in ${@:-$ALL}; do
   case $name in
