@@ -112,6 +112,13 @@ async def test_a_revert_of_an_unschedulable_split_asks_no_more_than_the_launcher
     obj = await cluster.heal_recorded(name)
     first = obj["status"]["heals"][-1]
     assert first["action"] == "IncreaseTensorParallel" and first["gpuFreeGib"] == 12.05, first
+
+    def split_rolled_out() -> bool:  # (a pod of the heal's template: one made before it was applied is not)
+        dep = cluster.deployment_now(name)
+        limits = dep["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"] if dep else {}
+        return limits.get("nvidia.com/gpu") == 2
+
+    await wait_for(split_rolled_out, what="the heal's rollout")
     await cluster.pending_pod(name, f"{name}-b", NO_GPU)
     obj = await wait_for(
         lambda: (v := cluster.vsvc_now(name))["status"]["heals"][-1]["action"] != "IncreaseTensorParallel" and v,
