@@ -58,9 +58,12 @@ def test_the_services_own_pod_is_its_own_and_its_chain_is_read_once():
     mine = pod(ref("ReplicaSet", "svc-5d8f", "rs-1"))
     assert ownership.run_by_service(reads, NS, "svc", mine)
     first = reads.reads
-    for _ in range(100):  # (a crash-looping pod's events)
-        assert ownership.run_by_service(reads, NS, "svc", mine)
+    for _ in range(100):  # (a crash-looping pod's events: given the service's uid just read, no reads)
+        assert ownership.run_by_service(reads, NS, "svc", mine, "vsvc-1")
     assert first == 3 and reads.reads == first
+    for _ in range(10):  # (not given it: the service alone is read, to learn it)
+        assert ownership.run_by_service(reads, NS, "svc", mine)
+    assert reads.reads == first + 10
 
 
 @pytest.mark.parametrize(

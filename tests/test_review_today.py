@@ -95,12 +95,6 @@ def test_a_decoy_pending_pod_does_not_revert_a_heal(monkeypatch, fresh_looks):
     assert not _reverted(kube) and not events
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ownership._chains remembers (namespace, ReplicaSet uid) -> service NAME: once the VLLMService is "
-    "deleted with --cascade=orphan and made again under its name (a new uid), the old Deployment's pods, "
-    "whose chain ends at the old uid, are still taken as the new service's",
-)
 def test_a_remembered_chain_does_not_outlive_the_service_it_ended_at(monkeypatch):
     monkeypatch.setattr(ownership, "_chains", type(ownership._chains)())
     reads = Reads()

@@ -7,8 +7,10 @@ ReplicaSet (by uid) whose controller is the service's Deployment, controlled by 
 the service's. (An ownerReference a pod's author forges to that ReplicaSet's uid passes: the ReplicaSet
 controller then counts that pod among its replicas and removes the surplus.)
 
-A chain once seen is remembered by the ReplicaSet's uid, so a crash-looping pod's events cost no reads;
-at most REMEMBERED chains, the oldest forgotten first.
+A chain once seen is remembered by the ReplicaSet's uid, so a crash-looping pod's events cost no more than
+the service's own read; at most REMEMBERED chains, the oldest forgotten first. What is remembered is the
+service's uid as well as its name: a service deleted with `--cascade=orphan` and made again under its name
+does not inherit the old Deployment's pods.
 """
 
 from __future__ import annotations
@@ -22,9 +24,11 @@ from ..api import KIND
 
 REMEMBERED = 4096
 
-# (namespace, ReplicaSet uid) -> the VLLMService whose Deployment controls that ReplicaSet ("" where the
-# chain ends at none: a uid forged onto decoys costs one read, not one each look; a uid is never reused)
-_chains: OrderedDict[tuple[str, str], str] = OrderedDict()
+# (namespace, ReplicaSet uid) -> (name, uid) of the VLLMService whose Deployment controls that ReplicaSet
+# (("", "") where the chain ends at none: a uid forged onto decoys costs one read, not one each look; a
+# uid is never reused)
+_chains: OrderedDict[tuple[str, str], tuple[str, str]] = OrderedDict()
+NONE = ("", "")
 _guard = threading.Lock()  # (kopf's workers share it)
 
 
@@ -52,8 +56,11 @@ def _uid(obj: dict[str, Any] | None) -> Any:
     return ((obj or {}).get("metadata") or {}).get("uid")
 
 
-def run_by_service(kube: Reader, namespace: str, service: str, pod: dict[str, Any]) -> bool:
-    """The pod's controller chain ends at the VLLMService `service` (ReplicaSet, Deployment, service)."""
+def run_by_service(
+    kube: Reader, namespace: str, service: str, pod: dict[str, Any], service_uid: str | None = None
+) -> bool:
+    """The pod's controller chain ends at the VLLMService `service` (ReplicaSet, Deployment, service) as it
+    is now: `service_uid` where the caller has just read it, else the service is read to learn it."""
     rs_ref = controller(pod, "ReplicaSet")
     if rs_ref is None:
         return False
@@ -62,23 +69,27 @@ def run_by_service(kube: Reader, namespace: str, service: str, pod: dict[str, An
         known = _chains.get(key)
         if known is not None:
             _chains.move_to_end(key)
-            return known == service
-    found = _chain_end(kube, namespace, rs_ref)
+    if known is not None:
+        if known[0] != service:
+            return False
+        # (remembered: where the caller did not just read the service, its uid now is read)
+        return known[1] == (service_uid if service_uid is not None else _uid(kube.get_vsvc(namespace, service)))
+    found = _chain_end(kube, namespace, rs_ref)  # (its end's uid read just now)
     with _guard:
         _chains[key] = found
         while len(_chains) > REMEMBERED:
             _chains.popitem(last=False)
-    return found == service
+    return found[0] == service and service_uid in (None, found[1])
 
 
-def _chain_end(kube: Reader, namespace: str, rs_ref: dict[str, Any]) -> str:
-    """The service the ReplicaSet's chain ends at, or "" (read errors other than 404 are raised, not kept)."""
+def _chain_end(kube: Reader, namespace: str, rs_ref: dict[str, Any]) -> tuple[str, str]:
+    """The service the ReplicaSet's chain ends at, or NONE (read errors other than 404 are raised, not kept)."""
     rs = kube.get(f"/apis/apps/v1/namespaces/{namespace}/replicasets/{rs_ref['name']}")
     dep_ref = controller(rs, "Deployment") if _uid(rs) == rs_ref["uid"] else None
     if dep_ref is None:
-        return ""
+        return NONE
     dep = kube.get(f"/apis/apps/v1/namespaces/{namespace}/deployments/{dep_ref['name']}")
     svc_ref = controller(dep, KIND) if _uid(dep) == dep_ref["uid"] else None
     if svc_ref is None or _uid(kube.get_vsvc(namespace, svc_ref["name"])) != svc_ref["uid"]:
-        return ""
-    return str(svc_ref["name"])
+        return NONE
+    return str(svc_ref["name"]), str(svc_ref["uid"])

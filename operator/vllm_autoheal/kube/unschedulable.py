@@ -85,6 +85,7 @@ class Read:
     look_at: float | None = None  # (wall) when the look this read asked for is due
     settled: bool = False  # deciding on this read changed nothing: the looks sharing it need not decide again
     applying: bool = False  # a heal in flight, not yet applied: its pods may come before it is
+    service_uid: str | None = None  # the service's, as read: a pod its chain once tied to a namesake is not its
 
 
 class RecentReads:
@@ -188,9 +189,9 @@ def _read(kube: Kube, ns: str, name: str) -> tuple[Read, dict[str, Any] | None]:
     items = kube.request(
         "GET", f"/api/v1/namespaces/{ns}/pods", query=[("labelSelector", f"{resources.SERVICE_LABEL}={name}")]
     ).get("items", [])
-    template = fp(intent.target)
-    stuck = stuck_since(items, name, template, lambda p: ownership.run_by_service(kube, ns, name, p))
-    return Read(at, wall, intent, template, stuck, obj.spec.heal.unschedulable_seconds), vsvc
+    template, uid = fp(intent.target), str((vsvc.get("metadata") or {}).get("uid"))
+    stuck = stuck_since(items, name, template, lambda p: ownership.run_by_service(kube, ns, name, p, uid))
+    return Read(at, wall, intent, template, stuck, obj.spec.heal.unschedulable_seconds, service_uid=uid), vsvc
 
 
 def _earliest(a: tuple[float, str] | None, b: tuple[float, str] | None) -> tuple[float, str] | None:
@@ -224,7 +225,7 @@ def check(
 
     found = read.stuck
     if shared and pod is not None:  # the event's pod, as the read's heal sees it
-        owned = lambda p: ownership.run_by_service(kube, ns, name, p)  # noqa: E731
+        owned = lambda p: ownership.run_by_service(kube, ns, name, p, read.service_uid)  # noqa: E731
         own = stuck_since([pod], name, read.template, owned) if read.template is not None else None
         found = _earliest(found, own) if own is not None else None
     if found is None:
