@@ -42,9 +42,9 @@ def test_the_floor_counts_the_graphs_the_release_reserves():
     cache (0.21) but not the 0.99 GiB of graphs 0.33 takes off the cache; fit_utilization_to_free cuts to
     0.21 (not vetoed: sized from vLLM's free figure) and the heal's own `expected` says "KV cache 0.00 GiB
     ... still fails: no memory left for the KV cache" (16.63 requested - 15.00 - 0.87 - 0.22 - 0.99 < 0):
-    a certain second crash. Under 0.25 the same crash gets SetKvCacheMemoryBytes 1 GiB, which fits.
+    a certain second crash.
     What should happen: the floor counts the reserved graphs (0.22 here), so no cut lands on a utilization
-    the memory model says leaves no cache (the kv_cache_memory_bytes step, or give up)."""
+    the memory model says leaves no cache (it gives up where no cut fits)."""
     shape, release = config_shape("llama-3.1-8b"), parse_version("0.33.0")
     spec = VLLMServiceSpec(model="m", image="vllm/vllm-openai:v0.33.0", engine={"maxModelLen": 2048})
     d = Diagnosis(

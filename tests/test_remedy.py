@@ -124,7 +124,8 @@ def test_host_ram_vpa_bump_within_bound():
     capped = plan_heal(s, Diagnosis(cause="host_ram_oom"), inventory=Inventory(memory_limit_bytes=36 * 2**30))
     assert capped.changes == {"memory_limit": "40Gi"}
     kv = VLLMServiceSpec(model="m", engine={"kvCacheMemoryBytes": 4 * 2**30})
-    r = plan_heal(kv, Diagnosis(cause="host_ram_oom"), inventory=Inventory(memory_limit_bytes=3 * 2**30))
+    cpu = Inventory(memory_limit_bytes=3 * 2**30, host_kv_cache=True)  # (vLLM's CPU backend: the cache is host RAM)
+    r = plan_heal(kv, Diagnosis(cause="host_ram_oom"), inventory=cpu)
     assert r.action == "SetKvCacheMemoryBytes" and r.changes["kv_cache_memory_bytes"] == 2**30
 
 

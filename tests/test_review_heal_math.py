@@ -101,10 +101,6 @@ H200_FREE = (
 )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="SetKvCacheMemoryBytes leaves utilization 0.9: vLLM's request_memory check refuses the same start again",
-)
 def test_a_free_memory_refusal_is_not_answered_by_a_kv_size_that_keeps_the_share():
     """Input: the real H200 refusal (38.69 of 139.8 GiB free, utilization 0.9), Llama-3.1-8B known,
     max_model_len 8192, minGpuMemoryUtilization 0.5 (the user's floor forbids the cut to 0.26).
@@ -130,10 +126,6 @@ def test_a_free_memory_refusal_is_not_answered_by_a_kv_size_that_keeps_the_share
 # --- host RAM ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a host OOMKill on a GPU halves kv_cache_memory_bytes, which is GPU memory: no host RAM freed, capacity lost",
-)
 def test_a_host_oom_kill_on_a_gpu_never_halves_the_gpu_kv_cache():
     """Input: a GPU pod (H100, gpuProduct set) with kvCacheMemoryBytes 20Gi and a 32Gi limit is
     OOMKilled ("Memory cgroup out of memory"); no maxMemoryLimit; default allowedActions.

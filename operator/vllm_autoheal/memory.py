@@ -317,6 +317,7 @@ def estimate(
     per_token = shape.kv_bytes_per_token(kv_cache_dtype(engine), tp, pp)
     reasons: list[str] = []
     failure = None
+    share = math.ceil(total * engine.gpu_memory_utilization * GIB) / GIB
     if engine.kv_cache_memory_bytes:
         requested = weights + act + non_torch + engine.kv_cache_memory_bytes / GIB
         kv = engine.kv_cache_memory_bytes / GIB
@@ -326,8 +327,14 @@ def estimate(
                 f"kv_cache_memory_bytes {kv:.2f} GiB + weights and overheads {requested - kv:.2f} GiB "
                 f"exceed the {free:.2f} GiB free"
             )
+        elif share > free:  # (vLLM checks the share against what is free first, whatever the KV size)
+            failure = "gpu_util_exceeds_free"
+            reasons.append(
+                f"gpu_memory_utilization {engine.gpu_memory_utilization} asks for {share:.2f} GiB "
+                f"but only {free:.2f} GiB is free (checked even where the KV size is given)"
+            )
     else:
-        requested = math.ceil(total * engine.gpu_memory_utilization * GIB) / GIB
+        requested = share
         kv = requested - weights - act - non_torch - (graphs if reserved else 0.0)
         if extensible_kv_cache(engine, release):  # (a budget above the free memory is no refusal there)
             kv = held_after_warmup_gib(release, requested, free, weights + non_torch, act, graphs)

@@ -38,6 +38,8 @@ class Inventory:
     memory_limit_bytes: int | None = None  # the container's limit (host RAM)
     entrypoint: str = "server"
     release: Release | None = None  # the vLLM release the image names (its defaults and profile)
+    # vLLM's CPU backend, whose KV cache is host memory; on a GPU kv_cache_memory_bytes holds none of it
+    host_kv_cache: bool = False
 
 
 @dataclass

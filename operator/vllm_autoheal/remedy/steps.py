@@ -107,13 +107,12 @@ def fit_kv_bytes_to_free(ctx: Context) -> Remedy | None:
     explicit = ctx.num("worker_budget_gib") is None  # vLLM was given the KV size, not sizing it itself
     if ctx.diag.subtype == "kv_space_exceeds_free_host_memory" and explicit and not ctx.engine.kv_cache_memory_bytes:
         return None  # a size the spec did not set came from the variable (envFrom, the image): it would win again
-    if ctx.diag.subtype == "kv_space_exceeds_free_host_memory":
-        new_gib = math.floor((free * 0.75) * 4) / 4  # the KV alone must fit what is free, with margin
-    elif ctx.total and ctx.inv.shape is not None:
-        est = ctx.estimate()
-        new_gib = math.floor((free - est.weights_gib - est.activation_gib - est.non_torch_gib - 1.0) * 4) / 4
-    else:
+    # Only the CPU backend's refusal (its KV space against the node's free memory): on a GPU vLLM checks
+    # total x utilization against what is free before anything else (request_memory), whether or not the
+    # KV size is given, so a KV size with the same share is refused again.
+    if ctx.diag.subtype != "kv_space_exceeds_free_host_memory":
         return None
+    new_gib = math.floor((free * 0.75) * 4) / 4  # the KV alone must fit what is free, with margin
     if not math.isfinite(new_gib) or new_gib <= 0 or (requested is not None and new_gib >= requested):
         return None
     return Remedy(
@@ -384,7 +383,7 @@ def lower_cpu_offload(ctx: Context) -> Remedy | None:
 
 def shrink_kv_bytes(ctx: Context) -> Remedy | None:
     kv = ctx.engine.kv_cache_memory_bytes
-    if not kv:
+    if not kv or not ctx.inv.host_kv_cache:  # (a GPU's cache: a smaller one frees no host memory)
         return None
     new = kv // 2
     if ctx.inv.memory_limit_bytes:
