@@ -45,10 +45,6 @@ WEIGHTS_70B_H200 = (
 )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="CpuOffload is vetoed by the memory model, whose estimate ignores cpu_offload_gb: never planned when needed",
-)
 def test_cpu_offload_is_planned_where_it_is_the_allowed_heal_that_fits():
     """Input: the 70B log above, max_model_len 8192, utilization 0.9, one H200, maxTensorParallelSize 1,
     CpuOffload allowed (maxCpuOffloadGb 64, memory limit 256Gi), the model's shape known.
@@ -76,10 +72,6 @@ def test_cpu_offload_is_planned_where_it_is_the_allowed_heal_that_fits():
     assert 7.6 < r.changes["cpu_offload_gb"] <= 64
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the gate caps cpu_offload_gb (per GPU) by the whole container limit, ignoring the TP ranks that each pin it",
-)
 def test_the_gate_counts_every_rank_s_offload_against_the_container_limit():
     """Input: tensor parallelism 2 in one pod, a 32Gi memory limit, no maxCpuOffloadGb; a remedy sets
     cpu_offload_gb 20.

@@ -307,7 +307,8 @@ def estimate(
     tier = row.batch if row else "160gib"
     mbt = engine.max_num_batched_tokens or default_max_num_batched_tokens(total, entrypoint, gpu.name, tier)
     max_len = engine.max_model_len or shape.max_position_embeddings or 2048  # (vLLM's where the config names none)
-    weights = weights_gib_per_gpu(shape, engine, gpu)
+    # (vLLM moves up to cpu_offload_gb of each GPU's weights to pinned host memory as it loads them)
+    weights = max(weights_gib_per_gpu(shape, engine, gpu) - (engine.cpu_offload_gb or 0.0), WEIGHT_BUFFERS_GIB)
     seqs = engine.max_num_seqs or default_max_num_seqs(total, gpu.name, engine.extra_args, tier)
     act = activation_bytes(shape, mbt, tp, seqs, release_sampler(shape, release, engine.extra_args)) / GIB
     non_torch = NON_TORCH_GIB_TP1 if tp * pp == 1 else NON_TORCH_GIB_TPN

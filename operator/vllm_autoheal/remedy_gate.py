@@ -88,11 +88,16 @@ class Limits:
     def floor(self) -> float:
         return self.utilization_floor or self.bounds.min_gpu_memory_utilization or MIN_UTILIZATION
 
-    @property
-    def max_cpu_offload_gb(self) -> float | None:
+    def max_cpu_offload_gb(self, engine: EngineArgs) -> float:
+        """The most cpu_offload_gb: the bound, else half the container's limit shared by the pod's ranks
+        (vLLM's flag is per GPU, each rank pinning that much host memory, which costs about twice the
+        figure, as an open vLLM issue reports), else none (the host memory it would take is unknown)."""
         if self.bounds.max_cpu_offload_gb is not None:
             return self.bounds.max_cpu_offload_gb
-        return None if self.memory_limit_bytes is None else self.memory_limit_bytes / GIB
+        if self.memory_limit_bytes is None:
+            return 0.0
+        ranks = engine.tensor_parallel_size * engine.pipeline_parallel_size
+        return self.memory_limit_bytes / GIB / ranks / 2
 
 
 def utilization_floor(
@@ -141,7 +146,7 @@ def bounds_problem(changes: dict[str, Any], after: EngineArgs, limits: Limits) -
         ("max_num_seqs", after.max_num_seqs, b.min_max_num_seqs, None),
         ("max_num_batched_tokens", after.max_num_batched_tokens, b.min_max_num_batched_tokens, None),
         ("kv_cache_memory_bytes", after.kv_cache_memory_bytes, b.min_kv_cache_memory_bytes, None),
-        ("cpu_offload_gb", after.cpu_offload_gb, 0, limits.max_cpu_offload_gb),
+        ("cpu_offload_gb", after.cpu_offload_gb, 0, limits.max_cpu_offload_gb(after)),
         ("tensor_parallel_size", after.tensor_parallel_size, 1, b.max_tensor_parallel_size or 1),
     ]
     for name, value, low, high in checks:

@@ -143,8 +143,8 @@ def cpu_offload(ctx: Context) -> Remedy | None:
     if over <= 0:
         return None
     gb = math.ceil(over + (ctx.engine.cpu_offload_gb or 0))
-    cap = ctx.limits.max_cpu_offload_gb
-    if not math.isfinite(over) or (cap is not None and gb > cap):
+    cap = ctx.limits.max_cpu_offload_gb(ctx.engine)
+    if not math.isfinite(over) or gb > cap:
         return None
     return Remedy(
         "CpuOffload",
