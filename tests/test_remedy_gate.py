@@ -257,3 +257,15 @@ def test_the_gates_batch_rule_is_the_crds(seqs, batched):
     }
     refused_by_crd = any("maxNumBatchedTokens" in p for p in admit(body)[1])
     assert batch_below_seqs(EngineArgs.model_validate(engine)) == refused_by_crd
+
+
+def test_no_raise_goes_back_to_a_utilization_that_ran_out_outside_the_budget():
+    """A runtime OOM at 0.9 was cut to 0.85: a KV heal may raise to 0.89, never to 0.9 or above; a cut from
+    above that ceiling (the user set 0.95 since) is no raise and passes."""
+    capped = Limits(HealBounds(), ceiling=0.9)
+    at = EngineArgs(gpu_memory_utilization=0.85, max_model_len=32768)
+    assert check("kv_cache_insufficient", {"gpu_memory_utilization": 0.89}, at, "m", None, capped) is None
+    reason = check("kv_cache_insufficient", {"gpu_memory_utilization": 0.91}, at, "m", None, capped)
+    assert reason is not None and "already ran out of memory outside the budget" in reason
+    above = at.model_copy(update={"gpu_memory_utilization": 0.95})
+    assert check("runtime_oom", {"gpu_memory_utilization": 0.93}, above, "m", None, capped) is None

@@ -101,6 +101,19 @@ def test_history_keeps_what_was_tried_beyond_the_record_cap():
     assert {"cause": "runtime_oom", "action": "LowerGpuMemoryUtilization"} in hist
 
 
+def test_history_says_the_utilization_a_recorded_heal_cut_from():
+    """What a runtime OOM ran at (the planner's ceiling for later raises: plan.outside_budget_ceiling), from
+    the record's change; nothing where the heal did not change it or the record's value is no number."""
+    cut = {"field": "gpuMemoryUtilization", "before": "0.9", "after": "0.85"}
+    heals = [
+        {"cause": "runtime_oom", "changes": [cut]},
+        {"cause": "runtime_oom", "changes": [{"field": "maxNumSeqs", "before": "256", "after": "128"}]},
+        {"cause": "runtime_oom", "changes": [{**cut, "before": "nan"}]},
+        {"cause": "runtime_oom", "changes": [{**cut, "before": None}]},
+    ]
+    assert [h["ran_util"] for h in st.history([], heals)] == [0.9, None, None, None]
+
+
 def test_every_setting_that_crashed_is_remembered_however_many_heals_are_allowed():
     """A heal never goes back to settings that crashed of memory (status.failedEngines): with the most heals
     allowed (heal.maxAttempts), each crash adds one, and the first start one more; none may fall out."""

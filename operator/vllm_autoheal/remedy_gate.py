@@ -51,10 +51,21 @@ CALLS_FOR: dict[str, dict[str, int]] = {
         "gpu_memory_utilization": UP,
         "max_model_len": DOWN,
     },
-    "profiling_oom": {"max_num_seqs": DOWN, "max_num_batched_tokens": DOWN, "gpu_memory_utilization": DOWN},
-    # (with the context the smaller cache holds, where a cut leaves it too small: steps.with_context_held)
+    # (a utilization cut with the context the smaller cache holds, where it leaves it too small:
+    # steps.with_context_held; only with the cut, ONLY_WITH)
+    "profiling_oom": {
+        "max_num_seqs": DOWN,
+        "max_num_batched_tokens": DOWN,
+        "gpu_memory_utilization": DOWN,
+        "max_model_len": DOWN,
+    },
     "cudagraph_capture_oom": {"enforce_eager": UP, "gpu_memory_utilization": DOWN, "max_model_len": DOWN},
-    "runtime_oom": {"gpu_memory_utilization": DOWN, "max_num_seqs": DOWN, "max_num_batched_tokens": DOWN},
+    "runtime_oom": {
+        "gpu_memory_utilization": DOWN,
+        "max_num_seqs": DOWN,
+        "max_num_batched_tokens": DOWN,
+        "max_model_len": DOWN,
+    },
     "multi_gpu_oom": {"max_model_len": DOWN, "gpu_memory_utilization": DOWN, "enforce_eager": UP},
     "host_ram_oom": {"memory_limit": UP, "cpu_offload_gb": DOWN, "kv_cache_memory_bytes": DOWN},
 }
@@ -64,6 +75,8 @@ ONLY_WITH: dict[tuple[str, str], str] = {
     ("weights_load_oom", "gpu_memory_utilization"): "tensor_parallel_size",
     ("weights_load_oom", "max_model_len"): "tensor_parallel_size",
     ("gpu_util_exceeds_free", "tensor_parallel_size"): "gpu_memory_utilization",
+    ("profiling_oom", "max_model_len"): "gpu_memory_utilization",
+    ("runtime_oom", "max_model_len"): "gpu_memory_utilization",
 }
 # Actions whose pods ask the scheduler for more than before (more GPUs, more memory).
 NEEDS_MORE_RESOURCES = frozenset({"IncreaseTensorParallel", "RaiseMemoryLimit"})
@@ -83,6 +96,9 @@ class Limits:
     bounds: HealBounds
     utilization_floor: float | None = None  # None: no known need; vLLM's own figures decide
     memory_limit_bytes: int | None = None  # the container's limit now (caps CPU offload when unbounded)
+    # the least utilization that ran out of memory outside the budget (while serving, or capturing graphs):
+    # no raise goes back to it (a KV heal after a runtime cut would bring the runtime OOM back)
+    ceiling: float | None = None
 
     @property
     def floor(self) -> float:
@@ -202,6 +218,12 @@ def check(
     try:
         if problem := bounds_problem(changes, after, limits):
             return problem
+        if limits.ceiling is not None and after.gpu_memory_utilization > engine.gpu_memory_utilization:
+            if after.gpu_memory_utilization >= limits.ceiling:
+                return (
+                    f"gpu_memory_utilization {after.gpu_memory_utilization} is at or above "
+                    f"{limits.ceiling}, which already ran out of memory outside the budget"
+                )
         now = {**engine.model_dump(), "model": model, "memory_limit": memory_limit}
         for name, direction in ((k, calls_for[k]) for k in changes):
             before, new = _as_number(name, now.get(name)), _as_number(name, changes[name])

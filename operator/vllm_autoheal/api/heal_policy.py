@@ -64,7 +64,9 @@ class HealBounds(Model):
         None,
         ge=0,
         le=MAX_OFFLOAD_GIB,
-        description=("Most cpuOffloadGb a heal may set (per GPU, as vLLM's flag); unset = half the container's memory limit shared by the pod's tensor x pipeline parallel ranks (pinned memory costs about twice the figure), none without a limit."),
+        description=(
+            "Most cpuOffloadGb a heal may set (per GPU, as vLLM's flag); unset = half the container's memory limit shared by the pod's tensor x pipeline parallel ranks (pinned memory costs about twice the figure), none without a limit."
+        ),
     )
     max_tensor_parallel_size: int | None = Field(
         None, ge=1, le=64, description=("Largest tensorParallelSize a heal may set; unset = never raise it.")

@@ -9,6 +9,8 @@ only while not ready with the heals spent, else Progressing.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -236,7 +238,20 @@ def history(tried: list[str], heals: list[dict[str, Any]], gpus: int | None = No
                 for c in h.get("changes") or []
             ),
             "other_split": gpus is not None and h.get("gpus") is not None and h.get("gpus") != gpus,
+            "ran_util": _before(h, "gpuMemoryUtilization"),  # (where the heal changed it: what the crash ran)
         }
         for h in heals
     ]
     return out
+
+
+def _before(heal: dict[str, Any], field: str) -> float | None:
+    """The value `field` had before the recorded heal changed it, where it did and it was a number."""
+    for change in heal.get("changes") or []:
+        if isinstance(change, dict) and change.get("field") == field:
+            try:
+                value = float(change.get("before"))
+            except (TypeError, ValueError):
+                return None
+            return value if math.isfinite(value) else None
+    return None

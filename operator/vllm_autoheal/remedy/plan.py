@@ -153,7 +153,8 @@ def plan_heal(
             inv = Inventory(**{**inv.__dict__, "gpu_free_gib": printed[-1] + CUDA_CONTEXT_GIB})
     total = device_total(diagnosis, inv)
     loaded = printed_figure(diagnosis, "weights_gib")
-    ctx = Context(spec, engine, diagnosis, inv, _limits(spec, engine, inv, total, loaded))
+    ceiling = outside_budget_ceiling(history)
+    ctx = Context(spec, engine, diagnosis, inv, _limits(spec, engine, inv, total, loaded, ceiling))
     allowed = set(spec.heal.allowed_actions) - set(exclude)
     refused: list[str] = []
     heal_as, steps = SUBTYPE_PLANS.get(diagnosis.subtype or "", (diagnosis.cause, PLANS[diagnosis.cause]))
@@ -190,15 +191,39 @@ def plan_heal(
     )
 
 
+# Causes whose memory ran out outside vLLM's budget: a higher utilization leaves them less room.
+OUTSIDE_BUDGET = frozenset({Cause.RUNTIME_OOM, Cause.CUDAGRAPH_CAPTURE_OOM})
+
+
+def outside_budget_ceiling(history: list[dict[str, Any]]) -> float | None:
+    """The least utilization an earlier crash outside the budget ran at (`ran_util`, on the split that runs
+    now), or None: a raise back to it brings that crash back."""
+    ran = [
+        float(h["ran_util"])
+        for h in history
+        if h.get("cause") in OUTSIDE_BUDGET
+        and isinstance(h.get("ran_util"), (int, float))
+        and not h.get("other_split")
+        and not h.get("resplit")
+    ]
+    return min(ran, default=None)
+
+
 def _limits(
-    spec: VLLMServiceSpec, engine: EngineArgs, inv: Inventory, total: float | None, loaded: float | None
+    spec: VLLMServiceSpec,
+    engine: EngineArgs,
+    inv: Inventory,
+    total: float | None,
+    loaded: float | None,
+    ceiling: float | None = None,
 ) -> Limits:
     """The bounds for flags `engine`: the utilization floor its weights set, and never below the weights
-    vLLM printed it loaded (`loaded`, per GPU of that engine's split): less is a certain crash."""
+    vLLM printed it loaded (`loaded`, per GPU of that engine's split): less is a certain crash. `ceiling`:
+    the least utilization that ran out of memory outside the budget on this split (outside_budget_ceiling)."""
     floor = utilization_floor(spec.heal.bounds, engine, inv.shape, total, inv.entrypoint, inv.gpu_name, inv.release)
     if loaded and total:
         floor = max(floor or 0.0, min(1.0, math.ceil(loaded / total * 100) / 100))
-    return Limits(spec.heal.bounds, floor, inv.memory_limit_bytes)
+    return Limits(spec.heal.bounds, floor, inv.memory_limit_bytes, ceiling)
 
 
 def _with_room_for_graphs(

@@ -362,10 +362,11 @@ def lower_utilization_step(ctx: Context) -> Remedy | None:
     if new < ctx.floor:
         return None
     basis = f"{tried:g} GiB failed to allocate" if tried else "no allocation size was printed"
+    changes, why = with_context_held(ctx, new)
     return Remedy(
         "LowerGpuMemoryUtilization",
-        {"gpu_memory_utilization": new},
-        f"{basis}; utilization {ctx.engine.gpu_memory_utilization} -> {new} leaves that much headroom.",
+        changes,
+        f"{basis}; utilization {ctx.engine.gpu_memory_utilization} -> {new} leaves that much headroom.{why}",
     )
 
 
