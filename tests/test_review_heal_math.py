@@ -17,8 +17,6 @@ vLLM facts the tests lean on (read in vLLM's source and the H200 ground truth):
 
 from __future__ import annotations
 
-import pytest
-
 from vllm_autoheal.api import EngineArgs, HealBounds, VLLMServiceSpec
 from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.gpu_catalog import lookup

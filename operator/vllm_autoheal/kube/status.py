@@ -10,7 +10,6 @@ only while not ready with the heals spent, else Progressing.
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
