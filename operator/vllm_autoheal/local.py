@@ -341,7 +341,7 @@ class Supervisor:
             last = (diag, before, PROGRESS.get(diag.phase, -1))
             engine = remedy.apply(engine)
             self.say(f"healed {diag.cause}: {evidence} -> {remedy.flags()} ({remedy.reason})")
-            heal = {"cause": diag.cause, "action": remedy.action, "numbers": diag.numbers}
+            heal: dict[str, Any] = {"cause": diag.cause, "action": remedy.action, "numbers": diag.numbers}
             heal["ran_util"] = before.gpu_memory_utilization  # (what it ran at: plan.outside_budget_ceiling)
             heals.append(heal)
             self.record(

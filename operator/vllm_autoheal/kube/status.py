@@ -249,8 +249,8 @@ def _before(heal: dict[str, Any], field: str) -> float | None:
     for change in heal.get("changes") or []:
         if isinstance(change, dict) and change.get("field") == field:
             try:
-                value = float(change.get("before"))
-            except (TypeError, ValueError):
+                value = float(str(change.get("before")))
+            except ValueError:
                 return None
             return value if math.isfinite(value) else None
     return None

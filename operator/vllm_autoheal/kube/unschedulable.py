@@ -189,7 +189,7 @@ def _read(kube: Kube, ns: str, name: str) -> tuple[Read, dict[str, Any] | None]:
     items = kube.request(
         "GET", f"/api/v1/namespaces/{ns}/pods", query=[("labelSelector", f"{resources.SERVICE_LABEL}={name}")]
     ).get("items", [])
-    template, uid = fp(intent.target), str((vsvc.get("metadata") or {}).get("uid"))
+    template, uid = fp(intent.target), str(((vsvc or {}).get("metadata") or {}).get("uid"))
     stuck = stuck_since(items, name, template, lambda p: ownership.run_by_service(kube, ns, name, p, uid))
     return Read(at, wall, intent, template, stuck, obj.spec.heal.unschedulable_seconds, service_uid=uid), vsvc
 
