@@ -75,7 +75,7 @@ def test_renders_and_validates_offline(helm, tmp_path, name):
 
     docs = template(helm, tmp_path, VALUE_SETS[name])
     for doc in docs:
-        if doc["apiVersion"].startswith("monitoring.coreos.com"):
+        if doc["apiVersion"].startswith(("monitoring.coreos.com", "kopf.dev")):
             continue  # a custom resource: kubernetes-validate knows built-in kinds only
         kubernetes_validate.validate(doc, "1.31.0", strict=True)
     dep = by_kind(docs, "Deployment")[0]
@@ -98,8 +98,14 @@ def test_renders_and_validates_offline(helm, tmp_path, name):
     if name == "ha":
         assert dep["spec"]["replicas"] == 3 and any(a.startswith("--peering=") for a in c["args"])
         assert any("clusterkopfpeerings" in r["resources"] for r in rules)
+        # (kopf waits for the peering object --peering names, and never makes it)
+        named = next(a.split("=", 1)[1] for a in c["args"] if a.startswith("--peering="))
+        assert [(p["kind"], p["metadata"]["name"]) for p in by_kind(docs, "ClusterKopfPeering")] == [
+            ("ClusterKopfPeering", named)
+        ]
     else:
         assert not any(a.startswith("--peering=") for a in c["args"])
+        assert not by_kind(docs, "ClusterKopfPeering") and not by_kind(docs, "KopfPeering")
     if name == "monitoring":
         sm = by_kind(docs, "ServiceMonitor")[0]
         assert sm["metadata"]["labels"]["release"] == "prom"

@@ -12,7 +12,10 @@ import kmock as kmocklib
 import kopf
 import pytest
 
+from test_chart import template
 from test_operator_on_crd_server import _fresh, split  # noqa: F401 - the split cluster's fixture
+from vllm_autoheal.cli import build_parser
+from vllm_autoheal.cli_commands import peering_options
 from vllm_autoheal.kube.client import MERGE
 
 from operator_harness import TEST_CONFIG, Cluster, Emulator, flag, setup_emulator, vsvc_path, wait_for
@@ -55,11 +58,6 @@ async def test_a_persons_revert_of_a_heal_still_rolling_out_is_deployed(cluster)
 # --- a VLLMService deleted and made again under the same name --------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ownership's chain cache maps a ReplicaSet uid to the service's NAME: after a delete and "
-    "re-create, a pod of the old service's ReplicaSet still counts as the new service's and its crash heals it",
-)
 async def test_a_crash_of_the_old_services_pod_does_not_heal_a_service_made_again_under_its_name(cluster, monkeypatch):
     """`kubectl replace --force`, a Helm reinstall, a GitOps re-create: the old service's pods are still
     terminating (the garbage collector removes its Deployment first, then its ReplicaSet and pods) when
@@ -102,8 +100,6 @@ async def test_a_crash_of_the_old_services_pod_does_not_heal_a_service_made_agai
 
 # --- two replicas: the chart's HA mode ----------------------------------------------------------
 
-PEERING = "vllm-autoheal"  # the chart's --peering=<fullname> when replicas > 1 (templates/deployment.yaml)
-
 
 def serve_peering_crds(kmock) -> None:
     """The kopf.dev CRDs the chart installs (crds/kopf-peering.yaml)."""
@@ -116,27 +112,31 @@ def serve_peering_crds(kmock) -> None:
     )
 
 
+def ha_install(helm: str, tmp_path) -> tuple[list[str], list[dict]]:
+    """What `helm install --set replicas=2` deploys of the operator: its container's arguments and the
+    kopf.dev objects of its templates."""
+    docs = template(helm, tmp_path, {"replicas": 2})
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    return args, [d for d in docs if d["apiVersion"].startswith("kopf.dev/")]
+
+
 @contextlib.asynccontextmanager
-async def replicas(count: int):
-    """`count` operator processes as the chart runs them with replicas > 1: cli_commands.operator's
-    kopf.run(standalone=not args.peering, peering_name=args.peering), no --priority (every one 0)."""
+async def replicas(count: int, args: list[str]):
+    """`count` operator processes as the chart runs them: each parses the chart's arguments as
+    cli_commands.run_operator does and runs kopf with its peering_options (each draws its priority)."""
     import vllm_autoheal.kube.handlers  # noqa: F401 - registers the handlers
 
+    parsed = [build_parser().parse_args(args) for _ in range(count)]
     stops = [threading.Event() for _ in range(count)]
     threads = [
         threading.Thread(
-            target=lambda stop=stop: asyncio.run(
-                kopf.operator(
-                    clusterwide=True,
-                    standalone=False,
-                    peering_name=PEERING,
-                    stop_flag=stop,
-                    memo=kopf.Memo(config=TEST_CONFIG),
-                )
+            target=lambda stop=stop, a=a: asyncio.run(
+                kopf.operator(**peering_options(a), stop_flag=stop, memo=kopf.Memo(config=TEST_CONFIG))
             ),
             daemon=True,
         )
-        for stop in stops
+        for stop, a in zip(stops, parsed, strict=True)
     ]
     for thread in threads:
         thread.start()
@@ -160,36 +160,30 @@ async def _served(c: Cluster, name: str) -> bool:
     return True
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="replicas > 1 passes --peering=<name> but the chart makes no peering object of that name: "
-    "kopf's mandatory peering starts paused and waits for it forever, so no replica serves",
-)
-async def test_the_charts_ha_install_serves_vllmservices(kmock):
-    """What `helm install --set replicas=2` deploys: the peering CRDs, two operators with --peering, and
-    nothing else of kopf's (no ClusterKopfPeering object)."""
+async def test_the_charts_ha_install_serves_vllmservices(kmock, helm, tmp_path):
+    """`helm install --set replicas=2`: the peering CRDs, the ClusterKopfPeering its templates make (kopf
+    waits for the one --peering names and never makes it), and two operators of its arguments. kopf's
+    peering is no leader election: replicas of one priority all pause, so each draws its own, and the
+    highest live one serves."""
+    args, peerings = ha_install(helm, tmp_path)
+    assert any(a.startswith("--peering=") for a in args) and "--priority" not in " ".join(args)
+    assert [p["kind"] for p in peerings] == ["ClusterKopfPeering"]
     setup_emulator(kmock)
     serve_peering_crds(kmock)
     c = Cluster(kmock)
-    async with replicas(2):
+    for peering in peerings:
+        await c.call("POST", "/apis/kopf.dev/v1/clusterkopfpeerings", peering)
+    async with replicas(2, args):
         assert await _served(c, "ha-chart"), "no operator replica serves"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the chart gives every replica the same kopf priority (0): kopf's peering then pauses ALL of "
-    "them ('Pausing all operators, including self'), so the HA install serves nothing",
-)
-async def test_two_replicas_with_their_peering_object_leave_one_serving(kmock):
-    """Even with the ClusterKopfPeering object made by hand: kopf's peering is no leader election. Two
-    operators of one priority each see a same-priority peer and freeze; one must stay active."""
-    setup_emulator(kmock)
-    serve_peering_crds(kmock)
-    c = Cluster(kmock)
-    peering = {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": PEERING}}
-    await c.call("POST", "/apis/kopf.dev/v1/clusterkopfpeerings", peering)
-    async with replicas(2):
-        assert await _served(c, "ha-peered"), "no operator replica serves"
+def test_replicas_draw_their_own_priority_and_a_given_one_is_kept():
+    chart = ["operator", "--peering=vllm-autoheal"]
+    drawn = {peering_options(build_parser().parse_args(chart))["priority"] for _ in range(20)}
+    assert len(drawn) > 1 and all(p > 0 for p in drawn)
+    assert peering_options(build_parser().parse_args([*chart, "--priority", "7"]))["priority"] == 7
+    standalone = peering_options(build_parser().parse_args(["operator"]))
+    assert standalone["standalone"] and standalone["priority"] is None
 
 
 # --- two writers of one crash: the operator's rolling update ------------------------------------

@@ -114,7 +114,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--peering",
         metavar="NAME",
-        help="kopf peering name, for several replicas (HA); default: standalone (one replica)",
+        help="kopf peering name, for several replicas (HA; the chart makes its peering object); "
+        "default: standalone (one replica)",
+    )
+    p.add_argument(
+        "--priority",
+        type=int,
+        metavar="N",
+        help="kopf peering priority: the live replica of the highest is active, the others wait; replicas of "
+        "one priority all pause. Default with --peering: a random one, so that each replica has its own",
     )
     p.add_argument("--metrics-port", type=_port, default=8080, help="Prometheus /metrics port (default 8080)")
     p.add_argument("--health-port", type=_port, default=8081, help="liveness /healthz port (default 8081)")

@@ -6,10 +6,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import stat
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .api import EngineArgs
@@ -339,11 +340,24 @@ def run_operator(args: argparse.Namespace) -> int:
     metrics.serve(args.metrics_port)
     configure_logging(args.log_format, args.verbose)
     kopf.run(
-        clusterwide=not args.namespace,
-        namespaces=args.namespace or (),
-        standalone=not args.peering,
-        peering_name=args.peering or None,
+        **peering_options(args),
         liveness_endpoint=f"http://0.0.0.0:{args.health_port}/healthz",
         memo=kopf.Memo(config=config),
     )
     return 0
+
+
+def peering_options(args: argparse.Namespace) -> dict[str, Any]:
+    """kopf's scope and peering for these arguments. kopf's peering is no leader election: a replica
+    that sees a live peer of its own priority pauses, itself included, so replicas of one Deployment
+    (one set of arguments) each draw their own priority; the highest live one is active."""
+    priority = args.priority
+    if priority is None and args.peering:
+        priority = secrets.randbelow(2**31 - 2) + 1
+    return {
+        "clusterwide": not args.namespace,
+        "namespaces": args.namespace or (),
+        "standalone": not args.peering,
+        "peering_name": args.peering or None,
+        "priority": priority,
+    }
