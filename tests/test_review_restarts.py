@@ -190,11 +190,6 @@ def test_replicas_draw_their_own_priority_and_a_given_one_is_kept():
 
 
 @pytest.mark.crdserver
-@pytest.mark.xfail(
-    strict=True,
-    reason="a replica whose record of a crash loses the 409 race to another replica that recorded the same "
-    "crash still posts OOMDetected/Healed (and counts the heal in its metrics): the Events are doubled",
-)
 async def test_a_crash_another_replica_recorded_first_posts_no_events_here(split, monkeypatch):  # noqa: F811
     """The chart's Deployment (replicas: 1, standalone, the default RollingUpdate strategy: the new pod
     starts before the old one stops) runs two operators for a while at every upgrade; both see a crash

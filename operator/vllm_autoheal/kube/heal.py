@@ -139,7 +139,10 @@ def _intent_fields(obj: VLLMService, intent: HealIntent) -> dict[str, Any]:
 def record(
     kube: Kube, incident: Incident, fresh: dict[str, Any], cfg: OperatorConfig, expected: str
 ) -> dict[str, Any] | None:
-    """The one status write that records the crash with its plan (None: already recorded)."""
+    """The one status write that records the crash with its plan (None: already recorded). Each try of
+    the write plans afresh: a plan of a try the API server refused (409: another replica, in a rolling
+    update of the operator, recorded the crash first) is no heal of this one, nor its Events."""
+    incident.remedy = None
     obj = parse(fresh)
     cur, cid = obj.status, incident.crash_id
     finished = pods.finished_at(incident.crash)

@@ -362,6 +362,7 @@ def blocked(
     model = ModelLookup.of(kube, obj) if revert else None
 
     def change(fresh_body: dict[str, Any]) -> dict[str, Any] | None:
+        acted.clear()  # (a try the API server refused acted on nothing: another replica may have reported it)
         fresh = parse(fresh_body)
         if not _same(fresh, intent):
             return None
