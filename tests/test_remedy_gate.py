@@ -42,7 +42,7 @@ LIMITS = Limits(
         ("runtime_oom", {"gpu_memory_utilization": math.nan}, "not a finite number"),
         ("host_ram_oom", {"kv_cache_memory_bytes": 10**30}, "less than or equal"),  # the CRD's range
         ("weights_load_oom", {"cpu_offload_gb": 1.49e53}, "less than or equal"),
-        ("weights_load_oom", {"cpu_offload_gb": 20.0}, "above its bound 16"),  # half the memory limit (pinned)
+        ("weights_load_oom", {"cpu_offload_gb": 20.0}, "more than the container's memory limit holds"),  # (16)
         ("runtime_oom", {"gpu_memory_utilization": 0.26}, "below its bound 0.3"),
         ("runtime_oom", {"gpu_memory_utilization": -4.08}, "greater than 0"),
         ("runtime_oom", {"gpu_memory_utilization": 0.93}, "does not move the way runtime_oom calls for"),

@@ -31,9 +31,6 @@ GIB = 2**30
 # --- CPU offload: the new cap blocks lowering it -----------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True, reason="max_cpu_offload_gb is 0 without a memory limit: the gate refuses lowering the offload"
-)
 def test_a_host_oom_kill_lowers_a_set_cpu_offload_without_a_memory_limit():
     """Input: a GPU pod (H100) with cpuOffloadGb 40 and no memory limit is killed by the node's OOM killer
     ("Out of memory: Killed process"); default bounds and allowedActions.
@@ -61,9 +58,6 @@ def test_a_host_oom_kill_lowers_a_set_cpu_offload_without_a_memory_limit():
 # --- a GPU free-memory refusal with kv_cache_memory_bytes set: no heal left ---------------------------
 
 
-@pytest.mark.xfail(
-    strict=True, reason="kv_cache_memory_bytes set + GPU free refusal: no step sizes the share to free; gives up"
-)
 def test_a_free_memory_refusal_with_a_kv_size_set_is_healed_by_the_share():
     """Input: the real H200 refusal (38.69 of 139.8 GiB free, utilization 0.9) of an engine with
     kvCacheMemoryBytes 8 GiB, Llama-3.1-8B known, max_model_len 8192, default bounds.
@@ -90,9 +84,6 @@ def test_a_free_memory_refusal_with_a_kv_size_set_is_healed_by_the_share():
 # --- a runtime cut whose context cannot be held goes alone -------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True, reason="lower_utilization_step ships the cut alone where the context may not be shortened"
-)
 @pytest.mark.parametrize(
     "heal",
     [
@@ -126,7 +117,6 @@ def test_a_runtime_cut_whose_context_cannot_be_held_is_not_taken(heal):
 KV_L4_40K = KV_L4.replace("(131072)", "(40000)").replace("16.00 GiB", "4.88 GiB")
 
 
-@pytest.mark.xfail(strict=True, reason="a capture OOM's ceiling still caps the share once enforce_eager is set")
 def test_a_capture_ceiling_does_not_outlive_the_graphs():
     """Input: status.heals holds a cudagraph_capture_oom record (room_for_graphs cut 0.93 -> 0.9, one GPU);
     the user then edits the spec to enforceEager true and maxModelLen 40,000 (status.tried and attempts
@@ -156,7 +146,6 @@ def test_a_capture_ceiling_does_not_outlive_the_graphs():
     assert "max_model_len" not in r.changes, r.summary()
 
 
-@pytest.mark.xfail(strict=True, reason="serve's heals carry no split: a TP=1 runtime ceiling caps the TP=2 engine")
 def test_serve_s_ceiling_is_of_the_split_that_runs_now():
     """Input: `serve` (local.py) records each heal as {cause, action, numbers, ran_util}: a runtime OOM at
     TP 1, utilization 0.92, then a heal IncreaseTensorParallel to TP 2 (at 0.9). At TP 2, eager, vLLM
@@ -174,10 +163,16 @@ def test_serve_s_ceiling_is_of_the_split_that_runs_now():
         heal={"bounds": {"maxTensorParallelSize": 2}},
     )
     engine = spec.engine.model_copy(update={"tensor_parallel_size": 2})
-    # (as local.Supervisor.serve appends them)
+    # (as local.Supervisor.serve appends them: what each crash ran at, and on how many GPUs)
     history = [
-        {"cause": "runtime_oom", "action": "LowerGpuMemoryUtilization", "numbers": {}, "ran_util": 0.92},
-        {"cause": "kv_cache_insufficient", "action": "IncreaseTensorParallel", "numbers": {}, "ran_util": 0.9},
+        {"cause": "runtime_oom", "action": "LowerGpuMemoryUtilization", "numbers": {}, "ran_util": 0.92, "ran_gpus": 1},
+        {
+            "cause": "kv_cache_insufficient",
+            "action": "IncreaseTensorParallel",
+            "numbers": {},
+            "ran_util": 0.9,
+            "ran_gpus": 1,
+        },
     ]
     d = classify(Signals(log=KV_L4_40K, exit_code=1))
     r = plan_heal(

@@ -342,7 +342,8 @@ class Supervisor:
             engine = remedy.apply(engine)
             self.say(f"healed {diag.cause}: {evidence} -> {remedy.flags()} ({remedy.reason})")
             heal: dict[str, Any] = {"cause": diag.cause, "action": remedy.action, "numbers": diag.numbers}
-            heal["ran_util"] = before.gpu_memory_utilization  # (what it ran at: plan.outside_budget_ceiling)
+            gpus = before.tensor_parallel_size * before.pipeline_parallel_size
+            heal.update(ran_util=before.gpu_memory_utilization, ran_gpus=gpus)  # (plan.outside_budget_ceiling)
             heals.append(heal)
             self.record(
                 event="heal",

@@ -162,7 +162,7 @@ def bounds_problem(changes: dict[str, Any], after: EngineArgs, limits: Limits) -
         ("max_num_seqs", after.max_num_seqs, b.min_max_num_seqs, None),
         ("max_num_batched_tokens", after.max_num_batched_tokens, b.min_max_num_batched_tokens, None),
         ("kv_cache_memory_bytes", after.kv_cache_memory_bytes, b.min_kv_cache_memory_bytes, None),
-        ("cpu_offload_gb", after.cpu_offload_gb, 0, limits.max_cpu_offload_gb(after)),
+        ("cpu_offload_gb", after.cpu_offload_gb, 0, b.max_cpu_offload_gb),
         ("tensor_parallel_size", after.tensor_parallel_size, 1, b.max_tensor_parallel_size or 1),
     ]
     for name, value, low, high in checks:
@@ -218,6 +218,9 @@ def check(
     try:
         if problem := bounds_problem(changes, after, limits):
             return problem
+        offload = after.cpu_offload_gb or 0.0
+        if offload > (engine.cpu_offload_gb or 0.0) and offload > limits.max_cpu_offload_gb(after):
+            return f"cpu_offload_gb {offload:g} per GPU is more than the container's memory limit holds"
         if limits.ceiling is not None and after.gpu_memory_utilization > engine.gpu_memory_utilization:
             if after.gpu_memory_utilization >= limits.ceiling:
                 return (

@@ -153,7 +153,7 @@ def plan_heal(
             inv = Inventory(**{**inv.__dict__, "gpu_free_gib": printed[-1] + CUDA_CONTEXT_GIB})
     total = device_total(diagnosis, inv)
     loaded = printed_figure(diagnosis, "weights_gib")
-    ceiling = outside_budget_ceiling(history)
+    ceiling = outside_budget_ceiling(history, engine.tensor_parallel_size * engine.pipeline_parallel_size)
     ctx = Context(spec, engine, diagnosis, inv, _limits(spec, engine, inv, total, loaded, ceiling))
     allowed = set(spec.heal.allowed_actions) - set(exclude)
     refused: list[str] = []
@@ -195,16 +195,20 @@ def plan_heal(
 OUTSIDE_BUDGET = frozenset({Cause.RUNTIME_OOM, Cause.CUDAGRAPH_CAPTURE_OOM})
 
 
-def outside_budget_ceiling(history: list[dict[str, Any]]) -> float | None:
-    """The least utilization an earlier crash outside the budget ran at (`ran_util`, on the split that runs
-    now), or None: a raise back to it brings that crash back."""
+def outside_budget_ceiling(history: list[dict[str, Any]], gpus: int) -> float | None:
+    """The least utilization an earlier crash outside the budget ran at (`ran_util`), or None: a raise back
+    to it brings that crash back. Only a crash on the split that runs now (`gpus` a replica), and of a
+    cause whose utilization cut was tried since the last edit (history's tried entries, which an edit
+    clears; serve's heals are its own run's): an edit (eager mode, another context) may have ended it."""
+    cut = {h.get("cause") for h in history if h.get("action") == "LowerGpuMemoryUtilization"}
     ran = [
         float(h["ran_util"])
         for h in history
-        if h.get("cause") in OUTSIDE_BUDGET
+        if h.get("cause") in OUTSIDE_BUDGET & cut
         and isinstance(h.get("ran_util"), (int, float))
         and not h.get("other_split")
         and not h.get("resplit")
+        and h.get("ran_gpus", gpus) == gpus
     ]
     return min(ran, default=None)
 

@@ -61,8 +61,8 @@ def share_of_free(ctx: Context) -> tuple[float, float, str, bool] | None:
         if free is None or probed < free:  # (one rank printed its GPU's figure; another's may hold less)
             free, basis = probed, f"the least free on the pod's GPUs at start was {probed:.2f} of {total:g} GiB"
             printed = True  # (this crash's own figure too: a later crash's cuts again where others grew)
-    if free is None or ctx.engine.kv_cache_memory_bytes:
-        return None  # with kv_cache_memory_bytes set, utilization does not size the KV cache
+    if free is None:  # (with kv_cache_memory_bytes set too: vLLM checks total x utilization against free first)
+        return None
     # The printed free figure already excludes vLLM's own CUDA context. On a GPU keep room for the
     # CUDA graphs (where captured outside the budget) plus 0.5 GiB and 1%; free host memory moves
     # between runs (page cache, NUMA accounting), so on the CPU backend keep a quarter back.
@@ -363,6 +363,9 @@ def lower_utilization_step(ctx: Context) -> Remedy | None:
         return None
     basis = f"{tried:g} GiB failed to allocate" if tried else "no allocation size was printed"
     changes, why = with_context_held(ctx, new)
+    est = _at(ctx, new)
+    if "max_model_len" not in changes and est is not None and est.max_model_len_fit < est.max_model_len:
+        return None  # (the smaller cache holds no request of the context, which may not be shortened)
     return Remedy(
         "LowerGpuMemoryUtilization",
         changes,
