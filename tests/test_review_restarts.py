@@ -31,11 +31,6 @@ def status(obj: dict) -> dict:
 # --- a person's revert of a heal that is still rolling out ------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a hand revert of a PatchSpec heal while it rolls out is taken for the heal's own 'previous' "
-    "flags: no new baseline, and status.effective (the heal) stays deployed over the reverted spec",
-)
 async def test_a_persons_revert_of_a_heal_still_rolling_out_is_deployed(cluster):
     """PatchSpec: the heal lowered max_model_len and its pods are still starting (a large model loads
     for minutes, so status.inFlight stays set). The person reverts the spec by hand to the flags

@@ -229,7 +229,12 @@ def person_edited(obj: VLLMService) -> bool:
     if cur.baseline == spec.engine and unhealed_since_baseline(obj):
         return False  # status.effective is pre-flight's fitting flags for this very spec (Fix mode)
     ours = (obj.metadata.get("annotations") or {}).get(HEALED_ENGINE)
-    if cur.in_flight is not None and spec.engine in (cur.in_flight.target.engine, cur.in_flight.previous.engine):
+    # (the heal's own flags; before its spec patch is applied, still the flags it heals from. Once it
+    # is, those are a person's revert: a rollout still under way changes nothing about that)
+    if cur.in_flight is not None and spec.engine in (
+        cur.in_flight.target.engine,
+        *(() if cur.in_flight.applied else (cur.in_flight.previous.engine,)),
+    ):
         return False
     return (
         cur.effective is not None
