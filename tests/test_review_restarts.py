@@ -122,22 +122,22 @@ async def replicas(count: int, args: list[str]):
     cli_commands.run_operator does and runs kopf with its peering_options (each draws its priority)."""
     import vllm_autoheal.kube.handlers  # noqa: F401 - registers the handlers
 
-    parsed = [build_parser().parse_args(args) for _ in range(count)]
+    options = [peering_options(build_parser().parse_args(args)) for _ in range(count)]
     stops = [threading.Event() for _ in range(count)]
     threads = [
         threading.Thread(
-            target=lambda stop=stop, a=a: asyncio.run(
-                kopf.operator(**peering_options(a), stop_flag=stop, memo=kopf.Memo(config=TEST_CONFIG))
+            target=lambda stop=stop, o=o: asyncio.run(
+                kopf.operator(**o, stop_flag=stop, memo=kopf.Memo(config=TEST_CONFIG))
             ),
             daemon=True,
         )
-        for stop, a in zip(stops, parsed, strict=True)
+        for stop, o in zip(stops, options, strict=True)
     ]
     for thread in threads:
         thread.start()
     try:
         await asyncio.sleep(0.5)
-        yield
+        yield [(o["priority"], stop) for o, stop in zip(options, stops, strict=True)]
     finally:
         for stop in stops:
             stop.set()
@@ -168,8 +168,11 @@ async def test_the_charts_ha_install_serves_vllmservices(kmock, helm, tmp_path):
     c = Cluster(kmock)
     for peering in peerings:
         await c.call("POST", "/apis/kopf.dev/v1/clusterkopfpeerings", peering)
-    async with replicas(2, args):
+    async with replicas(2, args) as running:
         assert await _served(c, "ha-chart"), "no operator replica serves"
+        # the active one (the highest priority) leaves as a rolling update stops it: the other takes over
+        max(running, key=lambda r: r[0])[1].set()
+        assert await _served(c, "ha-chart-after"), "the standby replica did not take over"
 
 
 def test_replicas_draw_their_own_priority_and_a_given_one_is_kept():
