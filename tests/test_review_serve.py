@@ -79,10 +79,6 @@ def parsed(monkeypatch, argv: list[str]) -> tuple[int, list]:
 # --- flags as vLLM spells them ------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="-tp/-q after an unknown switch is taken as the switch's value; serve refuses it, telling the user to spell what they spelled",
-)
 @pytest.mark.parametrize(
     "flags, field, value",
     [

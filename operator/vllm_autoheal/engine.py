@@ -311,8 +311,9 @@ def parse_args(argv: list[str] | str) -> ParsedCommand:
         if flag is None:
             extra.append(token)
             i += 1
-            # An unknown flag's value travels with it (a following non-flag token).
-            if not eq and token.startswith("-") and i < len(rest) and not rest[i].startswith("--"):
+            # An unknown flag's value travels with it (a following non-flag token: a short flag such as
+            # -tp after a switch is a flag, a negative number a value).
+            if not eq and token.startswith("-") and i < len(rest) and not _is_flag(rest[i]):
                 extra.append(rest[i])
                 i += 1
             continue
@@ -340,6 +341,10 @@ def parse_args(argv: list[str] | str) -> ParsedCommand:
         )
         raise EngineArgsError(problems) from None
     return ParsedCommand(model=model, engine=engine)
+
+
+def _is_flag(token: str) -> bool:
+    return token.startswith("--") or (len(token) > 1 and token[0] == "-" and token[1].isalpha())
 
 
 def _typed(token: str) -> tuple[Flag | None, bool]:
