@@ -95,10 +95,6 @@ def test_a_short_alias_after_an_unknown_switch_is_read_as_its_flag(monkeypatch, 
     assert getattr(seen[0].spec.engine, field) == value
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="serve passes --config through, and the flags it always passes override the file's (vLLM: CLI over config)",
-)
 def test_a_config_file_is_refused_like_the_crd_refuses_it(tmp_path, monkeypatch, capsys):
     """serve always passes --gpu-memory-utilization, --tensor-parallel-size and --pipeline-parallel-size
     on the command line, which vLLM reads over a --config file's: a file's `tensor-parallel-size: 4` runs
@@ -139,10 +135,6 @@ http.server.HTTPServer(("127.0.0.1", port), Handler).serve_forever()
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="--once asks for its completion without the server's API key: vLLM answers 401 and serve exits 1",
-)
 @pytest.mark.parametrize("how", ["flag", "env"])
 def test_once_with_an_api_key_asks_with_the_key(tmp_path, monkeypatch, how):
     """`serve --once --api-key K` (or VLLM_API_KEY=K, which vLLM reads the same) starts a server that
@@ -187,10 +179,6 @@ srv.serve_forever()
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="serve asks http:// of a server started with --ssl-certfile: never healthy, killed at the startup timeout",
-)
 def test_a_server_started_with_tls_is_asked_over_tls(tmp_path, monkeypatch):
     """vLLM serves HTTPS with --ssl-keyfile/--ssl-certfile; serve polls http://HOST:PORT/health, which a
     TLS server never answers, so a working server is stopped after --startup-timeout (30 minutes by
@@ -240,10 +228,6 @@ class _Other(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="another server answering /health on the port is taken for this vLLM: 'healthy', recorded, --once exits 0",
-)
 def test_a_port_another_server_answers_on_is_not_this_servers_health(tmp_path, monkeypatch):
     """A second `serve` on a port in use (an earlier `serve` still running in another terminal): the
     other server answers /health 200 at once, so serve says "healthy", records the flags as healthy,
@@ -277,10 +261,6 @@ time.sleep(600)
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="SIGHUP (ssh session or terminal closed) kills serve outright; vLLM, in its own session, is left running",
-)
 def test_a_hangup_stops_vllm_too(tmp_path, monkeypatch):
     """vLLM runs in a session of its own (start_new_session), so the terminal's SIGHUP reaches only
     serve, which has no handler for it and dies without its `finally: stop()`: vLLM (and its GPU
@@ -323,10 +303,6 @@ sys.exit(1)
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a closed stdout (a log pipe that died) makes serve's own print raise BrokenPipeError: exit 0, nothing supervised",
-)
 def test_a_closed_output_pipe_neither_ends_supervision_nor_reads_as_success(tmp_path, monkeypatch):
     """`vllm-autoheal serve ... | tee serve.log` where the reader is gone: serve's next line of its own
     (`starting:`, `healed ...`) raises BrokenPipeError, which main() turns into exit 0: here vLLM is never

@@ -201,7 +201,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from .api import HealBounds, HealPolicy, VLLMServiceSpec
-    from .engine import EngineArgsError, abbreviated_flag, flag_name, parse_args
+    from .engine import EngineArgsError, abbreviated_flag, flag_name, forbidden, parse_args
     from .local import ServeOptions, default_history_path, supervise
 
     try:
@@ -242,6 +242,15 @@ def run_serve(args: argparse.Namespace) -> int:
         spelled, flag = abbreviated
         print(
             f"vllm-autoheal serve: {spelled!r} is read by vLLM as {flag.cli}: spell it {flag.cli}, the flag a heal changes",
+            file=sys.stderr,
+        )
+        return 2
+    # A flags file: vLLM reads the command line over it, so the flags serve always passes (utilization, the
+    # split) would override the file's, and the planner would not see them.
+    if config := next((t for t in extra if (e := forbidden(t)) is not None and e.cli == "--config"), None):
+        print(
+            f"vllm-autoheal serve: {config.split('=', 1)[0]!r}: a flags file hides its flags from the heal and "
+            "the flags serve passes override it: give each flag on the command line",
             file=sys.stderr,
         )
         return 2

@@ -8,7 +8,6 @@ file, so a later `serve` of the same command starts from the flags that worked.
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import signal
@@ -16,8 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,12 +24,13 @@ from . import cgroups, serve_sizing
 from .api import EngineArgs, VLLMServiceSpec
 from .diagnosis import Signals, classify
 from .engine import describe, redacted, to_command
-from .engine_death import DeathWatch, direct_opener, engine_dead, health_status
+from .engine_death import DeathWatch, engine_dead, health_status
 from .gpu_probe import snapshot
 from .launcher import OutputKeeper, pump
 from .model_shape import ModelShape
 from .remedy import plan_heal
 from .remedy_gate import Limits, fingerprint
+from .serve_client import base_url, complete_one
 from .serve_history import append_record, read_records, recorded, remembered
 from .vllm_command import VllmUnavailable, vllm_start
 
@@ -85,7 +83,10 @@ class Supervisor:
         self._shape_read = False
 
     def say(self, text: str) -> None:
-        print(f"[vllm-autoheal] {text}", file=self.out, flush=True)
+        try:
+            print(f"[vllm-autoheal] {text}", file=self.out, flush=True)
+        except (OSError, ValueError):  # (its reader is gone, `| tee` that died: supervising goes on)
+            pass
 
     # --- history -------------------------------------------------------------------
     def first_engine(self) -> EngineArgs:
@@ -183,30 +184,16 @@ class Supervisor:
 
     @property
     def base_url(self) -> str:
-        """Where this machine reaches the server: a wildcard address (all interfaces) is asked on
-        the loopback, an IPv6 literal in brackets."""
-        host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.opts.host, self.opts.host)
-        return f"http://{f'[{host}]' if ':' in host else host}:{self.opts.port}"
+        return base_url(self.opts.host, self.opts.port, self.opts.spec.engine.extra_args)
 
     def healthy(self) -> bool:
         return health_status(self.health_url) == 200
 
     def complete_one(self) -> bool:
         name = self.opts.spec.served_model_name or self.opts.model
-        body = json.dumps({"model": name, "prompt": "Hello", "max_tokens": 4}).encode()
-        req = urllib.request.Request(
-            f"{self.base_url}/v1/completions",
-            data=body,
-            headers={"Content-Type": "application/json"},
-        )
-        try:
-            with direct_opener().open(req, timeout=120) as r:
-                text = json.loads(r.read())["choices"][0]["text"]
-            self.say(f"completion ok: {text!r}")
-            return True
-        except (urllib.error.URLError, OSError, ValueError, KeyError) as exc:
-            self.say(f"completion failed: {exc}")
-            return False
+        ok, said = complete_one(self.base_url, name, self.opts.spec.engine.extra_args)
+        self.say(f"completion ok: {said}" if ok else f"completion failed: {said}")
+        return ok
 
     def stop(self) -> None:
         """Stop vLLM and all its workers: SIGTERM to its process group, SIGKILL after a grace period."""
@@ -270,6 +257,9 @@ class Supervisor:
         last: tuple[Any, EngineArgs, int] | None = None  # the crash a heal answered, its flags, how far it got
         exclude: set[str] = set()
         while True:
+            if health_status(self.health_url) is not None:  # (its answers would be taken for this vLLM's)
+                self.say(f"another server already answers {self.health_url}: port {self.opts.port} is taken")
+                return 2
             # (what other processes leave before vLLM starts bounds a heal's share, as the launcher's probe does)
             at_start = snapshot(own_pids=[os.getpid()])
             attempt = self.run_once(engine)
@@ -395,7 +385,7 @@ def supervise(opts: ServeOptions) -> int:
     def on_signal(signum: int, _frame: object) -> None:
         sup.stopping = True
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # (a hangup too: vLLM is in a session of its own)
         signal.signal(sig, on_signal)
     try:
         return sup.serve()
