@@ -95,10 +95,6 @@ PROFILE_OOM_L4 = (
 )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="batch_from_allocation cuts the batch below max_model_len with chunked prefill off: vLLM refuses it",
-)
 def test_a_batch_cut_keeps_the_context_vllm_requires_without_chunked_prefill():
     """Input: the L4 log above; max_model_len 16384, max_num_batched_tokens 65536, --no-enable-chunked-prefill.
     Now: batch_from_allocation sizes the batch to a quarter of the free 1.95 GiB and floors it at the L4's

@@ -35,7 +35,7 @@ from .kv_steps import (
     shorter_context,
 )
 from .model import GIVE_UP, NO_CHANGE, Context, Inventory, Remedy, Step, device_total, printed_figure
-from .resource_steps import more_tensor_parallel, raise_memory_limit
+from .resource_steps import lower_cpu_offload, more_tensor_parallel, raise_memory_limit, shrink_kv_bytes
 from .steps import (
     batch_from_allocation,
     cpu_offload,
@@ -43,13 +43,11 @@ from .steps import (
     fit_kv_bytes_to_free,
     fit_utilization_to_free,
     lower_batched,
-    lower_cpu_offload,
     lower_seqs,
     lower_utilization_step,
     quantized_model,
     room_for_graphs,
     seqs_from_allocation,
-    shrink_kv_bytes,
 )
 
 # Raising the memory limit again is a new, larger value each time (VPA bumps on every OOM).

@@ -1,7 +1,10 @@
 """The steps that ask the scheduler for more than ran before (more GPUs, more memory): each sized
-to the smallest change that the figures say fits, since every try is a reschedule and a model load."""
+to the smallest change that the figures say fits, since every try is a reschedule and a model load;
+and the host-memory steps that follow the memory limit's raise (less offload, a smaller CPU KV cache)."""
 
 from __future__ import annotations
+
+import math
 
 from ..diagnosis.units import MIB
 from ..memory import CUDA_CONTEXT_GIB, Estimate
@@ -140,4 +143,32 @@ def raise_memory_limit(ctx: Context) -> Remedy | None:
         {"memory_limit": format_bytes(new)},
         f"the container was killed at its {format_bytes(used)} limit; raised VPA-style to "
         f"max(x1.2, +100Mi) = {format_bytes(new)} (bound {limit_text}).",
+    )
+
+
+def lower_cpu_offload(ctx: Context) -> Remedy | None:
+    gb = ctx.engine.cpu_offload_gb
+    if not gb:
+        return None
+    new = math.floor(gb / 2)
+    return Remedy(
+        "LowerCpuOffload",
+        {"cpu_offload_gb": float(new)},
+        f"cpu_offload_gb {gb:g} -> {new}: offloaded weights live in host RAM.",
+    )
+
+
+def shrink_kv_bytes(ctx: Context) -> Remedy | None:
+    kv = ctx.engine.kv_cache_memory_bytes
+    if not kv or not ctx.inv.host_kv_cache:  # (a GPU's cache: a smaller one frees no host memory)
+        return None
+    new = kv // 2
+    if ctx.inv.memory_limit_bytes:
+        new = min(new, ctx.inv.memory_limit_bytes // 3)
+    new = max(new // MIB, 1) * MIB
+    new = max(new, ctx.policy.bounds.min_kv_cache_memory_bytes)
+    return Remedy(
+        "SetKvCacheMemoryBytes",
+        {"kv_cache_memory_bytes": new},
+        f"host RAM ran out; the KV cache {format_bytes(kv)} -> {format_bytes(new)}.",
     )

@@ -6,13 +6,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from ..diagnosis.units import GIB, MIB
+from ..diagnosis.units import GIB
 from ..engine import switched
 from ..memory import (
     CUDA_CONTEXT_GIB,
     Estimate,
 )
-from ..quantity import format_bytes
 from .kv_steps import round_util, shorter_context
 from .model import Context, Remedy, Step
 
@@ -167,6 +166,14 @@ def _room_besides_weights(ctx: Context) -> float | None:
     return total - (ctx.num("weights_gib") or 0.0) if total else None
 
 
+def unchunked_floor(ctx: Context) -> int | None:
+    """The least batch vLLM starts with: with chunked prefill off it refuses one below max_model_len
+    (SchedulerConfig), a refusal no memory heal answers; 0 where chunked; None where the context is unknown."""
+    if switched(ctx.engine.extra_args, "--enable-chunked-prefill") is not False:
+        return 0
+    return (ctx.context or (ctx.inv.shape.max_position_embeddings if ctx.inv.shape else 0)) or None
+
+
 def batch_from_allocation(ctx: Context) -> Remedy | None:
     """The profile runs one dummy batch of max_num_batched_tokens tokens, whose activations grow with them.
     Where the batch was set above vLLM's default for this GPU (which the profile is built for) and an
@@ -178,7 +185,12 @@ def batch_from_allocation(ctx: Context) -> Remedy | None:
     batch, tried, free = ctx.engine.max_num_batched_tokens, ctx.num("tried_gib"), ctx.num("gpu_free_gib")
     if not batch or not tried or free is None or free <= 0 or ctx.num("dummy_requests"):
         return None  # (a count of dummy requests names the sampler warm-up: seqs_from_allocation's)
-    least = max(ctx.default_batch(), ctx.policy.bounds.min_max_num_batched_tokens, ctx.engine.max_num_seqs or 0)
+    unchunked = unchunked_floor(ctx)
+    if unchunked is None:
+        return None
+    least = max(
+        ctx.default_batch(), ctx.policy.bounds.min_max_num_batched_tokens, ctx.engine.max_num_seqs or 0, unchunked
+    )
     if batch <= least:
         return None
     fits = max(1, int(batch * free * 0.25 / tried))
@@ -206,16 +218,11 @@ def _halve(
         new = max(floor_of(ctx), current // 2)
         if field_name == "max_num_batched_tokens" and ctx.engine.max_num_seqs:
             new = max(new, ctx.engine.max_num_seqs)
-        if (
-            field_name == "max_num_batched_tokens"
-            and switched(ctx.engine.extra_args, "--enable-chunked-prefill") is False
-        ):
-            # vLLM refuses to start with a batch below max_model_len then: not a memory failure, no heal
-            shape_len = ctx.inv.shape.max_position_embeddings if ctx.inv.shape else 0
-            context = ctx.context or shape_len
-            if not context:
+        if field_name == "max_num_batched_tokens":
+            floor = unchunked_floor(ctx)
+            if floor is None:
                 return None
-            new = max(new, context)
+            new = max(new, floor)
         if new >= current:
             return None
         return Remedy(action, {field_name: new}, why.format(current=current, new=new))
@@ -370,32 +377,4 @@ def lower_utilization_step(ctx: Context) -> Remedy | None:
         "LowerGpuMemoryUtilization",
         changes,
         f"{basis}; utilization {ctx.engine.gpu_memory_utilization} -> {new} leaves that much headroom.{why}",
-    )
-
-
-def lower_cpu_offload(ctx: Context) -> Remedy | None:
-    gb = ctx.engine.cpu_offload_gb
-    if not gb:
-        return None
-    new = math.floor(gb / 2)
-    return Remedy(
-        "LowerCpuOffload",
-        {"cpu_offload_gb": float(new)},
-        f"cpu_offload_gb {gb:g} -> {new}: offloaded weights live in host RAM.",
-    )
-
-
-def shrink_kv_bytes(ctx: Context) -> Remedy | None:
-    kv = ctx.engine.kv_cache_memory_bytes
-    if not kv or not ctx.inv.host_kv_cache:  # (a GPU's cache: a smaller one frees no host memory)
-        return None
-    new = kv // 2
-    if ctx.inv.memory_limit_bytes:
-        new = min(new, ctx.inv.memory_limit_bytes // 3)
-    new = max(new // MIB, 1) * MIB
-    new = max(new, ctx.policy.bounds.min_kv_cache_memory_bytes)
-    return Remedy(
-        "SetKvCacheMemoryBytes",
-        {"kv_cache_memory_bytes": new},
-        f"host RAM ran out; the KV cache {format_bytes(kv)} -> {format_bytes(new)}.",
     )
