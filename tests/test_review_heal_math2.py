@@ -173,10 +173,6 @@ PP_KV_SHORT = (
 )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the smallest-stage KV heal sizes the context from the first stage's estimate, not the smallest's",
-)
 def test_a_pipeline_kv_heal_holds_the_context_on_the_smallest_stage():
     """Input: the PP 2 log above, max_model_len 32768, utilization 0.9, two H100s.
     Now: the diagnosis records the smallest stage's budget (available_kv_gib 2.5) yet lower_max_model_len

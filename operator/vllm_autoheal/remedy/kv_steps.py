@@ -49,6 +49,10 @@ def lower_max_model_len(ctx: Context) -> Remedy | None:
         if estimated
         else ""
     )
+    smallest, refused = ctx.num("available_kv_gib"), ctx.num("available_gib")
+    if estimated and smallest and refused and 0 < smallest < refused:  # (pipeline stages: vLLM refuses on the
+        # first short one, whose figures the line gives; a smaller stage's cache holds that much less)
+        estimated, source = estimated * smallest / refused, f"vLLM's estimate, on the smallest stage's {smallest:g} GiB"
     current = ctx.context
     loss, printed = ctx.warmup_loss(), ctx.num("available_gib") or budget
     if estimated and loss and printed and printed > loss:
