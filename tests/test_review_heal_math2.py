@@ -52,10 +52,6 @@ def _qwen72():
 # --- profiling_oom: seqs_from_allocation -------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="seqs_from_allocation reads the forward batch's 112 GiB as the sampler warm-up of max_num_seqs rows",
-)
 def test_a_forward_pass_allocation_is_not_healed_by_fewer_sequences():
     """Input: the real H200 `profile` failure (Llama-3.1-8B, max_model_len 8192, max_num_batched_tokens
     2,097,152, eager): 'Tried to allocate 112.00 GiB ... 91.86 GiB is free' inside _dummy_run -> llama.py

@@ -239,6 +239,15 @@ def _mbt_default(ctx: Context) -> int:
     return ctx.default_batch()
 
 
+# The sampler warm-up holds a few float32 rows of the vocabulary a request (logits, probabilities, their
+# sort); a vocabulary the model does not name is taken as the largest served (about 262,144 tokens).
+SAMPLER_ROW_COPIES, LARGEST_VOCAB = 8, 262144
+
+
+def _vocab(ctx: Context) -> int:
+    return (ctx.inv.shape.vocab if ctx.inv.shape is not None else 0) or LARGEST_VOCAB
+
+
 def seqs_from_allocation(ctx: Context) -> Remedy | None:
     """vLLM warms the sampler up with max_num_seqs dummy requests; the failed allocation is that many
     rows of logits. Size max_num_seqs so the same allocation takes at most a quarter of what was free,
@@ -250,6 +259,8 @@ def seqs_from_allocation(ctx: Context) -> Remedy | None:
     if not tried or not dummy or not current:
         return None
     per_seq = tried / dummy
+    if not ctx.num("dummy_requests") and per_seq * GIB > SAMPLER_ROW_COPIES * 4 * _vocab(ctx):
+        return None  # (more a request than the warm-up's rows of logits take: the forward batch asked for it)
     room = (free if free is not None else (ctx.total or 0) * 0.5) * 0.25
     if room <= 0:
         return None
