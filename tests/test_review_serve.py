@@ -10,35 +10,18 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from test_serve_hostile import fake_vllm, free_port
 from vllm_autoheal import local
 from vllm_autoheal.cli import main
 from vllm_autoheal.vllm_command import VllmStart
-
-
-def fake_vllm(tmp_path: Path, monkeypatch, script: str) -> None:
-    pkg = tmp_path / "fake" / "vllm" / "entrypoints" / "openai"
-    pkg.mkdir(parents=True)
-    for d in (tmp_path / "fake" / "vllm", tmp_path / "fake" / "vllm" / "entrypoints", pkg):
-        (d / "__init__.py").write_text("")
-    (pkg / "api_server.py").write_text(textwrap.dedent(script))
-    # (this checkout's vllm_autoheal first: the child must not import an installed copy)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path / "fake"), *sys.path]))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def serve_cmd(tmp_path: Path, port: int, *extra: str) -> list[str]:
