@@ -82,9 +82,9 @@ class Supervisor:
         self._shape: ModelShape | None = None
         self._shape_read = False
 
-    def say(self, text: str) -> None:
+    def say(self, text: str, prefix: str = "[vllm-autoheal] ") -> None:
         try:
-            print(f"[vllm-autoheal] {text}", file=self.out, flush=True)
+            print(f"{prefix}{text}", file=self.out, flush=True)
         except (OSError, ValueError):  # (its reader is gone, `| tee` that died: supervising goes on)
             pass
 
@@ -352,7 +352,7 @@ class Supervisor:
         self.record(event="healthy", engine=recorded(engine), restarts=len(heals))
         if heals:
             self.say("to keep the healed flags, run:")
-            print("  " + shlex.join(redacted(self.command(engine))), file=self.out, flush=True)
+            self.say("  " + shlex.join(redacted(self.command(engine))), prefix="")
 
 
 def _join(threads: list[threading.Thread]) -> None:
@@ -386,7 +386,8 @@ def supervise(opts: ServeOptions) -> int:
         sup.stopping = True
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # (a hangup too: vLLM is in a session of its own)
-        signal.signal(sig, on_signal)
+        if signal.getsignal(sig) is not signal.SIG_IGN:  # (`nohup serve ...` keeps serving after a hangup)
+            signal.signal(sig, on_signal)
     try:
         return sup.serve()
     finally:

@@ -171,7 +171,10 @@ def unchunked_floor(ctx: Context) -> int | None:
     (SchedulerConfig), a refusal no memory heal answers; 0 where chunked; None where the context is unknown."""
     if switched(ctx.engine.extra_args, "--enable-chunked-prefill") is not False:
         return 0
-    return (ctx.context or (ctx.inv.shape.max_position_embeddings if ctx.inv.shape else 0)) or None
+    if ctx.context:
+        return ctx.context
+    shape = ctx.inv.shape  # (RoPE scaling stretches the positions vLLM takes for max_model_len: unknown here)
+    return shape.max_position_embeddings if shape is not None and not shape.positions_scaled else None
 
 
 def batch_from_allocation(ctx: Context) -> Remedy | None:
