@@ -24,8 +24,7 @@ import time
 from pathlib import Path
 
 from test_review_heal_math2 import PROFILE_OOM_L4
-from test_review_serve import FAKE_SLOW_START, alive, serve_cmd, wait_for
-from test_serve_hostile import fake_vllm, free_port
+from test_review_serve import alive, serve_waiting, wait_for
 from vllm_autoheal import local
 from vllm_autoheal.api import VLLMServiceSpec
 from vllm_autoheal.diagnosis import Signals, classify
@@ -76,15 +75,7 @@ def test_a_hangup_that_nohup_ignores_leaves_the_server_running(tmp_path, monkeyp
     and serve exits 130: the server the user asked to outlive the session is gone.
     What should: a SIGHUP ignored on entry stays ignored (as SIGHUP handlers conventionally check); only a
     hangup that would otherwise kill serve stops vLLM with it."""
-    fake_vllm(tmp_path, monkeypatch, FAKE_SLOW_START)
-    pids = tmp_path / "pids"
-    monkeypatch.setenv("FAKE_PIDS", str(pids))
-    sup = subprocess.Popen(
-        serve_cmd(tmp_path, free_port(), "--startup-timeout", "600"),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        preexec_fn=_nohup,  # noqa: PLW1509 - the test's own child, before exec
-    )
+    sup, pids = serve_waiting(tmp_path, monkeypatch, preexec_fn=_nohup)  # (the test's own child, before exec)
     vllm_pid = None
     try:
         wait_for(lambda: pids.exists() and pids.read_text().strip(), 20, "vLLM started")

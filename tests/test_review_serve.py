@@ -244,18 +244,20 @@ time.sleep(600)
 """
 
 
+def serve_waiting(tmp_path: Path, monkeypatch, **popen) -> tuple[subprocess.Popen, Path]:
+    """`serve` over a vLLM that never gets ready, and the file its vLLM's pid is written to."""
+    fake_vllm(tmp_path, monkeypatch, FAKE_SLOW_START)
+    pids = tmp_path / "pids"
+    monkeypatch.setenv("FAKE_PIDS", str(pids))
+    cmd = serve_cmd(tmp_path, free_port(), "--startup-timeout", "600")
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **popen), pids
+
+
 def test_a_hangup_stops_vllm_too(tmp_path, monkeypatch):
     """vLLM runs in a session of its own (start_new_session), so the terminal's SIGHUP reaches only
     serve, which has no handler for it and dies without its `finally: stop()`: vLLM (and its GPU
     memory) is orphaned. A hangup must stop vLLM and its workers as SIGTERM does."""
-    fake_vllm(tmp_path, monkeypatch, FAKE_SLOW_START)
-    pids = tmp_path / "pids"
-    monkeypatch.setenv("FAKE_PIDS", str(pids))
-    sup = subprocess.Popen(
-        serve_cmd(tmp_path, free_port(), "--startup-timeout", "600"),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    sup, pids = serve_waiting(tmp_path, monkeypatch)
     vllm_pid = None
     try:
         wait_for(lambda: pids.exists() and pids.read_text().strip(), 20, "vLLM started")
