@@ -21,14 +21,19 @@ def whole_blocks(value: float) -> int:
     return int(value // BLOCK_SIZE) * BLOCK_SIZE
 
 
+def smaller_budget(ctx: Context) -> float | None:
+    """The smallest KV budget a rank or pipeline stage printed, where it is below the refusal's own figure:
+    vLLM refuses with the first short one's figures, and another may hold less."""
+    smallest, refused = ctx.num("available_kv_gib"), ctx.num("available_gib")
+    return smallest if smallest is not None and refused is not None and 0 < smallest < refused else None
+
+
 def raise_utilization_for_kv(ctx: Context) -> Remedy | None:
     needed, available, total = ctx.num("needed_gib"), ctx.num("available_gib"), ctx.total
     room = ctx.free_for_vllm()
     if needed is None or available is None or not total or room is None or ctx.engine.kv_cache_memory_bytes:
         return None  # (with kv_cache_memory_bytes set, utilization does not size the KV cache)
-    smallest = ctx.num("available_kv_gib")  # (ranks print their own budgets; vLLM refuses on the first short one)
-    if smallest is not None and 0 < smallest < available:
-        available = smallest
+    available = smaller_budget(ctx) or available
     short = needed - available + ctx.warmup_loss()  # (0.34: the cache after warm-up holds less than the budget)
     want = round_util(ctx.engine.gpu_memory_utilization + short / total + 0.01, down=False)
     limit = min(ctx.policy.bounds.max_gpu_memory_utilization, round_util(room / total))
@@ -52,10 +57,9 @@ def lower_max_model_len(ctx: Context) -> Remedy | None:
         if estimated
         else ""
     )
-    smallest, refused = ctx.num("available_kv_gib"), ctx.num("available_gib")
-    if estimated and smallest and refused and 0 < smallest < refused:  # (pipeline stages: vLLM refuses on the
-        # first short one, whose figures the line gives; a smaller stage's cache holds that much less)
-        # (3% margin: the figures are rounded to 0.01 GiB, and the stage holds a block fewer than its share)
+    smallest, refused = smaller_budget(ctx), ctx.num("available_gib")
+    if estimated and smallest and refused:  # (a smaller stage's cache holds that much less; 3% margin: the
+        # figures are rounded to 0.01 GiB, and the stage holds a block fewer than its share)
         estimated = estimated * smallest / refused * 0.97
         source = f"vLLM's estimate, on the smallest stage's {smallest:g} GiB (3% margin)"
     current = ctx.context
