@@ -52,12 +52,6 @@ QUOTED_QUERY = {
 }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason='a `"` or a tab in the query string (uvicorn logs the query as sent) makes origin._REQUEST_LINE miss '
-    "the request line, so a KServe-format (or custom-format) access line is read as the engine's: its query "
-    "decides the cause (not_oom -> host_ram_oom kernel_oom_killer) and is quoted as the evidence",
-)
 @pytest.mark.parametrize("fmt", sorted(QUOTED_QUERY))
 def test_a_quote_or_tab_in_the_query_does_not_make_an_access_line_the_engines(fmt):
     """uvicorn 0.2x/0.3x access line under KServe's formatter (or a format of one's own), the client's
@@ -70,12 +64,15 @@ def test_a_quote_or_tab_in_the_query_does_not_make_an_access_line_the_engines(fm
         assert_same_diagnosis(log, base_log)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason='the same `"` in the query needs no failure word at all: `pipeline_parallel_size=4` (no space '
-    "needed) is read as the engine's pipeline size and turns a single-stage KV shortage "
-    "(kv_cache_insufficient, heal: cut --max-model-len) into multi_gpu_oom kv_check_fails_on_smallest_stage",
-)
+def test_a_query_longer_than_the_origin_check_reads_keeps_the_line_an_access_lines():
+    """h11 takes a request line up to 16 KiB: the query's failure words come first, its ` HTTP/1.1"` close
+    past the first 2 KiB of the line that the origin check reads for the opening."""
+    base_log = real_log(NOT_MEMORY)
+    long_query = QUOTED_QUERY["kserve-quote"].replace("ZZUSERZZ", "x" * 6000)
+    for log in _placed(base_log, long_query.format(t="OOMKilled-")):
+        assert_same_diagnosis(log, base_log)
+
+
 def test_a_quoted_query_does_not_set_the_pipeline_size():
     """vLLM 0.32 CPU run (tests/fixtures/vllm-cpu/kv-cache-too-small.log: max seq len 1048576, KV cache
     1 GiB) -> kv_cache_insufficient / max_model_len_exceeds_kv_capacity. A KServe-format access line

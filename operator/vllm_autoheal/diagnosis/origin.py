@@ -122,8 +122,19 @@ _ACCESS = re.compile(rf'^(?:\[?[\w.:\[\]-]{{1,60}}:\d{{1,5}}\]? |\(\'[\w.:-]{{1,
 # Any access log's own field: the request line, quoted (uvicorn's AccessFormatter `"%(request_line)s"`,
 # gunicorn's `"%(r)s"`, the common log format's), wherever the log's format puts it (KServe's
 # `<time> uvicorn.access INFO:     <client> <pid> - "GET /path?query HTTP/1.1" 200 OK`, a
-# logging config of one's own). Its target is the client's, and no line of the engine's holds one.
-_REQUEST_LINE = re.compile(rf'"(?:{_METHOD}[^\s"]{{1,2000}} HTTP/\d(?:\.\d)?|WebSocket [^\s"]{{1,2000}})"')
+# logging config of one's own). Its target is the client's, and no line of the engine's holds one. The
+# target is not read: uvicorn logs the query as sent, and its parsers take `"` (h11, llhttp) and a tab
+# (llhttp's loose mode) there, up to 16 KiB (h11); so the line opens `"METHOD ` and closes ` HTTP/1.1"`
+# wherever that comes (two scans, no backtracking over the target).
+_REQUEST_OPEN = re.compile(rf'"{_METHOD}')
+_REQUEST_CLOSE = re.compile(r' HTTP/\d(?:\.\d)?"')
+
+
+def _holds_request_line(head: str, text: str) -> bool:
+    opening = _REQUEST_OPEN.search(head)
+    if opening is None:
+        return False
+    return '"WebSocket ' in head or _REQUEST_CLOSE.search(text, opening.end()) is not None
 
 
 def a_requests_file(source_file: str | None) -> bool:
@@ -147,7 +158,7 @@ def origin_of(text: str, source_file: str | None) -> str:
     named = _HUB_REQUEST_ID.sub("", head) if "(Request ID: " in head else head  # (only the Hub's id is let go)
     if _HOLDS_ID_HINT(named) and _REQUEST_IDS.search(named):
         return USER
-    if _ACCESS.match(head) or ('"' in head and _REQUEST_LINE.search(head)):
+    if _ACCESS.match(head) or ('"' in head and _holds_request_line(head, text)):
         return ACCESS
     if name and _REQUEST_FILES.match(name):
         return REQUEST
