@@ -61,7 +61,8 @@ def numbers(
     ]
     ordered = ([first] if first else []) + sorted(others, key=lambda f: -f.line.offset)
     for f in ordered:
-        for key, text in f.match.groupdict().items():
+        groups = f.match.groupdict()
+        for key, text in groups.items():
             if text is None:
                 continue
             if key == "others":
@@ -73,7 +74,7 @@ def numbers(
             value = figures.parse(key, text)
             if value is None:
                 continue
-            why = figures.check(key, value, device_gib)
+            why = _implausible(key, value, text, groups, device_gib)
             if why:
                 # one note per kind of number: a log that repeats a figure must not grow the diagnosis
                 if not any(n.startswith(f"ignored {key}=") for n in notes):
@@ -81,6 +82,35 @@ def numbers(
                 continue
             numbers[key] = min(numbers[key], value) if key in numbers else value
     return numbers
+
+
+def _implausible(
+    key: str, value: float | int, text: str, groups: dict[str, str | None], device_gib: float | None
+) -> str | None:
+    """figures.check, and what the figure's own line says of it: a size on the device is no larger
+    than the total the same line gives; figures the message orders (figures.ORDERED) contradict it
+    when they are the other way round; digits are ASCII's (vLLM prints no others, float() reads them)."""
+    if not text.isascii():
+        return "not in the digits vLLM prints"
+    if key in figures.DEVICE_BOUNDED:
+        for total_key in ("total_gib", "gpu_total_gib"):
+            total = _own(total_key, groups)
+            if total is not None:
+                device_gib = min(device_gib, total) if device_gib else total
+    why = figures.check(key, value, device_gib)
+    for above, below in figures.ORDERED:
+        if why is None and key in (above, below):
+            high, low = _own(above, groups), _own(below, groups)
+            if high is not None and low is not None and figures.contradicts(high, low):
+                why = f"{above} is not above {below} on a line that says it is"
+    return why
+
+
+def _own(key: str, groups: dict[str, str | None]) -> float | None:
+    """A plausible figure the same finding gives under `key`, else None."""
+    text = groups.get(key)
+    value = figures.parse(key, text) if text else None
+    return value if value is not None and figures.check(key, value, None) is None else None
 
 
 RELEASE_KEYS = ("vllm_minor", "vllm_patch")

@@ -3,9 +3,10 @@ Standard library only.
 
 One table says what each number is (a size in GiB, a token length, a utilization, a count)
 and so which values are possible. A number outside its range (NaN, infinite, negative where
-vLLM never prints a negative, larger than the GPU, a length of 2^24 or more, a utilization
-outside (0, 1]) is dropped, with a note saying which and why: a remedy sized from a wrong
-number is worse than none.
+vLLM never prints a negative, zero where it prints only a positive size, larger than the GPU, a
+length of 2^24 or more, a utilization outside (0, 1], digits other than ASCII's) or against its
+own line (ORDERED; arithmetic.numbers) is dropped, with a note saying which and why: a remedy
+sized from a wrong number is worse than none.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import re
 from .units import GB, GIB, KB, KIB, MB, MIB, TB, TIB
 
 SIZE, SIGNED_SIZE, LENGTH, UTIL, COUNT, RATIO = "size", "signed-size", "length", "util", "count", "ratio"
+POSITIVE_SIZE = "positive-size"  # a size vLLM prints only above zero (a device, a need, a request)
 MAX_GIB = 4096.0  # no device, nor a node's RAM for the CPU backend, is larger
 MIN_GIB = 1 / GIB  # one byte
 MAX_LENGTH = 2**24  # no model has a context this long
@@ -23,23 +25,23 @@ MAX_COUNT = 2**31
 
 KIND = {
     "free_gib": SIZE,
-    "total_gib": SIZE,
-    "requested_gib": SIZE,
-    "needed_gib": SIZE,
+    "total_gib": POSITIVE_SIZE,
+    "requested_gib": POSITIVE_SIZE,
+    "needed_gib": POSITIVE_SIZE,
     "available_gib": SIZE,
     "initial_free_gib": SIZE,
     "current_free_gib": SIZE,
     "worker_gib": SIZE,
     "worker_budget_gib": SIZE,  # the CPU worker's whole share, when vLLM sized its KV space from it
     "tried_gib": SIZE,
-    "gpu_total_gib": SIZE,
+    "gpu_total_gib": POSITIVE_SIZE,
     "gpu_free_gib": SIZE,
     "own_gib": SIZE,
     "torch_allocated_gib": SIZE,
     "reserved_gib": SIZE,
     "private_pools_gib": SIZE,
-    "requested_kv_gib": SIZE,
-    "node_total_gib": SIZE,
+    "requested_kv_gib": POSITIVE_SIZE,
+    "node_total_gib": POSITIVE_SIZE,
     "weights_gib": SIZE,
     "initial_usage_gib": SIZE,
     "available_kv_gib": SIGNED_SIZE,
@@ -67,6 +69,11 @@ KIND = {
     "vllm_minor": COUNT,  # the release the engine named: 0.minor.patch
     "vllm_patch": COUNT,
 }
+SIZES = (SIZE, SIGNED_SIZE, POSITIVE_SIZE)
+# Figures one message orders ("X GiB KV cache is needed, which is larger than the available KV cache
+# memory (Y GiB)"): the first above the second. A line that says otherwise contradicts its own words,
+# and which of the two is wrong cannot be told.
+ORDERED = (("needed_gib", "available_gib"),)
 # Sizes of what is on the device, so no larger than it (what was asked for can be larger).
 DEVICE_BOUNDED = {
     "free_gib",
@@ -102,8 +109,11 @@ _PROCESS_GIB = re.compile(r"Process \d{1,10} has ([\d.]{1,20}) ([GM])iB")
 
 
 def gib(text: str) -> float:
-    """'246.00 MiB' -> 0.24; vLLM's 'GB' is really GiB (format_gib), so GB counts as GiB. NaN if unreadable."""
+    """'246.00 MiB' -> 0.24; vLLM's 'GB' is really GiB (format_gib), so GB counts as GiB. NaN if unreadable
+    (digits other than ASCII's too: vLLM never prints them, though float() reads them)."""
     t = text.replace(",", "").strip()
+    if not t.isascii():
+        return math.nan
     mt = _SIZE.match(t)
     if not mt:
         return math.nan
@@ -111,14 +121,16 @@ def gib(text: str) -> float:
         value = float(mt.group(1))
     except ValueError:
         return math.nan
-    return round(value * _UNIT.get(mt.group(2) or "", 1.0), 4)
+    size = value * _UNIT.get(mt.group(2) or "", 1.0)
+    rounded = round(size, 4)
+    return rounded if rounded or not size else size  # (never a printed size rounded to none: check() judges it)
 
 
 def parse(key: str, text: str) -> float | int | None:
     kind = KIND.get(key)
     if kind is None:
         return None
-    if kind in (SIZE, SIGNED_SIZE):
+    if kind in SIZES:
         return gib(text)
     try:
         if kind in (UTIL, RATIO):
@@ -140,10 +152,12 @@ def check(key: str, value: float | int, device_gib: float | None) -> str | None:
             return f"larger than {MAX_GIB:g} GiB"
     elif value < 0:
         return "negative"
-    if kind in (SIZE, SIGNED_SIZE):
+    if kind in SIZES:
         limit = device_gib * 1.02 if device_gib and key in DEVICE_BOUNDED else MAX_GIB
         if abs(value) > limit:
             return f"larger than the device ({limit:.1f} GiB)"
+        if kind == POSITIVE_SIZE and value == 0:
+            return "zero where vLLM prints a positive size"
         if 0 < abs(value) < MIN_GIB:
             return "less than a byte"  # (no tool prints that; a divisor this small sizes anything to infinity)
     elif kind == LENGTH:
@@ -158,6 +172,11 @@ def check(key: str, value: float | int, device_gib: float | None) -> str | None:
     elif kind == RATIO and value > 1e7:
         return "too large"
     return None
+
+
+def contradicts(above: float, below: float) -> bool:
+    """`above` is below `below` by more than the rounding of two printed figures (0.01 GiB, or 2 %)."""
+    return above < below - max(0.01, 0.02 * below)
 
 
 def process_sizes(text: str) -> list[float]:
