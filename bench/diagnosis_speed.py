@@ -129,6 +129,15 @@ def other_shapes() -> list[tuple[str, str]]:
             "\n".join([" " * 84 + "ERROR - (x) y"] * 2 + [" " * 83 + "X rror"] * 40 + [" " * 84 + "ERROR - (x) y"] * 2),
         ),
         ("a vLLM logger's name of many parts", "ERROR:vllm" + ".a" * 8 + ":rror" + ".b1" * 600),
+        # (session 33's review: eight of the engine's figure wordings a line, each line 8+ findings that every
+        # pass over the findings pays for; the worst shape known, over 3x: tests/test_review_speed3.py)
+        (
+            "eight figure wordings a line",
+            "(EngineCore_DP0 pid=1) INFO 01-01 00:00:01 [gpu_worker.py:1] Available KV cache memory: 3.96 GiB "
+            "Model loading took 1.0 GiB model weights take 1.0 GiB Initial free memory: 1.0 GiB; Requested memory: "
+            "0.9 (util), 1.0 GiB Explicitly set (1.0/2.0) GiB for KV cache tensor_parallel_size=2 "
+            "pipeline_parallel_size=2 Process 1 has 1.00 GiB memory in use. ",
+        ),
     ]
 
 
