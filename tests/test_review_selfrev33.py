@@ -45,13 +45,6 @@ def _apu_oom(total: str, free: str) -> str:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="on an AMD APU (Strix Halo, gfx1151) hipMemGetInfo reports the GTT pool as free and the VRAM "
-    "aperture as total, so torch prints free above total; the device bound (now the line's own total, before "
-    "25c0ba7 the log's first total: the same line here) drops the printed free figure, and the OOM reads "
-    "as weights_load_oom (the weights do not fit) instead of an allocation failing with 85 GiB free",
-)
 def test_an_apu_oom_whose_free_figure_exceeds_its_total_keeps_the_free_figure():
     """torch 2.8 on ROCm, gfx1151 (ROCm/TheRock issue #4598): "HIP out of memory. Tried to allocate 16.00 GiB.
     GPU 0 has a total capacity of 15.49 GiB of which 84.98 GiB is free. Of the allocated memory 1.67 GiB ...";

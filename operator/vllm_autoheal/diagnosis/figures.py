@@ -74,13 +74,14 @@ SIZES = (SIZE, SIGNED_SIZE, POSITIVE_SIZE)
 # memory (Y GiB)"): the first above the second. A line that says otherwise contradicts its own words,
 # and which of the two is wrong cannot be told.
 ORDERED = (("needed_gib", "available_gib"),)
-# Sizes of what is on the device, so no larger than it (what was asked for can be larger).
+# Sizes of what is on the device, so no larger than it (what was asked for can be larger). Not torch's
+# free figure: on an APU (AMD Strix Halo) the HIP allocator reports the shared pool as free beside the
+# VRAM window as total, "a total capacity of 15.49 GiB of which 84.98 GiB is free" (ROCm/TheRock#4598).
 DEVICE_BOUNDED = {
     "free_gib",
     "available_gib",
     "initial_free_gib",
     "current_free_gib",
-    "gpu_free_gib",
     "own_gib",
     "torch_allocated_gib",
     "reserved_gib",
