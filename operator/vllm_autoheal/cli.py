@@ -315,18 +315,41 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+MAX_ARGS = 1024  # (argparse's parse_known_args is quadratic in unknown flags: 20,000 cost 12 s)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args, unknown = parser.parse_known_args(argv)
+    given = sys.argv[1:] if argv is None else argv
+    if len(given) > MAX_ARGS:
+        parser.error(f"{len(given)} arguments: at most {MAX_ARGS} are read")
+    args, unknown = parser.parse_known_args(given)
     if unknown:
         if args.command not in ("plan", "serve"):
             parser.error(f"unrecognized arguments: {' '.join(unknown)}")
         args.flags = unknown  # engine flags, as vLLM spells them
     run: Command = args.run
     try:
-        return run(args)
+        code = run(args)
+        sys.stdout.flush()
+        return code
     except BrokenPipeError:  # `vllm-autoheal crd | head` is fine
         return 0
+    except OSError as exc:  # output that cannot be written (a full disk): said, never a traceback
+        if exc.filename is not None or sys.stdout is None:
+            raise
+        print(f"vllm-autoheal {args.command}: cannot write the output: {exc.strerror or exc}", file=sys.stderr)
+        _drop_output()
+        return 2
+
+
+def _drop_output() -> None:
+    """Point standard output at /dev/null, so the interpreter's own flush at exit does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

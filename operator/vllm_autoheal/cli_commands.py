@@ -4,6 +4,7 @@ needs when it runs, so a command loads only its own dependencies (kopf only for 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import secrets
@@ -26,6 +27,7 @@ def run_crd(args: argparse.Namespace) -> int:
 
 
 EXAMPLES_DIR = Path(__file__).resolve().parent / "examples"
+MANIFEST_BYTES = 3 * 2**20  # the most the API server takes in one request (etcd keeps at most ~1.5 MiB)
 
 
 def bundled_examples() -> dict[str, Path]:
@@ -50,18 +52,32 @@ def run_diagnose(args: argparse.Namespace) -> int:
         if args.example not in examples:
             print(f"no example {args.example!r}; bundled: {', '.join(examples)}", file=sys.stderr)
             return 2
+        if args.file is not None:
+            print(f"vllm-autoheal diagnose: --example and {args.file}: give one log, not two", file=sys.stderr)
+            return 2
         args.file = str(examples[args.example])
     try:
         if args.file in (None, "-"):
-            diag = classify_stream(sys.stdin, **signals)
+            if sys.stdin is None:  # (`<&-`)
+                print("vllm-autoheal diagnose: no standard input to read the log from", file=sys.stderr)
+                return 2
+            why = _no_log(sys.stdin, "standard input")
+            if why:
+                print(f"vllm-autoheal diagnose: {why}", file=sys.stderr)
+                return 2
+            # (read as a FILE is: one byte that is not UTF-8 must not lose the whole log)
+            raw = getattr(sys.stdin, "buffer", None)
+            stream = io.TextIOWrapper(raw, encoding="utf-8", errors="replace") if raw is not None else sys.stdin
+            diag = classify_stream(stream, **signals)
         else:
-            with open(args.file, encoding="utf-8", errors="replace") as f:
-                mode = os.fstat(f.fileno()).st_mode
-                # A device is no log (/dev/zero, /dev/urandom never end); a terminal or pipe is read as stdin is.
-                if (stat.S_ISCHR(mode) or stat.S_ISBLK(mode)) and not f.isatty():
-                    print(f"vllm-autoheal diagnose: {args.file} is a device, not a log file", file=sys.stderr)
+            with open(args.file, "rb") as f:
+                why = _no_log(f, args.file)
+                if why:
+                    print(f"vllm-autoheal diagnose: {why}", file=sys.stderr)
                     return 2
-                diag = classify_stream(f, **signals)
+                opening = f.peek(4)[:4]
+                encoding = "utf-16" if opening[:2] in (b"\xff\xfe", b"\xfe\xff") else "utf-8"  # (a BOM: PowerShell's >)
+                diag = classify_stream(io.TextIOWrapper(f, encoding=encoding, errors="replace"), **signals)
     except OSError as exc:
         print(f"vllm-autoheal diagnose: cannot read {args.file}: {exc.strerror}", file=sys.stderr)
         return 2
@@ -94,6 +110,21 @@ def run_diagnose(args: argparse.Namespace) -> int:
     return 0
 
 
+def _no_log(stream: Any, name: str) -> str | None:
+    """Why `stream` is no log to read, else None: a device (/dev/zero, /dev/urandom never end; a terminal
+    is read as stdin is), or a compressed file (a rotated kubelet log, 0.log.<time>.gz)."""
+    try:
+        mode = os.fstat(stream.fileno()).st_mode
+    except (OSError, ValueError):  # (no descriptor: a stream of the caller's)
+        return None
+    if (stat.S_ISCHR(mode) or stat.S_ISBLK(mode)) and not stream.isatty():
+        return f"{name} is a device, not a log file"
+    peek = getattr(stream, "peek", None)
+    if stat.S_ISREG(mode) and peek is not None and peek(2)[:2] == b"\x1f\x8b":
+        return f"{name} is gzip-compressed: decompress it first (zcat {name} | vllm-autoheal diagnose -)"
+    return None
+
+
 def _plan_shape(args: argparse.Namespace) -> tuple[ModelShape, str]:
     """The model's shape from --model-config (a file) or --model (a local path or a Hub id)."""
     from .model_config import to_shape
@@ -121,7 +152,7 @@ def run_plan(args: argparse.Namespace) -> int:
         print(f"vllm-autoheal plan: {exc}", file=sys.stderr)
         return 2
     try:
-        gpu = lookup(args.gpu or "custom", args.gpu_memory_gib)
+        gpu = lookup(args.gpu if args.gpu is not None else "custom", args.gpu_memory_gib)
         engine = parse_args(args.flags).engine
     except (KeyError, EngineArgsError) as exc:
         print(f"vllm-autoheal plan: {exc.args[0]}", file=sys.stderr)
@@ -132,6 +163,14 @@ def run_plan(args: argparse.Namespace) -> int:
     if abbreviated:
         spelled, flag = abbreviated
         print(f"vllm-autoheal plan: {spelled!r} is read by vLLM as {flag.cli}: spell it {flag.cli}", file=sys.stderr)
+        return 2
+    if not shape.splits(engine.tensor_parallel_size):  # (vLLM refuses it at load)
+        kv = shape.kv_heads or shape.heads
+        print(
+            f"vllm-autoheal plan: --tensor-parallel-size {engine.tensor_parallel_size} does not split the model's "
+            f"{shape.heads} attention heads and {kv} KV heads: vLLM refuses it",
+            file=sys.stderr,
+        )
         return 2
     refused = longer_than_the_model(shape, engine, os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN"))
     if refused:
@@ -282,13 +321,26 @@ def run_render(args: argparse.Namespace) -> int:
     from .validation import admit
 
     try:
-        with open(args.file, encoding="utf-8") as f:
-            docs = [d for d in yaml.safe_load_all(f) if d]
+        with open(args.file, "rb") as f:
+            data = f.read(MANIFEST_BYTES + 1)
+        if len(data) > MANIFEST_BYTES:
+            print(
+                f"vllm-autoheal render: {args.file} is larger than the {MANIFEST_BYTES // 2**20} MiB "
+                "the API server takes in one request",
+                file=sys.stderr,
+            )
+            return 2
+        docs = [d for d in yaml.safe_load_all(data.decode("utf-8")) if d]
     except OSError as exc:
         print(f"vllm-autoheal render: cannot read {args.file}: {exc.strerror}", file=sys.stderr)
         return 2
-    except yaml.YAMLError as exc:
-        print(f"vllm-autoheal render: {args.file} is not valid YAML:\n{exc}", file=sys.stderr)
+    except UnicodeDecodeError as exc:
+        print(f"vllm-autoheal render: {args.file} is not UTF-8 (byte {exc.start})", file=sys.stderr)
+        return 2
+    except (yaml.YAMLError, RecursionError, ValueError) as exc:  # (nesting past the parser's depth; an int
+        # of more digits than Python reads)
+        said = str(exc)[:500] if not isinstance(exc, RecursionError) else "nested too deeply"
+        print(f"vllm-autoheal render: {args.file} is not valid YAML:\n{said}", file=sys.stderr)
         return 2
     objs = []
     for doc in docs:

@@ -200,8 +200,12 @@ def resolve_local(
     model: str, revision: str | None = None, hub: HubSettings | None = None, token: str | bool | None = None
 ) -> tuple[dict[str, Any], str]:
     """For the CLI: a local path, else a Hub repo id. Returns (checked fields, source)."""
-    if Path(model).expanduser().exists():
-        return from_path(Path(model).expanduser()), str(model)
+    try:
+        local = Path(model).expanduser()
+    except RuntimeError:  # (~user of no such user)
+        raise ModelConfigError(f"{model}: no such user's home directory") from None
+    if local.exists():
+        return from_path(local), str(model)
     if model.startswith(("/", "./", "../", "~")):
         raise ModelConfigError(f"{model}: no such file or directory")
     hub = hub or HubSettings.from_env()

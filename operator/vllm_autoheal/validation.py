@@ -10,6 +10,7 @@ Pure: a dict in, the problems out, each naming its field as the server does.
 from __future__ import annotations
 
 import copy
+import reprlib
 from collections.abc import Iterator
 from functools import lru_cache
 from typing import Any
@@ -118,16 +119,29 @@ def _type_ok(value: Any, kind: str | None) -> bool:
     return isinstance(value, _TYPES[kind])
 
 
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict, _SHOWN.maxstring, _SHOWN.maxother, _SHOWN.maxlong = 3, 4, 4, 80, 80, 40
+
+
+def _shown(value: Any) -> str:
+    """A value as a message quotes it, cut short: an alias bomb expands to millions of items, a number to
+    thousands of digits (whose repr Python refuses past 4,300)."""
+    try:
+        return _SHOWN.repr(value)
+    except ValueError:
+        return f"<an integer of about {value.bit_length() * 3 // 10} digits>" if isinstance(value, int) else "<value>"
+
+
 def schema_problems(value: Any, schema: dict[str, Any], path: str) -> list[str]:
     """The OpenAPI checks of a structural schema, with the server's field paths."""
     kind = schema.get("type")
     if value is None:
         return [f'{path}: Invalid value: "null": must be {kind}'] if kind else []
     if not _type_ok(value, kind):
-        return [f"{path}: Invalid value: {value!r}: must be of type {kind}"]
+        return [f"{path}: Invalid value: {_shown(value)}: must be of type {kind}"]
     out: list[str] = []
     if "enum" in schema and value not in schema["enum"]:
-        out.append(f"{path}: Unsupported value: {value!r}: supported values: {schema['enum']}")
+        out.append(f"{path}: Unsupported value: {_shown(value)}: supported values: {schema['enum']}")
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         low, high = schema.get("minimum"), schema.get("maximum")
         if low is not None and (value < low or (schema.get("exclusiveMinimum") and value == low)):
@@ -142,9 +156,9 @@ def schema_problems(value: Any, schema: dict[str, Any], path: str) -> list[str]:
         if "maxLength" in schema and len(value) > schema["maxLength"]:
             out.append(f"{path}: Too long: may not be more than {schema['maxLength']} bytes")
         if "minLength" in schema and len(value) < schema["minLength"]:
-            out.append(f"{path}: Invalid value: {value!r}: should be at least {schema['minLength']} chars long")
+            out.append(f"{path}: Invalid value: {_shown(value)}: should be at least {schema['minLength']} chars long")
         if "pattern" in schema and not re2.search(schema["pattern"], value):
-            out.append(f"{path}: Invalid value: {value!r}: should match '{schema['pattern']}'")
+            out.append(f"{path}: Invalid value: {_shown(value)}: should match '{schema['pattern']}'")
     if isinstance(value, list):
         if "maxItems" in schema and len(value) > schema["maxItems"]:
             out.append(f"{path}: Too many: {len(value)}: must have at most {schema['maxItems']} items")
