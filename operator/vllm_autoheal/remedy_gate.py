@@ -218,9 +218,16 @@ def check(
     try:
         if problem := bounds_problem(changes, after, limits):
             return problem
-        offload = after.cpu_offload_gb or 0.0
-        if offload > (engine.cpu_offload_gb or 0.0) and offload > limits.max_cpu_offload_gb(after):
-            return f"cpu_offload_gb {offload:g} per GPU is more than the container's memory limit holds"
+        # (vLLM's figure is per GPU: a split that keeps it pins it on each new rank too)
+        offload, ranks = after.cpu_offload_gb or 0.0, after.tensor_parallel_size * after.pipeline_parallel_size
+        more = (
+            offload > (engine.cpu_offload_gb or 0.0)
+            or ranks > engine.tensor_parallel_size * engine.pipeline_parallel_size
+        )
+        if more and offload > limits.max_cpu_offload_gb(after):
+            return (
+                f"cpu_offload_gb {offload:g} on each of {ranks} GPU(s) is more than the container's memory limit holds"
+            )
         if limits.ceiling is not None and after.gpu_memory_utilization > engine.gpu_memory_utilization:
             if after.gpu_memory_utilization >= limits.ceiling:
                 return (
