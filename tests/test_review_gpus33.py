@@ -18,7 +18,7 @@ from vllm_autoheal import model_source
 from vllm_autoheal.api import ALL_ACTIONS, Deployed, EngineArgs, HealIntent, VLLMService, VLLMServiceSpec
 from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.gpu_catalog import lookup
-from vllm_autoheal.kube import crash, heal, reconcile, resources, unschedulable
+from vllm_autoheal.kube import crash, handlers, heal, reconcile, resources, unschedulable
 from vllm_autoheal.kube.config import OperatorConfig
 from vllm_autoheal.kube.heal_apply import deployed, fp, parse
 from vllm_autoheal.model_shape import shape_from_config
@@ -67,6 +67,7 @@ class StubKube:
         self.body = body
         self.pods = pods or []
         self.applied: list[list[dict[str, Any]]] = []
+        self.deployment: dict[str, Any] = {}  # (its spec and status, where a test sets them)
 
     def vsvc_path(self, ns: str, name: str) -> str:
         return f"/apis/vllm.autoheal.dev/v1alpha1/namespaces/{ns}/vllmservices/{name}"
@@ -82,7 +83,8 @@ class StubKube:
         if path.endswith("/deployments/svc"):
             ref = {"apiVersion": "vllm.autoheal.dev/v1alpha1", "kind": "VLLMService", "name": owner["name"]}
             ref |= {"uid": owner["uid"], "controller": True}
-            return {"metadata": {"name": "svc", "uid": "dep-uid", "ownerReferences": [ref]}}
+            meta = {"name": "svc", "uid": "dep-uid", "ownerReferences": [ref]}
+            return {**copy.deepcopy(self.deployment), "metadata": {**self.deployment.get("metadata", {}), **meta}}
         return None
 
     def previous_log(self, *a: Any) -> str:
@@ -285,14 +287,9 @@ def _intent(action: str, before: Deployed, after: Deployed) -> HealIntent:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="only a Pending pod's PodScheduled=False/Unschedulable counts as blocked; a pod the API server "
-    "refuses (LimitRange, ResourceQuota) never exists, the Deployment's ReplicaFailure/FailedCreate is "
-    "not read, and the heal stays in flight (Healing) with no replica, no HealBlocked and no revert",
-)
+@pytest.mark.parametrize("via", ["check", "deployment-event"])
 @pytest.mark.parametrize("refusal", ["LimitRange", "ResourceQuota"])
-def test_a_heal_whose_pods_the_api_server_refuses_is_reported_and_reverted(refusal):
+def test_a_heal_whose_pods_the_api_server_refuses_is_reported_and_reverted(refusal, via, monkeypatch):
     """Downtime without end (a wrong change never undone). A namespace LimitRange caps a container at 32Gi
     (max), or a ResourceQuota caps the namespace's nvidia.com/gpu at 4 with 3 in use by other services;
     README itself recommends the quota. A RaiseMemoryLimit to 38Gi, or an IncreaseTensorParallel to 2 GPUs,
@@ -328,11 +325,24 @@ def test_a_heal_whose_pods_the_api_server_refuses_is_reported_and_reverted(refus
         "conditions": [
             {"type": "Progressing", "status": "True", "reason": "NewReplicaSetCreated"},
             {"type": "Available", "status": "False", "reason": "MinimumReplicasUnavailable"},
-            {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate", "message": message},
+            {
+                "type": "ReplicaFailure",
+                "status": "True",
+                "reason": "FailedCreate",
+                "message": message,
+                "lastTransitionTime": "2025-01-01T00:00:00Z",
+            },
         ],
     }
-    reconcile.deployment_progress(kube, OperatorConfig(), NS, "svc", dep)  # type: ignore[arg-type]
-    unschedulable.check(kube, OperatorConfig(), PendingLater(), NS, "svc", LOG)  # type: ignore[arg-type]
+    kube.deployment = dep
+    if via == "check":
+        reconcile.deployment_progress(kube, OperatorConfig(), NS, "svc", dep)  # type: ignore[arg-type]
+        unschedulable.check(kube, OperatorConfig(), PendingLater(), NS, "svc", LOG)  # type: ignore[arg-type]
+    else:  # (what runs it: no pod exists, so no pod event comes; the Deployment's own event does)
+        monkeypatch.setattr(handlers, "_kube", lambda memo: kube)
+        monkeypatch.setattr(handlers, "_later", lambda memo: PendingLater())
+        dep["metadata"]["labels"] = {resources.SERVICE_LABEL: "svc"}
+        handlers.deployment_progress(body=dep, type="MODIFIED", namespace=NS, memo={}, logger=LOG)  # type: ignore[arg-type]
     blocked = _condition(kube.body, "HealBlocked")
     heals = (kube.body.get("status") or {}).get("heals") or [{}]
     assert (blocked is not None and blocked["status"] == "True") or heals[-1].get("action") == "RevertUnschedulable", (

@@ -67,10 +67,14 @@ def forget(type: str, meta: kopf.Meta, **_: Any) -> None:
 
 
 @kopf.on.event("apps", "v1", "deployments", labels={"app.kubernetes.io/managed-by": "vllm-autoheal"})
-def deployment_progress(body: kopf.Body, type: str, namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
+def deployment_progress(
+    body: kopf.Body, type: str, namespace: str | None, memo: kopf.Memo, logger: kopf.Logger, **_: Any
+) -> None:
     name = (body.get("metadata", {}).get("labels") or {}).get(resources.SERVICE_LABEL)
     if name and namespace and type != "DELETED":
         reconcile.deployment_progress(_kube(memo), _config(memo), namespace, name, dict(body))
+        if pods.failed_create(dict(body)) is not None:  # (pods the API server refused: no pod event comes)
+            unschedulable.check(_kube(memo), _config(memo), _later(memo), namespace, name, logger, fresh=True)
 
 
 @kopf.on.event("", "v1", "pods", labels={resources.SERVICE_LABEL: kopf.PRESENT})

@@ -1,4 +1,4 @@
-"""What a pod says about its vLLM container and its scheduling. Pure."""
+"""What a pod (or its Deployment) says about its vLLM container and its scheduling. Pure."""
 
 from __future__ import annotations
 
@@ -73,4 +73,32 @@ def unschedulable(pod: dict[str, Any]) -> tuple[float, str] | None:
             if since is None:
                 return None
             return since, str(cond.get("message") or "the scheduler found no node")[:1000]
+    return None
+
+
+def create_refused(dep: dict[str, Any] | None, template: str, service_uid: str | None) -> tuple[float, str] | None:
+    """(since, the API server's message) while the service's own Deployment, at the heal's template, cannot
+    create its pods: a LimitRange or ResourceQuota refuses them (403), so no pod exists to be Unschedulable;
+    the Deployment says ReplicaFailure, reason FailedCreate."""
+    meta, spec, status = ((dep or {}).get(k) or {} for k in ("metadata", "spec", "status"))
+    ours = any(r.get("uid") == service_uid and r.get("controller") for r in meta.get("ownerReferences") or [])
+    annotations = ((spec.get("template") or {}).get("metadata") or {}).get("annotations") or {}
+    if not ours or annotations.get(resources.ENGINE_HASH) != template:
+        return None
+    if status.get("observedGeneration") != meta.get("generation"):
+        return None  # (the controller has not seen this template yet: its conditions are the last one's)
+    cond = failed_create(dep)
+    since = _time(cond.get("lastTransitionTime")) if cond else None
+    return None if cond is None or since is None else (since, str(cond.get("message") or "pods refused")[:1000])
+
+
+def failed_create(dep: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The Deployment's ReplicaFailure condition while its pods cannot be created."""
+    for cond in ((dep or {}).get("status") or {}).get("conditions") or []:
+        if (
+            cond.get("type") == "ReplicaFailure"
+            and cond.get("status") == "True"
+            and cond.get("reason") == "FailedCreate"
+        ):
+            return cond
     return None

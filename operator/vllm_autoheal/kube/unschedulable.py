@@ -1,6 +1,7 @@
 """Heals whose pods cannot be scheduled (more GPUs or memory than any node has).
 
-When the new pods of a heal stay Unschedulable for spec.heal.unschedulableSeconds, the heal is
+When the new pods of a heal stay Unschedulable (or the API server refuses to create them: a LimitRange,
+a ResourceQuota) for spec.heal.unschedulableSeconds, the heal is
 blocked: a HealBlocked condition and a Warning Event carry the scheduler's message, and the
 policy decides. Revert (the default) goes back to the flags that last scheduled (the ones that
 ran and crashed) and takes the next remedy that needs no more resources; Wait only reports.
@@ -191,6 +192,8 @@ def _read(kube: Kube, ns: str, name: str) -> tuple[Read, dict[str, Any] | None]:
     ).get("items", [])
     template, uid = fp(intent.target), str(((vsvc or {}).get("metadata") or {}).get("uid"))
     stuck = stuck_since(items, name, template, lambda p: ownership.run_by_service(kube, ns, name, p, uid))
+    dep = kube.get(f"/apis/apps/v1/namespaces/{ns}/deployments/{name}")  # (pods the API server refused)
+    stuck = _earliest(stuck, pods.create_refused(dep, template, uid))
     return Read(at, wall, intent, template, stuck, obj.spec.heal.unschedulable_seconds, service_uid=uid), vsvc
 
 
