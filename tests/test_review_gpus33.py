@@ -196,11 +196,6 @@ MEMORY_SPEC = {
 }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="RaiseMemoryLimit is REPEATABLE, and a limit that never ran is in no failedEngines: after the "
-    "revert the same OOMKill plans the very limit the scheduler just refused, and the cycle repeats",
-)
 def test_a_memory_limit_the_scheduler_refused_is_not_planned_again_after_the_revert():
     """Lost time and a loop (a needless restart each round). The container is OOMKilled at 32Gi; the heal
     raises it VPA-style to 38.4Gi (bound 48Gi); no node has 38.4Gi allocatable beside the GPUs, so the pod

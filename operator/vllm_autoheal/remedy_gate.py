@@ -99,6 +99,8 @@ class Limits:
     # the least utilization that ran out of memory outside the budget (while serving, or capturing graphs):
     # no raise goes back to it (a KV heal after a runtime cut would bring the runtime OOM back)
     ceiling: float | None = None
+    # the least memory limit a heal raised to that no node could take (reverted): no raise goes back to it
+    refused_memory_limit: int | None = None
 
     @property
     def floor(self) -> float:
@@ -177,7 +179,24 @@ def bounds_problem(changes: dict[str, Any], after: EngineArgs, limits: Limits) -
             return "raising the memory limit needs heal.bounds.maxMemoryLimit"
         if parse_quantity(changes["memory_limit"]) > parse_quantity(b.max_memory_limit):
             return f"memory limit {changes['memory_limit']} is above its bound {b.max_memory_limit}"
+        if (
+            limits.refused_memory_limit is not None
+            and parse_quantity(changes["memory_limit"]) >= limits.refused_memory_limit
+        ):
+            return f"memory limit {changes['memory_limit']} is at or above one no node could take"
     return None
+
+
+def refused_memory_limit(history: list[dict[str, Any]]) -> int | None:
+    """The least memory limit a heal raised to whose pods could not be scheduled (kube.status.history's
+    `refused_memory_limit`, from the records of their reverts), or None."""
+    refused = []
+    for h in history:
+        try:
+            refused.append(parse_quantity(str(h["refused_memory_limit"])))
+        except (KeyError, ValueError):
+            continue
+    return min(refused, default=None)
 
 
 def batch_below_seqs(engine: EngineArgs) -> bool:

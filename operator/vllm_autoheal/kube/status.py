@@ -19,6 +19,7 @@ from pydantic.alias_generators import to_camel
 from ..api import MAX_FAILED_ENGINES, MAX_HEAL_RECORDS, MAX_OBSERVED_CRASHES, MAX_TRIED, FieldChange, HealRecord
 from ..diagnosis import Diagnosis
 from ..diagnosis.figures import MAX_GIB
+from ..quantity import parse_quantity
 from ..remedy import Remedy
 
 READY, MEMORY_FIT, HEALING, HEAL_BLOCKED, HEAL_EXHAUSTED = (
@@ -238,10 +239,25 @@ def history(tried: list[str], heals: list[dict[str, Any]], gpus: int | None = No
             ),
             "other_split": gpus is not None and h.get("gpus") is not None and h.get("gpus") != gpus,
             "ran_util": _before(h, "gpuMemoryUtilization"),  # (where the heal changed it: what the crash ran)
+            # (a revert of a heal no node could take: the memory limit it had raised to)
+            "refused_memory_limit": _refused_limit(h),
         }
         for h in heals
     ]
     return out
+
+
+def _refused_limit(heal: dict[str, Any]) -> str | None:
+    if heal.get("action") != "RevertUnschedulable":
+        return None
+    for change in heal.get("changes") or []:
+        if isinstance(change, dict) and change.get("field") == "memoryLimit":
+            try:
+                if parse_quantity(str(change.get("before"))) > parse_quantity(str(change.get("after"))):
+                    return str(change.get("before"))
+            except ValueError:
+                return None
+    return None
 
 
 def _before(heal: dict[str, Any], field: str) -> float | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Collection
+from dataclasses import replace
 from typing import Any
 
 from ..api import EngineArgs, VLLMServiceSpec
@@ -19,7 +20,7 @@ from ..diagnosis import Diagnosis
 from ..diagnosis.model import Cause
 from ..engine import EngineArgsError, abbreviated_flag, parse_args, spelled_by
 from ..memory import CUDA_CONTEXT_GIB
-from ..remedy_gate import Limits, check, utilization_floor
+from ..remedy_gate import Limits, check, refused_memory_limit, utilization_floor
 from ..vllm_release import default_utilization, logged_release
 from .advice import allocation_out_of_reach, weights_beyond_free, weights_beyond_gpu, what_would_fit
 from .kv_steps import (
@@ -152,7 +153,10 @@ def plan_heal(
     total = device_total(diagnosis, inv)
     loaded = printed_figure(diagnosis, "weights_gib")
     ceiling = outside_budget_ceiling(history, engine.tensor_parallel_size * engine.pipeline_parallel_size)
-    ctx = Context(spec, engine, diagnosis, inv, _limits(spec, engine, inv, total, loaded, ceiling))
+    limits = replace(
+        _limits(spec, engine, inv, total, loaded, ceiling), refused_memory_limit=refused_memory_limit(history)
+    )
+    ctx = Context(spec, engine, diagnosis, inv, limits)
     allowed = set(spec.heal.allowed_actions) - set(exclude)
     refused: list[str] = []
     heal_as, steps = SUBTYPE_PLANS.get(diagnosis.subtype or "", (diagnosis.cause, PLANS[diagnosis.cause]))
