@@ -360,11 +360,6 @@ def _qwen3_moe_fp8():
     return shape_from_config(config)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ModelShape.splits checks only the attention and KV heads; the checkpoint's weight_block_size "
-    "is dropped when the config is read, and moe_intermediate_size / TP is never checked against it",
-)
 def test_a_split_the_fp8_checkpoints_blocks_do_not_divide_is_not_planned():
     """A wrong change that vLLM refuses at load, and then stays (not_oom: NoChange, no revert). Qwen3-30B-A3B
     in its official block-wise fp8 checkpoint (weight_block_size [128, 128]) has 768-wide experts. vLLM's

@@ -245,6 +245,11 @@ def _text(config: dict[str, Any], source: str) -> dict[str, Any]:
             bits = _bits(quant, source)
             if bits is not None:
                 out["quantization_config"]["bits"] = bits
+            block = quant.get("weight_block_size")  # (block-wise fp8: [block_n, block_k]; a split must divide)
+            if isinstance(block, list) and len(block) == 2:
+                field = ConfigField("quantization_config.weight_block_size[]", 1, 65536, "")
+                where = "quantization_config.weight_block_size[]"
+                out["quantization_config"]["weight_block_size"] = [_integer(b, field, where, source) for b in block]
     return out
 
 

@@ -99,6 +99,7 @@ class ModelShape:
     dtype: str = "bfloat16"
     quantization: str | None = None
     quant_bits: int | None = None  # bits per quantized weight, where the checkpoint's config says
+    weight_block: tuple[int, int] | None = None  # block-wise fp8's [block_n, block_k]: each rank's slices divide
     # MoE in every `moe_period`-th layer only, at index % moe_period == moe_offset (Llama 4's
     # interleave_moe_layer_step, Qwen-MoE's decoder_sparse_step, Jamba's expert_layer_period)
     moe_period: int = 1
@@ -147,7 +148,15 @@ class ModelShape:
         """vLLM's rule for a tensor-parallel size: the attention heads divide by it, and the KV heads
         too, or it by them (replicated) (QKVParallelLinear); anything else fails at load."""
         kv = self.kv_heads or self.heads
-        return self.heads % tp == 0 and (kv % tp == 0 or tp % kv == 0)
+        return self.heads % tp == 0 and (kv % tp == 0 or tp % kv == 0) and self._blocks_split(tp)
+
+    def _blocks_split(self, tp: int) -> bool:
+        """A block-wise fp8 checkpoint's rank slices of the MLP's and the experts' width are whole blocks: vLLM's validate_fp8_block_shape and Fp8MoEMethod.create_weights refuse the rest
+        ("The output_size of gate's and up's weight = 192 is not divisible by weight quantization block_n")."""
+        if not self.weight_block or tp == 1:
+            return True
+        widths = (self.intermediate, self.moe_intermediate)
+        return all(w % tp == 0 and all((w // tp) % b == 0 for b in self.weight_block) for w in widths if w)
 
     @property
     def is_mla(self) -> bool:
@@ -360,6 +369,7 @@ def shape_from_config(config: dict[str, Any]) -> ModelShape:
         dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"),
         quantization=quant,
         quant_bits=whole(quant_config.get("bits")),
+        weight_block=tuple(block) if isinstance(block := quant_config.get("weight_block_size"), list) else None,
         moe_period=period,
         moe_offset=offset,
         blocks=pattern if isinstance(pattern := cfg.get("hybrid_override_pattern"), str) else "",
