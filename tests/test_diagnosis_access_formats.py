@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from crafted.bases import real_log
-from crafted.checks import assert_same_diagnosis
+from crafted.checks import assert_same_diagnosis, placed
 
 BASES = ["not_oom-27571-qwen3next-illegal-memory-access", "kv-cache-too-small.log", "cg-15228-qwen25-v080"]
 
@@ -30,15 +30,6 @@ ACCESS_LINES = [
 ]
 
 
-def _placed(base_log: str, crafted: str) -> list[str]:
-    lines = base_log.splitlines()
-    return [
-        crafted + "\n" + base_log,
-        "\n".join(lines[: len(lines) // 2] + [crafted] + lines[len(lines) // 2 :]) + "\n",
-        base_log.rstrip("\n") + "\n" + crafted + "\n",
-    ]
-
-
 @pytest.mark.parametrize("base_name", BASES)
 @pytest.mark.parametrize("line", ACCESS_LINES)
 def test_a_request_lines_target_in_any_access_format_changes_nothing(base_name, line):
@@ -47,7 +38,7 @@ def test_a_request_lines_target_in_any_access_format_changes_nothing(base_name, 
     become a kernel OOM kill under KServe's access format)."""
     base_log = real_log(base_name)
     for target in TARGETS:
-        for log in _placed(base_log, line.format(t=target)):
+        for log in placed(base_log, line.format(t=target)):
             assert_same_diagnosis(log, base_log)
 
 
@@ -70,5 +61,5 @@ def test_a_request_id_in_kserves_trace_line_changes_nothing(base_name, rid):
     """KServe's trace line names the request by the client's x-request-id header, in camel case
     (`requestId:`): the line is the request's (it had made an illegal memory access a kernel OOM kill)."""
     base_log = real_log(base_name)
-    for log in _placed(base_log, KSERVE_TRACE.format(rid=rid)):
+    for log in placed(base_log, KSERVE_TRACE.format(rid=rid)):
         assert_same_diagnosis(log, base_log)

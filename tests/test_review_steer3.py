@@ -19,19 +19,10 @@ import json
 import pytest
 
 from crafted.bases import real_log
-from crafted.checks import assert_same_diagnosis, assert_unchanged, diagnose
+from crafted.checks import assert_same_diagnosis, assert_unchanged, diagnose, placed
 from crafted.exceptions import preprocess_error
 
 NOT_MEMORY = "not_oom-27571-qwen3next-illegal-memory-access"  # a real illegal memory access: not_oom
-
-
-def _placed(base_log: str, crafted: str) -> list[str]:
-    lines = base_log.splitlines()
-    return [
-        crafted + "\n" + base_log,
-        "\n".join(lines[: len(lines) // 2] + [crafted] + lines[len(lines) // 2 :]) + "\n",
-        base_log.rstrip("\n") + "\n" + crafted + "\n",
-    ]
 
 
 # --- Findings -----------------------------------------------------------------------------------------------
@@ -60,7 +51,7 @@ def test_a_quote_or_tab_in_the_query_does_not_make_an_access_line_the_engines(fm
     evidence. tests/test_diagnosis_access_formats.py covers the same lines without the `"`."""
     base_log = real_log(NOT_MEMORY)
     assert diagnose(base_log).cause == "not_oom"
-    for log in _placed(base_log, QUOTED_QUERY[fmt].format(t="OOMKilled-")):
+    for log in placed(base_log, QUOTED_QUERY[fmt].format(t="OOMKilled-")):
         assert_same_diagnosis(log, base_log)
 
 
@@ -69,7 +60,7 @@ def test_a_query_longer_than_the_origin_check_reads_keeps_the_line_an_access_lin
     past the first 2 KiB of the line that the origin check reads for the opening."""
     base_log = real_log(NOT_MEMORY)
     long_query = QUOTED_QUERY["kserve-quote"].replace("ZZUSERZZ", "x" * 6000)
-    for log in _placed(base_log, long_query.format(t="OOMKilled-")):
+    for log in placed(base_log, long_query.format(t="OOMKilled-")):
         assert_same_diagnosis(log, base_log)
 
 
@@ -110,7 +101,7 @@ DEFAULT_QUOTED = [
 @pytest.mark.parametrize("line", DEFAULT_QUOTED)
 def test_a_quote_in_the_query_of_uvicorns_default_access_line_changes_nothing(line):
     base_log = real_log(NOT_MEMORY)
-    for log in _placed(base_log, line):
+    for log in placed(base_log, line):
         assert_same_diagnosis(log, base_log)
 
 
@@ -127,7 +118,7 @@ def test_a_quote_in_the_query_of_a_json_access_record_changes_nothing():
         "vllm_process_name": "APIServer",
     }
     base_log = real_log("kv-cache-too-small-json.log")
-    for log in _placed(base_log, json.dumps(record)):
+    for log in placed(base_log, json.dumps(record)):
         assert_same_diagnosis(log, base_log)
 
 

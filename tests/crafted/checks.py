@@ -64,3 +64,13 @@ def assert_reads_like(crafted_log: str, harmless_log: str, what: str) -> None:
         f"{what}: said {said(crafted)}; should say {said(harmless)}"
     )
     assert client_text_absent(crafted), f"{what}: the client's text is quoted"
+
+
+def placed(base_log: str, crafted: str) -> list[str]:
+    """`crafted` as the log's first line, in its middle and as its last line."""
+    lines = base_log.splitlines()
+    return [
+        crafted + "\n" + base_log,
+        "\n".join(lines[: len(lines) // 2] + [crafted] + lines[len(lines) // 2 :]) + "\n",
+        base_log.rstrip("\n") + "\n" + crafted + "\n",
+    ]
