@@ -4,6 +4,7 @@ subcommand does is in cli_commands.py."""
 from __future__ import annotations
 
 import argparse
+import errno
 import math
 import os
 import sys
@@ -336,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `vllm-autoheal crd | head` is fine
         return 0
     except OSError as exc:  # output that cannot be written (a full disk): said, never a traceback
-        if exc.filename is not None or sys.stdout is None:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO) or exc.filename is not None:
             raise
         print(f"vllm-autoheal {args.command}: cannot write the output: {exc.strerror or exc}", file=sys.stderr)
         _drop_output()

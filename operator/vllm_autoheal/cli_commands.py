@@ -166,9 +166,10 @@ def run_plan(args: argparse.Namespace) -> int:
         return 2
     if not shape.splits(engine.tensor_parallel_size):  # (vLLM refuses it at load)
         kv = shape.kv_heads or shape.heads
+        blocks = f", or its fp8 weights' blocks of {shape.weight_block[0]}" if shape.weight_block else ""
         print(
             f"vllm-autoheal plan: --tensor-parallel-size {engine.tensor_parallel_size} does not split the model's "
-            f"{shape.heads} attention heads and {kv} KV heads: vLLM refuses it",
+            f"{shape.heads} attention heads and {kv} KV heads{blocks}: vLLM refuses it",
             file=sys.stderr,
         )
         return 2

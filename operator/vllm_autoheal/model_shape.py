@@ -151,8 +151,9 @@ class ModelShape:
         return self.heads % tp == 0 and (kv % tp == 0 or tp % kv == 0) and self._blocks_split(tp)
 
     def _blocks_split(self, tp: int) -> bool:
-        """A block-wise fp8 checkpoint's rank slices of the MLP's and the experts' width are whole blocks: vLLM's validate_fp8_block_shape and Fp8MoEMethod.create_weights refuse the rest
-        ("The output_size of gate's and up's weight = 192 is not divisible by weight quantization block_n")."""
+        """A block-wise fp8 checkpoint's rank slices of the MLP's and the experts' width are whole blocks:
+        vLLM's validate_fp8_block_shape and Fp8MoEMethod.create_weights refuse the rest ("The output_size
+        of gate's and up's weight = 192 is not divisible by weight quantization block_n = 128")."""
         if not self.weight_block or tp == 1:
             return True
         widths = (self.intermediate, self.moe_intermediate)
