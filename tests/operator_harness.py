@@ -117,6 +117,19 @@ def server_side_apply(live: dict[str, Any], applied: dict[str, Any], manager: st
     return new
 
 
+def merge_patch(old: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch, as the API server applies one (the fakes' PATCH)."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(old) if isinstance(old, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
 def merge_diff(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     """The JSON merge patch that turns `old` into `new` (kmock stores writes as merge patches)."""
     out: dict[str, Any] = {k: None for k in old if k not in new}

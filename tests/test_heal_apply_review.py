@@ -15,21 +15,11 @@ from vllm_autoheal.api import EngineArgs
 from vllm_autoheal.kube import heal_apply
 from vllm_autoheal.kube.config import OperatorConfig
 
+from operator_harness import merge_patch
+
 NS, NAME = "team-a", "svc"
 PREVIOUS = {"engine": {"gpuMemoryUtilization": 0.9, "maxModelLen": 32768}, "model": "m", "memoryLimit": "32Gi"}
 TARGET = {"engine": {"gpuMemoryUtilization": 0.9, "maxModelLen": 16384}, "model": "m", "memoryLimit": "32Gi"}
-
-
-def _merge(old: Any, patch: Any) -> Any:
-    if not isinstance(patch, dict) or not isinstance(old, dict):
-        return copy.deepcopy(patch)
-    out = dict(old)
-    for k, v in patch.items():
-        if v is None:
-            out.pop(k, None)
-        else:
-            out[k] = _merge(old.get(k), v)
-    return out
 
 
 class FakeKube:
@@ -55,7 +45,7 @@ class FakeKube:
             raise ApiException(status=409, reason="Conflict")
         body = copy.deepcopy(body)
         body["metadata"].pop("resourceVersion", None)
-        self.obj = _merge(self.obj, body)
+        self.obj = merge_patch(self.obj, body)
         self.obj["metadata"]["resourceVersion"] = str(int(self.obj["metadata"]["resourceVersion"]) + 1)
         return copy.deepcopy(self.obj)
 

@@ -27,7 +27,7 @@ from vllm_autoheal.remedy import Inventory, plan_heal
 from vllm_autoheal.remedy_gate import Limits, check
 from vllm_autoheal.serve_sizing import gpus_taken
 
-from operator_harness import PendingLater, unschedulable_status
+from operator_harness import PendingLater, merge_patch, unschedulable_status
 from samples import config_shape
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
@@ -45,19 +45,6 @@ GIB = 2**30
 
 
 # --- a small API server: the calls the handlers make on one VLLMService -----------------------------
-
-
-def _merge(old: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch."""
-    if not isinstance(patch, dict):
-        return patch
-    out = dict(old) if isinstance(old, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = _merge(out.get(key), value)
-    return out
 
 
 class StubKube:
@@ -100,7 +87,7 @@ class StubKube:
         if method == "PATCH":
             patch = {k: v for k, v in body.items() if k != "metadata"}
             patch["metadata"] = {k: v for k, v in (body.get("metadata") or {}).items() if k != "resourceVersion"}
-            self.body = _merge(self.body, patch)
+            self.body = merge_patch(self.body, patch)
             self.body["metadata"]["resourceVersion"] = str(int(self.body["metadata"]["resourceVersion"]) + 1)
             return copy.deepcopy(self.body)
         raise AssertionError(f"unexpected {method} {path}")
