@@ -111,10 +111,6 @@ def test_a_batch_cut_keeps_the_context_vllm_requires_without_chunked_prefill():
 # --- quantized fallback -------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Quantize is planned where its own expected says the quantized start fails, and an allowed split fits",
-)
 def test_a_quantized_fallback_that_still_fails_gives_way_to_the_split_that_fits():
     """Input: the real H100 run q72 (Qwen2.5-72B, max_model_len 8192, eager, vLLM 0.25's 0.92: out of memory
     loading the weights); quantizedFallback an fp8 checkpoint of the same model, IncreaseTensorParallel allowed
@@ -188,3 +184,34 @@ def test_a_pipeline_kv_heal_holds_the_context_on_the_smallest_stage():
     util = r.changes.get("gpu_memory_utilization", 0.9)
     smallest = (2.5 + (util - 0.9) * H100.memory_gib) * GIB
     assert r.changes.get("max_model_len", 32768) * 160 * 1024 <= smallest, r.summary()
+
+
+def _q72_heal(actions: list[str], method: str) -> tuple[object, object]:
+    shape = _qwen72()
+    snapshot = GpuSnapshot(gpus=[GpuInfo(index=0, name="NVIDIA H100 80GB HBM3", total_bytes=81559 * 2**20)])
+    d = classify(Signals(log=(GPU / "h100-runs" / "q72.log").read_text(), exit_code=1, gpu=snapshot))
+    engine = parse_args("--max-model-len 8192 --enforce-eager").engine.model_copy(
+        update={"gpu_memory_utilization": 0.92}
+    )
+    heal = {
+        "bounds": {"maxTensorParallelSize": 2},
+        "allowedActions": actions,
+        "quantizedFallback": {"allowed": True, "model": "/models/qwen2.5-72b-q", "method": method},
+    }
+    spec = VLLMServiceSpec(model="/models/qwen2.5-72b-instruct", engine=engine, heal=heal)
+    return plan_heal(spec, d, inventory=Inventory(gpu_total_gib=H100.memory_gib, shape=shape, release=V025)), d
+
+
+def test_a_quantized_fallback_that_still_fails_and_nothing_else_allowed_gives_up_saying_why():
+    """The fp8 fallback of q72 alone allowed: the memory model says its KV cache cannot hold one request,
+    so no restart is spent on it; the answer names the refusal, and the user's settings stay."""
+    r, _ = _q72_heal(["Quantize"], "fp8")
+    assert r.action == "GiveUp" and "Quantize refused: the memory model says it still does not fit" in r.reason
+    assert not r.changes
+
+
+def test_a_quantized_fallback_whose_width_the_method_does_not_say_is_not_weighed():
+    """awq names no width by itself (4 bits in most checkpoints, 8 in some): the memory model cannot weigh the
+    fallback, so the user's named checkpoint is tried, as before."""
+    r, _ = _q72_heal(["Quantize", "IncreaseTensorParallel"], "awq")
+    assert r.action == "Quantize" and r.changes["model"] == "/models/qwen2.5-72b-q", r.summary()

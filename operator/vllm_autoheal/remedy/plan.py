@@ -19,7 +19,7 @@ from ..api import EngineArgs, VLLMServiceSpec
 from ..diagnosis import Diagnosis
 from ..diagnosis.model import Cause
 from ..engine import EngineArgsError, abbreviated_flag, parse_args, spelled_by
-from ..memory import CUDA_CONTEXT_GIB
+from ..memory import CUDA_CONTEXT_GIB, VARIABLE_WIDTH
 from ..remedy_gate import Limits, check, refused_memory_limit, utilization_floor
 from ..vllm_release import default_utilization, logged_release
 from .advice import allocation_out_of_reach, weights_beyond_free, weights_beyond_gpu, what_would_fit
@@ -297,9 +297,10 @@ def _expect(ctx: Context, changes: dict[str, Any]) -> str:
     )
 
 
-# Changes to the model or the GPU count are not the memory model's to veto: the estimate is per GPU
-# of the current model.
-_NOT_VETOED = {"Quantize", "IncreaseTensorParallel", "RaiseMemoryLimit"}
+# Changes to the GPU count or the container are not the memory model's to veto (the split's step
+# consults it itself; host RAM is not its to weigh). The quantized fallback is, where the method says
+# its width: the named checkpoint weighed as the model's shape at that width (`expected` says the same).
+_NOT_VETOED = {"IncreaseTensorParallel", "RaiseMemoryLimit"}
 _MEMORY_MODEL_CAUSES = {"kv_cache_insufficient", "weights_load_oom", "gpu_util_exceeds_free"}
 
 
@@ -310,6 +311,7 @@ def _cannot_fit(ctx: Context, remedy: Remedy) -> str | None:
         ctx.inv.shape is None
         or not ctx.total
         or remedy.action in _NOT_VETOED
+        or (remedy.action == "Quantize" and remedy.changes.get("quantization") in VARIABLE_WIDTH)
         or ctx.diag.cause not in _MEMORY_MODEL_CAUSES
         or _sized_by_vllm(ctx, remedy)
     ):
