@@ -95,10 +95,9 @@ ACCEPTED_EXTRA_ARGS = [
     "--enable_prefix_caching",
     "--tokenizer=org/tok",
     "-O3",
-    "-pcp",  # vLLM's prefill context parallelism (0.32's -pcp): a flag of its own, not -pp
+    "-dcp",  # vLLM's decode context parallelism (0.32's -dcp, on the TP GPUs): a flag of its own, not -pp
     "2",
-    "-dcp",
-    "2",
+    "--data-parallel-rank=0",  # (not --data-parallel-size: more GPUs than the pod's, refused)
     "--logging-config.formatter",  # JSON log records (diagnosis/log_records.py reads them)
     "json",
 ]

@@ -97,6 +97,8 @@ INVALID = [
     ),
     ("secret-api-key", {"engine": {"extraArgs": ["--api_key=sk-1"]}}, "Secret"),
     ("reserved-port", {"engine": {"extraArgs": ["--port=9000"]}}, "set spec.port"),
+    ("data-parallel", {"engine": {"extraArgs": ["-dp", "2"]}}, "spec.replicas"),
+    ("prefill-context-parallel", {"engine": {"extraArgs": ["--prefill_context_parallel_size=2"]}}, "take more"),
     ("shm-unbounded", {"resources": {"shmSize": "1000Ei"}}, "spec.resources.shmSize"),
     (
         "cache-hides-launcher",

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from vllm_autoheal import model_source
+from vllm_autoheal import model_source, validation
 from vllm_autoheal.api import ALL_ACTIONS, Deployed, EngineArgs, HealIntent, VLLMService, VLLMServiceSpec
 from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.gpu_catalog import lookup
@@ -450,25 +450,22 @@ def test_shm_never_exceeds_the_memory_limit_the_heal_deploys():
 # --- (2) the GPUs a pod gets under data parallelism ------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="resources.gpu_count is TP x PP whatever extraArgs say; --data-parallel-size is not counted "
-    "(serve_sizing.gpus_taken counts it for `serve`), and the CRD forbids resources.gpus != TP x PP",
+@pytest.mark.parametrize(
+    "flags", [["--data-parallel-size", "2"], ["-dp=2"], ["--data_parallel_size_local", "2"], ["-pcp", "2"]]
 )
-def test_the_pod_asks_for_the_gpus_data_parallel_ranks_take():
-    """A wrong change (a pod with half the GPUs vLLM takes). vLLM starts --data-parallel-size N engine
-    cores on this machine (data_parallel_size_local defaults to it), each on its own TP x PP GPUs
-    (ParallelConfig.world_size_across_dp = TP x PP x DP, vllm/config/parallel.py; the project's own
-    serve_sizing.gpus_taken counts them so). extraArgs may name --data-parallel-size; the Deployment asks
-    nvidia.com/gpu = TP x PP, and a TP raise (2 -> 4 GPUs for DP 2) keeps asking half. resources.gpus
-    cannot say more: the CRD requires it to equal TP x PP."""
-    engine = {"tensorParallelSize": 2, "extraArgs": ["--data-parallel-size", "2"]}
-    obj = VLLMService.model_validate(
-        {"metadata": {"name": "s", "namespace": NS, "uid": "u"}, "spec": {"model": "m", "engine": engine}}
-    )
-    assert gpus_taken(obj.spec.engine) == 4
-    limits = resources.deployment(obj)["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
-    assert limits[resources.GPU_RESOURCE] == gpus_taken(obj.spec.engine)
+def test_a_flag_that_makes_vllm_take_more_gpus_than_the_pod_asks_for_is_refused(flags: list[str]):
+    """Was a wrong change (a pod with half the GPUs vLLM takes). vLLM starts --data-parallel-size N engine
+    cores on this machine (data_parallel_size_local defaults to it), each on its own TP x PP GPUs, and
+    prefill context parallelism multiplies a world (ParallelConfig: world_size = TP x PP x PCP,
+    world_size_across_dp = world_size x DP, vllm/config/parallel.py 0.25); the Deployment asks
+    nvidia.com/gpu = TP x PP, and a TP raise (2 -> 4 GPUs for DP 2) kept asking half.
+    Now: the CRD refuses those flags in extraArgs, naming the field (more pods: spec.replicas); the
+    operator's own admission reads the same rules."""
+    engine = {"tensorParallelSize": 2, "extraArgs": flags}
+    body = {"apiVersion": "vllm.autoheal.dev/v1alpha1", "kind": "VLLMService", "metadata": {"name": "s"}}
+    _, problems = validation.admit({**body, "spec": {"model": "m", "engine": engine}})
+    assert any("spec.engine.extraArgs" in p and "makes vLLM take more" in p for p in problems), problems
+    assert gpus_taken(EngineArgs(extra_args=["--data-parallel-size", "2"], tensor_parallel_size=2)) == 4  # (serve)
 
 
 def test_a_split_keeps_the_pipeline_stages_in_the_gpu_count():

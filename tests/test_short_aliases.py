@@ -88,10 +88,9 @@ def test_a_short_token_is_refused_where_argparse_reads_it_as_a_typed_flag(token,
     read = vllms_reading(token, with_pcp, newer)
     entry = forbidden(token)
     refused = entry.cli if entry else None
-    if read in BY_CLI:  # a flag a heal sets: refused, naming it
-        assert refused == read, (token, read, refused)
-    elif read is not None:  # another flag of vLLM's: accepted
-        assert refused is None, (token, read, refused)
+    if read is not None:  # a flag a heal sets or one reserved (more GPUs than the pod's): refused, naming it
+        reserved = forbidden(read)  # (another flag of vLLM's: accepted)
+        assert refused == (reserved.cli if reserved else None), (token, read, refused)
     # (read is None: vLLM refuses the token itself; refusing it here too, or not, loses nothing)
 
 
@@ -118,8 +117,8 @@ def test_a_bypass_found_in_review_is_refused_by_both_checks(token):
     assert any(re.search(spelling_pattern(s), token) for s in entry.spellings), token
 
 
-@pytest.mark.parametrize("token", ["--logging-config.formatter", "--compilation-config.mode", "-pc=2", "-dcp=2",
-                                   "-ep", "--enable-expert-parallel", "-dpa=10.0.0.1", "-dp=2"])  # fmt: skip
+@pytest.mark.parametrize("token", ["--logging-config.formatter", "--compilation-config.mode", "-dcp=2", "-ep",
+                                   "--enable-expert-parallel", "-dpa=10.0.0.1", "-dpr=1"])  # fmt: skip
 def test_other_flags_stay_accepted(token):
     assert forbidden(token) is None, token
 
@@ -177,8 +176,14 @@ def test_the_real_vllm_parser_reads_each_bypass(vllm_python):
         assert extra_args_problems(args), args
 
 
-def test_prefill_context_parallelism_is_accepted_and_pipeline_parallelism_refused():
-    assert extra_args_problems(["-pcp", "2", "-dcp", "2", "-dp", "2"]) == []
+def test_context_parallelism_is_not_read_as_pipeline_parallelism():
+    """-pcp and -dcp start like -pp: neither is refused as pipelineParallelSize. Decode context parallelism
+    runs on the TP GPUs (accepted); prefill context parallelism multiplies them (refused for its own
+    reason, as data parallelism is)."""
+    assert extra_args_problems(["-dcp", "2"]) == []
+    for args in (["-pcp", "2"], ["-dp", "2"]):
+        (problem,) = extra_args_problems(args)
+        assert "pipelineParallelSize" not in problem and "makes vLLM take more" in problem
     assert "pipelineParallelSize" in extra_args_problems(["-pp", "2"])[0]
     assert "tensorParallelSize" in extra_args_problems(["-t", "2"])[0]
 

@@ -81,6 +81,16 @@ RESERVED: tuple[Reserved, ...] = (
     Reserved(
         "--config", "a flags file hides its flags from these checks; list each flag in extraArgs or set its field"
     ),
+    # Flags that multiply the GPUs vLLM takes (ParallelConfig: TP x PP x PCP a world, a world per local
+    # data-parallel rank): the pod asks for TP x PP (resources.gpus), so vLLM would find too few.
+    *(
+        Reserved(cli, f"the pod is given TP x PP GPUs and this flag makes vLLM take more; {advice}", aliases=(alias,))
+        for cli, alias, advice in (
+            ("--data-parallel-size", "-dp", "run more pods with spec.replicas"),
+            ("--data-parallel-size-local", "-dpl", "run more pods with spec.replicas"),
+            ("--prefill-context-parallel-size", "-pcp", "the operator does not size pods for it"),
+        )
+    ),
     Reserved("--hf-token", "put the token in a Secret and name it in spec.hfTokenSecretRef", secret=True),
     Reserved(
         "--api-key",
