@@ -358,6 +358,19 @@ class Cluster:
         }
         await self.call("POST", f"/apis/{GROUP}/{VERSION}/namespaces/{self.namespace}/{PLURAL}", body)
 
+    async def resume(self, name: str) -> None:
+        """What the operator's resume handler does for the object after a restart: a reconcile of it as it
+        is now, in a worker thread, as the operator (its requests counted as the operator's). Edits of
+        labels and of other tools' annotations no longer run one (handlers._changes_what_reconcile_reads)."""
+        import logging
+
+        from vllm_autoheal.kube import reconcile
+
+        body = await self.vsvc(name)
+        assert body is not None, name
+        operator = kclient.Kube(timeout=TEST_CONFIG.request_timeout_s)
+        await asyncio.to_thread(reconcile.reconcile, operator, TEST_CONFIG, body, logging.getLogger("resume"))
+
     # Blocking reads, for checks that run in a worker thread (wait_for): the event loop serves kmock.
     def vsvc_now(self, name: str) -> dict[str, Any] | None:
         return self.kube.get_vsvc(self.namespace, name)

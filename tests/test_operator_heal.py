@@ -385,8 +385,8 @@ async def test_a_heal_applied_while_a_reconcile_renders_is_applied_again(cluster
 
 
 async def test_a_blocked_heal_reverted_while_a_reconcile_renders_is_applied_again(cluster, monkeypatch):
-    """StatusOverrides: a reconcile (here a label or annotation change; a restart's resume does the
-    same) read the object with the TP=2 heal; the heal's pods cannot be scheduled and it is reverted
+    """StatusOverrides: a reconcile (here a restart's resume; an edit of the spec does the same) read the
+    object with the TP=2 heal; the heal's pods cannot be scheduled and it is reverted
     to TP=1 with nothing left to try. That revert moves no counter (healCount stays), yet it changes
     status.effective and the Deployment: the reconcile must neither write back its TP=2 copy nor
     leave its apply of TP=2 last."""
@@ -406,11 +406,12 @@ async def test_a_blocked_heal_reverted_while_a_reconcile_renders_is_applied_agai
         return real(ns, name)
 
     monkeypatch.setattr(reconcile, "lock", held)
-    await cluster.call("PATCH", vsvc_path(name), {"metadata": {"annotations": {"example.com/owner": "a"}}}, MERGE)
+    resumed = asyncio.create_task(cluster.resume(name))
     await wait_for(entered.is_set, what="a reconcile holding the object it read")
     await cluster.pending_pod(name, f"{name}-b", NO_GPU)
     await wait_for(lambda: gpus(cluster.deployment_now(name)) == 1, what="the revert applied")
     gate.set()
+    await resumed
     await cluster.settled(name)
     await cluster.quiet(name)
     assert gpus(await cluster.deployment(name)) == 1
@@ -421,7 +422,7 @@ async def test_a_blocked_heal_reverted_while_a_reconcile_renders_is_applied_agai
 
 async def test_preflight_fix_does_not_undo_a_status_overrides_heal_on_a_later_reconcile(cluster):
     """Fix mode fits the flags at start; a heal in StatusOverrides mode then changes status.effective.
-    A later reconcile (an annotation change here; every resume after an operator restart too)
+    A later reconcile (a resume after an operator restart here; an edit of the spec too)
     must not put pre-flight's flags, the ones that crashed, back."""
     name = "fix-overrides"
     fitted = await fitted_service(cluster, name, "StatusOverrides")
@@ -431,8 +432,8 @@ async def test_preflight_fix_does_not_undo_a_status_overrides_heal_on_a_later_re
     assert healed == {**fitted, "gpuMemoryUtilization": 0.85, "maxModelLen": healed["maxModelLen"]}
     assert healed["maxModelLen"] < fitted["maxModelLen"]
     await wait_for(lambda: flag(cluster.deployment_now(name), "--gpu-memory-utilization") == "0.85", what="rollout")
-    await cluster.call("PATCH", vsvc_path(name), {"metadata": {"annotations": {"example.com/owner": "a"}}}, MERGE)
-    await cluster.settled(name)  # (kopf has handled the annotation: the reconcile ran)
+    await cluster.resume(name)
+    await cluster.settled(name)
     await cluster.quiet(name)
     assert status(await cluster.vsvc(name))["effective"] == healed
     assert flag(await cluster.deployment(name), "--gpu-memory-utilization") == "0.85"

@@ -51,9 +51,21 @@ def stop(memo: kopf.Memo, **_: Any) -> None:
     _later(memo).stop()
 
 
+def _changes_what_reconcile_reads(old: Any, new: Any, **_: Any) -> bool:
+    """Whether an update changes what a reconcile reads: all of kopf's essence of a VLLMService but its
+    metadata (labels, and annotations: kopf's essence holds none of the operator's group, whose own and
+    the deprecated model config's are read at the next reconcile). Another tool's annotation alone (a GitOps
+    sync stamp on every sync) renders nothing: it costs kopf's one PATCH of its record, no reads."""
+
+    def read(essence: Any) -> Any:
+        return {k: v for k, v in essence.items() if k != "metadata"} if isinstance(essence, dict) else essence
+
+    return read(old) != read(new)
+
+
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.create(GROUP, VERSION, PLURAL)
-@kopf.on.update(GROUP, VERSION, PLURAL)
+@kopf.on.update(GROUP, VERSION, PLURAL, when=_changes_what_reconcile_reads)
 def reconcile_service(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     reconcile.reconcile(_kube(memo), _config(memo), dict(body), logger)
 
