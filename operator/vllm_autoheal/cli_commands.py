@@ -8,7 +8,6 @@ import io
 import json
 import os
 import secrets
-import stat
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,6 +36,7 @@ def bundled_examples() -> dict[str, Path]:
 def run_diagnose(args: argparse.Namespace) -> int:
     from .diagnosis import Signals
     from .diagnosis.classify import classify_stream
+    from .log_file import no_log, windows
     from .report import render_diagnosis
 
     signals = dict(
@@ -61,23 +61,28 @@ def run_diagnose(args: argparse.Namespace) -> int:
             if sys.stdin is None:  # (`<&-`)
                 print("vllm-autoheal diagnose: no standard input to read the log from", file=sys.stderr)
                 return 2
-            why = _no_log(sys.stdin, "standard input")
+            why = no_log(sys.stdin, "standard input")
             if why:
                 print(f"vllm-autoheal diagnose: {why}", file=sys.stderr)
                 return 2
             # (read as a FILE is: one byte that is not UTF-8 must not lose the whole log)
             raw = getattr(sys.stdin, "buffer", None)
-            stream = io.TextIOWrapper(raw, encoding="utf-8", errors="replace") if raw is not None else sys.stdin
+            stream = (
+                io.TextIOWrapper(windows(raw, utf8=True), encoding="utf-8", errors="replace")
+                if raw is not None
+                else sys.stdin
+            )
             diag = classify_stream(stream, **signals)
         else:
             with open(args.file, "rb") as f:
-                why = _no_log(f, args.file)
+                why = no_log(f, args.file)
                 if why:
                     print(f"vllm-autoheal diagnose: {why}", file=sys.stderr)
                     return 2
                 opening = f.peek(4)[:4]
                 encoding = "utf-16" if opening[:2] in (b"\xff\xfe", b"\xfe\xff") else "utf-8"  # (a BOM: PowerShell's >)
-                diag = classify_stream(io.TextIOWrapper(f, encoding=encoding, errors="replace"), **signals)
+                read = windows(f, utf8=encoding == "utf-8")
+                diag = classify_stream(io.TextIOWrapper(read, encoding=encoding, errors="replace"), **signals)
     except OSError as exc:
         print(f"vllm-autoheal diagnose: cannot read {args.file}: {exc.strerror}", file=sys.stderr)
         return 2
@@ -108,21 +113,6 @@ def run_diagnose(args: argparse.Namespace) -> int:
     else:
         print(render_diagnosis(diag, remedy))
     return 0
-
-
-def _no_log(stream: Any, name: str) -> str | None:
-    """Why `stream` is no log to read, else None: a device (/dev/zero, /dev/urandom never end; a terminal
-    is read as stdin is), or a compressed file (a rotated kubelet log, 0.log.<time>.gz)."""
-    try:
-        mode = os.fstat(stream.fileno()).st_mode
-    except (OSError, ValueError):  # (no descriptor: a stream of the caller's)
-        return None
-    if (stat.S_ISCHR(mode) or stat.S_ISBLK(mode)) and not stream.isatty():
-        return f"{name} is a device, not a log file"
-    peek = getattr(stream, "peek", None)
-    if stat.S_ISREG(mode) and peek is not None and peek(2)[:2] == b"\x1f\x8b":
-        return f"{name} is gzip-compressed: decompress it first (zcat {name} | vllm-autoheal diagnose -)"
-    return None
 
 
 def _plan_shape(args: argparse.Namespace) -> tuple[ModelShape, str]:
