@@ -414,7 +414,7 @@ def test_enforce_eager_is_not_offered_for_a_shortfall_six_times_the_graphs():
     8e9f687: the raise steps are at the bound, so kv_steps.eager_for_reserved_graphs answers:
     EnforceEager, 'without graphs that share goes to the cache, which then holds one request of max_model_len'.
     It asks only the memory model (which says 59 GiB of cache), never vLLM's own figures for this run: eager
-    gives back the graph estimate, about 0.99 GiB, and vLLM is 6 GiB short. plan._sized_by_vllm's rule
+    gives back the graph estimate, about 0.99 GiB, and vLLM is 6 GiB short. verdict._sized_by_vllm's rule
     ('vLLM's own figures for this very run outrank the memory model's estimate') is not applied here.
     What should happen: no EnforceEager where vLLM's printed shortfall (needed - available) exceeds the
     graphs' share; here a give-up."""

@@ -55,12 +55,6 @@ def _weights_heal(gpu: str, flags: str, method: str, fallback: str) -> object:
 # --- 1. the quantized fallback's veto (28dcecf) -----------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_cannot_fit vetoes Quantize on the fp8 estimate's KV shortfall alone (1.62 GiB holds 5,296 of "
-    "8,192 tokens at 0.9), though the weights fit and the default policy's own KV heals (utilization 0.92, "
-    "or a context cut) make it start: the plan is GiveUp where it used to heal",
-)
 def test_an_fp8_fallback_whose_weights_fit_is_not_refused_for_a_kv_shortfall_a_kv_heal_answers():
     """Severity: high (a regression of the commonest quantized fallback: a service that healed now gives up).
     Input: Llama-3.1-70B-Instruct in bf16 on one H100 80GB, --max-model-len 8192, utilization 0.9 (the
@@ -84,11 +78,6 @@ def test_an_fp8_fallback_whose_weights_fit_is_not_refused_for_a_kv_shortfall_a_k
     assert "still fails" not in r.expected, r.expected
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gguf is weighed at QUANT_BYTES' 0.563 bytes a weight (a 4-bit K-quant) though a GGUF file's "
-    "width is its own (Q2_K ~2.6 bits, Q8_0 8.5): a Q2_K fallback that fits an L40S is vetoed, GiveUp",
-)
 def test_a_gguf_fallback_is_not_weighed_at_a_width_the_method_does_not_say():
     """Severity: medium (a false veto: a fallback that would run is refused, and the service gives up).
     Input: Llama-3.1-70B-Instruct in bf16 on one L40S (44.4 GiB), --max-model-len 4096: out of memory
@@ -103,11 +92,6 @@ def test_a_gguf_fallback_is_not_weighed_at_a_width_the_method_does_not_say():
     assert r.action == "Quantize", r.reason
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="for a method the veto does not weigh (awq), `expected` still weighs it at QUANT_BYTES' guess and "
-    "says 'still fails' on the very remedy planned",
-)
 def test_an_unweighed_fallback_has_no_verdict_of_the_width_it_was_not_weighed_at():
     """Severity: low (a contradictory report: the status and Event say the heal taken still fails).
     Input: as above on one H100, --max-model-len unset (131,072), quantizedFallback an AWQ checkpoint.

@@ -103,6 +103,10 @@ def weights_gib_per_gpu(shape: ModelShape, engine: EngineArgs, gpu: GpuSpec | No
 # Methods whose width the method alone does not say (a container for several schemes): without the
 # checkpoint's bits their QUANT_BYTES is a guess, too rough to tell loading from later steps.
 VARIABLE_WIDTH = frozenset({"compressed-tensors", "modelopt", "quark", "torchao", "inc", "gptq", "awq"})
+# Methods whose name fixes a weight's width, the only ones a checkpoint of which the memory model weighs
+# before it is loaded (the quantized fallback): any other's is the file's own choice (GGUF's Q2_K to Q8_0,
+# GPTQ's and AWQ's 4 or 8 bits, bitsandbytes' 4 or 8, a container's scheme).
+FIXED_WIDTH = frozenset({"fp8", "fbgemm_fp8", "ptpc_fp8", "experts_int8", "mxfp4", "modelopt_fp4"})
 # Words of extra flags that move weights off a GPU or spread them in ways this model does not
 # count (data/expert parallel, offload, another checkpoint format or quantization).
 WEIGHT_PLACEMENT_WORDS = ("parallel", "expert", "offload", "quantiz", "load-format", "load_format", "dtype")

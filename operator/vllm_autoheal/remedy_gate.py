@@ -69,14 +69,15 @@ CALLS_FOR: dict[str, dict[str, int]] = {
     "multi_gpu_oom": {"max_model_len": DOWN, "gpu_memory_utilization": DOWN, "enforce_eager": UP},
     "host_ram_oom": {"memory_limit": UP, "cpu_offload_gb": DOWN, "kv_cache_memory_bytes": DOWN},
 }
-# (cause, field) -> the field that must change with it: these moves only go with a split (its weights
-# leave a share too small, or its context too long), or a split only with a share of what was free.
-ONLY_WITH: dict[tuple[str, str], str] = {
-    ("weights_load_oom", "gpu_memory_utilization"): "tensor_parallel_size",
-    ("weights_load_oom", "max_model_len"): "tensor_parallel_size",
-    ("gpu_util_exceeds_free", "tensor_parallel_size"): "gpu_memory_utilization",
-    ("profiling_oom", "max_model_len"): "gpu_memory_utilization",
-    ("runtime_oom", "max_model_len"): "gpu_memory_utilization",
+# (cause, field) -> the fields one of which must change with it: these moves only go with a split or the
+# quantized checkpoint (whose weights leave a share too small, or its context too long), or a split only
+# with a share of what was free.
+ONLY_WITH: dict[tuple[str, str], tuple[str, ...]] = {
+    ("weights_load_oom", "gpu_memory_utilization"): ("tensor_parallel_size", "model"),
+    ("weights_load_oom", "max_model_len"): ("tensor_parallel_size", "model"),
+    ("gpu_util_exceeds_free", "tensor_parallel_size"): ("gpu_memory_utilization",),
+    ("profiling_oom", "max_model_len"): ("gpu_memory_utilization",),
+    ("runtime_oom", "max_model_len"): ("gpu_memory_utilization",),
 }
 # Actions whose pods ask the scheduler for more than before (more GPUs, more memory).
 NEEDS_MORE_RESOURCES = frozenset({"IncreaseTensorParallel", "RaiseMemoryLimit"})
@@ -224,8 +225,8 @@ def check(
             return f"{name} {value!r} is not a finite number"
         if name not in calls_for:
             return f"{name} is not what {cause} calls for"
-        if (companion := ONLY_WITH.get((cause, name))) and companion not in changes:
-            return f"{name} moves for {cause} only with {companion}"
+        if (companions := ONLY_WITH.get((cause, name))) and not any(c in changes for c in companions):
+            return f"{name} moves for {cause} only with {' or '.join(companions)}"
     engine_changes = {k: v for k, v in changes.items() if k in EngineArgs.model_fields}
     try:  # the CRD's ranges and rules, from the same models that generate it
         after = EngineArgs.model_validate({**engine.model_dump(), **engine_changes})

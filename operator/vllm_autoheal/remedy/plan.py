@@ -19,7 +19,7 @@ from ..api import EngineArgs, VLLMServiceSpec
 from ..diagnosis import Diagnosis
 from ..diagnosis.model import Cause
 from ..engine import EngineArgsError, abbreviated_flag, parse_args, spelled_by
-from ..memory import CUDA_CONTEXT_GIB, VARIABLE_WIDTH
+from ..memory import CUDA_CONTEXT_GIB
 from ..remedy_gate import Limits, check, refused_memory_limit, utilization_floor
 from ..vllm_release import default_utilization, logged_release
 from .advice import allocation_out_of_reach, weights_beyond_free, weights_beyond_gpu, what_would_fit
@@ -36,7 +36,13 @@ from .kv_steps import (
     shorter_context,
 )
 from .model import GIVE_UP, NO_CHANGE, Context, Inventory, Remedy, Step, device_total, printed_figure
-from .resource_steps import lower_cpu_offload, more_tensor_parallel, raise_memory_limit, shrink_kv_bytes
+from .resource_steps import (
+    lower_cpu_offload,
+    more_tensor_parallel,
+    quantized_model,
+    raise_memory_limit,
+    shrink_kv_bytes,
+)
 from .steps import (
     batch_from_allocation,
     cpu_offload,
@@ -46,10 +52,10 @@ from .steps import (
     lower_batched,
     lower_seqs,
     lower_utilization_step,
-    quantized_model,
     room_for_graphs,
     seqs_from_allocation,
 )
+from .verdict import cannot_fit, expected
 
 # Raising the memory limit again is a new, larger value each time (VPA bumps on every OOM).
 REPEATABLE = {"RaiseMemoryLimit"}
@@ -172,17 +178,15 @@ def plan_heal(
             refused.append(f"{remedy.action} refused: it would leave less than the weights an earlier crash printed")
             continue
         limits = ctx.limits
-        if "tensor_parallel_size" in remedy.changes:  # (the split's own floor: less weights per GPU)
+        if {"tensor_parallel_size", "quantization"} & set(remedy.changes):  # (their own floor: less weights a GPU)
             limits = _limits(spec, remedy.apply(engine), inv, total, None)
-        problem = check(heal_as, remedy.changes, engine, model, memory_limit, limits, failed) or _cannot_fit(
-            ctx, remedy
-        )
+        problem = check(heal_as, remedy.changes, engine, model, memory_limit, limits, failed) or cannot_fit(ctx, remedy)
         if problem is not None:
             refused.append(f"{remedy.action} refused: {problem}")
             continue
         if "LowerGpuMemoryUtilization" in allowed:
             remedy = _with_room_for_graphs(ctx, heal_as, remedy, model, memory_limit, failed)
-        remedy.expected = remedy.expected or _expect(ctx, remedy.changes)
+        remedy.expected = remedy.expected or expected(ctx, remedy.changes)
         return remedy
     why = f"; {'; '.join(refused)}" if refused else ""
     advice = what_would_fit(ctx) or weights_beyond_free(ctx) or allocation_out_of_reach(ctx) or empty_budget(ctx)
@@ -282,56 +286,6 @@ def _with_room_for_graphs(
         f"{remedy.reason} With it, the memory model says CUDA-graph capture would run out of the room outside "
         f"the budget at utilization {ctx.engine.gpu_memory_utilization}: {new} in the same change.",
     )
-
-
-def _expect(ctx: Context, changes: dict[str, Any]) -> str:
-    """The memory model's verdict on the changed flags, when it knows the model and GPU."""
-    if ctx.inv.shape is None or not ctx.total:
-        return ""
-    after = ctx.engine.model_copy(update={k: v for k, v in changes.items() if k in EngineArgs.model_fields})
-    est = ctx.estimate(after, ctx.inv.gpu_free_gib)
-    verdict = "fits" if est.fits else f"still fails: {'; '.join(est.reasons)}"
-    return (
-        f"KV cache {est.kv_cache_gib:.2f} GiB holds {est.kv_tokens:,} tokens for max_model_len "
-        f"{est.max_model_len:,} ({verdict})."
-    )
-
-
-# Changes to the GPU count or the container are not the memory model's to veto (the split's step
-# consults it itself; host RAM is not its to weigh). The quantized fallback is, where the method says
-# its width: the named checkpoint weighed as the model's shape at that width (`expected` says the same).
-_NOT_VETOED = {"IncreaseTensorParallel", "RaiseMemoryLimit"}
-_MEMORY_MODEL_CAUSES = {"kv_cache_insufficient", "weights_load_oom", "gpu_util_exceeds_free"}
-
-
-def _cannot_fit(ctx: Context, remedy: Remedy) -> str | None:
-    """A change the memory model says still cannot start is never tried: a restart costs minutes.
-    Only where the model's shape and the GPU are known, and for the causes it predicts well."""
-    if (
-        ctx.inv.shape is None
-        or not ctx.total
-        or remedy.action in _NOT_VETOED
-        or (remedy.action == "Quantize" and remedy.changes.get("quantization") in VARIABLE_WIDTH)
-        or ctx.diag.cause not in _MEMORY_MODEL_CAUSES
-        or _sized_by_vllm(ctx, remedy)
-    ):
-        return None
-    after = ctx.engine.model_copy(update={k: v for k, v in remedy.changes.items() if k in EngineArgs.model_fields})
-    est = ctx.estimate(after, ctx.inv.gpu_free_gib)
-    if est.fits:
-        return None
-    return f"the memory model says it still does not fit ({'; '.join(est.reasons)[:200]})"
-
-
-def _sized_by_vllm(ctx: Context, remedy: Remedy) -> bool:
-    """vLLM's own figures for this very run outrank the memory model's estimate."""
-    needs = {
-        "LowerMaxModelLen": ("estimated_max_model_len", "kv_tokens"),
-        "RaiseGpuMemoryUtilization": ("needed_gib",),
-        "LowerGpuMemoryUtilization": ("free_gib",),
-        "LowerMaxNumSeqs": ("mamba_blocks",),
-    }
-    return any(ctx.num(key) is not None for key in needs.get(remedy.action, ()))
 
 
 def _repeat_below_weights(remedy: Remedy, history: list[dict[str, Any]], total: float | None) -> bool:

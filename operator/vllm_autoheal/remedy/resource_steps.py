@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from ..diagnosis.units import MIB
-from ..memory import CUDA_CONTEXT_GIB, Estimate
+from ..memory import CUDA_CONTEXT_GIB, FIXED_WIDTH, Estimate
 from ..quantity import format_bytes, parse_quantity
 from ..remedy_gate import utilization_floor
 from .kv_steps import raise_limit, shorter_context
@@ -126,6 +126,44 @@ def _split_with_shorter_context(ctx: Context, estimates: list[tuple[int, Estimat
                 f"holds {length:,} tokens: max_model_len -> {length:,}.",
             )
     return None  # none within the bound holds it (plan.what_would_fit says what would)
+
+
+def quantized_model(ctx: Context) -> Remedy | None:
+    """The quantized checkpoint the policy names. Where the memory model can weigh it (the model's shape at
+    a width its method fixes) and says its start still falls short of the KV cache one request needs, the
+    least utilization the bounds and free memory allow that fits comes with it, else the context its cache
+    holds (3% margin), in the same restart; where neither does, verdict.cannot_fit refuses it, saying why."""
+    fb = ctx.policy.quantized_fallback
+    if not fb.allowed or not fb.model or ctx.spec.model == fb.model:
+        return None
+    changes: dict[str, object] = {"model": fb.model, "quantization": fb.method}
+    reason = f"the weights do not fit; switching to the quantized {fb.model} ({fb.method}) the policy names"
+    if fb.method not in FIXED_WIDTH or ctx.inv.shape is None or not ctx.total:
+        return Remedy("Quantize", changes, reason + ".")
+    quantized = ctx.engine.model_copy(update={"quantization": fb.method})
+    est = ctx.estimate(quantized, ctx.inv.gpu_free_gib)
+    if est.failure != "kv_cache_insufficient":
+        return Remedy("Quantize", changes, reason + ".")  # (fits, or its weights do not: the veto's to say)
+    current, top = ctx.engine.gpu_memory_utilization, raise_limit(ctx)
+    raise_ok = "RaiseGpuMemoryUtilization" in ctx.policy.allowed_actions and not ctx.engine.kv_cache_memory_bytes
+    for step in range(1, round((top - current) * 100) + 1) if raise_ok and not _others_hold_memory(ctx) else ():
+        least = round(current + step / 100, 2)
+        if ctx.estimate(quantized.model_copy(update={"gpu_memory_utilization": least}), ctx.inv.gpu_free_gib).fits:
+            util = min(round(least + 0.01, 2), top)  # (as a split's share: the model's 1% of margin)
+            return Remedy(
+                "Quantize",
+                {**changes, "gpu_memory_utilization": util},
+                f"{reason}; by the memory model its KV cache holds one request of the context from utilization "
+                f"{least} ({current} leaves {est.max_model_len_fit:,} tokens): {util}, set in the same change.",
+            )
+    if length := shorter_context(ctx, est.max_model_len_fit * 0.97):
+        return Remedy(
+            "Quantize",
+            {**changes, "max_model_len": length},
+            f"{reason}; by the memory model (3% margin) its KV cache holds {length:,} tokens within the bounds: "
+            f"max_model_len -> {length:,}, in the same change.",
+        )
+    return Remedy("Quantize", changes, reason + ".")
 
 
 def raise_memory_limit(ctx: Context) -> Remedy | None:

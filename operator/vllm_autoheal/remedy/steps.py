@@ -121,17 +121,6 @@ def fit_kv_bytes_to_free(ctx: Context) -> Remedy | None:
     )
 
 
-def quantized_model(ctx: Context) -> Remedy | None:
-    fb = ctx.policy.quantized_fallback
-    if not fb.allowed or not fb.model or ctx.spec.model == fb.model:
-        return None
-    return Remedy(
-        "Quantize",
-        {"model": fb.model, "quantization": fb.method},
-        f"the weights do not fit; switching to the quantized {fb.model} ({fb.method}) the policy names.",
-    )
-
-
 def cpu_offload(ctx: Context) -> Remedy | None:
     shape, total = ctx.inv.shape, ctx.total
     if shape is None or not total:
