@@ -136,11 +136,6 @@ def test_flags_that_take_no_more_gpus_stay_accepted(args):
     assert extra_args_problems(args) == [], args
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="serve_sizing.gpus_taken counts TP x PP x local DP ranks and ignores -pcp, which 0a74e75 refuses "
-    "in the CRD because vLLM's world is TP x PP x PCP: serve sizes its heal on half the GPUs vLLM takes",
-)
 def test_serve_counts_the_gpus_prefill_context_parallelism_takes():
     """Severity: low (serve only: a heal sized from the free memory of fewer GPUs than vLLM used).
     Input: `serve` with extra flags `-pcp 2` (TP 1; accepted there: serve does not go through the CRD).
@@ -192,12 +187,6 @@ def _cli(*args: str, stdin=None, timeout: float = 60) -> subprocess.CompletedPro
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="windows() sizes and seeks stdin by st_size, not from its position: of a file redirected at an "
-    "offset it reads the last 16 MiB of the whole file, bytes before the position the caller skipped "
-    "(an earlier run's crash): kv_cache_insufficient where the stream read through is not_oom",
-)
 def test_stdin_at_an_offset_is_read_from_its_position(tmp_path):
     """Severity: medium (a wrong diagnosis of the run asked about, from the part of the file skipped).
     Input: a log file of 80 MiB and more holding two runs: the first ends in vLLM's KV refusal (the real
@@ -252,12 +241,6 @@ def test_what_is_no_regular_file_is_read_through(tmp_path):
         assert windows(f, utf8=False) is f
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="RAW_PER_CHARACTER (16) is no bound on a node's CRI log: a record of a short line is 41 raw bytes "
-    "for 1 character, so the last 16 MiB decode to less than the classifier's 1 MiB tail window, and "
-    "vLLM's 'Available KV cache memory' figure (available_kv_gib) read through is lost when sought",
-)
 def test_a_node_log_of_short_records_keeps_the_figures_of_the_tail_window(tmp_path):
     """Severity: low (a figure of the tail window lost: a heal sized without vLLM's printed KV budget).
     Input: the real H200 KV refusal (kvlen.log) as the kubelet writes it (`<RFC 3339> stdout F <text>`), its

@@ -17,6 +17,7 @@ from .vllm_release import env_keeps_release, logged_release
 
 _DP_LOCAL = ("--data-parallel-size-local", "--data_parallel_size_local", "-dpl")
 _DP = ("--data-parallel-size", "--data_parallel_size", "-dp")
+_PCP = ("--prefill-context-parallel-size", "--prefill_context_parallel_size", "-pcp")
 
 
 def data_parallel_here(extra_args: list[str]) -> int | None:
@@ -36,11 +37,25 @@ def data_parallel_here(extra_args: list[str]) -> int | None:
     return int(text) if text.isascii() and text.isdigit() and 0 < int(text) <= 64 else None
 
 
+def prefill_context_ranks(extra_args: list[str]) -> int | None:
+    """vLLM's prefill context parallelism (its world is TP x PP x PCP): the size given, else 1; None where the
+    flags do not say plainly (as data_parallel_here)."""
+    text = "1"
+    for i, token in enumerate(extra_args):
+        name, eq, value = token.partition("=")
+        if name in _PCP:
+            text = value if eq else (extra_args[i + 1] if i + 1 < len(extra_args) else "")
+        elif name.startswith(("--prefill-context-p", "--prefill_context_p", "-pc")) and name not in ("-pcp",):
+            return None  # (an abbreviation argparse resolves, or not)
+    return int(text) if text.isascii() and text.isdigit() and 0 < int(text) <= 64 else None
+
+
 def gpus_taken(engine: EngineArgs, tensor_parallel_size: int | None = None) -> int | None:
-    """How many of this machine's GPUs vLLM takes with these flags (TP x PP for each local data-parallel rank)."""
-    ranks = data_parallel_here(engine.extra_args or [])
+    """How many of this machine's GPUs vLLM takes with these flags (TP x PP x PCP for each local data-parallel
+    rank: ParallelConfig.world_size, one world a rank)."""
+    ranks, pcp = data_parallel_here(engine.extra_args or []), prefill_context_ranks(engine.extra_args or [])
     tp = tensor_parallel_size or engine.tensor_parallel_size
-    return None if ranks is None else tp * engine.pipeline_parallel_size * ranks
+    return None if ranks is None or pcp is None else tp * engine.pipeline_parallel_size * pcp * ranks
 
 
 def inventory(
