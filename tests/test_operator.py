@@ -68,6 +68,33 @@ async def test_create_renders_deployment_and_service(cluster):
     assert st["endpoint"] == "http://llama.default.svc:8000/v1"
 
 
+async def test_a_deleted_deployment_is_applied_again_while_its_service_stays(cluster):
+    """A person (or another tool) deletes a VLLMService's Deployment: the operator, which watches the Deployments
+    it manages, renders and applies it again, as it was (before, only the next edit of the spec or the
+    operator's restart brought it back). A Deployment of the same labels that the service does not control
+    (here: no ownerReference) brings nothing back."""
+    await cluster.create_vsvc("kept", SPEC)
+    first = await wait_for(lambda: cluster.deployment_now("kept"), what="deployment")
+    await cluster.settled("kept")
+    path = "/apis/apps/v1/namespaces/default/deployments/kept"
+    await cluster.call("DELETE", path)
+    again = await wait_for(lambda: cluster.deployment_now("kept"), what="the deployment applied again")
+    assert again["spec"]["template"] == first["spec"]["template"]
+    await cluster.quiet("kept")
+    decoy = {**first, "metadata": {k: v for k, v in first["metadata"].items() if k in ("name", "namespace", "labels")}}
+    decoy["metadata"]["name"] = "decoy"
+    decoys = "/apis/apps/v1/namespaces/default/deployments"
+    await cluster.call("POST", decoys, decoy)
+    await cluster.call("DELETE", f"{decoys}/decoy")
+    await cluster.quiet("kept")
+    assert await cluster.get(f"{decoys}/decoy") is None
+    # the service deleted, then its Deployment (the garbage collector's order): nothing is brought back
+    await cluster.call("DELETE", "/apis/vllm.autoheal.dev/v1alpha1/namespaces/default/vllmservices/kept")
+    await cluster.call("DELETE", path)
+    await asyncio.sleep(1.0)
+    assert await cluster.get(path) is None
+
+
 async def test_kv_crash_patches_spec_records_baseline_and_rolls_out(cluster):
     await cluster.create_vsvc("kv", SPEC)
     await cluster.settled("kv")

@@ -83,7 +83,9 @@ def deployment_progress(
     body: kopf.Body, type: str, namespace: str | None, memo: kopf.Memo, logger: kopf.Logger, **_: Any
 ) -> None:
     name = (body.get("metadata", {}).get("labels") or {}).get(resources.SERVICE_LABEL)
-    if name and namespace and type != "DELETED":
+    if name and namespace and type == "DELETED":
+        reconcile.deployment_deleted(_kube(memo), _config(memo), namespace, name, dict(body), logger)
+    elif name and namespace:
         reconcile.deployment_progress(_kube(memo), _config(memo), namespace, name, dict(body))
         if pods.failed_create(dict(body)) is not None:  # (pods the API server refused: no pod event comes)
             unschedulable.check(_kube(memo), _config(memo), _later(memo), namespace, name, logger, fresh=True)

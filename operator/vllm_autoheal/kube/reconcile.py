@@ -278,6 +278,26 @@ def rollout_done(dep: dict[str, Any]) -> tuple[bool, str]:
     return ready, f"{have}/{want}"
 
 
+def deployment_deleted(
+    kube: Kube, cfg: OperatorConfig, ns: str, name: str, dep: dict[str, Any], logger: kopf.Logger
+) -> None:
+    """A VLLMService's Deployment deleted while the service stays (by a person, or another tool): rendered and
+    applied again, as an edit of the spec would. Not where the service is gone or going (the garbage
+    collector deletes its Deployment after it), nor for a Deployment it did not control."""
+    body = kube.get_vsvc(ns, name)
+    meta = (body or {}).get("metadata") or {}
+    if body is None or meta.get("deletionTimestamp"):
+        return
+    refs = (dep.get("metadata") or {}).get("ownerReferences") or []
+    if not any(isinstance(r, dict) and r.get("controller") and r.get("uid") == meta.get("uid") for r in refs):
+        return
+    logger.warning(f"the Deployment of {name} was deleted while the VLLMService stays: applying it again")
+    try:
+        reconcile(kube, cfg, body, logger)
+    except kopf.TemporaryError:
+        pass  # (a heal under way applies it when it completes)
+
+
 def deployment_progress(kube: Kube, cfg: OperatorConfig, ns: str, name: str, dep: dict[str, Any]) -> None:
     ready, replicas = rollout_done(dep)
     template = (
