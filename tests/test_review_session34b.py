@@ -24,6 +24,7 @@ from vllm_autoheal.engine import parse_args, spelled_by
 from vllm_autoheal.gpu_catalog import lookup
 from vllm_autoheal.kube import reconcile
 from vllm_autoheal.kube.config import OperatorConfig
+from vllm_autoheal.kube.later import Later
 from vllm_autoheal.remedy import Inventory, plan_heal
 from vllm_autoheal.remedy_gate import Limits, check
 from vllm_autoheal.serve_sizing import gpus_taken, prefill_context_ranks
@@ -70,12 +71,6 @@ def test_the_quantized_fallback_comes_with_the_least_share_that_holds_its_cache(
     assert "(fits)" in r.expected, r.expected
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="plan.py recomputes the limits of a change holding `quantization` as _limits(spec, after, inv, total, "
-    "None), which drops outside_budget_ceiling (and refused_memory_limit); quantized_model raises to 0.93 with "
-    "no look at the ceiling, though an earlier runtime OOM at 0.91 on this very split set it",
-)
 def test_the_quantized_fallback_never_raises_the_share_to_one_that_ran_out_of_memory_while_serving():
     """Severity: medium (a certain repeat of a crash the operator already healed: the runtime OOM comes back).
     Input: the fp8 fallback case above (Llama-3.1-70B bf16 on one H100, max_model_len 8192, 0.9), with status
@@ -91,6 +86,7 @@ def test_the_quantized_fallback_never_raises_the_share_to_one_that_ran_out_of_me
     history = [{"cause": "runtime_oom", "action": "LowerGpuMemoryUtilization", "ran_util": 0.91, "ran_gpus": 1}]
     r = _fallback_heal(history=history)
     assert r.changes.get("gpu_memory_utilization", 0.0) < 0.91, r.summary()
+    assert r.action == "Quantize" and r.changes["max_model_len"] < 8192, r.summary()  # (the cut comes instead)
 
 
 def test_the_quantized_fallback_share_stays_within_the_bound_and_free_memory():
@@ -114,12 +110,6 @@ def test_the_quantized_fallback_context_never_goes_below_the_bound():
     assert r.action == "GiveUp" and "Quantize refused" in r.reason and not r.changes, r.summary()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="remedy_gate.check takes ONLY_WITH's companion as present when the key is in the changes; `model` "
-    "moves ANY, so a change that 'sets' the model already deployed satisfies it: a weights_load_oom share raise "
-    "or context cut with no other change passes the gate",
-)
 def test_the_gate_lets_a_weights_crash_move_the_share_only_with_a_model_that_changes():
     """Severity: medium (the gate's own rule, 'these moves only go with a split or the quantized checkpoint',
     is a key test only; see the reachable plan below).
@@ -135,12 +125,6 @@ def test_the_gate_lets_a_weights_crash_move_the_share_only_with_a_model_that_cha
     assert check("weights_load_oom", {"model": FP8, "max_model_len": 4096}, engine, FP8, None, limits)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="quantized_model compares the fallback with spec.model, not with the model deployed: in StatusOverrides "
-    "mode (spec.model stays the bf16 one) the fp8 checkpoint already running is 'switched to' again with "
-    "max_model_len 5,136, a context cut for a crash loading the weights that ONLY_WITH lets through",
-)
 def test_a_running_quantized_fallback_that_fails_to_load_is_not_healed_by_a_context_cut():
     """Severity: medium (a restart spent on a change that cannot help, and the user's context cut by 37%).
     Input: StatusOverrides mode; the fp8 fallback was deployed by an earlier heal of a KV refusal the planner
@@ -193,12 +177,6 @@ class _HugeLog:
         b"2026-12-01T00:00:00.000000000Z stdout P " + b"x" * 200 + b"\n",  # one line that never ends
     ],
     ids=["empty-partials", "never-ending-line"],
-)
-@pytest.mark.xfail(
-    strict=True,
-    reason="windows() grows a short window 4x until head + tail reach the file's size: of a 50 GB node log "
-    "whose tail decodes to less than 1 MiB + 8 KiB (partial records; a joined line is capped at JOINED_MAX, "
-    "1 MiB), it reads 4 GiB and then 16 GiB into memory and decodes them, before reading the file through anyway",
 )
 def test_a_huge_log_whose_windows_never_decode_long_enough_is_read_in_bounded_memory(monkeypatch, pattern):
     """Severity: high (`diagnose FILE` of a large node log is OOM-killed, or takes minutes more, where reading
@@ -277,17 +255,12 @@ def test_a_deleted_deployment_reconciles_no_service_it_does_not_name_in_its_name
     called: list[Any] = []
     monkeypatch.setattr(reconcile, "reconcile", lambda *a, **k: called.append(a))
     kube = _FakeKube({("prod", "victim"): service})
-    reconcile.deployment_deleted(kube, OperatorConfig(), dep_ns, "victim", _dep(dep_ns, "victim", "u-victim"), _Log())
+    dep = _dep(dep_ns, "victim", "u-victim")
+    reconcile.deployment_deleted(kube, OperatorConfig(), Later(), dep_ns, "victim", dep, _Log())  # type: ignore[arg-type]
     assert called == [], why
 
 
 @pytest.mark.kmock(cls=Emulator)
-@pytest.mark.xfail(
-    strict=True,
-    reason="deployment_deleted swallows kopf.TemporaryError from reconcile(), which also means 'applying the "
-    "objects failed' on a transient API error (503): in an event handler nothing retries it, and the Deployment "
-    "stays deleted until the next spec edit or operator restart",
-)
 async def test_a_deleted_deployment_whose_apply_fails_once_is_applied_again(cluster):
     """Severity: medium (a service left with no Deployment, hence no server, after one API blip; the status
     still says what it said).
@@ -310,13 +283,6 @@ async def test_a_deleted_deployment_whose_apply_fails_once_is_applied_again(clus
 
 
 @pytest.mark.parametrize("token", ["--prefill-context", "--prefill", "--prefill_context-parallel-size"])
-@pytest.mark.xfail(
-    strict=True,
-    reason="prefill_context_ranks matches the exact spellings and abbreviations starting '--prefill-context-p' "
-    "or '--prefill_context_p' only: '--prefill-context 2', '--prefill 2' (argparse's unambiguous prefixes) and "
-    "'--prefill_context-parallel-size 2' (vLLM turns every '_' into '-') count as 1 rank, which engine.spelled_by "
-    "(the CRD's own rule) reads as -pcp",
-)
 def test_serve_counts_every_spelling_of_prefill_context_parallelism_vllm_reads(token):
     """Severity: low (serve only: a heal sized from the free memory of half the GPUs vLLM takes, as the
     session-34 defect this change fixed for `-pcp 2`).

@@ -15,11 +15,13 @@ from .diagnosis.scan import HEAD_BYTES, TAIL_BYTES
 
 # Raw bytes first read for each window, in characters: UTF-8 takes up to 4 bytes a character, and a node's log
 # format or vLLM's JSON records take more bytes than the text they decode to (a CRI prefix, JSON escapes).
-# Where what was read decodes to less than the window, four times as much is read, up to the whole file.
+# Where what was read decodes to less than the window, four times as much is read, once (what is held and
+# decoded at once stays below 80 MiB); where that is short too, the file is read through, as a stream is.
 RAW_PER_CHARACTER = 16
 HEAD_RAW = RAW_PER_CHARACTER * HEAD_BYTES
 TAIL_RAW = RAW_PER_CHARACTER * TAIL_BYTES
-SOUGHT_ABOVE = 4 * (HEAD_RAW + TAIL_RAW)  # a smaller file (from where it is read) is read whole, as a stream is
+GROWTH = 4
+SOUGHT_ABOVE = GROWTH * (HEAD_RAW + TAIL_RAW)  # a smaller file (from where it is read) is read whole, as a stream is
 
 
 def no_log(stream: Any, name: str) -> str | None:
@@ -41,9 +43,9 @@ def windows(f: IO[bytes], utf8: bool) -> IO[bytes]:
     """`f` itself, or for a regular UTF-8 file holding more than SOUGHT_ABOVE from where it stands (a stream
     left at an offset is read from there, as a pipe is) its head and tail, a newline between (the cut lines
     stay apart): all the classifier's windows would keep of it (the middle becomes its gap line). Each is read
-    on until it decodes, as the classifier decodes the file, to more than its window (else the file is read
-    through). A 50 GB log cost 2.7 s a GB read through; a UTF-16 file is read whole (a seek may split a
-    character)."""
+    on (once, GROWTH times as much) until it decodes, as the classifier decodes the file, to more than its
+    window; else the file is read through. A 50 GB log cost 2.7 s a GB read through; a UTF-16 file is read
+    whole (a seek may split a character)."""
     try:
         info, start = os.fstat(f.fileno()), f.tell()
     except (OSError, ValueError):
@@ -52,7 +54,7 @@ def windows(f: IO[bytes], utf8: bool) -> IO[bytes]:
     if not utf8 or not stat.S_ISREG(info.st_mode) or end - start <= SOUGHT_ABOVE:
         return f
     head_raw, tail_raw = HEAD_RAW, TAIL_RAW
-    while head_raw + tail_raw < end - start:
+    while head_raw + tail_raw < end - start and head_raw + tail_raw <= GROWTH * (HEAD_RAW + TAIL_RAW):
         f.seek(start)
         head = f.read(head_raw)
         f.seek(end - tail_raw)
@@ -62,7 +64,7 @@ def windows(f: IO[bytes], utf8: bool) -> IO[bytes]:
         short_tail = len(cut) + _decoded_length(head, lines) < TAIL_BYTES + MAX_LINE
         if not short_head and not short_tail:
             return io.BytesIO(head + b"\n" + tail)
-        head_raw, tail_raw = head_raw * (4 if short_head else 1), tail_raw * (4 if short_tail else 1)
+        head_raw, tail_raw = head_raw * (GROWTH if short_head else 1), tail_raw * (GROWTH if short_tail else 1)
     f.seek(start)
     return f
 

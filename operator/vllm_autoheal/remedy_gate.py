@@ -207,6 +207,13 @@ def batch_below_seqs(engine: EngineArgs) -> bool:
     return bool(seqs and batched and batched < seqs)
 
 
+def _moves(name: str, changes: dict[str, Any], engine: EngineArgs, model: str) -> bool:
+    """Whether `changes` moves `name` off what is deployed (a companion set to its own value moves nothing)."""
+    if name not in changes:
+        return False
+    return changes[name] != (model if name == "model" else getattr(engine, name, None))
+
+
 def check(
     cause: str,
     changes: dict[str, Any],
@@ -225,7 +232,9 @@ def check(
             return f"{name} {value!r} is not a finite number"
         if name not in calls_for:
             return f"{name} is not what {cause} calls for"
-        if (companions := ONLY_WITH.get((cause, name))) and not any(c in changes for c in companions):
+        if (companions := ONLY_WITH.get((cause, name))) and not any(
+            _moves(c, changes, engine, model) for c in companions
+        ):
             return f"{name} moves for {cause} only with {' or '.join(companions)}"
     engine_changes = {k: v for k, v in changes.items() if k in EngineArgs.model_fields}
     try:  # the CRD's ranges and rules, from the same models that generate it

@@ -9,6 +9,7 @@ from dataclasses import replace
 from . import cgroups
 from .api import EngineArgs
 from .diagnosis import Diagnosis, GpuSnapshot
+from .engine import flag_name, spelled_by
 from .gpu_catalog import gpu_total_gib, least_cuda_free_gib
 from .gpu_probe import gpus_for
 from .model_shape import ModelShape
@@ -17,7 +18,7 @@ from .vllm_release import env_keeps_release, logged_release
 
 _DP_LOCAL = ("--data-parallel-size-local", "--data_parallel_size_local", "-dpl")
 _DP = ("--data-parallel-size", "--data_parallel_size", "-dp")
-_PCP = ("--prefill-context-parallel-size", "--prefill_context_parallel_size", "-pcp")
+_PCP = ("--prefill-context-parallel-size", "-pcp")
 
 
 def data_parallel_here(extra_args: list[str]) -> int | None:
@@ -39,14 +40,15 @@ def data_parallel_here(extra_args: list[str]) -> int | None:
 
 def prefill_context_ranks(extra_args: list[str]) -> int | None:
     """vLLM's prefill context parallelism (its world is TP x PP x PCP): the size given, else 1; None where the
-    flags do not say plainly (as data_parallel_here)."""
+    flags do not say plainly (an abbreviation, in any spelling the CRD refuses as it: engine.spelled_by)."""
     text = "1"
     for i, token in enumerate(extra_args):
-        name, eq, value = token.partition("=")
-        if name in _PCP:
-            text = value if eq else (extra_args[i + 1] if i + 1 < len(extra_args) else "")
-        elif name.startswith(("--prefill-context-p", "--prefill_context_p", "-pc")) and name not in ("-pcp",):
-            return None  # (an abbreviation argparse resolves, or not)
+        if not any(spelled_by(token, spelling) for spelling in _PCP):
+            continue
+        if flag_name(token) not in _PCP:
+            return None
+        value = token.partition("=")[2] if "=" in token else (extra_args[i + 1] if i + 1 < len(extra_args) else "")
+        text = value
     return int(text) if text.isascii() and text.isdigit() and 0 < int(text) <= 64 else None
 
 

@@ -84,7 +84,7 @@ def deployment_progress(
 ) -> None:
     name = (body.get("metadata", {}).get("labels") or {}).get(resources.SERVICE_LABEL)
     if name and namespace and type == "DELETED":
-        reconcile.deployment_deleted(_kube(memo), _config(memo), namespace, name, dict(body), logger)
+        reconcile.deployment_deleted(_kube(memo), _config(memo), _later(memo), namespace, name, dict(body), logger)
     elif name and namespace:
         reconcile.deployment_progress(_kube(memo), _config(memo), namespace, name, dict(body))
         if pods.failed_create(dict(body)) is not None:  # (pods the API server refused: no pod event comes)

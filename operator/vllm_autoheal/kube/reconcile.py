@@ -11,6 +11,7 @@ they are written with a new baseline, or while no heal has been made, never over
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any, NoReturn
 
@@ -25,6 +26,7 @@ from . import heal, resources
 from . import status as st
 from .client import Kube
 from .config import OperatorConfig
+from .later import Later
 from .writes import event, lock, transient, update_status
 
 # What a heal writes into status; a reconcile that read the object before a heal leaves it alone.
@@ -279,11 +281,20 @@ def rollout_done(dep: dict[str, Any]) -> tuple[bool, str]:
 
 
 def deployment_deleted(
-    kube: Kube, cfg: OperatorConfig, ns: str, name: str, dep: dict[str, Any], logger: kopf.Logger
+    kube: Kube,
+    cfg: OperatorConfig,
+    later: Later,
+    ns: str,
+    name: str,
+    dep: dict[str, Any],
+    logger: kopf.Logger,
+    attempt: int = 1,
 ) -> None:
     """A VLLMService's Deployment deleted while the service stays (by a person, or another tool): rendered and
     applied again, as an edit of the spec would. Not where the service is gone or going (the garbage
-    collector deletes its Deployment after it), nor for a Deployment it did not control."""
+    collector deletes its Deployment after it), nor for a Deployment it did not control. A failed apply (an
+    API server restarting) or a heal under way is tried again later, up to cfg.write_attempts times (no event
+    handler is retried by kopf)."""
     body = kube.get_vsvc(ns, name)
     meta = (body or {}).get("metadata") or {}
     if body is None or meta.get("deletionTimestamp"):
@@ -291,11 +302,16 @@ def deployment_deleted(
     refs = (dep.get("metadata") or {}).get("ownerReferences") or []
     if not any(isinstance(r, dict) and r.get("controller") and r.get("uid") == meta.get("uid") for r in refs):
         return
-    logger.warning(f"the Deployment of {name} was deleted while the VLLMService stays: applying it again")
+    if attempt == 1:
+        logger.warning(f"the Deployment of {name} was deleted while the VLLMService stays: applying it again")
     try:
         reconcile(kube, cfg, body, logger)
-    except kopf.TemporaryError:
-        pass  # (a heal under way applies it when it completes)
+    except kopf.TemporaryError as exc:
+        if attempt < cfg.write_attempts:
+            again = functools.partial(deployment_deleted, kube, cfg, later, ns, name, dep, logger, attempt + 1)
+            later.run(f"{ns}/{name}/deployment-deleted", cfg.retry_delay_s, again)
+        else:
+            logger.warning(f"the Deployment of {name} is not applied yet ({exc}): the next reconcile applies it")
 
 
 def deployment_progress(kube: Kube, cfg: OperatorConfig, ns: str, name: str, dep: dict[str, Any]) -> None:

@@ -174,12 +174,19 @@ def plan_heal(
         remedy = step(ctx)
         if remedy is None or (remedy.action in tried and not remedy.repeatable) or remedy.action not in allowed:
             continue
+        if remedy.changes.get("model") == model:  # (the quantized fallback runs already: status.effectiveModel)
+            continue
         if remedy.action in tried and _repeat_below_weights(remedy, history, total):
             refused.append(f"{remedy.action} refused: it would leave less than the weights an earlier crash printed")
             continue
         limits = ctx.limits
         if {"tensor_parallel_size", "quantization"} & set(remedy.changes):  # (their own floor: less weights a GPU)
-            limits = _limits(spec, remedy.apply(engine), inv, total, None)
+            after = remedy.apply(engine)  # (and the ceiling a share that ran out while serving set on its GPUs)
+            gpus = after.tensor_parallel_size * after.pipeline_parallel_size
+            limits = replace(
+                _limits(spec, after, inv, total, None, outside_budget_ceiling(history, gpus)),
+                refused_memory_limit=ctx.limits.refused_memory_limit,
+            )
         problem = check(heal_as, remedy.changes, engine, model, memory_limit, limits, failed) or cannot_fit(ctx, remedy)
         if problem is not None:
             refused.append(f"{remedy.action} refused: {problem}")

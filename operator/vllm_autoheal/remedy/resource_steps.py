@@ -145,6 +145,8 @@ def quantized_model(ctx: Context) -> Remedy | None:
     if est.failure != "kv_cache_insufficient":
         return Remedy("Quantize", changes, reason + ".")  # (fits, or its weights do not: the veto's to say)
     current, top = ctx.engine.gpu_memory_utilization, raise_limit(ctx)
+    if ctx.limits.ceiling is not None:  # (a share that ran out of memory while serving: never back to it)
+        top = min(top, round(ctx.limits.ceiling - 0.01, 2))
     raise_ok = "RaiseGpuMemoryUtilization" in ctx.policy.allowed_actions and not ctx.engine.kv_cache_memory_bytes
     for step in range(1, round((top - current) * 100) + 1) if raise_ok and not _others_hold_memory(ctx) else ():
         least = round(current + step / 100, 2)
