@@ -73,14 +73,6 @@ def test_serve_splits_past_a_ceiling_that_another_split_set():
     assert r.changes == {"tensor_parallel_size": 8, "gpu_memory_utilization": 0.56}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "the operator's history (kube.status.history) carries no ran_gpus, so outside_budget_ceiling(history, 8) "
-        "keeps the 1-GPU split's 0.55 for the 8-GPU split plan.py now recomputes it for: the split at 0.56 is "
-        "refused and the planner gives up (before 1400bd8, and in serve, it splits)"
-    ),
-)
 def test_the_operator_splits_past_a_ceiling_that_another_split_set():
     """Severity: low-medium (operator only; a regression of 1400bd8: a heal the operator made before, and serve
     makes now, becomes a give-up whose own advice says the refused split would fit within the bounds).
@@ -174,14 +166,6 @@ def _settle(later: Later, seconds: float = 1.0) -> None:
     time.sleep(0.05)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "deployment_deleted's retry re-reads the service with kube.get_vsvc outside any try: while the API server "
-        "is still restarting the read raises (urllib3 MaxRetryError), Later logs it and the chain ends after one "
-        "of its write_attempts; the Deployment stays deleted"
-    ),
-)
 def test_a_retry_of_a_deleted_deployment_survives_the_api_server_still_restarting(monkeypatch):
     """Severity: medium (a service left with no Deployment, hence no server, until the next spec edit or an
     operator restart; exactly the case the retry was added for, 'an API server restarting').

@@ -295,18 +295,20 @@ def deployment_deleted(
     collector deletes its Deployment after it), nor for a Deployment it did not control. A failed apply (an
     API server restarting) or a heal under way is tried again later, up to cfg.write_attempts times (no event
     handler is retried by kopf)."""
-    body = kube.get_vsvc(ns, name)
-    meta = (body or {}).get("metadata") or {}
-    if body is None or meta.get("deletionTimestamp"):
-        return
-    refs = (dep.get("metadata") or {}).get("ownerReferences") or []
-    if not any(isinstance(r, dict) and r.get("controller") and r.get("uid") == meta.get("uid") for r in refs):
-        return
-    if attempt == 1:
-        logger.warning(f"the Deployment of {name} was deleted while the VLLMService stays: applying it again")
     try:
+        body = kube.get_vsvc(ns, name)
+        meta = (body or {}).get("metadata") or {}
+        if body is None or meta.get("deletionTimestamp"):
+            return
+        refs = (dep.get("metadata") or {}).get("ownerReferences") or []
+        if not any(isinstance(r, dict) and r.get("controller") and r.get("uid") == meta.get("uid") for r in refs):
+            return
+        if attempt == 1:
+            logger.warning(f"the Deployment of {name} was deleted while the VLLMService stays: applying it again")
         reconcile(kube, cfg, body, logger)
-    except kopf.TemporaryError as exc:
+    except Exception as exc:
+        if not isinstance(exc, kopf.TemporaryError) and not transient(exc):
+            raise
         if attempt < cfg.write_attempts:
             again = functools.partial(deployment_deleted, kube, cfg, later, ns, name, dep, logger, attempt + 1)
             later.run(f"{ns}/{name}/deployment-deleted", cfg.retry_delay_s, again)

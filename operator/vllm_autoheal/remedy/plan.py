@@ -181,10 +181,11 @@ def plan_heal(
             continue
         limits = ctx.limits
         if {"tensor_parallel_size", "quantization"} & set(remedy.changes):  # (their own floor: less weights a GPU)
-            after = remedy.apply(engine)  # (and the ceiling a share that ran out while serving set on its GPUs)
-            gpus = after.tensor_parallel_size * after.pipeline_parallel_size
+            # (a share that ran out while serving bounds the same split still: the status history does not
+            # say on which split a share ran, so a new split is bounded by its own floor alone)
+            ceiling = None if "tensor_parallel_size" in remedy.changes else ctx.limits.ceiling
             limits = replace(
-                _limits(spec, after, inv, total, None, outside_budget_ceiling(history, gpus)),
+                _limits(spec, remedy.apply(engine), inv, total, None, ceiling),
                 refused_memory_limit=ctx.limits.refused_memory_limit,
             )
         problem = check(heal_as, remedy.changes, engine, model, memory_limit, limits, failed) or cannot_fit(ctx, remedy)
