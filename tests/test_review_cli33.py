@@ -273,3 +273,23 @@ def test_a_huge_log_sought_gives_what_reading_it_through_gives(tmp_path):
         on_stdin = json.loads(cli("diagnose", "--json", "-", stdin=f, timeout=20).stdout)
     for got in (as_file, on_stdin):
         assert {k: got[k] for k in keys} == {k: whole[k] for k in keys}
+
+
+def test_render_refuses_a_key_named_twice_as_kubectl_does(tmp_path):
+    """kubectl refuses a manifest whose mapping names a key twice ('mapping key "model" already defined');
+    PyYAML alone kept the last value, so render rendered a service other than the one the file seems to say.
+    A merge key (`<<`) that a local key overrides is no duplicate."""
+    dup = tmp_path / "dup.yaml"
+    dup.write_text(
+        "apiVersion: vllm.autoheal.dev/v1alpha1\nkind: VLLMService\nmetadata:\n  name: a\n"
+        "spec:\n  model: org/small\n  model: org/large\n"
+    )
+    proc = cli("render", "-f", str(dup))
+    assert bad_input(proc) and 'mapping key "model" already defined' in proc.stderr and "line 7" in proc.stderr
+    merged = tmp_path / "merged.yaml"
+    merged.write_text(
+        "base: &base {model: org/small}\n---\napiVersion: vllm.autoheal.dev/v1alpha1\nkind: VLLMService\n"
+        "metadata:\n  name: a\nspec:\n  <<: {model: org/small, port: 8000}\n  model: org/large\n"
+    )
+    proc = cli("render", "-f", str(merged))
+    assert proc.returncode == 0 and "org/large" in proc.stdout, proc.stderr

@@ -310,6 +310,7 @@ def run_render(args: argparse.Namespace) -> int:
     from .api import VLLMService
     from .kube.resources import DEFAULT_OPERATOR_IMAGE, render
     from .validation import admit
+    from .validation import manifests as documents
 
     try:
         with open(args.file, "rb") as f:
@@ -321,7 +322,7 @@ def run_render(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
-        docs = [d for d in yaml.safe_load_all(data.decode("utf-8")) if d]
+        docs = [d for d in documents(data.decode("utf-8")) if d]
     except OSError as exc:
         print(f"vllm-autoheal render: cannot read {args.file}: {exc.strerror}", file=sys.stderr)
         return 2

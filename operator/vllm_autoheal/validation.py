@@ -239,3 +239,29 @@ def _name_problems(meta: Any) -> list[str]:
     if not evaluate(NAME_RULE["rule"], {"self": {"metadata": {"name": name}}}):
         return [f'metadata.name: Invalid value: "{name[:80]}": {NAME_RULE["message"]}']
     return []
+
+
+def manifests(text: str) -> list[Any]:
+    """The YAML documents of a manifest file, read as kubectl reads them: a mapping that names a key twice is
+    an error (yaml.YAMLError naming the key and its line), where PyYAML alone keeps the last value silently."""
+    import yaml
+
+    class Strict(yaml.SafeLoader):
+        pass
+
+    def mapping(loader: Strict, node: yaml.MappingNode, deep: bool = False) -> Any:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # (`<<`: what it merges, a local key overrides)
+                continue
+            key = loader.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) or key is None:
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f'mapping key "{str(key)[:100]}" already defined', key_node.start_mark
+                    )
+                seen.add(key)
+        return loader.construct_mapping(node, deep=deep)
+
+    Strict.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    return list(yaml.load_all(text, Loader=Strict))  # noqa: S506 - a SafeLoader
