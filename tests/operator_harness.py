@@ -293,6 +293,18 @@ def setup_emulator(kmock, api_url: str | None = None) -> None:
 
 
 # Quick retries, so that tests of failing writes finish in seconds (the defaults are for clusters).
+class RecordingLog:
+    """A handler's logger that keeps what it was told (info and warning alike)."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def warning(self, msg: str) -> None:
+        self.lines.append(msg)
+
+    info = warning
+
+
 TEST_CONFIG = OperatorConfig(write_attempts=3, retry_delay_s=0.5, request_timeout_s=5.0)
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from fake_file import FakeFile
 from vllm_autoheal import log_file
 from vllm_autoheal.api import HealBounds, VLLMServiceSpec
 from vllm_autoheal.diagnosis import Diagnosis
@@ -30,7 +31,7 @@ from vllm_autoheal.remedy_gate import Limits, check
 from vllm_autoheal.serve_sizing import gpus_taken, prefill_context_ranks
 from vllm_autoheal.vllm_release import parse_version
 
-from operator_harness import Emulator, wait_for
+from operator_harness import Emulator, RecordingLog, wait_for
 from samples import SPEC, config_shape
 
 LLAMA70 = config_shape("llama-3.1-70b")
@@ -145,27 +146,17 @@ def test_a_running_quantized_fallback_that_fails_to_load_is_not_healed_by_a_cont
 # --- 2. diagnose's windows, grown until they decode long enough (cf53315) --------------------------------
 
 
-class _HugeLog:
+class _HugeLog(FakeFile):
     """A regular file of `size` bytes (as fstat reports it) whose every byte is `pattern` repeated: a node's log
     of partial records (the kubelet cuts a line that never ends at 16 KiB, a tqdm bar redrawn with \\r). Reads
     are recorded; what each returns is at most `cap` bytes of the pattern (1 MiB: it decodes to as little at any
     size, and a test holds no GiB)."""
 
     def __init__(self, size: int, pattern: bytes, cap: int = 2**20) -> None:
-        self.size, self.pattern, self.cap, self.pos, self.reads = size, pattern, cap, 0, []
+        super().__init__(size)
+        self.pattern, self.cap = pattern, cap
 
-    def fileno(self) -> int:
-        return 0
-
-    def tell(self) -> int:
-        return self.pos
-
-    def seek(self, pos: int, whence: int = 0) -> int:
-        self.pos = pos
-        return pos
-
-    def read(self, n: int = -1) -> bytes:
-        self.reads.append(n)
+    def content(self, n: int) -> bytes:
         take = min(n, self.cap)
         return (self.pattern * (take // len(self.pattern) + 1))[:take]
 
@@ -218,16 +209,6 @@ class _FakeKube:
         return self.services.get((ns, name))
 
 
-class _Log:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def warning(self, msg: str) -> None:
-        self.lines.append(msg)
-
-    info = warning
-
-
 def _dep(ns: str, name: str, uid: str) -> dict[str, Any]:
     ref = {"apiVersion": "vllm.autoheal.dev/v1alpha1", "kind": "VLLMService", "name": name, "uid": uid}
     return {"metadata": {"name": name, "namespace": ns, "ownerReferences": [{**ref, "controller": True}]}}
@@ -256,7 +237,7 @@ def test_a_deleted_deployment_reconciles_no_service_it_does_not_name_in_its_name
     monkeypatch.setattr(reconcile, "reconcile", lambda *a, **k: called.append(a))
     kube = _FakeKube({("prod", "victim"): service})
     dep = _dep(dep_ns, "victim", "u-victim")
-    reconcile.deployment_deleted(kube, OperatorConfig(), Later(), dep_ns, "victim", dep, _Log())  # type: ignore[arg-type]
+    reconcile.deployment_deleted(kube, OperatorConfig(), Later(), dep_ns, "victim", dep, RecordingLog())  # type: ignore[arg-type]
     assert called == [], why
 
 

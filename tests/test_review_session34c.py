@@ -21,6 +21,7 @@ import pytest
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
+from fake_file import FakeFile
 from vllm_autoheal import log_file
 from vllm_autoheal.api import ALL_ACTIONS, VLLMServiceSpec
 from vllm_autoheal.diagnosis import Signals, classify
@@ -34,6 +35,7 @@ from vllm_autoheal.remedy import Inventory, plan_heal
 from vllm_autoheal.remedy_gate import ANY, CALLS_FOR, ONLY_WITH
 from vllm_autoheal.serve_sizing import prefill_context_ranks
 
+from operator_harness import RecordingLog
 from samples import config_shape
 
 L4 = lookup("NVIDIA-L4")
@@ -117,16 +119,6 @@ def test_only_model_is_a_companion_the_direction_rule_lets_stand_still():
 # --- 3. a deleted Deployment applied again, through Later (1400bd8, kube/reconcile.py) ---------------------
 
 
-class _Log:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def warning(self, msg: str) -> None:
-        self.lines.append(msg)
-
-    info = warning
-
-
 SERVICE = {"metadata": {"name": "s", "namespace": "team", "uid": "u-s"}}
 DEPLOYMENT = {"metadata": {"name": "s", "namespace": "team", "ownerReferences": [{"controller": True, "uid": "u-s"}]}}
 FAST = OperatorConfig(retry_delay_s=0.02)
@@ -181,7 +173,7 @@ def test_a_retry_of_a_deleted_deployment_survives_the_api_server_still_restartin
     calls = _reconciles(monkeypatch, [kopf.TemporaryError("applying the objects failed: 503", delay=0)])
     later = Later()
     try:
-        reconcile.deployment_deleted(kube, FAST, later, "team", "s", DEPLOYMENT, _Log())  # type: ignore[arg-type]
+        reconcile.deployment_deleted(kube, FAST, later, "team", "s", DEPLOYMENT, RecordingLog())  # type: ignore[arg-type]
         _settle(later)
     finally:
         later.stop()
@@ -193,7 +185,7 @@ def test_a_deleted_deployment_is_retried_at_most_write_attempts_times_under_one_
     tenant keeps up) runs cfg.write_attempts times in all, one timer a service at a time, then says so once;
     no timer is left."""
     calls = _reconciles(monkeypatch, [kopf.TemporaryError("the recorded heal is not finished yet", delay=0)] * 99)
-    later, log, peak = Later(), _Log(), [0]
+    later, log, peak = Later(), RecordingLog(), [0]
     stop = threading.Event()
 
     def watch() -> None:
@@ -223,7 +215,7 @@ def test_a_retry_stops_once_the_service_is_deleted(monkeypatch):
         calls = _reconciles(monkeypatch, [kopf.TemporaryError("applying the objects failed: 503", delay=0)])
         later = Later()
         try:
-            reconcile.deployment_deleted(_Kube(SERVICE, after), FAST, later, "team", "s", DEPLOYMENT, _Log())  # type: ignore[arg-type]
+            reconcile.deployment_deleted(_Kube(SERVICE, after), FAST, later, "team", "s", DEPLOYMENT, RecordingLog())  # type: ignore[arg-type]
             _settle(later)
         finally:
             later.stop()
@@ -239,7 +231,7 @@ def test_a_refused_apply_is_not_retried(monkeypatch, status):
     later = Later()
     try:
         with pytest.raises(ApiException):
-            reconcile.deployment_deleted(_Kube(SERVICE), FAST, later, "team", "s", DEPLOYMENT, _Log())  # type: ignore[arg-type]
+            reconcile.deployment_deleted(_Kube(SERVICE), FAST, later, "team", "s", DEPLOYMENT, RecordingLog())  # type: ignore[arg-type]
         assert not later._timers
     finally:
         later.stop()
@@ -249,25 +241,18 @@ def test_a_refused_apply_is_not_retried(monkeypatch, status):
 # --- 4. diagnose's windows grow once (1400bd8, log_file.windows) -----------------------------------------
 
 
-class _SplitLog:
+class _SplitLog(FakeFile):
     """A regular file (fstat faked) whose head is `head` repeated (at most 1 MiB returned a read: it decodes to
     as little at any size) and whose tail is `tail` repeated; reads are recorded as (offset, size)."""
 
     def __init__(self, size: int, head: bytes, tail: bytes) -> None:
-        self.size, self.head, self.tail, self.pos, self.reads = size, head, tail, 0, []
+        super().__init__(size)
+        self.head, self.tail = head, tail
 
-    def fileno(self) -> int:
-        return 0
+    def record(self, n: int) -> object:
+        return (self.pos, n)
 
-    def tell(self) -> int:
-        return self.pos
-
-    def seek(self, pos: int, whence: int = 0) -> int:
-        self.pos = pos
-        return pos
-
-    def read(self, n: int = -1) -> bytes:
-        self.reads.append((self.pos, n))
+    def content(self, n: int) -> bytes:
         pattern, take = (self.head, min(n, 2**20)) if self.pos == 0 else (self.tail, n)
         return (pattern * (take // len(pattern) + 1))[:take]
 
