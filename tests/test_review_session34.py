@@ -271,3 +271,13 @@ def test_a_node_log_of_short_records_keeps_the_figures_of_the_tail_window(tmp_pa
     with open(log, "rb") as f:
         sought = classify_stream(io.TextIOWrapper(windows(f, utf8=True), encoding="utf-8", errors="replace"))
     assert (sought.cause, sought.numbers) == (whole.cause, whole.numbers)
+
+
+def test_a_quantized_fallback_short_only_of_the_graphs_margin_is_not_refused():
+    """At utilization 0.99 the fp8 checkpoint's weights and cache fit the H100 and only the CUDA graphs lack
+    room outside the budget: that margin is another heal's (as for a split), so the fallback is not vetoed; its
+    `expected` says what the memory model sees."""
+    r = _weights_heal(
+        "NVIDIA-H100-80GB-HBM3", "--max-model-len 8192 --gpu-memory-utilization 0.99", "fp8", "org/Llama-70B-FP8"
+    )
+    assert r.action == "Quantize" and "CUDA graphs" in r.expected, r.summary()

@@ -150,7 +150,8 @@ def quantized_model(ctx: Context) -> Remedy | None:
     raise_ok = "RaiseGpuMemoryUtilization" in ctx.policy.allowed_actions and not ctx.engine.kv_cache_memory_bytes
     for step in range(1, round((top - current) * 100) + 1) if raise_ok and not _others_hold_memory(ctx) else ():
         least = round(current + step / 100, 2)
-        if ctx.estimate(quantized.model_copy(update={"gpu_memory_utilization": least}), ctx.inv.gpu_free_gib).fits:
+        at = ctx.estimate(quantized.model_copy(update={"gpu_memory_utilization": least}), ctx.inv.gpu_free_gib)
+        if at.failure in (None, "cudagraph_capture_oom"):  # (as a split's: the graphs' margin is another heal's)
             util = min(round(least + 0.01, 2), top)  # (as a split's share: the model's 1% of margin)
             return Remedy(
                 "Quantize",
