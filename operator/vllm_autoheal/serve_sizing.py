@@ -30,12 +30,11 @@ def data_parallel_here(extra_args: list[str]) -> int | None:
         name, eq, value = token.partition("=")
         for key, names in (("local", _DP_LOCAL), ("size", _DP)):
             if name in names:
-                given[key] = value if eq else (extra_args[i + 1] if i + 1 < len(extra_args) else "")
+                given[key] = value if eq else _next(extra_args, i)
         if name.startswith(("--data-parallel-s", "--data_parallel_s")) and name not in _DP_LOCAL + _DP:
             if not name.startswith(("--data-parallel-start", "--data_parallel_start")):
                 return None
-    text = given.get("local", given.get("size", "1"))
-    return int(text) if text.isascii() and text.isdigit() and 0 < int(text) <= 64 else None
+    return _count(given.get("local", given.get("size", "1")))
 
 
 def prefill_context_ranks(extra_args: list[str]) -> int | None:
@@ -47,8 +46,17 @@ def prefill_context_ranks(extra_args: list[str]) -> int | None:
             continue
         if flag_name(token) not in _PCP:
             return None
-        value = token.partition("=")[2] if "=" in token else (extra_args[i + 1] if i + 1 < len(extra_args) else "")
-        text = value
+        text = token.partition("=")[2] if "=" in token else _next(extra_args, i)
+    return _count(text)
+
+
+def _next(extra_args: list[str], i: int) -> str:
+    """The value after the flag at i (none: empty, which is no count)."""
+    return extra_args[i + 1] if i + 1 < len(extra_args) else ""
+
+
+def _count(text: str) -> int | None:
+    """A count of ranks as a flag's value gives it plainly (ASCII digits, 1 to 64), else None."""
     return int(text) if text.isascii() and text.isdigit() and 0 < int(text) <= 64 else None
 
 

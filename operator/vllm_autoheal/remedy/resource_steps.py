@@ -5,6 +5,7 @@ and the host-memory steps that follow the memory limit's raise (less offload, a 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from ..diagnosis.units import MIB
 from ..memory import CUDA_CONTEXT_GIB, FIXED_WIDTH, Estimate
@@ -86,14 +87,16 @@ def _split_at_share(ctx: Context, sizes: list[int]) -> Remedy | None:
             ctx.policy.bounds, split, ctx.inv.shape, ctx.total, ctx.inv.entrypoint, ctx.inv.gpu_name, ctx.inv.release
         )
         low = max(floor or 0.0, current + 0.01 if share is None else 0.0)
-        shares = (
-            [top] if share is not None else [round(low + step / 100, 2) for step in range(round((top - low) * 100) + 1)]
-        )
-        fitting = [
-            u for u in shares if low <= u <= top and _split(ctx, n, u, free).failure in (None, "cudagraph_capture_oom")
-        ]
-        if fitting:
-            util = fitting[0] if share is not None else min(fitting[0] + 0.01, top)
+
+        def fits(u: float, n: int = n) -> bool:
+            return _split(ctx, n, u, free).failure in (None, "cudagraph_capture_oom")
+
+        if share is not None:
+            util = top if low <= top and fits(top) else None
+        else:
+            least = _least_share(fits, low, top)
+            util = None if least is None else min(least + 0.01, top)
+        if util is not None:
             return Remedy(
                 "IncreaseTensorParallel",
                 {"tensor_parallel_size": n, "gpu_memory_utilization": round(util, 2)},
@@ -101,6 +104,12 @@ def _split_at_share(ctx: Context, sizes: list[int]) -> Remedy | None:
                 f"model the split fits at utilization {round(util, 2)}, set in the same change.",
             )
     return None
+
+
+def _least_share(fits: Callable[[float], bool], low: float, top: float) -> float | None:
+    """The least utilization from `low` to `top`, in steps of 0.01, at which `fits` says the start fits."""
+    steps = (round(low + step / 100, 2) for step in range(round((top - low) * 100) + 1))
+    return next((u for u in steps if low <= u <= top and fits(u)), None)  # (rounded: never past either end)
 
 
 def _others_hold_memory(ctx: Context) -> bool:
@@ -148,17 +157,23 @@ def quantized_model(ctx: Context) -> Remedy | None:
     if ctx.limits.ceiling is not None:  # (a share that ran out of memory while serving: never back to it)
         top = min(top, round(ctx.limits.ceiling - 0.01, 2))
     raise_ok = "RaiseGpuMemoryUtilization" in ctx.policy.allowed_actions and not ctx.engine.kv_cache_memory_bytes
-    for step in range(1, round((top - current) * 100) + 1) if raise_ok and not _others_hold_memory(ctx) else ():
-        least = round(current + step / 100, 2)
-        at = ctx.estimate(quantized.model_copy(update={"gpu_memory_utilization": least}), ctx.inv.gpu_free_gib)
-        if at.failure in (None, "cudagraph_capture_oom"):  # (as a split's: the graphs' margin is another heal's)
-            util = min(round(least + 0.01, 2), top)  # (as a split's share: the model's 1% of margin)
-            return Remedy(
-                "Quantize",
-                {**changes, "gpu_memory_utilization": util},
-                f"{reason}; by the memory model its KV cache holds one request of the context from utilization "
-                f"{least} ({current} leaves {est.max_model_len_fit:,} tokens): {util}, set in the same change.",
-            )
+
+    def fits(u: float) -> bool:  # (as a split's: the graphs' margin is another heal's)
+        at = ctx.estimate(quantized.model_copy(update={"gpu_memory_utilization": u}), ctx.inv.gpu_free_gib)
+        return at.failure in (None, "cudagraph_capture_oom")
+
+    if (
+        raise_ok
+        and not _others_hold_memory(ctx)
+        and (least := _least_share(fits, round(current + 0.01, 2), top)) is not None
+    ):
+        util = min(round(least + 0.01, 2), top)  # (as a split's share: the model's 1% of margin)
+        return Remedy(
+            "Quantize",
+            {**changes, "gpu_memory_utilization": util},
+            f"{reason}; by the memory model its KV cache holds one request of the context from utilization "
+            f"{least} ({current} leaves {est.max_model_len_fit:,} tokens): {util}, set in the same change.",
+        )
     if length := shorter_context(ctx, est.max_model_len_fit * 0.97):
         return Remedy(
             "Quantize",
