@@ -47,7 +47,10 @@ async def test_a_tenant_with_more_stalled_log_reads_than_workers_leaves_the_othe
     # turn off kopf's workers, and every crash of A is still recorded.
     from vllm_autoheal.kube import client
 
-    monkeypatch.setattr(client, "LOG_BUDGET_S", 3.0)
+    # The bound is relative to the budget, so that load on the machine running the tests does not
+    # decide: queued behind two rounds of reads B waited at least 2 budgets; its own work is far less.
+    budget = 5.0
+    monkeypatch.setattr(client, "LOG_BUDGET_S", budget)
     other = cluster.in_namespace("team-b")
     await cluster.create_vsvc("many", SPEC)
     await cluster.settled("many")
@@ -62,7 +65,7 @@ async def test_a_tenant_with_more_stalled_log_reads_than_workers_leaves_the_othe
     await other.settled("other")
     await other.crash_pod("other", "other-a", message=KV_TERMINATION)
     await other.heal_recorded("other")
-    assert time.monotonic() - started < 4.5
+    assert time.monotonic() - started < 1.5 * budget
     await wait_for(
         lambda: len(((cluster.vsvc_now("many") or {}).get("status") or {}).get("observedCrashes") or []) == 16,
         what="every crash of the tenant whose logs stall recorded",
