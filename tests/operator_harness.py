@@ -45,6 +45,7 @@ class ApplyInvalid(kmocklib.KubernetesError):
 
 # Fields an apply configuration names that the server does not track as managed fields.
 _UNMANAGED = {("apiVersion",), ("kind",), ("metadata", "name"), ("metadata", "namespace")}
+_SYSTEM_META = {("metadata", "managedFields"), ("metadata", "resourceVersion"), ("metadata", "uid")}
 
 
 def _leaves(obj: Any, prefix: tuple = ()) -> dict[tuple, Any]:
@@ -80,11 +81,7 @@ def server_side_apply(live: dict[str, Any], applied: dict[str, Any], manager: st
     entries = (new.get("metadata") or {}).get("managedFields") or []
     mine = next((e for e in entries if e["manager"] == manager and e["operation"] == "Apply"), None)
     before = _paths(mine["fieldsV1"]) if mine else set()
-    leaves = {
-        p: v
-        for p, v in _leaves(applied).items()
-        if p not in _UNMANAGED and p[:2] not in (("metadata", "managedFields"), ("metadata", "resourceVersion"))
-    }
+    leaves = {p: v for p, v in _leaves(applied).items() if p not in _UNMANAGED and p[:2] not in _SYSTEM_META}
     keep = {p[:i] for p in leaves for i in range(1, len(p) + 1)}
     for path in sorted(before - set(leaves), key=len, reverse=True):
         parents = [new]
@@ -143,6 +140,39 @@ def merge_diff(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+class JsonPatchFailed(Exception):
+    pass
+
+
+def json_patch(obj: Any, ops: list[dict[str, Any]]) -> Any:
+    """RFC 6902 (test, replace, add, remove), as the API server applies a JSON patch."""
+    out = copy.deepcopy(obj)
+    for op in ops:
+        keys = [k.replace("~1", "/").replace("~0", "~") for k in op["path"].split("/")[1:]]
+        parent = out
+        try:
+            for key in keys[:-1]:
+                parent = parent[int(key)] if isinstance(parent, list) else parent[key]
+            last: Any = int(keys[-1]) if isinstance(parent, list) and keys[-1] != "-" else keys[-1]
+            if op["op"] == "test":
+                if parent[last] != op["value"]:
+                    raise JsonPatchFailed(f"test failed at {op['path']}")
+            elif op["op"] in ("replace", "add"):
+                if op["op"] == "replace":
+                    parent[last]  # noqa: B018  (must exist)
+                if isinstance(parent, list) and op["op"] == "add":
+                    parent.insert(len(parent) if last == "-" else last, copy.deepcopy(op["value"]))
+                else:
+                    parent[last] = copy.deepcopy(op["value"])
+            elif op["op"] == "remove":
+                del parent[last]
+            else:
+                raise JsonPatchFailed(f"unsupported op {op['op']}")
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise JsonPatchFailed(f"{op['path']}: {exc}") from exc
+    return out
+
+
 @dataclasses.dataclass
 class Fault:
     method: str
@@ -164,10 +194,13 @@ class Emulator(kmocklib.KubernetesEmulator):
     Server-side apply (PATCH application/apply-patch+yaml, fieldManager, force) is emulated for
     one applier per object, which is how the operator uses it: managed fields are recorded
     per manager, and an apply removes the fields its manager applied before and leaves out now.
+    An apply that names a uid is refused where the object has another (422) or is absent (409).
+    A create with a fieldManager records its fields as that manager's update; JSON patches
+    (application/json-patch+json) are applied, managedFields included, as a real server does.
     Not modelled: conflicts with other managers (force is assumed; a non-forced apply that
-    a real server would refuse succeeds here), ownership of fields written by updates (merge
-    patches, creates), associative lists merged by key (every list is atomic here: the
-    applied list replaces the stored one), and server-side defaulting."""
+    a real server would refuse succeeds here), ownership of fields written by merge patches,
+    associative lists merged by key (every list is atomic here: the applied list replaces the
+    stored one), and server-side defaulting."""
 
     async def _server_side_apply(self, request) -> None:
         manager = request.params.get("fieldManager")
@@ -177,6 +210,13 @@ class Emulator(kmocklib.KubernetesEmulator):
         async with self._lock:
             exists = key in self._objects and not self._objects[key].deleted
             live = copy.deepcopy(self._objects[key].raw) if exists else {}
+            uid = (request.data.get("metadata") or {}).get("uid")
+            if uid and not exists:
+                raise kmocklib.KubernetesError(status=409, reason="Conflict", message=f"uid mismatch: {uid}, no object")
+            if uid and uid != live["metadata"].get("uid"):
+                raise kmocklib.KubernetesError(
+                    status=422, reason="Invalid", message=f"metadata.uid: Invalid value: {uid!r}: field is immutable"
+                )
             new = server_side_apply(live, request.data, manager)
             if not exists:  # an apply creates what is missing
                 new["metadata"].update(uid=f"uid-applied-{len(self._requests)}", generation=1)
@@ -192,6 +232,18 @@ class Emulator(kmocklib.KubernetesEmulator):
                 diff = merge_diff(live, new)
         request.data.clear()
         request.data.update(diff)  # kmock's update path stores it
+
+    async def _json_patch(self, request) -> None:
+        key = (request.resource, request.namespace, request.name)
+        async with self._lock:
+            if key not in self._objects or self._objects[key].deleted:
+                raise kmocklib.KubernetesError(status=404, reason="NotFound", message=str(key))
+            live = copy.deepcopy(self._objects[key].raw)
+            try:
+                new = json_patch(live, request.data)
+            except JsonPatchFailed as exc:
+                raise kmocklib.KubernetesError(status=422, reason="Invalid", message=str(exc)) from exc
+        object.__setattr__(request, "data", merge_diff(live, new))  # (kmock's update path stores a merge patch)
 
     faults: list[Fault]
 
@@ -243,6 +295,32 @@ class Emulator(kmocklib.KubernetesEmulator):
             and isinstance(request.data, dict)
         ):
             await self._server_side_apply(request)
+        if (
+            request.resource is not None
+            and request.action == kmocklib.action.UPDATE
+            and request.name
+            and "json-patch" in request.headers.get("Content-Type", "")
+            and isinstance(request.data, list)
+        ):
+            await self._json_patch(request)
+        if (
+            request.resource is not None
+            and request.action == kmocklib.action.CREATE
+            and isinstance(request.data, dict)
+            and request.params.get("fieldManager")
+        ):
+            meta = request.data.setdefault("metadata", {})
+            meta.setdefault("uid", f"uid-created-{len(self._requests)}")
+            fields = {p for p in _leaves(request.data) if p not in _UNMANAGED and p[:2] not in _SYSTEM_META}
+            meta["managedFields"] = [
+                {
+                    "manager": request.params["fieldManager"],
+                    "operation": "Update",
+                    "apiVersion": request.data.get("apiVersion"),
+                    "fieldsType": "FieldsV1",
+                    "fieldsV1": _fields_v1(fields),
+                }
+            ]
         data = request.data
         if (
             request.resource is not None

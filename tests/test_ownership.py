@@ -71,6 +71,27 @@ async def test_a_service_of_someone_else_is_left_alone(cluster):
     assert operator_writes == []
 
 
+async def test_a_service_its_team_creates_while_the_operators_create_is_on_its_way_is_left_alone(cluster):
+    # The operator looked (no Service of that name) and its create is in flight when the team's own
+    # Service lands first. A forced apply would have taken theirs over (spec, labels, a controller
+    # ownerReference: deleting the VLLMService would have garbage-collected it); the create is refused
+    # (409), retried, and the retry finds their Service: a name conflict, nothing written over it.
+    payments = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "payments", "namespace": NS},
+        "spec": {"selector": {"app": "payments"}, "ports": [{"name": "https", "port": 443}]},
+    }
+    creating = cluster.kmock.fail("POST", "/services", delay=1.5)
+    await cluster.create_vsvc("payments", SPEC)
+    await wait_for(lambda: creating.pending == 1, what="the operator's create of its Service in flight")
+    await cluster.call("POST", f"/api/v1/namespaces/{NS}/services", payments)
+    before = await cluster.get(f"/api/v1/namespaces/{NS}/services/payments")
+    await wait_for(lambda: cluster.events_now("NameConflict"), what="NameConflict event")
+    after = await cluster.get(f"/api/v1/namespaces/{NS}/services/payments")
+    assert after == before and not after["metadata"].get("ownerReferences")
+
+
 async def test_a_pod_labelled_with_an_empty_service_name_is_ignored(cluster, caplog):
     # The service label with an empty value: the GET of that "name" is the namespace's list.
     await cluster.create_vsvc("svc", SPEC)
@@ -89,7 +110,7 @@ async def test_objects_the_api_server_refuses_are_reported_not_retried_forever(c
     GPU product that is no label value. The API server refuses the Deployment (422); reconcile raised
     the bare ApiException, which kopf retried every minute with a traceback, and status said nothing.
     It must say so (Ready=False, the server's words) and wait for the next edit."""
-    fault = cluster.kmock.fail("PATCH", "/deployments/bad", 422, times=1000)
+    fault = cluster.kmock.fail("POST", "/deployments", 422, times=1000)  # (its create)
     await cluster.create_vsvc("bad", {**SPEC, "resources": {**SPEC["resources"], "nodeSelector": {"a b": "c"}}})
     ready = await wait_for(
         lambda: next(

@@ -216,17 +216,12 @@ class RacingServer(Kube):
         raise AssertionError(f"unexpected {method} {path}")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Kube.apply_all looks (GET) and then writes by server-side apply with force, which creates or "
-    "takes over: an object of the same name created between the two (another team's Service) gets the "
-    "operator's spec, labels and a controller ownerReference, so deleting the VLLMService garbage-collects it",
-)
 def test_an_object_created_between_the_look_and_the_write_is_not_taken_over():
-    """Low (a race: the window is one request). The NameConflict check holds only for objects there at the
-    GET. The write should carry what the look saw: a create (POST, 409 where the name was taken meanwhile)
-    for an object that was absent, and the live uid and resourceVersion in the apply body for one that was
-    the service's (kube/client.py Kube._apply), a 409 then read as a conflict."""
+    """Defended (was: a race, the window one request). The NameConflict check held only for objects there at
+    the GET, and a forced apply creates or takes over. The write now carries what the look saw: a create
+    (POST, 409 where the name was taken meanwhile) for an object that was absent, and the live uid in the
+    apply for one that was the service's; the 409 is retried, and the retry reports the name conflict.
+    tests/test_apply_on_crd_server.py shows the same against the real API server."""
     kube = RacingServer()
     obj = VLLMService.model_validate({**_vsvc({}), "metadata": {**_vsvc({})["metadata"], "name": "payments"}})
     try:

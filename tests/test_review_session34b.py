@@ -255,7 +255,7 @@ async def test_a_deleted_deployment_whose_apply_fails_once_is_applied_again(clus
     await cluster.create_vsvc("blip", SPEC)
     await wait_for(lambda: cluster.deployment_now("blip"), what="deployment")
     await cluster.settled("blip")
-    cluster.kmock.fail("PATCH", "/deployments/blip", 503, times=1)
+    cluster.kmock.fail("POST", "/deployments", 503, times=1)  # (the create of the Deployment again)
     await cluster.call("DELETE", "/apis/apps/v1/namespaces/default/deployments/blip")
     await wait_for(lambda: cluster.deployment_now("blip"), timeout=8.0, what="the deployment applied again")
 

@@ -4,6 +4,11 @@ Plain JSON in and out (no generated models). The objects a VLLMService owns are 
 server-side apply under the operator's own field manager, so a field left out of the manifest
 is removed from the object; an object of the same name that this VLLMService does not control
 is never written. A resync whose manifest is what was last applied, and still in place, writes nothing.
+
+Every write carries what the look before it saw, as the API server checks it: an object that was
+absent is created (POST: refused where the name was taken meanwhile, where an apply would create or
+take over), and one that was the service's is applied with its uid (refused where it was replaced
+meanwhile). Either refusal is a 409, read again on the retry, which then sees whose object it is.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from ..diagnosis.scan import GAP_LINE
 
 MERGE = "application/merge-patch+json"
 APPLY = "application/apply-patch+yaml"
+JSON_PATCH = "application/json-patch+json"
 FIELD_MANAGER = "vllm-autoheal"
 APPLIED_HASH = f"{GROUP}/applied-hash"  # the manifest last applied, to skip a resync's no-op apply
 # A crashed container's log: its last lines, bounded in bytes (the kubelet may return a little more or less).
@@ -147,22 +153,56 @@ class Kube:
     def _apply(self, manifest: dict[str, Any], live: dict[str, Any] | None) -> str:
         body = with_applied_hash(manifest)
         meta = body["metadata"]
-        if (
-            live is not None
-            and (live["metadata"].get("annotations") or {}).get(APPLIED_HASH) == meta["annotations"][APPLIED_HASH]
-            and is_subset(
-                {
-                    "metadata": {k: meta[k] for k in ("labels", "annotations", "ownerReferences") if k in meta},
-                    "spec": body.get("spec", {}),
-                },
-                live,
-            )
+        if live is None:
+            self._create(body)
+            return "created"
+        if (live["metadata"].get("annotations") or {}).get(APPLIED_HASH) == meta["annotations"][
+            APPLIED_HASH
+        ] and is_subset(
+            {
+                "metadata": {k: meta[k] for k in ("labels", "annotations", "ownerReferences") if k in meta},
+                "spec": body.get("spec", {}),
+            },
+            live,
         ):
             return "unchanged"
-        self.request(
-            "PATCH", _object_path(manifest), body, APPLY, query=[("fieldManager", FIELD_MANAGER), ("force", "true")]
-        )
-        return "created" if live is None else "applied"
+        meta["uid"] = live["metadata"].get("uid")  # the object looked at, not one made since under its name
+        try:
+            self.request(
+                "PATCH", _object_path(manifest), body, APPLY, query=[("fieldManager", FIELD_MANAGER), ("force", "true")]
+            )
+        except ApiException as exc:
+            # (a uid other than the live one is "field is immutable", 422: not the manifest refused)
+            if exc.status == 422 and "metadata.uid" in str(exc.reason):
+                raise ApiException(status=409, reason=f"replaced since it was read: {exc.reason}") from exc
+            raise
+        return "applied"
+
+    def _create(self, body: dict[str, Any]) -> None:
+        """Create the object (409 where the name is taken, by anyone, since the look), then make the
+        operator's ownership of its fields an apply's: a create records them as an update's, which a
+        later apply does not remove, so a field the service drops would stay on the object forever."""
+        path = _object_path(body)
+        made = self.request("POST", path.rsplit("/", 1)[0], body, query=[("fieldManager", FIELD_MANAGER)])
+        for _ in range(2):  # (another writer's entry may move ours between the read and the patch)
+            entries = (made.get("metadata") or {}).get("managedFields") or []
+            mine = [i for i, e in enumerate(entries) if e.get("manager") == FIELD_MANAGER]
+            if len(mine) != 1 or entries[mine[0]].get("operation") != "Update" or entries[mine[0]].get("subresource"):
+                return
+            at = f"/metadata/managedFields/{mine[0]}"
+            ops = [
+                {"op": "test", "path": "/metadata/uid", "value": made["metadata"].get("uid")},
+                {"op": "test", "path": f"{at}/manager", "value": FIELD_MANAGER},
+                {"op": "test", "path": f"{at}/operation", "value": "Update"},
+                {"op": "replace", "path": f"{at}/operation", "value": "Apply"},
+            ]
+            try:
+                self.request("PATCH", path, ops, JSON_PATCH, query=[("fieldManager", FIELD_MANAGER)])
+                return
+            except ApiException as exc:
+                if exc.status not in (409, 422):
+                    raise
+            made = self.get(path) or {}
 
     # --- VLLMServices ------------------------------------------------------------------
     def vsvc_path(self, namespace: str, name: str) -> str:
