@@ -95,6 +95,22 @@ async def test_a_deleted_deployment_is_applied_again_while_its_service_stays(clu
     assert await cluster.get(path) is None
 
 
+async def test_a_deleted_service_or_model_cache_claim_is_applied_again_while_its_service_stays(cluster):
+    """A VLLMService's Service (its endpoint) or its model-cache claim deleted by hand: applied again at once,
+    as the Deployment is. Before, nothing did until the next edit of the spec or the operator's restart,
+    however long that took: the endpoint stayed gone."""
+    await cluster.create_vsvc("ends", {**SPEC, "modelCache": {"enabled": True, "size": "50Gi"}})
+    await cluster.settled("ends")
+    for path in (
+        "/api/v1/namespaces/default/services/ends",
+        "/api/v1/namespaces/default/persistentvolumeclaims/ends-model-cache",
+    ):
+        first = await wait_for(lambda p=path: cluster.kube.get(p), what=path)
+        await cluster.call("DELETE", path)
+        again = await wait_for(lambda p=path: cluster.kube.get(p), what=f"{path} applied again")
+        assert again["spec"] == first["spec"] and again["metadata"]["uid"] != first["metadata"]["uid"]
+
+
 async def test_kv_crash_patches_spec_records_baseline_and_rolls_out(cluster):
     await cluster.create_vsvc("kv", SPEC)
     await cluster.settled("kv")

@@ -237,7 +237,7 @@ def test_a_deleted_deployment_reconciles_no_service_it_does_not_name_in_its_name
     monkeypatch.setattr(reconcile, "reconcile", lambda *a, **k: called.append(a))
     kube = _FakeKube({("prod", "victim"): service})
     dep = _dep(dep_ns, "victim", "u-victim")
-    reconcile.deployment_deleted(kube, OperatorConfig(), Later(), dep_ns, "victim", dep, RecordingLog())  # type: ignore[arg-type]
+    reconcile.owned_object_deleted(kube, OperatorConfig(), Later(), dep_ns, "victim", dep, RecordingLog())  # type: ignore[arg-type]
     assert called == [], why
 
 

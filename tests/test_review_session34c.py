@@ -173,7 +173,7 @@ def test_a_retry_of_a_deleted_deployment_survives_the_api_server_still_restartin
     calls = _reconciles(monkeypatch, [kopf.TemporaryError("applying the objects failed: 503", delay=0)])
     later = Later()
     try:
-        reconcile.deployment_deleted(kube, FAST, later, "team", "s", DEPLOYMENT, RecordingLog())  # type: ignore[arg-type]
+        reconcile.owned_object_deleted(kube, FAST, later, "team", "s", DEPLOYMENT, RecordingLog())  # type: ignore[arg-type]
         _settle(later)
     finally:
         later.stop()
@@ -196,7 +196,7 @@ def test_a_deleted_deployment_is_retried_at_most_write_attempts_times_under_one_
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     try:
-        reconcile.deployment_deleted(_Kube(SERVICE), FAST, later, "team", "s", DEPLOYMENT, log)  # type: ignore[arg-type]
+        reconcile.owned_object_deleted(_Kube(SERVICE), FAST, later, "team", "s", DEPLOYMENT, log)  # type: ignore[arg-type]
         _settle(later)
     finally:
         stop.set()
@@ -215,7 +215,7 @@ def test_a_retry_stops_once_the_service_is_deleted(monkeypatch):
         calls = _reconciles(monkeypatch, [kopf.TemporaryError("applying the objects failed: 503", delay=0)])
         later = Later()
         try:
-            reconcile.deployment_deleted(_Kube(SERVICE, after), FAST, later, "team", "s", DEPLOYMENT, RecordingLog())  # type: ignore[arg-type]
+            reconcile.owned_object_deleted(_Kube(SERVICE, after), FAST, later, "team", "s", DEPLOYMENT, RecordingLog())  # type: ignore[arg-type]
             _settle(later)
         finally:
             later.stop()
@@ -231,7 +231,7 @@ def test_a_refused_apply_is_not_retried(monkeypatch, status):
     later = Later()
     try:
         with pytest.raises(ApiException):
-            reconcile.deployment_deleted(_Kube(SERVICE), FAST, later, "team", "s", DEPLOYMENT, RecordingLog())  # type: ignore[arg-type]
+            reconcile.owned_object_deleted(_Kube(SERVICE), FAST, later, "team", "s", DEPLOYMENT, RecordingLog())  # type: ignore[arg-type]
         assert not later._timers
     finally:
         later.stop()

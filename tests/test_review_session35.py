@@ -1,7 +1,10 @@
 """Review of commit 8bd7246 (kube/client.py Kube._apply / Kube._create): an absent object is created
 by POST and the operator's managedFields entry then turned from an update's into an apply's by a JSON
 patch; an owned object is applied with the live uid (a 422 naming metadata.uid re-raised as 409).
-Each xfail(strict) test is a defect found on the current code, asserting the right behaviour."""
+Each test was a defect found on that code (a strict xfail), asserting the right behaviour; all four are
+fixed: a create's entry is converted on any later pass until it is (and the object is not 'unchanged'
+meanwhile), only the server's refusal of the uid itself is read as 'replaced', a 404 of the conversion is
+nothing left to convert, and the emulator's applied empty map keeps the keys other entries own."""
 
 from __future__ import annotations
 
@@ -62,13 +65,6 @@ class FakeServer(Kube):
 
 
 @pytest.mark.kmock(cls=Emulator)
-@pytest.mark.xfail(
-    strict=True,
-    reason="the Update->Apply conversion of the operator's managedFields entry is tried only right after the "
-    "POST: a failed JSON patch (503 here; a timeout, an operator restart between the two requests, a lost "
-    "POST response, a heal's apply landing in between) leaves the create's Update entry for good (the next "
-    "pass finds the object owned and 'unchanged'), so a field the service later drops stays on the Deployment",
-)
 async def test_a_field_dropped_after_a_create_whose_conversion_failed_leaves_the_deployment(cluster):
     """Medium (silent drift, the very defect the commit fixes, back after one failed request).
     Input: a VLLMService with resources.nodeSelector {pool: a100, zone: z1}; the JSON patch that follows the
@@ -101,12 +97,6 @@ async def test_a_field_dropped_after_a_create_whose_conversion_failed_leaves_the
 # --- 2. a manifest the server refuses is read as "replaced meanwhile" where its words name metadata.uid ---
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Kube._apply re-raises any 422 whose text contains 'metadata.uid' as a 409; the server's refusal "
-    "echoes the refused value, which the tenant writes (a nodeSelector value 'metadata.uid?'), so a manifest "
-    "refused for good becomes a transient conflict, retried forever instead of ObjectsRefused",
-)
 def test_a_refused_manifest_whose_refusal_echoes_metadata_uid_stays_refused():
     """Low (tenant-triggered endless retry; status never says why). Input: a VLLMService already deployed,
     edited to resources.nodeSelector {pool: "metadata.uid?"} (the CRD admits any string of <= 63 characters
@@ -150,12 +140,6 @@ def test_a_refused_manifest_whose_refusal_echoes_metadata_uid_stays_refused():
 # --- 3. an object deleted between the create and the JSON patch: a 404 leaks ---------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Kube._create tolerates 409/422 from its JSON patch but not 404: an object deleted between the POST "
-    "and the patch raises a bare ApiException(404), neither transient nor refused, which reconcile re-raises "
-    "to kopf (a traceback, kopf's default 60 s backoff instead of retry_delay_s)",
-)
 def test_an_object_deleted_right_after_its_create_is_retried_as_transient():
     """Low (a narrow race; a traceback and a slower retry). Input: the operator creates the Deployment (POST
     201); a person or a script deletes it before the JSON patch that converts the operator's managedFields
@@ -189,12 +173,6 @@ def test_an_object_deleted_right_after_its_create_is_retried_as_transient():
 # --- 4. the emulator: an applied empty map wipes the keys other managers own ------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="operator_harness.server_side_apply treats an empty map in an apply configuration as a leaf and "
-    "stores {} over the live map, dropping keys other managers own (the create's Update entry among them); a "
-    "real API server merges it and keeps them, so the emulator hides test 1's drift where a map is emptied",
-)
 def test_the_emulated_apply_keeps_keys_others_own_under_an_applied_empty_map():
     """Low (test harness: it hides a defect). Input: a live Deployment whose nodeSelector.pool is owned by
     another entry (here the operator's own create, operation Update, as a failed conversion leaves it),

@@ -40,7 +40,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   verbs: ["get"]
 - apiGroups: [""]
   resources: ["services", "persistentvolumeclaims"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list", "watch"]

@@ -114,7 +114,7 @@ class Kube:
             )
         data = resp.data.decode("utf-8", "replace") if isinstance(resp.data, bytes) else (resp.data or "")
         if not 200 <= resp.status < 300:
-            raise ApiException(status=resp.status, reason=f"{resp.reason}: {data[:500]}")
+            raise ApiException(status=resp.status, reason=f"{resp.reason}: {data[:2000]}")
         if raw:
             return data
         return json.loads(data) if data else {}
@@ -153,56 +153,57 @@ class Kube:
     def _apply(self, manifest: dict[str, Any], live: dict[str, Any] | None) -> str:
         body = with_applied_hash(manifest)
         meta = body["metadata"]
+        path = _object_path(manifest)
         if live is None:
-            self._create(body)
+            made = self.request("POST", path.rsplit("/", 1)[0], body, query=[("fieldManager", FIELD_MANAGER)])
+            self._own_by_apply(path, made)
             return "created"
-        if (live["metadata"].get("annotations") or {}).get(APPLIED_HASH) == meta["annotations"][
-            APPLIED_HASH
-        ] and is_subset(
-            {
-                "metadata": {k: meta[k] for k in ("labels", "annotations", "ownerReferences") if k in meta},
-                "spec": body.get("spec", {}),
-            },
-            live,
+        if (
+            not self._own_by_apply(path, live)
+            and (live["metadata"].get("annotations") or {}).get(APPLIED_HASH) == meta["annotations"][APPLIED_HASH]
+            and is_subset(
+                {
+                    "metadata": {k: meta[k] for k in ("labels", "annotations", "ownerReferences") if k in meta},
+                    "spec": body.get("spec", {}),
+                },
+                live,
+            )
         ):
             return "unchanged"
-        meta["uid"] = live["metadata"].get("uid")  # the object looked at, not one made since under its name
+        uid = meta["uid"] = live["metadata"].get("uid")  # the object looked at, not one made since under its name
         try:
-            self.request(
-                "PATCH", _object_path(manifest), body, APPLY, query=[("fieldManager", FIELD_MANAGER), ("force", "true")]
-            )
+            self.request("PATCH", path, body, APPLY, query=[("fieldManager", FIELD_MANAGER), ("force", "true")])
         except ApiException as exc:
-            # (a uid other than the live one is "field is immutable", 422: not the manifest refused)
-            if exc.status == 422 and "metadata.uid" in str(exc.reason):
+            if exc.status == 422 and _uid_refused(exc, uid):  # (replaced meanwhile: not the manifest refused)
                 raise ApiException(status=409, reason=f"replaced since it was read: {exc.reason}") from exc
             raise
         return "applied"
 
-    def _create(self, body: dict[str, Any]) -> None:
-        """Create the object (409 where the name is taken, by anyone, since the look), then make the
-        operator's ownership of its fields an apply's: a create records them as an update's, which a
-        later apply does not remove, so a field the service drops would stay on the object forever."""
-        path = _object_path(body)
-        made = self.request("POST", path.rsplit("/", 1)[0], body, query=[("fieldManager", FIELD_MANAGER)])
-        for _ in range(2):  # (another writer's entry may move ours between the read and the patch)
-            entries = (made.get("metadata") or {}).get("managedFields") or []
-            mine = [i for i, e in enumerate(entries) if e.get("manager") == FIELD_MANAGER]
-            if len(mine) != 1 or entries[mine[0]].get("operation") != "Update" or entries[mine[0]].get("subresource"):
-                return
-            at = f"/metadata/managedFields/{mine[0]}"
-            ops = [
-                {"op": "test", "path": "/metadata/uid", "value": made["metadata"].get("uid")},
-                {"op": "test", "path": f"{at}/manager", "value": FIELD_MANAGER},
-                {"op": "test", "path": f"{at}/operation", "value": "Update"},
-                {"op": "replace", "path": f"{at}/operation", "value": "Apply"},
-            ]
-            try:
-                self.request("PATCH", path, ops, JSON_PATCH, query=[("fieldManager", FIELD_MANAGER)])
-                return
-            except ApiException as exc:
-                if exc.status not in (409, 422):
-                    raise
-            made = self.get(path) or {}
+    def _own_by_apply(self, path: str, obj: dict[str, Any]) -> bool:
+        """Where the operator created the object (a create records its fields as an update's, which a later
+        apply does not remove: a field the service drops would stay forever), make them an apply's, or drop
+        the update's entry where an apply's is there already. True where it was the create's (then the
+        caller applies, whether or not this landed: a later pass tries again). The JSON patch tests what it
+        changes, so another writer's entry, or another object under the name, is never touched."""
+        entries = (obj.get("metadata") or {}).get("managedFields") or []
+        mine = [(i, e) for i, e in enumerate(entries) if e.get("manager") == FIELD_MANAGER and not e.get("subresource")]
+        created = [i for i, e in mine if e.get("operation") == "Update"]
+        if len(created) != 1:
+            return False
+        at = f"/metadata/managedFields/{created[0]}"
+        applied = any(e.get("operation") == "Apply" for _, e in mine)
+        ops = [
+            {"op": "test", "path": "/metadata/uid", "value": obj["metadata"].get("uid")},
+            {"op": "test", "path": f"{at}/manager", "value": FIELD_MANAGER},
+            {"op": "test", "path": f"{at}/operation", "value": "Update"},
+            {"op": "remove", "path": at} if applied else {"op": "replace", "path": f"{at}/operation", "value": "Apply"},
+        ]
+        try:
+            self.request("PATCH", path, ops, JSON_PATCH, query=[("fieldManager", FIELD_MANAGER)])
+        except ApiException as exc:
+            if exc.status not in (404, 409, 422):  # (gone, or changed meanwhile: the next pass looks again)
+                raise
+        return True
 
     # --- VLLMServices ------------------------------------------------------------------
     def vsvc_path(self, namespace: str, name: str) -> str:
@@ -283,6 +284,17 @@ def _object_path(manifest: dict[str, Any]) -> str:
     meta = manifest["metadata"]
     collection = _plural_path(manifest["apiVersion"], PLURALS[manifest["kind"]], meta.get("namespace"))
     return f"{collection}/{meta['name']}"
+
+
+def _uid_refused(exc: ApiException, uid: Any) -> bool:
+    """The server's refusal is that of the uid sent, itself: its first cause, right after the object's
+    name (the rest of a refusal may echo what a tenant wrote, "metadata.uid" included)."""
+    try:
+        message = str(json.loads(str(exc.reason).split(": ", 1)[1]).get("message") or "")
+    except (IndexError, ValueError, AttributeError):
+        return False
+    first_cause = message.split(" is invalid: ", 1)[-1]
+    return first_cause.startswith(f'metadata.uid: Invalid value: "{uid}": field is immutable')
 
 
 def describe(manifest: dict[str, Any]) -> str:

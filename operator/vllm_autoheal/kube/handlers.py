@@ -84,11 +84,23 @@ def deployment_progress(
 ) -> None:
     name = (body.get("metadata", {}).get("labels") or {}).get(resources.SERVICE_LABEL)
     if name and namespace and type == "DELETED":
-        reconcile.deployment_deleted(_kube(memo), _config(memo), _later(memo), namespace, name, dict(body), logger)
+        reconcile.owned_object_deleted(_kube(memo), _config(memo), _later(memo), namespace, name, dict(body), logger)
     elif name and namespace:
         reconcile.deployment_progress(_kube(memo), _config(memo), namespace, name, dict(body))
         if pods.failed_create(dict(body)) is not None:  # (pods the API server refused: no pod event comes)
             unschedulable.check(_kube(memo), _config(memo), _later(memo), namespace, name, logger, fresh=True)
+
+
+# A VLLMService's Service and model-cache PVC deleted by hand: applied again at once (nothing else
+# would: the operator has no periodic resync, so the endpoint stayed gone until the next edit).
+@kopf.on.event("", "v1", "services", labels={"app.kubernetes.io/managed-by": "vllm-autoheal"})
+@kopf.on.event("", "v1", "persistentvolumeclaims", labels={"app.kubernetes.io/managed-by": "vllm-autoheal"})
+def owned_object_gone(
+    body: kopf.Body, type: str, namespace: str | None, memo: kopf.Memo, logger: kopf.Logger, **_: Any
+) -> None:
+    name = (body.get("metadata", {}).get("labels") or {}).get(resources.SERVICE_LABEL)
+    if name and namespace and type == "DELETED":
+        reconcile.owned_object_deleted(_kube(memo), _config(memo), _later(memo), namespace, name, dict(body), logger)
 
 
 @kopf.on.event("", "v1", "pods", labels={resources.SERVICE_LABEL: kopf.PRESENT})
