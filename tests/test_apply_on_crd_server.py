@@ -116,3 +116,23 @@ def test_an_object_replaced_between_the_look_and_the_apply_is_not_written(kube, 
     assert raised.value.status == 409  # (a retry reads again, and reports their object as a name conflict)
     live = real_get(kube, _path("replaced"))
     assert "ownerReferences" not in live["metadata"] and "maxModelLen" not in live["spec"]["engine"]
+
+
+def test_a_create_left_an_updates_beside_an_apply_is_dropped_on_the_next_pass(kube):
+    # A create whose conversion did not land, then an apply (the pass that found it): the operator has an
+    # update's entry beside its apply's. The next pass drops the update's, so what the service drops goes.
+    path = _path("both")
+    made = copy.deepcopy(_manifest("both", maxModelLen=4096))
+    kube.request("POST", path.rsplit("/", 1)[0], made, query=[("fieldManager", kclient.FIELD_MANAGER)])
+    kube.request("PATCH", path, made, kclient.APPLY, query=[("fieldManager", kclient.FIELD_MANAGER), ("force", "true")])
+    before = kube.get(path)
+    assert {(e["manager"], e["operation"]) for e in before["metadata"]["managedFields"]} == {
+        (kclient.FIELD_MANAGER, "Update"),
+        (kclient.FIELD_MANAGER, "Apply"),
+    }
+    assert kube.apply_all([_manifest("both")]).outcomes[0][1] == "applied"
+    live = kube.get(path)
+    assert [(e["manager"], e["operation"]) for e in live["metadata"]["managedFields"]] == [
+        (kclient.FIELD_MANAGER, "Apply")
+    ]
+    assert "maxModelLen" not in live["spec"]["engine"]
