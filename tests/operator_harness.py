@@ -621,6 +621,14 @@ def unschedulable_status(message: str, since: str) -> dict:
     return {"phase": "Pending", "conditions": [{**condition, "message": message, "lastTransitionTime": since}]}
 
 
+def drain(later: Any, timeout: float = 3.0) -> None:
+    """Wait until a kube.later.Later has no run pending (each may schedule another), then a moment more."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and later._timers:
+        time.sleep(0.01)
+    time.sleep(0.05)
+
+
 class PendingLater:
     """kube.later.Later's contract (one pending run per key; a newer call replaces it), never firing."""
 

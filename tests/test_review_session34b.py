@@ -23,7 +23,7 @@ from vllm_autoheal.diagnosis import Diagnosis
 from vllm_autoheal.diagnosis.model import Cause
 from vllm_autoheal.engine import parse_args, spelled_by
 from vllm_autoheal.gpu_catalog import lookup
-from vllm_autoheal.kube import reconcile
+from vllm_autoheal.kube import owned_deleted, reconcile
 from vllm_autoheal.kube.config import OperatorConfig
 from vllm_autoheal.kube.later import Later
 from vllm_autoheal.remedy import Inventory, plan_heal
@@ -31,7 +31,7 @@ from vllm_autoheal.remedy_gate import Limits, check
 from vllm_autoheal.serve_sizing import gpus_taken, prefill_context_ranks
 from vllm_autoheal.vllm_release import parse_version
 
-from operator_harness import Emulator, RecordingLog, wait_for
+from operator_harness import Emulator, RecordingLog, drain, wait_for
 from samples import SPEC, config_shape
 
 LLAMA70 = config_shape("llama-3.1-70b")
@@ -235,9 +235,15 @@ def test_a_deleted_deployment_reconciles_no_service_it_does_not_name_in_its_name
     again (a new uid: the garbage collector deleting the old one's Deployment) are not reconciled."""
     called: list[Any] = []
     monkeypatch.setattr(reconcile, "reconcile", lambda *a, **k: called.append(a))
+    monkeypatch.setattr(owned_deleted, "SETTLE_S", 0.0)
     kube = _FakeKube({("prod", "victim"): service})
     dep = _dep(dep_ns, "victim", "u-victim")
-    reconcile.owned_object_deleted(kube, OperatorConfig(), Later(), dep_ns, "victim", dep, RecordingLog())  # type: ignore[arg-type]
+    later = Later()
+    try:
+        owned_deleted.owned_object_deleted(kube, OperatorConfig(), later, dep_ns, "victim", dep, RecordingLog())  # type: ignore[arg-type]
+        drain(later)
+    finally:
+        later.stop()
     assert called == [], why
 
 

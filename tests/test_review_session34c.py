@@ -9,6 +9,7 @@ that were defended."""
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 import threading
@@ -27,7 +28,7 @@ from vllm_autoheal.api import ALL_ACTIONS, VLLMServiceSpec
 from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.engine import parse_args
 from vllm_autoheal.gpu_catalog import lookup
-from vllm_autoheal.kube import reconcile
+from vllm_autoheal.kube import owned_deleted, reconcile
 from vllm_autoheal.kube import status as st
 from vllm_autoheal.kube.config import OperatorConfig
 from vllm_autoheal.kube.later import Later
@@ -148,6 +149,7 @@ def _reconciles(monkeypatch, outcomes: list[BaseException | None]) -> list[int]:
             raise outcomes[len(calls) - 1]  # type: ignore[misc]
 
     monkeypatch.setattr(reconcile, "reconcile", fake)
+    monkeypatch.setattr(owned_deleted, "SETTLE_S", 0.0)
     return calls
 
 
@@ -173,7 +175,7 @@ def test_a_retry_of_a_deleted_deployment_survives_the_api_server_still_restartin
     calls = _reconciles(monkeypatch, [kopf.TemporaryError("applying the objects failed: 503", delay=0)])
     later = Later()
     try:
-        reconcile.owned_object_deleted(kube, FAST, later, "team", "s", DEPLOYMENT, RecordingLog())  # type: ignore[arg-type]
+        owned_deleted.owned_object_deleted(kube, FAST, later, "team", "s", DEPLOYMENT, RecordingLog())  # type: ignore[arg-type]
         _settle(later)
     finally:
         later.stop()
@@ -196,7 +198,7 @@ def test_a_deleted_deployment_is_retried_at_most_write_attempts_times_under_one_
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     try:
-        reconcile.owned_object_deleted(_Kube(SERVICE), FAST, later, "team", "s", DEPLOYMENT, log)  # type: ignore[arg-type]
+        owned_deleted.owned_object_deleted(_Kube(SERVICE), FAST, later, "team", "s", DEPLOYMENT, log)  # type: ignore[arg-type]
         _settle(later)
     finally:
         stop.set()
@@ -215,7 +217,9 @@ def test_a_retry_stops_once_the_service_is_deleted(monkeypatch):
         calls = _reconciles(monkeypatch, [kopf.TemporaryError("applying the objects failed: 503", delay=0)])
         later = Later()
         try:
-            reconcile.owned_object_deleted(_Kube(SERVICE, after), FAST, later, "team", "s", DEPLOYMENT, RecordingLog())  # type: ignore[arg-type]
+            owned_deleted.owned_object_deleted(
+                _Kube(SERVICE, after), FAST, later, "team", "s", DEPLOYMENT, RecordingLog()
+            )  # type: ignore[arg-type]
             _settle(later)
         finally:
             later.stop()
@@ -223,19 +227,21 @@ def test_a_retry_stops_once_the_service_is_deleted(monkeypatch):
 
 
 @pytest.mark.parametrize("status", [403, 400])
-def test_a_refused_apply_is_not_retried(monkeypatch, status):
+def test_a_refused_apply_is_not_retried(monkeypatch, caplog, status):
     """Defended: a reconcile that raises something other than kopf.TemporaryError (a 403 where the operator
-    watches namespaces it may not write, the API server refusing the rendered objects) propagates from the
-    event handler once, for kopf to log: no timer, no loop."""
+    watches namespaces it may not write, the API server refusing the rendered objects) is logged once (the
+    re-apply runs off kopf's workers, in kube.later.Later): no retry, no loop."""
     calls = _reconciles(monkeypatch, [ApiException(status=status, reason="Forbidden")])
     later = Later()
     try:
-        with pytest.raises(ApiException):
-            reconcile.owned_object_deleted(_Kube(SERVICE), FAST, later, "team", "s", DEPLOYMENT, RecordingLog())  # type: ignore[arg-type]
+        with caplog.at_level(logging.ERROR):
+            owned_deleted.owned_object_deleted(_Kube(SERVICE), FAST, later, "team", "s", DEPLOYMENT, RecordingLog())  # type: ignore[arg-type]
+            _settle(later)
         assert not later._timers
     finally:
         later.stop()
     assert len(calls) == 1
+    assert len([r for r in caplog.records if r.levelno >= logging.ERROR]) == 1
 
 
 # --- 4. diagnose's windows grow once (1400bd8, log_file.windows) -----------------------------------------

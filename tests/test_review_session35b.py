@@ -2,13 +2,16 @@
 kube/handlers.owned_object_gone, reconcile.owned_object_deleted for Deployments, Services and PVCs, and the
 chart's list/watch on services and persistentvolumeclaims).
 
-Each xfail(strict) test is a defect found on that code, asserting the right behaviour; the plain tests are
-attacks that were defended."""
+Tests 1-5 were defects found on that code (strict xfails), asserting the right behaviour; all are fixed:
+the README's count, the API server selecting what the watches send (kopf's settings.watching.label_selectors),
+one re-apply a service a burst of deletions, with its retries under one key (kube/owned_deleted.py), and a
+namespace being deleted read as the service going. The last tests are attacks that were defended."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import subprocess
 import threading
@@ -21,11 +24,11 @@ import pytest
 import yaml
 from kubernetes.client.rest import ApiException
 
-from vllm_autoheal.kube import reconcile
+from vllm_autoheal.kube import owned_deleted, reconcile
 from vllm_autoheal.kube.config import OperatorConfig
 from vllm_autoheal.kube.later import Later
 
-from operator_harness import HARNESS_AGENT, NS, Emulator, RecordingLog, wait_for
+from operator_harness import HARNESS_AGENT, NS, Emulator, RecordingLog, drain, wait_for
 from samples import SPEC
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,10 +48,6 @@ def _by_operator(kmock: Any) -> list[Any]:
 # --- 1. README: the permissions the chart grants --------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="README still says 24 permissions; the chart grants 29 (b7201ce added list/watch on two resources)",
-)
 def test_the_readme_counts_the_permissions_the_chart_grants(helm):
     """Severity: low (documentation: an administrator reviewing the operator's rights reads a stale count,
     and the new cluster-wide list/watch of every Service and PVC is exactly what they would look for).
@@ -76,10 +75,6 @@ def test_the_readme_counts_the_permissions_the_chart_grants(helm):
 # --- 2. what the new watches stream into the operator ----------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the watches of services and persistentvolumeclaims carry no labelSelector: every one in the cluster",
-)
 @pytest.mark.kmock(cls=Emulator)
 async def test_the_operator_is_sent_only_the_services_and_claims_it_manages(cluster):
     """Severity: low (cost and exposure, every tenant's: not a write).
@@ -129,10 +124,6 @@ def _controlled(name: str, uid: str, i: int) -> dict[str, Any]:
     }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="each DELETED runs its own full reconcile on the shared workers: N deletions, N reconciles",
-)
 @pytest.mark.kmock(cls=Emulator)
 async def test_a_storm_of_deleted_objects_of_one_service_costs_a_bounded_number_of_reconciles(cluster):
     """Severity: low (shared workers and API load a tenant can multiply; the same was possible with decoy
@@ -188,10 +179,6 @@ def _gone(kind: str, name: str) -> dict[str, Any]:
     return {"kind": kind, "metadata": {"name": name, "namespace": "team", "ownerReferences": [ref]}}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the retry key holds the deleted object's kind: three retry chains (timers, reconciles) a service",
-)
 def test_a_service_whose_three_objects_are_deleted_under_a_failing_api_holds_one_retry(monkeypatch):
     """Severity: low (3x the timer threads and reconciles a service may hold; tests/test_review_session34c.py
     defended 'one timer a service at a time', which no longer holds).
@@ -222,7 +209,9 @@ def test_a_service_whose_three_objects_are_deleted_under_a_failing_api_holds_one
     watcher.start()
     try:
         for kind, name in (("Deployment", "s"), ("Service", "s"), ("PersistentVolumeClaim", "s-model-cache")):
-            reconcile.owned_object_deleted(_Kube(SERVICE), FAST, later, "team", "s", _gone(kind, name), RecordingLog())  # type: ignore[arg-type]
+            owned_deleted.owned_object_deleted(
+                _Kube(SERVICE), FAST, later, "team", "s", _gone(kind, name), RecordingLog()
+            )  # type: ignore[arg-type]
         deadline = time.monotonic() + 2.0
         while later._timers and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -253,11 +242,7 @@ def _terminating(resource: str, name: str) -> ApiException:
     return ApiException(status=403, reason=f"Forbidden: {json.dumps(status)}")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a create refused because the namespace is being terminated propagates as a handler error",
-)
-def test_an_object_deleted_with_its_namespace_is_not_a_handler_error(monkeypatch):
+def test_an_object_deleted_with_its_namespace_is_not_a_handler_error(monkeypatch, caplog):
     """Severity: low (an ERROR with a traceback in the operator's log, and a failed attempt to post an Event, for
     each of a service's objects at every routine namespace deletion: noise that reads as a malfunction).
     Input: `kubectl delete namespace team` holding VLLMService s. The namespace controller deletes the
@@ -269,11 +254,23 @@ def test_an_object_deleted_with_its_namespace_is_not_a_handler_error(monkeypatch
     event handler: kopf logs 'Handler ... failed with an exception' (three times a service since b7201ce).
     Right: a namespace being terminated is the service going, as its own deletionTimestamp is: nothing is
     raised, nothing retried."""
-    monkeypatch.setattr(reconcile, "reconcile", lambda *a, **k: (_ for _ in ()).throw(_terminating("services", "s")))
+    calls: list[int] = []
+
+    def refused(*a: Any, **k: Any) -> None:
+        calls.append(1)
+        raise _terminating("services", "s")
+
+    monkeypatch.setattr(reconcile, "reconcile", refused)
+    monkeypatch.setattr(owned_deleted, "SETTLE_S", 0.0)
     later = Later()
     try:
-        reconcile.owned_object_deleted(_Kube(SERVICE), FAST, later, "team", "s", _gone("Service", "s"), RecordingLog())  # type: ignore[arg-type]
-        assert not later._timers
+        with caplog.at_level(logging.ERROR):
+            owned_deleted.owned_object_deleted(
+                _Kube(SERVICE), FAST, later, "team", "s", _gone("Service", "s"), RecordingLog()
+            )  # type: ignore[arg-type]
+            drain(later)
+        assert calls == [1] and not later._timers
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR], "raised out of the re-apply"
     finally:
         later.stop()
 
@@ -314,7 +311,13 @@ def test_a_deleted_service_or_claim_reconciles_only_its_controller_while_it_stay
     .claimName claim carrying the operator's labels) or one it owns without controlling."""
     called: list[Any] = []
     monkeypatch.setattr(reconcile, "reconcile", lambda *a, **k: called.append(a))
-    reconcile.owned_object_deleted(_Kube(service), FAST, Later(), "team", "s", gone, RecordingLog())  # type: ignore[arg-type]
+    monkeypatch.setattr(owned_deleted, "SETTLE_S", 0.0)
+    later = Later()
+    try:
+        owned_deleted.owned_object_deleted(_Kube(service), FAST, later, "team", "s", gone, RecordingLog())  # type: ignore[arg-type]
+        drain(later)
+    finally:
+        later.stop()
     assert called == [], why
 
 

@@ -14,7 +14,7 @@ import kopf
 
 from .. import metrics
 from ..api import GROUP, PLURAL, VERSION
-from . import heal, ownership, pods, reconcile, resources, unschedulable
+from . import heal, owned_deleted, ownership, pods, reconcile, resources, unschedulable
 from .client import Kube
 from .config import OperatorConfig
 from .diffbase import DigestedDiffBaseStorage
@@ -42,6 +42,15 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.persistence.diffbase_storage = DigestedDiffBaseStorage(prefix=GROUP, key="last-handled-configuration")
     settings.posting.level = logging.WARNING
     settings.execution.max_workers = 8
+    # The API server sends only the objects the operator watches for (kopf's `labels=` filters are its
+    # own, after every Service, PVC, Deployment and pod of the cluster reached it).
+    for group, version, plural in (
+        ("apps", "v1", "deployments"),
+        ("", "v1", "services"),
+        ("", "v1", "persistentvolumeclaims"),
+    ):
+        settings.watching.label_selectors[group, version, plural] = f"{resources.MANAGED_BY}={resources.MANAGER}"
+    settings.watching.label_selectors["", "v1", "pods"] = resources.SERVICE_LABEL
     memo.setdefault("config", OperatorConfig())
     memo["later"] = Later()
 
@@ -78,13 +87,15 @@ def forget(type: str, meta: kopf.Meta, **_: Any) -> None:
         metrics.set_phase(f"{meta.get('namespace')}/{meta.get('name')}", None)
 
 
-@kopf.on.event("apps", "v1", "deployments", labels={"app.kubernetes.io/managed-by": "vllm-autoheal"})
+@kopf.on.event("apps", "v1", "deployments", labels={resources.MANAGED_BY: resources.MANAGER})
 def deployment_progress(
     body: kopf.Body, type: str, namespace: str | None, memo: kopf.Memo, logger: kopf.Logger, **_: Any
 ) -> None:
     name = (body.get("metadata", {}).get("labels") or {}).get(resources.SERVICE_LABEL)
     if name and namespace and type == "DELETED":
-        reconcile.owned_object_deleted(_kube(memo), _config(memo), _later(memo), namespace, name, dict(body), logger)
+        owned_deleted.owned_object_deleted(
+            _kube(memo), _config(memo), _later(memo), namespace, name, dict(body), logger
+        )
     elif name and namespace:
         reconcile.deployment_progress(_kube(memo), _config(memo), namespace, name, dict(body))
         if pods.failed_create(dict(body)) is not None:  # (pods the API server refused: no pod event comes)
@@ -93,14 +104,16 @@ def deployment_progress(
 
 # A VLLMService's Service and model-cache PVC deleted by hand: applied again at once (nothing else
 # would: the operator has no periodic resync, so the endpoint stayed gone until the next edit).
-@kopf.on.event("", "v1", "services", labels={"app.kubernetes.io/managed-by": "vllm-autoheal"})
-@kopf.on.event("", "v1", "persistentvolumeclaims", labels={"app.kubernetes.io/managed-by": "vllm-autoheal"})
+@kopf.on.event("", "v1", "services", labels={resources.MANAGED_BY: resources.MANAGER})
+@kopf.on.event("", "v1", "persistentvolumeclaims", labels={resources.MANAGED_BY: resources.MANAGER})
 def owned_object_gone(
     body: kopf.Body, type: str, namespace: str | None, memo: kopf.Memo, logger: kopf.Logger, **_: Any
 ) -> None:
     name = (body.get("metadata", {}).get("labels") or {}).get(resources.SERVICE_LABEL)
     if name and namespace and type == "DELETED":
-        reconcile.owned_object_deleted(_kube(memo), _config(memo), _later(memo), namespace, name, dict(body), logger)
+        owned_deleted.owned_object_deleted(
+            _kube(memo), _config(memo), _later(memo), namespace, name, dict(body), logger
+        )
 
 
 @kopf.on.event("", "v1", "pods", labels={resources.SERVICE_LABEL: kopf.PRESENT})

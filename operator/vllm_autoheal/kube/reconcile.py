@@ -11,7 +11,6 @@ they are written with a new baseline, or while no heal has been made, never over
 
 from __future__ import annotations
 
-import functools
 import json
 from typing import Any, NoReturn
 
@@ -26,7 +25,6 @@ from . import heal, resources
 from . import status as st
 from .client import Kube
 from .config import OperatorConfig
-from .later import Later
 from .writes import event, lock, transient, update_status
 
 # What a heal writes into status; a reconcile that read the object before a heal leaves it alone.
@@ -278,43 +276,6 @@ def rollout_done(dep: dict[str, Any]) -> tuple[bool, str]:
     current = observed is None or observed >= (dep.get("metadata") or {}).get("generation", 0)
     ready = want > 0 and have >= want and current and (updated is None or updated >= want)
     return ready, f"{have}/{want}"
-
-
-def owned_object_deleted(
-    kube: Kube,
-    cfg: OperatorConfig,
-    later: Later,
-    ns: str,
-    name: str,
-    gone: dict[str, Any],
-    logger: kopf.Logger,
-    attempt: int = 1,
-) -> None:
-    """An object of a VLLMService (its Deployment, Service or model-cache PVC) deleted while the service
-    stays (by a person, or another tool): rendered and applied again, as an edit of the spec would. Not
-    where the service is gone or going (the garbage collector deletes its objects after it), nor for an
-    object it did not control. A failed apply (an API server restarting) or a heal under way is tried
-    again later, up to cfg.write_attempts times (no event handler is retried by kopf)."""
-    kind = str(gone.get("kind") or "object")
-    try:
-        body = kube.get_vsvc(ns, name)
-        meta = (body or {}).get("metadata") or {}
-        if body is None or meta.get("deletionTimestamp"):
-            return
-        refs = (gone.get("metadata") or {}).get("ownerReferences") or []
-        if not any(isinstance(r, dict) and r.get("controller") and r.get("uid") == meta.get("uid") for r in refs):
-            return
-        if attempt == 1:
-            logger.warning(f"the {kind} of {name} was deleted while the VLLMService stays: applying it again")
-        reconcile(kube, cfg, body, logger)
-    except Exception as exc:
-        if not isinstance(exc, kopf.TemporaryError) and not transient(exc):
-            raise
-        if attempt < cfg.write_attempts:
-            again = functools.partial(owned_object_deleted, kube, cfg, later, ns, name, gone, logger, attempt + 1)
-            later.run(f"{ns}/{name}/{kind}-deleted", cfg.retry_delay_s, again)
-        else:
-            logger.warning(f"the {kind} of {name} is not applied yet ({exc}): the next reconcile applies it")
 
 
 def deployment_progress(kube: Kube, cfg: OperatorConfig, ns: str, name: str, dep: dict[str, Any]) -> None:

@@ -22,6 +22,7 @@ LAUNCHER_DIR = "/opt/vllm-autoheal"  # where the operator image keeps the packag
 SHARED_DIR = LAUNCHER_MOUNT  # the emptyDir the init container copies it into
 CONTAINER = "vllm"
 SERVICE_LABEL = f"{GROUP}/service"
+MANAGED_BY, MANAGER = "app.kubernetes.io/managed-by", "vllm-autoheal"  # (what the operator's watches select)
 ENGINE_HASH = f"{GROUP}/engine-hash"
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
@@ -33,7 +34,7 @@ def labels(name: str) -> dict[str, str]:
         "app.kubernetes.io/name": "vllm",
         "app.kubernetes.io/instance": name,
         "app.kubernetes.io/component": "inference-server",
-        "app.kubernetes.io/managed-by": "vllm-autoheal",
+        MANAGED_BY: MANAGER,
         "app.kubernetes.io/part-of": "vllm-autoheal",
         SERVICE_LABEL: name,
     }
