@@ -32,6 +32,22 @@ pytestmark = pytest.mark.kmock(cls=Emulator)
 DISCOVERY = re.compile(r"^/(api|apis)(/[^/]+(/v[^/]+)?)?/?$")
 
 
+def owner_blocking(body: object) -> set[tuple[str, str, str]]:
+    """A write that sets blockOwnerDeletion on an owner reference: where the OwnerReferencesPermissionEnforcement
+    admission plugin is on (OpenShift's default), the writer must be allowed to update the owner's finalizers."""
+    refs = ((body or {}).get("metadata") or {}).get("ownerReferences") or [] if isinstance(body, dict) else []
+    plurals = {"VLLMService": "vllmservices"}
+    return {
+        (
+            r["apiVersion"].rsplit("/", 1)[0] if "/" in r["apiVersion"] else "",
+            f"{plurals[r['kind']]}/finalizers",
+            "update",
+        )
+        for r in refs
+        if r.get("blockOwnerDeletion")
+    }
+
+
 def permissions(method: str, path: str, params: dict, content_type: str = "") -> set[tuple[str, str, str]]:
     """(apiGroup, resource[/subresource], verb) an API request needs; none for discovery. A
     server-side apply is a patch that creates the object when it is missing: the API server
@@ -111,12 +127,10 @@ async def test_chart_grants_exactly_what_the_operator_uses(kmock, helm, hub, tmp
     for request in kmock._requests:  # kmock 0.8 keeps the log here (the DSL: kmock[:])
         if request.headers.get("User-Agent", "") == HARNESS_AGENT:
             continue
-        used |= permissions(
-            request.method.value if hasattr(request.method, "value") else str(request.method),
-            request.url.path,
-            dict(request.params),
-            request.headers.get("Content-Type", ""),
-        )
+        method = request.method.value if hasattr(request.method, "value") else str(request.method)
+        used |= permissions(method, request.url.path, dict(request.params), request.headers.get("Content-Type", ""))
+        if method in ("POST", "PATCH", "PUT"):
+            used |= owner_blocking(request.data)
     docs = [
         d
         for d in yaml.safe_load_all(

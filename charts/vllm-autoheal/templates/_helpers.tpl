@@ -32,6 +32,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: ["vllm.autoheal.dev"]
   resources: ["vllmservices/status"]
   verbs: ["patch"]
+# the owner references of its objects block the service's deletion until they are gone: where the API
+# server enforces it (OwnerReferencesPermissionEnforcement, OpenShift's default) that takes this
+- apiGroups: ["vllm.autoheal.dev"]
+  resources: ["vllmservices/finalizers"]
+  verbs: ["update"]
 - apiGroups: ["apps"]
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch"]
