@@ -101,6 +101,16 @@ async def test_the_operator_is_sent_only_the_services_and_claims_it_manages(clus
         if "app.kubernetes.io/managed-by=vllm-autoheal" not in str(dict(r.params).get("labelSelector", ""))
     ]
     assert unselected == []
+    # (and the Deployments and pods it watches: its own, and the pods that carry a service's label)
+    selected = {
+        r.url.path.rstrip("/").split("/")[-1]: str(dict(r.params).get("labelSelector", ""))
+        for r in _by_operator(cluster.kmock)
+        if _method(r) == "GET" and r.url.path.rstrip("/").split("/")[-1] in ("deployments", "pods")
+    }
+    assert selected == {
+        "deployments": "app.kubernetes.io/managed-by=vllm-autoheal",
+        "pods": "vllm.autoheal.dev/service",
+    }, selected
 
 
 # --- 3. work keyed per deleted object, not per service ----------------------------------------------------
