@@ -102,8 +102,9 @@ def deployment_progress(
             unschedulable.check(_kube(memo), _config(memo), _later(memo), namespace, name, logger, fresh=True)
 
 
-# A VLLMService's Service and model-cache PVC deleted by hand: applied again at once (nothing else
-# would: the operator has no periodic resync, so the endpoint stayed gone until the next edit).
+# A VLLMService's Service and model-cache PVC deleted by hand: applied again once the burst of deletions
+# settles (kube/owned_deleted.py; nothing else would: the operator has no periodic resync, so the endpoint
+# stayed gone until the next edit).
 @kopf.on.event("", "v1", "services", labels={resources.MANAGED_BY: resources.MANAGER})
 @kopf.on.event("", "v1", "persistentvolumeclaims", labels={resources.MANAGED_BY: resources.MANAGER})
 def owned_object_gone(
