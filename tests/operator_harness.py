@@ -172,22 +172,12 @@ class Emulator(kmocklib.KubernetesEmulator):
                         message=f"injected {fault.status} for {method} {fault.path_suffix}",
                     )
                 break
-        if (
-            request.resource is not None
-            and request.action == kmocklib.action.UPDATE
-            and request.name
-            and "apply-patch" in request.headers.get("Content-Type", "")
-            and isinstance(request.data, dict)
-        ):
-            await self._server_side_apply(request)
-        if (
-            request.resource is not None
-            and request.action == kmocklib.action.UPDATE
-            and request.name
-            and "json-patch" in request.headers.get("Content-Type", "")
-            and isinstance(request.data, list)
-        ):
-            await self._json_patch(request)
+        if request.resource is not None and request.action == kmocklib.action.UPDATE and request.name:
+            content_type = request.headers.get("Content-Type", "")
+            if "apply-patch" in content_type and isinstance(request.data, dict):
+                await self._server_side_apply(request)
+            elif "json-patch" in content_type and isinstance(request.data, list):
+                await self._json_patch(request)
         if (
             request.resource is not None
             and request.action == kmocklib.action.CREATE

@@ -92,10 +92,8 @@ def deployment_progress(
     body: kopf.Body, type: str, namespace: str | None, memo: kopf.Memo, logger: kopf.Logger, **_: Any
 ) -> None:
     name = (body.get("metadata", {}).get("labels") or {}).get(resources.SERVICE_LABEL)
-    if name and namespace and type == "DELETED":
-        owned_deleted.owned_object_deleted(
-            _kube(memo), _config(memo), _later(memo), namespace, name, dict(body), logger
-        )
+    if type == "DELETED":
+        _gone(body, namespace, memo, logger)
     elif name and namespace:
         reconcile.deployment_progress(_kube(memo), _config(memo), namespace, name, dict(body))
         if pods.failed_create(dict(body)) is not None:  # (pods the API server refused: no pod event comes)
@@ -110,8 +108,13 @@ def deployment_progress(
 def owned_object_gone(
     body: kopf.Body, type: str, namespace: str | None, memo: kopf.Memo, logger: kopf.Logger, **_: Any
 ) -> None:
+    if type == "DELETED":
+        _gone(body, namespace, memo, logger)
+
+
+def _gone(body: kopf.Body, namespace: str | None, memo: kopf.Memo, logger: kopf.Logger) -> None:
     name = (body.get("metadata", {}).get("labels") or {}).get(resources.SERVICE_LABEL)
-    if name and namespace and type == "DELETED":
+    if name and namespace:
         owned_deleted.owned_object_deleted(
             _kube(memo), _config(memo), _later(memo), namespace, name, dict(body), logger
         )
