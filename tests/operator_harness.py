@@ -611,6 +611,26 @@ def unschedulable_status(message: str, since: str) -> dict:
     return {"phase": "Pending", "conditions": [{**condition, "message": message, "lastTransitionTime": since}]}
 
 
+@contextlib.contextmanager
+def peak_timers(later: Any):
+    """The most runs a kube.later.Later held pending at once while the block ran: yields a list, its one
+    item set when the block ends."""
+    peak, stop = [0], threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            peak[0] = max(peak[0], len(later._timers))
+            time.sleep(0.001)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield peak
+    finally:
+        stop.set()
+        watcher.join()
+
+
 def drain(later: Any, timeout: float = 3.0) -> None:
     """Wait until a kube.later.Later has no run pending (each may schedule another), then a moment more."""
     deadline = time.monotonic() + timeout

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import os
 import stat
-import threading
 import time
 import types
 from typing import Any
@@ -36,7 +35,7 @@ from vllm_autoheal.remedy import Inventory, plan_heal
 from vllm_autoheal.remedy_gate import ANY, CALLS_FOR, ONLY_WITH
 from vllm_autoheal.serve_sizing import prefill_context_ranks
 
-from operator_harness import RecordingLog
+from operator_harness import RecordingLog, peak_timers
 from samples import config_shape
 
 L4 = lookup("NVIDIA-L4")
@@ -187,22 +186,12 @@ def test_a_deleted_deployment_is_retried_at_most_write_attempts_times_under_one_
     tenant keeps up) runs cfg.write_attempts times in all, one timer a service at a time, then says so once;
     no timer is left."""
     calls = _reconciles(monkeypatch, [kopf.TemporaryError("the recorded heal is not finished yet", delay=0)] * 99)
-    later, log, peak = Later(), RecordingLog(), [0]
-    stop = threading.Event()
-
-    def watch() -> None:
-        while not stop.is_set():
-            peak[0] = max(peak[0], len(later._timers))
-            time.sleep(0.001)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
+    later, log = Later(), RecordingLog()
     try:
-        owned_deleted.owned_object_deleted(_Kube(SERVICE), FAST, later, "team", "s", DEPLOYMENT, log)  # type: ignore[arg-type]
-        _settle(later)
+        with peak_timers(later) as peak:
+            owned_deleted.owned_object_deleted(_Kube(SERVICE), FAST, later, "team", "s", DEPLOYMENT, log)  # type: ignore[arg-type]
+            _settle(later)
     finally:
-        stop.set()
-        watcher.join()
         later.stop()
     assert len(calls) == FAST.write_attempts
     assert peak[0] <= 1 and not later._timers

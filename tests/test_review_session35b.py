@@ -14,7 +14,6 @@ import json
 import logging
 import re
 import subprocess
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ from vllm_autoheal.kube import owned_deleted, reconcile
 from vllm_autoheal.kube.config import OperatorConfig
 from vllm_autoheal.kube.later import Later
 
-from operator_harness import HARNESS_AGENT, NS, Emulator, RecordingLog, drain, wait_for
+from operator_harness import HARNESS_AGENT, NS, Emulator, RecordingLog, drain, peak_timers, wait_for
 from samples import SPEC
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -208,27 +207,15 @@ def test_a_service_whose_three_objects_are_deleted_under_a_failing_api_holds_one
         raise kopf.TemporaryError("applying the objects failed: 503", delay=0)
 
     monkeypatch.setattr(reconcile, "reconcile", failing)
-    later, peak, stop = Later(), [0], threading.Event()
-
-    def watch() -> None:
-        while not stop.is_set():
-            peak[0] = max(peak[0], len(later._timers))
-            time.sleep(0.001)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
+    later = Later()
     try:
-        for kind, name in (("Deployment", "s"), ("Service", "s"), ("PersistentVolumeClaim", "s-model-cache")):
-            owned_deleted.owned_object_deleted(
-                _Kube(SERVICE), FAST, later, "team", "s", _gone(kind, name), RecordingLog()
-            )  # type: ignore[arg-type]
-        deadline = time.monotonic() + 2.0
-        while later._timers and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(0.05)
+        with peak_timers(later) as peak:
+            for kind, name in (("Deployment", "s"), ("Service", "s"), ("PersistentVolumeClaim", "s-model-cache")):
+                owned_deleted.owned_object_deleted(
+                    _Kube(SERVICE), FAST, later, "team", "s", _gone(kind, name), RecordingLog()
+                )  # type: ignore[arg-type]
+            drain(later)
     finally:
-        stop.set()
-        watcher.join()
         later.stop()
     assert peak[0] <= 1 and len(calls) <= FAST.write_attempts + 2, f"peak {peak[0]} timers, {len(calls)} reconciles"
 
