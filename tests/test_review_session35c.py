@@ -8,6 +8,7 @@ import subprocess
 
 import pytest
 import yaml
+
 from test_chart import CHART, VALUE_SETS, by_kind, template
 
 CLUSTER_SCOPED = {
