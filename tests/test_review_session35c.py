@@ -1,12 +1,14 @@
 """Review of the Helm chart (session 35c): defects a production GPU cluster shared by many teams would hit.
 
-Each test is a strict xfail: it states what is right and fails on the chart as it is."""
+Each test was a strict xfail stating what is right; all five are fixed: cluster-scoped names carry the release's
+namespace, the admission policy requires an envFrom prefix (admissionPolicy.requireEnvFromPrefix, on by default),
+kopfpeerings are granted only in namespaced mode, and the chart refuses Warn with Deny and a health port that is
+the metrics port."""
 
 from __future__ import annotations
 
 import subprocess
 
-import pytest
 import yaml
 
 from test_chart import CHART, VALUE_SETS, by_kind, template
@@ -32,10 +34,6 @@ def render_in(helm: str, tmp_path, namespace: str, values: dict) -> list[dict]:
     return [d for d in yaml.safe_load_all(out) if d]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cluster-scoped objects are named from the release name alone: a second team's install collides",
-)
 def test_two_teams_same_release_name_do_not_collide(helm, tmp_path):
     """Severity: medium. Input: release "rel" installed by team A in namespace team-a
     (watchNamespaces=[team-a], admissionPolicy.enabled) and by team B in namespace team-b
@@ -50,10 +48,6 @@ def test_two_teams_same_release_name_do_not_collide(helm, tmp_path):
     assert names[0] and names[0].isdisjoint(names[1]), sorted(names[0] & names[1])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="admission policy admits an unprefixed envFrom: a ConfigMap key NVIDIA_VISIBLE_DEVICES=all escapes maxGpus",
-)
 def test_admission_policy_denies_unprefixed_env_from(helm, tmp_path):
     """Severity: high. Input: the locked-down values (admissionPolicy.enabled, maxGpus 8); a tenant's
     VLLMService with resources.gpus 1 and envFrom [{configMapRef: {name: gpus}}], no prefix, where the
@@ -90,12 +84,21 @@ def test_admission_policy_denies_unprefixed_env_from(helm, tmp_path):
         if not evaluate(v["expression"], {"object": obj, "variables": variables})
     ]
     assert denied, "the admission policy admits an envFrom that can set NVIDIA_VISIBLE_DEVICES"
+    assert all("envFrom" in m for m in denied), denied
+    prefixed = {**obj, "spec": {**obj["spec"], "envFrom": [{"prefix": "APP_", "configMapRef": {"name": "gpus"}}]}}
+    assert all(evaluate(v["expression"], {"object": prefixed, "variables": variables}) for v in policy["validations"])
+    # (an administrator whose nodes take GPUs by volume mounts may turn it off)
+    relaxed = template(
+        helm,
+        tmp_path,
+        {
+            **VALUE_SETS["locked-down"],
+            "admissionPolicy": {**VALUE_SETS["locked-down"]["admissionPolicy"], "requireEnvFromPrefix": False},
+        },
+    )
+    assert "envFrom" not in str(by_kind(relaxed, "ValidatingAdmissionPolicy")[0]["spec"]["validations"])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="cluster mode with replicas>1 grants kopfpeerings in every namespace; kopf uses clusterkopfpeerings only",
-)
 def test_cluster_mode_ha_grants_no_namespaced_peerings(helm, tmp_path):
     """Severity: low (RBAC broader than needed). Input: replicas=2, watchNamespaces empty. Now: the
     ClusterRole grants both clusterkopfpeerings and kopfpeerings get/list/watch/patch cluster-wide, but
@@ -120,10 +123,6 @@ def _template_rc(helm: str, tmp_path, values: dict) -> subprocess.CompletedProce
     return subprocess.run([helm, "template", "rel", str(CHART), "-f", str(vals)], capture_output=True, text=True)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="validationActions [Warn, Deny] passes the schema; the API server rejects the binding",
-)
 def test_warn_with_deny_is_rejected_by_the_chart(helm, tmp_path):
     """Severity: low (broken install). Input: admissionPolicy.enabled=true,
     admissionPolicy.validationActions=[Warn, Deny]. Now: renders a ValidatingAdmissionPolicyBinding with
@@ -134,10 +133,6 @@ def test_warn_with_deny_is_rejected_by_the_chart(helm, tmp_path):
     assert proc.returncode != 0 and "validationActions" in proc.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="healthPort equal to metrics.port renders two servers on one port: the operator crash-loops",
-)
 def test_health_port_equal_to_metrics_port_is_rejected(helm, tmp_path):
     """Severity: low (broken install). Input: healthPort=8080 (metrics.port default 8080). Now: renders
     --metrics-port=8080 --health-port=8080 and two containerPorts 8080; the metrics server binds first

@@ -3,6 +3,12 @@
 {{- if contains "vllm-autoheal" .Release.Name -}}{{ .Release.Name | trunc 63 | trimSuffix "-" }}
 {{- else -}}{{ printf "%s-vllm-autoheal" .Release.Name | trunc 63 | trimSuffix "-" }}{{- end -}}
 {{- end -}}
+{{- /* Cluster-scoped objects (the ClusterRole, its binding, the admission policy): named with the release's
+namespace too, so that two teams' installs of the same release name, each watching its own namespaces, do not
+collide. */ -}}
+{{- define "vllm-autoheal.clusterName" -}}
+{{ printf "%s-%s" (include "vllm-autoheal.fullname" .) .Release.Namespace | trunc 253 | trimSuffix "-" }}
+{{- end -}}
 {{- define "vllm-autoheal.labels" -}}
 app.kubernetes.io/name: vllm-autoheal
 app.kubernetes.io/instance: {{ .Release.Name }}
@@ -59,7 +65,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [""]
   resources: [{{ if and .Values.hub.useSecretTokens (ne .Values.hub.endpoint "off") }}"configmaps", "secrets"{{ else }}"configmaps"{{ end }}]
   verbs: ["get"]
-{{- if gt (int .Values.replicas) 1 }}
+{{- if and (gt (int .Values.replicas) 1) .Values.watchNamespaces }}
 - apiGroups: ["kopf.dev"]
   resources: ["kopfpeerings"]
   verbs: ["get", "list", "watch", "patch"]
