@@ -220,6 +220,12 @@ POLICY_CASES = [
     ),
     ({"replicas": 2, "resources": {"limits": {"memory": "300Gi"}}}, "limits.memory x replicas"),
     ({}, "limits.memory must be set"),
+    # (an object imported whole may set NVIDIA_VISIBLE_DEVICES, its keys unseen at admission: session 35c)
+    ({"resources": {"limits": {"memory": "64Gi"}}, "envFrom": [{"configMapRef": {"name": "gpus"}}]}, "envFrom"),
+    (
+        {"resources": {"limits": {"memory": "64Gi"}}, "envFrom": [{"prefix": "APP_", "configMapRef": {"name": "c"}}]},
+        None,
+    ),
     ({"resources": {"limits": {"memory": "64Gi"}}, "heal": {"bounds": {"maxMemoryLimit": "600Gi"}}}, "maxMemoryLimit"),
 ]
 

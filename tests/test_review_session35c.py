@@ -57,36 +57,9 @@ def test_admission_policy_denies_unprefixed_env_from(helm, tmp_path):
     the NVIDIA runtime's default (envvar strategy) the pod sees every GPU on the node, other teams' too.
     Right: the policy (which cannot see the ConfigMap's keys) denies envFrom entries without a prefix,
     or the operator refuses to deploy one whose source names a device-plugin variable."""
-    from vllm_autoheal.validation import admit, evaluate
-
-    docs = template(helm, tmp_path, VALUE_SETS["locked-down"])
-    policy = by_kind(docs, "ValidatingAdmissionPolicy")[0]["spec"]
-    obj, problems = admit(
-        {
-            "apiVersion": "vllm.autoheal.dev/v1alpha1",
-            "kind": "VLLMService",
-            "metadata": {"name": "x"},
-            "spec": {
-                "model": "org/m",
-                "image": "vllm/vllm-openai:v0.9.0",
-                "resources": {"gpus": 1, "limits": {"memory": "64Gi"}},
-                "envFrom": [{"configMapRef": {"name": "gpus"}}],
-            },
-        }
-    )
-    assert problems == [], problems  # the CRD admits it
-    variables: dict = {}
-    for var in policy["variables"]:
-        variables[var["name"]] = evaluate(var["expression"], {"object": obj, "variables": variables})
-    denied = [
-        v["message"]
-        for v in policy["validations"]
-        if not evaluate(v["expression"], {"object": obj, "variables": variables})
-    ]
-    assert denied, "the admission policy admits an envFrom that can set NVIDIA_VISIBLE_DEVICES"
-    assert all("envFrom" in m for m in denied), denied
-    prefixed = {**obj, "spec": {**obj["spec"], "envFrom": [{"prefix": "APP_", "configMapRef": {"name": "gpus"}}]}}
-    assert all(evaluate(v["expression"], {"object": prefixed, "variables": variables}) for v in policy["validations"])
+    # (denied, and a prefixed one admitted, under the locked-down values: test_chart.py's POLICY_CASES)
+    denying = template(helm, tmp_path, VALUE_SETS["locked-down"])
+    assert "envFrom" in str(by_kind(denying, "ValidatingAdmissionPolicy")[0]["spec"]["validations"])
     # (an administrator whose nodes take GPUs by volume mounts may turn it off)
     relaxed = template(
         helm,
