@@ -62,6 +62,8 @@ def build(root: Path, only: list[str]) -> None:
         out = root / name
         out.mkdir(parents=True, exist_ok=True)
         config = {**config, "bos_token_id": 1, "eos_token_id": 2}  # the tiny tokenizer's special ids
+        if (config.get("rope_scaling") or {}).get("rope_type") == "gptj":  # transformers 5 writes it; vLLM 0.25 refuses
+            config = {k: v for k, v in config.items() if k != "rope_scaling"}  # it (GPT-J's rotary needs no scaling)
         (out / "config.json").write_text(json.dumps(config, indent=1))
         save_tokenizer(out, config.get("vocab_size") or config["text_config"]["vocab_size"])
         print(out)
