@@ -135,6 +135,22 @@ INVALID = [
         "spec.heal.bounds.maxMemoryLimit",
     ),
     ("quantize-without-model", {"heal": {"quantizedFallback": {"allowed": True}}}, "spec.heal.quantizedFallback.model"),
+    (  # (fp8 fixes its width: a declared one could only contradict it)
+        "bits-for-a-fixed-width-method",
+        {"heal": {"quantizedFallback": {"allowed": True, "model": "m-fp8", "method": "fp8", "bits": 4}}},
+        "spec.heal.quantizedFallback.bits",
+    ),
+    (  # (a GGUF file mixes widths: one figure would mislead the weighing)
+        "bits-for-gguf",
+        {"heal": {"quantizedFallback": {"allowed": True, "model": "m.gguf", "method": "gguf", "bits": 4}}},
+        "spec.heal.quantizedFallback.bits",
+    ),
+    ("bits-without-method", {"heal": {"quantizedFallback": {"bits": 4}}}, "spec.heal.quantizedFallback.bits"),
+    (
+        "bits-above-8",
+        {"heal": {"quantizedFallback": {"allowed": True, "model": "m-awq", "method": "awq", "bits": 16}}},
+        "spec.heal.quantizedFallback.bits",
+    ),
     ("tp-action-without-bound", {"heal": {"allowedActions": ["IncreaseTensorParallel"]}}, "spec.heal.allowedActions"),
     ("bad-preflight", {"preflight": "Maybe"}, "spec.preflight"),
     (

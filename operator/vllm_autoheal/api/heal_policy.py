@@ -78,17 +78,49 @@ class HealBounds(Model):
     )
 
 
+# Methods whose checkpoints quantize the linear layers to one width that the name leaves open (AWQ's and
+# GPTQ's 4 or 8 bits, bitsandbytes' 4 or 8, a compressed-tensors W4A16 or W8A8): a declared `bits` lets a
+# heal weigh such a fallback before switching to it. Not GGUF (one file mixes widths and quantizes the
+# embeddings too), nor the containers of several schemes; the methods whose name fixes the width need none.
+DECLARED_WIDTH = (
+    "awq",
+    "awq_marlin",
+    "gptq",
+    "gptq_marlin",
+    "marlin",
+    "moe_wna16",
+    "bitsandbytes",
+    "compressed-tensors",
+)
+
+
 class QuantizedFallback(Model):
     """A quantized checkpoint to switch to when the weights do not fit."""
 
     model_config = cel(
         rule("!self.allowed || (has(self.model) && has(self.method))", "allowed needs both model and method", ".model"),
+        rule(
+            f"!has(self.bits) || (has(self.method) && self.method in {list(DECLARED_WIDTH)})",
+            f"bits is for a method whose name leaves the width open: {', '.join(DECLARED_WIDTH)}",
+            ".bits",
+        ),
     )
     allowed: bool = Field(False, description="May a heal switch to the quantized model?")
     model: str | None = Field(
         None, min_length=1, max_length=512, pattern=NOT_A_FLAG, description="The quantized model (HF id or path)."
     )
     method: Quantization | None = Field(None, description="Its quantization method.")
+    bits: int | None = Field(
+        None,
+        ge=2,
+        le=8,
+        description=(
+            "Bits per quantized weight of the checkpoint (its config's quantization_config.bits), for a method "
+            "whose name leaves the width open (awq, gptq, bitsandbytes, ...): a heal then weighs the "
+            "checkpoint before switching to it, and brings the share or context its KV cache needs. "
+            "Unset, such a checkpoint is tried unweighed."
+        ),
+    )
 
 
 class HealPolicy(Model):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ..api import EngineArgs, HealPolicy, VLLMServiceSpec
@@ -15,7 +15,15 @@ from ..engine import BY_FIELD
 from ..engine_defaults import captures_graphs, default_max_num_batched_tokens, default_max_num_seqs
 from ..extensible_kv import extensible_kv_cache, margin_gib
 from ..gpu_catalog import GpuSpec, lookup
-from ..memory import CUDA_CONTEXT_GIB, CUDAGRAPH_GIB, Estimate, ModelShape, estimate, graphs_beside_budget
+from ..memory import (
+    CUDA_CONTEXT_GIB,
+    CUDAGRAPH_GIB,
+    FIXED_WIDTH,
+    Estimate,
+    ModelShape,
+    estimate,
+    graphs_beside_budget,
+)
 from ..remedy_gate import Limits
 from ..vllm_release import Release, facts
 
@@ -107,12 +115,25 @@ class Context:
         kernel tiles follow them)."""
         return lookup(self.inv.gpu_name or "gpu", self.total or 0.0)
 
-    def estimate(self, engine: EngineArgs | None = None, free_gib: float | None = None) -> Estimate:
+    def estimate(
+        self, engine: EngineArgs | None = None, free_gib: float | None = None, shape: ModelShape | None = None
+    ) -> Estimate:
         """The memory model's verdict on these flags (the engine that ran, by default) on this GPU, under
-        the image's release; only where the model's shape and the GPU's total are known."""
+        the image's release; only where the model's shape and the GPU's total are known. `shape`: another
+        checkpoint's (fallback_shape's), else the model's."""
         assert self.inv.shape is not None and self.total
-        shape, gpu, entry, release = self.inv.shape, self.gpu(), self.inv.entrypoint, self.inv.release
-        return estimate(shape, engine or self.engine, gpu, free_gib, entry, release)
+        gpu, entry, release = self.gpu(), self.inv.entrypoint, self.inv.release
+        return estimate(shape or self.inv.shape, engine or self.engine, gpu, free_gib, entry, release)
+
+    def fallback_shape(self) -> ModelShape | None:
+        """The quantized fallback as the memory model weighs it: the model's shape at the width its method
+        fixes, or at the bits the policy declares for it; None where neither says (it is tried unweighed)."""
+        fallback, shape = self.policy.quantized_fallback, self.inv.shape
+        if shape is None or not fallback.method:
+            return None
+        if fallback.method in FIXED_WIDTH:
+            return shape
+        return replace(shape, quantization=fallback.method, quant_bits=fallback.bits) if fallback.bits else None
 
     def printed_graphs(self) -> float | None:
         """The CUDA graphs' share vLLM printed it reserved inside the budget for this run: its estimate, else

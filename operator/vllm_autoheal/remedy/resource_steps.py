@@ -8,7 +8,7 @@ import math
 from collections.abc import Callable
 
 from ..diagnosis.units import MIB
-from ..memory import CUDA_CONTEXT_GIB, FIXED_WIDTH, Estimate
+from ..memory import CUDA_CONTEXT_GIB, Estimate
 from ..quantity import format_bytes, parse_quantity
 from ..remedy_gate import utilization_floor
 from .kv_steps import raise_limit, shorter_context
@@ -139,7 +139,7 @@ def _split_with_shorter_context(ctx: Context, estimates: list[tuple[int, Estimat
 
 def quantized_model(ctx: Context) -> Remedy | None:
     """The quantized checkpoint the policy names. Where the memory model can weigh it (the model's shape at
-    a width its method fixes) and says its start still falls short of the KV cache one request needs, the
+    a width its method fixes or the policy declares: Context.fallback_shape) and says its start still falls short of the KV cache one request needs, the
     least utilization the bounds and free memory allow that fits comes with it, else the context its cache
     holds (3% margin), in the same restart; where neither does, verdict.cannot_fit refuses it, saying why."""
     fb = ctx.policy.quantized_fallback
@@ -147,10 +147,11 @@ def quantized_model(ctx: Context) -> Remedy | None:
         return None
     changes: dict[str, object] = {"model": fb.model, "quantization": fb.method}
     reason = f"the weights do not fit; switching to the quantized {fb.model} ({fb.method}) the policy names"
-    if fb.method not in FIXED_WIDTH or ctx.inv.shape is None or not ctx.total:
+    shape = ctx.fallback_shape()
+    if shape is None or not ctx.total:
         return Remedy("Quantize", changes, reason + ".")
     quantized = ctx.engine.model_copy(update={"quantization": fb.method})
-    est = ctx.estimate(quantized, ctx.inv.gpu_free_gib)
+    est = ctx.estimate(quantized, ctx.inv.gpu_free_gib, shape)
     if est.failure != "kv_cache_insufficient":
         return Remedy("Quantize", changes, reason + ".")  # (fits, or its weights do not: the veto's to say)
     current, top = ctx.engine.gpu_memory_utilization, raise_limit(ctx)
@@ -159,7 +160,7 @@ def quantized_model(ctx: Context) -> Remedy | None:
     raise_ok = "RaiseGpuMemoryUtilization" in ctx.policy.allowed_actions and not ctx.engine.kv_cache_memory_bytes
 
     def fits(u: float) -> bool:  # (as a split's: the graphs' margin is another heal's)
-        at = ctx.estimate(quantized.model_copy(update={"gpu_memory_utilization": u}), ctx.inv.gpu_free_gib)
+        at = ctx.estimate(quantized.model_copy(update={"gpu_memory_utilization": u}), ctx.inv.gpu_free_gib, shape)
         return at.failure in (None, "cudagraph_capture_oom")
 
     if (
