@@ -5,6 +5,8 @@ unweighed, as before. The CRD refuses a width where the method fixes one or cann
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from vllm_autoheal.api import VLLMServiceSpec
@@ -12,7 +14,7 @@ from vllm_autoheal.diagnosis import Diagnosis
 from vllm_autoheal.diagnosis.model import Cause
 from vllm_autoheal.engine import parse_args
 from vllm_autoheal.gpu_catalog import lookup
-from vllm_autoheal.memory import estimate
+from vllm_autoheal.memory import estimate, weights_bytes_per_gpu
 from vllm_autoheal.remedy import Inventory, plan_heal
 from vllm_autoheal.vllm_release import parse_version
 
@@ -50,8 +52,6 @@ def test_a_declared_4_bit_awq_fallback_comes_with_the_context_its_cache_holds():
     after = parse_args("").engine.model_copy(
         update={"quantization": "awq_marlin", "max_model_len": r.changes["max_model_len"]}
     )
-    from dataclasses import replace
-
     est = estimate(replace(LLAMA70, quantization="awq_marlin", quant_bits=4), after, lookup(H100), None, "server", V025)
     assert est.fits and est.kv_tokens >= r.changes["max_model_len"]
 
@@ -70,10 +70,6 @@ def test_a_declared_8_bit_fallback_whose_weights_still_do_not_fit_is_not_tried()
 def test_the_declared_width_sizes_the_weights_as_the_checkpoints_own_width_does():
     """bits 4 weighs a linear weight at 4 bits and its group scales, bits 8 at one byte: the same figures
     the memory model gives a checkpoint whose own config says that width."""
-    from dataclasses import replace
-
-    from vllm_autoheal.memory import weights_bytes_per_gpu
-
     four = weights_bytes_per_gpu(replace(LLAMA70, quantization="gptq", quant_bits=4), "gptq")
     eight = weights_bytes_per_gpu(replace(LLAMA70, quantization="gptq", quant_bits=8), "gptq")
     dense = weights_bytes_per_gpu(LLAMA70)
@@ -105,3 +101,31 @@ def test_admission_takes_a_width_only_where_the_method_leaves_it_open(fallback, 
     _, problems = admit(body)
     named = [p for p in problems if "quantizedFallback.bits" in p]
     assert bool(named) == refused, problems
+
+
+def test_once_the_fallback_runs_its_heals_weigh_the_declared_width():
+    """The 8-bit AWQ fallback of Llama-3.1-70B runs on an H100 (status.effectiveModel) and its KV cache
+    falls short of the default context, with no figure printed: the memory model sizes the cut at 8 bits
+    (about 5,000 tokens), not at the 4 bits the method's name would guess (about 100,000, a second crash)."""
+    spec = VLLMServiceSpec(
+        model="meta-llama/Llama-3.1-70B-Instruct",
+        heal={
+            "allowedActions": ["LowerMaxModelLen"],
+            "quantizedFallback": {"allowed": True, "model": "org/l70-awq-int8", "method": "awq_marlin", "bits": 8},
+        },
+    )
+    running = spec.engine.model_copy(update={"quantization": "awq_marlin"})
+    inv = Inventory(gpu_total_gib=lookup(H100).memory_gib, gpu_name=H100, shape=LLAMA70, release=V025)
+    diag = Diagnosis(cause=Cause.KV_CACHE_INSUFFICIENT)
+    r = plan_heal(spec, diag, inventory=inv, engine=running, model="org/l70-awq-int8")
+    assert r.action == "LowerMaxModelLen" and 2048 <= r.changes["max_model_len"] <= 6000, r.summary()
+    assert "(fits)" in r.expected, r.expected
+    guessed = spec.model_copy(
+        update={
+            "heal": spec.heal.model_copy(
+                update={"quantized_fallback": spec.heal.quantized_fallback.model_copy(update={"bits": None})}
+            )
+        }
+    )
+    g = plan_heal(guessed, diag, inventory=inv, engine=running, model="org/l70-awq-int8")
+    assert g.changes["max_model_len"] > 50000, g.summary()  # (the 4-bit guess, kept where no width is declared)

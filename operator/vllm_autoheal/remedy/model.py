@@ -89,6 +89,17 @@ class Remedy:
         return engine.model_copy(update={k: v for k, v in self.changes.items() if k in EngineArgs.model_fields})
 
 
+def fallback_shape(policy: HealPolicy, shape: ModelShape | None) -> ModelShape | None:
+    """The quantized fallback as the memory model weighs it: the model's shape at the width its method
+    fixes, or at the bits the policy declares for it; None where neither says (it is tried unweighed)."""
+    fallback = policy.quantized_fallback
+    if shape is None or not fallback.method:
+        return None
+    if fallback.method in FIXED_WIDTH:
+        return shape
+    return replace(shape, quantization=fallback.method, quant_bits=fallback.bits) if fallback.bits else None
+
+
 @dataclass
 class Context:
     spec: VLLMServiceSpec
@@ -126,14 +137,8 @@ class Context:
         return estimate(shape or self.inv.shape, engine or self.engine, gpu, free_gib, entry, release)
 
     def fallback_shape(self) -> ModelShape | None:
-        """The quantized fallback as the memory model weighs it: the model's shape at the width its method
-        fixes, or at the bits the policy declares for it; None where neither says (it is tried unweighed)."""
-        fallback, shape = self.policy.quantized_fallback, self.inv.shape
-        if shape is None or not fallback.method:
-            return None
-        if fallback.method in FIXED_WIDTH:
-            return shape
-        return replace(shape, quantization=fallback.method, quant_bits=fallback.bits) if fallback.bits else None
+        """The quantized fallback as the memory model weighs it (fallback_shape)."""
+        return fallback_shape(self.policy, self.inv.shape)
 
     def printed_graphs(self) -> float | None:
         """The CUDA graphs' share vLLM printed it reserved inside the budget for this run: its estimate, else

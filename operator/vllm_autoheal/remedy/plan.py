@@ -35,7 +35,17 @@ from .kv_steps import (
     seqs_within_state_blocks,
     shorter_context,
 )
-from .model import GIVE_UP, NO_CHANGE, Context, Inventory, Remedy, Step, device_total, printed_figure
+from .model import (
+    GIVE_UP,
+    NO_CHANGE,
+    Context,
+    Inventory,
+    Remedy,
+    Step,
+    device_total,
+    fallback_shape,
+    printed_figure,
+)
 from .resource_steps import (
     lower_cpu_offload,
     more_tensor_parallel,
@@ -132,6 +142,10 @@ def plan_heal(
     engine = engine or spec.engine
     model = model or spec.model
     memory_limit = memory_limit if memory_limit is not None else spec.resources.limits.memory
+    fallback = spec.heal.quantized_fallback
+    if model == fallback.model != spec.model and fallback.bits and inv.shape is not None:
+        # (the fallback runs: its heals weigh the width declared for it, not the 4 bits a method's name guesses)
+        inv = Inventory(**{**inv.__dict__, "shape": fallback_shape(spec.heal, inv.shape)})
     if diagnosis.cause == Cause.NOT_OOM:
         return Remedy(
             NO_CHANGE,
