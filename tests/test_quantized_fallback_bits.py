@@ -5,6 +5,7 @@ unweighed, as before. The CRD refuses a width where the method fixes one or cann
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -18,7 +19,7 @@ from vllm_autoheal.memory import estimate, weights_bytes_per_gpu
 from vllm_autoheal.remedy import Inventory, plan_heal
 from vllm_autoheal.vllm_release import parse_version
 
-from samples import config_shape
+from samples import CONFIGS, config_shape
 
 LLAMA70 = config_shape("llama-3.1-70b")
 V025 = parse_version("0.25.0")
@@ -104,28 +105,62 @@ def test_admission_takes_a_width_only_where_the_method_leaves_it_open(fallback, 
 
 
 def test_once_the_fallback_runs_its_heals_weigh_the_declared_width():
-    """The 8-bit AWQ fallback of Llama-3.1-70B runs on an H100 (status.effectiveModel) and its KV cache
-    falls short of the default context, with no figure printed: the memory model sizes the cut at 8 bits
-    (about 5,000 tokens), not at the 4 bits the method's name would guess (about 100,000, a second crash)."""
+    """The 8-bit AWQ fallback of Llama-3.1-70B runs on an H200 at utilization 0.6 (switched by PatchSpec:
+    spec.model and its quantization are the fallback's) and its KV cache falls short of the default context,
+    with no figure printed: the memory model sizes the cut at 8 bits and the fp16 scales of groups of 128
+    (69.2 GiB of weights), about 40,000 tokens. At the 4 bits the method's name would guess (37.9 GiB) the
+    cache holds the whole context: no cut at all, and the same crash again."""
+    fallback = {"allowed": True, "model": "org/l70-awq-int8", "method": "awq_marlin", "bits": 8}
+    running = parse_args("--gpu-memory-utilization 0.6 --quantization awq_marlin").engine
     spec = VLLMServiceSpec(
-        model="meta-llama/Llama-3.1-70B-Instruct",
-        heal={
-            "allowedActions": ["LowerMaxModelLen"],
-            "quantizedFallback": {"allowed": True, "model": "org/l70-awq-int8", "method": "awq_marlin", "bits": 8},
-        },
+        model="org/l70-awq-int8",
+        engine=running,
+        heal={"allowedActions": ["LowerMaxModelLen"], "quantizedFallback": fallback},
     )
-    running = spec.engine.model_copy(update={"quantization": "awq_marlin"})
-    inv = Inventory(gpu_total_gib=lookup(H100).memory_gib, gpu_name=H100, shape=LLAMA70, release=V025)
+    inv = Inventory(gpu_total_gib=lookup("NVIDIA-H200").memory_gib, gpu_name="NVIDIA-H200", shape=LLAMA70, release=V025)
     diag = Diagnosis(cause=Cause.KV_CACHE_INSUFFICIENT)
-    r = plan_heal(spec, diag, inventory=inv, engine=running, model="org/l70-awq-int8")
-    assert r.action == "LowerMaxModelLen" and 2048 <= r.changes["max_model_len"] <= 6000, r.summary()
+    r = plan_heal(spec, diag, inventory=inv)
+    assert r.action == "LowerMaxModelLen" and 30000 <= r.changes["max_model_len"] <= 45000, r.summary()
     assert "(fits)" in r.expected, r.expected
-    guessed = spec.model_copy(
-        update={
-            "heal": spec.heal.model_copy(
-                update={"quantized_fallback": spec.heal.quantized_fallback.model_copy(update={"bits": None})}
-            )
-        }
-    )
-    g = plan_heal(guessed, diag, inventory=inv, engine=running, model="org/l70-awq-int8")
-    assert g.changes["max_model_len"] > 50000, g.summary()  # (the 4-bit guess, kept where no width is declared)
+    unweighed = {"allowedActions": ["LowerMaxModelLen"], "quantizedFallback": {**fallback, "bits": None}}
+    guessed = VLLMServiceSpec(model="org/l70-awq-int8", engine=running, heal=unweighed)
+    g = plan_heal(guessed, diag, inventory=inv)
+    assert "max_model_len" not in g.changes, g.summary()  # (the 4-bit guess, kept where no width is declared)
+
+
+@pytest.mark.parametrize(
+    "quant,group",
+    [
+        ({"quant_method": "gptq", "bits": 4, "group_size": 32}, 32),
+        ({"quant_method": "awq", "w_bit": 4, "q_group_size": 64}, 64),
+        ({"quant_method": "gptq", "bits": 8, "group_size": -1}, -1),
+        (
+            {
+                "quant_method": "compressed-tensors",
+                "config_groups": {"g": {"weights": {"num_bits": 4, "group_size": 128}}},
+            },
+            128,
+        ),
+        ({"quant_method": "fp8"}, None),
+    ],
+)
+def test_the_checkpoints_group_is_read_from_its_config(quant, group):
+    from vllm_autoheal.model_config import check, to_shape
+
+    config = {**json.loads((CONFIGS / "llama-3.1-8b.json").read_text()), "quantization_config": quant}
+    assert to_shape(check(config)).quant_group == group
+
+
+@pytest.mark.parametrize("value", [0, [128], {"a": 1}, "128", 10**9, 1.5])
+def test_a_group_no_checkpoint_has_is_refused_naming_the_field(value):
+    """A tenant's config (inline, or a file it controls) never raises past the check: refused by name."""
+    from vllm_autoheal.model_config import ModelConfigError, check
+
+    base = json.loads((CONFIGS / "llama-3.1-8b.json").read_text())
+    weights = {"num_bits": 4, "group_size": value}
+    for quant in (
+        {"quant_method": "gptq", "bits": 4, "group_size": value},
+        {"quant_method": "compressed-tensors", "config_groups": {"a": {"weights": weights}, "b": {"weights": weights}}},
+    ):
+        with pytest.raises(ModelConfigError, match="group_size"):
+            check({**base, "quantization_config": quant})

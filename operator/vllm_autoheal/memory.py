@@ -34,7 +34,7 @@ from .engine_defaults import (
 from .extensible_kv import extensible_kv_cache, held_after_warmup_gib
 from .gpu_catalog import GpuSpec
 from .model_runner import graphs_reserved, release_sampler
-from .model_shape import DTYPE_BYTES, GROUP_SCALE_BYTES, QUANT_BYTES, ModelShape, layer_group, padded_layers
+from .model_shape import DTYPE_BYTES, QUANT_BYTES, ModelShape, layer_group, padded_layers, quantized_bytes
 from .mxfp4_experts import EXPERTS_ONLY, expert_bytes_per_gpu
 from .sampler_peak import sampler_peak_bytes
 from .vllm_release import Release, facts
@@ -71,8 +71,8 @@ def weights_bytes_per_gpu(
     dense = DTYPE_BYTES.get(dtype or "auto", 2.0) if dtype not in (None, "auto") else shape.served_bytes
     quant = quantization or shape.quantization
     linear = QUANT_BYTES.get(quant, dense) if quant else dense
-    if quant and quant == shape.quantization and shape.quant_bits:  # the checkpoint's own width
-        linear = shape.quant_bits / 8 + (GROUP_SCALE_BYTES if shape.quant_bits < 8 else 0.0)
+    if quant and same_method(quant, shape.quantization) and shape.quant_bits:  # the checkpoint's own width
+        linear = quantized_bytes(shape.quant_bits, shape.quant_group, quant)
     per_stage = math.ceil(shape.layers / pp)
     layers = shape.stack_params(per_stage)
     experts = 0.0
@@ -90,6 +90,16 @@ def weights_bytes_per_gpu(
         (layers * linear + embed * dense + vision * (linear if online_fp8 else dense)) / tp
         + experts
         + WEIGHT_BUFFERS_GIB * GIB
+    )
+
+
+def same_method(flag: str | None, checkpoint: str | None) -> bool:
+    """Whether --quantization names the checkpoint's own method: a config's gptq or awq runs as vLLM's
+    Marlin kernels under either name (a heal's switch writes the kernel's, gptq_marlin)."""
+    return (
+        flag is not None
+        and checkpoint is not None
+        and flag.removesuffix("_marlin") == checkpoint.removesuffix("_marlin")
     )
 
 
@@ -122,7 +132,7 @@ def weights_gib_to_diagnose(shape: ModelShape, engine: EngineArgs) -> float | No
     if shape.vision_params and engine.tensor_parallel_size > 1 and encoder_placement(engine.extra_args) == "data":
         return None  # (vLLM falls back to splitting an encoder without data-parallel support: either count)
     quant = engine.quantization or shape.quantization
-    if quant in VARIABLE_WIDTH and not (quant == shape.quantization and shape.quant_bits):
+    if quant in VARIABLE_WIDTH and not (same_method(quant, shape.quantization) and shape.quant_bits):
         return None
     return weights_gib_per_gpu(shape, engine)
 

@@ -245,6 +245,9 @@ def _text(config: dict[str, Any], source: str) -> dict[str, Any]:
             bits = _bits(quant, source)
             if bits is not None:
                 out["quantization_config"]["bits"] = bits
+            group = _group(quant, source)
+            if group is not None:
+                out["quantization_config"]["group_size"] = group
             block = quant.get("weight_block_size")  # (block-wise fp8: [block_n, block_k]; a split must divide)
             if isinstance(block, list) and len(block) == 2:
                 field = ConfigField("quantization_config.weight_block_size[]", 1, 65536, "")
@@ -274,6 +277,26 @@ def _bits(quant: dict[str, Any], source: str) -> int | None:
             return None
         widths.add(_integer(value, field, "quantization_config.config_groups.weights.num_bits", source))
     return widths.pop() if len(widths) == 1 else None
+
+
+def _group(quant: dict[str, Any], source: str) -> int | None:
+    """Weights a quantization scale serves: GPTQ/AWQ's `group_size` (`q_group_size`), or compressed-tensors'
+    config_groups weights group_size when every group agrees; -1 is a scale per output channel."""
+    field = ConfigField("quantization_config.group_size", -1, 65536, "Weights a scale serves.")
+    value = next((quant[key] for key in ("group_size", "q_group_size") if quant.get(key) is not None), None)
+    groups = quant.get("config_groups")
+    if value is None and isinstance(groups, dict) and 0 < len(groups) <= MAX_GROUPS:
+        sizes = [
+            g["weights"].get("group_size") if isinstance(g, dict) and isinstance(g.get("weights"), dict) else None
+            for g in groups.values()
+        ]  # (a list: a tenant's value may be unhashable; _integer refuses it by name)
+        value = sizes[0] if all(size == sizes[0] for size in sizes) else None
+    if value is None:
+        return None
+    group = _integer(value, field, "quantization_config.group_size", source)
+    if group == 0:
+        raise ModelConfigError(f"{_where('quantization_config.group_size', source)} must be -1 or a positive group")
+    return group
 
 
 def check(config: Any, source: str = "", config_file: bool = False) -> dict[str, Any]:

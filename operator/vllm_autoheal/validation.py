@@ -74,6 +74,8 @@ def _to_cel(value: Any, schema: dict[str, Any]) -> Any:
         return celtypes.ListType([_to_cel(v, schema.get("items", {})) for v in value])
     if kind == "number":
         return celtypes.DoubleType(float(value))
+    if kind == "integer" and isinstance(value, float) and value.is_integer():
+        return celtypes.IntType(int(value))  # (the server decodes an integer field's 4.0 as the integer 4)
     if isinstance(value, bool):
         return celtypes.BoolType(value)
     if isinstance(value, int):

@@ -51,11 +51,26 @@ DENSE = ("llama-3.1-8b", "qwen2.5-32b")
 # Architectures the memory model was not fitted to (tests/gpu/unseen_runs.sh): two-matrix MLPs 4 x hidden
 # wide (GPT-2, GPT-J, GPTBigCode multi-query, GPT-NeoX), StarCoder2's, and Phi-3's fused projections.
 UNSEEN = ("gpt2", "gpt-j-6b", "unseen/santacoder-gpt-bigcode", "redpajama-incite-3b", "starcoder2-7b", "phi-4-mini")
+# Quantized checkpoints of a width the method's name leaves open (tests/gpu/quantized_runs.sh): Llama-3.1-8B's
+# config with the quantization_config AutoAWQ and AutoGPTQ write (vLLM builds the packed layers from it).
+AWQ = {"quant_method": "awq", "zero_point": True, "group_size": 128, "version": "gemm"}
+# (GPTQModel's modules_in_block_to_quantize: without it vLLM 0.25 reads which layers are quantized from the
+# safetensors' dtypes, and dummy weights have none, so it would quantize nothing)
+BLOCK = [["self_attn.k_proj", "self_attn.v_proj", "self_attn.q_proj"], ["self_attn.o_proj"]]
+BLOCK += [["mlp.up_proj", "mlp.gate_proj"], ["mlp.down_proj"]]
+GPTQ = {"quant_method": "gptq", "desc_act": False, "sym": True, "modules_in_block_to_quantize": BLOCK}
+QUANTIZED = {
+    "llama-3.1-8b-awq4": {**AWQ, "bits": 4},
+    "llama-3.1-8b-gptq4": {**GPTQ, "bits": 4, "group_size": 128},
+    "llama-3.1-8b-gptq8": {**GPTQ, "bits": 8, "group_size": 128},
+    "llama-3.1-8b-gptq4-g32": {**GPTQ, "bits": 4, "group_size": 32},
+}
 
 
 def build(root: Path, only: list[str]) -> None:
     real = {name: json.loads((CONFIGS / f"{name}.json").read_text()) for name in WINDOWED + HYBRID + DENSE + UNSEEN}
-    for name, config in (*real.items(), ("qwen2.5-72b", QWEN25_72B)):
+    quantized = {name: {**real["llama-3.1-8b"], "quantization_config": q} for name, q in QUANTIZED.items()}
+    for name, config in (*real.items(), *quantized.items(), ("qwen2.5-72b", QWEN25_72B)):
         name = name.removeprefix("unseen/")
         if only and name not in only:
             continue

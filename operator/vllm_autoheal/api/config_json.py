@@ -24,6 +24,12 @@ class QuantizationConfig(ConfigJsonBase):
     bits: int | None = Field(
         None, ge=1, le=32, description="Bits per quantized weight (compressed-tensors: its weights' num_bits)."
     )
+    group_size: int | None = Field(
+        None,
+        ge=-1,
+        le=65536,
+        description="Weights a quantization scale serves (compressed-tensors: its weights' group_size; -1: per channel).",
+    )
 
 
 def _int_or_string(schema: dict[str, Any]) -> None:

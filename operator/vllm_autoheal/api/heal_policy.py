@@ -78,20 +78,23 @@ class HealBounds(Model):
     )
 
 
-# Methods whose checkpoints quantize the linear layers to one width that the name leaves open (AWQ's and
-# GPTQ's 4 or 8 bits, bitsandbytes' 4 or 8, a compressed-tensors W4A16 or W8A8): a declared `bits` lets a
-# heal weigh such a fallback before switching to it. Not GGUF (one file mixes widths and quantizes the
-# embeddings too), nor the containers of several schemes; the methods whose name fixes the width need none.
-DECLARED_WIDTH = (
-    "awq",
-    "awq_marlin",
-    "gptq",
-    "gptq_marlin",
-    "marlin",
-    "moe_wna16",
-    "bitsandbytes",
-    "compressed-tensors",
-)
+# Methods whose checkpoints quantize the linear layers to one width that the name leaves open, and the widths
+# their vLLM kernels load (over the releases served: GPTQ's exllama kernels took 2 and 3 bits, Marlin's
+# take 4 and 8; vLLM's AWQ 4; bitsandbytes load_in_4bit or 8bit; compressed-tensors WNA16 and W8A8): a
+# declared `bits` lets a heal weigh such a fallback before switching to it. Not GGUF (one file mixes widths
+# and quantizes the embeddings too), nor the containers of several schemes; a method whose name fixes the
+# width needs none.
+WIDTHS = {
+    "awq": (4,),
+    "awq_marlin": (4, 8),
+    "gptq": (2, 3, 4, 8),
+    "gptq_marlin": (4, 8),
+    "marlin": (4,),
+    "moe_wna16": (4, 8),
+    "bitsandbytes": (4, 8),
+    "compressed-tensors": (4, 8),
+}
+DECLARED_WIDTH = tuple(WIDTHS)
 
 
 class QuantizedFallback(Model):
@@ -100,10 +103,15 @@ class QuantizedFallback(Model):
     model_config = cel(
         rule("!self.allowed || (has(self.model) && has(self.method))", "allowed needs both model and method", ".model"),
         rule(
-            f"!has(self.bits) || (has(self.method) && self.method in {list(DECLARED_WIDTH)})",
-            f"bits is for a method whose name leaves the width open: {', '.join(DECLARED_WIDTH)}",
+            "!has(self.bits) || (has(self.method) && ("
+            + " || ".join(f"(self.method == '{m}' && self.bits in {list(w)})" for m, w in WIDTHS.items())
+            + "))",
+            "bits must be a width the method's kernels load: "
+            + "; ".join(f"{m} {', '.join(map(str, w))}" for m, w in WIDTHS.items())
+            + " (a method whose name fixes the width, or gguf, takes none)",
             ".bits",
         ),
+        rule("!has(self.groupSize) || has(self.bits)", "groupSize goes with bits", ".groupSize"),
     )
     allowed: bool = Field(False, description="May a heal switch to the quantized model?")
     model: str | None = Field(
@@ -119,6 +127,17 @@ class QuantizedFallback(Model):
             "whose name leaves the width open (awq, gptq, bitsandbytes, ...): a heal then weighs the "
             "checkpoint before switching to it, and brings the share or context its KV cache needs. "
             "Unset, such a checkpoint is tried unweighed."
+        ),
+    )
+    group_size: int | None = Field(
+        None,
+        ge=-1,
+        le=1024,
+        description=(
+            "Weights each quantization scale of the checkpoint serves (its quantization_config.group_size; "
+            "-1: one per output channel), with bits. Unset, 128: the default of AutoGPTQ, AutoAWQ, GPTQModel "
+            "and llm-compressor; a checkpoint in smaller groups (gptq-4bit-32g) must say so, or its scales "
+            "are under-counted."
         ),
     )
 

@@ -23,7 +23,9 @@ from ..memory import (
     ModelShape,
     estimate,
     graphs_beside_budget,
+    same_method,
 )
+from ..model_shape import DEFAULT_GROUP
 from ..remedy_gate import Limits
 from ..vllm_release import Release, facts
 
@@ -97,7 +99,12 @@ def fallback_shape(policy: HealPolicy, shape: ModelShape | None) -> ModelShape |
         return None
     if fallback.method in FIXED_WIDTH:
         return shape
-    return replace(shape, quantization=fallback.method, quant_bits=fallback.bits) if fallback.bits else None
+    if same_method(fallback.method, shape.quantization) and shape.quant_bits:
+        return shape  # (the checkpoint's own config: its width and group, as the Hub serves it)
+    if not fallback.bits:
+        return None
+    group = fallback.group_size or DEFAULT_GROUP
+    return replace(shape, quantization=fallback.method, quant_bits=fallback.bits, quant_group=group)
 
 
 @dataclass

@@ -143,9 +143,11 @@ def plan_heal(
     model = model or spec.model
     memory_limit = memory_limit if memory_limit is not None else spec.resources.limits.memory
     fallback = spec.heal.quantized_fallback
-    if model == fallback.model != spec.model and fallback.bits and inv.shape is not None:
-        # (the fallback runs: its heals weigh the width declared for it, not the 4 bits a method's name guesses)
-        inv = Inventory(**{**inv.__dict__, "shape": fallback_shape(spec.heal, inv.shape)})
+    runs = model == fallback.model and engine.quantization == fallback.method  # (as the switch wrote them)
+    if runs and (running := fallback_shape(spec.heal, inv.shape)):
+        # (the fallback runs, switched in status or, by PatchSpec, in spec: its heals weigh the width its
+        # own config or the policy declares, not the 4 bits a method's name would guess)
+        inv = Inventory(**{**inv.__dict__, "shape": running})
     if diagnosis.cause == Cause.NOT_OOM:
         return Remedy(
             NO_CHANGE,
@@ -198,8 +200,11 @@ def plan_heal(
             # (a share that ran out while serving bounds the same split still: the status history does not
             # say on which split a share ran, so a new split is bounded by its own floor alone)
             ceiling = None if "tensor_parallel_size" in remedy.changes else ctx.limits.ceiling
+            weighed = inv  # (a switch of checkpoint: the floor of the fallback's own width, where it is known)
+            if "model" in remedy.changes and (shape := ctx.fallback_shape()) is not None:
+                weighed = Inventory(**{**inv.__dict__, "shape": shape})
             limits = replace(
-                _limits(spec, remedy.apply(engine), inv, total, None, ceiling),
+                _limits(spec, remedy.apply(engine), weighed, total, None, ceiling),
                 refused_memory_limit=ctx.limits.refused_memory_limit,
             )
         problem = check(heal_as, remedy.changes, engine, model, memory_limit, limits, failed) or cannot_fit(ctx, remedy)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..api import EngineArgs
+from ..api.heal_policy import DECLARED_WIDTH
 from ..memory import ModelShape
 from .model import Context, Remedy
 
@@ -16,10 +17,9 @@ def expected(ctx: Context, changes: dict[str, Any]) -> str:
         return ""
     weighed, shape = _weighed(ctx, changes)
     if not weighed:
-        return (
-            f"The memory model does not weigh a {changes['quantization']} checkpoint: its method does not fix its "
-            "width (spec.heal.quantizedFallback.bits declares it)."
-        )
+        method = changes["quantization"]
+        declare = " (spec.heal.quantizedFallback.bits declares it)" if method in DECLARED_WIDTH else ""
+        return f"The memory model does not weigh a {method} checkpoint: its method does not fix its width{declare}."
     after = ctx.engine.model_copy(update={k: v for k, v in changes.items() if k in EngineArgs.model_fields})
     est = ctx.estimate(after, ctx.inv.gpu_free_gib, shape)
     verdict = "fits" if est.fits else f"still fails: {'; '.join(est.reasons)}"

@@ -1,0 +1,91 @@
+"""The memory model on quantized checkpoints whose width the method's name leaves open, against real vLLM 0.25
+starts on one H100 80GB HBM3 (tests/gpu/quantized_runs.sh, session 36; dummy weights in the packed layers vLLM
+builds from the config's quantization_config; logs in tests/fixtures/gpu/quantized-runs/): Llama-3.1-8B as
+AWQ 4-bit and GPTQ 4-bit in groups of 128, GPTQ 8-bit in groups of 128, GPTQ 4-bit in groups of 32.
+
+What spec.heal.quantizedFallback.bits and groupSize let a heal weigh before it switches. Predicted before the
+runs, with 4-bit checkpoints at 0.531 B a weight and 8-bit at 1.0 (the scales counted below 8 bits only, the
+group not read): 5.45 and 8.50 GiB of weights. vLLM loaded 5.49 (AWQ), 5.39 and 8.68 (GPTQ g128), 5.71 (g32):
+the fp16 scale and zero point of each group are loaded at any width, and weigh (2 + bits/8)/group B a weight
+(GPTQ's packed zero), or 4/group (AWQ's, kept in fp16): model_shape.quantized_bytes, written after the runs."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from vllm_autoheal.engine import parse_args
+from vllm_autoheal.gpu_catalog import lookup
+from vllm_autoheal.memory import estimate
+from vllm_autoheal.model_config import check, to_shape
+from vllm_autoheal.vllm_release import parse_version
+
+from samples import config_shape
+
+FIXTURES = Path(__file__).parent / "fixtures"
+RUNS = FIXTURES / "gpu" / "quantized-runs"
+H100 = lookup("NVIDIA-H100-80GB-HBM3")
+V025 = parse_version("0.25.0")
+LINE = re.compile(r"^(?P<name>[\w-]+): started: (?P<model>[\w.-]+) (?P<flags>.*)$")
+RUN = {m["name"]: m.groupdict() for m in map(LINE.match, (RUNS / "summary.txt").read_text().splitlines()) if m}
+# (the quantization_config tests/gpu/make_models.py wrote into Llama-3.1-8B's config for each run)
+QUANT = {
+    "awq4": {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"},
+    "gptq4": {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True},
+    "gptq8": {"quant_method": "gptq", "bits": 8, "group_size": 128, "desc_act": False, "sym": True},
+    "gptq4-g32": {"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": False, "sym": True},
+}
+
+
+def _printed(name: str, pattern: str) -> float:
+    return float(re.search(pattern, (RUNS / f"{name}.log").read_text())[1].replace(",", ""))
+
+
+def _estimate(name: str, shape):
+    engine = parse_args(RUN[name]["flags"]).engine.model_copy(update={"gpu_memory_utilization": 0.92})
+    return estimate(shape, engine, H100, None, "server", V025)
+
+
+def test_every_run_started_on_the_card_it_is_replayed_on():
+    assert sorted(RUN) == sorted(QUANT) == sorted(p.stem for p in RUNS.glob("*.log"))
+    total = int(re.search(r"cuda total (\d+) bytes", (RUNS / "device.txt").read_text())[1])
+    assert H100.memory_gib == pytest.approx(total / 2**30, abs=0.005)
+    for name, quant in QUANT.items():  # (vLLM built the method the config names, not the bf16 layers)
+        assert f"quantization=auto_{quant['quant_method']}" in (RUNS / f"{name}.log").read_text()
+
+
+@pytest.mark.parametrize("name", sorted(QUANT))
+def test_the_checkpoints_own_config_weighs_as_vllm_loads_it(name):
+    """The config.json the Hub serves for such a checkpoint: weights within 0.07 GiB, KV cache and
+    concurrency within 1 % of vLLM's own figures."""
+    config = {
+        **json.loads((FIXTURES / "configs" / "llama-3.1-8b.json").read_text()),
+        "quantization_config": QUANT[name],
+    }
+    est = _estimate(name, to_shape(check(config)))
+    assert est.fits
+    assert est.weights_gib == pytest.approx(_printed(name, r"Model loading took ([\d.]+) GiB"), abs=0.07)
+    assert est.kv_cache_gib == pytest.approx(_printed(name, r"Available KV cache memory: ([\d.]+) GiB"), rel=0.01)
+    concurrency = _printed(name, r"Maximum concurrency for [\d,]+ tokens per request: ([\d.]+)x")
+    assert est.max_concurrency == pytest.approx(concurrency, rel=0.01)
+
+
+@pytest.mark.parametrize("name", sorted(QUANT))
+def test_a_declared_fallback_weighs_as_the_checkpoint_vllm_loaded(name):
+    """The bf16 model's shape at the width and group the policy declares (remedy.model.fallback_shape), as a
+    heal weighs the fallback before the switch: the same figures."""
+    from vllm_autoheal.api import HealPolicy
+    from vllm_autoheal.remedy.model import fallback_shape
+
+    quant = QUANT[name]
+    method = {"awq": "awq_marlin", "gptq": "gptq_marlin"}[quant["quant_method"]]  # (the kernels vLLM ran)
+    declared = {"allowed": True, "model": "m-q", "method": method, "bits": quant["bits"]}
+    policy = HealPolicy.model_validate({"quantizedFallback": {**declared, "groupSize": quant["group_size"]}})
+    shape = fallback_shape(policy, config_shape("llama-3.1-8b"))
+    est = _estimate(name, replace(shape))
+    assert est.weights_gib == pytest.approx(_printed(name, r"Model loading took ([\d.]+) GiB"), abs=0.07)
+    assert est.kv_cache_gib == pytest.approx(_printed(name, r"Available KV cache memory: ([\d.]+) GiB"), rel=0.01)
