@@ -81,6 +81,7 @@ FIELDS: tuple[ConfigField, ...] = (
     ConfigField("qk_rope_head_dim", 0, 4096, "Rotary part of an MLA head."),
     ConfigField("qk_nope_head_dim", 0, 4096, "Non-rotary part of an MLA head."),
     ConfigField("v_head_dim", 0, 4096, "Value width of an MLA head."),
+    ConfigField("index_head_dim", 0, 4096, "Key width of the sparse-attention indexer beside MLA (DeepSeek-V3.2)."),
     ConfigField("sliding_window", 0, 1 << 25, "Sliding attention window, when the model has one."),
     ConfigField("max_window_layers", 0, 1024, "Layers before the first windowed one (Qwen2 with use_sliding_window)."),
     ConfigField(

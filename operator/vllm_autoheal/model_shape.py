@@ -106,6 +106,7 @@ class ModelShape:
     shared_intermediate: int = 0
     dense_layers: int = 0  # leading dense layers in an MoE (DeepSeek first_k_dense_replace)
     kv_lora_rank: int = 0  # multi-latent attention (DeepSeek-V2/V3)
+    index_head_dim: int = 0  # its sparse indexer's key width (DeepSeek-V3.2, GLM-5): a cache of its own a layer
     q_lora_rank: int = 0
     qk_rope_head_dim: int = 0
     qk_nope_head_dim: int = 0
@@ -305,8 +306,9 @@ class ModelShape:
         """K and V of one token on one GPU (MLA keeps one compressed latent, replicated per rank)."""
         width = DTYPE_BYTES.get(kv_dtype or "auto", 2.0) if kv_dtype not in (None, "auto") else self.served_bytes
         layers = math.ceil(self.attention_layers / pp)
-        if self.is_mla:
-            return int(layers * (self.kv_lora_rank + self.qk_rope_head_dim) * width)
+        if self.is_mla:  # (and the sparse indexer's keys: fp8 with a float32 scale a 128, whatever the cache's dtype)
+            index = self.index_head_dim + self.index_head_dim // 128 * 4
+            return int(layers * ((self.kv_lora_rank + self.qk_rope_head_dim) * width + index))
         kv_heads = max(1, math.ceil(self.kv_heads / tp))
         return int(2 * layers * kv_heads * self.head_dim * width)
 
@@ -380,6 +382,7 @@ def shape_from_config(config: dict[str, Any]) -> ModelShape:
         kv_lora_rank=int(config_value(cfg, "kv_lora_rank", default=0) or 0),
         q_lora_rank=int(config_value(cfg, "q_lora_rank", default=0) or 0),
         qk_rope_head_dim=int(config_value(cfg, "qk_rope_head_dim", default=0) or 0),
+        index_head_dim=int(config_value(cfg, "index_head_dim", default=0) or 0),
         qk_nope_head_dim=int(config_value(cfg, "qk_nope_head_dim", default=0) or 0),
         v_head_dim=int(config_value(cfg, "v_head_dim", default=0) or 0),
         sliding_window=whole(cfg.get("sliding_window")) if sliding else None,

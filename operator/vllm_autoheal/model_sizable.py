@@ -16,6 +16,14 @@ ENCODER_ONLY_TYPES = frozenset(
 # Where a config describes a vision encoder other than under vision_config, which alone is counted
 # (Phi-3-vision's img_processor, LLaVA-1.5's original mm_vision_tower, Qwen-VL's visual).
 UNREAD_VISION_KEYS = ("img_processor", "mm_vision_tower", "visual")
+# Layers the memory model does not size, by the key that describes them: it would count them as the attention
+# they replace (Kimi-Linear's 20 KDA layers as MLA, 31,104 B a token where vLLM keeps 8,064 and a state page)
+# or weigh what vLLM loads otherwise (DeepSeek-V4's fp8 checkpoint: 272 GiB counted, its experts loaded as
+# MXFP4 in 145 GiB).
+UNSIZED_LAYERS = {
+    "linear_attn_config": "Kimi Delta Attention layers, which keep a state the memory model does not size",
+    "compress_ratios": "DeepSeek-V4's compressed attention, whose experts vLLM loads as MXFP4",
+}
 
 
 def positions_scaled(config: dict[str, Any]) -> bool:
@@ -49,6 +57,9 @@ def refuse_unsized(merged: dict[str, Any], config: dict[str, Any], source: str, 
             f"{_where('mamba_num_heads', source)} is missing: the model's {mambas} Mamba layers are not Mamba-2 or "
             "Gated DeltaNet, whose state alone the memory model sizes"
         )
+    for key, what in UNSIZED_LAYERS.items():
+        if merged.get(key) is not None or config.get(key) is not None:
+            raise ModelConfigError(f"{_where(key, source)} describes {what}: the model cannot be sized")
     unread = next((k for k in UNREAD_VISION_KEYS if config.get(k) is not None), None)
     if unread is not None and config.get("vision_config") is None:
         raise ModelConfigError(
