@@ -1,7 +1,9 @@
 """The memory model on quantized checkpoints whose width the method's name leaves open, against real vLLM 0.25
 starts on one H100 80GB HBM3 (tests/gpu/quantized_runs.sh, session 36; dummy weights in the packed layers vLLM
 builds from the config's quantization_config; logs in tests/fixtures/gpu/quantized-runs/): Llama-3.1-8B as
-AWQ 4-bit and GPTQ 4-bit in groups of 128, GPTQ 8-bit in groups of 128, GPTQ 4-bit in groups of 32.
+AWQ 4-bit and GPTQ 4-bit in groups of 128, GPTQ 8-bit in groups of 128, GPTQ 4-bit in groups of 32, and
+llm-compressor's W4A16 and W8A16 (compressed-tensors, groups of 128; predicted before they ran, with the
+formula below: 5.37 and 8.65 GiB of weights, 66.38 and 63.10 GiB of cache; vLLM: 5.36, 8.62, 66.41, 63.16).
 
 What spec.heal.quantizedFallback.bits and groupSize let a heal weigh before it switches. Predicted before the
 runs, with 4-bit checkpoints at 0.531 B a weight and 8-bit at 1.0 (the scales counted below 8 bits only, the
@@ -38,6 +40,14 @@ QUANT = {
     "gptq4": {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True},
     "gptq8": {"quant_method": "gptq", "bits": 8, "group_size": 128, "desc_act": False, "sym": True},
     "gptq4-g32": {"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": False, "sym": True},
+    "w4a16": {
+        "quant_method": "compressed-tensors",
+        "config_groups": {"g": {"weights": {"num_bits": 4, "group_size": 128}}},
+    },
+    "w8a16": {
+        "quant_method": "compressed-tensors",
+        "config_groups": {"g": {"weights": {"num_bits": 8, "group_size": 128}}},
+    },
 }
 
 
@@ -55,7 +65,8 @@ def test_every_run_started_on_the_card_it_is_replayed_on():
     total = int(re.search(r"cuda total (\d+) bytes", (RUNS / "device.txt").read_text())[1])
     assert H100.memory_gib == pytest.approx(total / 2**30, abs=0.005)
     for name, quant in QUANT.items():  # (vLLM built the method the config names, not the bf16 layers)
-        assert f"quantization=auto_{quant['quant_method']}" in (RUNS / f"{name}.log").read_text()
+        method = {"awq": "auto_awq", "gptq": "auto_gptq"}.get(quant["quant_method"], quant["quant_method"])
+        assert f"quantization={method}" in (RUNS / f"{name}.log").read_text()
 
 
 @pytest.mark.parametrize("name", sorted(QUANT))
@@ -82,9 +93,11 @@ def test_a_declared_fallback_weighs_as_the_checkpoint_vllm_loaded(name):
     from vllm_autoheal.remedy.model import fallback_shape
 
     quant = QUANT[name]
-    method = {"awq": "awq_marlin", "gptq": "gptq_marlin"}[quant["quant_method"]]  # (the kernels vLLM ran)
-    declared = {"allowed": True, "model": "m-q", "method": method, "bits": quant["bits"]}
-    policy = HealPolicy.model_validate({"quantizedFallback": {**declared, "groupSize": quant["group_size"]}})
+    method = {"awq": "awq_marlin", "gptq": "gptq_marlin"}.get(quant["quant_method"], quant["quant_method"])
+    weights = quant["config_groups"]["g"]["weights"] if "config_groups" in quant else quant
+    bits, group = weights.get("bits") or weights["num_bits"], weights["group_size"]
+    declared = {"allowed": True, "model": "m-q", "method": method, "bits": bits, "groupSize": group}
+    policy = HealPolicy.model_validate({"quantizedFallback": declared})
     shape = fallback_shape(policy, config_shape("llama-3.1-8b"))
     est = _estimate(name, replace(shape))
     assert est.weights_gib == pytest.approx(_printed(name, r"Model loading took ([\d.]+) GiB"), abs=0.07)

@@ -59,11 +59,18 @@ AWQ = {"quant_method": "awq", "zero_point": True, "group_size": 128, "version": 
 BLOCK = [["self_attn.k_proj", "self_attn.v_proj", "self_attn.q_proj"], ["self_attn.o_proj"]]
 BLOCK += [["mlp.up_proj", "mlp.gate_proj"], ["mlp.down_proj"]]
 GPTQ = {"quant_method": "gptq", "desc_act": False, "sym": True, "modules_in_block_to_quantize": BLOCK}
+# llm-compressor's W4A16 and W8A16 (compressed-tensors, pack-quantized, symmetric groups of 128)
+CT_WEIGHTS = {"type": "int", "symmetric": True, "strategy": "group", "group_size": 128, "dynamic": False}
+CT_GROUP = {"targets": ["Linear"], "input_activations": None, "output_activations": None}
+CT = {"quant_method": "compressed-tensors", "format": "pack-quantized", "ignore": ["lm_head"]}
+CT |= {"quantization_status": "compressed", "kv_cache_scheme": None}
 QUANTIZED = {
     "llama-3.1-8b-awq4": {**AWQ, "bits": 4},
     "llama-3.1-8b-gptq4": {**GPTQ, "bits": 4, "group_size": 128},
     "llama-3.1-8b-gptq8": {**GPTQ, "bits": 8, "group_size": 128},
     "llama-3.1-8b-gptq4-g32": {**GPTQ, "bits": 4, "group_size": 32},
+    "llama-3.1-8b-w4a16": {**CT, "config_groups": {"group_0": {**CT_GROUP, "weights": {**CT_WEIGHTS, "num_bits": 4}}}},
+    "llama-3.1-8b-w8a16": {**CT, "config_groups": {"group_0": {**CT_GROUP, "weights": {**CT_WEIGHTS, "num_bits": 8}}}},
 }
 
 
