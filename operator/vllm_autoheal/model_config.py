@@ -280,23 +280,30 @@ def _bits(quant: dict[str, Any], source: str) -> int | None:
     return widths.pop() if len(widths) == 1 else None
 
 
+# Weights a quantization scale serves: -1 is one per output channel, 0 is no group at all (refused)
+GROUP_FIELD = ConfigField("quantization_config.group_size", -1, 65536, "Weights a quantization scale serves.")
+GROUP_RULE = "-1 (a scale per output channel) or a positive group"
+
+
 def _group(quant: dict[str, Any], source: str) -> int | None:
     """Weights a quantization scale serves: GPTQ/AWQ's `group_size` (`q_group_size`), or compressed-tensors'
     config_groups weights group_size when every group agrees; -1 is a scale per output channel."""
-    field = ConfigField("quantization_config.group_size", -1, 65536, "Weights a scale serves.")
+    field = GROUP_FIELD
     value = next((quant[key] for key in ("group_size", "q_group_size") if quant.get(key) is not None), None)
     groups = quant.get("config_groups")
     if value is None and isinstance(groups, dict) and 0 < len(groups) <= MAX_GROUPS:
-        sizes = [
-            g["weights"].get("group_size") if isinstance(g, dict) and isinstance(g.get("weights"), dict) else None
-            for g in groups.values()
-        ]  # (a list: a tenant's value may be unhashable; _integer refuses it by name)
-        value = sizes[0] if all(size == sizes[0] for size in sizes) else None
+        weights = [
+            g["weights"] if isinstance(g, dict) and isinstance(g.get("weights"), dict) else {} for g in groups.values()
+        ]
+        sizes = [w.get("group_size") for w in weights]  # (a list: a tenant's value may be unhashable)
+        # (float formats, NVFP4's and MXFP4's, keep a one-byte scale a group and no zero: not the group formula)
+        ints = all(w.get("type", "int") == "int" for w in weights)
+        value = sizes[0] if ints and all(size == sizes[0] for size in sizes) else None
     if value is None:
         return None
     group = _integer(value, field, "quantization_config.group_size", source)
     if group == 0:
-        raise ModelConfigError(f"{_where('quantization_config.group_size', source)} must be -1 or a positive group")
+        raise ModelConfigError(f"{_where('quantization_config.group_size', source)} must be {GROUP_RULE}")
     return group
 
 

@@ -116,8 +116,8 @@ def _type_ok(value: Any, kind: str | None) -> bool:
         return True
     if kind in ("integer", "number") and isinstance(value, bool):
         return False
-    if kind == "integer" and isinstance(value, float):
-        return value.is_integer()
+    if kind == "integer" and isinstance(value, (int, float)):  # (the API server's integers are int64)
+        return (isinstance(value, int) or value.is_integer()) and -(2**63) <= value < 2**63
     return isinstance(value, _TYPES[kind])
 
 

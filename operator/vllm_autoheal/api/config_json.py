@@ -20,14 +20,15 @@ class ConfigJsonBase(BaseModel):
 
 
 class QuantizationConfig(ConfigJsonBase):
+    model_config = cel(rule("!has(self.group_size) || self.group_size != 0", f"must be {mc.GROUP_RULE}", ".group_size"))
     quant_method: str | None = Field(None, max_length=64, description="The checkpoint's quantization method.")
     bits: int | None = Field(
         None, ge=1, le=32, description="Bits per quantized weight (compressed-tensors: its weights' num_bits)."
     )
     group_size: int | None = Field(
         None,
-        ge=-1,
-        le=65536,
+        ge=mc.GROUP_FIELD.low,
+        le=mc.GROUP_FIELD.high,
         description="Weights a quantization scale serves (compressed-tensors: its weights' group_size; -1: per channel).",
     )
 

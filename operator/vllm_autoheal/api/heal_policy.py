@@ -7,6 +7,7 @@ from typing import Literal, get_args
 
 from pydantic import Field
 
+from ..model_config import GROUP_FIELD, GROUP_RULE
 from .engine_args import MAX_GPU_BYTES, MAX_OFFLOAD_GIB, MAX_SEQS, MAX_TOKENS, Quantization
 from .schema import NOT_A_FLAG, QUANTITY_PATTERN, Model, cel, nested, rule
 
@@ -112,6 +113,7 @@ class QuantizedFallback(Model):
             ".bits",
         ),
         rule("!has(self.groupSize) || has(self.bits)", "groupSize goes with bits", ".groupSize"),
+        rule("!has(self.groupSize) || self.groupSize != 0", f"groupSize must be {GROUP_RULE}", ".groupSize"),
     )
     allowed: bool = Field(False, description="May a heal switch to the quantized model?")
     model: str | None = Field(
@@ -131,8 +133,8 @@ class QuantizedFallback(Model):
     )
     group_size: int | None = Field(
         None,
-        ge=-1,
-        le=1024,
+        ge=GROUP_FIELD.low,
+        le=GROUP_FIELD.high,
         description=(
             "Weights each quantization scale of the checkpoint serves (its quantization_config.group_size; "
             "-1: one per output channel), with bits. Unset, 128: the default of AutoGPTQ, AutoAWQ, GPTQModel "

@@ -25,7 +25,7 @@ from ..memory import (
     graphs_beside_budget,
     same_method,
 )
-from ..model_shape import DEFAULT_GROUP
+from ..model_shape import default_group
 from ..remedy_gate import Limits
 from ..vllm_release import Release, facts
 
@@ -91,19 +91,21 @@ class Remedy:
         return engine.model_copy(update={k: v for k, v in self.changes.items() if k in EngineArgs.model_fields})
 
 
-def fallback_shape(policy: HealPolicy, shape: ModelShape | None) -> ModelShape | None:
+def fallback_shape(policy: HealPolicy, shape: ModelShape | None, own: bool = False) -> ModelShape | None:
     """The quantized fallback as the memory model weighs it: the model's shape at the width its method
-    fixes, or at the bits the policy declares for it; None where neither says (it is tried unweighed)."""
+    fixes, or at the bits (and group) the policy declares for it; None where neither says (it is tried
+    unweighed). `own`: the shape is the fallback checkpoint's own config (it runs, as spec.model), whose
+    width and group outrank the declaration; else it is the model's it replaces, of whatever width."""
     fallback = policy.quantized_fallback
     if shape is None or not fallback.method:
         return None
     if fallback.method in FIXED_WIDTH:
         return shape
-    if same_method(fallback.method, shape.quantization) and shape.quant_bits:
-        return shape  # (the checkpoint's own config: its width and group, as the Hub serves it)
+    if own and same_method(fallback.method, shape.quantization) and shape.quant_bits:
+        return shape
     if not fallback.bits:
         return None
-    group = fallback.group_size or DEFAULT_GROUP
+    group = fallback.group_size or default_group(fallback.method, fallback.bits)
     return replace(shape, quantization=fallback.method, quant_bits=fallback.bits, quant_group=group)
 
 
@@ -144,7 +146,7 @@ class Context:
         return estimate(shape or self.inv.shape, engine or self.engine, gpu, free_gib, entry, release)
 
     def fallback_shape(self) -> ModelShape | None:
-        """The quantized fallback as the memory model weighs it (fallback_shape)."""
+        """The quantized fallback as the memory model weighs it before the switch (fallback_shape)."""
         return fallback_shape(self.policy, self.inv.shape)
 
     def printed_graphs(self) -> float | None:

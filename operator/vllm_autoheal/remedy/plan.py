@@ -144,7 +144,7 @@ def plan_heal(
     memory_limit = memory_limit if memory_limit is not None else spec.resources.limits.memory
     fallback = spec.heal.quantized_fallback
     runs = model == fallback.model and engine.quantization == fallback.method  # (as the switch wrote them)
-    if runs and (running := fallback_shape(spec.heal, inv.shape)):
+    if runs and (running := fallback_shape(spec.heal, inv.shape, own=spec.model == fallback.model)):
         # (the fallback runs, switched in status or, by PatchSpec, in spec: its heals weigh the width its
         # own config or the policy declares, not the 4 bits a method's name would guess)
         inv = Inventory(**{**inv.__dict__, "shape": running})
