@@ -9,7 +9,7 @@ What spec.heal.quantizedFallback.bits and groupSize let a heal weigh before it s
 runs, with 4-bit checkpoints at 0.531 B a weight and 8-bit at 1.0 (the scales counted below 8 bits only, the
 group not read): 5.45 and 8.50 GiB of weights. vLLM loaded 5.49 (AWQ), 5.39 and 8.68 (GPTQ g128), 5.71 (g32):
 the fp16 scale and zero point of each group are loaded at any width, and weigh (2 + bits/8)/group B a weight
-(GPTQ's packed zero), or 4/group (AWQ's, kept in fp16): model_shape.quantized_bytes, written after the runs."""
+(GPTQ's packed zero), or 4/group (AWQ's, kept in fp16): quant_width.quantized_bytes, written after the runs."""
 
 from __future__ import annotations
 

@@ -112,7 +112,7 @@ def test_a_declared_width_counts_the_group_scales_vllm_loads(bits, group, flags)
     1.00 GiB: 0.62 GiB of cache < the 1.25 GiB one request of 4,096 needs. 4 bits g32: max_model_len
     100,176 from 31.52 GiB; the scales weigh 2.0 GiB more than 0.031 B a weight: 29.5 GiB holds ~96,700.
     Right: the switch comes with a share or a context whose cache holds the request with the scales in.
-    (Fixed since: model_shape.quantized_bytes counts a group's fp16 scale and zero at any width, measured on an
+    (Fixed since: quant_width.quantized_bytes counts a group's fp16 scale and zero at any width, measured on an
     H100; the group is the config's group_size or quantizedFallback.groupSize, 128 where unset, the tools'
     default, so the group-32 checkpoint declares its group.)"""
     r = _weights_heal("gptq_marlin", bits, flags, group=group)

@@ -1,12 +1,12 @@
 """Hostile review (session 36b) of bae16a7 and a6c1ad9: the quantized fallback's group scales
-(model_shape.quantized_bytes, quantizedFallback.groupSize, remedy.model.fallback_shape), the
+(quant_width.quantized_bytes, quantizedFallback.groupSize, remedy.model.fallback_shape), the
 integral-float CEL ints (validation._to_cel), and DeepSeek-V3.2's sparse indexer cache. The figures
 come from vLLM 0.25's source (/work/main/.gpu/dl/site/vllm): auto_gptq.py, auto_awq.py,
 kernels/linear/mixed_precision/{machete,marlin}.py, fused_moe/oracle/int_wna16.py,
 compressed_tensors/schemes/*, v1/kv_cache_interface.py, v1/attention/backends/mla/flashmla_sparse.py.
 
 Thirteen strict xfails when found; eleven fixed the same session (a fallback of the primary's method weighed at
-its declared width; per-channel 8-bit and bitsandbytes defaults, model_shape.DEFAULT_GROUPS; a float format's
+its declared width; per-channel 8-bit and bitsandbytes defaults, quant_width.DEFAULT_GROUPS; a float format's
 group not read; sparse MLA's 656-byte fp8 latent; AWQ's fp16 zeros counted on Hopper only; group size 0 and
 integers past int64 refused by name). Two stay: NVFP4's scales (older than today) and an AWQ MoE's experts."""
 

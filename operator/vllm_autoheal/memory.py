@@ -34,8 +34,9 @@ from .engine_defaults import (
 from .extensible_kv import extensible_kv_cache, held_after_warmup_gib
 from .gpu_catalog import GpuSpec
 from .model_runner import graphs_reserved, release_sampler
-from .model_shape import DTYPE_BYTES, QUANT_BYTES, ModelShape, layer_group, padded_layers, quantized_bytes
+from .model_shape import DTYPE_BYTES, QUANT_BYTES, ModelShape, layer_group, padded_layers
 from .mxfp4_experts import EXPERTS_ONLY, expert_bytes_per_gpu
+from .quant_width import quantized_bytes
 from .sampler_peak import sampler_peak_bytes
 from .vllm_release import Release, facts
 

@@ -25,7 +25,7 @@ from ..memory import (
     graphs_beside_budget,
     same_method,
 )
-from ..model_shape import default_group
+from ..quant_width import default_group
 from ..remedy_gate import Limits
 from ..vllm_release import Release, facts
 
