@@ -50,6 +50,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -93,6 +94,27 @@ def plan(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "vllm_autoheal", "plan", *args], capture_output=True, text=True, env=env, timeout=120
     )
+
+
+class ReviewConfigs:
+    """A later review round's folder of configs, each read as production reads it (model_config.parse, then
+    to_shape), and `plan` on it."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def path(self, name: str) -> Path:
+        return self.folder / f"{name}.json"
+
+    def shape(self, name: str):
+        return to_shape(parse(self.path(name).read_text(), name))
+
+    def weights_gib(self, name: str, tp: int = 1) -> float:
+        return weights_bytes_per_gpu(self.shape(name), tp=tp) / GIB
+
+    def refused(self, name: str) -> bool:
+        """plan refuses the config (exit 2), as pre-flight and heals then fall back."""
+        return plan("--model-config", str(self.path(name)), "--gpu", H100, "--json").returncode == 2
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -61,30 +61,13 @@ import json
 
 import pytest
 
-from test_review_unseen_architectures import H100, expected_gib, plan, within
-from vllm_autoheal.diagnosis.units import GIB
-from vllm_autoheal.memory import weights_bytes_per_gpu
+from test_review_unseen_architectures import H100, ReviewConfigs, expected_gib, plan, within
 from vllm_autoheal.model_config import parse, to_shape
 
 from samples import CONFIGS
 
-
-def config_path(name: str):
-    return CONFIGS / "unseen2" / f"{name}.json"
-
-
-def shape(name: str):
-    """As production reads it: model_config.parse (the checked fields), then to_shape."""
-    return to_shape(parse(config_path(name).read_text(), name))
-
-
-def weights_gib(name: str, tp: int = 1) -> float:
-    return weights_bytes_per_gpu(shape(name), tp=tp) / GIB
-
-
-def refused(name: str) -> bool:
-    """plan refuses the config (exit 2), as pre-flight and heals then fall back."""
-    return plan("--model-config", str(config_path(name)), "--gpu", H100, "--json").returncode == 2
+ROUND = ReviewConfigs(CONFIGS / "unseen2")
+config_path, shape, weights_gib, refused = ROUND.path, ROUND.shape, ROUND.weights_gib, ROUND.refused
 
 
 # ---------------------------------------------------------------------------------------------------
