@@ -139,9 +139,10 @@ def _split_with_shorter_context(ctx: Context, estimates: list[tuple[int, Estimat
 
 def quantized_model(ctx: Context) -> Remedy | None:
     """The quantized checkpoint the policy names. Where the memory model can weigh it (the model's shape at
-    a width its method fixes or the policy declares: Context.fallback_shape) and says its start still falls short of the KV cache one request needs, the
-    least utilization the bounds and free memory allow that fits comes with it, else the context its cache
-    holds (3% margin), in the same restart; where neither does, verdict.cannot_fit refuses it, saying why."""
+    a width its method fixes or the policy declares: Context.fallback_shape) and says its start still falls
+    short of the KV cache one request needs, the least utilization the bounds and free memory allow that fits
+    comes with it, else the context its cache holds (3% margin), in the same restart; where neither does,
+    verdict.cannot_fit refuses it, saying why."""
     fb = ctx.policy.quantized_fallback
     if not fb.allowed or not fb.model or ctx.spec.model == fb.model:
         return None
