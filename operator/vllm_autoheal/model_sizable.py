@@ -20,6 +20,9 @@ UNREAD_VISION_KEYS = ("img_processor", "mm_vision_tower", "visual")
 # they replace (Kimi-Linear's 20 KDA layers as MLA, 31,104 B a token where vLLM keeps 8,064 and a state page)
 # or weigh what vLLM loads otherwise (DeepSeek-V4's fp8 checkpoint: 272 GiB counted, its experts loaded as
 # MXFP4 in 145 GiB).
+# A Mamba mixer's dimensions: where a config names them and no field says which layers are Mamba layers, the
+# memory model would count none of them (Falcon-H1's parallel mixers: 0.34 B of its 0.52 B, and no state).
+MAMBA_DIMS = ("mamba_d_state", "mamba_n_heads", "mamba_d_ssm")
 UNSIZED_LAYERS = {
     "linear_attn_config": "Kimi Delta Attention layers, which keep a state the memory model does not size",
     "compress_ratios": "DeepSeek-V4's compressed attention, whose experts vLLM loads as MXFP4",
@@ -56,6 +59,12 @@ def refuse_unsized(merged: dict[str, Any], config: dict[str, Any], source: str, 
         raise ModelConfigError(
             f"{_where('mamba_num_heads', source)} is missing: the model's {mambas} Mamba layers are not Mamba-2 or "
             "Gated DeltaNet, whose state alone the memory model sizes"
+        )
+    placed = next((k for k in MAMBA_DIMS if merged.get(k)), None)
+    if placed and isinstance(kind, str) and not mambas:  # (Falcon-H1 runs a Mamba mixer beside every attention)
+        raise ModelConfigError(
+            f"{_where(placed, source)} describes Mamba mixers that no field places in the layers (a {kind} model): "
+            "the model cannot be sized"
         )
     for key, what in UNSIZED_LAYERS.items():
         if merged.get(key) is not None or config.get(key) is not None:
