@@ -276,12 +276,14 @@ def test_an_integer_past_int64_is_a_problem_not_a_traceback(seconds):
             67.71,
         ),
         ({"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}, 67.71),
-        ({"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}, 36.85),
+        # (36.85 at 667cc0a; since session 36c, nf4 weighs as a declared 4-bit bitsandbytes fallback, in
+        # blocks of 64, so that `plan --quantized-variant` and a heal give one answer)
+        ({"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}, 38.32),
     ],
     ids=["ct-fp8-channel", "ct-fp8-block", "fp8-block", "bnb-nf4"],
 )
 def test_fp8_and_bitsandbytes_checkpoints_weigh_as_before_the_group_was_read(quant, gib):
-    """No group in these configs: the figures 667cc0a gave (Llama-3.1-70B, one GPU)."""
+    """No group in these configs: the figures 667cc0a gave (Llama-3.1-70B, one GPU), nf4 as noted."""
     shape = _shape(L70, quant)
     assert shape.quant_group is None
     assert _gib(shape) == pytest.approx(gib, abs=0.01)

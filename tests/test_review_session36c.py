@@ -1,7 +1,10 @@
 """Hostile review (session 36c) of the quantized fallback end to end, on the operator's own paths: what the
 PatchSpec switch leaves in the spec (its modelConfig), pre-flight, the crash classifier's weights figure,
-`plan --quantized-variant` against the heal's group formula, and status overrides. Strict xfails are defects
-found; the plain tests are attacks that were defended."""
+`plan --quantized-variant` against the heal's group formula, and status overrides. Seven strict xfails when
+found, all fixed the same session (a declared width comes before a config that may be the replaced model's;
+remedy.model.running_shape serves the heal, pre-flight and the classifier; memory.VARIABLE_WIDTH and the
+4-bit QUANT_BYTES derive from the fallback's WIDTHS and quant_width; status's fallback only where allowed);
+their docstrings still say what the code did. The plain tests are attacks that were defended."""
 
 from __future__ import annotations
 
@@ -66,12 +69,6 @@ def _switched(body: dict) -> VLLMService:
     return VLLMService.model_validate(out)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="The PatchSpec switch leaves spec.modelConfig (the primary's GPTQ-Int8 config) in place and the "
-    "planner reads it as the fallback's own, so the running Int4 fallback's next KV crash gives up; it should "
-    "be weighed at its declared 4 bits, as in StatusOverrides mode.",
-)
 def test_after_a_patchspec_switch_the_primarys_inline_config_is_not_read_as_the_fallbacks():
     """Severity: high (the default mode and the Int8 -> Int4 pair 85a186a names; a heal that should cut the
     context gives up, and the service stays down).
@@ -109,11 +106,6 @@ def _int8_running():
     return obj, heal
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Pre-flight weighs the running 8-bit fallback at QUANT_BYTES' 4-bit guess (37.8 GiB, KV 34.5 GiB, "
-    "'Fits') where the heal weighs the same spec at its declared 8 bits (69.2 GiB, KV 3.1 GiB); one answer.",
-)
 def test_preflight_weighs_the_running_fallback_at_its_declared_width():
     """Severity: medium (MemoryFit reports a KV cache 11x the real one; Fix acts on the wrong figure).
     Input: spec.model org/L70-GPTQ-Int8 with --quantization gptq_marlin, quantizedFallback naming it with
@@ -126,12 +118,6 @@ def test_preflight_weighs_the_running_fallback_at_its_declared_width():
     assert result.estimate.weights_gib == pytest.approx(heal.weights_gib, abs=0.1)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="The crash classifier weighs the PatchSpec'd 8-bit fallback at 37.8 GiB (the bf16 config at "
-    "gptq_marlin's 4-bit guess, 'not a fallback's' is checked as model == spec.model); it should be its "
-    "declared 69.2 GiB, or no figure.",
-)
 def test_the_classifiers_weights_figure_is_not_a_guess_for_the_patched_fallback():
     """Severity: low (an unplaced OOM is weighed against half the weights that load: an OOM while loading
     them, holding 40-65 GiB, reads as a later step's).
@@ -143,12 +129,6 @@ def test_the_classifiers_weights_figure_is_not_a_guess_for_the_patched_fallback(
     assert figure is None or figure == pytest.approx(heal.weights_gib, abs=0.1), figure
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="plan --quantized-variant weighs gptq and bitsandbytes by QUANT_BYTES' old guesses while the heal "
-    "weighs the same 4-bit fallback with quant_width's group formula: on an L40S, 4,816 vs 7,216 tokens "
-    "(gptq) and 7,952 vs 3,136 (bitsandbytes); one table, one answer.",
-)
 @pytest.mark.parametrize("method", ["gptq", "bitsandbytes"])
 def test_plans_quantized_variant_weighs_as_the_heal_does(method):
     """Severity: medium (plan is how a user picks quantizedFallback and minMaxModelLen; for bitsandbytes it
@@ -179,11 +159,6 @@ def _overridden(allowed: bool, model: str = "org/a-awq") -> VLLMService:
     return obj
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="status.effectiveModel naming quantizedFallback.model is deployed though allowed is false; the "
-    "policy forbids the switch, so overrides_refused should refuse it.",
-)
 def test_a_disallowed_fallback_in_status_is_refused():
     """Severity: low (needs a writer of vllmservices/status, the threat overrides_refused exists for, or a
     fallback disallowed after it ran: the tenant's `allowed: false` does not take it back).
@@ -213,11 +188,6 @@ def test_in_status_overrides_mode_the_running_fallback_is_weighed_at_its_declare
     assert r.action == "LowerMaxModelLen" and 90_000 < r.changes["max_model_len"] < 110_000, r.summary()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="The CRD's groupSize description says an unset group is weighed as 128, but the code weighs "
-    "bitsandbytes nf4 in blocks of 64 and 8-bit compressed-tensors and bitsandbytes per channel.",
-)
 def test_the_crds_group_size_description_names_the_defaults_the_code_uses():
     """Severity: low (kubectl explain is where a tenant reads it: an nf4 fallback's figure is not what it says).
     Input: QuantizedFallback.groupSize's description (rendered into the CRD) against quant_width.DEFAULT_GROUPS.

@@ -161,3 +161,61 @@ def test_deepseek_v4_flash_fp4_experts_weigh_their_checkpoint_or_refused():
     # (compress_ratios, sliding_window, an indexer) is not the head_dim 512 x 43 layers counted either.
     name = "deepseek-v4-flash"
     assert refused(name) or within(weights_gib(name), 145.3 + WEIGHT_BUFFERS_GIB)
+
+
+# Falcon-H1-0.5B as NVIDIA Megatron-Bridge's unit test writes its HF config (FALCON_H1_500M_CONFIG, find_string
+# id 54893243323; verbatim, a Python dict; not the Hub's file, which no source held whole). Every layer runs a
+# Mamba-2 mixer beside its attention; no field names Mamba layers, so the memory model counted none of them
+# (0.34 B of about 0.52 B, no state): refused, naming the Mamba dimension it cannot place.
+FALCON_H1_500M = {
+    "architectures": ["FalconH1ForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "attention_in_multiplier": 1.0,
+    "attention_out_multiplier": 0.9375,
+    "attn_layer_indices": None,
+    "embedding_multiplier": 5.656854249492381,
+    "head_dim": 64,
+    "hidden_act": "silu",
+    "hidden_size": 1024,
+    "initializer_range": 0.02,
+    "intermediate_size": 2048,
+    "key_multiplier": 0.39062499999999994,
+    "lm_head_multiplier": 0.0390625,
+    "mamba_chunk_size": 128,
+    "mamba_conv_bias": True,
+    "mamba_d_conv": 4,
+    "mamba_d_head": 64,
+    "mamba_d_state": 128,
+    "mamba_expand": 2,
+    "mamba_n_groups": 1,
+    "mamba_n_heads": 24,
+    "mamba_norm_before_gate": False,
+    "mamba_proj_bias": False,
+    "mamba_rms_norm": False,
+    "mamba_use_mlp": True,
+    "max_position_embeddings": 16384,
+    "mlp_bias": False,
+    "mlp_multipliers": [0.8838834764831844, 0.5859375],
+    "model_type": "falcon_h1",
+    "num_attention_heads": 8,
+    "num_hidden_layers": 36,
+    "num_key_value_heads": 2,
+    "projectors_bias": False,
+    "rms_norm_eps": 1e-5,
+    "rope_scaling": None,
+    "rope_theta": 100000000000.0,
+    "ssm_in_multiplier": 1.25,
+    "ssm_multipliers": [0.3535533905932738, 0.25, 0.3535533905932738, 0.5, 0.3535533905932738],
+    "ssm_out_multiplier": 0.23570226039551587,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "vocab_size": 32784,
+}
+
+
+def test_falcon_h1s_parallel_mamba_mixers_are_refused_not_left_out(tmp_path):
+    path = tmp_path / "falcon-h1-0.5b.json"
+    path.write_text(json.dumps(FALCON_H1_500M))
+    out = plan("--model-config", str(path), "--gpu", H100, "--json")
+    assert out.returncode == 2 and "mamba_d_state" in out.stderr, out.stderr

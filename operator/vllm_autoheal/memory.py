@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .api import EngineArgs
+from .api.heal_policy import WIDTHS
 from .diagnosis.units import GIB
 from .engine import switched
 from .engine_defaults import (
@@ -113,7 +114,7 @@ def weights_gib_per_gpu(shape: ModelShape, engine: EngineArgs, gpu: GpuSpec | No
 
 # Methods whose width the method alone does not say (a container for several schemes): without the
 # checkpoint's bits their QUANT_BYTES is a guess, too rough to tell loading from later steps.
-VARIABLE_WIDTH = frozenset({"compressed-tensors", "modelopt", "quark", "torchao", "inc", "gptq", "awq"})
+VARIABLE_WIDTH = frozenset(WIDTHS) | {"modelopt", "quark", "torchao", "inc"}  # (WIDTHS: those a fallback declares)
 # Methods whose name fixes a weight's width, the only ones a checkpoint of which the memory model weighs
 # before it is loaded (the quantized fallback): any other's is the file's own choice (GGUF's Q2_K to Q8_0,
 # GPTQ's and AWQ's 4 or 8 bits, bitsandbytes' 4 or 8, a container's scheme).

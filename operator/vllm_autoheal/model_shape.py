@@ -23,6 +23,7 @@ from .model_layers import (
     whole,
 )
 from .model_sizable import positions_scaled
+from .quant_width import default_group, quantized_bytes
 from .vision_tower import vision_params
 
 # Model types whose attention gates its output (vLLM's Qwen3NextAttention: attn_output_gate, true by
@@ -43,16 +44,12 @@ DTYPE_BYTES = {
     "fp8_ds_mla": 1.0,
     "int8": 1.0,
 }
-# Bytes per parameter of quantized linear layers, group scales included (4 bits + fp16
-# scale/zero per group of 128 = 4.25 bits; bitsandbytes nf4 keeps blockwise absmax: 4.13).
+# Bytes per parameter of quantized linear layers, group scales included, where the checkpoint's width is
+# not known: a group-quantized method at its usual 4 bits in its default group, as a declared fallback of
+# those bits weighs (quant_width: GPTQ's 0.52, AWQ's 0.53 with fp16 zeros), so that `plan` and a heal agree.
+GROUPED_AT_4_BITS = ("awq", "awq_marlin", "gptq", "gptq_marlin", "marlin", "bitsandbytes", "moe_wna16")
 QUANT_BYTES = {
-    "awq": 0.531,
-    "awq_marlin": 0.531,
-    "gptq": 0.531,
-    "gptq_marlin": 0.531,
-    "marlin": 0.531,
-    "bitsandbytes": 0.516,
-    "moe_wna16": 0.531,
+    **{method: quantized_bytes(4, default_group(method, 4), method) for method in GROUPED_AT_4_BITS},
     "gguf": 0.563,
     "fp8": 1.0,
     "fbgemm_fp8": 1.0,

@@ -15,6 +15,7 @@ from .diagnosis.model import Cause, EnginePhase
 from .gpu_catalog import GpuSpec
 from .memory import Estimate, ModelShape, estimate
 from .remedy import Inventory, Remedy, plan_heal
+from .remedy.model import running_shape
 
 MAX_FIX_STEPS = 6
 # Fix's flags are the engine alone (status.effective): a step that also changes the checkpoint or
@@ -82,6 +83,7 @@ def preflight(
     spec: VLLMServiceSpec, gpu: GpuSpec, shape: ModelShape, free_gib: float | None = None, entrypoint: str = "server"
 ) -> PreflightResult:
     engine, release = spec.engine, spec.release()
+    shape = running_shape(spec, spec.model, engine, shape)[1] or shape  # (a fallback a PatchSpec heal switched to)
     est = estimate(shape, engine, gpu, free_gib, entrypoint, release)
     result = PreflightResult(fits=est.fits, estimate=est, engine=engine, reasons=list(est.reasons))
     if est.fits or spec.preflight != "Fix":

@@ -137,9 +137,10 @@ class QuantizedFallback(Model):
         le=GROUP_FIELD.high,
         description=(
             "Weights each quantization scale of the checkpoint serves (its quantization_config.group_size; "
-            "-1: one per output channel), with bits. Unset, 128: the default of AutoGPTQ, AutoAWQ, GPTQModel "
-            "and llm-compressor; a checkpoint in smaller groups (gptq-4bit-32g) must say so, or its scales "
-            "are under-counted."
+            "-1: one per output channel), with bits. Unset: 128, the default of AutoGPTQ, AutoAWQ, GPTQModel "
+            "and llm-compressor's W4A16; one scale per channel for compressed-tensors and bitsandbytes at 8 "
+            "bits; blocks of 64 for bitsandbytes at 4. A checkpoint in other groups (gptq-4bit-32g) must say "
+            "so, or its scales are under-counted."
         ),
     )
 

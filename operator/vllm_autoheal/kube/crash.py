@@ -17,6 +17,7 @@ from ..gpu_catalog import least_cuda_free_gib
 from ..memory import weights_gib_to_diagnose
 from ..model_shape import ModelShape
 from ..model_source import DEPRECATED_ANNOTATION
+from ..remedy.model import running_shape
 from . import pods, resources
 from .client import Kube
 from .later import PerNamespace
@@ -155,7 +156,9 @@ def diagnose(kube: Kube, incident: Incident, obj: VLLMService) -> Diagnosis:
     log = _read_log(kube, incident)
     if log:
         shape = incident.model.resolved.shape if incident.model is not None and model == obj.spec.model else None
-        weights = weights_per_gpu(shape, engine)  # (not a fallback's: another size)
+        runs, running = running_shape(obj.spec, model, engine, shape)
+        # (a fallback's only where its width is known: a PatchSpec switch keeps the config it replaced)
+        weights = weights_per_gpu(running if runs else shape, engine)
         # (with what the launcher's probe saw on the GPUs before vLLM started, as the launcher read it)
         gpu = termination.gpu_snapshot(doc)
         from_log = classify(Signals(log=log, weights_gib_per_gpu=weights, gpu=gpu, **signals))

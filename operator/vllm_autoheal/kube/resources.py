@@ -99,9 +99,9 @@ def overrides_refused(obj: VLLMService) -> str | None:
     if status.effective is None:
         return None
     engine, bounds = status.effective, spec.heal.bounds
-    fallback = spec.heal.quantized_fallback.model
-    if status.effective_model not in (None, spec.model, fallback):
-        return "status.effectiveModel is neither spec.model nor spec.heal.quantizedFallback.model"
+    fallback = spec.heal.quantized_fallback
+    if status.effective_model not in (None, spec.model, fallback.model if fallback.allowed else None):
+        return "status.effectiveModel is neither spec.model nor the quantized fallback the policy allows"
     if engine.pipeline_parallel_size != spec.engine.pipeline_parallel_size:
         return "status.effective.pipelineParallelSize differs from the spec's (no heal changes it)"
     top = max(spec.engine.tensor_parallel_size, bounds.max_tensor_parallel_size or 0)

@@ -94,19 +94,30 @@ class Remedy:
 def fallback_shape(policy: HealPolicy, shape: ModelShape | None, own: bool = False) -> ModelShape | None:
     """The quantized fallback as the memory model weighs it: the model's shape at the width its method
     fixes, or at the bits (and group) the policy declares for it; None where neither says (it is tried
-    unweighed). `own`: the shape is the fallback checkpoint's own config (it runs, as spec.model), whose
-    width and group outrank the declaration; else it is the model's it replaces, of whatever width."""
+    unweighed). `own`: the shape may be the fallback checkpoint's own config (it runs as spec.model), read
+    where nothing is declared; a declaration comes first, as a PatchSpec switch keeps spec.modelConfig,
+    which may be the config of the model it replaced."""
     fallback = policy.quantized_fallback
     if shape is None or not fallback.method:
         return None
     if fallback.method in FIXED_WIDTH:
         return shape
-    if own and same_method(fallback.method, shape.quantization) and shape.quant_bits:
-        return shape
-    if not fallback.bits:
-        return None
-    group = fallback.group_size or default_group(fallback.method, fallback.bits)
-    return replace(shape, quantization=fallback.method, quant_bits=fallback.bits, quant_group=group)
+    if fallback.bits:
+        group = fallback.group_size or default_group(fallback.method, fallback.bits)
+        return replace(shape, quantization=fallback.method, quant_bits=fallback.bits, quant_group=group)
+    return shape if own and same_method(fallback.method, shape.quantization) and shape.quant_bits else None
+
+
+def running_shape(
+    spec: VLLMServiceSpec, model: str, engine: EngineArgs, shape: ModelShape | None
+) -> tuple[bool, ModelShape | None]:
+    """Whether the quantized fallback runs (`model` and `engine` as the switch wrote them, in spec or in
+    status), and the shape the memory model weighs what runs as: the fallback's (fallback_shape; None where
+    it cannot be weighed), else `shape`."""
+    fallback = spec.heal.quantized_fallback
+    if not (model == fallback.model and engine.quantization == fallback.method):
+        return False, shape
+    return True, fallback_shape(spec.heal, shape, own=spec.model == fallback.model)
 
 
 @dataclass

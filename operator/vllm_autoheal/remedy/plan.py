@@ -43,8 +43,8 @@ from .model import (
     Remedy,
     Step,
     device_total,
-    fallback_shape,
     printed_figure,
+    running_shape,
 )
 from .resource_steps import (
     lower_cpu_offload,
@@ -142,11 +142,10 @@ def plan_heal(
     engine = engine or spec.engine
     model = model or spec.model
     memory_limit = memory_limit if memory_limit is not None else spec.resources.limits.memory
-    fallback = spec.heal.quantized_fallback
-    runs = model == fallback.model and engine.quantization == fallback.method  # (as the switch wrote them)
-    if runs and (running := fallback_shape(spec.heal, inv.shape, own=spec.model == fallback.model)):
-        # (the fallback runs, switched in status or, by PatchSpec, in spec: its heals weigh the width its
-        # own config or the policy declares, not the 4 bits a method's name would guess)
+    runs, running = running_shape(spec, model, engine, inv.shape)
+    if runs and running is not None:
+        # (the fallback runs: its heals weigh the width the policy or its own config declares, not the 4
+        # bits a method's name would guess)
         inv = Inventory(**{**inv.__dict__, "shape": running})
     if diagnosis.cause == Cause.NOT_OOM:
         return Remedy(
