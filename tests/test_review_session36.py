@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from vllm_autoheal.api import VLLMServiceSpec
-from vllm_autoheal.api.heal_policy import DECLARED_WIDTH
+from vllm_autoheal.api.heal_policy import WIDTHS
 from vllm_autoheal.diagnosis import Diagnosis
 from vllm_autoheal.diagnosis.model import Cause
 from vllm_autoheal.diagnosis.units import GIB
@@ -174,10 +174,10 @@ def test_expected_points_to_bits_only_where_admission_takes_it(method):
     Now: "The memory model does not weigh a gguf checkpoint: its method does not fix its width
     (spec.heal.quantizedFallback.bits declares it)."; setting bits is then refused ("bits is for a method
     whose name leaves the width open ...").
-    Right: the text names bits only for a method of DECLARED_WIDTH."""
+    Right: the text names bits only for a method of WIDTHS."""
     r = _weights_heal(method, None, "--max-model-len 4096")
     assert r.action == "Quantize", r.summary()
-    assert ("quantizedFallback.bits" in r.expected) == (method in DECLARED_WIDTH), r.expected
+    assert ("quantizedFallback.bits" in r.expected) == (method in WIDTHS), r.expected
 
 
 # --- attacks that were defended -------------------------------------------------------------------------------

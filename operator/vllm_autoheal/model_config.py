@@ -288,7 +288,6 @@ GROUP_RULE = "-1 (a scale per output channel) or a positive group"
 def _group(quant: dict[str, Any], source: str) -> int | None:
     """Weights a quantization scale serves: GPTQ/AWQ's `group_size` (`q_group_size`), or compressed-tensors'
     config_groups weights group_size when every group agrees; -1 is a scale per output channel."""
-    field = GROUP_FIELD
     value = next((quant[key] for key in ("group_size", "q_group_size") if quant.get(key) is not None), None)
     groups = quant.get("config_groups")
     if value is None and isinstance(groups, dict) and 0 < len(groups) <= MAX_GROUPS:
@@ -301,7 +300,7 @@ def _group(quant: dict[str, Any], source: str) -> int | None:
         value = sizes[0] if ints and all(size == sizes[0] for size in sizes) else None
     if value is None:
         return None
-    group = _integer(value, field, "quantization_config.group_size", source)
+    group = _integer(value, GROUP_FIELD, "quantization_config.group_size", source)
     if group == 0:
         raise ModelConfigError(f"{_where('quantization_config.group_size', source)} must be {GROUP_RULE}")
     return group

@@ -16,13 +16,13 @@ ENCODER_ONLY_TYPES = frozenset(
 # Where a config describes a vision encoder other than under vision_config, which alone is counted
 # (Phi-3-vision's img_processor, LLaVA-1.5's original mm_vision_tower, Qwen-VL's visual).
 UNREAD_VISION_KEYS = ("img_processor", "mm_vision_tower", "visual")
+# A Mamba mixer's dimensions: where a config names them and no field says which layers are Mamba layers, the
+# memory model would count none of them (Falcon-H1's parallel mixers: 0.34 B of its 0.52 B, and no state).
+MAMBA_DIMS = ("mamba_d_state", "mamba_n_heads", "mamba_d_ssm")
 # Layers the memory model does not size, by the key that describes them: it would count them as the attention
 # they replace (Kimi-Linear's 20 KDA layers as MLA, 31,104 B a token where vLLM keeps 8,064 and a state page)
 # or weigh what vLLM loads otherwise (DeepSeek-V4's fp8 checkpoint: 272 GiB counted, its experts loaded as
 # MXFP4 in 145 GiB).
-# A Mamba mixer's dimensions: where a config names them and no field says which layers are Mamba layers, the
-# memory model would count none of them (Falcon-H1's parallel mixers: 0.34 B of its 0.52 B, and no state).
-MAMBA_DIMS = ("mamba_d_state", "mamba_n_heads", "mamba_d_ssm")
 UNSIZED_LAYERS = {
     "linear_attn_config": "Kimi Delta Attention layers, which keep a state the memory model does not size",
     "compress_ratios": "DeepSeek-V4's compressed attention, whose experts vLLM loads as MXFP4",

@@ -95,7 +95,6 @@ WIDTHS = {
     "bitsandbytes": (4, 8),
     "compressed-tensors": (4, 8),
 }
-DECLARED_WIDTH = tuple(WIDTHS)
 
 
 class QuantizedFallback(Model):

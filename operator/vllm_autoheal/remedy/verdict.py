@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..api import EngineArgs
-from ..api.heal_policy import DECLARED_WIDTH
+from ..api.heal_policy import WIDTHS
 from ..memory import ModelShape
 from .model import Context, Remedy
 
@@ -18,7 +18,7 @@ def expected(ctx: Context, changes: dict[str, Any]) -> str:
     weighed, shape = _weighed(ctx, changes)
     if not weighed:
         method = changes["quantization"]
-        declare = " (spec.heal.quantizedFallback.bits declares it)" if method in DECLARED_WIDTH else ""
+        declare = " (spec.heal.quantizedFallback.bits declares it)" if method in WIDTHS else ""
         return f"The memory model does not weigh a {method} checkpoint: its method does not fix its width{declare}."
     after = ctx.engine.model_copy(update={k: v for k, v in changes.items() if k in EngineArgs.model_fields})
     est = ctx.estimate(after, ctx.inv.gpu_free_gib, shape)
