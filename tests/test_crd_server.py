@@ -151,6 +151,35 @@ INVALID = [
         {"heal": {"quantizedFallback": {"allowed": True, "model": "m-awq", "method": "awq", "bits": 16}}},
         "spec.heal.quantizedFallback.bits",
     ),
+    (
+        "float-weights-of-an-integer-method",
+        {
+            "heal": {
+                "quantizedFallback": {
+                    "allowed": True,
+                    "model": "m",
+                    "method": "gptq_marlin",
+                    "bits": 4,
+                    "weightType": "float",
+                }
+            }
+        },
+        "spec.heal.quantizedFallback.weightType",
+    ),
+    (
+        "float-weights-without-bits",
+        {
+            "heal": {
+                "quantizedFallback": {
+                    "allowed": True,
+                    "model": "m",
+                    "method": "compressed-tensors",
+                    "weightType": "float",
+                }
+            }
+        },
+        "spec.heal.quantizedFallback.weightType",
+    ),
     ("tp-action-without-bound", {"heal": {"allowedActions": ["IncreaseTensorParallel"]}}, "spec.heal.allowedActions"),
     ("bad-preflight", {"preflight": "Maybe"}, "spec.preflight"),
     (

@@ -9,7 +9,15 @@ What spec.heal.quantizedFallback.bits and groupSize let a heal weigh before it s
 runs, with 4-bit checkpoints at 0.531 B a weight and 8-bit at 1.0 (the scales counted below 8 bits only, the
 group not read): 5.45 and 8.50 GiB of weights. vLLM loaded 5.49 (AWQ), 5.39 and 8.68 (GPTQ g128), 5.71 (g32):
 the fp16 scale and zero point of each group are loaded at any width, and weigh (2 + bits/8)/group B a weight
-(GPTQ's packed zero), or 4/group (AWQ's, kept in fp16): quant_width.quantized_bytes, written after the runs."""
+(GPTQ's packed zero), or 4/group (AWQ's, kept in fp16): quant_width.quantized_bytes, written after the runs.
+
+The float 4-bit formats (session 37, bf16, run on Marlin on the H100): llm-compressor's NVFP4 and NVFP4A16
+(groups of 16), MXFP4 (groups of 32), and ModelOpt's NVFP4 in both config layouts. Predicted before the runs
+with a one-byte scale a group and no zero point (4/8 + 1/group B a weight): 5.65 GiB of weights and 66.10 GiB
+of cache for NVFP4, 5.45 and 66.30 for MXFP4; vLLM: 5.70 and 66.07, 5.48 and 66.30. Before, a compressed-tensors
+NVFP4 checkpoint weighed 5.45 GiB (its group was not read) and a ModelOpt one 8.50 (its width was not read).
+A first ModelOpt run named the layers it skips `exclude_modules` at the top level, where vLLM reads `ignore`:
+its lm_head was quantized too, and it took 5.01 GiB (not kept: no checkpoint is written so)."""
 
 from __future__ import annotations
 
@@ -35,6 +43,8 @@ V025 = parse_version("0.25.0")
 LINE = re.compile(r"^(?P<name>[\w-]+): started: (?P<model>[\w.-]+) (?P<flags>.*)$")
 RUN = {m["name"]: m.groupdict() for m in map(LINE.match, (RUNS / "summary.txt").read_text().splitlines()) if m}
 # (the quantization_config tests/gpu/make_models.py wrote into Llama-3.1-8B's config for each run)
+NVFP4 = {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16}
+MXFP4 = {"num_bits": 4, "type": "float", "strategy": "group", "group_size": 32}
 QUANT = {
     "awq4": {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"},
     "gptq4": {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True},
@@ -48,6 +58,39 @@ QUANT = {
         "quant_method": "compressed-tensors",
         "config_groups": {"g": {"weights": {"num_bits": 8, "group_size": 128}}},
     },
+    # (the float formats, session 37: llm-compressor's NVFP4, NVFP4A16 and MXFP4, ModelOpt's NVFP4 as its
+    # config.json writes it and as its older hf_quant_config.json nests it)
+    "nvfp4": {
+        "quant_method": "compressed-tensors",
+        "config_groups": {"g": {"weights": NVFP4, "input_activations": NVFP4}},
+    },
+    "nvfp4a16": {"quant_method": "compressed-tensors", "config_groups": {"g": {"weights": NVFP4}}},
+    "mxfp4": {
+        "quant_method": "compressed-tensors",
+        "config_groups": {"g": {"weights": MXFP4, "input_activations": MXFP4}},
+    },
+    "modelopt-nvfp4": {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16, "ignore": ["lm_head"]},
+    "modelopt-nvfp4-nested": {
+        "quant_method": "modelopt",
+        "quantization": {"quant_algo": "NVFP4", "group_size": 16, "exclude_modules": ["lm_head"]},
+    },
+}
+# (what vLLM names the method it built, where not the config's)
+BUILT = {"awq": "auto_awq", "gptq": "auto_gptq", "modelopt": "modelopt_fp4"}
+# A fallback declared as the heal policy declares it: the method a switch writes, its bits, group and format
+# (ModelOpt's NVFP4 is modelopt_fp4, a method whose name fixes the width)
+DECLARED = {
+    "awq4": {"method": "awq_marlin", "bits": 4, "groupSize": 128},
+    "gptq4": {"method": "gptq_marlin", "bits": 4, "groupSize": 128},
+    "gptq8": {"method": "gptq_marlin", "bits": 8, "groupSize": 128},
+    "gptq4-g32": {"method": "gptq_marlin", "bits": 4, "groupSize": 32},
+    "w4a16": {"method": "compressed-tensors", "bits": 4, "groupSize": 128},
+    "w8a16": {"method": "compressed-tensors", "bits": 8, "groupSize": 128},
+    "nvfp4": {"method": "compressed-tensors", "bits": 4, "weightType": "float"},
+    "nvfp4a16": {"method": "compressed-tensors", "bits": 4, "groupSize": 16, "weightType": "float"},
+    "mxfp4": {"method": "compressed-tensors", "bits": 4, "groupSize": 32, "weightType": "float"},
+    "modelopt-nvfp4": {"method": "modelopt_fp4"},
+    "modelopt-nvfp4-nested": {"method": "modelopt_fp4"},
 }
 
 
@@ -55,17 +98,18 @@ def _printed(name: str, pattern: str) -> float:
     return float(re.search(pattern, (RUNS / f"{name}.log").read_text())[1].replace(",", ""))
 
 
-def _estimate(name: str, shape):
-    engine = parse_args(RUN[name]["flags"]).engine.model_copy(update={"gpu_memory_utilization": 0.92})
+def _estimate(name: str, shape, quantization: str | None = None):
+    update = {"gpu_memory_utilization": 0.92} | ({"quantization": quantization} if quantization else {})
+    engine = parse_args(RUN[name]["flags"]).engine.model_copy(update=update)
     return estimate(shape, engine, H100, None, "server", V025)
 
 
 def test_every_run_started_on_the_card_it_is_replayed_on():
-    assert sorted(RUN) == sorted(QUANT) == sorted(p.stem for p in RUNS.glob("*.log"))
+    assert sorted(RUN) == sorted(QUANT) == sorted(DECLARED) == sorted(p.stem for p in RUNS.glob("*.log"))
     total = int(re.search(r"cuda total (\d+) bytes", (RUNS / "device.txt").read_text())[1])
     assert H100.memory_gib == pytest.approx(total / 2**30, abs=0.005)
     for name, quant in QUANT.items():  # (vLLM built the method the config names, not the bf16 layers)
-        method = {"awq": "auto_awq", "gptq": "auto_gptq"}.get(quant["quant_method"], quant["quant_method"])
+        method = BUILT.get(quant["quant_method"], quant["quant_method"])
         assert f"quantization={method}" in (RUNS / f"{name}.log").read_text()
 
 
@@ -92,13 +136,9 @@ def test_a_declared_fallback_weighs_as_the_checkpoint_vllm_loaded(name):
     from vllm_autoheal.api import HealPolicy
     from vllm_autoheal.remedy.model import fallback_shape
 
-    quant = QUANT[name]
-    method = {"awq": "awq_marlin", "gptq": "gptq_marlin"}.get(quant["quant_method"], quant["quant_method"])
-    weights = quant["config_groups"]["g"]["weights"] if "config_groups" in quant else quant
-    bits, group = weights.get("bits") or weights["num_bits"], weights["group_size"]
-    declared = {"allowed": True, "model": "m-q", "method": method, "bits": bits, "groupSize": group}
+    declared = {"allowed": True, "model": "m-q", **DECLARED[name]}
     policy = HealPolicy.model_validate({"quantizedFallback": declared})
     shape = fallback_shape(policy, config_shape("llama-3.1-8b"))
-    est = _estimate(name, replace(shape))
+    est = _estimate(name, replace(shape), declared["method"])  # (the --quantization a switch writes)
     assert est.weights_gib == pytest.approx(_printed(name, r"Model loading took ([\d.]+) GiB"), abs=0.07)
     assert est.kv_cache_gib == pytest.approx(_printed(name, r"Available KV cache memory: ([\d.]+) GiB"), rel=0.01)

@@ -74,7 +74,7 @@ def weights_bytes_per_gpu(
     quant = quantization or shape.quantization
     linear = QUANT_BYTES.get(quant, dense) if quant else dense
     if quant and same_method(quant, shape.quantization) and shape.quant_bits:  # the checkpoint's own width
-        linear = quantized_bytes(shape.quant_bits, shape.quant_group, quant, capability)
+        linear = quantized_bytes(shape.quant_bits, shape.quant_group, quant, capability, shape.quant_float)
     per_stage = math.ceil(shape.layers / pp)
     layers = shape.stack_params(per_stage)
     experts = 0.0

@@ -9,25 +9,12 @@ the memory model sees it, and a failure is a ModelConfigError whose message name
 from __future__ import annotations
 
 import json
-import math
-from dataclasses import dataclass
 from typing import Any
 
+from .config_field import ConfigField, ModelConfigError, integer, where
+from .quant_config import quantization
+
 MAX_CONFIG_BYTES = 1 << 20  # real config.json files are a few KiB; a ConfigMap holds at most 1 MiB
-
-
-class ModelConfigError(ValueError):
-    """The config cannot be used; the message says which field and why."""
-
-
-@dataclass(frozen=True)
-class ConfigField:
-    name: str  # as config.json spells it
-    low: int
-    high: int
-    description: str
-    aliases: tuple[str, ...] = ()  # older spellings the memory model also reads
-    required: bool = False
 
 
 # Ranges: wide enough for every published model (layers: Llama-3.1-405B 126; hidden: 16384 and
@@ -166,23 +153,6 @@ def derived_positions(config: dict[str, Any]) -> int:
     return int(given if isinstance(given, (int, float)) and given else min(found, default=0))
 
 
-def _where(field: str, source: str) -> str:
-    return f"{source}: {field}" if source else field
-
-
-def _integer(value: Any, field: ConfigField, key: str, source: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ModelConfigError(f"{_where(key, source)} must be a whole number, got {json.dumps(value)[:40]}")
-    if isinstance(value, float) and (not math.isfinite(value) or not value.is_integer()):
-        raise ModelConfigError(f"{_where(key, source)} must be a whole number, got {value!r}")
-    if not field.low <= value <= field.high:
-        shown = f"{value:g}" if isinstance(value, float) else str(value)
-        if len(shown) > 24:  # a number of a thousand digits is named, not quoted
-            shown = f"{shown[:8]}... ({len(shown)} digits)"
-        raise ModelConfigError(f"{_where(key, source)} is {shown}; real models have {field.low} to {field.high:,}")
-    return int(value)
-
-
 def _text(config: dict[str, Any], source: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, limit in STRINGS.items():
@@ -190,7 +160,7 @@ def _text(config: dict[str, Any], source: str) -> dict[str, Any]:
         if value is None:
             continue
         if not isinstance(value, str) or len(value) > limit:
-            raise ModelConfigError(f"{_where(key, source)} must be a string of at most {limit} characters")
+            raise ModelConfigError(f"{where(key, source)} must be a string of at most {limit} characters")
         out[key] = value
     archs = config.get("architectures")
     if archs is not None:
@@ -200,21 +170,21 @@ def _text(config: dict[str, Any], source: str) -> dict[str, Any]:
             or not all(isinstance(a, str) and 0 < len(a) <= MAX_NAME for a in archs)
         ):
             raise ModelConfigError(
-                f"{_where('architectures', source)} must be a list of at most {MAX_ARCHITECTURES} names"
+                f"{where('architectures', source)} must be a list of at most {MAX_ARCHITECTURES} names"
             )
         out["architectures"] = list(archs)
     for key in BOOLEANS:
         if config.get(key) is not None:
             if not isinstance(config[key], bool):
-                raise ModelConfigError(f"{_where(key, source)} must be true or false")
+                raise ModelConfigError(f"{where(key, source)} must be true or false")
             out[key] = config[key]
     pattern = config.get("sliding_window_pattern")
     if isinstance(pattern, str):
         if len(pattern) > MAX_NAME:
-            raise ModelConfigError(f"{_where(PATTERN.name, source)} must be at most {MAX_NAME} letters")
+            raise ModelConfigError(f"{where(PATTERN.name, source)} must be at most {MAX_NAME} letters")
         out[PATTERN.name] = pattern
     elif pattern is not None:
-        out[PATTERN.name] = _integer(pattern, PATTERN, PATTERN.name, source)
+        out[PATTERN.name] = integer(pattern, PATTERN, PATTERN.name, source)
     for key in LAYER_LISTS:
         types = config.get(key)
         if types is None:
@@ -224,86 +194,20 @@ def _text(config: dict[str, Any], source: str) -> dict[str, Any]:
             or len(types) > MAX_LAYER_TYPES
             or not all(isinstance(t, str) and len(t) <= MAX_NAME for t in types)
         ):
-            raise ModelConfigError(f"{_where(key, source)} must be a list of at most {MAX_LAYER_TYPES} names")
+            raise ModelConfigError(f"{where(key, source)} must be a list of at most {MAX_LAYER_TYPES} names")
         out[key] = list(types)
     indices = config.get("attn_layer_indices")
     if indices is not None:
         index = ConfigField("attn_layer_indices[]", 0, MAX_LAYER_TYPES - 1, "")
         if not isinstance(indices, list) or len(indices) > MAX_LAYER_TYPES:
             raise ModelConfigError(
-                f"{_where('attn_layer_indices', source)} must be a list of at most {MAX_LAYER_TYPES} layers"
+                f"{where('attn_layer_indices', source)} must be a list of at most {MAX_LAYER_TYPES} layers"
             )
-        out["attn_layer_indices"] = [_integer(i, index, "attn_layer_indices[]", source) for i in indices]
-    quant = config.get("quantization_config")
-    if quant is not None:
-        method = quant.get("quant_method") if isinstance(quant, dict) else None
-        if not isinstance(quant, dict) or (method is not None and (not isinstance(method, str) or len(method) > 64)):
-            raise ModelConfigError(
-                f"{_where('quantization_config', source)} must be an object whose quant_method is a short string"
-            )
-        if method:
-            out["quantization_config"] = {"quant_method": method}
-            bits = _bits(quant, source)
-            if bits is not None:
-                out["quantization_config"]["bits"] = bits
-            group = _group(quant, source)
-            if group is not None:
-                out["quantization_config"]["group_size"] = group
-            block = quant.get("weight_block_size")  # (block-wise fp8: [block_n, block_k]; a split must divide)
-            if isinstance(block, list) and len(block) == 2:
-                field = ConfigField("quantization_config.weight_block_size[]", 1, 65536, "")
-                where = "quantization_config.weight_block_size[]"
-                out["quantization_config"]["weight_block_size"] = [_integer(b, field, where, source) for b in block]
+        out["attn_layer_indices"] = [integer(i, index, "attn_layer_indices[]", source) for i in indices]
+    quant = quantization(config.get("quantization_config"), source)
+    if quant:
+        out["quantization_config"] = quant
     return out
-
-
-MAX_GROUPS = 64
-
-
-def _bits(quant: dict[str, Any], source: str) -> int | None:
-    """Bits per quantized weight: GPTQ/AWQ's `bits` (`w_bit`), or compressed-tensors' config_groups
-    weights num_bits when every group agrees (mixed widths: None, the method's usual width)."""
-    field = ConfigField("quantization_config.bits", 1, 32, "Bits per weight.")
-    for key in ("bits", "w_bit"):
-        if quant.get(key) is not None:
-            return _integer(quant[key], field, f"quantization_config.{key}", source)
-    groups = quant.get("config_groups")
-    if not isinstance(groups, dict) or not 0 < len(groups) <= MAX_GROUPS:
-        return None
-    widths = set()
-    for group in groups.values():
-        weights = group.get("weights") if isinstance(group, dict) else None
-        value = weights.get("num_bits") if isinstance(weights, dict) else None
-        if value is None:
-            return None
-        widths.add(_integer(value, field, "quantization_config.config_groups.weights.num_bits", source))
-    return widths.pop() if len(widths) == 1 else None
-
-
-# Weights a quantization scale serves: -1 is one per output channel, 0 is no group at all (refused)
-GROUP_FIELD = ConfigField("quantization_config.group_size", -1, 65536, "Weights a quantization scale serves.")
-GROUP_RULE = "-1 (a scale per output channel) or a positive group"
-
-
-def _group(quant: dict[str, Any], source: str) -> int | None:
-    """Weights a quantization scale serves: GPTQ/AWQ's `group_size` (`q_group_size`), or compressed-tensors'
-    config_groups weights group_size when every group agrees; -1 is a scale per output channel."""
-    value = next((quant[key] for key in ("group_size", "q_group_size") if quant.get(key) is not None), None)
-    groups = quant.get("config_groups")
-    if value is None and isinstance(groups, dict) and 0 < len(groups) <= MAX_GROUPS:
-        weights = [
-            g["weights"] if isinstance(g, dict) and isinstance(g.get("weights"), dict) else {} for g in groups.values()
-        ]
-        sizes = [w.get("group_size") for w in weights]  # (a list: a tenant's value may be unhashable)
-        # (float formats, NVFP4's and MXFP4's, keep a one-byte scale a group and no zero: not the group formula)
-        ints = all(w.get("type", "int") == "int" for w in weights)
-        value = sizes[0] if ints and all(size == sizes[0] for size in sizes) else None
-    if value is None:
-        return None
-    group = _integer(value, GROUP_FIELD, "quantization_config.group_size", source)
-    if group == 0:
-        raise ModelConfigError(f"{_where('quantization_config.group_size', source)} must be {GROUP_RULE}")
-    return group
 
 
 def check(config: Any, source: str = "", config_file: bool = False) -> dict[str, Any]:
@@ -314,21 +218,21 @@ def check(config: Any, source: str = "", config_file: bool = False) -> dict[str,
         raise ModelConfigError(f"{source or 'the model config'} must be a JSON object")
     text = config.get("text_config")
     if text is not None and not isinstance(text, dict):
-        raise ModelConfigError(f"{_where('text_config', source)} must be an object")
+        raise ModelConfigError(f"{where('text_config', source)} must be an object")
     merged = {**{k: v for k, v in config.items() if k != "text_config"}, **(text or {})}
     out = _text(merged, source)
     for field in FIELDS:
         for key in (field.name, *field.aliases):
             if merged.get(key) is not None:
-                out[field.name] = _integer(merged[key], field, key, source)
+                out[field.name] = integer(merged[key], field, key, source)
                 break
         else:
             if field.required:
-                raise ModelConfigError(f"{_where(field.name, source)} is missing; it is needed to size the model")
+                raise ModelConfigError(f"{where(field.name, source)} is missing; it is needed to size the model")
     positions = BY_NAME["max_position_embeddings"]
     lengths = {k: merged[k] for k in (positions.name, *positions.aliases) if merged.get(k) is not None}
     for key, value in lengths.items():  # (each name vLLM reads, checked: it may be the one it takes)
-        _integer(value, positions, key, source)
+        integer(value, positions, key, source)
     if lengths:
         out["max_position_embeddings"] = derived_positions(lengths)
     if _multi_query(out):
@@ -336,20 +240,20 @@ def check(config: Any, source: str = "", config_file: bool = False) -> dict[str,
     heads, kv_heads = out["num_attention_heads"], out.get("num_key_value_heads")
     if kv_heads is not None and kv_heads > heads:
         raise ModelConfigError(
-            f"{_where('num_key_value_heads', source)} ({kv_heads}) exceeds num_attention_heads ({heads})"
+            f"{where('num_key_value_heads', source)} ({kv_heads}) exceeds num_attention_heads ({heads})"
         )
     if "head_dim" not in out and out["hidden_size"] < heads:
         raise ModelConfigError(
-            f"{_where('hidden_size', source)} ({out['hidden_size']}) is smaller than "
+            f"{where('hidden_size', source)} ({out['hidden_size']}) is smaller than "
             f"num_attention_heads ({heads}) and no head_dim is given"
         )
     if out.get("num_experts_per_tok", 0) > out.get("num_local_experts", 0) > 0:
-        raise ModelConfigError(f"{_where('num_experts_per_tok', source)} exceeds num_local_experts")
+        raise ModelConfigError(f"{where('num_experts_per_tok', source)} exceeds num_local_experts")
     period = out.get("expert_layer_period") or 1
     if out.get("expert_layer_offset", 0) >= period > 1:
-        raise ModelConfigError(f"{_where('expert_layer_offset', source)} must be below expert_layer_period")
+        raise ModelConfigError(f"{where('expert_layer_offset', source)} must be below expert_layer_period")
     if out.get("first_k_dense_replace", 0) > out["num_hidden_layers"]:
-        raise ModelConfigError(f"{_where('first_k_dense_replace', source)} exceeds num_hidden_layers")
+        raise ModelConfigError(f"{where('first_k_dense_replace', source)} exceeds num_hidden_layers")
     from .model_sizable import positions_scaled, refuse_unsized  # (it reads this module's tables)
 
     refuse_unsized(merged, config, source, config_file)
@@ -364,30 +268,30 @@ def check(config: Any, source: str = "", config_file: bool = False) -> dict[str,
 def _vision(vision: Any, source: str) -> dict[str, Any]:
     """vision_config's fields, checked as the text model's are (VISION_FIELDS)."""
     if not isinstance(vision, dict):
-        raise ModelConfigError(f"{_where('vision_config', source)} must be an object")
+        raise ModelConfigError(f"{where('vision_config', source)} must be an object")
     out: dict[str, Any] = {}
     for field in VISION_FIELDS:
         for key in (field.name, *field.aliases):
             if vision.get(key) is not None:
-                out[field.name] = _integer(vision[key], field, f"vision_config.{key}", source)
+                out[field.name] = integer(vision[key], field, f"vision_config.{key}", source)
                 break
     act = vision.get("hidden_act")
     if act is not None:
         if not isinstance(act, str) or len(act) > STRINGS["hidden_act"]:
-            raise ModelConfigError(f"{_where('vision_config.hidden_act', source)} must be a short string")
+            raise ModelConfigError(f"{where('vision_config.hidden_act', source)} must be a short string")
         out["hidden_act"] = act
     ratio = vision.get("mlp_ratio")
     if ratio is not None:
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= MAX_MLP_RATIO:
             raise ModelConfigError(
-                f"{_where('vision_config.mlp_ratio', source)} must be a number in (0, {MAX_MLP_RATIO}]"
+                f"{where('vision_config.mlp_ratio', source)} must be a number in (0, {MAX_MLP_RATIO}]"
             )
         out["mlp_ratio"] = float(ratio)
     stack = vision.get("deepstack_visual_indexes")
     if stack is not None:
         if not isinstance(stack, list) or len(stack) > MAX_DEEPSTACK:
             raise ModelConfigError(
-                f"{_where('vision_config.deepstack_visual_indexes', source)} must be a list of at most {MAX_DEEPSTACK}"
+                f"{where('vision_config.deepstack_visual_indexes', source)} must be a list of at most {MAX_DEEPSTACK}"
             )
         out["deepstack_visual_indexes"] = [i for i in stack if isinstance(i, int) and not isinstance(i, bool)]
     return out

@@ -97,6 +97,7 @@ class ModelShape:
     quantization: str | None = None
     quant_bits: int | None = None  # bits per quantized weight, where the checkpoint's config says
     quant_group: int | None = None  # weights a scale of them serves (-1: one per output channel), where it says
+    quant_float: bool = False  # float weights (NVFP4, MXFP4, FP8): a one-byte scale a group, no zero point
     weight_block: tuple[int, int] | None = None  # block-wise fp8's [block_n, block_k]: each rank's slices divide
     # MoE in every `moe_period`-th layer only, at index % moe_period == moe_offset (Llama 4's
     # interleave_moe_layer_step, Qwen-MoE's decoder_sparse_step, Jamba's expert_layer_period)
@@ -376,6 +377,7 @@ def shape_from_config(config: dict[str, Any]) -> ModelShape:
         quantization=quant,
         quant_bits=whole(quant_config.get("bits")),
         quant_group=-1 if quant_config.get("group_size") == -1 else whole(quant_config.get("group_size")),
+        quant_float=quant_config.get("weights_type") == "float",
         weight_block=tuple(block) if isinstance(block := quant_config.get("weight_block_size"), list) else None,
         moe_period=period,
         moe_offset=offset,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .model_config import ModelConfigError, _where
+from .config_field import ModelConfigError, where
 from .model_layers import mamba_layers_of, mlp_of
 
 # Encoder-only models (embeddings, classifiers): vLLM keeps no KV cache for them, and the memory model
@@ -51,27 +51,27 @@ def refuse_unsized(merged: dict[str, Any], config: dict[str, Any], source: str, 
     # (a whole config.json names its MLP's width; an inline description of some fields may leave it out)
     if config_file and not mlp_of(merged, hidden)[0] and not experts and not mambas:
         raise ModelConfigError(
-            f"{_where('intermediate_size', source)} is missing or 0 for a {kind} model, whose MLP the memory model "
+            f"{where('intermediate_size', source)} is missing or 0 for a {kind} model, whose MLP the memory model "
             "then cannot size"
         )
     mamba2 = merged.get("mamba_num_heads") or merged.get("mamba_n_heads")
     if isinstance(kind, str) and mambas and not mamba2 and not merged.get("linear_num_value_heads"):  # (a type named)
         raise ModelConfigError(
-            f"{_where('mamba_num_heads', source)} is missing: the model's {mambas} Mamba layers are not Mamba-2 or "
+            f"{where('mamba_num_heads', source)} is missing: the model's {mambas} Mamba layers are not Mamba-2 or "
             "Gated DeltaNet, whose state alone the memory model sizes"
         )
     placed = next((k for k in MAMBA_DIMS if merged.get(k)), None)
     if placed and isinstance(kind, str) and not mambas:  # (Falcon-H1 runs a Mamba mixer beside every attention)
         raise ModelConfigError(
-            f"{_where(placed, source)} describes Mamba mixers that no field places in the layers (a {kind} model): "
+            f"{where(placed, source)} describes Mamba mixers that no field places in the layers (a {kind} model): "
             "the model cannot be sized"
         )
     for key, what in UNSIZED_LAYERS.items():
         if merged.get(key) is not None or config.get(key) is not None:
-            raise ModelConfigError(f"{_where(key, source)} describes {what}: the model cannot be sized")
+            raise ModelConfigError(f"{where(key, source)} describes {what}: the model cannot be sized")
     unread = next((k for k in UNREAD_VISION_KEYS if config.get(k) is not None), None)
     if unread is not None and config.get("vision_config") is None:
         raise ModelConfigError(
-            f"{_where(unread, source)} describes a vision encoder the memory model does not read "
+            f"{where(unread, source)} describes a vision encoder the memory model does not read "
             "(only vision_config is counted): the model cannot be sized"
         )

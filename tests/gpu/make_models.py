@@ -64,6 +64,20 @@ CT_WEIGHTS = {"type": "int", "symmetric": True, "strategy": "group", "group_size
 CT_GROUP = {"targets": ["Linear"], "input_activations": None, "output_activations": None}
 CT = {"quant_method": "compressed-tensors", "format": "pack-quantized", "ignore": ["lm_head"]}
 CT |= {"quantization_status": "compressed", "kv_cache_scheme": None}
+# Float 4-bit formats (one fp8 or e8m0 scale a group, no zero point): llm-compressor's NVFP4 (W4A4) and
+# NVFP4A16 (groups of 16, tensor_group, a global scale a tensor) and MXFP4 (groups of 32), and ModelOpt's
+# NVFP4 as its older exports write it (quant_algo, no config_groups); on an H100 vLLM runs them on Marlin.
+FP4 = {"num_bits": 4, "type": "float", "symmetric": True, "dynamic": False}
+NVFP4_ARGS = {**FP4, "strategy": "tensor_group", "group_size": 16}
+NVFP4 = {"weights": NVFP4_ARGS, "input_activations": {**NVFP4_ARGS, "dynamic": "local"}}
+MXFP4_ARGS = {**FP4, "strategy": "group", "group_size": 32}
+MXFP4 = {"weights": MXFP4_ARGS, "input_activations": {**MXFP4_ARGS, "dynamic": True}}
+# (ModelOpt's config.json names the layers it left out `ignore`; its older hf_quant_config.json nests the
+# rest under `quantization` and names them `exclude_modules`: a session-37 run that named them so at the top
+# level had its lm_head quantized too, 0.7 GiB less)
+MODELOPT_NVFP4 = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16, "ignore": ["lm_head"]}
+NESTED = {"quant_algo": "NVFP4", "group_size": 16, "exclude_modules": ["lm_head"], "kv_cache_quant_algo": None}
+MODELOPT_NVFP4_NESTED = {"quant_method": "modelopt", "producer": {"name": "modelopt"}, "quantization": NESTED}
 QUANTIZED = {
     "llama-3.1-8b-awq4": {**AWQ, "bits": 4},
     "llama-3.1-8b-gptq4": {**GPTQ, "bits": 4, "group_size": 128},
@@ -71,6 +85,15 @@ QUANTIZED = {
     "llama-3.1-8b-gptq4-g32": {**GPTQ, "bits": 4, "group_size": 32},
     "llama-3.1-8b-w4a16": {**CT, "config_groups": {"group_0": {**CT_GROUP, "weights": {**CT_WEIGHTS, "num_bits": 4}}}},
     "llama-3.1-8b-w8a16": {**CT, "config_groups": {"group_0": {**CT_GROUP, "weights": {**CT_WEIGHTS, "num_bits": 8}}}},
+    "llama-3.1-8b-nvfp4": {**CT, "format": "nvfp4-pack-quantized", "config_groups": {"group_0": {**CT_GROUP, **NVFP4}}},
+    "llama-3.1-8b-nvfp4a16": {
+        **CT,
+        "format": "nvfp4-pack-quantized",
+        "config_groups": {"group_0": {**CT_GROUP, "weights": NVFP4["weights"]}},
+    },
+    "llama-3.1-8b-mxfp4": {**CT, "format": "mxfp4-pack-quantized", "config_groups": {"group_0": {**CT_GROUP, **MXFP4}}},
+    "llama-3.1-8b-modelopt-nvfp4": MODELOPT_NVFP4,
+    "llama-3.1-8b-modelopt-nvfp4-nested": MODELOPT_NVFP4_NESTED,
 }
 
 

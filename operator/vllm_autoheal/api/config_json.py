@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from .. import model_config as mc
+from ..quant_config import GROUP_FIELD, GROUP_RULE, MODELOPT_ALGOS
 from .schema import Model, cel, rule
 
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
@@ -20,16 +21,21 @@ class ConfigJsonBase(BaseModel):
 
 
 class QuantizationConfig(ConfigJsonBase):
-    model_config = cel(rule("!has(self.group_size) || self.group_size != 0", f"must be {mc.GROUP_RULE}", ".group_size"))
+    model_config = cel(rule("!has(self.group_size) || self.group_size != 0", f"must be {GROUP_RULE}", ".group_size"))
     quant_method: str | None = Field(None, max_length=64, description="The checkpoint's quantization method.")
     bits: int | None = Field(
         None, ge=1, le=32, description="Bits per quantized weight (compressed-tensors: its weights' num_bits)."
     )
     group_size: int | None = Field(
         None,
-        ge=mc.GROUP_FIELD.low,
-        le=mc.GROUP_FIELD.high,
+        ge=GROUP_FIELD.low,
+        le=GROUP_FIELD.high,
         description="Weights a quantization scale serves (compressed-tensors: its weights' group_size; -1: per channel).",
+    )
+    quant_algo: str | None = Field(
+        None,
+        max_length=64,
+        description=f"ModelOpt's algorithm (its width, float weights: {', '.join(MODELOPT_ALGOS)}; others not weighed).",
     )
 
 

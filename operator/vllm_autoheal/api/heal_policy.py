@@ -7,7 +7,7 @@ from typing import Literal, get_args
 
 from pydantic import Field
 
-from ..model_config import GROUP_FIELD, GROUP_RULE
+from ..quant_config import GROUP_FIELD, GROUP_RULE
 from .engine_args import MAX_GPU_BYTES, MAX_OFFLOAD_GIB, MAX_SEQS, MAX_TOKENS, Quantization
 from .schema import NOT_A_FLAG, QUANTITY_PATTERN, Model, cel, nested, rule
 
@@ -95,6 +95,9 @@ WIDTHS = {
     "bitsandbytes": (4, 8),
     "compressed-tensors": (4, 8),
 }
+# Methods whose checkpoints may hold float weights (NVFP4 and MXFP4 at 4 bits, FP8 and MXFP8 at 8): a
+# one-byte scale a group and no zero point, lighter than an integer format's group of the same size.
+FLOAT_WEIGHTS = ("compressed-tensors",)
 
 
 class QuantizedFallback(Model):
@@ -113,6 +116,14 @@ class QuantizedFallback(Model):
         ),
         rule("!has(self.groupSize) || has(self.bits)", "groupSize goes with bits", ".groupSize"),
         rule("!has(self.groupSize) || self.groupSize != 0", f"groupSize must be {GROUP_RULE}", ".groupSize"),
+        rule(
+            "!has(self.weightType) || self.weightType == 'int' || (has(self.bits) && ("
+            + " || ".join(f"self.method == '{m}'" for m in FLOAT_WEIGHTS)
+            + "))",
+            f"weightType float goes with bits, and only {', '.join(FLOAT_WEIGHTS)} checkpoints hold float weights "
+            "of a declared width",
+            ".weightType",
+        ),
     )
     allowed: bool = Field(False, description="May a heal switch to the quantized model?")
     model: str | None = Field(
@@ -140,6 +151,14 @@ class QuantizedFallback(Model):
             "and llm-compressor's W4A16; one scale per channel for compressed-tensors and bitsandbytes at 8 "
             "bits; blocks of 64 for bitsandbytes at 4. A checkpoint in other groups (gptq-4bit-32g) must say "
             "so, or its scales are under-counted."
+        ),
+    )
+    weight_type: Literal["int", "float"] | None = Field(
+        None,
+        description=(
+            "The number format of the checkpoint's weights (its config's config_groups weights type), with "
+            "bits: float for NVFP4 and MXFP4 (a one-byte scale a group of 16 or 32, no zero point) or FP8. "
+            "Unset: int. Unset groupSize for float: 16 (NVFP4) at 4 bits, one scale per channel at 8."
         ),
     )
 

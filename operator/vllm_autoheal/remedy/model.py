@@ -103,8 +103,11 @@ def fallback_shape(policy: HealPolicy, shape: ModelShape | None, own: bool = Fal
     if fallback.method in FIXED_WIDTH:
         return shape
     if fallback.bits:
-        group = fallback.group_size or default_group(fallback.method, fallback.bits)
-        return replace(shape, quantization=fallback.method, quant_bits=fallback.bits, quant_group=group)
+        floats = fallback.weight_type == "float"
+        group = fallback.group_size or default_group(fallback.method, fallback.bits, floats)
+        return replace(
+            shape, quantization=fallback.method, quant_bits=fallback.bits, quant_group=group, quant_float=floats
+        )
     return shape if own and same_method(fallback.method, shape.quantization) and shape.quant_bits else None
 
 
