@@ -161,11 +161,7 @@ def test_awq_zero_points_stay_packed_off_hopper():
     assert _gib(awq, capability=(8, 9)) == pytest.approx(_gib(gptq, capability=(8, 9)), abs=0.1)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="An AWQ MoE's experts are counted with fp16 zero points; the Marlin MoE kernel keeps them packed: 2.55 GiB over for Qwen3-235B-A22B.",
-)
-def test_awq_moe_experts_keep_packed_zero_points():
+def test_awq_moe_experts_keep_packed_zero_points():  # (a strict xfail until session 37)
     """Severity: low (an overcount, also fed to the classifier). auto_awq.AutoAWQMoEMethod holds
     w13_qzeros/w2_qzeros int32 packed and int_wna16._process_awq_weights_marlin keeps them so, even on
     an H100; only the dense linears go through Machete.

@@ -73,11 +73,15 @@ def weights_bytes_per_gpu(
     dense = DTYPE_BYTES.get(dtype or "auto", 2.0) if dtype not in (None, "auto") else shape.served_bytes
     quant = quantization or shape.quantization
     linear = QUANT_BYTES.get(quant, dense) if quant else dense
-    if quant and same_method(quant, shape.quantization) and shape.quant_bits:  # the checkpoint's own width
-        linear = quantized_bytes(shape.quant_bits, shape.quant_group, quant, capability, shape.quant_float)
     per_stage = math.ceil(shape.layers / pp)
     layers = shape.stack_params(per_stage)
-    experts = 0.0
+    experts = expert_zeros = 0.0
+    if quant and same_method(quant, shape.quantization) and shape.quant_bits:  # the checkpoint's own width
+        bits, group, floats = shape.quant_bits, shape.quant_group, shape.quant_float
+        linear = quantized_bytes(bits, group, quant, capability, floats)
+        routed = shape.moe_layer_count(per_stage) * shape.routed_expert_params() if shape.experts else 0
+        # (the Marlin MoE kernel keeps AWQ's expert zero points packed where Machete widens the dense ones)
+        expert_zeros = routed * (quantized_bytes(bits, group, quant, capability, floats, experts=True) - linear) / tp
     if quant in EXPERTS_ONLY and shape.experts:  # only the experts quantized (and padded), the rest dense
         experts = expert_bytes_per_gpu(shape, per_stage, tp, linear, capability)
         layers -= shape.moe_layer_count(per_stage) * shape.routed_expert_params()
@@ -91,6 +95,7 @@ def weights_bytes_per_gpu(
     return int(
         (layers * linear + embed * dense + vision * (linear if online_fp8 else dense)) / tp
         + experts
+        + expert_zeros
         + WEIGHT_BUFFERS_GIB * GIB
     )
 

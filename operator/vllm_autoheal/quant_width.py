@@ -28,6 +28,7 @@ def quantized_bytes(
     method: str | None = None,
     capability: tuple[int, int] | None = None,
     float_weights: bool = False,
+    experts: bool = False,
 ) -> float:
     """Bytes a weight of a linear layer quantized to `bits` in groups of `group` weights: the packed weight,
     and a group's fp16 scale and zero point, which vLLM loads at any width (gptq_marlin's scales [in/group,
@@ -37,12 +38,14 @@ def quantized_bytes(
     in groups of 32, 0.57 B; AWQ 4 bits in groups of 128, 0.54 B. `group` -1: a scale per output channel, a
     negligible share; None (the config does not say): the scales of groups of 128 below 8 bits.
     `float_weights`: a float format (NVFP4, MXFP4, FP8), whose group keeps a one-byte scale (fp8 e4m3 or
-    e8m0, kept so by the Marlin fp4 path) and no zero point; below 8 bits with no group, NVFP4's 16."""
+    e8m0, kept so by the Marlin fp4 path) and no zero point; below 8 bits with no group, NVFP4's 16.
+    `experts`: an MoE's routed experts, which the Marlin MoE kernel runs at any capability (AWQ's zero
+    points stay packed: auto_awq.AutoAWQMoEMethod's w13_qzeros and w2_qzeros, int32)."""
     if float_weights:
         group = group or default_group(method or "", bits, float_weights)
         return bits / 8 + (1 / group if group > 0 else 0.0)
     if group is None:
         return bits / 8 + (GROUP_SCALE_BYTES if bits < 8 else 0.0)
-    machete = capability in (None, (9, 0))
+    machete = capability in (None, (9, 0)) and not experts
     zero = 2 if method is not None and method.startswith("awq") and machete else bits / 8
     return bits / 8 + ((2 + zero) / group if group > 0 else 0.0)
