@@ -12,7 +12,8 @@ from collections.abc import Callable
 
 from . import __version__
 from .api import EngineArgs
-from .cli_commands import bundled_examples, run_crd, run_diagnose, run_operator, run_plan, run_render, run_serve
+from .cli_commands import bundled_examples, run_crd, run_diagnose, run_operator, run_plan, run_render
+from .cli_serve import run_serve
 from .diagnosis.figures import MAX_GIB
 from .diagnosis.termination import RANGES
 
@@ -302,6 +303,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="most CPU offload a heal may set (default: no more than the memory limit holds)",
     )
     p.add_argument("--max-tensor-parallel-size", type=int, default=None)
+    p.add_argument(
+        "--quantized-fallback",
+        metavar="MODEL",
+        help="a quantized checkpoint of the model (Hugging Face id or local path) to switch to when the weights "
+        "do not fit (spec.heal.quantizedFallback); with --quantized-fallback-method",
+    )
+    p.add_argument("--quantized-fallback-method", metavar="METHOD", help="its quantization method (awq_marlin, ...)")
+    p.add_argument(
+        "--quantized-fallback-bits",
+        type=int,
+        metavar="N",
+        help="its bits a weight, where the method leaves them open: the heal weighs it before switching",
+    )
+    p.add_argument(
+        "--quantized-fallback-group-size", type=int, metavar="G", help="weights a scale serves (-1: a channel)"
+    )
+    p.add_argument("--quantized-fallback-weight-type", choices=("int", "float"), help="float: NVFP4, MXFP4 (with bits)")
     p.add_argument(
         "--history", metavar="PATH", help="JSON-lines history (default: $XDG_STATE_HOME/vllm-autoheal/history.jsonl)"
     )

@@ -28,10 +28,11 @@ from .engine_death import DeathWatch, engine_dead, health_status
 from .gpu_probe import snapshot
 from .launcher import OutputKeeper, pump
 from .model_shape import ModelShape
-from .remedy import plan_heal
+from .remedy import Remedy, plan_heal
+from .remedy.model import running_shape
 from .remedy_gate import Limits, fingerprint
 from .serve_client import base_url, complete_one
-from .serve_history import append_record, read_records, recorded, remembered
+from .serve_history import append_record, read_records, recorded, remembered, run_model
 from .vllm_command import VllmUnavailable, vllm_start
 
 STOP_GRACE_S = 30.0
@@ -78,6 +79,7 @@ class Supervisor:
         self.failed: set[str] = set()
         self.start = vllm_start(opts.python)
         self.baseline = opts.spec.engine
+        self.model = opts.model  # (the quantized fallback's, once a heal switched to it)
         self.key = shlex.join([opts.model, *redacted(to_command(opts.model, self.baseline)[3:])])
         self._shape: ModelShape | None = None
         self._shape_read = False
@@ -94,11 +96,19 @@ class Supervisor:
         if self.opts.fresh:
             return self.baseline
         limits = Limits(self.opts.spec.heal.bounds, memory_limit_bytes=cgroups.memory_limit())
-        engine, why_not = remembered(read_records(self.opts.history_path, self.key), self.baseline, limits)
+        records = read_records(self.opts.history_path, self.key)
+        model, baseline, why_not = run_model(records, self.opts.model, self.baseline, self.opts.spec.heal)
+        if why_not:
+            self.say(f"not using the flags in the history {self.opts.history_path}: {why_not}")
+            return self.baseline
+        engine, why_not = remembered(records, baseline, limits)
         if engine is None:
             if why_not:
                 self.say(f"not using the flags in the history {self.opts.history_path}: {why_not}")
             return self.baseline
+        if model != self.model:
+            self.model = model
+            self.say(f"using the quantized fallback {model}, which worked last time")
         self.say(f"using the flags that worked last time (history {self.opts.history_path}): {describe(engine)}")
         return engine
 
@@ -106,7 +116,7 @@ class Supervisor:
         rec = {
             "time": datetime.now(UTC).isoformat(timespec="seconds"),
             "key": self.key,
-            "model": self.opts.model,
+            "model": self.model,
             **fields,
         }
         if problem := append_record(self.opts.history_path, rec):
@@ -115,7 +125,7 @@ class Supervisor:
     # --- one engine start ----------------------------------------------------------
     def command(self, engine: EngineArgs) -> list[str]:
         return to_command(
-            self.opts.model,
+            self.model,
             engine,
             api_server_module=self.start.api_server_module,
             vllm_command=self.start.vllm_command,
@@ -190,7 +200,7 @@ class Supervisor:
         return health_status(self.health_url) == 200
 
     def complete_one(self) -> bool:
-        name = self.opts.spec.served_model_name or self.opts.model
+        name = self.opts.spec.served_model_name or self.model
         ok, said = complete_one(self.base_url, name, self.opts.spec.engine.extra_args)
         self.say(f"completion ok: {said}" if ok else f"completion failed: {said}")
         return ok
@@ -239,8 +249,9 @@ class Supervisor:
         return self._shape
 
     def weights_gib(self, engine: EngineArgs) -> float | None:
-        """The model's weights on one GPU under these flags, where its shape is known."""
-        shape = self.model_shape()
+        """The model's weights on one GPU under these flags, where its shape is known (the quantized
+        fallback's at the width its method fixes or the policy declares, once it runs)."""
+        shape = running_shape(self.opts.spec, self.model, engine, self.model_shape())[1]
         if shape is None:
             return None
         try:
@@ -250,11 +261,22 @@ class Supervisor:
         except Exception:  # noqa: BLE001 - a model we cannot size only leaves an OOM unplaced
             return None
 
+    def plan(
+        self, diag: Any, heals: list[dict[str, Any]], inventory: Any, engine: EngineArgs, exclude: set[str]
+    ) -> Remedy:
+        """The next change, for the model that runs now (the primary's shape: the fallback's is weighed from it
+        and the width the policy declares, as the operator does)."""
+        return plan_heal(
+            self.opts.spec, diag, heals, inventory, engine, failed=self.failed, exclude=exclude, model=self.model
+        )
+
     # --- the loop --------------------------------------------------------------------
     def serve(self) -> int:
         engine = self.first_engine()
         heals = self.heals
-        last: tuple[Any, EngineArgs, int] | None = None  # the crash a heal answered, its flags, how far it got
+        last: tuple[Any, EngineArgs, int, str] | None = (
+            None  # the crash a heal answered, its flags and model, how far it got
+        )
         exclude: set[str] = set()
         while True:
             if health_status(self.health_url) is not None:  # (its answers would be taken for this vLLM's)
@@ -285,7 +307,7 @@ class Supervisor:
                 )
             )
             if diag.is_memory:  # the gate never goes back to settings that crashed of memory
-                self.failed.add(fingerprint(self.opts.model, engine, None))
+                self.failed.add(fingerprint(self.model, engine, None))
             progress = PROGRESS.get(diag.phase, -1)
             if last is not None and heals and (progress < last[2] or (last[0].is_memory and not diag.is_memory)):
                 # The change made it worse (an earlier failure, or a new non-memory crash with the new
@@ -302,15 +324,15 @@ class Supervisor:
                     evidence=diag.evidence,
                 )
                 exclude.add(heals[-1]["action"])
-                diag, engine = last[0], last[1]
+                diag, engine, self.model = last[0], last[1], last[3]
             inventory = serve_sizing.inventory(at_start, gpu, engine, self.model_shape(), diag, os.environ)
-            remedy = plan_heal(self.opts.spec, diag, heals, inventory, engine, failed=self.failed, exclude=exclude)
+            remedy = self.plan(diag, heals, inventory, engine, exclude)
             for _ in range(3):  # (a split onto GPUs another process holds more of is sized by what they leave)
                 fuller = serve_sizing.onto_fuller_gpus(remedy, engine, inventory, at_start, os.environ)
                 if fuller is None:
                     break
                 inventory = fuller
-                remedy = plan_heal(self.opts.spec, diag, heals, inventory, engine, failed=self.failed, exclude=exclude)
+                remedy = self.plan(diag, heals, inventory, engine, exclude)
             evidence = diag.evidence[0][:200] if diag.evidence else "no evidence line"
             if remedy.gives_up:
                 self.say(
@@ -328,7 +350,7 @@ class Supervisor:
                 )
                 return 1
             before = engine
-            last = (diag, before, PROGRESS.get(diag.phase, -1))
+            last = (diag, before, PROGRESS.get(diag.phase, -1), self.model)
             engine = remedy.apply(engine)
             self.say(f"healed {diag.cause}: {evidence} -> {remedy.flags()} ({remedy.reason})")
             heal: dict[str, Any] = {"cause": diag.cause, "action": remedy.action, "numbers": diag.numbers}
@@ -345,6 +367,8 @@ class Supervisor:
                 after=recorded(engine),
                 gpu_free_gib=inventory.gpu_free_gib,  # (what sized it, as the operator's heal record keeps it)
             )
+            if isinstance(switched := remedy.changes.get("model"), str):  # (Quantize: the fallback from now on)
+                self.model = switched
 
     def on_healthy(self, engine: EngineArgs) -> None:
         heals = self.heals

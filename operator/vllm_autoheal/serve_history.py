@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .api import EngineArgs
+from .api import EngineArgs, HealPolicy
 from .engine import redacted
 from .remedy_gate import CALLS_FOR, Limits, batch_below_seqs, bounds_problem
 
@@ -94,3 +94,19 @@ def remembered(
     if problem := bounds_problem(changes, engine, limits):
         return None, problem
     return engine, None
+
+
+def run_model(
+    records: list[dict[str, Any]], model: str, baseline: EngineArgs, policy: HealPolicy
+) -> tuple[str, EngineArgs, str | None]:
+    """The model the newest healthy record ran, and the flags its own are weighed against: `model` and
+    `baseline`, or the quantized fallback a heal switched to with its method (the switch's flags), where the
+    policy still names it; else why the record is not used."""
+    healthy = [r for r in records if r.get("event") == "healthy"]
+    ran = healthy[-1].get("model") if healthy else None
+    if ran is None or ran == model:
+        return model, baseline, None
+    fallback = policy.quantized_fallback
+    if not (fallback.allowed and fallback.model and ran == fallback.model):
+        return model, baseline, "they ran another model, not the quantized fallback named now"
+    return fallback.model, baseline.model_copy(update={"quantization": fallback.method}), None

@@ -65,6 +65,12 @@ for scenario in "$@"; do
       CUDA_VISIBLE_DEVICES=0 serve capture "$L8" --gpu-memory-utilization 0.995 --max-model-len 8192 ;;
     seqs)  # 131072 sequences: the sampler warm-up runs out (row 4)
       CUDA_VISIBLE_DEVICES=0 serve seqs "$L8" --max-num-seqs 131072 --max-num-batched-tokens 131072 --max-model-len 8192 ;;
+    quantize-nvfp4)  # Llama-3.1-70B bf16 (141 GB) on one 80 GB card: the weights do not fit; switch to the
+      # NVFP4 checkpoint the options name, weighed (float, 4 bits) before the switch, with the context its
+      # cache holds in the same restart (session 37)
+      L70=$MODELS/llama-3.1-70b
+      CUDA_VISIBLE_DEVICES=0 serve quantize-nvfp4 "$L70" --enforce-eager --quantized-fallback "$L70-nvfp4" \
+        --quantized-fallback-method compressed-tensors --quantized-fallback-bits 4 --quantized-fallback-weight-type float ;;
     *) echo "unknown scenario $scenario" ;;
   esac
 done

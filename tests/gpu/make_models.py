@@ -97,9 +97,17 @@ QUANTIZED = {
 }
 
 
+# The quantized fallback's real heal (tests/gpu/heal_runs.sh quantize-nvfp4): Llama-3.1-70B in bf16 (141 GB, more
+# than one 80 GB card holds) and as llm-compressor's NVFP4.
+FALLBACKS = ("llama-3.1-70b",)
+QUANTIZED_70B = {"llama-3.1-70b-nvfp4": QUANTIZED["llama-3.1-8b-nvfp4"]}
+
+
 def build(root: Path, only: list[str]) -> None:
-    real = {name: json.loads((CONFIGS / f"{name}.json").read_text()) for name in WINDOWED + HYBRID + DENSE + UNSEEN}
+    names = WINDOWED + HYBRID + DENSE + UNSEEN + FALLBACKS
+    real = {name: json.loads((CONFIGS / f"{name}.json").read_text()) for name in names}
     quantized = {name: {**real["llama-3.1-8b"], "quantization_config": q} for name, q in QUANTIZED.items()}
+    quantized |= {name: {**real["llama-3.1-70b"], "quantization_config": q} for name, q in QUANTIZED_70B.items()}
     for name, config in (*real.items(), *quantized.items(), ("qwen2.5-72b", QWEN25_72B)):
         name = name.removeprefix("unseen/")
         if only and name not in only:
