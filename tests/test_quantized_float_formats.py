@@ -51,7 +51,7 @@ def _shape(quant: dict, base: str = "llama-3.1-8b"):
         (_ct(W4A16), 4, 16, False),
         (_ct(NVFP4, W4A16), 4, 16, False),  # (mixed formats: not read as float)
         ({"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16, "ignore": ["lm_head"]}, 4, 16, True),
-        ({"quant_method": "modelopt", "quantization": {"quant_algo": "nvfp4", "group_size": 16}}, 4, None, True),
+        ({"quant_method": "modelopt", "quantization": {"quant_algo": "nvfp4", "group_size": 16}}, 4, 16, True),
         ({"quant_method": "modelopt", "quant_algo": "FP8"}, 8, None, True),
         ({"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION"}, None, None, False),  # (per layer)
         ({"quant_method": "modelopt", "quant_algo": ["NVFP4"]}, None, None, False),  # (a tenant's list: not a name)

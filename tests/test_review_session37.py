@@ -1,8 +1,10 @@
 """Hostile review (session 37) of the float-format reading (quant_config.py, quant_width's float_weights,
 quantizedFallback.weightType): forged and odd quantization_configs, ModelOpt's other algorithms, mixed
 config_groups, a running fallback whose own config disagrees with its declaration. Ground truth: vLLM 0.25's
-source (/work/main/.gpu/dl/site/vllm) and the H100 runs in tests/fixtures/gpu/quantized-runs/. Each strict
-xfail is a defect found; the plain tests are attacks that were defended."""
+source (the vLLM 0.25 wheel) and the H100 runs in tests/fixtures/gpu/quantized-runs/. Five defects, six
+strict xfails when found, all fixed the same session (ModelOpt MXFP8's scales, mixed config_groups weighed at
+the heaviest, FP8_PB_WO's blocks, a running fallback's own float config, ModelOpt's kv_cache_quant_algo);
+the plain tests at the end are attacks that were defended."""
 
 from __future__ import annotations
 
@@ -50,10 +52,6 @@ def _ct(**groups: dict) -> dict:
     }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ModelOpt MXFP8 is weighed at 1 B a weight: its e8m0 scale per 32 weights (1/32 B) is not counted",
-)
 @pytest.mark.parametrize(
     "quant",
     [
@@ -79,10 +77,6 @@ def test_modelopt_mxfp8_counts_its_block_scales(quant):
     assert _gib(_shape(quant)) >= with_group - 0.05
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="NVFP4 and int4-g128 config_groups together are weighed at the group-less 4-bit guess, 0.531 B",
-)
 def test_mixed_nvfp4_and_int4_groups_weigh_at_least_the_heavier_format():
     """Severity: Medium (under-count).
     Input: a compressed-tensors Llama-3.1-70B whose config_groups quantize the MLP as NVFP4 (float, 4 bits,
@@ -100,10 +94,6 @@ def test_mixed_nvfp4_and_int4_groups_weigh_at_least_the_heavier_format():
     assert _gib(_shape(mixed)) >= 39.2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ModelOpt FP8_PB_WO's fixed 128x128 blocks are not kept: splits() allows a TP vLLM refuses to load",
-)
 def test_modelopt_fp8_per_block_splits_only_into_whole_blocks():
     """Severity: Medium (a heal proposes a tensor-parallel size the checkpoint cannot load: another crash).
     Input: a ModelOpt FP8_PB_WO checkpoint of a Qwen2.5-72B-shaped model (Llama-3.1-70B's config with
@@ -122,10 +112,6 @@ def test_modelopt_fp8_per_block_splits_only_into_whole_blocks():
     assert [tp for tp in (1, 2, 4, 8) if pb_wo.splits(tp)] == [1]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a running fallback declared 4 bits (weightType unset) is weighed int g128 though its config says NVFP4",
-)
 def test_a_running_fallback_whose_own_config_says_float_is_not_weighed_lighter():
     """Severity: Medium (under-count in every heal, pre-flight and the classifier once the fallback runs).
     Input: spec.heal.quantizedFallback {allowed, model: org/L70-NVFP4, method: compressed-tensors, bits: 4}
@@ -150,10 +136,6 @@ def test_a_running_fallback_whose_own_config_says_float_is_not_weighed_lighter()
     assert _gib(shape, quantization="compressed-tensors") >= _gib(own) - 0.05
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ModelOpt's kv_cache_quant_algo FP8 is not read: vLLM already runs an fp8 cache under auto",
-)
 def test_a_modelopt_fp8_kv_cache_is_not_promised_twice():
     """Severity: Medium (the fp8 KV remedy promises twice the cache tokens that vLLM already had).
     Input: a ModelOpt NVFP4 Llama-3.1-8B whose quantization_config names kv_cache_quant_algo "FP8" (nested

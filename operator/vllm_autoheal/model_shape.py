@@ -43,6 +43,7 @@ DTYPE_BYTES = {
     "fp8_inc": 1.0,
     "fp8_ds_mla": 1.0,
     "int8": 1.0,
+    "nvfp4": 0.5625,  # (4 bits and an fp8 scale a 16: torch_utils.nvfp4_kv_cache_full_dim)
 }
 # Bytes per parameter of quantized linear layers, group scales included, where the checkpoint's width is
 # not known: a group-quantized method at its usual 4 bits in its default group, as a declared fallback of
@@ -98,6 +99,7 @@ class ModelShape:
     quant_bits: int | None = None  # bits per quantized weight, where the checkpoint's config says
     quant_group: int | None = None  # weights a scale of them serves (-1: one per output channel), where it says
     quant_float: bool = False  # float weights (NVFP4, MXFP4, FP8): a one-byte scale a group, no zero point
+    auto_kv_dtype: str | None = None  # the cache vLLM runs under --kv-cache-dtype auto, where the config names one
     weight_block: tuple[int, int] | None = None  # block-wise fp8's [block_n, block_k]: each rank's slices divide
     # MoE in every `moe_period`-th layer only, at index % moe_period == moe_offset (Llama 4's
     # interleave_moe_layer_step, Qwen-MoE's decoder_sparse_step, Jamba's expert_layer_period)
@@ -282,6 +284,7 @@ class ModelShape:
 
     def kv_bytes_per_token(self, kv_dtype: str | None = None, tp: int = 1, pp: int = 1) -> int:
         """K and V of one token on one GPU (MLA keeps one compressed latent, replicated per rank)."""
+        kv_dtype = self.auto_kv_dtype if kv_dtype in (None, "auto") and self.auto_kv_dtype else kv_dtype
         width = DTYPE_BYTES.get(kv_dtype or "auto", 2.0) if kv_dtype not in (None, "auto") else self.served_bytes
         layers = math.ceil(self.attention_layers / pp)
         if self.is_mla:  # (and the sparse indexer's keys: fp8 with a float32 scale a 128, whatever the cache's dtype)
@@ -378,6 +381,7 @@ def shape_from_config(config: dict[str, Any]) -> ModelShape:
         quant_bits=whole(quant_config.get("bits")),
         quant_group=-1 if quant_config.get("group_size") == -1 else whole(quant_config.get("group_size")),
         quant_float=quant_config.get("weights_type") == "float",
+        auto_kv_dtype=kv if isinstance(kv := quant_config.get("kv_cache_dtype"), str) else None,
         weight_block=tuple(block) if isinstance(block := quant_config.get("weight_block_size"), list) else None,
         moe_period=period,
         moe_offset=offset,

@@ -7,23 +7,65 @@ from __future__ import annotations
 from typing import Any
 
 from .config_field import ConfigField, ModelConfigError, integer, where
+from .quant_width import quantized_bytes
 
 MAX_GROUPS = 64
 
+# ModelOpt's quant_algo (its older exports name no config_groups): the width and group of each, all float
+# formats (one fp8 or e8m0 scale a group or channel, no zero point); MIXED_PRECISION's is per layer, so not
+# known. FP8_PB_WO keeps blocks of 128 x 128 (ModelOptFp8PbWoLinearMethod), which a split must divide.
+MODELOPT_ALGOS = {
+    "FP8": (8, None),
+    "FP8_PER_CHANNEL_PER_TOKEN": (8, None),
+    "FP8_PB_WO": (8, None),
+    "MXFP8": (8, 32),
+    "NVFP4": (4, 16),
+    "W4A16_NVFP4": (4, 16),
+}
+MODELOPT_BLOCKS = {"FP8_PB_WO": [128, 128]}
+# The cache vLLM runs under --kv-cache-dtype auto for a ModelOpt checkpoint that names one
+# (torch_utils.get_kv_cache_quant_algo_string): fp8, or NVFP4's 4 bits and an fp8 scale a 16.
+MODELOPT_KV = {"fp8": "fp8_e4m3", "nvfp4": "nvfp4"}
 
-# ModelOpt's quant_algo (its older exports name no config_groups): the width of each, all float formats
-# (one fp8 or e8m0 scale a group or channel, no zero point); MIXED_PRECISION's is per layer, so not known.
-MODELOPT_ALGOS = {"FP8": 8, "FP8_PER_CHANNEL_PER_TOKEN": 8, "FP8_PB_WO": 8, "MXFP8": 8, "NVFP4": 4, "W4A16_NVFP4": 4}
+# Weights a quantization scale serves: -1 is one per output channel, 0 is no group at all (refused)
+GROUP_FIELD = ConfigField("quantization_config.group_size", -1, 65536, "Weights a quantization scale serves.")
+GROUP_RULE = "-1 (a scale per output channel) or a positive group"
+BITS_FIELD = ConfigField("quantization_config.bits", 1, 32, "Bits per weight.")
 
 
-def _modelopt_algo(quant: dict[str, Any]) -> str | None:
-    """ModelOpt's quant_algo, upper-cased as vLLM reads it (top level, or under `quantization`)."""
+def _modelopt(quant: dict[str, Any]) -> dict[str, Any] | None:
+    """ModelOpt's settings: its `quantization` object (hf_quant_config.json's nesting) or the config itself."""
     method = quant.get("quant_method")
     if not isinstance(method, str) or not method.lower().startswith("modelopt"):
         return None
     inner = quant.get("quantization")
-    algo = inner.get("quant_algo") if isinstance(inner, dict) else quant.get("quant_algo")
+    return inner if isinstance(inner, dict) else quant
+
+
+def _modelopt_algo(quant: dict[str, Any]) -> str | None:
+    """ModelOpt's quant_algo, upper-cased as vLLM reads it."""
+    settings = _modelopt(quant)
+    algo = settings.get("quant_algo") if settings is not None else None
     return algo.upper() if isinstance(algo, str) and len(algo) <= 64 else None
+
+
+def _modelopt_kv(quant: dict[str, Any]) -> str | None:
+    """The cache dtype vLLM resolves `auto` to for a ModelOpt checkpoint (None: the model's dtype)."""
+    settings = _modelopt(quant)
+    if settings is None:
+        return None
+    keys = ("kv_cache_scheme", "kv_cache_quant_algo")
+    algo = next((v for k in keys for v in (settings.get(k), quant.get(k)) if v), None)  # (vLLM's order)
+    if isinstance(algo, dict):
+        bits, floats = algo.get("num_bits"), algo.get("type") == "float"
+        algo = (
+            "fp8"
+            if floats and bits == 8 and algo.get("dynamic") is False
+            else "nvfp4"
+            if floats and bits == 4
+            else None
+        )
+    return MODELOPT_KV.get(algo.lower()) if isinstance(algo, str) and len(algo) <= 64 else None
 
 
 def _weights_args(quant: dict[str, Any]) -> list[dict[str, Any]] | None:
@@ -34,52 +76,53 @@ def _weights_args(quant: dict[str, Any]) -> list[dict[str, Any]] | None:
     return [g["weights"] if isinstance(g, dict) and isinstance(g.get("weights"), dict) else {} for g in groups.values()]
 
 
-def _float_weights(quant: dict[str, Any]) -> bool:
-    """Whether the weights are a float format (NVFP4, MXFP4, FP8): a one-byte scale a group and no zero
-    point, where an integer format's group keeps an fp16 scale and zero (quant_width)."""
-    weights = _weights_args(quant)
-    if weights is not None:
-        return all(w.get("type") == "float" for w in weights)
-    return _modelopt_algo(quant) in MODELOPT_ALGOS
-
-
-def _bits(quant: dict[str, Any], source: str) -> int | None:
-    """Bits per quantized weight: GPTQ/AWQ's `bits` (`w_bit`), or compressed-tensors' config_groups
-    weights num_bits when every group agrees (mixed widths: None, the method's usual width), or what
-    ModelOpt's quant_algo names."""
-    field = ConfigField("quantization_config.bits", 1, 32, "Bits per weight.")
-    for key in ("bits", "w_bit"):
-        if quant.get(key) is not None:
-            return integer(quant[key], field, f"quantization_config.{key}", source)
-    weights = _weights_args(quant)
-    if weights is None:
-        return MODELOPT_ALGOS.get(_modelopt_algo(quant) or "")
-    values = [w.get("num_bits") for w in weights]
-    if any(value is None for value in values):
-        return None
-    widths = {integer(v, field, "quantization_config.config_groups.weights.num_bits", source) for v in values}
-    return widths.pop() if len(widths) == 1 else None
-
-
-# Weights a quantization scale serves: -1 is one per output channel, 0 is no group at all (refused)
-GROUP_FIELD = ConfigField("quantization_config.group_size", -1, 65536, "Weights a quantization scale serves.")
-GROUP_RULE = "-1 (a scale per output channel) or a positive group"
-
-
-def _group(quant: dict[str, Any], source: str) -> int | None:
-    """Weights a quantization scale serves: GPTQ/AWQ's `group_size` (`q_group_size`), or compressed-tensors'
-    config_groups weights group_size when every group agrees; -1 is a scale per output channel."""
-    value = next((quant[key] for key in ("group_size", "q_group_size") if quant.get(key) is not None), None)
-    weights = _weights_args(quant)
-    if value is None and weights is not None:
-        sizes = [w.get("group_size") for w in weights]  # (a list: a tenant's value may be unhashable)
-        value = sizes[0] if all(size == sizes[0] for size in sizes) else None
+def _checked_group(value: Any, source: str) -> int | None:
     if value is None:
         return None
     group = integer(value, GROUP_FIELD, "quantization_config.group_size", source)
     if group == 0:
         raise ModelConfigError(f"{where('quantization_config.group_size', source)} must be {GROUP_RULE}")
     return group
+
+
+def _weights_format(quant: dict[str, Any], method: str, source: str) -> tuple[int | None, int | None, bool]:
+    """(bits a weight, weights a scale serves, float format) of the quantized linear layers: GPTQ/AWQ's
+    `bits` (`w_bit`) and `group_size` (`q_group_size`); compressed-tensors' config_groups weights, the
+    heaviest group where their groups or formats differ (a scheme a target, as vLLM loads them: never
+    under-counted), none where their widths do; or what
+    ModelOpt's quant_algo names. Bits None: not known (a group without num_bits, a mixed-precision algo)."""
+    bits_key = next((k for k in ("bits", "w_bit") if quant.get(k) is not None), None)
+    bits = quant[bits_key] if bits_key else None
+    group = next((quant[k] for k in ("group_size", "q_group_size") if quant.get(k) is not None), None)
+    weights = _weights_args(quant)
+    if weights is not None and bits is None:
+        if any(w.get("num_bits") is None for w in weights):
+            return None, _checked_group(group, source), False
+        key = "quantization_config.config_groups.weights.num_bits"
+        formats = [
+            (
+                integer(w["num_bits"], BITS_FIELD, key, source),
+                _checked_group(group if group is not None else w.get("group_size"), source),
+                w.get("type") == "float",
+            )
+            for w in weights
+        ]
+        if len({f[0] for f in formats}) > 1:  # (mixed widths: the method's usual width, and no weights figure
+            return None, None, False  # to place an OOM by, as for any width not known)
+        return max(formats, key=lambda f: quantized_bytes(f[0], f[1], method, None, f[2]))
+    if bits is not None:
+        return (
+            integer(bits, BITS_FIELD, f"quantization_config.{bits_key}", source),
+            _checked_group(group, source),
+            False,
+        )
+    algo = _modelopt_algo(quant)
+    if algo not in MODELOPT_ALGOS:
+        return None, _checked_group(group, source), False
+    width, default = MODELOPT_ALGOS[algo]
+    settings = _modelopt(quant) or {}
+    given = group if group is not None else settings.get("group_size")
+    return width, _checked_group(given, source) or default, True
 
 
 def quantization(quant: Any, source: str) -> dict[str, Any] | None:
@@ -94,15 +137,14 @@ def quantization(quant: Any, source: str) -> dict[str, Any] | None:
     if not method:
         return None
     out: dict[str, Any] = {"quant_method": method}
-    bits = _bits(quant, source)
-    if bits is not None:
-        out["bits"] = bits
-    group = _group(quant, source)
-    if group is not None:
-        out["group_size"] = group
-    if _float_weights(quant):
-        out["weights_type"] = "float"
-    block = quant.get("weight_block_size")  # (block-wise fp8: [block_n, block_k]; a split must divide)
+    bits, group, floats = _weights_format(quant, method, source)
+    out |= {"bits": bits} if bits is not None else {}
+    out |= {"group_size": group} if group is not None else {}
+    out |= {"weights_type": "float"} if floats and bits is not None else {}
+    if kv := _modelopt_kv(quant):
+        out["kv_cache_dtype"] = kv
+    block = quant.get("weight_block_size", MODELOPT_BLOCKS.get(_modelopt_algo(quant) or ""))
+    # (block-wise fp8: [block_n, block_k]; a split must divide)
     if isinstance(block, list) and len(block) == 2:
         field = ConfigField("quantization_config.weight_block_size[]", 1, 65536, "")
         out["weight_block_size"] = [integer(b, field, "quantization_config.weight_block_size[]", source) for b in block]

@@ -248,7 +248,10 @@ def shorter_context(ctx: Context, tokens: float) -> int | None:
 def fp8_kv_cache(ctx: Context) -> Remedy | None:
     """An fp8 cache holds twice the tokens. Where vLLM printed what the cache holds, fp8 alone only
     when twice that holds the context; else with the context twice that holds (within the bound)."""
-    if (ctx.engine.kv_cache_dtype or "auto").startswith("fp8"):
+    dtype = ctx.engine.kv_cache_dtype or "auto"
+    if dtype == "auto" and ctx.inv.shape is not None and ctx.inv.shape.auto_kv_dtype:
+        return None  # (the checkpoint's own cache is quantized already: ModelOpt's kv_cache_quant_algo)
+    if dtype.startswith("fp8"):
         return None
     why = "an fp8 KV cache holds twice the tokens per GiB."
     budget = ctx.kv_budget()

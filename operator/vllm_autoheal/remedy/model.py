@@ -25,7 +25,7 @@ from ..memory import (
     graphs_beside_budget,
     same_method,
 )
-from ..quant_width import default_group
+from ..quant_width import default_group, quantized_bytes
 from ..remedy_gate import Limits
 from ..vllm_release import Release, facts
 
@@ -103,11 +103,16 @@ def fallback_shape(policy: HealPolicy, shape: ModelShape | None, own: bool = Fal
     if fallback.method in FIXED_WIDTH:
         return shape
     if fallback.bits:
-        floats = fallback.weight_type == "float"
-        group = fallback.group_size or default_group(fallback.method, fallback.bits, floats)
-        return replace(
-            shape, quantization=fallback.method, quant_bits=fallback.bits, quant_group=group, quant_float=floats
-        )
+        method, bits, floats = fallback.method, fallback.bits, fallback.weight_type == "float"
+        formats = [(fallback.group_size or default_group(method, bits, floats), floats)]
+        if own and same_method(method, shape.quantization) and shape.quant_bits == bits:
+            # (where the declaration is silent, the running config of that width may say more: an NVFP4
+            # fallback declared only `bits: 4` is not weighed as integers in groups of 128. The heavier of the
+            # two: that config may be the replaced model's, which a PatchSpec switch keeps)
+            read = shape.quant_float if fallback.weight_type is None else floats
+            formats.append((fallback.group_size or shape.quant_group or default_group(method, bits, read), read))
+        group, floats = max(formats, key=lambda f: quantized_bytes(bits, f[0], method, None, f[1]))
+        return replace(shape, quantization=method, quant_bits=bits, quant_group=group, quant_float=floats)
     return shape if own and same_method(fallback.method, shape.quantization) and shape.quant_bits else None
 
 
