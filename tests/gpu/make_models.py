@@ -94,6 +94,12 @@ QUANTIZED = {
     "llama-3.1-8b-mxfp4": {**CT, "format": "mxfp4-pack-quantized", "config_groups": {"group_0": {**CT_GROUP, **MXFP4}}},
     "llama-3.1-8b-modelopt-nvfp4": MODELOPT_NVFP4,
     "llama-3.1-8b-modelopt-nvfp4-nested": MODELOPT_NVFP4_NESTED,
+    # (session 37's review: ModelOpt MXFP8's e8m0 scale a 32, and a cache ModelOpt names, fp8 under auto)
+    "llama-3.1-8b-modelopt-mxfp8": {"quant_method": "modelopt", "quant_algo": "MXFP8", "ignore": ["lm_head"]},
+    "llama-3.1-8b-modelopt-nvfp4-kvfp8": {
+        **MODELOPT_NVFP4,
+        "kv_cache_scheme": {"dynamic": False, "num_bits": 8, "type": "float"},
+    },
 }
 
 

@@ -9,13 +9,13 @@
 # Needs vLLM 0.25 in $SITE (tests/gpu/payload.sh) and the model folders of
 # `tests/gpu/make_models.py DIR llama-3.1-8b-awq4 llama-3.1-8b-gptq4 llama-3.1-8b-gptq8 llama-3.1-8b-gptq4-g32 llama-3.1-8b-w4a16
 # llama-3.1-8b-w8a16 llama-3.1-8b-nvfp4 llama-3.1-8b-nvfp4a16 llama-3.1-8b-mxfp4 llama-3.1-8b-modelopt-nvfp4
-# llama-3.1-8b-modelopt-nvfp4-nested` in $MODELS.
+# llama-3.1-8b-modelopt-nvfp4-nested llama-3.1-8b-modelopt-mxfp8 llama-3.1-8b-modelopt-nvfp4-kvfp8` in $MODELS.
 set -u
 . "$(dirname "$0")/vllm_env.sh"
 export CUDA_VISIBLE_DEVICES=0
 . "$(dirname "$0")/serve_run.sh"
 record_device
-ALL="awq4 gptq4 gptq8 gptq4-g32 w4a16 w8a16 nvfp4 nvfp4a16 mxfp4 modelopt-nvfp4 modelopt-nvfp4-nested"
+ALL="awq4 gptq4 gptq8 gptq4-g32 w4a16 w8a16 nvfp4 nvfp4a16 mxfp4 modelopt-nvfp4 modelopt-nvfp4-nested modelopt-mxfp8 modelopt-nvfp4-kvfp8"
 for name in ${@:-$ALL}; do
   case $name in  # (float16: the dtype AutoAWQ and AutoGPTQ checkpoints are saved in)
     awq4) run awq4 llama-3.1-8b-awq4 --max-model-len 8192 --enforce-eager --dtype float16 ;;
@@ -30,6 +30,8 @@ for name in ${@:-$ALL}; do
     mxfp4) run mxfp4 llama-3.1-8b-mxfp4 --max-model-len 8192 --enforce-eager ;;
     modelopt-nvfp4) run modelopt-nvfp4 llama-3.1-8b-modelopt-nvfp4 --max-model-len 8192 --enforce-eager ;;
     modelopt-nvfp4-nested) run modelopt-nvfp4-nested llama-3.1-8b-modelopt-nvfp4-nested --max-model-len 8192 --enforce-eager ;;
+    modelopt-mxfp8) run modelopt-mxfp8 llama-3.1-8b-modelopt-mxfp8 --max-model-len 8192 --enforce-eager ;;
+    modelopt-nvfp4-kvfp8) run modelopt-nvfp4-kvfp8 llama-3.1-8b-modelopt-nvfp4-kvfp8 --max-model-len 8192 --enforce-eager ;;
     *) echo "unknown run $name" >&2 ;;
   esac
 done
