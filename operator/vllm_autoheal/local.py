@@ -29,7 +29,6 @@ from .gpu_probe import snapshot
 from .launcher import OutputKeeper, pump
 from .model_shape import ModelShape
 from .remedy import Remedy, plan_heal
-from .remedy.model import running_shape
 from .remedy_gate import Limits, fingerprint
 from .serve_client import base_url, complete_one
 from .serve_history import append_record, read_records, recorded, remembered, run_model
@@ -233,33 +232,13 @@ class Supervisor:
             time.sleep(0.1)
 
     def model_shape(self) -> ModelShape | None:
-        """The shape of a model on disk (never a download from here), read once: it lets the classifier
-        place an out-of-memory that the log does not, and the planner size a change by the memory model,
-        as the operator does with the model's config."""
+        """The shape of the model as given, where it is a folder here (read once; serve_sizing.local_shape)."""
         if not self._shape_read:
-            self._shape_read = True
-            try:
-                if Path(self.opts.model).expanduser().exists():
-                    from .model_config import to_shape
-                    from .model_source import from_path
-
-                    self._shape = to_shape(from_path(Path(self.opts.model).expanduser()))
-            except Exception:  # noqa: BLE001 - a model we cannot read is sized from vLLM's figures alone
-                self._shape = None
+            self._shape_read, self._shape = True, serve_sizing.local_shape(self.opts.model)
         return self._shape
 
     def weights_gib(self, engine: EngineArgs) -> float | None:
-        """The model's weights on one GPU under these flags, where its shape is known (the quantized
-        fallback's at the width its method fixes or the policy declares, once it runs)."""
-        shape = running_shape(self.opts.spec, self.model, engine, self.model_shape())[1]
-        if shape is None:
-            return None
-        try:
-            from .memory import weights_gib_to_diagnose
-
-            return weights_gib_to_diagnose(shape, engine)
-        except Exception:  # noqa: BLE001 - a model we cannot size only leaves an OOM unplaced
-            return None
+        return serve_sizing.weights_gib(self.opts.spec, self.model, engine, self.model_shape())
 
     def plan(
         self, diag: Any, heals: list[dict[str, Any]], inventory: Any, engine: EngineArgs, exclude: set[str]

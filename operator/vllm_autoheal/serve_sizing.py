@@ -5,15 +5,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
+from pathlib import Path
 
 from . import cgroups
-from .api import EngineArgs
+from .api import EngineArgs, VLLMServiceSpec
 from .diagnosis import Diagnosis, GpuSnapshot
 from .engine import flag_name, spelled_by
 from .gpu_catalog import gpu_total_gib, least_cuda_free_gib
 from .gpu_probe import gpus_for
 from .model_shape import ModelShape
 from .remedy import Inventory, Remedy
+from .remedy.model import running_shape
 from .vllm_release import env_keeps_release, logged_release
 
 _DP_LOCAL = ("--data-parallel-size-local", "--data_parallel_size_local", "-dpl")
@@ -110,3 +112,32 @@ def onto_fuller_gpus(
     count = gpus_taken(engine, split)
     free = least_cuda_free_gib(gpus_for(at_start, count, env) or []) if count else None
     return replace(inv, gpu_free_gib=free) if free is not None and free < inv.gpu_free_gib else None
+
+
+def local_shape(model: str) -> ModelShape | None:
+    """The shape of a model on disk (never a download from here): it lets the classifier place an
+    out-of-memory that the log does not, and the planner size a change by the memory model, as the operator
+    does with the model's config. None where it is no folder here, or cannot be read."""
+    try:
+        if Path(model).expanduser().exists():
+            from .model_config import to_shape
+            from .model_source import from_path
+
+            return to_shape(from_path(Path(model).expanduser()))
+    except Exception:  # noqa: BLE001 - a model we cannot read is sized from vLLM's figures alone
+        pass
+    return None
+
+
+def weights_gib(spec: VLLMServiceSpec, model: str, engine: EngineArgs, shape: ModelShape | None) -> float | None:
+    """The weights on one GPU of what runs (`model` under these flags), where its shape is known: the quantized
+    fallback's at the width its method fixes or the policy declares, once it runs."""
+    running = running_shape(spec, model, engine, shape)[1]
+    if running is None:
+        return None
+    try:
+        from .memory import weights_gib_to_diagnose
+
+        return weights_gib_to_diagnose(running, engine)
+    except Exception:  # noqa: BLE001 - a model we cannot size only leaves an OOM unplaced
+        return None
