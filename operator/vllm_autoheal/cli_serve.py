@@ -28,6 +28,11 @@ def quantized_fallback(args: argparse.Namespace) -> dict[str, object] | None:
         raise ValueError(
             "--quantized-fallback and --quantized-fallback-method go together (the checkpoint and its method)"
         )
+    if given["model"] == args.model:  # (the planner skips a fallback that is the model: so would every heal)
+        raise ValueError(
+            "--quantized-fallback names the model being served: a fallback is another checkpoint "
+            "(vLLM's online fp8 of this one is --quantization fp8)"
+        )
     return {"allowed": True, **given}
 
 

@@ -89,6 +89,8 @@ def remembered(
     changes = {k: v for k, v in then.items() if v != now[k]}
     if foreign := sorted(set(changes) - HEALABLE):
         return None, f"it changes {', '.join(foreign)}, which no heal sets"
+    if "quantization" in changes:  # (the quantized fallback's switch: with its model, which run_model weighs)
+        return None, "it changes the quantization, which a heal changes only with the model"
     if batch_below_seqs(engine):
         return None, "max_num_batched_tokens is below max_num_seqs"
     if problem := bounds_problem(changes, engine, limits):
@@ -109,4 +111,7 @@ def run_model(
     fallback = policy.quantized_fallback
     if not (fallback.allowed and fallback.model and ran == fallback.model):
         return model, baseline, "they ran another model, not the quantized fallback named now"
+    engine = healthy[-1].get("engine")
+    if not isinstance(engine, dict) or engine.get("quantization") != fallback.method:
+        return model, baseline, "they ran the quantized fallback under another method than the one named now"
     return fallback.model, baseline.model_copy(update={"quantization": fallback.method}), None
