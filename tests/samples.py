@@ -4,6 +4,9 @@ Test modules import these from here, never from one another."""
 from __future__ import annotations
 
 import json
+import os
+import socket
+import sys
 from pathlib import Path
 
 from vllm_autoheal.diagnosis import Signals, classify
@@ -116,6 +119,22 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def log_message(self, *a):
         pass
 """
+
+
+def fake_vllm(tmp: Path, source: str) -> tuple[dict[str, str], int]:
+    """A stand-in `vllm.entrypoints.openai.api_server` module of this source under tmp/fake, first on the child's
+    PYTHONPATH and this checkout after it (the child must not run an installed vllm_autoheal), and a free port
+    on 127.0.0.1: (the child's environment, the port)."""
+    pkg = tmp / "fake" / "vllm" / "entrypoints" / "openai"
+    pkg.mkdir(parents=True, exist_ok=True)
+    for d in (tmp / "fake" / "vllm", tmp / "fake" / "vllm" / "entrypoints", pkg):
+        (d / "__init__.py").write_text("")
+    (pkg / "api_server.py").write_text(source)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp / "fake"), *sys.path]))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return env, s.getsockname()[1]
+
 
 # Qwen/Qwen2.5-VL-7B-Instruct's vision_config (0.68 B parameters): the multimodal tests' encoder.
 QWEN25_VL_VISION = {

@@ -12,16 +12,16 @@ tests/fixtures/gpu/heal-runs/quantize-nvfp4.log and exits 1, or prints a given t
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from samples import fake_vllm
 
 RUNS = Path(__file__).parent / "fixtures" / "gpu" / "heal-runs"
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"
@@ -70,16 +70,8 @@ sys.exit(1)
 def _serve(tmp: Path, rules: list, *options: str, model: str = "L70") -> subprocess.CompletedProcess:
     (tmp / "first.log").write_text(FIRST)
     (tmp / "rules.json").write_text(json.dumps(rules))
-    pkg = tmp / "fake" / "vllm" / "entrypoints" / "openai"
-    pkg.mkdir(parents=True, exist_ok=True)
-    for d in (tmp / "fake" / "vllm", tmp / "fake" / "vllm" / "entrypoints", pkg):
-        (d / "__init__.py").write_text("")
     head = "".join(f"{k} = {str(tmp / v)!r}\n" for k, v in (("FIRST", "first.log"), ("RULES", "rules.json"), ("ARGV", "argv.jsonl")))  # fmt: skip
-    (pkg / "api_server.py").write_text(head + textwrap.dedent(FAKE))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp / "fake"), *sys.path]))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    env, port = fake_vllm(tmp, head + textwrap.dedent(FAKE))
     return subprocess.run(
         [sys.executable, "-m", "vllm_autoheal", "serve", model, "--port", str(port), "--history",
          str(tmp / "history.jsonl"), "--once", "--startup-timeout", "60", "--enforce-eager", *options],

@@ -11,9 +11,7 @@ output, and the supervisor's switch, its history and its undo replayed by a chil
 from __future__ import annotations
 
 import json
-import os
 import re
-import socket
 import subprocess
 import sys
 import textwrap
@@ -29,7 +27,7 @@ from vllm_autoheal.memory import estimate, weights_gib_to_diagnose
 from vllm_autoheal.remedy import Inventory, plan_heal
 from vllm_autoheal.vllm_release import parse_version
 
-from samples import OPENAI_HANDLER, config_shape
+from samples import OPENAI_HANDLER, config_shape, fake_vllm
 
 RUNS = Path(__file__).parent / "fixtures" / "gpu" / "heal-runs"
 LOG = (RUNS / "quantize-nvfp4.log").read_text()
@@ -95,29 +93,22 @@ sys.exit(1)
 """.replace("{handler}", textwrap.indent(OPENAI_HANDLER, "    "))
 
 
-def _serve(tmp_path: Path, monkeypatch, *options: str) -> subprocess.CompletedProcess:
+def _serve(tmp_path: Path, *options: str) -> subprocess.CompletedProcess:
     (tmp_path / "first.log").write_text(STARTS[0])
-    pkg = tmp_path / "fake" / "vllm" / "entrypoints" / "openai"
-    pkg.mkdir(parents=True, exist_ok=True)
-    for d in (tmp_path / "fake" / "vllm", tmp_path / "fake" / "vllm" / "entrypoints", pkg):
-        (d / "__init__.py").write_text("")
-    (pkg / "api_server.py").write_text(f"FIRST = {str(tmp_path / 'first.log')!r}\n" + textwrap.dedent(FAKE_VLLM))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path / "fake"), *sys.path]))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    source = f"FIRST = {str(tmp_path / 'first.log')!r}\n" + textwrap.dedent(FAKE_VLLM)
+    env, port = fake_vllm(tmp_path, source)
     return subprocess.run(
         [sys.executable, "-m", "vllm_autoheal", "serve", "L70", "--port", str(port), "--history",
          str(tmp_path / "history.jsonl"), "--once", "--startup-timeout", "60", "--enforce-eager", *options],
-        capture_output=True, text=True, timeout=240,
+        capture_output=True, text=True, timeout=240, env=env,
     )  # fmt: skip
 
 
 OPTIONS = ("--quantized-fallback", "L70-nvfp4", "--quantized-fallback-method", "compressed-tensors")
 
 
-def test_serve_switches_to_the_named_fallback_and_starts_it_next_time(tmp_path, monkeypatch):
-    proc = _serve(tmp_path, monkeypatch, *OPTIONS, "--fresh")
+def test_serve_switches_to_the_named_fallback_and_starts_it_next_time(tmp_path):
+    proc = _serve(tmp_path, *OPTIONS, "--fresh")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     records = [json.loads(line) for line in (tmp_path / "history.jsonl").read_text().splitlines()]
     assert [(r["event"], r.get("action"), r["model"]) for r in records] == [
@@ -127,12 +118,12 @@ def test_serve_switches_to_the_named_fallback_and_starts_it_next_time(tmp_path, 
     assert records[0]["changes"]["model"] == "L70-nvfp4"
     assert "--model L70-nvfp4" in proc.stdout.split("to keep the healed flags, run:")[1]
     # The next run starts the fallback the history says worked, while the options still name it.
-    again = _serve(tmp_path, monkeypatch, *OPTIONS)
+    again = _serve(tmp_path, *OPTIONS)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
     assert "using the quantized fallback L70-nvfp4" in again.stdout and "healed" not in again.stdout
     # Without the options, the history's switch is not taken: the model as given, healed afresh (here: no
     # fallback to switch to, so a give-up, not a start of a checkpoint nobody named).
-    alone = _serve(tmp_path, monkeypatch)
+    alone = _serve(tmp_path)
     assert "not using the flags in the history" in alone.stdout and "another model" in alone.stdout
     assert "--model L70-nvfp4" not in alone.stdout and alone.returncode == 1, alone.stdout[-2000:]
 

@@ -5,14 +5,12 @@ completion once started with flags that work."""
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
-from samples import OPENAI_HANDLER
+from samples import OPENAI_HANDLER, fake_vllm
 
 RUNS = Path(__file__).parent / "fixtures" / "gpu" / "heal-runs"
 
@@ -43,21 +41,13 @@ def first_start(name: str) -> str:
 
 def test_serve_goes_back_to_the_flags_that_got_further_and_tries_the_next_remedy(tmp_path, monkeypatch):
     (tmp_path / "capture.log").write_text(first_start("capture"))
-    pkg = tmp_path / "fake" / "vllm" / "entrypoints" / "openai"
-    pkg.mkdir(parents=True)
-    for d in (tmp_path / "fake" / "vllm", tmp_path / "fake" / "vllm" / "entrypoints", pkg):
-        (d / "__init__.py").write_text("")
-    (pkg / "api_server.py").write_text(f"CAPTURE = {str(tmp_path / 'capture.log')!r}\n" + textwrap.dedent(FAKE_VLLM))
-    # (this checkout first: the child must not run an installed copy of vllm_autoheal)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path / "fake"), *sys.path]))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    source = f"CAPTURE = {str(tmp_path / 'capture.log')!r}\n" + textwrap.dedent(FAKE_VLLM)
+    env, port = fake_vllm(tmp_path, source)
     history = tmp_path / "history.jsonl"
     proc = subprocess.run(
         [sys.executable, "-m", "vllm_autoheal", "serve", "m", "--port", str(port), "--history", str(history),
          "--once", "--fresh", "--startup-timeout", "60", "--gpu-memory-utilization", "0.995"],
-        capture_output=True, text=True, timeout=240,
+        capture_output=True, text=True, timeout=240, env=env,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     records = [json.loads(line) for line in history.read_text().splitlines()]
