@@ -4,7 +4,8 @@ heaviest group, ModelOpt's widths, groups and FP8_PB_WO blocks, and a running fa
 of its declaration and its own config. Ground truth: vLLM 0.25's source (utils/torch_utils.py
 get_kv_cache_quant_algo_string, engine/arg_utils.py, model_executor/layers/attention/attention.py,
 quantization/modelopt.py and compressed_tensors/) and the H100 runs in tests/fixtures/gpu/quantized-runs/.
-Each strict xfail is a defect found; the plain tests at the end are attacks that were defended."""
+Seven defects (fourteen strict xfails with their parameters) when found, all fixed the same session; the plain
+tests at the end are attacks that were defended."""
 
 from __future__ import annotations
 
@@ -79,10 +80,6 @@ def _awq_estimate(gpu: str, changes: dict):
     return estimate(awq, engine, lookup(gpu), None, "server", V025)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fallback_shape keeps the running ModelOpt checkpoint's auto_kv_dtype: an AWQ fallback weighed at fp8 KV",
-)
 @pytest.mark.parametrize("gpu", [H100, L40S])
 def test_a_fallback_checkpoint_does_not_inherit_the_running_modelopt_cache(gpu):
     """Severity: High (under-count: the switch to the fallback promises twice the KV cache it gets, and
@@ -104,10 +101,6 @@ def test_a_fallback_checkpoint_does_not_inherit_the_running_modelopt_cache(gpu):
     assert after.fits, (r.summary(), after.failure, after.kv_tokens)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="plan's --quantized-variant rows keep the ModelOpt checkpoint's fp8 auto cache: twice the variant's tokens",
-)
 def test_plan_weighs_a_quantized_variant_at_its_own_cache():
     """Severity: Medium (under-count in `plan`'s advice: the row marked smallest promises twice the tokens).
     Input: `plan` for a ModelOpt FP8 Llama-3.1-70B whose config names kv_cache_quant_algo FP8, on an H100,
@@ -131,10 +124,6 @@ def test_plan_weighs_a_quantized_variant_at_its_own_cache():
     assert awq_auto(opts).estimate.kv_tokens <= awq_auto(bf16).estimate.kv_tokens
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a ModelOpt quantization_config in text_config alone is read as an fp8 auto cache; vLLM resolves the top's",
-)
 def test_a_text_config_modelopt_cache_is_not_the_auto_cache():
     """Severity: Medium (under-count: half the KV bytes a token, twice the tokens promised).
     Input: a multimodal config.json (Llava) whose quantization_config sits in text_config only
@@ -152,10 +141,6 @@ def test_a_text_config_modelopt_cache_is_not_the_auto_cache():
     assert shape.kv_bytes_per_token(None) == 131072
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a compressed-tensors kv_cache_scheme is an fp8 cache under auto too; the fp8 heal is still offered",
-)
 def test_a_compressed_tensors_fp8_cache_is_not_promised_twice():
     """Severity: Medium (the fp8 KV heal promises twice the tokens vLLM already had, and changes nothing).
     Input: a compressed-tensors FP8 Llama-3.1-8B whose quantization_config names kv_cache_scheme {num_bits 8,
@@ -178,10 +163,6 @@ def test_a_compressed_tensors_fp8_cache_is_not_promised_twice():
     assert r.action != "Fp8KvCache", r.summary()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a top-level bits/group_size beside compressed-tensors config_groups overrides the NVFP4 groups vLLM loads",
-)
 @pytest.mark.parametrize("extra", [{"bits": 4}, {"w_bit": 4}, {"group_size": 128}], ids=["bits", "w_bit", "group"])
 def test_top_level_fields_do_not_override_compressed_tensors_groups(extra):
     """Severity: Medium (under-count of the weights: 2.00 GiB, 3.48 GiB with the group, on a 70B).
@@ -199,10 +180,6 @@ def test_top_level_fields_do_not_override_compressed_tensors_groups(extra):
     assert _gib(_shape(_ct(**extra))) >= 39.81 - 0.05
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a ModelOpt group_size vLLM does not read (MXFP8's, or the top level beside `quantization`) is used",
-)
 @pytest.mark.parametrize(
     "quant, right",
     [
@@ -233,10 +210,6 @@ def test_modelopt_groups_are_the_ones_vllm_loads(quant, right):
     assert _gib(_shape(quant)) >= right - 0.05
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FP8_PB_WO takes a config's weight_block_size (null, 64x64) over the 128x128 blocks vLLM always uses",
-)
 @pytest.mark.parametrize("given", [None, [64, 64], [1, 1]], ids=["null", "64", "1"])
 def test_fp8_pb_wo_blocks_are_fixed_whatever_the_config_says(given):
     """Severity: Medium (a heal or `plan` proposes a tensor-parallel size the checkpoint cannot load).

@@ -221,6 +221,10 @@ def check(config: Any, source: str = "", config_file: bool = False) -> dict[str,
         raise ModelConfigError(f"{where('text_config', source)} must be an object")
     merged = {**{k: v for k, v in config.items() if k != "text_config"}, **(text or {})}
     out = _text(merged, source)
+    quant = out.get("quantization_config")
+    if quant and "kv_cache_dtype" in quant and quant["quant_method"].lower().startswith("modelopt"):
+        if not isinstance(config.get("quantization_config"), dict):  # (vLLM resolves ModelOpt's cache from the
+            del quant["kv_cache_dtype"]  # top level only: one in text_config alone leaves auto the dtype)
     for field in FIELDS:
         for key in (field.name, *field.aliases):
             if merged.get(key) is not None:

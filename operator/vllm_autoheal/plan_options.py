@@ -4,7 +4,7 @@ each through the memory model; and a one-line memory bar per GPU. Pure."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .api import EngineArgs
@@ -107,12 +107,14 @@ def options(
                         "quantization": quant or engine.quantization,
                     }
                 )
+                # (a variant is another checkpoint, whose config names no cache of its own: auto is the dtype)
+                weighed = replace(shape, auto_kv_dtype=None) if quant else shape
                 out.append(
                     Option(
                         tp,
                         quant,
                         kv,
-                        estimate(shape, e, gpu, free_gib, entrypoint, release),
+                        estimate(weighed, e, gpu, free_gib, entrypoint, release),
                         pipeline_parallel_size=engine.pipeline_parallel_size,
                         model_limit=shape.max_position_embeddings,
                     )

@@ -22,6 +22,9 @@ MODELOPT_ALGOS = {
     "NVFP4": (4, 16),
     "W4A16_NVFP4": (4, 16),
 }
+# The algorithms whose group vLLM reads from the config (ModelOptNvFp4Config's group_size: at the top level, or
+# under `quantization` where that object is); MXFP8's blocks of 32 are fixed whatever the config says.
+MODELOPT_GROUP_READ = frozenset({"NVFP4", "W4A16_NVFP4"})
 MODELOPT_BLOCKS = {"FP8_PB_WO": [128, 128]}
 # The cache vLLM runs under --kv-cache-dtype auto for a ModelOpt checkpoint that names one
 # (torch_utils.get_kv_cache_quant_algo_string): fp8, or NVFP4's 4 bits and an fp8 scale a 16.
@@ -49,8 +52,12 @@ def _modelopt_algo(quant: dict[str, Any]) -> str | None:
     return algo.upper() if isinstance(algo, str) and len(algo) <= 64 else None
 
 
-def _modelopt_kv(quant: dict[str, Any]) -> str | None:
-    """The cache dtype vLLM resolves `auto` to for a ModelOpt checkpoint (None: the model's dtype)."""
+def _auto_kv(quant: dict[str, Any]) -> str | None:
+    """The cache dtype vLLM runs under `auto` for this checkpoint (None: the model's dtype): a compressed-tensors
+    config's kv_cache_scheme is fp8 (attention.py applies it where the cache dtype is auto); ModelOpt's
+    kv_cache_scheme or kv_cache_quant_algo, resolved as torch_utils.get_kv_cache_quant_algo_string does."""
+    if quant.get("quant_method") == "compressed-tensors":
+        return "fp8_e4m3" if isinstance(quant.get("kv_cache_scheme"), dict) and quant["kv_cache_scheme"] else None
     settings = _modelopt(quant)
     if settings is None:
         return None
@@ -91,18 +98,26 @@ def _weights_format(quant: dict[str, Any], method: str, source: str) -> tuple[in
     heaviest group where their groups or formats differ (a scheme a target, as vLLM loads them: never
     under-counted), none where their widths do; or what
     ModelOpt's quant_algo names. Bits None: not known (a group without num_bits, a mixed-precision algo)."""
+    settings = _modelopt(quant)
+    if settings is not None:  # (ModelOpt: its quant_algo decides, whatever config_groups a newer export adds)
+        algo = _modelopt_algo(quant)
+        if algo not in MODELOPT_ALGOS:
+            return None, None, False
+        width, default = MODELOPT_ALGOS[algo]
+        given = settings.get("group_size") if algo in MODELOPT_GROUP_READ else None
+        return width, _checked_group(given, source) or default, True
     bits_key = next((k for k in ("bits", "w_bit") if quant.get(k) is not None), None)
     bits = quant[bits_key] if bits_key else None
     group = next((quant[k] for k in ("group_size", "q_group_size") if quant.get(k) is not None), None)
     weights = _weights_args(quant)
-    if weights is not None and bits is None:
+    if weights is not None:  # (compressed-tensors builds its schemes from config_groups alone)
         if any(w.get("num_bits") is None for w in weights):
-            return None, _checked_group(group, source), False
+            return None, None, False
         key = "quantization_config.config_groups.weights.num_bits"
         formats = [
             (
                 integer(w["num_bits"], BITS_FIELD, key, source),
-                _checked_group(group if group is not None else w.get("group_size"), source),
+                _checked_group(w.get("group_size"), source),
                 w.get("type") == "float",
             )
             for w in weights
@@ -116,13 +131,7 @@ def _weights_format(quant: dict[str, Any], method: str, source: str) -> tuple[in
             _checked_group(group, source),
             False,
         )
-    algo = _modelopt_algo(quant)
-    if algo not in MODELOPT_ALGOS:
-        return None, _checked_group(group, source), False
-    width, default = MODELOPT_ALGOS[algo]
-    settings = _modelopt(quant) or {}
-    given = group if group is not None else settings.get("group_size")
-    return width, _checked_group(given, source) or default, True
+    return None, _checked_group(group, source), False
 
 
 def quantization(quant: Any, source: str) -> dict[str, Any] | None:
@@ -141,9 +150,10 @@ def quantization(quant: Any, source: str) -> dict[str, Any] | None:
     out |= {"bits": bits} if bits is not None else {}
     out |= {"group_size": group} if group is not None else {}
     out |= {"weights_type": "float"} if floats and bits is not None else {}
-    if kv := _modelopt_kv(quant):
+    if kv := _auto_kv(quant):
         out["kv_cache_dtype"] = kv
-    block = quant.get("weight_block_size", MODELOPT_BLOCKS.get(_modelopt_algo(quant) or ""))
+    # (ModelOpt's FP8_PB_WO blocks are fixed: ModelOptFp8PbWoLinearMethod never reads weight_block_size)
+    block = MODELOPT_BLOCKS.get(_modelopt_algo(quant) or "") or quant.get("weight_block_size")
     # (block-wise fp8: [block_n, block_k]; a split must divide)
     if isinstance(block, list) and len(block) == 2:
         field = ConfigField("quantization_config.weight_block_size[]", 1, 65536, "")

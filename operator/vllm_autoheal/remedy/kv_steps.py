@@ -250,7 +250,7 @@ def fp8_kv_cache(ctx: Context) -> Remedy | None:
     when twice that holds the context; else with the context twice that holds (within the bound)."""
     dtype = ctx.engine.kv_cache_dtype or "auto"
     if dtype == "auto" and ctx.inv.shape is not None and ctx.inv.shape.auto_kv_dtype:
-        return None  # (the checkpoint's own cache is quantized already: ModelOpt's kv_cache_quant_algo)
+        return None  # (the checkpoint's own cache is quantized already: its config names one)
     if dtype.startswith("fp8"):
         return None
     why = "an fp8 KV cache holds twice the tokens per GiB."

@@ -100,6 +100,9 @@ def fallback_shape(policy: HealPolicy, shape: ModelShape | None, own: bool = Fal
     fallback = policy.quantized_fallback
     if shape is None or not fallback.method:
         return None
+    # (the cache vLLM runs under auto is the served checkpoint's own config's: not inherited by another one)
+    keeps_cache = own and same_method(fallback.method, shape.quantization)
+    shape = shape if keeps_cache else replace(shape, auto_kv_dtype=None)
     if fallback.method in FIXED_WIDTH:
         return shape
     if fallback.bits:
