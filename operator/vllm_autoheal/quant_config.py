@@ -93,11 +93,11 @@ def _checked_group(value: Any, source: str) -> int | None:
 
 
 def _weights_format(quant: dict[str, Any], method: str, source: str) -> tuple[int | None, int | None, bool]:
-    """(bits a weight, weights a scale serves, float format) of the quantized linear layers: GPTQ/AWQ's
-    `bits` (`w_bit`) and `group_size` (`q_group_size`); compressed-tensors' config_groups weights, the
-    heaviest group where their groups or formats differ (a scheme a target, as vLLM loads them: never
-    under-counted), none where their widths do; or what
-    ModelOpt's quant_algo names. Bits None: not known (a group without num_bits, a mixed-precision algo)."""
+    """(bits a weight, weights a scale serves, float format) of the quantized linear layers, read where vLLM
+    reads them: ModelOpt's quant_algo (and NVFP4's group_size); compressed-tensors' config_groups alone, the
+    heaviest group where their groups or formats differ (a scheme a target: never under-counted), none where
+    their widths do; else GPTQ/AWQ's `bits` (`w_bit`) and `group_size` (`q_group_size`). Bits None: not known
+    (a group without num_bits, mixed widths, a mixed-precision algo)."""
     settings = _modelopt(quant)
     if settings is not None:  # (ModelOpt: its quant_algo decides, whatever config_groups a newer export adds)
         algo = _modelopt_algo(quant)
@@ -106,9 +106,6 @@ def _weights_format(quant: dict[str, Any], method: str, source: str) -> tuple[in
         width, default = MODELOPT_ALGOS[algo]
         given = settings.get("group_size") if algo in MODELOPT_GROUP_READ else None
         return width, _checked_group(given, source) or default, True
-    bits_key = next((k for k in ("bits", "w_bit") if quant.get(k) is not None), None)
-    bits = quant[bits_key] if bits_key else None
-    group = next((quant[k] for k in ("group_size", "q_group_size") if quant.get(k) is not None), None)
     weights = _weights_args(quant)
     if weights is not None:  # (compressed-tensors builds its schemes from config_groups alone)
         if any(w.get("num_bits") is None for w in weights):
@@ -125,13 +122,13 @@ def _weights_format(quant: dict[str, Any], method: str, source: str) -> tuple[in
         if len({f[0] for f in formats}) > 1:  # (mixed widths: the method's usual width, and no weights figure
             return None, None, False  # to place an OOM by, as for any width not known)
         return max(formats, key=lambda f: quantized_bytes(f[0], f[1], method, None, f[2]))
-    if bits is not None:
-        return (
-            integer(bits, BITS_FIELD, f"quantization_config.{bits_key}", source),
-            _checked_group(group, source),
-            False,
-        )
-    return None, _checked_group(group, source), False
+    group = _checked_group(
+        next((quant[k] for k in ("group_size", "q_group_size") if quant.get(k) is not None), None), source
+    )
+    bits_key = next((k for k in ("bits", "w_bit") if quant.get(k) is not None), None)
+    if bits_key is None:
+        return None, group, False
+    return integer(quant[bits_key], BITS_FIELD, f"quantization_config.{bits_key}", source), group, False
 
 
 def quantization(quant: Any, source: str) -> dict[str, Any] | None:
