@@ -253,9 +253,8 @@ class Supervisor:
     def serve(self) -> int:
         engine = self.first_engine()
         heals = self.heals
-        last: tuple[Any, EngineArgs, int, str] | None = (
-            None  # the crash a heal answered, its flags and model, how far it got
-        )
+        # (the crash a heal answered, its flags and model, how far it got)
+        last: tuple[Any, EngineArgs, int, str] | None = None
         exclude: set[str] = set()
         while True:
             if health_status(self.health_url) is not None:  # (its answers would be taken for this vLLM's)
