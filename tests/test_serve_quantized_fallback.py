@@ -5,7 +5,9 @@ The GPU run (tests/gpu/heal_runs.sh quantize-nvfp4, session 37, one H100 80GB, r
 weights): Llama-3.1-70B in bf16 ran out of memory loading its weights; serve switched to its NVFP4 checkpoint
 (compressed-tensors, 4 bits, float) with max_model_len 93,792 in the same restart (predicted before the run:
 a KV cache of 29.51 GiB holding 96,704 tokens), and vLLM started with 29.41 GiB and 96,367 tokens (1.03x
-concurrency for that context) and answered a completion. Here: that decision replanned from the run's own
+concurrency for that context) and answered a completion. The same start with AutoAWQ's 4-bit checkpoint
+(awq_marlin, bits 4, groups of 128, run on Machete): max_model_len 100,128 predicted with 31.50 GiB and 103,232
+tokens; vLLM held 31.47 GiB and 103,104 tokens (37.88 GiB of weights), and served. Here: that decision replanned from the run's own
 output, and the supervisor's switch, its history and its undo replayed by a child that prints that output."""
 
 from __future__ import annotations
@@ -25,36 +27,53 @@ from vllm_autoheal.engine import parse_args
 from vllm_autoheal.gpu_catalog import lookup
 from vllm_autoheal.memory import estimate, weights_gib_to_diagnose
 from vllm_autoheal.remedy import Inventory, plan_heal
+from vllm_autoheal.remedy.model import fallback_shape
 from vllm_autoheal.vllm_release import parse_version
 
 from samples import OPENAI_HANDLER, config_shape, fake_vllm
 
 RUNS = Path(__file__).parent / "fixtures" / "gpu" / "heal-runs"
-LOG = (RUNS / "quantize-nvfp4.log").read_text()
-STARTS = re.split(r"^\[vllm-autoheal\] starting: .*$", LOG, flags=re.M)[1:]
 H100 = GpuSnapshot(gpus=[GpuInfo(index=0, name="NVIDIA H100 80GB HBM3", total_bytes=85017493504)])
 FALLBACK = {"allowed": True, "model": "L70-nvfp4", "method": "compressed-tensors", "bits": 4, "weightType": "float"}
+AWQ = {"allowed": True, "model": "L70-awq", "method": "awq_marlin", "bits": 4, "groupSize": 128}
+# Each H100 run: the fallback its options named, the switch serve made, the kernel vLLM then built
+GPU_RUNS = {
+    "quantize-nvfp4": (FALLBACK, 93792, "quantization=compressed-tensors", "MarlinNvFp4LinearKernel"),
+    "quantize-awq": (AWQ, 100128, "quantization=auto_awq", "MacheteLinearKernel"),
+}
+
+
+def _starts(name: str) -> list[str]:
+    return re.split(r"^\[vllm-autoheal\] starting: .*$", (RUNS / f"{name}.log").read_text(), flags=re.M)[1:]
+
+
+STARTS = _starts("quantize-nvfp4")
 
 
 def _printed(text: str, pattern: str) -> float:
     return float(re.search(pattern, text)[1].replace(",", ""))
 
 
-def test_the_h100_run_switched_once_and_served():
-    ours = re.findall(r"^\[vllm-autoheal\] (.*)$", LOG, re.M)
+@pytest.mark.parametrize("name", sorted(GPU_RUNS))
+def test_the_h100_run_switched_once_and_served(name):
+    ours = re.findall(r"^\[vllm-autoheal\] (.*)$", (RUNS / f"{name}.log").read_text(), re.M)
     assert sum(x.startswith("healed weights_load_oom") for x in ours) == 1
     assert any(x.startswith("healthy: ") and "after 1 restart(s)" in x for x in ours)
     assert any(x.startswith("completion ok") for x in ours)
-    assert "quantization=compressed-tensors" in STARTS[1] and "MarlinNvFp4LinearKernel" in STARTS[1]
+    _, _, method, kernel = GPU_RUNS[name]
+    assert method in _starts(name)[1] and kernel in _starts(name)[1]
 
 
-def test_the_switch_is_planned_from_the_runs_own_output_as_it_healed():
+@pytest.mark.parametrize("name", sorted(GPU_RUNS))
+def test_the_switch_is_planned_from_the_runs_own_output_as_it_healed(name):
     """The first start's output, classified with the model's shape (the weights serve reads from its
     folder), and planned with the card's total: the same switch, and the figures vLLM then printed."""
+    fallback, length, _, _ = GPU_RUNS[name]
+    starts = _starts(name)
     shape, engine = config_shape("llama-3.1-70b"), parse_args("--enforce-eager --load-format dummy").engine
     diag = classify(
         Signals(
-            log=STARTS[0],
+            log=starts[0],
             exit_code=1,
             ready_before=False,
             gpu=H100,
@@ -62,19 +81,18 @@ def test_the_switch_is_planned_from_the_runs_own_output_as_it_healed():
         )
     )
     assert diag.cause == "weights_load_oom", (diag.cause, diag.evidence)
-    spec = VLLMServiceSpec(model="L70", engine=engine, heal={"quantizedFallback": FALLBACK})
+    spec = VLLMServiceSpec(model="L70", engine=engine, heal={"quantizedFallback": fallback})
     inv = Inventory(gpu_total_gib=79.18, gpu_free_gib=79.18, shape=shape, release=parse_version("0.25.0"))
     remedy = plan_heal(spec, diag, inventory=inv)
     assert remedy.action == "Quantize", remedy.summary()
-    assert remedy.changes == {"model": "L70-nvfp4", "quantization": "compressed-tensors", "max_model_len": 93792}
+    assert remedy.changes == {"model": fallback["model"], "quantization": fallback["method"], "max_model_len": length}
     healed = remedy.apply(engine)
-    from dataclasses import replace
-
-    est = estimate(replace(shape, quantization="compressed-tensors", quant_bits=4, quant_group=16, quant_float=True), healed, lookup("NVIDIA-H100-80GB-HBM3"), None, "server", parse_version("0.25.0"))  # fmt: skip
-    assert est.weights_gib == pytest.approx(_printed(STARTS[1], r"Model loading took ([\d.]+) GiB"), abs=0.2)
-    assert est.kv_cache_gib == pytest.approx(_printed(STARTS[1], r"Available KV cache memory: ([\d.]+) GiB"), rel=0.01)
-    tokens = _printed(STARTS[1], r"GPU KV cache size: ([\d,]+) tokens")
-    assert tokens >= 93792 and est.max_model_len_fit == pytest.approx(tokens, rel=0.01)
+    weighed = fallback_shape(spec.heal, shape)
+    est = estimate(weighed, healed, lookup("NVIDIA-H100-80GB-HBM3"), None, "server", parse_version("0.25.0"))
+    assert est.weights_gib == pytest.approx(_printed(starts[1], r"Model loading took ([\d.]+) GiB"), abs=0.2)
+    assert est.kv_cache_gib == pytest.approx(_printed(starts[1], r"Available KV cache memory: ([\d.]+) GiB"), rel=0.01)
+    tokens = _printed(starts[1], r"GPU KV cache size: ([\d,]+) tokens")
+    assert tokens >= length and est.max_model_len_fit == pytest.approx(tokens, rel=0.01)
 
 
 # The child: started with the bf16 model it prints the H100 run's first start (the weights OOM) and exits 1;

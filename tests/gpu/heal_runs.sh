@@ -71,6 +71,10 @@ for scenario in "$@"; do
       L70=$MODELS/llama-3.1-70b
       CUDA_VISIBLE_DEVICES=0 serve quantize-nvfp4 "$L70" --enforce-eager --quantized-fallback "$L70-nvfp4" \
         --quantized-fallback-method compressed-tensors --quantized-fallback-bits 4 --quantized-fallback-weight-type float ;;
+    quantize-awq)  # the same with AutoAWQ's 4-bit checkpoint in groups of 128, declared bits and group (session 37)
+      L70=$MODELS/llama-3.1-70b
+      CUDA_VISIBLE_DEVICES=0 serve quantize-awq "$L70" --enforce-eager --quantized-fallback "$L70-awq4" \
+        --quantized-fallback-method awq_marlin --quantized-fallback-bits 4 --quantized-fallback-group-size 128 ;;
     *) echo "unknown scenario $scenario" ;;
   esac
 done

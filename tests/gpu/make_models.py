@@ -103,10 +103,13 @@ QUANTIZED = {
 }
 
 
-# The quantized fallback's real heal (tests/gpu/heal_runs.sh quantize-nvfp4): Llama-3.1-70B in bf16 (141 GB, more
-# than one 80 GB card holds) and as llm-compressor's NVFP4.
+# The quantized fallback's real heals (tests/gpu/heal_runs.sh quantize-nvfp4, quantize-awq): Llama-3.1-70B in bf16
+# (141 GB, more than one 80 GB card holds), as llm-compressor's NVFP4 and as AutoAWQ's 4 bits in groups of 128.
 FALLBACKS = ("llama-3.1-70b",)
-QUANTIZED_70B = {"llama-3.1-70b-nvfp4": QUANTIZED["llama-3.1-8b-nvfp4"]}
+QUANTIZED_70B = {
+    "llama-3.1-70b-nvfp4": QUANTIZED["llama-3.1-8b-nvfp4"],
+    "llama-3.1-70b-awq4": QUANTIZED["llama-3.1-8b-awq4"],
+}
 
 
 def build(root: Path, only: list[str]) -> None:
@@ -114,6 +117,7 @@ def build(root: Path, only: list[str]) -> None:
     real = {name: json.loads((CONFIGS / f"{name}.json").read_text()) for name in names}
     quantized = {name: {**real["llama-3.1-8b"], "quantization_config": q} for name, q in QUANTIZED.items()}
     quantized |= {name: {**real["llama-3.1-70b"], "quantization_config": q} for name, q in QUANTIZED_70B.items()}
+    quantized["llama-3.1-70b-awq4"]["torch_dtype"] = "float16"  # (as AutoAWQ saves its checkpoints)
     for name, config in (*real.items(), *quantized.items(), ("qwen2.5-72b", QWEN25_72B)):
         name = name.removeprefix("unseen/")
         if only and name not in only:
