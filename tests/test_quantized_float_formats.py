@@ -185,3 +185,26 @@ def test_a_forged_modelopt_config_is_not_read_as_a_width_and_never_raises(algo):
     except ModelConfigError:
         return
     assert shape.quant_bits is None
+
+
+@pytest.mark.parametrize(
+    "quant",
+    [
+        _ct(NVFP4),
+        _ct(MXFP4),
+        _ct(NVFP4, W4A16),
+        {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16, "ignore": ["lm_head"]},
+        {"quant_method": "modelopt", "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8"}},
+        {"quant_method": "modelopt", "quant_algo": "NVFP4", "ignore": ["lm_head", "model.layers.*.self_attn*"]},
+        {**_ct(FP8_CHANNEL), "kv_cache_scheme": {"num_bits": 8, "type": "float", "dynamic": False}},
+        {"quant_method": "gptq", "bits": 4, "group_size": 32},
+    ],
+)
+def test_a_checked_config_checks_to_itself(quant):
+    """A config the reader checked (a resolved source, kept and checked again) says the same the second time:
+    the format, the cache and the layers left unquantized survive, not only the bits."""
+    once = check({**json.loads((CONFIGS / "llama-3.1-8b.json").read_text()), "quantization_config": quant})
+    twice = check(once)
+    assert twice["quantization_config"] == once["quantization_config"]
+    fields = ("quantization", "quant_bits", "quant_group", "quant_float", "auto_kv_dtype", "dense_attention")
+    assert [getattr(to_shape(twice), f) for f in fields] == [getattr(to_shape(once), f) for f in fields]

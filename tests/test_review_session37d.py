@@ -3,7 +3,8 @@ quant_algo, compressed-tensors' config_groups, GPTQ/AWQ's keys), the checkpoint'
 --kv-cache-dtype auto (ModelShape.auto_kv_dtype) and its consumers. Ground truth: vLLM 0.25's source
 (transformers_utils/config.py, transformers_utils/model_arch_config_convertor.py, utils/torch_utils.py,
 model_executor/layers/attention/attention.py, quantization/modelopt.py, compressed_tensors/compressed_tensors.py).
-Strict xfails are defects found; the plain tests at the end are attacks that were defended."""
+Four defects (six strict xfails with their parameters) when found, all fixed the same session; the plain
+tests at the end are attacks that were defended."""
 
 from __future__ import annotations
 
@@ -53,10 +54,6 @@ def _kv_heal(shape, engine: dict | None = None):
     return plan_heal(spec, classify(Signals(log=KV_REFUSAL)), inventory=inv, exclude=["RaiseGpuMemoryUtilization"])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="memory.kv_cache_dtype returns --dtype under --kv-cache-dtype auto, which hides the checkpoint's cache",
-)
 @pytest.mark.parametrize("dtype", ["bfloat16", "half"])
 def test_an_explicit_model_dtype_keeps_the_checkpoints_auto_cache(dtype):
     """Severity: Medium (the cache sized at half what vLLM holds: diagnosis, pre-flight and plan numbers).
@@ -75,10 +72,6 @@ def test_an_explicit_model_dtype_keeps_the_checkpoints_auto_cache(dtype):
     assert est.kv_tokens == estimate(shape, parse_args("").engine, lookup(H100), None, "server", V025).kv_tokens
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_auto_kv compares quant_method to 'compressed-tensors' exactly; vLLM lower-cases it and maps '_' to '-'",
-)
 @pytest.mark.parametrize("method", ["compressed_tensors", "Compressed-Tensors"])
 def test_a_compressed_tensors_cache_is_read_whatever_the_method_spelling(method):
     """Severity: Medium (an fp8 KV heal that changes nothing, and the cache counted at twice its bytes).
@@ -103,10 +96,6 @@ def test_a_compressed_tensors_cache_is_read_whatever_the_method_spelling(method)
     assert r.action != "Fp8KvCache", r.summary()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="quant_config never reads ModelOpt's exclude_modules (or ignore): excluded layers are weighed quantized",
-)
 def test_modelopt_excluded_layers_are_weighed_at_the_model_dtype():
     """Severity: High (under-count of the weights by about 16 GiB on a 70B: a fit promised that OOMs).
     Input: Llama-3.1-70B ModelOpt NVFP4 (quantization {quant_algo NVFP4, group_size 16, exclude_modules
@@ -130,10 +119,6 @@ def test_modelopt_excluded_layers_are_weighed_at_the_model_dtype():
     assert gib >= 39.8 + attention * (2 - 0.5625) / GIB - 0.5, f"{gib:.2f} GiB"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="model_source reads config.json only: a ModelOpt checkpoint's hf_quant_config.json is never read",
-)
 def test_a_modelopt_hf_quant_config_json_counts(tmp_path):
     """Severity: Medium (the weights weighed at bf16, the cache at twice its bytes, an fp8 heal that changes
     nothing; a later step's OOM placed as a loading one against 15.0 GiB of weights).

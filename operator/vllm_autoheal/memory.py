@@ -75,13 +75,18 @@ def weights_bytes_per_gpu(
     linear = QUANT_BYTES.get(quant, dense) if quant else dense
     per_stage = math.ceil(shape.layers / pp)
     layers = shape.stack_params(per_stage)
-    experts = expert_zeros = 0.0
+    experts = own_width_adjust = 0.0
     if quant and same_method(quant, shape.quantization) and shape.quant_bits:  # the checkpoint's own width
         bits, group, floats = shape.quant_bits, shape.quant_group, shape.quant_float
         linear = quantized_bytes(bits, group, quant, capability, floats)
         routed = shape.moe_layer_count(per_stage) * shape.routed_expert_params() if shape.experts else 0
         # (the Marlin MoE kernel keeps AWQ's expert zero points packed where Machete widens the dense ones)
-        expert_zeros = routed * (quantized_bytes(bits, group, quant, capability, floats, experts=True) - linear) / tp
+        own_width_adjust = (
+            routed * (quantized_bytes(bits, group, quant, capability, floats, experts=True) - linear) / tp
+        )
+        if shape.dense_attention:  # (attention left unquantized: its projections in the model's dtype)
+            attention = shape.attention_params() * math.ceil(shape.attention_layers / pp)
+            own_width_adjust += attention * (dense - linear) / tp
     if quant in EXPERTS_ONLY and shape.experts:  # only the experts quantized (and padded), the rest dense
         experts = expert_bytes_per_gpu(shape, per_stage, tp, linear, capability)
         layers -= shape.moe_layer_count(per_stage) * shape.routed_expert_params()
@@ -95,7 +100,7 @@ def weights_bytes_per_gpu(
     return int(
         (layers * linear + embed * dense + vision * (linear if online_fp8 else dense)) / tp
         + experts
-        + expert_zeros
+        + own_width_adjust
         + WEIGHT_BUFFERS_GIB * GIB
     )
 
@@ -232,10 +237,13 @@ class KvNeed:
         return low
 
 
-def kv_cache_dtype(engine: EngineArgs) -> str | None:
-    """The cache's element type: kv_cache_dtype auto is the dtype the model is served in (vLLM's
+def kv_cache_dtype(engine: EngineArgs, shape: ModelShape | None = None) -> str | None:
+    """The cache's element type: kv_cache_dtype auto is the cache the checkpoint's config names (vLLM's
+    resolve_kv_cache_dtype_string, whatever --dtype says), else the dtype the model is served in (vLLM's
     kv_cache_dtype_str_to_dtype), so --dtype float32 keeps 4 bytes an element."""
-    return engine.kv_cache_dtype if engine.kv_cache_dtype not in (None, "auto") else engine.dtype
+    if engine.kv_cache_dtype not in (None, "auto"):
+        return engine.kv_cache_dtype
+    return shape.auto_kv_dtype if shape is not None and shape.auto_kv_dtype else engine.dtype
 
 
 def kv_need(
@@ -244,7 +252,7 @@ def kv_need(
     """`release`: the vLLM release that sizes it (vllm_release.py); None: one scheduler step in flight
     and windows kept, as from 0.9.1 to 0.25."""
     per_token = shape.kv_bytes_per_token(
-        kv_cache_dtype(engine), engine.tensor_parallel_size, engine.pipeline_parallel_size
+        kv_cache_dtype(engine, shape), engine.tensor_parallel_size, engine.pipeline_parallel_size
     )
     full, windowed = shape.kv_layers()
     row = facts(release)
@@ -336,7 +344,7 @@ def estimate(
     graphs = CUDAGRAPH_GIB if captures_graphs(engine.enforce_eager, engine.extra_args) else 0.0
     # (where the release reserves them, the graphs come off the KV budget and are captured inside it)
     reserved = graphs_reserved(shape, engine, release)
-    per_token = shape.kv_bytes_per_token(kv_cache_dtype(engine), tp, pp)
+    per_token = shape.kv_bytes_per_token(kv_cache_dtype(engine, shape), tp, pp)
     reasons: list[str] = []
     failure = None
     share = math.ceil(total * engine.gpu_memory_utilization * GIB) / GIB

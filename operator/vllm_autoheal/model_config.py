@@ -308,8 +308,20 @@ def _multi_query(config: dict[str, Any]) -> bool:
     return config.get("multi_query") is True and not new_falcon
 
 
-def parse(raw: str | bytes, source: str = "") -> dict[str, Any]:
-    """config.json text -> checked fields. Size-capped before parsing; NaN and Infinity refused."""
+def parse(raw: str | bytes, source: str = "", quant_raw: str | bytes | None = None) -> dict[str, Any]:
+    """config.json text -> checked fields. Size-capped before parsing; NaN and Infinity refused.
+    `quant_raw`: an hf_quant_config.json beside it, the quantization_config where config.json has none
+    (quant_method modelopt where its producer is ModelOpt, as vLLM reads it)."""
+    config = _load(raw, source)
+    if quant_raw is not None and isinstance(config, dict) and config.get("quantization_config") is None:
+        quant = _load(quant_raw, f"{source}: hf_quant_config.json")
+        producer = quant.get("producer") if isinstance(quant, dict) else None
+        if isinstance(quant, dict) and isinstance(producer, dict) and producer.get("name") == "modelopt":
+            config = {**config, "quantization_config": {"quant_method": "modelopt", **quant}}
+    return check(config, source, config_file=True)
+
+
+def _load(raw: str | bytes, source: str) -> Any:
     if len(raw) > MAX_CONFIG_BYTES:
         raise ModelConfigError(
             f"{source or 'the model config'} is {len(raw):,} bytes; at most {MAX_CONFIG_BYTES:,} are read"
@@ -326,7 +338,7 @@ def parse(raw: str | bytes, source: str = "") -> dict[str, Any]:
         if isinstance(exc, ModelConfigError):
             raise
         raise ModelConfigError(f"{source or 'the model config'} is not JSON: {exc}") from None
-    return check(config, source, config_file=True)
+    return config
 
 
 def to_shape(fields: dict[str, Any]) -> Any:

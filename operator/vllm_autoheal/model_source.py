@@ -36,6 +36,7 @@ from .api.config_json import DNS_SUBDOMAIN
 from .model_config import MAX_CONFIG_BYTES, ModelConfigError, check, parse, to_shape
 
 CONFIG_FILE = "config.json"
+HF_QUANT_FILE = "hf_quant_config.json"
 DEFAULT_ENDPOINT = "https://huggingface.co"
 DEPRECATED_ANNOTATION = "vllm.autoheal.dev/model-config"
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}(/[\w.-]{1,96})?$")
@@ -100,23 +101,29 @@ def _shaped(source: str, load: Callable[[], dict[str, Any]]) -> Resolved:
 # --- local files -----------------------------------------------------------------------------
 
 
-def read_capped(path: Path, source: str) -> dict[str, Any]:
+def _read_raw(path: Path, source: str) -> bytes:
     try:
         with open(path, "rb") as f:
-            raw = f.read(MAX_CONFIG_BYTES + 1)
+            return f.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         raise ModelConfigError(f"cannot read {source}: {exc.strerror or exc}") from None
-    return parse(raw, source)
+
+
+def read_capped(path: Path, source: str) -> dict[str, Any]:
+    return parse(_read_raw(path, source), source)
 
 
 def from_path(path: str | Path) -> dict[str, Any]:
-    """A directory holding config.json, or the file itself."""
+    """A directory holding config.json, or the file itself; and beside it ModelOpt's hf_quant_config.json,
+    which vLLM reads where config.json has no quantization_config (ModelOpt 0.29 and before wrote it so)."""
     p = Path(path)
     if p.is_dir():
         p = p / CONFIG_FILE
         if not p.is_file():
             raise ModelConfigError(f"{path} is a directory without a {CONFIG_FILE}")
-    return read_capped(p, str(p))
+    beside = p.parent / HF_QUANT_FILE
+    quant = _read_raw(beside, str(beside)) if beside.is_file() else None
+    return parse(_read_raw(p, str(p)), str(p), quant_raw=quant)
 
 
 # --- the Hub ---------------------------------------------------------------------------------

@@ -30,10 +30,23 @@ MODELOPT_BLOCKS = {"FP8_PB_WO": [128, 128]}
 # (torch_utils.get_kv_cache_quant_algo_string): fp8, or NVFP4's 4 bits and an fp8 scale a 16.
 MODELOPT_KV = {"fp8": "fp8_e4m3", "nvfp4": "nvfp4"}
 
+# The layers a checkpoint leaves unquantized (ModelOpt's exclude_modules or ignore, compressed-tensors' ignore),
+# as the memory model can count them: attention projections are kept at the model's dtype; names of parts it
+# does not weigh as quantized anyway (the head, embeddings, norms, a vision tower, MoE routers) change nothing;
+# any other (an MLP, a whole layer) leaves the width unknown, as a mixed-precision checkpoint's.
+MAX_EXCLUDED = 4096
+UNWEIGHED_PARTS = ("lm_head", "embed", "norm", "vision", "visual", "vit", "mm_projector", "multi_modal", "audio")
+ATTENTION_PARTS = ("attn", "attention")
+
 # Weights a quantization scale serves: -1 is one per output channel, 0 is no group at all (refused)
 GROUP_FIELD = ConfigField("quantization_config.group_size", -1, 65536, "Weights a quantization scale serves.")
 GROUP_RULE = "-1 (a scale per output channel) or a positive group"
 BITS_FIELD = ConfigField("quantization_config.bits", 1, 32, "Bits per weight.")
+
+
+def _canonical(method: Any) -> str | None:
+    """A quant_method as vLLM compares it: lower case, compressed_tensors spelled compressed-tensors."""
+    return method.lower().replace("compressed_tensors", "compressed-tensors") if isinstance(method, str) else None
 
 
 def _modelopt(quant: dict[str, Any]) -> dict[str, Any] | None:
@@ -56,7 +69,9 @@ def _auto_kv(quant: dict[str, Any]) -> str | None:
     """The cache dtype vLLM runs under `auto` for this checkpoint (None: the model's dtype): a compressed-tensors
     config's kv_cache_scheme is fp8 (attention.py applies it where the cache dtype is auto); ModelOpt's
     kv_cache_scheme or kv_cache_quant_algo, resolved as torch_utils.get_kv_cache_quant_algo_string does."""
-    if quant.get("quant_method") == "compressed-tensors":
+    if quant.get("kv_cache_dtype") in MODELOPT_KV.values():  # (what this reader wrote of a config it checked)
+        return str(quant["kv_cache_dtype"])
+    if _canonical(quant.get("quant_method")) == "compressed-tensors":
         return "fp8_e4m3" if isinstance(quant.get("kv_cache_scheme"), dict) and quant["kv_cache_scheme"] else None
     settings = _modelopt(quant)
     if settings is None:
@@ -73,6 +88,29 @@ def _auto_kv(quant: dict[str, Any]) -> str | None:
             else None
         )
     return MODELOPT_KV.get(algo.lower()) if isinstance(algo, str) and len(algo) <= 64 else None
+
+
+def _excluded(quant: dict[str, Any]) -> str | None:
+    """What the checkpoint leaves unquantized: None (nothing the memory model weighs otherwise),
+    "attention" (attention projections in the model dtype), or "unknown"."""
+    settings = _modelopt(quant) or quant
+    names: Any = next(
+        (v for v in (settings.get("exclude_modules"), settings.get("ignore"), quant.get("ignore")) if v), []
+    )
+    if not isinstance(names, list) or len(names) > MAX_EXCLUDED:
+        return "unknown"
+    found = None
+    for name in names:
+        text = name.lower() if isinstance(name, str) and len(name) <= 512 else None
+        if text is None:
+            return "unknown"
+        text = text.rstrip("$")  # (compressed-tensors' "re:" patterns end so)
+        if any(part in text for part in UNWEIGHED_PARTS) or text.endswith(("gate", "router")):
+            continue
+        if not any(part in text for part in ATTENTION_PARTS):
+            return "unknown"
+        found = "attention"
+    return found
 
 
 def _weights_args(quant: dict[str, Any]) -> list[dict[str, Any]] | None:
@@ -99,8 +137,9 @@ def _weights_format(quant: dict[str, Any], method: str, source: str) -> tuple[in
     their widths do; else GPTQ/AWQ's `bits` (`w_bit`) and `group_size` (`q_group_size`). Bits None: not known
     (a group without num_bits, mixed widths, a mixed-precision algo)."""
     settings = _modelopt(quant)
-    if settings is not None:  # (ModelOpt: its quant_algo decides, whatever config_groups a newer export adds)
-        algo = _modelopt_algo(quant)
+    algo = _modelopt_algo(quant)
+    if settings is not None and (algo is not None or "bits" not in quant):  # (ModelOpt: its quant_algo decides,
+        # whatever config_groups a newer export adds; a checked config keeps what it said as bits)
         if algo not in MODELOPT_ALGOS:
             return None, None, False
         width, default = MODELOPT_ALGOS[algo]
@@ -128,7 +167,8 @@ def _weights_format(quant: dict[str, Any], method: str, source: str) -> tuple[in
     bits_key = next((k for k in ("bits", "w_bit") if quant.get(k) is not None), None)
     if bits_key is None:
         return None, group, False
-    return integer(quant[bits_key], BITS_FIELD, f"quantization_config.{bits_key}", source), group, False
+    floats = quant.get("weights_type") == "float"  # (what this reader wrote of a config it checked before)
+    return integer(quant[bits_key], BITS_FIELD, f"quantization_config.{bits_key}", source), group, floats
 
 
 def quantization(quant: Any, source: str) -> dict[str, Any] | None:
@@ -144,6 +184,9 @@ def quantization(quant: Any, source: str) -> dict[str, Any] | None:
         return None
     out: dict[str, Any] = {"quant_method": method}
     bits, group, floats = _weights_format(quant, method, source)
+    excluded = "attention" if quant.get("dense_attention") is True else _excluded(quant)
+    bits = None if excluded == "unknown" else bits  # (a width only part of the layers has: not one figure)
+    out |= {"dense_attention": True} if excluded == "attention" and bits is not None else {}
     out |= {"bits": bits} if bits is not None else {}
     out |= {"group_size": group} if group is not None else {}
     out |= {"weights_type": "float"} if floats and bits is not None else {}
