@@ -145,8 +145,8 @@ def test_real_h200_ooms_after_loading_are_never_called_loading(log):
     from pathlib import Path
 
     from vllm_autoheal.api import EngineArgs
-    from vllm_autoheal.memory import weights_gib_to_diagnose
     from vllm_autoheal.model_config import parse, to_shape
+    from vllm_autoheal.model_weights import weights_gib_to_diagnose
 
     fixtures = Path(__file__).parent / "fixtures"
     shape = to_shape(parse((fixtures / "configs" / "llama-3.1-8b.json").read_text()))

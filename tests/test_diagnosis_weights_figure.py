@@ -1,5 +1,5 @@
 """The weights figure the unplaced-OOM rules (diagnosis/unplaced.py) are fed: kube/crash.py's
-weights_per_gpu = memory.weights_gib_to_diagnose(shape, engine) of the model's config.json. It counts the
+weights_per_gpu = model_weights.weights_gib_to_diagnose(shape, engine) of the model's config.json. It counts the
 weights as vLLM loads them, so an OOM after the weights were all resident is not called weights_load_oom
 (a wrong memory change). Each test models a real checkpoint and the vLLM behaviour that puts less on the
 GPU than a naive estimate.
@@ -16,8 +16,8 @@ import pytest
 
 from vllm_autoheal.api import EngineArgs
 from vllm_autoheal.diagnosis import Signals, classify
-from vllm_autoheal.memory import weights_gib_to_diagnose
 from vllm_autoheal.model_config import parse, to_shape
+from vllm_autoheal.model_weights import weights_gib_to_diagnose
 
 
 def operator_weights(config: dict, **engine) -> float | None:

@@ -9,8 +9,9 @@ import pytest
 
 from vllm_autoheal.api import EngineArgs
 from vllm_autoheal.gpu_catalog import lookup
-from vllm_autoheal.memory import estimate, weights_bytes_per_gpu
+from vllm_autoheal.memory import estimate
 from vllm_autoheal.model_shape import shape_from_config
+from vllm_autoheal.model_weights import weights_bytes_per_gpu
 
 from samples import CONFIGS, config_shape
 
@@ -130,7 +131,7 @@ def test_plan_cli_json_keys_and_exit_codes():
 def test_the_classifier_gets_the_weights_only_where_the_flags_place_them_as_counted(engine, sized):
     """An overestimate would call a later step's OOM a loading one: flags the model does not count
     (offload, data/expert parallel, another quantization through extra args) give no figure."""
-    from vllm_autoheal.memory import weights_gib_per_gpu, weights_gib_to_diagnose
+    from vllm_autoheal.model_weights import weights_gib_per_gpu, weights_gib_to_diagnose
 
     args = EngineArgs.model_validate(engine)
     got = weights_gib_to_diagnose(config_shape("llama-3.1-70b"), args)
@@ -142,7 +143,7 @@ def test_the_classifier_gets_the_weights_only_where_the_flags_place_them_as_coun
 def test_a_container_quantization_without_its_bits_gives_the_classifier_no_figure():
     """compressed-tensors (and modelopt, quark, ...) hold 4- or 8-bit schemes: without the checkpoint's
     bits the width is a guess, and an overestimate would call a later OOM a loading one."""
-    from vllm_autoheal.memory import weights_gib_to_diagnose
+    from vllm_autoheal.model_weights import weights_gib_to_diagnose
 
     cfg = json.loads((CONFIGS / "llama-3.1-70b.json").read_text())
     unknown = shape_from_config({**cfg, "quantization_config": {"quant_method": "compressed-tensors"}})

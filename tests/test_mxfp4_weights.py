@@ -8,8 +8,9 @@ import pytest
 
 from vllm_autoheal.api import EngineArgs
 from vllm_autoheal.gpu_catalog import GpuSpec, lookup
-from vllm_autoheal.memory import WEIGHT_BUFFERS_GIB, estimate, weights_bytes_per_gpu, weights_gib_per_gpu
+from vllm_autoheal.memory import estimate
 from vllm_autoheal.model_shape import QUANT_BYTES
+from vllm_autoheal.model_weights import WEIGHT_BUFFERS_GIB, weights_bytes_per_gpu, weights_gib_per_gpu
 from vllm_autoheal.mxfp4_experts import expert_bytes_per_gpu, padding
 
 from samples import config_shape, gpt_oss

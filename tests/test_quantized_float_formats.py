@@ -16,8 +16,8 @@ from vllm_autoheal.diagnosis import Diagnosis
 from vllm_autoheal.diagnosis.model import Cause
 from vllm_autoheal.engine import parse_args
 from vllm_autoheal.gpu_catalog import lookup
-from vllm_autoheal.memory import weights_bytes_per_gpu
 from vllm_autoheal.model_config import ModelConfigError, check, to_shape
+from vllm_autoheal.model_weights import weights_bytes_per_gpu
 from vllm_autoheal.quant_width import quantized_bytes
 from vllm_autoheal.remedy import Inventory, plan_heal
 from vllm_autoheal.vllm_release import parse_version

@@ -83,7 +83,7 @@ def test_a_gguf_fallback_is_not_weighed_at_a_width_the_method_does_not_say():
     Input: Llama-3.1-70B-Instruct in bf16 on one L40S (44.4 GiB), --max-model-len 4096: out of memory
     loading the weights; quantizedFallback a Q2_K GGUF of it (method gguf; the file is 26.4 GB, about
     24.6 GiB, with its embeddings quantized too).
-    Now: gguf is not in memory.VARIABLE_WIDTH, so _cannot_fit weighs the model at 0.563 bytes a linear
+    Now: gguf is not in model_weights.VARIABLE_WIDTH, so _cannot_fit weighs the model at 0.563 bytes a linear
     weight (39.85 GiB of weights on the GPU) and says no memory is left for the KV cache: Quantize
     refused, GiveUp. The real checkpoint leaves about 14 GiB for the cache at 0.9.
     Right: a GGUF's width is the file's quant type, which the method does not say (as for awq and gptq):

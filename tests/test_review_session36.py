@@ -22,7 +22,8 @@ from vllm_autoheal.diagnosis.model import Cause
 from vllm_autoheal.diagnosis.units import GIB
 from vllm_autoheal.engine import parse_args
 from vllm_autoheal.gpu_catalog import lookup
-from vllm_autoheal.memory import WEIGHT_BUFFERS_GIB, estimate
+from vllm_autoheal.memory import estimate
+from vllm_autoheal.model_weights import WEIGHT_BUFFERS_GIB
 from vllm_autoheal.remedy import Inventory, plan_heal
 from vllm_autoheal.validation import admit
 from vllm_autoheal.vllm_release import parse_version

@@ -2,7 +2,7 @@
 PatchSpec switch leaves in the spec (its modelConfig), pre-flight, the crash classifier's weights figure,
 `plan --quantized-variant` against the heal's group formula, and status overrides. Seven strict xfails when
 found, all fixed the same session (a declared width comes before a config that may be the replaced model's;
-remedy.model.running_shape serves the heal, pre-flight and the classifier; memory.VARIABLE_WIDTH and the
+remedy.model.running_shape serves the heal, pre-flight and the classifier; model_weights.VARIABLE_WIDTH and the
 4-bit QUANT_BYTES derive from the fallback's WIDTHS and quant_width; status's fallback only where allowed);
 their docstrings still say what the code did. The plain tests are attacks that were defended."""
 

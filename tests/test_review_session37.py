@@ -16,8 +16,9 @@ import pytest
 from vllm_autoheal.api import VLLMServiceSpec
 from vllm_autoheal.engine import parse_args
 from vllm_autoheal.gpu_catalog import lookup
-from vllm_autoheal.memory import estimate, weights_bytes_per_gpu
+from vllm_autoheal.memory import estimate
 from vllm_autoheal.model_config import ModelConfigError, check, to_shape
+from vllm_autoheal.model_weights import weights_bytes_per_gpu
 from vllm_autoheal.remedy.model import running_shape
 from vllm_autoheal.vllm_release import parse_version
 

@@ -8,7 +8,7 @@ each test of the first part documents a config checked and found within 5 % (wei
 bytes per token).
 
 Expected weights: published parameter count x 2 bytes (bf16/fp16 as vLLM serves them under --dtype
-auto) / TP + memory.WEIGHT_BUFFERS_GIB, the model's own allowance for buffers. Expected KV bytes per
+auto) / TP + model_weights.WEIGHT_BUFFERS_GIB, the model's own allowance for buffers. Expected KV bytes per
 token: vLLM's formula, 2 x attending layers x KV heads / TP x head_dim x 2 bytes (MLA: (kv_lora_rank +
 qk_rope_head_dim) x layers x 2 bytes).
 
@@ -55,8 +55,8 @@ from pathlib import Path
 import pytest
 
 from vllm_autoheal.diagnosis.units import GIB
-from vllm_autoheal.memory import WEIGHT_BUFFERS_GIB, weights_bytes_per_gpu
 from vllm_autoheal.model_config import parse, to_shape
+from vllm_autoheal.model_weights import WEIGHT_BUFFERS_GIB, weights_bytes_per_gpu
 
 from samples import CONFIGS
 

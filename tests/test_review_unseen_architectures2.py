@@ -6,7 +6,7 @@ the memory model must give the figure vLLM uses, or refuse (plan exits 2 naming 
 heals fall back): never a confident wrong figure.
 
 Method (as round 1): expected weights = published parameter count x 2 bytes (bf16/fp16 as vLLM serves
-them under --dtype auto) / TP + memory.WEIGHT_BUFFERS_GIB; expected KV bytes per token = vLLM's formula,
+them under --dtype auto) / TP + model_weights.WEIGHT_BUFFERS_GIB; expected KV bytes per token = vLLM's formula,
 2 x attending layers x KV heads / TP x head_dim x 2 bytes; a Mamba layer keeps instead a state page a
 request (vLLM mamba_utils.py). Right: weights within 5 %, KV bytes per token exact, or refused naming a
 field. Wrong: a strict xfail asserting the right behaviour (the right figure, or a refusal), whose reason

@@ -7,7 +7,7 @@ the memory model must give the figure vLLM uses, or refuse (plan exits 2 naming 
 confident wrong figure, never a traceback.
 
 Method (as rounds 1 and 2): expected weights = published parameter count x 2 bytes / TP +
-memory.WEIGHT_BUFFERS_GIB; for a checkpoint its config says is quantized, the checkpoint's own size
+model_weights.WEIGHT_BUFFERS_GIB; for a checkpoint its config says is quantized, the checkpoint's own size
 (the sum of its tensors, as the source lists them, less the MTP layer vLLM loads only as a draft).
 Expected KV bytes per token = vLLM 0.25's formula for the architecture (model_executor/models/*.py,
 v1/kv_cache_interface.py). Right: weights within 5 %, KV bytes per token exact, or refused naming a
@@ -55,7 +55,7 @@ import json
 import pytest
 
 from test_review_unseen_architectures import H100, ReviewConfigs, expected_gib, plan, within
-from vllm_autoheal.memory import WEIGHT_BUFFERS_GIB
+from vllm_autoheal.model_weights import WEIGHT_BUFFERS_GIB
 
 from samples import CONFIGS
 

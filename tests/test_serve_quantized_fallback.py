@@ -25,7 +25,8 @@ from vllm_autoheal.api import VLLMServiceSpec
 from vllm_autoheal.diagnosis import GpuInfo, GpuSnapshot, Signals, classify
 from vllm_autoheal.engine import parse_args
 from vllm_autoheal.gpu_catalog import lookup
-from vllm_autoheal.memory import estimate, weights_gib_to_diagnose
+from vllm_autoheal.memory import estimate
+from vllm_autoheal.model_weights import weights_gib_to_diagnose
 from vllm_autoheal.remedy import Inventory, plan_heal
 from vllm_autoheal.remedy.model import fallback_shape
 from vllm_autoheal.vllm_release import parse_version

@@ -51,7 +51,7 @@ def test_mm_encoder_tp_mode_data_replicates_the_encoder_on_every_gpu():
     """--mm-encoder-tp-mode data: 'hosting the full weights on each TP rank' (MultiModalConfig); the
     Qwen-VL encoders honour it (supports_encoder_tp_data). Dividing the encoder by TP 8 leaves 7/8 of
     Qwen2.5-VL's 1.26 GiB uncounted on every GPU."""
-    from vllm_autoheal.memory import weights_gib_per_gpu
+    from vllm_autoheal.model_weights import weights_gib_per_gpu
 
     raw = {**json.loads((CONFIGS / "qwen2.5-7b.json").read_text()), "vision_config": QWEN25_VL}
     shape = shape_from_config(model_config.check(raw))
@@ -76,7 +76,7 @@ def test_the_h200_run_was_text_only_so_its_1_43_gib_is_the_language_model():
 def test_the_classifier_gets_no_threshold_where_the_encoder_may_or_may_not_be_replicated():
     """vLLM replicates only encoders with data-parallel support and splits the rest: the threshold
     would be the larger count, and an overestimate calls a later step's OOM a loading one."""
-    from vllm_autoheal.memory import weights_gib_to_diagnose
+    from vllm_autoheal.model_weights import weights_gib_to_diagnose
 
     raw = {**json.loads((CONFIGS / "qwen2.5-7b.json").read_text()), "vision_config": QWEN25_VL}
     shape = shape_from_config(model_config.check(raw))
@@ -86,7 +86,7 @@ def test_the_classifier_gets_no_threshold_where_the_encoder_may_or_may_not_be_re
 
 
 def test_the_dotted_limit_spelling_is_read():
-    from vllm_autoheal.memory import encoder_placement
+    from vllm_autoheal.engine_defaults import encoder_placement
 
     assert encoder_placement(["--limit-mm-per-prompt.image", "0", "--limit-mm-per-prompt.video=0"]) == "off"
     assert encoder_placement(["--limit-mm-per-prompt.image", "0"]) == "weights"
@@ -97,7 +97,7 @@ def test_online_fp8_quantizes_the_encoder_with_the_rest():
     """--quantization fp8 on a bf16 checkpoint: vLLM passes the quant_config to the Qwen2.5-VL tower
     (qwen2_5_vl.py), and online Fp8Config quantizes every linear layer it does not ignore - the
     encoder's 0.68 B parameters take 1 byte each, not 2 (0.63 GiB counted twice over)."""
-    from vllm_autoheal.memory import weights_gib_per_gpu
+    from vllm_autoheal.model_weights import weights_gib_per_gpu
 
     raw = {**json.loads((CONFIGS / "qwen2.5-7b.json").read_text()), "vision_config": QWEN25_VL}
     shape = shape_from_config(model_config.check(raw))

@@ -136,7 +136,7 @@ def weights_gib(spec: VLLMServiceSpec, model: str, engine: EngineArgs, shape: Mo
     if running is None:
         return None
     try:
-        from .memory import weights_gib_to_diagnose
+        from .model_weights import weights_gib_to_diagnose
 
         return weights_gib_to_diagnose(running, engine)
     except Exception:  # noqa: BLE001 - a model we cannot size only leaves an OOM unplaced

@@ -14,9 +14,9 @@ from ..api import EngineArgs, VLLMService
 from ..diagnosis import Diagnosis, Signals, classify, termination
 from ..diagnosis.figures import MAX_GIB
 from ..gpu_catalog import least_cuda_free_gib
-from ..memory import weights_gib_to_diagnose
 from ..model_shape import ModelShape
 from ..model_source import DEPRECATED_ANNOTATION
+from ..model_weights import weights_gib_to_diagnose
 from ..remedy.model import running_shape
 from . import pods, resources
 from .client import Kube

@@ -18,13 +18,12 @@ from ..gpu_catalog import GpuSpec, lookup
 from ..memory import (
     CUDA_CONTEXT_GIB,
     CUDAGRAPH_GIB,
-    FIXED_WIDTH,
     Estimate,
     ModelShape,
     estimate,
     graphs_beside_budget,
-    same_method,
 )
+from ..model_weights import FIXED_WIDTH, same_method
 from ..quant_width import default_group, quantized_bytes
 from ..remedy_gate import Limits
 from ..vllm_release import Release, facts
