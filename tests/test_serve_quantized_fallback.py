@@ -184,3 +184,30 @@ def test_a_fallback_option_that_cannot_be_used_is_refused_naming_it(options, nam
         code = exc.code
     err = capsys.readouterr().err
     assert code == 2 and named in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("spelling", ["same", "trailing-slash", "dot-slash", "link"])
+def test_a_fallback_that_is_the_served_model_however_spelled_is_refused(spelling, tmp_path, capsys, monkeypatch):
+    """A fallback naming the model being served would switch to the same weights (the planner skips it):
+    refused with exit 2, also where the folder is spelled another way (`/m/`, `./m`, a link to it)."""
+    from vllm_autoheal.cli import main
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (tmp_path / "link").symlink_to(folder)
+    monkeypatch.chdir(tmp_path)
+    fallback = {"same": str(folder), "trailing-slash": f"{folder}/", "dot-slash": "./m", "link": "link"}[spelling]
+    options = ["--quantized-fallback", fallback, "--quantized-fallback-method", "awq"]
+    code = main(["serve", str(folder), "--python", "/nonexistent/python", *options])
+    err = capsys.readouterr().err
+    assert code == 2 and "names the model being served" in err and "Traceback" not in err, err
+
+
+def test_another_folder_as_the_fallback_is_not_refused_as_the_served_model(tmp_path):
+    from vllm_autoheal.cli_serve import same_checkpoint
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    assert not same_checkpoint(str(tmp_path / "a"), str(tmp_path / "b"))
+    assert not same_checkpoint("org/model", "org/model-AWQ")
+    assert same_checkpoint("org/model", "org/model/")

@@ -4,6 +4,7 @@ quantized fallback, vLLM's flags), refused with exit 2 naming the option, then t
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -18,6 +19,17 @@ def fallback_option(key: str) -> str:
     return "--" + option.replace("_", "-") if option else f"--quantized-fallback ({key})"
 
 
+def same_checkpoint(a: str, b: str) -> bool:
+    """Whether two --model values name one checkpoint: the same text, the same local folder however
+    spelled (`/m/`, `/m`, `./m`, a link to it), or the same Hub id but for a trailing slash."""
+    if a.rstrip("/") == b.rstrip("/"):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):  # (not both local paths: a Hub id, or a name with a NUL)
+        return False
+
+
 def quantized_fallback(args: argparse.Namespace) -> dict[str, object] | None:
     """spec.heal.quantizedFallback from serve's options (None where none is named): naming it is the
     consent to switch to it, as allowed: true is in a VLLMService."""
@@ -28,7 +40,7 @@ def quantized_fallback(args: argparse.Namespace) -> dict[str, object] | None:
         raise ValueError(
             "--quantized-fallback and --quantized-fallback-method go together (the checkpoint and its method)"
         )
-    if given["model"] == args.model:  # (the planner skips a fallback that is the model: so would every heal)
+    if same_checkpoint(str(given["model"]), args.model):  # (the planner skips a fallback that is the model)
         raise ValueError(
             "--quantized-fallback names the model being served: a fallback is another checkpoint "
             "(vLLM's online fp8 of this one is --quantization fp8)"
