@@ -28,6 +28,7 @@ SUBTYPES = (
     "max_model_len_exceeds_kv_capacity",
     "state_blocks_below_max_num_seqs",
     "free_memory_below_requested",
+    "free_memory_below_engine_budget",
     "other_process_holds_gpu",
     "weights_exceed_gpu",
     "allocation_larger_than_gpu",

@@ -27,6 +27,7 @@ KIND = {
     "free_gib": SIZE,
     "total_gib": POSITIVE_SIZE,
     "requested_gib": POSITIVE_SIZE,
+    "engine_budget_gib": POSITIVE_SIZE,  # what a utilization leaves beside weights held outside the engine
     "needed_gib": POSITIVE_SIZE,
     "available_gib": SIZE,
     "initial_free_gib": SIZE,
@@ -90,6 +91,7 @@ DEVICE_BOUNDED = {
     "kv_reserved_gib",
     "graphs_gib",
     "warmup_peak_gib",
+    "engine_budget_gib",
 }
 # vLLM prints GiB as "GB" (format_gib), so GB counts as GiB; the other decimal units are what they say.
 _UNIT = {

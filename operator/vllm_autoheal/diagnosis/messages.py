@@ -69,12 +69,16 @@ FAILURES: tuple[Message, ...] = (
         m.PHASE_LOAD,
         "external_weights_exceed_budget",
     ),
+    # ... and the budget left beside them is more than is free: "(free/total GiB) ... (utilization, the
+    # engine's budget GiB)"; the weights held outside are utilization x total less that budget.
     _m(
         MEMORY,
-        r"Free memory on device.{0,300}?less than the engine's budget after excluding",
+        r"Free memory on device(?: \S+)?(?: \((?P<free_gib>[\d.]+)/(?P<total_gib>[\d.]+) GiB\))?.{0,300}?"
+        r"less than the engine's budget after excluding(?: external process's weights "
+        r"\((?P<util>[\d.]+), (?P<engine_budget_gib>[\d.]+) GiB\))?",
         m.GPU_UTIL_EXCEEDS_FREE,
         m.PHASE_LOAD,
-        "free_memory_below_requested",
+        "free_memory_below_engine_budget",
     ),
     _m(
         MEMORY,

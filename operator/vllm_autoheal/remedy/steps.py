@@ -62,6 +62,12 @@ def share_of_free(ctx: Context) -> tuple[float, float, str, bool] | None:
             printed = True  # (this crash's own figure too: a later crash's cuts again where others grew)
     if free is None:  # (with kv_cache_memory_bytes set too: vLLM checks total x utilization against free first)
         return None
+    if ctx.diag.subtype == "free_memory_below_engine_budget":  # (weights held outside: vLLM 0.32's IPC cache)
+        held = held_outside(ctx)
+        if held is None:  # (sized from the free figure alone, the share would not cover the weights held)
+            return None
+        free += held
+        basis += f", beside {held:.2f} GiB of weights held outside the engine"
     # The printed free figure already excludes vLLM's own CUDA context. On a GPU keep room for the
     # CUDA graphs (where captured outside the budget) plus 0.5 GiB and 1%; free host memory moves
     # between runs (page cache, NUMA accounting), so on the CPU backend keep a quarter back.
@@ -69,6 +75,17 @@ def share_of_free(ctx: Context) -> tuple[float, float, str, bool] | None:
     # (from above the bounds' highest utilization, to it at most: the cut must pass the gate)
     new = min(round_util((free - margin) / total), ctx.policy.bounds.max_gpu_memory_utilization)
     return new, free, basis, printed
+
+
+def held_outside(ctx: Context) -> float | None:
+    """The weights another process holds for vLLM (its IPC weight cache), which its utilization counts:
+    the printed share of the device less the engine's budget beside them (utils.request_memory); None
+    where the line does not give both, or they say nothing is held."""
+    util, budget, total = ctx.num("util"), ctx.num("engine_budget_gib"), ctx.num("total_gib") or ctx.total
+    if util is None or budget is None or not total:
+        return None
+    held = util * total - budget
+    return held if held > 0.01 else None
 
 
 def _at(ctx: Context, util: float) -> Estimate | None:
