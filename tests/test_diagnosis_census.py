@@ -112,11 +112,6 @@ DESIGNED: dict[str, tuple[str, str]] = {
 
 # id -> why the classifier still misses it (strict: a fix must remove the entry)
 LIMITS: dict[str, str] = {
-    "v0.32.0-mm-ipc-gpu-reserve-exceeds-kv": (
-        "frontend multimodal GPU decoding's reservation (mm_ipc_gpu_memory_gb, not a flag a heal sets) leaves no "
-        "KV cache: read as a non-memory ValueError, so no heal; a raise sized from the two figures would still "
-        "leave the KV cache short of one request"
-    ),
     "v0.32.0-hisparse-host-pool-below-max-model-len": (
         "the HiSparse connector's host pool (host_pool_gib, a connector setting) holds fewer blocks than one "
         "request: a shorter context would fit, but the pool's block size is not printed; no heal"

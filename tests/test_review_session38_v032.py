@@ -24,8 +24,6 @@ right.
 
 from __future__ import annotations
 
-import pytest
-
 from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.diagnosis.model import Cause, EnginePhase
 from vllm_autoheal.remedy import plan_from_command
@@ -287,11 +285,6 @@ MM_IPC_RESERVATION = "\n".join(
 )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="0.32's frontend multimodal reservation refusal (gpu_ipc_memory.py:238) is not in the message table: "
-    "unknown, NoChange, where vLLM's own figures say the KV budget is 2.19 GiB short of the reservation",
-)
 def test_the_frontend_multimodal_reservation_leaving_no_kv_cache_is_a_kv_shortage():
     """Input: Qwen2.5-VL-7B with the PyNvVideoCodec backend and mm_ipc_gpu_memory_gb 8 on one H100 at
     utilization 0.9; vLLM reserves 10.05 GiB for frontend decoding out of a KV budget of 7.86 GiB and refuses.
@@ -323,11 +316,6 @@ EXTERNAL_WEIGHTS_FREE = "\n".join(
 )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the external-weights free check (utils.py:741) is matched without its figures: the remedy steps "
-    "0.9 -> 0.88 blind, which asks the engine for 54.7 GiB where 20.5 GiB is free",
-)
 def test_the_external_weights_free_check_is_sized_from_its_own_figures():
     """Input: Llama-3.1-8B loaded through vLLM 0.32's IPC weight cache (14.99 GiB held by the daemon) at
     utilization 0.9 on an H100 where another process holds most of the rest: 20.5 of 79.19 GiB free.
@@ -362,11 +350,6 @@ EXTERNAL_WEIGHTS_EXCEED = "\n".join(
 )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="external weights over the utilization budget (utils.py:731) are read as weights_load_oom with no "
-    "figure: GiveUp, where vLLM's words and figures say a raise to above 67.72/79.19 passes",
-)
 def test_external_weights_above_the_budget_raise_the_utilization_past_them():
     """Input: a Llama-3.1-70B FP8 checkpoint (67.72 GiB) held by 0.32's IPC weight cache daemon on one H100,
     vLLM started at utilization 0.8 (63.36 GiB).
@@ -426,11 +409,6 @@ PLANNED_START = "\n".join(
 )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="0.32's persisted startup plan (startup_plan.py:153) fixes the KV cache at 54.21 GiB whatever the "
-    "utilization: the runtime-OOM remedy's utilization cut changes nothing and the OOM recurs",
-)
 def test_a_runtime_oom_under_a_persisted_startup_plan_shrinks_the_kv_cache_itself():
     """Input: Llama-3.1-8B on one H100 with VLLM_ENABLE_STARTUP_PLAN=1; the boot applies the persisted plan
     (kv_cache_memory_bytes 54.21 GiB, "Memory profiling will be skipped"), serves, then dies of a 2 GiB

@@ -61,6 +61,7 @@ CALLS_FOR: dict[str, dict[str, int]] = {
     },
     "cudagraph_capture_oom": {"enforce_eager": UP, "gpu_memory_utilization": DOWN, "max_model_len": DOWN},
     "runtime_oom": {
+        "kv_cache_memory_bytes": DOWN,  # where it, not the utilization, sizes the cache
         "gpu_memory_utilization": DOWN,
         "max_num_seqs": DOWN,
         "max_num_batched_tokens": DOWN,
@@ -77,7 +78,7 @@ ONLY_WITH: dict[tuple[str, str], tuple[str, ...]] = {
     ("weights_load_oom", "max_model_len"): ("tensor_parallel_size", "model"),
     ("gpu_util_exceeds_free", "tensor_parallel_size"): ("gpu_memory_utilization",),
     ("profiling_oom", "max_model_len"): ("gpu_memory_utilization",),
-    ("runtime_oom", "max_model_len"): ("gpu_memory_utilization",),
+    ("runtime_oom", "max_model_len"): ("gpu_memory_utilization", "kv_cache_memory_bytes"),
 }
 # Actions whose pods ask the scheduler for more than before (more GPUs, more memory).
 NEEDS_MORE_RESOURCES = frozenset({"IncreaseTensorParallel", "RaiseMemoryLimit"})

@@ -145,6 +145,7 @@ ANCHORS = (
     "oom-kill",
     "DefaultCPUAllocator",
     "excluding",
+    "decoding reserves",
     "stored in KV cache",
     "for KV cache",
     "HSA_STATUS",

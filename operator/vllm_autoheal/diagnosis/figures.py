@@ -27,7 +27,10 @@ KIND = {
     "free_gib": SIZE,
     "total_gib": POSITIVE_SIZE,
     "requested_gib": POSITIVE_SIZE,
-    "engine_budget_gib": POSITIVE_SIZE,  # what a utilization leaves beside weights held outside the engine
+    "engine_budget_gib": POSITIVE_SIZE,
+    "external_gib": SIZE,  # a model's weights another process holds for vLLM (0.32's IPC weight cache)
+    "mm_reserved_gib": SIZE,  # what 0.32's frontend multimodal decoding takes out of the KV cache's budget
+    "kv_fixed_gib": SIZE,  # the KV cache --kv-cache-memory-bytes fixed, whatever the utilization  # what a utilization leaves beside weights held outside the engine
     "needed_gib": POSITIVE_SIZE,
     "available_gib": SIZE,
     "initial_free_gib": SIZE,
@@ -92,6 +95,9 @@ DEVICE_BOUNDED = {
     "graphs_gib",
     "warmup_peak_gib",
     "engine_budget_gib",
+    "external_gib",
+    "mm_reserved_gib",
+    "kv_fixed_gib",
 }
 # vLLM prints GiB as "GB" (format_gib), so GB counts as GiB; the other decimal units are what they say.
 _UNIT = {

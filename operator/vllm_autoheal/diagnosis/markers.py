@@ -317,6 +317,9 @@ MARKERS: tuple[Message, ...] = (
         needles=("CUDA graph memory profiling is enabled",),
     ),
     _m(FIGURE, r"Initial free memory:? (?P<initial_free_gib>[\d.]+) GiB"),
+    # The KV cache's size fixed by --kv-cache-memory-bytes (or 0.32's persisted startup plan, which sets it):
+    # "This does not respect the gpu_memory_utilization config" (gpu_worker determine_available_memory).
+    _m(FIGURE, r"reserved (?P<kv_fixed_gib>[\d.]{1,12}) GiB memory for KV Cache as specified by kv_cache_memory_bytes"),
     _m(
         FIGURE,
         # (X{1,64} written X X{0,63}: the regex then starts with the literal "Process ")

@@ -59,12 +59,14 @@ FAILURES: tuple[Message, ...] = (
         m.PHASE_LOAD,
         "free_memory_below_requested",
     ),
-    # The model's own weights, held by an external loader (vLLM 0.32's IPC weight cache), take more
-    # than the whole utilization budget: the weights do not fit what vLLM may use. (Lowering the
-    # utilization, as for another process, would only make it worse.)
+    # The model's own weights, held by an external loader (vLLM 0.32's IPC weight cache), take more than the
+    # utilization's share: "(held/total GiB) ... (utilization, share GiB). Increase GPU memory utilization".
+    # The weights do not fit what vLLM may use; they are on the GPU already, so a larger share, where the
+    # GPU has one, holds them and the cache (remedy/plan.py SUBTYPE_PLANS; a smaller one only makes it worse).
     _m(
         MEMORY,
-        r"Externally held weights on device.{0,300}?exceed the desired GPU memory utilization",
+        r"Externally held weights on device(?: \S+)?(?: \((?P<external_gib>[\d.]+)/(?P<total_gib>[\d.]+) GiB\))?"
+        r".{0,300}?exceed the desired GPU memory utilization(?: \((?P<util>[\d.]+), (?P<requested_gib>[\d.]+) GiB\))?",
         m.WEIGHTS_LOAD_OOM,
         m.PHASE_LOAD,
         "external_weights_exceed_budget",
@@ -125,6 +127,16 @@ FAILURES: tuple[Message, ...] = (
         "max_model_len_exceeds_kv_capacity",
     ),
     _m(MEMORY, r"No available memory for the cache blocks", m.KV_CACHE_INSUFFICIENT, m.PHASE_KV, "no_cache_blocks"),
+    # 0.32's frontend multimodal (video) decoding takes its GPU memory out of the KV cache's budget
+    # (multimodal/gpu_ipc_memory.py): more than the whole budget leaves the cache none.
+    _m(
+        MEMORY,
+        r"frontend multimodal GPU decoding reserves (?P<mm_reserved_gib>[\d.]{1,12}) GiB.{0,300}?but only "
+        r"(?P<available_kv_gib>-?[\d.]{1,12}) GiB is available for the KV cache",
+        m.KV_CACHE_INSUFFICIENT,
+        m.PHASE_KV,
+        "mm_decoding_reserves_kv_budget",
+    ),
     # A Mamba or linear-attention hybrid keeps one state block per running sequence, from the same cache
     # pool: vLLM (since PR #38270, 2026) refuses to capture graphs for more sequences than it has blocks.
     _m(

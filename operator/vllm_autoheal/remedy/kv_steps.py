@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from ..diagnosis.units import GIB
-from ..memory import BLOCK_SIZE, CUDAGRAPH_GIB, KvNeed, default_max_num_seqs, kv_need
+from ..memory import BLOCK_SIZE, CUDA_CONTEXT_GIB, CUDAGRAPH_GIB, KvNeed, default_max_num_seqs, kv_need
 from ..model_runner import graphs_reserved
 from .model import Context, Remedy
 
@@ -120,6 +120,9 @@ def raise_utilization_blind(ctx: Context) -> Remedy | None:
     current = ctx.engine.gpu_memory_utilization
     if limit <= current or ctx.engine.kv_cache_memory_bytes:
         return None
+    outside = ctx.held_outside()  # (weights another process holds, counted in the share: it must exceed them)
+    if outside is not None and total and limit * total <= outside + CUDA_CONTEXT_GIB:
+        return None
     needed, available = ctx.num("needed_gib"), ctx.num("available_gib")
     if needed is not None and available is not None:
         return _raise_with_estimate(ctx, needed, available, limit)
@@ -144,6 +147,8 @@ def raise_utilization_blind(ctx: Context) -> Remedy | None:
             # the window: never less than that count grown in proportion (the shape-free bound above)
             floor = int(holds * limit / current * 0.99 / margin)
             held = (max(held[0], floor), held[1])
+    if outside is not None and not why:
+        why = f"the {outside:.2f} GiB of weights held outside the engine exceed utilization {current}'s share"
     why = why or "no memory was left for a single KV block"
     if held is None or held[0] >= held[1]:
         tail = (
@@ -168,7 +173,9 @@ def _budget_before(ctx: Context) -> tuple[float | None, str]:
     attention's bytes for every token, a window's for at most the window, no block rounding)."""
     budget = ctx.kv_budget()
     if budget is not None:
-        return budget, (f"vLLM's KV budget was {budget:g} GiB" if budget else "")
+        reserved = ctx.num("mm_reserved_gib")  # (0.32's multimodal decoding: taken out of the budget it printed)
+        after = f" once its multimodal decoding took {reserved:g} GiB of it" if reserved else ""
+        return budget, (f"vLLM's KV budget was {budget:.2f} GiB{after}" if budget else "")
     holds = ctx.num("estimated_max_model_len") or ctx.num("kv_tokens")
     if not holds or ctx.inv.shape is None or not ctx.total:
         return None, ""  # (the memory model sizes nothing without the GPU's total: ctx.estimate)

@@ -211,8 +211,19 @@ class Context:
         for key in ("available_kv_gib", "kv_reserved_gib"):
             value = self.diag.numbers.get(key)
             if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-                return float(value)
+                # (less what 0.32's multimodal decoding takes out of it, where its refusal says so)
+                return float(value) - (self.num("mm_reserved_gib") or 0.0)
         return None
+
+    def held_outside(self) -> float | None:
+        """The weights another process holds for vLLM (0.32's IPC weight cache), which its utilization
+        counts and its free figure does not: printed, or the share less the engine's budget beside them
+        (utils.request_memory); None where not said, or nothing is held."""
+        held = self.num("external_gib")
+        util, budget, total = self.num("util"), self.num("engine_budget_gib"), self.num("total_gib") or self.total
+        if held is None and util is not None and budget is not None and total:
+            held = util * total - budget
+        return held if held is not None and held > 0.01 else None
 
     @property
     def total(self) -> float | None:
@@ -228,6 +239,8 @@ class Context:
         free = self.inv.gpu_free_gib
         if free is None and self.total and self.diag.cause != "gpu_util_exceeds_free":
             free = self.total  # a Kubernetes GPU is the pod's alone
+        elif free is not None:  # (the probe's figure: weights held for vLLM outside it count as used there)
+            free = min(free + (self.held_outside() or 0.0), self.total or MAX_GIB)
         if free is None:
             return None
         return free - CUDA_CONTEXT_GIB - self.graphs_outside() - self.extensible_margin()

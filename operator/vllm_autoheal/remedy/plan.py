@@ -51,6 +51,7 @@ from .resource_steps import (
     more_tensor_parallel,
     quantized_model,
     raise_memory_limit,
+    shrink_fixed_kv_cache,
     shrink_kv_bytes,
 )
 from .steps import (
@@ -96,7 +97,7 @@ PLANS: dict[Cause, list[Step]] = {
         lower_utilization_step,
     ],
     Cause.CUDAGRAPH_CAPTURE_OOM: [room_for_graphs, enforce_eager, lower_utilization_step],
-    Cause.RUNTIME_OOM: [lower_utilization_step, lower_seqs, lower_batched],
+    Cause.RUNTIME_OOM: [shrink_fixed_kv_cache, lower_utilization_step, lower_seqs, lower_batched],
     Cause.MULTI_GPU_OOM: [lower_max_model_len, lower_utilization_step, enforce_eager],
     Cause.HOST_RAM_OOM: [raise_memory_limit, lower_cpu_offload, shrink_kv_bytes],
     Cause.NOT_OOM: [],
@@ -113,6 +114,9 @@ SUBTYPE_PLANS: dict[str, tuple[Cause, list[Step]]] = {
     # less what it measured in use, which counted theirs (before 0.7, early V1) or their growth while it
     # profiled. A smaller share gives the cache less still (a certain second crash); a larger one room.
     "no_blocks_beside_other_processes": (Cause.KV_CACHE_INSUFFICIENT, [raise_utilization_blind]),
+    # Weights another process holds for vLLM (0.32's IPC weight cache) above its share: they are on the GPU
+    # already, so the share grows past them where the GPU has room, as for weights that left no cache block.
+    "external_weights_exceed_budget": (Cause.KV_CACHE_INSUFFICIENT, [raise_utilization_blind]),
     "kv_check_fails_on_smallest_stage": (
         Cause.KV_CACHE_INSUFFICIENT,
         [lower_max_model_len, raise_utilization_for_kv, raise_utilization_blind, fp8_kv_cache],

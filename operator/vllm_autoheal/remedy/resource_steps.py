@@ -7,11 +7,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from ..diagnosis.units import MIB
+from ..diagnosis.units import GIB, MIB
 from ..memory import CUDA_CONTEXT_GIB, Estimate
 from ..quantity import format_bytes, parse_quantity
 from ..remedy_gate import utilization_floor
-from .kv_steps import raise_limit, shorter_context
+from .kv_steps import context_held, raise_limit, shorter_context
 from .model import Context, Remedy
 from .steps import HOST_MEMORY_SUBTYPES, share_of_free
 
@@ -229,4 +229,41 @@ def shrink_kv_bytes(ctx: Context) -> Remedy | None:
         "SetKvCacheMemoryBytes",
         {"kv_cache_memory_bytes": new},
         f"host RAM ran out; the KV cache {format_bytes(kv)} -> {format_bytes(new)}.",
+    )
+
+
+def fixed_kv_cache(ctx: Context) -> float | None:
+    """The KV cache's size in GiB where vLLM was told it (--kv-cache-memory-bytes, or the size 0.32's persisted
+    startup plan sets and its line prints): vLLM then sizes it whatever the utilization. None elsewhere."""
+    if ctx.engine.kv_cache_memory_bytes:
+        return ctx.engine.kv_cache_memory_bytes / GIB
+    return ctx.num("kv_fixed_gib")
+
+
+def shrink_fixed_kv_cache(ctx: Context) -> Remedy | None:
+    """A GPU out of memory while serving where the KV cache's size was fixed: a utilization cut changes
+    nothing vLLM allocates ("This does not respect the gpu_memory_utilization config"), so the cache itself
+    gives up what failed to allocate and 0.5 GiB, with the context the smaller cache holds (same restart)."""
+    fixed, tried = fixed_kv_cache(ctx), ctx.num("tried_gib")
+    if fixed is None or ctx.inv.host_kv_cache:
+        return None
+    cut = (tried or 0.0) + 0.5
+    new = max(int((fixed - cut) * GIB) // MIB, 0) * MIB
+    if new < max(ctx.policy.bounds.min_kv_cache_memory_bytes or 0, MIB):
+        return None
+    changes: dict[str, object] = {"kv_cache_memory_bytes": new}
+    why = ""
+    held = context_held(ctx, new / GIB)
+    if held is not None and held[0] < held[1]:
+        length = shorter_context(ctx, held[0] * 0.97)
+        if length is None:
+            return None  # (the smaller cache holds no request of the context, which may not be shortened)
+        changes["max_model_len"] = length
+        why = f" It holds one request of about {held[0]:,} tokens: max_model_len -> {length:,}."
+    basis = f"{tried:g} GiB failed to allocate" if tried else "no allocation size was printed"
+    return Remedy(
+        "SetKvCacheMemoryBytes",
+        changes,
+        f"{basis} beside a KV cache fixed at {fixed:.2f} GiB, which the utilization does not size; the cache "
+        f"-> {format_bytes(new)}.{why}",
     )

@@ -63,7 +63,7 @@ def share_of_free(ctx: Context) -> tuple[float, float, str, bool] | None:
     if free is None:  # (with kv_cache_memory_bytes set too: vLLM checks total x utilization against free first)
         return None
     if ctx.diag.subtype == "free_memory_below_engine_budget":  # (weights held outside: vLLM 0.32's IPC cache)
-        held = held_outside(ctx)
+        held = ctx.held_outside()
         if held is None:  # (sized from the free figure alone, the share would not cover the weights held)
             return None
         free += held
@@ -75,17 +75,6 @@ def share_of_free(ctx: Context) -> tuple[float, float, str, bool] | None:
     # (from above the bounds' highest utilization, to it at most: the cut must pass the gate)
     new = min(round_util((free - margin) / total), ctx.policy.bounds.max_gpu_memory_utilization)
     return new, free, basis, printed
-
-
-def held_outside(ctx: Context) -> float | None:
-    """The weights another process holds for vLLM (its IPC weight cache), which its utilization counts:
-    the printed share of the device less the engine's budget beside them (utils.request_memory); None
-    where the line does not give both, or they say nothing is held."""
-    util, budget, total = ctx.num("util"), ctx.num("engine_budget_gib"), ctx.num("total_gib") or ctx.total
-    if util is None or budget is None or not total:
-        return None
-    held = util * total - budget
-    return held if held > 0.01 else None
 
 
 def _at(ctx: Context, util: float) -> Estimate | None:
@@ -382,6 +371,8 @@ def lower_utilization_step(ctx: Context) -> Remedy | None:
     """Leave headroom sized from what failed to allocate (or ~1 GiB of graphs), at least 0.02."""
     if ctx.diag.cause == "gpu_util_exceeds_free" and (ctx.num("free_gib") is not None or ctx.num("others_gib")):
         return None  # what is free was printed: fit_utilization_to_free sized it; stepping is blind
+    if ctx.diag.cause != "gpu_util_exceeds_free" and (ctx.engine.kv_cache_memory_bytes or ctx.num("kv_fixed_gib")):
+        return None  # the KV cache's size is fixed: a cut changes nothing vLLM allocates (only its start-up check)
     total = ctx.total
     tried = ctx.num("tried_gib") or 0.0
     step = 0.02 if not total else max(0.02, round_util((tried + 0.5) / total, down=False))
