@@ -138,7 +138,7 @@ def test_a_modelopt_hf_quant_config_json_counts(tmp_path):
         "quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8", "exclude_modules": ["lm_head"]},
     }
     (tmp_path / "hf_quant_config.json").write_text(json.dumps(hf_quant))
-    shape = to_shape(check(from_path(str(tmp_path)), config_file=True))
+    shape = to_shape(from_path(str(tmp_path)))  # (the fields from_path checked: a second check reads them declared)
     assert shape.auto_kv_dtype == "fp8_e4m3"
     assert weights_bytes_per_gpu(shape, capability=(9, 0)) / GIB < 9.0
 

@@ -153,7 +153,7 @@ def derived_positions(config: dict[str, Any]) -> int:
     return int(given if isinstance(given, (int, float)) and given else min(found, default=0))
 
 
-def _text(config: dict[str, Any], source: str) -> dict[str, Any]:
+def _text(config: dict[str, Any], source: str, declared: bool) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, limit in STRINGS.items():
         value = config.get(key)
@@ -204,23 +204,41 @@ def _text(config: dict[str, Any], source: str) -> dict[str, Any]:
                 f"{where('attn_layer_indices', source)} must be a list of at most {MAX_LAYER_TYPES} layers"
             )
         out["attn_layer_indices"] = [integer(i, index, "attn_layer_indices[]", source) for i in indices]
-    quant = quantization(config.get("quantization_config"), source)
+    quant = quantization(config.get("quantization_config"), source, declared, _dense_mlp(config))
     if quant:
         out["quantization_config"] = quant
     return out
 
 
-def check(config: Any, source: str = "", config_file: bool = False) -> dict[str, Any]:
+EXPERT_KEYS = ("num_experts", "n_routed_experts", "num_local_experts", "moe_num_experts")
+DENSE_LAYER_KEYS = ("first_k_dense_replace", "mlp_only_layers", "moe_layer_freq", "decoder_sparse_step")
+
+
+def _dense_mlp(config: dict[str, Any]) -> bool:
+    """Whether the model may have dense MLP layers beside its experts (any doubt: yes), whose names a skip
+    list may match: a model of experts alone has none."""
+    experts = any(isinstance(config.get(k), int) and config[k] > 0 for k in EXPERT_KEYS)
+    return not experts or any(config.get(k) not in (None, 0, 1, []) for k in DENSE_LAYER_KEYS)
+
+
+def check(config: Any, source: str = "", config_file: bool = False, declared: bool = False) -> dict[str, Any]:
     """The fields the memory model reads, type- and range-checked; everything else dropped.
-    A multimodal config's text_config is what counts (as vLLM reads it). `config_file`: a whole
-    config.json (parse's), not an inline description of some fields (model_sizable.refuse_unsized)."""
+    A multimodal config's text_config is what counts (as vLLM reads it), but for the quantization_config:
+    the top level's, else text_config's, else compressed-tensors' older compression_config. `config_file`: a
+    whole config.json (parse's), not an inline description of some fields (model_sizable.refuse_unsized).
+    `declared`: a description in spec.modelConfig's fields, or a config this reader checked, whose
+    quantization fields say the format (quant_config.quantization); a config.json's are read as vLLM reads it."""
     if not isinstance(config, dict):
         raise ModelConfigError(f"{source or 'the model config'} must be a JSON object")
     text = config.get("text_config")
     if text is not None and not isinstance(text, dict):
         raise ModelConfigError(f"{where('text_config', source)} must be an object")
     merged = {**{k: v for k, v in config.items() if k != "text_config"}, **(text or {})}
-    out = _text(merged, source)
+    quant_keys = ("quantization_config", "compression_config")
+    merged["quantization_config"] = next(
+        (c.get(k) for c in (config, text or {}) for k in quant_keys if c.get(k) is not None), None
+    )
+    out = _text(merged, source, declared)
     quant = out.get("quantization_config")
     if quant and "kv_cache_dtype" in quant and quant["quant_method"].lower().startswith("modelopt"):
         if not isinstance(config.get("quantization_config"), dict):  # (vLLM resolves ModelOpt's cache from the
@@ -317,7 +335,7 @@ def parse(raw: str | bytes, source: str = "", quant_raw: str | bytes | None = No
         quant = _load(quant_raw, f"{source}: hf_quant_config.json")
         producer = quant.get("producer") if isinstance(quant, dict) else None
         if isinstance(quant, dict) and isinstance(producer, dict) and producer.get("name") == "modelopt":
-            config = {**config, "quantization_config": {"quant_method": "modelopt", **quant}}
+            config = {**config, "quantization_config": {**quant, "quant_method": "modelopt"}}
     return check(config, source, config_file=True)
 
 
@@ -338,6 +356,14 @@ def _load(raw: str | bytes, source: str) -> Any:
         if isinstance(exc, ModelConfigError):
             raise
         raise ModelConfigError(f"{source or 'the model config'} is not JSON: {exc}") from None
+    try:  # (JSON lets a string hold half a surrogate pair: no text, so no name that can be printed)
+        json.dumps(config, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        raise ModelConfigError(
+            f"{source or 'the model config'} holds a string that is not text (a lone surrogate)"
+        ) from None
+    except RecursionError:
+        raise ModelConfigError(f"{source or 'the model config'} is nested too deeply") from None
     return config
 
 

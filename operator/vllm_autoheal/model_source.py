@@ -21,6 +21,7 @@ import base64
 import hashlib
 import os
 import re
+import stat
 import threading
 import time
 from collections import Counter
@@ -102,11 +103,19 @@ def _shaped(source: str, load: Callable[[], dict[str, Any]]) -> Resolved:
 
 
 def _read_raw(path: Path, source: str) -> bytes:
+    """A regular file's first bytes, past the cap: opened without blocking and checked as opened, so a FIFO
+    (which no one may ever write), a device or a link to one is refused at once, never waited on."""
     try:
-        with open(path, "rb") as f:
-            return f.read(MAX_CONFIG_BYTES + 1)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as exc:
         raise ModelConfigError(f"cannot read {source}: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ModelConfigError(f"cannot read {source}: not a regular file")
+        try:
+            return f.read(MAX_CONFIG_BYTES + 1)
+        except OSError as exc:
+            raise ModelConfigError(f"cannot read {source}: {exc.strerror or exc}") from None
 
 
 def read_capped(path: Path, source: str) -> dict[str, Any]:
@@ -386,7 +395,7 @@ def _for_service(obj: Any, get: Callable[[str], Any]) -> Resolved:
     if source is not None and source.inline is not None:
         return _shaped(
             "spec.modelConfig.inline",
-            lambda: check(source.inline.model_dump(exclude_none=True), "spec.modelConfig.inline"),
+            lambda: check(source.inline.model_dump(exclude_none=True), "spec.modelConfig.inline", declared=True),
         )
     if source is not None and source.config_map_ref is not None:
         ref = source.config_map_ref

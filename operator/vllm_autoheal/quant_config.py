@@ -6,10 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import quant_exclusions as qx
 from .config_field import ConfigField, ModelConfigError, integer, where
 from .quant_width import quantized_bytes
 
 MAX_GROUPS = 64
+# Methods whose name fixes a weight's width (no bits to leave unknown): a skipped layer is weighed in the model's dtype
+FIXED_WIDTH_METHODS = frozenset({"fp8", "fbgemm_fp8", "ptpc_fp8", "experts_int8", "mxfp4", "modelopt", "modelopt_fp4"})
 
 # ModelOpt's quant_algo (its older exports name no config_groups): the width and group of each, all float
 # formats (one fp8 or e8m0 scale a group or channel, no zero point); MIXED_PRECISION's is per layer, so not
@@ -30,14 +33,6 @@ MODELOPT_BLOCKS = {"FP8_PB_WO": [128, 128]}
 # (torch_utils.get_kv_cache_quant_algo_string): fp8, or NVFP4's 4 bits and an fp8 scale a 16.
 MODELOPT_KV = {"fp8": "fp8_e4m3", "nvfp4": "nvfp4"}
 
-# The layers a checkpoint leaves unquantized (ModelOpt's exclude_modules or ignore, compressed-tensors' ignore),
-# as the memory model can count them: attention projections are kept at the model's dtype; names of parts it
-# does not weigh as quantized anyway (the head, embeddings, norms, a vision tower, MoE routers) change nothing;
-# any other (an MLP, a whole layer) leaves the width unknown, as a mixed-precision checkpoint's.
-MAX_EXCLUDED = 4096
-UNWEIGHED_PARTS = ("lm_head", "embed", "norm", "vision", "visual", "vit", "mm_projector", "multi_modal", "audio")
-ATTENTION_PARTS = ("attn", "attention")
-
 # Weights a quantization scale serves: -1 is one per output channel, 0 is no group at all (refused)
 GROUP_FIELD = ConfigField("quantization_config.group_size", -1, 65536, "Weights a quantization scale serves.")
 GROUP_RULE = "-1 (a scale per output channel) or a positive group"
@@ -51,7 +46,7 @@ def _canonical(method: Any) -> str | None:
 
 def _modelopt(quant: dict[str, Any]) -> dict[str, Any] | None:
     """ModelOpt's settings: its `quantization` object (hf_quant_config.json's nesting) or the config itself."""
-    method = quant.get("quant_method")
+    method = _normalized_method(quant)
     if not isinstance(method, str) or not method.lower().startswith("modelopt"):
         return None
     inner = quant.get("quantization")
@@ -65,11 +60,11 @@ def _modelopt_algo(quant: dict[str, Any]) -> str | None:
     return algo.upper() if isinstance(algo, str) and len(algo) <= 64 else None
 
 
-def _auto_kv(quant: dict[str, Any]) -> str | None:
+def _auto_kv(quant: dict[str, Any], declared: bool) -> str | None:
     """The cache dtype vLLM runs under `auto` for this checkpoint (None: the model's dtype): a compressed-tensors
     config's kv_cache_scheme is fp8 (attention.py applies it where the cache dtype is auto); ModelOpt's
     kv_cache_scheme or kv_cache_quant_algo, resolved as torch_utils.get_kv_cache_quant_algo_string does."""
-    if quant.get("kv_cache_dtype") in MODELOPT_KV.values():  # (what this reader wrote of a config it checked)
+    if declared and quant.get("kv_cache_dtype") in MODELOPT_KV.values():  # (what this reader wrote of a config)
         return str(quant["kv_cache_dtype"])
     if _canonical(quant.get("quant_method")) == "compressed-tensors":
         return "fp8_e4m3" if isinstance(quant.get("kv_cache_scheme"), dict) and quant["kv_cache_scheme"] else None
@@ -90,27 +85,68 @@ def _auto_kv(quant: dict[str, Any]) -> str | None:
     return MODELOPT_KV.get(algo.lower()) if isinstance(algo, str) and len(algo) <= 64 else None
 
 
-def _excluded(quant: dict[str, Any]) -> str | None:
-    """What the checkpoint leaves unquantized: None (nothing the memory model weighs otherwise),
-    "attention" (attention projections in the model dtype), or "unknown"."""
-    settings = _modelopt(quant) or quant
-    names: Any = next(
-        (v for v in (settings.get("exclude_modules"), settings.get("ignore"), quant.get("ignore")) if v), []
-    )
-    if not isinstance(names, list) or len(names) > MAX_EXCLUDED:
-        return "unknown"
-    found = None
-    for name in names:
-        text = name.lower() if isinstance(name, str) and len(name) <= 512 else None
-        if text is None:
-            return "unknown"
-        text = text.rstrip("$")  # (compressed-tensors' "re:" patterns end so)
-        if any(part in text for part in UNWEIGHED_PARTS) or text.endswith(("gate", "router")):
-            continue
-        if not any(part in text for part in ATTENTION_PARTS):
-            return "unknown"
-        found = "attention"
-    return found
+# Each method's lists of layers it leaves unquantized, where its vLLM config reads them, and whether vLLM matches
+# their entries as substrings (ModelOpt, AWQ, bitsandbytes) or as whole names and "re:" patterns.
+SKIP_LISTS: dict[str, tuple[tuple[str, ...], bool]] = {
+    "compressed-tensors": (("ignore",), False),
+    "awq": (("modules_to_not_convert",), True),
+    "awq_marlin": (("modules_to_not_convert",), True),
+    "fp8": (("ignored_layers", "modules_to_not_convert"), False),
+    "fbgemm_fp8": (("modules_to_not_convert",), False),
+    "ptpc_fp8": (("ignored_layers",), False),
+    "bitsandbytes": (("llm_int8_skip_modules",), True),
+    "gptq": ((), False),
+    "gptq_marlin": ((), False),
+}
+ANY_SKIP_LIST = ("exclude_modules", "ignore", "ignored_layers", "modules_to_not_convert", "llm_int8_skip_modules")
+
+
+def _excluded(quant: dict[str, Any], method: str, dense_mlp: bool) -> set[str]:
+    """What the checkpoint leaves unquantized: "attention" (attention projections in the model dtype), "mlp"
+    (the MLP, or part of it), "unknown" (lists that cannot be judged); empty where nothing is."""
+    settings = _modelopt(quant)
+    if settings is not None:  # (nested: the quantization object's exclude_modules; flat: config.json's ignore)
+        lists, substring = [settings.get("exclude_modules") if settings is not quant else quant.get("ignore")], True
+    elif method in SKIP_LISTS:
+        keys, substring = SKIP_LISTS[method]
+        lists = [quant.get(k) for k in keys]
+    else:  # (another method: any list it may read, matched the widest way)
+        lists, substring = [quant.get(k) for k in ANY_SKIP_LIST], True
+    found = {qx.skipped(names, substring, dense_mlp) for names in lists}
+    if method.startswith("gptq"):
+        found |= {_gptq_skips(quant, dense_mlp)}
+    if method == "compressed-tensors" and isinstance(groups := quant.get("config_groups"), dict):
+        # (a group naming no targets is no config vLLM loads: its targets are not judged)
+        targets = [g["targets"] for g in groups.values() if isinstance(g, dict) and "targets" in g]
+        found |= {qx.uncovered(targets, dense_mlp)} if targets else set()
+    return {f for f in found if f is not None}
+
+
+def _gptq_skips(quant: dict[str, Any], dense_mlp: bool) -> str | None:
+    """GPTQModel's `dynamic` ("-:" patterns: unquantized; others override bits or groups: another width) and
+    modules_in_block_to_quantize (the layers it names; the rest unquantized)."""
+    dynamic = quant.get("dynamic")
+    if dynamic:
+        if not isinstance(dynamic, dict) or len(dynamic) > qx.MAX_REGEXES:
+            return qx.UNKNOWN
+        negative = [k[2:] for k in dynamic if isinstance(k, str) and k.startswith("-:")]
+        if len(negative) < len(dynamic) and any(
+            not isinstance(v, dict) or v.get("bits", quant.get("bits")) != quant.get("bits") for v in dynamic.values()
+        ):
+            return qx.UNKNOWN  # (a layer at another width: no one figure)
+        if negative and (found := qx.skipped([f"re:{p}" for p in negative], False, dense_mlp)):
+            return found
+    block = quant.get("modules_in_block_to_quantize")
+    if block:
+        names = (
+            [n for part in block for n in (part if isinstance(part, list) else [part])]
+            if isinstance(block, list)
+            else None
+        )
+        if not names or not all(isinstance(n, str) for n in names):
+            return qx.UNKNOWN
+        return qx.unnamed(names, dense_mlp)
+    return None
 
 
 def _weights_args(quant: dict[str, Any]) -> list[dict[str, Any]] | None:
@@ -130,17 +166,31 @@ def _checked_group(value: Any, source: str) -> int | None:
     return group
 
 
-def _weights_format(quant: dict[str, Any], method: str, source: str) -> tuple[int | None, int | None, bool]:
+# Where each method's vLLM config reads a weight's bits and group (the first key present wins: AutoAWQ's
+# w_bit and q_group_size before bits and group_size); a method not named reads no bits (fp8, bitsandbytes', ...).
+BITS_KEYS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    method: (("w_bit", "bits"), ("q_group_size", "group_size")) for method in ("awq", "awq_marlin")
+} | {
+    method: (("bits",), ("group_size",))
+    for method in ("gptq", "gptq_marlin", "gptq_bitblas", "auto-round", "auto_round", "moe_wna16", "inc")
+}
+DECLARED_KEYS = (("bits", "w_bit"), ("group_size", "q_group_size"))  # (spec.modelConfig's own fields)
+
+
+def _weights_format(
+    quant: dict[str, Any], method: str, source: str, declared: bool
+) -> tuple[int | None, int | None, bool]:
     """(bits a weight, weights a scale serves, float format) of the quantized linear layers, read where vLLM
     reads them: ModelOpt's quant_algo (and NVFP4's group_size); compressed-tensors' config_groups alone, the
     heaviest group where their groups or formats differ (a scheme a target: never under-counted), none where
-    their widths do; else GPTQ/AWQ's `bits` (`w_bit`) and `group_size` (`q_group_size`). Bits None: not known
-    (a group without num_bits, mixed widths, a mixed-precision algo)."""
+    their widths do; else the method's own keys (BITS_KEYS; bitsandbytes' load_in_8bit/4bit). Bits None: not
+    known (a group without num_bits, mixed widths, a mixed-precision algo, a method that reads no bits).
+    `declared`: a description in spec.modelConfig's fields (or a config this reader checked), whose bits and
+    group_size say the width whatever the method."""
     settings = _modelopt(quant)
     algo = _modelopt_algo(quant)
-    if settings is not None and (algo is not None or "bits" not in quant):  # (ModelOpt: its quant_algo decides,
-        # whatever config_groups a newer export adds; a checked config keeps what it said as bits)
-        if algo not in MODELOPT_ALGOS:
+    if settings is not None and (algo is not None or not declared or "bits" not in quant):
+        if algo not in MODELOPT_ALGOS:  # (ModelOpt: its quant_algo decides, whatever else a config adds)
             return None, None, False
         width, default = MODELOPT_ALGOS[algo]
         given = settings.get("group_size") if algo in MODELOPT_GROUP_READ else None
@@ -161,21 +211,41 @@ def _weights_format(quant: dict[str, Any], method: str, source: str) -> tuple[in
         if len({f[0] for f in formats}) > 1:  # (mixed widths: the method's usual width, and no weights figure
             return None, None, False  # to place an OOM by, as for any width not known)
         return max(formats, key=lambda f: quantized_bytes(f[0], f[1], method, None, f[2]))
-    group = _checked_group(
-        next((quant[k] for k in ("group_size", "q_group_size") if quant.get(k) is not None), None), source
-    )
-    bits_key = next((k for k in ("bits", "w_bit") if quant.get(k) is not None), None)
+    if not declared and method == "bitsandbytes":  # (its 4 bits are the method's own nf4 blocks: no bits said)
+        return (8 if quant.get("load_in_8bit") is True else None), None, False
+    if not declared and (method == "compressed-tensors" or method not in BITS_KEYS):
+        return None, None, False  # (compressed-tensors without groups it reads; a method that reads no bits)
+    bits_keys, group_keys = DECLARED_KEYS if declared else BITS_KEYS[method]
+    group = _checked_group(next((quant[k] for k in group_keys if quant.get(k) is not None), None), source)
+    bits_key = next((k for k in bits_keys if quant.get(k) is not None), None)
     if bits_key is None:
         return None, group, False
-    floats = quant.get("weights_type") == "float"  # (what this reader wrote of a config it checked before)
+    floats = declared and quant.get("weights_type") == "float"
     return integer(quant[bits_key], BITS_FIELD, f"quantization_config.{bits_key}", source), group, floats
 
 
-def quantization(quant: Any, source: str) -> dict[str, Any] | None:
-    """The quantization_config's fields the memory model reads, checked; None where it names no method."""
+def _normalized_method(quant: dict[str, Any]) -> Any:
+    """quant_method as vLLM reads it (_normalize_quantization_config): ModelOpt's producer with a quant_algo
+    under `quantization` makes it modelopt (modelopt_fp4 for NVFP4) whatever it says; lower case,
+    compressed_tensors spelled compressed-tensors."""
+    method = quant.get("quant_method")
+    producer, inner = quant.get("producer"), quant.get("quantization")
+    if isinstance(producer, dict) and producer.get("name") == "modelopt" and isinstance(inner, dict):
+        algo = inner.get("quant_algo")
+        if isinstance(algo, str) and len(algo) <= 64:
+            method = "modelopt_fp4" if algo.upper() == "NVFP4" else "modelopt"
+    return _canonical(method) if isinstance(method, str) else method
+
+
+def quantization(quant: Any, source: str, declared: bool = True, dense_mlp: bool = True) -> dict[str, Any] | None:
+    """The quantization_config's fields the memory model reads, checked; None where it names no method.
+    `declared`: spec.modelConfig's description (or a config this reader checked): its own fields (bits,
+    group_size, and what this reader writes: weights_type, kv_cache_dtype, dense_attention/dense_mlp) say
+    the format; a config.json's are read only where vLLM reads them. `dense_mlp`: the model has dense MLP
+    layers (not only experts), which a skip list's names may match."""
     if quant is None:
         return None
-    method = quant.get("quant_method") if isinstance(quant, dict) else None
+    method = _normalized_method(quant) if isinstance(quant, dict) else None
     if not isinstance(quant, dict) or (method is not None and (not isinstance(method, str) or len(method) > 64)):
         raise ModelConfigError(
             f"{where('quantization_config', source)} must be an object whose quant_method is a short string"
@@ -183,14 +253,22 @@ def quantization(quant: Any, source: str) -> dict[str, Any] | None:
     if not method:
         return None
     out: dict[str, Any] = {"quant_method": method}
-    bits, group, floats = _weights_format(quant, method, source)
-    excluded = "attention" if quant.get("dense_attention") is True else _excluded(quant)
-    bits = None if excluded == "unknown" else bits  # (a width only part of the layers has: not one figure)
-    out |= {"dense_attention": True} if excluded == "attention" and bits is not None else {}
+    bits, group, floats = _weights_format(quant, method, source, declared)
+    own = {k for k in ("dense_attention", "dense_mlp") if declared and quant.get(k) is True}
+    excluded = {k.removeprefix("dense_") for k in own} | _excluded(quant, method, dense_mlp)
+    if bits is not None and ("unknown" in excluded or "mlp" in excluded):
+        bits = None  # (a width only part of the layers has: not one figure)
+    elif bits is None and method in FIXED_WIDTH_METHODS and excluded:
+        # (a method's own width, no bits to leave unknown: what it skips, or might skip, in the model's dtype)
+        unknown = "unknown" in excluded
+        out |= {"dense_attention": True} if unknown or "attention" in excluded else {}
+        out |= {"dense_mlp": True} if unknown or "mlp" in excluded else {}
+    if bits is not None and "attention" in excluded:
+        out["dense_attention"] = True
     out |= {"bits": bits} if bits is not None else {}
     out |= {"group_size": group} if group is not None else {}
     out |= {"weights_type": "float"} if floats and bits is not None else {}
-    if kv := _auto_kv(quant):
+    if kv := _auto_kv(quant, declared):
         out["kv_cache_dtype"] = kv
     # (ModelOpt's FP8_PB_WO blocks are fixed: ModelOptFp8PbWoLinearMethod never reads weight_block_size)
     block = MODELOPT_BLOCKS.get(_modelopt_algo(quant) or "") or quant.get("weight_block_size")
