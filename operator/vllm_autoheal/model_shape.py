@@ -101,7 +101,7 @@ class ModelShape:
     quant_float: bool = False  # float weights (NVFP4, MXFP4, FP8): a one-byte scale a group, no zero point
     auto_kv_dtype: str | None = None  # the cache vLLM runs under --kv-cache-dtype auto, where the config names one
     dense_attention: bool = False  # the checkpoint leaves its attention projections unquantized
-    dense_mlp: bool = False  # ... its MLP (or part of it: weighed whole), where its method's width is fixed
+    dense_mlp: bool = False  # ... its MLP, or part of it (weighed whole: an over-count, never an under-count)
     weight_block: tuple[int, int] | None = None  # block-wise fp8's [block_n, block_k]: each rank's slices divide
     # MoE in every `moe_period`-th layer only, at index % moe_period == moe_offset (Llama 4's
     # interleave_moe_layer_step, Qwen-MoE's decoder_sparse_step, Jamba's expert_layer_period)

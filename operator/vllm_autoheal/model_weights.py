@@ -112,4 +112,6 @@ def weights_gib_to_diagnose(shape: ModelShape, engine: EngineArgs) -> float | No
     quant = engine.quantization or shape.quantization
     if quant in VARIABLE_WIDTH and not (same_method(quant, shape.quantization) and shape.quant_bits):
         return None
+    if shape.dense_mlp and same_method(quant, shape.quantization):
+        return None  # (a part of the MLP the checkpoint skips, weighed as the whole MLP: an over-count)
     return weights_gib_per_gpu(shape, engine)

@@ -11,8 +11,6 @@ from .config_field import ConfigField, ModelConfigError, integer, where
 from .quant_width import quantized_bytes
 
 MAX_GROUPS = 64
-# Methods whose name fixes a weight's width (no bits to leave unknown): a skipped layer is weighed in the model's dtype
-FIXED_WIDTH_METHODS = frozenset({"fp8", "fbgemm_fp8", "ptpc_fp8", "experts_int8", "mxfp4", "modelopt", "modelopt_fp4"})
 
 # ModelOpt's quant_algo (its older exports name no config_groups): the width and group of each, all float
 # formats (one fp8 or e8m0 scale a group or channel, no zero point); MIXED_PRECISION's is per layer, so not
@@ -256,15 +254,12 @@ def quantization(quant: Any, source: str, declared: bool = True, dense_mlp: bool
     bits, group, floats = _weights_format(quant, method, source, declared)
     own = {k for k in ("dense_attention", "dense_mlp") if declared and quant.get(k) is True}
     excluded = {k.removeprefix("dense_") for k in own} | _excluded(quant, method, dense_mlp)
-    if bits is not None and ("unknown" in excluded or "mlp" in excluded):
-        bits = None  # (a width only part of the layers has: not one figure)
-    elif bits is None and method in FIXED_WIDTH_METHODS and excluded:
-        # (a method's own width, no bits to leave unknown: what it skips, or might skip, in the model's dtype)
-        unknown = "unknown" in excluded
-        out |= {"dense_attention": True} if unknown or "attention" in excluded else {}
-        out |= {"dense_mlp": True} if unknown or "mlp" in excluded else {}
-    if bits is not None and "attention" in excluded:
-        out["dense_attention"] = True
+    # What it skips, or might skip, weighed in the model's dtype: attention exactly; any part of the MLP as the
+    # whole MLP, and a list that cannot be judged as everything (an over-count, never an under-count: the
+    # classifier takes no weights figure from either, model_weights.weights_gib_to_diagnose)
+    unknown = "unknown" in excluded
+    out |= {"dense_attention": True} if unknown or "attention" in excluded else {}
+    out |= {"dense_mlp": True} if unknown or "mlp" in excluded else {}
     out |= {"bits": bits} if bits is not None else {}
     out |= {"group_size": group} if group is not None else {}
     out |= {"weights_type": "float"} if floats and bits is not None else {}

@@ -131,10 +131,12 @@ def skipped(entries: Any, substring: bool, dense_mlp: bool) -> str | None:
 
 
 def _coverage(tests: list[Any], dense_mlp: bool) -> str | None:
-    """What layers no test covers leave in the model's dtype: None, ATTENTION or MLP."""
+    """What layers no test covers leave in the model's dtype: None, ATTENTION, MLP, or UNKNOWN (both)."""
     names = _COVERED if dense_mlp else _COVERED_MOE
     covered = {part: all(any(t(_PREFIXES[0] + n) for t in tests) for n in parts) for part, parts in names.items()}
-    return MLP if not covered[MLP] else None if covered[ATTENTION] else ATTENTION
+    if not covered[MLP]:
+        return MLP if covered[ATTENTION] else UNKNOWN  # (neither: every linear layer in the model's dtype)
+    return None if covered[ATTENTION] else ATTENTION
 
 
 def uncovered(targets: list[Any], dense_mlp: bool) -> str | None:
