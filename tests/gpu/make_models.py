@@ -100,6 +100,21 @@ QUANTIZED = {
         **MODELOPT_NVFP4,
         "kv_cache_scheme": {"dynamic": False, "num_bits": 8, "type": "float"},
     },
+    # (session 38: layers a checkpoint skips, matched as vLLM matches each method's list: the MLP left in bf16 by
+    # GPTQ's modules_in_block_to_quantize naming attention alone and by a ModelOpt glob; only down_proj by fp8's
+    # ignored_layers (every layer's name) and by a compressed-tensors regex: weighed as the whole MLP, an over-count)
+    "llama-3.1-8b-gptq4-attn-only": {**GPTQ, "bits": 4, "group_size": 128, "modules_in_block_to_quantize": BLOCK[:2]},
+    "llama-3.1-8b-modelopt-nvfp4-mlp-skipped": {**MODELOPT_NVFP4, "ignore": ["lm_head", "model.layers.*.mlp*"]},
+    "llama-3.1-8b-fp8-down-skipped": {
+        "quant_method": "fp8",
+        "activation_scheme": "dynamic",
+        "ignored_layers": [f"model.layers.{i}.mlp.down_proj" for i in range(32)],
+    },
+    "llama-3.1-8b-w4a16-down-skipped": {
+        **CT,
+        "ignore": ["lm_head", "re:.*mlp.down_proj$"],
+        "config_groups": {"group_0": {**CT_GROUP, "weights": {**CT_WEIGHTS, "num_bits": 4}}},
+    },
 }
 
 
