@@ -204,7 +204,7 @@ def _text(config: dict[str, Any], source: str, declared: bool) -> dict[str, Any]
                 f"{where('attn_layer_indices', source)} must be a list of at most {MAX_LAYER_TYPES} layers"
             )
         out["attn_layer_indices"] = [integer(i, index, "attn_layer_indices[]", source) for i in indices]
-    quant = quantization(config.get("quantization_config"), source, declared, _dense_mlp(config))
+    quant = quantization(config.get("quantization_config"), source, declared, _dense_mlp(config), _shared(config))
     if quant:
         out["quantization_config"] = quant
     return out
@@ -212,6 +212,15 @@ def _text(config: dict[str, Any], source: str, declared: bool) -> dict[str, Any]
 
 EXPERT_KEYS = ("num_experts", "n_routed_experts", "num_local_experts", "moe_num_experts")
 DENSE_LAYER_KEYS = ("first_k_dense_replace", "mlp_only_layers", "moe_layer_freq", "decoder_sparse_step")
+
+
+# MoE families with routed experts alone (no shared expert beside them), by model_type
+NO_SHARED_EXPERT = frozenset({"mixtral", "qwen3_moe", "gpt_oss", "phimoe", "olmoe", "granitemoe", "dbrx"})
+
+
+def _shared(config: dict[str, Any]) -> bool:
+    """Whether the model may have shared experts beside its routed ones (any doubt: yes)."""
+    return config.get("model_type") not in NO_SHARED_EXPERT
 
 
 def _dense_mlp(config: dict[str, Any]) -> bool:

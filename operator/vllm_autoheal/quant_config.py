@@ -99,7 +99,7 @@ SKIP_LISTS: dict[str, tuple[tuple[str, ...], bool]] = {
 ANY_SKIP_LIST = ("exclude_modules", "ignore", "ignored_layers", "modules_to_not_convert", "llm_int8_skip_modules")
 
 
-def _excluded(quant: dict[str, Any], method: str, dense_mlp: bool) -> set[str]:
+def _excluded(quant: dict[str, Any], method: str, dense_mlp: bool, shared: bool) -> set[str]:
     """What the checkpoint leaves unquantized: "attention" (attention projections in the model dtype), "mlp"
     (the MLP, or part of it), "unknown" (lists that cannot be judged); empty where nothing is."""
     settings = _modelopt(quant)
@@ -110,7 +110,7 @@ def _excluded(quant: dict[str, Any], method: str, dense_mlp: bool) -> set[str]:
         lists = [quant.get(k) for k in keys]
     else:  # (another method: any list it may read, matched the widest way)
         lists, substring = [quant.get(k) for k in ANY_SKIP_LIST], True
-    found = {qx.skipped(names, substring, dense_mlp) for names in lists}
+    found = {qx.skipped(names, substring, dense_mlp, shared) for names in lists}
     if method.startswith("gptq"):
         found |= {_gptq_skips(quant, dense_mlp)}
     if method == "compressed-tensors" and isinstance(groups := quant.get("config_groups"), dict):
@@ -125,13 +125,16 @@ def _gptq_skips(quant: dict[str, Any], dense_mlp: bool) -> str | None:
     modules_in_block_to_quantize (the layers it names; the rest unquantized)."""
     dynamic = quant.get("dynamic")
     if dynamic:
-        if not isinstance(dynamic, dict) or len(dynamic) > qx.MAX_REGEXES:
+        if not isinstance(dynamic, dict) or len(dynamic) > qx.MAX_PATTERNS:
             return qx.UNKNOWN
         negative = [k[2:] for k in dynamic if isinstance(k, str) and k.startswith("-:")]
-        if len(negative) < len(dynamic) and any(
-            not isinstance(v, dict) or v.get("bits", quant.get("bits")) != quant.get("bits") for v in dynamic.values()
+        base = {k: quant.get(k) for k in ("bits", "group_size")}
+        if any(
+            not isinstance(v, dict) or any(v.get(k, base[k]) != base[k] for k in base)
+            for k_, v in dynamic.items()
+            if not (isinstance(k_, str) and k_.startswith("-:"))
         ):
-            return qx.UNKNOWN  # (a layer at another width: no one figure)
+            return qx.UNKNOWN  # (a layer at another width or group: no one figure)
         if negative and (found := qx.skipped([f"re:{p}" for p in negative], False, dense_mlp)):
             return found
     block = quant.get("modules_in_block_to_quantize")
@@ -235,12 +238,14 @@ def _normalized_method(quant: dict[str, Any]) -> Any:
     return _canonical(method) if isinstance(method, str) else method
 
 
-def quantization(quant: Any, source: str, declared: bool = True, dense_mlp: bool = True) -> dict[str, Any] | None:
+def quantization(
+    quant: Any, source: str, declared: bool = True, dense_mlp: bool = True, shared: bool = True
+) -> dict[str, Any] | None:
     """The quantization_config's fields the memory model reads, checked; None where it names no method.
     `declared`: spec.modelConfig's description (or a config this reader checked): its own fields (bits,
     group_size, and what this reader writes: weights_type, kv_cache_dtype, dense_attention/dense_mlp) say
     the format; a config.json's are read only where vLLM reads them. `dense_mlp`: the model has dense MLP
-    layers (not only experts), which a skip list's names may match."""
+    layers (not only experts), `shared` shared experts beside them, which a skip list's names may match."""
     if quant is None:
         return None
     method = _normalized_method(quant) if isinstance(quant, dict) else None
@@ -253,7 +258,7 @@ def quantization(quant: Any, source: str, declared: bool = True, dense_mlp: bool
     out: dict[str, Any] = {"quant_method": method}
     bits, group, floats = _weights_format(quant, method, source, declared)
     own = {k for k in ("dense_attention", "dense_mlp") if declared and quant.get(k) is True}
-    excluded = {k.removeprefix("dense_") for k in own} | _excluded(quant, method, dense_mlp)
+    excluded = {k.removeprefix("dense_") for k in own} | _excluded(quant, method, dense_mlp, shared)
     # What it skips, or might skip, weighed in the model's dtype: attention exactly; any part of the MLP as the
     # whole MLP, and a list that cannot be judged as everything (an over-count, never an under-count: the
     # classifier takes no weights figure from either, model_weights.weights_gib_to_diagnose)

@@ -15,10 +15,16 @@ from typing import Any
 UNKNOWN, ATTENTION, MLP = "unknown", "attention", "mlp"
 MAX_NAMES = 4096
 MAX_NAME = 512
-MAX_REGEXES = 64  # evaluated per list, each against a few dozen short names
-MAX_REPEATS = 3  # quantifiers a regex may hold: its cost on a name of about 50 characters stays polynomial
+# What one config may make the reader run (each against about a hundred names of about 50 characters): a few
+# patterns of at most two repetitions and a few alternatives; more is judged "unknown", never run.
+MAX_PATTERNS = 8
+MAX_REPEATS = 2
+MAX_ALTERNATIVES = 4
+MAX_GROUPS = 64
 
-# The linear layers of one decoder layer as vLLM names them (and the shards of its fused ones), by what they are.
+# The linear layers of one decoder layer as vLLM names them (and the shards of its fused ones), by what they are,
+# in the families vLLM's models use (Llama and most: self_attn/mlp; Llama 4, InternLM2: feed_forward; Falcon,
+# GPT-NeoX, GPT-2: their own).
 _ATTENTION = (
     "self_attn.q_proj",
     "self_attn.k_proj",
@@ -31,38 +37,29 @@ _ATTENTION = (
     "self_attn.kv_b_proj",
     "self_attention.query_key_value",
     "self_attention.dense",
+    "attention.query_key_value",
+    "attention.dense",
+    "attention.wqkv",
+    "attention.wo",
     "attn.c_attn",
     "attn.c_proj",
 )
-_DENSE_MLP = (
-    "mlp.gate_proj",
-    "mlp.up_proj",
-    "mlp.down_proj",
-    "mlp.gate_up_proj",
-    "mlp.fc1",
-    "mlp.fc2",
-    "mlp.dense_h_to_4h",
-    "mlp.dense_4h_to_h",
-    "mlp.c_fc",
-    "mlp.c_proj",
-)
-_EXPERTS = (
-    "mlp.experts.0.gate_proj",
-    "mlp.experts.0.up_proj",
-    "mlp.experts.0.down_proj",
-    "mlp.experts.w13_weight",
-    "mlp.experts.w2_weight",
-    "mlp.shared_expert.gate_proj",
-    "mlp.shared_expert.down_proj",
-    "mlp.shared_experts.gate_up_proj",
-    "mlp.shared_experts.down_proj",
-    "block_sparse_moe.experts.0.w1",
-    "block_sparse_moe.experts.0.w2",
-    "block_sparse_moe.experts.0.w3",
+_DENSE_MLP = tuple(
+    f"{block}.{proj}"
+    for block in ("mlp", "feed_forward")
+    for proj in ("gate_proj", "up_proj", "down_proj", "gate_up_proj", "w1", "w2", "w3")
+) + ("mlp.fc1", "mlp.fc2", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h", "mlp.c_fc", "mlp.c_proj")
+# A MoE layer's experts are one module to vLLM (FusedMoE, under its prefix): their own names are never tested
+_EXPERTS = ("mlp.experts", "block_sparse_moe.experts", "feed_forward.experts")
+_SHARED = tuple(
+    f"{block}.{shared}.{proj}"
+    for block in ("mlp", "feed_forward")
+    for shared in ("shared_expert", "shared_experts")
+    for proj in ("gate_proj", "up_proj", "down_proj", "gate_up_proj")
 )
 # Where a layer sits: a text model, and a multimodal model's language model (both spellings vLLM uses).
 _PREFIXES = ("model.layers.0.", "language_model.model.layers.0.", "model.language_model.layers.0.")
-_INDEX = re.compile(r"\.(layers|experts|h|blocks)\.\d{1,6}\.")
+_INDEX = re.compile(r"\.(layers|experts|h|blocks)\.\d{1,6}(?!\d)")
 _REPEATED_GROUP = re.compile(r"\)[*+?{]")
 
 
@@ -70,23 +67,23 @@ def _names(parts: tuple[str, ...]) -> list[str]:
     return [prefix + part for prefix in _PREFIXES for part in parts]
 
 
-def _candidates(dense_mlp: bool) -> dict[str, list[str]]:
-    return {ATTENTION: _names(_ATTENTION), MLP: _names((_DENSE_MLP if dense_mlp else ()) + _EXPERTS)}
+def _candidates(dense_mlp: bool, shared: bool = True) -> dict[str, list[str]]:
+    mlp = (_DENSE_MLP if dense_mlp else ()) + _EXPERTS + (_SHARED if shared else ())
+    return {ATTENTION: _names(_ATTENTION), MLP: _names(mlp)}
 
 
 # The layers whose coverage by a target list is judged: Llama's naming (that of nearly every quantized checkpoint).
 _COVERED = {ATTENTION: _ATTENTION[:4], MLP: ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")}
-_COVERED_MOE = {
-    ATTENTION: _ATTENTION[:4],
-    MLP: ("mlp.experts.0.gate_proj", "mlp.experts.0.up_proj", "mlp.experts.0.down_proj"),
-}
+_COVERED_MOE = {ATTENTION: _ATTENTION[:4], MLP: ("mlp.experts",)}
 
 
 def _regex(pattern: str) -> re.Pattern[str] | None:
     """A pattern safe to run on our names, compiled; None where it is not (then the list is not judged)."""
     repeats = sum(pattern.count(c) for c in "*+?{") - pattern.count("(?")
-    if repeats > MAX_REPEATS or _REPEATED_GROUP.search(pattern) or re.search(r"\\\d|\d", pattern):
-        return None  # (a layer named by its number matches only some layers: which, the names here cannot say)
+    if repeats > MAX_REPEATS or pattern.count("|") >= MAX_ALTERNATIVES or _REPEATED_GROUP.search(pattern):
+        return None
+    if re.search(r"\d", pattern):  # (a layer named by its number matches only some: which, our names cannot say)
+        return None
     try:
         return re.compile(pattern)
     except (re.error, RecursionError, OverflowError):
@@ -98,8 +95,10 @@ def _matcher(entry: str, substring: bool) -> Any:
     if entry.startswith("re:"):
         compiled = _regex(entry[3:])
         return None if compiled is None else (lambda name: compiled.match(name) is not None)
-    plain = _INDEX.sub(lambda m: f".{m.group(1)}.0.", entry)  # (one layer's name stands for every layer's)
+    plain = _INDEX.sub(lambda m: f".{m.group(1)}.0", entry)  # (one layer's name stands for every layer's)
     if any(c in plain for c in "*?["):
+        if sum(plain.count(c) for c in "*?[") > MAX_REPEATS + 2:
+            return None
         return lambda name: fnmatchcase(name, plain) or (substring and plain.rstrip("*") in name)
     if substring:
         return lambda name: plain in name
@@ -107,25 +106,33 @@ def _matcher(entry: str, substring: bool) -> Any:
     return lambda name: name == plain or name.endswith("." + plain) or name.startswith(plain + ".")
 
 
-def skipped(entries: Any, substring: bool, dense_mlp: bool) -> str | None:
-    """What a skip list leaves unquantized: None (nothing weighed otherwise), ATTENTION, MLP (part of it, or
-    of the experts; attention too, perhaps) or UNKNOWN (entries that cannot be judged)."""
+def _costly(entries: list[Any]) -> bool:
+    """More patterns (regexes, globs) than the reader runs for one list."""
+    return sum(1 for e in entries if isinstance(e, str) and (e.startswith("re:") or any(c in e for c in "*?["))) > (
+        MAX_PATTERNS
+    )
+
+
+def skipped(entries: Any, substring: bool, dense_mlp: bool, shared: bool = True) -> str | None:
+    """What a skip list leaves unquantized: None (nothing weighed otherwise), ATTENTION, MLP (part of it, or of
+    the experts), or UNKNOWN (entries that cannot be judged, or whole layers: everything in the model's dtype)."""
     if entries is None or entries == []:
         return None
-    if not isinstance(entries, list) or len(entries) > MAX_NAMES:
+    if not isinstance(entries, list) or len(entries) > MAX_NAMES or _costly(entries):
         return UNKNOWN
-    if sum(1 for e in entries if isinstance(e, str) and e.startswith("re:")) > MAX_REGEXES:
-        return UNKNOWN
-    candidates, found = _candidates(dense_mlp), None
+    candidates, found = _candidates(dense_mlp, shared), None
     for entry in entries:
         if not isinstance(entry, str) or not 0 < len(entry) <= MAX_NAME:
             return UNKNOWN
         test = _matcher(entry, substring)
         if test is None:
             return UNKNOWN
-        if any(test(name) for name in candidates[MLP]):
+        mlp, attention = any(test(n) for n in candidates[MLP]), any(test(n) for n in candidates[ATTENTION])
+        if mlp and attention:
+            return UNKNOWN
+        if mlp:
             found = MLP
-        elif found is None and any(test(name) for name in candidates[ATTENTION]):
+        elif attention and found is None:
             found = ATTENTION
     return found
 
@@ -144,6 +151,8 @@ def uncovered(targets: list[Any], dense_mlp: bool) -> str | None:
     model's dtype (get_scheme_dict finds no scheme); a group whose one target names an Attention class is
     dropped (from_config: attention quantization goes with the KV cache's). None: every linear layer targeted."""
     tests: list[Any] = []
+    if len(targets) > MAX_GROUPS or _costly([t for g in targets if isinstance(g, list) for t in g]):
+        return UNKNOWN
     for group in targets:
         if not isinstance(group, list) or not group or len(group) > MAX_NAMES:
             return UNKNOWN
@@ -166,5 +175,5 @@ def unnamed(names: list[str], dense_mlp: bool) -> str | None:
     """GPTQ's modules_in_block_to_quantize (names within a block): the layers it does not name stay unquantized."""
     if len(names) > MAX_NAMES or not all(0 < len(n) <= MAX_NAME for n in names):
         return UNKNOWN
-    plain = [_INDEX.sub(lambda m: f".{m.group(1)}.0.", n) for n in names]
+    plain = [_INDEX.sub(lambda m: f".{m.group(1)}.0", n) for n in names]
     return _coverage([lambda name, n=n: name.endswith("." + n) for n in plain], dense_mlp)

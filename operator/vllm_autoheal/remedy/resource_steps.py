@@ -254,6 +254,9 @@ def shrink_fixed_kv_cache(ctx: Context) -> Remedy | None:
     changes: dict[str, object] = {"kv_cache_memory_bytes": new}
     why = ""
     held = context_held(ctx, new / GIB)
+    tokens = ctx.num("kv_cache_tokens") or ctx.num("kv_tokens")
+    if held is None and tokens and ctx.context:  # (no shape: vLLM's own count of the fixed cache, scaled down)
+        held = (int(tokens * new / (fixed * GIB)), ctx.context)
     if held is not None and held[0] < held[1]:
         length = shorter_context(ctx, held[0] * 0.97)
         if length is None:

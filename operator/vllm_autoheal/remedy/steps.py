@@ -62,6 +62,7 @@ def share_of_free(ctx: Context) -> tuple[float, float, str, bool] | None:
             printed = True  # (this crash's own figure too: a later crash's cuts again where others grew)
     if free is None:  # (with kv_cache_memory_bytes set too: vLLM checks total x utilization against free first)
         return None
+    held = None
     if ctx.diag.subtype == "free_memory_below_engine_budget":  # (weights held outside: vLLM 0.32's IPC cache)
         held = ctx.held_outside()
         if held is None:  # (sized from the free figure alone, the share would not cover the weights held)
@@ -74,6 +75,8 @@ def share_of_free(ctx: Context) -> tuple[float, float, str, bool] | None:
     margin = 0.25 * free if cpu else ctx.graphs_outside() + 0.5 + 0.01 * total
     # (from above the bounds' highest utilization, to it at most: the cut must pass the gate)
     new = min(round_util((free - margin) / total), ctx.policy.bounds.max_gpu_memory_utilization)
+    if held is not None and new * total <= held + CUDA_CONTEXT_GIB:
+        return None  # (a share below the weights held: vLLM refuses it too, "Externally held weights ... exceed")
     return new, free, basis, printed
 
 
