@@ -13,6 +13,7 @@ from typing import Any
 
 from .config_field import ConfigField, ModelConfigError, integer, where
 from .quant_config import quantization
+from .quant_exclusions import layers_of
 
 MAX_CONFIG_BYTES = 1 << 20  # real config.json files are a few KiB; a ConfigMap holds at most 1 MiB
 
@@ -204,30 +205,10 @@ def _text(config: dict[str, Any], source: str, declared: bool) -> dict[str, Any]
                 f"{where('attn_layer_indices', source)} must be a list of at most {MAX_LAYER_TYPES} layers"
             )
         out["attn_layer_indices"] = [integer(i, index, "attn_layer_indices[]", source) for i in indices]
-    quant = quantization(config.get("quantization_config"), source, declared, _dense_mlp(config), _shared(config))
+    quant = quantization(config.get("quantization_config"), source, declared, layers_of(config))
     if quant:
         out["quantization_config"] = quant
     return out
-
-
-EXPERT_KEYS = ("num_experts", "n_routed_experts", "num_local_experts", "moe_num_experts")
-DENSE_LAYER_KEYS = ("first_k_dense_replace", "mlp_only_layers", "moe_layer_freq", "decoder_sparse_step")
-
-
-# MoE families with routed experts alone (no shared expert beside them), by model_type
-NO_SHARED_EXPERT = frozenset({"mixtral", "qwen3_moe", "gpt_oss", "phimoe", "olmoe", "granitemoe", "dbrx"})
-
-
-def _shared(config: dict[str, Any]) -> bool:
-    """Whether the model may have shared experts beside its routed ones (any doubt: yes)."""
-    return config.get("model_type") not in NO_SHARED_EXPERT
-
-
-def _dense_mlp(config: dict[str, Any]) -> bool:
-    """Whether the model may have dense MLP layers beside its experts (any doubt: yes), whose names a skip
-    list may match: a model of experts alone has none."""
-    experts = any(isinstance(config.get(k), int) and config[k] > 0 for k in EXPERT_KEYS)
-    return not experts or any(config.get(k) not in (None, 0, 1, []) for k in DENSE_LAYER_KEYS)
 
 
 def check(config: Any, source: str = "", config_file: bool = False, declared: bool = False) -> dict[str, Any]:

@@ -101,7 +101,7 @@ class ModelShape:
     quant_float: bool = False  # float weights (NVFP4, MXFP4, FP8): a one-byte scale a group, no zero point
     auto_kv_dtype: str | None = None  # the cache vLLM runs under --kv-cache-dtype auto, where the config names one
     dense_attention: bool = False  # the checkpoint leaves its attention projections unquantized
-    dense_mlp: bool = False  # ... its MLP, or part of it (weighed whole: an over-count, never an under-count)
+    dense_mlp: float = 0.0  # ... the share of its MLP's weights it leaves so (all where the parts cannot be told)
     weight_block: tuple[int, int] | None = None  # block-wise fp8's [block_n, block_k]: each rank's slices divide
     # MoE in every `moe_period`-th layer only, at index % moe_period == moe_offset (Llama 4's
     # interleave_moe_layer_step, Qwen-MoE's decoder_sparse_step, Jamba's expert_layer_period)
@@ -385,7 +385,9 @@ def shape_from_config(config: dict[str, Any]) -> ModelShape:
         quant_float=quant_config.get("weights_type") == "float",
         auto_kv_dtype=kv if isinstance(kv := quant_config.get("kv_cache_dtype"), str) else None,
         dense_attention=quant_config.get("dense_attention") is True,
-        dense_mlp=quant_config.get("dense_mlp") is True,
+        dense_mlp=min(max(float(share), 0.0), 1.0)
+        if isinstance(share := quant_config.get("dense_mlp"), (int, float))
+        else 0.0,
         weight_block=tuple(block) if isinstance(block := quant_config.get("weight_block_size"), list) else None,
         moe_period=period,
         moe_offset=offset,

@@ -99,9 +99,10 @@ SKIP_LISTS: dict[str, tuple[tuple[str, ...], bool]] = {
 ANY_SKIP_LIST = ("exclude_modules", "ignore", "ignored_layers", "modules_to_not_convert", "llm_int8_skip_modules")
 
 
-def _excluded(quant: dict[str, Any], method: str, dense_mlp: bool, shared: bool) -> set[str]:
-    """What the checkpoint leaves unquantized: "attention" (attention projections in the model dtype), "mlp"
-    (the MLP, or part of it), "unknown" (lists that cannot be judged); empty where nothing is."""
+def _excluded(quant: dict[str, Any], method: str, layers: qx.Layers) -> dict[str, float]:
+    """What the checkpoint leaves unquantized: "attention" (attention projections in the model dtype), "mlp" (the
+    share of the MLP's weights: part of it, qx.mlp_share), "unknown" (lists that cannot be judged, whole layers);
+    empty where nothing is."""
     settings = _modelopt(quant)
     if settings is not None:  # (nested: the quantization object's exclude_modules; flat: config.json's ignore)
         lists, substring = [settings.get("exclude_modules") if settings is not quant else quant.get("ignore")], True
@@ -110,17 +111,20 @@ def _excluded(quant: dict[str, Any], method: str, dense_mlp: bool, shared: bool)
         lists = [quant.get(k) for k in keys]
     else:  # (another method: any list it may read, matched the widest way)
         lists, substring = [quant.get(k) for k in ANY_SKIP_LIST], True
-    found = {qx.skipped(names, substring, dense_mlp, shared) for names in lists}
+    found = {qx.skipped(names, substring, layers) for names in lists}
+    share = qx.mlp_share(lists, substring, layers) if found == {qx.MLP} or found == {qx.MLP, None} else 1.0
     if method.startswith("gptq"):
-        found |= {_gptq_skips(quant, dense_mlp)}
+        found |= {_gptq_skips(quant, layers)}
     if method == "compressed-tensors" and isinstance(groups := quant.get("config_groups"), dict):
         # (a group naming no targets is no config vLLM loads: its targets are not judged)
         targets = [g["targets"] for g in groups.values() if isinstance(g, dict) and "targets" in g]
-        found |= {qx.uncovered(targets, dense_mlp)} if targets else set()
-    return {f for f in found if f is not None}
+        if targets and (uncovered := qx.uncovered(targets, layers)):
+            found.add(uncovered)
+            share = 1.0 if uncovered != qx.ATTENTION else share
+    return {f: share if f == qx.MLP else 1.0 for f in found if f is not None}
 
 
-def _gptq_skips(quant: dict[str, Any], dense_mlp: bool) -> str | None:
+def _gptq_skips(quant: dict[str, Any], layers: qx.Layers) -> str | None:
     """GPTQModel's `dynamic` ("-:" patterns: unquantized; others override bits or groups: another width) and
     modules_in_block_to_quantize (the layers it names; the rest unquantized)."""
     dynamic = quant.get("dynamic")
@@ -135,7 +139,7 @@ def _gptq_skips(quant: dict[str, Any], dense_mlp: bool) -> str | None:
             if not (isinstance(k_, str) and k_.startswith("-:"))
         ):
             return qx.UNKNOWN  # (a layer at another width or group: no one figure)
-        if negative and (found := qx.skipped([f"re:{p}" for p in negative], False, dense_mlp)):
+        if negative and (found := qx.skipped([f"re:{p}" for p in negative], False, layers)):
             return found
     block = quant.get("modules_in_block_to_quantize")
     if block:
@@ -146,7 +150,7 @@ def _gptq_skips(quant: dict[str, Any], dense_mlp: bool) -> str | None:
         )
         if not names or not all(isinstance(n, str) for n in names):
             return qx.UNKNOWN
-        return qx.unnamed(names, dense_mlp)
+        return qx.unnamed(names, layers)
     return None
 
 
@@ -239,13 +243,13 @@ def _normalized_method(quant: dict[str, Any]) -> Any:
 
 
 def quantization(
-    quant: Any, source: str, declared: bool = True, dense_mlp: bool = True, shared: bool = True
+    quant: Any, source: str, declared: bool = True, layers: qx.Layers = qx.ANY_LAYERS
 ) -> dict[str, Any] | None:
     """The quantization_config's fields the memory model reads, checked; None where it names no method.
     `declared`: spec.modelConfig's description (or a config this reader checked): its own fields (bits,
     group_size, and what this reader writes: weights_type, kv_cache_dtype, dense_attention/dense_mlp) say
-    the format; a config.json's are read only where vLLM reads them. `dense_mlp`: the model has dense MLP
-    layers (not only experts), `shared` shared experts beside them, which a skip list's names may match."""
+    the format; a config.json's are read only where vLLM reads them. `layers`: what the model's layers hold,
+    whose names a skip list may match."""
     if quant is None:
         return None
     method = _normalized_method(quant) if isinstance(quant, dict) else None
@@ -257,14 +261,18 @@ def quantization(
         return None
     out: dict[str, Any] = {"quant_method": method}
     bits, group, floats = _weights_format(quant, method, source, declared)
-    own = {k for k in ("dense_attention", "dense_mlp") if declared and quant.get(k) is True}
-    excluded = {k.removeprefix("dense_") for k in own} | _excluded(quant, method, dense_mlp, shared)
-    # What it skips, or might skip, weighed in the model's dtype: attention exactly; any part of the MLP as the
-    # whole MLP, and a list that cannot be judged as everything (an over-count, never an under-count: the
-    # classifier takes no weights figure from either, model_weights.weights_gib_to_diagnose)
+    excluded = _excluded(quant, method, layers)
+    if declared and quant.get("dense_attention") is True:
+        excluded["attention"] = 1.0
+    own = quant.get("dense_mlp") if declared else None  # (a share this reader wrote: True is all of it)
+    if isinstance(own, (int, float)) and 0 < own <= 1:
+        excluded["mlp"] = max(excluded.get("mlp", 0.0), float(own))
+    # What it skips, or might skip, weighed in the model's dtype: attention exactly; the MLP's projections it
+    # matches (Llama's thirds), or all of it where they cannot be told apart, and a list that cannot be judged as
+    # everything (an over-count, never an under-count: the classifier takes no weights figure from the MLP's)
     unknown = "unknown" in excluded
     out |= {"dense_attention": True} if unknown or "attention" in excluded else {}
-    out |= {"dense_mlp": True} if unknown or "mlp" in excluded else {}
+    out |= {"dense_mlp": 1.0 if unknown else round(excluded["mlp"], 4)} if unknown or "mlp" in excluded else {}
     out |= {"bits": bits} if bits is not None else {}
     out |= {"group_size": group} if group is not None else {}
     out |= {"weights_type": "float"} if floats and bits is not None else {}

@@ -9,6 +9,7 @@ the weights, and an operator must not promise memory that is not there."""
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from typing import Any
 
@@ -63,12 +64,37 @@ _INDEX = re.compile(r"\.(layers|experts|h|blocks)\.\d{1,6}(?!\d)")
 _REPEATED_GROUP = re.compile(r"\)[*+?{]")
 
 
+@dataclass(frozen=True)
+class Layers:
+    """What a model's decoder layers may hold, whose names a skip list may match (any doubt: yes)."""
+
+    dense: bool = True  # dense MLP layers (a model of experts alone has none)
+    shared: bool = True  # shared experts beside the routed ones
+    experts: bool = True  # routed experts
+
+
+ANY_LAYERS = Layers()
+EXPERT_KEYS = ("num_experts", "n_routed_experts", "num_local_experts", "moe_num_experts")
+DENSE_LAYER_KEYS = ("first_k_dense_replace", "mlp_only_layers", "moe_layer_freq", "decoder_sparse_step")
+# MoE families with routed experts alone (no shared expert beside them), by model_type
+NO_SHARED_EXPERT = frozenset({"mixtral", "qwen3_moe", "gpt_oss", "phimoe", "olmoe", "granitemoe", "dbrx"})
+
+
+def layers_of(config: dict[str, Any]) -> Layers:
+    """The layers a (text) config's model has, as far as its keys say."""
+    experts = any(isinstance(config.get(k), int) and config[k] > 0 for k in EXPERT_KEYS)
+    dense = not experts or any(config.get(k) not in (None, 0, 1, []) for k in DENSE_LAYER_KEYS)
+    return Layers(dense, experts and config.get("model_type") not in NO_SHARED_EXPERT, experts)
+
+
 def _names(parts: tuple[str, ...]) -> list[str]:
     return [prefix + part for prefix in _PREFIXES for part in parts]
 
 
-def _candidates(dense_mlp: bool, shared: bool = True) -> dict[str, list[str]]:
-    mlp = (_DENSE_MLP if dense_mlp else ()) + _EXPERTS + (_SHARED if shared else ())
+def _candidates(layers: Layers) -> dict[str, list[str]]:
+    mlp = (
+        (_DENSE_MLP if layers.dense else ()) + (_EXPERTS if layers.experts else ()) + (_SHARED if layers.shared else ())
+    )
     return {ATTENTION: _names(_ATTENTION), MLP: _names(mlp)}
 
 
@@ -113,14 +139,14 @@ def _costly(entries: list[Any]) -> bool:
     )
 
 
-def skipped(entries: Any, substring: bool, dense_mlp: bool, shared: bool = True) -> str | None:
+def skipped(entries: Any, substring: bool, layers: Layers) -> str | None:
     """What a skip list leaves unquantized: None (nothing weighed otherwise), ATTENTION, MLP (part of it, or of
     the experts), or UNKNOWN (entries that cannot be judged, or whole layers: everything in the model's dtype)."""
     if entries is None or entries == []:
         return None
     if not isinstance(entries, list) or len(entries) > MAX_NAMES or _costly(entries):
         return UNKNOWN
-    candidates, found = _candidates(dense_mlp, shared), None
+    candidates, found = _candidates(layers), None
     for entry in entries:
         if not isinstance(entry, str) or not 0 < len(entry) <= MAX_NAME:
             return UNKNOWN
@@ -137,16 +163,16 @@ def skipped(entries: Any, substring: bool, dense_mlp: bool, shared: bool = True)
     return found
 
 
-def _coverage(tests: list[Any], dense_mlp: bool) -> str | None:
+def _coverage(tests: list[Any], layers: Layers) -> str | None:
     """What layers no test covers leave in the model's dtype: None, ATTENTION, MLP, or UNKNOWN (both)."""
-    names = _COVERED if dense_mlp else _COVERED_MOE
+    names = _COVERED if layers.dense else _COVERED_MOE
     covered = {part: all(any(t(_PREFIXES[0] + n) for t in tests) for n in parts) for part, parts in names.items()}
     if not covered[MLP]:
         return MLP if covered[ATTENTION] else UNKNOWN  # (neither: every linear layer in the model's dtype)
     return None if covered[ATTENTION] else ATTENTION
 
 
-def uncovered(targets: list[Any], dense_mlp: bool) -> str | None:
+def uncovered(targets: list[Any], layers: Layers) -> str | None:
     """compressed-tensors' config_groups targets (each group's list): the layers no group targets stay in the
     model's dtype (get_scheme_dict finds no scheme); a group whose one target names an Attention class is
     dropped (from_config: attention quantization goes with the KV cache's). None: every linear layer targeted."""
@@ -168,12 +194,34 @@ def uncovered(targets: list[Any], dense_mlp: bool) -> str | None:
                 if test is None:
                     return UNKNOWN
                 tests.append(test)
-    return _coverage(tests, dense_mlp)
+    return _coverage(tests, layers)
 
 
-def unnamed(names: list[str], dense_mlp: bool) -> str | None:
+def unnamed(names: list[str], layers: Layers) -> str | None:
     """GPTQ's modules_in_block_to_quantize (names within a block): the layers it does not name stay unquantized."""
     if len(names) > MAX_NAMES or not all(0 < len(n) <= MAX_NAME for n in names):
         return UNKNOWN
     plain = [_INDEX.sub(lambda m: f".{m.group(1)}.0", n) for n in names]
-    return _coverage([lambda name, n=n: name.endswith("." + n) for n in plain], dense_mlp)
+    return _coverage([lambda name, n=n: name.endswith("." + n) for n in plain], layers)
+
+
+# A dense MLP's projections as Llama names them, each a third of its weights (gate_up_proj: gate's and up's)
+_THIRDS = {"gate_proj": {"gate"}, "up_proj": {"up"}, "down_proj": {"down"}, "gate_up_proj": {"gate", "up"}}
+
+
+def mlp_share(lists: list[Any], substring: bool, layers: Layers) -> float:
+    """The share of each dense MLP layer's weights the skip lists leave unquantized, for a model of dense MLPs
+    named as Llama's: a third for each of gate, up and down they match; all of it for a model of other names or
+    with experts, or for a list that matches any other MLP name or cannot be judged."""
+    if layers.experts or layers.shared or not layers.dense:
+        return 1.0
+    canonical = {prefix + "mlp." + proj: part for prefix in _PREFIXES for proj, part in _THIRDS.items()}
+    others = [n for n in _candidates(layers)[MLP] if n not in canonical]
+    parts: set[str] = set()
+    for entries in lists:
+        for entry in entries if isinstance(entries, list) else ():
+            test = _matcher(entry, substring) if isinstance(entry, str) else None
+            if test is None or any(test(n) for n in others):
+                return 1.0
+            parts |= {p for name, part in canonical.items() if test(name) for p in part}
+    return len(parts) / 3 or 1.0
