@@ -81,10 +81,6 @@ def _text(config: dict) -> dict:
     return {**{k: v for k, v in config.items() if k != "text_config"}, **config.get("text_config", {})}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="mlp_share weighs a skipped down_proj as a third of the MLP in a relu2 model whose MLP is up and down only",
-)
 def test_nemotron_fp8_with_every_down_proj_skipped_weighs_half_its_mlp_in_bf16():
     """Severity: medium (an under-count of the weights, the thing the module exists to prevent).
     Input: a Nemotron (model_type nemotron, hidden_act relu2; Arcee's AFM is the same MLP) fp8 checkpoint whose
@@ -103,10 +99,6 @@ def test_nemotron_fp8_with_every_down_proj_skipped_weighs_half_its_mlp_in_bf16()
     assert _gib(skipped) >= fp8 + layers * hidden * inter / GIB - 0.01
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="layers_of ignores interleave_moe_layer_step: Llama 4 Maverick's dense feed_forward layers are not judged",
-)
 def test_maverick_skipping_its_dense_layers_down_proj_is_weighed():
     """Severity: medium (an under-count of about 1.9 GiB).
     Input: Llama 4 Maverick's text model (interleave_moe_layer_step 2: 24 of its 48 layers are dense LlamaMLPs
@@ -125,10 +117,6 @@ def test_maverick_skipping_its_dense_layers_down_proj_is_weighed():
     assert _gib(skipped) >= plain + 24 * 5120 * 16384 / GIB - 0.01
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="layers_of reads first_k_dense_replace 1 as no dense layer: DeepSeek-V2-Lite's layer 0 MLP is not judged",
-)
 def test_deepseek_v2_lite_first_dense_layer_skipped_is_weighed():
     """Severity: low (an under-count of 21 MiB here; GLM-4.5-Air's one dense layer, 128 MiB).
     Input: DeepSeek-V2-Lite (first_k_dense_replace 1, moe_layer_freq 1) in fp8 whose ignored_layers name
@@ -144,10 +132,6 @@ def test_deepseek_v2_lite_first_dense_layer_skipped_is_weighed():
     assert _gib(skipped) >= plain + 2048 * 10944 / GIB - 0.001
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="mlp_share re-runs every entry of every skip list: 0.65 MB of plain names take about 1 s to read",
-)
 def test_many_plain_entries_in_every_skip_list_are_cheap():
     """Severity: low (a slow read of a hostile config under the 1 MiB limit, on the operator's reconcile path).
     Input: a quantization_config of a method vLLM has no skip list for ('foo': all five lists are read, matched

@@ -100,9 +100,9 @@ ANY_SKIP_LIST = ("exclude_modules", "ignore", "ignored_layers", "modules_to_not_
 
 
 def _excluded(quant: dict[str, Any], method: str, layers: qx.Layers) -> dict[str, float]:
-    """What the checkpoint leaves unquantized: "attention" (attention projections in the model dtype), "mlp" (the
-    share of the MLP's weights: part of it, qx.mlp_share), "unknown" (lists that cannot be judged, whole layers);
-    empty where nothing is."""
+    """What the checkpoint leaves unquantized: "attention" (attention projections in the model dtype), "mlp" (with
+    the share of the MLP's weights, quant_exclusions.skipped), "unknown" (lists that cannot be judged, whole
+    layers); empty where nothing is."""
     settings = _modelopt(quant)
     if settings is not None:  # (nested: the quantization object's exclude_modules; flat: config.json's ignore)
         lists, substring = [settings.get("exclude_modules") if settings is not quant else quant.get("ignore")], True
@@ -111,17 +111,21 @@ def _excluded(quant: dict[str, Any], method: str, layers: qx.Layers) -> dict[str
         lists = [quant.get(k) for k in keys]
     else:  # (another method: any list it may read, matched the widest way)
         lists, substring = [quant.get(k) for k in ANY_SKIP_LIST], True
-    found = {qx.skipped(names, substring, layers) for names in lists}
-    share = qx.mlp_share(lists, substring, layers) if found == {qx.MLP} or found == {qx.MLP, None} else 1.0
+    if sum(len(names) for names in lists if isinstance(names, list)) > qx.MAX_NAMES:
+        return {qx.UNKNOWN: 1.0}  # (more names than are judged for one config)
+    judged = [qx.skipped(names, substring, layers) for names in lists]
+    found = {kind for kind, _ in judged}
+    shares = [part for kind, part in judged if kind == qx.MLP]  # (each list's share of the MLP: they add up)
+    more: set[str | None] = set()
     if method.startswith("gptq"):
-        found |= {_gptq_skips(quant, layers)}
+        more.add(_gptq_skips(quant, layers))
     if method == "compressed-tensors" and isinstance(groups := quant.get("config_groups"), dict):
         # (a group naming no targets is no config vLLM loads: its targets are not judged)
         targets = [g["targets"] for g in groups.values() if isinstance(g, dict) and "targets" in g]
-        if targets and (uncovered := qx.uncovered(targets, layers)):
-            found.add(uncovered)
-            share = 1.0 if uncovered != qx.ATTENTION else share
-    return {f: share if f == qx.MLP else 1.0 for f in found if f is not None}
+        more.add(qx.uncovered(targets, layers) if targets else None)
+    shares += [1.0] if qx.MLP in more else []  # (layers no target or block names: all of the MLP)
+    share = min(1.0, sum(shares))
+    return {f: share if f == qx.MLP else 1.0 for f in found | more if f is not None}
 
 
 def _gptq_skips(quant: dict[str, Any], layers: qx.Layers) -> str | None:
@@ -139,7 +143,7 @@ def _gptq_skips(quant: dict[str, Any], layers: qx.Layers) -> str | None:
             if not (isinstance(k_, str) and k_.startswith("-:"))
         ):
             return qx.UNKNOWN  # (a layer at another width or group: no one figure)
-        if negative and (found := qx.skipped([f"re:{p}" for p in negative], False, layers)):
+        if negative and (found := qx.skipped([f"re:{p}" for p in negative], False, layers)[0]):
             return found
     block = quant.get("modules_in_block_to_quantize")
     if block:

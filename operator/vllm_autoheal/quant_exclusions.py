@@ -71,11 +71,14 @@ class Layers:
     dense: bool = True  # dense MLP layers (a model of experts alone has none)
     shared: bool = True  # shared experts beside the routed ones
     experts: bool = True  # routed experts
+    gated: bool = True  # a dense MLP of gate, up and down (relu2's, Nemotron's and Arcee's: up and down alone)
 
 
 ANY_LAYERS = Layers()
 EXPERT_KEYS = ("num_experts", "n_routed_experts", "num_local_experts", "moe_num_experts")
-DENSE_LAYER_KEYS = ("first_k_dense_replace", "mlp_only_layers", "moe_layer_freq", "decoder_sparse_step")
+# Keys saying some layers are dense beside the MoE ones: a period above 1 (every n-th layer MoE), a list of
+# dense layers, or any first dense layers (DeepSeek's first_k_dense_replace: 1 is one dense layer)
+PERIOD_KEYS = ("moe_layer_freq", "decoder_sparse_step", "interleave_moe_layer_step", "expert_layer_period")
 # MoE families with routed experts alone (no shared expert beside them), by model_type
 NO_SHARED_EXPERT = frozenset({"mixtral", "qwen3_moe", "gpt_oss", "phimoe", "olmoe", "granitemoe", "dbrx"})
 
@@ -83,8 +86,17 @@ NO_SHARED_EXPERT = frozenset({"mixtral", "qwen3_moe", "gpt_oss", "phimoe", "olmo
 def layers_of(config: dict[str, Any]) -> Layers:
     """The layers a (text) config's model has, as far as its keys say."""
     experts = any(isinstance(config.get(k), int) and config[k] > 0 for k in EXPERT_KEYS)
-    dense = not experts or any(config.get(k) not in (None, 0, 1, []) for k in DENSE_LAYER_KEYS)
-    return Layers(dense, experts and config.get("model_type") not in NO_SHARED_EXPERT, experts)
+    dense = (
+        not experts
+        or any(config.get(k) not in (None, 0, 1, []) for k in PERIOD_KEYS)
+        or config.get("mlp_only_layers") not in (None, [])
+        or config.get("first_k_dense_replace") not in (None, 0)
+    )
+    from .model_layers import PLAIN_MLP_TYPES  # (model_layers reads model_config, which reads this module)
+
+    kind = config.get("model_type")
+    gated = kind not in PLAIN_MLP_TYPES and config.get("mlp_hidden_act", config.get("hidden_act")) != "relu2"
+    return Layers(dense, experts and kind not in NO_SHARED_EXPERT, experts, gated)
 
 
 def _names(parts: tuple[str, ...]) -> list[str]:
@@ -139,28 +151,62 @@ def _costly(entries: list[Any]) -> bool:
     )
 
 
-def skipped(entries: Any, substring: bool, layers: Layers) -> str | None:
+def _tests_of(entry: str, names: list[str]) -> list[str]:
+    """The names worth testing an entry against: a plain one naming no prefix needs one prefix's (a substring or
+    whole name under any prefix matches it under each), a pattern every one."""
+    plain = not entry.startswith("re:") and not any(c in entry for c in "*?[")
+    return names[: len(names) // len(_PREFIXES)] if plain and "model" not in entry else names
+
+
+def skipped(entries: Any, substring: bool, layers: Layers) -> tuple[str | None, float]:
     """What a skip list leaves unquantized: None (nothing weighed otherwise), ATTENTION, MLP (part of it, or of
-    the experts), or UNKNOWN (entries that cannot be judged, or whole layers: everything in the model's dtype)."""
+    the experts), or UNKNOWN (entries that cannot be judged, or whole layers: everything in the model's dtype);
+    and the share of each MLP's weights it skips (_share)."""
     if entries is None or entries == []:
-        return None
+        return None, 1.0
     if not isinstance(entries, list) or len(entries) > MAX_NAMES or _costly(entries):
-        return UNKNOWN
-    candidates, found = _candidates(layers), None
+        return UNKNOWN, 1.0
+    candidates, found, parts = _candidates(layers), None, set()
     for entry in entries:
         if not isinstance(entry, str) or not 0 < len(entry) <= MAX_NAME:
-            return UNKNOWN
+            return UNKNOWN, 1.0
         test = _matcher(entry, substring)
         if test is None:
-            return UNKNOWN
-        mlp, attention = any(test(n) for n in candidates[MLP]), any(test(n) for n in candidates[ATTENTION])
+            return UNKNOWN, 1.0
+        mlp = [n for n in _tests_of(entry, candidates[MLP]) if test(n)]
+        attention = any(test(n) for n in _tests_of(entry, candidates[ATTENTION]))
         if mlp and attention:
-            return UNKNOWN
+            return UNKNOWN, 1.0
         if mlp:
             found = MLP
+            parts |= _parts(mlp, layers)
         elif attention and found is None:
             found = ATTENTION
-    return found
+    return found, _share(parts, layers)
+
+
+# A dense MLP's projections, each an equal share of its weights where their names tell them apart: Llama's gate,
+# up and down a third each (gate_up_proj: gate's and up's), up and down a half each where there is no gate.
+_GATED_PARTS = {"gate_proj": {"gate"}, "up_proj": {"up"}, "down_proj": {"down"}, "gate_up_proj": {"gate", "up"}}
+_PLAIN_PARTS = {"up_proj": {"up"}, "down_proj": {"down"}}
+
+
+def _parts(matched: list[str], layers: Layers) -> set[str]:
+    """The projections of a dense MLP the names matched name ("all": any other name, or a model of experts)."""
+    if layers.experts or layers.shared or not layers.dense:
+        return {"all"}
+    known = _GATED_PARTS if layers.gated else _PLAIN_PARTS
+    parts: set[str] = set()
+    for name in matched:
+        head, _, proj = name.rpartition(".")
+        parts |= known.get(proj, {"all"}) if head.endswith(".layers.0.mlp") else {"all"}
+    return parts
+
+
+def _share(parts: set[str], layers: Layers) -> float:
+    if not parts or "all" in parts:
+        return 1.0
+    return len(parts) / (3 if layers.gated else 2)
 
 
 def _coverage(tests: list[Any], layers: Layers) -> str | None:
@@ -203,25 +249,3 @@ def unnamed(names: list[str], layers: Layers) -> str | None:
         return UNKNOWN
     plain = [_INDEX.sub(lambda m: f".{m.group(1)}.0", n) for n in names]
     return _coverage([lambda name, n=n: name.endswith("." + n) for n in plain], layers)
-
-
-# A dense MLP's projections as Llama names them, each a third of its weights (gate_up_proj: gate's and up's)
-_THIRDS = {"gate_proj": {"gate"}, "up_proj": {"up"}, "down_proj": {"down"}, "gate_up_proj": {"gate", "up"}}
-
-
-def mlp_share(lists: list[Any], substring: bool, layers: Layers) -> float:
-    """The share of each dense MLP layer's weights the skip lists leave unquantized, for a model of dense MLPs
-    named as Llama's: a third for each of gate, up and down they match; all of it for a model of other names or
-    with experts, or for a list that matches any other MLP name or cannot be judged."""
-    if layers.experts or layers.shared or not layers.dense:
-        return 1.0
-    canonical = {prefix + "mlp." + proj: part for prefix in _PREFIXES for proj, part in _THIRDS.items()}
-    others = [n for n in _candidates(layers)[MLP] if n not in canonical]
-    parts: set[str] = set()
-    for entries in lists:
-        for entry in entries if isinstance(entries, list) else ():
-            test = _matcher(entry, substring) if isinstance(entry, str) else None
-            if test is None or any(test(n) for n in others):
-                return 1.0
-            parts |= {p for name, part in canonical.items() if test(name) for p in part}
-    return len(parts) / 3 or 1.0
