@@ -307,3 +307,15 @@ def test_moe_in_every_second_layer_counts_half_the_experts():
         llama4.layer_params(1) == expert and llama4.layer_params(0) < expert and every.stack_params(32) == 32 * expert
     )
     assert sum(llama4.layer_params(i) for i in range(32)) == llama4.stack_params(32)
+
+
+def test_an_inline_quantization_config_takes_every_skip_list_the_reader_reads():
+    """spec.modelConfig.inline keeps the lists of layers a checkpoint leaves unquantized (one table:
+    quant_config.ANY_SKIP_LIST), so a pasted config.json weighs as the same file read from the Hub."""
+    from vllm_autoheal.api.config_json import QuantizationConfig
+    from vllm_autoheal.quant_config import ANY_SKIP_LIST
+
+    assert sorted(f for f in QuantizationConfig.model_fields if f in ANY_SKIP_LIST) == sorted(ANY_SKIP_LIST)
+    too_many = {"quant_method": "fp8", "ignored_layers": ["x"] * 4097}
+    with pytest.raises(ValueError, match="ignored_layers"):
+        QuantizationConfig.model_validate(too_many)

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from .. import model_config as mc
 from ..quant_config import GROUP_FIELD, GROUP_RULE, MODELOPT_ALGOS
+from ..quant_exclusions import MAX_NAME, MAX_NAMES
 from .schema import Model, cel, rule
 
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
@@ -18,6 +19,15 @@ class ConfigJsonBase(BaseModel):
     """config.json fields keep config.json's own spelling (snake_case), so a file pastes as is."""
 
     model_config = ConfigDict(extra="ignore")
+
+
+SkipList = Annotated[
+    list[Annotated[str, Field(min_length=1, max_length=MAX_NAME)]] | None,
+    Field(
+        max_length=MAX_NAMES,
+        description="Layers the checkpoint leaves unquantized, as its quantization_config lists them.",
+    ),
+]
 
 
 class QuantizationConfig(ConfigJsonBase):
@@ -37,6 +47,13 @@ class QuantizationConfig(ConfigJsonBase):
         max_length=64,
         description=f"ModelOpt's algorithm (its width, float weights: {', '.join(MODELOPT_ALGOS)}; others not weighed).",
     )
+    # The layers the checkpoint leaves unquantized, in the lists each method reads (quant_config.ANY_SKIP_LIST):
+    # weighed in the model's dtype, as the same config.json read from the Hub is
+    ignore: SkipList = None
+    exclude_modules: SkipList = None
+    ignored_layers: SkipList = None
+    modules_to_not_convert: SkipList = None
+    llm_int8_skip_modules: SkipList = None
 
 
 def _int_or_string(schema: dict[str, Any]) -> None:
