@@ -85,11 +85,6 @@ def _shrunk_history(kv: int) -> list[dict]:
 # --- remedies vLLM's own arithmetic refuses -------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="room_for_graphs checks only engine.kv_cache_memory_bytes, not vLLM's kv_fixed_gib line: a cut that "
-    "changes nothing under a fixed cache",
-)
 @pytest.mark.parametrize("inventory", [False, True])
 def test_a_capture_oom_beside_a_cache_fixed_by_vllms_line_is_not_healed_by_a_utilization_cut(inventory):
     """Severity: High (a certain second crash, the same capture OOM: a heal spent for nothing).
@@ -122,11 +117,6 @@ FREE_30 = _failed_to_start(
 )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fit_utilization_to_free cuts the share to what is free but keeps a heal's kv_cache_memory_bytes "
-    "larger than what is free: the KV allocation OOMs",
-)
 @pytest.mark.parametrize("inventory", [False, True])
 def test_a_utilization_cut_after_a_heal_fixed_the_cache_keeps_the_cache_within_what_is_free(inventory):
     """Severity: High (a certain second crash: the KV allocation itself, after weights and profile).
@@ -165,11 +155,6 @@ OOM_WITHOUT_CAPACITY = _rec(
 )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="kv_fixed_gib is bounded only by a total the log prints: a 500 GiB figure sets a 497.5 GiB cache on "
-    "a GPU the inventory knows is 79.19 GiB",
-)
 def test_a_fixed_cache_figure_larger_than_the_gpu_is_not_shrunk_from():
     """Severity: Medium (a wrong memory change: a KV cache six times the GPU, a certain crash at KV allocation).
     Input: a runtime OOM whose torch line carries no capacity ("CUDA out of memory. Tried to allocate 2.00

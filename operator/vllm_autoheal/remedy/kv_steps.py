@@ -31,10 +31,8 @@ def smaller_budget(ctx: Context) -> float | None:
 def raise_utilization_for_kv(ctx: Context) -> Remedy | None:
     needed, available, total = ctx.num("needed_gib"), ctx.num("available_gib"), ctx.total
     room = ctx.free_for_vllm()
-    if needed is None or available is None or not total or room is None or ctx.engine.kv_cache_memory_bytes:
-        return None  # (with kv_cache_memory_bytes set, utilization does not size the KV cache)
-    if ctx.num("kv_fixed_gib"):
-        return None  # (nor where vLLM says it fixed the cache's size: 0.32's persisted startup plan)
+    if needed is None or available is None or not total or room is None or ctx.fixed_kv_gib():
+        return None  # (with kv_cache_memory_bytes set, or vLLM saying it fixed the size, no utilization sizes it)
     available = smaller_budget(ctx) or available
     short = needed - available + ctx.warmup_loss()  # (0.34: the cache after warm-up holds less than the budget)
     want = round_util(ctx.engine.gpu_memory_utilization + short / total + 0.01, down=False)
@@ -120,7 +118,7 @@ def raise_utilization_blind(ctx: Context) -> Remedy | None:
     the grown cache holds comes with the raise: a raise that keeps a longer one crashes again."""
     total, limit = ctx.total, raise_limit(ctx)
     current = ctx.engine.gpu_memory_utilization
-    if limit <= current or ctx.engine.kv_cache_memory_bytes or ctx.num("kv_fixed_gib"):
+    if limit <= current or ctx.fixed_kv_gib():
         return None  # (a cache of a fixed size: the utilization does not size it)
     outside = ctx.held_outside()  # (weights another process holds, counted in the share: it must exceed them)
     if outside is not None and total and limit * total <= outside + CUDA_CONTEXT_GIB:

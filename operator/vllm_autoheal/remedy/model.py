@@ -11,6 +11,7 @@ from typing import Any
 from ..api import EngineArgs, HealPolicy, VLLMServiceSpec
 from ..diagnosis import Diagnosis
 from ..diagnosis.figures import MAX_GIB
+from ..diagnosis.units import GIB
 from ..engine import BY_FIELD
 from ..engine_defaults import captures_graphs, default_max_num_batched_tokens, default_max_num_seqs
 from ..extensible_kv import extensible_kv_cache, margin_gib
@@ -214,6 +215,15 @@ class Context:
                 # (less what 0.32's multimodal decoding takes out of it, where its refusal says so)
                 return float(value) - (self.num("mm_reserved_gib") or 0.0)
         return None
+
+    def fixed_kv_gib(self) -> float | None:
+        """The KV cache's size in GiB where vLLM was told it (--kv-cache-memory-bytes, or the size 0.32's persisted
+        startup plan sets and its line prints: vLLM then sizes it whatever the utilization); None elsewhere, and
+        for a printed figure no device holds."""
+        if self.engine.kv_cache_memory_bytes:
+            return self.engine.kv_cache_memory_bytes / GIB
+        printed = self.num("kv_fixed_gib")
+        return printed if printed is not None and 0 < printed <= (self.total or MAX_GIB) else None
 
     def held_outside(self) -> float | None:
         """The weights another process holds for vLLM (0.32's IPC weight cache), which its utilization

@@ -76,7 +76,7 @@ def _split_at_share(ctx: Context, sizes: list[int]) -> Remedy | None:
         top, why = share[0], f"{share[2]}: utilization {current} -> at most {share[0]}"
         free = share[1] + CUDA_CONTEXT_GIB  # (each GPU of the split taken to have as little free)
     else:
-        if "RaiseGpuMemoryUtilization" not in allowed or ctx.engine.kv_cache_memory_bytes or _others_hold_memory(ctx):
+        if "RaiseGpuMemoryUtilization" not in allowed or ctx.fixed_kv_gib() or _others_hold_memory(ctx):
             return None
         top = raise_limit(ctx)
         known = "the bounds and free memory allow" if ctx.inv.gpu_free_gib is not None else "the bounds allow"
@@ -158,7 +158,7 @@ def quantized_model(ctx: Context) -> Remedy | None:
     current, top = ctx.engine.gpu_memory_utilization, raise_limit(ctx)
     if ctx.limits.ceiling is not None:  # (a share that ran out of memory while serving: never back to it)
         top = min(top, round(ctx.limits.ceiling - 0.01, 2))
-    raise_ok = "RaiseGpuMemoryUtilization" in ctx.policy.allowed_actions and not ctx.engine.kv_cache_memory_bytes
+    raise_ok = "RaiseGpuMemoryUtilization" in ctx.policy.allowed_actions and not ctx.fixed_kv_gib()
 
     def fits(u: float) -> bool:  # (as a split's: the graphs' margin is another heal's)
         at = ctx.estimate(quantized.model_copy(update={"gpu_memory_utilization": u}), ctx.inv.gpu_free_gib, shape)
@@ -232,19 +232,11 @@ def shrink_kv_bytes(ctx: Context) -> Remedy | None:
     )
 
 
-def fixed_kv_cache(ctx: Context) -> float | None:
-    """The KV cache's size in GiB where vLLM was told it (--kv-cache-memory-bytes, or the size 0.32's persisted
-    startup plan sets and its line prints): vLLM then sizes it whatever the utilization. None elsewhere."""
-    if ctx.engine.kv_cache_memory_bytes:
-        return ctx.engine.kv_cache_memory_bytes / GIB
-    return ctx.num("kv_fixed_gib")
-
-
 def shrink_fixed_kv_cache(ctx: Context) -> Remedy | None:
     """A GPU out of memory while serving where the KV cache's size was fixed: a utilization cut changes
     nothing vLLM allocates ("This does not respect the gpu_memory_utilization config"), so the cache itself
     gives up what failed to allocate and 0.5 GiB, with the context the smaller cache holds (same restart)."""
-    fixed, tried = fixed_kv_cache(ctx), ctx.num("tried_gib")
+    fixed, tried = ctx.fixed_kv_gib(), ctx.num("tried_gib")
     if fixed is None or ctx.inv.host_kv_cache:
         return None
     cut = (tried or 0.0) + 0.5

@@ -12,7 +12,7 @@ from ..memory import (
     CUDA_CONTEXT_GIB,
     Estimate,
 )
-from .kv_steps import round_util, shorter_context
+from .kv_steps import context_held, round_util, shorter_context
 from .model import Context, Remedy, Step
 
 # vLLM's CPU backend's refusals of a share of host memory (not a GPU's): its ranks share the node's memory
@@ -28,6 +28,11 @@ def fit_utilization_to_free(ctx: Context) -> Remedy | None:
         return None
     changes, why = with_context_held(ctx, new)
     total = ctx.total or 0.0
+    if ctx.engine.kv_cache_memory_bytes:  # (a cache of a fixed size: the share that passes vLLM's check must hold it)
+        fitted = _fixed_cache_within(ctx, new)
+        if fitted is None:
+            return None
+        changes, why = fitted
     return Remedy(
         "LowerGpuMemoryUtilization",
         changes,
@@ -35,6 +40,31 @@ def fit_utilization_to_free(ctx: Context) -> Remedy | None:
         f"margin.{why}",
         repeatable=printed,
     )
+
+
+def _fixed_cache_within(ctx: Context, util: float) -> tuple[dict[str, float | int], str] | None:
+    """A utilization cut where --kv-cache-memory-bytes fixes the cache: vLLM allocates that size whatever the share
+    once its start-up check passes, so the cache comes down to what the share leaves beside the weights (the memory
+    model's budget at that share), with the context it holds; None where that cannot be sized or is too small."""
+    fixed = (ctx.engine.kv_cache_memory_bytes or 0) / GIB
+    if ctx.inv.shape is None or not ctx.total:
+        return None  # (without the model's shape, what the share leaves for the cache is not known)
+    est = ctx.estimate(ctx.engine.model_copy(update={"gpu_memory_utilization": util, "kv_cache_memory_bytes": None}))
+    if est.kv_cache_gib >= fixed:  # (the share leaves the cache room: the cut alone passes vLLM's check)
+        return with_context_held(ctx, util)
+    new = int(est.kv_cache_gib * GIB) // (2**20) * 2**20
+    if new < max(ctx.policy.bounds.min_kv_cache_memory_bytes or 0, 2**20):
+        return None
+    changes: dict[str, float | int] = {"gpu_memory_utilization": util, "kv_cache_memory_bytes": new}
+    why = f" The KV cache {fixed:.2f} -> {new / GIB:.2f} GiB, what utilization {util} leaves beside the weights."
+    held = context_held(ctx, new / GIB)
+    if held is not None and held[0] < held[1]:
+        length = shorter_context(ctx, held[0] * 0.97)
+        if length is None:
+            return None
+        changes["max_model_len"] = length
+        why += f" It holds one request of about {held[0]:,} tokens: max_model_len -> {length:,}."
+    return changes, why
 
 
 def share_of_free(ctx: Context) -> tuple[float, float, str, bool] | None:
@@ -302,8 +332,8 @@ def room_for_graphs(ctx: Context) -> Remedy | None:
     allocate and 0.5 GiB) below the budget instead of giving them up. Where the release reserves its
     estimate of them inside the budget, only what overran it lands beside: what failed, and 0.5 GiB."""
     total = ctx.total
-    if not total or ctx.engine.enforce_eager or ctx.engine.kv_cache_memory_bytes:
-        return None
+    if not total or ctx.engine.enforce_eager or ctx.fixed_kv_gib():
+        return None  # (a cache of a fixed size leaves the graphs no more room at a smaller share)
     current = ctx.engine.gpu_memory_utilization
     headroom = (1 - current) * total
     if ctx.inv.gpu_free_gib is not None:  # (beside another process, only what it left is outside the budget;
@@ -374,7 +404,7 @@ def lower_utilization_step(ctx: Context) -> Remedy | None:
     """Leave headroom sized from what failed to allocate (or ~1 GiB of graphs), at least 0.02."""
     if ctx.diag.cause == "gpu_util_exceeds_free" and (ctx.num("free_gib") is not None or ctx.num("others_gib")):
         return None  # what is free was printed: fit_utilization_to_free sized it; stepping is blind
-    if ctx.diag.cause != "gpu_util_exceeds_free" and (ctx.engine.kv_cache_memory_bytes or ctx.num("kv_fixed_gib")):
+    if ctx.diag.cause != "gpu_util_exceeds_free" and ctx.fixed_kv_gib():
         return None  # the KV cache's size is fixed: a cut changes nothing vLLM allocates (only its start-up check)
     total = ctx.total
     tried = ctx.num("tried_gib") or 0.0
