@@ -344,3 +344,24 @@ def eager_for_reserved_graphs(ctx: Context) -> Remedy | None:
         "cache; without graphs that share goes to the cache, which then holds one request of max_model_len "
         "(some decode speed is lost).",
     )
+
+
+def smaller_fixed_cache(ctx: Context, gib: float, fixed: float) -> tuple[dict[str, float | int], str] | None:
+    """--kv-cache-memory-bytes of `gib` (whole MiB) for a cache of `fixed` GiB, with the context the smaller cache
+    holds (by the model's shape, else by vLLM's own count of the fixed cache scaled down), in the same change;
+    None below the bounds' least cache, or where that context may not be set."""
+    new = max(int(gib * GIB) // 2**20, 0) * 2**20
+    if new < max(ctx.policy.bounds.min_kv_cache_memory_bytes or 0, 2**20):
+        return None
+    changes: dict[str, float | int] = {"kv_cache_memory_bytes": new}
+    held = context_held(ctx, new / GIB)
+    tokens = ctx.num("kv_cache_tokens") or ctx.num("kv_tokens")
+    if held is None and tokens and ctx.context:
+        held = (int(tokens * new / (fixed * GIB)), ctx.context)
+    if held is None or held[0] >= held[1]:
+        return changes, ""
+    length = shorter_context(ctx, held[0] * 0.97)
+    if length is None:
+        return None  # (the smaller cache holds no request of the context, which may not be shortened)
+    changes["max_model_len"] = length
+    return changes, f" It holds one request of about {held[0]:,} tokens: max_model_len -> {length:,}."

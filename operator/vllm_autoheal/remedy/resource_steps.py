@@ -7,11 +7,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from ..diagnosis.units import GIB, MIB
+from ..diagnosis.units import MIB
 from ..memory import CUDA_CONTEXT_GIB, Estimate
 from ..quantity import format_bytes, parse_quantity
 from ..remedy_gate import utilization_floor
-from .kv_steps import context_held, raise_limit, shorter_context
+from .kv_steps import raise_limit, shorter_context, smaller_fixed_cache
 from .model import Context, Remedy
 from .steps import HOST_MEMORY_SUBTYPES, share_of_free
 
@@ -239,26 +239,14 @@ def shrink_fixed_kv_cache(ctx: Context) -> Remedy | None:
     fixed, tried = ctx.fixed_kv_gib(), ctx.num("tried_gib")
     if fixed is None or ctx.inv.host_kv_cache:
         return None
-    cut = (tried or 0.0) + 0.5
-    new = max(int((fixed - cut) * GIB) // MIB, 0) * MIB
-    if new < max(ctx.policy.bounds.min_kv_cache_memory_bytes or 0, MIB):
+    smaller = smaller_fixed_cache(ctx, fixed - (tried or 0.0) - 0.5, fixed)
+    if smaller is None:
         return None
-    changes: dict[str, object] = {"kv_cache_memory_bytes": new}
-    why = ""
-    held = context_held(ctx, new / GIB)
-    tokens = ctx.num("kv_cache_tokens") or ctx.num("kv_tokens")
-    if held is None and tokens and ctx.context:  # (no shape: vLLM's own count of the fixed cache, scaled down)
-        held = (int(tokens * new / (fixed * GIB)), ctx.context)
-    if held is not None and held[0] < held[1]:
-        length = shorter_context(ctx, held[0] * 0.97)
-        if length is None:
-            return None  # (the smaller cache holds no request of the context, which may not be shortened)
-        changes["max_model_len"] = length
-        why = f" It holds one request of about {held[0]:,} tokens: max_model_len -> {length:,}."
+    changes, why = smaller
     basis = f"{tried:g} GiB failed to allocate" if tried else "no allocation size was printed"
     return Remedy(
         "SetKvCacheMemoryBytes",
         changes,
         f"{basis} beside a KV cache fixed at {fixed:.2f} GiB, which the utilization does not size; the cache "
-        f"-> {format_bytes(new)}.{why}",
+        f"-> {format_bytes(int(changes['kv_cache_memory_bytes']))}.{why}",
     )

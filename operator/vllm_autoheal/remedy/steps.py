@@ -12,7 +12,7 @@ from ..memory import (
     CUDA_CONTEXT_GIB,
     Estimate,
 )
-from .kv_steps import context_held, round_util, shorter_context
+from .kv_steps import round_util, shorter_context, smaller_fixed_cache
 from .model import Context, Remedy, Step
 
 # vLLM's CPU backend's refusals of a share of host memory (not a GPU's): its ranks share the node's memory
@@ -52,19 +52,12 @@ def _fixed_cache_within(ctx: Context, util: float) -> tuple[dict[str, float | in
     est = ctx.estimate(ctx.engine.model_copy(update={"gpu_memory_utilization": util, "kv_cache_memory_bytes": None}))
     if est.kv_cache_gib >= fixed:  # (the share leaves the cache room: the cut alone passes vLLM's check)
         return with_context_held(ctx, util)
-    new = int(est.kv_cache_gib * GIB) // (2**20) * 2**20
-    if new < max(ctx.policy.bounds.min_kv_cache_memory_bytes or 0, 2**20):
+    smaller = smaller_fixed_cache(ctx, est.kv_cache_gib, fixed)
+    if smaller is None:
         return None
-    changes: dict[str, float | int] = {"gpu_memory_utilization": util, "kv_cache_memory_bytes": new}
-    why = f" The KV cache {fixed:.2f} -> {new / GIB:.2f} GiB, what utilization {util} leaves beside the weights."
-    held = context_held(ctx, new / GIB)
-    if held is not None and held[0] < held[1]:
-        length = shorter_context(ctx, held[0] * 0.97)
-        if length is None:
-            return None
-        changes["max_model_len"] = length
-        why += f" It holds one request of about {held[0]:,} tokens: max_model_len -> {length:,}."
-    return changes, why
+    changes, why = smaller
+    note = f" The KV cache {fixed:.2f} -> {changes['kv_cache_memory_bytes'] / GIB:.2f} GiB, what utilization {util} "
+    return {"gpu_memory_utilization": util, **changes}, note + "leaves beside the weights." + why
 
 
 def share_of_free(ctx: Context) -> tuple[float, float, str, bool] | None:
