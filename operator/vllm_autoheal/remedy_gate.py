@@ -52,7 +52,7 @@ CALLS_FOR: dict[str, dict[str, int]] = {
         "max_model_len": DOWN,
     },
     # (a utilization cut with the context the smaller cache holds, where it leaves it too small:
-    # steps.with_context_held; only with the cut, ONLY_WITH)
+    # share_steps.with_context_held; only with the cut, ONLY_WITH)
     "profiling_oom": {
         "max_num_seqs": DOWN,
         "max_num_batched_tokens": DOWN,

@@ -7,7 +7,8 @@ from ..diagnosis.arithmetic import besides_weights
 from ..memory import CUDA_CONTEXT_GIB
 from .kv_steps import raise_limit
 from .model import Context
-from .steps import HOST_MEMORY_SUBTYPES, halving_short
+from .share_steps import HOST_MEMORY_SUBTYPES
+from .steps import halving_short
 
 
 def weights_beyond_gpu(ctx: Context) -> tuple[float, float] | None:

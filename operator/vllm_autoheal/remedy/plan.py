@@ -54,12 +54,11 @@ from .resource_steps import (
     shrink_fixed_kv_cache,
     shrink_kv_bytes,
 )
+from .share_steps import fit_kv_bytes_to_free, fit_utilization_to_free
 from .steps import (
     batch_from_allocation,
     cpu_offload,
     enforce_eager,
-    fit_kv_bytes_to_free,
-    fit_utilization_to_free,
     lower_batched,
     lower_seqs,
     lower_utilization_step,

@@ -13,7 +13,7 @@ from ..quantity import format_bytes, parse_quantity
 from ..remedy_gate import utilization_floor
 from .kv_steps import raise_limit, shorter_context, smaller_fixed_cache
 from .model import Context, Remedy
-from .steps import HOST_MEMORY_SUBTYPES, share_of_free
+from .share_steps import HOST_MEMORY_SUBTYPES, share_of_free
 
 VPA_RATIO, VPA_MIN_BUMP = 1.2, 100 * MIB  # Kubernetes VPA's OOM bump (DefaultOOMBumpUpRatio/MinBumpUp)
 
