@@ -18,7 +18,7 @@ from vllm_autoheal.engine import parse_args
 from vllm_autoheal.gpu_catalog import lookup
 from vllm_autoheal.memory import estimate
 from vllm_autoheal.model_config import check, to_shape
-from vllm_autoheal.model_source import from_path
+from vllm_autoheal.model_files import from_path
 from vllm_autoheal.model_weights import weights_bytes_per_gpu
 from vllm_autoheal.remedy import Inventory, plan_heal
 from vllm_autoheal.vllm_release import parse_version

@@ -118,7 +118,8 @@ def run_diagnose(args: argparse.Namespace) -> int:
 def _plan_shape(args: argparse.Namespace) -> tuple[ModelShape, str]:
     """The model's shape from --model-config (a file) or --model (a local path or a Hub id)."""
     from .model_config import to_shape
-    from .model_source import from_path, resolve_local
+    from .model_files import from_path
+    from .model_source import resolve_local
 
     if args.model_config:
         return to_shape(from_path(args.model_config)), args.model_config

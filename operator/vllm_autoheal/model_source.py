@@ -21,7 +21,6 @@ import base64
 import hashlib
 import os
 import re
-import stat
 import threading
 import time
 from collections import Counter
@@ -35,9 +34,8 @@ from typing import Any
 from . import hub_cache
 from .api.config_json import DNS_SUBDOMAIN
 from .model_config import MAX_CONFIG_BYTES, ModelConfigError, check, parse, to_shape
+from .model_files import CONFIG_FILE, from_path, read_capped
 
-CONFIG_FILE = "config.json"
-HF_QUANT_FILE = "hf_quant_config.json"
 DEFAULT_ENDPOINT = "https://huggingface.co"
 DEPRECATED_ANNOTATION = "vllm.autoheal.dev/model-config"
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}(/[\w.-]{1,96})?$")
@@ -97,42 +95,6 @@ def _shaped(source: str, load: Callable[[], dict[str, Any]]) -> Resolved:
         return Resolved(source=source, error=str(exc))
     except Exception as exc:  # noqa: BLE001 - never raise on untrusted input
         return Resolved(source=source, error=f"{source}: {type(exc).__name__}: {str(exc)[:200]}")
-
-
-# --- local files -----------------------------------------------------------------------------
-
-
-def _read_raw(path: Path, source: str) -> bytes:
-    """A regular file's first bytes, past the cap: opened without blocking and checked as opened, so a FIFO
-    (which no one may ever write), a device or a link to one is refused at once, never waited on."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError as exc:
-        raise ModelConfigError(f"cannot read {source}: {exc.strerror or exc}") from None
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ModelConfigError(f"cannot read {source}: not a regular file")
-        try:
-            return f.read(MAX_CONFIG_BYTES + 1)
-        except OSError as exc:
-            raise ModelConfigError(f"cannot read {source}: {exc.strerror or exc}") from None
-
-
-def read_capped(path: Path, source: str) -> dict[str, Any]:
-    return parse(_read_raw(path, source), source)
-
-
-def from_path(path: str | Path) -> dict[str, Any]:
-    """A directory holding config.json, or the file itself; and beside it ModelOpt's hf_quant_config.json,
-    which vLLM reads where config.json has no quantization_config (ModelOpt 0.29 and before wrote it so)."""
-    p = Path(path)
-    if p.is_dir():
-        p = p / CONFIG_FILE
-        if not p.is_file():
-            raise ModelConfigError(f"{path} is a directory without a {CONFIG_FILE}")
-    beside = p.parent / HF_QUANT_FILE
-    quant = _read_raw(beside, str(beside)) if beside.is_file() else None
-    return parse(_read_raw(p, str(p)), str(p), quant_raw=quant)
 
 
 # --- the Hub ---------------------------------------------------------------------------------

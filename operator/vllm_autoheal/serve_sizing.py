@@ -121,7 +121,7 @@ def local_shape(model: str) -> ModelShape | None:
     try:
         if Path(model).expanduser().exists():
             from .model_config import to_shape
-            from .model_source import from_path
+            from .model_files import from_path
 
             return to_shape(from_path(Path(model).expanduser()))
     except Exception:  # noqa: BLE001 - a model we cannot read is sized from vLLM's figures alone
