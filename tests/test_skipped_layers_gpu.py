@@ -5,7 +5,7 @@ attention alone; a ModelOpt NVFP4 glob `model.layers.*.mlp*`) the memory model w
 vLLM loaded 13.14 and 13.21. Where it skips only down_proj (fp8's ignored_layers naming every layer's; a
 compressed-tensors regex `re:.*mlp.down_proj$`) the first prediction weighed the whole MLP in bf16, 13.75 and
 13.15 GiB, an over-count by design, where vLLM loaded 10.29 and 7.95; a Llama-named MLP's projections are now
-weighed a third each (quant_exclusions.mlp_share): 10.25 and 7.96. Before this session none of these lists was
+weighed a third each (quant_exclusions.skipped): 10.25 and 7.96. Before this session none of these lists was
 read (fp8's, GPTQ's, the regex) and all four were weighed as if fully quantized: 8.50, 5.37, 5.65 and 5.37
 GiB, up to 7.8 GiB under."""
 
