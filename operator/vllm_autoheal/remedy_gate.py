@@ -80,6 +80,9 @@ ONLY_WITH: dict[tuple[str, str], tuple[str, ...]] = {
     ("profiling_oom", "max_model_len"): ("gpu_memory_utilization",),
     ("runtime_oom", "max_model_len"): ("gpu_memory_utilization", "kv_cache_memory_bytes"),
 }
+# Figures vLLM takes per GPU that a split may lower, whatever its cause: each of the more ranks holds its
+# share of what one did (cpu_offload_gb: the host memory that ran, over more ranks).
+PER_RANK_WITH_SPLIT = frozenset({"cpu_offload_gb"})
 # Actions whose pods ask the scheduler for more than before (more GPUs, more memory).
 NEEDS_MORE_RESOURCES = frozenset({"IncreaseTensorParallel", "RaiseMemoryLimit"})
 MIN_UTILIZATION = 0.01
@@ -208,6 +211,12 @@ def batch_below_seqs(engine: EngineArgs) -> bool:
     return bool(seqs and batched and batched < seqs)
 
 
+def _splits(changes: dict[str, Any], engine: EngineArgs) -> bool:
+    """Whether `changes` split the model over more GPUs than `engine` ran on."""
+    tp = changes.get("tensor_parallel_size")
+    return isinstance(tp, int) and not isinstance(tp, bool) and tp > engine.tensor_parallel_size
+
+
 def _moves(name: str, changes: dict[str, Any], engine: EngineArgs, model: str) -> bool:
     """Whether `changes` moves `name` off what is deployed (a companion set to its own value moves nothing)."""
     if name not in changes:
@@ -227,7 +236,9 @@ def check(
     """None when the remedy may be applied; else why not, for people."""
     if not changes:
         return "it changes nothing"
-    calls_for = CALLS_FOR.get(cause, {})
+    calls_for = dict(CALLS_FOR.get(cause, {}))
+    if _splits(changes, engine):
+        calls_for.update({name: ANY if name in calls_for else DOWN for name in PER_RANK_WITH_SPLIT})
     for name, value in changes.items():
         if not _finite(value):
             return f"{name} {value!r} is not a finite number"
@@ -248,11 +259,12 @@ def check(
     try:
         if problem := bounds_problem(changes, after, limits):
             return problem
-        # (vLLM's figure is per GPU: a split that keeps it pins it on each new rank too)
+        # (vLLM's figure is per GPU: a split that keeps it pins it on each new rank too; one that keeps
+        # the host memory that ran, spread over more ranks, asks for no more of it)
         offload, ranks = after.cpu_offload_gb or 0.0, after.tensor_parallel_size * after.pipeline_parallel_size
         more = (
-            offload > (engine.cpu_offload_gb or 0.0)
-            or ranks > engine.tensor_parallel_size * engine.pipeline_parallel_size
+            offload * ranks
+            > (engine.cpu_offload_gb or 0.0) * engine.tensor_parallel_size * engine.pipeline_parallel_size
         )
         if more and offload > limits.max_cpu_offload_gb(after):
             return (

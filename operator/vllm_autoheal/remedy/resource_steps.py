@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+from ..api import EngineArgs
 from ..diagnosis.units import MIB
 from ..memory import CUDA_CONTEXT_GIB, Estimate
 from ..quantity import format_bytes, parse_quantity
@@ -46,19 +47,55 @@ def more_tensor_parallel(ctx: Context) -> Remedy | None:
         pick = fits[0]
     return Remedy(
         "IncreaseTensorParallel",
-        {"tensor_parallel_size": pick},
+        {"tensor_parallel_size": pick, **_offload_change(ctx, pick)},
         f"split the model over {pick} GPUs: 1/{pick // tp} of the weights per GPU"
-        + (" (the smallest split the memory model says fits)." if pick != sizes[0] else "."),
+        + (" (the smallest split the memory model says fits)" if pick != sizes[0] else "")
+        + _offload_note(ctx, pick)
+        + ".",
     )
+
+
+def split_offload(ctx: Context, n: int) -> float | None:
+    """cpu_offload_gb for the engine split n ways: vLLM's figure is per GPU, so each new rank pins it too.
+    Where the container's limit (or the bound) holds that for every rank, it stays; else the most that
+    it holds, and never less than the share of what ran (the host memory that ran, spread over n ranks:
+    each GPU also holds tp/n of the weights it did). None where nothing is offloaded."""
+    offload = ctx.engine.cpu_offload_gb
+    if not offload:
+        return None
+    split = ctx.engine.model_copy(update={"tensor_parallel_size": n})
+    cap = ctx.limits.max_cpu_offload_gb(split)
+    if offload <= cap:
+        return offload
+    share = math.floor(offload * ctx.engine.tensor_parallel_size / n * 10) / 10
+    return max(math.floor(cap * 10) / 10, share)
+
+
+def _offload_change(ctx: Context, n: int) -> dict[str, float]:
+    offload = split_offload(ctx, n)
+    return {} if offload is None or offload == ctx.engine.cpu_offload_gb else {"cpu_offload_gb": offload}
+
+
+def _offload_note(ctx: Context, n: int) -> str:
+    if not (change := _offload_change(ctx, n)):
+        return ""
+    new, ran = change["cpu_offload_gb"], ctx.engine.cpu_offload_gb or 0.0
+    kept = new > ctx.limits.max_cpu_offload_gb(split_engine(ctx, n))  # (the share of what ran, above the cap)
+    why = "the host memory that ran, over the ranks" if kept else "the most the memory limit and bounds hold"
+    return f"; cpu_offload_gb {ran:g} -> {new:g} per GPU (vLLM pins it on each of the {n} ranks: {why})"
+
+
+def split_engine(ctx: Context, n: int, **update: float | int) -> EngineArgs:
+    """The engine split n ways (with `update`), its offload per GPU as split_offload says."""
+    offload = _offload_change(ctx, n)
+    return ctx.engine.model_copy(update={"tensor_parallel_size": n, **offload, **update})
 
 
 def _split(ctx: Context, n: int, util: float | None = None, free: float | None = None) -> Estimate:
     """The memory model's estimate of the engine split n ways (at another share), beside `free` GiB
     (default: the probe's figure)."""
-    update: dict[str, float | int] = {"tensor_parallel_size": n}
-    if util is not None:
-        update["gpu_memory_utilization"] = util
-    return ctx.estimate(ctx.engine.model_copy(update=update), ctx.inv.gpu_free_gib if free is None else free)
+    update: dict[str, float | int] = {} if util is None else {"gpu_memory_utilization": util}
+    return ctx.estimate(split_engine(ctx, n, **update), ctx.inv.gpu_free_gib if free is None else free)
 
 
 def _split_at_share(ctx: Context, sizes: list[int]) -> Remedy | None:
@@ -82,7 +119,7 @@ def _split_at_share(ctx: Context, sizes: list[int]) -> Remedy | None:
         known = "the bounds and free memory allow" if ctx.inv.gpu_free_gib is not None else "the bounds allow"
         why = f"at utilization {current} its weights leave the KV cache too little; {top} is the most {known}"
     for n in sizes:
-        split = ctx.engine.model_copy(update={"tensor_parallel_size": n})
+        split = split_engine(ctx, n)
         floor = utilization_floor(
             ctx.policy.bounds, split, ctx.inv.shape, ctx.total, ctx.inv.entrypoint, ctx.inv.gpu_name, ctx.inv.release
         )
@@ -99,9 +136,10 @@ def _split_at_share(ctx: Context, sizes: list[int]) -> Remedy | None:
         if util is not None:
             return Remedy(
                 "IncreaseTensorParallel",
-                {"tensor_parallel_size": n, "gpu_memory_utilization": round(util, 2)},
+                {"tensor_parallel_size": n, "gpu_memory_utilization": round(util, 2), **_offload_change(ctx, n)},
                 f"split the model over {n} GPUs: 1/{n // tp} of the weights per GPU; {why}, and by the memory "
-                f"model the split fits at utilization {round(util, 2)}, set in the same change.",
+                f"model the split fits at utilization {round(util, 2)}, set in the same change"
+                f"{_offload_note(ctx, n)}.",
             )
     return None
 
@@ -129,10 +167,10 @@ def _split_with_shorter_context(ctx: Context, estimates: list[tuple[int, Estimat
         if est.failure == "kv_cache_insufficient" and (length := shorter_context(ctx, est.max_model_len_fit * 0.97)):
             return Remedy(
                 "IncreaseTensorParallel",
-                {"tensor_parallel_size": n, "max_model_len": length},
+                {"tensor_parallel_size": n, "max_model_len": length, **_offload_change(ctx, n)},
                 f"split the model over {n} GPUs: 1/{n // tp} of the weights per GPU; no split within "
                 f"the bound keeps the context, and by the memory model (3% margin) this one's KV cache "
-                f"holds {length:,} tokens: max_model_len -> {length:,}.",
+                f"holds {length:,} tokens: max_model_len -> {length:,}{_offload_note(ctx, n)}.",
             )
     return None  # none within the bound holds it (plan.what_would_fit says what would)
 
