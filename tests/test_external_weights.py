@@ -89,3 +89,16 @@ def test_a_budget_larger_than_the_device_is_dropped_with_a_note():
     assert any(n.startswith("ignored engine_budget_gib=") for n in diag.notes)
     new = plan_heal(_spec(0.9), diag).changes.get("gpu_memory_utilization")
     assert new is None or new >= 0.2  # (never sized from the free figure alone: 10.5 / 79.19)
+
+
+def test_no_cut_leaves_the_engine_too_little_beside_the_weights_held():
+    """3.2 GiB free beside 15 GiB held on an 80 GB GPU: the share that fits what was free (0.2: 15.84 GiB)
+    passes vLLM's check, but leaves the engine 0.84 GiB beside the weights held: its CUDA context (0.51 GiB), the
+    profiling run's activations and a KV block do not fit, a certain second crash. No such cut is made."""
+    total, util, held, free = 79.19, 0.9, 15.0, 3.2
+    budget = round(total * util - held, 2)
+    diag = classify(Signals(log=_log(BUDGET.format(free=free, total=total, util=util, budget=budget))))
+    assert diag.subtype == "free_memory_below_engine_budget"
+    remedy = plan_heal(_spec(util), diag)
+    new = remedy.changes.get("gpu_memory_utilization")
+    assert new is None or new * total - held >= 1.0, (remedy.action, remedy.changes, remedy.reason)

@@ -13,6 +13,9 @@ from ..memory import (
 from .kv_steps import round_util, shorter_context, smaller_fixed_cache
 from .model import Context, Remedy
 
+# The least budget an engine beside weights held outside it can start in (what vLLM 0.32 gives it: the share less
+# the weights held): its CUDA context (0.51 GiB), the profiling run's activations and a KV block need more.
+MIN_ENGINE_BUDGET_GIB = 1.0
 # vLLM's CPU backend's refusals of a share of host memory (not a GPU's): its ranks share the node's memory
 HOST_MEMORY_SUBTYPES = frozenset({"cpu_memory_share_exceeds_free", "kv_space_exceeds_free_host_memory"})
 
@@ -96,8 +99,10 @@ def share_of_free(ctx: Context) -> tuple[float, float, str, bool] | None:
     margin = 0.25 * free if cpu else ctx.graphs_outside() + 0.5 + 0.01 * total
     # (from above the bounds' highest utilization, to it at most: the cut must pass the gate)
     new = min(round_util((free - margin) / total), ctx.policy.bounds.max_gpu_memory_utilization)
-    if held is not None and new * total <= held + CUDA_CONTEXT_GIB:
-        return None  # (a share below the weights held: vLLM refuses it too, "Externally held weights ... exceed")
+    if held is not None and new * total - held < MIN_ENGINE_BUDGET_GIB:
+        # (a share below the weights held: vLLM refuses it, "Externally held weights ... exceed"; barely above
+        # them: the engine's budget beside them cannot hold its CUDA context, activations and one KV block)
+        return None
     return new, free, basis, printed
 
 
