@@ -63,6 +63,17 @@ def _key(name: str) -> str:
     return k.removesuffix("-SHARED")  # GFD marks time-sliced GPUs with -SHARED
 
 
+def one_device_a_process(name: str) -> str | None:
+    """Why a pod's GPUs of this product cannot hold one process's split, or None: a CUDA process sees one MIG
+    slice only (NVIDIA's MIG guide, device enumeration), and time-sliced replicas (GFD's -SHARED) may be one GPU
+    (vLLM: "World size (2) is larger than the number of available GPUs (1)")."""
+    if _MIG.search(_key(name)):
+        return "a CUDA process sees only one MIG slice"
+    if re.sub(r"[\s_]+", "-", name.strip()).upper().endswith("-SHARED"):
+        return "time-sliced replicas of a GPU may be the same GPU"
+    return None
+
+
 def lookup(name: str, memory_gib: float | None = None) -> GpuSpec:
     """A GPU by its product label; an unknown name needs an explicit memory size."""
     key = _key(name)

@@ -149,9 +149,32 @@ class ModelShape:
 
     def splits(self, tp: int) -> bool:
         """vLLM's rule for a tensor-parallel size: the attention heads divide by it, and the KV heads
-        too, or it by them (replicated) (QKVParallelLinear); anything else fails at load."""
+        too, or it by them (replicated) (QKVParallelLinear); a Mamba-2 mixer's heads, and its groups unless
+        one (mamba_mixer2.py's asserts); each rank's slice of a quantized layer holds whole groups and blocks.
+        Anything else fails at load, a failure no memory heal undoes."""
         kv = self.kv_heads or self.heads
-        return self.heads % tp == 0 and (kv % tp == 0 or tp % kv == 0) and self._blocks_split(tp)
+        mamba = not self.mamba_heads or (
+            self.mamba_heads % tp == 0 and (self.mamba_groups % tp == 0 or self.mamba_groups <= 1)
+        )
+        heads = self.heads % tp == 0 and (kv % tp == 0 or tp % kv == 0)
+        return heads and mamba and self._blocks_split(tp) and self._groups_split(tp)
+
+    def _groups_split(self, tp: int) -> bool:
+        """A checkpoint quantized in groups (AWQ, GPTQ, compressed-tensors' wNa16, NVFP4's 16): the inputs of each
+        rank's slice of a row-parallel layer (the MLP's down projection, attention's output) are whole groups.
+        vLLM refuses the rest ("The input size is not aligned with the quantized weight shape", auto_awq.py;
+        marlin_utils.verify_group_size_divides_partition). An MoE's experts are not judged: moe_wna16 shrinks
+        its group to fit, and a layer the checkpoint leaves unquantized has no groups."""
+        group = self.quant_group or 0
+        if group <= 0 or tp == 1:
+            return True
+        widths = []
+        if self.dense_mlp < 1.0:
+            dense = self.intermediate if not self.experts or self.dense_layers else 0
+            widths += [dense, self.shared_intermediate]
+        if not self.dense_attention and not self.state_layers:  # (a hybrid's mixers' widths are other)
+            widths.append(self.heads * (self.v_head_dim if self.is_mla else self.head_dim))
+        return all(w % tp == 0 and (w // tp) % group == 0 for w in widths if w > group)
 
     def _blocks_split(self, tp: int) -> bool:
         """A block-wise fp8 checkpoint's rank slices of the MLP's and the experts' width are whole blocks:

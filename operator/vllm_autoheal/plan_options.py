@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .api import EngineArgs
-from .gpu_catalog import GpuSpec
+from .gpu_catalog import GpuSpec, one_device_a_process
 from .memory import Estimate, ModelShape, estimate
 from .vllm_release import Release
 
@@ -97,7 +97,9 @@ def options(
     vLLM release whose figures to use (memory.estimate)."""
     variants = [None, *[q for q in dict.fromkeys(quantized_variants or []) if q != shape.quantization]]
     out = []
-    for tp in tensor_parallel_sizes(shape):
+    # (a MIG slice or a time-sliced replica: one device a process, no split over them)
+    sizes = [1] if one_device_a_process(gpu.name) else tensor_parallel_sizes(shape)
+    for tp in sizes:
         for quant in variants:
             for kv in KV_DTYPES:
                 e = engine.model_copy(

@@ -20,7 +20,7 @@ from ..diagnosis import Diagnosis
 from ..diagnosis.model import Cause
 from ..engine import EngineArgsError, abbreviated_flag, parse_args, spelled_by
 from ..memory import CUDA_CONTEXT_GIB
-from ..remedy_gate import Limits, check, refused_memory_limit, utilization_floor
+from ..remedy_gate import Limits, check, refused_gpus, refused_memory_limit, utilization_floor
 from ..vllm_release import default_utilization, logged_release
 from .advice import allocation_out_of_reach, weights_beyond_free, weights_beyond_gpu, what_would_fit
 from .kv_steps import (
@@ -53,6 +53,7 @@ from .resource_steps import (
     raise_memory_limit,
     shrink_fixed_kv_cache,
     shrink_kv_bytes,
+    unsplittable,
 )
 from .share_steps import fit_kv_bytes_to_free, fit_utilization_to_free
 from .steps import (
@@ -178,7 +179,9 @@ def plan_heal(
     loaded = printed_figure(diagnosis, "weights_gib")
     ceiling = outside_budget_ceiling(history, engine.tensor_parallel_size * engine.pipeline_parallel_size)
     limits = replace(
-        _limits(spec, engine, inv, total, loaded, ceiling), refused_memory_limit=refused_memory_limit(history)
+        _limits(spec, engine, inv, total, loaded, ceiling),
+        refused_memory_limit=refused_memory_limit(history),
+        refused_gpus=refused_gpus(history),
     )
     ctx = Context(spec, engine, diagnosis, inv, limits)
     allowed = set(spec.heal.allowed_actions) - set(exclude)
@@ -208,6 +211,7 @@ def plan_heal(
             limits = replace(
                 _limits(spec, remedy.apply(engine), weighed, total, None, ceiling),
                 refused_memory_limit=ctx.limits.refused_memory_limit,
+                refused_gpus=ctx.limits.refused_gpus,
             )
         problem = check(heal_as, remedy.changes, engine, model, memory_limit, limits, failed) or cannot_fit(ctx, remedy)
         if problem is not None:
@@ -217,6 +221,8 @@ def plan_heal(
             remedy = _with_room_for_graphs(ctx, heal_as, remedy, model, memory_limit, failed)
         remedy.expected = remedy.expected or expected(ctx, remedy.changes)
         return remedy
+    if more_tensor_parallel in steps and "IncreaseTensorParallel" in allowed and (unsplit := unsplittable(ctx)):
+        refused.append(f"IncreaseTensorParallel refused: {unsplit}")
     why = f"; {'; '.join(refused)}" if refused else ""
     advice = what_would_fit(ctx) or weights_beyond_free(ctx) or allocation_out_of_reach(ctx) or empty_budget(ctx)
     return Remedy(

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from ..api import EngineArgs
 from ..diagnosis.units import MIB
+from ..gpu_catalog import one_device_a_process
 from ..memory import CUDA_CONTEXT_GIB, Estimate
 from ..quantity import format_bytes, parse_quantity
 from ..remedy_gate import utilization_floor
@@ -26,6 +27,8 @@ def more_tensor_parallel(ctx: Context) -> Remedy | None:
     the share the bounds and free memory allow comes with that share, in the same restart (a split's
     weights alone can fill a low share: the split by itself would crash on the KV cache)."""
     tp, limit = ctx.engine.tensor_parallel_size, ctx.policy.bounds.max_tensor_parallel_size
+    if one_device_a_process(ctx.inv.gpu_name):
+        return None  # (unsplittable says why)
     sizes = []
     new = tp * 2
     while limit and new <= limit and (ctx.inv.shape is None or ctx.inv.shape.splits(new)):
@@ -53,6 +56,19 @@ def more_tensor_parallel(ctx: Context) -> Remedy | None:
         + _offload_note(ctx, pick)
         + ".",
     )
+
+
+def unsplittable(ctx: Context) -> str | None:
+    """Why no split within the bound is tried where the model's shape divides none of them (vLLM refuses
+    such a split at load, a failure no memory heal undoes); None where one divides, or none is allowed."""
+    tp, limit, shape = ctx.engine.tensor_parallel_size, ctx.policy.bounds.max_tensor_parallel_size, ctx.inv.shape
+    sizes = [tp * 2**k for k in range(1, 7) if tp * 2**k <= (limit or 0)]
+    if sizes and (why := one_device_a_process(ctx.inv.gpu_name)):
+        return f"the pod's GPUs are {ctx.inv.gpu_name}: {why}, so vLLM cannot split over them"
+    if shape is None or not sizes or any(shape.splits(n) for n in sizes):
+        return None
+    named = " or ".join(str(n) for n in sizes)
+    return f"the model does not split {named} ways (its heads, Mamba groups or quantization groups: vLLM refuses it)"
 
 
 def split_offload(ctx: Context, n: int) -> float | None:
