@@ -5,8 +5,12 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
 from vllm_autoheal import gpu_probe
+from vllm_autoheal.diagnosis import GpuInfo, GpuSnapshot
 from vllm_autoheal.diagnosis.units import GIB
+from vllm_autoheal.gpu_probe import visible_count
 
 
 class FakeNvml:
@@ -66,3 +70,26 @@ def test_no_nvml_or_a_failing_count_is_an_error_not_an_exception(monkeypatch):
     monkeypatch.setattr(gpu_probe, "_nvml", lambda: nv)
     snap = gpu_probe.snapshot()
     assert snap.gpus == [] and "Unknown Error" in snap.error and nv.shut
+
+
+@pytest.mark.parametrize(
+    "env, seen",
+    [
+        ({}, 4),  # every GPU NVML lists
+        ({"CUDA_VISIBLE_DEVICES": "0,1"}, 2),
+        ({"CUDA_VISIBLE_DEVICES": "2, 3"}, 2),
+        ({"CUDA_VISIBLE_DEVICES": "0,7,1"}, 1),  # (CUDA stops at an ordinal it cannot use)
+        ({"CUDA_VISIBLE_DEVICES": "0,0"}, 1),
+        ({"CUDA_VISIBLE_DEVICES": ""}, 0),
+        ({"CUDA_VISIBLE_DEVICES": "GPU-aaaa,GPU-bbbb"}, 2),
+        ({"CUDA_VISIBLE_DEVICES": "MIG-aaaa,MIG-bbbb"}, 1),  # (a process sees one MIG slice)
+    ],
+)
+def test_the_devices_a_process_sees(env, seen):
+    snap = GpuSnapshot(gpus=[GpuInfo(i, "NVIDIA L4", 24 * 2**30, 23 * 2**30, 2**30) for i in range(4)])
+    assert visible_count(snap, env) == seen
+
+
+def test_no_count_without_gpus_or_a_probe():
+    assert visible_count(GpuSnapshot(), {}) is None  # (vLLM's CPU backend: its ranks are no GPUs)
+    assert visible_count(GpuSnapshot(error="no NVIDIA driver"), {"CUDA_VISIBLE_DEVICES": "0"}) is None

@@ -160,3 +160,27 @@ def gpus_for(snap: GpuSnapshot, count: int, env: Mapping[str, str]) -> list[GpuI
     if len(set(chosen)) < count or not all(i in by_index for i in chosen):
         return None  # (vLLM fails short of devices; CUDA refuses a device listed twice)
     return [by_index[i] for i in chosen]
+
+
+def visible_count(snap: GpuSnapshot, env: Mapping[str, str]) -> int | None:
+    """How many CUDA devices a process started with `env` sees: every GPU NVML lists, or the entries of
+    CUDA_VISIBLE_DEVICES up to the first CUDA cannot use (an ordinal NVML does not list ends the list), a MIG
+    slice being the only device a process sees; None where the probe failed or found no GPU (vLLM's CPU
+    backend: its ranks are no GPUs)."""
+    if snap.error or not snap.gpus:
+        return None
+    listed = env.get("CUDA_VISIBLE_DEVICES")
+    if listed is None:
+        return len(snap.gpus)
+    known, seen = {g.index for g in snap.gpus}, list[str]()
+    for item in listed.split(","):
+        found = _ORDINAL.fullmatch(item)
+        if item.strip().startswith("MIG-"):
+            return len(seen) or 1
+        if item.strip().startswith("GPU-"):
+            seen.append(item.strip())
+        elif found is not None and int(found.group(1)) in known and found.group(1) not in seen:
+            seen.append(found.group(1))
+        else:
+            break
+    return len(seen)

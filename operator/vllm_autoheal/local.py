@@ -22,7 +22,7 @@ from typing import Any
 
 from . import cgroups, serve_sizing
 from .api import EngineArgs, VLLMServiceSpec
-from .diagnosis import Signals, classify
+from .diagnosis import GpuSnapshot, Signals, classify
 from .engine import describe, redacted, to_command
 from .engine_death import DeathWatch, engine_dead, health_status
 from .gpu_probe import snapshot
@@ -82,6 +82,7 @@ class Supervisor:
         self.key = shlex.join([opts.model, *redacted(to_command(opts.model, self.baseline)[3:])])
         self._shape: ModelShape | None = None
         self._shape_read = False
+        self.at_start = GpuSnapshot()  # (NVML's look before the start that crashed: each start takes one)
 
     def say(self, text: str, prefix: str = "[vllm-autoheal] ") -> None:
         try:
@@ -244,10 +245,9 @@ class Supervisor:
         self, diag: Any, heals: list[dict[str, Any]], inventory: Any, engine: EngineArgs, exclude: set[str]
     ) -> Remedy:
         """The next change, for the model that runs now (the primary's shape: the fallback's is weighed from it
-        and the width the policy declares, as the operator does)."""
-        return plan_heal(
-            self.opts.spec, diag, heals, inventory, engine, failed=self.failed, exclude=exclude, model=self.model
-        )
+        and the width the policy declares, as the operator does), split over no more GPUs than vLLM sees."""
+        spec = serve_sizing.within_visible_gpus(self.opts.spec, engine, self.at_start, os.environ)
+        return plan_heal(spec, diag, heals, inventory, engine, failed=self.failed, exclude=exclude, model=self.model)
 
     # --- the loop --------------------------------------------------------------------
     def serve(self) -> int:
@@ -261,7 +261,7 @@ class Supervisor:
                 self.say(f"another server already answers {self.health_url}: port {self.opts.port} is taken")
                 return 2
             # (what other processes leave before vLLM starts bounds a heal's share, as the launcher's probe does)
-            at_start = snapshot(own_pids=[os.getpid()])
+            at_start = self.at_start = snapshot(own_pids=[os.getpid()])
             attempt = self.run_once(engine)
             if attempt.interrupted:
                 self.say("stopped")

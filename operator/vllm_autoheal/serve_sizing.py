@@ -12,7 +12,7 @@ from .api import EngineArgs, VLLMServiceSpec
 from .diagnosis import Diagnosis, GpuSnapshot
 from .engine import flag_name, spelled_by
 from .gpu_catalog import gpu_total_gib, least_cuda_free_gib
-from .gpu_probe import gpus_for
+from .gpu_probe import gpus_for, visible_count
 from .model_shape import ModelShape
 from .remedy import Inventory, Remedy
 from .remedy.model import running_shape
@@ -98,6 +98,20 @@ def inventory(
         if env_keeps_release(logged, env):
             inv.release = logged
     return inv
+
+
+def within_visible_gpus(
+    spec: VLLMServiceSpec, engine: EngineArgs, at_start: GpuSnapshot, env: Mapping[str, str]
+) -> VLLMServiceSpec:
+    """The spec with its split bound no larger than the GPUs vLLM sees here can hold (TP x PP x PCP for each
+    local data-parallel rank): a larger world fails at start, "World size (4) is larger than the number of
+    available GPUs (2)" (config/parallel.py), a restart the snapshot already forbids."""
+    seen, per_split = visible_count(at_start, env), gpus_taken(engine, 1)
+    bound = spec.heal.bounds.max_tensor_parallel_size
+    if seen is None or not per_split or not bound or bound * per_split <= seen:
+        return spec
+    bounds = spec.heal.bounds.model_copy(update={"max_tensor_parallel_size": max(seen // per_split, 1)})
+    return spec.model_copy(update={"heal": spec.heal.model_copy(update={"bounds": bounds})})
 
 
 def onto_fuller_gpus(
