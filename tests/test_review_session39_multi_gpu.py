@@ -91,11 +91,6 @@ def _quiet(monkeypatch):
 # --- 1. a split the checkpoint's quantization groups do not divide ---------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ModelShape.splits checks heads, KV heads and fp8 blocks, never an AWQ/GPTQ group against "
-    "intermediate_size / TP: TP 2 of an AWQ Qwen2.5-72B (14784 inputs a rank, 115.5 groups of 128) is planned",
-)
 def test_a_split_the_awq_groups_do_not_divide_is_not_planned():
     """Severity: high (a wrong change that stays). Input: an AWQ checkpoint of Qwen2.5-72B-Instruct quantized
     by its user (AutoAWQ, group_size 128, the config's intermediate_size 29568 left unpadded: vllm issues
@@ -124,6 +119,7 @@ def test_a_split_the_awq_groups_do_not_divide_is_not_planned():
         f"{r.summary()}: {shape.intermediate}/{split} = {shape.intermediate / split:g} inputs a rank, "
         f"{shape.intermediate / split / 128:g} groups of 128"
     )
+    assert "does not split 2 ways" in r.reason, r.reason  # (the give-up says why no split was tried)
 
 
 def test_the_same_model_unquantized_still_splits_eight_ways():
@@ -136,11 +132,6 @@ def test_the_same_model_unquantized_still_splits_eight_ways():
 # --- 2. a split onto GPUs no CUDA process can use together --------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a MIG gpuProduct is read for its memory only: the heal asks for 2 MIG slices, which schedule, "
-    "but CUDA enumerates one MIG device a process, so vLLM refuses world size 2 (not_oom, no revert)",
-)
 def test_no_split_is_planned_across_mig_slices():
     """Severity: high for MIG users (a wrong change that schedules and then never starts). Input: resources
     gpuProduct NVIDIA-A100-SXM4-40GB-MIG-3g.20gb (GPU feature discovery's label under the device plugin's
@@ -169,11 +160,6 @@ def test_no_split_is_planned_across_mig_slices():
     assert r.action != "IncreaseTensorParallel", r.summary()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="serve plans TP 4 where CUDA_VISIBLE_DEVICES shows vLLM 2 GPUs (or the machine has 2): "
-    "onto_fuller_gpus takes 'fewer devices than asked' for 'cannot tell' and keeps the split",
-)
 @pytest.mark.parametrize("gpus, visible", [(8, "0,1"), (2, None)])
 def test_serve_never_splits_past_the_gpus_vllm_can_see(tmp_path, monkeypatch, gpus, visible):
     """Severity: medium (a restart the numbers already forbid, then the split is set aside for good).
@@ -237,11 +223,6 @@ def test_serve_sizes_a_split_by_the_fuller_gpus_it_would_take():
 # --- 3. Mamba-2 groups ----------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ModelShape.splits never reads the Mamba-2 mixer's n_groups: Nemotron-H-8B (8 groups) is "
-    "said to split 16 ways, which mamba_mixer2.py asserts against",
-)
 def test_a_split_the_mamba_groups_do_not_divide_is_refused():
     """Severity: low (TP 16 needs a 16-GPU pod: rare, and the scheduler may refuse it first). Input:
     nvidia/Nemotron-H-8B (32 heads, 8 KV heads, 128 Mamba heads, n_groups 8), maxTensorParallelSize 16,
@@ -283,11 +264,6 @@ def _crash(kube: StubKube, n: int, diagnosis) -> object:
     return incident.remedy
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="status.tried keys the refused IncreaseTensorParallel by cause; nothing records the GPU count "
-    "no node could take (as refused_memory_limit does for memory), so a KV crash plans the same TP 2",
-)
 def test_a_split_no_node_could_take_is_not_planned_again_for_another_cause():
     """Severity: medium-low (another unschedulableSeconds of downtime, 300 s by default, and a revert, for
     a split the cluster already refused; bounded by maxAttempts). Input: StatusOverrides, L4 nodes with one
@@ -355,3 +331,25 @@ def test_a_multi_gpu_oom_is_never_healed_by_more_gpus():
     """Withstood: an NCCL out-of-memory (multi_gpu_oom) is answered by a shorter context, a lower share or
     eager mode; the gate lets no split through for it (more ranks would mean more NCCL buffers)."""
     assert "tensor_parallel_size" not in CALLS_FOR["multi_gpu_oom"]
+
+
+def test_a_revert_to_another_remedy_remembers_what_no_node_could_take():
+    """The related finding: a revert that went on to the next remedy (not RevertUnschedulable) is an
+    unschedulable record too; the memory limit and the GPUs it took back stay refused."""
+    from vllm_autoheal.kube.status import history
+    from vllm_autoheal.remedy_gate import refused_gpus, refused_memory_limit
+
+    record = {
+        "action": "LowerCpuOffload",
+        "unschedulable": True,
+        "gpus": 2,
+        "changes": [
+            {"field": "memoryLimit", "before": "48Gi", "after": "32Gi"},
+            {"field": "tensorParallelSize", "before": "2", "after": "1"},
+        ],
+    }
+    past = history([], [record], gpus=1)
+    assert refused_memory_limit(past) == 48 * 2**30
+    assert refused_gpus(past) == 2
+    plain = history([], [{**record, "unschedulable": None, "action": "LowerCpuOffload"}], gpus=1)
+    assert refused_memory_limit(plain) is None and refused_gpus(plain) is None  # (a heal, not a revert)

@@ -106,6 +106,8 @@ class Limits:
     ceiling: float | None = None
     # the least memory limit a heal raised to that no node could take (reverted): no raise goes back to it
     refused_memory_limit: int | None = None
+    # the fewest GPUs a pod that a heal split to asked for and no node could take (reverted): no split goes back
+    refused_gpus: int | None = None
 
     @property
     def floor(self) -> float:
@@ -179,6 +181,10 @@ def bounds_problem(changes: dict[str, Any], after: EngineArgs, limits: Limits) -
             return f"{name} {value} is below its bound {low}"
         if high is not None and value > high:
             return f"{name} {value} is above its bound {high}"
+    gpus = after.tensor_parallel_size * after.pipeline_parallel_size
+    if limits.refused_gpus is not None and {"tensor_parallel_size", "pipeline_parallel_size"} & set(changes):
+        if gpus >= limits.refused_gpus:
+            return f"{gpus} GPUs a pod is at or above the {limits.refused_gpus} no node could take"
     if "memory_limit" in changes:
         if not b.max_memory_limit:
             return "raising the memory limit needs heal.bounds.maxMemoryLimit"
@@ -201,6 +207,13 @@ def refused_memory_limit(history: list[dict[str, Any]]) -> int | None:
             refused.append(parse_quantity(str(h["refused_memory_limit"])))
         except (KeyError, ValueError):
             continue
+    return min(refused, default=None)
+
+
+def refused_gpus(history: list[dict[str, Any]]) -> int | None:
+    """The fewest GPUs a pod asked for, after a heal's split, that no node could take (kube.status.history's
+    `refused_gpus`, from the records of their reverts), or None."""
+    refused = [h["refused_gpus"] for h in history if isinstance(h.get("refused_gpus"), int) and h["refused_gpus"] > 1]
     return min(refused, default=None)
 
 

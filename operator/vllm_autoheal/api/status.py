@@ -83,6 +83,11 @@ class HealRecord(Model):
         description="The least free memory the launcher saw on the pod's GPUs before vLLM started, GiB: what this "
         "heal, and a revert of it, may ask of each GPU.",
     )
+    unschedulable: bool | None = Field(
+        None,
+        description="This record takes back a heal whose pods no node could take: each change's before is what "
+        "the scheduler refused (no later heal asks for that many GPUs or that much memory again).",
+    )
 
 
 class Deployed(Model):

@@ -193,6 +193,7 @@ def heal_record(
     note: str | None = None,
     gpus: int | None = None,
     gpu_free_gib: float | None = None,
+    unschedulable: bool = False,
 ) -> dict[str, Any]:
     changes = [
         FieldChange(field=to_camel(k), before=_text(before.get(k)), after=_text(v)) for k, v in remedy.changes.items()
@@ -214,6 +215,7 @@ def heal_record(
         changes=changes,
         gpus=gpus,
         gpu_free_gib=gpu_free_gib if gpu_free_gib is not None and 0 <= gpu_free_gib <= MAX_GIB else None,
+        unschedulable=unschedulable or None,
     ).wire()
 
 
@@ -241,14 +243,36 @@ def history(tried: list[str], heals: list[dict[str, Any]], gpus: int | None = No
             "ran_util": _before(h, "gpuMemoryUtilization"),  # (where the heal changed it: what the crash ran)
             # (a revert of a heal no node could take: the memory limit it had raised to)
             "refused_memory_limit": _refused_limit(h),
+            "refused_gpus": _refused_gpus(h),
         }
         for h in heals
     ]
     return out
 
 
+def _reverts_unschedulable(heal: dict[str, Any]) -> bool:
+    """Whether the record answers a heal no node could take: its changes' `before` is what the scheduler refused
+    (a revert to the flags that last scheduled, or to the next remedy that asks for no more)."""
+    return heal.get("unschedulable") is True or heal.get("action") == "RevertUnschedulable"
+
+
+def _refused_gpus(heal: dict[str, Any]) -> int | None:
+    """The GPUs a pod asked for that no node could take, where the record's revert took a split back."""
+    gpus = heal.get("gpus")
+    if not _reverts_unschedulable(heal) or not isinstance(gpus, int) or isinstance(gpus, bool):
+        return None
+    for change in heal.get("changes") or []:
+        if isinstance(change, dict) and change.get("field") in ("tensorParallelSize", "pipelineParallelSize"):
+            try:
+                if int(str(change.get("before"))) > int(str(change.get("after"))):
+                    return gpus
+            except ValueError:
+                return None
+    return None
+
+
 def _refused_limit(heal: dict[str, Any]) -> str | None:
-    if heal.get("action") != "RevertUnschedulable":
+    if not _reverts_unschedulable(heal):
         return None
     for change in heal.get("changes") or []:
         if isinstance(change, dict) and change.get("field") == "memoryLimit":

@@ -343,6 +343,7 @@ def _revert(
         Remedy(action, _changes(intent.target, target), f"{summary} Scheduler: {message}"),
         before,
         gpus=intent.target.gpus(),
+        unschedulable=True,
     )
     update["heals"] = st.append_heal([h.wire() for h in cur.heals], record)
     return update, update["inFlight"]
