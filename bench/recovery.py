@@ -31,9 +31,9 @@ from vllm_autoheal.diagnosis import Signals, classify  # noqa: E402
 from vllm_autoheal.diagnosis.units import GIB  # noqa: E402
 from vllm_autoheal.gpu_catalog import lookup  # noqa: E402
 from vllm_autoheal.memory import estimate  # noqa: E402
-from vllm_autoheal.model_shape import shape_from_config  # noqa: E402
 from vllm_autoheal.preflight import preflight  # noqa: E402
 from vllm_autoheal.remedy import Inventory, plan_heal  # noqa: E402
+from vllm_autoheal.shape_reader import shape_from_config  # noqa: E402
 from vllm_autoheal.vllm_release import Release, parse_version  # noqa: E402
 
 MAX_RESTARTS = 30

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.launcher import termination_message
-from vllm_autoheal.model_shape import ModelShape, shape_from_config
+from vllm_autoheal.model_shape import ModelShape
+from vllm_autoheal.shape_reader import shape_from_config
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm-cpu"
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"

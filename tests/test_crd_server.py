@@ -427,7 +427,7 @@ def test_an_inline_multimodal_config_keeps_its_vision_encoder(k8s):
     """A pasted Qwen2.5-VL config.json: the server keeps vision_config's sizing fields (in each spelling),
     and the operator weighs the encoder as from the file (0.68 B parameters)."""
     from vllm_autoheal.model_config import check
-    from vllm_autoheal.model_shape import shape_from_config
+    from vllm_autoheal.shape_reader import shape_from_config
 
     vision = {**QWEN25_VL_VISION, "window_size": 112}
     created = _create(k8s, _vsvc("vl-inline", modelConfig={"inline": {**SMALL_CONFIG, "vision_config": vision}}))

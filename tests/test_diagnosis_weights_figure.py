@@ -157,7 +157,7 @@ def test_jamba_puts_experts_in_every_second_layer_only():
     (~92B), ~86 GiB per GPU, more than an 80 GB H100: a cut start-up OOM is called
     weights_load_oom although the weights fit."""
     from vllm_autoheal.model_config import ModelConfigError
-    from vllm_autoheal.model_shape import shape_from_config
+    from vllm_autoheal.shape_reader import shape_from_config
 
     with pytest.raises(ModelConfigError, match="Mamba-2"):  # (since refused: its Mamba-1 state is not sized)
         operator_weights(JAMBA, tensor_parallel_size=2)

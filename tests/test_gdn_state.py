@@ -98,7 +98,7 @@ def test_without_its_dims_a_gated_deltanet_model_is_not_checked_for_blocks():
     """A config without the linear_* dims gives no page size: no block count is guessed."""
     import json
 
-    from vllm_autoheal.model_shape import shape_from_config
+    from vllm_autoheal.shape_reader import shape_from_config
 
     from samples import CONFIGS
 

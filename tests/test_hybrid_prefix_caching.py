@@ -10,7 +10,7 @@ import json
 from vllm_autoheal.api import EngineArgs
 from vllm_autoheal.gpu_catalog import lookup
 from vllm_autoheal.memory import estimate, kv_need
-from vllm_autoheal.model_shape import shape_from_config
+from vllm_autoheal.shape_reader import shape_from_config
 
 from samples import CONFIGS
 

@@ -10,8 +10,8 @@ import pytest
 from vllm_autoheal.api import EngineArgs
 from vllm_autoheal.gpu_catalog import lookup
 from vllm_autoheal.memory import estimate
-from vllm_autoheal.model_shape import shape_from_config
 from vllm_autoheal.model_weights import weights_bytes_per_gpu
+from vllm_autoheal.shape_reader import shape_from_config
 
 from samples import CONFIGS, config_shape
 

@@ -19,7 +19,6 @@ from vllm_autoheal.model_config import (
     parse,
     to_shape,
 )
-from vllm_autoheal.model_shape import shape_from_config
 from vllm_autoheal.model_source import (
     HubSettings,
     for_service,
@@ -27,6 +26,7 @@ from vllm_autoheal.model_source import (
     from_path,
     resolve_local,
 )
+from vllm_autoheal.shape_reader import shape_from_config
 
 from hub_server import GATED_TOKEN, hub  # noqa: F401 - the fixture
 

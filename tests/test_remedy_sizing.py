@@ -10,9 +10,9 @@ from vllm_autoheal.diagnosis import Diagnosis, Signals, classify
 from vllm_autoheal.gpu_catalog import GpuSpec, lookup
 from vllm_autoheal.memory import estimate
 from vllm_autoheal.model_config import check, to_shape
-from vllm_autoheal.model_shape import shape_from_config
 from vllm_autoheal.quantity import parse_quantity
 from vllm_autoheal.remedy import GIVE_UP, Inventory, plan_heal
+from vllm_autoheal.shape_reader import shape_from_config
 
 from samples import CONFIGS, config_shape
 

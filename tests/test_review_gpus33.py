@@ -21,11 +21,11 @@ from vllm_autoheal.gpu_catalog import lookup
 from vllm_autoheal.kube import crash, handlers, heal, reconcile, resources, unschedulable
 from vllm_autoheal.kube.config import OperatorConfig
 from vllm_autoheal.kube.heal_apply import deployed, fp, parse
-from vllm_autoheal.model_shape import shape_from_config
 from vllm_autoheal.quantity import parse_quantity
 from vllm_autoheal.remedy import Inventory, plan_heal
 from vllm_autoheal.remedy_gate import Limits, check
 from vllm_autoheal.serve_sizing import gpus_taken
+from vllm_autoheal.shape_reader import shape_from_config
 
 from operator_harness import PendingLater, merge_patch, unschedulable_status
 from samples import config_shape

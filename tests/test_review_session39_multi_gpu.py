@@ -45,10 +45,10 @@ from vllm_autoheal.gpu_catalog import lookup
 from vllm_autoheal.kube import crash, heal, unschedulable
 from vllm_autoheal.kube.config import OperatorConfig
 from vllm_autoheal.kube.heal_apply import deployed, fp, parse, spec_patch
-from vllm_autoheal.model_shape import shape_from_config
 from vllm_autoheal.remedy import Inventory, Remedy, plan_heal
 from vllm_autoheal.remedy_gate import CALLS_FOR
 from vllm_autoheal.serve_sizing import onto_fuller_gpus
+from vllm_autoheal.shape_reader import shape_from_config
 from vllm_autoheal.vllm_command import VllmStart
 
 from operator_harness import PendingLater

@@ -105,7 +105,7 @@ def test_a_mamba2_page_extends_its_groups_to_the_tensor_parallel_size():
     """vLLM's mamba2_state_shape gives each GPU all the B and C groups its heads need: n_groups not
     divisible by TP is extended by TP - n_groups (extra_groups_for_head_shards), so Bamba-9B's one
     group is 8 at TP 8: a convolution of (8,192 + 2 x 8 x 128) / 8 = 1,280 channels, not 1,056."""
-    from vllm_autoheal.model_shape import shape_from_config
+    from vllm_autoheal.shape_reader import shape_from_config
 
     bamba = {
         "architectures": ["BambaForCausalLM"],

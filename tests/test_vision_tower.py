@@ -9,7 +9,7 @@ import json
 import pytest
 
 from vllm_autoheal import model_config
-from vllm_autoheal.model_shape import shape_from_config
+from vllm_autoheal.shape_reader import shape_from_config
 from vllm_autoheal.vision_tower import vision_params
 
 from samples import CONFIGS, QWEN25_VL_VISION

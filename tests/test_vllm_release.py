@@ -18,8 +18,8 @@ from vllm_autoheal.engine_defaults import default_max_num_batched_tokens, defaul
 from vllm_autoheal.gpu_catalog import lookup
 from vllm_autoheal.memory import CUDAGRAPH_GIB, activation_bytes, estimate, kv_need
 from vllm_autoheal.model_runner import release_sampler
-from vllm_autoheal.model_shape import shape_from_config
 from vllm_autoheal.preflight import preflight
+from vllm_autoheal.shape_reader import shape_from_config
 from vllm_autoheal.vllm_release import (
     RELEASES,
     Release,

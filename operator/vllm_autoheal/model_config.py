@@ -359,6 +359,6 @@ def _load(raw: str | bytes, source: str) -> Any:
 
 def to_shape(fields: dict[str, Any]) -> Any:
     """Checked fields -> the memory model's ModelShape."""
-    from .model_shape import shape_from_config
+    from .shape_reader import shape_from_config
 
     return shape_from_config(fields)

@@ -1,6 +1,6 @@
 """Which kind each layer of a model is, read from its config.json as HF's config classes fill it in and
 vLLM's models build it: MoE layers, sliding-window layers, layers that keep a state instead of K and V
-per token, and the dtype vLLM keeps that state in. model_shape.shape_from_config uses these; a config
+per token, and the dtype vLLM keeps that state in. shape_reader.shape_from_config uses these; a config
 reaches them checked by model_config (bounded lists and strings), so nothing here loops on a count
 the config names without a bound."""
 
