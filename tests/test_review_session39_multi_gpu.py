@@ -38,7 +38,7 @@ import pytest
 from test_review_gpus33 import LOG, MEMORY_SPEC, NS, WEIGHTS_OOM, StubKube, _oomkilled_pod, _pending_pod, _vsvc
 from vllm_autoheal import local, model_source, validation
 from vllm_autoheal.api import ALL_ACTIONS, Deployed, EngineArgs, VLLMService, VLLMServiceSpec
-from vllm_autoheal.diagnosis import Signals, classify
+from vllm_autoheal.diagnosis import Diagnosis, Signals, classify
 from vllm_autoheal.diagnosis.model import GpuInfo, GpuSnapshot
 from vllm_autoheal.engine import parse_args
 from vllm_autoheal.gpu_catalog import lookup
@@ -353,3 +353,17 @@ def test_a_revert_to_another_remedy_remembers_what_no_node_could_take():
     assert refused_gpus(past) == 2
     plain = history([], [{**record, "unschedulable": None, "action": "LowerCpuOffload"}], gpus=1)
     assert refused_memory_limit(plain) is None and refused_gpus(plain) is None  # (a heal, not a revert)
+
+
+def test_the_give_up_on_a_mig_slice_offers_no_split_over_slices():
+    """The give-up's advice names no split over the pod's MIG slices (a process sees one), only whole GPUs."""
+    gpu = lookup("NVIDIA-A100-SXM4-80GB-MIG-3g.40gb")
+    spec = VLLMServiceSpec(
+        model="meta-llama/Llama-3.1-70B",
+        engine={"maxModelLen": 8192},
+        heal={"bounds": {"maxTensorParallelSize": 2}, "allowedActions": ["IncreaseTensorParallel"]},
+    )
+    inv = Inventory(gpu_total_gib=gpu.memory_gib, gpu_name=gpu.name, shape=config_shape("llama-3.1-70b"))
+    r = plan_heal(spec, Diagnosis(cause="weights_load_oom"), inventory=inv)
+    assert r.action == "GiveUp" and "sees only one MIG slice" in r.reason, r.reason
+    assert "tensor parallelism 2" not in r.reason and "whole GPUs" in r.reason, r.reason

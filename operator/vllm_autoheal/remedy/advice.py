@@ -4,6 +4,7 @@ checkpoint that would hold them, sized from vLLM's figures or the memory model."
 from __future__ import annotations
 
 from ..diagnosis.arithmetic import besides_weights
+from ..gpu_catalog import one_device_a_process
 from ..memory import CUDA_CONTEXT_GIB
 from .kv_steps import raise_limit
 from .model import Context
@@ -44,6 +45,10 @@ def what_would_fit(ctx: Context) -> str:
     while need <= 64 and weights * tp / need > budget:  # (the model's split must hold the weights vLLM printed)
         need *= 2
     shape = ctx.inv.shape
+    if one_device_a_process(ctx.inv.gpu_name):  # (a MIG slice, a time-sliced replica: no split over them)
+        return _no_split_holds(
+            ctx, weights, budget, "tensor parallelism over whole GPUs (a process sees one of these: no split over them)"
+        )
     if need > 64 or (shape is not None and not shape.splits(need)):  # (vLLM refuses it at load)
         return _no_split_holds(ctx, weights, budget)
     split = f"tensor parallelism {need} ({weights * tp / need:.1f} GiB of weights per GPU"
