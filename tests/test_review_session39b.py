@@ -94,11 +94,6 @@ def _qwen25_72b(quantization: dict):
 # --- 1. splits the quantized experts do not divide --------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_groups_split never judges an MoE's experts (moe_wna16 shrinks its group only for GPTQ/AWQ); a "
-    "compressed-tensors wNa16 MoE refuses experts' slices that are no whole number of groups",
-)
 def test_compressed_tensors_w4a16_moe_splits_only_into_whole_expert_groups():
     """Severity: high (a wrong heal that stays: not_oom at load, the service down on more GPUs until a person
     edits it). Input: a compressed-tensors W4A16 checkpoint of Qwen3-30B-A3B (group_size 128, the layout of
@@ -117,11 +112,6 @@ def test_compressed_tensors_w4a16_moe_splits_only_into_whole_expert_groups():
     assert not shape.splits(8), "768 / 8 = 96 inputs a rank: less than one group of 128"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_groups_split never judges an MoE's experts; ModelOpt MXFP8's fused MoE refuses an experts' slice "
-    "that is no multiple of its 32-wide blocks",
-)
 def test_modelopt_mxfp8_moe_splits_only_into_whole_blocks_of_the_experts():
     """Severity: medium (the same wrong heal that stays; MXFP8 MoE checkpoints are fewer). Input: a ModelOpt MXFP8
     export of Qwen1.5-MoE-A2.7B (moe_intermediate_size 1408, shared expert 5632, 16 heads), running at TP 4,
@@ -136,11 +126,6 @@ def test_modelopt_mxfp8_moe_splits_only_into_whole_blocks_of_the_experts():
     assert not shape.splits(8), "1408 / 8 = 176 inputs a rank: 5.5 blocks of 32"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ModelShape keeps no desc_act: under act order vLLM 0.25's Marlin keeps its strict shape (input a rank "
-    "% 128) and no other kernel takes a row-parallel act-order layer; _groups_split checks the group (32) only",
-)
 def test_gptq_act_order_in_small_groups_splits_only_where_marlin_takes_the_slice():
     """Severity: low (GPTQ act-order checkpoints in groups of 32/64 and a split of a small model; 0.32 refuses
     desc_act outright, whatever the split). Input: TheBloke's gptq-4bit-32g-actorder_True branch of a Llama-2-7B
@@ -161,11 +146,6 @@ def test_gptq_act_order_in_small_groups_splits_only_where_marlin_takes_the_slice
 # --- 2. a split refused that vLLM loads --------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the reader's dense_mlp 1/3 cannot say which projection is unquantized; _groups_split checks the "
-    "intermediate width though every down_proj is left in 16 bits",
-)
 def test_a_checkpoint_that_leaves_every_down_proj_unquantized_splits_by_its_other_layers():
     """Severity: medium-low (a false refusal: GiveUp where the split loads). Input: an AWQ Qwen2.5-72B (group 128,
     intermediate 29568 = 128 x 231) whose quantization_config has modules_to_not_convert ["mlp.down_proj"] (down
@@ -181,11 +161,6 @@ def test_a_checkpoint_that_leaves_every_down_proj_unquantized_splits_by_its_othe
     assert shape.splits(2), "no quantized layer's slice straddles a group at TP 2"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="split_offload never goes below the share of what ran, even under an explicit maxCpuOffloadGb below "
-    "it: the gate then refuses the split as above the bound, and the heal gives up",
-)
 @pytest.mark.parametrize("bound", [0.0, 10.0])
 def test_a_split_of_an_offloaded_model_keeps_within_the_offload_bound(bound):
     """Severity: medium (GiveUp where a split within every bound fits; the give-up's own advice names it).
@@ -215,11 +190,6 @@ def test_a_split_of_an_offloaded_model_keeps_within_the_offload_bound(bound):
 # --- 3. a refused GPU count that a person's edit has since shown schedules ---------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="refused_gpus is read from status.heals whatever runs now: a pod of as many GPUs that scheduled since "
-    "(a person's edit) still makes every larger split 'at or above the 2 no node could take'",
-)
 def test_a_refused_gpu_count_is_forgotten_once_a_pod_of_that_count_runs():
     """Severity: medium-low (a false refusal: GiveUp for up to MAX_HEAL_RECORDS heals; the memory limit's
     refusal, refused_memory_limit, behaves the same). Input: status.heals holds a revert of a TP 2 split no node

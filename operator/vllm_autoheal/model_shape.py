@@ -46,6 +46,10 @@ QUANT_BYTES = {
 }
 
 
+# Methods whose experts vLLM runs with moe_wna16, which halves a group until each rank's slice holds whole ones
+GROUP_FITTING_MOE = ("awq", "gptq", "moe_wna16")
+
+
 @dataclass(frozen=True)
 class ModelShape:
     architecture: str
@@ -79,6 +83,7 @@ class ModelShape:
     quant_bits: int | None = None  # bits per quantized weight, where the checkpoint's config says
     quant_group: int | None = None  # weights a scale of them serves (-1: one per output channel), where it says
     quant_float: bool = False  # float weights (NVFP4, MXFP4, FP8): a one-byte scale a group, no zero point
+    quant_act_order: bool = False  # GPTQ's desc_act: its groups follow the activations' order
     auto_kv_dtype: str | None = None  # the cache vLLM runs under --kv-cache-dtype auto, where the config names one
     dense_attention: bool = False  # the checkpoint leaves its attention projections unquantized
     dense_mlp: float = 0.0  # ... the share of its MLP's weights it leaves so (all where the parts cannot be told)
@@ -140,21 +145,27 @@ class ModelShape:
         return heads and mamba and self._blocks_split(tp) and self._groups_split(tp)
 
     def _groups_split(self, tp: int) -> bool:
-        """A checkpoint quantized in groups (AWQ, GPTQ, compressed-tensors' wNa16, NVFP4's 16): the inputs of each
-        rank's slice of a row-parallel layer (the MLP's down projection, attention's output) are whole groups.
-        vLLM refuses the rest ("The input size is not aligned with the quantized weight shape", auto_awq.py;
-        marlin_utils.verify_group_size_divides_partition). An MoE's experts are not judged: moe_wna16 shrinks
-        its group to fit, and a layer the checkpoint leaves unquantized has no groups."""
+        """A checkpoint quantized in groups (AWQ, GPTQ, compressed-tensors' wNa16, NVFP4's 16, MXFP8's 32): the inputs
+        of each rank's slice of a row-parallel layer (the MLP's down projection, attention's output) are whole
+        groups; vLLM refuses the rest ("The input size is not aligned with the quantized weight shape", auto_awq.py;
+        marlin_utils.verify_group_size_divides_partition), and under GPTQ's act order whole 128s too (Marlin's
+        strict shape, the only kernel that takes such a slice). So are the experts' slices but where vLLM's
+        moe_wna16 shrinks the group to fit (AWQ's, GPTQ's); compressed-tensors' and ModelOpt's refuse them. An MLP
+        the checkpoint leaves partly unquantized is not judged: the part is not known, and the one left so for
+        accuracy is mostly the down projection, which then has no groups."""
         group = self.quant_group or 0
         if group <= 0 or tp == 1:
             return True
+        granule = math.lcm(group, 128) if self.quant_act_order else group
         widths = []
-        if self.dense_mlp < 1.0:
+        if self.dense_mlp == 0.0:
             dense = self.intermediate if not self.experts or self.dense_layers else 0
             widths += [dense, self.shared_intermediate]
+            if self.experts and not (self.quantization or "").startswith(GROUP_FITTING_MOE):
+                widths.append(self.moe_intermediate)
         if not self.dense_attention and not self.state_layers:  # (a hybrid's mixers' widths are other)
             widths.append(self.heads * (self.v_head_dim if self.is_mla else self.head_dim))
-        return all(w % tp == 0 and (w // tp) % group == 0 for w in widths if w > group)
+        return all(w % tp == 0 and (w // tp) % granule == 0 for w in widths if w > group)
 
     def _blocks_split(self, tp: int) -> bool:
         """A block-wise fp8 checkpoint's rank slices of the MLP's and the experts' width are whole blocks:

@@ -280,6 +280,8 @@ def quantization(
     out |= {"bits": bits} if bits is not None else {}
     out |= {"group_size": group} if group is not None else {}
     out |= {"weights_type": "float"} if floats and bits is not None else {}
+    # (GPTQ's act order: Marlin then takes a row-parallel slice only in multiples of 128 inputs)
+    out |= {"desc_act": True} if method.startswith("gptq") and quant.get("desc_act") is True else {}
     if kv := _auto_kv(quant, declared):
         out["kv_cache_dtype"] = kv
     # (ModelOpt's FP8_PB_WO blocks are fixed: ModelOptFp8PbWoLinearMethod never reads weight_block_size)

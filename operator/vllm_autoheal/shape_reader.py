@@ -80,6 +80,7 @@ def shape_from_config(config: dict[str, Any]) -> ModelShape:
         quant_bits=whole(quant_config.get("bits")),
         quant_group=-1 if quant_config.get("group_size") == -1 else whole(quant_config.get("group_size")),
         quant_float=quant_config.get("weights_type") == "float",
+        quant_act_order=quant_config.get("desc_act") is True,
         auto_kv_dtype=kv if isinstance(kv := quant_config.get("kv_cache_dtype"), str) else None,
         dense_attention=quant_config.get("dense_attention") is True,
         dense_mlp=min(max(float(share), 0.0), 1.0)

@@ -180,8 +180,8 @@ def plan_heal(
     ceiling = outside_budget_ceiling(history, engine.tensor_parallel_size * engine.pipeline_parallel_size)
     limits = replace(
         _limits(spec, engine, inv, total, loaded, ceiling),
-        refused_memory_limit=refused_memory_limit(history),
-        refused_gpus=refused_gpus(history),
+        refused_memory_limit=_still_refused(refused_memory_limit(history), inv.memory_limit_bytes),
+        refused_gpus=_still_refused(refused_gpus(history), engine.tensor_parallel_size * engine.pipeline_parallel_size),
     )
     ctx = Context(spec, engine, diagnosis, inv, limits)
     allowed = set(spec.heal.allowed_actions) - set(exclude)
@@ -230,6 +230,11 @@ def plan_heal(
         reason=f"no allowed change is left for {diagnosis.cause} within the bounds "
         f"(tried: {', '.join(sorted(tried)) or 'none'}{why})." + (f" {advice}" if advice else ""),
     )
+
+
+def _still_refused(refused: int | None, running: int | None) -> int | None:
+    """What no node could take, unless the pod that crashed now ran with as much (it scheduled since)."""
+    return None if refused is None or (running is not None and refused <= running) else refused
 
 
 # Causes whose memory ran out outside vLLM's budget: a higher utilization leaves them less room.

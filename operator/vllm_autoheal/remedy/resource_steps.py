@@ -84,7 +84,8 @@ def split_offload(ctx: Context, n: int) -> float | None:
     if offload <= cap:
         return offload
     share = math.floor(offload * ctx.engine.tensor_parallel_size / n * 10) / 10
-    return max(math.floor(cap * 10) / 10, share)
+    bound = ctx.policy.bounds.max_cpu_offload_gb  # (the user's hard limit: below the share, less host memory)
+    return min(max(math.floor(cap * 10) / 10, share), bound if bound is not None else math.inf)
 
 
 def _offload_change(ctx: Context, n: int) -> dict[str, float]:
