@@ -18,17 +18,6 @@ from typing import Any
 import kopf
 import kubernetes
 
-from api_writes import (  # noqa: F401 - tests import them from here
-    _SYSTEM_META,
-    _UNMANAGED,
-    JsonPatchFailed,
-    _fields_v1,
-    _leaves,
-    json_patch,
-    merge_diff,
-    merge_patch,
-    server_side_apply,
-)
 from kube_emulator import (  # noqa: F401 - tests import them from here
     HARNESS_AGENT,
     KOPF_HANDLED,

@@ -11,11 +11,10 @@ from typing import Any
 
 from kubernetes.client.rest import ApiException
 
+from api_writes import merge_patch
 from vllm_autoheal.api import EngineArgs
 from vllm_autoheal.kube import heal_apply
 from vllm_autoheal.kube.config import OperatorConfig
-
-from operator_harness import merge_patch
 
 NS, NAME = "team-a", "svc"
 PREVIOUS = {"engine": {"gpuMemoryUtilization": 0.9, "maxModelLen": 32768}, "model": "m", "memoryLimit": "32Gi"}

@@ -192,7 +192,7 @@ async def test_fields_removed_from_the_spec_leave_the_deployment(cluster):
 
 
 def test_apply_emulation_keeps_other_fields_and_drops_its_own():
-    from operator_harness import server_side_apply
+    from api_writes import server_side_apply
 
     live = {"metadata": {"name": "d", "annotations": {"theirs": "1"}}, "spec": {"replicas": 1}}
     first = server_side_apply(

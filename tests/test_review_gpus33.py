@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from api_writes import merge_patch
 from vllm_autoheal import model_source, validation
 from vllm_autoheal.api import ALL_ACTIONS, Deployed, EngineArgs, HealIntent, VLLMService, VLLMServiceSpec
 from vllm_autoheal.diagnosis import Signals, classify
@@ -27,7 +28,7 @@ from vllm_autoheal.remedy_gate import Limits, check
 from vllm_autoheal.serve_sizing import gpus_taken
 from vllm_autoheal.shape_reader import shape_from_config
 
-from operator_harness import PendingLater, merge_patch, unschedulable_status
+from operator_harness import PendingLater, unschedulable_status
 from samples import config_shape
 
 CONFIGS = Path(__file__).parent / "fixtures" / "configs"

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from kubernetes.client.rest import ApiException
 
+from api_writes import server_side_apply
 from test_chart import VALUE_SETS, by_kind, template
 from vllm_autoheal.api import VLLMService
 from vllm_autoheal.kube import resources
@@ -21,7 +22,7 @@ from vllm_autoheal.kube.resources import deployment
 from vllm_autoheal.model_source import HubSettings, ModelConfigError, from_hub
 from vllm_autoheal.validation import admit, evaluate
 
-from operator_harness import Emulator, server_side_apply
+from operator_harness import Emulator
 from samples import KV_TERMINATION, SPEC
 
 

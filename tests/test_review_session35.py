@@ -181,7 +181,7 @@ def test_the_emulated_apply_keeps_keys_others_own_under_an_applied_empty_map():
     author removes every node selector key' after a failed conversion passes; the real server keeps pool
     (owned by another entry). Right: an empty map applied asserts the map, and keys owned by other entries
     stay; only keys this applier owned before and leaves out go."""
-    from operator_harness import server_side_apply
+    from api_writes import server_side_apply
 
     owned_by_update = {"f:spec": {"f:nodeSelector": {"f:pool": {}}}}
     live = {

@@ -35,8 +35,18 @@ from pathlib import Path
 
 import pytest
 
-from test_review_gpus33 import LOG, MEMORY_SPEC, NS, WEIGHTS_OOM, StubKube, _oomkilled_pod, _pending_pod, _vsvc
-from vllm_autoheal import local, model_source, validation
+from test_review_gpus33 import (
+    LOG,
+    MEMORY_SPEC,
+    NS,
+    WEIGHTS_OOM,
+    StubKube,
+    _oomkilled_pod,
+    _pending_pod,
+    _quiet,  # noqa: F401 - each test its own shared reads, no Events, no Hub
+    _vsvc,
+)
+from vllm_autoheal import local, validation
 from vllm_autoheal.api import ALL_ACTIONS, Deployed, EngineArgs, VLLMService, VLLMServiceSpec
 from vllm_autoheal.diagnosis import Diagnosis, Signals, classify
 from vllm_autoheal.diagnosis.model import GpuInfo, GpuSnapshot
@@ -75,17 +85,6 @@ def _qwen25_72b(quantization: dict | None = None):
     if quantization:
         config.update(quantization_config=quantization, torch_dtype="float16")
     return shape_from_config(config)
-
-
-@pytest.fixture(autouse=True)
-def _quiet(monkeypatch):
-    """Each test its own shared reads; no Events, no Hub (the model's shape is not known to the operator here)."""
-    monkeypatch.setattr(unschedulable, "_recent", unschedulable.RecentReads())
-    monkeypatch.setattr(unschedulable, "_looks", unschedulable.NamespaceLooks())
-    monkeypatch.setattr(unschedulable, "event", lambda body, **k: None)
-    monkeypatch.setattr(
-        crash.model_source, "for_service", lambda obj, get: model_source.Resolved(source="test", error="unknown")
-    )
 
 
 # --- 1. a split the checkpoint's quantization groups do not divide ---------------------------------------
