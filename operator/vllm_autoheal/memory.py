@@ -32,7 +32,7 @@ from .engine_defaults import (
 )
 from .extensible_kv import extensible_kv_cache, held_after_warmup_gib
 from .gpu_catalog import GpuSpec
-from .model_runner import graphs_reserved, release_sampler
+from .model_runner import graphs_reserved, offload_ignored, release_sampler
 from .model_shape import ModelShape, layer_group, padded_layers
 from .model_weights import WEIGHT_BUFFERS_GIB, weights_gib_per_gpu
 from .sampler_peak import sampler_peak_bytes
@@ -240,8 +240,10 @@ def estimate(
     tier = row.batch if row else "160gib"
     mbt = engine.max_num_batched_tokens or default_max_num_batched_tokens(total, entrypoint, gpu.name, tier)
     max_len = engine.max_model_len or shape.max_position_embeddings or 2048  # (vLLM's where the config names none)
-    # (vLLM moves up to cpu_offload_gb of each GPU's weights to pinned host memory as it loads them)
-    weights = max(weights_gib_per_gpu(shape, engine, gpu) - (engine.cpu_offload_gb or 0.0), WEIGHT_BUFFERS_GIB)
+    # (vLLM moves up to cpu_offload_gb of each GPU's weights to pinned host memory as it loads them; not the V2
+    # runner of 0.22-0.27, which ignores the flag)
+    offload = 0.0 if offload_ignored(shape, release, engine.extra_args) else engine.cpu_offload_gb or 0.0
+    weights = max(weights_gib_per_gpu(shape, engine, gpu) - offload, WEIGHT_BUFFERS_GIB)
     seqs = engine.max_num_seqs or default_max_num_seqs(total, gpu.name, engine.extra_args, tier)
     act = activation_bytes(shape, mbt, tp, seqs, release_sampler(shape, release, engine.extra_args)) / GIB
     non_torch = NON_TORCH_GIB_TP1 if tp * pp == 1 else NON_TORCH_GIB_TPN

@@ -27,6 +27,41 @@ def on_v1_runner(shape: ModelShape, release: Release | None, extra_args: list[st
     return runs_v1(row, shape.architecture, moe, quantized, shape.mamba_layers > 0, shape.attention_layers == 0)
 
 
+# Flags with which 0.22-0.27 run a model on the V1 runner though its default is V2 (config/vllm.py
+# _get_v2_model_runner_unsupported_features: drafts, prefill context parallelism, stock torch.compile, dual batch
+# overlap, elastic EP, routed experts capture, logits processors, prompt embeds, logprobs modes, ...)
+_V1_FALLBACK_FLAGS = (
+    "--speculative",
+    "-pcp",
+    "--prefill-context",
+    "-O",
+    "--compilation-config",
+    "--enable-dbo",
+    "--enable-elastic",
+    "--enable-return-routed",
+    "--logits-processors",
+    "--enable-prompt-embeds",
+    "--logprobs-mode",
+    "--kv-sharing",
+    "--ec-transfer",
+)
+# The releases whose V2 runner never installs the weight offloader (v1/worker/gpu/model_runner.py has no
+# set_offloader before vLLM PR #51413, merged after 0.27.1 was cut; 0.29.0 has it; 0.28 is not known).
+OFFLOAD_IGNORED = ((0, 22, 0), (0, 28, 0))
+
+
+def offload_ignored(shape: ModelShape, release: Release | None, extra_args: list[str] | None = None) -> bool:
+    """Whether --cpu-offload-gb does nothing for this model, for certain: the release's default puts it on the V2
+    runner, which in 0.22-0.27 loads every weight on the GPU whatever the flag says (measured on 0.25: Llama-3.1-8B
+    loaded 15.0 GiB with --cpu-offload-gb 4 and 8; vLLM issue #51396), and no flag falls it back to V1."""
+    if release is None or facts(release) is None or not OFFLOAD_IGNORED[0] <= release.version < OFFLOAD_IGNORED[1]:
+        return False
+    names = [a.split("=", 1)[0].replace("_", "-") for a in extra_args or [] if a.startswith("-")]
+    if any(name.startswith(_V1_FALLBACK_FLAGS) for name in names):
+        return False
+    return not on_v1_runner(shape, release, extra_args)
+
+
 def graphs_reserved(shape: ModelShape | None, engine: EngineArgs, release: Release | None) -> bool:
     """Whether vLLM takes its estimate of the CUDA graphs off the KV budget and captures them inside it
     (vllm_release.graphs_in_budget): not where it captures none, nor under kv_cache_memory_bytes (the

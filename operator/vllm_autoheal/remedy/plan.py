@@ -49,6 +49,7 @@ from .model import (
 from .resource_steps import (
     lower_cpu_offload,
     more_tensor_parallel,
+    offload_ignored_note,
     quantized_model,
     raise_memory_limit,
     shrink_fixed_kv_cache,
@@ -223,6 +224,8 @@ def plan_heal(
         return remedy
     if more_tensor_parallel in steps and "IncreaseTensorParallel" in allowed and (unsplit := unsplittable(ctx)):
         refused.append(f"IncreaseTensorParallel refused: {unsplit}")
+    if {cpu_offload, lower_cpu_offload} & set(steps) and (ignored := offload_ignored_note(ctx)):
+        refused.append(f"CpuOffload and LowerCpuOffload refused: {ignored}")
     why = f"; {'; '.join(refused)}" if refused else ""
     advice = what_would_fit(ctx) or weights_beyond_free(ctx) or allocation_out_of_reach(ctx) or empty_budget(ctx)
     return Remedy(

@@ -11,6 +11,7 @@ from ..api import EngineArgs
 from ..diagnosis.units import MIB
 from ..gpu_catalog import one_device_a_process
 from ..memory import CUDA_CONTEXT_GIB, Estimate
+from ..model_runner import offload_ignored
 from ..quantity import format_bytes, parse_quantity
 from ..remedy_gate import utilization_floor
 from .kv_steps import raise_limit, shorter_context, smaller_fixed_cache
@@ -71,14 +72,25 @@ def unsplittable(ctx: Context) -> str | None:
     return f"the model does not split {named} ways (its heads, Mamba groups or quantization groups: vLLM refuses it)"
 
 
+def offload_ignored_note(ctx: Context) -> str | None:
+    """Why no offload change is made where the release runs this model on a V2 runner that ignores the flag."""
+    shape, release = ctx.inv.shape, ctx.inv.release
+    if shape is None or release is None or not offload_ignored(shape, release, ctx.engine.extra_args):
+        return None
+    return (
+        f"vLLM {release} runs {shape.architecture} on its V2 model runner, which ignores --cpu-offload-gb (every "
+        "weight stays on the GPU; fixed from 0.29.0)"
+    )
+
+
 def split_offload(ctx: Context, n: int) -> float | None:
     """cpu_offload_gb for the engine split n ways: vLLM's figure is per GPU, so each new rank pins it too.
     Where the container's limit (or the bound) holds that for every rank, it stays; else the most that
     it holds, and never less than the share of what ran (the host memory that ran, spread over n ranks:
     each GPU also holds tp/n of the weights it did). None where nothing is offloaded."""
     offload = ctx.engine.cpu_offload_gb
-    if not offload:
-        return None
+    if not offload or offload_ignored_note(ctx):
+        return None  # (nothing offloaded, or an offload the release ignores: no change of it means anything)
     split = ctx.engine.model_copy(update={"tensor_parallel_size": n})
     cap = ctx.limits.max_cpu_offload_gb(split)
     if offload <= cap:
@@ -260,9 +272,9 @@ def raise_memory_limit(ctx: Context) -> Remedy | None:
 
 
 def lower_cpu_offload(ctx: Context) -> Remedy | None:
-    gb = ctx.engine.cpu_offload_gb
-    if not gb:
-        return None
+    gb, shape = ctx.engine.cpu_offload_gb, ctx.inv.shape
+    if not gb or (shape is not None and offload_ignored(shape, ctx.inv.release, ctx.engine.extra_args)):
+        return None  # (an offload the release ignores holds no host memory: less of it frees none)
     new = math.floor(gb / 2)
     return Remedy(
         "LowerCpuOffload",

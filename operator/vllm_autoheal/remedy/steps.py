@@ -11,6 +11,7 @@ from ..engine import switched
 from ..memory import (
     CUDA_CONTEXT_GIB,
 )
+from ..model_runner import offload_ignored
 from .kv_steps import round_util
 from .model import Context, Remedy, Step
 from .share_steps import estimate_at, with_context_held
@@ -18,8 +19,8 @@ from .share_steps import estimate_at, with_context_held
 
 def cpu_offload(ctx: Context) -> Remedy | None:
     shape, total = ctx.inv.shape, ctx.total
-    if shape is None or not total:
-        return None
+    if shape is None or not total or offload_ignored(shape, ctx.inv.release, ctx.engine.extra_args):
+        return None  # (the release's V2 runner ignores the flag: plan's give-up says so)
     est = ctx.estimate(free_gib=ctx.inv.gpu_free_gib)
     budget = est.requested_gib - est.activation_gib - est.non_torch_gib - 0.1 * est.requested_gib
     over = est.weights_gib - budget
