@@ -123,18 +123,28 @@ _LOGGING_PREFIX = re.compile(rf"^(?P<process>{_PROCESS})?(?P<prefix>(?:[^\s(]\S{
 _VLLM_LINE = re.compile(rf"^(?:{_PROCESS})?{_HEADER}")
 
 
-def logging_prefix_of(lines: Iterable[str]) -> re.Pattern[str] | None:
+def logging_prefix_of(lines: list[str], first_error: int) -> re.Pattern[str] | None:
     """The VLLM_LOGGING_PREFIX on vLLM's lines (a pattern matching it, after the process prefix where
     there is one), or None: the same word or two on at least SHARE of vLLM's logged lines (those that
     open with its header, with it or without), on MIN_LINES of them. A client's words before a forged header are not that
-    prefix, so they are not cut."""
+    prefix, so they are not cut. Judged on the lines before `first_error` (an index of `lines`), else on all."""
+    words: dict[int, str | None] = {}  # (each line is matched once, though judged twice)
+    return _logging_prefix(lines, first_error, words) or _logging_prefix(lines, len(lines), words)
+
+
+def _logging_prefix(lines: list[str], end: int, words: dict[int, str | None]) -> re.Pattern[str] | None:
+    """logging_prefix_of judged on lines[:end]; `words`: each line's prefix ("" on vLLM's lines without one,
+    None on any other), by index, as far as known."""
     counts: Counter[str] = Counter()
     bare = 0
-    for ln in [x for x in lines if x.strip()][-SAMPLE_LINES:]:
-        found = _LOGGING_PREFIX.match(ln)
-        if found is not None:
-            counts[found.group("prefix")] += 1
-        elif _VLLM_LINE.match(ln):
+    for i in [i for i in range(end) if lines[i].strip()][-SAMPLE_LINES:]:
+        if i not in words:
+            found = _LOGGING_PREFIX.match(lines[i])
+            words[i] = found.group("prefix") if found is not None else "" if _VLLM_LINE.match(lines[i]) else None
+        word = words[i]
+        if word:
+            counts[word] += 1
+        elif word is not None:
             bare += 1
     if not counts:
         return None
