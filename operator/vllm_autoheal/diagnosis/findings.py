@@ -203,7 +203,10 @@ def _wrapped(line: Line, following: list[Line]) -> list[Finding]:
     """A memory message a pretty-printer wrapped over the next lines: bare lines, or lines with
     only the prefix a collector put on the first one too (a collector stamps every line)."""
     # (a flood of short bare lines calls this on every line: the needle test first, on all that may
-    # be joined, of which the joined text is a prefix, before the tests of which lines join)
+    # be joined, of which the joined text is a prefix, before the tests of which lines join; but a
+    # next line with a header of its own, or not the engine's, joins none: two attribute reads)
+    if not following or following[0].level or following[0].origin != ENGINE:
+        return []
     if not _holds_memory_needle(" ".join([line.text] + [nxt.text for nxt in following])[:MATCH_CHARS]):
         return []
     rest: list[Line] = []
