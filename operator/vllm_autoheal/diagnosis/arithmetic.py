@@ -24,8 +24,9 @@ def device_gib(signals: m.Signals, findings: list[Finding]) -> float | None:
     if signals.gpu and signals.gpu.gpus:
         return max(g.total_bytes for g in signals.gpu.gpus) / GIB or None
     for f in findings:
+        groups = f.message.regex.groupindex  # (a finding of a message without them has none: no groupdict)
         for key in ("total_gib", "gpu_total_gib"):
-            value = f.match.groupdict().get(key)
+            value = f.match.group(key) if key in groups else None
             if value:
                 size = figures.gib(value)
                 if figures.check("total_gib", size, None) is None and size > 0:
@@ -74,7 +75,7 @@ def numbers(
             value = figures.parse(key, text)
             if value is None:
                 continue
-            why = _implausible(key, value, text, groups, device_gib)
+            why = implausible(key, value, text, groups, device_gib)
             if why:
                 # one note per kind of number: a log that repeats a figure must not grow the diagnosis
                 if not any(n.startswith(f"ignored {key}=") for n in notes):
@@ -84,7 +85,7 @@ def numbers(
     return numbers
 
 
-def _implausible(
+def implausible(
     key: str, value: float | int, text: str, groups: dict[str, str | None], device_gib: float | None
 ) -> str | None:
     """figures.check, and what the figure's own line says of it: a size on the device is no larger
@@ -120,6 +121,8 @@ def releases_named(findings: list[Finding]) -> set[tuple[int, int]]:
     """The (minor, patch) releases the release lines among `findings` name."""
     named = set()
     for f in findings:
+        if "vllm_minor" not in f.message.regex.groupindex:  # (most findings: no groupdict)
+            continue
         groups = f.match.groupdict()
         if groups.get("vllm_minor") is not None and groups.get("vllm_patch") is not None:
             named.add((int(groups["vllm_minor"]), int(groups["vllm_patch"])))

@@ -26,12 +26,13 @@ from . import model as m
 from . import termination, unplaced
 from .findings import ENGINE_EXCEPTION, EXCEPTION_LINE, FAILURE_KINDS, Finding, findings_of
 from .last_resort import last_words
+from .nearest import Figures
 from .origin import ENGINE, MATCH_CHARS, REQUEST
 from .phase import OOM_CAUSE_BY_PHASE, phase_of_failure
 from .quoted import exception_of_another_type
 from .scan import Line, scan
 from .termination import from_termination_message
-from .writers import api_servers_memory_error, requests_memory_words, served_before
+from .writers import clients_lines, served_before
 
 # Failures that never outvote one named elsewhere in the log: what the other ranks report when one
 # died (NCCL timing out or aborting them), and a wrapper's quote of a message that may go on over
@@ -108,7 +109,7 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
     # (a GPU memory failure the API server wrote is a client's text: writers.py)
     # (and the engine's memory words in a request's report, where they cannot be the engine's: writers.py)
     releases = ar.releases_named([f for f in found if f.line.origin == ENGINE and not f.line.request_report])
-    clients = {id(f.line) for f in found if api_servers_memory_error(f) or requests_memory_words(f, releases)}
+    clients = clients_lines(found, releases)
     findings = [
         f
         for f in found
@@ -131,6 +132,7 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
     if ignored:
         diag.notes.append(f"{ignored} request/response or access line(s) ignored: they carry user text")
     device_gib = ar.device_gib(signals, findings)
+    figs = Figures(findings, device_gib)  # (the figures nearest each failure asked about, indexed once)
 
     def done(
         cause: m.Cause,
@@ -147,7 +149,7 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
         # last resort, and is never quoted)
         cited = first.line if first and not first.last_resort else None
         diag.evidence = _evidence(cited, support, engine_error=first is not None and first.message.kind != msg.NOT_OOM)
-        figures = ar.numbers(findings, first, device_gib, diag.notes)
+        figures = figs.numbers(first, diag.notes)
         diag.numbers = {k: v for k, v in figures.items() if k not in ("tp", "pp")}
         ar.one_release(findings, diag.numbers, diag.notes)
         if diag.subtype in ("other_process_holds_gpu", "no_blocks_beside_other_processes"):  # (what they hold)
@@ -164,7 +166,7 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
             diag.explanation += " (Read from the log tail in the termination message only.)"
         return diag
 
-    numbers = ar.numbers(findings, None, device_gib, [])
+    numbers = figs.numbers(None, [])
     reason = (signals.reason or "").strip()
     if reason == "OOMKilled":
         return done(
@@ -180,7 +182,7 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
         first = min(memory, key=lambda f: (msg.MESSAGES.index(f.message), f.line.offset))
         cause = first.message.cause or m.UNKNOWN
         if first.message.subtype == "other_process_changed_memory_during_profiling":
-            nums = ar.numbers(findings, first, device_gib, [])
+            nums = figs.numbers(first, [])
             if nums.get("current_free_gib", -1.0) >= nums.get("initial_free_gib", float("inf")):
                 return done(
                     m.NOT_OOM,
@@ -192,7 +194,7 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
                     "grew): nothing took memory from vLLM, so no memory setting helps.",
                 )
         if cause == m.KV_CACHE_INSUFFICIENT:
-            nums = ar.numbers(findings, first, device_gib, [])
+            nums = figs.numbers(first, [])
             if ar.weights_exceed_gpu(nums, device_gib):
                 return done(
                     m.WEIGHTS_LOAD_OOM,
@@ -299,7 +301,7 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
         frame = next((f.line for f in findings if f.message.kind == msg.FRAME and f.message.phase == phase), None)
         if phase == m.PHASE_SERVING and signals.ready_before is False:
             phase = m.PHASE_PROFILE  # it never answered /health: a start-up warm-up ran the model, not a request
-        nums = ar.numbers(findings, first, device_gib, [])
+        nums = figs.numbers(first, [])
         if ar.not_a_shortage(nums):
             return done(
                 m.NOT_OOM,

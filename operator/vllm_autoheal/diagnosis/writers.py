@@ -61,11 +61,19 @@ def _api_server(name: str) -> bool:
     return bool(_API_SERVER.fullmatch(name))
 
 
+def _engines_words_of(message: msg.Message) -> bool:
+    if message.kind == msg.FIGURE:
+        return any(name not in _SERVERS_FIGURES for name in message.regex.groupindex)
+    return message.kind in GPU_MEMORY_KINDS or message.subtype in _NOT_THE_SERVERS
+
+
+_ENGINES_WORDS = {id(m): _engines_words_of(m) for m in msg.MESSAGES}  # (asked once a finding)
+
+
 def _engines_words(f: Finding) -> bool:
     """A finding only the engine (or the kernel) can write: a GPU memory failure, the KV budget, a GPU memory figure."""
-    if f.message.kind == msg.FIGURE:
-        return any(name not in _SERVERS_FIGURES for name in f.message.regex.groupindex)
-    return f.message.kind in GPU_MEMORY_KINDS or f.message.subtype in _NOT_THE_SERVERS
+    known = _ENGINES_WORDS.get(id(f.message))
+    return _engines_words_of(f.message) if known is None else known
 
 
 def api_servers_memory_error(f: Finding) -> bool:
@@ -75,6 +83,28 @@ def api_servers_memory_error(f: Finding) -> bool:
         return False
     names = writers(f.line)
     return bool(names) and _api_server(names[0])
+
+
+def clients_lines(found: list[Finding], releases: set[tuple[int, int]]) -> set[int]:
+    """The lines (by id) a finding of which is a client's words: api_servers_memory_error, or
+    requests_memory_words. (Each line's writers are read once: a line dense with the engine's figure
+    wordings is 8+ findings.)"""
+    out: set[int] = set()
+    servers: dict[int, bool] = {}  # line id -> the API server's prefix is its outermost
+    for f in found:
+        line = id(f.line)
+        if line in out:
+            continue
+        if _engines_words(f):
+            if line not in servers:
+                names = writers(f.line)
+                servers[line] = bool(names) and _api_server(names[0])
+            if servers[line]:
+                out.add(line)
+                continue
+        if requests_memory_words(f, releases):
+            out.add(line)
+    return out
 
 
 # From 0.11 vLLM has no V0 engine: its engine core always runs apart from the API server, and its death
