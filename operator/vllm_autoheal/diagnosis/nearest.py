@@ -11,9 +11,10 @@ prefix table built once. The findings must be in offset order (findings_of's); e
 from __future__ import annotations
 
 import heapq
+import operator
 from bisect import bisect_left
 from collections.abc import Iterator
-from itertools import chain, pairwise
+from itertools import chain, islice
 from typing import Any
 
 from . import arithmetic as ar
@@ -37,14 +38,17 @@ class Figures:
 
     def __init__(self, findings: list[Finding], device_gib: float | None) -> None:
         self.findings, self.device_gib = findings, device_gib
-        self.offsets = [f.line.offset for f in findings]
-        self.in_order = all(a <= b for a, b in pairwise(self.offsets))
-        # per message: its findings (indices) and their offsets; its groups by key, in group order
+        self.offsets = offsets = [f.line.offset for f in findings]
+        self.in_order = all(map(operator.le, offsets, islice(offsets, 1, None)))
+        # per message the walk reads: its findings (indices) and their offsets; its groups by key, in group order
         self.by_message: dict[int, tuple[msg.Message, list[int], list[int]]] = {}
         for i, f in enumerate(findings):
-            self.by_message.setdefault(id(f.message), (f.message, [], []))[1].append(i)
-        for _, indices, offsets in self.by_message.values():
-            offsets.extend(self.offsets[i] for i in indices)
+            if (entry := self.by_message.get(id(f.message))) is None:
+                if not self._walked(f.message, True):
+                    continue
+                entry = self.by_message[id(f.message)] = (f.message, [], [])
+            entry[1].append(i)
+            entry[2].append(offsets[i])
         self.groups: dict[int, dict[str, list[tuple[int, str]]]] = {}
         for key_id, (message, _, _) in self.by_message.items():
             names = sorted(message.regex.groupindex.items(), key=lambda kv: kv[1])
@@ -152,7 +156,7 @@ class Figures:
             for t in range(block, j):
                 f = self.findings[indices[t]]
                 for _, name in names:
-                    if (r := self._reading((2, -offsets[t], indices[t]), f, name)) is not None:
+                    if f.match.group(name) is not None and (r := self._reading((2, -offsets[t], indices[t]), f, name)):
                         yield r
             j = block
 
@@ -174,24 +178,18 @@ class Figures:
         """The key's readings in offset order; at each count, the walk's first implausible and first
         plausible reading among them, and the smallest value (min() in the walk's order keeps its first)."""
         if (key, with_oom) not in self.tables:
-            readings = sorted(
-                (r for walk in self._before(key, None, with_oom) for r in walk), key=lambda r: (-r[0][1], r[0][2:])
-            )
+            # (in offset order, as the findings are: by finding, then group)
+            readings = sorted((r for walk in self._before(key, None, with_oom) for r in walk), key=lambda r: r[0][2:])
             offsets = [-r[0][1] for r in readings]
             prefix: list[Any] = [(None, None, None)]
             bad = ok = best = None
-            for r in readings:
+            for r in readings:  # (r[0] < x[0]: the walk meets r first)
                 if r[4] is not None:
-                    bad = r if bad is None or _earlier(r, bad) else bad
+                    bad = r if bad is None or r[0] < bad[0] else bad
                 else:
-                    ok = r if ok is None or _earlier(r, ok) else ok
-                    if best is None or r[3] < best[3] or (r[3] == best[3] and _earlier(r, best)):
+                    ok = r if ok is None or r[0] < ok[0] else ok
+                    if best is None or r[3] < best[3] or (r[3] == best[3] and r[0] < best[0]):
                         best = r
                 prefix.append((bad, ok, best))
             self.tables[(key, with_oom)] = (offsets, prefix)
         return self.tables[(key, with_oom)]
-
-
-def _earlier(a: Reading, b: Reading) -> bool:
-    """The walk meets `a` before `b` (nearer the failure; on one line, in the findings' order)."""
-    return a[0] < b[0]
