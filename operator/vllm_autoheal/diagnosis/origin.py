@@ -83,8 +83,18 @@ _REQUEST_IDS = re.compile(  # (each alternative starts with a letter: see _USER_
     # ("cmpl-<id>-0-1a2b"), as KV connectors log them without the word "request"
     + "|".join(p[0] + _WB + re.escape(p[1:]) for p in _API_ID_PREFIXES)
 )
-# (every request-id form holds one of these hints: a cheap test before the regex on long lines)
-_HOLDS_ID_HINT = any_of(["eq", "SchedulerOutput", *(p[1:] for p in _API_ID_PREFIXES)])
+# (every request-id form holds one of these hints: a cheap test before the regex on long lines; the
+# word "request" only where no word character follows it, so that the engine's "Requested memory" costs
+# no search of _REQUEST_IDS, ~9 us a line)
+_ID_HINTS = ["SchedulerOutput", "ewRequestData", "achedRequestData", "eq_", "eqI", "eqi", "equest_", "equestI"]
+_HOLDS_ID_HINT_WORD = any_of([*_ID_HINTS, "equesti", *(p[1:] for p in _API_ID_PREFIXES)])
+_REQUEST_WORD = re.compile(r"equest(?!\w)")
+
+
+def _holds_id_hint(text: str) -> bool:
+    return _HOLDS_ID_HINT_WORD(text) or _REQUEST_WORD.search(text) is not None
+
+
 # The API server handles requests one by one: its errors (a 400 for a long prompt, a bad chat
 # template) are the request's, carry the request's text, and never decide a crash's cause.
 _REQUEST_FILES = re.compile(
@@ -156,7 +166,7 @@ def origin_of(text: str, source_file: str | None) -> str:
     if _SERVE_LINE.match(head):
         return REQUEST
     named = _HUB_REQUEST_ID.sub("", head) if "(Request ID: " in head else head  # (only the Hub's id is let go)
-    if _HOLDS_ID_HINT(named) and _REQUEST_IDS.search(named):
+    if _holds_id_hint(named) and _REQUEST_IDS.search(named):
         return USER
     if _ACCESS.match(head) or ('"' in head and _holds_request_line(head, text)):
         return ACCESS
