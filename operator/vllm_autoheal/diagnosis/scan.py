@@ -77,7 +77,7 @@ _HEADERS = ("level", "level2", "level3", "file3", "glog")  # a logger's header: 
 _TP_RANK = re.compile(r"(?:[_ ]TP|\[Rank |rank=)(\d{1,4})")  # Worker_TP0, VllmWorker TP0, PP0_TP1
 
 
-@dataclass
+@dataclass(slots=True)  # (its attributes are read on every pass over the lines and the findings)
 class Line:
     offset: int  # position in the input, for ordering
     text: str  # normalized: prefixes and headers removed
