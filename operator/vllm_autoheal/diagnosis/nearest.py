@@ -14,7 +14,8 @@ import heapq
 import operator
 from bisect import bisect_left
 from collections.abc import Iterator
-from itertools import chain, islice
+from itertools import chain, groupby, islice
+from operator import attrgetter
 from typing import Any
 
 from . import arithmetic as ar
@@ -38,17 +39,17 @@ class Figures:
 
     def __init__(self, findings: list[Finding], device_gib: float | None) -> None:
         self.findings, self.device_gib = findings, device_gib
-        self.offsets = offsets = [f.line.offset for f in findings]
+        self.offsets = offsets = list(map(attrgetter("line.offset"), findings))
         self.in_order = all(map(operator.le, offsets, islice(offsets, 1, None)))
-        # per message the walk reads: its findings (indices) and their offsets; its groups by key, in group order
+        # per message the walk reads: its findings (indices) and their offsets (grouped by a stable sort on
+        # the message's id: no Python step a finding, ~30,000 on a log dense with figure wordings)
         self.by_message: dict[int, tuple[msg.Message, list[int], list[int]]] = {}
-        for i, f in enumerate(findings):
-            if (entry := self.by_message.get(id(f.message))) is None:
-                if not self._walked(f.message, True):
-                    continue
-                entry = self.by_message[id(f.message)] = (f.message, [], [])
-            entry[1].append(i)
-            entry[2].append(offsets[i])
+        ids = list(map(id, map(attrgetter("message"), findings)))
+        for key_id, group in groupby(sorted(range(len(findings)), key=ids.__getitem__), key=ids.__getitem__):
+            indices = list(group)
+            message = findings[indices[0]].message
+            if self._walked(message, True):
+                self.by_message[key_id] = (message, indices, list(map(offsets.__getitem__, indices)))
         self.groups: dict[int, dict[str, list[tuple[int, str]]]] = {}
         for key_id, (message, _, _) in self.by_message.items():
             names = sorted(message.regex.groupindex.items(), key=lambda kv: kv[1])
