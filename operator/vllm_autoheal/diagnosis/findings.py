@@ -144,16 +144,18 @@ def findings_of(lines: list[Line]) -> list[Finding]:
         if len(hay) < len(text):
             rows = _rows_seeing_a_needle(rows, hay)
         carried = False  # the line is the engine's failure a request's report carries (from its start)
+        engines = line.origin == ENGINE and not requests
         for index in rows:  # (table order: the failures' rows come before the figures')
             message = msg.MESSAGES[index]
             found = message.regex.search(hay)
-            anchored = anchor is not None and found is not None and found.start() == anchor.end()
+            if found is None:
+                continue
+            anchored = anchor is not None and found.start() == anchor.end()
             if (
-                found
-                and not (quoted and message.kind in DECIDING)
+                not (quoted and message.kind in DECIDING)
                 and not (untrusted and message.kind != msg.NOT_OOM)
                 and (
-                    (line.origin == ENGINE and not requests)
+                    engines
                     or (message.kind == msg.NOT_OOM and request_error)
                     # (the engine's failure a request's traceback carries: no marker of the client's,
                     # but the figures of that message, which it composed from its own state)

@@ -90,20 +90,24 @@ def clients_lines(found: list[Finding], releases: set[tuple[int, int]]) -> set[i
     requests_memory_words. (Each line's writers are read once: a line dense with the engine's figure
     wordings is 8+ findings.)"""
     out: set[int] = set()
-    servers: dict[int, bool] = {}  # line id -> the API server's prefix is its outermost
+    last: Line | None = None
+    server: bool | None = None  # the API server's prefix is the line's outermost (None: not read yet)
+    reports = False  # the line is in a request's report (requests_memory_words' first test)
     for f in found:
-        line = id(f.line)
-        if line in out:
+        if f.line is not last:  # (a line's findings come together)
+            last, server = f.line, None
+            reports = (last.request_report and not last.grammar_report) or last.origin == REQUEST
+        if id(last) in out:
             continue
         if _engines_words(f):
-            if line not in servers:
-                names = writers(f.line)
-                servers[line] = bool(names) and _api_server(names[0])
-            if servers[line]:
-                out.add(line)
+            if server is None:
+                names = writers(last)
+                server = bool(names) and _api_server(names[0])
+            if server:
+                out.add(id(last))
                 continue
-        if requests_memory_words(f, releases):
-            out.add(line)
+        if reports and requests_memory_words(f, releases):
+            out.add(id(last))
     return out
 
 
