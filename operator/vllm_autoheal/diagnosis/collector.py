@@ -139,8 +139,13 @@ def _logging_prefix(lines: list[str], end: int, words: dict[int, str | None]) ->
     bare = 0
     for i in [i for i in range(end) if lines[i].strip()][-SAMPLE_LINES:]:
         if i not in words:
-            found = _LOGGING_PREFIX.match(lines[i])
-            words[i] = found.group("prefix") if found is not None else "" if _VLLM_LINE.match(lines[i]) else None
+            # (a line that opens with vLLM's header has no prefix before it: its second and third words are
+            # a date and a time, never a header's level; told first, as most of vLLM's lines are bare)
+            if _VLLM_LINE.match(lines[i]):
+                words[i] = ""
+            else:
+                found = _LOGGING_PREFIX.match(lines[i])
+                words[i] = found.group("prefix") if found is not None else None
         word = words[i]
         if word:
             counts[word] += 1
