@@ -93,11 +93,12 @@ def clients_lines(found: list[Finding], releases: set[tuple[int, int]]) -> set[i
     last: Line | None = None
     server: bool | None = None  # the API server's prefix is the line's outermost (None: not read yet)
     reports = False  # the line is in a request's report (requests_memory_words' first test)
+    settled = False  # the line is a client's, or none of its findings can make it one
     for f in found:
         if f.line is not last:  # (a line's findings come together)
-            last, server = f.line, None
+            last, server, settled = f.line, None, False
             reports = (last.request_report and not last.grammar_report) or last.origin == REQUEST
-        if id(last) in out:
+        if settled:
             continue
         if _engines_words(f):
             if server is None:
@@ -105,9 +106,12 @@ def clients_lines(found: list[Finding], releases: set[tuple[int, int]]) -> set[i
                 server = bool(names) and _api_server(names[0])
             if server:
                 out.add(id(last))
+                settled = True
                 continue
         if reports and requests_memory_words(f, releases):
             out.add(id(last))
+            settled = True
+        settled = settled or (server is False and not reports)
     return out
 
 
