@@ -148,10 +148,10 @@ def _strip_clean(
             r = t.group(1) if t else None
         if r is not None:
             rank = int(r)
-        source_file = source_file or next((m[g] for g in _FILES if m[g]), None)
+        source_file = source_file or m["file"] or m["file2"] or m["file3"]  # (_FILES: no generator a prefix)
         level = level or m.group("level") or m.group("level2") or m.group("level3")
         text = text[m.end() :]
-        if any(m[g] for g in _HEADERS):
+        if m["level"] or m["level2"] or m["level3"] or m["file3"] or m["glog"]:  # (_HEADERS)
             # The logger's header comes last: what follows is the message. Another prefix there (a
             # second header, or "[rank0]: " in a request id) came in with user text.
             after = _PREFIXES.match(text)
