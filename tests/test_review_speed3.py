@@ -32,8 +32,8 @@ TAIL = (
     "Tried to allocate 960.00 MiB. GPU 0 has a total capacity of 79.14 GiB of which 712.75 MiB is free.\n"
 )
 # ~350 characters (the tail window keeps up to 3000 candidate lines of 1 MiB: ~350 each fill it), each
-# holding eight of the engine's figure wordings: every line is 8+ findings, each parsed 3 times by
-# arithmetic.numbers, each checked by writers.api_servers_memory_error, each row's regex run.
+# holding eight of the engine's figure wordings: every line is 8+ findings (each once parsed by
+# nearest.Figures, each line's writers read once: session speed-dense), each row's regex run.
 FIGURES = (
     INFO + "Available KV cache memory: 3.96 GiB Model loading took 1.0 GiB model weights take 1.0 GiB "
     "Initial free memory: 1.0 GiB; Requested memory: 0.9 (util), 1.0 GiB Explicitly set (1.0/2.0) GiB for KV "
@@ -58,10 +58,12 @@ def _seconds_per_byte(log: str) -> float:
 
 
 @pytest.mark.xfail(
-    strict=True,
-    reason="a 2 MiB log whose every line holds eight figure wordings costs ~6-8x a normal log per MB "
-    "(min of 7, interleaved, session 33): each line is 8+ findings (the tail window keeps ~3,400 such "
-    "lines), and every pass over the findings (numbers, writers, phase) pays for each; the bound is 3x",
+    strict=False,  # (it passes on a quiet machine, and not under load: neither way a failure)
+    reason="a 2 MiB log whose every line holds eight figure wordings costs ~3.6-4.0x a normal log per MB "
+    "on a quiet machine (6.7x before the speed-dense branch: the nearest figures indexed once, each line's "
+    "writers read once, per-line regex tests behind str `in`), up to ~4.8x under another process's load; "
+    "each line is still 9 findings and ~100 us of per-line work (needles ~25, the rows ~15, the scan ~40), "
+    "and the bound is 3x",
 )
 def test_figure_dense_lines_cost_no_more_than_a_few_normal_lines():
     normal = _normal_log()
