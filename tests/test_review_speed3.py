@@ -58,7 +58,7 @@ def _seconds_per_byte(log: str) -> float:
 
 
 @pytest.mark.xfail(
-    strict=False,  # (it passes on a quiet machine, and not under load: neither way a failure)
+    strict=True,
     reason="a 2 MiB log whose every line holds eight figure wordings costs ~3.6-4.0x a normal log per MB "
     "on a quiet machine (6.7x before the speed-dense branch: the nearest figures indexed once, each line's "
     "writers read once, per-line regex tests behind str `in`), up to ~4.8x under another process's load; "
@@ -73,7 +73,7 @@ def test_figure_dense_lines_cost_no_more_than_a_few_normal_lines():
         best_normal = min(best_normal, _seconds_per_byte(normal))
         best_crafted = min(best_crafted, _seconds_per_byte(crafted))
     ratio = best_crafted / best_normal
-    assert ratio < 4, f"crafted/normal time per MB: {ratio:.2f}"
+    assert ratio <= 3, f"crafted/normal time per MB: {ratio:.2f}"  # (the bound: a few times, at most 3)
 
 
 # --- 2. numbers that cannot lie --------------------------------------------------------------------------
