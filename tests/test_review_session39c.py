@@ -47,11 +47,6 @@ CORPUS = Path(__file__).parent / "corpus" / "corpus.jsonl"
 # --- Change A: offload_ignored claims V2 where vLLM 0.25 runs V1 ----------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="offload_ignored reads no --runner/--convert: a pooling model (runner_type != 'generate') runs on V1 "
-    "(_is_default_v2_model_runner_model), where the offload is installed; the claim drops the CpuOffload heal",
-)
 @pytest.mark.parametrize(
     "extra", [["--runner", "pooling"], ["--runner=pooling"], ["--convert", "embed"], ["--convert=classify"]]
 )
@@ -63,11 +58,6 @@ def test_a_pooling_runner_is_on_v1_and_offloads(extra):
     assert est.weights_gib == pytest.approx(base.weights_gib - 4.0, abs=0.1)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an architecture vLLM runs as a pooling model by default (config/model.py _SUFFIX_TO_DEFAULTS: "
-    "*ForSequenceClassification, *EmbeddingModel, *ForRewardModeling, *Model) is on the V1 runner in 0.25",
-)
 @pytest.mark.parametrize(
     "arch", ["Qwen3ForSequenceClassification", "LlamaForSequenceClassification", "Qwen2ForRewardModel", "LlamaModel"]
 )
@@ -75,11 +65,6 @@ def test_a_pooling_architecture_is_on_v1(arch):
     assert not offload_ignored(dataclasses.replace(LLAMA8, architecture=arch), V025, [])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="-cc is vLLM's alias of --compilation-config (engine/arg_utils.py); mode 1 (STOCK_TORCH_COMPILE) falls "
-    "back to V1, but _V1_FALLBACK_FLAGS names only the long flag",
-)
 @pytest.mark.parametrize("extra", [["-cc", '{"mode": 1}'], ["-cc.mode=1"], ['-cc={"mode":1}']])
 def test_the_compilation_config_alias_falls_back_to_v1(extra):
     assert not offload_ignored(LLAMA8, V025, extra)

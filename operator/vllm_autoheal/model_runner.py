@@ -36,6 +36,10 @@ _V1_FALLBACK_FLAGS = (
     "--prefill-context",
     "-O",
     "--compilation-config",
+    "-cc",  # (its alias: -cc.mode=1 is stock torch.compile)
+    "--runner",  # (a pooling runner: V2 takes generate models only)
+    "--convert",
+    "--task",
     "--enable-dbo",
     "--enable-elastic",
     "--enable-return-routed",
@@ -45,6 +49,9 @@ _V1_FALLBACK_FLAGS = (
     "--kv-sharing",
     "--ec-transfer",
 )
+# The architectures vLLM runs as generate models by default (config/model.py _SUFFIX_TO_DEFAULTS): the rest pool
+# (ForSequenceClassification, RewardModel, a bare Model, ...), on the V1 runner
+GENERATE_SUFFIXES = ("ForCausalLM", "ForConditionalGeneration", "ChatModel", "LMHeadModel")
 # The releases whose V2 runner never installs the weight offloader (v1/worker/gpu/model_runner.py has no
 # set_offloader before vLLM PR #51413, merged after 0.27.1 was cut; 0.29.0 has it; 0.28 is not known).
 OFFLOAD_IGNORED = ((0, 22, 0), (0, 28, 0))
@@ -57,7 +64,7 @@ def offload_ignored(shape: ModelShape, release: Release | None, extra_args: list
     if release is None or facts(release) is None or not OFFLOAD_IGNORED[0] <= release.version < OFFLOAD_IGNORED[1]:
         return False
     names = [a.split("=", 1)[0].replace("_", "-") for a in extra_args or [] if a.startswith("-")]
-    if any(name.startswith(_V1_FALLBACK_FLAGS) for name in names):
+    if any(name.startswith(_V1_FALLBACK_FLAGS) for name in names) or not shape.architecture.endswith(GENERATE_SUFFIXES):
         return False
     return not on_v1_runner(shape, release, extra_args)
 
