@@ -57,9 +57,12 @@ _CATALOG: dict[str, tuple[float, str, tuple[int, int]]] = {
 _MIG = re.compile(r"-MIG-(\d+)g\.(\d+)gb$", re.IGNORECASE)
 
 
+def _spelled(name: str) -> str:
+    return re.sub(r"[\s_]+", "-", name.strip()).upper()
+
+
 def _key(name: str) -> str:
-    k = re.sub(r"[\s_]+", "-", name.strip()).upper()
-    k = re.sub(r"^(NVIDIA-|TESLA-)", "", k)
+    k = re.sub(r"^(NVIDIA-|TESLA-)", "", _spelled(name))
     return k.removesuffix("-SHARED")  # GFD marks time-sliced GPUs with -SHARED
 
 
@@ -69,7 +72,7 @@ def one_device_a_process(name: str) -> str | None:
     (vLLM: "World size (2) is larger than the number of available GPUs (1)")."""
     if _MIG.search(_key(name)):
         return "a CUDA process sees only one MIG slice"
-    if re.sub(r"[\s_]+", "-", name.strip()).upper().endswith("-SHARED"):
+    if _spelled(name).endswith("-SHARED"):
         return "time-sliced replicas of a GPU may be the same GPU"
     return None
 
