@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Host memory vLLM 0.25 holds while it starts, on real weights (device tool, one H100 or H200): what
-# --cpu-offload-gb costs in host memory per GiB offloaded (the heal's cap on a split's offload takes it as
-# about twice: remedy_gate.Limits.max_cpu_offload_gb), and what each vLLM process holds besides. The weights
+# --cpu-offload-gb pins in host memory (offload_pinned.py; on the V1 runner, since 0.22-0.27's V2 runner
+# ignores the flag), and what each vLLM process holds besides. The weights
 # are Llama-3.1-8B's shape in random bf16 (safetensors written here, read back by vLLM's default loader).
 # A sampler reads every process of the run's session twice a second: RssAnon (what the kernel cannot drop:
-# a container's memory limit counts it) and Rss, each process's peak and the peak of their sum.
+# a container's memory limit counts it), RssShmem (where pinned memory shows), Rss, each process's peak and
+# the peak of their sum, and the container's cgroup charge (page cache included).
 # Writes $OUT/NAME.log, $OUT/NAME.mem (the sampler's peaks) and one line a run in $OUT/summary.txt.
 #   bash tests/gpu/host_memory.sh [NAME...]     (default: every run below)
 # Needs vLLM 0.25 in $SITE (tests/gpu/payload.sh) and `tests/gpu/make_models.py DIR llama-3.1-8b` in $MODELS.
@@ -40,14 +41,20 @@ sample() {  # sample SID FILE: peaks of RssAnon and Rss (kB) of every process of
   python3 - "$sid" "$file" <<'EOF' &
 import os, sys, time
 sid, out = int(sys.argv[1]), sys.argv[2]
-peak_anon = peak_rss = 0; per = {}
+peak_anon = peak_rss = peak_shmem = peak_cg = 0; per = {}
+def cgroup_bytes():  # the container's charge (pinned host memory counts whatever the process maps it as)
+    try:
+        rel = open("/proc/self/cgroup").read().split("::", 1)[1].strip()
+        return int(open(f"/sys/fs/cgroup{rel}/memory.current").read())
+    except (OSError, IndexError, ValueError):
+        return 0
 def field(status, name):
     for line in status:
         if line.startswith(name + ":"):
             return int(line.split()[1])
     return 0
 while True:
-    anon = rss = 0; alive = 0
+    anon = rss = shmem = 0; alive = 0
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
@@ -60,12 +67,14 @@ while True:
             continue
         alive += 1
         a, r = field(status, "RssAnon"), field(status, "VmRSS")
-        anon += a; rss += r
+        anon += a; rss += r; shmem += field(status, "RssShmem")
         key = f"{comm}[{pid}]"
         per[key] = max(per.get(key, 0), a)
     peak_anon, peak_rss = max(peak_anon, anon), max(peak_rss, rss)
+    peak_shmem, peak_cg = max(peak_shmem, shmem), max(peak_cg, cgroup_bytes())
     with open(out, "w") as f:
-        f.write(f"peak RssAnon sum {peak_anon / 2**20:.2f} GiB, peak Rss sum {peak_rss / 2**20:.2f} GiB\n")
+        f.write(f"peak RssAnon sum {peak_anon / 2**20:.2f} GiB, peak Rss sum {peak_rss / 2**20:.2f} GiB, "
+                f"peak RssShmem sum {peak_shmem / 2**20:.2f} GiB, peak cgroup {peak_cg / 2**30:.2f} GiB\n")
         for key, a in sorted(per.items(), key=lambda kv: -kv[1])[:8]:
             f.write(f"  {key}: RssAnon peak {a / 2**20:.2f} GiB\n")
     if not alive:
@@ -91,15 +100,22 @@ memrun() {  # memrun NAME FLAGS...: one `vllm serve` on the random weights, samp
   sleep 3  # (serving, settled)
   stop; sleep 1
   echo "$name: $state: $* :: $(head -1 "$OUT/$name.mem" 2>/dev/null)" | tee -a "$OUT/summary.txt"
+  grep -hoE "Model loading took [0-9.]+ GiB|Total CPU offloaded parameters: [0-9.]+ GiB|Available KV cache memory: [0-9.]+ GiB|using the V1 model runner instead" "$log" \
+    | sed "s/^/  $name: /" | tee -a "$OUT/summary.txt"
   cat "$OUT/$name.mem" 2>/dev/null; echo "($name took $((SECONDS - t0)) s)"
   idle
 }
-for name in ${@:-base offload4 offload8 mp}; do
+# The V1 runner installs the offloader (uva.py pins each offloaded parameter; torch's pinned allocator rounds each
+# block up to a power of two): --enable-prompt-embeds puts the model there in 0.22-0.27 (no effect on memory else)
+for name in ${@:-base offload4 offload8 mp v1base v1offload4 v1offload8}; do
   case $name in
     base) memrun base ;;
     offload4) memrun offload4 --cpu-offload-gb 4 ;;
     offload8) memrun offload8 --cpu-offload-gb 8 ;;
     mp) memrun mp --distributed-executor-backend mp ;;  # (a worker process of its own, as each rank of a split)
+    v1base) memrun v1base --enable-prompt-embeds ;;
+    v1offload4) memrun v1offload4 --enable-prompt-embeds --cpu-offload-gb 4 ;;
+    v1offload8) memrun v1offload8 --enable-prompt-embeds --cpu-offload-gb 8 ;;
     *) echo "unknown run $name" >&2 ;;
   esac
 done
