@@ -18,9 +18,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from .api import EngineArgs, HealBounds
-from .diagnosis.units import GIB
 from .gpu_catalog import lookup
 from .memory import ModelShape, estimate
+from .offload_pinned import most_offload_gib, offload_host_gib, pinned_gib
 from .quantity import parse_quantity
 from .vllm_release import Release
 
@@ -113,16 +113,16 @@ class Limits:
     def floor(self) -> float:
         return self.utilization_floor or self.bounds.min_gpu_memory_utilization or MIN_UTILIZATION
 
-    def max_cpu_offload_gb(self, engine: EngineArgs) -> float:
-        """The most cpu_offload_gb: the bound, else half the container's limit shared by the pod's ranks
-        (vLLM's flag is per GPU, each rank pinning that much host memory, which costs about twice the
-        figure, as an open vLLM issue reports), else none (the host memory it would take is unknown)."""
+    def max_cpu_offload_gb(self, engine: EngineArgs, shape: ModelShape | None) -> float:
+        """The most cpu_offload_gb: the bound, else what the container's limit holds on every rank (vLLM's
+        flag is per GPU, and each rank pins it rounded up block by block: offload_pinned.py), else none (the
+        host memory it would take is unknown)."""
         if self.bounds.max_cpu_offload_gb is not None:
             return self.bounds.max_cpu_offload_gb
         if self.memory_limit_bytes is None:
             return 0.0
         ranks = engine.tensor_parallel_size * engine.pipeline_parallel_size
-        return self.memory_limit_bytes / GIB / ranks / 2
+        return most_offload_gib(shape, engine, offload_host_gib(self.memory_limit_bytes, ranks))
 
 
 def utilization_floor(
@@ -237,6 +237,20 @@ def _moves(name: str, changes: dict[str, Any], engine: EngineArgs, model: str) -
     return changes[name] != (model if name == "model" else getattr(engine, name, None))
 
 
+def _offload_problem(
+    offload: float, ranks: int, cap: float, after: EngineArgs, shape: ModelShape | None, limits: Limits
+) -> str:
+    what = f"cpu_offload_gb {offload:g} on each of {ranks} GPU(s)"
+    if limits.bounds.max_cpu_offload_gb is not None:
+        return f"{what} is above its bound {cap:g}"
+    if limits.memory_limit_bytes is None:
+        return f"{what}: no memory limit says how much host memory it may pin (set spec.heal.bounds.maxCpuOffloadGb)"
+    return (
+        f"{what} pins about {pinned_gib(shape, after, offload):.1f} GiB each, more than the container's memory limit "
+        f"holds beside vLLM's processes (at most {cap:.1f} GiB offloaded a GPU)"
+    )
+
+
 def check(
     cause: str,
     changes: dict[str, Any],
@@ -245,8 +259,10 @@ def check(
     memory_limit: str | None,
     limits: Limits,
     failed: Collection[str] = (),
+    shape: ModelShape | None = None,
 ) -> str | None:
-    """None when the remedy may be applied; else why not, for people."""
+    """None when the remedy may be applied; else why not, for people. `shape`: the model's, which sizes the
+    host memory an offload pins."""
     if not changes:
         return "it changes nothing"
     calls_for = dict(CALLS_FOR.get(cause, {}))
@@ -279,10 +295,8 @@ def check(
             offload * ranks
             > (engine.cpu_offload_gb or 0.0) * engine.tensor_parallel_size * engine.pipeline_parallel_size
         )
-        if more and offload > limits.max_cpu_offload_gb(after):
-            return (
-                f"cpu_offload_gb {offload:g} on each of {ranks} GPU(s) is more than the container's memory limit holds"
-            )
+        if more and offload > (cap := limits.max_cpu_offload_gb(after, shape)):
+            return _offload_problem(offload, ranks, cap, after, shape, limits)
         if limits.ceiling is not None and after.gpu_memory_utilization > engine.gpu_memory_utilization:
             if after.gpu_memory_utilization >= limits.ceiling:
                 return (

@@ -214,7 +214,9 @@ def plan_heal(
                 refused_memory_limit=ctx.limits.refused_memory_limit,
                 refused_gpus=ctx.limits.refused_gpus,
             )
-        problem = check(heal_as, remedy.changes, engine, model, memory_limit, limits, failed) or cannot_fit(ctx, remedy)
+        problem = check(
+            heal_as, remedy.changes, engine, model, memory_limit, limits, failed, ctx.inv.shape
+        ) or cannot_fit(ctx, remedy)
         if problem is not None:
             refused.append(f"{remedy.action} refused: {problem}")
             continue

@@ -92,7 +92,7 @@ def split_offload(ctx: Context, n: int) -> float | None:
     if not offload or offload_ignored_note(ctx):
         return None  # (nothing offloaded, or an offload the release ignores: no change of it means anything)
     split = ctx.engine.model_copy(update={"tensor_parallel_size": n})
-    cap = ctx.limits.max_cpu_offload_gb(split)
+    cap = ctx.limits.max_cpu_offload_gb(split, ctx.inv.shape)
     if offload <= cap:
         return offload
     share = math.floor(offload * ctx.engine.tensor_parallel_size / n * 10) / 10
@@ -109,7 +109,9 @@ def _offload_note(ctx: Context, n: int) -> str:
     if not (change := _offload_change(ctx, n)):
         return ""
     new, ran = change["cpu_offload_gb"], ctx.engine.cpu_offload_gb or 0.0
-    kept = new > ctx.limits.max_cpu_offload_gb(split_engine(ctx, n))  # (the share of what ran, above the cap)
+    kept = new > ctx.limits.max_cpu_offload_gb(
+        split_engine(ctx, n), ctx.inv.shape
+    )  # (the share of what ran, above the cap)
     why = "the host memory that ran, over the ranks" if kept else "the most the memory limit and bounds hold"
     return f"; cpu_offload_gb {ran:g} -> {new:g} per GPU (vLLM pins it on each of the {n} ranks: {why})"
 

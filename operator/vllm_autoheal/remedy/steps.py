@@ -12,28 +12,30 @@ from ..memory import (
     CUDA_CONTEXT_GIB,
 )
 from ..model_runner import offload_ignored
+from ..offload_pinned import pinned_gib
 from .kv_steps import round_util
 from .model import Context, Remedy, Step
 from .share_steps import estimate_at, with_context_held
 
 
 def cpu_offload(ctx: Context) -> Remedy | None:
+    """The offload that moves the weights beyond the budget to host memory. What the container's limit holds
+    of it (the memory it pins, offload_pinned.py) is the gate's to judge, which says so in a give-up."""
     shape, total = ctx.inv.shape, ctx.total
     if shape is None or not total or offload_ignored(shape, ctx.inv.release, ctx.engine.extra_args):
         return None  # (the release's V2 runner ignores the flag: plan's give-up says so)
     est = ctx.estimate(free_gib=ctx.inv.gpu_free_gib)
     budget = est.requested_gib - est.activation_gib - est.non_torch_gib - 0.1 * est.requested_gib
     over = est.weights_gib - budget
-    if over <= 0:
+    if over <= 0 or not math.isfinite(over):
         return None
     gb = math.ceil(over + (ctx.engine.cpu_offload_gb or 0))
-    cap = ctx.limits.max_cpu_offload_gb(ctx.engine)
-    if not math.isfinite(over) or gb > cap:
-        return None
+    pinned = pinned_gib(shape, ctx.engine, float(gb))
     return Remedy(
         "CpuOffload",
         {"cpu_offload_gb": float(gb)},
-        f"the weights exceed the budget by {over:.1f} GiB; {gb} GiB per GPU moves to host RAM (slower).",
+        f"the weights exceed the budget by {over:.1f} GiB; {gb} GiB per GPU moves to host RAM (slower; it pins "
+        f"about {pinned:.1f} GiB there).",
     )
 
 

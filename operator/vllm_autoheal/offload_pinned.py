@@ -1,0 +1,113 @@
+"""The host memory --cpu-offload-gb pins on each GPU's rank, and the most of it a container's limit holds.
+Pure: no I/O.
+
+vLLM's offloader (model_executor/offloader/uva.py; models/utils.py maybe_offload_to_cpu before 0.11) moves the
+parameters of the decoder layers a rank holds to pinned host memory, layer by layer and in each layer's order,
+until their bytes reach the figure (the parameter that crosses it moves too). torch's pinned allocator
+(CachingHostAllocator) rounds each block up to a power of two, so a figure costs from once to nearly twice
+itself: Llama-3.1-8B's layer of 416 MiB pins 480 (1.15x), Qwen2.5-7B's of 445 MiB pins 832 (1.87x). Measured on
+an H100 (vLLM 0.25 on its V1 runner, tests/gpu/host_memory.sh): 4 and 8 GiB of Llama-3.1-8B offloaded 4.06 and
+8.02 GiB and pinned 4.69 and 9.25 GiB (RssShmem, charged to the container), the figures this module gives.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .api import EngineArgs
+from .diagnosis.units import GIB
+from .model_shape import DTYPE_BYTES, ModelShape
+
+# The most a figure costs where a layer's blocks are not known: a block rounded to a power of two is under twice it
+ROUNDING_BOUND = 2.0
+# What the container holds besides the offload (measured with vLLM 0.25 on Llama-3.1-8B, peak anonymous memory of
+# all its processes: 2.55 GiB for the API server and engine core, 0.56 GiB more for each worker process a rank
+# runs in), and a tenth of the limit kept for what varies (page cache while loading, a bigger tokenizer)
+HOST_BASE_GIB = 2.6
+HOST_PER_RANK_GIB = 0.6
+LIMIT_MARGIN = 0.1
+# Flags that choose another offloader or which parameters move (prefetch groups, --cpu-offload-params)
+OTHER_OFFLOAD_FLAGS = ("--offload-", "--cpu-offload-params")
+
+
+def layer_blocks(shape: ModelShape | None, engine: EngineArgs) -> tuple[int, ...] | None:
+    """The bytes of one decoder layer's parameters on one rank, in the order vLLM moves them (attention's
+    qkv_proj and its bias, o_proj; the MLP's gate_up_proj, down_proj; the two norms), for a dense, unquantized
+    layer of attention and MLP under the UVA offloader; None for any other (the rounding's bound applies)."""
+    if shape is None or (engine.quantization or shape.quantization) or not shape.heads or not shape.head_dim:
+        return None
+    if shape.experts or shape.is_mla or shape.state_layers or shape.blocks or shape.vision_params:
+        return None
+    names = [a.split("=", 1)[0].replace("_", "-") for a in engine.extra_args if a.startswith("-")]
+    if any(name.startswith(OTHER_OFFLOAD_FLAGS) for name in names):
+        return None
+    width = DTYPE_BYTES.get(engine.dtype or "auto", 2.0) if engine.dtype not in (None, "auto") else shape.served_bytes
+    tp, h = engine.tensor_parallel_size, shape.hidden
+    q = shape.heads // tp * shape.head_dim * (2 if shape.output_gate else 1)
+    kv = max(1, (shape.kv_heads or shape.heads) // tp) * shape.head_dim  # (replicated where fewer than the ranks)
+    mlp = shape.intermediate // tp
+    params = (
+        (q + 2 * kv) * h,
+        (q + 2 * kv) if shape.qkv_bias else 0,
+        h * shape.heads // tp * shape.head_dim,
+        (2 if shape.gated_mlp else 1) * mlp * h,
+        h * mlp,
+        h,
+        h,
+    )
+    return tuple(int(p * width) for p in params if p > 0)
+
+
+def _pinned(block: int) -> int:
+    return 1 << (block - 1).bit_length()
+
+
+def _rank_layers(shape: ModelShape, engine: EngineArgs) -> int:
+    return math.ceil(shape.layers / engine.pipeline_parallel_size)  # (the busiest stage)
+
+
+def pinned_gib(shape: ModelShape | None, engine: EngineArgs, figure: float | None = None) -> float:
+    """The host memory `figure` GiB of offload (default: the engine's) pins on each rank. Counted, never
+    iterated over layers, so the work does not grow with a (possibly hostile) layer count."""
+    target = (engine.cpu_offload_gb or 0.0) if figure is None else figure
+    if target <= 0 or not math.isfinite(target):
+        return 0.0 if target <= 0 else math.inf
+    blocks = layer_blocks(shape, engine)
+    if blocks is None or shape is None:
+        return target * ROUNDING_BOUND
+    limit, layer, pinned_layer = int(target * GIB), sum(blocks), sum(_pinned(b) for b in blocks)
+    whole, layers = limit // layer, _rank_layers(shape, engine)
+    if whole >= layers:
+        return layers * pinned_layer / GIB
+    moved, pinned = whole * layer, whole * pinned_layer
+    for block in blocks:  # (the next layer's parameters, until the figure is reached)
+        if moved >= limit:
+            break
+        moved, pinned = moved + block, pinned + _pinned(block)
+    return pinned / GIB
+
+
+def most_offload_gib(shape: ModelShape | None, engine: EngineArgs, host_gib: float) -> float:
+    """The largest figure whose pinned memory on a rank stays within `host_gib` (inf where every layer fits)."""
+    if host_gib <= 0:
+        return 0.0
+    blocks = layer_blocks(shape, engine)
+    if blocks is None or shape is None:
+        return host_gib / ROUNDING_BOUND
+    room, layer, pinned_layer = int(host_gib * GIB), sum(blocks), sum(_pinned(b) for b in blocks)
+    whole = room // pinned_layer
+    if whole >= _rank_layers(shape, engine):
+        return math.inf
+    moved, pinned = whole * layer, whole * pinned_layer
+    for block in blocks:
+        if pinned + _pinned(block) > room:
+            break
+        moved, pinned = moved + block, pinned + _pinned(block)
+    return moved / GIB
+
+
+def offload_host_gib(memory_limit_bytes: int, ranks: int) -> float:
+    """The host memory a container's limit leaves each rank's offload: the limit less a tenth, less what vLLM's
+    processes hold besides (HOST_BASE_GIB, HOST_PER_RANK_GIB a rank), shared by the ranks."""
+    rest = memory_limit_bytes / GIB * (1 - LIMIT_MARGIN) - HOST_BASE_GIB - HOST_PER_RANK_GIB * ranks
+    return max(rest, 0.0) / ranks
