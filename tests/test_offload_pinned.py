@@ -168,3 +168,47 @@ def test_no_offload_heal_pins_more_than_the_limit_holds(shape_name, gpu, limit_g
     healed = r.apply(spec.engine)
     host = pinned_gib(shape, healed) + HOST_BASE_GIB + HOST_PER_RANK_GIB
     assert host <= limit_gib * 0.9, (r.summary(), host)
+
+
+def _host_oom(limit_gib: int, bound: str | None, shape: str = "qwen2.5-32b", offload: float = 24.0):
+    spec = VLLMServiceSpec(
+        model="m",
+        engine={"maxModelLen": 4096, "cpuOffloadGb": offload},
+        resources={"limits": {"memory": f"{limit_gib}Gi"}},
+        heal={
+            "allowedActions": ["RaiseMemoryLimit", "LowerCpuOffload"],
+            "bounds": {"maxMemoryLimit": bound} if bound else {},
+        },
+    )
+    g = lookup("NVIDIA-H100-80GB-HBM3")
+    inv = Inventory(
+        gpu_total_gib=g.memory_gib, gpu_name=g.name, shape=config_shape(shape), memory_limit_bytes=limit_gib * GIB
+    )
+    return spec, plan_heal(spec, Diagnosis(cause="host_ram_oom"), inventory=inv)
+
+
+def test_an_oomkill_of_an_offload_raises_the_limit_to_what_it_pins_in_one_restart():
+    """24 GiB of Qwen2.5-32B offloaded pins 45.1 GiB: in a 44Gi container VPA's x1.2 (52.8 GiB) would be
+    killed again; the raise goes to what the offload and vLLM's processes need, a tenth spare (53.6 GiB)."""
+    spec, r = _host_oom(44, "64Gi")
+    assert r.action == "RaiseMemoryLimit", r.summary()
+    limit = r.changes["memory_limit"]
+    assert limit.endswith("Mi") and int(limit[:-2]) / 1024 == pytest.approx((45.06 + 3.2) / 0.9, abs=0.1)
+    assert "what cpu_offload_gb 24 pins on each rank (45.1 GiB)" in r.reason
+    # where VPA's bump is more, VPA's bump (the offload is not all that the container holds)
+    spec, r = _host_oom(48, "64Gi")
+    assert r.action == "RaiseMemoryLimit" and "VPA-style" in r.reason, r.summary()
+
+
+@pytest.mark.parametrize("bound", ["50Gi", None])
+def test_where_the_bound_cannot_hold_the_offload_it_is_cut_to_what_the_limit_holds(bound):
+    spec, r = _host_oom(44, bound)
+    assert r.action == "LowerCpuOffload" and r.changes == {"cpu_offload_gb": 19.0}, r.summary()
+    healed = r.apply(spec.engine)
+    assert pinned_gib(config_shape("qwen2.5-32b"), healed) + HOST_BASE_GIB + HOST_PER_RANK_GIB <= 44 * 0.9
+    assert "it pinned about 45.1 GiB a GPU; the 44Gi limit holds 19" in r.reason
+
+
+def test_an_offload_not_laid_out_is_still_halved():
+    spec, r = _host_oom(44, None, shape="qwen3-30b-a3b", offload=20.0)  # (an MoE: the rounding's bound alone)
+    assert r.action == "LowerCpuOffload" and r.changes == {"cpu_offload_gb": 10.0}, r.summary()

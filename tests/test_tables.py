@@ -20,7 +20,7 @@ from vllm_autoheal.api import (
     RecordedAction,
 )
 from vllm_autoheal.diagnosis.model import CAUSES, EXPLANATIONS, Cause, Diagnosis, EnginePhase
-from vllm_autoheal.remedy import kv_steps, resource_steps, steps
+from vllm_autoheal.remedy import host_steps, kv_steps, resource_steps, steps
 from vllm_autoheal.report import ADVICE
 
 
@@ -32,7 +32,7 @@ def test_every_cause_has_an_entry_and_nothing_else(table):
 def _emitted_actions() -> set[str]:
     """Every action name a Remedy is built with in remedy/'s step modules (the first argument of
     Remedy(...), or the `action` argument of a _halve(...) step), read from the source so a new step is seen."""
-    trees = [ast.parse(inspect.getsource(module)) for module in (steps, kv_steps, resource_steps)]
+    trees = [ast.parse(inspect.getsource(module)) for module in (steps, kv_steps, resource_steps, host_steps)]
     names: set[str] = set()
     for node in (n for tree in trees for n in ast.walk(tree)):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):

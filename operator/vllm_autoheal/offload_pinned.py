@@ -111,3 +111,13 @@ def offload_host_gib(memory_limit_bytes: int, ranks: int) -> float:
     processes hold besides (HOST_BASE_GIB, HOST_PER_RANK_GIB a rank), shared by the ranks."""
     rest = memory_limit_bytes / GIB * (1 - LIMIT_MARGIN) - HOST_BASE_GIB - HOST_PER_RANK_GIB * ranks
     return max(rest, 0.0) / ranks
+
+
+def limit_for_offload_gib(shape: ModelShape | None, engine: EngineArgs) -> float | None:
+    """The least container limit whose offload_host_gib holds the engine's offload on every rank; None where
+    nothing is offloaded or the layers are not laid out (the rounding's bound would overstate it)."""
+    if not engine.cpu_offload_gb or layer_blocks(shape, engine) is None:
+        return None
+    ranks = engine.tensor_parallel_size * engine.pipeline_parallel_size
+    held = pinned_gib(shape, engine) * ranks + HOST_BASE_GIB + HOST_PER_RANK_GIB * ranks
+    return held / (1 - LIMIT_MARGIN)

@@ -23,6 +23,7 @@ from ..memory import CUDA_CONTEXT_GIB
 from ..remedy_gate import Limits, check, refused_gpus, refused_memory_limit, utilization_floor
 from ..vllm_release import default_utilization, logged_release
 from .advice import allocation_out_of_reach, weights_beyond_free, weights_beyond_gpu, what_would_fit
+from .host_steps import lower_cpu_offload, raise_memory_limit, shrink_kv_bytes
 from .kv_steps import (
     eager_for_reserved_graphs,
     empty_budget,
@@ -47,13 +48,10 @@ from .model import (
     running_shape,
 )
 from .resource_steps import (
-    lower_cpu_offload,
     more_tensor_parallel,
     offload_ignored_note,
     quantized_model,
-    raise_memory_limit,
     shrink_fixed_kv_cache,
-    shrink_kv_bytes,
     unsplittable,
 )
 from .share_steps import fit_kv_bytes_to_free, fit_utilization_to_free

@@ -1,6 +1,6 @@
 """The steps that ask the scheduler for more than ran before (more GPUs, more memory): each sized
-to the smallest change that the figures say fits, since every try is a reschedule and a model load;
-and the host-memory steps that follow the memory limit's raise (less offload, a smaller CPU KV cache)."""
+to the smallest change that the figures say fits, since every try is a reschedule and a model load
+(the host memory's are host_steps.py's)."""
 
 from __future__ import annotations
 
@@ -8,17 +8,14 @@ import math
 from collections.abc import Callable
 
 from ..api import EngineArgs
-from ..diagnosis.units import MIB
 from ..gpu_catalog import one_device_a_process
 from ..memory import CUDA_CONTEXT_GIB, Estimate
 from ..model_runner import offload_ignored
-from ..quantity import format_bytes, parse_quantity
+from ..quantity import format_bytes
 from ..remedy_gate import utilization_floor
 from .kv_steps import raise_limit, shorter_context, smaller_fixed_cache
 from .model import Context, Remedy
 from .share_steps import HOST_MEMORY_SUBTYPES, share_of_free
-
-VPA_RATIO, VPA_MIN_BUMP = 1.2, 100 * MIB  # Kubernetes VPA's OOM bump (DefaultOOMBumpUpRatio/MinBumpUp)
 
 
 def more_tensor_parallel(ctx: Context) -> Remedy | None:
@@ -253,52 +250,6 @@ def quantized_model(ctx: Context) -> Remedy | None:
             f"max_model_len -> {length:,}, in the same change.",
         )
     return Remedy("Quantize", changes, reason + ".")
-
-
-def raise_memory_limit(ctx: Context) -> Remedy | None:
-    limit_text = ctx.policy.bounds.max_memory_limit
-    used = ctx.inv.memory_limit_bytes
-    if not limit_text or not used:
-        return None
-    new = max(int(used * VPA_RATIO), used + VPA_MIN_BUMP)
-    cap = parse_quantity(limit_text)
-    new = min(new, cap // MIB * MIB)  # whole MiB within the bound: format_bytes rounds up otherwise ("32G")
-    if new <= used:
-        return None
-    return Remedy(
-        "RaiseMemoryLimit",
-        {"memory_limit": format_bytes(new)},
-        f"the container was killed at its {format_bytes(used)} limit; raised VPA-style to "
-        f"max(x1.2, +100Mi) = {format_bytes(new)} (bound {limit_text}).",
-    )
-
-
-def lower_cpu_offload(ctx: Context) -> Remedy | None:
-    gb, shape = ctx.engine.cpu_offload_gb, ctx.inv.shape
-    if not gb or (shape is not None and offload_ignored(shape, ctx.inv.release, ctx.engine.extra_args)):
-        return None  # (an offload the release ignores holds no host memory: less of it frees none)
-    new = math.floor(gb / 2)
-    return Remedy(
-        "LowerCpuOffload",
-        {"cpu_offload_gb": float(new)},
-        f"cpu_offload_gb {gb:g} -> {new}: offloaded weights live in host RAM.",
-    )
-
-
-def shrink_kv_bytes(ctx: Context) -> Remedy | None:
-    kv = ctx.engine.kv_cache_memory_bytes
-    if not kv or not ctx.inv.host_kv_cache:  # (a GPU's cache: a smaller one frees no host memory)
-        return None
-    new = kv // 2
-    if ctx.inv.memory_limit_bytes:
-        new = min(new, ctx.inv.memory_limit_bytes // 3)
-    new = max(new // MIB, 1) * MIB
-    new = max(new, ctx.policy.bounds.min_kv_cache_memory_bytes)
-    return Remedy(
-        "SetKvCacheMemoryBytes",
-        {"kv_cache_memory_bytes": new},
-        f"host RAM ran out; the KV cache {format_bytes(kv)} -> {format_bytes(new)}.",
-    )
 
 
 def shrink_fixed_kv_cache(ctx: Context) -> Remedy | None:

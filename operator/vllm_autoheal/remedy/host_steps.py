@@ -1,0 +1,86 @@
+"""The steps for host memory running out (an OOMKill, a worker killed by the kernel): a larger memory
+limit, sized VPA-style or to what the offload pins where that is known; less offload, to what the limit
+holds; a smaller KV cache on vLLM's CPU backend."""
+
+from __future__ import annotations
+
+import math
+
+from ..diagnosis.units import GIB, MIB
+from ..model_runner import offload_ignored
+from ..offload_pinned import layer_blocks, limit_for_offload_gib, pinned_gib
+from ..quantity import format_bytes, parse_quantity
+from .model import Context, Remedy
+
+VPA_RATIO, VPA_MIN_BUMP = 1.2, 100 * MIB  # Kubernetes VPA's OOM bump (DefaultOOMBumpUpRatio/MinBumpUp)
+
+
+def _offload_ignored(ctx: Context) -> bool:
+    shape = ctx.inv.shape
+    return shape is not None and offload_ignored(shape, ctx.inv.release, ctx.engine.extra_args)
+
+
+def raise_memory_limit(ctx: Context) -> Remedy | None:
+    """VPA's bump, or the limit the offload's pinned memory needs where that is more (one restart, not
+    several bumps); none where the bound cannot hold that offload (less offload is the next step)."""
+    limit_text = ctx.policy.bounds.max_memory_limit
+    used = ctx.inv.memory_limit_bytes
+    if not limit_text or not used:
+        return None
+    cap = parse_quantity(limit_text) // MIB * MIB  # (whole MiB within the bound: format_bytes rounds up otherwise)
+    new, basis = max(int(used * VPA_RATIO), used + VPA_MIN_BUMP), "VPA-style to max(x1.2, +100Mi)"
+    needs = None if _offload_ignored(ctx) else limit_for_offload_gib(ctx.inv.shape, ctx.engine)
+    if needs is not None and math.isfinite(needs):
+        if needs * GIB > cap:
+            return None  # (the bound cannot hold the offload that ran: lower_cpu_offload's to size)
+        if needs * GIB > new:
+            new = math.ceil(needs * GIB / MIB) * MIB
+            basis = (
+                f"to what cpu_offload_gb {ctx.engine.cpu_offload_gb:g} pins on each rank "
+                f"({pinned_gib(ctx.inv.shape, ctx.engine):.1f} GiB) beside vLLM's processes, a tenth spare,"
+            )
+    new = min(new, cap)
+    if new <= used:
+        return None
+    return Remedy(
+        "RaiseMemoryLimit",
+        {"memory_limit": format_bytes(new)},
+        f"the container was killed at its {format_bytes(used)} limit; raised {basis} = {format_bytes(new)} "
+        f"(bound {limit_text}).",
+    )
+
+
+def lower_cpu_offload(ctx: Context) -> Remedy | None:
+    """Less offload: where the model's layers are laid out and the limit is known, the most the limit holds
+    (the least cut), else half."""
+    gb = ctx.engine.cpu_offload_gb
+    if not gb or _offload_ignored(ctx):
+        return None  # (an offload the release ignores holds no host memory: less of it frees none)
+    new, why = math.floor(gb / 2), "offloaded weights live in host RAM"
+    if ctx.inv.memory_limit_bytes and layer_blocks(ctx.inv.shape, ctx.engine) is not None:
+        most = ctx.limits.max_cpu_offload_gb(ctx.engine, ctx.inv.shape)
+        if most < gb:
+            new = math.floor(most)
+            why = (
+                f"it pinned about {pinned_gib(ctx.inv.shape, ctx.engine):.1f} GiB a GPU; the "
+                f"{format_bytes(ctx.inv.memory_limit_bytes)} limit holds {new} beside vLLM's processes"
+            )
+    if new >= gb:
+        return None
+    return Remedy("LowerCpuOffload", {"cpu_offload_gb": float(new)}, f"cpu_offload_gb {gb:g} -> {new}: {why}.")
+
+
+def shrink_kv_bytes(ctx: Context) -> Remedy | None:
+    kv = ctx.engine.kv_cache_memory_bytes
+    if not kv or not ctx.inv.host_kv_cache:  # (a GPU's cache: a smaller one frees no host memory)
+        return None
+    new = kv // 2
+    if ctx.inv.memory_limit_bytes:
+        new = min(new, ctx.inv.memory_limit_bytes // 3)
+    new = max(new // MIB, 1) * MIB
+    new = max(new, ctx.policy.bounds.min_kv_cache_memory_bytes)
+    return Remedy(
+        "SetKvCacheMemoryBytes",
+        {"kv_cache_memory_bytes": new},
+        f"host RAM ran out; the KV cache {format_bytes(kv)} -> {format_bytes(new)}.",
+    )
