@@ -6,7 +6,6 @@ from __future__ import annotations
 from ..diagnosis.arithmetic import besides_weights
 from ..gpu_catalog import one_device_a_process
 from ..memory import CUDA_CONTEXT_GIB
-from ..model_runner import offload_ignored
 from .kv_steps import raise_limit
 from .model import Context
 from .share_steps import HOST_MEMORY_SUBTYPES
@@ -94,9 +93,7 @@ def weights_beyond_free(ctx: Context) -> str:
     CUDA context), where no share can hold them."""
     if ctx.diag.cause != "gpu_util_exceeds_free" or ctx.diag.subtype in HOST_MEMORY_SUBTYPES:
         return ""
-    shape, release = ctx.inv.shape, ctx.inv.release
-    ignored = shape is not None and offload_ignored(shape, release, ctx.engine.extra_args)
-    if ctx.engine.cpu_offload_gb and not ignored:  # (what stays on the GPU is not weighed: no claim)
+    if ctx.engine.cpu_offload_gb and not ctx.offload_ignored():  # (what stays on the GPU is not weighed: no claim)
         return ""
     free = ctx.num("free_gib")
     if free is None and ctx.inv.gpu_free_gib is not None:

@@ -7,17 +7,11 @@ from __future__ import annotations
 import math
 
 from ..diagnosis.units import GIB, MIB
-from ..model_runner import offload_ignored
 from ..offload_pinned import layer_blocks, limit_for_offload_gib, pinned_gib
 from ..quantity import format_bytes, parse_quantity
 from .model import Context, Remedy
 
 VPA_RATIO, VPA_MIN_BUMP = 1.2, 100 * MIB  # Kubernetes VPA's OOM bump (DefaultOOMBumpUpRatio/MinBumpUp)
-
-
-def _offload_ignored(ctx: Context) -> bool:
-    shape = ctx.inv.shape
-    return shape is not None and offload_ignored(shape, ctx.inv.release, ctx.engine.extra_args)
 
 
 def raise_memory_limit(ctx: Context) -> Remedy | None:
@@ -29,7 +23,7 @@ def raise_memory_limit(ctx: Context) -> Remedy | None:
         return None
     cap = parse_quantity(limit_text) // MIB * MIB  # (whole MiB within the bound: format_bytes rounds up otherwise)
     new, basis = max(int(used * VPA_RATIO), used + VPA_MIN_BUMP), "VPA-style to max(x1.2, +100Mi)"
-    needs = None if _offload_ignored(ctx) else limit_for_offload_gib(ctx.inv.shape, ctx.engine)
+    needs = None if ctx.offload_ignored() else limit_for_offload_gib(ctx.inv.shape, ctx.engine)
     if needs is not None and math.isfinite(needs):
         if needs * GIB > cap:
             return None  # (the bound cannot hold the offload that ran: lower_cpu_offload's to size)
@@ -54,7 +48,7 @@ def lower_cpu_offload(ctx: Context) -> Remedy | None:
     """Less offload: where the model's layers are laid out and the limit is known, the most the limit holds
     (the least cut), else half."""
     gb = ctx.engine.cpu_offload_gb
-    if not gb or _offload_ignored(ctx):
+    if not gb or ctx.offload_ignored():
         return None  # (an offload the release ignores holds no host memory: less of it frees none)
     new, why = math.floor(gb / 2), "offloaded weights live in host RAM"
     if ctx.inv.memory_limit_bytes and layer_blocks(ctx.inv.shape, ctx.engine) is not None:

@@ -24,6 +24,7 @@ from ..memory import (
     estimate,
     graphs_beside_budget,
 )
+from ..model_runner import offload_ignored
 from ..model_weights import FIXED_WIDTH, same_method
 from ..quant_width import default_group, quantized_bytes
 from ..remedy_gate import Limits
@@ -238,6 +239,12 @@ class Context:
     @property
     def total(self) -> float | None:
         return device_total(self.diag, self.inv)
+
+    def offload_ignored(self) -> bool:
+        """Whether the image's release runs this model on a V2 runner that ignores --cpu-offload-gb
+        (model_runner.offload_ignored): no offload change means anything there."""
+        shape = self.inv.shape
+        return shape is not None and offload_ignored(shape, self.inv.release, self.engine.extra_args)
 
     @property
     def context(self) -> int | None:

@@ -10,7 +10,6 @@ from collections.abc import Callable
 from ..api import EngineArgs
 from ..gpu_catalog import one_device_a_process
 from ..memory import CUDA_CONTEXT_GIB, Estimate
-from ..model_runner import offload_ignored
 from ..quantity import format_bytes
 from ..remedy_gate import utilization_floor
 from .kv_steps import raise_limit, shorter_context, smaller_fixed_cache
@@ -72,7 +71,7 @@ def unsplittable(ctx: Context) -> str | None:
 def offload_ignored_note(ctx: Context) -> str | None:
     """Why no offload change is made where the release runs this model on a V2 runner that ignores the flag."""
     shape, release = ctx.inv.shape, ctx.inv.release
-    if shape is None or release is None or not offload_ignored(shape, release, ctx.engine.extra_args):
+    if shape is None or release is None or not ctx.offload_ignored():
         return None
     return (
         f"vLLM {release} runs {shape.architecture} on its V2 model runner, which ignores --cpu-offload-gb (every "

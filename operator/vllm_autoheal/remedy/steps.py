@@ -11,7 +11,6 @@ from ..engine import switched
 from ..memory import (
     CUDA_CONTEXT_GIB,
 )
-from ..model_runner import offload_ignored
 from ..offload_pinned import pinned_gib
 from .kv_steps import round_util
 from .model import Context, Remedy, Step
@@ -22,7 +21,7 @@ def cpu_offload(ctx: Context) -> Remedy | None:
     """The offload that moves the weights beyond the budget to host memory. What the container's limit holds
     of it (the memory it pins, offload_pinned.py) is the gate's to judge, which says so in a give-up."""
     shape, total = ctx.inv.shape, ctx.total
-    if shape is None or not total or offload_ignored(shape, ctx.inv.release, ctx.engine.extra_args):
+    if shape is None or not total or ctx.offload_ignored():
         return None  # (the release's V2 runner ignores the flag: plan's give-up says so)
     est = ctx.estimate(free_gib=ctx.inv.gpu_free_gib)
     budget = est.requested_gib - est.activation_gib - est.non_torch_gib - 0.1 * est.requested_gib
