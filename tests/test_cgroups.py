@@ -78,3 +78,32 @@ def test_an_unreadable_file_is_unknown(fs):
     root = fs("0::/\n", {})
     (root / "memory.max").mkdir()  # (reading a directory fails, as an unreadable file would)
     assert cgroups.memory_limit() is None
+
+
+@pytest.fixture
+def meminfo(tmp_path, monkeypatch):
+    path = tmp_path / "meminfo"
+    monkeypatch.setattr(cgroups, "MEMINFO", path)
+    return path
+
+
+def test_host_memory_is_the_limit_where_one_is_set(fs, meminfo):
+    fs("0::/\n", {"memory.max": str(32 * 2**30)})
+    meminfo.write_text("MemTotal:       263842012 kB\nMemAvailable:   201234567 kB\n")
+    assert cgroups.host_memory() == 32 * 2**30
+
+
+def test_host_memory_is_what_is_available_on_a_machine_without_a_limit(fs, meminfo):
+    fs("0::/\n", {"memory.max": "max"})
+    meminfo.write_text("MemTotal:       263842012 kB\nMemFree:   1000 kB\nMemAvailable:   201234567 kB\n")
+    assert cgroups.host_memory() == 201234567 * 1024
+
+
+@pytest.mark.parametrize(
+    "text", ["", "MemAvailable:\n", "MemAvailable: lots kB\n", "MemAvailable: -5 kB\n", "MemAvailable: 1e400 kB\n"]
+)
+def test_an_odd_or_missing_meminfo_is_unknown_and_raises_nothing(fs, meminfo, text):
+    fs("0::/\n", {"memory.max": "max"})
+    if text:
+        meminfo.write_text(text)
+    assert cgroups.host_memory() is None

@@ -24,8 +24,9 @@ from pathlib import Path
 
 import pytest
 
+from vllm_autoheal import cgroups
 from vllm_autoheal.api import EngineArgs, VLLMServiceSpec
-from vllm_autoheal.diagnosis import Diagnosis
+from vllm_autoheal.diagnosis import Diagnosis, GpuSnapshot
 from vllm_autoheal.gpu_catalog import lookup
 from vllm_autoheal.memory import estimate
 from vllm_autoheal.offload_pinned import (
@@ -38,6 +39,7 @@ from vllm_autoheal.offload_pinned import (
     pinned_gib,
 )
 from vllm_autoheal.remedy import Inventory, plan_heal
+from vllm_autoheal.serve_sizing import inventory
 from vllm_autoheal.vllm_release import parse_version
 
 from samples import config_shape
@@ -212,3 +214,21 @@ def test_where_the_bound_cannot_hold_the_offload_it_is_cut_to_what_the_limit_hol
 def test_an_offload_not_laid_out_is_still_halved():
     spec, r = _host_oom(44, None, shape="qwen3-30b-a3b", offload=20.0)  # (an MoE: the rounding's bound alone)
     assert r.action == "LowerCpuOffload" and r.changes == {"cpu_offload_gb": 10.0}, r.summary()
+
+
+def test_serve_on_a_machine_without_a_limit_sizes_the_offload_by_what_is_available(tmp_path, monkeypatch):
+    """`serve` on a machine of its own (no cgroup limit) had no memory figure, so no offload heal was ever
+    made there without --max-cpu-offload-gb; the kernel's MemAvailable is what vLLM may pin."""
+    (tmp_path / "memory.max").write_text("max")
+    (tmp_path / "proc-cgroup").write_text("0::/\n")
+    (tmp_path / "meminfo").write_text(f"MemTotal: {128 * 2**20} kB\nMemAvailable: {100 * 2**20} kB\n")
+    monkeypatch.setattr(cgroups, "ROOT", tmp_path)
+    monkeypatch.setattr(cgroups, "PROC_CGROUP", tmp_path / "proc-cgroup")
+    monkeypatch.setattr(cgroups, "MEMINFO", tmp_path / "meminfo")
+    inv = inventory(GpuSnapshot(), GpuSnapshot(), EngineArgs(), QWEN32, Diagnosis(cause="weights_load_oom"), {})
+    assert inv.memory_limit_bytes == 100 * GIB
+    g = lookup("RTX-A6000")
+    inv.gpu_total_gib, inv.gpu_name = g.memory_gib, g.name
+    spec = VLLMServiceSpec(model="m", engine={"maxModelLen": 4096}, heal={"allowedActions": ["CpuOffload"]})
+    r = plan_heal(spec, Diagnosis(cause="weights_load_oom"), inventory=inv)
+    assert r.action == "CpuOffload" and r.changes == {"cpu_offload_gb": 24.0}, r.summary()

@@ -1,4 +1,5 @@
-"""This process's memory cgroup: its limit and its OOM-kill counter (v2 or v1). Standard library only.
+"""This process's memory cgroup: its limit and its OOM-kill counter (v2 or v1), and where no limit is set,
+the host memory available. Standard library only.
 
 When the kernel kills only a vLLM worker for the memory limit, vLLM's own last words vary
 (`exit code: -9`, `exit code: None`, or just `cancelled`), and the container may exit with 1
@@ -12,6 +13,7 @@ from pathlib import Path
 
 ROOT = Path("/sys/fs/cgroup")
 PROC_CGROUP = Path("/proc/self/cgroup")
+MEMINFO = Path("/proc/meminfo")
 
 
 def _memory_dirs() -> list[Path]:
@@ -42,6 +44,24 @@ def memory_limit() -> int | None:
                 continue
             if limit is not None and 0 < limit < 2**60:  # (v1 writes "unlimited" as a page-aligned 2**63)
                 return limit
+    return None
+
+
+def host_memory() -> int | None:
+    """What vLLM may hold of host memory here, in bytes: the cgroup's limit, else (a machine of its own, as
+    `serve` often runs on) what the kernel says is available now (MemAvailable: free and reclaimable, less
+    what other processes hold); None where neither can be read."""
+    limit = memory_limit()
+    if limit is not None:
+        return limit
+    try:
+        for line in MEMINFO.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key == "MemAvailable":
+                kib = int(value.split()[0])
+                return kib * 1024 if 0 < kib < 2**50 else None
+    except (OSError, ValueError, IndexError):
+        pass
     return None
 
 

@@ -300,7 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-cpu-offload-gb",
         type=float,
         default=None,
-        help="most CPU offload a heal may set (default: no more than the memory limit holds)",
+        help="most CPU offload a heal may set (default: what the memory limit, else the memory available here, holds)",
     )
     p.add_argument("--max-tensor-parallel-size", type=int, default=None)
     p.add_argument(

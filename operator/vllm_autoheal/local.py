@@ -95,7 +95,7 @@ class Supervisor:
         """The flags that worked last time, when the history holds some that may be used."""
         if self.opts.fresh:
             return self.baseline
-        limits = Limits(self.opts.spec.heal.bounds, memory_limit_bytes=cgroups.memory_limit())
+        limits = Limits(self.opts.spec.heal.bounds, memory_limit_bytes=cgroups.host_memory())
         records = read_records(self.opts.history_path, self.key)
         model, baseline, why_not = run_model(records, self.opts.model, self.baseline, self.opts.spec.heal)
         if why_not:

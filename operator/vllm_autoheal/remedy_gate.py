@@ -244,7 +244,10 @@ def _offload_problem(
     if limits.bounds.max_cpu_offload_gb is not None:
         return f"{what} is above its bound {cap:g}"
     if limits.memory_limit_bytes is None:
-        return f"{what}: no memory limit says how much host memory it may pin (set spec.heal.bounds.maxCpuOffloadGb)"
+        return (
+            f"{what}: no memory limit says how much host memory it may pin (set maxCpuOffloadGb in spec.heal.bounds, "
+            "or serve's --max-cpu-offload-gb)"
+        )
     return (
         f"{what} pins about {pinned_gib(shape, after, offload):.1f} GiB each, more than the container's memory limit "
         f"holds beside vLLM's processes (at most {cap:.1f} GiB offloaded a GPU)"

@@ -85,7 +85,7 @@ def inventory(
     count = gpus_taken(engine)
     used = gpus_for(at_start, count, env) if count else None
     inv = Inventory(
-        memory_limit_bytes=cgroups.memory_limit(),
+        memory_limit_bytes=cgroups.host_memory(),
         shape=shape,
         gpu_free_gib=least_cuda_free_gib(used or []),
         host_kv_cache=not after.gpus,  # (no GPU here: vLLM's CPU build, its KV cache in host memory)
