@@ -16,6 +16,7 @@ import math
 
 from .api import EngineArgs
 from .diagnosis.units import GIB
+from .engine import spelled_by
 from .model_shape import DTYPE_BYTES, ModelShape
 
 # The most a figure costs where a layer's blocks are not known: a block rounded to a power of two is under twice it
@@ -26,8 +27,15 @@ ROUNDING_BOUND = 2.0
 HOST_BASE_GIB = 2.6
 HOST_PER_RANK_GIB = 0.6
 LIMIT_MARGIN = 0.1
-# Flags that choose another offloader or which parameters move (prefetch groups, --cpu-offload-params)
-OTHER_OFFLOAD_FLAGS = ("--offload-", "--cpu-offload-params")
+# Flags that choose another offloader or which parameters move (config/offload.py), in any spelling vLLM reads
+OTHER_OFFLOAD_FLAGS = (
+    "--cpu-offload-params",
+    "--offload-backend",
+    "--offload-group-size",
+    "--offload-num-in-group",
+    "--offload-prefetch-step",
+    "--offload-params",
+)
 
 
 def layer_blocks(shape: ModelShape | None, engine: EngineArgs) -> tuple[int, ...] | None:
@@ -38,8 +46,7 @@ def layer_blocks(shape: ModelShape | None, engine: EngineArgs) -> tuple[int, ...
         return None
     if shape.experts or shape.is_mla or shape.state_layers or shape.blocks or shape.vision_params:
         return None
-    names = [a.split("=", 1)[0].replace("_", "-") for a in engine.extra_args if a.startswith("-")]
-    if any(name.startswith(OTHER_OFFLOAD_FLAGS) for name in names):
+    if any(spelled_by(token, flag) for token in engine.extra_args for flag in OTHER_OFFLOAD_FLAGS):
         return None
     width = DTYPE_BYTES.get(engine.dtype or "auto", 2.0) if engine.dtype not in (None, "auto") else shape.served_bytes
     tp, h = engine.tensor_parallel_size, shape.hidden

@@ -114,13 +114,18 @@ class Limits:
         return self.utilization_floor or self.bounds.min_gpu_memory_utilization or MIN_UTILIZATION
 
     def max_cpu_offload_gb(self, engine: EngineArgs, shape: ModelShape | None) -> float:
-        """The most cpu_offload_gb: the bound, else what the container's limit holds on every rank (vLLM's
-        flag is per GPU, and each rank pins it rounded up block by block: offload_pinned.py), else none (the
-        host memory it would take is unknown)."""
+        """The most cpu_offload_gb: the bound, else what the container's limit holds, else none (the host
+        memory it would take is unknown)."""
         if self.bounds.max_cpu_offload_gb is not None:
             return self.bounds.max_cpu_offload_gb
+        held = self.offload_the_limit_holds(engine, shape)
+        return 0.0 if held is None else held
+
+    def offload_the_limit_holds(self, engine: EngineArgs, shape: ModelShape | None) -> float | None:
+        """The most cpu_offload_gb the container's limit holds on every rank (vLLM's flag is per GPU, and each
+        rank pins it rounded up block by block: offload_pinned.py), whatever the bound; None without a limit."""
         if self.memory_limit_bytes is None:
-            return 0.0
+            return None
         ranks = engine.tensor_parallel_size * engine.pipeline_parallel_size
         return most_offload_gib(shape, engine, offload_host_gib(self.memory_limit_bytes, ranks))
 

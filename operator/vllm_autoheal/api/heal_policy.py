@@ -66,7 +66,7 @@ class HealBounds(Model):
         ge=0,
         le=MAX_OFFLOAD_GIB,
         description=(
-            "Most cpuOffloadGb a heal may set (per GPU, as vLLM's flag); unset = half the container's memory limit shared by the pod's tensor x pipeline parallel ranks (pinned memory costs about twice the figure), none without a limit."
+            "Most cpuOffloadGb a heal may set (per GPU, as vLLM's flag); unset = what the container's memory limit holds on every tensor x pipeline parallel rank (vLLM pins each layer's weights rounded up to powers of two, beside its own processes), none without a limit."
         ),
     )
     max_tensor_parallel_size: int | None = Field(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from ..diagnosis.units import GIB, MIB
-from ..offload_pinned import layer_blocks, limit_for_offload_gib, pinned_gib
+from ..offload_pinned import LIMIT_MARGIN, layer_blocks, limit_for_offload_gib, pinned_gib
 from ..quantity import format_bytes, parse_quantity
 from .model import Context, Remedy
 
@@ -24,16 +24,17 @@ def raise_memory_limit(ctx: Context) -> Remedy | None:
     cap = parse_quantity(limit_text) // MIB * MIB  # (whole MiB within the bound: format_bytes rounds up otherwise)
     new, basis = max(int(used * VPA_RATIO), used + VPA_MIN_BUMP), "VPA-style to max(x1.2, +100Mi)"
     needs = None if ctx.offload_ignored() else limit_for_offload_gib(ctx.inv.shape, ctx.engine)
-    if needs is not None and math.isfinite(needs):
-        if needs * GIB > cap:
-            return None  # (the bound cannot hold the offload that ran: lower_cpu_offload's to size)
-        if needs * GIB > new:
-            new = math.ceil(needs * GIB / MIB) * MIB
-            basis = (
-                f"to what cpu_offload_gb {ctx.engine.cpu_offload_gb:g} pins on each rank "
-                f"({pinned_gib(ctx.inv.shape, ctx.engine):.1f} GiB) beside vLLM's processes, a tenth spare,"
-            )
-    new = min(new, cap)
+    if needs is not None and math.isfinite(needs) and needs * GIB > new:
+        new = math.ceil(needs * GIB / MIB) * MIB
+        basis = (
+            f"to what cpu_offload_gb {ctx.engine.cpu_offload_gb:g} pins on each rank "
+            f"({pinned_gib(ctx.inv.shape, ctx.engine):.1f} GiB) beside vLLM's processes, a tenth spare,"
+        )
+        if new > cap and needs * (1 - LIMIT_MARGIN) * GIB <= cap:
+            new, basis = cap, basis.replace("a tenth spare,", "to the bound (less than a tenth spare),")
+        # (past the bound: the gate refuses it, saying so, and less offload is the next step)
+    else:
+        new = min(new, cap)
     if new <= used:
         return None
     return Remedy(
@@ -46,19 +47,24 @@ def raise_memory_limit(ctx: Context) -> Remedy | None:
 
 def lower_cpu_offload(ctx: Context) -> Remedy | None:
     """Less offload: where the model's layers are laid out and the limit is known, the most the limit holds
-    (the least cut), else half."""
+    (the least cut), within maxCpuOffloadGb; else half."""
     gb = ctx.engine.cpu_offload_gb
     if not gb or ctx.offload_ignored():
         return None  # (an offload the release ignores holds no host memory: less of it frees none)
     new, why = math.floor(gb / 2), "offloaded weights live in host RAM"
-    if ctx.inv.memory_limit_bytes and layer_blocks(ctx.inv.shape, ctx.engine) is not None:
-        most = ctx.limits.max_cpu_offload_gb(ctx.engine, ctx.inv.shape)
+    held = ctx.limits.offload_the_limit_holds(ctx.engine, ctx.inv.shape)
+    if held is not None and ctx.inv.memory_limit_bytes and layer_blocks(ctx.inv.shape, ctx.engine) is not None:
+        bound = ctx.policy.bounds.max_cpu_offload_gb
+        most = min(held, bound) if bound is not None else held
         if most < gb:
             new = math.floor(most)
+            pinned = f"it pinned about {pinned_gib(ctx.inv.shape, ctx.engine):.1f} GiB a GPU"
             why = (
-                f"it pinned about {pinned_gib(ctx.inv.shape, ctx.engine):.1f} GiB a GPU; the "
-                f"{format_bytes(ctx.inv.memory_limit_bytes)} limit holds {new} beside vLLM's processes"
+                f"{pinned}; the {format_bytes(ctx.inv.memory_limit_bytes)} limit holds {math.floor(held)} beside "
+                "vLLM's processes"
             )
+            if most < held:
+                why += f", maxCpuOffloadGb {bound:g}"
     if new >= gb:
         return None
     return Remedy("LowerCpuOffload", {"cpu_offload_gb": float(new)}, f"cpu_offload_gb {gb:g} -> {new}: {why}.")

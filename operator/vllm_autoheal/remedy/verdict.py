@@ -57,15 +57,23 @@ def cannot_fit(ctx: Context, remedy: Remedy) -> str | None:
         or not ctx.total
         or remedy.action in _NOT_VETOED
         or not weighed
-        or ctx.diag.cause not in _MEMORY_MODEL_CAUSES
+        or (ctx.diag.cause not in _MEMORY_MODEL_CAUSES and not _onto_the_gpu(ctx, remedy))
         or _sized_by_vllm(ctx, remedy)
     ):
         return None
     after = ctx.engine.model_copy(update={k: v for k, v in remedy.changes.items() if k in EngineArgs.model_fields})
     est = ctx.estimate(after, ctx.inv.gpu_free_gib, shape)
+    if ctx.diag.cause not in _MEMORY_MODEL_CAUSES and est.failure != "weights_load_oom":
+        return None  # (a host-memory cause: only the weights it moves back are judged)
     if est.fits or (remedy.action == "Quantize" and est.failure == "cudagraph_capture_oom"):
         return None  # (the quantized weights and cache fit: the graphs' margin is plan._with_room_for_graphs's)
     return f"the memory model says it still does not fit ({'; '.join(est.reasons)[:200]})"
+
+
+def _onto_the_gpu(ctx: Context, remedy: Remedy) -> bool:
+    """Whether the change moves offloaded weights back onto the GPU (less cpu_offload_gb), whatever the cause."""
+    cut = remedy.changes.get("cpu_offload_gb")
+    return isinstance(cut, int | float) and cut < (ctx.engine.cpu_offload_gb or 0.0)
 
 
 def _sized_by_vllm(ctx: Context, remedy: Remedy) -> bool:
