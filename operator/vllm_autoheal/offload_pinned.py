@@ -19,7 +19,8 @@ from .diagnosis.units import GIB
 from .engine import spelled_by
 from .model_shape import DTYPE_BYTES, ModelShape
 
-# The most a figure costs where a layer's blocks are not known: a block rounded to a power of two is under twice it
+# What a figure costs where a layer's blocks are not known: a block rounded to a power of two is under twice it (the
+# block that crosses the figure moves too, so a small figure beside huge blocks, Mixtral's experts, costs a little more)
 ROUNDING_BOUND = 2.0
 # What the container holds besides the offload (measured with vLLM 0.25 on Llama-3.1-8B, peak anonymous memory of
 # all its processes: 2.55 GiB for the API server and engine core, 0.56 GiB more for each worker process a rank
