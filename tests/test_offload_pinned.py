@@ -38,6 +38,7 @@ from vllm_autoheal.offload_pinned import (
     offload_host_gib,
     pinned_gib,
 )
+from vllm_autoheal.preflight import preflight
 from vllm_autoheal.remedy import Inventory, plan_heal
 from vllm_autoheal.serve_sizing import inventory
 from vllm_autoheal.vllm_release import parse_version
@@ -232,3 +233,19 @@ def test_serve_on_a_machine_without_a_limit_sizes_the_offload_by_what_is_availab
     spec = VLLMServiceSpec(model="m", engine={"maxModelLen": 4096}, heal={"allowedActions": ["CpuOffload"]})
     r = plan_heal(spec, Diagnosis(cause="weights_load_oom"), inventory=inv)
     assert r.action == "CpuOffload" and r.changes == {"cpu_offload_gb": 24.0}, r.summary()
+
+
+@pytest.mark.parametrize("memory, offload", [("64Gi", 24.0), ("48Gi", None), (None, None)])
+def test_preflight_fix_offloads_what_the_specs_memory_limit_holds(memory, offload):
+    """Pre-flight's Fix had no memory limit to size an offload by, so it never offloaded; it now has the spec's."""
+    spec = VLLMServiceSpec(
+        model="m",
+        preflight="Fix",
+        engine={"maxModelLen": 4096},
+        resources={"limits": {"memory": memory}} if memory else {},
+        heal={"allowedActions": ["CpuOffload"]},
+    )
+    result = preflight(spec, lookup("RTX-A6000"), QWEN32)
+    assert result.fits is (offload is not None) and result.engine.cpu_offload_gb == offload, result.reasons
+    if offload is None:  # (48Gi: 24 GiB would pin 45.1; none: nothing says what it may pin)
+        assert "CpuOffload refused: cpu_offload_gb 24 on each of 1 GPU(s)" in result.reasons[-1]

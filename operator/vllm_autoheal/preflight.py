@@ -14,6 +14,7 @@ from .diagnosis import Diagnosis
 from .diagnosis.model import Cause, EnginePhase
 from .gpu_catalog import GpuSpec
 from .memory import Estimate, ModelShape, estimate
+from .quantity import parse_quantity
 from .remedy import Inventory, Remedy, plan_heal
 from .remedy.model import running_shape
 
@@ -79,6 +80,13 @@ def predicted_diagnosis(est: Estimate, engine: EngineArgs, fewest_seqs: int = 1)
     )
 
 
+def _memory_limit(spec: VLLMServiceSpec) -> int | None:
+    try:
+        return parse_quantity(spec.resources.limits.memory) if spec.resources.limits.memory else None
+    except ValueError:  # (the CRD's pattern refuses it first)
+        return None
+
+
 def preflight(
     spec: VLLMServiceSpec, gpu: GpuSpec, shape: ModelShape, free_gib: float | None = None, entrypoint: str = "server"
 ) -> PreflightResult:
@@ -95,6 +103,7 @@ def preflight(
         shape=shape,
         entrypoint=entrypoint,
         release=release,
+        memory_limit_bytes=_memory_limit(spec),  # (what an offload may pin: offload_pinned.py)
     )
     history: list[dict] = []
     for _ in range(MAX_FIX_STEPS):
