@@ -85,8 +85,11 @@ def test_no_offload_heal_where_the_release_ignores_it():
 
 
 def test_a_host_oom_lowers_no_offload_that_holds_no_host_memory():
+    # (split 2 ways, so that the weights a cut puts back fit the GPU: the memory model vetoes a cut they do not)
+    spec = _spec()
+    spec.engine = spec.engine.model_copy(update={"tensor_parallel_size": 2})
     inv = Inventory(gpu_total_gib=H100.memory_gib, shape=LLAMA70, release=V025, memory_limit_bytes=64 * 2**30)
-    r = plan_heal(_spec(), Diagnosis(cause="host_ram_oom"), inventory=inv)
+    r = plan_heal(spec, Diagnosis(cause="host_ram_oom"), inventory=inv)
     assert r.action != "LowerCpuOffload", r.summary()
     older = Inventory(**{**inv.__dict__, "release": parse_version("0.21.0")})
-    assert plan_heal(_spec(), Diagnosis(cause="host_ram_oom"), inventory=older).action == "LowerCpuOffload"
+    assert plan_heal(spec, Diagnosis(cause="host_ram_oom"), inventory=older).action == "LowerCpuOffload"
