@@ -80,16 +80,14 @@ _CASED = finder(_NEEDLES)
 _ROWS = msg.MESSAGES
 # (by needle, without a key built and a set updated a needle found: ~2 us a line dense with figure wordings)
 _GATED_CASED = {n: _GATED["c:" + n] for n in _NEEDLES}
-_HOLDS_LOWER = any_of(_NEEDLES_LOWER)  # (one pass before a pass a needle: most lines hold none)
 
 
 def _gated(text: str, lowered: str) -> list[int]:
     """The rows (positions in MESSAGES, in table order) whose needles the line holds."""
     rows: set[int] = set().union(*map(_GATED_CASED.__getitem__, _CASED(text)))
-    if _HOLDS_LOWER(lowered):
-        for n in _NEEDLES_LOWER:
-            if n in lowered:
-                rows.update(_GATED["i:" + n])
+    for n in _NEEDLES_LOWER:
+        if n in lowered:
+            rows.update(_GATED["i:" + n])
     return sorted(rows)
 
 
@@ -121,8 +119,7 @@ def findings_of(lines: list[Line]) -> list[Finding]:
         untrusted = continued and not line.engine_message
         quoted = of_another_type(line)
         text = line.match_text
-        lowered = text.lower()
-        rows = _gated(text, lowered)
+        rows = _gated(text, text.lower())
         if not rows:
             trusted = not line.continued or line.engine_message
             if (
