@@ -59,11 +59,10 @@ def _seconds_per_byte(log: str) -> float:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="a 2 MiB log whose every line holds eight figure wordings costs ~3.6-4.0x a normal log per MB "
-    "on a quiet machine (6.7x before the speed-dense branch: the nearest figures indexed once, each line's "
-    "writers read once, per-line regex tests behind str `in`), up to ~4.8x under another process's load; "
-    "each line is still 9 findings and ~100 us of per-line work (needles ~25, the rows ~15, the scan ~40), "
-    "and the bound is 3x",
+    reason="a 2 MiB log whose every line holds eight figure wordings costs ~3.0-3.4x a normal log per MB "
+    "(~3.6-4.0x before session speed40: per-finding passes made one, each header read once, id hints and "
+    "ranks searched from rare characters); each line is still 9 findings and ~70 us of per-line work (the "
+    "needle finder ~15, the rows ~7, the scan ~25), and the bound is 3x",
 )
 def test_figure_dense_lines_cost_no_more_than_a_few_normal_lines():
     normal = _normal_log()
