@@ -130,7 +130,9 @@ def test_hostile_figures_and_shapes_cost_nothing_and_never_raise():
     assert pinned_gib(LLAMA8, EngineArgs(), -3.0) == pinned_gib(LLAMA8, EngineArgs(), 0.0) == 0.0
     assert most_offload_gib(LLAMA8, EngineArgs(), -1.0) == 0.0
     assert layer_blocks(replace(LLAMA8, heads=0), EngineArgs()) is None
-    assert offload_host_gib(GIB, 8) == 0.0  # (a limit below vLLM's own processes leaves nothing)
+    assert (
+        offload_host_gib(GIB, EngineArgs(tensor_parallel_size=8)) == 0.0
+    )  # (a limit below vLLM's own processes leaves nothing)
 
 
 def _offload_heal(shape_name: str, gpu: str, limit_gib: int):

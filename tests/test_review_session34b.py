@@ -26,9 +26,10 @@ from vllm_autoheal.gpu_catalog import lookup
 from vllm_autoheal.kube import owned_deleted, reconcile
 from vllm_autoheal.kube.config import OperatorConfig
 from vllm_autoheal.kube.later import Later
+from vllm_autoheal.local_ranks import prefill_context_ranks
 from vllm_autoheal.remedy import Inventory, plan_heal
 from vllm_autoheal.remedy_gate import Limits, check
-from vllm_autoheal.serve_sizing import gpus_taken, prefill_context_ranks
+from vllm_autoheal.serve_sizing import gpus_taken
 from vllm_autoheal.vllm_release import parse_version
 
 from operator_harness import Emulator, RecordingLog, drain, wait_for

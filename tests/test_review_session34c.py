@@ -31,9 +31,9 @@ from vllm_autoheal.kube import owned_deleted, reconcile
 from vllm_autoheal.kube import status as st
 from vllm_autoheal.kube.config import OperatorConfig
 from vllm_autoheal.kube.later import Later
+from vllm_autoheal.local_ranks import prefill_context_ranks
 from vllm_autoheal.remedy import Inventory, plan_heal
 from vllm_autoheal.remedy_gate import ANY, CALLS_FOR, ONLY_WITH
-from vllm_autoheal.serve_sizing import prefill_context_ranks
 
 from operator_harness import RecordingLog, peak_timers
 from samples import config_shape

@@ -16,7 +16,8 @@ import math
 
 from .api import EngineArgs
 from .diagnosis.units import GIB
-from .engine import spelled_by
+from .engine import flag_value, spelled_by
+from .local_ranks import data_parallel_here, ranks_here
 from .model_shape import DTYPE_BYTES, ModelShape
 
 # What a figure costs where a layer's blocks are not known: a block rounded to a power of two is under twice it (the
@@ -114,18 +115,42 @@ def most_offload_gib(shape: ModelShape | None, engine: EngineArgs, host_gib: flo
     return moved / GIB
 
 
-def offload_host_gib(memory_limit_bytes: int, ranks: int) -> float:
+def besides_offload_gib(engine: EngineArgs) -> float | None:
+    """Host memory these flags ask for besides the weights' offload: the KV cache's offloading buffer
+    (--kv-offloading-size, GiB for all of an engine's TP ranks, config/cache.py) for each local data-parallel
+    engine; None where the flags do not say how much (a connector of --kv-transfer-config, a size that is no
+    number, ranks that cannot be told)."""
+    args = engine.extra_args or []
+    engines = data_parallel_here(args)
+    if engines is None or any(spelled_by(token, "--kv-transfer-config") for token in args):
+        return None
+    size = flag_value(args, "--kv-offloading-size")
+    if size is None:
+        return 0.0
+    try:
+        gib = float(size)
+    except ValueError:
+        return None
+    return gib * engines if math.isfinite(gib) and gib >= 0 else None
+
+
+def offload_host_gib(memory_limit_bytes: int, engine: EngineArgs) -> float:
     """The host memory a container's limit leaves each rank's offload: the limit less a tenth, less what vLLM's
-    processes hold besides (HOST_BASE_GIB, HOST_PER_RANK_GIB a rank), shared by the ranks."""
-    rest = memory_limit_bytes / GIB * (1 - LIMIT_MARGIN) - HOST_BASE_GIB - HOST_PER_RANK_GIB * ranks
+    processes hold besides (HOST_BASE_GIB, HOST_PER_RANK_GIB a rank) and what its flags ask for besides (a KV
+    offloading buffer), shared by every rank vLLM starts here; none where those cannot be told."""
+    ranks, besides = ranks_here(engine), besides_offload_gib(engine)
+    if ranks is None or besides is None:
+        return 0.0
+    rest = memory_limit_bytes / GIB * (1 - LIMIT_MARGIN) - HOST_BASE_GIB - HOST_PER_RANK_GIB * ranks - besides
     return max(rest, 0.0) / ranks
 
 
 def limit_for_offload_gib(shape: ModelShape | None, engine: EngineArgs) -> float | None:
     """The least container limit whose offload_host_gib holds the engine's offload on every rank; None where
-    nothing is offloaded or the layers are not laid out (the rounding's bound would overstate it)."""
-    if not engine.cpu_offload_gb or layer_blocks(shape, engine) is None:
+    nothing is offloaded, the layers are not laid out (the rounding's bound would overstate it), or what else
+    the flags hold cannot be told."""
+    ranks, besides = ranks_here(engine), besides_offload_gib(engine)
+    if not engine.cpu_offload_gb or layer_blocks(shape, engine) is None or ranks is None or besides is None:
         return None
-    ranks = engine.tensor_parallel_size * engine.pipeline_parallel_size
-    held = pinned_gib(shape, engine) * ranks + HOST_BASE_GIB + HOST_PER_RANK_GIB * ranks
+    held = pinned_gib(shape, engine) * ranks + HOST_BASE_GIB + HOST_PER_RANK_GIB * ranks + besides
     return held / (1 - LIMIT_MARGIN)

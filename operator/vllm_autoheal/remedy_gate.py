@@ -126,8 +126,7 @@ class Limits:
         rank pins it rounded up block by block: offload_pinned.py), whatever the bound; None without a limit."""
         if self.memory_limit_bytes is None:
             return None
-        ranks = engine.tensor_parallel_size * engine.pipeline_parallel_size
-        return most_offload_gib(shape, engine, offload_host_gib(self.memory_limit_bytes, ranks))
+        return most_offload_gib(shape, engine, offload_host_gib(self.memory_limit_bytes, engine))
 
 
 def utilization_floor(

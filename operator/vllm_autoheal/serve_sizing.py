@@ -10,56 +10,13 @@ from pathlib import Path
 from . import cgroups
 from .api import EngineArgs, VLLMServiceSpec
 from .diagnosis import Diagnosis, GpuSnapshot
-from .engine import flag_name, spelled_by
 from .gpu_catalog import gpu_total_gib, least_cuda_free_gib
 from .gpu_probe import gpus_for, visible_count
+from .local_ranks import data_parallel_here, prefill_context_ranks
 from .model_shape import ModelShape
 from .remedy import Inventory, Remedy
 from .remedy.model import running_shape
 from .vllm_release import env_keeps_release, logged_release
-
-_DP_LOCAL = ("--data-parallel-size-local", "--data_parallel_size_local", "-dpl")
-_DP = ("--data-parallel-size", "--data_parallel_size", "-dp")
-_PCP = ("--prefill-context-parallel-size", "-pcp")
-
-
-def data_parallel_here(extra_args: list[str]) -> int | None:
-    """The data-parallel ranks vLLM starts on this machine (each takes its own TP x PP GPUs): the local size
-    where given, else the size, else 1; None where the flags do not say plainly (a value that is no count, an
-    abbreviation argparse would have to resolve)."""
-    given: dict[str, str] = {}
-    for i, token in enumerate(extra_args):
-        name, eq, value = token.partition("=")
-        for key, names in (("local", _DP_LOCAL), ("size", _DP)):
-            if name in names:
-                given[key] = value if eq else _next(extra_args, i)
-        if name.startswith(("--data-parallel-s", "--data_parallel_s")) and name not in _DP_LOCAL + _DP:
-            if not name.startswith(("--data-parallel-start", "--data_parallel_start")):
-                return None
-    return _count(given.get("local", given.get("size", "1")))
-
-
-def prefill_context_ranks(extra_args: list[str]) -> int | None:
-    """vLLM's prefill context parallelism (its world is TP x PP x PCP): the size given, else 1; None where the
-    flags do not say plainly (an abbreviation, in any spelling the CRD refuses as it: engine.spelled_by)."""
-    text = "1"
-    for i, token in enumerate(extra_args):
-        if not any(spelled_by(token, spelling) for spelling in _PCP):
-            continue
-        if flag_name(token) not in _PCP:
-            return None
-        text = token.partition("=")[2] if "=" in token else _next(extra_args, i)
-    return _count(text)
-
-
-def _next(extra_args: list[str], i: int) -> str:
-    """The value after the flag at i (none: empty, which is no count)."""
-    return extra_args[i + 1] if i + 1 < len(extra_args) else ""
-
-
-def _count(text: str) -> int | None:
-    """A count of ranks as a flag's value gives it plainly (ASCII digits, 1 to 64), else None."""
-    return int(text) if text.isascii() and text.isdigit() and 0 < int(text) <= 64 else None
 
 
 def gpus_taken(engine: EngineArgs, tensor_parallel_size: int | None = None) -> int | None:

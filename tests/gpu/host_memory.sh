@@ -14,7 +14,8 @@ set -u
 export CUDA_VISIBLE_DEVICES=0
 . "$(dirname "$0")/serve_run.sh"
 record_device
-W=$MODELS/llama-3.1-8b
+W=$MODELS/${MODEL:-llama-3.1-8b}  # (MODEL=qwen2.5-7b: a layer whose MLP blocks pin nearly twice themselves)
+TAG=${MODEL:+$MODEL-}  # (its runs named apart)
 if ! ls "$W"/*.safetensors > /dev/null 2>&1; then  # random weights of the config's shape, four shards
   python3 - "$W" <<'EOF'
 import json, sys, torch
@@ -22,6 +23,7 @@ from safetensors.torch import save_file
 root = sys.argv[1]; c = json.load(open(f"{root}/config.json"))
 h, i, v, n = c["hidden_size"], c["intermediate_size"], c["vocab_size"], c["num_hidden_layers"]
 kv = c["num_key_value_heads"] * (h // c["num_attention_heads"])
+bias = c.get("model_type") == "qwen2" or c.get("attention_bias", False)  # (Qwen2's q, k and v carry biases)
 shapes = {"model.embed_tokens.weight": (v, h), "lm_head.weight": (v, h), "model.norm.weight": (h,)}
 for L in range(n):
     p = f"model.layers.{L}."
@@ -29,6 +31,8 @@ for L in range(n):
                p + "self_attn.v_proj.weight": (kv, h), p + "self_attn.o_proj.weight": (h, h),
                p + "mlp.gate_proj.weight": (i, h), p + "mlp.up_proj.weight": (i, h), p + "mlp.down_proj.weight": (h, i),
                p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,)}
+    if bias:
+        shapes |= {p + "self_attn.q_proj.bias": (h,), p + "self_attn.k_proj.bias": (kv,), p + "self_attn.v_proj.bias": (kv,)}
 names = list(shapes)
 for k in range(4):
     part = {m: (torch.randn(*shapes[m], dtype=torch.bfloat16) * 0.02) for m in names[k::4]}
@@ -83,7 +87,7 @@ while True:
 EOF
 }
 memrun() {  # memrun NAME FLAGS...: one `vllm serve` on the random weights, sampled until stopped
-  local name=$1 t0=$SECONDS; shift
+  local name=$TAG$1 t0=$SECONDS; shift
   local log="$OUT/$name.log"
   sync; echo 1 > /proc/sys/vm/drop_caches 2>/dev/null  # (a cold page cache where allowed)
   setsid vllm serve "$W" --host 127.0.0.1 --port 8015 --max-model-len 4096 --enforce-eager \

@@ -63,8 +63,6 @@ def cannot_fit(ctx: Context, remedy: Remedy) -> str | None:
         return None
     after = ctx.engine.model_copy(update={k: v for k, v in remedy.changes.items() if k in EngineArgs.model_fields})
     est = ctx.estimate(after, ctx.inv.gpu_free_gib, shape)
-    if ctx.diag.cause not in _MEMORY_MODEL_CAUSES and est.failure != "weights_load_oom":
-        return None  # (a host-memory cause: only the weights it moves back are judged)
     if est.fits or (remedy.action == "Quantize" and est.failure == "cudagraph_capture_oom"):
         return None  # (the quantized weights and cache fit: the graphs' margin is plan._with_room_for_graphs's)
     return f"the memory model says it still does not fit ({'; '.join(est.reasons)[:200]})"
