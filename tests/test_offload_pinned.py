@@ -8,7 +8,8 @@ embedding as moved first). Measured: "Total CPU offloaded parameters: 4.06" and 
 and shared host memory (RssShmem, which the container is charged) up by 4.69 and 9.25 GiB; anonymous memory
 unchanged (2.47-2.49 GiB). The offloader wraps the decoder layers alone (models/utils.py make_layers), each
 layer's parameters in order until the figure is reached: counted so, 4.06 and 8.02 GiB move and 4.69 and 9.25
-GiB are pinned, the figures measured.
+GiB are pinned, the figures measured. Then Qwen2.5-7B (MODEL=qwen2.5-7b), predicted from this count before its
+run: 8 GiB moves 8.12 and pins 15.19 GiB (1.9x); measured 8.12 and 15.19.
 
 The gate had taken every offload to cost twice its figure against the whole limit (limit / 2 / ranks): for
 Llama-3.1-8B's shapes it costs 1.15x, for Qwen2.5's 1.87x, so a Qwen2.5-32B heal offloaded 24 GiB in a 48Gi
@@ -36,6 +37,7 @@ from vllm_autoheal.offload_pinned import (
     layer_blocks,
     most_offload_gib,
     offload_host_gib,
+    offloaded_gib,
     pinned_gib,
 )
 from vllm_autoheal.preflight import preflight
@@ -54,24 +56,35 @@ def _figure(text: str, pattern: str) -> float:
     return float(re.search(pattern, text)[1])  # type: ignore[index]
 
 
-@pytest.mark.parametrize("name, figure", [("v1offload4", 4.0), ("v1offload8", 8.0)])
-def test_the_pinned_memory_is_what_vllm_025_pinned(name, figure):
+@pytest.mark.parametrize(
+    "name, base, shape, figure",
+    [
+        ("v1offload4", "v1base", LLAMA8, 4.0),
+        ("v1offload8", "v1base", LLAMA8, 8.0),
+        # (Qwen2.5-7B: its MLP's blocks of 259 and 130 MiB pin 512 and 256; predicted 15.19 GiB pinned, 8.12 moved)
+        ("qwen2.5-7b-v1offload8", "qwen2.5-7b-v1base", QWEN7, 8.0),
+    ],
+)
+def test_the_pinned_memory_is_what_vllm_025_pinned(name, base, shape, figure):
     log, mem = (RUNS / f"{name}.log").read_text(), (RUNS / f"{name}.mem").read_text()
-    base = (RUNS / "v1base.mem").read_text()
+    base_mem = (RUNS / f"{base}.mem").read_text()
     assert f"'cpu_offload_gb': {figure}" in log and "using the V1 model runner instead" in log  # (the flag ran)
     shmem = r"peak RssShmem sum ([\d.]+) GiB"
-    pinned = _figure(mem, shmem) - _figure(base, shmem)
-    assert pinned_gib(LLAMA8, EngineArgs(), figure) == pytest.approx(pinned, abs=0.02)
-    assert pinned_gib(LLAMA8, EngineArgs(), figure) > figure * 1.1  # (what a figure-for-figure count would miss)
-    # the anonymous memory did not move: the offload is shared memory alone
-    anon = r"peak RssAnon sum ([\d.]+) GiB"
-    assert _figure(mem, anon) == pytest.approx(_figure(base, anon), abs=0.05)
-    # and the weights left on the GPU are the memory model's (on the V1 runner, which installs the offloader)
+    pinned = _figure(mem, shmem) - _figure(base_mem, shmem)
     engine = EngineArgs(
         max_model_len=4096, enforce_eager=True, cpu_offload_gb=figure, extra_args=["--enable-prompt-embeds"]
     )
+    assert pinned_gib(shape, engine) == pytest.approx(pinned, abs=0.02)
+    assert pinned_gib(shape, engine) > figure * 1.1  # (what a figure-for-figure count would miss)
+    assert offloaded_gib(shape, engine) == pytest.approx(
+        _figure(log, r"Total CPU offloaded parameters: ([\d.]+)"), abs=0.01
+    )
+    # the anonymous memory did not move: the offload is shared memory alone
+    anon = r"peak RssAnon sum ([\d.]+) GiB"
+    assert _figure(mem, anon) == pytest.approx(_figure(base_mem, anon), abs=0.05)
+    # and the weights left on the GPU are the memory model's (on the V1 runner, which installs the offloader)
     loaded = _figure(log, r"Model loading took ([\d.]+) GiB")
-    assert estimate(LLAMA8, engine, lookup("NVIDIA-H100-80GB-HBM3"), release=parse_version("0.25.0")).weights_gib == (
+    assert estimate(shape, engine, lookup("NVIDIA-H100-80GB-HBM3"), release=parse_version("0.25.0")).weights_gib == (
         pytest.approx(loaded, abs=0.1)
     )
 

@@ -35,6 +35,7 @@ from .gpu_catalog import GpuSpec
 from .model_runner import graphs_reserved, offload_ignored, release_sampler
 from .model_shape import ModelShape, layer_group, padded_layers
 from .model_weights import WEIGHT_BUFFERS_GIB, weights_gib_per_gpu
+from .offload_pinned import offloaded_gib
 from .sampler_peak import sampler_peak_bytes
 from .vllm_release import Release, facts
 
@@ -242,7 +243,7 @@ def estimate(
     max_len = engine.max_model_len or shape.max_position_embeddings or 2048  # (vLLM's where the config names none)
     # (vLLM moves up to cpu_offload_gb of each GPU's weights to pinned host memory as it loads them; not the V2
     # runner of 0.22-0.27, which ignores the flag)
-    offload = 0.0 if offload_ignored(shape, release, engine.extra_args) else engine.cpu_offload_gb or 0.0
+    offload = 0.0 if offload_ignored(shape, release, engine.extra_args) else offloaded_gib(shape, engine)
     weights = max(weights_gib_per_gpu(shape, engine, gpu) - offload, WEIGHT_BUFFERS_GIB)
     seqs = engine.max_num_seqs or default_max_num_seqs(total, gpu.name, engine.extra_args, tier)
     act = activation_bytes(shape, mbt, tp, seqs, release_sampler(shape, release, engine.extra_args)) / GIB
