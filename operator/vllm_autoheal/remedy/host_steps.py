@@ -16,7 +16,8 @@ VPA_RATIO, VPA_MIN_BUMP = 1.2, 100 * MIB  # Kubernetes VPA's OOM bump (DefaultOO
 
 def raise_memory_limit(ctx: Context) -> Remedy | None:
     """VPA's bump, or the limit the offload's pinned memory needs where that is more (one restart, not
-    several bumps); none where the bound cannot hold that offload (less offload is the next step)."""
+    several bumps): the bound where it holds that need with less than a tenth spare; past the bound where it
+    cannot (the gate refuses it, saying so, and less offload is the next step)."""
     limit_text = ctx.policy.bounds.max_memory_limit
     used = ctx.inv.memory_limit_bytes
     if not limit_text or not used:
@@ -25,14 +26,13 @@ def raise_memory_limit(ctx: Context) -> Remedy | None:
     new, basis = max(int(used * VPA_RATIO), used + VPA_MIN_BUMP), "VPA-style to max(x1.2, +100Mi)"
     needs = None if ctx.offload_ignored() else limit_for_offload_gib(ctx.inv.shape, ctx.engine)
     if needs is not None and math.isfinite(needs) and needs * GIB > new:
-        new = math.ceil(needs * GIB / MIB) * MIB
+        new, spare = math.ceil(needs * GIB / MIB) * MIB, "a tenth spare"
+        if new > cap and needs * (1 - LIMIT_MARGIN) * GIB <= cap:
+            new, spare = cap, "to the bound (less than a tenth spare)"
         basis = (
             f"to what cpu_offload_gb {ctx.engine.cpu_offload_gb:g} pins on each rank "
-            f"({pinned_gib(ctx.inv.shape, ctx.engine):.1f} GiB) beside vLLM's processes, a tenth spare,"
+            f"({pinned_gib(ctx.inv.shape, ctx.engine):.1f} GiB) beside vLLM's processes, {spare},"
         )
-        if new > cap and needs * (1 - LIMIT_MARGIN) * GIB <= cap:
-            new, basis = cap, basis.replace("a tenth spare,", "to the bound (less than a tenth spare),")
-        # (past the bound: the gate refuses it, saying so, and less offload is the next step)
     else:
         new = min(new, cap)
     if new <= used:
