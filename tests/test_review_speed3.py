@@ -57,6 +57,14 @@ def _seconds_per_byte(log: str) -> float:
     return (time.perf_counter() - t0) / len(log)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="a 2 MiB log whose every line holds eight figure wordings costs ~3.6-4.0x a normal log per MB "
+    "on a quiet machine (6.7x before the speed-dense branch: the nearest figures indexed once, each line's "
+    "writers read once, per-line regex tests behind str `in`), up to ~4.8x under another process's load; "
+    "each line is still 9 findings and ~100 us of per-line work (needles ~25, the rows ~15, the scan ~40), "
+    "and the bound is 3x",
+)
 def test_figure_dense_lines_cost_no_more_than_a_few_normal_lines():
     normal = _normal_log()
     crafted = (FIGURES + "\n") * (SIZE // (len(FIGURES) + 1)) + TAIL
@@ -65,10 +73,7 @@ def test_figure_dense_lines_cost_no_more_than_a_few_normal_lines():
         best_normal = min(best_normal, _seconds_per_byte(normal))
         best_crafted = min(best_crafted, _seconds_per_byte(crafted))
     ratio = best_crafted / best_normal
-    # A guard, not the measure: ~3.0-3.4x since session 40 (6.7x in session 38, 29x for the crafted
-    # log), a hair from the 3x bound that bench/diagnosis_speed.py measures ("Eight figure wordings a line"); a
-    # strict xfail at 3 would flip with the machine's load, so this catches a return to the old costs only.
-    assert ratio <= 5, f"crafted/normal time per MB: {ratio:.2f}"
+    assert ratio <= 3, f"crafted/normal time per MB: {ratio:.2f}"  # (the bound: a few times, at most 3)
 
 
 # --- 2. numbers that cannot lie --------------------------------------------------------------------------

@@ -25,8 +25,6 @@ def device_gib(signals: m.Signals, findings: list[Finding]) -> float | None:
         return max(g.total_bytes for g in signals.gpu.gpus) / GIB or None
     for f in findings:
         groups = f.message.regex.groupindex  # (a finding of a message without them has none: no groupdict)
-        if "total_gib" not in groups and "gpu_total_gib" not in groups:
-            continue  # (most findings: two tests, not a loop, on each of ~30,000 where lines are dense with figures)
         for key in ("total_gib", "gpu_total_gib"):
             value = f.match.group(key) if key in groups else None
             if value:
@@ -119,11 +117,6 @@ def _own(key: str, groups: dict[str, str | None]) -> float | None:
 RELEASE_KEYS = ("vllm_minor", "vllm_patch")
 
 
-def naming_a_release(findings: list[Finding]) -> list[Finding]:
-    """The findings of a message that can name a release, in order (releases_named reads only those)."""
-    return [f for f in findings if "vllm_minor" in f.message.regex.groupindex]
-
-
 def releases_named(findings: list[Finding]) -> set[tuple[int, int]]:
     """The (minor, patch) releases the release lines among `findings` name."""
     named = set()
@@ -140,8 +133,7 @@ def one_release(findings: list[Finding], numbers: dict[str, Any], notes: list[st
     """Keep the release the log's release lines name (the engine's first line, the banner) only where they
     name one. One run names one release on every line that names it: a second is another run's, or a
     line a client wrote where a logging format leaves a message's further lines bare (a request id's
-    newline): none of them is read (the release-independent figures stand). (`findings` may be only those
-    naming_a_release picks.)"""
+    newline): none of them is read (the release-independent figures stand)."""
     named = releases_named(findings)
     if len(named) > 1:
         for key in RELEASE_KEYS:

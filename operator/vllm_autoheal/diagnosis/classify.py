@@ -24,7 +24,7 @@ from . import arithmetic as ar
 from . import messages as msg
 from . import model as m
 from . import termination, unplaced
-from .findings import ENGINE_EXCEPTION, EXCEPTION_LINE, Finding, deciding, findings_of
+from .findings import ENGINE_EXCEPTION, EXCEPTION_LINE, FAILURE_KINDS, Finding, findings_of
 from .last_resort import last_words
 from .nearest import Figures
 from .origin import ENGINE, MATCH_CHARS, REQUEST
@@ -108,12 +108,26 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
     # nothing else in the log says anything, never more.
     # (a GPU memory failure the API server wrote is a client's text: writers.py)
     # (and the engine's memory words in a request's report, where they cannot be the engine's: writers.py)
-    releasing = ar.naming_a_release(found)
-    releases = ar.releases_named([f for f in releasing if f.line.origin == ENGINE and not f.line.request_report])
+    releases = ar.releases_named([f for f in found if f.line.origin == ENGINE and not f.line.request_report])
     clients = clients_lines(found, releases)
-    findings, by_kind, last_resort = deciding(found, clients)
-    kept = set(map(id, findings))
-    releasing = [f for f in releasing if id(f) in kept]
+    findings = [
+        f
+        for f in found
+        if not (f.message.kind in FAILURE_KINDS and (f.line.informational or f.last_resort))
+        and (f.line.origin == ENGINE or f.message.kind != msg.NOT_OOM)
+        and id(f.line) not in clients
+    ]
+    kept = {id(f) for f in findings}
+    # A warning after which the engine reached a further milestone was not what stopped it (vLLM's
+    # "No available shared memory broadcast block found in 60 seconds" during a long compile).
+    went_on = max(
+        (f.line.offset for f in found if f.message.kind == msg.MILESTONE and f.line.origin == ENGINE),
+        default=-1,
+    )
+    last_resort = [f for f in found if f.message.kind == msg.NOT_OOM and id(f) not in kept and f.line.offset > went_on]
+    by_kind: dict[str, list[Finding]] = {}
+    for f in findings:
+        by_kind.setdefault(f.message.kind, []).append(f)
     diag = m.Diagnosis(source=source)
     if ignored:
         diag.notes.append(f"{ignored} request/response or access line(s) ignored: they carry user text")
@@ -137,7 +151,7 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
         diag.evidence = _evidence(cited, support, engine_error=first is not None and first.message.kind != msg.NOT_OOM)
         figures = figs.numbers(first, diag.notes)
         diag.numbers = {k: v for k, v in figures.items() if k not in ("tp", "pp")}
-        ar.one_release(releasing, diag.numbers, diag.notes)
+        ar.one_release(findings, diag.numbers, diag.notes)
         if diag.subtype in ("other_process_holds_gpu", "no_blocks_beside_other_processes"):  # (what they hold)
             diag.numbers["others_gib"] = round(ar.other_process_gib(signals, figures), 2)
         per_process: Any = diag.numbers.get("process_gib")

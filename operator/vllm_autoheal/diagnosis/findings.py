@@ -77,14 +77,13 @@ _MEMORY_NEEDLES_LOWER = [n for m in _MEMORY if m.ignores_case for n in m.needles
 
 
 _CASED = finder(_NEEDLES)
-_ROWS = msg.MESSAGES
-# (by needle, without a key built and a set updated a needle found: ~2 us a line dense with figure wordings)
-_GATED_CASED = {n: _GATED["c:" + n] for n in _NEEDLES}
 
 
 def _gated(text: str, lowered: str) -> list[int]:
     """The rows (positions in MESSAGES, in table order) whose needles the line holds."""
-    rows: set[int] = set().union(*map(_GATED_CASED.__getitem__, _CASED(text)))
+    rows: set[int] = set()
+    for n in _CASED(text):
+        rows.update(_GATED["c:" + n])
     for n in _NEEDLES_LOWER:
         if n in lowered:
             rows.update(_GATED["i:" + n])
@@ -119,17 +118,11 @@ def findings_of(lines: list[Line]) -> list[Finding]:
         untrusted = continued and not line.engine_message
         quoted = of_another_type(line)
         text = line.match_text
-        rows = _gated(text, text.lower())
+        lowered = text.lower()
+        rows = _gated(text, lowered)
         if not rows:
             trusted = not line.continued or line.engine_message
-            if (
-                line.origin == ENGINE
-                and where == ANY
-                and not quoted
-                and not line.request_report
-                and trusted
-                and _bare(lines, i + 1)
-            ):
+            if line.origin == ENGINE and where == ANY and not quoted and not line.request_report and trusted:
                 out += _wrapped(line, lines[i + 1 : i + 3])
             continue
         memory = False
@@ -152,13 +145,6 @@ def findings_of(lines: list[Line]) -> list[Finding]:
             rows = _rows_seeing_a_needle(rows, hay)
         carried = False  # the line is the engine's failure a request's report carries (from its start)
         engines = line.origin == ENGINE and not requests
-        if engines and not quoted and not untrusted:
-            # (the engine's own words: every match counts, as in the loop below; without its tests a row, on
-            # a line dense with figure wordings ~3 us of its ~50)
-            matched = [(m, found) for m in map(_ROWS.__getitem__, rows) if (found := m.regex.search(hay))]
-            out += [Finding(line, message, found) for message, found in matched]
-            memory = any(message.kind == msg.MEMORY for message, _ in matched)
-            rows = []
         for index in rows:  # (table order: the failures' rows come before the figures')
             message = msg.MESSAGES[index]
             found = message.regex.search(hay)
@@ -183,43 +169,9 @@ def findings_of(lines: list[Line]) -> list[Finding]:
         if where != ANY:
             out[mark:] = _placed(out[mark:], where, opened)
             continue
-        if (
-            not memory
-            and line.origin == ENGINE
-            and not quoted
-            and not continued
-            and not requests
-            and _bare(lines, i + 1)
-        ):
+        if not memory and line.origin == ENGINE and not quoted and not continued and not requests:
             out += _wrapped(line, lines[i + 1 : i + 3])
     return out
-
-
-def deciding(found: list[Finding], clients: set[int]) -> tuple[list[Finding], dict[str, list[Finding]], list[Finding]]:
-    """The findings that may decide (all but failure kinds on a warning or a further line of a message, "not
-    memory" on a line not the engine's, and the `clients`' lines, by id), by kind too, and the last resorts: the
-    other "not memory" findings after the last milestone the engine reached. (One pass: a line dense with
-    figure wordings is 9 findings, and each pass over ~30,000 cost ~3 ms.)"""
-    findings: list[Finding] = []
-    by_kind: dict[str, list[Finding]] = {}
-    dropped: list[Finding] = []
-    # A warning after which the engine reached a further milestone was not what stopped it (vLLM's
-    # "No available shared memory broadcast block found in 60 seconds" during a long compile).
-    went_on = -1
-    for f in found:
-        kind, line = f.message.kind, f.line
-        if kind == msg.MILESTONE and line.origin == ENGINE and line.offset > went_on:
-            went_on = line.offset
-        if (
-            not (kind in FAILURE_KINDS and (line.informational or f.last_resort))
-            and (line.origin == ENGINE or kind != msg.NOT_OOM)
-            and id(line) not in clients
-        ):
-            findings.append(f)
-            by_kind.setdefault(kind, []).append(f)
-        elif kind == msg.NOT_OOM:
-            dropped.append(f)
-    return findings, by_kind, [f for f in dropped if f.line.offset > went_on]
 
 
 # Rows whose needles are matched regardless of case: a match of theirs may hold a needle only as
@@ -253,11 +205,6 @@ def _collector_prefix(line: Line) -> str:
         return "<header>"
     prefix = line.raw[: len(line.raw) - len(line.text)]
     return "<header>" if process_of(prefix) else COLLECTOR_TIME.sub("", prefix).strip()
-
-
-def _bare(lines: list[Line], at: int) -> bool:
-    """_wrapped's first test, before the next lines are sliced out: a next line with no header, the engine's."""
-    return at < len(lines) and not lines[at].level and lines[at].origin == ENGINE
 
 
 def _wrapped(line: Line, following: list[Line]) -> list[Finding]:

@@ -179,7 +179,8 @@ class Figures:
         """The key's readings in offset order; at each count, the walk's first implausible and first
         plausible reading among them, and the smallest value (min() in the walk's order keeps its first)."""
         if (key, with_oom) not in self.tables:
-            readings = self._in_offset_order(key, with_oom)
+            # (in offset order, as the findings are: by finding, then group)
+            readings = sorted((r for walk in self._before(key, None, with_oom) for r in walk), key=lambda r: r[0][2:])
             offsets = [-r[0][1] for r in readings]
             prefix: list[Any] = [(None, None, None)]
             bad = ok = best = None
@@ -193,21 +194,3 @@ class Figures:
                 prefix.append((bad, ok, best))
             self.tables[(key, with_oom)] = (offsets, prefix)
         return self.tables[(key, with_oom)]
-
-    def _in_offset_order(self, key: str, with_oom: bool) -> list[Reading]:
-        """Every reading at `key` of the messages the walk reads, by finding, then group: what sorting _before's
-        walks by that gives, read straight from the indices (a generator step and a bisection a finding cost
-        as much as the figure's parse, on a log dense with figure wordings)."""
-        slots = sorted(
-            (index, number, name)
-            for key_id, (message, indices, _) in self.by_message.items()
-            if (names := self.groups.get(key_id, {}).get(key)) and self._walked(message, with_oom)
-            for index in indices
-            for number, name in names
-        )
-        findings, offsets, out = self.findings, self.offsets, []
-        for index, _, name in slots:
-            f = findings[index]
-            if f.match.group(name) is not None and (r := self._reading((2, -offsets[index], index), f, name)):
-                out.append(r)
-        return out

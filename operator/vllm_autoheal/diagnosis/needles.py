@@ -111,27 +111,12 @@ def trie(words: list[str]) -> str:
     return emit(root)
 
 
-# Characters a log's lines hold, the most common first (English letters by frequency, then the digits and the
-# punctuation of headers and figures, then capitals): a needle is looked for from its least common one.
-_COMMONNESS = " etaoinsrlcdumhpgfywb.:_-0123456789,/()[]=EAISTRNCOLDMPUGFvk'\"xzqjBHKVWXYZJQ"
-
-
-def _from_rarest(needle: str) -> str:
-    """A regex matching `needle` from its least common character: what comes before it is checked behind
-    that character (a fixed-width look-behind), so the regex engine skips ahead to the rare characters."""
-    at = max(range(len(needle)), key=lambda i: _COMMONNESS.find(needle[i]) % (len(_COMMONNESS) + 1))
-    behind = f"(?<={re.escape(needle[: at + 1])})" if at else ""
-    return re.escape(needle[at]) + behind + re.escape(needle[at + 1 :])
-
-
 def any_of(needles: list[str]) -> Callable[[str], bool]:
     """Whether a text holds one of `needles`, in one pass of the regex engine (`n in text` for each
-    costs a pass per needle, a step a character where the text is made of their characters). Each
-    needle is tried only where its least common character is (a trie of their openings was tried at
-    every `e` of a line: ~5 us a 300-character line)."""
+    costs a pass per needle, a step a character where the text is made of their characters)."""
     if not needles:
         return lambda text: False
-    search = re.compile("|".join(sorted(map(_from_rarest, set(needles))))).search
+    search = re.compile(trie(sorted(set(needles)))).search
     return lambda text: search(text) is not None
 
 
@@ -176,13 +161,11 @@ def finder(needles: list[str]) -> Callable[[str], set[str]]:
     # A line holding every character of more than FEW_LEFT needles leaves more than FEW_LEFT: the masks
     # are not worth it there (most long lines of a log hold the common characters: ~5 us a line less).
     common = [n for n in needles if set(n) <= set(COMMON_CHARS)]
-    core = tuple(sorted(set("".join(common)))) if len(common) > FEW_LEFT else None
+    core = frozenset("".join(common)) if len(common) > FEW_LEFT else None
 
     def present(text: str) -> set[str]:
-        # (whether the line holds every core character, one `in` each: they come early in a line that holds
-        # them, where set(text) reads the whole line, ~3 us a 300-character line)
-        if len(text) > 256 and (core is None or not all(map(text.__contains__, core))):
-            chars = set(text)
+        chars = set(text) if len(text) > 256 else None
+        if chars is not None and (core is None or not core <= chars):
             # A needle whose characters are not all in the line is not in it: on a long line
             # (a crafted one repeats a few characters) that leaves a few to look for with `in`.
             # (One OR of bit masks over the characters the line lacks, where a subset test a

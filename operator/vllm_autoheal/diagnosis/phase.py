@@ -23,19 +23,23 @@ OOM_CAUSE_BY_PHASE = {
 TRACEBACK_START = "Traceback (most recent call last)"
 
 
-def _own_frames(
-    placing: list[Finding], tracebacks: list[Finding], failure: Finding, window: int
-) -> set[m.EnginePhase | None]:
+def _own_frames(findings: list[Finding], failure: Finding, window: int) -> set[m.EnginePhase | None]:
     """Phases named by the frames of the failure's own traceback: after its `Traceback` line (or
     the last milestone) and up to the failure line, from the same rank when ranks are known."""
     start = max(
-        (f.line.offset for f in tracebacks if f.line.offset < failure.line.offset and f.line.rank == failure.line.rank),
+        (
+            f.line.offset
+            for f in findings
+            if f.line.offset < failure.line.offset
+            and f.line.text.startswith(TRACEBACK_START)
+            and f.line.rank == failure.line.rank
+        ),
         default=window,
     )
     return _strongest(
         {
             f
-            for f in placing
+            for f in findings
             if f.message.kind == msg.FRAME
             and f.message.phase
             and max(start, window) < f.line.offset <= failure.line.offset
@@ -49,20 +53,6 @@ def _strongest(frames: set[Finding]) -> set[m.EnginePhase | None]:
     return strong or {f.message.phase for f in frames}
 
 
-_PLACING = frozenset({msg.MILESTONE, msg.FRAME, msg.GAP})
-
-
-def _tracebacks(findings: list[Finding]) -> list[Finding]:
-    """The findings on a traceback's first line (its line's read once, not once a finding)."""
-    out, last, opens = [], None, False
-    for f in findings:
-        if f.line is not last:
-            last, opens = f.line, f.line.text.startswith(TRACEBACK_START)
-        if opens:
-            out.append(f)
-    return out
-
-
 def phase_of_failure(findings: list[Finding], failure: Finding | None, ready_before: bool | None) -> m.EnginePhase:
     """Where it failed: the frames of the failure's own traceback; else frames printed after the
     last start-up milestone before the failure (earlier ones belong to steps that completed);
@@ -71,20 +61,17 @@ def phase_of_failure(findings: list[Finding], failure: Finding | None, ready_bef
     if failure is not None and failure.line.origin == REQUEST:
         return m.PHASE_SERVING  # the API server's handler of a request logged it: it was serving
     end = failure.line.offset if failure else None
-    # (the findings read below, picked in one pass: a line dense with figure wordings is 9 findings, and a
-    # pass over each of ~30,000 cost ~2 ms)
-    placing = [f for f in findings if f.message.kind in _PLACING]
     before = [
         f
-        for f in placing
+        for f in findings
         if f.message.kind == msg.MILESTONE
         and (end is None or f.line.offset < end)
         and (f.message.subtype != msg.WEB_SERVER or vllms_own(f.line))  # (any web server's words: markers.py)
     ]
     window = max((f.line.offset for f in before), default=-1)
-    frames = _own_frames(placing, _tracebacks(findings), failure, window) if failure else set()
+    frames = _own_frames(findings, failure, window) if failure else set()
     if not frames:
-        frames = _strongest({f for f in placing if f.message.kind == msg.FRAME and f.line.offset > window})
+        frames = _strongest({f for f in findings if f.message.kind == msg.FRAME and f.line.offset > window})
     for phase in PHASE_PRIORITY:
         if phase in frames:
             return phase
@@ -92,7 +79,7 @@ def phase_of_failure(findings: list[Finding], failure: Finding | None, ready_bef
     if ready_before or m.PHASE_SERVING in reached:
         return m.PHASE_SERVING
     left_out = any(
-        f.message.kind == msg.GAP and window < f.line.offset and (end is None or f.line.offset < end) for f in placing
+        f.message.kind == msg.GAP and window < f.line.offset and (end is None or f.line.offset < end) for f in findings
     )
     if reached and not left_out:
         # (0.34's extensible cache: graphs captured, its blocks committed next; only KV-sizing lines after

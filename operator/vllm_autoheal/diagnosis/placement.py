@@ -85,14 +85,11 @@ class Placement:
 
     def __init__(self) -> None:
         self._open: dict[str, LoggedMessage] = {}  # a message's header (collector stamps removed) -> its state
-        self._keys: dict[str, str] = {}  # a header -> the same without collector stamps (a header repeats)
 
     def of(self, line: Line) -> tuple[str, LoggedMessage | None]:
         if line.origin != ENGINE or not line.source_file:
             return ANY, None
-        key = self._keys.get(line.header)
-        if key is None:
-            key = self._keys[line.header] = COLLECTOR_TIME.sub("", line.header)
+        key = COLLECTOR_TIME.sub("", line.header)
         message = self._open.get(key)
         first = message is None
         if message is None:

@@ -77,13 +77,6 @@ _HEADERS = ("level", "level2", "level3", "file3", "glog")  # a logger's header: 
 _TP_RANK = re.compile(r"(?:[_ ]TP|\[Rank |rank=)(\d{1,4})")  # Worker_TP0, VllmWorker TP0, PP0_TP1
 
 
-def _tp_rank(text: str) -> int | None:
-    """The rank _TP_RANK finds in the text. (Its `[_ ]` was tried at every blank, ~2 us a line: each match
-    holds `TP`, `[Rank ` or `rank=`, which str `in` rules out at C speed.)"""
-    found = _TP_RANK.search(text) if "TP" in text or "ank" in text else None
-    return int(found.group(1)) if found else None
-
-
 @dataclass(slots=True)  # (its attributes are read on every pass over the lines and the findings)
 class Line:
     offset: int  # position in the input, for ordering
@@ -146,18 +139,18 @@ def _strip_clean(
             source_file = FORGED if after is not None and after.end() > 0 else log_format.source_of(custom)
             level, learned = custom["level"], True
             break
-        found = _PREFIXES.match(text)
-        if not found or found.end() == 0:
+        m = _PREFIXES.match(text)
+        if not m or m.end() == 0:
             break
-        m = found.groupdict()  # (one call: a group read by name cost ~0.1 us, a dozen a prefix)
-        r = m["rank"] or m["rank2"]
+        r = m.group("rank") or m.group("rank2")
+        if r is None and m.group("proc"):
+            t = _TP_RANK.search(m.group("proc"))
+            r = t.group(1) if t else None
         if r is not None:
             rank = int(r)
-        elif m["proc"] and (tp := _tp_rank(m["proc"])) is not None:
-            rank = tp
         source_file = source_file or m["file"] or m["file2"] or m["file3"]  # (_FILES: no generator a prefix)
-        level = level or m["level"] or m["level2"] or m["level3"]
-        text = text[found.end() :]
+        level = level or m.group("level") or m.group("level2") or m.group("level3")
+        text = text[m.end() :]
         if m["level"] or m["level2"] or m["level3"] or m["file3"] or m["glog"]:  # (_HEADERS)
             # The logger's header comes last: what follows is the message. Another prefix there (a
             # second header, or "[rank0]: " in a request id) came in with user text.
@@ -166,7 +159,8 @@ def _strip_clean(
                 return text.strip(), rank, FORGED, level, False
             break
     if rank is None:
-        rank = _tp_rank(raw[:80])
+        t = _TP_RANK.search(raw[:80])
+        rank = int(t.group(1)) if t else None
     return text.strip(), rank, source_file, level, learned
 
 
@@ -237,15 +231,12 @@ def _continuations(lines: list[Line]) -> None:
     # open, must cost a lookup a line, not the count of processes.)
     still_open: dict[str, tuple[str, str]] = {}
     previous = ""
-    read: dict[str, tuple[str, str]] = {}  # header -> its key and process (a header repeats: each read once)
     for line in lines:
-        if (known := read.get(line.header)) is None:
-            key = _without_times(line.header)
-            known = read[line.header] = key, process_of(key) if key else ""
-        key, process = known
+        key = _without_times(line.header)
         if not key:
             continue  # a line without a header (another process's stderr) ends nothing
         starts_message, previous = key != previous, key
+        process = process_of(key)
         opened = still_open.get(process)
         if opened is not None and opened[0] == key:
             line.origin = opened[1] if line.origin == ENGINE else line.origin

@@ -90,7 +90,6 @@ def clients_lines(found: list[Finding], releases: set[tuple[int, int]]) -> set[i
     requests_memory_words. (Each line's writers are read once: a line dense with the engine's figure
     wordings is 8+ findings.)"""
     out: set[int] = set()
-    known: dict[str, bool] = {}  # header -> the API server's prefix is its outermost
     last: Line | None = None
     server: bool | None = None  # the API server's prefix is the line's outermost (None: not read yet)
     reports = False  # the line is in a request's report (requests_memory_words' first test)
@@ -103,12 +102,8 @@ def clients_lines(found: list[Finding], releases: set[tuple[int, int]]) -> set[i
             continue
         if _engines_words(f):
             if server is None:
-                server = known.get(last.header) if last.header else None
-            if server is None:
                 names = writers(last)
                 server = bool(names) and _api_server(names[0])
-                if last.header:  # (a line's writers are its header's, where it has one: each header read once)
-                    known[last.header] = server
             if server:
                 out.add(id(last))
                 settled = True
