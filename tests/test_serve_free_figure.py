@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_autoheal import local, serve_sizing
+from vllm_autoheal import local, local_ranks, serve_sizing
 from vllm_autoheal.api import VLLMServiceSpec
 from vllm_autoheal.cli import main
 from vllm_autoheal.diagnosis import GpuInfo, GpuSnapshot, Signals, classify
@@ -413,4 +413,4 @@ def test_readme_quotes_a_give_up_sentence_the_gpu_run_never_printed():
     ],
 )
 def test_the_data_parallel_ranks_here_are_read_plainly_or_not_at_all(args, ranks):
-    assert serve_sizing.data_parallel_here(args) == ranks
+    assert local_ranks.data_parallel_here(args) == ranks

@@ -50,10 +50,12 @@ def _count(text: str) -> int | None:
     return int(text) if text.isascii() and text.isdigit() and 0 < int(text) <= 64 else None
 
 
-def ranks_here(engine: EngineArgs) -> int | None:
+def ranks_here(engine: EngineArgs, tensor_parallel_size: int | None = None) -> int | None:
     """Every rank vLLM starts here with these flags (ParallelConfig.world_size for each local data-parallel
-    engine); None where the flags do not say plainly."""
+    engine), at `tensor_parallel_size` where given (a TP heal being sized); None where the flags do not say
+    plainly."""
     ranks, pcp = data_parallel_here(engine.extra_args or []), prefill_context_ranks(engine.extra_args or [])
     if ranks is None or pcp is None:
         return None
-    return engine.tensor_parallel_size * engine.pipeline_parallel_size * pcp * ranks
+    tp = tensor_parallel_size or engine.tensor_parallel_size
+    return tp * engine.pipeline_parallel_size * pcp * ranks

@@ -147,23 +147,31 @@ def besides_offload_gib(engine: EngineArgs) -> float | None:
     return gib * engines if math.isfinite(gib) and gib >= 0 else None
 
 
-def offload_host_gib(memory_limit_bytes: int, engine: EngineArgs) -> float:
-    """The host memory a container's limit leaves each rank's offload: the limit less a tenth, less what vLLM's
-    processes hold besides (HOST_BASE_GIB, HOST_PER_RANK_GIB a rank) and what its flags ask for besides (a KV
-    offloading buffer), shared by every rank vLLM starts here; none where those cannot be told."""
+def _beside_offload(engine: EngineArgs) -> tuple[int, float] | None:
+    """The ranks vLLM starts here and the host memory it holds besides the offload (HOST_BASE_GIB, HOST_PER_RANK_GIB
+    a rank, a KV offloading buffer); None where either cannot be told."""
     ranks, besides = ranks_here(engine), besides_offload_gib(engine)
     if ranks is None or besides is None:
+        return None
+    return ranks, HOST_BASE_GIB + HOST_PER_RANK_GIB * ranks + besides
+
+
+def offload_host_gib(memory_limit_bytes: int, engine: EngineArgs) -> float:
+    """The host memory a container's limit leaves each rank's offload: the limit less a tenth, less what vLLM
+    holds besides (_beside_offload), shared by every rank vLLM starts here; none where that cannot be told."""
+    beside = _beside_offload(engine)
+    if beside is None:
         return 0.0
-    rest = memory_limit_bytes / GIB * (1 - LIMIT_MARGIN) - HOST_BASE_GIB - HOST_PER_RANK_GIB * ranks - besides
-    return max(rest, 0.0) / ranks
+    ranks, held = beside
+    return max(memory_limit_bytes / GIB * (1 - LIMIT_MARGIN) - held, 0.0) / ranks
 
 
 def limit_for_offload_gib(shape: ModelShape | None, engine: EngineArgs) -> float | None:
     """The least container limit whose offload_host_gib holds the engine's offload on every rank; None where
     nothing is offloaded, the layers are not laid out (the rounding's bound would overstate it), or what else
-    the flags hold cannot be told."""
-    ranks, besides = ranks_here(engine), besides_offload_gib(engine)
-    if not engine.cpu_offload_gb or layer_blocks(shape, engine) is None or ranks is None or besides is None:
+    vLLM holds cannot be told."""
+    beside = _beside_offload(engine)
+    if not engine.cpu_offload_gb or layer_blocks(shape, engine) is None or beside is None:
         return None
-    held = pinned_gib(shape, engine) * ranks + HOST_BASE_GIB + HOST_PER_RANK_GIB * ranks + besides
-    return held / (1 - LIMIT_MARGIN)
+    ranks, held = beside
+    return (pinned_gib(shape, engine) * ranks + held) / (1 - LIMIT_MARGIN)

@@ -12,7 +12,7 @@ from .api import EngineArgs, VLLMServiceSpec
 from .diagnosis import Diagnosis, GpuSnapshot
 from .gpu_catalog import gpu_total_gib, least_cuda_free_gib
 from .gpu_probe import gpus_for, visible_count
-from .local_ranks import data_parallel_here, prefill_context_ranks
+from .local_ranks import ranks_here
 from .model_shape import ModelShape
 from .remedy import Inventory, Remedy
 from .remedy.model import running_shape
@@ -20,11 +20,8 @@ from .vllm_release import env_keeps_release, logged_release
 
 
 def gpus_taken(engine: EngineArgs, tensor_parallel_size: int | None = None) -> int | None:
-    """How many of this machine's GPUs vLLM takes with these flags (TP x PP x PCP for each local data-parallel
-    rank: ParallelConfig.world_size, one world a rank)."""
-    ranks, pcp = data_parallel_here(engine.extra_args or []), prefill_context_ranks(engine.extra_args or [])
-    tp = tensor_parallel_size or engine.tensor_parallel_size
-    return None if ranks is None or pcp is None else tp * engine.pipeline_parallel_size * pcp * ranks
+    """How many of this machine's GPUs vLLM takes with these flags: one for each rank it starts here."""
+    return ranks_here(engine, tensor_parallel_size)
 
 
 def inventory(
