@@ -8,8 +8,6 @@ earlier reviews (test_review_tenant/privilege/steering/steer3/volume/session*) d
 from __future__ import annotations
 
 import copy
-import json
-import logging
 from types import SimpleNamespace
 from typing import Any
 
@@ -17,7 +15,6 @@ import pytest
 
 from api_writes import merge_patch
 from vllm_autoheal.api import Deployed, EngineArgs, HealIntent
-from vllm_autoheal.diagnosis import termination
 from vllm_autoheal.kube import handlers, heal_apply, reconcile, resources, unschedulable
 from vllm_autoheal.kube.config import OperatorConfig
 from vllm_autoheal.kube.heal_apply import fp, parse
@@ -253,3 +250,43 @@ def test_a_decoy_deployment_does_not_mark_the_heal_rolled_out_nor_the_service_ru
     after = kube.body["status"]
     assert after.get("inFlight") is not None, "the decoy's readiness ended the heal in flight"
     assert after.get("phase") != "Running", after.get("phase")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="deployment_progress reads readiness off any Deployment labelled with the service's name: a decoy "
+    "with no available replica turns a serving VLLMService's Ready condition False (phase Progressing)",
+)
+def test_a_decoy_deployment_that_is_not_ready_does_not_unready_a_running_service(monkeypatch):
+    """Severity: low-medium (false status of another's service: alerts, a GitOps health check or a load
+    balancer's readiness gate reading the VLLMService's Ready condition). Input: the service runs 1/1, Ready
+    True; someone who may create Deployments in the namespace creates `decoy` with the service's two labels and
+    replicas 3 that never become available (an image that does not exist).
+    Now: each of the decoy's events sets Ready=False, reason Progressing, on the serving service.
+    Right: a Deployment the service does not control is not its rollout."""
+    spec = {
+        "model": "meta-llama/Llama-3.1-8B-Instruct",
+        "engine": {"gpuMemoryUtilization": 0.9},
+        "resources": {"limits": {"memory": "32Gi"}},
+        "heal": {"mode": "PatchSpec"},
+    }
+    ready = {"type": "Ready", "status": "True", "reason": "Running", "lastTransitionTime": LONG_AGO}
+    kube = StubKube(_vsvc(spec, {"baseline": spec["engine"], "phase": "Running", "conditions": [ready]}))
+    monkeypatch.setattr(handlers, "_kube", lambda memo: kube)
+    decoy = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": "decoy",
+            "namespace": NS,
+            "uid": "decoy-uid",
+            "generation": 1,
+            "labels": {resources.MANAGED_BY: resources.MANAGER, resources.SERVICE_LABEL: "svc"},
+        },
+        "spec": {"replicas": 3, "template": {"metadata": {"annotations": {}}}},
+        "status": {"observedGeneration": 1, "replicas": 3, "availableReplicas": 0},
+    }
+    handlers.deployment_progress(body=decoy, type="MODIFIED", namespace=NS, memo={}, logger=LOG)  # type: ignore[arg-type]
+    status = kube.body["status"]
+    cond = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert cond["status"] == "True" and status.get("phase") == "Running", (status.get("phase"), cond)
