@@ -7,8 +7,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import pytest
-
 from vllm_autoheal.api import VLLMServiceSpec
 from vllm_autoheal.diagnosis import Signals, classify
 from vllm_autoheal.gpu_catalog import lookup
@@ -35,11 +33,6 @@ def _plan(log: str, engine: dict, gpu: str, heal: dict | None = None):
     return d, g, plan_heal(spec, d, inventory=inv)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="raise_utilization_blind ignores the tokens and concurrency vLLM printed for the budget it printed: "
-    "a raise whose grown budget holds 21,790 of the 32,768 tokens is planned alone, a certain second crash.",
-)
 def test_a_raise_beside_a_printed_budget_holds_the_tokens_vllm_said_the_budget_holds():
     # vLLM: 2.00 GiB of KV cache holds 16,384 tokens, 0.50x of one 32,768-token request: the context needs
     # 2.00 / 0.50 = 4.00 GiB. On an L4 (22.05 GiB) at 0.9, the bound 0.95 adds at most 0.05 x 22.05 = 1.1 GiB; the
@@ -56,11 +49,6 @@ def test_a_raise_beside_a_printed_budget_holds_the_tokens_vllm_said_the_budget_h
     assert context <= 16384 * grown / 2.0, r.summary()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fp8_kv_cache sets an fp8 cache alone where vLLM printed that its cache holds 0.40x of one request: "
-    "twice 13,104 tokens is 26,208, short of max_model_len 32,768, a certain second crash.",
-)
 def test_an_fp8_cache_alone_is_not_planned_where_twice_the_printed_tokens_miss_the_context():
     # vLLM: 1.60 GiB holds 13,104 tokens, 0.40x of a 32,768-token request. Utilization is at the bound (0.95), so no
     # raise; an fp8 cache doubles the tokens a GiB holds: 26,208 < 32,768, and vLLM refuses again. Its docstring's own
@@ -95,11 +83,6 @@ def _runtime_oom_at_the_kv_heals_share() -> str:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a runtime OOM's utilization cut keeps max_model_len where vLLM's printed budget shows the smaller cache "
-    "cannot hold it (17.45 - 2.80 = 14.65 GiB for a 16 GiB request): vLLM refuses the next start, a second restart.",
-)
 def test_a_runtime_cut_without_the_models_shape_keeps_a_context_vllms_own_budget_holds():
     # vLLM printed 17.45 GiB of cache holding 142,928 tokens (8,191 a GiB), 1.09x one request of 131,072. The heal
     # cuts utilization 0.24 -> 0.22 on the 139.8 GiB H200: 2.80 GiB off the cache, 14.65 GiB left, which holds
@@ -120,11 +103,6 @@ def test_a_runtime_cut_without_the_models_shape_keeps_a_context_vllms_own_budget
     assert r.changes.get("max_model_len", 131072) <= held, r.summary()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a capture OOM's utilization cut keeps max_model_len where vLLM's printed budget shows the smaller cache "
-    "cannot hold it (122.77 - 6.29 = 116.48 GiB holds 954,200 of 990,000 tokens): vLLM refuses the next start.",
-)
 def test_a_capture_cut_without_the_models_shape_keeps_a_context_vllms_own_budget_holds():
     # The real vLLM 0.25 capture OOM on the H200 at utilization 0.995 (failure-logs/capture.log): 122.77 GiB of cache
     # holding 1,005,712 tokens (8,192 a GiB); here with max_model_len 990,000 (1.01x). The heal cuts 0.995 -> 0.95

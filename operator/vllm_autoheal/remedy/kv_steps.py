@@ -130,7 +130,7 @@ def raise_utilization_blind(ctx: Context) -> Remedy | None:
     grown = budget + (limit - current) * total if budget is not None and total else None
     if grown is not None and grown <= 0:
         return None  # vLLM's own budget stays empty at the limit: a certain second crash
-    held = context_held(ctx, grown) if grown is not None else None
+    held = (context_held(ctx, grown) or concurrency_held(ctx, grown)) if grown is not None else None
     margin = 0.97  # the memory model's bytes a token, as lower_max_model_len
     holds = ctx.num("estimated_max_model_len") or ctx.num("kv_tokens")
     if held is None and holds and budget is None:
@@ -223,6 +223,20 @@ def context_held(ctx: Context, kv_gib: float) -> tuple[int, int] | None:
     return _need(ctx).longest(kv_gib * GIB, context), context
 
 
+def concurrency_held(ctx: Context, kv_gib: float) -> tuple[int, int] | None:
+    """(the longest request a KV cache of kv_gib holds, the context that ran) by vLLM's own figures, where the
+    model's shape is not known: the budget it printed held "Maximum concurrency" requests of the context that
+    ran (read 0.005 low, its rounding), so one request takes budget / concurrency, and a cache of another size
+    holds a context in proportion. Exact for full attention; a windowed layer's part does not grow with the
+    context, so a larger cache holds more than this says, a smaller one a little less. None where vLLM
+    printed no budget or no concurrency."""
+    budget, times, ran = ctx.kv_budget(), ctx.num("max_concurrency"), ctx.num("max_model_len")
+    if not budget or budget <= 0 or times is None or times - 0.005 <= 0 or not ran or ctx.inv.shape is not None:
+        return None
+    per_request = budget / (times - 0.005)
+    return int(ran * max(kv_gib, 0.0) / per_request), int(ctx.context or ran)
+
+
 def printed_context_after_cut(ctx: Context, cut_gib: float) -> int | None:
     """The context (3% margin) the KV cache vLLM printed for this run (in GiB, or in tokens: V0's "maximum
     number of tokens that can be stored") holds once `cut_gib` less is given to it, at the shape's bytes a
@@ -265,6 +279,9 @@ def fp8_kv_cache(ctx: Context) -> Remedy | None:
     if budget is not None and budget <= 0:
         return None  # twice nothing: vLLM printed no memory at all for the cache
     holds = ctx.num("estimated_max_model_len") or ctx.num("kv_tokens")
+    if holds is None and budget is not None:  # (V1's budget and its concurrency below one request)
+        held = context_held(ctx, budget) or concurrency_held(ctx, budget)
+        holds = held[0] if held else None
     needed, available = ctx.num("needed_gib"), ctx.num("available_gib")
     current = ctx.context
     if holds is None and needed is not None and available is not None and needed / 2 > available * 0.99:

@@ -10,7 +10,7 @@ from ..memory import (
     CUDA_CONTEXT_GIB,
     Estimate,
 )
-from .kv_steps import round_util, shorter_context, smaller_fixed_cache
+from .kv_steps import concurrency_held, round_util, shorter_context, smaller_fixed_cache
 from .model import Context, Remedy
 
 # The least budget an engine beside weights held outside it can start in (what vLLM 0.32 gives it: the share less
@@ -118,16 +118,22 @@ def with_context_held(ctx: Context, util: float) -> tuple[dict[str, float | int]
     current one no longer fits (3% margin): said now, in the same restart, not after a second crash."""
     changes: dict[str, float | int] = {"gpu_memory_utilization": util}
     est = estimate_at(ctx, util)
-    if est is None or est.max_model_len_fit >= est.max_model_len:
+    if est is not None:
+        fit, context, basis = est.max_model_len_fit, est.max_model_len, "The memory model (3% margin) says"
+    else:
+        budget = ctx.kv_budget()
+        cut = (ctx.engine.gpu_memory_utilization - util) * (ctx.total or 0.0)
+        held = concurrency_held(ctx, budget - ctx.warmup_loss() - cut) if budget is not None else None
+        if held is None:
+            return changes, ""
+        (fit, context), basis = held, "By vLLM's printed budget and concurrency (3% margin),"
+    if fit >= context:
         return changes, ""
-    length = shorter_context(ctx, est.max_model_len_fit * 0.97)
+    length = shorter_context(ctx, fit * 0.97)
     if length is None:
         return changes, ""
     changes["max_model_len"] = length
-    return (
-        changes,
-        f" The memory model (3% margin) says its KV cache holds {length:,} tokens: max_model_len -> {length:,}.",
-    )
+    return changes, f" {basis} its KV cache holds {length:,} tokens: max_model_len -> {length:,}."
 
 
 # vLLM's CPU backend sets the KV size from this variable over --kv-cache-memory-bytes (platforms/cpu.py).
