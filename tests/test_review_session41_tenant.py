@@ -81,6 +81,10 @@ def _quiet(monkeypatch):
     monkeypatch.setattr(unschedulable, "_looks", unschedulable.NamespaceLooks())
     monkeypatch.setattr(unschedulable, "event", lambda body, **k: None)
     monkeypatch.setattr(reconcile, "event", lambda *a, **k: None, raising=False)
+    monkeypatch.setattr(heal_apply, "event", lambda body, **k: EVENTS.append(k))
+
+
+EVENTS: list[dict[str, Any]] = []
 
 
 # --- (1) status.inFlight forged in PatchSpec mode: the operator writes it into the spec ------------------------
@@ -125,11 +129,6 @@ def _forged_in_flight() -> dict[str, Any]:
     ).wire()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="heal_apply._spec_change writes any status.inFlight target into the spec (model, TP/GPUs, memory, "
-    "extraArgs) without the bounds check overrides_refused applies to status.effective",
-)
 def test_a_forged_in_flight_heal_is_not_written_into_the_spec_past_the_owners_bounds():
     """Severity: high where anyone but the author may write vllmservices/status (the README's own threat: "a
     wildcard over the group's resources does"; a dashboard or CI bot with `vllmservices/*`), medium otherwise.
@@ -146,7 +145,10 @@ def test_a_forged_in_flight_heal_is_not_written_into_the_spec_past_the_owners_bo
     Right: an in-flight target outside the spec's bounds (as overrides_refused judges status.effective) is
     dropped, not written into the spec."""
     kube = StubKube(_vsvc(OWNER_SPEC, {"baseline": OWNER_SPEC["engine"], "inFlight": _forged_in_flight()}))
+    EVENTS.clear()
     heal_apply.complete(kube, OperatorConfig(), None, NS, "svc", LOG)  # type: ignore[arg-type]
+    assert kube.body["status"].get("inFlight") is None  # (dropped, and said so)
+    assert [e["reason"] for e in EVENTS] == ["HealRefused"] and "status.inFlight.target.model" in EVENTS[0]["message"]
     spec = kube.body["spec"]
     assert spec["model"] == OWNER_SPEC["model"], spec
     assert spec["resources"].get("gpus") == 1 and spec["resources"]["limits"]["memory"] == "32Gi", spec
@@ -206,11 +208,6 @@ def _healed_status(spec: dict[str, Any]) -> tuple[dict[str, Any], str]:
     return status, fp(after)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="deployment_progress trusts any Deployment labelled with the service's name: a decoy that is not "
-    "the service's (no controller reference to it) clears the heal in flight and reports the service Running",
-)
 def test_a_decoy_deployment_does_not_mark_the_heal_rolled_out_nor_the_service_running(monkeypatch):
     """Severity: medium (false status and a heal's safety net switched off; one namespace). Input: someone who
     may create Deployments in the namespace but not edit the VLLMService (the same actor ownership.py
@@ -252,11 +249,6 @@ def test_a_decoy_deployment_does_not_mark_the_heal_rolled_out_nor_the_service_ru
     assert after.get("phase") != "Running", after.get("phase")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="deployment_progress reads readiness off any Deployment labelled with the service's name: a decoy "
-    "with no available replica turns a serving VLLMService's Ready condition False (phase Progressing)",
-)
 def test_a_decoy_deployment_that_is_not_ready_does_not_unready_a_running_service(monkeypatch):
     """Severity: low-medium (false status of another's service: alerts, a GitOps health check or a load
     balancer's readiness gate reading the VLLMService's Ready condition). Input: the service runs 1/1, Ready
@@ -290,3 +282,30 @@ def test_a_decoy_deployment_that_is_not_ready_does_not_unready_a_running_service
     status = kube.body["status"]
     cond = next(c for c in status["conditions"] if c["type"] == "Ready")
     assert cond["status"] == "True" and status.get("phase") == "Running", (status.get("phase"), cond)
+
+
+def test_the_heals_a_policy_allows_pass_the_in_flight_check():
+    """The control for the in-flight check: what the planner may write within the owner's bounds (more GPUs up to
+    maxTensorParallelSize, memory up to maxMemoryLimit, the quantized fallback it allows) is not refused."""
+    spec = parse(
+        _vsvc(
+            {
+                **OWNER_SPEC,
+                "heal": {
+                    "mode": "PatchSpec",
+                    "bounds": {"maxTensorParallelSize": 4, "maxMemoryLimit": "64Gi"},
+                    "quantizedFallback": {"allowed": True, "model": "org/llama-8b-awq", "method": "awq"},
+                },
+            }
+        )
+    ).spec
+    engine = EngineArgs.model_validate({**OWNER_SPEC["engine"], "tensorParallelSize": 4})
+    for model, memory in (("org/llama-8b-awq", "64Gi"), (OWNER_SPEC["model"], "48Gi"), (OWNER_SPEC["model"], None)):
+        target = Deployed(engine=engine, model=model, memory_limit=memory)
+        assert resources.past_policy(spec, target, heal_apply.IN_FLIGHT_FIELDS) is None, (model, memory)
+    assert (
+        resources.past_policy(
+            spec, Deployed(engine=engine, model=OWNER_SPEC["model"], memory_limit="65Gi"), heal_apply.IN_FLIGHT_FIELDS
+        )
+        is not None
+    )

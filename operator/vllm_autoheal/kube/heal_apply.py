@@ -19,7 +19,7 @@ from . import status as st
 from .client import Kube
 from .config import OperatorConfig
 from .later import Later
-from .writes import lock, replacing, transient, update_object, update_status
+from .writes import event, lock, replacing, transient, update_object, update_status
 
 HEALED_ENGINE = f"{GROUP}/healed-engine"  # engine args the operator wrote into spec (PatchSpec)
 
@@ -93,6 +93,12 @@ def _complete(kube: Kube, cfg: OperatorConfig, ns: str, name: str, logger: kopf.
     if intent is None:
         return
     if not intent.applied:
+        refused = resources.past_policy(obj.spec, intent.target, IN_FLIGHT_FIELDS)
+        if refused is not None:  # (status is no proof of who wrote it: only the operator's own heals pass)
+            logger.warning(f"the heal recorded for {ns}/{name} is dropped: {refused}")
+            if update_status(kube, cfg, ns, name, lambda fresh: _drop(fresh, intent)) is not None:
+                event(vsvc, type="Warning", reason="HealRefused", message=f"The heal in flight is dropped: {refused}")
+            return
         if obj.spec.heal.mode == "PatchSpec":
             vsvc = update_object(kube, cfg, ns, name, lambda fresh: _spec_change(fresh, intent))
             if vsvc is None:
@@ -105,6 +111,13 @@ def _complete(kube: Kube, cfg: OperatorConfig, ns: str, name: str, logger: kopf.
     healed = parse(vsvc)
     if healed.status.in_flight is not None and fp(deployed(healed)) == fp(healed.status.in_flight.target):
         kube.apply_all(resources.render(healed, cfg.operator_image))  # (a name conflict is reconcile's to report)
+
+
+IN_FLIGHT_FIELDS = (
+    "status.inFlight.target.model",
+    "status.inFlight.target.engine",
+    "status.inFlight.target.memoryLimit",
+)
 
 
 def _spec_change(fresh_body: dict[str, Any], intent: HealIntent) -> dict[str, Any] | None:

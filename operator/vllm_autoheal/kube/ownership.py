@@ -52,6 +52,12 @@ def controller(obj: dict[str, Any] | None, kind: str) -> dict[str, Any] | None:
     return ref if isinstance(ref.get("name"), str) and NAME.fullmatch(ref["name"]) else None
 
 
+def controlled_by(obj: dict[str, Any] | None, service: dict[str, Any] | None) -> bool:
+    """The object's controller is this VLLMService, by uid (its labels are anyone's to copy)."""
+    ref = controller(obj, KIND)
+    return ref is not None and bool(_uid(service)) and ref["uid"] == _uid(service)
+
+
 def _uid(obj: dict[str, Any] | None) -> Any:
     return ((obj or {}).get("metadata") or {}).get("uid")
 

@@ -25,6 +25,7 @@ from . import heal, resources
 from . import status as st
 from .client import Kube
 from .config import OperatorConfig
+from .ownership import controlled_by
 from .writes import event, lock, transient, update_status
 
 # What a heal writes into status; a reconcile that read the object before a heal leaves it alone.
@@ -288,6 +289,8 @@ def deployment_progress(kube: Kube, cfg: OperatorConfig, ns: str, name: str, dep
     )
 
     def change(fresh_body: dict[str, Any]) -> dict[str, Any] | None:
+        if not controlled_by(dep, fresh_body):
+            return None  # (a Deployment that wears the service's labels but is not its own: not its rollout)
         fresh = heal.parse(fresh_body)
         status = fresh_body.get("status") or {}
         intent = fresh.status.in_flight

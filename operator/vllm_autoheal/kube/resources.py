@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from .. import __version__
-from ..api import GROUP, KIND, LAUNCHER_MOUNT, SHM_CEILING, VERSION, EngineArgs, VLLMService
+from ..api import GROUP, KIND, LAUNCHER_MOUNT, SHM_CEILING, VERSION, Deployed, EngineArgs, VLLMService, VLLMServiceSpec
 from ..engine import to_command
 from ..quantity import format_bytes, parse_quantity
 from ..remedy_gate import fingerprint
@@ -95,19 +95,32 @@ def overrides_refused(obj: VLLMService) -> str | None:
     who wrote it: a role that grants a tenant `vllmservices/status` (a wildcard over the group's
     resources does) would otherwise deploy GPUs, memory or a model past what admission allowed the
     spec. The other flags run in the tenant's own pod alone, under the CRD's own rules for them."""
-    spec, status = obj.spec, obj.status
+    status = obj.status
     if status.effective is None:
         return None
-    engine, bounds = status.effective, spec.heal.bounds
+    fields = ("status.effectiveModel", "status.effective", "status.effectiveMemoryLimit")
+    target = Deployed.model_construct(
+        engine=status.effective,
+        model=status.effective_model or obj.spec.model,
+        memory_limit=status.effective_memory_limit,
+    )
+    return past_policy(obj.spec, target, fields)
+
+
+def past_policy(spec: VLLMServiceSpec, target: Deployed, fields: tuple[str, str, str]) -> str | None:
+    """Why `target` (what status says to deploy: overrides, or a heal recorded in flight) asks for more than
+    the spec and its heal policy allow, or None. `fields`: where status holds its model, engine and memory
+    limit, to name them."""
+    engine, bounds, (model_at, engine_at, memory_at) = target.engine, spec.heal.bounds, fields
     fallback = spec.heal.quantized_fallback
-    if status.effective_model not in (None, spec.model, fallback.model if fallback.allowed else None):
-        return "status.effectiveModel is neither spec.model nor the quantized fallback the policy allows"
+    if target.model not in (spec.model, fallback.model if fallback.allowed else None):
+        return f"{model_at} is neither spec.model nor the quantized fallback the policy allows"
     if engine.pipeline_parallel_size != spec.engine.pipeline_parallel_size:
-        return "status.effective.pipelineParallelSize differs from the spec's (no heal changes it)"
+        return f"{engine_at}.pipelineParallelSize differs from the spec's (no heal changes it)"
     top = max(spec.engine.tensor_parallel_size, bounds.max_tensor_parallel_size or 0)
     if engine.tensor_parallel_size > top:
-        return f"status.effective.tensorParallelSize {engine.tensor_parallel_size} is above {top}"
-    memory = status.effective_memory_limit
+        return f"{engine_at}.tensorParallelSize {engine.tensor_parallel_size} is above {top}"
+    memory = target.memory_limit
     if memory is not None and memory != spec.resources.limits.memory:
         try:
             caps = [parse_quantity(q) for q in (spec.resources.limits.memory, bounds.max_memory_limit) if q]
@@ -115,7 +128,7 @@ def overrides_refused(obj: VLLMService) -> str | None:
         except ValueError:
             above = True
         if above:
-            return f"status.effectiveMemoryLimit {memory} is above the spec's limit and heal.bounds.maxMemoryLimit"
+            return f"{memory_at} {memory} is above the spec's limit and heal.bounds.maxMemoryLimit"
     return None
 
 
