@@ -42,12 +42,6 @@ def _h200() -> Inventory:
 # --- (1) concurrency_held: a cut the bounds forbid to shorten comes alone ------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="without the model's shape, lower_utilization_step plans the cut alone where vLLM's printed budget and "
-    "concurrency say the smaller cache cannot hold the context and minMaxModelLen forbids shortening it (with the "
-    "shape it returns None): 17.45 - 2.80 = 14.65 GiB holds ~120,000 of 131,072 tokens, a certain second crash.",
-)
 def test_a_runtime_cut_whose_context_the_bounds_keep_is_not_planned_where_vllms_figures_say_it_no_longer_fits():
     # The real vLLM 0.25 serving OOM on the H200 (failure-logs/runtime.log), its figures those of the real KV heal it
     # follows: 17.45 GiB of cache, 1.09x one request of 131,072 (142,928 tokens). The owner's bounds keep the whole
@@ -68,12 +62,6 @@ def test_a_runtime_cut_whose_context_the_bounds_keep_is_not_planned_where_vllms_
     assert r.changes.get("max_model_len", 131072) <= 142928 * left / 17.45, r.summary()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="without the model's shape, room_for_graphs plans the capture cut alone where vLLM's printed budget and "
-    "concurrency say the smaller cache cannot hold the context and minMaxModelLen forbids shortening it: 122.77 - "
-    "6.29 = 116.48 GiB holds ~954,000 of 990,000 tokens; --enforce-eager (the next step) keeps the cache.",
-)
 def test_a_capture_cut_whose_context_the_bounds_keep_gives_way_to_enforce_eager():
     # The real vLLM 0.25 capture OOM on the H200 at 0.995 (failure-logs/capture.log): 122.77 GiB of cache holding
     # 1,005,712 tokens, here with max_model_len 990,000 (1.01x), and minMaxModelLen 990000. The cut 0.995 -> 0.95
@@ -109,12 +97,6 @@ def _forged(target: dict) -> dict:
     return forged
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="past_policy judges the in-flight target's memory limit only when it is set: a target without one passes, "
-    "and PatchSpec writes limits.memory: null into the spec (merge patch), so the owner's 32Gi limit is removed and "
-    "the pod runs with no memory limit at all (more than any maxMemoryLimit).",
-)
 def test_a_forged_in_flight_heal_without_a_memory_limit_does_not_remove_the_specs_limit():
     # A writer of vllmservices/status sets status.inFlight {applied: false, previous: the spec as it reads, target:
     # the spec's own model and engine, memoryLimit left out}. No heal plans that: the planner's target carries the
@@ -131,23 +113,22 @@ def test_a_forged_in_flight_heal_without_a_memory_limit_does_not_remove_the_spec
         assert limits.get("memory") == "32Gi", limits
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="past_policy checks the in-flight target's model, TP, PP and memory, not its extraArgs (which no heal "
-    "changes): a status writer's `--tokenizer attacker/... --trust-remote-code` passes, is written into the spec "
-    "and deployed: another repository's code runs in the owner's pod, beside its HF token.",
-)
 def test_a_forged_in_flight_heal_does_not_bring_another_repositorys_code_through_extra_args():
     # The same status writer as test_review_session41_tenant's first test, keeping the model, GPUs and memory the
     # check reads, and putting the other repository in extraArgs instead (the CRD's extraArgs rules refuse
     # `--model`, not `--tokenizer` nor `--speculative-config '{"model": ...}'`). vLLM loads the tokenizer with
     # trust_remote_code: its Python runs in the owner's pod. No heal plans extraArgs (remedy/ never changes them), so
     # a target whose extraArgs differ from what ran is not the operator's.
-    engine = {**OWNER_SPEC["engine"], "extraArgs": ["--tokenizer", "attacker/remote-code-tokenizer", "--trust-remote-code"]}
+    engine = {
+        **OWNER_SPEC["engine"],
+        "extraArgs": ["--tokenizer", "attacker/remote-code-tokenizer", "--trust-remote-code"],
+    }
     target = {"engine": engine, "model": OWNER_SPEC["model"], "memoryLimit": "32Gi"}
     kube = StubKube(_vsvc(OWNER_SPEC, {"baseline": OWNER_SPEC["engine"], "inFlight": _forged(target)}))
     heal_apply.complete(kube, OperatorConfig(), None, NS, "svc", LOG)  # type: ignore[arg-type]
-    assert "attacker/remote-code-tokenizer" not in (kube.body["spec"]["engine"].get("extraArgs") or []), kube.body["spec"]
+    assert "attacker/remote-code-tokenizer" not in (kube.body["spec"]["engine"].get("extraArgs") or []), kube.body[
+        "spec"
+    ]
     for manifests in kube.applied:
         dep = next(m for m in manifests if m["kind"] == "Deployment")
         assert "attacker/remote-code-tokenizer" not in dep["spec"]["template"]["spec"]["containers"][0]["command"]
@@ -156,12 +137,6 @@ def test_a_forged_in_flight_heal_does_not_bring_another_repositorys_code_through
 # --- (3) controlled_by: an ownerReference is anyone's to copy -------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="controlled_by trusts a controller ownerReference by uid, which anyone who may create Deployments can "
-    "copy off the real Deployment (the API server checks no owner's uid, and blockOwnerDeletion left out needs no "
-    "grant): a decoy Deployment `decoy` with it still ends the heal in flight and marks the service Running.",
-)
 def test_a_decoy_deployment_with_a_copied_owner_reference_does_not_end_the_heal_in_flight(monkeypatch):
     # The decoy of test_review_session41_tenant's decoy test, plus the ownerReference it reads off the service's own
     # Deployment `svc` (or the VLLMService's metadata.uid): {apiVersion, kind VLLMService, name svc, uid, controller:
@@ -245,9 +220,10 @@ def _gemma3_runtime_oom() -> str:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="concurrency_held scales the context in proportion to the cache, which a sliding window's layers break "
-    "(their part does not shrink with the context): for gemma-3-1b the cut's 0.154 GiB cache is said to hold 15,280 "
-    "tokens, and vLLM's own figures (0.1465 GiB holds 5,472) say at most ~6,000: a certain second crash.",
+    reason="a limit: without the model's config nothing vLLM prints tells a sliding window (since 0.25 its 'GPU KV "
+    "cache size' is concurrency x max_model_len), so a cut's context is sized in proportion, which a window's "
+    "fixed part breaks: gemma-3-1b's 0.154 GiB is said to hold 15,280 tokens where it holds ~6,000. vLLM's refusal "
+    "at the next start then sizes the context by its own estimate (before, the cut came with no context at all).",
 )
 def test_a_shape_free_cut_does_not_size_a_windowed_models_context_in_proportion():
     # vLLM 0.25 on gemma-3-1b, batched 8,192 (real, window-logs/window-gemma3-150-b8192.log): 150 MiB of cache holds

@@ -93,7 +93,7 @@ def _complete(kube: Kube, cfg: OperatorConfig, ns: str, name: str, logger: kopf.
     if intent is None:
         return
     if not intent.applied:
-        refused = resources.past_policy(obj.spec, intent.target, IN_FLIGHT_FIELDS)
+        refused = _in_flight_refused(obj, intent)
         if refused is not None:  # (status is no proof of who wrote it: only the operator's own heals pass)
             logger.warning(f"the heal recorded for {ns}/{name} is dropped: {refused}")
             if update_status(kube, cfg, ns, name, lambda fresh: _drop(fresh, intent)) is not None:
@@ -118,6 +118,15 @@ IN_FLIGHT_FIELDS = (
     "status.inFlight.target.engine",
     "status.inFlight.target.memoryLimit",
 )
+
+
+def _in_flight_refused(obj: VLLMService, intent: HealIntent) -> str | None:
+    """Why a heal recorded in status is past the spec's policy (resources.past_policy), or leaves out the memory
+    limit the spec sets (PatchSpec would write that absence over it: no limit at all); None for the heals the
+    planner makes."""
+    if intent.target.memory_limit is None and obj.spec.resources.limits.memory is not None:
+        return f"{IN_FLIGHT_FIELDS[2]} is unset where the spec sets a memory limit"
+    return resources.past_policy(obj.spec, intent.target, IN_FLIGHT_FIELDS)
 
 
 def _spec_change(fresh_body: dict[str, Any], intent: HealIntent) -> dict[str, Any] | None:

@@ -289,8 +289,10 @@ def deployment_progress(kube: Kube, cfg: OperatorConfig, ns: str, name: str, dep
     )
 
     def change(fresh_body: dict[str, Any]) -> dict[str, Any] | None:
-        if not controlled_by(dep, fresh_body):
-            return None  # (a Deployment that wears the service's labels but is not its own: not its rollout)
+        if not controlled_by(dep, fresh_body) or dep.get("metadata", {}).get("name") != name:
+            # (a Deployment that wears the service's labels, or copies its ownerReference, whose uid the API server
+            # checks not: only the one named after the service, which the operator applies, is its rollout)
+            return None
         fresh = heal.parse(fresh_body)
         status = fresh_body.get("status") or {}
         intent = fresh.status.in_flight

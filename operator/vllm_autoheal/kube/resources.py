@@ -117,6 +117,9 @@ def past_policy(spec: VLLMServiceSpec, target: Deployed, fields: tuple[str, str,
         return f"{model_at} is neither spec.model nor the quantized fallback the policy allows"
     if engine.pipeline_parallel_size != spec.engine.pipeline_parallel_size:
         return f"{engine_at}.pipelineParallelSize differs from the spec's (no heal changes it)"
+    if list(engine.extra_args or []) != list(spec.engine.extra_args or []):
+        # (no heal changes them: another repository's code, a tokenizer or a draft model, comes in through them)
+        return f"{engine_at}.extraArgs differ from the spec's (no heal changes them)"
     top = max(spec.engine.tensor_parallel_size, bounds.max_tensor_parallel_size or 0)
     if engine.tensor_parallel_size > top:
         return f"{engine_at}.tensorParallelSize {engine.tensor_parallel_size} is above {top}"

@@ -227,9 +227,11 @@ def concurrency_held(ctx: Context, kv_gib: float) -> tuple[int, int] | None:
     """(the longest request a KV cache of kv_gib holds, the context that ran) by vLLM's own figures, where the
     model's shape is not known: the budget it printed held "Maximum concurrency" requests of the context that
     ran (read 0.005 low, its rounding), so one request takes budget / concurrency, and a cache of another size
-    holds a context in proportion. Exact for full attention; a windowed layer's part does not grow with the
-    context, so a larger cache holds more than this says, a smaller one a little less. None where vLLM
-    printed no budget or no concurrency."""
+    holds a context in proportion. Exact for full attention (and within a block for a Mamba hybrid's state); a
+    windowed layer's part does not grow with the context, so a larger cache holds more than this says and a
+    smaller one may hold much less (gemma-3-1b: 6,000 tokens, not 15,000), which nothing vLLM prints shows (its
+    "GPU KV cache size" is the concurrency x max_model_len since 0.25). None where vLLM printed no budget or
+    no concurrency, or the shape is known (the memory model sizes it)."""
     budget, times, ran = ctx.kv_budget(), ctx.num("max_concurrency"), ctx.num("max_model_len")
     if not budget or budget <= 0 or times is None or times - 0.005 <= 0 or not ran or ctx.inv.shape is not None:
         return None

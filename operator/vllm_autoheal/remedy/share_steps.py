@@ -27,7 +27,10 @@ def fit_utilization_to_free(ctx: Context) -> Remedy | None:
     new, free, basis, printed = share
     if new < ctx.floor or new >= ctx.engine.gpu_memory_utilization:
         return None
-    changes, why = with_context_held(ctx, new)
+    cut = with_context_held(ctx, new)
+    if cut is None:
+        return None
+    changes, why = cut
     total = ctx.total or 0.0
     if ctx.engine.kv_cache_memory_bytes:  # (a cache of a fixed size: the share that passes vLLM's check must hold it)
         fitted = _fixed_cache_within(ctx, new)
@@ -113,9 +116,11 @@ def estimate_at(ctx: Context, util: float) -> Estimate | None:
     return ctx.estimate(ctx.engine.model_copy(update={"gpu_memory_utilization": util}))
 
 
-def with_context_held(ctx: Context, util: float) -> tuple[dict[str, float | int], str]:
-    """A utilization cut, with the context its smaller cache holds where the memory model says the
-    current one no longer fits (3% margin): said now, in the same restart, not after a second crash."""
+def with_context_held(ctx: Context, util: float) -> tuple[dict[str, float | int], str] | None:
+    """A utilization cut, with the context its smaller cache holds where the memory model (without the model's
+    shape: vLLM's printed budget and concurrency) says the current one no longer fits (3% margin): said now, in
+    the same restart, not after a second crash. None where it no longer fits and no cut of it may come (the
+    bounds, the allowed actions): the cut alone would be refused at the next start."""
     changes: dict[str, float | int] = {"gpu_memory_utilization": util}
     est = estimate_at(ctx, util)
     if est is not None:
@@ -131,7 +136,7 @@ def with_context_held(ctx: Context, util: float) -> tuple[dict[str, float | int]
         return changes, ""
     length = shorter_context(ctx, fit * 0.97)
     if length is None:
-        return changes, ""
+        return None
     changes["max_model_len"] = length
     return changes, f" {basis} its KV cache holds {length:,} tokens: max_model_len -> {length:,}."
 

@@ -207,7 +207,7 @@ def room_for_graphs(ctx: Context) -> Remedy | None:
     new = min(round_util(current - (need - max(headroom, 0.0)) / total), ctx.policy.bounds.max_gpu_memory_utilization)
     if (ctx.floor is not None and new < ctx.floor) or new >= current:
         return None
-    changes, why = with_context_held(ctx, new)
+    cut = with_context_held(ctx, new)
     est = estimate_at(ctx, new)
     short = est is not None and est.max_model_len_fit < est.max_model_len  # (whether or not a cut may come)
     if graphs and short:
@@ -224,9 +224,10 @@ def room_for_graphs(ctx: Context) -> Remedy | None:
             and held.max_model_len_fit * 0.97 >= held.max_model_len  # (with the 3% margin)
             and _captures_beside_others(ctx, lean)
         ):
-            new, changes, why, short = lean, {"gpu_memory_utilization": lean}, "", False
-    if short and "max_model_len" not in changes:
+            new, cut = lean, ({"gpu_memory_utilization": lean}, "")
+    if cut is None:
         return None  # (the cache left no longer holds the context, and no cut of it may come: the next step)
+    changes, why = cut
     return Remedy(
         "LowerGpuMemoryUtilization",
         changes,
@@ -271,10 +272,10 @@ def lower_utilization_step(ctx: Context) -> Remedy | None:
     if new < ctx.floor:
         return None
     basis = f"{tried:g} GiB failed to allocate" if tried else "no allocation size was printed"
-    changes, why = with_context_held(ctx, new)
-    est = estimate_at(ctx, new)
-    if "max_model_len" not in changes and est is not None and est.max_model_len_fit < est.max_model_len:
+    cut = with_context_held(ctx, new)
+    if cut is None:
         return None  # (the smaller cache holds no request of the context, which may not be shortened)
+    changes, why = cut
     return Remedy(
         "LowerGpuMemoryUtilization",
         changes,

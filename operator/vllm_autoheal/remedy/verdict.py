@@ -23,8 +23,11 @@ def expected(ctx: Context, changes: dict[str, Any]) -> str:
     after = ctx.engine.model_copy(update={k: v for k, v in changes.items() if k in EngineArgs.model_fields})
     est = ctx.estimate(after, ctx.inv.gpu_free_gib, shape)
     verdict = "fits" if est.fits else f"still fails: {'; '.join(est.reasons)}"
+    # (a windowed or state layer's cache does not grow with the context: one request may then be longer than
+    # the tokens vLLM counts)
+    longest = f", one request of up to {est.max_model_len_fit:,}," if est.max_model_len_fit != est.kv_tokens else ""
     return (
-        f"KV cache {est.kv_cache_gib:.2f} GiB holds {est.kv_tokens:,} tokens for max_model_len "
+        f"KV cache {est.kv_cache_gib:.2f} GiB holds {est.kv_tokens:,} tokens{longest} for max_model_len "
         f"{est.max_model_len:,} ({verdict})."
     )
 
