@@ -11,14 +11,6 @@ import re
 
 import pytest
 
-from vllm_autoheal.api import Deployed, EngineArgs, HealIntent, VLLMServiceSpec
-from vllm_autoheal.diagnosis import Signals, classify
-from vllm_autoheal.gpu_catalog import lookup
-from vllm_autoheal.kube import handlers, heal_apply, resources
-from vllm_autoheal.kube.config import OperatorConfig
-from vllm_autoheal.remedy import Inventory, plan_heal
-
-import test_review_session41_tenant as tenant
 from test_review_session41_heal import GPU_FIXTURES, _runtime_oom_at_the_kv_heals_share
 from test_review_session41_tenant import (  # noqa: F401  (the autouse fixture that quiets events)
     EVENTS,
@@ -31,6 +23,12 @@ from test_review_session41_tenant import (  # noqa: F401  (the autouse fixture t
     _quiet,
     _vsvc,
 )
+from vllm_autoheal.api import VLLMServiceSpec
+from vllm_autoheal.diagnosis import Signals, classify
+from vllm_autoheal.gpu_catalog import lookup
+from vllm_autoheal.kube import handlers, heal_apply, resources
+from vllm_autoheal.kube.config import OperatorConfig
+from vllm_autoheal.remedy import Inventory, plan_heal
 
 H200 = lookup("NVIDIA-H200")
 

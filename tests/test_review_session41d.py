@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from vllm_autoheal.api import EngineArgs, VLLMServiceSpec
 from vllm_autoheal.diagnosis import Diagnosis, Signals, classify
 from vllm_autoheal.diagnosis.model import Cause
@@ -49,11 +47,6 @@ def _runtime_oom_beside_another_process_034() -> str:
     return "\n".join(lines[: at + 1] + [warmup] + lines[at + 1 :])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="0.34: a runtime OOM's utilization cut where the extensible cache was sized by the free memory, "
-    "not the budget, leaves the cache (and the headroom) as it was",
-)
 def test_a_runtime_cut_under_0_34_beside_another_process_gives_the_failed_allocation_room():
     # Llama-3.1-8B, eager, utilization 0.9 on an H200 (139.8 GiB) beside a process holding 68.58 GiB (the probe:
     # 71.22 GiB free). 0.34's cache holds min(budget, free - margin) less what the engine holds: the budget
@@ -97,11 +90,6 @@ def _refused_before_warmup(util: float, bound: float) -> tuple[EngineArgs, Diagn
     return engine, d
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="0.34: where the budget vLLM printed before warm-up is below the graphs warm-up takes off it, "
-    "LowerMaxModelLen keeps vLLM's estimate whole: no block is left after warm-up",
-)
 def test_a_context_cut_under_0_34_is_not_sized_from_a_budget_warm_up_empties():
     # Llama-3.1-8B on an H100 at 0.22 (bounds: maxGpuMemoryUtilization 0.22), max_model_len 131,072 (16.00 GiB).
     # vLLM 0.34's first check prints a budget of 0.34 GiB and estimates 2,784 tokens. After warm-up and capture the
@@ -119,11 +107,6 @@ def test_a_context_cut_under_0_34_is_not_sized_from_a_budget_warm_up_empties():
     assert r.gives_up or after.fits, (r.summary(), after.reasons)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="0.34: raise_utilization_blind's 'budget stays empty at the limit' check and its grown budget leave "
-    "out the graphs warm-up takes off the cache",
-)
 def test_a_blind_raise_under_0_34_is_not_made_where_warm_up_leaves_the_grown_budget_empty():
     # vLLM 0.34 at 0.21 on an H100 (79.19 GiB), no config.json known: "Available KV cache memory: -0.45 GiB", then
     # "No available memory for the cache blocks". Bounds: maxGpuMemoryUtilization 0.22. The heal raises to 0.22:
@@ -175,11 +158,6 @@ def _pp_refusal(first: float, last: float, needed: float, estimated: int, contex
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="PP: _raise_with_estimate scales vLLM's estimate by the refused stage's budget, not the smallest "
-    "stage's, which the raise grows by the same GiB from less",
-)
 def test_a_raise_with_a_context_on_a_pipeline_holds_the_context_on_the_smallest_stage():
     # Two L4s (22.05 GiB), pipelineParallelSize 2, max_model_len 32,768 at 0.9, bounds minMaxModelLen 4,096. Stage 0
     # printed 2.00 GiB, stage 1 (the last: logits and sampler) 1.00 GiB; vLLM refused on stage 0: 8.00 GiB needed,

@@ -64,7 +64,9 @@ def lower_max_model_len(ctx: Context) -> Remedy | None:
         source = f"vLLM's estimate, on the smallest stage's {smallest:g} GiB (3% margin)"
     current = ctx.context
     loss, printed = ctx.warmup_loss(), ctx.num("available_gib") or budget
-    if estimated and loss and printed and printed > loss:
+    if estimated and loss and printed:
+        if printed <= loss:
+            return None  # (0.34: the graphs warm-up captures take all the budget vLLM printed: no context holds)
         if ctx.inv.shape is not None and ctx.total and budget is not None:
             estimated = None  # (sized below from the budget warm-up leaves, at the shape's bytes a token)
         else:  # (in proportion: a window's layers would make it fewer; the 3% margin covers a little of that)
@@ -104,10 +106,11 @@ def empty_budget(ctx: Context) -> str:
     budget, total, current = ctx.kv_budget(), ctx.total, ctx.engine.gpu_memory_utilization
     if ctx.diag.cause != "kv_cache_insufficient" or budget is None or budget > 0 or not total:
         return ""
-    limit = max(raise_limit(ctx), current)
+    limit, loss = max(raise_limit(ctx), current), ctx.warmup_loss()
+    after = f" after the {loss:g} GiB of graphs warm-up takes off it" if loss else ""
     return (
         f"vLLM's KV budget was {budget:g} GiB at utilization {current}; the most the bounds and free memory "
-        f"allow ({limit}) leaves it at {budget + (limit - current) * total:.2f} GiB, so no raise was made."
+        f"allow ({limit}) leaves it at {budget - loss + (limit - current) * total:.2f} GiB{after}, so no raise was made."
     )
 
 
@@ -127,7 +130,8 @@ def raise_utilization_blind(ctx: Context) -> Remedy | None:
     if needed is not None and available is not None:
         return _raise_with_estimate(ctx, needed, available, limit)
     budget, why = _budget_before(ctx)
-    grown = budget + (limit - current) * total if budget is not None and total else None
+    # (0.34: the cache after warm-up holds the budget less the graphs captured)
+    grown = budget - ctx.warmup_loss() + (limit - current) * total if budget is not None and total else None
     if grown is not None and grown <= 0:
         return None  # vLLM's own budget stays empty at the limit: a certain second crash
     held = (context_held(ctx, grown) or concurrency_held(ctx, grown)) if grown is not None else None
@@ -194,16 +198,22 @@ def _raise_with_estimate(ctx: Context, needed: float, available: float, limit: f
     if not total or not estimated or not available:
         return None
     # The cache grows by exactly the memory added; tokens grow at least in proportion (a sliding
-    # window's layers need no more past the window), so scaling vLLM's estimate up is safe.
-    grown = available - ctx.warmup_loss() + (limit - ctx.engine.gpu_memory_utilization) * total
-    new = shorter_context(ctx, estimated * grown / available * 0.99)
+    # window's layers need no more past the window), so scaling vLLM's estimate up is safe. Each rank and
+    # pipeline stage grows by the same GiB: the smallest one printed (3% margin, as lower_max_model_len's) is
+    # the one that must hold the context.
+    smallest = smaller_budget(ctx)
+    base, margin = (smallest, 0.97) if smallest else (available, 0.99)
+    grown = base - ctx.warmup_loss() + (limit - ctx.engine.gpu_memory_utilization) * total
+    holds = estimated * grown / available
+    new = shorter_context(ctx, holds * margin)
     if new is None:
         return None
+    stage = f" on the smallest stage ({smallest:g} GiB)" if smallest else ""
     return Remedy(
         "RaiseGpuMemoryUtilization",
         {"gpu_memory_utilization": limit, "max_model_len": new},
         f"the KV cache needs {needed:g} GiB and has {available:g} GiB; utilization {limit} (the most the bounds "
-        f"and free memory allow) gives it {grown:.2f} GiB, which holds about {int(estimated * grown / available):,} "
+        f"and free memory allow) gives it {grown:.2f} GiB{stage}, which holds about {int(holds):,} "
         f"tokens by vLLM's estimate: max_model_len -> {new:,}.",
     )
 

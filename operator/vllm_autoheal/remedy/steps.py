@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from ..diagnosis.units import GIB
 from ..engine import switched
+from ..extensible_kv import extensible_kv_cache
 from ..memory import (
     CUDA_CONTEXT_GIB,
 )
@@ -259,6 +260,23 @@ def enforce_eager(ctx: Context) -> Remedy | None:
     )
 
 
+def _below_a_free_sized_cache(ctx: Context, new: float, room_gib: float) -> float:
+    """vLLM 0.34's extensible cache holds what was free after warm-up where that is less than the budget (another
+    process beside it): a cut frees nothing until the budget comes below it. The utilization (down from `new`, by
+    0.01) at which the memory model's cache, beside what the launcher saw free, comes down by `room_gib`; `new`
+    where the release sizes the cache by the budget alone, or the model's shape or the free memory is unknown."""
+    free = ctx.inv.gpu_free_gib
+    if free is None or ctx.inv.shape is None or not ctx.total or not extensible_kv_cache(ctx.engine, ctx.inv.release):
+        return new
+    want = ctx.estimate(free_gib=free).kv_cache_gib - room_gib
+    util = new
+    while util >= ctx.floor and util > 0.01:
+        if ctx.estimate(ctx.engine.model_copy(update={"gpu_memory_utilization": util}), free).kv_cache_gib <= want:
+            return util
+        util = round_util(util - 0.01)
+    return util
+
+
 def lower_utilization_step(ctx: Context) -> Remedy | None:
     """Leave headroom sized from what failed to allocate (or ~1 GiB of graphs), at least 0.02."""
     if ctx.diag.cause == "gpu_util_exceeds_free" and (ctx.num("free_gib") is not None or ctx.num("others_gib")):
@@ -269,6 +287,9 @@ def lower_utilization_step(ctx: Context) -> Remedy | None:
     tried = ctx.num("tried_gib") or 0.0
     step = 0.02 if not total else max(0.02, round_util((tried + 0.5) / total, down=False))
     new = round_util(ctx.engine.gpu_memory_utilization - step)
+    stepped = new
+    if ctx.diag.cause == "runtime_oom":
+        new = _below_a_free_sized_cache(ctx, new, tried + 0.5)
     if new < ctx.floor:
         return None
     basis = f"{tried:g} GiB failed to allocate" if tried else "no allocation size was printed"
@@ -279,5 +300,12 @@ def lower_utilization_step(ctx: Context) -> Remedy | None:
     return Remedy(
         "LowerGpuMemoryUtilization",
         changes,
-        f"{basis}; utilization {ctx.engine.gpu_memory_utilization} -> {new} leaves that much headroom.{why}",
+        f"{basis}; utilization {ctx.engine.gpu_memory_utilization} -> {new} leaves that much headroom"
+        + (
+            " (vLLM's extensible KV cache held what was free beside another process, less than the budget: "
+            f"{stepped} would have left it as it was)."
+            if new != stepped
+            else "."
+        )
+        + why,
     )
