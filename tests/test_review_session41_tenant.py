@@ -208,6 +208,39 @@ def _healed_status(spec: dict[str, Any]) -> tuple[dict[str, Any], str]:
     return status, fp(after)
 
 
+HEALED_SPEC = {
+    "model": "meta-llama/Llama-3.1-8B-Instruct",
+    "engine": {"gpuMemoryUtilization": 0.9, "maxModelLen": 32768},
+    "resources": {"limits": {"memory": "32Gi"}},
+    "heal": {"mode": "StatusOverrides"},
+}
+
+
+def decoy_deployment(template: str | None, replicas: int = 1, available: int = 1, owner: dict | None = None) -> dict:
+    """A Deployment `decoy` that anyone who may create Deployments in the namespace can make: the service's two
+    labels, the heal's template hash (readable off the real Deployment), and an ownerReference where given."""
+    annotations = {resources.ENGINE_HASH: template} if template else {}
+    meta: dict[str, Any] = {
+        "name": "decoy",
+        "namespace": NS,
+        "uid": "decoy-uid",
+        "generation": 1,
+        "labels": {resources.MANAGED_BY: resources.MANAGER, resources.SERVICE_LABEL: "svc"},
+    }
+    if owner is not None:
+        meta["ownerReferences"] = [owner]
+    status = {"observedGeneration": 1, "replicas": replicas, "availableReplicas": available}
+    if available:
+        status["updatedReplicas"] = available
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": meta,
+        "spec": {"replicas": replicas, "template": {"metadata": {"annotations": annotations}}},
+        "status": status,
+    }
+
+
 def test_a_decoy_deployment_does_not_mark_the_heal_rolled_out_nor_the_service_running(monkeypatch):
     """Severity: medium (false status and a heal's safety net switched off; one namespace). Input: someone who
     may create Deployments in the namespace but not edit the VLLMService (the same actor ownership.py
@@ -221,28 +254,11 @@ def test_a_decoy_deployment_does_not_mark_the_heal_rolled_out_nor_the_service_ru
     service stays down), and a crash of the heal's pods is no longer seen as the rolled-out heal's.
     Right: only the Deployment the service controls (its ownerReference to the service's uid, as
     owned_deleted and pods.create_refused already require) moves the rollout's status."""
-    spec = {
-        "model": "meta-llama/Llama-3.1-8B-Instruct",
-        "engine": {"gpuMemoryUtilization": 0.9, "maxModelLen": 32768},
-        "resources": {"limits": {"memory": "32Gi"}},
-        "heal": {"mode": "StatusOverrides"},
-    }
+    spec = HEALED_SPEC
     status, template = _healed_status(spec)
     kube = StubKube(_vsvc(spec, status))
     monkeypatch.setattr(handlers, "_kube", lambda memo: kube)
-    decoy = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {
-            "name": "decoy",
-            "namespace": NS,
-            "uid": "decoy-uid",
-            "generation": 1,
-            "labels": {resources.MANAGED_BY: resources.MANAGER, resources.SERVICE_LABEL: "svc"},
-        },
-        "spec": {"replicas": 1, "template": {"metadata": {"annotations": {resources.ENGINE_HASH: template}}}},
-        "status": {"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1, "availableReplicas": 1},
-    }
+    decoy = decoy_deployment(template)
     handlers.deployment_progress(body=decoy, type="MODIFIED", namespace=NS, memo={}, logger=LOG)  # type: ignore[arg-type]
     after = kube.body["status"]
     assert after.get("inFlight") is not None, "the decoy's readiness ended the heal in flight"
@@ -265,19 +281,7 @@ def test_a_decoy_deployment_that_is_not_ready_does_not_unready_a_running_service
     ready = {"type": "Ready", "status": "True", "reason": "Running", "lastTransitionTime": LONG_AGO}
     kube = StubKube(_vsvc(spec, {"baseline": spec["engine"], "phase": "Running", "conditions": [ready]}))
     monkeypatch.setattr(handlers, "_kube", lambda memo: kube)
-    decoy = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {
-            "name": "decoy",
-            "namespace": NS,
-            "uid": "decoy-uid",
-            "generation": 1,
-            "labels": {resources.MANAGED_BY: resources.MANAGER, resources.SERVICE_LABEL: "svc"},
-        },
-        "spec": {"replicas": 3, "template": {"metadata": {"annotations": {}}}},
-        "status": {"observedGeneration": 1, "replicas": 3, "availableReplicas": 0},
-    }
+    decoy = decoy_deployment(None, replicas=3, available=0)
     handlers.deployment_progress(body=decoy, type="MODIFIED", namespace=NS, memo={}, logger=LOG)  # type: ignore[arg-type]
     status = kube.body["status"]
     cond = next(c for c in status["conditions"] if c["type"] == "Ready")

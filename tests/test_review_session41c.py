@@ -12,16 +12,17 @@ import re
 import pytest
 
 from test_review_session41_heal import GPU_FIXTURES, _runtime_oom_at_the_kv_heals_share
-from test_review_session41_tenant import (  # noqa: F401  (the autouse fixture that quiets events)
-    EVENTS,
+from test_review_session41_tenant import (
+    HEALED_SPEC,
     LOG,
     NS,
     OWNER_SPEC,
     StubKube,
     _forged_in_flight,
     _healed_status,
-    _quiet,
+    _quiet,  # noqa: F401  (the autouse fixture that quiets events)
     _vsvc,
+    decoy_deployment,
 )
 from vllm_autoheal.api import VLLMServiceSpec
 from vllm_autoheal.diagnosis import Signals, classify
@@ -140,12 +141,7 @@ def test_a_decoy_deployment_with_a_copied_owner_reference_does_not_end_the_heal_
     # Deployment `svc` (or the VLLMService's metadata.uid): {apiVersion, kind VLLMService, name svc, uid, controller:
     # true}. The operator's Deployment is named after the service (resources.deployment): a Deployment of another name
     # is never its rollout, whoever it names as its controller.
-    spec = {
-        "model": "meta-llama/Llama-3.1-8B-Instruct",
-        "engine": {"gpuMemoryUtilization": 0.9, "maxModelLen": 32768},
-        "resources": {"limits": {"memory": "32Gi"}},
-        "heal": {"mode": "StatusOverrides"},
-    }
+    spec = HEALED_SPEC
     status, template = _healed_status(spec)
     kube = StubKube(_vsvc(spec, status))
     monkeypatch.setattr(handlers, "_kube", lambda memo: kube)
@@ -156,20 +152,7 @@ def test_a_decoy_deployment_with_a_copied_owner_reference_does_not_end_the_heal_
         "uid": kube.body["metadata"]["uid"],
         "controller": True,
     }
-    decoy = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {
-            "name": "decoy",
-            "namespace": NS,
-            "uid": "decoy-uid",
-            "generation": 1,
-            "labels": {resources.MANAGED_BY: resources.MANAGER, resources.SERVICE_LABEL: "svc"},
-            "ownerReferences": [owner],
-        },
-        "spec": {"replicas": 1, "template": {"metadata": {"annotations": {resources.ENGINE_HASH: template}}}},
-        "status": {"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1, "availableReplicas": 1},
-    }
+    decoy = decoy_deployment(template, owner=owner)
     handlers.deployment_progress(body=decoy, type="MODIFIED", namespace=NS, memo={}, logger=LOG)  # type: ignore[arg-type]
     after = kube.body["status"]
     assert after.get("inFlight") is not None, "the decoy's readiness ended the heal in flight"
@@ -179,12 +162,7 @@ def test_a_decoy_deployment_with_a_copied_owner_reference_does_not_end_the_heal_
 def test_the_services_own_deployment_still_ends_the_heal():
     """The control for (3): the Deployment the operator renders (named after the service, its ownerReference by uid)
     ends the rolled-out heal."""
-    spec = {
-        "model": "meta-llama/Llama-3.1-8B-Instruct",
-        "engine": {"gpuMemoryUtilization": 0.9, "maxModelLen": 32768},
-        "resources": {"limits": {"memory": "32Gi"}},
-        "heal": {"mode": "StatusOverrides"},
-    }
+    spec = HEALED_SPEC
     status, template = _healed_status(spec)
     kube = StubKube(_vsvc(spec, status))
     dep = next(m for m in resources.render(heal_apply.parse(kube.body)) if m["kind"] == "Deployment")
