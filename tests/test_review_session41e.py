@@ -57,11 +57,6 @@ def _plan_refused(heal: dict[str, Any]):
     return plan_heal(spec, d, inventory=Inventory(gpu_total_gib=H200.memory_gib, gpu_name=H200.name))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fit_utilization_to_free declines the cut whose cache no longer holds the kept context and gives up, "
-    "where the cut with an fp8 KV cache (allowed by default) holds it",
-)
 def test_a_share_cut_beside_a_grown_process_keeps_the_bounded_context_with_an_fp8_cache_rather_than_giving_up():
     # 30.00 GiB free of 139.8: fit_utilization_to_free cuts 0.24 -> 0.19 (26.56 GiB asked, 3.44 of margin). vLLM's
     # own figures: 17.45 GiB held 1.09x one request of 131,072 (16.08 GiB a request); at 0.19 the budget is
@@ -78,11 +73,6 @@ def test_a_share_cut_beside_a_grown_process_keeps_the_bounded_context_with_an_fp
     assert tokens >= r.changes.get("max_model_len", 131072), r.summary()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the give-up after a declined share cut says only 'tried: none', not that the cut's cache would not "
-    "hold the context minMaxModelLen keeps",
-)
 def test_the_give_up_after_a_declined_share_cut_says_the_cache_would_not_hold_the_kept_context():
     # The same refusal with Fp8KvCache not allowed: a give-up is right now (0.19 leaves ~85,300 tokens, the bound
     # keeps 131,072). Its reason is "no allowed change is left for gpu_util_exceeds_free within the bounds (tried:
@@ -98,11 +88,6 @@ def test_the_give_up_after_a_declined_share_cut_says_the_cache_would_not_hold_th
 # --- 2. pipeline parallelism: the smallest stage -----------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="lower_max_model_len under 0.34 takes the warm-up loss off the refused stage's budget, not the smallest "
-    "stage's: max_model_len 2,320 where stage 1 holds ~860 tokens after warm-up",
-)
 def test_a_context_cut_on_a_pipeline_under_0_34_counts_the_warm_up_loss_on_the_smallest_stage():
     # Two L4s, pipelineParallelSize 2, vLLM 0.34 (graphs captured: warm-up takes 0.99 GiB off each stage's cache),
     # no config.json. Stage 0 printed 2.00 GiB, stage 1 1.20 GiB; vLLM refused on stage 0: 8.00 GiB needed, 8,192
@@ -122,11 +107,6 @@ def test_a_context_cut_on_a_pipeline_under_0_34_counts_the_warm_up_loss_on_the_s
     assert r.gives_up or r.changes.get("max_model_len", 32768) <= 4096 * after_warmup * per_token, r.summary()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fp8_kv_cache on a pipeline sizes the context from the refused stage's estimate, not the smallest "
-    "stage's: max_model_len 16,208 where stage 1 holds 8,192 fp8 tokens",
-)
 def test_an_fp8_cache_on_a_pipeline_holds_the_context_on_the_smallest_stage():
     # 41d's pipeline refusal (two L4s, PP 2, max_model_len 32,768): stage 0 2.00 GiB, stage 1 1.00 GiB, 8,192
     # tokens estimated on stage 0 (4,096 a GiB). Bounds: maxGpuMemoryUtilization 0.9 (no raise), minMaxModelLen
@@ -185,11 +165,6 @@ def _fresh_chains(monkeypatch):
     monkeypatch.setattr(ownership, "_chains", type(ownership._chains)())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="run_by_service accepts a pod of a decoy Deployment whose ownerReference copies the service's uid: "
-    "188f4a2 requires the service's name of the Deployment only in deployment_progress",
-)
 def test_a_pod_of_a_decoy_deployment_with_a_copied_owner_reference_is_not_the_services(_fresh_chains):
     # 188f4a2: "only the Deployment named after the service and controlled by it moves its rollout (an
     # ownerReference's uid is anyone's to copy)". The crash path reads the same chain: pod -> ReplicaSet (by uid)

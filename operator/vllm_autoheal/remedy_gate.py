@@ -39,6 +39,7 @@ CALLS_FOR: dict[str, dict[str, int]] = {
         "gpu_memory_utilization": DOWN,
         "kv_cache_memory_bytes": DOWN,
         "max_model_len": DOWN,
+        "kv_cache_dtype": ANY,  # (fp8, only with the cut, where the context may not be shortened: ONLY_WITH)
         "tensor_parallel_size": UP,  # where the weights do not fit beside the others at any share
     },
     "weights_load_oom": {
@@ -79,6 +80,8 @@ ONLY_WITH: dict[tuple[str, str], tuple[str, ...]] = {
     ("gpu_util_exceeds_free", "tensor_parallel_size"): ("gpu_memory_utilization",),
     ("profiling_oom", "max_model_len"): ("gpu_memory_utilization",),
     ("runtime_oom", "max_model_len"): ("gpu_memory_utilization", "kv_cache_memory_bytes"),
+    # (an fp8 cache with the cut to what is free, whose smaller cache holds the context only so: with_context_held)
+    ("gpu_util_exceeds_free", "kv_cache_dtype"): ("gpu_memory_utilization",),
 }
 # Figures vLLM takes per GPU that a split may lower, whatever its cause: each of the more ranks holds its
 # share of what one did (cpu_offload_gb: the host memory that ran, over more ranks).

@@ -96,6 +96,10 @@ def _chain_end(kube: Reader, namespace: str, rs_ref: dict[str, Any]) -> tuple[st
         return NONE
     dep = kube.get(f"/apis/apps/v1/namespaces/{namespace}/deployments/{dep_ref['name']}")
     svc_ref = controller(dep, KIND) if _uid(dep) == dep_ref["uid"] else None
-    if svc_ref is None or _uid(kube.get_vsvc(namespace, svc_ref["name"])) != svc_ref["uid"]:
+    # (the service's Deployment is named after it: the API server checks no owner's uid, so an ownerReference
+    # copied onto a Deployment of another name makes it no more the service's)
+    if svc_ref is None or svc_ref["name"] != dep_ref["name"]:
+        return NONE
+    if _uid(kube.get_vsvc(namespace, svc_ref["name"])) != svc_ref["uid"]:
         return NONE
     return str(svc_ref["name"]), str(svc_ref["uid"])

@@ -21,6 +21,14 @@ def whole_blocks(value: float) -> int:
     return int(value // BLOCK_SIZE) * BLOCK_SIZE
 
 
+def on_smallest_stage(ctx: Context, tokens: float) -> float:
+    """vLLM's estimate of the tokens its refused stage holds, on the smallest budget a rank or stage printed (a
+    smaller one holds that much less; 3% margin: the figures are rounded to 0.01 GiB, and the stage holds a block
+    fewer than its share); as it is where none printed less."""
+    smallest, refused = smaller_budget(ctx), ctx.num("available_gib")
+    return tokens * smallest / refused * 0.97 if smallest and refused else tokens
+
+
 def smaller_budget(ctx: Context) -> float | None:
     """The smallest KV budget a rank or pipeline stage printed, where it is below the refusal's own figure:
     vLLM refuses with the first short one's figures, and another may hold less."""
@@ -57,13 +65,15 @@ def lower_max_model_len(ctx: Context) -> Remedy | None:
         if estimated
         else ""
     )
-    smallest, refused = smaller_budget(ctx), ctx.num("available_gib")
-    if estimated and smallest and refused:  # (a smaller stage's cache holds that much less; 3% margin: the
-        # figures are rounded to 0.01 GiB, and the stage holds a block fewer than its share)
-        estimated = estimated * smallest / refused * 0.97
-        source = f"vLLM's estimate, on the smallest stage's {smallest:g} GiB (3% margin)"
+    smallest = smaller_budget(ctx)
+    if estimated and smallest:
+        estimated, source = (
+            on_smallest_stage(ctx, estimated),
+            f"vLLM's estimate, on the smallest stage's {smallest:g} GiB (3% margin)",
+        )
     current = ctx.context
-    loss, printed = ctx.warmup_loss(), ctx.num("available_gib") or budget
+    # (the budget warm-up takes the graphs off: the smallest stage's, where one printed less)
+    loss, printed = ctx.warmup_loss(), smallest or ctx.num("available_gib") or budget
     if estimated and loss and printed:
         if printed <= loss:
             return None  # (0.34: the graphs warm-up captures take all the budget vLLM printed: no context holds)
@@ -291,6 +301,7 @@ def fp8_kv_cache(ctx: Context) -> Remedy | None:
     if budget is not None and budget <= 0:
         return None  # twice nothing: vLLM printed no memory at all for the cache
     holds = ctx.num("estimated_max_model_len") or ctx.num("kv_tokens")
+    holds = on_smallest_stage(ctx, holds) if holds else holds
     if holds is None and budget is not None:  # (V1's budget and its concurrency below one request)
         held = context_held(ctx, budget) or concurrency_held(ctx, budget)
         holds = held[0] if held else None

@@ -139,6 +139,8 @@ class Context:
     diag: Diagnosis
     inv: Inventory
     limits: Limits
+    # why a step sized a change and declined it (no gate saw it): said where the plan gives up
+    declined: list[str] = field(default_factory=list)
 
     @property
     def policy(self) -> HealPolicy:

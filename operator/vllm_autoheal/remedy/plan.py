@@ -226,6 +226,7 @@ def plan_heal(
         refused.append(f"IncreaseTensorParallel refused: {unsplit}")
     if {cpu_offload, lower_cpu_offload} & set(steps) and (ignored := offload_ignored_note(ctx)):
         refused.append(f"CpuOffload and LowerCpuOffload refused: {ignored}")
+    refused += [note for note in dict.fromkeys(ctx.declined) if note not in refused]
     why = f"; {'; '.join(refused)}" if refused else ""
     advice = what_would_fit(ctx) or weights_beyond_free(ctx) or allocation_out_of_reach(ctx) or empty_budget(ctx)
     return Remedy(

@@ -4,6 +4,7 @@ estimate of the engine at another share with the context its smaller cache holds
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from ..diagnosis.units import GIB
 from ..memory import (
@@ -27,7 +28,7 @@ def fit_utilization_to_free(ctx: Context) -> Remedy | None:
     new, free, basis, printed = share
     if new < ctx.floor or new >= ctx.engine.gpu_memory_utilization:
         return None
-    cut = with_context_held(ctx, new)
+    cut = with_context_held(ctx, new, fp8=True)
     if cut is None:
         return None
     changes, why = cut
@@ -46,7 +47,7 @@ def fit_utilization_to_free(ctx: Context) -> Remedy | None:
     )
 
 
-def _fixed_cache_within(ctx: Context, util: float) -> tuple[dict[str, float | int], str] | None:
+def _fixed_cache_within(ctx: Context, util: float) -> tuple[dict[str, Any], str] | None:
     """A utilization cut where --kv-cache-memory-bytes fixes the cache: vLLM allocates that size whatever the share
     once its start-up check passes, so the cache comes down to what the share leaves beside the weights (the memory
     model's budget at that share), with the context it holds; None where that cannot be sized or is too small."""
@@ -116,12 +117,14 @@ def estimate_at(ctx: Context, util: float) -> Estimate | None:
     return ctx.estimate(ctx.engine.model_copy(update={"gpu_memory_utilization": util}))
 
 
-def with_context_held(ctx: Context, util: float) -> tuple[dict[str, float | int], str] | None:
+def with_context_held(ctx: Context, util: float, fp8: bool = False) -> tuple[dict[str, Any], str] | None:
     """A utilization cut, with the context its smaller cache holds where the memory model (without the model's
     shape: vLLM's printed budget and concurrency) says the current one no longer fits (3% margin): said now, in
     the same restart, not after a second crash. None where it no longer fits and no cut of it may come (the
-    bounds, the allowed actions): the cut alone would be refused at the next start."""
-    changes: dict[str, float | int] = {"gpu_memory_utilization": util}
+    bounds, the allowed actions): the cut alone would be refused at the next start. `fp8`: the cut is the only
+    change there is (what is free refused the share), so an fp8 KV cache that holds the context may come with it,
+    where the other causes' next steps (CUDA graphs off, fewer sequences) keep the cache's precision."""
+    changes: dict[str, Any] = {"gpu_memory_utilization": util}
     est = estimate_at(ctx, util)
     if est is not None:
         fit, context, basis = est.max_model_len_fit, est.max_model_len, "The memory model (3% margin) says"
@@ -136,9 +139,44 @@ def with_context_held(ctx: Context, util: float) -> tuple[dict[str, float | int]
         return changes, ""
     length = shorter_context(ctx, fit * 0.97)
     if length is None:
+        if fp8:
+            return _with_fp8_cache(ctx, util, fit, context, est is not None)
+        _declined(ctx, util, fit, context)
         return None
     changes["max_model_len"] = length
     return changes, f" {basis} its KV cache holds {length:,} tokens: max_model_len -> {length:,}."
+
+
+def _with_fp8_cache(
+    ctx: Context, util: float, fit: int, context: int, modelled: bool
+) -> tuple[dict[str, Any], str] | None:
+    """The cut with an fp8 KV cache, where the context may not be shortened and the cut's cache holds it in fp8
+    (twice the tokens a GiB; by the memory model where it sizes the cut), Fp8KvCache is allowed and the cache is
+    not quantized already; else None, the reason noted for a give-up."""
+    dtype = ctx.engine.kv_cache_dtype or "auto"
+    quantized = dtype != "auto" or (ctx.inv.shape is not None and ctx.inv.shape.auto_kv_dtype)
+    if modelled and not quantized:
+        fp8 = ctx.engine.model_copy(update={"gpu_memory_utilization": util, "kv_cache_dtype": "fp8"})
+        held_fp8 = ctx.estimate(fp8).max_model_len_fit * 0.97 >= context
+    else:
+        held_fp8 = 2 * fit * 0.97 >= context
+    if "Fp8KvCache" in ctx.policy.allowed_actions and not quantized and held_fp8:
+        return (
+            {"gpu_memory_utilization": util, "kv_cache_dtype": "fp8"},
+            f" Its KV cache holds about {fit:,} tokens, short of max_model_len {context:,}, which may not be "
+            "shortened: an fp8 KV cache, twice the tokens a GiB, holds it.",
+        )
+    _declined(ctx, util, fit, context)
+    return None
+
+
+def _declined(ctx: Context, util: float, fit: int, context: int) -> None:
+    """No cut: its reason noted, for a give-up."""
+    ctx.declined.append(
+        f"LowerGpuMemoryUtilization refused: utilization {util} leaves a KV cache of about {fit:,} tokens, short of "
+        f"max_model_len {context:,}, which the bounds (minMaxModelLen {ctx.policy.bounds.min_max_model_len:,}) or "
+        "the allowed actions keep"
+    )
 
 
 # vLLM's CPU backend sets the KV size from this variable over --kv-cache-memory-bytes (platforms/cpu.py).
