@@ -6,8 +6,6 @@ otherwise."""
 
 from __future__ import annotations
 
-import pytest
-
 from test_review_session41d import IMAGE, V034, _pp_refusal
 from test_review_session41e import H200, L4, _refused_beside_a_grown_process
 from vllm_autoheal.api import VLLMServiceSpec
@@ -25,11 +23,6 @@ def _plan_refused(engine: dict, heal: dict, free: float = 30.0):
     return plan_heal(spec, d, inventory=Inventory(gpu_total_gib=H200.memory_gib, gpu_name=H200.name))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_with_fp8_cache takes any kvCacheDtype but 'auto' for a quantized cache: an explicit bfloat16 cache "
-    "(16 bits, as auto) gets no fp8 and the plan gives up, blaming the bounds or the allowed actions",
-)
 def test_an_explicit_bfloat16_kv_cache_gets_the_fp8_cache_with_the_share_cut():
     # The same engine as 41e's healed case, but the spec spells kvCacheDtype: bfloat16 (a valid KVCacheDtype, 2
     # bytes an element: the very cache "auto" gives this bf16 model). 30 GiB free: the cut to 0.19 leaves ~85,246
@@ -44,11 +37,6 @@ def test_an_explicit_bfloat16_kv_cache_gets_the_fp8_cache_with_the_share_cut():
     assert r.changes.get("kv_cache_dtype") == "fp8" and r.changes["gpu_memory_utilization"] <= 0.19, r.summary()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_with_fp8_cache tries fp8 only at the full context: where fp8 alone falls short but fp8 with a context "
-    "within minMaxModelLen holds, it gives up (and says the bound keeps 131,072 where it keeps 65,536)",
-)
 def test_a_share_cut_whose_fp8_cache_holds_a_context_within_the_bounds_comes_with_both():
     # 27.00 GiB free of 139.8: the cut is 0.24 -> 0.17 (23.77 GiB asked). vLLM's figures (17.45 GiB held 142,868
     # tokens) leave 17.45 - 0.07 x 139.8 = 7.66 GiB: ~62,459 bf16 tokens, below minMaxModelLen 65,536, so no bf16
@@ -68,11 +56,6 @@ def test_a_share_cut_whose_fp8_cache_holds_a_context_within_the_bounds_comes_wit
     assert 65536 <= r.changes.get("max_model_len", 131072) <= tokens, r.summary()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fp8_kv_cache scales vLLM's estimate to the smallest stage but never takes vLLM 0.34's warm-up loss off "
-    "it: max_model_len 9,440 in fp8 where stage 1 holds ~1,700 fp8 tokens after warm-up",
-)
 def test_an_fp8_cache_on_a_pipeline_under_0_34_counts_the_warm_up_loss_on_the_smallest_stage():
     # 41e's 0.34 pipeline refusal (two L4s, PP 2, max_model_len 32,768, graphs captured: warm-up takes 0.99 GiB off
     # each stage's cache): stage 0 2.00 GiB, stage 1 1.20 GiB, 8,192 tokens estimated on stage 0 (4,096 a GiB).

@@ -288,22 +288,36 @@ def shorter_context(ctx: Context, tokens: float) -> int | None:
     return new if current is None or new < current else None
 
 
+def kv_quantized(ctx: Context) -> bool:
+    """Whether the cache is fp8 already: set so, or the checkpoint's own config names a quantized one for
+    `auto` (bfloat16 or float16 set is not)."""
+    dtype = ctx.engine.kv_cache_dtype or "auto"
+    return dtype.startswith("fp8") or bool(
+        dtype == "auto" and ctx.inv.shape is not None and ctx.inv.shape.auto_kv_dtype
+    )
+
+
 def fp8_kv_cache(ctx: Context) -> Remedy | None:
     """An fp8 cache holds twice the tokens. Where vLLM printed what the cache holds, fp8 alone only
     when twice that holds the context; else with the context twice that holds (within the bound)."""
-    dtype = ctx.engine.kv_cache_dtype or "auto"
-    if dtype == "auto" and ctx.inv.shape is not None and ctx.inv.shape.auto_kv_dtype:
-        return None  # (the checkpoint's own cache is quantized already: its config names one)
-    if dtype.startswith("fp8"):
+    if kv_quantized(ctx):
         return None
     why = "an fp8 KV cache holds twice the tokens per GiB."
-    budget = ctx.kv_budget()
+    budget, loss = ctx.kv_budget(), ctx.warmup_loss()
     if budget is not None and budget <= 0:
         return None  # twice nothing: vLLM printed no memory at all for the cache
     holds = ctx.num("estimated_max_model_len") or ctx.num("kv_tokens")
-    holds = on_smallest_stage(ctx, holds) if holds else holds
-    if holds is None and budget is not None:  # (V1's budget and its concurrency below one request)
-        held = context_held(ctx, budget) or concurrency_held(ctx, budget)
+    if holds:
+        holds = on_smallest_stage(ctx, holds)
+        printed = smaller_budget(ctx) or ctx.num("available_gib") or budget
+        if loss and printed:  # (0.34: the cache after warm-up holds the budget less the graphs captured)
+            if printed <= loss:
+                return None
+            holds *= (printed - loss) / printed * 0.97
+    elif budget is not None:  # (V1's budget and its concurrency below one request)
+        if budget <= loss:
+            return None
+        held = context_held(ctx, budget - loss) or concurrency_held(ctx, budget - loss)
         holds = held[0] if held else None
     needed, available = ctx.num("needed_gib"), ctx.num("available_gib")
     current = ctx.context

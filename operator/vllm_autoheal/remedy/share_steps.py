@@ -11,7 +11,7 @@ from ..memory import (
     CUDA_CONTEXT_GIB,
     Estimate,
 )
-from .kv_steps import concurrency_held, round_util, shorter_context, smaller_fixed_cache
+from .kv_steps import concurrency_held, kv_quantized, round_util, shorter_context, smaller_fixed_cache
 from .model import Context, Remedy
 
 # The least budget an engine beside weights held outside it can start in (what vLLM 0.32 gives it: the share less
@@ -141,7 +141,7 @@ def with_context_held(ctx: Context, util: float, fp8: bool = False) -> tuple[dic
     if length is None:
         if fp8:
             return _with_fp8_cache(ctx, util, fit, context, est is not None)
-        _declined(ctx, util, fit, context)
+        _declined(ctx, util, fit, context, "")
         return None
     changes["max_model_len"] = length
     return changes, f" {basis} its KV cache holds {length:,} tokens: max_model_len -> {length:,}."
@@ -150,32 +150,38 @@ def with_context_held(ctx: Context, util: float, fp8: bool = False) -> tuple[dic
 def _with_fp8_cache(
     ctx: Context, util: float, fit: int, context: int, modelled: bool
 ) -> tuple[dict[str, Any], str] | None:
-    """The cut with an fp8 KV cache, where the context may not be shortened and the cut's cache holds it in fp8
-    (twice the tokens a GiB; by the memory model where it sizes the cut), Fp8KvCache is allowed and the cache is
-    not quantized already; else None, the reason noted for a give-up."""
-    dtype = ctx.engine.kv_cache_dtype or "auto"
-    quantized = dtype != "auto" or (ctx.inv.shape is not None and ctx.inv.shape.auto_kv_dtype)
-    if modelled and not quantized:
+    """The cut with an fp8 KV cache, where the context may not be shortened to what the cut's cache holds: the
+    context whole where fp8 (twice the tokens a GiB; by the memory model where it sizes the cut) holds it, else the
+    one fp8 holds where the bounds allow it; where Fp8KvCache is allowed and the cache is not fp8 already. Else
+    None, the reason noted for a give-up."""
+    if "Fp8KvCache" not in ctx.policy.allowed_actions or kv_quantized(ctx):
+        _declined(ctx, util, fit, context, "")
+        return None
+    if modelled:
         fp8 = ctx.engine.model_copy(update={"gpu_memory_utilization": util, "kv_cache_dtype": "fp8"})
-        held_fp8 = ctx.estimate(fp8).max_model_len_fit * 0.97 >= context
+        fit_fp8 = ctx.estimate(fp8).max_model_len_fit
     else:
-        held_fp8 = 2 * fit * 0.97 >= context
-    if "Fp8KvCache" in ctx.policy.allowed_actions and not quantized and held_fp8:
-        return (
-            {"gpu_memory_utilization": util, "kv_cache_dtype": "fp8"},
-            f" Its KV cache holds about {fit:,} tokens, short of max_model_len {context:,}, which may not be "
-            "shortened: an fp8 KV cache, twice the tokens a GiB, holds it.",
-        )
-    _declined(ctx, util, fit, context)
-    return None
+        fit_fp8 = 2 * fit
+    changes: dict[str, Any] = {"gpu_memory_utilization": util, "kv_cache_dtype": "fp8"}
+    why = f" Its KV cache holds about {fit:,} tokens, short of max_model_len {context:,} and of the least the bounds allow"
+    if fit_fp8 * 0.97 >= context:
+        return changes, f"{why}: an fp8 KV cache, twice the tokens a GiB, holds it."
+    length = shorter_context(ctx, fit_fp8 * 0.97)
+    if length is None:
+        _declined(ctx, util, fit, context, f" ({fit_fp8:,} in fp8)")
+        return None
+    changes["max_model_len"] = length
+    return changes, f"{why}: with an fp8 KV cache, twice the tokens a GiB, max_model_len -> {length:,}."
 
 
-def _declined(ctx: Context, util: float, fit: int, context: int) -> None:
+def _declined(ctx: Context, util: float, fit: int, context: int, fp8: str) -> None:
     """No cut: its reason noted, for a give-up."""
+    bounds, allowed = ctx.policy.bounds, ctx.policy.allowed_actions
+    shorter = "" if "LowerMaxModelLen" in allowed else "; LowerMaxModelLen is not allowed"
     ctx.declined.append(
-        f"LowerGpuMemoryUtilization refused: utilization {util} leaves a KV cache of about {fit:,} tokens, short of "
-        f"max_model_len {context:,}, which the bounds (minMaxModelLen {ctx.policy.bounds.min_max_model_len:,}) or "
-        "the allowed actions keep"
+        f"LowerGpuMemoryUtilization refused: utilization {util} leaves a KV cache of about {fit:,} tokens{fp8}, short "
+        f"of max_model_len {context:,}, and no shorter context it holds is allowed (minMaxModelLen "
+        f"{bounds.min_max_model_len:,}{shorter})"
     )
 
 
