@@ -163,7 +163,7 @@ def _with_fp8_cache(
     else:
         fit_fp8 = 2 * fit
     changes: dict[str, Any] = {"gpu_memory_utilization": util, "kv_cache_dtype": "fp8"}
-    why = f" Its KV cache holds about {fit:,} tokens, short of max_model_len {context:,} and of the least the bounds allow"
+    why = f" Its KV cache holds about {fit:,} tokens, short of max_model_len {context:,}, which may not be cut that far"
     if fit_fp8 * 0.97 >= context:
         return changes, f"{why}: an fp8 KV cache, twice the tokens a GiB, holds it."
     length = shorter_context(ctx, fit_fp8 * 0.97)
