@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from samples import OPENAI_HANDLER, fake_vllm
 from test_review_session41e import _refused_beside_a_grown_process
+
+from samples import OPENAI_HANDLER, fake_vllm
 
 FP8_SERVES = """
 import http.server, json, sys
@@ -51,7 +52,10 @@ def test_serve_applies_the_fp8_share_cut_whole_records_it_and_starts_from_it_nex
     flags = ("--min-max-model-len", "131072", "--gpu-memory-utilization", "0.24", "--max-model-len", "131072")
     proc, records = _serve(tmp_path, FP8_SERVES, *flags)
     assert proc.returncode == 0, proc.stdout[-3000:]
-    assert [(r["event"], r.get("action")) for r in records] == [("heal", "LowerGpuMemoryUtilization"), ("healthy", None)]
+    assert [(r["event"], r.get("action")) for r in records] == [
+        ("heal", "LowerGpuMemoryUtilization"),
+        ("healthy", None),
+    ]
     assert records[0]["changes"] == {"gpu_memory_utilization": 0.19, "kv_cache_dtype": "fp8"}
     assert records[-1]["engine"]["kv_cache_dtype"] == "fp8"
     env, port = fake_vllm(tmp_path, f"REFUSED = {str(tmp_path / 'refused.log')!r}\n" + textwrap.dedent(FP8_SERVES))
