@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from ..diagnosis.units import GIB
-from ..memory import BLOCK_SIZE, CUDA_CONTEXT_GIB, CUDAGRAPH_GIB, KvNeed, default_max_num_seqs, kv_need
+from ..memory import BLOCK_SIZE, CUDA_CONTEXT_GIB, CUDAGRAPH_GIB, KvNeed, kv_need
 from ..model_runner import graphs_reserved
 from .model import Context, Remedy
 
@@ -27,6 +27,16 @@ def on_smallest_stage(ctx: Context, tokens: float) -> float:
     fewer than its share); as it is where none printed less."""
     smallest, refused = smaller_budget(ctx), ctx.num("available_gib")
     return tokens * smallest / refused * 0.97 if smallest and refused else tokens
+
+
+def less_warmup(ctx: Context, tokens: float, budget: float | None) -> float | None:
+    """vLLM's count of the tokens its cache holds, once 0.34's warm-up takes the captured graphs off the budget it
+    printed (the smallest stage's, where one printed less): in proportion, 3% margin (a window's layers would make
+    it fewer); as it is where warm-up takes nothing or no budget was printed; None where it takes it all."""
+    loss, printed = ctx.warmup_loss(), smaller_budget(ctx) or ctx.num("available_gib") or budget
+    if not loss or not printed:
+        return tokens
+    return tokens * (printed - loss) / printed * 0.97 if printed > loss else None
 
 
 def smaller_budget(ctx: Context) -> float | None:
@@ -71,16 +81,15 @@ def lower_max_model_len(ctx: Context) -> Remedy | None:
             on_smallest_stage(ctx, estimated),
             f"vLLM's estimate, on the smallest stage's {smallest:g} GiB (3% margin)",
         )
-    current = ctx.context
-    # (the budget warm-up takes the graphs off: the smallest stage's, where one printed less)
-    loss, printed = ctx.warmup_loss(), smallest or ctx.num("available_gib") or budget
-    if estimated and loss and printed:
-        if printed <= loss:
-            return None  # (0.34: the graphs warm-up captures take all the budget vLLM printed: no context holds)
+    current, loss = ctx.context, ctx.warmup_loss()
+    scaled = less_warmup(ctx, estimated, budget) if estimated else estimated
+    if estimated and scaled is None:
+        return None  # (0.34: the graphs warm-up captures take all the budget vLLM printed: no context holds)
+    if estimated and scaled != estimated:
         if ctx.inv.shape is not None and ctx.total and budget is not None:
             estimated = None  # (sized below from the budget warm-up leaves, at the shape's bytes a token)
-        else:  # (in proportion: a window's layers would make it fewer; the 3% margin covers a little of that)
-            estimated, source = estimated * (printed - loss) / printed * 0.97, "vLLM's estimate less the graphs"
+        else:
+            estimated, source = scaled, "vLLM's estimate less the graphs"
     if not estimated and ctx.inv.shape is not None and ctx.total:
         held = context_held(ctx, budget - loss) if budget is not None else None
         if held is not None:  # vLLM's own budget, in the shape's bytes a token
@@ -308,12 +317,9 @@ def fp8_kv_cache(ctx: Context) -> Remedy | None:
         return None  # twice nothing: vLLM printed no memory at all for the cache
     holds = ctx.num("estimated_max_model_len") or ctx.num("kv_tokens")
     if holds:
-        holds = on_smallest_stage(ctx, holds)
-        printed = smaller_budget(ctx) or ctx.num("available_gib") or budget
-        if loss and printed:  # (0.34: the cache after warm-up holds the budget less the graphs captured)
-            if printed <= loss:
-                return None
-            holds *= (printed - loss) / printed * 0.97
+        holds = less_warmup(ctx, on_smallest_stage(ctx, holds), budget)
+        if holds is None:
+            return None
     elif budget is not None:  # (V1's budget and its concurrency below one request)
         if budget <= loss:
             return None
@@ -333,46 +339,6 @@ def fp8_kv_cache(ctx: Context) -> Remedy | None:
         {"kv_cache_dtype": "fp8", "max_model_len": new},
         f"{why[:-1]}: about {int(2 * holds):,} here, short of max_model_len {current:,}; max_model_len -> {new:,}.",
     )
-
-
-def _state_shortage(ctx: Context) -> tuple[int, int] | None:
-    """(blocks, sequences that ran) where vLLM's refusal shows this run short of state blocks, else
-    None. vLLM names the max_num_seqs it ran with: set, another figure is another run's refusal;
-    unset, it is vLLM's default, which differs by version and GPU, so the printed count is taken up to
-    the largest default for the GPU the inventory names (1024 where none is named): a count above it
-    is no default (a forged message, or another run's), and 'lowering' to its blocks would set more
-    sequences than ran. The printed total is not asked: the message it would come from is the
-    suspect one."""
-    blocks, printed = ctx.num("mamba_blocks"), ctx.num("max_num_seqs")
-    if blocks is None or not printed:
-        return None
-    largest_default = default_max_num_seqs(ctx.inv.gpu_total_gib or math.inf, ctx.inv.gpu_name, ctx.engine.extra_args)
-    ran = ctx.engine.max_num_seqs or (int(printed) if printed <= largest_default else None)
-    if ran is None or ran != int(printed):
-        return None
-    return (int(blocks), ran) if blocks < ran else None
-
-
-def seqs_within_state_blocks(ctx: Context) -> Remedy | None:
-    """A Mamba or linear-attention hybrid keeps one state block per running sequence, from the KV
-    cache's pool; vLLM refuses to start with max_num_seqs above the blocks it has, and prints both.
-    max_num_seqs := the blocks, as vLLM asks: no context is lost (a shorter one frees no block)."""
-    shortage = _state_shortage(ctx)
-    if shortage is None or shortage[0] < ctx.policy.bounds.min_max_num_seqs:
-        return None
-    new, current = shortage
-    return Remedy(
-        "LowerMaxNumSeqs",
-        {"max_num_seqs": new},
-        f"the cache pool holds {new:,} state blocks, one per running sequence (by vLLM's own count); "
-        f"max_num_seqs {current:,} -> {new:,}, no context lost.",
-    )
-
-
-def more_state_blocks(ctx: Context) -> Remedy | None:
-    """vLLM's other way out of a state-block shortage: more memory for the pool. Only where its
-    figures show this run short: a refusal that names no shortage grows nothing blind."""
-    return raise_utilization_blind(ctx) if _state_shortage(ctx) else None
 
 
 def eager_for_reserved_graphs(ctx: Context) -> Remedy | None:

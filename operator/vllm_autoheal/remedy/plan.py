@@ -29,11 +29,9 @@ from .kv_steps import (
     empty_budget,
     fp8_kv_cache,
     lower_max_model_len,
-    more_state_blocks,
     printed_context_after_cut,
     raise_utilization_blind,
     raise_utilization_for_kv,
-    seqs_within_state_blocks,
     shorter_context,
 )
 from .model import (
@@ -55,6 +53,7 @@ from .resource_steps import (
     unsplittable,
 )
 from .share_steps import fit_kv_bytes_to_free, fit_utilization_to_free
+from .state_steps import more_state_blocks, seqs_within_state_blocks
 from .steps import (
     batch_from_allocation,
     cpu_offload,
