@@ -156,7 +156,8 @@ def test_the_crd_rule_and_the_parser_agree_on_every_token(token):
     and refuses exactly the tokens the parser refuses."""
     import re2
 
-    from vllm_autoheal.engine import FLAGS, RESERVED, spelled_by, spelling_pattern
+    from vllm_autoheal.engine import FLAGS, RESERVED
+    from vllm_autoheal.flag_tokens import spelled_by, spelling_pattern
 
     for entry in (*FLAGS, *RESERVED):
         for spelling in entry.spellings:
@@ -183,6 +184,6 @@ def test_other_spellings_of_typed_flags_parse_into_their_fields():
     ],
 )
 def test_an_on_off_flag_reads_as_vllms_parser_reads_it(args, value):
-    from vllm_autoheal.engine import switched
+    from vllm_autoheal.flag_tokens import switched
 
     assert switched(args, "--enable-chunked-prefill") is value

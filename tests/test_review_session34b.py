@@ -21,7 +21,8 @@ from vllm_autoheal import log_file
 from vllm_autoheal.api import HealBounds, VLLMServiceSpec
 from vllm_autoheal.diagnosis import Diagnosis
 from vllm_autoheal.diagnosis.model import Cause
-from vllm_autoheal.engine import parse_args, spelled_by
+from vllm_autoheal.engine import parse_args
+from vllm_autoheal.flag_tokens import spelled_by
 from vllm_autoheal.gpu_catalog import lookup
 from vllm_autoheal.kube import owned_deleted, reconcile
 from vllm_autoheal.kube.config import OperatorConfig
@@ -274,7 +275,7 @@ async def test_a_deleted_deployment_whose_apply_fails_once_is_applied_again(clus
 def test_serve_counts_every_spelling_of_prefill_context_parallelism_vllm_reads(token):
     """Severity: low (serve only: a heal sized from the free memory of half the GPUs vLLM takes, as the
     session-34 defect this change fixed for `-pcp 2`).
-    Input: serve's extra flags `<token> 2` with TP 1, where engine.spelled_by(token,
+    Input: serve's extra flags `<token> 2` with TP 1, where flag_tokens.spelled_by(token,
     '--prefill-context-parallel-size') is True (the spellings the CRD refuses as prefill context parallelism).
     Now: gpus_taken 1 (the name is neither in _PCP nor starts with the abbreviation prefixes it checks).
     Right: 2, or None (the flags do not say plainly): never the 1 GPU that undercounts."""

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_autoheal.engine import BY_CLI, extra_args_problems, forbidden, spelling_pattern
+from vllm_autoheal.engine import BY_CLI, extra_args_problems, forbidden
+from vllm_autoheal.flag_tokens import spelling_pattern
 
 ROOT_FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -53,7 +53,8 @@ def run_serve(args: argparse.Namespace) -> int:
 
     from .api import HealBounds, HealPolicy, VLLMServiceSpec
     from .api.heal_policy import QuantizedFallback
-    from .engine import EngineArgsError, abbreviated_flag, flag_name, forbidden, parse_args
+    from .engine import EngineArgsError, abbreviated_flag, forbidden, parse_args
+    from .flag_tokens import flag_name
     from .local import ServeOptions, default_history_path, supervise
 
     try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .engine import flag_name, flag_value, spelled_by, switched
+from .flag_tokens import flag_name, flag_value, spelled_by, switched
 
 
 def _large(tier: str, gpu_total_gib: float, gpu_name: str) -> bool:

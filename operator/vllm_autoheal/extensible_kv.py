@@ -19,7 +19,7 @@ Pure: no I/O.
 from __future__ import annotations
 
 from .api import EngineArgs
-from .engine import flag_value, switched
+from .flag_tokens import flag_value, switched
 from .vllm_release import Release, facts
 
 # The flags with which vLLM sizes its KV cache otherwise: a block count given, elastic EP, a KV connector

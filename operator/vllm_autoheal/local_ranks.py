@@ -4,7 +4,7 @@ parallel ranks for each local data-parallel engine (each holds its own GPU and i
 from __future__ import annotations
 
 from .api import EngineArgs
-from .engine import flag_name, spelled_by
+from .flag_tokens import flag_name, spelled_by
 
 _DP_LOCAL = ("--data-parallel-size-local", "--data_parallel_size_local", "-dpl")
 _DP = ("--data-parallel-size", "--data_parallel_size", "-dp")
@@ -29,7 +29,7 @@ def data_parallel_here(extra_args: list[str]) -> int | None:
 
 def prefill_context_ranks(extra_args: list[str]) -> int | None:
     """vLLM's prefill context parallelism (its world is TP x PP x PCP): the size given, else 1; None where the
-    flags do not say plainly (an abbreviation, in any spelling the CRD refuses as it: engine.spelled_by)."""
+    flags do not say plainly (an abbreviation, in any spelling the CRD refuses as it: flag_tokens.spelled_by)."""
     text = "1"
     for i, token in enumerate(extra_args):
         if not any(spelled_by(token, spelling) for spelling in _PCP):

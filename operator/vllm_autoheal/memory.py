@@ -21,7 +21,6 @@ from typing import Any
 
 from .api import EngineArgs
 from .diagnosis.units import GIB
-from .engine import switched
 from .engine_defaults import (
     captures_graphs,
     default_max_num_batched_tokens,
@@ -31,6 +30,7 @@ from .engine_defaults import (
     steps_in_flight,
 )
 from .extensible_kv import extensible_kv_cache, held_after_warmup_gib
+from .flag_tokens import switched
 from .gpu_catalog import GpuSpec
 from .model_runner import graphs_reserved, offload_ignored, release_sampler
 from .model_shape import ModelShape, layer_group, padded_layers

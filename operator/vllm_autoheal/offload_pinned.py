@@ -17,7 +17,7 @@ import math
 
 from .api import EngineArgs
 from .diagnosis.units import GIB
-from .engine import flag_value, spelled_by
+from .flag_tokens import flag_value, spelled_by
 from .local_ranks import data_parallel_here, ranks_here
 from .model_shape import DTYPE_BYTES, ModelShape
 

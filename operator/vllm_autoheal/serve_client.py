@@ -8,8 +8,8 @@ import os
 import urllib.error
 import urllib.request
 
-from .engine import flag_value
 from .engine_death import direct_opener, health_url
+from .flag_tokens import flag_value
 
 
 def base_url(host: str, port: int, extra_args: list[str]) -> str:

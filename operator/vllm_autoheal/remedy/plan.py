@@ -18,7 +18,8 @@ from typing import Any
 from ..api import EngineArgs, VLLMServiceSpec
 from ..diagnosis import Diagnosis
 from ..diagnosis.model import Cause
-from ..engine import EngineArgsError, abbreviated_flag, parse_args, spelled_by
+from ..engine import EngineArgsError, abbreviated_flag, parse_args
+from ..flag_tokens import spelled_by
 from ..memory import CUDA_CONTEXT_GIB
 from ..remedy_gate import Limits, check, refused_gpus, refused_memory_limit, utilization_floor
 from ..vllm_release import default_utilization, logged_release

@@ -7,8 +7,8 @@ import math
 from collections.abc import Callable
 
 from ..diagnosis.units import GIB
-from ..engine import switched
 from ..extensible_kv import extensible_kv_cache
+from ..flag_tokens import switched
 from ..memory import (
     CUDA_CONTEXT_GIB,
 )
