@@ -24,12 +24,12 @@ from . import arithmetic as ar
 from . import messages as msg
 from . import model as m
 from . import termination, unplaced
-from .findings import ENGINE_EXCEPTION, EXCEPTION_LINE, FAILURE_KINDS, Finding, findings_of
+from .evidence import quotable_evidence
+from .findings import EXCEPTION_LINE, FAILURE_KINDS, Finding, findings_of
 from .last_resort import last_words
 from .nearest import Figures
-from .origin import ENGINE, MATCH_CHARS, REQUEST
+from .origin import ENGINE, MATCH_CHARS
 from .phase import OOM_CAUSE_BY_PHASE, phase_of_failure
-from .quoted import exception_of_another_type
 from .scan import Line, scan
 from .termination import from_termination_message
 from .writers import clients_lines, served_before
@@ -45,8 +45,6 @@ CONSEQUENCES = {
     "triton_stub_failed_of_other_error",
     "model_server_failed_of_other_error",
 }
-EVIDENCE_CHARS = 400
-WITHHELD = "(message not quoted: an exception of this type may carry a request's text)"
 
 
 def classify(signals: m.Signals) -> m.Diagnosis:
@@ -63,25 +61,6 @@ def classify_stream(stream: Any, **kwargs: Any) -> m.Diagnosis:
         return _classify(m.Signals(**kwargs), scan(stream).lines)
     except Exception as exc:  # noqa: BLE001
         return m.Diagnosis(explanation=f"could not read the log: {type(exc).__name__}")
-
-
-def _evidence(*lines: Line | None, engine_error: bool = False) -> list[str]:
-    out: list[str] = []
-    for ln in lines:
-        # the engine's lines; a request's traceback only where it ends in the engine's own memory error
-        quotable = ln is not None and (
-            (ln.origin == ENGINE and not ln.request_report)
-            or (engine_error and ln.origin in (ENGINE, REQUEST) and ENGINE_EXCEPTION.match(ln.text))
-        )
-        if ln is None or not quotable:
-            continue
-        # An exception of a type that carries no failure holds what it was given (a request's id, a
-        # key, a path): its type is the engine's word, its message may be a client's.
-        withheld = exception_of_another_type(ln, named_like_an_error=True)
-        text = f"{withheld}: {WITHHELD}" if withheld else ln.text
-        if text not in out:
-            out.append(text[:EVIDENCE_CHARS])
-    return out[:4]
 
 
 def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosis:
@@ -148,7 +127,9 @@ def _classify(signals: m.Signals, lines: list[Line] | None = None) -> m.Diagnosi
         # (a further line of an exception's message may be a client's: it decides "not memory" as a
         # last resort, and is never quoted)
         cited = first.line if first and not first.last_resort else None
-        diag.evidence = _evidence(cited, support, engine_error=first is not None and first.message.kind != msg.NOT_OOM)
+        diag.evidence = quotable_evidence(
+            cited, support, engine_error=first is not None and first.message.kind != msg.NOT_OOM
+        )
         figures = figs.numbers(first, diag.notes)
         diag.numbers = {k: v for k, v in figures.items() if k not in ("tp", "pp")}
         ar.one_release(findings, diag.numbers, diag.notes)
