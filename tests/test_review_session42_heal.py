@@ -42,13 +42,6 @@ def _host_oom(limit_gib: int, engine: dict, bound: str | None = None, shape: str
     return spec, plan_heal(spec, Diagnosis(cause="host_ram_oom"), inventory=inv)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="host_steps.lower_cpu_offload halves an offload whose layers offload_pinned does not lay out (an MoE, a "
-    "quantized checkpoint) blind: 50 -> 25 GiB of Qwen3-30B-A3B in a 24Gi container, where the 25 GiB it still "
-    "moves and pins alone are more than the whole limit, a certain second OOM-kill (and LowerCpuOffload is then "
-    "spent for the cause)",
-)
 def test_a_cut_of_an_offload_not_laid_out_never_pins_more_than_the_whole_limit():
     """Qwen3-30B-A3B (128 experts: layer_blocks lays none out) with --cpu-offload-gb 50, OOM-killed at 24Gi, no
     maxMemoryLimit (no raise). The offloader moves parameters until their bytes reach the figure (the model's 56.9
@@ -64,13 +57,6 @@ def test_a_cut_of_an_offload_not_laid_out_never_pins_more_than_the_whole_limit()
         assert new + BESIDE <= 24 * 0.9, r.summary()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="host_steps.raise_memory_limit sizes the limit for an offload only where offload_pinned lays out the "
-    "layers (limit_for_offload_gib is None for an MoE or a quantized checkpoint), so 40 GiB of Qwen3-30B-A3B "
-    "offloaded, OOM-killed at 32Gi, gets VPA's x1.2 (38.4 GiB): less than the 40 GiB the offload pins at the very "
-    "least, a certain second kill, and then another bump (RaiseMemoryLimit repeats): several restarts, not one",
-)
 def test_a_raise_for_an_offload_not_laid_out_holds_at_least_the_offload_itself():
     """Qwen3-30B-A3B with --cpu-offload-gb 40 on one GPU, OOM-killed at 32Gi, maxMemoryLimit 256Gi. At least 40 GiB
     moves (the figure; the model's weights are 56.9 GiB) and all of it is pinned, beside vLLM's 3.2 GiB: the
@@ -83,13 +69,6 @@ def test_a_raise_for_an_offload_not_laid_out_holds_at_least_the_offload_itself()
         assert new >= 40.0 + BESIDE, r.summary()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="host_steps.raise_memory_limit counts the CPU KV offloading buffer only beside a weight offload "
-    "(limit_for_offload_gib): with --kv-offloading-size 64 and no --cpu-offload-gb, a container OOM-killed at 32Gi "
-    "gets VPA's x1.2 (38.4 GiB), far below the 64 GiB buffer vLLM pins at start, and the bump repeats five times "
-    "before the limit holds it",
-)
 def test_a_raise_holds_the_kv_offloading_buffer_the_flags_ask_for():
     """--kv-offloading-size 64 (GiB of pinned host memory for the native CPU KV offload, all of one engine's TP
     ranks together; offload_pinned.besides_offload_gib counts it so), one rank, OOM-killed at 32Gi, maxMemoryLimit
@@ -103,13 +82,6 @@ def test_a_raise_holds_the_kv_offloading_buffer_the_flags_ask_for():
     assert new >= 64 + BESIDE, r.summary()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="host_steps.raise_memory_limit caps VPA's bump at maxMemoryLimit without asking whether the bound holds "
-    "the offload: where the bump is above what the offload needs but the bound below it (21 GiB of Qwen2.5-32B pins "
-    "39.0 GiB, 42.2 with vLLM's processes; killed at 40Gi, bound 42Gi), it raises to 42Gi, which its own figures say "
-    "is killed again (the branch for a need above the bump refuses exactly this and cuts the offload instead)",
-)
 def test_a_bump_capped_at_the_bound_is_not_planned_where_the_bound_cannot_hold_the_offload():
     """Qwen2.5-32B (laid out: 64 layers of 0.91 GiB, each pinning 1.69) with --cpu-offload-gb 21, OOM-killed at
     40Gi, maxMemoryLimit 42Gi. offload_pinned: 21 GiB pins 39.0 GiB on the rank; with vLLM's 3.2 GiB the container
@@ -126,13 +98,6 @@ def test_a_bump_capped_at_the_bound_is_not_planned_where_the_bound_cannot_hold_t
         assert new >= pinned + BESIDE, r.summary()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="host_steps.lower_cpu_offload cuts the weight offload to 0 where the container's limit holds none "
-    "beside the CPU KV offloading buffer, yet the buffer alone (40 GiB, --kv-offloading-size) is more than the "
-    "whole 32Gi limit: no offload it may set stops the kill, so the cut is a certain second crash, where the "
-    "plan should give up saying the buffer does not fit",
-)
 @pytest.mark.parametrize("bound", [None, "40Gi"])
 def test_no_offload_cut_is_planned_where_the_kv_offload_buffer_alone_overflows_the_limit(bound):
     """Qwen2.5-32B with --cpu-offload-gb 8 (pins 15.2 GiB) and --kv-offloading-size 40, OOM-killed at 32Gi. The

@@ -20,6 +20,7 @@ from .diagnosis.units import GIB
 from .flag_tokens import flag_value, spelled_by
 from .local_ranks import data_parallel_here, ranks_here
 from .model_shape import DTYPE_BYTES, ModelShape
+from .model_weights import WEIGHT_BUFFERS_GIB, weights_gib_per_gpu
 
 # What a figure costs where a layer's blocks are not known: a block rounded to a power of two is under twice it (the
 # block that crosses the figure moves too, so a small figure beside huge blocks, Mixtral's experts, costs a little more)
@@ -156,6 +157,13 @@ def _beside_offload(engine: EngineArgs) -> tuple[int, float] | None:
     return ranks, HOST_BASE_GIB + HOST_PER_RANK_GIB * ranks + besides
 
 
+def held_beside_offload_gib(engine: EngineArgs) -> float | None:
+    """What the container holds whatever the weights' offload (vLLM's processes, a KV offloading buffer): no
+    offload cut frees it; None where it cannot be told."""
+    beside = _beside_offload(engine)
+    return None if beside is None else beside[1]
+
+
 def offload_host_gib(memory_limit_bytes: int, engine: EngineArgs) -> float:
     """The host memory a container's limit leaves each rank's offload: the limit less a tenth, less what vLLM
     holds besides (_beside_offload), shared by every rank vLLM starts here; none where that cannot be told."""
@@ -166,12 +174,37 @@ def offload_host_gib(memory_limit_bytes: int, engine: EngineArgs) -> float:
     return max(memory_limit_bytes / GIB * (1 - LIMIT_MARGIN) - held, 0.0) / ranks
 
 
-def limit_for_offload_gib(shape: ModelShape | None, engine: EngineArgs) -> float | None:
-    """The least container limit whose offload_host_gib holds the engine's offload on every rank; None where
-    nothing is offloaded, the layers are not laid out (the rounding's bound would overstate it), or what else
-    vLLM holds cannot be told."""
+def least_pinned_gib(shape: ModelShape | None, engine: EngineArgs) -> tuple[float, bool] | None:
+    """The host memory the engine's offload pins on each rank at the least, and whether that is the figure itself
+    (True: the layers are laid out, pinned_gib) or a floor (False: the offloader moves parameters until their bytes
+    reach the figure, or all the decoder layers hold, and pins each moved byte at least once); None where it
+    cannot be told (no model shape, another offloader's flags)."""
+    gb = engine.cpu_offload_gb or 0.0
+    if gb <= 0:
+        return 0.0, True
+    if layer_blocks(shape, engine) is not None:
+        return pinned_gib(shape, engine), True
+    if shape is None or any(spelled_by(token, flag) for token in engine.extra_args for flag in OTHER_OFFLOAD_FLAGS):
+        return None
+    tp, pp = engine.tensor_parallel_size, engine.pipeline_parallel_size
+    embed = shape.embedding_params() if pp == 1 else shape.vocab * shape.hidden
+    outside = (embed + shape.vision_params) * shape.served_bytes / tp / GIB + WEIGHT_BUFFERS_GIB
+    layers = max(weights_gib_per_gpu(shape, engine) - outside, 0.0)  # (what the decoder layers hold on the rank)
+    return min(gb, layers), False
+
+
+def limit_for_pinned_gib(
+    shape: ModelShape | None, engine: EngineArgs, offload_counts: bool = True
+) -> tuple[float, bool] | None:
+    """The least container limit that holds what the flags pin (the weights' offload on every rank, a KV offloading
+    buffer) beside vLLM's processes, a tenth spare, and whether that is sized from the figure (True) or from the
+    least the offload pins (False, least_pinned_gib); None where nothing is pinned (the kill is not the flags') or
+    what is cannot be told. `offload_counts`: False where the release ignores --cpu-offload-gb."""
     beside = _beside_offload(engine)
-    if not engine.cpu_offload_gb or layer_blocks(shape, engine) is None or beside is None:
+    if beside is None:
         return None
     ranks, held = beside
-    return (pinned_gib(shape, engine) * ranks + held) / (1 - LIMIT_MARGIN)
+    offload = least_pinned_gib(shape, engine) if offload_counts else (0.0, True)
+    if offload is None or (offload[0] <= 0 and held <= HOST_BASE_GIB + HOST_PER_RANK_GIB * ranks):
+        return None
+    return (offload[0] * ranks + held) / (1 - LIMIT_MARGIN), offload[1]
