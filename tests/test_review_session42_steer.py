@@ -89,12 +89,6 @@ def test_a_client_record_under_the_record_limit_changes_nothing(make):
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="log_records.py leaves a JSON record longer than RECORD_MAX raw: no header, so no level and no logger, "
-    "and origin.py does not see the escaped access line; the client's query is read as the engine's CUDA OOM "
-    "(runtime_oom high, the client's text quoted as evidence) where the real crash is an illegal memory access",
-)
 def test_a_long_access_record_in_vllms_json_log_is_no_engine_failure():
     base = _json_base()
     harmless = _before_crash(base, _access_record(HARMLESS_QUERY, LONG))
@@ -102,11 +96,6 @@ def test_a_long_access_record_in_vllms_json_log_is_no_engine_failure():
     assert_reads_like(_before_crash(base, _access_record(OOM_QUERY, LONG)), harmless, "a long access record")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="log_records.py leaves a JSON record longer than RECORD_MAX raw: the WARNING of the Mistral tokenizer "
-    "(a client's tool call id) loses its level and logger and decides runtime_oom (quoting the client)",
-)
 def test_a_long_tool_call_id_record_in_vllms_json_log_is_no_engine_failure():
     base = _json_base()
     harmless = _before_crash(base, _tool_call_id_record("call-" + MARKER.lower(), LONG))
@@ -114,11 +103,6 @@ def test_a_long_tool_call_id_record_in_vllms_json_log_is_no_engine_failure():
     assert_reads_like(crafted, harmless, "a long tool call id")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the heal of the steered diagnosis: runtime_oom from a client's access record changes vLLM's flags "
-    "where the real crash (an illegal memory access) must change none",
-)
 def test_a_long_access_record_plans_no_heal():
     crafted = diagnose(_before_crash(_json_base(), _access_record(OOM_QUERY, LONG)))
     spec = VLLMServiceSpec(model="m", engine={"gpuMemoryUtilization": 0.9, "maxModelLen": 8192})
@@ -145,12 +129,6 @@ def test_a_middling_record_read_whole_changes_nothing():
     assert d.cause == "not_oom" and MARKER not in json.dumps(d.to_dict())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="launcher.OutputKeeper keeps the first 64 KiB piece of a longer line: a JSON record of 64 to 256 KiB "
-    "arrives cut, log_records.py cannot decode it, and the raw access line decides runtime_oom in the "
-    "termination message the operator heals from",
-)
 def test_the_launcher_reads_no_engine_failure_in_a_cut_client_record():
     harmless = _launchers_diagnosis(_access_record(HARMLESS_QUERY, MIDDLING))
     assert (harmless["cause"], harmless["subtype"]) == ("not_oom", "illegal_memory_access")
@@ -175,12 +153,6 @@ def _severity_access(query: str) -> str:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="origin.py's access test wants `HTTP/1.1\"` with a bare quote; a JSON record not decoded (its level "
-    "not under `levelname`) escapes it as `HTTP/1.1\\\"`, so a GET's query string is the engine's line: "
-    "runtime_oom high, quoting the client",
-)
 def test_an_access_record_of_another_json_schema_is_no_engine_failure():
     lines = illegal_access_log().splitlines()
     harmless = _before_crash(lines, _severity_access(HARMLESS_QUERY))
@@ -233,3 +205,23 @@ def test_a_client_chosen_lora_name_in_the_engines_fatal_error_is_no_oom():
     harmless = _lora_crash("support-bot-" + MARKER.lower())
     assert diagnose(harmless).cause == "not_oom"
     assert_reads_like(_lora_crash(OOM_WORDS), harmless, "a LoRA name")
+
+
+@pytest.mark.parametrize(
+    "before",
+    ["(APIServer pid=2320) ", "2026-12-01T04:48:07.123456789Z ", "vllm-0 vllm "],
+    ids=["vllms-stdout-prefix", "kubectl-timestamps", "stern-every-line"],
+)
+def test_a_long_record_behind_a_prefix_is_no_engine_failure(before):
+    """A record too long to decode behind vLLM's stdout decorator or a collector's stamp (log_records prints those
+    before a decoded record's lines) is no engine line either: its fields are the client's. (stern's pod and
+    container name stand before every line of the log, the engine's too.)"""
+    base = _json_base()
+    if before.startswith("vllm-0"):
+        base = [before + line for line in base]
+
+    def log(query: str) -> str:
+        return _before_crash(base, before + _access_record(query, LONG))
+
+    assert diagnose(log(HARMLESS_QUERY)).cause == "not_oom"
+    assert_reads_like(log(OOM_QUERY), log(HARMLESS_QUERY), "a prefixed record")
