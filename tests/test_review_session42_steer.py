@@ -195,12 +195,6 @@ def test_the_newer_lora_error_type_is_not_read():
     assert d.cause == "not_oom" and MARKER not in json.dumps(d.to_dict())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="quoted.py/findings.py read the message of the older ValueError wording of the LoRA load failure as "
-    "the engine's own: a client-chosen adapter name holding a CUDA OOM makes it runtime_oom (high) and is "
-    "quoted into the evidence, where the same message as LoRAAdapterNotFoundError is neither",
-)
 def test_a_client_chosen_lora_name_in_the_engines_fatal_error_is_no_oom():
     harmless = _lora_crash("support-bot-" + MARKER.lower())
     assert diagnose(harmless).cause == "not_oom"
@@ -225,3 +219,26 @@ def test_a_long_record_behind_a_prefix_is_no_engine_failure(before):
 
     assert diagnose(log(HARMLESS_QUERY)).cause == "not_oom"
     assert_reads_like(log(OOM_QUERY), log(HARMLESS_QUERY), "a prefixed record")
+
+
+def test_a_real_oom_chained_under_the_lora_load_failure_still_decides():
+    """The other side of the LoRA rule: vLLM raises `RuntimeError: Loading lora {path} failed` from any other
+    error of the load, chained under it (`raise ... from e`): the real CUDA OOM above it is the engine's own line
+    and still decides, as it does without the LoRA wrapper."""
+    log = real_log("rt-27466-busy-loop")
+    oom = next(ln for ln in log.splitlines() if "torch.OutOfMemoryError" in ln)
+    header = oom.split("[core.py:710] ")[0] + "[core.py:710] "
+    chained = [
+        oom.split("[core.py:710] ", 1)[1],
+        "",
+        "The above exception was the direct cause of the following exception:",
+        "",
+        "Traceback (most recent call last):",
+        *LORA_FRAMES[:-1],
+        '    raise RuntimeError(f"Loading lora {lora_path} failed") from e',
+        "RuntimeError: Loading lora /mnt/loras/support-bot failed",
+    ]
+    wrapped = log.replace(oom, "\n".join(header + ln for ln in chained))
+    plain = diagnose(log)
+    assert plain.cause == "runtime_oom"
+    assert diagnose(wrapped).cause == plain.cause

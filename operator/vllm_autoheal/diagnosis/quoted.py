@@ -68,7 +68,16 @@ def exception_of_another_type(line: Line, named_like_an_error: bool = False) -> 
         return None
     typed = None if named_like_an_error else EXCEPTION_TYPE.match(line.text)
     name = typed.group(1) if typed else first_named_exception(line.text)
-    return name if name is not None and not CARRIES_FAILURES.search(name) else None
+    if name is not None and CARRIES_FAILURES.search(name) and _VALUED.match(line.text) is None:
+        return None
+    return name
+
+
+# vLLM's messages that open with the engine's words and go on with what a request named: the LoRA adapter's
+# name and path (lora/worker_manager.py, 0.6 on: `Loading lora {name} failed: No adapter found for {path}`, and
+# `Loading lora {path} failed` over any other error, the real one chained above it), which a client chooses
+# (/v1/load_lora_adapter, a resolver's `model`). Whatever the type, such a message names no failure.
+_VALUED = re.compile(r"^(?:[\w.]{0,200}\.)?\w{0,80}(?:Error|Exception): Loading lora ")
 
 
 def of_another_type(line: Line) -> bool:
