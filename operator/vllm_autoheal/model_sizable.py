@@ -28,6 +28,19 @@ UNSIZED_LAYERS = {
     "compress_ratios": "DeepSeek-V4's compressed attention, whose experts vLLM loads as MXFP4",
 }
 
+# Fields that give some layers' attention (or V alone) heads of their own, beside those the memory model gives
+# every layer (head_dim, num_key_value_heads): it would size those layers' KV cache wrong (Gemma 4's full layers:
+# 983,040 B a token where vLLM keeps 901,120; MiMo-V2.5's sliding layers and V heads: 147,456 where it keeps
+# 222,720, cache promised that is not there). MLA's v_head_dim sizes no cache: its latent does.
+OWN_HEADS = {
+    "global_head_dim": "head_dim",
+    "num_global_key_value_heads": "num_key_value_heads",
+    "swa_head_dim": "head_dim",
+    "swa_num_key_value_heads": "num_key_value_heads",
+    "swa_v_head_dim": "head_dim",
+    "v_head_dim": "head_dim",
+}
+
 
 def positions_scaled(config: dict[str, Any]) -> bool:
     """Whether RoPE scaling stretches the model's positions, so that vLLM's longest context is not
@@ -69,6 +82,14 @@ def refuse_unsized(merged: dict[str, Any], config: dict[str, Any], source: str, 
     for key, what in UNSIZED_LAYERS.items():
         if merged.get(key) is not None or config.get(key) is not None:
             raise ModelConfigError(f"{where(key, source)} describes {what}: the model cannot be sized")
+    for key, base in OWN_HEADS.items():
+        value = merged.get(key)
+        if value is None or value == merged.get(base) or (key == "v_head_dim" and merged.get("kv_lora_rank")):
+            continue
+        raise ModelConfigError(
+            f"{where(key, source)} ({str(value)[:20]}) sizes some layers' attention heads apart from {base}, which "
+            "the memory model applies to every layer: their KV cache cannot be sized"
+        )
     unread = next((k for k in UNREAD_VISION_KEYS if config.get(k) is not None), None)
     if unread is not None and config.get("vision_config") is None:
         raise ModelConfigError(

@@ -114,11 +114,11 @@ def _excluded(quant: dict[str, Any], method: str, layers: qx.Layers) -> dict[str
     if sum(len(names) for names in lists if isinstance(names, list)) > qx.MAX_NAMES:
         return {qx.UNKNOWN: 1.0}  # (more names than are judged for one config)
     judged = [qx.skipped(names, substring, layers) for names in lists]
-    found = {kind for kind, _ in judged}
-    shares = [part for kind, part in judged if kind == qx.MLP]  # (each list's share of the MLP: they add up)
+    found = {kind for kinds, _ in judged for kind in kinds}
+    shares = [part for kinds, part in judged if qx.MLP in kinds]  # (each list's share of the MLP: they add up)
     more: set[str | None] = set()
     if method.startswith("gptq"):
-        more.add(_gptq_skips(quant, layers))
+        more |= _gptq_skips(quant, layers)
     if method == "compressed-tensors" and isinstance(groups := quant.get("config_groups"), dict):
         # (a group naming no targets is no config vLLM loads: its targets are not judged)
         targets = [g["targets"] for g in groups.values() if isinstance(g, dict) and "targets" in g]
@@ -128,13 +128,13 @@ def _excluded(quant: dict[str, Any], method: str, layers: qx.Layers) -> dict[str
     return {f: share if f == qx.MLP else 1.0 for f in found | more if f is not None}
 
 
-def _gptq_skips(quant: dict[str, Any], layers: qx.Layers) -> str | None:
+def _gptq_skips(quant: dict[str, Any], layers: qx.Layers) -> set[str | None]:
     """GPTQModel's `dynamic` ("-:" patterns: unquantized; others override bits or groups: another width) and
     modules_in_block_to_quantize (the layers it names; the rest unquantized)."""
     dynamic = quant.get("dynamic")
     if dynamic:
         if not isinstance(dynamic, dict) or len(dynamic) > qx.MAX_PATTERNS:
-            return qx.UNKNOWN
+            return {qx.UNKNOWN}
         negative = [k[2:] for k in dynamic if isinstance(k, str) and k.startswith("-:")]
         base = {k: quant.get(k) for k in ("bits", "group_size")}
         if any(
@@ -142,9 +142,9 @@ def _gptq_skips(quant: dict[str, Any], layers: qx.Layers) -> str | None:
             for k_, v in dynamic.items()
             if not (isinstance(k_, str) and k_.startswith("-:"))
         ):
-            return qx.UNKNOWN  # (a layer at another width or group: no one figure)
+            return {qx.UNKNOWN}  # (a layer at another width or group: no one figure)
         if negative and (found := qx.skipped([f"re:{p}" for p in negative], False, layers)[0]):
-            return found
+            return set(found)
     block = quant.get("modules_in_block_to_quantize")
     if block:
         names = (
@@ -153,9 +153,9 @@ def _gptq_skips(quant: dict[str, Any], layers: qx.Layers) -> str | None:
             else None
         )
         if not names or not all(isinstance(n, str) for n in names):
-            return qx.UNKNOWN
-        return qx.unnamed(names, layers)
-    return None
+            return {qx.UNKNOWN}
+        return {qx.unnamed(names, layers)}
+    return set()
 
 
 def _weights_args(quant: dict[str, Any]) -> list[dict[str, Any]] | None:

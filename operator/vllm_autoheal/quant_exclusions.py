@@ -158,31 +158,31 @@ def _tests_of(entry: str, names: list[str]) -> list[str]:
     return names[: len(names) // len(_PREFIXES)] if plain and "model" not in entry else names
 
 
-def skipped(entries: Any, substring: bool, layers: Layers) -> tuple[str | None, float]:
-    """What a skip list leaves unquantized: None (nothing weighed otherwise), ATTENTION, MLP (part of it, or of
-    the experts), or UNKNOWN (entries that cannot be judged, or whole layers: everything in the model's dtype);
-    and the share of each MLP's weights it skips (_share)."""
+def skipped(entries: Any, substring: bool, layers: Layers) -> tuple[frozenset[str], float]:
+    """What a skip list leaves unquantized: ATTENTION, MLP (part of it, or of the experts), both where its entries
+    name both, or UNKNOWN (entries that cannot be judged, or whole layers: everything in the model's dtype); none
+    where nothing is weighed otherwise; and the share of each MLP's weights it skips (_share)."""
     if entries is None or entries == []:
-        return None, 1.0
+        return frozenset(), 1.0
     if not isinstance(entries, list) or len(entries) > MAX_NAMES or _costly(entries):
-        return UNKNOWN, 1.0
-    candidates, found, parts = _candidates(layers), None, set()
+        return frozenset({UNKNOWN}), 1.0
+    candidates, found, parts = _candidates(layers), set(), set()
     for entry in entries:
         if not isinstance(entry, str) or not 0 < len(entry) <= MAX_NAME:
-            return UNKNOWN, 1.0
+            return frozenset({UNKNOWN}), 1.0
         test = _matcher(entry, substring)
         if test is None:
-            return UNKNOWN, 1.0
+            return frozenset({UNKNOWN}), 1.0
         mlp = [n for n in _tests_of(entry, candidates[MLP]) if test(n)]
         attention = any(test(n) for n in _tests_of(entry, candidates[ATTENTION]))
         if mlp and attention:
-            return UNKNOWN, 1.0
+            return frozenset({UNKNOWN}), 1.0
         if mlp:
-            found = MLP
+            found.add(MLP)
             parts |= _parts(mlp, layers)
-        elif attention and found is None:
-            found = ATTENTION
-    return found, _share(parts, layers)
+        elif attention:  # (another entry of the same list may name the MLP: each is weighed so)
+            found.add(ATTENTION)
+    return frozenset(found), _share(parts, layers)
 
 
 # A dense MLP's projections, each an equal share of its weights where their names tell them apart: Llama's gate,
