@@ -9,21 +9,40 @@ from .flag_tokens import flag_name, spelled_by
 _DP_LOCAL = ("--data-parallel-size-local", "--data_parallel_size_local", "-dpl")
 _DP = ("--data-parallel-size", "--data_parallel_size", "-dp")
 _PCP = ("--prefill-context-parallel-size", "-pcp")
+# An external load balancer's rank: vLLM runs one engine here whatever the size (arg_utils create_engine_config:
+# data_parallel_size_local = 1; it refuses another local size beside it)
+_DP_EXTERNAL = (
+    "--data-parallel-rank",
+    "--data_parallel_rank",
+    "-dpn",
+    "--data-parallel-external-lb",
+    "--data_parallel_external_lb",
+    "-dpe",
+)
+# Several nodes: vLLM infers the local size from the node count (local_world_size // TP x PP), not said plainly
+_NODES = ("--nnodes", "-n")
 
 
 def data_parallel_here(extra_args: list[str]) -> int | None:
-    """The data-parallel ranks vLLM starts on this machine (each takes its own TP x PP GPUs): the local size
-    where given, else the size, else 1; None where the flags do not say plainly (a value that is no count, an
-    abbreviation argparse would have to resolve)."""
+    """The data-parallel ranks vLLM starts on this machine (each takes its own TP x PP GPUs): one under an external
+    load balancer's rank, else the local size where given, else the size, else 1; None where the flags do not say
+    plainly (a value that is no count, an abbreviation argparse would have to resolve, several nodes)."""
     given: dict[str, str] = {}
+    external = nodes = False
     for i, token in enumerate(extra_args):
         name, eq, value = token.partition("=")
         for key, names in (("local", _DP_LOCAL), ("size", _DP)):
             if name in names:
                 given[key] = value if eq else _next(extra_args, i)
+        external = external or name in _DP_EXTERNAL
+        nodes = nodes or name in _NODES
         if name.startswith(("--data-parallel-s", "--data_parallel_s")) and name not in _DP_LOCAL + _DP:
             if not name.startswith(("--data-parallel-start", "--data_parallel_start")):
                 return None
+    if external:
+        return 1
+    if nodes and "local" not in given:
+        return None
     return _count(given.get("local", given.get("size", "1")))
 
 

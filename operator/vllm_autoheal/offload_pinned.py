@@ -31,6 +31,7 @@ ROUNDING_BOUND = 2.0
 HOST_BASE_GIB = 2.6
 HOST_PER_RANK_GIB = 0.6
 LIMIT_MARGIN = 0.1
+MOST_HOST_GIB = 2.0**20  # more host memory than any machine has (1 PiB): a figure past it sizes nothing
 # Flags that choose another offloader or which parameters move (config/offload.py), in any spelling vLLM reads
 OTHER_OFFLOAD_FLAGS = (
     "--cpu-offload-params",
@@ -145,7 +146,8 @@ def besides_offload_gib(engine: EngineArgs) -> float | None:
         gib = float(size)
     except ValueError:
         return None
-    return gib * engines if math.isfinite(gib) and gib >= 0 else None
+    total = gib * engines
+    return total if math.isfinite(total) and 0 <= total <= MOST_HOST_GIB else None
 
 
 def _beside_offload(engine: EngineArgs) -> tuple[int, float] | None:

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from .api import EngineArgs, HealBounds
 from .gpu_catalog import lookup
 from .memory import ModelShape, estimate
-from .offload_pinned import most_offload_gib, offload_host_gib, pinned_gib
+from .offload_pinned import held_beside_offload_gib, most_offload_gib, offload_host_gib, pinned_gib
 from .quantity import parse_quantity
 from .vllm_release import Release
 
@@ -126,8 +126,9 @@ class Limits:
 
     def offload_the_limit_holds(self, engine: EngineArgs, shape: ModelShape | None) -> float | None:
         """The most cpu_offload_gb the container's limit holds on every rank (vLLM's flag is per GPU, and each
-        rank pins it rounded up block by block: offload_pinned.py), whatever the bound; None without a limit."""
-        if self.memory_limit_bytes is None:
+        rank pins it rounded up block by block: offload_pinned.py), whatever the bound; None without a limit, or where
+        what vLLM holds beside the offload cannot be told (a connector's buffer, ranks not said plainly)."""
+        if self.memory_limit_bytes is None or held_beside_offload_gib(engine) is None:
             return None
         return most_offload_gib(shape, engine, offload_host_gib(self.memory_limit_bytes, engine))
 

@@ -150,10 +150,12 @@ _REQUEST_CLOSE = re.compile(r' HTTP/\d(?:\.\d)?"')
 
 
 # A JSON object is a structured log record that log_records.py did not decode (longer than it reads, cut by the
-# launcher's piece, or of a schema that names its level otherwise): its fields are whoever's (a client's query or
+# launcher's piece, or of a schema it does not read): its fields are whoever's (a client's query or
 # tool-call id may fill it), and nothing tells its level or logger, so it never decides. (vLLM's text formatter
 # opens no line so: its dicts print with Python's repr, `{'`.)
 _RECORD_OPENING = '{"'
+# ... and a member of one on a line of its own (a formatter's indented JSON: python-json-logger's json_indent)
+_RECORD_MEMBER = re.compile(r'\s{0,40}"[^"\\]{1,200}"\s?:\s')
 
 
 def _holds_request_line(head: str, text: str) -> bool:
@@ -176,7 +178,7 @@ def origin_of(text: str, source_file: str | None) -> str:
     if name and _USER_FILES.match(name):
         return USER
     head = text[:MATCH_CHARS]
-    if head.startswith(_RECORD_OPENING):
+    if head.startswith(_RECORD_OPENING) or (head[:1] in ' "\t' and _RECORD_MEMBER.match(head)):
         return USER
     # (every request-id form holds one of the id hints: a cheap test first on long lines)
     if _USER_START.match(head) or _quotes_a_user(head) or _REQUEST_START.match(head):

@@ -77,7 +77,8 @@ def exception_of_another_type(line: Line, named_like_an_error: bool = False) -> 
 # name and path (lora/worker_manager.py, 0.6 on: `Loading lora {name} failed: No adapter found for {path}`, and
 # `Loading lora {path} failed` over any other error, the real one chained above it), which a client chooses
 # (/v1/load_lora_adapter, a resolver's `model`). Whatever the type, such a message names no failure.
-_VALUED = re.compile(r"^(?:[\w.]{0,200}\.)?\w{0,80}(?:Error|Exception): Loading lora ")
+# (also as vLLM V1's executor quotes a worker's error: `Worker failed with error '...'`, as ENGINE_REPORT reads it)
+_VALUED = re.compile(r"^(?:[\w.]{0,200}\.)?\w{0,80}(?:Error|Exception): (?:Worker failed with error ')?Loading lora ")
 
 
 def of_another_type(line: Line) -> bool:

@@ -38,7 +38,7 @@ def raise_memory_limit(ctx: Context) -> Remedy | None:
     if needs is None:
         new = min(new, cap)
     else:
-        need_gib, exact = needs
+        need_gib, exact = needs  # (finite: besides_offload_gib reads no buffer past what a host holds)
         if need_gib * GIB > new:
             new, basis = math.ceil(need_gib * GIB / MIB) * MIB, f"to {_pinned_basis(ctx, exact)}, a tenth spare,"
         if new > cap and need_gib * GIB <= cap:
