@@ -6,7 +6,7 @@ with python-json-logger) every record the engine logs is one JSON object on one 
 "process": ..., "message": ..., "exc_info": "Traceback ...", "vllm_process_name": ...}`. A
 traceback is escaped inside `exc_info`, where no line of it is a line of the log. Each record is
 printed here as the text formatter prints it (other schemas' records too: python-json-logger's renamed for
-Cloud Logging, NVIDIA Dynamo's JSONL; _LEVEL_NAMES): its header (`(Process pid=N) LEVEL MM-DD HH:MM:SS
+Cloud Logging, NVIDIA Dynamo's JSONL; _head): its header (`(Process pid=N) LEVEL MM-DD HH:MM:SS
 [module.py:NNNNNNN] `) before every line of its message and traceback, so the rest of the classifier
 reads a JSON log as it reads a text one, the logger's name telling the request logger's lines (user
 text) as the file name does. Where vLLM's stdout decorator (a GPU deployment's processes) or a
@@ -15,7 +15,7 @@ collector put a prefix before the record, it is printed before each of those lin
 The 7-digit line number marks a decoded record (RECORD_COUNT, below). A client can write a raw line
 that parses as a record (in a request's report, a dying process's re-print): quoted.mark_continuations
 keeps such a record's lines in the report. Work is bounded: only lines up to RECORD_MAX holding a
-level key (_LEVEL_KEYS) are parsed, and what a record prints is at most GROWTH times its own size (a record
+level key are parsed, and what a record prints is at most GROWTH times its own size (a record
 of many short lines keeps its first lines and its last, with a gap between).
 """
 
@@ -47,11 +47,7 @@ _ASCTIME = re.compile(r"\d{4}-(\d\d-\d\d)[T ](\d\d:\d\d:\d\d)")
 _OPENING = '{"'
 # Where a record names its level, its logger and its time: vLLM's own formatter and python-json-logger's defaults
 # (levelname, name, asctime); python-json-logger renamed for Cloud Logging (severity, logger, timestamp); NVIDIA
-# Dynamo's JSONL (level, the Python logger in log.target, time). The first a record holds is read.
-_LEVEL_NAMES = ("levelname", "severity", "level")
-_LOGGER_NAMES = ("name", "logger", "log.target")
-_TIME_NAMES = ("asctime", "timestamp", "time")
-_LEVEL_KEYS = tuple(f'"{key}":{blank}"' for key in _LEVEL_NAMES for blank in (" ", ""))
+# Dynamo's JSONL (level, the Python logger in log.target, time). The first of each that a record fills is read (_head).
 MIN_RECORD = len('{"level":"INFO","message":""}')
 
 
@@ -83,22 +79,16 @@ def _text(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _first(record: dict, keys: tuple[str, ...]) -> str | None:
-    """The first of these keys the record holds, as text (None where it is no string)."""
-    return next((_text(record[key]) for key in keys if key in record), None)
-
-
 def _head(record: dict, outside: bool) -> str | None:
     """The header before its line number's last six digits: `(Process pid=N) LEVEL MM-DD HH:MM:SS
     [module.py:F` (without the process when it is printed outside the record; F: RECORD_COUNT's flag
     digit), or None when the record names no level."""
     get = record.get
     pid = get("process")
-    level = _first(record, _LEVEL_NAMES)
     return _head_of(
-        level.upper() if level is not None and len(level) <= 8 else None,
-        _first(record, _LOGGER_NAMES),
-        _first(record, _TIME_NAMES),
+        _text(get("levelname") or get("severity") or get("level")),
+        _text(get("name") or get("logger") or get("log.target")),
+        _text(get("asctime") or get("timestamp") or get("time")),
         None if outside else _text(get("vllm_process_name")) or _text(get("processName")),
         # (JSON's numbers are int or float exactly, and true is a bool: no subclass of int but bool)
         pid if type(pid) is int and 0 <= pid < 10**10 else None,
@@ -110,6 +100,7 @@ def _head(record: dict, outside: bool) -> str | None:
 def _head_of(
     level: str | None, name: str | None, asctime: str | None, process: str | None, pid: int | None, outside: bool
 ) -> str | None:
+    level = level.upper() if level is not None and len(level) <= 8 else None  # (Dynamo's and others' may be lower case)
     if level not in _LEVELS:
         return None
     module = name.rsplit(".", 1)[-1] if name and _NAME.fullmatch(name) else "record"
@@ -144,7 +135,7 @@ def render(line: str, number: int = 0, outside: bool = False) -> list[str] | Non
     # (cheap tests first: a flood of short lines that open with `{"` costs no parse each)
     if not MIN_RECORD <= len(line) <= RECORD_MAX or not line.startswith(_OPENING):
         return None
-    if (line[-1] != "}" and not line.rstrip().endswith("}")) or not any(key in line for key in _LEVEL_KEYS):
+    if (line[-1] != "}" and not line.rstrip().endswith("}")) or not _names_a_level(line):
         return None
     record = _parsed(line)
     if not isinstance(record, dict):
@@ -213,8 +204,14 @@ def decoded(chunks: Iterable[str]) -> Iterator[str]:
         yield _decode_lines(pending, count)
 
 
+def _names_a_level(text: str) -> bool:
+    """The text may name a record's level: `"levelname"`, `"level"` or `"severity"` (two `in` tests: a flood of the
+    smallest records costs each)."""
+    return '"level' in text or '"severity"' in text
+
+
 def _decode_lines(text: str, count: list[int]) -> str:
-    if not any(key in text for key in _LEVEL_KEYS):
+    if not _names_a_level(text):
         return text
     out = []
     number = count[0]
