@@ -104,12 +104,6 @@ def test_a_record_in_a_lora_name_logged_with_vllms_header_decides_nothing():
         assert_reads_like(logged, harmless, f"a {schema} record in a logged LoRA name")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="quoted.mark_continuations: a dying engine's raw re-print keeps a client's lines in its exception's message "
-    "only for a grammar's report (`dying`); a LoRA name's line that parses as a record (any of the three schemas, "
-    "or vLLM's text header) reads as a new logged message of the engine's: runtime_oom, the client's OOM quoted",
-)
 @pytest.mark.parametrize("prefix", [ENGINE, ""], ids=["stdout-decorator", "no-prefix"])
 @pytest.mark.parametrize("schema", [*SCHEMAS, "text-header"])
 def test_a_forged_record_in_a_dying_engines_reprint_decides_nothing(schema, prefix):
@@ -291,9 +285,11 @@ JOURNAL_JSON_PRETTY = """{
 
 @pytest.mark.xfail(
     strict=True,
-    reason='origin.origin_of: _RECORD_MEMBER makes any `  "key": ...` line USER, so the kubelet\'s OOMKilled in a pasted '
+    reason="a limit, safe: origin.origin_of's _RECORD_MEMBER makes any `  \"key\": ...` line USER (an indented record's "
+    "members may hold a client's text, and nothing on the line tells whose), so the kubelet's OOMKilled in a pasted "
     "`kubectl get pod -o json` and the kernel's cgroup OOM in `journalctl -o json-pretty` decide nothing: unknown "
-    "where host_ram_oom (kernel_oom_killer) was read before the rule",
+    "where host_ram_oom (kernel_oom_killer) was read before the rule. The operator reads the kill off the pod's "
+    "state (Signals), never off pasted JSON; `diagnose` of such a paste says unknown",
 )
 @pytest.mark.parametrize("pasted", [KUBECTL_POD_JSON, JOURNAL_JSON_PRETTY], ids=["kubectl-pod-json", "journal-pretty"])
 def test_a_pasted_kube_or_journal_json_oom_kill_still_decides(pasted):

@@ -147,12 +147,17 @@ def mark_continuations(lines: list[Line]) -> None:
     # fatal exception (multiprocessing's `Process EngineCore_DP0:`): that process logs nothing after it,
     # so a line of it that opens with a logger header is the client's text (the grammar's newlines).
     dying = False
+    # The same for the open exception line when it is such a re-print (no logger header) of a message holding
+    # what a request named (_VALUED: a LoRA adapter's name, which may hold newlines): its further lines are the
+    # client's, a logger header or a record on them too.
+    valued = False
     after_gap = False  # the line before was a gap (`[...]`): lines were left out there
 
     def same(a: tuple | None, b: tuple | None) -> bool:
         # (a re-print without any process prefix, the CPU engine's and every JSON-mode log's, names no
         # process: a line of the client's that writes one is still the dying process's)
-        return a == b or (dying and a is not None and b is not None and (a[1:] == b[1:] or not a[1] or not b[1]))
+        relaxed = dying or valued
+        return a == b or (relaxed and a is not None and b is not None and (a[1:] == b[1:] or not a[1] or not b[1]))
 
     for line in lines:
         text = line.text
@@ -203,15 +208,17 @@ def mark_continuations(lines: list[Line]) -> None:
                 dying = grammar and not line.level
         elif request is None:
             compiling = dying = False
-        # (a request's report ends only with its writer: a line its client wrote may look like a frame)
+        # (a request's report ends only with its writer: a line its client wrote may look like a frame; so does a
+        # valued re-print's message, after which its dead process prints no traceback)
         line.continued = absorbed or (
-            writer is not None and same(who, writer) and (not framing or same(request, writer))
+            writer is not None and same(who, writer) and (not framing or valued or same(request, writer))
         )
         line.engine_message = line.continued and engines and not absorbed
         line.grammar_report = request is not None and compiling
         line.request_report = request is not None
         if not line.continued:
             writer = who if EXCEPTION_LINE.match(text) else None
+            valued = writer is not None and not line.level and _VALUED.match(text) is not None
             engines = (
                 writer is not None
                 and line.origin == ENGINE
