@@ -58,13 +58,6 @@ def _fix(engine: dict, gpu: str = H100, shape: ModelShape | None = None, heal: d
 # --- MIG slices ---------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "gpu_catalog.lookup reads a MIG slice as its profile's GB less 0.5 GiB: 2g.20gb 18.13 GiB where torch "
-        "reports 19.50 (A100) and nvidia-smi mig -lgip 19.62 (H100); 7g.80gb 74.01 where -lgip lists 79.25"
-    ),
-)
 def test_a_mig_slice_is_sized_as_cuda_reports_it():
     """`nvidia-smi mig -lgip` on an H100 80GB (jbarrow.ai/field_notes/nvidia-mig) lists the GPU instance profiles'
     memory in GiB: 1g.10gb 9.75, 1g.20gb and 2g.20gb 19.62, 3g.40gb and 4g.40gb 39.50, 7g.80gb 79.25; a training
@@ -78,13 +71,6 @@ def test_a_mig_slice_is_sized_as_cuda_reports_it():
     assert lookup("NVIDIA-H100-80GB-HBM3-MIG-7g.80gb").memory_gib >= 78.0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "on an H100 7g.80gb slice (74.01 GiB by the catalog, 79.25 by nvidia-smi) Fix cuts Qwen2.5-32B's "
-        "--max-model-len 32768 to 10880, where a raise to 0.92-0.94 keeps the 32K context"
-    ),
-)
 def test_fix_on_the_whole_card_slice_keeps_a_context_the_slice_holds():
     """Qwen2.5-32B (61.07 GiB of bf16 weights) at --max-model-len 32768, utilization 0.9, vLLM 0.33, on
     NVIDIA-H100-80GB-HBM3-MIG-7g.80gb. The catalog's 74.01 GiB: share 66.61 - 61.07 - 1.58 activation - 0.22 -
@@ -104,13 +90,6 @@ def test_fix_on_the_whole_card_slice_keeps_a_context_the_slice_holds():
     assert at78.engine.max_model_len == 32768
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "a MIG profile of 0gb is a GPU of -0.5 GiB (plan suggests --gpu-memory-utilization 0.88 for it), one of "
-        "99999999999999999999gb a GPU of 9.3e19 GiB that 'fits'; --gpu-memory-gib refuses anything outside (0, 4096]"
-    ),
-)
 def test_a_mig_profile_outside_any_gpu_is_no_gpu_size():
     """lookup's MIG branch takes the profile's GB as written: `int('0') * 1e9 / 2^30 - 0.5` = -0.5 GiB, and
     `int('99999999999999999999') * 1e9 / 2^30 - 0.5` = 9.3e19 GiB. The first makes pre-flight's estimate ask for

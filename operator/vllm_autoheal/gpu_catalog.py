@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .diagnosis.model import GpuInfo
-from .diagnosis.units import GB, GIB
+from .diagnosis.units import GIB
 
 
 @dataclass(frozen=True)
@@ -87,13 +87,32 @@ def lookup(name: str, memory_gib: float | None = None) -> GpuSpec:
     if memory_gib is not None:
         return GpuSpec(name, float(memory_gib), "given", capability)
     if mig:  # a MIG slice: its memory is in the profile name (e.g. 3g.40gb)
-        return GpuSpec(name, int(mig.group(2)) * GB / GIB - 0.5, "MIG profile", capability)
+        return GpuSpec(name, _slice_gib(name, mig.group(2), known[0] if known else None), "MIG profile", capability)
     if known:
         return GpuSpec(name, known[0], known[1], capability)
     raise KeyError(
         f"unknown GPU {name!r}: give its memory (--gpu-memory-gib / resources.gpuMemoryGiB); "
         f"known: {', '.join(sorted(_CATALOG))}"
     )
+
+
+# What CUDA reports of a MIG slice: its profile's number, read as GiB, less a little (`nvidia-smi mig -lgip` on an H100
+# 80GB: 1g.10gb 9.75, 2g.20gb 19.62, 3g.40gb 39.50, 7g.80gb 79.25 GiB; torch on an A100 2g.20gb: 19.50): taken at the
+# least of those, so a slice is never sized above what it has.
+SLICE_SHORT_GIB = {40: 0.75, 0: 0.5}  # (from a profile of 40 up, and below it)
+MOST_SLICE_GIB = 4096.0  # (as `plan --gpu-memory-gib` and no GPU: a profile past it names no slice)
+
+
+def _slice_gib(name: str, profile: str, whole_gib: float | None) -> float:
+    """A MIG slice's memory from its profile's number, never above its whole GPU's; KeyError where the number
+    names no slice (0, or past any GPU)."""
+    number = int(profile) if len(profile) <= 6 else 0
+    gib = number - (SLICE_SHORT_GIB[40] if number >= 40 else SLICE_SHORT_GIB[0])
+    if whole_gib is not None:
+        gib = min(gib, whole_gib)
+    if not 0 < gib <= MOST_SLICE_GIB:
+        raise KeyError(f"MIG profile of {name!r} names no slice's memory: give its memory (resources.gpuMemoryGiB)")
+    return gib
 
 
 def known() -> list[str]:
