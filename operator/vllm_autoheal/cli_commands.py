@@ -133,7 +133,7 @@ def run_plan(args: argparse.Namespace) -> int:
     from .gpu_catalog import lookup
     from .model_config import ModelConfigError
     from .plan_options import longer_than_the_model, options, render_bars, render_options
-    from .preflight import preflight
+    from .preflight import preflight, unsplittable
     from .report import render_plan
     from .vllm_release import describe
 
@@ -155,14 +155,9 @@ def run_plan(args: argparse.Namespace) -> int:
         spelled, flag = abbreviated
         print(f"vllm-autoheal plan: {spelled!r} is read by vLLM as {flag.cli}: spell it {flag.cli}", file=sys.stderr)
         return 2
-    if not shape.splits(engine.tensor_parallel_size):  # (vLLM refuses it at load)
-        kv = shape.kv_heads or shape.heads
-        blocks = f", or its fp8 weights' blocks of {shape.weight_block[0]}" if shape.weight_block else ""
-        print(
-            f"vllm-autoheal plan: --tensor-parallel-size {engine.tensor_parallel_size} does not split the model's "
-            f"{shape.heads} attention heads and {kv} KV heads{blocks}: vLLM refuses it",
-            file=sys.stderr,
-        )
+    refused = unsplittable(shape, engine.tensor_parallel_size)
+    if refused:  # (vLLM refuses it at load)
+        print(f"vllm-autoheal plan: {refused}", file=sys.stderr)
         return 2
     refused = longer_than_the_model(shape, engine, os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN"))
     if refused:

@@ -32,6 +32,7 @@ from .engine_defaults import (
 from .extensible_kv import extensible_kv_cache, held_after_warmup_gib
 from .flag_tokens import switched
 from .gpu_catalog import GpuSpec
+from .lora_slots import lora_slots_gib
 from .model_runner import graphs_reserved, offload_ignored, release_sampler
 from .model_shape import ModelShape, layer_group, padded_layers
 from .model_weights import WEIGHT_BUFFERS_GIB, weights_gib_per_gpu
@@ -245,6 +246,7 @@ def estimate(
     # runner of 0.22-0.27, which ignores the flag)
     offload = 0.0 if offload_ignored(shape, release, engine.extra_args) else offloaded_gib(shape, engine)
     weights = max(weights_gib_per_gpu(shape, engine, gpu) - offload, WEIGHT_BUFFERS_GIB)
+    weights += lora_slots_gib(shape, engine) or 0.0  # (allocated with the weights; None: not laid out, preflight's)
     seqs = engine.max_num_seqs or default_max_num_seqs(total, gpu.name, engine.extra_args, tier)
     act = activation_bytes(shape, mbt, tp, seqs, release_sampler(shape, release, engine.extra_args)) / GIB
     non_torch = NON_TORCH_GIB_TP1 if tp * pp == 1 else NON_TORCH_GIB_TPN

@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from .api import EngineArgs, VLLMServiceSpec
 from .diagnosis import Diagnosis
 from .diagnosis.model import Cause, EnginePhase
+from .engine_defaults import speculative_method
 from .gpu_catalog import GpuSpec
+from .lora_slots import lora_slots_gib
 from .memory import Estimate, ModelShape, estimate
 from .quantity import parse_quantity
 from .remedy import Inventory, Remedy, plan_heal
@@ -60,8 +62,9 @@ def predicted_diagnosis(est: Estimate, engine: EngineArgs, fewest_seqs: int = 1)
             "available_gib": round(est.kv_cache_gib, 2),
             "needed_gib": round(est.kv_needed_gib, 2),
         }
-        if est.max_model_len_fit > 0:
-            numbers["estimated_max_model_len"] = int(est.max_model_len_fit * 0.97)  # model error margin
+        if est.max_model_len_fit > 0:  # (the model's 3 % error margin, but not on a cache of the size given)
+            margin = 1.0 if engine.kv_cache_memory_bytes else 0.97
+            numbers["estimated_max_model_len"] = int(est.max_model_len_fit * margin)
     elif est.failure == "gpu_util_exceeds_free":
         numbers = {
             "free_gib": round(est.gpu_free_gib, 2),
@@ -80,6 +83,33 @@ def predicted_diagnosis(est: Estimate, engine: EngineArgs, fewest_seqs: int = 1)
     )
 
 
+# Speculative methods that load no weights of their own (the rest load a drafter, or the model's MTP layers, in the
+# budget of the model, and put its layers in the same KV cache)
+WEIGHTLESS_DRAFTS = frozenset({"ngram", "suffix"})
+
+
+def unsplittable(shape: ModelShape, tp: int) -> str | None:
+    """Why vLLM refuses this tensor-parallel size for the model at load (ModelShape.splits), or None."""
+    if shape.splits(tp):
+        return None
+    kv = shape.kv_heads or shape.heads
+    blocks = f", or its fp8 weights' blocks of {shape.weight_block[0]}" if shape.weight_block else ""
+    return (
+        f"--tensor-parallel-size {tp} does not split the model's {shape.heads} attention heads and {kv} KV heads"
+        f"{blocks}: vLLM refuses it"
+    )
+
+
+def _unweighed(shape: ModelShape, engine: EngineArgs) -> str | None:
+    """What the flags load that the memory model does not weigh: a draft model, LoRA slots it cannot lay out."""
+    method = speculative_method(engine.extra_args or [])
+    if method is not None and method not in WEIGHTLESS_DRAFTS:
+        return f"the speculative decoding draft ({method or 'a draft model'}) loads weights the memory model does not weigh"
+    if lora_slots_gib(shape, engine) is None:
+        return "the LoRA adapter slots of this model's layers (or flags) are not weighed"
+    return None
+
+
 def _memory_limit(spec: VLLMServiceSpec) -> int | None:
     try:
         return parse_quantity(spec.resources.limits.memory) if spec.resources.limits.memory else None
@@ -94,7 +124,15 @@ def preflight(
     shape = running_shape(spec, spec.model, engine, shape)[1] or shape  # (a fallback a PatchSpec heal switched to)
     est = estimate(shape, engine, gpu, free_gib, entrypoint, release)
     result = PreflightResult(fits=est.fits, estimate=est, engine=engine, reasons=list(est.reasons))
+    refused = unsplittable(shape, engine.tensor_parallel_size)
+    if refused:  # (vLLM refuses it at load, whatever the memory)
+        result.fits, result.reasons = False, [refused, *result.reasons]
+        return result
     if est.fits or spec.preflight != "Fix":
+        return result
+    unweighed = _unweighed(shape, engine)
+    if unweighed:  # (flags sized to the GiB without it would start into the crash they were sized to avoid)
+        result.reasons.append(f"no flags fitted: {unweighed}; a heal sizes them from vLLM's own figures")
         return result
     inventory = Inventory(
         gpu_total_gib=gpu.memory_gib,
