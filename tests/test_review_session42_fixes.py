@@ -13,6 +13,7 @@ import json
 
 import pytest
 
+from test_review_session42_heal import _host_oom as host_oom
 from test_review_session42_steer import (
     HARMLESS_QUERY,
     LONG,
@@ -23,39 +24,20 @@ from test_review_session42_steer import (
     _before_crash,
     _json_base,
 )
-from vllm_autoheal.api import VLLMServiceSpec
-from vllm_autoheal.diagnosis import Diagnosis
-from vllm_autoheal.gpu_catalog import lookup
 from vllm_autoheal.offload_pinned import HOST_BASE_GIB, HOST_PER_RANK_GIB
 from vllm_autoheal.quantity import parse_quantity
-from vllm_autoheal.remedy import Inventory, plan_heal
 
 from crafted.bases import MARKER, illegal_access_log, real_log
 from crafted.checks import assert_reads_like, diagnose
 from crafted.records import as_json_records
-from samples import config_shape
 
 GIB = 2**30
 ONE_RANK = HOST_BASE_GIB + HOST_PER_RANK_GIB  # vLLM's processes for one rank: 3.2 GiB
 
 
 def _host_oom(limit_gib: float, engine: dict, bound: str | None = None, shape: str = "qwen3-30b-a3b"):
-    """A container OOM-killed at `limit_gib` on one H100, the model's config known, the limit and offload heals
-    allowed (a larger limit only up to `bound`; none without one)."""
-    spec = VLLMServiceSpec(
-        model="m",
-        engine=engine,
-        resources={"limits": {"memory": f"{limit_gib}Gi"}},
-        heal={
-            "allowedActions": ["RaiseMemoryLimit", "LowerCpuOffload", "SetKvCacheMemoryBytes"],
-            "bounds": {"maxMemoryLimit": bound} if bound else {},
-        },
-    )
-    g = lookup("NVIDIA-H100-80GB-HBM3")
-    inv = Inventory(
-        gpu_total_gib=g.memory_gib, gpu_name=g.name, shape=config_shape(shape), memory_limit_bytes=int(limit_gib * GIB)
-    )
-    return plan_heal(spec, Diagnosis(cause="host_ram_oom"), inventory=inv)
+    """A container OOM-killed at `limit_gib` on one H100 (test_review_session42_heal's, Qwen3-30B-A3B by default)."""
+    return host_oom(limit_gib, engine, bound, shape)[1]
 
 
 # --- b70ed3a: the host-memory heals --------------------------------------------------------------------------------

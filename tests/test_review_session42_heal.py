@@ -23,7 +23,7 @@ GIB = 2**30
 BESIDE = HOST_BASE_GIB + HOST_PER_RANK_GIB  # vLLM's processes on one rank: 3.2 GiB
 
 
-def _host_oom(limit_gib: int, engine: dict, bound: str | None = None, shape: str = "qwen2.5-32b"):
+def _host_oom(limit_gib: float, engine: dict, bound: str | None = None, shape: str = "qwen2.5-32b"):
     """A container OOM-killed at `limit_gib` on one H100, the model's config known, the limit and offload heals
     allowed (a larger limit only up to `bound`)."""
     spec = VLLMServiceSpec(
@@ -37,7 +37,7 @@ def _host_oom(limit_gib: int, engine: dict, bound: str | None = None, shape: str
     )
     g = lookup("NVIDIA-H100-80GB-HBM3")
     inv = Inventory(
-        gpu_total_gib=g.memory_gib, gpu_name=g.name, shape=config_shape(shape), memory_limit_bytes=limit_gib * GIB
+        gpu_total_gib=g.memory_gib, gpu_name=g.name, shape=config_shape(shape), memory_limit_bytes=int(limit_gib * GIB)
     )
     return spec, plan_heal(spec, Diagnosis(cause="host_ram_oom"), inventory=inv)
 
