@@ -88,12 +88,6 @@ def test_the_same_raw_traceback_without_a_lora_name_leaves_the_oom_deciding(pref
     assert d.cause == "runtime_oom", said(d)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="quoted.mark_continuations: a headerless 'ValueError: Loading lora ...' line sets `valued`, and every "
-    "later line of that writer (all lines where the log has no process prefixes) is its message: the engine's "
-    "later headed CUDA OOM traceback is swallowed (not_oom other_error; runtime_oom before c414038)",
-)
 @pytest.mark.parametrize(("prefix", "prefixes", "json_mode"), CASES)
 def test_a_raw_lora_load_failure_before_the_engines_oom_does_not_hide_it(prefix, prefixes, json_mode):
     d = diagnose(_raw_traceback_before_the_crash(RAW_LORA, prefix, prefixes, json_mode))

@@ -73,6 +73,8 @@ def exception_of_another_type(line: Line, named_like_an_error: bool = False) -> 
     return name
 
 
+# multiprocessing's banner before a process's fatal exception, printed raw as the process dies (BaseProcess._bootstrap)
+_BANNER = re.compile(r"Process [\w.-]{1,80}:$")
 # vLLM's messages that open with the engine's words and go on with what a request named: the LoRA adapter's
 # name and path (lora/worker_manager.py, 0.6 on: `Loading lora {name} failed: No adapter found for {path}`, and
 # `Loading lora {path} failed` over any other error, the real one chained above it), which a client chooses
@@ -147,10 +149,11 @@ def mark_continuations(lines: list[Line]) -> None:
     # fatal exception (multiprocessing's `Process EngineCore_DP0:`): that process logs nothing after it,
     # so a line of it that opens with a logger header is the client's text (the grammar's newlines).
     dying = False
-    # The same for the open exception line when it is such a re-print (no logger header) of a message holding
-    # what a request named (_VALUED: a LoRA adapter's name, which may hold newlines): its further lines are the
-    # client's, a logger header or a record on them too.
-    valued = False
+    # The same for the open exception line when it ends such a re-print (after multiprocessing's `Process <name>:`
+    # banner, no logger header since) of a message holding what a request named (_VALUED: a LoRA adapter's name,
+    # which may hold newlines): its further lines are the client's, a logger header or a record on them too. (A raw
+    # traceback with no banner may come from a process that goes on logging: its later lines are its own.)
+    valued = reprint = False
     after_gap = False  # the line before was a gap (`[...]`): lines were left out there
 
     def same(a: tuple | None, b: tuple | None) -> bool:
@@ -218,10 +221,11 @@ def mark_continuations(lines: list[Line]) -> None:
         line.request_report = request is not None
         if not line.continued:
             writer = who if EXCEPTION_LINE.match(text) else None
-            valued = writer is not None and not line.level and _VALUED.match(text) is not None
+            valued = writer is not None and reprint and not line.level and _VALUED.match(text) is not None
             engines = (
                 writer is not None
                 and line.origin == ENGINE
                 and request is None
                 and ENGINE_REPORT.match(text) is not None
             )
+        reprint = (reprint or _BANNER.match(text) is not None) and not line.level
