@@ -131,6 +131,7 @@ def run_plan(args: argparse.Namespace) -> int:
     from .api import DEFAULT_IMAGE, VLLMServiceSpec
     from .engine import EngineArgsError, abbreviated_flag, parse_args
     from .gpu_catalog import lookup
+    from .lora_slots import lora_problem
     from .model_config import ModelConfigError
     from .plan_options import longer_than_the_model, options, render_bars, render_options
     from .preflight import preflight, unsplittable
@@ -155,8 +156,8 @@ def run_plan(args: argparse.Namespace) -> int:
         spelled, flag = abbreviated
         print(f"vllm-autoheal plan: {spelled!r} is read by vLLM as {flag.cli}: spell it {flag.cli}", file=sys.stderr)
         return 2
-    refused = unsplittable(shape, engine.tensor_parallel_size)
-    if refused:  # (vLLM refuses it at load)
+    refused = unsplittable(shape, engine.tensor_parallel_size) or lora_problem(engine)
+    if refused:  # (vLLM refuses it at start)
         print(f"vllm-autoheal plan: {refused}", file=sys.stderr)
         return 2
     refused = longer_than_the_model(shape, engine, os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN"))

@@ -87,7 +87,8 @@ def lookup(name: str, memory_gib: float | None = None) -> GpuSpec:
     if memory_gib is not None:
         return GpuSpec(name, float(memory_gib), "given", capability)
     if mig:  # a MIG slice: its memory is in the profile name (e.g. 3g.40gb)
-        return GpuSpec(name, _slice_gib(name, mig.group(2), known[0] if known else None), "MIG profile", capability)
+        whole = (key[: mig.start()], known[0]) if known else None
+        return GpuSpec(name, _slice_gib(name, mig.group(2), whole), "MIG profile", capability)
     if known:
         return GpuSpec(name, known[0], known[1], capability)
     raise KeyError(
@@ -103,13 +104,23 @@ SLICE_SHORT_GIB = {40: 0.75, 0: 0.5}  # (from a profile of 40 up, and below it)
 MOST_SLICE_GIB = 4096.0  # (as `plan --gpu-memory-gib` and no GPU: a profile past it names no slice)
 
 
-def _slice_gib(name: str, profile: str, whole_gib: float | None) -> float:
-    """A MIG slice's memory from its profile's number, never above its whole GPU's; KeyError where the number
-    names no slice (0, or past any GPU)."""
+# A whole GPU's memory in its MIG profiles' unit where its product name does not say it (`H100-80GB-...`: 80)
+_PROFILE_WHOLE = {"H200": 141, "H200-NVL": 141, "B200": 180}
+_NAMED_GB = re.compile(r"(\d{2,3})GB")
+
+
+def _slice_gib(name: str, profile: str, whole: tuple[str, float] | None) -> float:
+    """A MIG slice's memory from its profile's number, never above its share of the whole GPU (its eighths of the
+    memory, as NVIDIA's MIG guide lays an A100's, H100's or H200's out: an H200 3g.71gb is half of 139.80 GiB, not
+    70.25); KeyError where the number names no slice (0, or past any GPU)."""
     number = int(profile) if len(profile) <= 6 else 0
     gib = number - (SLICE_SHORT_GIB[40] if number >= 40 else SLICE_SHORT_GIB[0])
-    if whole_gib is not None:
-        gib = min(gib, whole_gib)
+    if whole is not None:
+        product, whole_gib = whole
+        named = _NAMED_GB.search(product)
+        nominal = int(named.group(1)) if named else _PROFILE_WHOLE.get(product)
+        eighths = min(8, max(1, round(8 * number / nominal))) if nominal else 8
+        gib = min(gib, whole_gib * eighths / 8)
     if not 0 < gib <= MOST_SLICE_GIB:
         raise KeyError(f"MIG profile of {name!r} names no slice's memory: give its memory (resources.gpuMemoryGiB)")
     return gib

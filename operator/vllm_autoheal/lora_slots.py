@@ -16,6 +16,29 @@ from .flag_tokens import flag_value, switched
 from .model_shape import DTYPE_BYTES, ModelShape
 
 DEFAULT_MAX_LORAS, DEFAULT_MAX_RANK = 1, 16  # vLLM's LoRAConfig defaults
+MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the ranks LoRAConfig accepts (MaxLoRARanks)
+LORA_DTYPES = ("auto", "float16", "bfloat16")  # (auto: the dtype the model runs in)
+
+
+def lora_problem(engine: EngineArgs) -> str | None:
+    """Why vLLM refuses the LoRA flags at start (LoRAConfig's checks), or None."""
+    args = engine.extra_args or []
+    if not switched(args, "--enable-lora"):
+        return None
+    rank, loras, dtype = (
+        flag_value(args, "--max-lora-rank"),
+        flag_value(args, "--max-loras"),
+        flag_value(args, "--lora-dtype"),
+    )
+    if rank is not None and (_count(rank, DEFAULT_MAX_RANK) or 0) not in MAX_LORA_RANKS:
+        return (
+            f"--max-lora-rank {rank[:20]!r} is none of the ranks vLLM accepts ({', '.join(map(str, MAX_LORA_RANKS))})"
+        )
+    if loras is not None and _count(loras, DEFAULT_MAX_LORAS) is None:
+        return f"--max-loras {loras[:20]!r} is no count of at least 1, which vLLM requires"
+    if dtype is not None and dtype not in LORA_DTYPES:
+        return f"--lora-dtype {dtype[:20]!r} is none of {', '.join(LORA_DTYPES)}, which vLLM requires"
+    return None
 
 
 def lora_slots_gib(shape: ModelShape, engine: EngineArgs) -> float | None:
@@ -33,7 +56,11 @@ def lora_slots_gib(shape: ModelShape, engine: EngineArgs) -> float | None:
         return None
     if not shape.heads or not shape.head_dim:
         return None
+    if lora_problem(engine):
+        return None
+    # (auto: the dtype the model runs in, --dtype's where given: LoRAConfig.verify_with_model_config)
     dtype = flag_value(args, "--lora-dtype")
+    dtype = dtype if dtype not in (None, "auto") else engine.dtype
     width = DTYPE_BYTES.get(dtype, shape.served_bytes) if dtype not in (None, "auto") else shape.served_bytes
     tp, h, mlp = engine.tensor_parallel_size, shape.hidden, shape.intermediate
     q = shape.heads * shape.head_dim * (2 if shape.output_gate else 1)

@@ -14,7 +14,7 @@ from .diagnosis import Diagnosis
 from .diagnosis.model import Cause, EnginePhase
 from .engine_defaults import speculative_method
 from .gpu_catalog import GpuSpec
-from .lora_slots import lora_slots_gib
+from .lora_slots import lora_problem, lora_slots_gib
 from .memory import Estimate, ModelShape, estimate
 from .quantity import parse_quantity
 from .remedy import Inventory, Remedy, plan_heal
@@ -33,6 +33,7 @@ class PreflightResult:
     engine: EngineArgs  # the flags to start with (changed only in Fix mode)
     steps: list[Remedy] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
+    unweighed: str | None = None  # what the flags load that the memory model does not weigh: no fit can be told
 
     @property
     def changed(self) -> bool:
@@ -124,15 +125,16 @@ def preflight(
     shape = running_shape(spec, spec.model, engine, shape)[1] or shape  # (a fallback a PatchSpec heal switched to)
     est = estimate(shape, engine, gpu, free_gib, entrypoint, release)
     result = PreflightResult(fits=est.fits, estimate=est, engine=engine, reasons=list(est.reasons))
-    refused = unsplittable(shape, engine.tensor_parallel_size)
-    if refused:  # (vLLM refuses it at load, whatever the memory)
+    refused = unsplittable(shape, engine.tensor_parallel_size) or lora_problem(engine)
+    if refused:  # (vLLM refuses it at start, whatever the memory)
         result.fits, result.reasons = False, [refused, *result.reasons]
         return result
-    if est.fits or spec.preflight != "Fix":
-        return result
     unweighed = _unweighed(shape, engine)
-    if unweighed:  # (flags sized to the GiB without it would start into the crash they were sized to avoid)
-        result.reasons.append(f"no flags fitted: {unweighed}; a heal sizes them from vLLM's own figures")
+    if unweighed:  # (no fit claimed, and no flags sized to the GiB without it: they would start into the crash)
+        result.fits, result.unweighed = False, unweighed
+        result.reasons = [f"cannot tell: {unweighed}; a heal sizes the flags from vLLM's own figures", *result.reasons]
+        return result
+    if est.fits or spec.preflight != "Fix":
         return result
     inventory = Inventory(
         gpu_total_gib=gpu.memory_gib,

@@ -97,6 +97,9 @@ def memory_fit(
             new["effective"] = result.engine.wire()
             msg = f"fitted at start: {' '.join(s.flags() for s in result.steps)}; KV {est.kv_cache_gib:.2f} GiB"
             cond = st.set_condition(conditions, st.MEMORY_FIT, "True", "FittedByPreflight", msg, generation)
+        elif result.unweighed:
+            msg = "; ".join(result.reasons)
+            cond = st.set_condition(conditions, st.MEMORY_FIT, "Unknown", "NotWeighed", msg, generation)
         elif result.fits:
             msg = (
                 f"KV cache {est.kv_cache_gib:.2f} GiB = {est.kv_tokens:,} tokens; weights {est.weights_gib:.2f} GiB/GPU"
