@@ -43,11 +43,6 @@ def _fits_line(out: str) -> str:
 # --- LoRA flags vLLM accepts or refuses ------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="lora_problem caps --max-loras at 4096 and calls 5000 'no count of at least 1, which vLLM requires': vLLM "
-    "has no upper bound (Field(ge=1)); plan exits 2 on input vLLM accepts instead of weighing it (no fit, exit 1)",
-)
 def test_many_lora_slots_are_weighed_not_refused_as_a_count_vllm_refuses(capsys):
     """`--enable-lora --max-loras 5000` is a valid LoRAConfig: vLLM starts loading and runs out of memory allocating
     5000 x 16 x 2,621,440 x 2 B = 390 GiB of slots on Llama-3.1-8B. plan's answer is "does not fit" (exit 1), and
@@ -59,11 +54,6 @@ def test_many_lora_slots_are_weighed_not_refused_as_a_count_vllm_refuses(capsys)
     assert rc == 1, (rc, err)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="lora_problem misses LoRAConfig's 'max_cpu_loras must be >= max_loras': --max-cpu-loras 2 --max-loras 4 "
-    "is refused by vLLM at start, yet plan says fits (exit 0) and MemoryFit True",
-)
 def test_plan_refuses_fewer_cpu_loras_than_gpu_slots(capsys):
     """vllm/config/lora.py __post_init__: `elif self.max_cpu_loras < self.max_loras: raise ValueError(...)`. The
     commit refuses the LoRA flags vLLM refuses (rank, slots, dtype) with exit 2; this one it lets through."""
@@ -105,12 +95,6 @@ def test_odd_lora_values_are_exit_2_without_a_traceback(flags, capsys):
     assert rc == 2 and "Traceback" not in err and err.startswith("vllm-autoheal plan:")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="lora_slots_gib returns None for any model with a vision tower, though vLLM wraps only the language "
-    "model's layers with LoRA: a dense multimodal service with --enable-lora, which vLLM starts, flips to MemoryFit "
-    "Unknown (NotWeighed) and plan 'NO'",
-)
 def test_lora_slots_of_a_multimodal_model_are_its_language_models():
     """model_manager._create_lora_modules skips the tower and connector modules (_filter_unsupported_mm_module:
     "vLLM currently only supports adding LoRA to language model"), so the slots are the language model's: a
@@ -125,23 +109,12 @@ def test_lora_slots_of_a_multimodal_model_are_its_language_models():
 # --- speculative decoding ------------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="-sc with invalid JSON or JSON that is no object (vLLM refuses both at start) is read as 'a draft model' and plan exits 1 "
-    "'fits NO: cannot tell: the speculative decoding draft (a draft model)'; bad input is exit 2 naming the flag",
-)
 @pytest.mark.parametrize("value", ["{not json", '"ngram"', "[1, 2]"])
 def test_plan_refuses_a_speculative_config_that_is_no_json_object(value, capsys):
     rc, _out, err = _plan(capsys, "-sc", value)
     assert rc == 2 and ("-sc" in err or "speculative" in err) and "Traceback" not in err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="plan prints 'fits NO: cannot tell: ...' beside a draft model: 'NO' claims the flags do not fit where "
-    "the memory model cannot tell (README: exit 1 'when they do not' fit); Llama-3.1-8B + a 1B draft on an H100 "
-    "at 32k fits with tens of GiB to spare",
-)
 def test_plan_does_not_say_no_where_it_cannot_tell(capsys):
     draft = '{"model": "meta-llama/Llama-3.2-1B-Instruct", "num_speculative_tokens": 5}'
     _rc, out, _err = _plan(capsys, "--max-model-len", "32768", "--speculative-config", draft)

@@ -134,7 +134,7 @@ def run_plan(args: argparse.Namespace) -> int:
     from .lora_slots import lora_problem
     from .model_config import ModelConfigError
     from .plan_options import longer_than_the_model, options, render_bars, render_options
-    from .preflight import preflight, unsplittable
+    from .preflight import draft_problem, preflight, unsplittable
     from .report import render_plan
     from .vllm_release import describe
 
@@ -156,7 +156,7 @@ def run_plan(args: argparse.Namespace) -> int:
         spelled, flag = abbreviated
         print(f"vllm-autoheal plan: {spelled!r} is read by vLLM as {flag.cli}: spell it {flag.cli}", file=sys.stderr)
         return 2
-    refused = unsplittable(shape, engine.tensor_parallel_size) or lora_problem(engine)
+    refused = unsplittable(shape, engine.tensor_parallel_size) or lora_problem(engine) or draft_problem(engine)
     if refused:  # (vLLM refuses it at start)
         print(f"vllm-autoheal plan: {refused}", file=sys.stderr)
         return 2

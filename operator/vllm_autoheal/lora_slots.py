@@ -36,6 +36,9 @@ def lora_problem(engine: EngineArgs) -> str | None:
         )
     if loras is not None and _count(loras, DEFAULT_MAX_LORAS) is None:
         return f"--max-loras {loras[:20]!r} is no count of at least 1, which vLLM requires"
+    cpu = flag_value(args, "--max-cpu-loras")
+    if cpu is not None and (_count(cpu, 0) or 0) < (_count(loras, DEFAULT_MAX_LORAS) or 0):
+        return f"--max-cpu-loras {cpu[:20]!r} is below --max-loras, which vLLM refuses (max_cpu_loras >= max_loras)"
     if dtype is not None and dtype not in LORA_DTYPES:
         return f"--lora-dtype {dtype[:20]!r} is none of {', '.join(LORA_DTYPES)}, which vLLM requires"
     return None
@@ -43,7 +46,7 @@ def lora_problem(engine: EngineArgs) -> str | None:
 
 def lora_slots_gib(shape: ModelShape, engine: EngineArgs) -> float | None:
     """The adapter slots' memory on the busiest rank: 0 without --enable-lora; None where the flags or the layers
-    do not say it plainly (a count that is no number, experts, MLA, state layers, a vision tower: layers whose
+    do not say it plainly (a count that is no number, flags vLLM refuses, experts, MLA, state layers: layers whose
     adapters this does not lay out)."""
     args = engine.extra_args or []
     if not switched(args, "--enable-lora"):
@@ -52,7 +55,8 @@ def lora_slots_gib(shape: ModelShape, engine: EngineArgs) -> float | None:
         _count(flag_value(args, "--max-loras"), DEFAULT_MAX_LORAS),
         _count(flag_value(args, "--max-lora-rank"), DEFAULT_MAX_RANK),
     )
-    if loras is None or rank is None or shape.experts or shape.is_mla or shape.state_layers or shape.vision_params:
+    # (a vision tower and its connector get no adapters: vLLM wraps the language model's layers alone)
+    if loras is None or rank is None or shape.experts or shape.is_mla or shape.state_layers:
         return None
     if not shape.heads or not shape.head_dim:
         return None
@@ -83,4 +87,4 @@ def lora_slots_gib(shape: ModelShape, engine: EngineArgs) -> float | None:
 def _count(text: str | None, default: int) -> int | None:
     if text is None:
         return default
-    return int(text) if text.isascii() and text.isdigit() and 0 < int(text) <= 4096 else None
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 9 and int(text) > 0 else None

@@ -7,12 +7,14 @@ set of rules, and a `Fix` start is what a heal would have reached, minus the cra
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 from .api import EngineArgs, VLLMServiceSpec
 from .diagnosis import Diagnosis
 from .diagnosis.model import Cause, EnginePhase
 from .engine_defaults import speculative_method
+from .flag_tokens import flag_name
 from .gpu_catalog import GpuSpec
 from .lora_slots import lora_problem, lora_slots_gib
 from .memory import Estimate, ModelShape, estimate
@@ -101,6 +103,23 @@ def unsplittable(shape: ModelShape, tp: int) -> str | None:
     )
 
 
+def draft_problem(engine: EngineArgs) -> str | None:
+    """Why vLLM refuses --speculative-config's value at start (a whole value that is no JSON object), or None."""
+    args = engine.extra_args or []
+    for i, token in enumerate(args):
+        head, dot, _ = (flag_name(token) or "").partition(".")
+        if dot or head not in ("--speculative-config", "--speculative_config", "-sc"):
+            continue
+        value = token.partition("=")[2] if "=" in token else args[i + 1] if i + 1 < len(args) else ""
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            parsed = None
+        if not isinstance(parsed, dict):
+            return f"--speculative-config {value[:40]!r} is no JSON object, which vLLM requires"
+    return None
+
+
 def _unweighed(shape: ModelShape, engine: EngineArgs) -> str | None:
     """What the flags load that the memory model does not weigh: a draft model, LoRA slots it cannot lay out."""
     method = speculative_method(engine.extra_args or [])
@@ -125,7 +144,7 @@ def preflight(
     shape = running_shape(spec, spec.model, engine, shape)[1] or shape  # (a fallback a PatchSpec heal switched to)
     est = estimate(shape, engine, gpu, free_gib, entrypoint, release)
     result = PreflightResult(fits=est.fits, estimate=est, engine=engine, reasons=list(est.reasons))
-    refused = unsplittable(shape, engine.tensor_parallel_size) or lora_problem(engine)
+    refused = unsplittable(shape, engine.tensor_parallel_size) or lora_problem(engine) or draft_problem(engine)
     if refused:  # (vLLM refuses it at start, whatever the memory)
         result.fits, result.reasons = False, [refused, *result.reasons]
         return result

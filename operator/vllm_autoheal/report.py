@@ -73,7 +73,7 @@ def render_plan(shape: Any, gpu: Any, first: Any, fixed: Any, vllm: str = "", sh
             f"{est.max_model_len:,}; largest that fits {est.max_model_len_fit:,}; "
             f"concurrency at that length {est.max_concurrency:g}x",
         ),
-        ("fits", "yes" if first.fits else "NO: " + "; ".join(first.reasons)),
+        ("fits", "yes" if first.fits else ("" if first.unweighed else "NO: ") + "; ".join(first.reasons)),
     ]
     width = max(len(k) for k, _ in rows)
     lines = [f"{k:<{width}}  {v}" for k, v in rows]
