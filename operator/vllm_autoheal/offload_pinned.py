@@ -207,6 +207,6 @@ def limit_for_pinned_gib(
         return None
     ranks, held = beside
     offload = least_pinned_gib(shape, engine) if offload_counts else (0.0, True)
-    if offload is None or (offload[0] <= 0 and held <= HOST_BASE_GIB + HOST_PER_RANK_GIB * ranks):
+    if offload is None or (offload[0] <= 0 and not besides_offload_gib(engine)):
         return None
     return (offload[0] * ranks + held) / (1 - LIMIT_MARGIN), offload[1]
