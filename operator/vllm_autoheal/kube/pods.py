@@ -19,8 +19,20 @@ def find_crash(pod: dict[str, Any]) -> dict[str, Any] | None:
             return {**current, "restartCount": restarts}
         previous = (cs.get("lastState") or {}).get("terminated")
         if previous and (previous.get("exitCode") or previous.get("reason") == "OOMKilled"):
-            return {**previous, "restartCount": max(restarts - 1, 0)}
+            return {**previous, "restartCount": _run_of_last_state(cs, previous, restarts)}
     return None
+
+
+def _run_of_last_state(cs: dict[str, Any], previous: dict[str, Any], restarts: int) -> int:
+    """The restartCount of the run in lastState. The kubelet raises the count when it starts the next run, not
+    when it moves the dead one to lastState: while it backs off the restart (CrashLoopBackOff) the dead run is
+    still the container's latest (its containerID the status's own) and the count is that run's; once the
+    next run exists the count is one past it."""
+    latest, dead = cs.get("containerID"), previous.get("containerID")
+    if latest and dead:
+        return restarts if latest == dead else max(restarts - 1, 0)
+    waiting = (cs.get("state") or {}).get("waiting") or {}
+    return restarts if waiting.get("reason") == "CrashLoopBackOff" else max(restarts - 1, 0)
 
 
 # vLLM cannot load a model and answer /health in less; a Ready condition that changed sooner after

@@ -159,13 +159,17 @@ def crash_seen(observed: list[str], crash: str, finished: float | None) -> bool:
     ended after this one. (A crash pushed out of the list would otherwise be handled again on any
     later event of its pod: a tenant with more crashed pods than the list holds replayed its crashes,
     diagnoses, heal records and Events, at the cost of annotating its pods.)"""
-    times = []
+    times, container = [], crash.rpartition("/")[0]
     for entry in observed:
         ident, _, when = entry.partition("@")
+        ended = int(when) if when.isdigit() else None
         if ident == crash:
             return True
-        if when.isdigit():
-            times.append(int(when))
+        # (one run, whatever count a view of the pod gave it: a container's run that ended the same second)
+        if ended is not None and finished is not None and ended == int(finished) and ident.startswith(container + "/"):
+            return True
+        if ended is not None:
+            times.append(ended)
     full = len(observed) >= MAX_OBSERVED_CRASHES
     return full and finished is not None and bool(times) and int(finished) < min(times)
 
