@@ -177,10 +177,10 @@ async def test_a_persons_edit_between_the_heals_read_and_its_write_wins(split, m
     path = f"/apis/{GROUP}/{VERSION}/namespaces/default/{PLURAL}/{name}"
     real_patch, edits = heal_apply.spec_patch, []
 
-    def edited_meanwhile(obj, target, written_engine):
+    def edited_meanwhile(obj, target, written_engine, heal=None):
         if not edits:  # the person's edit lands once, after the heal's read
             edits.append(c.kube.request("PATCH", path, {"spec": {"engine": {"maxModelLen": 4096}}}, MERGE))
-        return real_patch(obj, target, written_engine)
+        return real_patch(obj, target, written_engine, heal)
 
     monkeypatch.setattr(heal_apply, "spec_patch", edited_meanwhile)
     c.kmock[f"get /api/v1/namespaces/default/pods/{name}-a/log"] << KV_LOG.encode()

@@ -199,15 +199,6 @@ def _quiet(monkeypatch):
 # run as restartCount-1: right for the third view, one too low for the second.
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "pods.find_crash numbers a lastState run restartCount-1 whatever the current state; in CrashLoopBackOff "
-        "(state.waiting) the kubelet has not raised the count, so the run that died is taken for the run before "
-        "it, already recorded: the new KV crash is skipped as seen (no heal, observedCrashes unchanged) until the "
-        "kubelet's backoff (up to 5 min) ends and the old flags load and run once more"
-    ),
-)
 def test_a_crash_first_seen_while_the_kubelet_backs_off_is_not_taken_for_the_run_before():
     """Severity: medium (a heal delayed by the kubelet's backoff, up to 5 minutes and one more full model load with
     the failing flags; the heal record names the wrong run). Input: run 0 of the pod died of a NCCL-ish error
@@ -229,14 +220,6 @@ def test_a_crash_first_seen_while_the_kubelet_backs_off_is_not_taken_for_the_run
     assert any(c.startswith("pod-1/vllm/1@") for c in status(kube)["observedCrashes"])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "the same run is crash pod-1/vllm/0 in its CrashLoopBackOff view (lastState, restartCount 1 - 1) and "
-        "pod-1/vllm/1 once the next run started (restartCount 2 - 1): one not-memory crash gives two heal "
-        "records and two NotMemory Events (observedCrashes holds both ids, with the same finishedAt)"
-    ),
-)
 def test_one_crash_seen_backing_off_and_then_restarted_is_recorded_once():
     """Severity: low-medium (each crash of a loop the operator first sees backing off is counted twice: duplicate
     records push real ones out of the 20 kept, duplicate Events spend the service's Event budget, and a GiveUp is
@@ -254,15 +237,6 @@ def test_one_crash_seen_backing_off_and_then_restarted_is_recorded_once():
 # --- (2) the heal backoff: a crash held back is healed at any later event ---------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "heal.handle_crash returns on _backing_off without recording the crash; the crash stays in the pod's "
-        "lastState, so any later event of the pod (the operator's restart re-lists every pod) heals it once the "
-        "backoff is over: a serving pod's flags change (gpu_memory_utilization 0.9 -> 0.85) and it rolls out "
-        "for a crash it recovered from long ago"
-    ),
-)
 def test_a_crash_held_back_by_the_heal_backoff_is_not_healed_hours_later():
     """Severity: medium (an unplanned rollout of a healthy service, at the next operator upgrade or pod event, for a
     stale crash). Input: heal.backoffSeconds 30 (the default). A KV heal rolls out; 5 s later a healed pod dies of a
@@ -293,15 +267,6 @@ def test_a_crash_held_back_by_the_heal_backoff_is_not_healed_hours_later():
 # --- (3) a spec patch the API server refuses -------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "heal_apply.complete re-raises any non-transient error: a 422 from an admission policy on the heal's spec "
-        "patch leaves status.inFlight unapplied for good after a 'Healed' Event; every later crash's handle_crash "
-        "calls complete first and raises (never recorded), and every reconcile raises the 422 (kopf retries it "
-        "for ever): the service is stuck in phase Healing until a person edits spec.engine"
-    ),
-)
 def test_a_heal_whose_spec_patch_is_refused_is_dropped_and_later_crashes_still_heal():
     """Severity: medium-high (healing of the service stops entirely, silently, after an Event that says it was
     healed). Input: PatchSpec (default); the platform runs an admission policy on VLLMServices stricter than the
@@ -342,16 +307,6 @@ def test_a_heal_whose_spec_patch_is_refused_is_dropped_and_later_crashes_still_h
 # --- (4) a person's revert between the heal's spec write and its status mark ------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "person_edited holds inFlight.previous's flags as no edit while inFlight is unapplied, and "
-        "_spec_change writes the heal where the spec holds them: after the heal's spec write landed but its "
-        "status mark did not (the operator died, or the status write failed), a person's or GitOps tool's "
-        "revert to the pre-heal flags is overwritten with the heal again (max_model_len 524160) and becomes "
-        "its applied state"
-    ),
-)
 def test_a_persons_revert_after_the_heals_spec_write_is_an_edit_even_before_the_heal_is_marked_applied():
     """Severity: medium (the operator overwrites a person's spec; with Flux/Argo CD self-heal the two fight).
     README: 'a person's revert to the flags the heal started from is an edit as soon as the heal's patch is in'.
@@ -390,15 +345,6 @@ def test_a_persons_revert_after_the_heals_spec_write_is_an_edit_even_before_the_
 # --- (5) the heal budget in PatchSpec mode ------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "person_edited looks only at spec.engine in PatchSpec mode: a person's raise of "
-        "spec.resources.limits.memory (or a new model or GPU) after HealExhausted is no edit, so attempts stay "
-        "spent, tried stays, HealExhausted stays True and the phase Failed; in StatusOverrides mode the same "
-        "edit starts the budget over (attempts 0, condition gone)"
-    ),
-)
 def test_a_persons_memory_limit_edit_starts_the_heal_budget_over_in_patch_spec_mode_too():
     """Severity: medium (after a person fixes what the heals could not, the operator still refuses to heal: the next
     crash gives up at once). README: attempts are 'reset only by a person's edit of the spec'; 'HealExhausted stays
@@ -425,15 +371,6 @@ def test_a_persons_memory_limit_edit_starts_the_heal_budget_over_in_patch_spec_m
 # --- (6) an API answer lost, an API error at the first read -----------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "when the record's status write lands but its answer is lost (a read timeout), the retried write finds the "
-        "crash recorded and record returns None: handle_crash then finishes nothing and schedules nothing (no "
-        "spec patch, no later run) and posts no Events; the heal waits in status.inFlight for the pod's next "
-        "event, and its OOMDetected/Healed Events are never posted"
-    ),
-)
 def test_a_heal_whose_record_landed_but_whose_answer_was_lost_is_finished():
     """Severity: low-medium (the heal is delayed to the pod's next status change - in the running view of a crash,
     its next crash or readiness - and is never announced). Input: the status PATCH that records the heal is applied
@@ -461,14 +398,6 @@ def test_a_heal_whose_record_landed_but_whose_answer_was_lost_is_finished():
     assert finished or f"complete/{NS}/{NAME}" in later.pending, (status(kube)["inFlight"], list(later.pending))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "handle_crash's first read of the VLLMService is outside any try: a 503 there escapes pod_changed (a kopf "
-        "event handler, which kopf never retries) and nothing is scheduled, where a failed status write is looked "
-        "at again after retry_delay_s; the crash waits for the pod's next event"
-    ),
-)
 def test_a_transient_error_reading_the_service_at_a_crash_is_tried_again():
     """Severity: low-medium (a heal delayed to the pod's next event by one API hiccup: an etcd leader election, an
     API server restart). Input: the GET of the VLLMService answers 503 once. Now: ApiException(503) raised,
@@ -564,3 +493,43 @@ def test_two_replicas_crashing_at_once_from_the_same_flags_take_one_step():
     s = status(kube)
     assert (s["healCount"], s["attempts"], len(s["observedCrashes"])) == (1, 1, 2), s
     assert kube.body["spec"]["engine"]["maxModelLen"] == HEALED_LEN
+
+
+# --- the fixes' own rules, pinned --------------------------------------------------------------------------------
+
+
+def _status(restarts: int, state: dict[str, Any], last: dict[str, Any], latest: str | None) -> dict[str, Any]:
+    cs = {"name": resources.CONTAINER, "restartCount": restarts, "state": state, "lastState": {"terminated": last}}
+    if latest:
+        cs["containerID"] = latest
+    return {"status": {"containerStatuses": [cs]}}
+
+
+@pytest.mark.parametrize(
+    ("state", "latest", "run"),
+    [
+        ({"waiting": {"reason": "CrashLoopBackOff"}}, "containerd://dead", 3),  # backing off: the dead run is latest
+        ({"waiting": {}}, "containerd://next", 2),  # the next run created, not started: its count
+        ({"running": {"startedAt": "2026-11-30T04:00:10Z"}}, "containerd://next", 2),
+        ({"waiting": {"reason": "CrashLoopBackOff"}}, None, 3),  # no ids: the kubelet's backoff reason tells
+        ({"waiting": {"reason": "ContainerCreating"}}, None, 2),
+    ],
+)
+def test_a_last_state_run_is_numbered_by_whether_it_is_still_the_latest_container(state, latest, run):
+    last = {**terminated(NOT_MEMORY, "2026-11-30T04:00:00Z"), "containerID": "containerd://dead"}
+    restarts = 3
+    assert pods.find_crash(_status(restarts, state, last, latest))["restartCount"] == run
+
+
+def test_one_end_is_one_run_under_any_count():
+    """One run seen under two counts (its end the same) is one; an id seen is seen, whatever end a later view
+    gives it (a run's end never moves; a count the kubelet reused after a node restart is left unhealed, the
+    safe side)."""
+    seen = heal.st.remember_crash([], "pod-1/vllm/0", 1000.0)
+    assert heal.st.crash_seen(seen, "pod-1/vllm/0", 1000.0)
+    assert heal.st.crash_seen(seen, "pod-1/vllm/0", 5000.0)
+    assert heal.st.crash_seen(seen, "pod-1/vllm/1", 1000.0)  # (the same end: the same run)
+    assert not heal.st.crash_seen(seen, "pod-1/vllm/1", 5000.0)
+    assert not heal.st.crash_seen(seen, "pod-1/vllm-sidecar/0", 1000.0)  # (another container)
+    assert not heal.st.crash_seen(seen, "pod-2/vllm/1", 1000.0)  # (another pod)
+    assert heal.st.crash_seen(["pod-1/vllm/0"], "pod-1/vllm/0", 1000.0)  # (an entry without its end: by id)

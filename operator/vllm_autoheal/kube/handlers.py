@@ -130,10 +130,8 @@ def pod_changed(
         return
     kube, cfg, later = _kube(memo), _config(memo), _later(memo)
     crash = pods.find_crash(pod)
-    if crash is not None:
-        if not ownership.run_by_service(kube, namespace, name, pod):  # (a copy of its template, a decoy)
-            logger.info(f"pod {pod['metadata'].get('name')} is not run by {name}'s Deployment; its crash is not healed")
-            return
-        heal.handle_crash(kube, cfg, later, heal.Incident(namespace, name, pod, crash), logger)
+    if crash is not None:  # (a pod not run by the service's Deployment: a copy of its template, a decoy)
+        owned = lambda: ownership.run_by_service(kube, namespace, name, pod)  # noqa: E731
+        heal.handle_crash(kube, cfg, later, heal.Incident(namespace, name, pod, crash), logger, owned)
     elif pods.unschedulable(pod) is not None:
         unschedulable.check(kube, cfg, later, namespace, name, logger, pod)

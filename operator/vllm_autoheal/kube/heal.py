@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -32,7 +33,7 @@ from . import status as st
 from .client import Kube
 from .config import OperatorConfig
 from .crash import LogReadsBusy, ModelLookup, diagnose, queue_off_workers, unqueue_off_workers
-from .heal_apply import HEALED_ENGINE, complete, deployed, fp, parse
+from .heal_apply import HEALED_ENGINE, complete, deployed, fp, healed_spec, in_spec, parse, spec_digest, spec_patched
 from .later import Later, PerNamespace
 from .writes import transient, update_status
 
@@ -218,24 +219,31 @@ def unhealed_since_baseline(obj: VLLMService) -> bool:
 
 
 def person_edited(obj: VLLMService) -> bool:
-    """Did a person change spec.engine since the baseline (in StatusOverrides mode also the model,
-    memory limit or GPU: resources.on_baseline)? (The operator's own PatchSpec heal is marked by its
-    annotation; a heal recorded but not yet applied is not an edit.)"""
+    """Did a person change the spec since the baseline? In StatusOverrides mode any change of spec.engine, the
+    model, memory limit or GPU (resources.on_baseline). In PatchSpec mode the operator writes its heals into the
+    spec: a spec that is neither the baseline (unhealed since) nor what the operator's last spec patch left
+    (its HEALED_SPEC annotation; before one, its HEALED_ENGINE and status.effective), nor the heal in flight's
+    flags, is a person's. A heal recorded but not yet patched in is no edit."""
     spec, cur = obj.spec, obj.status
     if cur.baseline is None:
         return False
     if spec.heal.mode == "StatusOverrides":
         return not resources.on_baseline(obj)
-    if cur.baseline == spec.engine and unhealed_since_baseline(obj):
-        return False  # status.effective is pre-flight's fitting flags for this very spec (Fix mode)
-    ours = (obj.metadata.get("annotations") or {}).get(HEALED_ENGINE)
-    # (the heal's own flags; before its spec patch is applied, still the flags it heals from. Once it
-    # is, those are a person's revert: a rollout still under way changes nothing about that)
-    if cur.in_flight is not None and spec.engine in (
-        cur.in_flight.target.engine,
-        *(() if cur.in_flight.applied else (cur.in_flight.previous.engine,)),
+    if resources.on_baseline(obj) and cur.baseline_for in (None, resources.sized_for(obj)):
+        if unhealed_since_baseline(obj):
+            return False  # status.effective is pre-flight's fitting flags for this very spec (Fix mode)
+    now, intent = fp(in_spec(obj)), cur.in_flight
+    # (the heal's own flags; before its spec patch is in, still the flags it heals from. Once it is, those are a
+    # person's revert, whether or not its status mark landed: a rollout still under way changes nothing)
+    if intent is not None and now in (
+        fp(intent.target),
+        *(() if intent.applied or spec_patched(obj, intent) else (fp(intent.previous),)),
     ):
         return False
+    written = healed_spec(obj)
+    if written is not None:
+        return spec_digest(obj, in_spec(obj)) != written[1]
+    ours = (obj.metadata.get("annotations") or {}).get(HEALED_ENGINE)  # (the heals of earlier versions)
     return (
         cur.effective is not None
         and cur.effective != spec.engine
@@ -258,7 +266,33 @@ def _backing_off(obj: VLLMService) -> bool:
     return time.time() - datetime.fromisoformat(last.time.replace("Z", "+00:00")).timestamp() < backoff
 
 
-def handle_crash(kube: Kube, cfg: OperatorConfig, later: Later, incident: Incident, logger: kopf.Logger) -> None:
+def handle_crash(
+    kube: Kube,
+    cfg: OperatorConfig,
+    later: Later,
+    incident: Incident,
+    logger: kopf.Logger,
+    owned: Callable[[], bool] | None = None,
+) -> None:
+    """Look at one crash: heal it, or record why not. `owned`: whether the service's own Deployment runs the pod
+    (handlers' check, whose reads are part of the look). A transient API error anywhere in the look defers it
+    (a kopf event handler is never retried: the crash would wait for its pod's next event)."""
+    try:
+        if owned is not None and not owned():
+            logger.info(f"pod {incident.pod_name} is not run by {incident.name}'s Deployment; its crash is not healed")
+            return
+        _look(kube, cfg, later, incident, logger)
+    except Exception as exc:
+        if not transient(exc):
+            raise
+        # (the look is idempotent: whatever it wrote before the error, the next look finds)
+        if _waiting.take(incident.crash_id, incident.namespace):
+            again = lambda: handle_crash(kube, cfg, later, incident, logger, owned)  # noqa: E731
+            later.run(f"crash/{incident.crash_id}", cfg.retry_delay_s, again)
+        logger.warning(f"could not look at the crash of {incident.pod_name} ({exc}); will try again")
+
+
+def _look(kube: Kube, cfg: OperatorConfig, later: Later, incident: Incident, logger: kopf.Logger) -> None:
     ns, name = incident.namespace, incident.name
     started = time.monotonic()
     _waiting.release(incident.crash_id)  # (a pending look at it, if any, is this one: it may wait again)
@@ -267,7 +301,7 @@ def handle_crash(kube: Kube, cfg: OperatorConfig, later: Later, incident: Incide
         return
     obj = parse(vsvc)
     if obj.status.in_flight is not None and not obj.status.in_flight.applied:
-        if not complete(kube, cfg, later, ns, name, logger):  # finish what was started before deciding anew
+        if complete(kube, cfg, later, ns, name, logger) == "deferred":  # finish what was started before deciding
             return
         vsvc = kube.get_vsvc(ns, name)
         if vsvc is None:
@@ -290,7 +324,9 @@ def handle_crash(kube: Kube, cfg: OperatorConfig, later: Later, incident: Incide
         update_status(kube, cfg, ns, name, lambda fresh: record(kube, incident, fresh, cfg, expected=""))
         return
     if _backing_off(obj):
-        logger.info(f"within the {obj.spec.heal.backoff_seconds}s heal backoff; will look again on the next restart")
+        # (recorded as seen: held back now, it is no heal at a later look, when its pod may long have recovered)
+        logger.info(f"within the {obj.spec.heal.backoff_seconds}s heal backoff; not healing this crash")
+        update_status(kube, cfg, ns, name, lambda fresh: record(kube, incident, fresh, cfg, expected=""))
         return
     incident.model = ModelLookup.of(kube, obj)
     try:
@@ -301,26 +337,18 @@ def handle_crash(kube: Kube, cfg: OperatorConfig, later: Later, incident: Incide
             # (its own key: a look at the same crash deferred under `crash/` must not replace it)
             later.run(f"crash-log/{incident.crash_id}", 0, lambda: _off_workers(kube, cfg, later, incident, logger))
         return
-    try:
-        written = update_status(kube, cfg, ns, name, lambda fresh: record(kube, incident, fresh, cfg, expected=now))
-    except Exception as exc:
-        if not transient(exc):
-            raise
-        # Nothing was recorded: look at this crash again later (the next pod event may come first).
-        if _waiting.take(incident.crash_id, ns):
-            later.run(
-                f"crash/{incident.crash_id}",
-                cfg.retry_delay_s,
-                lambda: handle_crash(kube, cfg, later, incident, logger),
-            )
-        logger.warning(f"could not record the crash of {incident.pod_name} ({exc}); will try again")
-        return
+    written = update_status(kube, cfg, ns, name, lambda fresh: record(kube, incident, fresh, cfg, expected=now))
     if written is None or incident.remedy is None:
+        # Recorded by another writer, or by this one's own write whose answer was lost (a timeout): whoever
+        # recorded it, a heal in flight is finished now (idempotent), not at the pod's next event.
+        complete(kube, cfg, later, ns, name, logger)
         return
     metrics.INCIDENTS.labels(cause=incident.diagnosis.cause).inc()
-    heal_events.post(vsvc, incident.diagnosis, incident.remedy, incident.pod_name, incident.note)
-    if not incident.remedy.gives_up:
-        complete(kube, cfg, later, ns, name, logger)
+    # (finished first: a heal the API server refuses is dropped, and its Events say so, not 'Healed')
+    outcome = "done" if incident.remedy.gives_up else complete(kube, cfg, later, ns, name, logger)
+    refused = outcome == "dropped"
+    heal_events.post(vsvc, incident.diagnosis, incident.remedy, incident.pod_name, incident.note, refused)
+    if not incident.remedy.gives_up and not refused:
         metrics.HEALS.labels(action=incident.remedy.action).inc()
         metrics.HEAL_LATENCY.observe(time.monotonic() - started)
         logger.info(f"healed {incident.diagnosis.cause}: {incident.remedy.summary()}")

@@ -6,10 +6,12 @@ call `complete`.
 
 from __future__ import annotations
 
+import hashlib
 import json
-from typing import Any
+from typing import Any, Literal
 
 import kopf
+from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
 from ..api import GROUP, Deployed, HealIntent, VLLMService
@@ -19,9 +21,12 @@ from . import status as st
 from .client import Kube
 from .config import OperatorConfig
 from .later import Later
-from .writes import event, lock, replacing, transient, update_object, update_status
+from .writes import event, lock, replacing, server_says, transient, update_object, update_status
 
 HEALED_ENGINE = f"{GROUP}/healed-engine"  # engine args the operator wrote into spec (PatchSpec)
+# What the operator's last spec patch wrote (PatchSpec), whole: which crash's heal, and a digest of the model,
+# engine args, memory limit and GPU it left the spec at. A spec that differs from it is a person's.
+HEALED_SPEC = f"{GROUP}/healed-spec"
 
 
 def parse(body: dict[str, Any]) -> VLLMService:
@@ -44,7 +49,22 @@ def fp(d: Deployed) -> str:
     return fingerprint(d.model, d.engine, d.memory_limit)
 
 
-def spec_patch(obj: VLLMService, target: Deployed, written_engine: dict[str, Any]) -> dict[str, Any]:
+def spec_digest(obj: VLLMService, d: Deployed) -> str:
+    """What HEALED_SPEC compares: `d` (model, engine args, memory limit) with the spec's GPU (resources.sized_for's
+    other facts)."""
+    gpu = [obj.spec.resources.gpu_product, obj.spec.resources.gpu_memory_gib]
+    return hashlib.sha256(json.dumps([fp(d), gpu]).encode()).hexdigest()[:16]
+
+
+def healed_spec(obj: VLLMService) -> tuple[str, str] | None:
+    """(the heal the operator's last spec patch wrote (heal_key), the digest it left the spec at), or None."""
+    crash, _, digest = str((obj.metadata.get("annotations") or {}).get(HEALED_SPEC) or "").rpartition("@")
+    return (crash, digest) if crash and digest else None
+
+
+def spec_patch(
+    obj: VLLMService, target: Deployed, written_engine: dict[str, Any], heal: str | None = None
+) -> dict[str, Any]:
     """PatchSpec: the engine args, and with them what must follow (model, memory limit, GPU count).
     The engine is replaced whole: a flag the target leaves unset is removed from `written_engine`
     (the spec's engine as stored), where a plain merge patch would keep it (a revert to flags
@@ -59,58 +79,77 @@ def spec_patch(obj: VLLMService, target: Deployed, written_engine: dict[str, Any
         res["gpus"] = target.gpus()  # the CRD requires resources.gpus == TP x PP
     if res:
         spec["resources"] = res
-    annotation = json.dumps(target.engine.wire(), sort_keys=True)
-    return {"metadata": {"annotations": {HEALED_ENGINE: annotation}}, "spec": spec}
+    annotations = {HEALED_ENGINE: json.dumps(target.engine.wire(), sort_keys=True)}
+    if heal is not None:
+        annotations[HEALED_SPEC] = f"{heal}@{spec_digest(obj, target)}"
+    return {"metadata": {"annotations": annotations}, "spec": spec}
 
 
 def _heal_lock(ns: str, name: str):  # one completion at a time per object (writes take their own lock)
     return lock(f"heal:{ns}", name)
 
 
-def complete(kube: Kube, cfg: OperatorConfig, later: Later | None, ns: str, name: str, logger: kopf.Logger) -> bool:
-    """Finish the recorded heal, whatever was already done of it; idempotent. False on a transient
+Completion = Literal["done", "deferred", "dropped"]
+# What the API server answers a spec patch it will never take (a field invalid, an admission policy's or
+# webhook's denial, the operator's own grant missing): the same patch is refused again.
+SPEC_PATCH_REFUSED = frozenset({400, 403, 422})
+
+
+def complete(
+    kube: Kube, cfg: OperatorConfig, later: Later | None, ns: str, name: str, logger: kopf.Logger
+) -> Completion:
+    """Finish the recorded heal, whatever was already done of it; idempotent. "deferred" on a transient
     API error: then it tries again later (without `later`, the caller retries: reconcile raises
-    kopf.TemporaryError). The next event and the next start also call it."""
+    kopf.TemporaryError); "dropped" where the heal was refused (its spec patch, or a heal status holds that
+    the spec's policy does not allow). The next event and the next start also call it."""
     try:
         with _heal_lock(ns, name):
-            _complete(kube, cfg, ns, name, logger)
-        return True
+            return _complete(kube, cfg, ns, name, logger)
     except Exception as exc:
         if not transient(exc):
             raise
         logger.warning(f"the heal of {ns}/{name} is recorded but not finished ({exc}); will finish it")
         if later is not None:
             later.run(f"complete/{ns}/{name}", cfg.retry_delay_s, lambda: complete(kube, cfg, later, ns, name, logger))
-        return False
+        return "deferred"
 
 
-def _complete(kube: Kube, cfg: OperatorConfig, ns: str, name: str, logger: kopf.Logger) -> None:
+def _complete(kube: Kube, cfg: OperatorConfig, ns: str, name: str, logger: kopf.Logger) -> Completion:
     vsvc = kube.get_vsvc(ns, name)
     if vsvc is None:
-        return
+        return "done"
     obj = parse(vsvc)
     intent = obj.status.in_flight
     if intent is None:
-        return
+        return "done"
     if not intent.applied:
         refused = _in_flight_refused(obj, intent)
+        if refused is None and obj.spec.heal.mode == "PatchSpec":
+            try:
+                written = update_object(kube, cfg, ns, name, lambda fresh: _spec_change(fresh, intent))
+            except ApiException as exc:
+                if exc.status not in SPEC_PATCH_REFUSED:
+                    raise
+                refused = f"the API server refused its spec patch (HTTP {exc.status}): {server_says(exc)}"
+            else:
+                if written is None:
+                    return "done"
+                vsvc = written
+                if fp(in_spec(parse(vsvc))) != fp(intent.target):  # a person changed the spec meanwhile: it wins
+                    logger.info("the spec changed before the heal was applied; the heal is dropped")
+                    update_status(kube, cfg, ns, name, lambda fresh: _drop(fresh, intent))
+                    return "done"
         if refused is not None:  # (status is no proof of who wrote it: only the operator's own heals pass)
             logger.warning(f"the heal recorded for {ns}/{name} is dropped: {refused}")
             if update_status(kube, cfg, ns, name, lambda fresh: _drop(fresh, intent)) is not None:
-                event(vsvc, type="Warning", reason="HealRefused", message=f"The heal in flight is dropped: {refused}")
-            return
-        if obj.spec.heal.mode == "PatchSpec":
-            vsvc = update_object(kube, cfg, ns, name, lambda fresh: _spec_change(fresh, intent))
-            if vsvc is None:
-                return
-            if fp(in_spec(parse(vsvc))) != fp(intent.target):  # a person changed the spec meanwhile: their edit wins
-                logger.info("the spec changed before the heal was applied; the heal is dropped")
-                update_status(kube, cfg, ns, name, lambda fresh: _drop(fresh, intent))
-                return
+                message = f"The heal in flight is dropped: {refused}"[:1000]
+                event(vsvc, type="Warning", reason="HealRefused", message=message)
+            return "dropped"
         vsvc = update_status(kube, cfg, ns, name, lambda fresh: _mark_applied(fresh, intent)) or vsvc
     healed = parse(vsvc)
     if healed.status.in_flight is not None and fp(deployed(healed)) == fp(healed.status.in_flight.target):
         kube.apply_all(resources.render(healed, cfg.operator_image))  # (a name conflict is reconcile's to report)
+    return "done"
 
 
 IN_FLIGHT_FIELDS = (
@@ -139,7 +178,21 @@ def _spec_change(fresh_body: dict[str, Any], intent: HealIntent) -> dict[str, An
         return None
     if fresh.status.in_flight is not None and fresh.status.in_flight.applied:
         return None
-    return spec_patch(fresh, intent.target, (fresh_body.get("spec") or {}).get("engine") or {})
+    if spec_patched(fresh, intent):
+        return None  # (its patch is in, and the spec back at the flags it healed from: a person's revert)
+    return spec_patch(fresh, intent.target, (fresh_body.get("spec") or {}).get("engine") or {}, heal_key(intent))
+
+
+def spec_patched(obj: VLLMService, intent: HealIntent) -> bool:
+    """Has this heal's own spec patch landed (whatever the spec holds now)?"""
+    written = healed_spec(obj)
+    return written is not None and written[0] == heal_key(intent)
+
+
+def heal_key(intent: HealIntent) -> str:
+    """One heal: its crash, when it was recorded and where it goes (an unschedulable heal's revert shares its crash
+    and may share its second)."""
+    return f"{intent.crash}#{intent.time}#{fp(intent.previous)}>{fp(intent.target)}"
 
 
 def _same(fresh: VLLMService, intent: HealIntent) -> bool:

@@ -58,8 +58,11 @@ def event(vsvc: dict[str, Any], type: str, reason: str, message: str) -> None:
         post_event(vsvc, type=type, reason=reason, message=message)
 
 
-def post(vsvc: dict[str, Any], diag: Diagnosis, remedy: Remedy, pod_name: str, note: str | None) -> None:
-    """The Events of one recorded crash (their text bounded; evidence is the engine's own line)."""
+def post(
+    vsvc: dict[str, Any], diag: Diagnosis, remedy: Remedy, pod_name: str, note: str | None, refused: bool = False
+) -> None:
+    """The Events of one recorded crash (their text bounded; evidence is the engine's own line). `refused`: its
+    heal was dropped (HealRefused says why), so no Event says it was made."""
     evidence = diag.evidence[0][:300] if diag.evidence else "no evidence line"
     if note:
         event(vsvc, type="Warning", reason="TerminationMessageIgnored", message=note[:1000])
@@ -83,5 +86,5 @@ def post(vsvc: dict[str, Any], diag: Diagnosis, remedy: Remedy, pod_name: str, n
         )
     elif remedy.gives_up:
         event(vsvc, type="Warning", reason="CrashNotHealed", message=remedy.reason[:1000])
-    else:
+    elif not refused:
         event(vsvc, type="Normal", reason="Healed", message=remedy.summary()[:1000])

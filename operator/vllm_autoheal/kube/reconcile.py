@@ -11,7 +11,6 @@ they are written with a new baseline, or while no heal has been made, never over
 
 from __future__ import annotations
 
-import json
 from typing import Any, NoReturn
 
 import kopf
@@ -26,7 +25,7 @@ from . import status as st
 from .client import Kube
 from .config import OperatorConfig
 from .ownership import controlled_by
-from .writes import event, lock, transient, update_status
+from .writes import event, lock, server_says, transient, update_status
 
 # What a heal writes into status; a reconcile that read the object before a heal leaves it alone.
 HEAL_STATE = frozenset(
@@ -136,7 +135,7 @@ def reconcile(kube: Kube, cfg: OperatorConfig, body: dict[str, Any], logger: kop
     edit = heal.person_edited(obj)
     intent = obj.status.in_flight
     if intent is not None and not intent.applied and not edit:
-        if not heal.complete(kube, cfg, None, ns, name, logger):
+        if heal.complete(kube, cfg, None, ns, name, logger) == "deferred":
             raise kopf.TemporaryError("the recorded heal is not finished yet", delay=cfg.retry_delay_s)
         fresh = kube.get_vsvc(ns, name)
         if fresh is None:
@@ -212,7 +211,9 @@ def reconcile(kube: Kube, cfg: OperatorConfig, body: dict[str, Any], logger: kop
     written = update_status(kube, cfg, ns, name, change)
     if written is not None:
         metrics.set_phase(f"{ns}/{name}", (written.get("status") or {}).get("phase"))
-    if healed_since and not heal.complete(kube, cfg, None, ns, name, logger):  # objects applied above may be stale
+    if (
+        healed_since and heal.complete(kube, cfg, None, ns, name, logger) == "deferred"
+    ):  # objects applied above may be stale
         raise kopf.TemporaryError("a heal landed during this reconcile; applying it again", delay=cfg.retry_delay_s)
     if fit is not None and fit["reason"] == "ModelConfigPending":  # a slow Hub: check again when it answered
         raise kopf.TemporaryError("the model config is still being fetched", delay=2 * model_source.timeout_s())
@@ -226,12 +227,7 @@ REFUSED = frozenset({400, 422})
 def _refused(
     kube: Kube, cfg: OperatorConfig, body: dict[str, Any], ns: str, name: str, generation: int | None, exc: ApiException
 ) -> NoReturn:
-    said = str(exc.reason or "")
-    try:  # (the client keeps the server's Status after its reason; its message names the field)
-        said = str(json.loads(said.split(": ", 1)[1]).get("message") or said)
-    except (IndexError, ValueError, AttributeError):
-        pass
-    message = f"the API server refused the objects rendered from this spec (HTTP {exc.status}): {said[:800]}"
+    message = f"the API server refused the objects rendered from this spec (HTTP {exc.status}): {server_says(exc)}"
 
     def change(fresh: dict[str, Any]) -> dict[str, Any] | None:
         current = (fresh.get("status") or {}).get("conditions", [])

@@ -11,6 +11,7 @@ is deferred by the caller (Later, kopf.TemporaryError), off the workers.
 
 from __future__ import annotations
 
+import json
 import threading
 import weakref
 from collections.abc import Callable
@@ -44,6 +45,17 @@ def transient(exc: BaseException) -> bool:
     if isinstance(exc, ApiException):
         return exc.status in RETRYABLE
     return isinstance(exc, (urllib3.exceptions.HTTPError, TimeoutError, ConnectionError))
+
+
+def server_says(exc: ApiException) -> str:
+    """The API server's refusal in a line, bounded: the message of the Status the client keeps after its reason
+    (an invalid field's, an admission policy's naming its rule), else the reason."""
+    said = str(exc.reason or "")
+    try:
+        said = str(json.loads(said.split(": ", 1)[1]).get("message") or said)
+    except (IndexError, ValueError, AttributeError):
+        pass
+    return said[:800]
 
 
 def retried(cfg: OperatorConfig, fn: Callable[[], Any]) -> Any:
