@@ -76,13 +76,6 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="A Ctrl-C (or SIGTERM) that lands after a crash, while serve classifies it and plans the heal, only "
-    "sets Supervisor.stopping; serve() goes on, records the heal, and calls run_once, which prints 'starting:' "
-    "and Popen()s a fresh vLLM before its loop looks at `stopping` and kills it again: a user who pressed "
-    "Ctrl-C gets one more vLLM start (on a GPU: CUDA init, a load begun and killed) after asking to stop.",
-)
 def test_ctrl_c_while_a_heal_is_planned_starts_no_further_vllm(tmp_path):
     env, port = fake_vllm(tmp_path, CRASHING)
     env.update(FAKE_ARGV=str(tmp_path / "argv.jsonl"), FAKE_LOG=str(KV_LOG))
@@ -95,6 +88,21 @@ def test_ctrl_c_while_a_heal_is_planned_starts_no_further_vllm(tmp_path):
     assert sum("] starting: " in line for line in said) == 1, said
 
 
+def test_a_ctrl_c_while_serve_gives_up_exits_130(tmp_path):
+    """A Ctrl-C that lands while a crash no heal answers is read: the give-up is said and recorded, and serve
+    exits 130 as a Ctrl-C does, not 1."""
+    env, port = fake_vllm(tmp_path, CRASHING)
+    env.update(FAKE_ARGV=str(tmp_path / "argv.jsonl"), FAKE_LOG=str(FIXTURES / "model-not-found.log"))
+    history = tmp_path / "h.jsonl"
+    argv = ["serve", "m", "--port", str(port), "--fresh", "--history", str(history), "--startup-timeout", "60"]
+    proc = subprocess.run(
+        [sys.executable, "-c", CTRL_C_WHILE_PLANNING, *argv], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert proc.returncode == 130, proc.stdout[-2000:]
+    assert "not healing" in proc.stdout and '"event": "gave_up"' in history.read_text()
+    assert len(history.read_text().splitlines()) == 1
+
+
 # A --python that takes a while to answer serve's probe (a cold conda or NFS install), and says when it runs.
 SLOW_PYTHON = """#!/bin/sh
 touch "{marker}"
@@ -103,13 +111,6 @@ exec "{python}" "$@"
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="supervise() builds the Supervisor, whose vllm_start() probe runs `--python -c ...` for up to 60 s, "
-    "before it installs its SIGINT/SIGTERM handlers: a Ctrl-C then raises KeyboardInterrupt through "
-    "subprocess.run, main() and runpy, and serve dies with a Python traceback and status -2, not the "
-    "documented 130 and one line.",
-)
 def test_ctrl_c_while_serve_probes_its_python_exits_130_without_a_traceback(tmp_path):
     env, port = fake_vllm(tmp_path, CRASHING)
     env.update(FAKE_ARGV=str(tmp_path / "argv.jsonl"), FAKE_LOG=str(KV_LOG))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import signal
 import subprocess
 import sys
 import threading
@@ -32,9 +31,9 @@ from .remedy import Remedy, plan_heal
 from .remedy_gate import Limits, fingerprint
 from .serve_client import base_url, complete_one
 from .serve_history import append_record, read_records, recorded, remembered, run_model
+from .serve_process import Mutable, join, on_stop_signals, stop_group
 from .vllm_command import VllmUnavailable, vllm_start
 
-STOP_GRACE_S = 30.0
 # How far a start got, by the phase it failed in: a heal whose next start fails earlier made it worse.
 PROGRESS = {"load": 0, "profile": 1, "kv-allocation": 2, "graph-capture": 3, "serving": 4}
 
@@ -135,7 +134,6 @@ class Supervisor:
 
     def run_once(self, engine: EngineArgs) -> Attempt:
         cmd = self.command(engine)
-        self.say("starting: " + shlex.join(redacted(cmd)))
         keeper = OutputKeeper()
         death = DeathWatch(self.health_url)
         kills_before = cgroups.oom_kills()
@@ -144,10 +142,13 @@ class Supervisor:
             if engine_dead(line):  # (every report: one while a suspicion is open must not be lost)
                 death.suspect()
 
+        if self.stopping:  # (a Ctrl-C while the heal was planned: asked to stop, so no further vLLM)
+            return Attempt(None, False, "", interrupted=True)
+        self.say("starting: " + shlex.join(redacted(cmd)))
         # Two pipes, not one: a line another process writes into one pipe may land inside a long line
         # (a logged prompt), and the rest of that line would open a line of its own (OutputKeeper).
         self.child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-        out = _Mutable(sys.stdout.buffer)  # (both streams, as before: each piece written whole)
+        out = Mutable(sys.stdout.buffer)  # (both streams, as before: each piece written whole)
         pumpers = [
             threading.Thread(target=pump, args=(self.child.stdout, out, keeper, watch, "stdout"), daemon=True),
             threading.Thread(target=pump, args=(self.child.stderr, out, keeper, watch, "stderr"), daemon=True),
@@ -164,7 +165,7 @@ class Supervisor:
                     ok = self.complete_one()
                     out.muted = True  # vLLM's shutdown (tracebacks, leak warnings) is not the result
                     self.stop()
-                    _join(pumpers)
+                    join(pumpers)
                     self.say(
                         f"done: {'served a completion' if ok else 'the completion failed'} after "
                         f"{len(self.heals)} restart(s); vLLM stopped (--once)"
@@ -185,7 +186,7 @@ class Supervisor:
             time.sleep(1.0)
         self.stop()  # (also the workers of a vLLM that exited by itself)
         code = self.child.wait()
-        _join(pumpers)
+        join(pumpers)
         return Attempt(code, ready, keeper.text(), dead, self.stopping, cgroups.killed_since(kills_before))
 
     @property
@@ -206,31 +207,9 @@ class Supervisor:
         return ok
 
     def stop(self) -> None:
-        """Stop vLLM and all its workers: SIGTERM to its process group, SIGKILL after a grace period."""
-        child = self.child
-        if child is None:
-            return
-        for sig, wait in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, 10.0)):
-            if child.poll() is not None:
-                break
-            try:
-                os.killpg(child.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                child.wait(wait)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        # Workers that outlived vLLM, even one that exited by itself: they hold the GPU memory the
-        # next start needs, which would then fail for want of it.
-        deadline = time.monotonic() + 10.0
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(child.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                return
-            time.sleep(0.1)
+        """Stop vLLM and all its workers (serve_process.stop_group)."""
+        if self.child is not None:
+            stop_group(self.child)
 
     def model_shape(self) -> ModelShape | None:
         """The shape of the model as given, where it is a folder here (read once; serve_sizing.local_shape)."""
@@ -257,6 +236,9 @@ class Supervisor:
         last: tuple[Any, EngineArgs, int, str] | None = None
         exclude: set[str] = set()
         while True:
+            if self.stopping:  # (Ctrl-C while the last crash was read or its heal planned)
+                self.say("stopped")
+                return 130
             if health_status(self.health_url) is not None:  # (its answers would be taken for this vLLM's)
                 self.say(f"another server already answers {self.health_url}: port {self.opts.port} is taken")
                 return 2
@@ -326,7 +308,10 @@ class Supervisor:
                     engine=recorded(engine),
                     gpu_free_gib=inventory.gpu_free_gib,
                 )
-                return 1
+                return 130 if self.stopping else 1  # (a Ctrl-C meanwhile: stopped as asked, as Ctrl-C exits)
+            if self.stopping:  # (Ctrl-C while it was planned: a change never tried is neither said nor recorded)
+                self.say("stopped")
+                return 130
             before = engine
             last = (diag, before, PROGRESS.get(diag.phase, -1), self.model)
             engine = remedy.apply(engine)
@@ -357,39 +342,23 @@ class Supervisor:
             self.say("  " + shlex.join(redacted(self.command(engine))), prefix="")
 
 
-def _join(threads: list[threading.Thread]) -> None:
-    for thread in threads:
-        thread.join(timeout=10)
-
-
-class _Mutable:
-    """vLLM's output on its way to the terminal, silenced once the result is known."""
-
-    def __init__(self, sink: Any) -> None:
-        self.sink, self.muted = sink, False
-
-    def write(self, data: bytes) -> None:
-        if not self.muted:
-            self.sink.write(data)
-
-    def flush(self) -> None:
-        if not self.muted:
-            self.sink.flush()
-
-
 def supervise(opts: ServeOptions) -> int:
+    sup: Supervisor | None = None
+
+    def on_signal(signum: int, _frame: object) -> None:
+        if sup is None:  # (the --python probe runs: nothing started, so stop now; run() ends the probe)
+            raise KeyboardInterrupt
+        sup.stopping = True
+
+    on_stop_signals(on_signal)  # (before the probe, which may take a minute: Ctrl-C then is no traceback)
     try:
         sup = Supervisor(opts)
     except VllmUnavailable as exc:
         print(f"vllm-autoheal serve: {exc}", file=sys.stderr)
         return 2
-
-    def on_signal(signum: int, _frame: object) -> None:
-        sup.stopping = True
-
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # (a hangup too: vLLM is in a session of its own)
-        if signal.getsignal(sig) is not signal.SIG_IGN:  # (`nohup serve ...` keeps serving after a hangup)
-            signal.signal(sig, on_signal)
+    except KeyboardInterrupt:
+        print("vllm-autoheal serve: stopped", file=sys.stderr)
+        return 130
     try:
         return sup.serve()
     finally:
