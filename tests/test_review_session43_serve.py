@@ -136,14 +136,6 @@ def test_ctrl_c_while_serve_probes_its_python_exits_130_without_a_traceback(tmp_
 # --- how vLLM died ------------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Supervisor.run_once hands Popen's returncode (-9 for a SIGKILL) to classify() as the exit code; "
-    "the classifier knows a SIGKILL as 137 (classify.py: `exit_code == 137`), as the launcher reports it "
-    "(128 - code) and as `diagnose --exit-code 137` reads it. So where the cgroup's oom_kill counter does not "
-    "move (systemd-oomd, cgroup v1, a container without the memory controller) serve calls a vLLM killed "
-    "mid-load 'unknown' and gives up, where the launcher, on the same output, says host_ram_oom.",
-)
 def test_serve_reads_a_sigkilled_vllm_as_the_launcher_does(tmp_path):
     env, port = fake_vllm(tmp_path, SIGKILLED)
     env["FAKE_LOG"] = str(KV_LOG)

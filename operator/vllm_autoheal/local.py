@@ -31,7 +31,7 @@ from .remedy import Remedy, plan_heal
 from .remedy_gate import Limits, fingerprint
 from .serve_client import base_url, complete_one
 from .serve_history import append_record, read_records, recorded, remembered, run_model
-from .serve_process import Mutable, join, on_stop_signals, stop_group
+from .serve_process import Mutable, exit_status, join, on_stop_signals, stop_group
 from .vllm_command import VllmUnavailable, vllm_start
 
 # How far a start got, by the phase it failed in: a heal whose next start fails earlier made it worse.
@@ -73,6 +73,7 @@ class Supervisor:
         self.out = out
         self.child: subprocess.Popen | None = None
         self.stopping = False
+        self.signalled: set[int] = set()  # (the signals serve sent the vLLM that runs now)
         self.heals: list[dict[str, Any]] = []  # this run's heals, as the planner's history
         self.failed: set[str] = set()
         self.start = vllm_start(opts.python)
@@ -145,6 +146,7 @@ class Supervisor:
         if self.stopping:  # (a Ctrl-C while the heal was planned: asked to stop, so no further vLLM)
             return Attempt(None, False, "", interrupted=True)
         self.say("starting: " + shlex.join(redacted(cmd)))
+        self.signalled = set()
         # Two pipes, not one: a line another process writes into one pipe may land inside a long line
         # (a logged prompt), and the rest of that line would open a line of its own (OutputKeeper).
         self.child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
@@ -185,7 +187,7 @@ class Supervisor:
                 break
             time.sleep(1.0)
         self.stop()  # (also the workers of a vLLM that exited by itself)
-        code = self.child.wait()
+        code = exit_status(self.child.wait(), self.signalled)  # (a SIGKILL not serve's reads 137, as the launcher's)
         join(pumpers)
         return Attempt(code, ready, keeper.text(), dead, self.stopping, cgroups.killed_since(kills_before))
 
@@ -207,9 +209,9 @@ class Supervisor:
         return ok
 
     def stop(self) -> None:
-        """Stop vLLM and all its workers (serve_process.stop_group)."""
+        """Stop vLLM and all its workers (serve_process.stop_group), noting the signals serve sent it."""
         if self.child is not None:
-            stop_group(self.child)
+            self.signalled |= stop_group(self.child)
 
     def model_shape(self) -> ModelShape | None:
         """The shape of the model as given, where it is a folder here (read once; serve_sizing.local_shape)."""
