@@ -165,14 +165,6 @@ def test_the_launcher_reads_a_sigkilled_vllm_as_a_host_memory_kill(tmp_path, mon
     "before_model",
     [["--tokenizer", "org/tok"], ["--revision", "v2"]],
 )
-@pytest.mark.xfail(
-    strict=True,
-    reason="main() reads serve's command line with argparse's parse_known_args: a vLLM flag typed before MODEL "
-    "(`serve --tokenizer org/tok meta-llama/X`, as `vllm serve` accepts it) is unknown to serve's parser, which "
-    "cannot know it takes a value, so its value becomes the positional MODEL and the real model becomes the "
-    "flag's value: serve starts vLLM on `--model org/tok --tokenizer meta-llama/X` (or `--model v2`), sizes "
-    "and records the wrong model, and says nothing.",
-)
 def test_a_vllm_flag_before_model_never_swaps_the_model(before_model, monkeypatch, tmp_path):
     seen: list[local.ServeOptions] = []
     monkeypatch.setattr(local, "supervise", lambda opts: seen.append(opts) or 0)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from . import __version__
 from .api import EngineArgs
 from .cli_commands import bundled_examples, run_crd, run_diagnose, run_operator, run_plan, run_render
-from .cli_serve import run_serve
+from .cli_serve import flag_before_model, run_serve
 from .diagnosis.figures import MAX_GIB
 from .diagnosis.termination import RANGES
 
@@ -330,7 +330,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="stop after the server is healthy and has answered one completion (scripts, tests)",
     )
     p.add_argument("--startup-timeout", type=_seconds, default=1800.0, help="seconds to wait for /health")
-    p.set_defaults(run=run_serve, flags=[])
+    # (which of serve's options take a value: main() tells them from a vLLM flag typed before MODEL)
+    takes_value = {name: action.nargs != 0 for action in p._actions for name in action.option_strings}
+    p.set_defaults(run=run_serve, flags=[], serve_options=takes_value)
     return parser
 
 
@@ -346,6 +348,14 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         if args.command not in ("plan", "serve"):
             parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        if args.command == "serve" and (early := flag_before_model(given[given.index("serve") + 1 :], args)):
+            print(
+                f"vllm-autoheal serve: {early!r} comes before MODEL: serve cannot tell whether a vLLM flag takes "
+                f"a value (its value would be read as the model), so give vLLM's flags after MODEL "
+                f"(serve MODEL {early} ...) or after --",
+                file=sys.stderr,
+            )
+            return 2
         args.flags = unknown  # engine flags, as vLLM spells them
     run: Command = args.run
     try:

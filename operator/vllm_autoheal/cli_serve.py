@@ -48,6 +48,24 @@ def quantized_fallback(args: argparse.Namespace) -> dict[str, object] | None:
     return {"allowed": True, **given}
 
 
+def flag_before_model(tokens: list[str], args: argparse.Namespace) -> str | None:
+    """The first option of serve's command line (`tokens`, after `serve`) that serve does not know and that
+    comes before MODEL, if any. argparse cannot know whether such a flag takes a value, so a vLLM flag before
+    MODEL (`--tokenizer org/tok meta-llama/X`) would make its value the model; serve's own options may still
+    come anywhere."""
+    takes_value: dict[str, bool] = args.serve_options
+    at = 0
+    while at < len(tokens):
+        token = tokens[at]
+        if token == "--" or not token.startswith("-") or token == "-":
+            return None  # MODEL (or `--`, after which every token is vLLM's)
+        name, joined, _ = token.partition("=")
+        if name not in takes_value:
+            return name
+        at += 2 if takes_value[name] and not joined else 1
+    return None
+
+
 def run_serve(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
