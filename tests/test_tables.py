@@ -53,7 +53,7 @@ def test_every_emitted_action_is_a_heal_action():
 
 def test_outcomes_and_operator_actions_are_recordable():
     assert {remedy.NO_CHANGE, remedy.GIVE_UP} == set(get_args(NoHeal))
-    from vllm_autoheal.kube.heal import REVERT
+    from vllm_autoheal.kube.heal_apply import REVERT
 
     assert {REVERT} == set(get_args(OperatorAction))
     assert set(get_args(RecordedAction)) == set(ALL_ACTIONS) | {remedy.NO_CHANGE, remedy.GIVE_UP, REVERT}

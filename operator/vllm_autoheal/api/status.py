@@ -88,6 +88,11 @@ class HealRecord(Model):
         description="This record takes back a heal whose pods no node could take: each change's before is what "
         "the scheduler refused (no later heal asks for that many GPUs or that much memory again).",
     )
+    refused: bool | None = Field(
+        None,
+        description="The API server refused this heal's spec patch (an admission policy, say): nothing changed, so "
+        "it spent no attempt and starts no backoff; its action stays tried.",
+    )
 
 
 class Deployed(Model):

@@ -33,11 +33,20 @@ from . import status as st
 from .client import Kube
 from .config import OperatorConfig
 from .crash import LogReadsBusy, ModelLookup, diagnose, queue_off_workers, unqueue_off_workers
-from .heal_apply import HEALED_ENGINE, complete, deployed, fp, healed_spec, in_spec, parse, spec_digest, spec_patched
+from .heal_apply import (
+    HEALED_ENGINE,
+    complete,
+    deployed,
+    fp,
+    healed_spec,
+    in_spec,
+    parse,
+    spec_digest,
+    spec_patched,
+)
 from .later import Later, PerNamespace
 from .writes import transient, update_status
 
-REVERT = "RevertUnschedulable"
 EDIT_WAIT_S, EDIT_WAITS = 0.5, 120  # a reconcile writes its baseline right after its apply: wait up to a minute
 # Crashes of one namespace waiting at once on a timer of their own (for an edit's baseline, every
 # EDIT_WAIT_S; after a failed write, every retry_delay_s): an edit whose reconcile never writes one (a
@@ -235,11 +244,11 @@ def person_edited(obj: VLLMService) -> bool:
     now, intent = fp(in_spec(obj)), cur.in_flight
     # (the heal's own flags; before its spec patch is in, still the flags it heals from. Once it is, those are a
     # person's revert, whether or not its status mark landed: a rollout still under way changes nothing)
-    if intent is not None and now in (
-        fp(intent.target),
-        *(() if intent.applied or spec_patched(obj, intent) else (fp(intent.previous),)),
-    ):
+    if intent is not None and now == fp(intent.target):
         return False
+    if intent is not None and not intent.applied and not spec_patched(obj, intent):
+        if fp(deployed(obj)) == fp(intent.previous):  # (what runs: pre-flight's fitted flags, under Fix)
+            return False
     written = healed_spec(obj)
     if written is not None:
         return spec_digest(obj, in_spec(obj)) != written[1]
@@ -260,7 +269,9 @@ def _recent(crash: dict[str, Any]) -> bool:
 
 def _backing_off(obj: VLLMService) -> bool:
     backoff = obj.spec.heal.backoff_seconds
-    last = next((h for h in reversed(obj.status.heals) if h.action not in ("NoChange", "GiveUp")), None)
+    last = next(
+        (h for h in reversed(obj.status.heals) if h.action not in ("NoChange", "GiveUp") and not h.refused), None
+    )
     if last is None or not backoff:
         return False
     return time.time() - datetime.fromisoformat(last.time.replace("Z", "+00:00")).timestamp() < backoff
@@ -345,10 +356,10 @@ def _look(kube: Kube, cfg: OperatorConfig, later: Later, incident: Incident, log
         return
     metrics.INCIDENTS.labels(cause=incident.diagnosis.cause).inc()
     # (finished first: a heal the API server refuses is dropped, and its Events say so, not 'Healed')
-    outcome = "done" if incident.remedy.gives_up else complete(kube, cfg, later, ns, name, logger)
-    refused = outcome == "dropped"
-    heal_events.post(vsvc, incident.diagnosis, incident.remedy, incident.pod_name, incident.note, refused)
-    if not incident.remedy.gives_up and not refused:
+    # ('Healed' only once made: a completion deferred is announced by its retry, one refused by HealRefused)
+    outcome = "done" if incident.remedy.gives_up else complete(kube, cfg, later, ns, name, logger, announce=False)
+    heal_events.post(vsvc, incident.diagnosis, incident.remedy, incident.pod_name, incident.note, outcome != "done")
+    if not incident.remedy.gives_up and outcome != "dropped":
         metrics.HEALS.labels(action=incident.remedy.action).inc()
         metrics.HEAL_LATENCY.observe(time.monotonic() - started)
         logger.info(f"healed {incident.diagnosis.cause}: {incident.remedy.summary()}")

@@ -14,15 +14,16 @@ import kopf
 from kubernetes.client.rest import ApiException
 from pydantic import ValidationError
 
-from ..api import GROUP, Deployed, HealIntent, VLLMService
+from ..api import GROUP, Deployed, HealIntent, HealRecord, VLLMService
 from ..remedy_gate import fingerprint
-from . import resources
+from . import heal_events, resources
 from . import status as st
 from .client import Kube
 from .config import OperatorConfig
 from .later import Later
 from .writes import event, lock, replacing, server_says, transient, update_object, update_status
 
+REVERT = "RevertUnschedulable"  # the operator's own action: an unschedulable heal taken back
 HEALED_ENGINE = f"{GROUP}/healed-engine"  # engine args the operator wrote into spec (PatchSpec)
 # What the operator's last spec patch wrote (PatchSpec), whole: which crash's heal, and a digest of the model,
 # engine args, memory limit and GPU it left the spec at. A spec that differs from it is a person's.
@@ -96,15 +97,22 @@ SPEC_PATCH_REFUSED = frozenset({400, 403, 422})
 
 
 def complete(
-    kube: Kube, cfg: OperatorConfig, later: Later | None, ns: str, name: str, logger: kopf.Logger
+    kube: Kube,
+    cfg: OperatorConfig,
+    later: Later | None,
+    ns: str,
+    name: str,
+    logger: kopf.Logger,
+    announce: bool = True,
 ) -> Completion:
     """Finish the recorded heal, whatever was already done of it; idempotent. "deferred" on a transient
     API error: then it tries again later (without `later`, the caller retries: reconcile raises
     kopf.TemporaryError); "dropped" where the heal was refused (its spec patch, or a heal status holds that
-    the spec's policy does not allow). The next event and the next start also call it."""
+    the spec's policy does not allow). The next event and the next start also call it. `announce`: post the
+    'Healed' Event where this call applies a PatchSpec heal (the crash's own look posts its own)."""
     try:
         with _heal_lock(ns, name):
-            return _complete(kube, cfg, ns, name, logger)
+            return _complete(kube, cfg, ns, name, logger, announce)
     except Exception as exc:
         if not transient(exc):
             raise
@@ -114,7 +122,7 @@ def complete(
         return "deferred"
 
 
-def _complete(kube: Kube, cfg: OperatorConfig, ns: str, name: str, logger: kopf.Logger) -> Completion:
+def _complete(kube: Kube, cfg: OperatorConfig, ns: str, name: str, logger: kopf.Logger, announce: bool) -> Completion:
     vsvc = kube.get_vsvc(ns, name)
     if vsvc is None:
         return "done"
@@ -141,11 +149,14 @@ def _complete(kube: Kube, cfg: OperatorConfig, ns: str, name: str, logger: kopf.
                     return "done"
         if refused is not None:  # (status is no proof of who wrote it: only the operator's own heals pass)
             logger.warning(f"the heal recorded for {ns}/{name} is dropped: {refused}")
-            if update_status(kube, cfg, ns, name, lambda fresh: _drop(fresh, intent)) is not None:
+            if update_status(kube, cfg, ns, name, lambda fresh: _drop(fresh, intent, refused=True)) is not None:
                 message = f"The heal in flight is dropped: {refused}"[:1000]
                 event(vsvc, type="Warning", reason="HealRefused", message=message)
             return "dropped"
-        vsvc = update_status(kube, cfg, ns, name, lambda fresh: _mark_applied(fresh, intent)) or vsvc
+        marked: list[bool] = []
+        vsvc = update_status(kube, cfg, ns, name, lambda fresh: _mark_applied(fresh, intent, marked)) or vsvc
+        if marked and announce and obj.spec.heal.mode == "PatchSpec" and intent.action != REVERT:
+            heal_events.event(vsvc, type="Normal", reason="Healed", message=intent.summary[:1000])
     healed = parse(vsvc)
     if healed.status.in_flight is not None and fp(deployed(healed)) == fp(healed.status.in_flight.target):
         kube.apply_all(resources.render(healed, cfg.operator_image))  # (a name conflict is reconcile's to report)
@@ -169,12 +180,14 @@ def _in_flight_refused(obj: VLLMService, intent: HealIntent) -> str | None:
 
 
 def _spec_change(fresh_body: dict[str, Any], intent: HealIntent) -> dict[str, Any] | None:
-    """The heal's spec patch, where the spec still holds the flags the heal was planned from and the
+    """The heal's spec patch, where what runs is still what the heal was planned from and the
     status still holds the heal, unapplied; None where the spec holds the heal already, or a person's
     edit (which wins), or the heal was dropped meanwhile (a person's edit, then its revert: the 409
     retry reads the reverted spec, and a check of the spec alone wrote the dropped heal)."""
     fresh = parse(fresh_body)
-    if fp(in_spec(fresh)) != fp(intent.previous) or not _same(fresh, intent):
+    # (what runs, not the spec: under pre-flight Fix the spec is the person's and what runs its fitted flags, the
+    # heal's previous; a person's edit moves what runs off them)
+    if fp(deployed(fresh)) != fp(intent.previous) or not _same(fresh, intent):
         return None
     if fresh.status.in_flight is not None and fresh.status.in_flight.applied:
         return None
@@ -200,10 +213,11 @@ def _same(fresh: VLLMService, intent: HealIntent) -> bool:
     return cur is not None and cur.crash == intent.crash and fp(cur.target) == fp(intent.target)
 
 
-def _mark_applied(fresh_body: dict[str, Any], intent: HealIntent) -> dict[str, Any] | None:
+def _mark_applied(fresh_body: dict[str, Any], intent: HealIntent, marked: list[bool]) -> dict[str, Any] | None:
     fresh = parse(fresh_body)
     if not _same(fresh, intent) or fresh.status.in_flight.applied:  # type: ignore[union-attr]
         return None
+    marked.append(True)  # (a try the API server refused is tried again: the last one's is the write that landed)
     in_flight = {**intent.wire(), "applied": True}
     return st.settle(
         {"inFlight": in_flight, "effective": intent.target.engine.wire(), "gpus": intent.target.gpus()},
@@ -211,10 +225,25 @@ def _mark_applied(fresh_body: dict[str, Any], intent: HealIntent) -> dict[str, A
     )
 
 
-def _drop(fresh_body: dict[str, Any], intent: HealIntent) -> dict[str, Any] | None:
+def _drop(fresh_body: dict[str, Any], intent: HealIntent, refused: bool = False) -> dict[str, Any] | None:
+    """Clear the heal in flight. `refused`: nothing of it was made (its spec patch or its policy refused it), so
+    its record says so and its attempt and count are given back (it starts no backoff, spends no budget); its
+    action stays in `tried`, so the same refused change is not planned again."""
     fresh = parse(fresh_body)
     if not _same(fresh, intent):
         return None
-    return st.settle(
-        {"inFlight": None}, st.Observed([c.wire() for c in fresh.status.conditions], fresh.metadata.get("generation"))
-    )
+    update: dict[str, Any] = {"inFlight": None}
+    if refused:
+        heals = [h.wire() for h in fresh.status.heals]
+        mine = [i for i, h in enumerate(fresh.status.heals) if _records(h, intent)]
+        if mine:
+            heals[mine[-1]] = {**heals[mine[-1]], "refused": True}
+            update.update(heals=heals, attempts=max(fresh.status.attempts - 1, 0))
+            update["healCount"] = max(fresh.status.heal_count - 1, 0)
+    return st.settle(update, st.Observed([c.wire() for c in fresh.status.conditions], fresh.metadata.get("generation")))
+
+
+def _records(heal: HealRecord, intent: HealIntent) -> bool:
+    """Is `heal` the record of the heal in flight (its crash and action, not refused yet)?"""
+    crash = st.crash_id(heal.pod_uid or heal.pod, heal.container, heal.restart_count)
+    return crash == intent.crash and heal.action == intent.action and not heal.refused

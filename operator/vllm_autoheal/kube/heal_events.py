@@ -59,10 +59,10 @@ def event(vsvc: dict[str, Any], type: str, reason: str, message: str) -> None:
 
 
 def post(
-    vsvc: dict[str, Any], diag: Diagnosis, remedy: Remedy, pod_name: str, note: str | None, refused: bool = False
+    vsvc: dict[str, Any], diag: Diagnosis, remedy: Remedy, pod_name: str, note: str | None, unmade: bool = False
 ) -> None:
-    """The Events of one recorded crash (their text bounded; evidence is the engine's own line). `refused`: its
-    heal was dropped (HealRefused says why), so no Event says it was made."""
+    """The Events of one recorded crash (their text bounded; evidence is the engine's own line). `unmade`: its heal
+    is not made yet (its completion's retry announces it) or was dropped (HealRefused says why): no 'Healed'."""
     evidence = diag.evidence[0][:300] if diag.evidence else "no evidence line"
     if note:
         event(vsvc, type="Warning", reason="TerminationMessageIgnored", message=note[:1000])
@@ -86,5 +86,5 @@ def post(
         )
     elif remedy.gives_up:
         event(vsvc, type="Warning", reason="CrashNotHealed", message=remedy.reason[:1000])
-    elif not refused:
+    elif not unmade:
         event(vsvc, type="Normal", reason="Healed", message=remedy.summary()[:1000])

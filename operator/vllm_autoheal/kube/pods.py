@@ -31,8 +31,14 @@ def _run_of_last_state(cs: dict[str, Any], previous: dict[str, Any], restarts: i
     latest, dead = cs.get("containerID"), previous.get("containerID")
     if latest and dead:
         return restarts if latest == dead else max(restarts - 1, 0)
-    waiting = (cs.get("state") or {}).get("waiting") or {}
-    return restarts if waiting.get("reason") == "CrashLoopBackOff" else max(restarts - 1, 0)
+    # (no ids: a Waiting state with the reason of a restart that failed or waits - CrashLoopBackOff,
+    # CreateContainerConfigError, ImagePullBackOff... - leaves the dead run the latest; a newer container shows
+    # as Waiting with none, or the kubelet's defaults while it is made)
+    reason = ((cs.get("state") or {}).get("waiting") or {}).get("reason")
+    return restarts if reason and reason not in NEWER_CONTAINER_WAITING else max(restarts - 1, 0)
+
+
+NEWER_CONTAINER_WAITING = frozenset({"ContainerCreating", "PodInitializing"})
 
 
 # vLLM cannot load a model and answer /health in less; a Ready condition that changed sooner after

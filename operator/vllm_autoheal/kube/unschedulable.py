@@ -28,8 +28,8 @@ from . import status as st
 from .client import Kube
 from .config import OperatorConfig
 from .crash import ModelLookup
-from .heal import REVERT, _intent_fields, _plan_heal
-from .heal_apply import _same, complete, fp, parse
+from .heal import _intent_fields, _plan_heal
+from .heal_apply import REVERT, _same, complete, fp, parse
 from .later import Later
 from .writes import event, update_status
 
