@@ -56,7 +56,13 @@ FIELDS: tuple[ConfigField, ...] = (
     ConfigField("num_local_experts", 0, 4096, "Routed experts per MoE layer.", ("num_experts", "n_routed_experts")),
     ConfigField("num_experts_per_tok", 0, 4096, "Experts each token is routed to."),
     ConfigField("moe_intermediate_size", 0, 1 << 18, "Width of one expert's MLP."),
-    ConfigField("shared_expert_intermediate_size", 0, 1 << 18, "Width of the shared expert's MLP."),
+    ConfigField(
+        "shared_expert_intermediate_size",
+        0,
+        1 << 18,
+        "Width of the shared expert's MLP.",
+        ("shared_intermediate_size", "moe_shared_expert_intermediate_size"),  # (Granite's shared MLP; Nemotron-H's)
+    ),
     ConfigField("n_shared_experts", 0, 64, "Shared experts per MoE layer (DeepSeek)."),
     ConfigField("first_k_dense_replace", 0, 1024, "Leading dense layers of an MoE (DeepSeek)."),
     ConfigField(

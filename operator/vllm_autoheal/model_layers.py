@@ -167,6 +167,9 @@ PLAIN_MLP_TYPES = frozenset(
     {"gpt2", "gpt_bigcode", "gptj", "gpt_neox", "starcoder2", "falcon", "RefinedWeb", "RefinedWebModel", "bloom"}
     | {"opt", "phi", "persimmon"}
 )
+# Granite MoE's layers beside their experts run a shared MLP; a Granite-4.0-H without experts runs it alone, as
+# its dense MLP (vLLM's granitemoehybrid: intermediate_size is then unused).
+SHARED_MLP_ALONE_TYPES = frozenset({"granitemoehybrid", "granitemoeshared"})
 # QWen (v1) gives the two gated projections' width together: vLLM's QWenMLP is intermediate_size // 2 wide.
 HALVED_MLP_TYPES = frozenset({"qwen"})
 
@@ -182,13 +185,16 @@ def mlp_of(cfg: dict[str, Any], hidden: int) -> tuple[int, bool]:
         width //= 2
     if isinstance(kind, str) and kind.startswith("llama4") and cfg.get("intermediate_size_mlp"):
         width = int(cfg["intermediate_size_mlp"])  # (its dense layers; intermediate_size is an expert's)
+    if kind in SHARED_MLP_ALONE_TYPES and not config_value(cfg, "num_local_experts", default=0):
+        width = int(config_value(cfg, "shared_intermediate_size", default=0) or width)  # (no experts: that MLP alone)
     return width, not plain and cfg.get("mlp_hidden_act", cfg.get("hidden_act")) != "relu2"
 
 
 def shared_expert_of(cfg: dict[str, Any]) -> int:
-    """The shared expert's width in each MoE layer: Qwen-MoE's, DeepSeek's n_shared_experts, and Llama 4's
-    one shared expert, as wide as a routed one (vLLM's Llama4MoE)."""
-    named = config_value(cfg, "shared_expert_intermediate_size", default=0)
+    """The shared expert's width in each MoE layer: Qwen-MoE's, Granite's shared MLP, DeepSeek's n_shared_experts,
+    and Llama 4's one shared expert, as wide as a routed one (vLLM's Llama4MoE)."""
+    names = ("shared_expert_intermediate_size", *BY_NAME["shared_expert_intermediate_size"].aliases)
+    named = config_value(cfg, *names, default=0)
     if named:
         return int(named)
     kind = cfg.get("model_type")

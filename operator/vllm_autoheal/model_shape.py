@@ -284,9 +284,11 @@ class ModelShape:
             )
         moe_layers = self.moe_layer_count(layers)
         stack = (layers - moe_layers) * self._layer(moe=False) + moe_layers * self._layer(moe=True)
-        if self.gdn_key_heads and self.gdn_value_heads and self.layers:  # Gated DeltaNet layers, not attention
-            mixers = round(self.mamba_layers * layers / self.layers)
+        mixers = round(self.mamba_layers * layers / self.layers) if self.layers else 0
+        if self.gdn_key_heads and self.gdn_value_heads:  # Gated DeltaNet layers, not attention
             stack += mixers * (self.gdn_params() - self.attention_params())
+        elif self.mamba_heads:  # Mamba-2 layers a layer list places (Granite-4.0-H's layer_types), not attention
+            stack += mixers * (self.mamba_params() - self.attention_params())
         return stack
 
     def moe_layer_count(self, layers: int) -> int:
