@@ -47,7 +47,7 @@ WINDOWED = ("mistral-7b-v0.1", "gemma-2-2b", "gemma-3-1b")
 # Qwen3.5-0.8B (Gated DeltaNet, run text-only; Qwen3-Next, MoE in every layer, needs the MoE kernels).
 HYBRID = ("nemotron-h-8b", "qwen3.5-0.8b")
 # Dense models beside Llama (tests/gpu/h100_runs.sh): weights that fill most of an 80 GiB card.
-DENSE = ("llama-3.1-8b", "qwen2.5-32b")
+DENSE = ("llama-3.1-8b", "qwen2.5-32b", "qwen2.5-7b")
 # Architectures the memory model was not fitted to (tests/gpu/unseen_runs.sh): two-matrix MLPs 4 x hidden
 # wide (GPT-2, GPT-J, GPTBigCode multi-query, GPT-NeoX), StarCoder2's, and Phi-3's fused projections.
 UNSEEN = ("gpt2", "gpt-j-6b", "unseen/santacoder-gpt-bigcode", "redpajama-incite-3b", "starcoder2-7b", "phi-4-mini")
