@@ -9,6 +9,7 @@ import copy
 import logging
 from typing import Any
 
+import pytest
 from kubernetes.client.rest import ApiException
 
 from api_writes import merge_patch
@@ -19,6 +20,11 @@ from vllm_autoheal.kube.config import OperatorConfig
 NS, NAME = "team-a", "svc"
 PREVIOUS = {"engine": {"gpuMemoryUtilization": 0.9, "maxModelLen": 32768}, "model": "m", "memoryLimit": "32Gi"}
 TARGET = {"engine": {"gpuMemoryUtilization": 0.9, "maxModelLen": 16384}, "model": "m", "memoryLimit": "32Gi"}
+
+
+@pytest.fixture(autouse=True)
+def _no_events(monkeypatch):  # (a heal made posts 'Healed'; no kopf context here to post it in)
+    monkeypatch.setattr(heal_apply, "event", lambda body, **k: None)
 
 
 class FakeKube:

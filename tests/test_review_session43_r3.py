@@ -251,10 +251,6 @@ def records_heal(patch: dict[str, Any]) -> bool:
 # --- (A) 'Healed' for a heal a person's racing edit dropped ---------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="complete() returns 'done' where a person's edit made it drop the heal: _look posts 'Healed'",
-)
 @pytest.mark.parametrize(
     "edit",
     [
@@ -283,10 +279,6 @@ def test_a_heal_dropped_for_a_persons_racing_edit_is_not_announced_as_healed(edi
 # --- (B) 'Healed' missing where the rollout's apply is deferred ------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a heal whose mark landed but whose apply_all failed transiently is never announced as Healed",
-)
 @pytest.mark.parametrize("mode", ["PatchSpec", "StatusOverrides"])
 def test_a_heal_made_whose_apply_is_deferred_is_announced_once(mode):
     """Severity: low-medium (a heal made, rolled out by the deferred retry, and no 'Healed' Event ever: the Events
@@ -317,10 +309,6 @@ def test_a_heal_made_whose_apply_is_deferred_is_announced_once(mode):
 # --- (C) 'Healed' from a mark another writer made ---------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_complete's `marked` is not cleared per try: a 409 retry that writes nothing still announces",
-)
 def test_a_mark_another_writer_landed_first_is_not_announced_twice():
     """Severity: low (two 'Healed' Events for one heal, each budgeted). The comment says 'the last one's is the
     write that landed', but `marked` only ever grows: a first try of _mark_applied that the API server refuses
@@ -356,10 +344,6 @@ def test_a_mark_another_writer_landed_first_is_not_announced_twice():
 # --- (D) a GPU edit while a heal is pending, under pre-flight Fix ------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="person_edited's new in-flight exception (deployed == previous) ignores a GPU edit: the heal is written",
-)
 def test_a_gpu_edit_while_a_heal_is_pending_under_fix_is_an_edit():
     """Severity: medium (a regression of 21b4073: before it, under Fix, this was an edit). A heal's fingerprint
     holds the model, engine and memory limit, not the GPU; under Fix, what runs is status.effective while
@@ -387,10 +371,6 @@ def test_a_gpu_edit_while_a_heal_is_pending_under_fix_is_an_edit():
 # --- (E) a refused unschedulable revert: attempt and backoff kept ---------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_records matches by the crash id, which a revert's record (pod '<name> (unschedulable)') never has",
-)
 def test_a_refused_revert_heal_gives_its_attempt_back_and_starts_no_backoff(monkeypatch):
     """Severity: low-medium (the refusal rule of 21b4073 skips the revert path: its refused heal spends budget and
     holds the next crash back). unschedulable._revert records its heal with pod '<name> (unschedulable)', no uid and

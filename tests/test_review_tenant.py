@@ -456,9 +456,7 @@ def test_a_crash_already_handled_is_not_handled_again_however_many_pods_crashed(
     monkeypatch.setattr(heal, "_waiting", PerNamespace(heal.WAITING_CRASHES_PER_NAMESPACE))
     monkeypatch.setattr(kcrash, "_queued", PerNamespace(kcrash.QUEUED_CRASHES_PER_NAMESPACE))
     posted: list[str] = []
-    monkeypatch.setattr(
-        heal.heal_events, "post", lambda vsvc, diag, remedy, pod, note, refused=False: posted.append(pod)
-    )
+    monkeypatch.setattr(heal.heal_events, "post", lambda vsvc, diag, remedy, pod, note, **k: posted.append(pod))
     body = _vsvc({"baseline": {"gpuMemoryUtilization": 0.9}}, mode="PatchSpec")
     kube = StubKube(body)
     cfg = OperatorConfig(write_attempts=1)

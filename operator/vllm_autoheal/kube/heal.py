@@ -41,6 +41,7 @@ from .heal_apply import (
     healed_spec,
     in_spec,
     parse,
+    resized_by_person,
     spec_digest,
     spec_patched,
 )
@@ -246,7 +247,7 @@ def person_edited(obj: VLLMService) -> bool:
     # person's revert, whether or not its status mark landed: a rollout still under way changes nothing)
     if intent is not None and now == fp(intent.target):
         return False
-    if intent is not None and not intent.applied and not spec_patched(obj, intent):
+    if intent is not None and not intent.applied and not spec_patched(obj, intent) and not resized_by_person(obj):
         if fp(deployed(obj)) == fp(intent.previous):  # (what runs: pre-flight's fitted flags, under Fix)
             return False
     written = healed_spec(obj)
@@ -356,9 +357,11 @@ def _look(kube: Kube, cfg: OperatorConfig, later: Later, incident: Incident, log
         return
     metrics.INCIDENTS.labels(cause=incident.diagnosis.cause).inc()
     # (finished first: a heal the API server refuses is dropped, and its Events say so, not 'Healed')
-    # ('Healed' only once made: a completion deferred is announced by its retry, one refused by HealRefused)
-    outcome = "done" if incident.remedy.gives_up else complete(kube, cfg, later, ns, name, logger, announce=False)
-    heal_events.post(vsvc, incident.diagnosis, incident.remedy, incident.pod_name, incident.note, outcome != "done")
+    # (a PatchSpec heal is made by its spec patch: the completion whose status mark lands says 'Healed', one that
+    # is refused 'HealRefused'; in StatusOverrides mode the record was the heal)
+    patch_spec = obj.spec.heal.mode == "PatchSpec"
+    heal_events.post(vsvc, incident.diagnosis, incident.remedy, incident.pod_name, incident.note, unmade=patch_spec)
+    outcome = "done" if incident.remedy.gives_up else complete(kube, cfg, later, ns, name, logger)
     if not incident.remedy.gives_up and outcome != "dropped":
         metrics.HEALS.labels(action=incident.remedy.action).inc()
         metrics.HEAL_LATENCY.observe(time.monotonic() - started)

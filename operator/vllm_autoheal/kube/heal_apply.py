@@ -103,16 +103,15 @@ def complete(
     ns: str,
     name: str,
     logger: kopf.Logger,
-    announce: bool = True,
 ) -> Completion:
     """Finish the recorded heal, whatever was already done of it; idempotent. "deferred" on a transient
     API error: then it tries again later (without `later`, the caller retries: reconcile raises
     kopf.TemporaryError); "dropped" where the heal was refused (its spec patch, or a heal status holds that
-    the spec's policy does not allow). The next event and the next start also call it. `announce`: post the
-    'Healed' Event where this call applies a PatchSpec heal (the crash's own look posts its own)."""
+    the spec's policy does not allow, or a person's edit that landed first). The next event and the next start
+    also call it. The call whose status mark lands posts the PatchSpec heal's 'Healed' Event."""
     try:
         with _heal_lock(ns, name):
-            return _complete(kube, cfg, ns, name, logger, announce)
+            return _complete(kube, cfg, ns, name, logger)
     except Exception as exc:
         if not transient(exc):
             raise
@@ -122,7 +121,7 @@ def complete(
         return "deferred"
 
 
-def _complete(kube: Kube, cfg: OperatorConfig, ns: str, name: str, logger: kopf.Logger, announce: bool) -> Completion:
+def _complete(kube: Kube, cfg: OperatorConfig, ns: str, name: str, logger: kopf.Logger) -> Completion:
     vsvc = kube.get_vsvc(ns, name)
     if vsvc is None:
         return "done"
@@ -146,7 +145,7 @@ def _complete(kube: Kube, cfg: OperatorConfig, ns: str, name: str, logger: kopf.
                 if fp(in_spec(parse(vsvc))) != fp(intent.target):  # a person changed the spec meanwhile: it wins
                     logger.info("the spec changed before the heal was applied; the heal is dropped")
                     update_status(kube, cfg, ns, name, lambda fresh: _drop(fresh, intent))
-                    return "done"
+                    return "dropped"
         if refused is not None:  # (status is no proof of who wrote it: only the operator's own heals pass)
             logger.warning(f"the heal recorded for {ns}/{name} is dropped: {refused}")
             if update_status(kube, cfg, ns, name, lambda fresh: _drop(fresh, intent, refused=True)) is not None:
@@ -155,8 +154,9 @@ def _complete(kube: Kube, cfg: OperatorConfig, ns: str, name: str, logger: kopf.
             return "dropped"
         marked: list[bool] = []
         vsvc = update_status(kube, cfg, ns, name, lambda fresh: _mark_applied(fresh, intent, marked)) or vsvc
-        if marked and announce and obj.spec.heal.mode == "PatchSpec" and intent.action != REVERT:
-            heal_events.event(vsvc, type="Normal", reason="Healed", message=intent.summary[:1000])
+        if marked and intent.action != REVERT:  # (made now, whatever becomes of the rollout below)
+            if heal_events.allowed(vsvc, "Healed"):  # (the crash Events' budgets)
+                event(vsvc, type="Normal", reason="Healed", message=intent.summary[:1000])
     healed = parse(vsvc)
     if healed.status.in_flight is not None and fp(deployed(healed)) == fp(healed.status.in_flight.target):
         kube.apply_all(resources.render(healed, cfg.operator_image))  # (a name conflict is reconcile's to report)
@@ -186,14 +186,24 @@ def _spec_change(fresh_body: dict[str, Any], intent: HealIntent) -> dict[str, An
     retry reads the reverted spec, and a check of the spec alone wrote the dropped heal)."""
     fresh = parse(fresh_body)
     # (what runs, not the spec: under pre-flight Fix the spec is the person's and what runs its fitted flags, the
-    # heal's previous; a person's edit moves what runs off them)
-    if fp(deployed(fresh)) != fp(intent.previous) or not _same(fresh, intent):
+    # heal's previous; a person's edit moves what runs off them, or the GPU from under them)
+    if fp(deployed(fresh)) != fp(intent.previous) or not _same(fresh, intent) or resized_by_person(fresh):
         return None
     if fresh.status.in_flight is not None and fresh.status.in_flight.applied:
         return None
     if spec_patched(fresh, intent):
         return None  # (its patch is in, and the spec back at the flags it healed from: a person's revert)
     return spec_patch(fresh, intent.target, (fresh_body.get("spec") or {}).get("engine") or {}, heal_key(intent))
+
+
+def resized_by_person(obj: VLLMService) -> bool:
+    """Has a person changed what the flags are sized for (model, memory limit, GPU: resources.sized_for) since the
+    baseline? In PatchSpec mode heals write the model and memory limit too: a spec where the operator's last patch
+    left it is none of a person's."""
+    if obj.status.baseline_for in (None, resources.sized_for(obj)):
+        return False
+    written = healed_spec(obj)
+    return written is None or written[1] != spec_digest(obj, in_spec(obj))
 
 
 def spec_patched(obj: VLLMService, intent: HealIntent) -> bool:
@@ -214,10 +224,11 @@ def _same(fresh: VLLMService, intent: HealIntent) -> bool:
 
 
 def _mark_applied(fresh_body: dict[str, Any], intent: HealIntent, marked: list[bool]) -> dict[str, Any] | None:
+    marked.clear()  # (a try the API server refused is tried again: the last one's is the write that landed)
     fresh = parse(fresh_body)
     if not _same(fresh, intent) or fresh.status.in_flight.applied:  # type: ignore[union-attr]
         return None
-    marked.append(True)  # (a try the API server refused is tried again: the last one's is the write that landed)
+    marked.append(True)
     in_flight = {**intent.wire(), "applied": True}
     return st.settle(
         {"inFlight": in_flight, "effective": intent.target.engine.wire(), "gpus": intent.target.gpus()},
@@ -244,6 +255,8 @@ def _drop(fresh_body: dict[str, Any], intent: HealIntent, refused: bool = False)
 
 
 def _records(heal: HealRecord, intent: HealIntent) -> bool:
-    """Is `heal` the record of the heal in flight (its crash and action, not refused yet)?"""
+    """Is `heal` the record of the heal in flight (its crash and action, not refused yet)? An unschedulable heal's
+    revert is recorded under no crash of its own (its intent keeps the crash it reverts)."""
     crash = st.crash_id(heal.pod_uid or heal.pod, heal.container, heal.restart_count)
-    return crash == intent.crash and heal.action == intent.action and not heal.refused
+    ours = crash == intent.crash or (heal.unschedulable is True and not heal.pod_uid)
+    return ours and heal.action == intent.action and not heal.refused

@@ -52,17 +52,22 @@ _namespaces = EventBudget(NAMESPACE_BURST, NAMESPACE_REFILL_S)
 
 
 def event(vsvc: dict[str, Any], type: str, reason: str, message: str) -> None:
+    if allowed(vsvc, reason):
+        post_event(vsvc, type=type, reason=reason, message=message)
+
+
+def allowed(vsvc: dict[str, Any], reason: str) -> bool:
+    """Whether the object's and its namespace's Event budgets have room for one more of `reason` (taken if so)."""
     meta = vsvc.get("metadata") or {}
     obj = str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
-    if _budget.take(obj, reason) and _namespaces.take(str(meta.get("namespace")), ""):
-        post_event(vsvc, type=type, reason=reason, message=message)
+    return _budget.take(obj, reason) and _namespaces.take(str(meta.get("namespace")), "")
 
 
 def post(
     vsvc: dict[str, Any], diag: Diagnosis, remedy: Remedy, pod_name: str, note: str | None, unmade: bool = False
 ) -> None:
     """The Events of one recorded crash (their text bounded; evidence is the engine's own line). `unmade`: its heal
-    is not made yet (its completion's retry announces it) or was dropped (HealRefused says why): no 'Healed'."""
+    is made later, by its spec patch (the completion whose mark lands says 'Healed'; HealRefused if refused)."""
     evidence = diag.evidence[0][:300] if diag.evidence else "no evidence line"
     if note:
         event(vsvc, type="Warning", reason="TerminationMessageIgnored", message=note[:1000])
