@@ -72,11 +72,6 @@ def block(kube: StubKube) -> None:
 # --- (A) a person's resize no edit sees: every later heal dropped ---------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="PatchSpec without Fix and no heal patched yet: person_edited misses a memory-limit change, "
-    "resized_by_person then drops every heal as a person's edit",
-)
 def test_a_persons_memory_limit_change_before_any_heal_leaves_the_service_healable():
     """Severity: high (a regression of ed56302, in the default mode: after a person's change of the memory limit,
     model or GPU, the service is never healed again; each crash spends an attempt until HealExhausted). Input:
@@ -96,11 +91,6 @@ def test_a_persons_memory_limit_change_before_any_heal_leaves_the_service_healab
     assert reasons() == ["OOMDetected", "Healed"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an object whose memory limit an older version's heal raised (healed-engine annotation only) "
-    "counts as resized by a person forever: every later heal is dropped",
-)
 def test_a_service_healed_by_an_older_version_with_a_raised_limit_stays_healable():
     """Severity: medium-high (upgrade: services whose memory limit or model an older version's heal wrote into the
     spec, i.e. RaiseMemoryLimit or a quantized fallback between df5444f and f8dbb35, never heal again). Input: the
@@ -113,7 +103,7 @@ def test_a_service_healed_by_an_older_version_with_a_raised_limit_stays_healable
     kube = service()
     kube.body["spec"]["resources"]["limits"]["memory"] = "39322Mi"
     kube.body["metadata"]["generation"] += 1
-    engine = json.dumps(kube.body["spec"]["engine"], sort_keys=True)
+    engine = json.dumps(parse(kube.body).spec.engine.wire(), sort_keys=True)  # (as those versions wrote it)
     kube.body["metadata"]["annotations"] = {heal_apply.HEALED_ENGINE: engine}
     kube.body["status"].update(attempts=1, healCount=1)
     reconcile_now(kube)
@@ -125,11 +115,6 @@ def test_a_service_healed_by_an_older_version_with_a_raised_limit_stays_healable
 # --- (B) 'Healed' lost where the mark's answer is lost ---------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a status mark that lands but whose answer is lost (504) is retried; the retry writes nothing "
-    "and marked is cleared: no 'Healed' from anyone",
-)
 def test_a_mark_whose_answer_is_lost_is_announced_once():
     """Severity: low (a heal made and rolled out, its Events ending at OOMDetected). marked.clear() (ed56302, the
     round-3 fix of a double 'Healed') also clears it for a try that landed: writes.retried retries a transient
@@ -157,11 +142,6 @@ def test_a_mark_whose_answer_is_lost_is_announced_once():
 # --- (C) a refused RevertUnschedulable gives back an attempt it never took ------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_records matches the RevertUnschedulable record; _drop(refused) takes back an attempt and a heal "
-    "count the revert never added",
-)
 def test_a_refused_revert_unschedulable_leaves_the_counters_as_they_were():
     """Severity: low-medium (the budget: the blocked RaiseMemoryLimit, made and still in the spec, is uncounted;
     one more heal than maxAttempts, healCount short). _revert adds attempts/healCount only for a real remedy; for
@@ -184,11 +164,6 @@ def test_a_refused_revert_unschedulable_leaves_the_counters_as_they_were():
 # --- (D) a revert with a real remedy: 'Healed' in one mode only ------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a revert with a real remedy (LowerCpuOffload) is announced 'Healed' in PatchSpec mode, not in "
-    "StatusOverrides (its intent is recorded applied: no mark, no announcement)",
-)
 def test_a_revert_with_a_real_remedy_is_announced_in_status_overrides_mode_too():
     """Severity: low (Events differ by mode for the same heal: attempts and healCount count it in both). Input:
     cpuOffloadGb 8; OOMKilled healed by RaiseMemoryLimit; its pods unschedulable; the revert plans

@@ -120,6 +120,12 @@ class HealIntent(Model):
     time: str = Field(
         ..., description="When the heal was decided (RFC 3339).", json_schema_extra={"format": "date-time"}
     )
+    marked_by: str | None = Field(
+        None,
+        max_length=64,
+        description="The completion that marked it applied (a token of its own): that one announces the heal, also "
+        "where its write landed but its answer was lost.",
+    )
 
 
 class VLLMServiceStatus(Model):

@@ -250,6 +250,8 @@ def person_edited(obj: VLLMService) -> bool:
     if intent is not None and not intent.applied and not spec_patched(obj, intent) and not resized_by_person(obj):
         if fp(deployed(obj)) == fp(intent.previous):  # (what runs: pre-flight's fitted flags, under Fix)
             return False
+    if resized_by_person(obj):  # (the model, memory limit or GPU changed, and no patch of the operator's did it)
+        return True
     written = healed_spec(obj)
     if written is not None:
         return spec_digest(obj, in_spec(obj)) != written[1]

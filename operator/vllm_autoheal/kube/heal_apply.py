@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import uuid
 from typing import Any, Literal
 
 import kopf
@@ -153,7 +154,8 @@ def _complete(kube: Kube, cfg: OperatorConfig, ns: str, name: str, logger: kopf.
                 event(vsvc, type="Warning", reason="HealRefused", message=message)
             return "dropped"
         marked: list[bool] = []
-        vsvc = update_status(kube, cfg, ns, name, lambda fresh: _mark_applied(fresh, intent, marked)) or vsvc
+        token = uuid.uuid4().hex[:16]
+        vsvc = update_status(kube, cfg, ns, name, lambda fresh: _mark_applied(fresh, intent, marked, token)) or vsvc
         if marked and intent.action != REVERT:  # (made now, whatever becomes of the rollout below)
             if heal_events.allowed(vsvc, "Healed"):  # (the crash Events' budgets)
                 event(vsvc, type="Normal", reason="Healed", message=intent.summary[:1000])
@@ -203,7 +205,10 @@ def resized_by_person(obj: VLLMService) -> bool:
     if obj.status.baseline_for in (None, resources.sized_for(obj)):
         return False
     written = healed_spec(obj)
-    return written is None or written[1] != spec_digest(obj, in_spec(obj))
+    if written is None:  # (the heals of versions before healed-spec: their engine annotation, where it still holds)
+        ours = (obj.metadata.get("annotations") or {}).get(HEALED_ENGINE)
+        return ours != json.dumps(obj.spec.engine.wire(), sort_keys=True)
+    return written[1] != spec_digest(obj, in_spec(obj))
 
 
 def spec_patched(obj: VLLMService, intent: HealIntent) -> bool:
@@ -223,13 +228,21 @@ def _same(fresh: VLLMService, intent: HealIntent) -> bool:
     return cur is not None and cur.crash == intent.crash and fp(cur.target) == fp(intent.target)
 
 
-def _mark_applied(fresh_body: dict[str, Any], intent: HealIntent, marked: list[bool]) -> dict[str, Any] | None:
-    marked.clear()  # (a try the API server refused is tried again: the last one's is the write that landed)
+def _mark_applied(
+    fresh_body: dict[str, Any], intent: HealIntent, marked: list[bool], token: str
+) -> dict[str, Any] | None:
+    """Mark the heal applied, signed with this completion's token; `marked` says whether this completion's mark is
+    the one that landed (a try refused with 409 is tried again; one whose answer was lost finds its own token)."""
+    marked.clear()
     fresh = parse(fresh_body)
-    if not _same(fresh, intent) or fresh.status.in_flight.applied:  # type: ignore[union-attr]
+    cur = fresh.status.in_flight
+    if cur is None or not _same(fresh, intent):
+        return None
+    if cur.applied:
+        marked.extend([True] if cur.marked_by == token else [])
         return None
     marked.append(True)
-    in_flight = {**intent.wire(), "applied": True}
+    in_flight = {**intent.wire(), "applied": True, "markedBy": token}
     return st.settle(
         {"inFlight": in_flight, "effective": intent.target.engine.wire(), "gpus": intent.target.gpus()},
         st.Observed([c.wire() for c in fresh.status.conditions], fresh.metadata.get("generation"), in_flight=in_flight),
@@ -244,7 +257,7 @@ def _drop(fresh_body: dict[str, Any], intent: HealIntent, refused: bool = False)
     if not _same(fresh, intent):
         return None
     update: dict[str, Any] = {"inFlight": None}
-    if refused:
+    if refused and intent.action != REVERT:  # (a revert to the flags that scheduled took no attempt to give back)
         heals = [h.wire() for h in fresh.status.heals]
         mine = [i for i, h in enumerate(fresh.status.heals) if _records(h, intent)]
         if mine:

@@ -23,7 +23,7 @@ from ..diagnosis import Diagnosis
 from ..quantity import parse_quantity
 from ..remedy import Remedy
 from ..remedy_gate import NEEDS_MORE_RESOURCES
-from . import ownership, pods, resources
+from . import heal_events, ownership, pods, resources
 from . import status as st
 from .client import Kube
 from .config import OperatorConfig
@@ -390,5 +390,8 @@ def blocked(
     event(vsvc, type="Warning", reason="HealBlocked", message=f"{intent.action} cannot be scheduled: {message}"[:1000])
     if acted[-1]:
         logger.info(f"{intent.action} could not be scheduled; back to the flags that last scheduled")
+        made = parse(written).status.in_flight  # (StatusOverrides: the record is the heal, as a crash's is; in
+        if made is not None and made.applied and made.action != REVERT and heal_events.allowed(vsvc, "Healed"):
+            event(vsvc, type="Normal", reason="Healed", message=made.summary[:1000])  # PatchSpec its mark says it)
         complete(kube, cfg, later, ns, name, logger)
     return True
