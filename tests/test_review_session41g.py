@@ -96,7 +96,8 @@ def test_the_operator_applies_an_fp8_share_cut_in_flight_whole(mode, monkeypatch
     kube = StubKube(_vsvc(spec, status))
     EVENTS.clear()
     heal_apply.complete(kube, OperatorConfig(), None, NS, "svc", LOG)  # type: ignore[arg-type]
-    assert not EVENTS and kube.body["status"]["inFlight"]["applied"] is True
+    assert [e["reason"] for e in EVENTS] == ["Healed"]  # (not refused: made, and announced by its mark)
+    assert kube.body["status"]["inFlight"]["applied"] is True
     if mode == "PatchSpec":
         assert kube.body["spec"]["engine"]["kvCacheDtype"] == "fp8"
     dep = next(m for m in kube.applied[-1] if m["kind"] == "Deployment")
