@@ -26,12 +26,14 @@ from heal_stub import (
     StubKube,
     _vsvc,
     backing_off,
+    crashed,
     look,
     pod,
     quiet,
     reasons,
     reconcile_now,
     service,
+    spec_patch_refused,
     status,
     terminated,
 )
@@ -46,30 +48,6 @@ from samples import KV_TERMINATION, NOT_MEMORY, RUNTIME_OOM, SPEC
 @pytest.fixture(autouse=True)
 def _quiet(monkeypatch):
     quiet(monkeypatch)
-
-
-# --- helpers of this review ----------------------------------------------------------------------------------
-
-
-def spec_patch_refused(status_code: int = 422, reason: str = "", transient_first: int = 0) -> Any:
-    """An admission policy (or missing RBAC) that refuses every spec PATCH of the VLLMService; the first
-    `transient_first` tries answer 503 instead (an overloaded API server: writes.retried tries 4 times)."""
-    said = reason or "Unprocessable Entity: denied by policy platform-limits"
-    left = {"transient": transient_first}
-
-    def fail(method: str, path: str, body: Any) -> Exception | None:
-        if method == "PATCH" and not path.endswith("/status") and "spec" in body:
-            if left["transient"]:
-                left["transient"] -= 1
-                return ApiException(status=503, reason="Service Unavailable")
-            return ApiException(status=status_code, reason=said)
-        return None
-
-    return fail
-
-
-def crashed(kube: StubKube, uid: str, message: str, finished: str) -> dict[str, Any]:
-    return pod(kube, uid=uid, restarts=0, state={"terminated": terminated(message, finished)})
 
 
 # --- (A) Events after complete: a deferred spec patch that is then refused ---------------------------------------

@@ -21,6 +21,7 @@ from heal_stub import (
     NAME,
     NS,
     StubKube,
+    crashed,
     look,
     parse,
     pod,
@@ -28,6 +29,7 @@ from heal_stub import (
     reasons,
     reconcile_now,
     service,
+    spec_patch_refused,
     status,
     terminated,
 )
@@ -44,22 +46,9 @@ def _quiet(monkeypatch):
     monkeypatch.setattr(unschedulable, "event", lambda body, **k: EVENTS.append(k))
 
 
-def crashed(kube: StubKube, uid: str, message: str, finished: str) -> dict[str, Any]:
-    return pod(kube, uid=uid, restarts=0, state={"terminated": terminated(message, finished)})
-
-
 def oom_killed(kube: StubKube, uid: str = "pod-1") -> dict[str, Any]:
     run = {**terminated("", "2026-11-30T03:00:00Z", 137), "reason": "OOMKilled"}
     return pod(kube, uid=uid, restarts=0, state={"terminated": run})
-
-
-def spec_patch_refused(status_code: int = 422) -> Any:
-    def fail(method: str, path: str, body: Any) -> Exception | None:
-        if method == "PATCH" and not path.endswith("/status") and "spec" in body:
-            return ApiException(status=status_code, reason="Unprocessable Entity: denied by policy platform-limits")
-        return None
-
-    return fail
 
 
 def block(kube: StubKube) -> None:
