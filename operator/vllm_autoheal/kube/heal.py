@@ -247,11 +247,11 @@ def person_edited(obj: VLLMService) -> bool:
     # person's revert, whether or not its status mark landed: a rollout still under way changes nothing)
     if intent is not None and now == fp(intent.target):
         return False
-    if intent is not None and not intent.applied and not spec_patched(obj, intent) and not resized_by_person(obj):
-        if fp(deployed(obj)) == fp(intent.previous):  # (what runs: pre-flight's fitted flags, under Fix)
-            return False
     if resized_by_person(obj):  # (the model, memory limit or GPU changed, and no patch of the operator's did it)
         return True
+    if intent is not None and not intent.applied and not spec_patched(obj, intent):
+        if fp(deployed(obj)) == fp(intent.previous):  # (what runs: pre-flight's fitted flags, under Fix)
+            return False
     written = healed_spec(obj)
     if written is not None:
         return spec_digest(obj, in_spec(obj)) != written[1]
@@ -358,7 +358,6 @@ def _look(kube: Kube, cfg: OperatorConfig, later: Later, incident: Incident, log
         complete(kube, cfg, later, ns, name, logger)
         return
     metrics.INCIDENTS.labels(cause=incident.diagnosis.cause).inc()
-    # (finished first: a heal the API server refuses is dropped, and its Events say so, not 'Healed')
     # (a PatchSpec heal is made by its spec patch: the completion whose status mark lands says 'Healed', one that
     # is refused 'HealRefused'; in StatusOverrides mode the record was the heal)
     patch_spec = obj.spec.heal.mode == "PatchSpec"

@@ -239,7 +239,8 @@ def _mark_applied(
     if cur is None or not _same(fresh, intent):
         return None
     if cur.applied:
-        marked.extend([True] if cur.marked_by == token else [])
+        if cur.marked_by == token:  # (this completion's own write, whose answer was lost)
+            marked.append(True)
         return None
     marked.append(True)
     in_flight = {**intent.wire(), "applied": True, "markedBy": token}
@@ -257,13 +258,13 @@ def _drop(fresh_body: dict[str, Any], intent: HealIntent, refused: bool = False)
     if not _same(fresh, intent):
         return None
     update: dict[str, Any] = {"inFlight": None}
-    if refused and intent.action != REVERT:  # (a revert to the flags that scheduled took no attempt to give back)
+    mine = [i for i, h in enumerate(fresh.status.heals) if _records(h, intent)] if refused else []
+    if mine:
         heals = [h.wire() for h in fresh.status.heals]
-        mine = [i for i, h in enumerate(fresh.status.heals) if _records(h, intent)]
-        if mine:
-            heals[mine[-1]] = {**heals[mine[-1]], "refused": True}
-            update.update(heals=heals, attempts=max(fresh.status.attempts - 1, 0))
-            update["healCount"] = max(fresh.status.heal_count - 1, 0)
+        heals[mine[-1]] = {**heals[mine[-1]], "refused": True}
+        update["heals"] = heals
+        if intent.action != REVERT:  # (a revert to the flags that scheduled took no attempt to give back)
+            update.update(attempts=max(fresh.status.attempts - 1, 0), healCount=max(fresh.status.heal_count - 1, 0))
     return st.settle(update, st.Observed([c.wire() for c in fresh.status.conditions], fresh.metadata.get("generation")))
 
 

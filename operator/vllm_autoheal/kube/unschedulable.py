@@ -390,8 +390,9 @@ def blocked(
     event(vsvc, type="Warning", reason="HealBlocked", message=f"{intent.action} cannot be scheduled: {message}"[:1000])
     if acted[-1]:
         logger.info(f"{intent.action} could not be scheduled; back to the flags that last scheduled")
-        made = parse(written).status.in_flight  # (StatusOverrides: the record is the heal, as a crash's is; in
+        # (StatusOverrides: the record is the heal, as a crash's is; in PatchSpec mode its status mark announces it)
+        made = parse(written).status.in_flight
         if made is not None and made.applied and made.action != REVERT and heal_events.allowed(vsvc, "Healed"):
-            event(vsvc, type="Normal", reason="Healed", message=made.summary[:1000])  # PatchSpec its mark says it)
+            event(vsvc, type="Normal", reason="Healed", message=made.summary[:1000])
         complete(kube, cfg, later, ns, name, logger)
     return True
