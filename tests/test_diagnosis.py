@@ -234,6 +234,33 @@ def test_oom_while_v1_measures_cuda_graph_memory_is_a_capture_oom(placed_by):
     assert (d.cause, d.phase) == ("cudagraph_capture_oom", "graph-capture")
 
 
+V0_CAPTURING = (
+    "INFO 01-18 16:21:02 model_runner.py:394] Capturing the model for CUDA graphs. This may lead to unexpected "
+    "consequences if the model is not static. To run the model in eager mode, set 'enforce_eager=True' or use "
+    "'--enforce-eager' in the CLI.\n"
+)
+
+
+@pytest.mark.parametrize(
+    "after", ["", "INFO 01-18 16:21:09 model_runner.py:456] Graph capturing finished in 7 secs.\n"]
+)
+def test_v0s_capture_announcement_places_a_bare_oom_until_capture_finishes(after):
+    """V0 (0.2.5-0.6) announces capture_model: an OOM printed after it, with no frame, failed capturing; once
+    "Graph capturing finished" is printed it did not (the engine moved on)."""
+    oom = (
+        "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 256.00 MiB. GPU 0 has a total capacty "
+        "of 79.15 GiB of which 121.38 MiB is free.\n"
+    )
+    d = classify(Signals(log=V0_CAPTURING + after + oom))
+    if after:
+        assert d.cause != "cudagraph_capture_oom"
+    else:
+        assert (d.cause, d.phase) == ("cudagraph_capture_oom", "graph-capture")
+    # a client's prompt quoting the words places nothing
+    quoted = "INFO 01-18 16:21:02 async_llm_engine.py:508] Received request x: prompt: '" + V0_CAPTURING.strip() + "'\n"
+    assert classify(Signals(log=quoted + oom)).cause != "cudagraph_capture_oom"
+
+
 def test_runtime_oom_after_startup_even_with_capture_lines_earlier():
     log = (
         "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%\n"

@@ -211,6 +211,10 @@ MARKERS: tuple[Message, ...] = (
         subtype=SIZED_AFTER_CAPTURE,
         needles=("Memory after warmup: ",),
     ),
+    # V0's capture_model announces itself (0.2.5-0.6: "Capturing the model for CUDA graphs. This may lead to
+    # unexpected consequences ..."): what fails after it and before "Graph capturing finished" fails capturing.
+    # (A milestone, not a frame: a frame counts where it is printed after the failure too.)
+    _m(MILESTONE, r"Capturing the model for CUDA graphs", phase=m.PHASE_CAPTURE),
     _m(
         MILESTONE,
         r"Graph capturing finished in|init engine \(profile, create kv cache, warmup model\) took|"
