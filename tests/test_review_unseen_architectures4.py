@@ -108,15 +108,6 @@ def test_layers_with_heads_of_their_own_are_refused_not_sized_wrong(name, field)
     assert "Traceback" not in out.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="kimi-k2.5: weights 1,903.7 GiB where vLLM loads the checkpoint's 554.27 GiB (3.4x): "
-    "quantization_config.ignore's 're:.*shared_experts.*' names the shared experts, which quant_exclusions.py "
-    "(_parts/_share: {'all'} in a model of experts) reads as leaving the whole MLP, the 384 routed experts "
-    "included, in bf16 (dense_mlp 1.0); vLLM's ignore matches no '...mlp.experts' FusedMoE prefix and loads "
-    "them int4 (group 32); an over-count, the side the skip-list reader errs on (it never promises memory that is not "
-    "there), kept until it weighs 'all but the routed experts' as such",
-)
 def test_kimi_k25_int4_experts_weighed_as_the_checkpoint():
     assert within(weights_gib("kimi-k2.5"), 554.27 + WEIGHT_BUFFERS_GIB)
     assert shape("kimi-k2.5").kv_bytes_per_token() == 61 * (512 + 64) * 2  # MLA latent: right already

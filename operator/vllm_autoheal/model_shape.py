@@ -87,6 +87,7 @@ class ModelShape:
     auto_kv_dtype: str | None = None  # the cache vLLM runs under --kv-cache-dtype auto, where the config names one
     dense_attention: bool = False  # the checkpoint leaves its attention projections unquantized
     dense_mlp: float = 0.0  # ... the share of its MLP's weights it leaves so (all where the parts cannot be told)
+    dense_mlp_spares_experts: bool = False  # ... of all but the routed experts, which stay quantized
     weight_block: tuple[int, int] | None = None  # block-wise fp8's [block_n, block_k]: each rank's slices divide
     # MoE in every `moe_period`-th layer only, at index % moe_period == moe_offset (Llama 4's
     # interleave_moe_layer_step, Qwen-MoE's decoder_sparse_step, Jamba's expert_layer_period)
@@ -152,7 +153,8 @@ class ModelShape:
         strict shape, the only kernel that takes such a slice). So are the experts' slices but where vLLM's
         moe_wna16 shrinks the group to fit (AWQ's, GPTQ's); compressed-tensors' and ModelOpt's refuse them. An MLP
         the checkpoint leaves partly unquantized is not judged: the part is not known, and the one left so for
-        accuracy is mostly the down projection, which then has no groups."""
+        accuracy is mostly the down projection, which then has no groups (but its routed experts are, where the
+        rest alone is left so)."""
         group = self.quant_group or 0
         if group <= 0 or tp == 1:
             return True
@@ -161,6 +163,7 @@ class ModelShape:
         if self.dense_mlp == 0.0:
             dense = self.intermediate if not self.experts or self.dense_layers else 0
             widths += [dense, self.shared_intermediate]
+        if self.dense_mlp == 0.0 or self.dense_mlp_spares_experts:
             if self.experts and not (self.quantization or "").startswith(GROUP_FITTING_MOE):
                 widths.append(self.moe_intermediate)
         if not self.dense_attention and not self.state_layers:  # (a hybrid's mixers' widths are other)

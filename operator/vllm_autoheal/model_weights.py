@@ -49,7 +49,10 @@ def weights_bytes_per_gpu(
     if quant and same_method(quant, shape.quantization) and (shape.dense_attention or shape.dense_mlp):
         # (layers the checkpoint leaves unquantized, in the model's dtype: attention, and a share of all the rest)
         attention = shape.attention_params() * math.ceil(shape.attention_layers / pp)
-        unquantized = (attention if shape.dense_attention else 0) + max(layers - attention, 0) * shape.dense_mlp
+        rest = layers - attention
+        if shape.dense_mlp_spares_experts and shape.experts:  # (the routed experts stay quantized)
+            rest -= shape.moe_layer_count(per_stage) * shape.routed_expert_params()
+        unquantized = (attention if shape.dense_attention else 0) + max(rest, 0) * shape.dense_mlp
         own_width_adjust += unquantized * (dense - linear) / tp
     if quant in EXPERTS_ONLY and shape.experts:  # only the experts quantized (and padded), the rest dense
         experts = expert_bytes_per_gpu(shape, per_stage, tp, linear, capability)

@@ -114,7 +114,9 @@ def _excluded(quant: dict[str, Any], method: str, layers: qx.Layers) -> dict[str
     if sum(len(names) for names in lists if isinstance(names, list)) > qx.MAX_NAMES:
         return {qx.UNKNOWN: 1.0}  # (more names than are judged for one config)
     judged = [qx.skipped(names, substring, layers) for names in lists]
-    found = {kind for kinds, _ in judged for kind in kinds}
+    # (the routed experts stay quantized only where no list that skips some of the MLP names them)
+    spares = all(qx.SPARES_EXPERTS in kinds for kinds, _ in judged if qx.MLP in kinds)
+    found = {kind for kinds, _ in judged for kind in kinds if kind != qx.SPARES_EXPERTS}
     shares = [part for kinds, part in judged if qx.MLP in kinds]  # (each list's share of the MLP: they add up)
     more: set[str | None] = set()
     if method.startswith("gptq"):
@@ -125,7 +127,10 @@ def _excluded(quant: dict[str, Any], method: str, layers: qx.Layers) -> dict[str
         more.add(qx.uncovered(targets, layers) if targets else None)
     shares += [1.0] if qx.MLP in more else []  # (layers no target or block names: all of the MLP)
     share = min(1.0, sum(shares))
-    return {f: share if f == qx.MLP else 1.0 for f in found | more if f is not None}
+    excluded = {f: share if f == qx.MLP else 1.0 for f in found | more if f is not None}
+    if qx.MLP in found and qx.MLP not in more and qx.UNKNOWN not in excluded and spares:
+        excluded[qx.SPARES_EXPERTS] = 1.0
+    return excluded
 
 
 def _gptq_skips(quant: dict[str, Any], layers: qx.Layers) -> set[str | None]:
@@ -266,6 +271,7 @@ def quantization(
     out: dict[str, Any] = {"quant_method": method}
     bits, group, floats = _weights_format(quant, method, source, declared)
     excluded = _excluded(quant, method, layers)
+    listed_mlp = "mlp" in excluded
     if declared and quant.get("dense_attention") is True:
         excluded["attention"] = 1.0
     own = quant.get("dense_mlp") if declared else None  # (a share this reader wrote: True is all of it)
@@ -277,6 +283,11 @@ def quantization(
     unknown = "unknown" in excluded
     out |= {"dense_attention": True} if unknown or "attention" in excluded else {}
     out |= {"dense_mlp": 1.0 if unknown else round(excluded["mlp"], 4)} if unknown or "mlp" in excluded else {}
+    # (the share is of the MLP but its routed experts: where every skip list that names some of the MLP names
+    # none of them, and a share declared beside says so too)
+    spares = not unknown and "mlp" in excluded and (not listed_mlp or qx.SPARES_EXPERTS in excluded)
+    spares &= own is None or (declared and quant.get("dense_mlp_spares_experts") is True)
+    out |= {"dense_mlp_spares_experts": True} if spares else {}
     out |= {"bits": bits} if bits is not None else {}
     out |= {"group_size": group} if group is not None else {}
     out |= {"weights_type": "float"} if floats and bits is not None else {}

@@ -14,6 +14,8 @@ from fnmatch import fnmatchcase
 from typing import Any
 
 UNKNOWN, ATTENTION, MLP = "unknown", "attention", "mlp"
+# (with MLP, in a model of experts: no entry names the routed experts, which stay quantized: the share is of the rest)
+SPARES_EXPERTS = "spares routed experts"
 MAX_NAMES = 4096
 MAX_NAME = 512
 # What one config may make the reader run (each against about a hundred names of about 50 characters): a few
@@ -161,15 +163,20 @@ def _tests_of(entry: str, names: list[str]) -> list[str]:
 def skipped(entries: Any, substring: bool, layers: Layers) -> tuple[frozenset[str], float]:
     """What a skip list leaves unquantized: ATTENTION, MLP (part of it, or of the experts), both where its entries
     name both, or UNKNOWN (entries that cannot be judged, or whole layers: everything in the model's dtype); none
-    where nothing is weighed otherwise; and the share of each MLP's weights it skips (_share)."""
+    where nothing is weighed otherwise; and the share of each MLP's weights it skips (_share). SPARES_EXPERTS
+    beside MLP: in a model of experts no entry names them (vLLM tests one name for all of a layer's routed
+    experts, its FusedMoE prefix), so they stay quantized and the share is of the rest of the MLP."""
     if entries is None or entries == []:
         return frozenset(), 1.0
     if not isinstance(entries, list) or len(entries) > MAX_NAMES or _costly(entries):
         return frozenset({UNKNOWN}), 1.0
-    candidates, found, parts = _candidates(layers), set(), set()
+    candidates, found, parts, routed = _candidates(layers), set(), set(), False
     for entry in entries:
         if not isinstance(entry, str) or not 0 < len(entry) <= MAX_NAME:
             return frozenset({UNKNOWN}), 1.0
+        # (an entry naming experts other than the shared ones may mean them by a name vLLM does not test, one
+        # expert's: not judged to spare them)
+        routed |= "expert" in entry.replace("shared_expert", "")
         test = _matcher(entry, substring)
         if test is None:
             return frozenset({UNKNOWN}), 1.0
@@ -180,9 +187,11 @@ def skipped(entries: Any, substring: bool, layers: Layers) -> tuple[frozenset[st
         if mlp:
             found.add(MLP)
             parts |= _parts(mlp, layers)
+            routed |= any(n.endswith(_EXPERTS) for n in mlp)
         elif attention:  # (another entry of the same list may name the MLP: each is weighed so)
             found.add(ATTENTION)
-    return frozenset(found), _share(parts, layers)
+    spares = MLP in found and layers.experts and not routed
+    return frozenset(found | ({SPARES_EXPERTS} if spares else set())), _share(parts, layers)
 
 
 # A dense MLP's projections, each an equal share of its weights where their names tell them apart: Llama's gate,

@@ -86,6 +86,7 @@ def shape_from_config(config: dict[str, Any]) -> ModelShape:
         dense_mlp=min(max(float(share), 0.0), 1.0)
         if isinstance(share := quant_config.get("dense_mlp"), (int, float))
         else 0.0,
+        dense_mlp_spares_experts=quant_config.get("dense_mlp_spares_experts") is True,
         weight_block=tuple(block) if isinstance(block := quant_config.get("weight_block_size"), list) else None,
         moe_period=period,
         moe_offset=offset,
