@@ -68,14 +68,6 @@ def _ct_ignores(name: str, ignore: list[str]) -> bool:
     return any(re.match(e[3:], name) if e.startswith("re:") else e == name for e in ignore)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="compressed-tensors tests one expert's names (<FusedMoE prefix>.0.gate_proj/.0.up_proj/.0.down_proj, "
-    "compressed_tensors_moe.py get_moe_method -> get_scheme_dict -> should_ignore_layer), which these ignore "
-    "entries match, so vLLM loads every routed expert in bf16 (UnquantizedFusedMoEMethod); quant_exclusions."
-    "skipped tests only the prefix 'model.layers.0.mlp.experts' and a literal 'expert', marks SPARES_EXPERTS, and "
-    "Kimi-K2.5 weighs 71.1 GiB a GPU at TP 8 where the whole-MLP figure (c6165f3^) was 239.0: an under-count",
-)
 @pytest.mark.parametrize(
     "mlp_entries",
     [
@@ -85,6 +77,9 @@ def _ct_ignores(name: str, ignore: list[str]) -> bool:
     ],
 )
 def test_ct_ignore_matching_one_experts_names_does_not_spare_the_routed_experts(mlp_entries):
+    """Was an under-count (71.1 GiB a GPU where vLLM loads 239.0): compressed-tensors tests one expert's names
+    (get_moe_method: `<prefix>.0.gate_proj`, ...), which these entries match; the reader tested the prefix alone.
+    Now quant_exclusions._ONE_EXPERT names them too."""
     ignore = ["lm_head", r"re:.*self_attn.*", *mlp_entries]
     # (what vLLM does: all three of the expert names it tests are ignored, so the whole FusedMoE is unquantized)
     assert all(_ct_ignores(name, ignore) for name in _vllm_expert_names())
@@ -93,15 +88,9 @@ def test_ct_ignore_matching_one_experts_names_does_not_spare_the_routed_experts(
     assert _gib(config, tp=8) > 3 * _gib(KIMI, tp=8)  # (the routed experts in bf16: 3.4x the checkpoint)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Nemotron-H names its MoE mixer `model.layers.N.mixer` (FusedMoE prefix ...mixer.experts, shared "
-    "...mixer.shared_experts.up_proj); ModelOpt's is_layer_excluded fnmatches '*mixer*' on every linear and the "
-    "FusedMoE prefix, so vLLM loads the whole model in bf16 (58.9 GiB); the reader's candidates have no 'mixer.' "
-    "names, weigh '*mixer*' as nothing, and with '*shared_experts*' (matched via mlp.shared_experts) mark "
-    "SPARES_EXPERTS: 31.4 GiB (c6165f3^: 58.7)",
-)
 def test_modelopt_exclusion_of_nemotron_h_mixers_is_not_weighed_as_sparing_the_experts():
+    """Was an under-count (31.4 GiB where vLLM loads 58.9): Nemotron-H names every block `mixer`, which the
+    reader had no names for, so '*mixer*' weighed nothing and '*shared_experts*' spared the experts."""
     bf16 = _gib(NEMOTRON_NANO, tp=1)
     config = {
         **NEMOTRON_NANO,

@@ -46,17 +46,26 @@ _ATTENTION = (
     "attention.wo",
     "attn.c_attn",
     "attn.c_proj",
+    # Nemotron-H's blocks name every layer `mixer` (nemotron_h.py: attention, Mamba-2, MLP and MoE blocks alike)
+    "mixer.q_proj",
+    "mixer.k_proj",
+    "mixer.v_proj",
+    "mixer.o_proj",
 )
 _DENSE_MLP = tuple(
     f"{block}.{proj}"
     for block in ("mlp", "feed_forward")
     for proj in ("gate_proj", "up_proj", "down_proj", "gate_up_proj", "w1", "w2", "w3")
 ) + ("mlp.fc1", "mlp.fc2", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h", "mlp.c_fc", "mlp.c_proj")
-# A MoE layer's experts are one module to vLLM (FusedMoE, under its prefix): their own names are never tested
-_EXPERTS = ("mlp.experts", "block_sparse_moe.experts", "feed_forward.experts")
+# Nemotron-H's Mamba-2 mixers and MLP blocks: weighed with the MLP (all that is not attention), in any model of them
+_MIXERS = ("mixer.in_proj", "mixer.out_proj", "mixer.up_proj", "mixer.down_proj")
+# A MoE layer's experts are one module to vLLM (FusedMoE, under its prefix), but compressed-tensors tests one
+# expert's projections under it (get_moe_method: `<prefix>.0.gate_proj`, `.0.up_proj`, `.0.down_proj`)
+_EXPERTS = ("mlp.experts", "block_sparse_moe.experts", "feed_forward.experts", "mixer.experts")
+_ONE_EXPERT = tuple(f"{e}.0.{proj}" for e in _EXPERTS for proj in ("gate_proj", "up_proj", "down_proj"))
 _SHARED = tuple(
     f"{block}.{shared}.{proj}"
-    for block in ("mlp", "feed_forward")
+    for block in ("mlp", "feed_forward", "mixer")
     for shared in ("shared_expert", "shared_experts")
     for proj in ("gate_proj", "up_proj", "down_proj", "gate_up_proj")
 )
@@ -74,6 +83,7 @@ class Layers:
     shared: bool = True  # shared experts beside the routed ones
     experts: bool = True  # routed experts
     gated: bool = True  # a dense MLP of gate, up and down (relu2's, Nemotron's and Arcee's: up and down alone)
+    mixers: bool = True  # Nemotron-H's blocks, each a `mixer` (attention, Mamba-2, MLP or MoE)
 
 
 ANY_LAYERS = Layers()
@@ -98,7 +108,8 @@ def layers_of(config: dict[str, Any]) -> Layers:
 
     kind = config.get("model_type")
     gated = kind not in PLAIN_MLP_TYPES and config.get("mlp_hidden_act", config.get("hidden_act")) != "relu2"
-    return Layers(dense, experts and kind not in NO_SHARED_EXPERT, experts, gated)
+    mixers = kind == "nemotron_h" or "hybrid_override_pattern" in config
+    return Layers(dense, experts and kind not in NO_SHARED_EXPERT, experts, gated, mixers)
 
 
 def _names(parts: tuple[str, ...]) -> list[str]:
@@ -107,9 +118,13 @@ def _names(parts: tuple[str, ...]) -> list[str]:
 
 def _candidates(layers: Layers) -> dict[str, list[str]]:
     mlp = (
-        (_DENSE_MLP if layers.dense else ()) + (_EXPERTS if layers.experts else ()) + (_SHARED if layers.shared else ())
+        (_DENSE_MLP if layers.dense else ())
+        + (_MIXERS if layers.mixers else ())
+        + (_EXPERTS + _ONE_EXPERT if layers.experts else ())
+        + (_SHARED if layers.shared else ())
     )
-    return {ATTENTION: _names(_ATTENTION), MLP: _names(mlp)}
+    names = {ATTENTION: _names(_ATTENTION), MLP: _names(mlp)}
+    return names if layers.mixers else {k: [n for n in v if ".mixer." not in n] for k, v in names.items()}
 
 
 # The layers whose coverage by a target list is judged: Llama's naming (that of nearly every quantized checkpoint).
@@ -164,8 +179,9 @@ def skipped(entries: Any, substring: bool, layers: Layers) -> tuple[frozenset[st
     """What a skip list leaves unquantized: ATTENTION, MLP (part of it, or of the experts), both where its entries
     name both, or UNKNOWN (entries that cannot be judged, or whole layers: everything in the model's dtype); none
     where nothing is weighed otherwise; and the share of each MLP's weights it skips (_share). SPARES_EXPERTS
-    beside MLP: in a model of experts no entry names them (vLLM tests one name for all of a layer's routed
-    experts, its FusedMoE prefix), so they stay quantized and the share is of the rest of the MLP."""
+    beside MLP: in a model of experts no entry names them (by the names vLLM tests for a layer's routed experts:
+    its FusedMoE prefix, and one expert's projections under it), so they stay quantized and the share is of the
+    rest of the MLP."""
     if entries is None or entries == []:
         return frozenset(), 1.0
     if not isinstance(entries, list) or len(entries) > MAX_NAMES or _costly(entries):
@@ -187,7 +203,7 @@ def skipped(entries: Any, substring: bool, layers: Layers) -> tuple[frozenset[st
         if mlp:
             found.add(MLP)
             parts |= _parts(mlp, layers)
-            routed |= any(n.endswith(_EXPERTS) for n in mlp)
+            routed |= any(n.endswith(_EXPERTS) or ".experts.0." in n for n in mlp)
         elif attention:  # (another entry of the same list may name the MLP: each is weighed so)
             found.add(ATTENTION)
     spares = MLP in found and layers.experts and not routed
