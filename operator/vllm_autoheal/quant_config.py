@@ -149,7 +149,7 @@ def _gptq_skips(quant: dict[str, Any], layers: qx.Layers) -> set[str | None]:
         ):
             return {qx.UNKNOWN}  # (a layer at another width or group: no one figure)
         if negative and (found := qx.skipped([f"re:{p}" for p in negative], False, layers)[0]):
-            return set(found) - {qx.SPARES_EXPERTS}  # (a share of the whole MLP: judged for sparing nothing)
+            return {kind for kind in found if kind != qx.SPARES_EXPERTS}  # (a share of the whole MLP: no sparing)
     block = quant.get("modules_in_block_to_quantize")
     if block:
         names = (
