@@ -48,13 +48,18 @@ NANO_CONV = (0, 2, 4, 7, 9, 11, 14, 16, 18, 21, 23, 25, 28, 30, 32, 35, 37, 39, 
 
 def _nano_nvfp4_hf_quant(prefix: str = "backbone") -> dict:
     exclude = ["lm_head"]
-    for mamba, attention in zip(NANO_MAMBA_BEFORE_ATTENTION, NANO_ATTENTION):
+    for mamba, attention in zip(NANO_MAMBA_BEFORE_ATTENTION, NANO_ATTENTION, strict=True):
         exclude += [f"{prefix}.layers.{mamba}.mixer.{p}" for p in ("in_proj", "out_proj")]
         exclude += [f"{prefix}.layers.{attention}.mixer.{p}" for p in ("q_proj", "k_proj", "v_proj", "o_proj")]
     exclude += [f"{prefix}.layers.{i}.mixer.conv1d" for i in NANO_CONV]
     return {
         "producer": {"name": "modelopt", "version": "0.29.0"},
-        "quantization": {"quant_algo": "NVFP4", "kv_cache_quant_algo": "FP8", "group_size": 16, "exclude_modules": exclude},
+        "quantization": {
+            "quant_algo": "NVFP4",
+            "kv_cache_quant_algo": "FP8",
+            "group_size": 16,
+            "exclude_modules": exclude,
+        },
     }
 
 
@@ -68,17 +73,19 @@ def _nano_unquantized_extra_gib() -> float:
     return 6 * (attention + mamba) * (2 - nvfp4) / GIB
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ModelOpt's exclude_modules in Nemotron-H's checkpoint names (backbone.layers.N.mixer.*) are weighed as "
-    "nothing; vLLM maps backbone -> model (apply_vllm_mapper) and loads those layers in bf16: 17.53 GiB where vLLM "
-    "loads about 18.02",
-)
 def test_nemotron_nano_nvfp4_real_exclusions_in_checkpoint_names_are_weighed():
+    """Was an under-count (17.53 GiB where vLLM loads at least 18.02): the checkpoint's `backbone.` names matched no
+    candidate; vLLM maps them to `model.` (hf_to_vllm_mapper). Now a model of mixers is also named under
+    `backbone.` (quant_exclusions._BACKBONE)."""
     fields = parse(json.dumps(NANO), quant_raw=json.dumps(_nano_nvfp4_hf_quant()))
     nothing_excluded = parse(
-        json.dumps(NANO), quant_raw=json.dumps({**_nano_nvfp4_hf_quant(), "quantization": {
-            **_nano_nvfp4_hf_quant()["quantization"], "exclude_modules": ["lm_head"]}})
+        json.dumps(NANO),
+        quant_raw=json.dumps(
+            {
+                **_nano_nvfp4_hf_quant(),
+                "quantization": {**_nano_nvfp4_hf_quant()["quantization"], "exclude_modules": ["lm_head"]},
+            }
+        ),
     )
     floor = _gib(nothing_excluded) + _nano_unquantized_extra_gib()  # (what vLLM loads, at the least)
     assert _gib(fields) >= floor, (_gib(fields), floor)
@@ -88,8 +95,15 @@ def test_the_same_list_in_vllms_names_is_weighed_safely():
     """What withstood: the same list after vLLM's renaming (model.layers.N.mixer.*) is weighed over vLLM's figure
     (attention and all but the routed experts in bf16: 19.53 GiB, vLLM about 18.02)."""
     fields = parse(json.dumps(NANO), quant_raw=json.dumps(_nano_nvfp4_hf_quant("model")))
-    nothing = parse(json.dumps(NANO), quant_raw=json.dumps({**_nano_nvfp4_hf_quant(), "quantization": {
-        **_nano_nvfp4_hf_quant()["quantization"], "exclude_modules": ["lm_head"]}}))
+    nothing = parse(
+        json.dumps(NANO),
+        quant_raw=json.dumps(
+            {
+                **_nano_nvfp4_hf_quant(),
+                "quantization": {**_nano_nvfp4_hf_quant()["quantization"], "exclude_modules": ["lm_head"]},
+            }
+        ),
+    )
     assert _gib(fields) >= _gib(nothing) + _nano_unquantized_extra_gib()
 
 
@@ -98,17 +112,14 @@ def test_the_same_list_in_vllms_names_is_weighed_safely():
 
 def _awq(config: dict, skip: list[str] | None) -> dict:
     quant = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"}
-    return parse(json.dumps({**config, "quantization_config": quant | ({"modules_to_not_convert": skip} if skip else {})}))
+    return parse(
+        json.dumps({**config, "quantization_config": quant | ({"modules_to_not_convert": skip} if skip else {})})
+    )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the one-expert names compressed-tensors tests (<prefix>.0.gate_proj) are tested for AWQ's substrings too: "
-    "['gate'] (AutoAWQ's Mixtral router) weighs every expert in bf16, 84.7 GiB where vLLM (awq_marlin: the FusedMoE "
-    "prefix alone) loads 23.0, the figure at 197c386",
-)
 @pytest.mark.parametrize("model", ["mixtral-8x7b.json", "qwen3-30b-a3b.json"])
 def test_awq_router_only_skip_list_leaves_the_experts_quantized(model):
+    """Was a 3.5x over-count made this session: one expert's names are tested only for compressed-tensors."""
     config = json.loads((CONFIGS / model).read_text())
     # (vLLM: `"gate" in "model.layers.0.block_sparse_moe.experts"` is False: the FusedMoE stays AWQ)
     assert "gate" not in "model.layers.0.block_sparse_moe.experts" and "gate" not in "model.layers.0.mlp.experts"
@@ -122,20 +133,19 @@ def _ct_int4(config: dict, ignore: list[str]) -> dict:
     quant = {
         "quant_method": "compressed-tensors",
         "config_groups": {
-            "g": {"targets": ["Linear"], "weights": {"num_bits": 4, "type": "int", "group_size": 128, "strategy": "group"}}
+            "g": {
+                "targets": ["Linear"],
+                "weights": {"num_bits": 4, "type": "int", "group_size": 128, "strategy": "group"},
+            }
         },
         "ignore": ignore,
     }
     return parse(json.dumps({**config, "quantization_config": quant}))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Layers.mixers is Nemotron-H's alone, but vLLM's MambaMixer2 is `mixer` in Granite-4.0-H too "
-    "(granitemoehybrid.py prefix=f'{prefix}.mixer'): an ignore naming it is weighed as nothing",
-)
 @pytest.mark.parametrize("entry", [r"re:.*mixer.*", r"re:.*mixer\.(in|out)_proj$"])
 def test_granite4_hybrid_ignore_naming_the_mamba_mixers_is_weighed(entry):
+    """Was an under-count: Layers.mixers now holds for any model of Mamba mixers (MIXER_TYPES, MIXER_KEYS)."""
     # the toy's 6 Mamba-2 layers: in_proj 512 x (2 x 1024 + 2 x 128 + 8), out_proj 1024 x 512 (1,708,032 params each),
     # in bf16 in vLLM where the rest is int4 (about 0.53 bytes a weight): over 1.4 bytes more each
     extra = 6 * 1_708_032 * 1.4 / GIB

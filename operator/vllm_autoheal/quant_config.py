@@ -113,7 +113,7 @@ def _excluded(quant: dict[str, Any], method: str, layers: qx.Layers) -> dict[str
         lists, substring = [quant.get(k) for k in ANY_SKIP_LIST], True
     if sum(len(names) for names in lists if isinstance(names, list)) > qx.MAX_NAMES:
         return {qx.UNKNOWN: 1.0}  # (more names than are judged for one config)
-    judged = [qx.skipped(names, substring, layers) for names in lists]
+    judged = [qx.skipped(names, substring, layers, one_expert=method == "compressed-tensors") for names in lists]
     # (the routed experts stay quantized only where no list that skips some of the MLP names them)
     spares = all(qx.SPARES_EXPERTS in kinds for kinds, _ in judged if qx.MLP in kinds)
     found = {kind for kinds, _ in judged for kind in kinds if kind != qx.SPARES_EXPERTS}

@@ -59,6 +59,8 @@ _DENSE_MLP = tuple(
 ) + ("mlp.fc1", "mlp.fc2", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h", "mlp.c_fc", "mlp.c_proj")
 # Nemotron-H's Mamba-2 mixers and MLP blocks: weighed with the MLP (all that is not attention), in any model of them
 _MIXERS = ("mixer.in_proj", "mixer.out_proj", "mixer.up_proj", "mixer.down_proj")
+# Granite-4.0's MLP beside (or instead of) its experts
+_SHARED_MLP = ("shared_mlp.input_linear", "shared_mlp.output_linear")
 # A MoE layer's experts are one module to vLLM (FusedMoE, under its prefix), but compressed-tensors tests one
 # expert's projections under it (get_moe_method: `<prefix>.0.gate_proj`, `.0.up_proj`, `.0.down_proj`)
 _EXPERTS = ("mlp.experts", "block_sparse_moe.experts", "feed_forward.experts", "mixer.experts")
@@ -71,6 +73,7 @@ _SHARED = tuple(
 )
 # Where a layer sits: a text model, and a multimodal model's language model (both spellings vLLM uses).
 _PREFIXES = ("model.layers.0.", "language_model.model.layers.0.", "model.language_model.layers.0.")
+_BACKBONE = "backbone.layers.0."
 _INDEX = re.compile(r"\.(layers|experts|h|blocks)\.\d{1,6}(?!\d)")
 _REPEATED_GROUP = re.compile(r"\)[*+?{]")
 
@@ -91,6 +94,9 @@ EXPERT_KEYS = ("num_experts", "n_routed_experts", "num_local_experts", "moe_num_
 # Keys saying some layers are dense beside the MoE ones: a period above 1 (every n-th layer MoE), a list of
 # dense layers, or any first dense layers (DeepSeek's first_k_dense_replace: 1 is one dense layer)
 PERIOD_KEYS = ("moe_layer_freq", "decoder_sparse_step", "interleave_moe_layer_step", "expert_layer_period")
+# Models of Mamba mixers, by model_type or by the keys that size them
+MIXER_TYPES = frozenset({"nemotron_h", "granitemoehybrid", "bamba", "falcon_h1", "zamba2"})
+MIXER_KEYS = ("hybrid_override_pattern", "mamba_", "ssm_")
 # MoE families with routed experts alone (no shared expert beside them), by model_type
 NO_SHARED_EXPERT = frozenset({"mixtral", "qwen3_moe", "gpt_oss", "phimoe", "olmoe", "granitemoe", "dbrx"})
 
@@ -108,22 +114,30 @@ def layers_of(config: dict[str, Any]) -> Layers:
 
     kind = config.get("model_type")
     gated = kind not in PLAIN_MLP_TYPES and config.get("mlp_hidden_act", config.get("hidden_act")) != "relu2"
-    mixers = kind == "nemotron_h" or "hybrid_override_pattern" in config
+    # (vLLM's MambaMixer2 is `mixer` wherever it is built: Nemotron-H, Granite-4.0-H, Bamba, ...)
+    mixers = kind in MIXER_TYPES or any(isinstance(k, str) and k.startswith(MIXER_KEYS) for k in config)
     return Layers(dense, experts and kind not in NO_SHARED_EXPERT, experts, gated, mixers)
 
 
-def _names(parts: tuple[str, ...]) -> list[str]:
-    return [prefix + part for prefix in _PREFIXES for part in parts]
+def _names(parts: tuple[str, ...], layers: Layers = ANY_LAYERS) -> list[str]:
+    # (Nemotron-H's checkpoint calls its stack `backbone`, which vLLM maps to `model` in the skip lists too:
+    # hf_to_vllm_mapper, applied to ModelOpt's and compressed-tensors' lists)
+    prefixes = _PREFIXES + (_BACKBONE,) if layers.mixers else _PREFIXES
+    return [prefix + part for prefix in prefixes for part in parts]
 
 
-def _candidates(layers: Layers) -> dict[str, list[str]]:
+def _candidates(layers: Layers, one_expert: bool = False) -> dict[str, list[str]]:
+    """The names an entry is tested on; `one_expert`: a routed expert's projections too, for the method that tests
+    them (compressed-tensors; the others test the FusedMoE prefix alone)."""
     mlp = (
         (_DENSE_MLP if layers.dense else ())
+        + (_SHARED_MLP if layers.dense or layers.shared else ())
         + (_MIXERS if layers.mixers else ())
-        + (_EXPERTS + _ONE_EXPERT if layers.experts else ())
+        + (_EXPERTS if layers.experts else ())
+        + (_ONE_EXPERT if layers.experts and one_expert else ())
         + (_SHARED if layers.shared else ())
     )
-    names = {ATTENTION: _names(_ATTENTION), MLP: _names(mlp)}
+    names = {ATTENTION: _names(_ATTENTION, layers), MLP: _names(mlp, layers)}
     return names if layers.mixers else {k: [n for n in v if ".mixer." not in n] for k, v in names.items()}
 
 
@@ -168,14 +182,14 @@ def _costly(entries: list[Any]) -> bool:
     )
 
 
-def _tests_of(entry: str, names: list[str]) -> list[str]:
-    """The names worth testing an entry against: a plain one naming no prefix needs one prefix's (a substring or
-    whole name under any prefix matches it under each), a pattern every one."""
+def _tests_of(entry: str, names: list[str], first: int) -> list[str]:
+    """The names worth testing an entry against: a plain one naming no prefix needs one prefix's, the `first` names
+    (a substring or whole name under any prefix matches it under each), a pattern every one."""
     plain = not entry.startswith("re:") and not any(c in entry for c in "*?[")
-    return names[: len(names) // len(_PREFIXES)] if plain and "model" not in entry else names
+    return names[:first] if plain and "model" not in entry and "backbone" not in entry else names
 
 
-def skipped(entries: Any, substring: bool, layers: Layers) -> tuple[frozenset[str], float]:
+def skipped(entries: Any, substring: bool, layers: Layers, one_expert: bool = False) -> tuple[frozenset[str], float]:
     """What a skip list leaves unquantized: ATTENTION, MLP (part of it, or of the experts), both where its entries
     name both, or UNKNOWN (entries that cannot be judged, or whole layers: everything in the model's dtype); none
     where nothing is weighed otherwise; and the share of each MLP's weights it skips (_share). SPARES_EXPERTS
@@ -186,7 +200,8 @@ def skipped(entries: Any, substring: bool, layers: Layers) -> tuple[frozenset[st
         return frozenset(), 1.0
     if not isinstance(entries, list) or len(entries) > MAX_NAMES or _costly(entries):
         return frozenset({UNKNOWN}), 1.0
-    candidates, found, parts, routed = _candidates(layers), set(), set(), False
+    candidates, found, parts, routed = _candidates(layers, one_expert), set(), set(), False
+    first = {kind: sum(1 for n in names if n.startswith(_PREFIXES[0])) for kind, names in candidates.items()}
     for entry in entries:
         if not isinstance(entry, str) or not 0 < len(entry) <= MAX_NAME:
             return frozenset({UNKNOWN}), 1.0
@@ -196,8 +211,8 @@ def skipped(entries: Any, substring: bool, layers: Layers) -> tuple[frozenset[st
         test = _matcher(entry, substring)
         if test is None:
             return frozenset({UNKNOWN}), 1.0
-        mlp = [n for n in _tests_of(entry, candidates[MLP]) if test(n)]
-        attention = any(test(n) for n in _tests_of(entry, candidates[ATTENTION]))
+        mlp = [n for n in _tests_of(entry, candidates[MLP], first[MLP]) if test(n)]
+        attention = any(test(n) for n in _tests_of(entry, candidates[ATTENTION], first[ATTENTION]))
         if mlp and attention:
             return frozenset({UNKNOWN}), 1.0
         if mlp:
