@@ -170,9 +170,9 @@ def test_a_substring_entry_naming_the_whole_mlp_weighs_all_of_it():
 
 
 def test_layers_of_the_common_moe_layouts():
-    assert layers_of(QWEN3_MOE) == Layers(dense=False, shared=False, experts=True, mixers=False)
+    assert layers_of(QWEN3_MOE) == Layers(dense=False, shared=False, experts=True, mixers=False, linear=False)
     assert layers_of(DSV3).dense  # (first_k_dense_replace 3)
-    assert layers_of(L8) == Layers(dense=True, shared=False, experts=False, mixers=False)
+    assert layers_of(L8) == Layers(dense=True, shared=False, experts=False, mixers=False, linear=False)
     assert not layers_of(_text(SCOUT)).dense  # (interleave_moe_layer_step 1: every layer MoE)
 
 

@@ -145,7 +145,7 @@ def _ct_int4(config: dict, ignore: list[str]) -> dict:
 
 @pytest.mark.parametrize("entry", [r"re:.*mixer.*", r"re:.*mixer\.(in|out)_proj$"])
 def test_granite4_hybrid_ignore_naming_the_mamba_mixers_is_weighed(entry):
-    """Was an under-count: Layers.mixers now holds for any model of Mamba mixers (MIXER_TYPES, MIXER_KEYS)."""
+    """Was an under-count: Layers.mixers now holds for Granite-4.0-H too (quant_exclusions.MIXER_TYPES)."""
     # the toy's 6 Mamba-2 layers: in_proj 512 x (2 x 1024 + 2 x 128 + 8), out_proj 1024 x 512 (1,708,032 params each),
     # in bf16 in vLLM where the rest is int4 (about 0.53 bytes a weight): over 1.4 bytes more each
     extra = 6 * 1_708_032 * 1.4 / GIB

@@ -59,6 +59,11 @@ _DENSE_MLP = tuple(
 ) + ("mlp.fc1", "mlp.fc2", "mlp.dense_h_to_4h", "mlp.dense_4h_to_h", "mlp.c_fc", "mlp.c_proj")
 # Nemotron-H's Mamba-2 mixers and MLP blocks: weighed with the MLP (all that is not attention), in any model of them
 _MIXERS = ("mixer.in_proj", "mixer.out_proj", "mixer.up_proj", "mixer.down_proj")
+# Gated DeltaNet's projections (qwen3_next.py, qwen3_5.py): weighed with the MLP (all that is not attention)
+_LINEAR = tuple(
+    f"linear_attn.{proj}"
+    for proj in ("in_proj_qkvz", "in_proj_ba", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj")
+)
 # Granite-4.0's MLP beside (or instead of) its experts
 _SHARED_MLP = ("shared_mlp.input_linear", "shared_mlp.output_linear")
 # A MoE layer's experts are one module to vLLM (FusedMoE, under its prefix), but compressed-tensors tests one
@@ -87,6 +92,7 @@ class Layers:
     experts: bool = True  # routed experts
     gated: bool = True  # a dense MLP of gate, up and down (relu2's, Nemotron's and Arcee's: up and down alone)
     mixers: bool = True  # Nemotron-H's blocks, each a `mixer` (attention, Mamba-2, MLP or MoE)
+    linear: bool = True  # Gated DeltaNet layers (`linear_attn`: Qwen3-Next, Qwen3.5)
 
 
 ANY_LAYERS = Layers()
@@ -94,9 +100,8 @@ EXPERT_KEYS = ("num_experts", "n_routed_experts", "num_local_experts", "moe_num_
 # Keys saying some layers are dense beside the MoE ones: a period above 1 (every n-th layer MoE), a list of
 # dense layers, or any first dense layers (DeepSeek's first_k_dense_replace: 1 is one dense layer)
 PERIOD_KEYS = ("moe_layer_freq", "decoder_sparse_step", "interleave_moe_layer_step", "expert_layer_period")
-# Models of Mamba mixers, by model_type or by the keys that size them
-MIXER_TYPES = frozenset({"nemotron_h", "granitemoehybrid", "bamba", "falcon_h1", "zamba2"})
-MIXER_KEYS = ("hybrid_override_pattern", "mamba_", "ssm_")
+# Models of Mamba-2 mixers named `mixer`, by model_type (or Nemotron-H's hybrid_override_pattern)
+MIXER_TYPES = frozenset({"nemotron_h", "granitemoehybrid", "bamba"})
 # MoE families with routed experts alone (no shared expert beside them), by model_type
 NO_SHARED_EXPERT = frozenset({"mixtral", "qwen3_moe", "gpt_oss", "phimoe", "olmoe", "granitemoe", "dbrx"})
 
@@ -114,9 +119,11 @@ def layers_of(config: dict[str, Any]) -> Layers:
 
     kind = config.get("model_type")
     gated = kind not in PLAIN_MLP_TYPES and config.get("mlp_hidden_act", config.get("hidden_act")) != "relu2"
-    # (vLLM's MambaMixer2 is `mixer` wherever it is built: Nemotron-H, Granite-4.0-H, Bamba, ...)
-    mixers = kind in MIXER_TYPES or any(isinstance(k, str) and k.startswith(MIXER_KEYS) for k in config)
-    return Layers(dense, experts and kind not in NO_SHARED_EXPERT, experts, gated, mixers)
+    # (vLLM's MambaMixer2 is `mixer` in Nemotron-H, Granite-4.0-H and Bamba; Qwen3.5's `mamba_ssm_dtype` is no mixer)
+    mixers = kind in MIXER_TYPES or "hybrid_override_pattern" in config
+    types = config.get("layer_types")
+    linear = (isinstance(types, list) and "linear_attention" in types) or "linear_num_value_heads" in config
+    return Layers(dense, experts and kind not in NO_SHARED_EXPERT, experts, gated, mixers, linear)
 
 
 def _names(parts: tuple[str, ...], layers: Layers = ANY_LAYERS) -> list[str]:
@@ -133,6 +140,7 @@ def _candidates(layers: Layers, one_expert: bool = False) -> dict[str, list[str]
         (_DENSE_MLP if layers.dense else ())
         + (_SHARED_MLP if layers.dense or layers.shared else ())
         + (_MIXERS if layers.mixers else ())
+        + (_LINEAR if layers.linear else ())
         + (_EXPERTS if layers.experts else ())
         + (_ONE_EXPERT if layers.experts and one_expert else ())
         + (_SHARED if layers.shared else ())
@@ -182,11 +190,32 @@ def _costly(entries: list[Any]) -> bool:
     )
 
 
-def _tests_of(entry: str, names: list[str], first: int) -> list[str]:
-    """The names worth testing an entry against: a plain one naming no prefix needs one prefix's, the `first` names
-    (a substring or whole name under any prefix matches it under each), a pattern every one."""
-    plain = not entry.startswith("re:") and not any(c in entry for c in "*?[")
-    return names[:first] if plain and "model" not in entry and "backbone" not in entry else names
+class _Names:
+    """Candidate names, looked up by a plain entry at the cost of one dictionary lookup (whole names: each dotted
+    suffix and prefix of every name) or one substring search (substrings): a list of 4,096 entries costs what
+    4,096 lookups do, however many names a model has."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names, self.joined = names, "\n".join(names)
+        self.whole: dict[str, list[str]] = {}
+        for name in names:
+            cuts = [i for i, c in enumerate(name) if c == "."]
+            # (name == plain; name.endswith("." + plain); name.startswith(plain + "."))
+            for key in {name, *(name[i + 1 :] for i in cuts), *(name[:i] for i in cuts)}:
+                self.whole.setdefault(key, []).append(name)
+
+    def matching(self, plain: str, substring: bool) -> list[str]:
+        if substring:
+            return [n for n in self.names if plain in n] if plain in self.joined else []
+        return self.whole.get(plain, [])
+
+
+def _plain(entry: str) -> str | None:
+    """An entry that is a name (no regex, no glob), one layer's standing for every layer's; None for a pattern."""
+    if entry.startswith("re:"):
+        return None
+    plain = _INDEX.sub(lambda m: f".{m.group(1)}.0", entry)
+    return None if any(c in plain for c in "*?[") else plain
 
 
 def skipped(entries: Any, substring: bool, layers: Layers, one_expert: bool = False) -> tuple[frozenset[str], float]:
@@ -201,18 +230,27 @@ def skipped(entries: Any, substring: bool, layers: Layers, one_expert: bool = Fa
     if not isinstance(entries, list) or len(entries) > MAX_NAMES or _costly(entries):
         return frozenset({UNKNOWN}), 1.0
     candidates, found, parts, routed = _candidates(layers, one_expert), set(), set(), False
-    first = {kind: sum(1 for n in names if n.startswith(_PREFIXES[0])) for kind, names in candidates.items()}
+    indexed = {kind: _Names(names) for kind, names in candidates.items()}
+    fused = [n for n in candidates[MLP] if n.endswith(_EXPERTS)]  # (the FusedMoE prefixes)
     for entry in entries:
         if not isinstance(entry, str) or not 0 < len(entry) <= MAX_NAME:
             return frozenset({UNKNOWN}), 1.0
         # (an entry naming experts other than the shared ones may mean them by a name vLLM does not test, one
         # expert's: not judged to spare them)
         routed |= "expert" in entry.replace("shared_expert", "")
-        test = _matcher(entry, substring)
-        if test is None:
-            return frozenset({UNKNOWN}), 1.0
-        mlp = [n for n in _tests_of(entry, candidates[MLP], first[MLP]) if test(n)]
-        attention = any(test(n) for n in _tests_of(entry, candidates[ATTENTION], first[ATTENTION]))
+        plain = _plain(entry)
+        if plain is not None:
+            mlp = indexed[MLP].matching(plain, substring)
+            attention = bool(indexed[ATTENTION].matching(plain, substring))
+            # (fp8's and ModelOpt's is_layer_skipped: a FusedMoE whose prefix is inside an entry naming experts,
+            # one expert's projection, say, loads unquantized)
+            mlp = mlp + [n for n in fused if n in plain and "experts" in plain]
+        else:
+            test = _matcher(entry, substring)
+            if test is None:
+                return frozenset({UNKNOWN}), 1.0
+            mlp = [n for n in candidates[MLP] if test(n)]
+            attention = any(test(n) for n in candidates[ATTENTION])
         if mlp and attention:
             return frozenset({UNKNOWN}), 1.0
         if mlp:
