@@ -10,29 +10,22 @@ import json
 
 import pytest
 
-from vllm_autoheal.api import EngineArgs
+from skip_lists import KIMI, kimi_with_ignore, quant_of, weights_gib
 from vllm_autoheal.model_config import check, parse, to_shape
-from vllm_autoheal.model_weights import weights_gib_per_gpu
 
 from samples import CONFIGS
 
-KIMI = json.loads((CONFIGS / "unseen4" / "kimi-k2.5.json").read_text())
-
 
 def _with_ignore(ignore: list[str]) -> dict:
-    config = json.loads(json.dumps(KIMI))
-    for part in (config, config["text_config"]):  # (it writes the same quantization_config in both)
-        part["quantization_config"]["ignore"] = ignore
-    return config
+    return kimi_with_ignore(ignore)
 
 
 def _quant(config: dict) -> dict:
-    fields = parse(json.dumps(config))
-    return fields.get("text_config", fields).get("quantization_config") or fields["quantization_config"]
+    return quant_of(parse(json.dumps(config)))
 
 
 def _gib(config: dict, tp: int = 8) -> float:
-    return weights_gib_per_gpu(to_shape(parse(json.dumps(config))), EngineArgs(model="m", tensor_parallel_size=tp))
+    return weights_gib(parse(json.dumps(config)), tp)
 
 
 def test_kimis_ignore_list_spares_the_routed_experts():

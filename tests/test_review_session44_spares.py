@@ -31,29 +31,14 @@ import re
 
 import pytest
 
-from vllm_autoheal.api import EngineArgs
-from vllm_autoheal.model_config import check, parse, to_shape
-from vllm_autoheal.model_weights import weights_gib_per_gpu
+from skip_lists import KIMI, NEMOTRON_NANO, kimi_with_ignore, quant_of, weights_gib
+from vllm_autoheal.model_config import check, parse
 
-from samples import CONFIGS
-
-KIMI = json.loads((CONFIGS / "unseen4" / "kimi-k2.5.json").read_text())
-NEMOTRON_NANO = json.loads((CONFIGS / "unseen5" / "nemotron-3-nano-30b-a3b.json").read_text())
-
-
-def _kimi_with_ignore(ignore: list[str]) -> dict:
-    config = json.loads(json.dumps(KIMI))
-    for part in (config, config["text_config"]):  # (it writes the same quantization_config in both)
-        part["quantization_config"]["ignore"] = ignore
-    return config
-
-
-def _quant(fields: dict) -> dict:
-    return fields.get("text_config", fields).get("quantization_config") or fields["quantization_config"]
+_kimi_with_ignore, _quant = kimi_with_ignore, quant_of
 
 
 def _gib(config: dict, tp: int) -> float:
-    return weights_gib_per_gpu(to_shape(parse(json.dumps(config))), EngineArgs(model="m", tensor_parallel_size=tp))
+    return weights_gib(parse(json.dumps(config)), tp)
 
 
 # The names compressed-tensors' get_moe_method tests for a layer's routed experts (Kimi-K2.5: a multimodal

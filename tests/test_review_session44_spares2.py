@@ -23,9 +23,8 @@ import json
 
 import pytest
 
-from vllm_autoheal.api import EngineArgs
-from vllm_autoheal.model_config import parse, to_shape
-from vllm_autoheal.model_weights import weights_gib_per_gpu
+from skip_lists import ct_int4, weights_gib
+from vllm_autoheal.model_config import parse
 from vllm_autoheal.quant_width import quantized_bytes
 
 from samples import CONFIGS
@@ -35,8 +34,7 @@ NANO = json.loads((CONFIGS / "unseen5" / "nemotron-3-nano-30b-a3b.json").read_te
 GRANITE_TOY = json.loads((CONFIGS / "unseen5" / "granitemoehybrid-toy.json").read_text())
 
 
-def _gib(fields: dict, tp: int = 1) -> float:
-    return weights_gib_per_gpu(to_shape(fields), EngineArgs(model="m", tensor_parallel_size=tp))
+_gib = weights_gib
 
 
 # --- 1. Nemotron-3-Nano-30B-A3B-NVFP4's own hf_quant_config.json -------------------------------------------------
@@ -129,18 +127,7 @@ def test_awq_router_only_skip_list_leaves_the_experts_quantized(model):
 # --- 3. Granite-4.0-H's Mamba-2 mixers ---------------------------------------------------------------------------
 
 
-def _ct_int4(config: dict, ignore: list[str]) -> dict:
-    quant = {
-        "quant_method": "compressed-tensors",
-        "config_groups": {
-            "g": {
-                "targets": ["Linear"],
-                "weights": {"num_bits": 4, "type": "int", "group_size": 128, "strategy": "group"},
-            }
-        },
-        "ignore": ignore,
-    }
-    return parse(json.dumps({**config, "quantization_config": quant}))
+_ct_int4 = ct_int4
 
 
 @pytest.mark.parametrize("entry", [r"re:.*mixer.*", r"re:.*mixer\.(in|out)_proj$"])

@@ -30,9 +30,8 @@ import time
 
 import pytest
 
-from vllm_autoheal.api import EngineArgs
-from vllm_autoheal.model_config import parse, to_shape
-from vllm_autoheal.model_weights import weights_gib_per_gpu
+from skip_lists import ct_int4, weights_gib
+from vllm_autoheal.model_config import parse
 
 from samples import CONFIGS
 
@@ -43,8 +42,7 @@ QWEN35_27B = json.loads((CONFIGS / "qwen3.5-27b.json").read_text())
 NANO = json.loads((CONFIGS / "unseen5" / "nemotron-3-nano-30b-a3b.json").read_text())
 
 
-def _gib(fields: dict, tp: int = 1) -> float:
-    return weights_gib_per_gpu(to_shape(fields), EngineArgs(model="m", tensor_parallel_size=tp))
+_gib = weights_gib
 
 
 def _vllm_fp8_skips_fused_moe(prefix: str, ignored: list[str]) -> bool:
@@ -94,17 +92,7 @@ def test_modelopt_excluded_one_expert_names_leave_the_experts_in_bf16():
 
 
 def _ct_int4(config: dict, ignore: list[str]) -> dict:
-    quant = {
-        "quant_method": "compressed-tensors",
-        "config_groups": {
-            "g": {
-                "targets": ["Linear"],
-                "weights": {"num_bits": 4, "type": "int", "group_size": 128, "strategy": "group"},
-            }
-        },
-        "ignore": ignore,
-    }
-    return parse(json.dumps({**QWEN35_27B, "quantization_config": quant}))
+    return ct_int4(QWEN35_27B, ignore)
 
 
 def _qwen35_out_proj() -> tuple[float, float, float]:
