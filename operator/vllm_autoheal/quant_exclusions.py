@@ -72,7 +72,7 @@ _EXPERTS = ("mlp.experts", "block_sparse_moe.experts", "feed_forward.experts", "
 _ONE_EXPERT = tuple(f"{e}.0.{proj}" for e in _EXPERTS for proj in ("gate_proj", "up_proj", "down_proj"))
 _SHARED = tuple(
     f"{block}.{shared}.{proj}"
-    for block in ("mlp", "feed_forward", "mixer")
+    for block in ("mlp", "feed_forward", "mixer", "block_sparse_moe")
     for shared in ("shared_expert", "shared_experts")
     for proj in ("gate_proj", "up_proj", "down_proj", "gate_up_proj")
 )
@@ -101,7 +101,7 @@ EXPERT_KEYS = ("num_experts", "n_routed_experts", "num_local_experts", "moe_num_
 # dense layers, or any first dense layers (DeepSeek's first_k_dense_replace: 1 is one dense layer)
 PERIOD_KEYS = ("moe_layer_freq", "decoder_sparse_step", "interleave_moe_layer_step", "expert_layer_period")
 # Models of Mamba-2 mixers named `mixer`, by model_type (or Nemotron-H's hybrid_override_pattern)
-MIXER_TYPES = frozenset({"nemotron_h", "granitemoehybrid", "bamba"})
+MIXER_TYPES = frozenset({"nemotron_h", "granitemoehybrid", "bamba", "falcon_h1", "zamba2"})
 # MoE families with routed experts alone (no shared expert beside them), by model_type
 NO_SHARED_EXPERT = frozenset({"mixtral", "qwen3_moe", "gpt_oss", "phimoe", "olmoe", "granitemoe", "dbrx"})
 
@@ -119,7 +119,8 @@ def layers_of(config: dict[str, Any]) -> Layers:
 
     kind = config.get("model_type")
     gated = kind not in PLAIN_MLP_TYPES and config.get("mlp_hidden_act", config.get("hidden_act")) != "relu2"
-    # (vLLM's MambaMixer2 is `mixer` in Nemotron-H, Granite-4.0-H and Bamba; Qwen3.5's `mamba_ssm_dtype` is no mixer)
+    # (vLLM's MambaMixer2 is `mixer` in Nemotron-H, Granite-4.0-H, Bamba, Falcon-H1 and Zamba2; Qwen3.5's
+    # `mamba_ssm_dtype` is no mixer)
     mixers = kind in MIXER_TYPES or "hybrid_override_pattern" in config
     types = config.get("layer_types")
     linear = (isinstance(types, list) and "linear_attention" in types) or "linear_num_value_heads" in config
@@ -242,15 +243,17 @@ def skipped(entries: Any, substring: bool, layers: Layers, one_expert: bool = Fa
         if plain is not None:
             mlp = indexed[MLP].matching(plain, substring)
             attention = bool(indexed[ATTENTION].matching(plain, substring))
-            # (fp8's and ModelOpt's is_layer_skipped: a FusedMoE whose prefix is inside an entry naming experts,
-            # one expert's projection, say, loads unquantized)
-            mlp = mlp + [n for n in fused if n in plain and "experts" in plain]
         else:
             test = _matcher(entry, substring)
             if test is None:
                 return frozenset({UNKNOWN}), 1.0
             mlp = [n for n in candidates[MLP] if test(n)]
             attention = any(test(n) for n in candidates[ATTENTION])
+        # (fp8's and ModelOpt's is_layer_skipped: a FusedMoE whose prefix is inside an entry naming experts, one
+        # expert's projection or `<prefix>.*`, loads unquantized)
+        if not entry.startswith("re:") and "experts" in entry:
+            named = _INDEX.sub(lambda m: f".{m.group(1)}.0", entry)
+            mlp = mlp + [n for n in fused if n in named]
         if mlp and attention:
             return frozenset({UNKNOWN}), 1.0
         if mlp:
