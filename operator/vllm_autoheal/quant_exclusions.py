@@ -91,7 +91,7 @@ class Layers:
     shared: bool = True  # shared experts beside the routed ones
     experts: bool = True  # routed experts
     gated: bool = True  # a dense MLP of gate, up and down (relu2's, Nemotron's and Arcee's: up and down alone)
-    mixers: bool = True  # Nemotron-H's blocks, each a `mixer` (attention, Mamba-2, MLP or MoE)
+    mixers: bool = True  # Mamba-2 layers named `mixer` (Nemotron-H names every block so: attention, MLP, MoE too)
     linear: bool = True  # Gated DeltaNet layers (`linear_attn`: Qwen3-Next, Qwen3.5)
 
 
@@ -169,19 +169,16 @@ def _regex(pattern: str) -> re.Pattern[str] | None:
 
 
 def _matcher(entry: str, substring: bool) -> Any:
-    """A test of a module name for one list entry, as vLLM runs it; None where the entry cannot be judged."""
+    """A test of a module name for a pattern entry (a regex, a glob), as vLLM runs it; None where it cannot be
+    judged. (A plain name is looked up in _Names: the module, as vLLM compares it, any module under it, or it under
+    any prefix; a substring of one where the method matches substrings.)"""
     if entry.startswith("re:"):
         compiled = _regex(entry[3:])
         return None if compiled is None else (lambda name: compiled.match(name) is not None)
-    plain = _INDEX.sub(lambda m: f".{m.group(1)}.0", entry)  # (one layer's name stands for every layer's)
-    if any(c in plain for c in "*?["):
-        if sum(plain.count(c) for c in "*?[") > MAX_REPEATS + 2:
-            return None
-        return lambda name: fnmatchcase(name, plain) or (substring and plain.rstrip("*") in name)
-    if substring:
-        return lambda name: plain in name
-    # (a whole name: the module, as vLLM compares it, or any module under it, or it under any prefix)
-    return lambda name: name == plain or name.endswith("." + plain) or name.startswith(plain + ".")
+    glob = _INDEX.sub(lambda m: f".{m.group(1)}.0", entry)  # (one layer's name stands for every layer's)
+    if sum(glob.count(c) for c in "*?[") > MAX_REPEATS + 2:
+        return None
+    return lambda name: fnmatchcase(name, glob) or (substring and glob.rstrip("*") in name)
 
 
 def _costly(entries: list[Any]) -> bool:
