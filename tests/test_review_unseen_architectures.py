@@ -88,6 +88,15 @@ def within(model: float, expected: float, tolerance: float = 0.05) -> bool:
     return abs(model - expected) <= tolerance * expected
 
 
+def assert_plan_answers(path) -> None:
+    """`plan` answers a config (sized, no fit, or refused naming why: exit 2), never with a traceback."""
+    out = plan("--model-config", str(path), "--gpu", H100, "--json")
+    assert "Traceback" not in out.stderr, out.stderr[-800:]
+    assert out.returncode in (0, 1, 2)
+    if out.returncode != 2:
+        assert json.loads(out.stdout)["weights_gib"] > 0
+
+
 def plan(*args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     env["HF_ENDPOINT"] = "http://127.0.0.1:9"
