@@ -104,6 +104,18 @@ def test_unparseable_configs_are_refused(raw, message):
         parse(raw, "cm")
 
 
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_a_constant_python_reads_in_a_field_not_read_is_left_alone(constant):
+    """Python's json and transformers read NaN and Infinity (Nemotron-3 Super's time_step_limit is [0.0, Infinity]):
+    where no field the memory model reads holds one, the config is read as the same config without it."""
+    plain = {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "vocab_size": 100}
+    plain["intermediate_size"] = 128
+    raw = json.dumps(plain)[:-1] + f', "time_step_limit": [0.0, {constant}], "rope_scaling": {{"beta": {constant}}}}}'
+    assert parse(raw, "cm") == parse(json.dumps(plain), "cm")
+    quant = json.dumps({**plain, "quantization_config": {"quant_method": "gptq", "bits": 4, "damp_percent": 0}})
+    assert parse(quant.replace('"damp_percent": 0', f'"damp_percent": {constant}'), "cm") == parse(quant, "cm")
+
+
 def test_the_memory_model_counts_layers_instead_of_iterating_them():
     """Whatever reaches it, the weight count is arithmetic: 10^12 layers is a multiplication."""
     shape = ModelShape(

@@ -23,13 +23,31 @@ class ConfigField:
     required: bool = False
 
 
+class NonFinite:
+    """NaN, Infinity or -Infinity where a config.json holds one (Python's json and transformers read them:
+    Nemotron-3 Super's time_step_limit is [0.0, Infinity]). No number: a field the memory model reads that
+    holds one is refused by name, and one it does not read is left alone."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return self.name
+
+
 def where(field: str, source: str) -> str:
     return f"{source}: {field}" if source else field
 
 
 def integer(value: Any, field: ConfigField, key: str, source: str) -> int:
+    if isinstance(value, NonFinite):
+        raise ModelConfigError(f"{where(key, source)} holds {value.name}, which is not a number JSON allows")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ModelConfigError(f"{where(key, source)} must be a whole number, got {json.dumps(value)[:40]}")
+        raise ModelConfigError(
+            f"{where(key, source)} must be a whole number, got {json.dumps(value, default=repr)[:40]}"
+        )
     if isinstance(value, float) and (not math.isfinite(value) or not value.is_integer()):
         raise ModelConfigError(f"{where(key, source)} must be a whole number, got {value!r}")
     if not field.low <= value <= field.high:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .config_field import ConfigField, ModelConfigError, integer, where
+from .config_field import ConfigField, ModelConfigError, NonFinite, integer, where
 from .quant_config import quantization
 from .quant_exclusions import layers_of
 
@@ -56,6 +56,9 @@ FIELDS: tuple[ConfigField, ...] = (
     ConfigField("num_local_experts", 0, 4096, "Routed experts per MoE layer.", ("num_experts", "n_routed_experts")),
     ConfigField("num_experts_per_tok", 0, 4096, "Experts each token is routed to."),
     ConfigField("moe_intermediate_size", 0, 1 << 18, "Width of one expert's MLP."),
+    ConfigField(
+        "moe_latent_size", 0, 65536, "Width a latent MoE's routed experts run at (Nemotron-3 Super); unset = hidden."
+    ),
     ConfigField(
         "shared_expert_intermediate_size",
         0,
@@ -323,7 +326,8 @@ def _multi_query(config: dict[str, Any]) -> bool:
 
 
 def parse(raw: str | bytes, source: str = "", quant_raw: str | bytes | None = None) -> dict[str, Any]:
-    """config.json text -> checked fields. Size-capped before parsing; NaN and Infinity refused.
+    """config.json text -> checked fields. Size-capped before parsing; NaN and Infinity refused where a field read
+    holds one (NonFinite).
     `quant_raw`: an hf_quant_config.json beside it, the quantization_config where config.json has none
     (quant_method modelopt where its producer is ModelOpt, as vLLM reads it)."""
     config = _load(raw, source)
@@ -341,11 +345,8 @@ def _load(raw: str | bytes, source: str) -> Any:
             f"{source or 'the model config'} is {len(raw):,} bytes; at most {MAX_CONFIG_BYTES:,} are read"
         )
 
-    def no_constants(name: str) -> Any:
-        raise ModelConfigError(f"{source or 'the model config'} holds {name}, which is not a number JSON allows")
-
     try:
-        config = json.loads(raw, parse_constant=no_constants)
+        config = json.loads(raw, parse_constant=NonFinite)
     except RecursionError:
         raise ModelConfigError(f"{source or 'the model config'} is nested too deeply") from None
     except ValueError as exc:
@@ -353,7 +354,7 @@ def _load(raw: str | bytes, source: str) -> Any:
             raise
         raise ModelConfigError(f"{source or 'the model config'} is not JSON: {exc}") from None
     try:  # (JSON lets a string hold half a surrogate pair: no text, so no name that can be printed)
-        json.dumps(config, ensure_ascii=False).encode()
+        json.dumps(config, ensure_ascii=False, default=repr).encode()
     except UnicodeEncodeError:
         raise ModelConfigError(
             f"{source or 'the model config'} holds a string that is not text (a lone surrogate)"

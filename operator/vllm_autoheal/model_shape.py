@@ -65,6 +65,7 @@ class ModelShape:
     experts: int = 0
     experts_per_token: int = 0
     moe_intermediate: int = 0
+    moe_latent: int = 0  # a latent MoE's (Nemotron-3 Super's moe_latent_size): its routed experts' input width
     shared_intermediate: int = 0
     dense_layers: int = 0  # leading dense layers in an MoE (DeepSeek first_k_dense_replace)
     kv_lora_rank: int = 0  # multi-latent attention (DeepSeek-V2/V3)
@@ -218,11 +219,21 @@ class ModelShape:
         if not moe:
             return m * h * self.intermediate
         shared = m * h * self.shared_intermediate + (h if self.shared_intermediate else 0)
-        return self.routed_expert_params() + h * self.experts + shared
+        return self.routed_expert_params() + h * self.experts + shared + self.latent_projection_params()
+
+    @property
+    def expert_width(self) -> int:
+        """The width the routed experts take in and give back: hidden_size, or a latent MoE's own."""
+        return self.moe_latent or self.hidden
 
     def routed_expert_params(self) -> int:
         """One MoE layer's routed experts (vLLM's FusedMoE: w13 and w2), without router and shared experts."""
-        return self.experts * (3 if self.gated_mlp else 2) * self.hidden * self.moe_intermediate
+        return self.experts * (3 if self.gated_mlp else 2) * self.expert_width * self.moe_intermediate
+
+    def latent_projection_params(self) -> int:
+        """One MoE layer's projections into and out of a latent MoE's width (nemotron_h.py's fc1_latent_proj and
+        fc2_latent_proj): ReplicatedLinear, so every tensor-parallel rank holds them whole."""
+        return 2 * self.hidden * self.moe_latent
 
     def mamba_params(self) -> int:
         """A Mamba-2 mixer (vLLM's MambaMixer2): in_proj to x, z, B, C and dt, the convolution, out_proj."""

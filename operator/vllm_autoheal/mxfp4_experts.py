@@ -60,7 +60,7 @@ def expert_bytes_per_gpu(
     if not moe:
         return 0.0
     hidden_multiple, inter_multiple = padding(capability)
-    hidden = _round_up(shape.hidden, hidden_multiple)
+    hidden = _round_up(shape.expert_width, hidden_multiple)
     inter = _round_up(math.ceil(shape.moe_intermediate / tp), inter_multiple)
     fused = 2 if shape.gated_mlp else 1  # w13 holds gate and up
     weights = shape.experts * (fused + 1) * hidden * inter * weight_bytes

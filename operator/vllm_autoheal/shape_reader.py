@@ -62,6 +62,7 @@ def shape_from_config(config: dict[str, Any]) -> ModelShape:
         moe_intermediate=int(
             config_value(cfg, "moe_intermediate_size", default=0) or (cfg.get("intermediate_size", 0) if experts else 0)
         ),
+        moe_latent=int(config_value(cfg, "moe_latent_size", default=0) or 0) if experts else 0,
         shared_intermediate=shared_expert_of(cfg),
         dense_layers=int(config_value(cfg, "first_k_dense_replace", default=0) or 0),
         kv_lora_rank=int(config_value(cfg, "kv_lora_rank", default=0) or 0),
