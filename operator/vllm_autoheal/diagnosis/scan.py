@@ -59,7 +59,9 @@ _PREFIXES = re.compile(
     r"|\s{0,8}\[(?:rank|[A-Za-z_][A-Za-z_]{0,29})(?P<rank2>\d{1,4})\]:\s{0,8}"
     r"|\s{0,8}(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s{1,8}\d\d-\d\d\s{1,8}[\d:.]{1,20}\s{1,8}"
     # (a decoded JSON record's line number has 7 digits: log_records.py)
-    r"(?:\[(?P<file>[\w.-]{1,80}?)(?::\d{1,7})?\]|(?P<file2>[\w.-]{1,80}):\d{1,6}\])\s?"  # vLLM header
+    # (under VLLM_LOGGING_LEVEL=DEBUG, 0.10.2+, the file is a path, shortened: [v1/engine/core.py:1233],
+    # [entrypoints/.../utils/api_utils.py:92]; its last part is the file)
+    r"(?:\[(?:[\w.-]{1,80}/){0,12}(?P<file>[\w.-]{1,80}?)(?::\d{1,7})?\]|(?P<file2>[\w.-]{1,80}):\d{1,6}\])\s?"
     r"|\s{0,8}(?P<level2>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s{0,8}:\s+"  # uvicorn "INFO:     "
     r"|\s{0,8}(?P<file3>[\w.-]{1,80}\.py):\d{1,6}\]\s"  # truncated "[file.py:N] "
     # glog's (Triton's C++ core, absl): "E1115 02:58:51.162611 1 backend_model.cc:634] " (its level
@@ -231,24 +233,36 @@ def _continuations(lines: list[Line]) -> None:
     # open, must cost a lookup a line, not the count of processes.)
     still_open: dict[str, tuple[str, str]] = {}
     previous = ""
+    # Under a header the log's own format puts on a message's first line only (Python's logging.Formatter, where
+    # the operator chose the format: log_format.py), the lines below it without one are that message's: they take
+    # the origin it has (a client's request id of many lines). Under vLLM's own header, on every line, a line
+    # without one is another process's stderr, which ends nothing.
+    carried = ENGINE
     for line in lines:
         key = _without_times(line.header)
         if not key:
-            continue  # a line without a header (another process's stderr) ends nothing
-        starts_message, previous = key != previous, key
-        process = process_of(key)
-        opened = still_open.get(process)
-        if opened is not None and opened[0] == key:
-            line.origin = opened[1] if line.origin == ENGINE else line.origin
+            line.origin = carried if line.origin == ENGINE else line.origin
             continue
-        still_open.pop(process, None)
-        # A message that starts as user text opens; a user-text line inside a message (a
-        # traceback's code line naming a request) does not make the rest of it user text.
-        if line.origin == USER and starts_message:
-            still_open[process] = (key, USER)
-        elif line.origin == ENGINE and _SCOPED_MESSAGE.match(line.text):
-            line.origin = REQUEST
-            still_open[process] = (key, REQUEST)
+        _go_on(line, key, key != previous, still_open)
+        previous = key
+        carried = line.origin if line.learned_header else ENGINE
+
+
+def _go_on(line: Line, key: str, starts_message: bool, still_open: dict[str, tuple[str, str]]) -> None:
+    """The origin of a headed line: that of its process's open message where it goes on with it."""
+    process = process_of(key)
+    opened = still_open.get(process)
+    if opened is not None and opened[0] == key:
+        line.origin = opened[1] if line.origin == ENGINE else line.origin
+        return
+    still_open.pop(process, None)
+    # A message that starts as user text opens; a user-text line inside a message (a
+    # traceback's code line naming a request) does not make the rest of it user text.
+    if line.origin == USER and starts_message:
+        still_open[process] = (key, USER)
+    elif line.origin == ENGINE and _SCOPED_MESSAGE.match(line.text):
+        line.origin = REQUEST
+        still_open[process] = (key, REQUEST)
 
 
 _PROCESS = re.compile(collector.PROCESS_WITH_PID)
