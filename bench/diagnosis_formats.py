@@ -77,6 +77,17 @@ def logging_prefix(first: bool) -> Callable[[str], str]:
     return shape
 
 
+# vLLM's header's file, where VLLM_LOGGING_LEVEL=DEBUG names it as a path (0.10.2+, NewLineFormatter.shrink_path)
+_HEADER_FILE = re.compile(
+    r"^((?:\([^)]{1,80}\) )?(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d [\d:.]+ \[)([\w.-]+?\.py)(?=:\d+\])"
+)
+
+
+def debug_paths(log: str) -> str:
+    """The log as vLLM prints it under VLLM_LOGGING_LEVEL=DEBUG: each header's file as a shortened path."""
+    return "".join(_HEADER_FILE.sub(r"\1model_executor/.../layers/\2", line) + "\n" for line in log.splitlines())
+
+
 def k9s(log: str) -> str:
     return "".join("│ " + line.ljust(200) + " │\n" for line in log.splitlines())
 
@@ -125,6 +136,7 @@ SHAPES: dict[str, Callable[[str], str]] = {
     "VLLM_LOGGING_PREFIX, before the process prefix": logging_prefix(first=True),
     "VLLM_LOGGING_PREFIX, after it": logging_prefix(first=False),
     "a notebook's traceback (IPython 8 frames)": ipython,
+    "VLLM_LOGGING_LEVEL=DEBUG's headers (a path, not a file)": debug_paths,
     # logging formats of the operator's choosing (--logging-config.pylogging_config_file), and a wrapper's
     **{f"logging format: {name}": shape for name, shape in FORMATS.items()},
     "NCCL_DEBUG=INFO (8,000 NCCL lines first, ~0.8 MB)": nccl_debug_info(8000),
