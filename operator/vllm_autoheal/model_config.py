@@ -64,9 +64,21 @@ FIELDS: tuple[ConfigField, ...] = (
         0,
         1 << 18,
         "Width of the shared expert's MLP.",
-        ("shared_intermediate_size", "moe_shared_expert_intermediate_size"),  # (Granite's shared MLP; Nemotron-H's)
+        ("shared_intermediate_size",),  # (Granite's shared MLP)
     ),
-    ConfigField("n_shared_experts", 0, 64, "Shared experts per MoE layer (DeepSeek)."),
+    ConfigField(
+        "moe_shared_expert_intermediate_size",
+        0,
+        1 << 18,
+        "Width of each shared expert, n_shared_experts of them in one MLP (Nemotron-H, Bailing).",
+    ),
+    ConfigField(
+        "n_shared_experts",
+        0,
+        64,
+        "Shared experts per MoE layer (DeepSeek, Nemotron-H, Bailing).",
+        ("num_shared_experts",),
+    ),
     ConfigField("first_k_dense_replace", 0, 1024, "Leading dense layers of an MoE (DeepSeek)."),
     ConfigField(
         "interleave_moe_layer_step", 0, 1024, "MoE in every n-th layer only (Llama 4).", ("decoder_sparse_step",)

@@ -192,12 +192,17 @@ def mlp_of(cfg: dict[str, Any], hidden: int) -> tuple[int, bool]:
 
 def shared_expert_of(cfg: dict[str, Any]) -> int:
     """The shared expert's width in each MoE layer: Qwen-MoE's, Granite's shared MLP, DeepSeek's n_shared_experts,
-    and Llama 4's one shared expert, as wide as a routed one (vLLM's Llama4MoE)."""
+    Nemotron-H's and Bailing's n_shared_experts of moe_shared_expert_intermediate_size (nemotron_h.py, bailing_moe.py:
+    one MLP that wide), and Llama 4's one shared expert, as wide as a routed one (vLLM's Llama4MoE)."""
     names = ("shared_expert_intermediate_size", *BY_NAME["shared_expert_intermediate_size"].aliases)
     named = config_value(cfg, *names, default=0)
     if named:
         return int(named)
+    count = config_value(cfg, "n_shared_experts", "num_shared_experts", default=None)
+    each = config_value(cfg, "moe_shared_expert_intermediate_size", default=0)
+    if each:
+        return int(each) * int(1 if count is None else count)
     kind = cfg.get("model_type")
     if isinstance(kind, str) and kind.startswith("llama4") and config_value(cfg, "num_local_experts", default=0):
         return int(cfg.get("intermediate_size") or 0)
-    return int(cfg.get("n_shared_experts") or 0) * int(cfg.get("moe_intermediate_size") or 0)
+    return int(count or 0) * int(cfg.get("moe_intermediate_size") or 0)
