@@ -1,11 +1,11 @@
 """Session 45 hostile review: a model's user steers the diagnosis through two logging set-ups vLLM itself offers,
 where the lines of the client's value reach the classifier without the header its defences read. Each test shows
 a real log diagnosed the same with a harmless value in the client's place and with the client's text there (a
-memory cause, a memory figure, the client's words quoted, before the fixes).
+memory cause, a memory figure, the client's words quoted, before the fix; still, under the first-line-only format).
 
-Fixed this session: scan._continuations gives a headerless line the origin of the message above it where the log's
-own (learned) header heads it, a header such a format writes on a message's first line only; scan._PREFIXES reads
-the DEBUG format's path as vLLM's header, its last part the file.
+Fixed this session: scan._PREFIXES reads the DEBUG format's path as vLLM's header, its last part the file. The
+first finding stays a limit (strict xfails): a carry of the message's origin over its headerless lines was tried,
+escaped three ways and hid real raw OOM lines (test_review_session45_attack.py), and was taken back.
 
 Findings:
 - A logging format of the operator's own (`--logging-config.pylogging_config_file` / VLLM_LOGGING_CONFIG_PATH)
@@ -86,6 +86,12 @@ def _runtime_oom() -> str:
     return corpus_log("local-h200-runtime")  # a real vLLM 0.25 serving OOM on an H200
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="a limit (session 45): under a format that heads a message's first line only, with requests logged, a "
+    "request id's line without a header cannot be told from the engine's; a carry was tried and taken back "
+    "(test_review_session45_attack.py): keep vLLM's formatter, which heads every line",
+)
 def test_a_request_ids_bare_line_under_the_operators_format_names_no_kv_failure():
     base = _operators_format(illegal_access_log())
     harmless = _before_crash(base, _received(HARMLESS_ID))
@@ -94,6 +100,12 @@ def test_a_request_ids_bare_line_under_the_operators_format_names_no_kv_failure(
     assert_reads_like(crafted, harmless, "a request id's bare line, illegal access")
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="a limit (session 45): under a format that heads a message's first line only, with requests logged, a "
+    "request id's line without a header cannot be told from the engine's; a carry was tried and taken back "
+    "(test_review_session45_attack.py): keep vLLM's formatter, which heads every line",
+)
 def test_a_request_ids_bare_line_under_the_operators_format_keeps_a_serving_oom():
     base = _operators_format(_runtime_oom())
     harmless = _before_crash(base, _received(HARMLESS_ID))
@@ -102,6 +114,12 @@ def test_a_request_ids_bare_line_under_the_operators_format_keeps_a_serving_oom(
     assert_reads_like(crafted, harmless, "a request id's bare line, serving OOM")
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="a limit (session 45): under a format that heads a message's first line only, with requests logged, a "
+    "request id's line without a header cannot be told from the engine's; a carry was tried and taken back "
+    "(test_review_session45_attack.py): keep vLLM's formatter, which heads every line",
+)
 def test_a_request_ids_bare_line_under_the_operators_format_sets_no_figure():
     base = _operators_format(_runtime_oom())
     harmless = diagnose(_before_crash(base, _received(HARMLESS_ID)))

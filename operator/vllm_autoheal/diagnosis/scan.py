@@ -233,36 +233,24 @@ def _continuations(lines: list[Line]) -> None:
     # open, must cost a lookup a line, not the count of processes.)
     still_open: dict[str, tuple[str, str]] = {}
     previous = ""
-    # Under a header the log's own format puts on a message's first line only (Python's logging.Formatter, where
-    # the operator chose the format: log_format.py), the lines below it without one are that message's: they take
-    # the origin it has (a client's request id of many lines). Under vLLM's own header, on every line, a line
-    # without one is another process's stderr, which ends nothing.
-    carried = ENGINE
     for line in lines:
         key = _without_times(line.header)
         if not key:
-            line.origin = carried if line.origin == ENGINE else line.origin
+            continue  # a line without a header (another process's stderr) ends nothing
+        starts_message, previous = key != previous, key
+        process = process_of(key)
+        opened = still_open.get(process)
+        if opened is not None and opened[0] == key:
+            line.origin = opened[1] if line.origin == ENGINE else line.origin
             continue
-        _go_on(line, key, key != previous, still_open)
-        previous = key
-        carried = line.origin if line.learned_header else ENGINE
-
-
-def _go_on(line: Line, key: str, starts_message: bool, still_open: dict[str, tuple[str, str]]) -> None:
-    """The origin of a headed line: that of its process's open message where it goes on with it."""
-    process = process_of(key)
-    opened = still_open.get(process)
-    if opened is not None and opened[0] == key:
-        line.origin = opened[1] if line.origin == ENGINE else line.origin
-        return
-    still_open.pop(process, None)
-    # A message that starts as user text opens; a user-text line inside a message (a
-    # traceback's code line naming a request) does not make the rest of it user text.
-    if line.origin == USER and starts_message:
-        still_open[process] = (key, USER)
-    elif line.origin == ENGINE and _SCOPED_MESSAGE.match(line.text):
-        line.origin = REQUEST
-        still_open[process] = (key, REQUEST)
+        still_open.pop(process, None)
+        # A message that starts as user text opens; a user-text line inside a message (a
+        # traceback's code line naming a request) does not make the rest of it user text.
+        if line.origin == USER and starts_message:
+            still_open[process] = (key, USER)
+        elif line.origin == ENGINE and _SCOPED_MESSAGE.match(line.text):
+            line.origin = REQUEST
+            still_open[process] = (key, REQUEST)
 
 
 _PROCESS = re.compile(collector.PROCESS_WITH_PID)
