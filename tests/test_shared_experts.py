@@ -69,3 +69,20 @@ def test_shared_expert_width_by_each_spelling(fields, width):
 def test_a_shared_expert_count_out_of_range_is_refused_by_name():
     with pytest.raises(ModelConfigError, match="num_shared_experts"):
         parse(json.dumps(LING_LITE | {"num_shared_experts": 1000}), "cm")
+
+
+def test_moe_layers_the_memory_model_cannot_place_are_refused_by_name():
+    """ERNIE-4.5's MoE layers run from moe_layer_start_index to moe_layer_end_index (ernie45_moe.py); an end before
+    the last layer, or Step-3's moe_layers_enum, places them where the model does not count them."""
+    from test_review_session45_memory import ERNIE45_21B_A3B
+
+    with pytest.raises(ModelConfigError, match="moe_layer_end_index"):
+        parse(json.dumps(ERNIE45_21B_A3B | {"moe_layer_end_index": 20}), "cm")
+    with pytest.raises(ModelConfigError, match="moe_layer_end_index"):
+        parse(json.dumps(ERNIE45_21B_A3B | {"moe_layer_end_index": [27, 27]}), "cm")  # (ERNIE-4.5-VL's lists)
+    step3 = {k: v for k, v in ERNIE45_21B_A3B.items() if not k.startswith("moe_layer")}
+    with pytest.raises(ModelConfigError, match="moe_layers_enum"):
+        parse(json.dumps(step3 | {"moe_layers_enum": "1,2,3"}), "cm")
+    # (ERNIE's own layout: the first layer dense, MoE in every later one)
+    shape = _shape(ERNIE45_21B_A3B)
+    assert (shape.dense_layers, shape.moe_layer_count(28), shape.experts_per_token) == (1, 27, 6)

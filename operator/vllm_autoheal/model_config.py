@@ -53,8 +53,14 @@ FIELDS: tuple[ConfigField, ...] = (
         ("n_positions", "max_seq_len", "seq_length", "model_max_length", "max_target_positions")
         + ("max_sequence_length", "max_seq_length", "seq_len"),
     ),
-    ConfigField("num_local_experts", 0, 4096, "Routed experts per MoE layer.", ("num_experts", "n_routed_experts")),
-    ConfigField("num_experts_per_tok", 0, 4096, "Experts each token is routed to."),
+    ConfigField(
+        "num_local_experts",
+        0,
+        4096,
+        "Routed experts per MoE layer.",
+        ("num_experts", "n_routed_experts", "moe_num_experts"),  # (the last: ERNIE-4.5's, Aria's)
+    ),
+    ConfigField("num_experts_per_tok", 0, 4096, "Experts each token is routed to.", ("moe_k", "moe_topk")),
     ConfigField("moe_intermediate_size", 0, 1 << 18, "Width of one expert's MLP."),
     ConfigField(
         "moe_latent_size", 0, 65536, "Width a latent MoE's routed experts run at (Nemotron-3 Super); unset = hidden."
@@ -76,12 +82,18 @@ FIELDS: tuple[ConfigField, ...] = (
         "n_shared_experts",
         0,
         64,
-        "Shared experts per MoE layer (DeepSeek, Nemotron-H, Bailing).",
-        ("num_shared_experts",),
+        "Shared experts per MoE layer (DeepSeek, Nemotron-H, Bailing, ERNIE-4.5, Aria, Cohere2-MoE).",
+        ("num_shared_experts", "moe_num_shared_experts"),
     ),
-    ConfigField("first_k_dense_replace", 0, 1024, "Leading dense layers of an MoE (DeepSeek)."),
     ConfigField(
-        "interleave_moe_layer_step", 0, 1024, "MoE in every n-th layer only (Llama 4).", ("decoder_sparse_step",)
+        "first_k_dense_replace", 0, 1024, "Leading dense layers of an MoE (DeepSeek).", ("moe_layer_start_index",)
+    ),
+    ConfigField(
+        "interleave_moe_layer_step",
+        0,
+        1024,
+        "MoE in every n-th layer only (Llama 4).",
+        ("decoder_sparse_step", "moe_layer_interval"),
     ),
     ConfigField("expert_layer_period", 0, 1024, "MoE in every n-th layer only (Jamba)."),
     ConfigField("expert_layer_offset", 0, 1024, "The first MoE layer's index (Jamba)."),
@@ -287,6 +299,12 @@ def check(config: Any, source: str = "", config_file: bool = False, declared: bo
         raise ModelConfigError(f"{where('expert_layer_offset', source)} must be below expert_layer_period")
     if out.get("first_k_dense_replace", 0) > out["num_hidden_layers"]:
         raise ModelConfigError(f"{where('first_k_dense_replace', source)} exceeds num_hidden_layers")
+    last = merged.get("moe_layer_end_index")  # (ERNIE-4.5's last MoE layer: the memory model places none after it)
+    if last is not None and last != out["num_hidden_layers"] - 1:
+        raise ModelConfigError(
+            f"{where('moe_layer_end_index', source)} must be num_hidden_layers - 1: MoE layers that stop before the "
+            "last layer cannot be placed"
+        )
     from .model_sizable import positions_scaled, refuse_unsized  # (it reads this module's tables)
 
     refuse_unsized(merged, config, source, config_file)
@@ -326,7 +344,9 @@ def _vision(vision: Any, source: str) -> dict[str, Any]:
             raise ModelConfigError(
                 f"{where('vision_config.deepstack_visual_indexes', source)} must be a list of at most {MAX_DEEPSTACK}"
             )
-        out["deepstack_visual_indexes"] = [i for i in stack if isinstance(i, int) and not isinstance(i, bool)]
+        if not all(isinstance(i, int) and not isinstance(i, bool) for i in stack):  # (one merger an entry)
+            raise ModelConfigError(f"{where('vision_config.deepstack_visual_indexes', source)} must list layer numbers")
+        out["deepstack_visual_indexes"] = list(stack)
     return out
 
 

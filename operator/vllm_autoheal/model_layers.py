@@ -191,7 +191,8 @@ def mlp_of(cfg: dict[str, Any], hidden: int) -> tuple[int, bool]:
 
 
 def shared_expert_of(cfg: dict[str, Any]) -> int:
-    """The shared expert's width in each MoE layer: Qwen-MoE's, Granite's shared MLP, DeepSeek's n_shared_experts,
+    """The shared expert's width in each MoE layer: Qwen-MoE's, Granite's shared MLP, DeepSeek's n_shared_experts
+    (ERNIE-4.5's, and Cohere2-MoE's and Aria's of their experts' intermediate_size),
     Nemotron-H's and Bailing's n_shared_experts of moe_shared_expert_intermediate_size (nemotron_h.py, bailing_moe.py:
     one MLP that wide), and Llama 4's one shared expert, as wide as a routed one (vLLM's Llama4MoE)."""
     names = ("shared_expert_intermediate_size", *BY_NAME["shared_expert_intermediate_size"].aliases)
@@ -205,4 +206,5 @@ def shared_expert_of(cfg: dict[str, Any]) -> int:
     kind = cfg.get("model_type")
     if isinstance(kind, str) and kind.startswith("llama4") and config_value(cfg, "num_local_experts", default=0):
         return int(cfg.get("intermediate_size") or 0)
-    return int(count or 0) * int(cfg.get("moe_intermediate_size") or 0)
+    # (the routed experts' width: moe_intermediate_size, else intermediate_size, as Cohere2-MoE's and Aria's are)
+    return int(count or 0) * int(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 0)

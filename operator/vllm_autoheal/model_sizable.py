@@ -26,6 +26,8 @@ MAMBA_DIMS = ("mamba_d_state", "mamba_n_heads", "mamba_d_ssm")
 UNSIZED_LAYERS = {
     "linear_attn_config": "Kimi Delta Attention layers, which keep a state the memory model does not size",
     "compress_ratios": "DeepSeek-V4's compressed attention, whose experts vLLM loads as MXFP4",
+    "moe_layers_enum": "MoE layers by number (Step-3), which the memory model does not place",
+    "share_expert_dim": "a shared expert of a width of its own (Step-3)",
 }
 
 # Fields that give some layers' attention (or V alone) heads of their own, beside those the memory model gives
@@ -58,7 +60,7 @@ def refuse_unsized(merged: dict[str, Any], config: dict[str, Any], source: str, 
             "and the memory model sizes decoder models only"
         )
     hidden = merged.get("hidden_size") or merged.get("n_embd") or merged.get("d_model") or 0
-    experts = any(merged.get(k) for k in ("num_local_experts", "num_experts", "n_routed_experts"))
+    experts = any(merged.get(k) for k in ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts"))
     layers = merged.get("num_hidden_layers") or merged.get("n_layer") or 0
     mambas = mamba_layers_of(merged, layers) if isinstance(layers, int) else 0
     # (a whole config.json names its MLP's width; an inline description of some fields may leave it out)

@@ -64,11 +64,12 @@ def weights_bytes_per_gpu(
     # (but fp8 quantizing a full-width checkpoint as it loads takes the encoder's linear layers too:
     # the Qwen-VL towers get the model's quant_config, and Fp8Config skips only its ignored layers)
     online_fp8 = quant == "fp8" and quant != shape.quantization
-    # (a latent MoE's projections are ReplicatedLinear: whole on every rank, where the layers' sum splits them)
-    replicated = shape.moe_layer_count(per_stage) * shape.latent_projection_params() * linear * (tp - 1) / tp
+    # (a latent MoE's projections are ReplicatedLinear, whole on every rank, and in the model's dtype: ModelOpt's
+    # checkpoints leave them unquantized, nemotron_h.py says; weighed so under any method, never under)
+    latent = shape.moe_layer_count(per_stage) * shape.latent_projection_params()
     return int(
-        (layers * linear + embed * dense + vision * (linear if online_fp8 else dense)) / tp
-        + replicated
+        ((layers - latent) * linear + embed * dense + vision * (linear if online_fp8 else dense)) / tp
+        + latent * dense
         + experts
         + own_width_adjust
         + WEIGHT_BUFFERS_GIB * GIB
