@@ -86,40 +86,28 @@ def _runtime_oom() -> str:
     return corpus_log("local-h200-runtime")  # a real vLLM 0.25 serving OOM on an H200
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a limit (session 45): under a format that heads a message's first line only, with requests logged, a "
-    "request id's line without a header cannot be told from the engine's; a carry was tried and taken back "
-    "(test_review_session45_attack.py): keep vLLM's formatter, which heads every line",
+FIRST_LINE_ONLY = (
+    "a limit (session 45): under a format that heads a message's first line only, with requests logged, a request "
+    "id's line without a header cannot be told from the engine's; a carry was tried and taken back "
+    "(test_review_session45_attack.py): keep vLLM's formatter, which heads every line"
 )
-def test_a_request_ids_bare_line_under_the_operators_format_names_no_kv_failure():
-    base = _operators_format(illegal_access_log())
-    harmless = _before_crash(base, _received(HARMLESS_ID))
-    assert diagnose(harmless).cause == "not_oom"
-    crafted = _before_crash(base, _received("1\n" + PAYLOADS["kv-capacity"] + "\nend"))
-    assert_reads_like(crafted, harmless, "a request id's bare line, illegal access")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a limit (session 45): under a format that heads a message's first line only, with requests logged, a "
-    "request id's line without a header cannot be told from the engine's; a carry was tried and taken back "
-    "(test_review_session45_attack.py): keep vLLM's formatter, which heads every line",
+@pytest.mark.parametrize(
+    "base, cause",
+    [(illegal_access_log, "not_oom"), (_runtime_oom, "runtime_oom")],
+    ids=["illegal-access", "serving-oom"],
 )
-def test_a_request_ids_bare_line_under_the_operators_format_keeps_a_serving_oom():
-    base = _operators_format(_runtime_oom())
-    harmless = _before_crash(base, _received(HARMLESS_ID))
-    assert diagnose(harmless).cause == "runtime_oom"
-    crafted = _before_crash(base, _received("1\n" + PAYLOADS["kv-capacity"] + "\nend"))
-    assert_reads_like(crafted, harmless, "a request id's bare line, serving OOM")
+@pytest.mark.xfail(strict=True, reason=FIRST_LINE_ONLY)
+def test_a_request_ids_bare_line_under_the_operators_format_names_no_kv_failure(base, cause):
+    log = _operators_format(base())
+    harmless = _before_crash(log, _received(HARMLESS_ID))
+    assert diagnose(harmless).cause == cause
+    crafted = _before_crash(log, _received("1\n" + PAYLOADS["kv-capacity"] + "\nend"))
+    assert_reads_like(crafted, harmless, "a request id's bare line")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a limit (session 45): under a format that heads a message's first line only, with requests logged, a "
-    "request id's line without a header cannot be told from the engine's; a carry was tried and taken back "
-    "(test_review_session45_attack.py): keep vLLM's formatter, which heads every line",
-)
+@pytest.mark.xfail(strict=True, reason=FIRST_LINE_ONLY)
 def test_a_request_ids_bare_line_under_the_operators_format_sets_no_figure():
     base = _operators_format(_runtime_oom())
     harmless = diagnose(_before_crash(base, _received(HARMLESS_ID)))
