@@ -1,8 +1,8 @@
-"""Session 45 hostile review (steer2): a model's user steers the diagnosis through an ERROR line a KV connector
-writes in the engine's own process, under vLLM's own formatter (the header on every line). The xfail test shows
-a real log diagnosed one way with a harmless value in the client's place and another way (a memory cause, the
-client's figures as the heal's numbers, the client's words quoted) with the client's text there; the passing
-tests are formats not covered before that held.
+"""Session 45 hostile review (steer2): a model's user steered the diagnosis through an ERROR line a KV connector
+writes in the engine's own process, under vLLM's own formatter (the header on every line). Fixed this session
+(scan._SCOPED_MESSAGE: a KV transfer's call to a remote peer a request names is scoped like a request's error);
+the tests show a real log diagnosed the same with a harmless value in the client's place and with the client's
+text there. The Responses API's tests are formats not covered before that held.
 
 Finding:
 - Mooncake's P/D connector (vllm/distributed/kv_transfer/kv_connector/v1/mooncake/mooncake_connector.py,
@@ -106,15 +106,6 @@ _ILLEGAL_LINE = HARMLESS_ADDR + f"\nRuntimeError: CUDA error: an illegal memory 
     ],
 )
 @pytest.mark.parametrize("prefixes", [True, False], ids=["v0.25-prefixes", "no-prefixes"])
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "Mooncake's `Failed to connect to bootstrap server {remote_bootstrap_addr} ...` (mooncake_connector.py, "
-        "ERROR, the engine's process) carries the client's kv_transfer_params address, and nothing marks it a "
-        "request's: its words decide (runtime_oom, kv_cache_insufficient with the client's figures, unknown) "
-        "and are quoted"
-    ),
-)
 def test_a_mooncake_bootstrap_address_names_no_failure(base, addr, prefixes):
     log = base() if prefixes else _without_prefixes(base())
     process = ENGINE_PROCESS if prefixes else ""
@@ -122,6 +113,27 @@ def test_a_mooncake_bootstrap_address_names_no_failure(base, addr, prefixes):
     assert diagnose(harmless).cause == diagnose(log).cause
     crafted = _before_crash(log, _bootstrap_failure(addr, process))
     assert_reads_like(crafted, harmless, "a Mooncake bootstrap address")
+
+
+# The other calls to a remote peer that a request's kv_transfer_params name (vLLM 0.32): MoRIIO's
+# (moriio_connector.py:2206 `logger.exception("Handshake with %s failed", eid)`, moriio_engine.py:912
+# `"Failed to send notification to %s: %s"`) and NIXL push's (nixl/push_worker.py:372 `"No remote agents for engine
+# %s; cannot send registration for %s"`): scoped like a request's error since session 45, as Mooncake's.
+_PEER_CALLS = [
+    ("moriio_connector.py:2206", "Handshake with {} failed"),
+    ("moriio_engine.py:912", "Failed to send notification to {}: timed out"),
+    ("push_worker.py:372", "No remote agents for engine {}; cannot send registration for cmpl-1-0"),
+]
+
+
+@pytest.mark.parametrize("file_line, message", _PEER_CALLS, ids=["moriio-handshake", "moriio-notify", "nixl-push"])
+@pytest.mark.parametrize("peer", [_OOM_LINE, _KV_CAPACITY], ids=["oom-next-line", "kv-capacity"])
+def test_a_kv_peer_named_by_a_request_names_no_failure(file_line, message, peer):
+    log = illegal_access_log()
+    harmless = _before_crash(log, _logged(ENGINE_PROCESS, "ERROR", file_line, message.format(HARMLESS_ADDR)))
+    assert diagnose(harmless).cause == "not_oom"
+    crafted = _before_crash(log, _logged(ENGINE_PROCESS, "ERROR", file_line, message.format(peer)))
+    assert_reads_like(crafted, harmless, "a KV peer's name")
 
 
 # --- held: the Responses API's warnings that write a client's or a model's text ------------------------------
