@@ -199,7 +199,7 @@ def shared_expert_of(cfg: dict[str, Any]) -> int:
     named = config_value(cfg, *names, default=0)
     if named:
         return int(named)
-    count = config_value(cfg, "n_shared_experts", "num_shared_experts", default=None)
+    count = config_value(cfg, "n_shared_experts", *BY_NAME["n_shared_experts"].aliases, default=None)
     each = config_value(cfg, "moe_shared_expert_intermediate_size", default=0)
     if each:
         return int(each) * int(1 if count is None else count)
