@@ -18,6 +18,11 @@ Finding:
   heal's numbers; the client's words are the evidence.
 
 Held (formats not covered before):
+- the same step's fatal error (moriio_connector.py, after the TP vote: `raise HandshakeError(f"Eager MoRIIO
+  handshake failed for {remote_engine_id} on at least one TP rank; ...")`, the engine's last word with the
+  client's host in it): its message is not read (`may carry a request's text`), with or without a newline;
+- its INFO summary (`"Eager MoRIIO handshake: engine=%s dp_size=%d new_ranks=%d ok=%s tp_rank=%d"`, the same
+  host): an INFO line that opens with no words of the engine's;
 - the scheduler's warning on a client-provided multimodal UUID reused for other content
   (vllm/v1/core/sched/scheduler.py, `"Encoder cache entry for multimodal identifier %r holds %d embeddings, but
   request %s input %d expects %d. A client-provided multimodal UUID may have been reused for different
@@ -39,7 +44,7 @@ from test_review_session45_steer2 import (
     _without_prefixes,
 )
 
-from crafted.bases import MARKER, PAYLOADS, illegal_access_log
+from crafted.bases import ILLEGAL, MARKER, PAYLOADS, illegal_access_log
 from crafted.checks import assert_reads_like, diagnose
 
 # --- MoRIIO's eager handshake: the client's remote_host on an ERROR line of the engine's process ------------------
@@ -113,3 +118,42 @@ def test_a_client_value_written_with_repr_names_no_failure(process, file_line, m
     value = repr("img-1 torch.OutOfMemoryError: " + PAYLOADS[payload] + "\n" + PAYLOADS[payload])
     crafted = _before_crash(log, _logged(process, "WARNING", file_line, message.format(value)))
     assert_reads_like(crafted, harmless, f"a {file_line} warning's value")
+
+
+_HANDSHAKE_ERROR = "vllm.distributed.kv_transfer.kv_connector.v1.moriio.moriio_common.HandshakeError"
+
+
+def _handshake_crash(host: str) -> str:
+    """illegal_access_log with the engine's fatal error made the eager handshake's HandshakeError, under the same
+    header on each of its lines."""
+    message = (
+        f"{_HANDSHAKE_ERROR}: Eager MoRIIO handshake failed for {host}:6301 on at least one TP rank; failing this "
+        "step fast to avoid a TP collective hang"
+    )
+    out = []
+    for line in illegal_access_log().splitlines():
+        if line.endswith("[core.py:1233] " + ILLEGAL):
+            header = line.split("[core.py:1233] ")[0] + "[core.py:1233] "
+            out += [header + part for part in message.split("\n")]
+        else:
+            out.append(line)
+    return "\n".join(out) + "\n"
+
+
+@pytest.mark.parametrize("host", [_SAME_LINE_OOM, _OOM_LINE, _KV_CAPACITY], ids=["oom-same-line", "oom-line", "kv"])
+def test_a_moriio_handshake_error_names_no_failure(host):
+    harmless = _handshake_crash(HARMLESS_HOST)
+    assert diagnose(harmless).cause == "not_oom"
+    assert_reads_like(_handshake_crash(host), harmless, "a MoRIIO HandshakeError's host")
+
+
+@pytest.mark.parametrize("host", [_SAME_LINE_OOM, _OOM_LINE, _KV_CAPACITY], ids=["oom-same-line", "oom-line", "kv"])
+@pytest.mark.parametrize("base", [illegal_access_log, _runtime_oom], ids=["illegal-access", "serving-oom"])
+def test_a_moriio_eager_handshake_summary_names_no_failure(host, base):
+    def summary(value: str) -> list[str]:
+        message = f"Eager MoRIIO handshake: engine={value}:6301 dp_size=1 new_ranks=1 ok=False tp_rank=0"
+        return _logged(ENGINE_PROCESS, "INFO", "moriio_connector.py:3055", message)
+
+    log = base()
+    harmless = _before_crash(log, summary(HARMLESS_HOST))
+    assert_reads_like(_before_crash(log, summary(host)), harmless, "a MoRIIO eager handshake summary's host")
