@@ -1,7 +1,7 @@
 """Session 45 hostile review (steer3): vLLM 0.32's engine-process lines that write a value a request chose, and
-the stacks that run vLLM in the same pod. Each xfail test shows a real log diagnosed one way with a harmless value
-in the client's place and another way (a memory cause, a memory figure, the client's words quoted) with the
-client's text there; the passing tests are formats not covered before that held.
+the stacks that run vLLM in the same pod. The finding's tests (strict xfails until fixed this session:
+scan._SCOPED_MESSAGE scopes the eager handshake's wording too) show a real log diagnosed the same with a harmless
+value in the client's place and with the client's text there; the others are formats not covered before that held.
 
 Finding:
 - MoRIIO's eager handshake (vllm/distributed/kv_transfer/kv_connector/v1/moriio/moriio_connector.py, vLLM 0.32,
@@ -72,11 +72,6 @@ _OOM_LINE = HARMLESS_HOST + "\ntorch.OutOfMemoryError: " + PAYLOADS["cuda-oom"]
 _KV_CAPACITY = HARMLESS_HOST + "\n" + PAYLOADS["kv-capacity"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="MoRIIO's 'Eager MoRIIO handshake failed for <remote_host>:<port>_dp<n>' is not scoped like a "
-    "request's error: the client's kv_transfer_params remote_host decides the cause and is quoted",
-)
 @pytest.mark.parametrize(
     "base, host",
     [

@@ -212,11 +212,12 @@ def _line_of(offset: int, clean: str, own: log_format.Header | None = None) -> L
 
 # A message that reports a call that failed without stopping the engine (a utility RPC such as
 # add_lora, an adapter's download; a KV transfer's call to the remote peer a request's kv_transfer_params
-# name, written as the client sent it: Mooncake's bootstrap server, MoRIIO's handshake and notification,
-# NIXL push's remote engine, vLLM 0.32): what it holds is scoped like a request's error.
+# name, written as the client sent it: Mooncake's bootstrap server, MoRIIO's handshakes (its eager one too) and
+# notification, NIXL push's remote engine, vLLM 0.32): what it holds is scoped like a request's error.
 _SCOPED_MESSAGE = re.compile(
     r"^(?:Invocation of \w{1,60} method failed|Error downloading the HuggingFace model|"
-    r"Failed to connect to bootstrap server |Handshake with |Failed to send notification to |No remote agents for engine )"
+    r"Failed to connect to bootstrap server |Handshake with |Eager MoRIIO handshake failed for |"
+    r"Failed to send notification to |No remote agents for engine )"
 )
 _TIMES = re.compile(r"\d{4}-\d\d-\d\d[T ][\d:.,]{1,20}Z?|\b\d\d-\d\d\s{1,8}[\d:.]{1,20}")
 
