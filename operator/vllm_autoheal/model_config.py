@@ -262,6 +262,10 @@ def check(config: Any, source: str = "", config_file: bool = False, declared: bo
         (c.get(k) for c in (config, text or {}) for k in quant_keys if c.get(k) is not None), None
     )
     out = _text(merged, source, declared)
+    if text is not None and "tie_word_embeddings" not in out and not str(out.get("model_type", "")).startswith("gemma"):
+        # vLLM builds the language model from text_config, which without the field takes its class's default: False
+        # but for Gemma's (Magistral's head is a weight of its own: 671 M parameters were counted tied)
+        out["tie_word_embeddings"] = False
     quant = out.get("quantization_config")
     if quant and "kv_cache_dtype" in quant and quant["quant_method"].lower().startswith("modelopt"):
         if not isinstance(config.get("quantization_config"), dict):  # (vLLM resolves ModelOpt's cache from the
