@@ -22,7 +22,11 @@ Findings:
   it: a real serving OOM reads `unknown traceback_without_error` with no evidence (no heal), a real illegal memory
   access `not_oom cuda_error` with no evidence. Any client sends such a request (a harmless `begin`, no memory
   words), and a flood of them puts one next to the engine's crash. With the replica's prefix the crash is read
-  (and the client's OOM or KV-capacity words in `begin` decide nothing: held).
+  (and the client's OOM or KV-capacity words in `begin` decide nothing: held). The run-on is the defence of
+  tests/test_diagnosis_grammar_reports.py (a prefix-less grammar re-print keeps even prefixed lines, since the
+  client's trigger forges `(EngineCore pid=N) ...` lines): written for the engine's own re-print, the process's
+  last word; here the prefix-less report is another program's, in mid-log, and the lines it takes are the
+  engine's real crash.
 - LMCache's connector logs each request's lookup in the engine core's process with its own formatter
   (`[%(asctime)s] LMCache %(levelname)s: %(message)s (%(filename)s:%(lineno)d:%(name)s)`, header on the first
   line only: lmcache/integration/vllm/vllm_v1_adapter.py, `logger.info("Reqid: %s, Total tokens %d, LMCache hit
