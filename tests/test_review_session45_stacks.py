@@ -40,6 +40,12 @@ Findings:
   format of the operator's own; here it needs no configuration: LMCache's formatter is LMCache's, in its default
   set-up, and the prefix vLLM adds names the engine core.
 
+Both are left as limits (strict xfails), not fixed: the first is a safe miss (no heal, never a memory change), and
+requiring multiprocessing's `Process <name>:` banner before a prefix-less grammar report counts as the dying
+engine's re-print lost that re-print where blank lines had pushed the banner out of the raw tail
+(test_diagnosis_grammar_reports.py); the second is the first-line-only limit of test_review_session45_steer.py,
+whose fix (a carry over headerless lines) was escaped and hid real raw OOM lines (test_review_session45_attack.py).
+
 Held (formats not covered before):
 - the same Ray Serve LLM traceback under the replica's prefix, the client's `torch.OutOfMemoryError: ...` or
   KV-capacity message in the structural tag's `begin`;
@@ -103,7 +109,9 @@ def _serve_failure(begin: str, prefix: str) -> list[str]:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="a Ray Serve LLM request's grammar failure, unprefixed, takes the engine's crash after it into its report",
+    reason="a limit (session 45): a Ray Serve LLM request's grammar failure, unprefixed, takes the engine's crash after "
+    "it into its report (a safe miss: no heal, no change); requiring multiprocessing's banner for the dying re-print "
+    "lost the engine's own re-print where blank lines push the banner out",
 )
 @pytest.mark.parametrize("base", [illegal_access_log, _runtime_oom], ids=["illegal-access", "serving-oom"])
 def test_a_ray_serve_llm_request_failure_hides_no_crash(base):
@@ -141,7 +149,8 @@ def _lmcache_lookup(request_id: str, prefix: str) -> list[str]:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="a multi-line request id's further lines on LMCache's lookup line read as the engine core's traceback",
+    reason="a limit (session 45): a multi-line request id's further lines on LMCache's lookup line (its formatter heads "
+    "a message's first line only) read as the engine core's traceback, as under the operator's own such format",
 )
 @pytest.mark.parametrize(
     "base, payload",
