@@ -198,14 +198,38 @@ def test_laguna_fp8_per_layer_heads_sized_right():
     assert shape(name).kv_layers() == (10, 30)
 
 
+# Nemotron-3 Ultra, refused at first (no num_hidden_layers: transformers' NemotronHConfig derives it, and the pattern
+# vLLM's nemotron_h.py reads, from layers_block_type), sized since session 45: untied 131072 x 8192 embedding and head
+# (2.147 B); 48 MoE layers of 512 experts x up/down 2048 (latent) x 5120, router 8192 x 512, shared expert up/down
+# 8192 x 10240, latent projections 8192 <-> 2048 (10.943 B each); 48 Mamba-2 mixers (256 heads x 64, 8 groups, state
+# 128, conv 4: 421.5 M each); 12 attention layers (64 x 128 queries, 2 KV heads: 138.4 M each): 549.3 B (NVIDIA's
+# name: 550B). KV: 12 x 2 x 2 x 128 x 2 bytes; state page: 3 x (256 x 64 + 2 x 8 x 128) x 2 + 256 x 64 x 128 x 4.
+ULTRA_PARAMS = (
+    2 * 131072 * 8192
+    + 48 * (512 * 2 * 2048 * 5120 + 8192 * 512 + 2 * 8192 * 10240 + 2 * 8192 * 2048 + 8192)
+    + 48 * (8192 * (16384 + 18432 + 256) + 18432 * 5 + 16384 * 8192 + 3 * 256 + 16384 + 8192)
+    + 12 * (8192 * (8192 + 512) + 8192 * 8192 + 8192)
+    + 8192
+)
+ULTRA_KV = 12 * 2 * 2 * 128 * 2
+ULTRA_PAGE = 3 * (256 * 64 + 2 * 8 * 128) * 2 + 256 * 64 * 128 * 4
+
+
+def test_nemotron3_ultra_block_list_sized_right():
+    name = "nemotron-3-ultra-550b-a55b"
+    s = shape(name)
+    assert s.layers == 108 and (s.blocks.count("E"), s.blocks.count("M"), s.blocks.count("*")) == (48, 48, 12)
+    latent = 48 * 2 * 8192 * 2048  # (whole on every rank)
+    assert within(weights_gib(name), expected_gib(ULTRA_PARAMS), 0.01)
+    assert within(weights_gib(name, tp=8), expected_gib((ULTRA_PARAMS - latent) / 8 + latent), 0.01)
+    assert s.kv_bytes_per_token() == ULTRA_KV and s.state_page_bytes() == ULTRA_PAGE
+
+
 @pytest.mark.parametrize(
     "name,field",
     [
         # Kimi Delta Attention layers (linear_attn_config), whose recurrent state the memory model does not size
         ("kimi-k3", "linear_attn_config"),
-        # no num_hidden_layers: transformers' NemotronHConfig derives it from layers_block_type (vLLM sizes the
-        # model); the memory model refuses naming the field, which the rule allows (exit 2, no figure)
-        ("nemotron-3-ultra-550b-a55b", "num_hidden_layers"),
     ],
 )
 def test_unseen_config_refused_naming_the_field(name, field):

@@ -261,6 +261,9 @@ def check(config: Any, source: str = "", config_file: bool = False, declared: bo
     merged["quantization_config"] = next(
         (c.get(k) for c in (config, text or {}) for k in quant_keys if c.get(k) is not None), None
     )
+    words = merged.get("layers_block_type")
+    if merged.get("num_hidden_layers") is None and merged.get("model_type") == "nemotron_h" and isinstance(words, list):
+        merged["num_hidden_layers"] = len(words)  # (as transformers' NemotronHConfig derives it: Nemotron-3 Ultra)
     out = _text(merged, source, declared)
     if text is not None and "tie_word_embeddings" not in out and not str(out.get("model_type", "")).startswith("gemma"):
         # vLLM builds the language model from text_config, which without the field takes its class's default: False

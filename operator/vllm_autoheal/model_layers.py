@@ -147,6 +147,30 @@ def state_dtype_of(cfg: dict[str, Any]) -> str | None:
 MAMBA_LAYER_TYPES = frozenset({"mamba", "linear_attention"})
 
 
+# Nemotron-H's layers_block_type words as its pattern's letters (transformers' NemotronHConfig derives
+# hybrid_override_pattern, which vLLM's nemotron_h.py reads, from the list: Nemotron-3 Ultra writes only the list)
+NEMOTRON_LETTERS = {
+    "mamba": "M",
+    "linear_attention": "M",
+    "attention": "*",
+    "full_attention": "*",
+    "moe": "E",
+    "mlp": "-",
+}
+
+
+def nemotron_blocks(cfg: dict[str, Any]) -> str:
+    """Nemotron-H's block pattern: hybrid_override_pattern, else its layers_block_type word by word ("?", a whole
+    layer, for a word it does not name); "" for any other model."""
+    pattern = cfg.get("hybrid_override_pattern")
+    if isinstance(pattern, str):
+        return pattern
+    words = cfg.get("layers_block_type")
+    if cfg.get("model_type") == "nemotron_h" and isinstance(words, list):
+        return "".join(NEMOTRON_LETTERS.get(word, "?") for word in words)
+    return ""
+
+
 def mamba_layers_of(cfg: dict[str, Any], layers: int) -> int:
     """The Mamba mixers among the state layers (each keeps a state page a request): Nemotron-H's "M"
     letters, "mamba" and "linear_attention" (Gated DeltaNet) words of a layer list; else every layer
