@@ -67,7 +67,7 @@ from test_review_session45_steer2 import (
     ENGINE_PROCESS,
     _before_crash,
     _runtime_oom,
-    _without_prefixes,
+    assert_engine_line_keeps_the_diagnosis,
 )
 
 from crafted.bases import PAYLOADS, illegal_access_log
@@ -159,12 +159,9 @@ def _lmcache_lookup(request_id: str, prefix: str) -> list[str]:
 )
 @pytest.mark.parametrize("prefixes", [True, False], ids=["v0.25-prefixes", "no-prefixes"])
 def test_a_request_id_on_lmcaches_lookup_line_names_no_failure(base, payload, prefixes):
-    log = base() if prefixes else _without_prefixes(base())
-    prefix = ENGINE_PROCESS if prefixes else ""
-    harmless = _before_crash(log, _lmcache_lookup(HARMLESS_ID, prefix))
-    assert diagnose(harmless).cause == diagnose(log).cause
-    crafted = _before_crash(log, _lmcache_lookup("x\n" + payload, prefix))
-    assert_reads_like(crafted, harmless, "a request id on LMCache's lookup line")
+    assert_engine_line_keeps_the_diagnosis(
+        base, prefixes, _lmcache_lookup, HARMLESS_ID, "x\n" + payload, "a request id on LMCache's lookup line"
+    )
 
 
 @pytest.mark.parametrize("base", [illegal_access_log, _runtime_oom], ids=["illegal-access", "serving-oom"])

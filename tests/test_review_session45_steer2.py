@@ -57,6 +57,19 @@ def _before_crash(log: str, extra: list[str]) -> str:
     return "\n".join(lines[:at] + extra + lines[at:]) + "\n"
 
 
+def assert_engine_line_keeps_the_diagnosis(
+    base, prefixes: bool, lines_of, harmless: str, hostile: str, what: str
+) -> None:
+    """A real log (with vLLM 0.25's process prefixes, or none as 0.31+ prints it) with the engine process's lines
+    `lines_of(value, process)` before its crash: diagnosed as without them where the value is harmless, and the same
+    where the value is the client's hostile text."""
+    log = base() if prefixes else _without_prefixes(base())
+    process = ENGINE_PROCESS if prefixes else ""
+    calm = _before_crash(log, lines_of(harmless, process))
+    assert diagnose(calm).cause == diagnose(log).cause
+    assert_reads_like(_before_crash(log, lines_of(hostile, process)), calm, what)
+
+
 def _logged(process: str, level: str, file_line: str, message: str) -> list[str]:
     """vLLM's NewLineFormatter: the header on every line of the message."""
     header = f"{process}{level} 12-01 04:48:07 [{file_line}] "
@@ -107,12 +120,9 @@ _ILLEGAL_LINE = HARMLESS_ADDR + f"\nRuntimeError: CUDA error: an illegal memory 
 )
 @pytest.mark.parametrize("prefixes", [True, False], ids=["v0.25-prefixes", "no-prefixes"])
 def test_a_mooncake_bootstrap_address_names_no_failure(base, addr, prefixes):
-    log = base() if prefixes else _without_prefixes(base())
-    process = ENGINE_PROCESS if prefixes else ""
-    harmless = _before_crash(log, _bootstrap_failure(HARMLESS_ADDR, process))
-    assert diagnose(harmless).cause == diagnose(log).cause
-    crafted = _before_crash(log, _bootstrap_failure(addr, process))
-    assert_reads_like(crafted, harmless, "a Mooncake bootstrap address")
+    assert_engine_line_keeps_the_diagnosis(
+        base, prefixes, _bootstrap_failure, HARMLESS_ADDR, addr, "a Mooncake bootstrap address"
+    )
 
 
 # The other calls to a remote peer that a request's kv_transfer_params name (vLLM 0.32): MoRIIO's

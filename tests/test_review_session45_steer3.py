@@ -41,7 +41,7 @@ from test_review_session45_steer2 import (
     _before_crash,
     _logged,
     _runtime_oom,
-    _without_prefixes,
+    assert_engine_line_keeps_the_diagnosis,
 )
 
 from crafted.bases import ILLEGAL, MARKER, PAYLOADS, illegal_access_log
@@ -84,12 +84,9 @@ _KV_CAPACITY = HARMLESS_HOST + "\n" + PAYLOADS["kv-capacity"]
 )
 @pytest.mark.parametrize("prefixes", [True, False], ids=["v0.25-prefixes", "no-prefixes"])
 def test_a_moriio_eager_handshake_host_names_no_failure(base, host, prefixes):
-    log = base() if prefixes else _without_prefixes(base())
-    process = ENGINE_PROCESS if prefixes else ""
-    harmless = _before_crash(log, _eager_failure(HARMLESS_HOST, process))
-    assert diagnose(harmless).cause == diagnose(log).cause
-    crafted = _before_crash(log, _eager_failure(host, process))
-    assert_reads_like(crafted, harmless, "a MoRIIO eager handshake's host")
+    assert_engine_line_keeps_the_diagnosis(
+        base, prefixes, _eager_failure, HARMLESS_HOST, host, "a MoRIIO eager handshake's host"
+    )
 
 
 # --- held: the client's multimodal UUID and media kwargs, written with %r ----------------------------------------
