@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from .config_field import ModelConfigError, where
+from .model_config import BY_NAME
 from .model_layers import mamba_layers_of, mlp_of
 
 # Encoder-only models (embeddings, classifiers): vLLM keeps no KV cache for them, and the memory model
@@ -60,7 +61,8 @@ def refuse_unsized(merged: dict[str, Any], config: dict[str, Any], source: str, 
             "and the memory model sizes decoder models only"
         )
     hidden = merged.get("hidden_size") or merged.get("n_embd") or merged.get("d_model") or 0
-    experts = any(merged.get(k) for k in ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts"))
+    experts_field = BY_NAME["num_local_experts"]  # (every name the table reads the expert count under)
+    experts = any(merged.get(k) for k in (experts_field.name, *experts_field.aliases))
     layers = merged.get("num_hidden_layers") or merged.get("n_layer") or 0
     mambas = mamba_layers_of(merged, layers) if isinstance(layers, int) else 0
     # (a whole config.json names its MLP's width; an inline description of some fields may leave it out)
